@@ -1,0 +1,1 @@
+"""The only place that moves data with MPI: each primitive's backward is its forward's adjoint."""

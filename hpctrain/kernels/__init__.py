@@ -1,0 +1,1 @@
+"""Local compute on ``xp`` (NumPy or CuPy): no communication here."""

@@ -1,0 +1,54 @@
+"""2-D convolution, NCHW, by im2col + GEMM, with separate top/bottom padding.
+
+Top and bottom padding differ for a row band of a height-split image: only the ranks at the image
+edges pad; the others read halo rows instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.kernels.window import padded, unpadded, windows
+
+
+@dataclass(frozen=True)
+class ConvCache:
+    cols: Any  # (C·kh·kw, N·Ho·Wo)
+    x_shape: tuple[int, ...]
+    pads: tuple[int, int, int]  # top, bottom, left=right
+
+
+def conv2d_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: int,
+                   pads: tuple[int, int, int]) -> tuple[Any, ConvCache]:
+    """Y[n, o] = Σ_c W[o, c] ⋆ X[n, c] + b[o].  X: (N, C, H, W), W: (O, C, kh, kw) -> Y: (N, O, Ho, Wo)."""
+    n, c = x.shape[:2]
+    o, _, kh, kw = w.shape
+    win = windows(xp, padded(xp, x, pads, 0.0), kh, kw, stride)  # (N, C, kh, kw, Ho, Wo) view
+    ho, wo = win.shape[4:]
+    cols = win.transpose(1, 2, 3, 0, 4, 5).reshape(c * kh * kw, n * ho * wo)
+    y = (w.reshape(o, -1) @ cols).reshape(o, n, ho, wo)
+    if b is not None:
+        y += b.reshape(o, 1, 1, 1)
+    return xp.ascontiguousarray(y.transpose(1, 0, 2, 3)), ConvCache(cols, x.shape, pads)
+
+
+def conv2d_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: int,
+                    need_dx: bool = True) -> tuple[Any | None, Any, Any]:
+    """Gradients (dX, dW, db) of :func:`conv2d_forward` given dY: (N, O, Ho, Wo)."""
+    o, c, kh, kw = w.shape
+    n, _, ho, wo = dy.shape
+    dy_mat = dy.transpose(1, 0, 2, 3).reshape(o, n * ho * wo)
+    dw = (dy_mat @ cache.cols.T).reshape(w.shape)
+    db = dy.sum(axis=(0, 2, 3))
+    if not need_dx:
+        return None, dw, db
+    dcols = (w.reshape(o, -1).T @ dy_mat).reshape(c, kh, kw, n, ho, wo)
+    top, bottom, side = cache.pads
+    h, wd = cache.x_shape[2:]
+    dxp = xp.zeros((n, c, h + top + bottom, wd + 2 * side), dtype=dy.dtype)
+    for a in range(kh):
+        for e in range(kw):
+            dxp[:, :, a:a + stride * ho:stride, e:e + stride * wo:stride] += (
+                dcols[:, a, e].transpose(1, 0, 2, 3))
+    return unpadded(dxp, cache.pads), dw, db

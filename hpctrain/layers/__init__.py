@@ -1,0 +1,1 @@
+"""Distributed layers: local kernels plus communication primitives; no MPI calls of their own."""

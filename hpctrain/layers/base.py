@@ -1,0 +1,69 @@
+"""What every distributed layer has: layouts in and out, parameters, forward and backward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.backend import Backend
+from hpctrain.kernels.counter_rng import stream_key, uniform_block
+from hpctrain.layout import Box, Layout, grid_coords
+from hpctrain.partition import block_range
+
+INIT_STREAM = 1
+
+
+@dataclass
+class Parameter:
+    """One rank's shard of a logical parameter tensor, with its gradient.
+
+    ``split`` says axis 0 (output channels/features) is cut over the Pr ranks of ``grid``;
+    otherwise every rank holds the whole tensor. The gradient is summed over the ranks holding the
+    same shard before the optimizer sees it, so every replica takes the same step.
+    """
+
+    name: str
+    value: Any
+    shape: tuple[int, ...]
+    grid: tuple[int, int]
+    split: bool
+    grad: Any = None
+
+    def box(self, rank: int) -> Box:
+        box = [(0, n) for n in self.shape]
+        if self.split:
+            box[0] = block_range(self.shape[0], self.grid[0], grid_coords(rank, self.grid)[0])
+        return tuple(box)
+
+
+def init_parameter(backend: Backend, name: str, shape: tuple[int, ...], grid: tuple[int, int],
+                   split: bool, rank: int, key: int, bound: float) -> Parameter:
+    """Uniform(-bound, bound) entries drawn by global index: the same values on every grid."""
+    param = Parameter(name, None, shape, grid, split)
+    u = uniform_block(backend.xp, stream_key(key, INIT_STREAM), shape, param.box(rank),
+                      backend.dtype)
+    param.value = (u * 2 - 1) * backend.dtype(bound)
+    return param
+
+
+class Layer:
+    """A layer running on a layout: ``forward(x) -> y`` and ``backward(dy) -> dx``.
+
+    ``in_layout`` is the layout the layer needs its input in; the network redistributes the
+    previous layer's output into it. ``need_dx`` is False for the first layer, whose input
+    gradient nobody reads.
+    """
+
+    name: str
+    kind: str
+    mode: str
+    in_layout: Layout
+    out_layout: Layout
+    params: list[Parameter]
+    need_dx: bool = True
+
+    def forward(self, x: Any, step: int) -> Any:
+        raise NotImplementedError
+
+    def backward(self, dy: Any) -> Any:
+        raise NotImplementedError

@@ -1,0 +1,97 @@
+"""Convolution in batch, model (1.5D) or domain mode."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hpctrain.backend import Backend
+from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.comm.halo import HaloExchange
+from hpctrain.grid import GridSet
+from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+from hpctrain.layers.base import Layer, init_parameter
+from hpctrain.layers.window import WindowRows
+from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.net import LayerSpec
+from hpctrain.kernels.counter_rng import stream_key
+from hpctrain.partition import check_split, halo_plans
+from hpctrain.plan import LayerPlan
+
+
+class Conv2d(Layer):
+    """Y = W ⋆ X + b on a Pr×Pc grid.
+
+    batch/model (1.5D; batch is Pr = 1):
+        W: (O/Pr, C, k, k), b: (O/Pr,) — output channels split over Pr, replicated over Pc.
+        X: (N/Pc, C, H, W) replicated over Pr;  Y: (N/Pc, O/Pr, Ho, Wo).
+        ΔW, Δb all-reduced over Pc. ΔX is a partial sum Wᵢᵀ ⋆ ΔYᵢ; the adjoint of whatever
+        replicated X over Pr (an all-gather) sums it — a reduce-scatter.
+    domain:
+        W: (O, C, k, k), b: (O,) on every rank.
+        X: (N/Pc, C, H/Pr, W) plus halo rows from the neighbours;  Y: (N/Pc, O, Ho/Pr, Wo).
+        ΔW, Δb all-reduced over all P; halo gradients go back to their owners.
+    """
+
+    kind = "conv"
+
+    def __init__(self, spec: LayerSpec, in_shape: tuple[int, ...], plan: LayerPlan,
+                 grids: GridSet, backend: Backend, key: int) -> None:
+        self.name, self.mode, self.backend = spec.name, plan.mode, backend
+        n, c, h, w = in_shape
+        out = int(spec.args["out"])
+        self.window = spec.window()
+        self.stride = self.window.stride
+        ho, wo = self.window.out_size(h), self.window.out_size(w)
+        grid = grids.get(plan.grid)
+        check_split(n, grid.pc, "batch", self.name)
+        kernel = self.window.kernel
+        split_weights = self.mode != "domain"
+        if self.mode == "domain":
+            plan_i = halo_plans(h, grid.pr, self.window, self.name)[grid.i]
+            self.in_layout = Layout(in_shape, grid.shape, HEIGHT_AXIS)
+            self.out_layout = Layout((n, out, ho, wo), grid.shape, HEIGHT_AXIS)
+            self.rows = WindowRows(backend, self.window, h,
+                                   HaloExchange(backend, grid.model_comm, plan_i), plan_i)
+            self.grad_comm = grid.cart  # W is replicated on all P ranks
+        else:
+            check_split(out, grid.pr, "output channels", self.name)
+            self.in_layout = Layout(in_shape, grid.shape)
+            self.out_layout = Layout((n, out, ho, wo), grid.shape, CHANNEL_AXIS)
+            self.rows = WindowRows(backend, self.window, h)
+            self.grad_comm = grid.batch_comm  # Wᵢ is replicated on the Pc ranks of a model row
+        bound = math.sqrt(6.0 / (c * kernel * kernel))  # He-uniform, for ReLU networks
+        self.weight = init_parameter(backend, f"{self.name}.weight", (out, c, kernel, kernel),
+                                     grid.shape, split_weights, grid.rank, stream_key(key, 0),
+                                     bound)
+        self.params = [self.weight]
+        self.bias = None
+        if spec.args["bias"]:
+            self.bias = init_parameter(backend, f"{self.name}.bias", (out,), grid.shape,
+                                       split_weights, grid.rank, stream_key(key, 1), 0.0)
+            self.params.append(self.bias)
+
+    def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
+        b = self.bias.value if self.bias is not None else None
+        return conv2d_forward(self.backend.xp, x, self.weight.value, b, self.stride, pads)
+
+    def _backward_rows(self, dy: Any, cache: Any) -> Any:
+        dx, dw, db = conv2d_backward(self.backend.xp, dy, self.weight.value, cache, self.stride,
+                                     self.need_dx)
+        self.weight.grad += dw
+        if self.bias is not None:
+            self.bias.grad += db
+        return dx
+
+    def forward(self, x: Any, step: int) -> Any:
+        y, self.bands = self.rows.forward(x, self._forward_rows)
+        return y
+
+    def backward(self, dy: Any) -> Any:
+        xp = self.backend.xp
+        for p in self.params:
+            p.grad = xp.zeros_like(p.value)
+        dx = self.rows.backward(dy, self.bands, self._backward_rows, self.need_dx)
+        for p in self.params:
+            p.grad = allreduce_sum(self.backend, self.grad_comm, p.grad)
+        return dx

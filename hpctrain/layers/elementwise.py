@@ -1,0 +1,84 @@
+"""Element-wise layers (ReLU, dropout) and flatten: they run on the layout that feeds them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpctrain.backend import Backend
+from hpctrain.kernels.activations import dropout_mask, relu_backward, relu_forward
+from hpctrain.kernels.counter_rng import stream_key
+from hpctrain.layers.base import Layer
+from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.net import LayerSpec
+
+DROPOUT_STREAM = 2
+
+
+class ReLU(Layer):
+    kind = "relu"
+    mode = "follow"
+
+    def __init__(self, spec: LayerSpec, layout: Layout, backend: Backend) -> None:
+        self.name, self.backend, self.params = spec.name, backend, []
+        self.in_layout = self.out_layout = layout
+
+    def forward(self, x: Any, step: int) -> Any:
+        self.y = relu_forward(self.backend.xp, x)
+        return self.y
+
+    def backward(self, dy: Any) -> Any:
+        return relu_backward(self.backend.xp, self.y, dy)
+
+
+class Dropout(Layer):
+    """Inverted dropout whose mask for each sample depends on (seed, layer, step) only."""
+
+    kind = "dropout"
+    mode = "follow"
+
+    def __init__(self, spec: LayerSpec, layout: Layout, backend: Backend, key: int,
+                 rank: int) -> None:
+        self.name, self.backend, self.params = spec.name, backend, []
+        self.in_layout = self.out_layout = layout
+        self.p, self.key = float(spec.args["p"]), key
+        self.box = layout.box(rank)
+        self.training = True
+
+    def forward(self, x: Any, step: int) -> Any:
+        if not self.training or self.p == 0:
+            self.mask = None
+            return x
+        self.mask = dropout_mask(self.backend.xp, stream_key(self.key, DROPOUT_STREAM, step),
+                                 self.p, self.in_layout.shape, self.box, self.backend.dtype)
+        return x * self.mask
+
+    def backward(self, dy: Any) -> Any:
+        return dy if self.mask is None else dy * self.mask
+
+
+class Flatten(Layer):
+    """(N, C, H, W) -> (N, C·H·W), C-major. A channel split becomes a feature split.
+
+    A height-split input cannot be flattened in place (its rows are not contiguous features), so
+    flatten asks for the rows gathered first: its input layout drops the height split.
+    """
+
+    kind = "flatten"
+    mode = "follow"
+
+    def __init__(self, spec: LayerSpec, layout: Layout) -> None:
+        self.name, self.params = spec.name, []
+        self.in_layout = layout.replicated() if layout.split_axis == HEIGHT_AXIS else layout
+        n, c, h, w = layout.shape
+        ranges = None
+        if self.in_layout.split_axis == CHANNEL_AXIS:
+            ranges = tuple((lo * h * w, hi * h * w) for lo, hi in self.in_layout.split_ranges)
+        self.out_layout = Layout((n, c * h * w), layout.grid,
+                                 CHANNEL_AXIS if ranges else None, ranges)
+
+    def forward(self, x: Any, step: int) -> Any:
+        self.x_shape = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy: Any) -> Any:
+        return dy.reshape(self.x_shape)

@@ -1,0 +1,62 @@
+"""Fully connected layer in batch or model (1.5D) mode."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hpctrain.backend import Backend
+from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.grid import GridSet
+from hpctrain.kernels.counter_rng import stream_key
+from hpctrain.kernels.linear import linear_backward, linear_forward
+from hpctrain.layers.base import Layer, init_parameter
+from hpctrain.layout import CHANNEL_AXIS, Layout
+from hpctrain.net import LayerSpec
+from hpctrain.partition import check_split
+from hpctrain.plan import LayerPlan
+
+
+class Linear(Layer):
+    """Y = X Wᵀ + b with W split by output features over Pr (the paper's Fig. 5).
+
+    W: (F_out/Pr, F_in), b: (F_out/Pr,) — replicated over Pc.
+    X: (N/Pc, F_in) replicated over Pr;  Y: (N/Pc, F_out/Pr).
+    Backward: ΔWᵢ = ΔYᵢᵀ X all-reduced over Pc; ΔX = ΔYᵢ Wᵢ is a partial sum over Pr, summed by
+    the adjoint of the all-gather that replicated X (a reduce-scatter).
+    """
+
+    kind = "linear"
+
+    def __init__(self, spec: LayerSpec, in_shape: tuple[int, ...], plan: LayerPlan,
+                 grids: GridSet, backend: Backend, key: int) -> None:
+        self.name, self.mode, self.backend = spec.name, plan.mode, backend
+        n, f_in = in_shape
+        out = int(spec.args["out"])
+        grid = grids.get(plan.grid)
+        check_split(n, grid.pc, "batch", self.name)
+        check_split(out, grid.pr, "output features", self.name)
+        self.in_layout = Layout(in_shape, grid.shape)
+        self.out_layout = Layout((n, out), grid.shape, CHANNEL_AXIS)
+        self.grad_comm = grid.batch_comm
+        bound = math.sqrt(6.0 / f_in)
+        self.weight = init_parameter(backend, f"{self.name}.weight", (out, f_in), grid.shape,
+                                     True, grid.rank, stream_key(key, 0), bound)
+        self.params = [self.weight]
+        self.bias = None
+        if spec.args["bias"]:
+            self.bias = init_parameter(backend, f"{self.name}.bias", (out,), grid.shape, True,
+                                       grid.rank, stream_key(key, 1), 0.0)
+            self.params.append(self.bias)
+
+    def forward(self, x: Any, step: int) -> Any:
+        self.x = x
+        return linear_forward(x, self.weight.value,
+                              None if self.bias is None else self.bias.value)
+
+    def backward(self, dy: Any) -> Any:
+        dx, dw, db = linear_backward(self.x, self.weight.value, dy, self.need_dx)
+        self.weight.grad = allreduce_sum(self.backend, self.grad_comm, dw)
+        if self.bias is not None:
+            self.bias.grad = allreduce_sum(self.backend, self.grad_comm, db)
+        return dx

@@ -1,0 +1,218 @@
+"""Networks as data: the ``.net`` text format and shape inference.
+
+A ``.net`` file is one layer per line, ``kind key=value ...``; ``#`` starts a comment. The first
+line is the input::
+
+    input channels=3 size=224 classes=1000     # an image net (or height=… width=…)
+    input features=784 classes=10              # a flat-input net (MLP)
+
+then the layers, in order, each optionally named with ``name=``:
+
+    conv     out=64 kernel=11 [stride=1] [pad=0] [bias=1]
+    maxpool  kernel=3 [stride=kernel] [pad=0]
+    relu
+    dropout  [p=0.5]
+    flatten
+    linear   out=4096 [bias=1]
+
+The loss (softmax cross-entropy over ``classes``) follows the last layer, whose width must equal
+``classes``. Unnamed layers are called by kind and position among their kind: conv1, conv2, …
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.partition import Window
+
+NETS_DIR = Path(__file__).resolve().parent.parent / "inputs" / "nets"
+
+LAYER_KEYS: dict[str, dict[str, object]] = {
+    # kind: {key: default, or None when required}
+    "conv": {"out": None, "kernel": None, "stride": 1, "pad": 0, "bias": 1},
+    "maxpool": {"kernel": None, "stride": 0, "pad": 0},
+    "relu": {},
+    "dropout": {"p": 0.5},
+    "flatten": {},
+    "linear": {"out": None, "bias": 1},
+}
+WEIGHTED = ("conv", "linear")
+
+
+class NetError(ValueError):
+    """A network file that cannot be read, or a network that does not fit its input."""
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    name: str
+    kind: str
+    args: dict[str, float | int] = field(default_factory=dict)
+
+    def window(self) -> Window:
+        stride = int(self.args["stride"]) or int(self.args["kernel"])
+        return Window(int(self.args["kernel"]), stride, int(self.args["pad"]))
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    name: str
+    input_shape: tuple[int, ...]  # per sample: (C, H, W) or (F,)
+    classes: int
+    layers: tuple[LayerSpec, ...]
+
+    def with_image_size(self, size: int) -> NetSpec:
+        if len(self.input_shape) != 3:
+            raise NetError(f"net {self.name} takes flat input; --image-size {size} does not apply")
+        if size < 1:
+            raise NetError(f"--image-size {size} must be positive")
+        return NetSpec(self.name, (self.input_shape[0], size, size), self.classes, self.layers)
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        """Per-sample shape entering each layer, plus the output shape at the end."""
+        shapes = [self.input_shape]
+        for layer in self.layers:
+            shapes.append(_out_shape(layer, shapes[-1], self.name))
+        if shapes[-1] != (self.classes,):
+            raise NetError(f"net {self.name}: the last layer gives shape {shapes[-1]} but the loss "
+                           f"needs ({self.classes},) (classes={self.classes})")
+        return shapes
+
+    def parameter_count(self) -> int:
+        total = 0
+        for layer, shape in zip(self.layers, self.shapes(), strict=False):
+            out = int(layer.args.get("out", 0))
+            bias = out if layer.args.get("bias", 0) else 0
+            if layer.kind == "conv":
+                total += out * shape[0] * int(layer.args["kernel"]) ** 2 + bias
+            elif layer.kind == "linear":
+                total += out * shape[0] + bias
+        return total
+
+
+def _out_shape(layer: LayerSpec, shape: tuple[int, ...], net: str) -> tuple[int, ...]:
+    kind = layer.kind
+    if kind in ("conv", "maxpool"):
+        if len(shape) != 3:
+            raise NetError(f"net {net}: layer {layer.name} ({kind}) needs an image input, "
+                           f"got shape {shape}")
+        window = layer.window()
+        h, w = window.out_size(shape[1]), window.out_size(shape[2])
+        if h < 1 or w < 1:
+            raise NetError(f"net {net}: input {shape[1]}x{shape[2]} is too small for layer "
+                           f"{layer.name} (kernel {window.kernel}, stride {window.stride}, pad "
+                           f"{window.pad}); use a larger --image-size")
+        return (int(layer.args["out"]) if kind == "conv" else shape[0], h, w)
+    if kind == "flatten":
+        n = 1
+        for d in shape:
+            n *= d
+        return (n,)
+    if kind == "linear":
+        if len(shape) != 1:
+            raise NetError(f"net {net}: layer {layer.name} (linear) needs a flat input, got "
+                           f"shape {shape}; add a 'flatten' line before it")
+        return (int(layer.args["out"]),)
+    return shape
+
+
+def _number(text: str, where: str) -> float | int:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise NetError(f"{where}: '{text}' is not a number") from None
+
+
+def parse_net(text: str, name: str) -> NetSpec:
+    """Read a ``.net`` text; errors name the file (``name``) and the line."""
+    input_shape: tuple[int, ...] | None = None
+    classes = 0
+    layers: list[LayerSpec] = []
+    counts: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].split()
+        if not line:
+            continue
+        where = f"{name}, line {number}"
+        kind, pairs = line[0], line[1:]
+        args: dict[str, float | int] = {}
+        layer_name = None
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or not value:
+                raise NetError(f"{where}: expected key=value, got '{pair}'")
+            if key == "name":
+                layer_name = value
+            else:
+                args[key] = _number(value, where)
+        if kind == "input":
+            input_shape, classes = _parse_input(args, where)
+            continue
+        if input_shape is None:
+            raise NetError(f"{where}: the first line must be 'input …', got '{kind}'")
+        if kind not in LAYER_KEYS:
+            raise NetError(f"{where}: unknown layer kind '{kind}'; known: "
+                           f"{', '.join(LAYER_KEYS)}")
+        allowed = LAYER_KEYS[kind]
+        for key in args:
+            if key not in allowed:
+                raise NetError(f"{where}: {kind} takes no '{key}'; it takes "
+                               f"{', '.join(allowed) or 'no arguments'}")
+        for key, default in allowed.items():
+            if key not in args:
+                if default is None:
+                    raise NetError(f"{where}: {kind} needs {key}=…")
+                args[key] = default
+        if kind == "dropout" and not 0 <= args["p"] < 1:
+            raise NetError(f"{where}: dropout p={args['p']} must be in [0, 1)")
+        for key in ("out", "kernel"):
+            if key in args and (not isinstance(args[key], int) or args[key] < 1):
+                raise NetError(f"{where}: {key}={args[key]} must be a positive integer")
+        counts[kind] = counts.get(kind, 0) + 1
+        layer_name = layer_name or f"{kind}{counts[kind]}"
+        if any(existing.name == layer_name for existing in layers):
+            raise NetError(f"{where}: layer name '{layer_name}' is used twice")
+        layers.append(LayerSpec(layer_name, kind, args))
+    if input_shape is None:
+        raise NetError(f"{name}: no 'input' line")
+    if not layers:
+        raise NetError(f"{name}: no layers")
+    spec = NetSpec(name, input_shape, classes, tuple(layers))
+    spec.shapes()
+    return spec
+
+
+def _parse_input(args: dict[str, float | int], where: str) -> tuple[tuple[int, ...], int]:
+    if "classes" not in args:
+        raise NetError(f"{where}: input needs classes=…")
+    classes = int(args["classes"])
+    if "features" in args:
+        return (int(args["features"]),), classes
+    try:
+        channels = int(args["channels"])
+        height = int(args.get("height", args.get("size", 0)))
+        width = int(args.get("width", args.get("size", 0)))
+    except KeyError:
+        raise NetError(f"{where}: input needs features=… or channels=… size=…") from None
+    if min(channels, height, width, classes) < 1:
+        raise NetError(f"{where}: input sizes must be positive")
+    return (channels, height, width), classes
+
+
+def available_nets() -> list[str]:
+    return sorted(p.stem for p in NETS_DIR.glob("*.net"))
+
+
+def load_net(name_or_path: str) -> NetSpec:
+    """A shipped net by name (``alexnet``) or any ``.net`` file by path."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = NETS_DIR / f"{name_or_path}.net"
+    if not path.is_file():
+        raise NetError(f"unknown net '{name_or_path}': not a file, and not one of "
+                       f"{', '.join(available_nets())}")
+    return parse_net(path.read_text(), path.stem if path.parent == NETS_DIR else str(path))

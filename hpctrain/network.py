@@ -1,0 +1,124 @@
+"""A network under a per-layer plan: layers, the redistributions between them, and the loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpctrain.backend import Backend
+from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.comm.redistribute import Redistribute
+from hpctrain.grid import GridSet
+from hpctrain.kernels.counter_rng import stream_key
+from hpctrain.kernels.loss import softmax_cross_entropy
+from hpctrain.layers.base import Layer, Parameter
+from hpctrain.layers.conv import Conv2d
+from hpctrain.layers.elementwise import Dropout, Flatten, ReLU
+from hpctrain.layers.linear import Linear
+from hpctrain.layers.pool import MaxPool2d
+from hpctrain.layout import Layout, grid_coords
+from hpctrain.net import NetSpec
+from hpctrain.plan import LayerPlan, PlanError
+
+
+class Network:
+    """``net`` on the ranks of ``grids.world``, each layer on the grid its plan entry names.
+
+    Between consecutive layers whose layouts differ, a :class:`Redistribute` moves activations
+    forward and gradients back. After the last layer the logits are replicated over the last
+    grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples, so each
+    sample's loss (and gradient) is counted exactly once.
+    """
+
+    def __init__(self, net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet,
+                 backend: Backend, seed: int = 0) -> None:
+        if len(plan) != len(net.layers):
+            raise PlanError(f"plan has {len(plan)} entries but net {net.name} has "
+                            f"{len(net.layers)} layers")
+        self.net, self.batch, self.grids, self.backend = net, batch, grids, backend
+        self.rank = grids.world.Get_rank()
+        self.layers: list[Layer] = []
+        self.moves: list[Redistribute] = []  # moves[k] feeds layers[k]
+        shapes = net.shapes()
+        previous: Layout | None = None
+        for index, (spec, entry, shape) in enumerate(zip(net.layers, plan, shapes, strict=False)):
+            key = stream_key(seed, index)
+            if entry.mode != "follow" or previous is None:
+                grid = entry.grid if entry.mode != "follow" else (1, grids.world.Get_size())
+                layer = self._weighted(spec, (batch, *shape), entry, grid, key)
+            else:
+                layer = self._follower(spec, previous, key)
+            self.moves.append(Redistribute(backend, grids, previous or layer.in_layout,
+                                           layer.in_layout))
+            self.layers.append(layer)
+            previous = layer.out_layout
+        self.layers[0].need_dx = False
+        self.loss_layout = previous.replicated()
+        self.to_loss = Redistribute(backend, grids, previous, self.loss_layout)
+        self.input_layout = self.layers[0].in_layout
+
+    def _weighted(self, spec: Any, shape: tuple[int, ...], entry: LayerPlan,
+                  grid: tuple[int, int], key: int) -> Layer:
+        if spec.kind == "conv":
+            return Conv2d(spec, shape, entry, self.grids, self.backend, key)
+        if spec.kind == "linear":
+            return Linear(spec, shape, entry, self.grids, self.backend, key)
+        # a first layer with no weights runs batch-parallel on the whole world
+        layout = Layout(shape, grid)
+        return self._follower(spec, layout, key)
+
+    def _follower(self, spec: Any, layout: Layout, key: int) -> Layer:
+        if spec.kind == "relu":
+            return ReLU(spec, layout, self.backend)
+        if spec.kind == "dropout":
+            return Dropout(spec, layout, self.backend, key, self.rank)
+        if spec.kind == "flatten":
+            return Flatten(spec, layout)
+        if spec.kind == "maxpool":
+            return MaxPool2d(spec, layout, self.grids, self.backend)
+        raise PlanError(f"layer {spec.name} ({spec.kind}) needs a grid of its own")
+
+    @property
+    def params(self) -> list[Parameter]:
+        return [p for layer in self.layers for p in layer.params]
+
+    def set_training(self, training: bool) -> None:
+        for layer in self.layers:
+            if isinstance(layer, Dropout):
+                layer.training = training
+
+    def forward(self, x: Any, step: int, trace: list | None = None) -> Any:
+        """Logits on ``loss_layout`` from X on ``input_layout``; ``trace`` collects each output."""
+        for move, layer in zip(self.moves, self.layers, strict=True):
+            x = layer.forward(move.forward(x), step)
+            if trace is not None:
+                trace.append(x)
+        return self.to_loss.forward(x)
+
+    def backward(self, dlogits: Any, trace: list | None = None) -> None:
+        """Parameter gradients from dLoss/dlogits; ``trace`` collects each layer's input gradient."""
+        dy = self.to_loss.backward(dlogits)
+        for move, layer in zip(reversed(self.moves), reversed(self.layers), strict=True):
+            dx = layer.backward(dy)
+            if trace is not None:
+                trace.insert(0, dx)
+            if dx is not None:
+                dy = move.backward(dx)
+
+    def loss(self, logits: Any, labels: Any) -> tuple[float, float, Any]:
+        """Mean loss and accuracy over the global batch, and dLoss/dlogits for this rank.
+
+        ``labels`` are the labels of this rank's batch shard in ``loss_layout``.
+        """
+        xp = self.backend.xp
+        i, _ = grid_coords(self.rank, self.loss_layout.grid)
+        loss_sum, correct, grad = softmax_cross_entropy(xp, logits, labels, 1.0 / self.batch)
+        if i != 0:  # a replica: the owner (i = 0) counts these samples
+            loss_sum, correct, grad = loss_sum * 0, correct * 0, grad * 0
+        totals = xp.stack([xp.asarray(loss_sum, dtype=xp.float64),
+                           xp.asarray(correct, dtype=xp.float64)])
+        totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
+        return float(totals[0]) / self.batch, float(totals[1]) / self.batch, grad
+
+    def labels_range(self) -> tuple[int, int]:
+        """The samples whose labels this rank needs for the loss."""
+        return self.loss_layout.box(self.rank)[0]

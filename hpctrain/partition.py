@@ -1,0 +1,150 @@
+"""Pure maths of splits: block ranges, factorisations and halo plans. No MPI here.
+
+Every split in hpctrain uses the same block rule: part k of n items split into ``parts`` is
+``[k*n // parts, (k+1)*n // parts)``. Sizes differ by at most one, and the rule nests: when
+``parts_coarse`` divides ``parts_fine``, coarse block j is exactly the union of fine blocks
+``j*m … (j+1)*m - 1`` with ``m = parts_fine // parts_coarse``, because
+``floor(j*m*n / parts_fine) = floor(j*n / parts_coarse)``. That is what makes the batch split of
+a 1×P grid a refinement of the batch split of any Pr×Pc grid, so moving between them is an
+all-gather rather than a general all-to-all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SplitError(ValueError):
+    """A split that would leave a rank empty, or a halo no neighbour can supply."""
+
+
+def block_range(n: int, parts: int, index: int) -> tuple[int, int]:
+    """Half-open range ``[start, stop)`` of block ``index`` when ``n`` items are cut ``parts`` ways.
+
+    Example: ``n=10, parts=4`` gives blocks [0,2) [2,5) [5,7) [7,10).
+    """
+    if not 0 <= index < parts:
+        raise ValueError(f"block index {index} outside 0..{parts - 1}")
+    return index * n // parts, (index + 1) * n // parts
+
+
+def block_ranges(n: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """All blocks of ``n`` items cut ``parts`` ways, in order."""
+    return tuple(block_range(n, parts, k) for k in range(parts))
+
+
+def check_split(n: int, parts: int, what: str, layer: str) -> None:
+    """Refuse a split that leaves some block empty, naming the layer and the sizes."""
+    if parts > n:
+        raise SplitError(
+            f"layer {layer}: {what} of size {n} cannot be split {parts} ways "
+            f"(a rank would be empty); use a grid with at most {n} parts on that axis"
+        )
+
+
+def factorisations(p: int) -> list[tuple[int, int]]:
+    """Every (Pr, Pc) with Pr*Pc = p, Pr ascending: 6 -> [(1,6), (2,3), (3,2), (6,1)]."""
+    return [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding window along one axis: kernel size, stride and zero padding on each side."""
+
+    kernel: int
+    stride: int = 1
+    pad: int = 0
+
+    def out_size(self, n_in: int) -> int:
+        return (n_in + 2 * self.pad - self.kernel) // self.stride + 1
+
+    def rows_needed(self, out_start: int, out_stop: int) -> tuple[int, int]:
+        """Input rows (possibly negative or past the end: padding) that outputs [start, stop) read."""
+        return out_start * self.stride - self.pad, (out_stop - 1) * self.stride - self.pad + self.kernel
+
+
+@dataclass(frozen=True)
+class HaloPlan:
+    """What one rank of a height-split (domain-parallel) window layer holds, needs and exchanges.
+
+    Rows are global input-row indices. The rank owns input rows ``own`` and output rows ``out``;
+    the window over ``out`` reads rows ``need`` (clipped to the image; the rest is padding, of
+    ``pad_top``/``pad_bottom`` rows). It receives ``recv_top`` rows from the rank above and
+    ``recv_bottom`` from the rank below, and sends ``send_top`` to the rank above and
+    ``send_bottom`` to the rank below. ``interior`` is the output rows computable from owned rows
+    (and image padding) alone, so the layer can compute them while the halos are in flight.
+    Empty ranges are ``(x, x)``.
+    """
+
+    own: tuple[int, int]
+    out: tuple[int, int]
+    need: tuple[int, int]
+    pad_top: int
+    pad_bottom: int
+    recv_top: tuple[int, int]
+    recv_bottom: tuple[int, int]
+    send_top: tuple[int, int]
+    send_bottom: tuple[int, int]
+    interior: tuple[int, int]
+
+
+def _needed_clipped(window: Window, out: tuple[int, int], n_in: int) -> tuple[int, int, int, int]:
+    lo, hi = window.rows_needed(*out)
+    return max(lo, 0), min(hi, n_in), max(0, -lo), max(0, hi - n_in)
+
+
+def halo_plans(n_in: int, parts: int, window: Window, layer: str) -> list[HaloPlan]:
+    """Halo plans for all ``parts`` row blocks of a height-``n_in`` input under ``window``.
+
+    Input rows and output rows are both block-split ``parts`` ways. A rank may take halo rows only
+    from its direct neighbours; a window that would need rows two ranks away is refused.
+    """
+    n_out = window.out_size(n_in)
+    if n_out < 1:
+        raise SplitError(f"layer {layer}: input height {n_in} is smaller than the window {window}")
+    check_split(n_in, parts, "input height", layer)
+    check_split(n_out, parts, "output height", layer)
+    own = block_ranges(n_in, parts)
+    out = block_ranges(n_out, parts)
+    need = [_needed_clipped(window, o, n_in) for o in out]
+
+    def recv_ranges(k: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        (a, b, _, _), (h0, h1) = need[k], own[k]
+        top = (a, min(h0, b)) if a < h0 else (h0, h0)
+        bottom = (max(h1, a), b) if b > h1 else (h1, h1)
+        for (r0, r1), nb, side in ((top, k - 1, "above"), (bottom, k + 1, "below")):
+            if r1 > r0 and not (0 <= nb < parts and own[nb][0] <= r0 and r1 <= own[nb][1]):
+                held = own[nb][1] - own[nb][0] if 0 <= nb < parts else 0
+                raise SplitError(
+                    f"layer {layer}: row block {k} of {parts} needs {r1 - r0} halo rows from "
+                    f"{side} but that neighbour holds {held} (height {n_in} split {parts} ways, "
+                    f"window {window.kernel}/{window.stride}/{window.pad}); use fewer row splits "
+                    f"or a larger image"
+                )
+        return top, bottom
+
+    recvs = [recv_ranges(k) for k in range(parts)]
+    plans = []
+    for k in range(parts):
+        a, b, pad_top, pad_bottom = need[k]
+        h0, h1 = own[k]
+        send_top = recvs[k - 1][1] if k > 0 else (h0, h0)
+        send_bottom = recvs[k + 1][0] if k + 1 < parts else (h1, h1)
+        interior = _interior_rows(window, out[k], own[k], n_in)
+        plans.append(HaloPlan(own[k], out[k], (a, b), pad_top, pad_bottom, *recvs[k],
+                              send_top, send_bottom, interior))
+    return plans
+
+
+def _interior_rows(window: Window, out: tuple[int, int], own: tuple[int, int], n_in: int
+                   ) -> tuple[int, int]:
+    """Output rows in ``out`` whose window lies in ``own`` or in the image's zero padding."""
+    lo_ok = -window.pad if own[0] == 0 else own[0]
+    hi_ok = n_in + window.pad if own[1] == n_in else own[1]
+    first = next((o for o in range(*out) if o * window.stride - window.pad >= lo_ok), out[1])
+    last = first
+    for o in range(first, out[1]):
+        if o * window.stride - window.pad + window.kernel > hi_ok:
+            break
+        last = o + 1
+    return (first, last) if last > first else (out[0], out[0])

@@ -1,0 +1,147 @@
+"""Per-layer plans and the grid specs that produce them.
+
+A plan gives each layer a mode and a Pr×Pc grid:
+
+- ``batch``: Pr = 1; weights replicated, batch split over all P.
+- ``model``: Pr splits output channels/features (1.5D), Pc the batch.
+- ``domain``: Pr splits the image height (halo exchange), Pc the batch (conv and pooling only).
+- ``follow``: element-wise layers, pooling and flatten run on the layout of the layer feeding them.
+
+Grid specs (``--grid``):
+
+- ``RxC``: every conv and linear layer in model mode on R×C (``1xP`` is pure batch).
+- ``conv=SPEC,fc=SPEC``: per kind; SPEC is ``RxC`` or ``domain:RxC``.
+- a plan file path: one line per weighted layer, ``NAME MODE RxC`` (other lines may say
+  ``NAME follow``); ``#`` comments. :func:`write_plan` writes this format.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.net import WEIGHTED, NetSpec
+
+MODES = ("batch", "model", "domain", "follow")
+_GRID = re.compile(r"^(\d+)x(\d+)$")
+
+
+class PlanError(ValueError):
+    """A grid spec or plan file that cannot be used."""
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    layer: str
+    mode: str
+    grid: tuple[int, int] = (1, 1)
+
+    def __post_init__(self) -> None:
+        if self.mode in ("model", "domain") and self.grid[0] == 1:
+            object.__setattr__(self, "mode", "batch")  # Pr = 1 splits nothing but the batch
+
+    def describe(self) -> str:
+        return "follow" if self.mode == "follow" else f"{self.mode} {self.grid[0]}x{self.grid[1]}"
+
+
+def _parse_grid(text: str, procs: int, where: str) -> tuple[int, int]:
+    match = _GRID.match(text.strip())
+    if not match:
+        raise PlanError(f"{where}: '{text}' is not a grid; write RxC, e.g. 2x2")
+    pr, pc = int(match.group(1)), int(match.group(2))
+    if pr < 1 or pc < 1 or pr * pc != procs:
+        raise PlanError(f"{where}: grid {pr}x{pc} needs {pr * pc} processes but {procs} were "
+                        f"launched; choose R and C with R*C = {procs}")
+    return pr, pc
+
+
+def _kind_spec(text: str, kind: str, procs: int) -> tuple[str, tuple[int, int]]:
+    mode, _, grid = text.rpartition(":")
+    mode = mode or "model"
+    if mode not in ("model", "domain"):
+        raise PlanError(f"--grid {kind}={text}: unknown mode '{mode}'; use RxC or domain:RxC")
+    if mode == "domain" and kind == "fc":
+        raise PlanError(f"--grid fc={text}: fully connected layers have no height to split; "
+                        f"use fc=RxC")
+    return mode, _parse_grid(grid, procs, f"--grid {kind}={text}")
+
+
+def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
+    """The per-layer plan a ``--grid`` value asks for, on ``procs`` processes."""
+    spec = spec.strip()
+    if spec == "auto":
+        raise PlanError("--grid auto needs the planner, which this build does not include; "
+                        "give RxC, conv=SPEC,fc=SPEC or a plan file")
+    if _GRID.match(spec):
+        grid = _parse_grid(spec, procs, "--grid")
+        return [LayerPlan(l.name, "model", grid) if l.kind in WEIGHTED
+                else LayerPlan(l.name, "follow") for l in net.layers]
+    if "=" in spec:
+        by_kind: dict[str, tuple[str, tuple[int, int]]] = {}
+        for part in spec.split(","):
+            kind, _, value = part.partition("=")
+            if kind not in ("conv", "fc"):
+                raise PlanError(f"--grid: unknown layer kind '{kind}' in '{spec}'; use conv= and fc=")
+            by_kind[kind] = _kind_spec(value, kind, procs)
+        plans = []
+        for layer in net.layers:
+            kind = {"conv": "conv", "linear": "fc"}.get(layer.kind)
+            if kind is None:
+                plans.append(LayerPlan(layer.name, "follow"))
+            elif kind not in by_kind:
+                raise PlanError(f"--grid '{spec}' gives no grid for {kind} layers "
+                                f"(layer {layer.name}); add {kind}=RxC")
+            else:
+                plans.append(LayerPlan(layer.name, *by_kind[kind]))
+        return plans
+    path = Path(spec)
+    if not path.is_file():
+        raise PlanError(f"--grid '{spec}' is not RxC, conv=…,fc=…, auto, or an existing plan file")
+    return read_plan(path, net, procs)
+
+
+def read_plan(path: Path, net: NetSpec, procs: int) -> list[LayerPlan]:
+    """Read a plan file written by :func:`write_plan` (or by hand)."""
+    entries: dict[str, LayerPlan] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"{path}, line {number}"
+        if len(words) < 2 or words[1] not in MODES:
+            raise PlanError(f"{where}: expected 'NAME MODE RxC' with MODE one of "
+                            f"{', '.join(MODES)}, got '{raw.strip()}'")
+        name, mode = words[0], words[1]
+        if mode == "follow":
+            entries[name] = LayerPlan(name, mode)
+            continue
+        if len(words) < 3:
+            raise PlanError(f"{where}: mode {mode} needs a grid RxC")
+        entries[name] = LayerPlan(name, mode, _parse_grid(words[2], procs, where))
+    known = {l.name for l in net.layers}
+    for name in entries:
+        if name not in known:
+            raise PlanError(f"{path}: layer '{name}' is not in net {net.name}")
+    plans = []
+    for layer in net.layers:
+        entry = entries.get(layer.name, LayerPlan(layer.name, "follow"))
+        if layer.kind in WEIGHTED and entry.mode == "follow":
+            raise PlanError(f"{path}: no grid for layer {layer.name} ({layer.kind})")
+        if layer.kind not in WEIGHTED and entry.mode != "follow":
+            raise PlanError(f"{path}: layer {layer.name} ({layer.kind}) follows the layer "
+                            f"feeding it; write '{layer.name} follow'")
+        if layer.kind == "linear" and entry.mode == "domain":
+            raise PlanError(f"{path}: layer {layer.name} is fully connected and cannot be "
+                            f"domain-parallel")
+        plans.append(entry)
+    return plans
+
+
+def write_plan(path: Path, plans: list[LayerPlan], header: str = "") -> None:
+    lines = [f"# {line}" for line in header.splitlines()]
+    lines.append("# layer  mode  grid(RxC: R splits model or height, C splits the batch)")
+    for p in plans:
+        lines.append(f"{p.layer} follow" if p.mode == "follow"
+                     else f"{p.layer} {p.mode} {p.grid[0]}x{p.grid[1]}")
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,98 @@
+"""Check a plan against the serial computation: one forward and backward, layer by layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from hpctrain.backend import Backend
+from hpctrain.comm.gather import gather_to_root
+from hpctrain.data import SyntheticData
+from hpctrain.grid import GridSet
+from hpctrain.layers.base import Layer
+from hpctrain.net import NetSpec
+from hpctrain.network import Network
+from hpctrain.plan import LayerPlan
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got − want| / max |want| (the absolute error where ``want`` is all zeros)."""
+    scale = float(np.abs(want).max()) if want.size else 0.0
+    diff = float(np.abs(got - want).max()) if want.size else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def serial_plan(plan: list[LayerPlan]) -> list[LayerPlan]:
+    return [p if p.mode == "follow" else LayerPlan(p.layer, "batch", (1, 1)) for p in plan]
+
+
+@dataclass
+class LayerState:
+    """One layer's output, input gradient and parameter gradients, whole (on rank 0)."""
+
+    output: np.ndarray | None
+    input_grad: np.ndarray | None
+    param_grads: dict[str, np.ndarray | None]
+
+
+def run_step(network: Network, data: SyntheticData, step: int = 0
+             ) -> tuple[float, list[LayerState]]:
+    """Forward + backward of batch ``step``; every tensor gathered whole on rank 0."""
+    be, comm = network.backend, network.grids.world
+    rank = comm.Get_rank()
+    x = data.images(step, network.input_layout.box(rank))
+    labels = data.labels(step, network.labels_range())
+    outputs: list = []
+    grads: list = []
+    logits = network.forward(x, step, outputs)
+    loss, _, dlogits = network.loss(logits, labels)
+    network.backward(dlogits, grads)
+    states = []
+    for layer, y, dx in zip(network.layers, outputs, grads, strict=True):
+        states.append(_gather_layer(be, comm, layer, y, dx))
+    return loss, states
+
+
+def _gather_layer(be: Backend, comm: MPI.Comm, layer: Layer, y, dx) -> LayerState:
+    out = gather_to_root(be, comm, y, layer.out_layout.shape, layer.out_layout.box, "copy")
+    dx_whole = None
+    if dx is not None:
+        dx_whole = gather_to_root(be, comm, dx, layer.in_layout.shape, layer.in_layout.box, "sum")
+    params = {p.name: gather_to_root(be, comm, p.grad, p.shape, p.box, "copy")
+              for p in layer.params}
+    return LayerState(out, dx_whole, params)
+
+
+def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, backend: Backend,
+           seed: int = 0, tolerance: float = 1e-9, out=print) -> bool:
+    """Compare the plan with one process; rank 0 prints a table. True on every rank if all pass."""
+    comm = grids.world
+    data = SyntheticData(backend, net.input_shape, net.classes, batch, seed)
+    network = Network(net, plan, batch, grids, backend, seed)
+    loss, states = run_step(network, data)
+    ok = True
+    if comm.Get_rank() == 0:
+        with GridSet(MPI.COMM_SELF) as serial_grids:
+            serial = Network(net, serial_plan(plan), batch, serial_grids, backend, seed)
+            serial_loss, reference = run_step(serial, data)
+        out(f"{'layer':<10} {'plan':<18} {'layout in -> out':<44} {'output':>9} {'dX':>9} "
+            f"{'dW':>9} {'db':>9}")
+        worst = relative_error(np.array([loss]), np.array([serial_loss]))
+        for layer, entry, got, want in zip(network.layers, plan, states, reference, strict=True):
+            errs = [relative_error(got.output, want.output)]
+            errs.append(relative_error(got.input_grad, want.input_grad)
+                        if got.input_grad is not None else None)
+            for suffix in ("weight", "bias"):
+                name = f"{layer.name}.{suffix}"
+                errs.append(relative_error(got.param_grads[name], want.param_grads[name])
+                            if name in got.param_grads else None)
+            worst = max([worst] + [e for e in errs if e is not None])
+            cells = " ".join(f"{e:9.1e}" if e is not None else f"{'-':>9}" for e in errs)
+            layouts = f"{layer.in_layout.describe()} -> {layer.out_layout.describe()}"
+            out(f"{layer.name:<10} {entry.describe():<18} {layouts:<44} {cells}")
+        ok = worst <= tolerance
+        out(f"loss {loss:.12g} (serial {serial_loss:.12g}); largest relative error {worst:.2e} "
+            f"{'<=' if ok else '>'} tolerance {tolerance:.0e}: {'PASS' if ok else 'FAIL'}")
+    return bool(comm.bcast(ok, root=0))
