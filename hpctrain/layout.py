@@ -91,8 +91,13 @@ class Layout:
 
     def describe(self) -> str:
         pr, pc = self.grid
-        what = {None: "replicated", CHANNEL_AXIS: "channels", HEIGHT_AXIS: "height"}
-        return f"{pr}x{pc} batch/{pc} {what.get(self.split_axis, 'axis ' + str(self.split_axis))}"
+        if self.split_axis is None:
+            split = "replicated" if pr > 1 else "whole"
+        else:
+            split = {HEIGHT_AXIS: "height"}.get(self.split_axis, "channels"
+                                                if len(self.shape) == 4 else "features")
+            split += f"/{pr}"
+        return f"{pr}x{pc} batch/{pc} {split}"
 
 
 def intersect(a: Box, b: Box) -> Box | None:

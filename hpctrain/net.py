@@ -67,7 +67,9 @@ class NetSpec:
             raise NetError(f"net {self.name} takes flat input; --image-size {size} does not apply")
         if size < 1:
             raise NetError(f"--image-size {size} must be positive")
-        return NetSpec(self.name, (self.input_shape[0], size, size), self.classes, self.layers)
+        resized = NetSpec(self.name, (self.input_shape[0], size, size), self.classes, self.layers)
+        resized.shapes()  # refuse a size some layer cannot take, naming the layer
+        return resized
 
     def shapes(self) -> list[tuple[int, ...]]:
         """Per-sample shape entering each layer, plus the output shape at the end."""
@@ -139,17 +141,15 @@ def parse_net(text: str, name: str) -> NetSpec:
             continue
         where = f"{name}, line {number}"
         kind, pairs = line[0], line[1:]
-        args: dict[str, float | int] = {}
-        layer_name = None
+        texts: dict[str, str] = {}
         for pair in pairs:
             key, sep, value = pair.partition("=")
             if not sep or not value:
                 raise NetError(f"{where}: expected key=value, got '{pair}'")
-            if key == "name":
-                layer_name = value
-            else:
-                args[key] = _number(value, where)
+            texts[key] = value
+        layer_name = texts.pop("name", None)
         if kind == "input":
+            args = {key: _number(value, where) for key, value in texts.items()}
             input_shape, classes = _parse_input(args, where)
             continue
         if input_shape is None:
@@ -158,10 +158,11 @@ def parse_net(text: str, name: str) -> NetSpec:
             raise NetError(f"{where}: unknown layer kind '{kind}'; known: "
                            f"{', '.join(LAYER_KEYS)}")
         allowed = LAYER_KEYS[kind]
-        for key in args:
+        for key in texts:
             if key not in allowed:
                 raise NetError(f"{where}: {kind} takes no '{key}'; it takes "
                                f"{', '.join(allowed) or 'no arguments'}")
+        args = {key: _number(value, where) for key, value in texts.items()}
         for key, default in allowed.items():
             if key not in args:
                 if default is None:

@@ -95,7 +95,7 @@ class Network:
         return self.to_loss.forward(x)
 
     def backward(self, dlogits: Any, trace: list | None = None) -> None:
-        """Parameter gradients from dLoss/dlogits; ``trace`` collects each layer's input gradient."""
+        """Parameter gradients from dLoss/dlogits; ``trace`` collects input gradients."""
         dy = self.to_loss.backward(dlogits)
         for move, layer in zip(reversed(self.moves), reversed(self.layers), strict=True):
             dx = layer.backward(dy)

@@ -59,8 +59,9 @@ class Window:
         return (n_in + 2 * self.pad - self.kernel) // self.stride + 1
 
     def rows_needed(self, out_start: int, out_stop: int) -> tuple[int, int]:
-        """Input rows (possibly negative or past the end: padding) that outputs [start, stop) read."""
-        return out_start * self.stride - self.pad, (out_stop - 1) * self.stride - self.pad + self.kernel
+        """Input rows that outputs [start, stop) read; beyond the image means padding."""
+        first = out_start * self.stride - self.pad
+        return first, (out_stop - 1) * self.stride - self.pad + self.kernel
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,8 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
         for part in spec.split(","):
             kind, _, value = part.partition("=")
             if kind not in ("conv", "fc"):
-                raise PlanError(f"--grid: unknown layer kind '{kind}' in '{spec}'; use conv= and fc=")
+                raise PlanError(f"--grid: unknown layer kind '{kind}' in '{spec}'; "
+                                f"use conv= and fc=")
             by_kind[kind] = _kind_spec(value, kind, procs)
         plans = []
         for layer in net.layers:

@@ -10,7 +10,7 @@ from hpctrain.backend import Backend
 
 
 def _front(xp: Any, a: Any, axis: int) -> Any:
-    """``a`` with ``axis`` moved first, contiguous: MPI blocks along that axis are then contiguous."""
+    """``a`` with ``axis`` moved first, contiguous, so MPI blocks along ``axis`` are contiguous."""
     return xp.ascontiguousarray(xp.moveaxis(a, axis, 0))
 
 

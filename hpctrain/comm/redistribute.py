@@ -43,7 +43,9 @@ def _allgather_axis(src: Layout, dst: Layout) -> int | None:
             return None
         found = axes[0]
         edges = [need[found][0]] + [b[found][1] for b in blocks]
-        if any(b[found][0] != edges[k] for k, b in enumerate(blocks)) or edges[-1] != need[found][1]:
+        if edges[-1] != need[found][1]:
+            return None
+        if any(b[found][0] != edges[k] for k, b in enumerate(blocks)):
             return None
     return found
 
@@ -65,7 +67,7 @@ class _Route:
 
 
 class Redistribute:
-    """forward: activation from layout ``src`` to ``dst``; backward: gradient from ``dst`` to ``src``."""
+    """forward: activation from layout ``src`` to ``dst``; backward: its gradient, back."""
 
     def __init__(self, backend: Backend, grids: GridSet, src: Layout, dst: Layout) -> None:
         self.backend, self.src, self.dst = backend, src, dst

@@ -21,7 +21,10 @@ class ConvCache:
 
 def conv2d_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: int,
                    pads: tuple[int, int, int]) -> tuple[Any, ConvCache]:
-    """Y[n, o] = Σ_c W[o, c] ⋆ X[n, c] + b[o].  X: (N, C, H, W), W: (O, C, kh, kw) -> Y: (N, O, Ho, Wo)."""
+    """Y[n, o] = Σ_c W[o, c] ⋆ X[n, c] + b[o].
+
+    X: (N, C, H, W), W: (O, C, kh, kw) -> Y: (N, O, Ho, Wo).
+    """
     n, c = x.shape[:2]
     o, _, kh, kw = w.shape
     win = windows(xp, padded(xp, x, pads, 0.0), kh, kw, stride)  # (N, C, kh, kw, Ho, Wo) view

@@ -10,11 +10,11 @@ from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.comm.halo import HaloExchange
 from hpctrain.grid import GridSet
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.layers.base import Layer, init_parameter
 from hpctrain.layers.window import WindowRows
 from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.net import LayerSpec
-from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.partition import check_split, halo_plans
 from hpctrain.plan import LayerPlan
 
@@ -60,7 +60,7 @@ class Conv2d(Layer):
             self.out_layout = Layout((n, out, ho, wo), grid.shape, CHANNEL_AXIS)
             self.rows = WindowRows(backend, self.window, h)
             self.grad_comm = grid.batch_comm  # Wᵢ is replicated on the Pc ranks of a model row
-        bound = math.sqrt(6.0 / (c * kernel * kernel))  # He-uniform, for ReLU networks
+        bound = 1.0 / math.sqrt(c * kernel * kernel)  # U(±1/√fan_in) for weights and biases
         self.weight = init_parameter(backend, f"{self.name}.weight", (out, c, kernel, kernel),
                                      grid.shape, split_weights, grid.rank, stream_key(key, 0),
                                      bound)
@@ -68,7 +68,7 @@ class Conv2d(Layer):
         self.bias = None
         if spec.args["bias"]:
             self.bias = init_parameter(backend, f"{self.name}.bias", (out,), grid.shape,
-                                       split_weights, grid.rank, stream_key(key, 1), 0.0)
+                                       split_weights, grid.rank, stream_key(key, 1), bound)
             self.params.append(self.bias)
 
     def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:

@@ -39,14 +39,14 @@ class Linear(Layer):
         self.in_layout = Layout(in_shape, grid.shape)
         self.out_layout = Layout((n, out), grid.shape, CHANNEL_AXIS)
         self.grad_comm = grid.batch_comm
-        bound = math.sqrt(6.0 / f_in)
+        bound = 1.0 / math.sqrt(f_in)  # U(±1/√fan_in) for weights and biases
         self.weight = init_parameter(backend, f"{self.name}.weight", (out, f_in), grid.shape,
                                      True, grid.rank, stream_key(key, 0), bound)
         self.params = [self.weight]
         self.bias = None
         if spec.args["bias"]:
             self.bias = init_parameter(backend, f"{self.name}.bias", (out,), grid.shape, True,
-                                       grid.rank, stream_key(key, 1), 0.0)
+                                       grid.rank, stream_key(key, 1), bound)
             self.params.append(self.bias)
 
     def forward(self, x: Any, step: int) -> Any:

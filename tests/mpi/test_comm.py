@@ -1,0 +1,112 @@
+"""Communication primitives: parallel vs serial, adjoint tests, round trips."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hpctrain.comm.collectives import AllGather, allreduce_sum
+from hpctrain.comm.halo import HaloExchange
+from hpctrain.comm.redistribute import Redistribute
+from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, relative_slices
+from hpctrain.partition import SplitError, Window, block_ranges, factorisations, halo_plans
+from tests.mpi.helpers import all_agree, global_random, local_dot
+
+SHAPE = (7, 5, 6, 3)  # N, C, H, W: uneven on 2, 3 and 4 ranks
+
+
+def block(x, layout, rank):
+    whole = tuple((0, n) for n in x.shape)
+    return np.ascontiguousarray(x[relative_slices(layout.box(rank), whole)])
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, 3])
+def test_allgather_and_its_adjoint(comm, grids, backend, grid_shape, axis):
+    grid = grids.get(grid_shape)
+    n = SHAPE[axis] + 2
+    if n < grid.pr:
+        pytest.skip("fewer entries than ranks")
+    ranges = block_ranges(n, grid.pr)
+    shape = list(SHAPE)
+    shape[axis] = n
+    x = global_random(shape, 1)
+    sl = [slice(None)] * 4
+    sl[axis] = slice(*ranges[grid.i])
+    local = np.ascontiguousarray(x[tuple(sl)])
+    gather = AllGather(backend, grid.model_comm, axis, ranges)
+    y = gather.forward(local)
+    assert all_agree(comm, np.array_equal(y, x))
+    dy = global_random(shape, 100 + comm.Get_rank())  # independent partials on every rank
+    dx = gather.backward(dy)
+    np.testing.assert_allclose(local_dot(comm, y, dy), local_dot(comm, local, dx), rtol=1e-12)
+
+
+def test_allreduce_sum(comm, backend):
+    a = np.full(3, float(comm.Get_rank() + 1))
+    total = allreduce_sum(backend, comm, a.copy())
+    p = comm.Get_size()
+    assert all_agree(comm, np.allclose(total, p * (p + 1) / 2))
+
+
+WINDOWS = [Window(3, 1, 1), Window(5, 1, 2), Window(3, 2, 1), Window(2, 2, 0), Window(11, 4, 2)]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("height", [12, 23])
+def test_halo_exchange_and_its_adjoint(comm, grids, backend, grid_shape, window, height):
+    grid = grids.get(grid_shape)
+    try:
+        plan = halo_plans(height, grid.pr, window, "test")[grid.i]
+    except SplitError:
+        pytest.skip("split refused")
+    x = global_random((3, 2, height, 4), 2)
+    local = np.ascontiguousarray(x[:, :, plan.own[0]:plan.own[1]])
+    halo = HaloExchange(backend, grid.model_comm, plan)
+    ext = halo.finish(halo.start(local))
+    assert all_agree(comm, np.array_equal(ext, x[:, :, plan.need[0]:plan.need[1]]))
+    dy = global_random(ext.shape, 50 + comm.Get_rank())
+    dx = halo.finish_backward(halo.start_backward(dy))
+    np.testing.assert_allclose(local_dot(comm, ext, dy), local_dot(comm, local, dx), rtol=1e-12)
+
+
+def layouts(p):
+    out = []
+    for pr, pc in factorisations(p):
+        for axis in (None, CHANNEL_AXIS, HEIGHT_AXIS):
+            layout = Layout(SHAPE, (pr, pc), axis)
+            if layout not in out:
+                out.append(layout)
+    return out
+
+
+def test_every_redistribution_round_trip_and_adjoint(comm, grids, backend):
+    rank = comm.Get_rank()
+    x = global_random(SHAPE, 3)
+    kinds = set()
+    for src, dst in itertools.product(layouts(comm.Get_size()), repeat=2):
+        move, back = Redistribute(backend, grids, src, dst), Redistribute(backend, grids, dst, src)
+        kinds.add(move.kind)
+        y = move.forward(block(x, src, rank))
+        ok = np.array_equal(y, block(x, dst, rank))
+        ok &= np.array_equal(back.forward(y), block(x, src, rank))
+        assert all_agree(comm, ok), f"{src} -> {dst} ({move.kind})"
+        dy = global_random(y.shape, 1000 + rank)  # arbitrary, independent on every rank
+        dx = move.backward(dy)
+        lhs, rhs = local_dot(comm, y, dy), local_dot(comm, block(x, src, rank), dx)
+        np.testing.assert_allclose(lhs, rhs, rtol=1e-12, err_msg=f"{src} -> {dst}")
+    if comm.Get_size() >= 2:
+        assert kinds == {"identity", "slice", "allgather", "alltoall"}
+
+
+def test_cheapest_method_is_chosen(comm, grids, backend):
+    p = comm.Get_size()
+    if p == 1:
+        pytest.skip("one rank moves nothing")
+    batch = Layout((8, 4, 6, 6), (1, p))
+    model = Layout((8, 4, 6, 6), (p, 1))
+    assert Redistribute(backend, grids, batch, batch).kind == "identity"
+    assert Redistribute(backend, grids, batch, model).kind == "allgather"
+    split = Layout((8, 4, 6, 6), (p, 1), CHANNEL_AXIS)
+    assert Redistribute(backend, grids, model, split).kind == "slice"
+    assert Redistribute(backend, grids, split, model).kind == "allgather"
+    assert Redistribute(backend, grids, split, batch).kind == "alltoall"

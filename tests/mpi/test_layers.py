@@ -1,0 +1,138 @@
+"""Every layer kind in every mode on every Pr×Pc grid against the same layer on one process."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpctrain.comm.gather import gather_to_root
+from hpctrain.grid import GridSet
+from hpctrain.layers.conv import Conv2d
+from hpctrain.layers.elementwise import Dropout, Flatten, ReLU
+from hpctrain.layers.linear import Linear
+from hpctrain.layers.pool import MaxPool2d
+from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, relative_slices
+from hpctrain.net import LAYER_KEYS, LayerSpec
+from hpctrain.partition import SplitError
+from hpctrain.plan import LayerPlan
+from tests.mpi.helpers import check_close, global_random
+
+
+def spec(kind, **args):
+    full = {k: v for k, v in LAYER_KEYS[kind].items()}
+    full.update(args)
+    return LayerSpec(f"{kind}T", kind, full)
+
+
+def block(x, layout, rank):
+    whole = tuple((0, n) for n in x.shape)
+    return np.ascontiguousarray(x[relative_slices(layout.box(rank), whole)])
+
+
+def owned_gradient(dy, layout, rank):
+    """The rank's dY block; replicas hold partial sums, so only the first holder gets it."""
+    first = min(r for r in range(layout.size) if layout.box(r) == layout.box(rank))
+    return block(dy, layout, rank) * (1.0 if rank == first else 0.0)
+
+
+def run(layer, x, dy, rank):
+    y = layer.forward(block(x, layer.in_layout, rank), step=3)
+    dx = layer.backward(owned_gradient(dy, layer.out_layout, rank))
+    return y, dx
+
+
+def compare(comm, backend, make, x_shape, seed=0):
+    """Build ``make(grids, serial)`` in parallel and on rank 0 alone; compare everything."""
+    rank = comm.Get_rank()
+    with GridSet(comm) as grids:
+        layer = make(grids, False)
+        x = global_random(x_shape, seed)
+        dy = global_random(layer.out_layout.shape, seed + 1)
+        y, dx = run(layer, x, dy, rank)
+        got_y = gather_to_root(backend, comm, y, layer.out_layout.shape, layer.out_layout.box,
+                               "copy")
+        got_dx = gather_to_root(backend, comm, dx, layer.in_layout.shape, layer.in_layout.box,
+                                "sum")
+        got_params = [gather_to_root(backend, comm, p.grad, p.shape, p.box, "copy")
+                      for p in layer.params]
+    want_y = want_dx = None
+    want_params = [None] * len(got_params)
+    if rank == 0:
+        with GridSet(MPI.COMM_SELF) as serial_grids:
+            serial = make(serial_grids, True)
+            want_y, want_dx = run(serial, x, dy, 0)
+            want_params = [p.grad for p in serial.params]
+    check_close(comm, got_y, want_y, "output")
+    check_close(comm, got_dx, want_dx, "input gradient")
+    for got, want in zip(got_params, want_params):
+        check_close(comm, got, want, "parameter gradient")
+
+
+CONVS = [  # (N, C, H, W), out, kernel, stride, pad
+    ((5, 3, 13, 7), 5, 3, 1, 1), ((4, 2, 17, 9), 7, 5, 2, 2), ((3, 3, 23, 10), 4, 11, 4, 2),
+    ((6, 2, 8, 8), 3, 1, 1, 0), ((4, 3, 12, 6), 6, 3, 2, 0)]
+
+
+@pytest.mark.parametrize("mode", ["model", "domain"])
+@pytest.mark.parametrize("shape,out,kernel,stride,pad", CONVS)
+def test_conv(comm, backend, grid_shape, mode, shape, out, kernel, stride, pad):
+    conv = spec("conv", out=out, kernel=kernel, stride=stride, pad=pad)
+
+    def make(grids, serial):
+        entry = LayerPlan("convT", "batch", (1, 1)) if serial else LayerPlan("convT", mode,
+                                                                            grid_shape)
+        return Conv2d(conv, shape, entry, grids, backend, key=42)
+
+    try:
+        compare(comm, backend, make, shape)
+    except SplitError as err:  # refused identically on every rank
+        pytest.skip(str(err))
+
+
+@pytest.mark.parametrize("axis", [None, CHANNEL_AXIS, HEIGHT_AXIS])
+@pytest.mark.parametrize("kernel,stride,pad", [(2, 2, 0), (3, 2, 0), (3, 2, 1), (3, 1, 1)])
+def test_maxpool_on_every_layout(comm, backend, grid_shape, axis, kernel, stride, pad):
+    shape = (5, 6, 15, 9)
+    pool = spec("maxpool", kernel=kernel, stride=stride, pad=pad)
+
+    def make(grids, serial):
+        layout = Layout(shape, (1, 1) if serial else grid_shape, None if serial else axis)
+        return MaxPool2d(pool, layout, grids, backend)
+
+    try:
+        compare(comm, backend, make, shape)
+    except SplitError as err:
+        pytest.skip(str(err))
+
+
+@pytest.mark.parametrize("n,f_in,f_out", [(7, 10, 9), (4, 5, 4), (9, 33, 13)])
+def test_linear(comm, backend, grid_shape, n, f_in, f_out):
+    linear = spec("linear", out=f_out)
+
+    def make(grids, serial):
+        entry = LayerPlan("linearT", "batch", (1, 1)) if serial else LayerPlan(
+            "linearT", "model", grid_shape)
+        return Linear(linear, (n, f_in), entry, grids, backend, key=7)
+
+    try:
+        compare(comm, backend, make, (n, f_in))
+    except SplitError as err:
+        pytest.skip(str(err))
+
+
+@pytest.mark.parametrize("kind", ["relu", "dropout", "flatten"])
+@pytest.mark.parametrize("axis", [None, CHANNEL_AXIS, HEIGHT_AXIS])
+def test_followers_on_every_layout(comm, backend, grid_shape, kind, axis):
+    shape = (5, 7, 9, 4)
+    if axis is not None and shape[axis] < grid_shape[0]:
+        pytest.skip("fewer entries than ranks")
+
+    def make(grids, serial):
+        layout = Layout(shape, (1, 1) if serial else grid_shape, None if serial else axis)
+        if kind == "relu":
+            return ReLU(spec("relu"), layout, backend)
+        if kind == "dropout":
+            return Dropout(spec("dropout", p=0.4), layout, backend, key=9,
+                           rank=0 if serial else comm.Get_rank())
+        return Flatten(spec("flatten"), layout)
+
+    compare(comm, backend, make, shape)

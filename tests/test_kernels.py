@@ -1,0 +1,118 @@
+"""Local kernels against direct (loop) references and finite differences."""
+
+import numpy as np
+import pytest
+
+from hpctrain.kernels.activations import dropout_mask
+from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+from hpctrain.kernels.counter_rng import stream_key, uniform_block
+from hpctrain.kernels.linear import linear_backward, linear_forward
+from hpctrain.kernels.loss import softmax_cross_entropy
+from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+
+rng = np.random.default_rng(0)
+
+
+def direct_conv(x, w, b, stride, pads):
+    top, bottom, side = pads
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (side, side)))
+    n, c, h, wd = xp.shape
+    o, _, kh, kw = w.shape
+    ho, wo = (h - kh) // stride + 1, (wd - kw) // stride + 1
+    y = np.zeros((n, o, ho, wo))
+    for p in range(ho):
+        for q in range(wo):
+            patch = xp[:, :, p * stride:p * stride + kh, q * stride:q * stride + kw]
+            y[:, :, p, q] = np.einsum("nckl,ockl->no", patch, w)
+    return y + b[None, :, None, None]
+
+
+CONVS = [((2, 3, 7, 6), (4, 3, 3, 3), 1, (1, 1, 1)), ((1, 2, 9, 9), (3, 2, 5, 5), 2, (2, 2, 2)),
+         ((2, 1, 11, 10), (2, 1, 4, 4), 3, (0, 2, 1)), ((1, 2, 5, 5), (2, 2, 1, 1), 1, (0, 0, 0)),
+         ((1, 3, 8, 7), (2, 3, 3, 3), 2, (1, 0, 1))]
+
+
+@pytest.mark.parametrize("xs,ws,stride,pads", CONVS)
+def test_conv_forward_matches_direct(xs, ws, stride, pads):
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    y, _ = conv2d_forward(np, x, w, b, stride, pads)
+    np.testing.assert_allclose(y, direct_conv(x, w, b, stride, pads), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("xs,ws,stride,pads", CONVS)
+def test_conv_backward_is_the_adjoint_of_forward(xs, ws, stride, pads):
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    y, cache = conv2d_forward(np, x, w, b, stride, pads)
+    dy = rng.standard_normal(y.shape)
+    dx, dw, db = conv2d_backward(np, dy, w, cache, stride)
+    # the map is bilinear in (x, w): <dy, conv(x, w)> = <dx, x> = <dw, w>, and db = sum dy
+    y0 = direct_conv(x, w, np.zeros_like(b), stride, pads)
+    np.testing.assert_allclose((dy * y0).sum(), (dx * x).sum(), rtol=1e-10)
+    np.testing.assert_allclose((dy * y0).sum(), (dw * w).sum(), rtol=1e-10)
+    np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)), rtol=1e-12)
+
+
+def direct_pool(x, k, s, pads):
+    top, bottom, side = pads
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (side, side)), constant_values=-np.inf)
+    ho, wo = (xp.shape[2] - k) // s + 1, (xp.shape[3] - k) // s + 1
+    return np.array([[[[xp[n, c, p * s:p * s + k, q * s:q * s + k].max() for q in range(wo)]
+                       for p in range(ho)] for c in range(x.shape[1])] for n in range(x.shape[0])])
+
+
+@pytest.mark.parametrize("k,s,pads", [(2, 2, (0, 0, 0)), (3, 2, (0, 0, 0)), (3, 2, (1, 0, 1)),
+                                      (3, 1, (1, 1, 1))])
+def test_maxpool_forward_and_backward(k, s, pads):
+    x = rng.standard_normal((2, 3, 9, 8))
+    y, cache = maxpool_forward(np, x, k, s, pads)
+    np.testing.assert_array_equal(y, direct_pool(x, k, s, pads))
+    dy = rng.standard_normal(y.shape)
+    dx = maxpool_backward(np, dy, k, s, cache)
+    # finite difference: max-pooling is piecewise linear, so a small step is exact
+    eps = 1e-7
+    v = rng.standard_normal(x.shape)
+    y2, _ = maxpool_forward(np, x + eps * v, k, s, pads)
+    np.testing.assert_allclose(((y2 - y) * dy).sum() / eps, (dx * v).sum(), rtol=1e-6)
+
+
+def test_linear():
+    x, w, b = rng.standard_normal((5, 4)), rng.standard_normal((3, 4)), rng.standard_normal(3)
+    y = linear_forward(x, w, b)
+    np.testing.assert_allclose(y, x @ w.T + b)
+    dy = rng.standard_normal(y.shape)
+    dx, dw, db = linear_backward(x, w, dy)
+    np.testing.assert_allclose(dx, dy @ w)
+    np.testing.assert_allclose(dw, dy.T @ x)
+    np.testing.assert_allclose(db, dy.sum(0))
+
+
+def test_softmax_cross_entropy_value_and_gradient():
+    z, labels = rng.standard_normal((6, 5)), np.array([0, 4, 2, 2, 1, 3])
+    loss, correct, grad = softmax_cross_entropy(np, z, labels, 1.0)
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    np.testing.assert_allclose(loss, -np.log(p[np.arange(6), labels]).sum())
+    assert correct == (z.argmax(1) == labels).sum()
+    eps, v = 1e-6, rng.standard_normal(z.shape)
+    plus = softmax_cross_entropy(np, z + eps * v, labels, 1.0)[0]
+    minus = softmax_cross_entropy(np, z - eps * v, labels, 1.0)[0]
+    np.testing.assert_allclose((plus - minus) / (2 * eps), (grad * v).sum(), rtol=1e-6)
+
+
+def test_counter_rng_blocks_agree_with_the_whole():
+    shape, key = (4, 3, 5, 6), stream_key(7, 1)
+    whole = uniform_block(np, key, shape, tuple((0, n) for n in shape), np.float64)
+    box = ((1, 3), (0, 3), (2, 5), (1, 6))
+    np.testing.assert_array_equal(uniform_block(np, key, shape, box, np.float64),
+                                  whole[1:3, :, 2:5, 1:6])
+    assert 0 <= whole.min() and whole.max() < 1 and abs(whole.mean() - 0.5) < 0.1
+    assert not np.array_equal(whole, uniform_block(np, stream_key(7, 2), shape,
+                                                   tuple((0, n) for n in shape), np.float64))
+
+
+def test_dropout_mask_is_grid_independent_and_keeps_the_right_share():
+    shape, key, p = (64, 8, 16, 16), stream_key(3, 2, 5), 0.3
+    whole = dropout_mask(np, key, p, shape, tuple((0, n) for n in shape), np.float64)
+    assert abs((whole > 0).mean() - (1 - p)) < 0.01
+    np.testing.assert_allclose(whole[whole > 0], 1 / (1 - p))
+    block = dropout_mask(np, key, p, shape, ((10, 20), (4, 8), (3, 9), (0, 16)), np.float64)
+    np.testing.assert_array_equal(block, whole[10:20, 4:8, 3:9])

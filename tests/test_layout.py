@@ -1,0 +1,61 @@
+"""Layouts and the transfer pieces between them (pure maths)."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hpctrain.layout import (
+    CHANNEL_AXIS,
+    HEIGHT_AXIS,
+    Layout,
+    box_size,
+    grid_coords,
+    relative_slices,
+    transfer_pieces,
+)
+
+
+def test_rank_coordinates_worked_example():
+    # ranks 0..5 on a 2x3 grid: model groups {0,1} {2,3} {4,5}
+    assert [grid_coords(r, (2, 3)) for r in range(6)] == [
+        (0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
+
+
+def layouts(shape, p):
+    out = []
+    for pr in [d for d in range(1, p + 1) if p % d == 0]:
+        for axis in (None, CHANNEL_AXIS, HEIGHT_AXIS):
+            if axis is None or shape[axis] >= pr:
+                out.append(Layout(shape, (pr, p // pr), axis))
+    return out
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
+def test_blocks_tile_the_tensor_once_per_replica(p):
+    shape = (7, 5, 6, 3)
+    for layout in layouts(shape, p):
+        count = np.zeros(shape, int)
+        for r in range(p):
+            count[relative_slices(layout.box(r), tuple((0, n) for n in shape))] += 1
+        replicas = p // len({layout.box(r) for r in range(p)})
+        assert (count == replicas).all(), layout
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+def test_transfer_pieces_fill_every_target_exactly_once_from_a_holder(p):
+    shape = (7, 5, 6, 3)
+    for src, dst in itertools.product(layouts(shape, p), repeat=2):
+        filled = {r: np.zeros(dst.local_shape(r), int) for r in range(p)}
+        for piece in transfer_pieces(src, dst):
+            src_box = src.box(piece.sender)
+            assert all(s0 <= b0 and b1 <= s1
+                       for (s0, s1), (b0, b1) in zip(src_box, piece.box))
+            filled[piece.receiver][relative_slices(piece.box, dst.box(piece.receiver))] += 1
+        assert all((f == 1).all() for f in filled.values()), (src, dst)
+
+
+def test_pr_one_has_no_split():
+    layout = Layout((4, 6, 8, 8), (1, 4), CHANNEL_AXIS)
+    assert layout.split_axis is None and layout == Layout((4, 6, 8, 8), (1, 4))
+    assert box_size(layout.box(3)) == 1 * 6 * 8 * 8

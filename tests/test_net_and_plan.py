@@ -1,0 +1,90 @@
+"""The .net format, the shipped nets, and grid specs / plan files."""
+
+import pytest
+
+from hpctrain.net import NetError, available_nets, load_net, parse_net
+from hpctrain.plan import LayerPlan, PlanError, plan_from_spec, read_plan, write_plan
+
+
+def test_shipped_nets_and_their_sizes():
+    assert {"alexnet", "vgg16", "smallcnn", "mlp"} <= set(available_nets())
+    assert load_net("alexnet").parameter_count() == 61_100_840
+    assert load_net("vgg16").parameter_count() == 138_357_544
+    alex = load_net("alexnet")
+    assert sum(l.kind == "conv" for l in alex.layers) == 5
+    assert sum(l.kind == "linear" for l in alex.layers) == 3
+    assert load_net("vgg16").with_image_size(128).shapes()[-1] == (1000,)
+
+
+def test_image_size_changes_the_flattened_width():
+    assert load_net("alexnet").with_image_size(127).shapes()[14] == (2304,)
+    with pytest.raises(NetError, match="too small for layer maxpool1"):
+        load_net("alexnet").with_image_size(8)
+    with pytest.raises(NetError, match="flat input"):
+        load_net("mlp").with_image_size(32)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("conv out=3 kernel=3", "first line must be 'input"),
+    ("input channels=1 size=8 classes=2\nconvv out=2", "line 2: unknown layer kind 'convv'"),
+    ("input channels=1 size=8 classes=2\nconv out=2", "conv needs kernel"),
+    ("input channels=1 size=8 classes=2\nconv out=2 kernel=3 colour=red", "takes no 'colour'"),
+    ("input channels=1 size=8 classes=2\nconv out=x kernel=3", "'x' is not a number"),
+    ("input channels=1 size=8 classes=2\nflatten\nlinear out=3", "gives shape \\(3,\\)"),
+    ("input channels=1 size=8 classes=2\nlinear out=2", "add a 'flatten'"),
+    ("input channels=1 size=8 classes=2\ndropout p=1.5", "p=1.5 must be in"),
+])
+def test_malformed_nets_name_the_problem(text, message):
+    with pytest.raises(NetError, match=message):
+        parse_net(text, "bad.net")
+
+
+def test_unknown_net_lists_the_known_ones():
+    with pytest.raises(NetError, match="unknown net 'resnet'.*alexnet"):
+        load_net("resnet")
+
+
+def test_user_net_file(tmp_path):
+    path = tmp_path / "tiny.net"
+    path.write_text("input features=4 classes=3  # comment\nlinear out=5 name=hidden\nrelu\n"
+                    "linear out=3\n")
+    net = load_net(str(path))
+    assert [l.name for l in net.layers] == ["hidden", "relu1", "linear2"]  # by position in kind
+    assert net.parameter_count() == 4 * 5 + 5 + 5 * 3 + 3
+
+
+def test_grid_specs():
+    net = load_net("alexnet")
+    plan = plan_from_spec("2x2", net, 4)
+    assert {p.describe() for p in plan} == {"model 2x2", "follow"}
+    plan = plan_from_spec("conv=domain:4x1,fc=1x4", net, 4)
+    by_name = {p.layer: p for p in plan}
+    assert by_name["conv1"] == LayerPlan("conv1", "domain", (4, 1))
+    assert by_name["fc6"].mode == "batch" and by_name["fc6"].grid == (1, 4)
+    assert by_name["maxpool1"].mode == "follow"
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("3x3", "grid 3x3 needs 9 processes but 4"), ("2by2", "is not RxC"),
+    ("conv=2x2", "no grid for fc layers"), ("conv=2x2,fc=domain:2x2", "no height to split"),
+    ("conv=slab:2x2,fc=2x2", "unknown mode 'slab'"), ("auto", "needs the planner"),
+    ("nosuchfile.plan", "not RxC"),
+])
+def test_bad_grid_specs(spec, message):
+    with pytest.raises(PlanError, match=message):
+        plan_from_spec(spec, load_net("alexnet"), 4)
+
+
+def test_plan_file_round_trip_and_errors(tmp_path):
+    net = load_net("smallcnn")
+    plan = plan_from_spec("conv=domain:2x3,fc=3x2", net, 6)
+    path = tmp_path / "p.plan"
+    write_plan(path, plan, header="made by a test")
+    assert read_plan(path, net, 6) == plan
+    assert plan_from_spec(str(path), net, 6) == plan
+    path.write_text("conv1 model 2x2\n")
+    with pytest.raises(PlanError, match="no grid for layer conv2"):
+        read_plan(path, net, 4)
+    path.write_text("conv9 model 2x2\n")
+    with pytest.raises(PlanError, match="'conv9' is not in net"):
+        read_plan(path, net, 4)
