@@ -56,7 +56,7 @@ test-mpi: install
 
 run: install
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain --net alexnet \
-	  --grid conv=2x2,fc=4x1 --batch 16 --image-size 127 --steps 10
+	  --grid conv=2x2,fc=4x1 --batch 16 --steps 20 --print-every 2
 
 verify: install
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain verify --net alexnet \

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from hpctrain.layout import relative_slices
 from hpctrain.verify import relative_error
 
 
@@ -21,6 +22,17 @@ def global_random(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape)
 
 
+def host(a):
+    """A NumPy copy of a NumPy or CuPy array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
 def local_dot(comm, a, b) -> float:
     """Σ over ranks of ⟨a, b⟩ of local buffers: the inner product the adjoint tests use."""
-    return comm.allreduce(float((np.asarray(a) * np.asarray(b)).sum()))
+    return comm.allreduce(float((host(a) * host(b)).sum()))
+
+
+def block(backend, x, layout, rank):
+    """This rank's block of the global NumPy tensor ``x``, on the backend's device."""
+    whole = tuple((0, n) for n in x.shape)
+    return backend.xp.asarray(np.ascontiguousarray(x[relative_slices(layout.box(rank), whole)]))

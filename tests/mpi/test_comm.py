@@ -8,16 +8,11 @@ import pytest
 from hpctrain.comm.collectives import AllGather, allreduce_sum
 from hpctrain.comm.halo import HaloExchange
 from hpctrain.comm.redistribute import Redistribute
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, relative_slices
+from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.partition import SplitError, Window, block_ranges, factorisations, halo_plans
-from tests.mpi.helpers import all_agree, global_random, local_dot
+from tests.mpi.helpers import all_agree, block, global_random, host, local_dot
 
 SHAPE = (7, 5, 6, 3)  # N, C, H, W: uneven on 2, 3 and 4 ranks
-
-
-def block(x, layout, rank):
-    whole = tuple((0, n) for n in x.shape)
-    return np.ascontiguousarray(x[relative_slices(layout.box(rank), whole)])
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2, 3])
@@ -32,18 +27,18 @@ def test_allgather_and_its_adjoint(comm, grids, backend, grid_shape, axis):
     x = global_random(shape, 1)
     sl = [slice(None)] * 4
     sl[axis] = slice(*ranges[grid.i])
-    local = np.ascontiguousarray(x[tuple(sl)])
+    local = backend.xp.asarray(np.ascontiguousarray(x[tuple(sl)]))
     gather = AllGather(backend, grid.model_comm, axis, ranges)
     y = gather.forward(local)
-    assert all_agree(comm, np.array_equal(y, x))
-    dy = global_random(shape, 100 + comm.Get_rank())  # independent partials on every rank
+    assert all_agree(comm, np.array_equal(host(y), x))
+    dy = backend.xp.asarray(global_random(shape, 100 + comm.Get_rank()))  # independent partials
     dx = gather.backward(dy)
     np.testing.assert_allclose(local_dot(comm, y, dy), local_dot(comm, local, dx), rtol=1e-12)
 
 
 def test_allreduce_sum(comm, backend):
-    a = np.full(3, float(comm.Get_rank() + 1))
-    total = allreduce_sum(backend, comm, a.copy())
+    a = backend.xp.full(3, float(comm.Get_rank() + 1))
+    total = host(allreduce_sum(backend, comm, a.copy()))
     p = comm.Get_size()
     assert all_agree(comm, np.allclose(total, p * (p + 1) / 2))
 
@@ -60,11 +55,11 @@ def test_halo_exchange_and_its_adjoint(comm, grids, backend, grid_shape, window,
     except SplitError:
         pytest.skip("split refused")
     x = global_random((3, 2, height, 4), 2)
-    local = np.ascontiguousarray(x[:, :, plan.own[0]:plan.own[1]])
+    local = backend.xp.asarray(np.ascontiguousarray(x[:, :, plan.own[0]:plan.own[1]]))
     halo = HaloExchange(backend, grid.model_comm, plan)
     ext = halo.finish(halo.start(local))
-    assert all_agree(comm, np.array_equal(ext, x[:, :, plan.need[0]:plan.need[1]]))
-    dy = global_random(ext.shape, 50 + comm.Get_rank())
+    assert all_agree(comm, np.array_equal(host(ext), x[:, :, plan.need[0]:plan.need[1]]))
+    dy = backend.xp.asarray(global_random(ext.shape, 50 + comm.Get_rank()))
     dx = halo.finish_backward(halo.start_backward(dy))
     np.testing.assert_allclose(local_dot(comm, ext, dy), local_dot(comm, local, dx), rtol=1e-12)
 
@@ -86,13 +81,13 @@ def test_every_redistribution_round_trip_and_adjoint(comm, grids, backend):
     for src, dst in itertools.product(layouts(comm.Get_size()), repeat=2):
         move, back = Redistribute(backend, grids, src, dst), Redistribute(backend, grids, dst, src)
         kinds.add(move.kind)
-        y = move.forward(block(x, src, rank))
-        ok = np.array_equal(y, block(x, dst, rank))
-        ok &= np.array_equal(back.forward(y), block(x, src, rank))
+        y = move.forward(block(backend, x, src, rank))
+        ok = np.array_equal(host(y), host(block(backend, x, dst, rank)))
+        ok &= np.array_equal(host(back.forward(y)), host(block(backend, x, src, rank)))
         assert all_agree(comm, ok), f"{src} -> {dst} ({move.kind})"
-        dy = global_random(y.shape, 1000 + rank)  # arbitrary, independent on every rank
+        dy = backend.xp.asarray(global_random(y.shape, 1000 + rank))  # independent per rank
         dx = move.backward(dy)
-        lhs, rhs = local_dot(comm, y, dy), local_dot(comm, block(x, src, rank), dx)
+        lhs, rhs = local_dot(comm, y, dy), local_dot(comm, block(backend, x, src, rank), dx)
         np.testing.assert_allclose(lhs, rhs, rtol=1e-12, err_msg=f"{src} -> {dst}")
     if comm.Get_size() >= 2:
         assert kinds == {"identity", "slice", "allgather", "alltoall"}

@@ -1,6 +1,5 @@
 """Every layer kind in every mode on every Pr×Pc grid against the same layer on one process."""
 
-import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -10,11 +9,11 @@ from hpctrain.layers.conv import Conv2d
 from hpctrain.layers.elementwise import Dropout, Flatten, ReLU
 from hpctrain.layers.linear import Linear
 from hpctrain.layers.pool import MaxPool2d
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, relative_slices
+from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.net import LAYER_KEYS, LayerSpec
 from hpctrain.partition import SplitError
 from hpctrain.plan import LayerPlan
-from tests.mpi.helpers import check_close, global_random
+from tests.mpi.helpers import block, check_close, global_random
 
 
 def spec(kind, **args):
@@ -23,20 +22,15 @@ def spec(kind, **args):
     return LayerSpec(f"{kind}T", kind, full)
 
 
-def block(x, layout, rank):
-    whole = tuple((0, n) for n in x.shape)
-    return np.ascontiguousarray(x[relative_slices(layout.box(rank), whole)])
-
-
-def owned_gradient(dy, layout, rank):
+def owned_gradient(backend, dy, layout, rank):
     """The rank's dY block; replicas hold partial sums, so only the first holder gets it."""
     first = min(r for r in range(layout.size) if layout.box(r) == layout.box(rank))
-    return block(dy, layout, rank) * (1.0 if rank == first else 0.0)
+    return block(backend, dy, layout, rank) * (1.0 if rank == first else 0.0)
 
 
-def run(layer, x, dy, rank):
-    y = layer.forward(block(x, layer.in_layout, rank), step=3)
-    dx = layer.backward(owned_gradient(dy, layer.out_layout, rank))
+def run(backend, layer, x, dy, rank):
+    y = layer.forward(block(backend, x, layer.in_layout, rank), step=3)
+    dx = layer.backward(owned_gradient(backend, dy, layer.out_layout, rank))
     return y, dx
 
 
@@ -47,7 +41,7 @@ def compare(comm, backend, make, x_shape, seed=0):
         layer = make(grids, False)
         x = global_random(x_shape, seed)
         dy = global_random(layer.out_layout.shape, seed + 1)
-        y, dx = run(layer, x, dy, rank)
+        y, dx = run(backend, layer, x, dy, rank)
         got_y = gather_to_root(backend, comm, y, layer.out_layout.shape, layer.out_layout.box,
                                "copy")
         got_dx = gather_to_root(backend, comm, dx, layer.in_layout.shape, layer.in_layout.box,
@@ -59,8 +53,8 @@ def compare(comm, backend, make, x_shape, seed=0):
     if rank == 0:
         with GridSet(MPI.COMM_SELF) as serial_grids:
             serial = make(serial_grids, True)
-            want_y, want_dx = run(serial, x, dy, 0)
-            want_params = [p.grad for p in serial.params]
+            want_y, want_dx = (backend.to_numpy(a) for a in run(backend, serial, x, dy, 0))
+            want_params = [backend.to_numpy(p.grad) for p in serial.params]
     check_close(comm, got_y, want_y, "output")
     check_close(comm, got_dx, want_dx, "input gradient")
     for got, want in zip(got_params, want_params):

@@ -1,5 +1,7 @@
 """A small network trained several steps under mixed per-layer plans equals one process."""
 
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -35,7 +37,7 @@ BATCH, STEPS = 9, 4
 def train(net, plan, comm):
     from hpctrain.backend import make_backend
 
-    backend = make_backend("cpu", "float64")
+    backend = make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float64")
     with GridSet(comm) as grids:
         network = Network(net, plan, BATCH, grids, backend, seed=5)
         data = SyntheticData(backend, net.input_shape, net.classes, BATCH, seed=5)
