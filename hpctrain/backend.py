@@ -71,7 +71,10 @@ def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None) 
         raise ValueError(
             "--device gpu needs CuPy; install it with 'pip install cupy-cuda12x'"
         ) from err
-    n_gpus = cupy.cuda.runtime.getDeviceCount()
+    try:
+        n_gpus = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:  # no driver, or no device
+        n_gpus = 0
     if n_gpus < 1:
         raise ValueError("--device gpu but no GPU is visible to this process")
     local_rank = 0

@@ -102,9 +102,9 @@ def _out_shape(layer: LayerSpec, shape: tuple[int, ...], net: str) -> tuple[int,
         window = layer.window()
         h, w = window.out_size(shape[1]), window.out_size(shape[2])
         if h < 1 or w < 1:
-            raise NetError(f"net {net}: input {shape[1]}x{shape[2]} is too small for layer "
-                           f"{layer.name} (kernel {window.kernel}, stride {window.stride}, pad "
-                           f"{window.pad}); use a larger --image-size")
+            raise NetError(f"net {net}: layer {layer.name} receives {shape[1]}x{shape[2]}, "
+                           f"too small for its window (kernel {window.kernel}, stride "
+                           f"{window.stride}, pad {window.pad}); use a larger --image-size")
         return (int(layer.args["out"]) if kind == "conv" else shape[0], h, w)
     if kind == "flatten":
         n = 1

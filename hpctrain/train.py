@@ -38,8 +38,7 @@ def describe_plan(network: Network) -> str:
             f"{'output layout':<26} {'fed by':<10}"]
     for layer, move in zip(network.layers, network.moves, strict=True):
         pr, pc = layer.out_layout.grid
-        mode = getattr(layer, "mode", "follow")
-        rows.append(f"{layer.name:<10} {layer.kind:<8} {mode:<7} {f'{pr}x{pc}':<6} "
+        rows.append(f"{layer.name:<10} {layer.kind:<8} {layer.mode:<7} {f'{pr}x{pc}':<6} "
                     f"{layer.in_layout.describe():<26} {layer.out_layout.describe():<26} "
                     f"{move.kind:<10}")
     rows.append(f"{'loss':<10} {'softmax':<8} {'':<7} {'':<6} "

@@ -18,7 +18,7 @@ def test_shipped_nets_and_their_sizes():
 
 def test_image_size_changes_the_flattened_width():
     assert load_net("alexnet").with_image_size(127).shapes()[14] == (2304,)
-    with pytest.raises(NetError, match="too small for layer maxpool1"):
+    with pytest.raises(NetError, match="layer maxpool1 receives 1x1, too small"):
         load_net("alexnet").with_image_size(8)
     with pytest.raises(NetError, match="flat input"):
         load_net("mlp").with_image_size(32)

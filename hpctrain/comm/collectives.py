@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mpi4py import MPI
@@ -34,7 +35,7 @@ class AllGather:
             return x
         xp, be = self.backend.xp, self.backend
         xt = _front(xp, x, self.axis)
-        inner = xt[0].size if xt.shape[0] else int(xp.prod(xp.asarray(xt.shape[1:])))
+        inner = math.prod(xt.shape[1:])
         recv = be.empty_mpi((self.total, *xt.shape[1:]), xt.dtype)
         counts = [n * inner for n in self.lengths]
         self.comm.Allgatherv(be.to_mpi(xt), [recv, counts])
@@ -45,7 +46,7 @@ class AllGather:
             return dy
         xp, be = self.backend.xp, self.backend
         dyt = _front(xp, dy, self.axis)
-        inner = dyt[0].size
+        inner = math.prod(dyt.shape[1:])
         recv = be.empty_mpi((self.lengths[self.rank], *dyt.shape[1:]), dyt.dtype)
         self.comm.Reduce_scatter(be.to_mpi(dyt), recv, [n * inner for n in self.lengths], MPI.SUM)
         return xp.ascontiguousarray(xp.moveaxis(be.from_mpi(recv), 0, self.axis))

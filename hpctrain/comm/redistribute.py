@@ -98,16 +98,6 @@ class Redistribute:
             sorted((p.sender, p.box) for p in pieces if p.receiver == me != p.sender), size)
         self.local = [p.box for p in pieces if p.sender == me == p.receiver]
 
-    @property
-    def bytes_sent(self) -> int:
-        """Bytes this rank sends in one forward (the backward sends as many)."""
-        item = self.backend.xp.dtype(self.backend.dtype).itemsize
-        if self.kind == "allgather":
-            return box_size(self.src_box) * (self.gather.comm.Get_size() - 1) * item
-        if self.kind == "alltoall":
-            return sum(self.outgoing.counts) * item
-        return 0
-
     def forward(self, x: Any) -> Any:
         if self.kind == "identity":
             return x

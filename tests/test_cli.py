@@ -1,0 +1,57 @@
+"""The command line as a user meets it: help, a short run, and one-line errors (one process)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def hpctrain(*args):
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True,
+                          text=True, timeout=120, env=ENV)
+
+
+def test_help_documents_the_flags():
+    result = hpctrain("--help")
+    assert result.returncode == 0
+    for flag in ("--net", "--grid", "--batch", "--steps", "--lr", "--device", "--image-size"):
+        assert flag in result.stdout
+    assert "--tolerance" in hpctrain("verify", "--help").stdout
+
+
+def test_short_training_run_prints_plan_and_progress():
+    result = hpctrain("--net", "smallcnn", "--steps", "3", "--batch", "8")
+    assert result.returncode == 0, result.stderr
+    assert "conv1" in result.stdout and "step     3/3" in result.stdout
+
+
+def test_verify_passes_on_one_process():
+    result = hpctrain("verify", "--net", "mlp", "--grid", "1x1")
+    assert result.returncode == 0, result.stderr
+    assert "PASS" in result.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--net", "resnet"], "unknown net 'resnet'"),
+    (["--grid", "2x2"], "grid 2x2 needs 4 processes but 1"),
+    (["--batch", "0"], "--batch 0 must be at least 1"),
+    (["--net", "alexnet", "--image-size", "30"], "layer maxpool2 receives 2x2"),
+    (["--net", "mlp", "--image-size", "30"], "flat input"),
+    (["--steps", "0"], "--steps 0 must be >= 1"),
+    (["--lr", "-1", "--net", "mlp"], "--lr -1.0 must be positive"),
+    (["--device", "gpu", "--net", "mlp"], "gpu"),
+])
+def test_bad_input_is_one_clear_line_and_exit_2(args, message):
+    result = hpctrain(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpctrain: error:") and message in lines[0]
+
+
+def test_nan_loss_stops_naming_the_step():
+    result = hpctrain("--net", "mlp", "--lr", "1e6", "--steps", "20", "--batch", "8")
+    assert result.returncode == 2
+    assert "at step" in result.stderr and "lower --lr" in result.stderr
