@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.errors import UserError
+
 DTYPES = {"float32": np.float32, "float64": np.float64}
 
 
@@ -27,10 +29,13 @@ class Backend:
     cuda_aware: bool = False
 
     def to_mpi(self, a: Any) -> Any:
-        """A contiguous buffer MPI can read."""
+        """A contiguous buffer MPI can read, its contents final."""
         if self.device == "gpu" and not self.cuda_aware:
-            return self.xp.asnumpy(a)
-        return self.xp.ascontiguousarray(a)
+            return self.xp.asnumpy(a)  # synchronises with the stream
+        a = self.xp.ascontiguousarray(a)
+        if self.device == "gpu":  # MPI reads device memory outside our stream: let it finish
+            self.xp.cuda.get_current_stream().synchronize()
+        return a
 
     def empty_mpi(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
         """A buffer MPI can write into; ``from_mpi`` moves it back to the device."""
@@ -60,15 +65,15 @@ def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None) 
     ``Split_type(COMM_TYPE_SHARED)`` so it works under any launcher.
     """
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if device == "cpu":
         return Backend(np, DTYPES[dtype], "cpu")
     if device != "gpu":
-        raise ValueError(f"unknown device {device!r}; choose cpu or gpu")
+        raise UserError(f"unknown device {device!r}; choose cpu or gpu")
     try:
         import cupy
     except ImportError as err:
-        raise ValueError(
+        raise UserError(
             "--device gpu needs CuPy; install it with 'pip install cupy-cuda12x'"
         ) from err
     try:
@@ -76,7 +81,8 @@ def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None) 
     except cupy.cuda.runtime.CUDARuntimeError:  # no driver, or no device
         n_gpus = 0
     if n_gpus < 1:
-        raise ValueError("--device gpu but no GPU is visible to this process")
+        # visibility can differ per rank (CUDA_VISIBLE_DEVICES set per task): not a UserError
+        raise RuntimeError("--device gpu but no GPU is visible to this process")
     local_rank = 0
     if comm is not None:
         from mpi4py import MPI

@@ -1,9 +1,9 @@
 """Command line: ``python -m hpctrain [train options]`` and ``python -m hpctrain verify …``.
 
-User errors (a bad net, grid, size) are found identically on every rank before any rank can
-block, so every rank exits with status 2 and rank 0 prints one line naming the fix. Anything
-else is a bug or a failed rank: that rank prints its traceback and aborts the whole job, so no
-rank is left waiting in a collective.
+A :class:`~hpctrain.errors.UserError` (a bad net, grid or size) is found identically on every rank
+before any rank can block, so every rank exits with status 2 and rank 0 prints one line naming the
+fix. Anything else may have struck one rank only: that rank prints what happened and aborts the
+whole job, so no rank is left waiting in a collective.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import sys
 import traceback
 
+from hpctrain.errors import UserError
 from hpctrain.net import available_nets, load_net
 from hpctrain.plan import plan_from_spec
 
@@ -74,7 +75,7 @@ def _setup(args: argparse.Namespace, comm, dtype: str):
     if args.image_size is not None:
         net = net.with_image_size(args.image_size)
     if args.batch < 1:
-        raise ValueError(f"--batch {args.batch} must be at least 1")
+        raise UserError(f"--batch {args.batch} must be at least 1")
     procs = comm.Get_size()
     plan = plan_from_spec(args.grid or f"1x{procs}", net, procs)
     return net, plan, make_backend(args.device, dtype, comm)
@@ -86,7 +87,7 @@ def run_train(argv: list[str], comm) -> int:
     args = build_parser().parse_args(argv)
     for flag in ("steps", "print_every"):
         if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be >= 1")
+            raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be >= 1")
     net, plan, backend = _setup(args, comm, args.dtype)
     config = TrainConfig(args.batch, args.steps, args.lr, args.momentum, args.weight_decay,
                          args.seed, args.print_every)
@@ -115,16 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     try:
         return {"train": run_train, "verify": run_verify}[command](argv, comm)
-    except (ValueError, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and type(err).__name__ != "TrainingError":
-            raise
+    except UserError as err:
         if comm.Get_rank() == 0:
             print(f"hpctrain: error: {err}", file=sys.stderr, flush=True)
         return 2
     except SystemExit:
         raise
-    except BaseException:
-        print(f"hpctrain: rank {comm.Get_rank()} failed:\n{traceback.format_exc()}",
-              file=sys.stderr, flush=True)
+    except BaseException as err:
+        detail = str(err) if isinstance(err, RuntimeError) else traceback.format_exc()
+        print(f"hpctrain: rank {comm.Get_rank()} failed: {detail}", file=sys.stderr, flush=True)
         comm.Abort(1)
         return 1

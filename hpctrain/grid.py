@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from hpctrain.errors import UserError
 from hpctrain.layout import grid_coords
 
 
-class GridError(ValueError):
+class GridError(UserError):
     """A grid that does not fit the number of processes."""
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.errors import UserError
 from hpctrain.partition import Window
 
 NETS_DIR = Path(__file__).resolve().parent.parent / "inputs" / "nets"
@@ -40,7 +41,7 @@ LAYER_KEYS: dict[str, dict[str, object]] = {
 WEIGHTED = ("conv", "linear")
 
 
-class NetError(ValueError):
+class NetError(UserError):
     """A network file that cannot be read, or a network that does not fit its input."""
 
 
@@ -168,6 +169,14 @@ def parse_net(text: str, name: str) -> NetSpec:
                 if default is None:
                     raise NetError(f"{where}: {kind} needs {key}=…")
                 args[key] = default
+        for key in ("stride", "pad"):
+            if key in args and (not isinstance(args[key], int) or args[key] < 0):
+                raise NetError(f"{where}: {key}={args[key]} must be a non-negative integer")
+        if kind == "conv" and args["stride"] < 1:
+            raise NetError(f"{where}: stride={args['stride']} must be at least 1")
+        if kind == "maxpool" and args["pad"] > args["kernel"] // 2:
+            raise NetError(f"{where}: maxpool pad={args['pad']} must be at most kernel // 2 = "
+                           f"{args['kernel'] // 2}, or some windows would hold only padding")
         if kind == "dropout" and not 0 <= args["p"] < 1:
             raise NetError(f"{where}: dropout p={args['p']} must be in [0, 1)")
         for key in ("out", "kernel"):

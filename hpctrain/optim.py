@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpctrain.errors import UserError
 from hpctrain.layers.base import Parameter
 
 
@@ -13,11 +14,11 @@ class SGD:
     def __init__(self, params: list[Parameter], lr: float, momentum: float = 0.9,
                  weight_decay: float = 0.0) -> None:
         if lr <= 0:
-            raise ValueError(f"--lr {lr} must be positive")
+            raise UserError(f"--lr {lr} must be positive")
         if not 0 <= momentum < 1:
-            raise ValueError(f"--momentum {momentum} must be in [0, 1)")
+            raise UserError(f"--momentum {momentum} must be in [0, 1)")
         if weight_decay < 0:
-            raise ValueError(f"--weight-decay {weight_decay} must be non-negative")
+            raise UserError(f"--weight-decay {weight_decay} must be non-negative")
         self.params, self.lr, self.momentum, self.weight_decay = params, lr, momentum, weight_decay
         self.velocity: list[Any] = [None] * len(params)
 

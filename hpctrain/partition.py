@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpctrain.errors import UserError
 
-class SplitError(ValueError):
+
+class SplitError(UserError):
     """A split that would leave a rank empty, or a halo no neighbour can supply."""
 
 

@@ -21,13 +21,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.errors import UserError
 from hpctrain.net import WEIGHTED, NetSpec
 
 MODES = ("batch", "model", "domain", "follow")
 _GRID = re.compile(r"^(\d+)x(\d+)$")
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """A grid spec or plan file that cannot be used."""
 
 

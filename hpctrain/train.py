@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from hpctrain.backend import Backend
 from hpctrain.data import SyntheticData
+from hpctrain.errors import UserError
 from hpctrain.grid import GridSet
 from hpctrain.net import NetSpec
 from hpctrain.network import Network
@@ -17,8 +18,8 @@ from hpctrain.optim import SGD
 from hpctrain.plan import LayerPlan
 
 
-class TrainingError(RuntimeError):
-    """Training cannot go on (a non-finite loss)."""
+class TrainingError(UserError):
+    """Training cannot go on: a non-finite loss (the same all-reduced value on every rank)."""
 
 
 @dataclass(frozen=True)

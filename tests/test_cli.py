@@ -1,6 +1,7 @@
 """The command line as a user meets it: help, a short run, and one-line errors (one process)."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -55,3 +56,33 @@ def test_nan_loss_stops_naming_the_step():
     result = hpctrain("--net", "mlp", "--lr", "1e6", "--steps", "20", "--batch", "8")
     assert result.returncode == 2
     assert "at step" in result.stderr and "lower --lr" in result.stderr
+
+
+def mpiexec():
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.path.exists(beside) else shutil.which("mpiexec")
+
+
+@pytest.mark.parametrize("error", ["ValueError", "RuntimeError"])
+def test_a_failure_on_one_rank_aborts_every_rank(tmp_path, error):
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    script = tmp_path / "fail_on_rank_1.py"
+    script.write_text(f"""
+import sys
+from mpi4py import MPI
+import hpctrain.data as data
+images = data.SyntheticData.images
+def failing(self, step, box):
+    if MPI.COMM_WORLD.Get_rank() == 1:
+        raise {error}("disk vanished on rank 1")
+    return images(self, step, box)
+data.SyntheticData.images = failing
+from hpctrain.cli import main
+sys.exit(main(["--net", "mlp", "--steps", "3", "--batch", "8"]))
+""")
+    result = subprocess.run([launcher, "-n", "2", sys.executable, str(script)],
+                            capture_output=True, text=True, timeout=60, env=ENV)
+    assert result.returncode != 0
+    assert "rank 1 failed" in result.stderr and "disk vanished on rank 1" in result.stderr

@@ -33,6 +33,9 @@ def test_image_size_changes_the_flattened_width():
     ("input channels=1 size=8 classes=2\nflatten\nlinear out=3", "gives shape \\(3,\\)"),
     ("input channels=1 size=8 classes=2\nlinear out=2", "add a 'flatten'"),
     ("input channels=1 size=8 classes=2\ndropout p=1.5", "p=1.5 must be in"),
+    ("input channels=1 size=8 classes=2\nconv out=2 kernel=3 stride=0", "stride=0 must be at"),
+    ("input channels=1 size=8 classes=2\nconv out=2 kernel=3 pad=-1", "pad=-1 must be a non"),
+    ("input channels=1 size=8 classes=2\nmaxpool kernel=2 pad=2", "pad=2 must be at most"),
 ])
 def test_malformed_nets_name_the_problem(text, message):
     with pytest.raises(NetError, match=message):

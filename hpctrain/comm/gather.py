@@ -25,7 +25,7 @@ def gather_to_root(backend: Backend, comm: MPI.Comm, local: Any, shape: tuple[in
     counts = [box_size(b) for b in boxes]
     send = np.ascontiguousarray(backend.to_numpy(local), dtype=np.float64).ravel()
     if send.size != counts[comm.Get_rank()]:
-        raise ValueError(f"local block of {send.size} entries does not fit its box "
+        raise RuntimeError(f"local block of {send.size} entries does not fit its box "
                          f"{boxes[comm.Get_rank()]}")
     recv = np.empty(sum(counts)) if comm.Get_rank() == root else None
     comm.Gatherv(send, [recv, counts] if recv is not None else None, root=root)
