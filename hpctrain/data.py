@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hpctrain.backend import Backend
@@ -34,15 +35,14 @@ class SyntheticData:
     def images(self, step: int, box: Box) -> Any:
         """Block ``box`` of the (B, *sample_shape) input of batch ``step``."""
         xp, dtype = self.backend.xp, self.backend.dtype
-        offset = ((step * self.batch, step * self.batch),) + ((0, 0),) * len(self.sample_shape)
-        shifted = tuple((lo + o, hi + o) for (lo, hi), (o, _) in zip(box, offset, strict=True))
-        big = (1 << 40, *self.sample_shape)
-        noise = uniform_block(xp, stream_key(self.seed, NOISE_STREAM), big, shifted, dtype)
+        first = step * self.batch  # sample g of the stream is sample g - first of this batch
+        samples = (box[0][0] + first, box[0][1] + first)
+        stream = (1 << 40, *self.sample_shape)
+        noise = uniform_block(xp, stream_key(self.seed, NOISE_STREAM), stream,
+                              (samples, *box[1:]), dtype)
         labels = self.labels(step, box[0]).astype(xp.uint64)
         per_sample = global_index(xp, (1, *self.sample_shape), ((0, 1), *box[1:]))
-        size = 1
-        for d in self.sample_shape:
-            size *= d
+        size = math.prod(self.sample_shape)
         index = labels.reshape((-1,) + (1,) * len(self.sample_shape)) * xp.uint64(size)
         pattern = uniform(xp, stream_key(self.seed, PATTERN_STREAM), index + per_sample, dtype)
         return (pattern * 2 - 1) + dtype(self.noise) * (noise * 2 - 1)

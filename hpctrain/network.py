@@ -42,11 +42,11 @@ class Network:
         previous: Layout | None = None
         for index, (spec, entry, shape) in enumerate(zip(net.layers, plan, shapes, strict=False)):
             key = stream_key(seed, index)
-            if entry.mode != "follow" or previous is None:
-                grid = entry.grid if entry.mode != "follow" else (1, grids.world.Get_size())
-                layer = self._weighted(spec, (batch, *shape), entry, grid, key)
-            else:
-                layer = self._follower(spec, previous, key)
+            if entry.mode != "follow":
+                layer = self._weighted(spec, (batch, *shape), entry, key)
+            else:  # a first layer without weights runs batch-parallel on all ranks
+                layout = previous or Layout((batch, *shape), (1, grids.world.Get_size()))
+                layer = self._follower(spec, layout, key)
             self.moves.append(Redistribute(backend, grids, previous or layer.in_layout,
                                            layer.in_layout))
             self.layers.append(layer)
@@ -56,15 +56,13 @@ class Network:
         self.to_loss = Redistribute(backend, grids, previous, self.loss_layout)
         self.input_layout = self.layers[0].in_layout
 
-    def _weighted(self, spec: Any, shape: tuple[int, ...], entry: LayerPlan,
-                  grid: tuple[int, int], key: int) -> Layer:
+    def _weighted(self, spec: Any, shape: tuple[int, ...], entry: LayerPlan, key: int) -> Layer:
         if spec.kind == "conv":
             return Conv2d(spec, shape, entry, self.grids, self.backend, key)
         if spec.kind == "linear":
             return Linear(spec, shape, entry, self.grids, self.backend, key)
-        # a first layer with no weights runs batch-parallel on the whole world
-        layout = Layout(shape, grid)
-        return self._follower(spec, layout, key)
+        raise PlanError(f"layer {spec.name} ({spec.kind}) has no weights; its plan entry must "
+                        f"be 'follow', not {entry.describe()}")
 
     def _follower(self, spec: Any, layout: Layout, key: int) -> Layer:
         if spec.kind == "relu":
@@ -103,6 +101,19 @@ class Network:
                 trace.insert(0, dx)
             if dx is not None:
                 dy = move.backward(dx)
+
+    def train_step(self, data: Any, step: int, outputs: list | None = None,
+                   input_grads: list | None = None) -> tuple[float, float]:
+        """Forward, loss and backward on batch ``step`` of ``data``: (mean loss, accuracy).
+
+        Each rank reads only its own block of the batch. ``outputs`` and ``input_grads`` collect
+        every layer's output and input gradient (for verification).
+        """
+        x = data.images(step, self.input_layout.box(self.rank))
+        logits = self.forward(x, step, outputs)
+        loss, accuracy, dlogits = self.loss(logits, data.labels(step, self.labels_range()))
+        self.backward(dlogits, input_grads)
+        return loss, accuracy
 
     def loss(self, logits: Any, labels: Any) -> tuple[float, float, Any]:
         """Mean loss and accuracy over the global batch, and dLoss/dlogits for this rank.

@@ -24,13 +24,13 @@ class TrainingError(UserError):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    batch: int = 32
-    steps: int = 10
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    seed: int = 0
-    print_every: int = 1
+    batch: int
+    steps: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    seed: int
+    print_every: int
 
 
 def describe_plan(network: Network) -> str:
@@ -61,18 +61,13 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
             f"{'x'.join(map(str, net.input_shape))}, batch {config.batch}, {procs} processes, "
             f"{backend.device} {backend.xp.dtype(backend.dtype).name}")
         say(describe_plan(network))
-        box, labels_range = network.input_layout.box(rank), network.labels_range()
         start = time.perf_counter()
         for step in range(config.steps):
             t0 = time.perf_counter()
-            x = data.images(step, box)
-            labels = data.labels(step, labels_range)
-            logits = network.forward(x, step)
-            loss, accuracy, dlogits = network.loss(logits, labels)
+            loss, accuracy = network.train_step(data, step)
             if not math.isfinite(loss):
                 raise TrainingError(f"loss became {loss} at step {step}; lower --lr "
                                     f"(now {config.lr})")
-            network.backward(dlogits)
             optimizer.step()
             backend.sync()
             seconds = time.perf_counter() - t0

@@ -41,14 +41,9 @@ def run_step(network: Network, data: SyntheticData, step: int = 0
              ) -> tuple[float, list[LayerState]]:
     """Forward + backward of batch ``step``; every tensor gathered whole on rank 0."""
     be, comm = network.backend, network.grids.world
-    rank = comm.Get_rank()
-    x = data.images(step, network.input_layout.box(rank))
-    labels = data.labels(step, network.labels_range())
     outputs: list = []
     grads: list = []
-    logits = network.forward(x, step, outputs)
-    loss, _, dlogits = network.loss(logits, labels)
-    network.backward(dlogits, grads)
+    loss, _ = network.train_step(data, step, outputs, grads)
     states = []
     for layer, y, dx in zip(network.layers, outputs, grads, strict=True):
         states.append(_gather_layer(be, comm, layer, y, dx))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,23 @@ def init_parameter(backend: Backend, name: str, shape: tuple[int, ...], grid: tu
                       backend.dtype)
     param.value = (u * 2 - 1) * backend.dtype(bound)
     return param
+
+
+def weight_and_bias(backend: Backend, name: str, weight_shape: tuple[int, ...], bias: bool,
+                    grid: tuple[int, int], split: bool, rank: int, key: int
+                    ) -> tuple[Parameter, Parameter | None]:
+    """A layer's weight, and its bias when asked, both U(±1/√fan_in) (the common default).
+
+    The output axis (axis 0) is split over Pr when ``split``; fan_in is the rest of the weight.
+    """
+    fan_in = math.prod(weight_shape[1:])
+    bound = 1.0 / math.sqrt(fan_in)
+    weight = init_parameter(backend, f"{name}.weight", weight_shape, grid, split, rank,
+                            stream_key(key, 0), bound)
+    if not bias:
+        return weight, None
+    return weight, init_parameter(backend, f"{name}.bias", weight_shape[:1], grid, split, rank,
+                                  stream_key(key, 1), bound)
 
 
 class Layer:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from hpctrain.backend import Backend
@@ -10,8 +9,7 @@ from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.comm.halo import HaloExchange
 from hpctrain.grid import GridSet
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
-from hpctrain.kernels.counter_rng import stream_key
-from hpctrain.layers.base import Layer, init_parameter
+from hpctrain.layers.base import Layer, weight_and_bias
 from hpctrain.layers.window import WindowRows
 from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.net import LayerSpec
@@ -60,16 +58,10 @@ class Conv2d(Layer):
             self.out_layout = Layout((n, out, ho, wo), grid.shape, CHANNEL_AXIS)
             self.rows = WindowRows(backend, self.window, h)
             self.grad_comm = grid.batch_comm  # Wᵢ is replicated on the Pc ranks of a model row
-        bound = 1.0 / math.sqrt(c * kernel * kernel)  # U(±1/√fan_in) for weights and biases
-        self.weight = init_parameter(backend, f"{self.name}.weight", (out, c, kernel, kernel),
-                                     grid.shape, split_weights, grid.rank, stream_key(key, 0),
-                                     bound)
-        self.params = [self.weight]
-        self.bias = None
-        if spec.args["bias"]:
-            self.bias = init_parameter(backend, f"{self.name}.bias", (out,), grid.shape,
-                                       split_weights, grid.rank, stream_key(key, 1), bound)
-            self.params.append(self.bias)
+        self.weight, self.bias = weight_and_bias(
+            backend, self.name, (out, c, kernel, kernel), bool(spec.args["bias"]), grid.shape,
+            split_weights, grid.rank, key)
+        self.params = [p for p in (self.weight, self.bias) if p is not None]
 
     def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
         b = self.bias.value if self.bias is not None else None

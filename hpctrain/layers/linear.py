@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from hpctrain.backend import Backend
 from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.grid import GridSet
-from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.kernels.linear import linear_backward, linear_forward
-from hpctrain.layers.base import Layer, init_parameter
+from hpctrain.layers.base import Layer, weight_and_bias
 from hpctrain.layout import CHANNEL_AXIS, Layout
 from hpctrain.net import LayerSpec
 from hpctrain.partition import check_split
@@ -39,15 +37,10 @@ class Linear(Layer):
         self.in_layout = Layout(in_shape, grid.shape)
         self.out_layout = Layout((n, out), grid.shape, CHANNEL_AXIS)
         self.grad_comm = grid.batch_comm
-        bound = 1.0 / math.sqrt(f_in)  # U(±1/√fan_in) for weights and biases
-        self.weight = init_parameter(backend, f"{self.name}.weight", (out, f_in), grid.shape,
-                                     True, grid.rank, stream_key(key, 0), bound)
-        self.params = [self.weight]
-        self.bias = None
-        if spec.args["bias"]:
-            self.bias = init_parameter(backend, f"{self.name}.bias", (out,), grid.shape, True,
-                                       grid.rank, stream_key(key, 1), bound)
-            self.params.append(self.bias)
+        self.weight, self.bias = weight_and_bias(
+            backend, self.name, (out, f_in), bool(spec.args["bias"]), grid.shape, True,
+            grid.rank, key)
+        self.params = [p for p in (self.weight, self.bias) if p is not None]
 
     def forward(self, x: Any, step: int) -> Any:
         self.x = x
