@@ -1,0 +1,140 @@
+"""Machine profiles: the α–β constants of the network and the FLOP rate of one rank.
+
+A profile is a small TOML file in ``inputs/machines/`` (or anywhere, by path)::
+
+    name = "cori-knl"
+    alpha = 2e-6          # seconds per message (latency)
+    beta = 1.6667e-10     # seconds per byte (1/β = 6 GB/s)
+    flops = 1.0e12        # sustained FLOP/s of one rank, for the FLOP-rate compute model
+    device = "cpu"        # where compute times may be measured (optional)
+
+    # optional: fitted constants per collective and communicator size, written by calibrate
+    [fits.allgather]
+    2 = { alpha = 3.1e-6, beta = 2.2e-10 }
+
+Collectives: ``allgather``, ``reduce_scatter``, ``allreduce``, ``alltoall`` and ``halo`` (one
+point-to-point message). A collective or size without a fit uses ``alpha`` and ``beta``; a size
+between fitted sizes uses the fit of the nearest fitted size (in log₂ p).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.errors import UserError
+
+MACHINES_DIR = Path(__file__).resolve().parent.parent.parent / "inputs" / "machines"
+LOCAL_PROFILE = MACHINES_DIR / "local.toml"
+COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
+
+
+class MachineError(UserError):
+    """A machine profile that cannot be found or read."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """t = α·(message terms) + β·(byte terms), in seconds and seconds per byte."""
+
+    alpha: float
+    beta: float
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    alpha: float
+    beta: float
+    flops: float
+    device: str = "cpu"
+    fits: dict[str, dict[int, Fit]] = field(default_factory=dict)
+    source: str = ""
+
+    def link(self, collective: str, procs: int) -> Fit:
+        """α and β for ``collective`` on a communicator of ``procs`` ranks."""
+        sizes = self.fits.get(collective)
+        if not sizes:
+            return Fit(self.alpha, self.beta)
+        if procs in sizes:
+            return sizes[procs]
+        nearest = min(sizes, key=lambda p: (abs(math.log2(p) - math.log2(max(procs, 1))), p))
+        return sizes[nearest]
+
+
+def _positive(table: dict, key: str, where: str) -> float:
+    value = table.get(key)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise MachineError(f"{where}: '{key}' must be a positive number, got {value!r}")
+    return float(value)
+
+
+def parse_machine(text: str, source: str) -> Machine:
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise MachineError(f"{source}: not a valid profile ({err})") from None
+    fits: dict[str, dict[int, Fit]] = {}
+    for collective, sizes in table.get("fits", {}).items():
+        if collective not in COLLECTIVES:
+            raise MachineError(f"{source}: unknown collective '{collective}' under [fits]; "
+                               f"known: {', '.join(COLLECTIVES)}")
+        for size, fit in sizes.items():
+            where = f"{source}, fits.{collective}.{size}"
+            if not str(size).isdigit() or int(size) < 1:
+                raise MachineError(f"{where}: communicator size must be a positive integer")
+            fits.setdefault(collective, {})[int(size)] = Fit(
+                _positive(fit, "alpha", where), _positive(fit, "beta", where))
+    device = table.get("device", "cpu")
+    if device not in ("cpu", "gpu"):
+        raise MachineError(f"{source}: device '{device}' must be cpu or gpu")
+    return Machine(str(table.get("name", Path(source).stem)), _positive(table, "alpha", source),
+                   _positive(table, "beta", source), _positive(table, "flops", source), device,
+                   fits, source)
+
+
+def available_machines() -> list[str]:
+    return sorted(p.stem for p in MACHINES_DIR.glob("*.toml"))
+
+
+def load_machine(name_or_path: str | None = None) -> Machine:
+    """A profile by name (``cori-knl``) or path; None means ``local`` when calibrated, else
+    ``default``."""
+    if name_or_path is None:
+        name_or_path = "local" if LOCAL_PROFILE.is_file() else "default"
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = MACHINES_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        hint = (" (run 'mpiexec -n P python -m hpctrain calibrate' to make it)"
+                if name_or_path == "local" else "")
+        raise MachineError(f"unknown machine '{name_or_path}'{hint}: not a file, and not one "
+                           f"of {', '.join(available_machines())}")
+    return parse_machine(path.read_text(), str(path))
+
+
+def format_machine(machine: Machine, comment: str = "") -> str:
+    """The TOML text of ``machine`` (what :func:`parse_machine` reads back)."""
+    lines = [f"# {line}" for line in comment.splitlines()]
+    lines += [f'name = "{machine.name}"', f"alpha = {machine.alpha:.6g}  # s per message",
+              f"beta = {machine.beta:.6g}  # s per byte (1/beta = {1 / machine.beta / 1e9:.3g} "
+              f"GB/s)", f"flops = {machine.flops:.6g}  # FLOP/s of one rank",
+              f'device = "{machine.device}"']
+    for collective in COLLECTIVES:
+        sizes = machine.fits.get(collective)
+        if not sizes:
+            continue
+        lines += ["", f"[fits.{collective}]"]
+        lines += [f"{p} = {{ alpha = {f.alpha:.6g}, beta = {f.beta:.6g} }}"
+                  for p, f in sorted(sizes.items())]
+    return "\n".join(lines) + "\n"
+
+
+def save_machine(machine: Machine, path: Path, comment: str = "") -> None:
+    """Write a profile atomically: a crash leaves the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(format_machine(machine, comment))
+    tmp.replace(path)
