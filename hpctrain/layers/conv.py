@@ -11,9 +11,9 @@ from hpctrain.grid import GridSet
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
 from hpctrain.layers.base import Layer, weight_and_bias
 from hpctrain.layers.window import WindowRows
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.net import LayerSpec
 from hpctrain.partition import check_split, halo_plans
+from hpctrain.placement import weighted_layouts
 from hpctrain.plan import LayerPlan
 
 
@@ -36,26 +36,22 @@ class Conv2d(Layer):
     def __init__(self, spec: LayerSpec, in_shape: tuple[int, ...], plan: LayerPlan,
                  grids: GridSet, backend: Backend, key: int) -> None:
         self.name, self.mode, self.backend = spec.name, plan.mode, backend
-        n, c, h, w = in_shape
+        n, c, h, _ = in_shape
         out = int(spec.args["out"])
         self.window = spec.window()
         self.stride = self.window.stride
-        ho, wo = self.window.out_size(h), self.window.out_size(w)
         grid = grids.get(plan.grid)
         check_split(n, grid.pc, "batch", self.name)
         kernel = self.window.kernel
         split_weights = self.mode != "domain"
+        self.in_layout, self.out_layout = weighted_layouts(spec, in_shape, self.mode, grid.shape)
         if self.mode == "domain":
             plan_i = halo_plans(h, grid.pr, self.window, self.name)[grid.i]
-            self.in_layout = Layout(in_shape, grid.shape, HEIGHT_AXIS)
-            self.out_layout = Layout((n, out, ho, wo), grid.shape, HEIGHT_AXIS)
             self.rows = WindowRows(backend, self.window, h,
                                    HaloExchange(backend, grid.model_comm, plan_i), plan_i)
             self.grad_comm = grid.cart  # W is replicated on all P ranks
         else:
             check_split(out, grid.pr, "output channels", self.name)
-            self.in_layout = Layout(in_shape, grid.shape)
-            self.out_layout = Layout((n, out, ho, wo), grid.shape, CHANNEL_AXIS)
             self.rows = WindowRows(backend, self.window, h)
             self.grad_comm = grid.batch_comm  # Wᵢ is replicated on the Pc ranks of a model row
         self.weight, self.bias = weight_and_bias(

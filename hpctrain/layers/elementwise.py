@@ -8,8 +8,9 @@ from hpctrain.backend import Backend
 from hpctrain.kernels.activations import dropout_mask, relu_backward, relu_forward
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.layers.base import Layer
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.layout import Layout
 from hpctrain.net import LayerSpec
+from hpctrain.placement import follower_layouts
 
 DROPOUT_STREAM = 2
 
@@ -68,13 +69,7 @@ class Flatten(Layer):
 
     def __init__(self, spec: LayerSpec, layout: Layout) -> None:
         self.name, self.params = spec.name, []
-        self.in_layout = layout.replicated() if layout.split_axis == HEIGHT_AXIS else layout
-        n, c, h, w = layout.shape
-        ranges = None
-        if self.in_layout.split_axis == CHANNEL_AXIS:
-            ranges = tuple((lo * h * w, hi * h * w) for lo, hi in self.in_layout.split_ranges)
-        self.out_layout = Layout((n, c * h * w), layout.grid,
-                                 CHANNEL_AXIS if ranges else None, ranges)
+        self.in_layout, self.out_layout = follower_layouts(spec, layout)
 
     def forward(self, x: Any, step: int) -> Any:
         self.x_shape = x.shape

@@ -9,9 +9,9 @@ from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.grid import GridSet
 from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.layers.base import Layer, weight_and_bias
-from hpctrain.layout import CHANNEL_AXIS, Layout
 from hpctrain.net import LayerSpec
 from hpctrain.partition import check_split
+from hpctrain.placement import weighted_layouts
 from hpctrain.plan import LayerPlan
 
 
@@ -34,8 +34,7 @@ class Linear(Layer):
         grid = grids.get(plan.grid)
         check_split(n, grid.pc, "batch", self.name)
         check_split(out, grid.pr, "output features", self.name)
-        self.in_layout = Layout(in_shape, grid.shape)
-        self.out_layout = Layout((n, out), grid.shape, CHANNEL_AXIS)
+        self.in_layout, self.out_layout = weighted_layouts(spec, in_shape, self.mode, grid.shape)
         self.grad_comm = grid.batch_comm
         self.weight, self.bias = weight_and_bias(
             backend, self.name, (out, f_in), bool(spec.args["bias"]), grid.shape, True,

@@ -13,6 +13,7 @@ from hpctrain.layers.window import WindowRows
 from hpctrain.layout import HEIGHT_AXIS, Layout
 from hpctrain.net import LayerSpec
 from hpctrain.partition import halo_plans
+from hpctrain.placement import follower_layouts
 
 
 class MaxPool2d(Layer):
@@ -28,19 +29,15 @@ class MaxPool2d(Layer):
     def __init__(self, spec: LayerSpec, layout: Layout, grids: GridSet, backend: Backend) -> None:
         self.name, self.backend, self.params = spec.name, backend, []
         self.window = spec.window()
-        n, c, h, w = layout.shape
-        out_shape = (n, c, self.window.out_size(h), self.window.out_size(w))
-        self.in_layout = layout
+        h = layout.shape[2]
+        self.in_layout, self.out_layout = follower_layouts(spec, layout)
         if layout.split_axis == HEIGHT_AXIS:
             grid = grids.get(layout.grid)
             plan_i = halo_plans(h, grid.pr, self.window, self.name)[grid.i]
             self.rows = WindowRows(backend, self.window, h,
                                    HaloExchange(backend, grid.model_comm, plan_i), plan_i)
-            self.out_layout = Layout(out_shape, layout.grid, HEIGHT_AXIS)
         else:
             self.rows = WindowRows(backend, self.window, h)
-            self.out_layout = Layout(out_shape, layout.grid, layout.split_axis,
-                                     layout.split_ranges)
 
     def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
         return maxpool_forward(self.backend.xp, x, self.window.kernel, self.window.stride, pads)

@@ -1,0 +1,191 @@
+"""Compute time of one rank's local kernels: measured on the device, or from a FLOP rate.
+
+A :class:`LocalWork` is what one rank computes for one layer under a candidate grid: the kernel
+and the exact local shapes (the largest block, since the slowest rank sets the pace).
+:class:`MeasuredCompute` runs the real forward and backward kernels at those shapes (warm-up,
+then the median of repeats) and caches the result on disk per (device, dtype, ranks timing at
+once, work), so a second plan of the same net is instant. When P ranks plan together they time
+each kernel at the same moment, so the times include the contention of training (shared cores,
+memory bandwidth). :class:`FlopModel` stands in when planning for a machine we are not on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import astuple, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpctrain.kernels.activations import dropout_mask, relu_backward, relu_forward
+from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+from hpctrain.kernels.linear import linear_backward, linear_forward
+from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+
+ELEMENTWISE = ("relu", "dropout")
+
+
+@dataclass(frozen=True)
+class LocalWork:
+    """One rank's kernel for one layer.
+
+    ``x``: local input shape (with halo rows for a height split); ``out``: output channels or
+    features held locally (conv, linear); ``kernel``/``stride``/``pads`` (top, bottom, side) for
+    window layers; ``need_dx``: whether the input gradient is computed (not for the first layer).
+    """
+
+    kind: str
+    x: tuple[int, ...]
+    out: int = 0
+    kernel: int = 0
+    stride: int = 1
+    pads: tuple[int, int, int] = (0, 0, 0)
+    need_dx: bool = True
+
+    def key(self) -> str:
+        return "|".join(str(v) for v in astuple(self))
+
+    def out_rows(self) -> tuple[int, int]:
+        top, bottom, side = self.pads
+        h, w = self.x[2], self.x[3]
+        return ((h + top + bottom - self.kernel) // self.stride + 1,
+                (w + 2 * side - self.kernel) // self.stride + 1)
+
+    def flops(self) -> tuple[float, float]:
+        """Forward and backward floating-point operations (a multiply-add is 2)."""
+        if self.kind == "conv":
+            n, c = self.x[:2]
+            ho, wo = self.out_rows()
+            forward = 2.0 * n * self.out * ho * wo * c * self.kernel ** 2
+            return forward, forward * (2 if self.need_dx else 1)
+        if self.kind == "linear":
+            forward = 2.0 * self.x[0] * self.x[1] * self.out
+            return forward, forward * (2 if self.need_dx else 1)
+        elements = float(np.prod(self.x))
+        if self.kind == "maxpool":
+            ho, wo = self.out_rows()
+            return self.x[0] * self.x[1] * ho * wo * self.kernel ** 2, elements
+        if self.kind in ELEMENTWISE:
+            return elements, elements
+        return 0.0, 0.0  # flatten: a reshape
+
+
+class FlopModel:
+    """Time = FLOPs / rate, with the rate of a machine profile."""
+
+    def __init__(self, flops_per_second: float) -> None:
+        self.rate = flops_per_second
+
+    def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
+        return {w: tuple(f / self.rate for f in w.flops()) for w in works}
+
+
+def default_cache_path() -> Path:
+    root = os.environ.get("HPCTRAIN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hpctrain")
+    return Path(root) / "compute-times.json"
+
+
+def _run(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator) -> tuple[Any, Any]:
+    """Callables for one forward and one backward of ``work`` on random data."""
+    x = xp.asarray(rng.standard_normal(work.x), dtype=dtype)
+    if work.kind == "conv":
+        w = xp.asarray(rng.standard_normal((work.out, work.x[1], work.kernel, work.kernel)),
+                       dtype=dtype)
+        b = xp.zeros(work.out, dtype=dtype)
+        y, cache = conv2d_forward(xp, x, w, b, work.stride, work.pads)
+        dy = xp.ones_like(y)
+        return (lambda: conv2d_forward(xp, x, w, b, work.stride, work.pads),
+                lambda: conv2d_backward(xp, dy, w, cache, work.stride, work.need_dx))
+    if work.kind == "linear":
+        w = xp.asarray(rng.standard_normal((work.out, work.x[1])), dtype=dtype)
+        b = xp.zeros(work.out, dtype=dtype)
+        dy = xp.ones((work.x[0], work.out), dtype=dtype)
+        return (lambda: linear_forward(x, w, b),
+                lambda: linear_backward(x, w, dy, work.need_dx))
+    if work.kind == "maxpool":
+        y, cache = maxpool_forward(xp, x, work.kernel, work.stride, work.pads)
+        dy = xp.ones_like(y)
+        return (lambda: maxpool_forward(xp, x, work.kernel, work.stride, work.pads),
+                lambda: maxpool_backward(xp, dy, work.kernel, work.stride, cache))
+    if work.kind == "relu":
+        y = relu_forward(xp, x)
+        return (lambda: relu_forward(xp, x), lambda: relu_backward(xp, y, x))
+    if work.kind == "dropout":  # the mask is drawn by the counter RNG in every forward
+        box = tuple((0, n) for n in work.x)
+        mask = dropout_mask(xp, 1, 0.5, work.x, box, dtype)
+        return (lambda: x * dropout_mask(xp, 1, 0.5, work.x, box, dtype), lambda: x * mask)
+    return (lambda: None), (lambda: None)
+
+
+class MeasuredCompute:
+    """Forward and backward seconds of each work, timed on this device and cached on disk.
+
+    Parameters
+    ----------
+    backend : where and in what dtype to run (a :class:`~hpctrain.backend.Backend`).
+    comm : the ranks that time together (every rank times the same kernel at the same moment,
+        and the slowest sets the time); None for this process alone.
+    concurrency : ranks sharing this node while timing, part of the cache key.
+    cache : the JSON cache file; None for no cache.
+    """
+
+    def __init__(self, backend: Any, comm: Any = None, concurrency: int = 1,
+                 cache: Path | None = None, repeats: int = 5) -> None:
+        self.backend, self.comm, self.repeats = backend, comm, repeats
+        self.cache = cache
+        dtype = np.dtype(backend.dtype).name
+        self.prefix = f"{backend.device}|{dtype}|{concurrency}|"
+        self.known: dict[str, list[float]] = {}
+        if cache is not None and cache.is_file():
+            try:
+                self.known = json.loads(cache.read_text())
+            except (OSError, ValueError):
+                self.known = {}  # an unreadable cache is re-measured and rewritten
+
+    def _time(self, fn: Any) -> float:
+        fn()  # warm-up: allocations, BLAS threads, kernel compilation on a GPU
+        self.backend.sync()
+        samples = []
+        for _ in range(self.repeats):
+            if self.comm is not None:
+                self.comm.Barrier()
+            start = time.perf_counter()
+            fn()
+            self.backend.sync()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+    def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
+        todo = sorted({w for w in works if self.prefix + w.key() not in self.known},
+                      key=LocalWork.key)
+        if todo:
+            rng = np.random.default_rng(0)
+            measured = []
+            for work in todo:
+                forward, backward = _run(self.backend.xp, work, self.backend.dtype, rng)
+                measured.append((self._time(forward), self._time(backward)))
+            values = np.array(measured, dtype=np.float64)
+            if self.comm is not None:
+                from mpi4py import MPI
+
+                self.comm.Allreduce(MPI.IN_PLACE, values, MPI.MAX)
+            for work, (f, b) in zip(todo, values.tolist(), strict=True):
+                self.known[self.prefix + work.key()] = [f, b]
+            self._save()
+        return {w: tuple(self.known[self.prefix + w.key()]) for w in works}
+
+    def _save(self) -> None:
+        if self.cache is None or (self.comm is not None and self.comm.Get_rank() != 0):
+            return
+        try:
+            self.cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache.with_name(f".{self.cache.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.known, indent=0, sort_keys=True))
+            tmp.replace(self.cache)  # atomic: a crash leaves the old cache or the new one
+        except OSError:
+            pass  # a read-only home only costs re-measuring next time

@@ -1,0 +1,377 @@
+"""Predicted time of every layer under every candidate (mode, Pr×Pc), as the code executes it.
+
+A network is a chain of *segments*: a conv or linear layer (whose mode and grid are chosen) and
+the layers without weights that follow it on its layout (ReLU, dropout, pooling, flatten). A
+segment's cost depends on its own choice only; the redistribution feeding it depends on its
+choice and the previous segment's. Per layer the model counts, forward and backward:
+
+- compute: the local kernels at the largest local block, measured or from a FLOP rate;
+- communication inside the layer: ΔW all-reduced over Pc (over all P in domain mode, where W is
+  replicated everywhere), halo rows exchanged with both neighbours (domain conv and pooling);
+- redistribution into the layer: all-gather forward and its adjoint reduce-scatter backward when
+  a model group's blocks tile the needed block, nothing when every rank already holds what it
+  needs, else an all-to-all costed at the busiest receiver (the same in both directions).
+
+The model-parallel all-gather is always deferred to the first layer that needs every channel:
+ReLU, dropout and pooling act per channel and never grow the tensor, so deferring never costs
+more. ``paper_collectives`` counts the backward of an all-gather as an all-reduce, as the paper
+does; the code uses the reduce-scatter, its exact adjoint, at half the bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from hpctrain.cost.collectives import (
+    allgather_time,
+    allreduce_time,
+    alltoall_time,
+    halo_time,
+    reduce_scatter_time,
+)
+from hpctrain.cost.compute import LocalWork
+from hpctrain.cost.machine import Machine
+from hpctrain.layout import BATCH_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.net import WEIGHTED, LayerSpec, NetSpec
+from hpctrain.partition import SplitError, factorisations, halo_plans
+from hpctrain.placement import follower_layouts, weighted_layouts
+
+PARAM_COPIES = 3  # value, gradient, momentum
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A weighted layer's mode and grid."""
+
+    mode: str
+    grid: tuple[int, int]
+
+    def describe(self) -> str:
+        return f"{self.mode} {self.grid[0]}x{self.grid[1]}"
+
+
+@dataclass
+class LayerCost:
+    """Predicted seconds (forward, backward) of one layer, and its memory per rank in bytes."""
+
+    layer: str
+    kind: str
+    mode: str
+    grid: tuple[int, int]
+    compute: tuple[float, float] = (0.0, 0.0)
+    comm: tuple[float, float] = (0.0, 0.0)
+    redistribution: tuple[float, float] = (0.0, 0.0)
+    memory: float = 0.0
+    move: str = "identity"
+    work: LocalWork | None = field(default=None, repr=False)
+
+    @property
+    def total(self) -> float:
+        return sum(self.compute) + sum(self.comm) + sum(self.redistribution)
+
+
+@dataclass
+class SegmentCost:
+    layers: list[LayerCost]
+    in_layout: Layout
+    out_layout: Layout
+
+    @property
+    def total(self) -> float:
+        return sum(layer.total for layer in self.layers)
+
+    @property
+    def memory(self) -> float:
+        return sum(layer.memory for layer in self.layers)
+
+
+def _largest_part(n: int, parts: int) -> int:
+    return -(-n // parts)
+
+
+def largest_block(layout: Layout) -> tuple[int, ...]:
+    """The largest local shape any rank holds (blocks differ by at most one along each cut)."""
+    shape = list(layout.shape)
+    shape[BATCH_AXIS] = -(-shape[BATCH_AXIS] // layout.grid[1])
+    if layout.split_axis is not None:
+        shape[layout.split_axis] = max(hi - lo for lo, hi in layout.split_ranges)
+    return tuple(shape)
+
+
+def _intervals(ranks: np.ndarray, grid: tuple[int, int], split: int | None, axis: int
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each rank's interval of ``axis`` as fractions of its length, and the number of parts."""
+    pr, pc = grid
+    if axis == BATCH_AXIS:
+        j = ranks // pr
+        return j / pc, (j + 1) / pc, pc
+    if axis == split:
+        i = ranks % pr
+        return i / pr, (i + 1) / pr, pr
+    return np.zeros(len(ranks)), np.ones(len(ranks)), 1
+
+
+@lru_cache(maxsize=65536)
+def _busiest_receiver(src: tuple, dst: tuple, ndim: int) -> tuple[float, int]:
+    """For layouts given as (grid, split axis): the largest share of its block a rank must
+    receive from others, and the most messages a rank receives (even splits)."""
+    (src_grid, src_split), (dst_grid, dst_split) = src, dst
+    ranks = np.arange(src_grid[0] * src_grid[1])
+    kept = np.ones(len(ranks))
+    messages = np.ones(len(ranks), dtype=np.int64)
+    eps = 1e-9
+    for axis in range(ndim):
+        s0, s1, s_parts = _intervals(ranks, src_grid, src_split, axis)
+        d0, d1, _ = _intervals(ranks, dst_grid, dst_split, axis)
+        kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / (d1 - d0)
+        messages *= np.ceil(d1 * s_parts - eps).astype(np.int64) - np.floor(
+            d0 * s_parts + eps).astype(np.int64)
+    messages -= (kept > eps).astype(np.int64)  # its own block needs no message
+    return float(np.max(1 - kept)), int(np.max(messages))
+
+
+def move_kind(src: Layout, dst: Layout) -> str:
+    """How :class:`~hpctrain.comm.redistribute.Redistribute` moves ``src`` to ``dst``."""
+    if src == dst:
+        return "identity"
+    share, _ = _busiest_receiver((src.grid, src.split_axis), (dst.grid, dst.split_axis),
+                                 len(dst.shape))
+    if share < 1e-9:
+        return "slice"
+    if dst.split_axis is None and dst.grid[0] > 1 and (
+            (src.grid == dst.grid and src.split_axis is not None)
+            or (src.grid == (1, dst.size) and src.split_axis is None)):
+        return "allgather"  # a model group's blocks tile its block along one axis
+    return "alltoall"
+
+
+class CostModel:
+    """Per-segment costs of ``net`` at global batch ``batch`` on ``procs`` ranks.
+
+    Parameters
+    ----------
+    machine : α–β constants (see :mod:`hpctrain.cost.machine`).
+    compute : an object with ``times(works) -> {work: (forward s, backward s)}``.
+    itemsize : bytes per activation and weight entry (4 for float32).
+    paper_collectives : count the backward of an all-gather as an all-reduce (the paper's Eq. 3
+        and 8) instead of the reduce-scatter the code runs.
+    """
+
+    def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
+                 itemsize: int = 4, paper_collectives: bool = False) -> None:
+        self.net, self.batch, self.procs, self.machine = net, batch, procs, machine
+        self.compute, self.itemsize, self.paper = compute, itemsize, paper_collectives
+        self.shapes = [(batch, *s) for s in net.shapes()]
+        weighted = [k for k, l in enumerate(net.layers) if l.kind in WEIGHTED]
+        if not weighted:
+            raise SplitError(f"net {net.name} has no conv or linear layer to plan")
+        self.prelude = list(range(weighted[0]))
+        ends = weighted[1:] + [len(net.layers)]
+        self.segments = [list(range(start, end)) for start, end in zip(weighted, ends)]
+        self._segment_cache: dict[tuple[int, Choice], SegmentCost] = {}
+        self._layout_cache: dict[tuple[int, Choice], list[tuple[Layout, Layout]] | None] = {}
+        self._times: dict[LocalWork, tuple[float, float]] = {}
+
+    # -- candidates ---------------------------------------------------------------------------
+
+    def choices(self, segment: int) -> list[Choice]:
+        """Every valid (mode, grid) of the segment's weighted layer."""
+        layer = self.net.layers[self.segments[segment][0]]
+        modes = ("model", "domain") if layer.kind == "conv" else ("model",)
+        found = [Choice("batch", (1, self.procs))]
+        found += [Choice(mode, grid) for grid in factorisations(self.procs) if grid[0] > 1
+                  for mode in modes]
+        return [c for c in found if self.segment_layouts(segment, c) is not None]
+
+    def segment_layouts(self, segment: int, choice: Choice) -> list[tuple[Layout, Layout]] | None:
+        """(input, output) layout of each layer of the segment, or None if the choice cannot
+        run (a split with an empty part, or a halo wider than a neighbour's rows)."""
+        key = (segment, choice)
+        if key not in self._layout_cache:
+            self._layout_cache[key] = self._segment_layouts(segment, choice)
+        return self._layout_cache[key]
+
+    def _segment_layouts(self, segment: int, choice: Choice
+                         ) -> list[tuple[Layout, Layout]] | None:
+        first = self.segments[segment][0]
+        spec = self.net.layers[first]
+        shape = self.shapes[first]
+        pr, pc = choice.grid
+        if shape[0] < pc:
+            return None
+        if choice.mode != "domain" and int(spec.args["out"]) < pr:
+            return None
+        try:
+            layouts = [weighted_layouts(spec, shape, choice.mode, choice.grid)]
+            if choice.mode == "domain":
+                halo_plans(shape[2], pr, spec.window(), spec.name)
+            for k in self.segments[segment][1:]:
+                follower = self.net.layers[k]
+                layouts.append(follower_layouts(follower, layouts[-1][1]))
+                if follower.kind == "maxpool" and layouts[-1][0].split_axis == HEIGHT_AXIS:
+                    halo_plans(self.shapes[k][2], pr, follower.window(), follower.name)
+        except SplitError:
+            return None
+        return layouts
+
+    # -- costs --------------------------------------------------------------------------------
+
+    def _work(self, spec: LayerSpec, index: int, in_layout: Layout) -> LocalWork | None:
+        need_dx = index > 0
+        if spec.kind == "flatten":
+            return None
+        block = largest_block(in_layout)
+        if spec.kind in ("conv", "maxpool"):
+            window = spec.window()
+            pads = (window.pad, window.pad, window.pad)
+            if in_layout.split_axis == HEIGHT_AXIS:
+                plans = halo_plans(in_layout.shape[2], in_layout.grid[0], window, spec.name)
+                p = max(plans, key=lambda q: (q.out[1] - q.out[0], q.need[1] - q.need[0]))
+                block = (*block[:2], p.need[1] - p.need[0], block[3])
+                pads = (p.pad_top, p.pad_bottom, window.pad)
+            out = 0
+            if spec.kind == "conv":
+                out = (int(spec.args["out"]) if in_layout.split_axis == HEIGHT_AXIS
+                       else _largest_part(int(spec.args["out"]), in_layout.grid[0]))
+            return LocalWork(spec.kind, block, out, window.kernel, window.stride, pads, need_dx)
+        if spec.kind == "linear":
+            out = _largest_part(int(spec.args["out"]), in_layout.grid[0])
+            return LocalWork("linear", block, out, need_dx=need_dx)
+        return LocalWork(spec.kind, block, need_dx=need_dx)
+
+    def _halo(self, spec: LayerSpec, layout: Layout) -> tuple[float, float]:
+        """Halo exchange time of a height-split window layer: (forward, backward), busiest rank."""
+        window = spec.window()
+        n, c, h, w = largest_block(layout)
+        row_bytes = n * c * w * self.itemsize
+        forward = backward = 0.0
+        for p in halo_plans(layout.shape[2], layout.grid[0], window, spec.name):
+            received = [r[1] - r[0] for r in (p.recv_top, p.recv_bottom)]
+            sent = [r[1] - r[0] for r in (p.send_top, p.send_bottom)]
+            forward = max(forward, sum(halo_time(self.machine, k * row_bytes) for k in received))
+            backward = max(backward, sum(halo_time(self.machine, k * row_bytes) for k in sent))
+        return forward, backward
+
+    def _parameters(self, index: int, choice: Choice) -> int:
+        """Weight and bias entries one rank holds for weighted layer ``index``."""
+        spec = self.net.layers[index]
+        per_out = self.shapes[index][1] * (spec.window().kernel ** 2 if spec.kind == "conv"
+                                           else 1)
+        per_out += 1 if spec.args["bias"] else 0
+        out = int(spec.args["out"])
+        return per_out * (out if choice.mode == "domain" else _largest_part(out, choice.grid[0]))
+
+    def _weight_allreduce(self, index: int, choice: Choice) -> float:
+        """ΔW and Δb, one all-reduce: over Pc, or over all P in domain mode (W everywhere)."""
+        ranks = self.procs if choice.mode == "domain" else choice.grid[1]
+        return allreduce_time(self.machine, ranks, self._parameters(index, choice) * self.itemsize)
+
+    def move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
+        """(kind, forward s, backward s) of redistributing ``src`` into ``dst``."""
+        kind = move_kind(src, dst)
+        if kind in ("identity", "slice"):
+            return kind, 0.0, 0.0
+        block_bytes = math.prod(largest_block(dst)) * self.itemsize
+        if kind == "allgather":
+            pr = dst.grid[0]
+            backward = (allreduce_time(self.machine, pr, block_bytes) if self.paper
+                        else reduce_scatter_time(self.machine, pr, block_bytes))
+            return kind, allgather_time(self.machine, pr, block_bytes), backward
+        share, messages = _busiest_receiver((src.grid, src.split_axis),
+                                            (dst.grid, dst.split_axis), len(dst.shape))
+        t = alltoall_time(self.machine, self.procs, messages, share * block_bytes)
+        return kind, t, t
+
+    def _memory(self, spec: LayerSpec, in_layout: Layout, out_layout: Layout,
+                work: LocalWork | None, params: float) -> float:
+        """Bytes per rank: parameters ×3 (value, gradient, momentum), the input kept for the
+        backward, the output, and for conv the im2col matrix kept by the kernel."""
+        entries = params * PARAM_COPIES
+        entries += math.prod(work.x if work else largest_block(in_layout))
+        entries += math.prod(largest_block(out_layout))
+        if work is not None and work.kind == "conv":
+            ho, wo = work.out_rows()
+            entries += work.x[0] * work.x[1] * work.kernel ** 2 * ho * wo
+        return entries * self.itemsize
+
+    def segment_cost(self, segment: int, choice: Choice) -> SegmentCost:
+        """Every layer of the segment under ``choice``, without the move feeding the segment."""
+        key = (segment, choice)
+        if key not in self._segment_cache:
+            self._segment_cache[key] = self._segment_cost(segment, choice)
+        return self._segment_cache[key]
+
+    def _segment_cost(self, segment: int, choice: Choice) -> SegmentCost:
+        layouts = self.segment_layouts(segment, choice)
+        if layouts is None:
+            raise SplitError(f"layer {self.net.layers[self.segments[segment][0]].name} cannot "
+                             f"run {choice.describe()}")
+        costs = []
+        previous_out = None
+        for index, (in_layout, out_layout) in zip(self.segments[segment], layouts, strict=True):
+            spec = self.net.layers[index]
+            cost = LayerCost(spec.name, spec.kind, choice.mode if index == self.segments[
+                segment][0] else "follow", choice.grid)
+            if previous_out is not None:  # flatten gathers height-split rows
+                cost.move, *moved = self.move_cost(previous_out, in_layout)
+                cost.redistribution = tuple(moved)
+            cost.work = self._work(spec, index, in_layout)
+            params = 0
+            if spec.kind in WEIGHTED:
+                cost.comm = (0.0, self._weight_allreduce(index, choice))
+                params = self._parameters(index, choice)
+            if spec.kind in ("conv", "maxpool") and in_layout.split_axis == HEIGHT_AXIS:
+                halo = self._halo(spec, in_layout)
+                cost.comm = (cost.comm[0] + halo[0], cost.comm[1] + halo[1])
+            cost.memory = self._memory(spec, in_layout, out_layout, cost.work, params)
+            costs.append(cost)
+            previous_out = out_layout
+        works = [c.work for c in costs if c.work is not None]
+        times = self.compute.times(works)
+        for cost in costs:
+            if cost.work is not None:
+                cost.compute = times[cost.work]
+        return SegmentCost(costs, layouts[0][0], layouts[-1][1])
+
+    def prelude_layout(self) -> Layout | None:
+        """The layout leading layers without weights run on (1×P), or None without any."""
+        if not self.prelude:
+            return None
+        layout = Layout(self.shapes[0], (1, self.procs))
+        for k in self.prelude:
+            layout = follower_layouts(self.net.layers[k], layout)[1]
+        return layout
+
+    def prelude_costs(self) -> list[LayerCost]:
+        costs = []
+        layout = Layout(self.shapes[0], (1, self.procs))
+        for k in self.prelude:
+            spec = self.net.layers[k]
+            in_layout, layout = follower_layouts(spec, layout)
+            cost = LayerCost(spec.name, spec.kind, "follow", (1, self.procs))
+            cost.work = self._work(spec, k, in_layout)
+            if cost.work is not None:
+                cost.compute = self.compute.times([cost.work])[cost.work]
+            cost.memory = self._memory(spec, in_layout, layout, cost.work, 0.0)
+            costs.append(cost)
+        return costs
+
+    def loss_cost(self, last_out: Layout) -> tuple[str, float, float]:
+        """Gathering the logits for the loss (replicated over Pr)."""
+        return self.move_cost(last_out, last_out.replicated())
+
+    def prefetch(self, choices: list[list[Choice]]) -> None:
+        """Time every candidate's kernels in one batch (one barrier-synchronised pass)."""
+        works = []
+        for segment, segment_choices in enumerate(choices):
+            for choice in segment_choices:
+                layouts = self.segment_layouts(segment, choice)
+                for index, (in_layout, _) in zip(self.segments[segment], layouts, strict=True):
+                    work = self._work(self.net.layers[index], index, in_layout)
+                    if work is not None:
+                        works.append(work)
+        self.compute.times(works)
