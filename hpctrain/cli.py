@@ -9,6 +9,7 @@ whole job, so no rank is left waiting in a collective.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import traceback
 
@@ -16,7 +17,31 @@ from hpctrain.errors import UserError
 from hpctrain.net import available_nets, load_net
 from hpctrain.plan import plan_from_spec
 
-COMMANDS = ("train", "verify")
+COMMANDS = ("train", "verify", "plan", "calibrate", "simulate", "compare-plans")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> float:
+    """Bytes from '512M', '2G', '1.5GiB' or a plain byte count (K/M/G/T are powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a memory size; write e.g. 512M or 2G")
+    return float(match.group(1)) * 1024 ** "bkmgt".index((match.group(2) or "b").lower())
+
+
+def _planning(parser: argparse.ArgumentParser) -> None:
+    from hpctrain.cost.machine import available_machines
+    from hpctrain.cost.model import COMPUTE_SOURCES
+
+    parser.add_argument("--machine", default=None,
+                        help=f"machine profile for the cost model: {', '.join(available_machines())}"
+                             f" or a .toml path (default: local when calibrated, else default)")
+    parser.add_argument("--mem-per-rank", type=parse_size, default=None,
+                        help="memory cap per rank for --grid auto, e.g. 2G (default: none)")
+    parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
+                        help="compute times for the cost model: measured on this device, or "
+                             "FLOPs / the profile's rate; auto measures on this machine's own "
+                             "profile and uses FLOPs for another machine's (default: auto)")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -24,9 +49,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help=f"shipped net ({', '.join(available_nets())}) or a .net file "
                              f"(default: %(default)s)")
     parser.add_argument("--grid", default=None,
-                        help="RxC (every layer on R model x C batch ranks), "
-                             "conv=SPEC,fc=SPEC with SPEC = RxC or domain:RxC, or a plan "
-                             "file (default: 1xP, pure batch parallelism)")
+                        help="auto (the planner picks each layer's mode and grid), RxC (every "
+                             "layer on R model x C batch ranks), conv=SPEC,fc=SPEC with SPEC = "
+                             "RxC or domain:RxC, or a plan file (default: 1xP, pure batch)")
     parser.add_argument("--image-size", type=int, default=None,
                         help="input height and width, overriding the net's")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
@@ -40,8 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m hpctrain",
         description="Train a network on P MPI processes with per-layer batch, model (1.5D) and "
                     "domain parallelism. Launch with mpiexec -n P or srun. "
-                    "Other command: 'python -m hpctrain verify --help'.")
+                    "Other commands (each with --help): verify, plan, calibrate, simulate, "
+                    "compare-plans.")
     _common(parser)
+    _planning(parser)
+    parser.add_argument("--plan-file", default=None,
+                        help="where --grid auto writes its plan, which --grid accepts "
+                             "(default: runs/NET-pP-bB.plan)")
     parser.add_argument("--batch", type=int, default=32, help="global mini-batch (default: 32)")
     parser.add_argument("--steps", type=int, default=10, help="training steps (default: 10)")
     parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
@@ -65,10 +95,12 @@ def build_verify_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=4, help="global mini-batch (default: 4)")
     parser.add_argument("--tolerance", type=float, default=1e-9,
                         help="largest relative error accepted (default: 1e-9)")
+    _planning(parser)
     return parser
 
 
-def _setup(args: argparse.Namespace, comm, dtype: str):
+def _setup(args: argparse.Namespace, comm, dtype: str, predict: bool = True):
+    """The net, its per-layer plan, the backend, and the plan's predicted costs (or None)."""
     from hpctrain.backend import make_backend
 
     net = load_net(args.net)
@@ -77,18 +109,50 @@ def _setup(args: argparse.Namespace, comm, dtype: str):
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
     procs = comm.Get_size()
-    plan = plan_from_spec(args.grid or f"1x{procs}", net, procs)
-    return net, plan, make_backend(args.device, dtype, comm)
+    spec = args.grid or f"1x{procs}"
+    plan = None if spec.strip() == "auto" else plan_from_spec(spec, net, procs)
+    backend = make_backend(args.device, dtype, comm)
+    if plan is not None and not predict:
+        return net, plan, backend, None
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.cost.model import build_cost_model
+    from hpctrain.planner import choices_of, evaluate, plan_network
+
+    model = build_cost_model(net, args.batch, procs, load_machine(args.machine), args.compute,
+                             backend, comm)
+    if plan is None:
+        planned = plan_network(model, args.mem_per_rank)
+        if comm.Get_rank() == 0:
+            _write_plan(args, net, planned, procs, model.machine.name)
+    else:
+        planned = evaluate(model, choices_of(model, plan))
+    return net, planned.plans, backend, planned
+
+
+def _write_plan(args: argparse.Namespace, net, planned, procs: int, machine: str) -> None:
+    from pathlib import Path
+
+    from hpctrain.plan import write_plan
+
+    path = Path(getattr(args, "plan_file", None) or f"runs/{net.name}-p{procs}-b{args.batch}.plan")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_plan(path, planned.plans,
+               f"hpctrain plan: net {net.name}, {procs} processes, batch {args.batch}, machine "
+               f"{machine}\npredicted iteration {planned.iteration_time * 1e3:.3f} ms")
+    print(f"plan written to {path} (use it with --grid {path})", flush=True)
 
 
 def run_train(argv: list[str], comm) -> int:
+    from hpctrain.planner import format_plan
     from hpctrain.train import TrainConfig, train
 
     args = build_parser().parse_args(argv)
     for flag in ("steps", "print_every"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be >= 1")
-    net, plan, backend = _setup(args, comm, args.dtype)
+    net, plan, backend, planned = _setup(args, comm, args.dtype)
+    if comm.Get_rank() == 0:
+        print(format_plan(planned), flush=True)
     config = TrainConfig(args.batch, args.steps, args.lr, args.momentum, args.weight_decay,
                          args.seed, args.print_every)
     train(net, plan, config, backend, comm)
@@ -100,22 +164,103 @@ def run_verify(argv: list[str], comm) -> int:
     from hpctrain.verify import verify
 
     args = build_verify_parser().parse_args(argv)
-    net, plan, backend = _setup(args, comm, "float64")
+    net, plan, backend, _ = _setup(args, comm, "float64", predict=False)
     with GridSet(comm) as grids:
         ok = verify(net, plan, args.batch, grids, backend, args.seed, args.tolerance)
     return 0 if ok else 1
+
+
+def build_plan_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpctrain plan",
+        description="Print the plan of least predicted iteration time for P processes, without "
+                    "launching MPI: each layer's mode and Pr x Pc grid, predicted compute, "
+                    "communication, redistribution and memory per rank.")
+    parser.add_argument("--net", default="alexnet",
+                        help=f"shipped net ({', '.join(available_nets())}) or a .net file "
+                             f"(default: %(default)s)")
+    parser.add_argument("--procs", type=int, required=True, help="number of processes P")
+    parser.add_argument("--batch", type=int, required=True, help="global mini-batch B")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="input height and width, overriding the net's")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="training precision: bytes moved and kernels timed "
+                             "(default: %(default)s)")
+    parser.add_argument("--out", default=None, help="also write the plan file here")
+    _planning(parser)
+    return parser
+
+
+def run_plan(argv: list[str]) -> int:
+    import numpy as np
+
+    from hpctrain.backend import Backend
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.cost.model import build_cost_model
+    from hpctrain.planner import format_plan, plan_network
+    from hpctrain.plan import write_plan
+
+    args = build_plan_parser().parse_args(argv)
+    for flag in ("procs", "batch"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
+    net = load_net(args.net)
+    if args.image_size is not None:
+        net = net.with_image_size(args.image_size)
+    machine = load_machine(args.machine)
+    backend = Backend(np, np.float32 if args.dtype == "float32" else np.float64)
+    model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend)
+    planned = plan_network(model, args.mem_per_rank)
+    print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
+          f"{machine.name} (alpha {machine.alpha * 1e6:.3g} us, 1/beta "
+          f"{1 / machine.beta / 1e9:.3g} GB/s), compute "
+          f"{'measured' if model.compute.__class__.__name__ == 'MeasuredCompute' else 'FLOPs'}")
+    print(format_plan(planned))
+    if args.out:
+        from pathlib import Path
+
+        write_plan(Path(args.out), planned.plans,
+                   f"hpctrain plan: net {net.name}, {args.procs} processes, batch {args.batch}, "
+                   f"machine {machine.name}")
+        print(f"plan written to {args.out}")
+    return 0
+
+
+def _parsers() -> dict:
+    from hpctrain.calibrate import build_calibrate_parser
+    from hpctrain.simulate import build_simulate_parser
+
+    return {"train": build_parser, "verify": build_verify_parser, "plan": build_plan_parser,
+            "calibrate": build_calibrate_parser, "simulate": build_simulate_parser,
+            "compare-plans": build_compare_parser}
+
+
+def _without_mpi(command: str, argv: list[str]) -> int:
+    """Commands that never launch MPI: the cost model alone."""
+    from hpctrain.simulate import run_simulate
+
+    try:
+        return {"plan": run_plan, "simulate": run_simulate}[command](argv)
+    except UserError as err:
+        print(f"hpctrain: error: {err}", file=sys.stderr, flush=True)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
     if any(a in ("-h", "--help") for a in argv):  # help needs no MPI
-        (build_verify_parser() if command == "verify" else build_parser()).parse_args(argv)
+        _parsers()[command]().parse_args(argv)
+    if command in ("plan", "simulate"):
+        return _without_mpi(command, argv)
     from mpi4py import MPI
+
+    from hpctrain.calibrate import run_calibrate
 
     comm = MPI.COMM_WORLD
     try:
-        return {"train": run_train, "verify": run_verify}[command](argv, comm)
+        return {"train": run_train, "verify": run_verify, "calibrate": run_calibrate,
+                "compare-plans": run_compare}[command](argv, comm)
     except UserError as err:
         if comm.Get_rank() == 0:
             print(f"hpctrain: error: {err}", file=sys.stderr, flush=True)

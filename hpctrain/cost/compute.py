@@ -122,6 +122,15 @@ def _run(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator) -> tupl
     return (lambda: None), (lambda: None)
 
 
+def _read_cache(path: Path | None) -> dict[str, list[float]]:
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # an unreadable cache is measured again and rewritten
+
+
 class MeasuredCompute:
     """Forward and backward seconds of each work, timed on this device and cached on disk.
 
@@ -141,11 +150,10 @@ class MeasuredCompute:
         dtype = np.dtype(backend.dtype).name
         self.prefix = f"{backend.device}|{dtype}|{concurrency}|"
         self.known: dict[str, list[float]] = {}
-        if cache is not None and cache.is_file():
-            try:
-                self.known = json.loads(cache.read_text())
-            except (OSError, ValueError):
-                self.known = {}  # an unreadable cache is re-measured and rewritten
+        if comm is None or comm.Get_rank() == 0:
+            self.known = _read_cache(cache)
+        if comm is not None:  # one view of the cache, so every rank times the same kernels
+            self.known = comm.bcast(self.known, root=0)
 
     def _time(self, fn: Any) -> float:
         fn()  # warm-up: allocations, BLAS threads, kernel compilation on a GPU

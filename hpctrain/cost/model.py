@@ -33,8 +33,8 @@ from hpctrain.cost.collectives import (
     halo_time,
     reduce_scatter_time,
 )
-from hpctrain.cost.compute import LocalWork
-from hpctrain.cost.machine import Machine
+from hpctrain.cost.compute import FlopModel, LocalWork, MeasuredCompute, default_cache_path
+from hpctrain.cost.machine import LOCAL_PROFILE, Machine
 from hpctrain.layout import BATCH_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.net import WEIGHTED, LayerSpec, NetSpec
 from hpctrain.partition import SplitError, factorisations, halo_plans
@@ -286,13 +286,14 @@ class CostModel:
         t = alltoall_time(self.machine, self.procs, messages, share * block_bytes)
         return kind, t, t
 
-    def _memory(self, spec: LayerSpec, in_layout: Layout, out_layout: Layout,
-                work: LocalWork | None, params: float) -> float:
-        """Bytes per rank: parameters ×3 (value, gradient, momentum), the input kept for the
-        backward, the output, and for conv the im2col matrix kept by the kernel."""
-        entries = params * PARAM_COPIES
-        entries += math.prod(work.x if work else largest_block(in_layout))
-        entries += math.prod(largest_block(out_layout))
+    def _memory(self, index: int, in_layout: Layout, out_layout: Layout,
+                work: LocalWork | None, params: int) -> float:
+        """Bytes per rank, an estimate: parameters ×3 (value, gradient, momentum), the output
+        (every layer's input is the output before it, kept for the backward), the network
+        input, and for conv the im2col matrix its kernel keeps."""
+        entries = params * PARAM_COPIES + math.prod(largest_block(out_layout))
+        if index == 0:
+            entries += math.prod(largest_block(in_layout))
         if work is not None and work.kind == "conv":
             ho, wo = work.out_rows()
             entries += work.x[0] * work.x[1] * work.kernel ** 2 * ho * wo
@@ -327,7 +328,7 @@ class CostModel:
             if spec.kind in ("conv", "maxpool") and in_layout.split_axis == HEIGHT_AXIS:
                 halo = self._halo(spec, in_layout)
                 cost.comm = (cost.comm[0] + halo[0], cost.comm[1] + halo[1])
-            cost.memory = self._memory(spec, in_layout, out_layout, cost.work, params)
+            cost.memory = self._memory(index, in_layout, out_layout, cost.work, params)
             costs.append(cost)
             previous_out = out_layout
         works = [c.work for c in costs if c.work is not None]
@@ -356,7 +357,7 @@ class CostModel:
             cost.work = self._work(spec, k, in_layout)
             if cost.work is not None:
                 cost.compute = self.compute.times([cost.work])[cost.work]
-            cost.memory = self._memory(spec, in_layout, layout, cost.work, 0.0)
+            cost.memory = self._memory(k, in_layout, layout, cost.work, 0)
             costs.append(cost)
         return costs
 
@@ -375,3 +376,41 @@ class CostModel:
                     if work is not None:
                         works.append(work)
         self.compute.times(works)
+
+
+COMPUTE_SOURCES = ("auto", "measured", "flops")
+
+
+def compute_source(machine: Machine, requested: str) -> str:
+    """``measured`` on this machine (its calibrated or default profile), else ``flops``."""
+    if requested != "auto":
+        return requested
+    here = machine.name in ("local", "default") or machine.source == str(LOCAL_PROFILE)
+    return "measured" if here else "flops"
+
+
+def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, source: str,
+                     backend=None, comm=None) -> CostModel:
+    """A cost model whose compute times come from ``source`` (see :func:`compute_source`).
+
+    Measured times run on ``backend`` (NumPy float32 on this CPU when None); under MPI every rank
+    of ``comm`` times the same kernels at once, as the ranks of a node will when training.
+    """
+    import numpy as np
+
+    itemsize = 4 if backend is None else np.dtype(backend.dtype).itemsize
+    if compute_source(machine, source) == "flops":
+        return CostModel(net, batch, procs, machine, FlopModel(machine.flops), itemsize)
+    if backend is None:
+        from hpctrain.backend import Backend
+
+        backend = Backend(np, np.float32)
+    concurrency = 1
+    if comm is not None:
+        from mpi4py import MPI
+
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        concurrency = node.Get_size()
+        node.Free()
+    compute = MeasuredCompute(backend, comm, concurrency, default_cache_path())
+    return CostModel(net, batch, procs, machine, compute, itemsize)

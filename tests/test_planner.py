@@ -1,0 +1,173 @@
+"""The cost model and the planner: exact search, memory cap, agreement with the executed moves."""
+
+import itertools
+import math
+
+import pytest
+
+from hpctrain.cost.compute import FlopModel, LocalWork
+from hpctrain.cost.machine import Machine
+from hpctrain.cost.model import Choice, CostModel, move_kind
+from hpctrain.layout import Layout, box_size, transfer_pieces
+from hpctrain.net import load_net, parse_net
+from hpctrain.plan import plan_from_spec
+from hpctrain.planner import PlannerError, choices_of, evaluate, format_plan, plan_network
+
+MACHINE = Machine("test", alpha=2e-6, beta=1 / 6e9, flops=1e11)
+SLOW_NET = Machine("slow", alpha=1e-4, beta=1 / 1e8, flops=1e12)
+
+
+def model_of(net, batch, procs, machine=MACHINE, **kw):
+    return CostModel(net, batch, procs, machine, FlopModel(machine.flops), **kw)
+
+
+def brute_force(model, cap=None):
+    """The least predicted time over every combination of choices, by enumeration."""
+    options = [model.choices(k) for k in range(len(model.segments))]
+    best = None
+    for combo in itertools.product(*options):
+        planned = evaluate(model, list(combo))
+        if cap is not None and planned.memory > cap:
+            continue
+        if best is None or planned.iteration_time < best.iteration_time:
+            best = planned
+    return best
+
+
+CASES = [("smallcnn", 8, 4, MACHINE), ("smallcnn", 12, 6, SLOW_NET), ("mlp", 8, 4, SLOW_NET),
+         ("mlp", 16, 8, MACHINE), ("smallcnn", 6, 3, SLOW_NET)]
+
+
+@pytest.mark.parametrize("name,batch,procs,machine", CASES)
+def test_dynamic_programming_finds_the_brute_force_optimum(name, batch, procs, machine):
+    model = model_of(load_net(name), batch, procs, machine)
+    planned = plan_network(model)
+    best = brute_force(model)
+    assert planned.iteration_time == pytest.approx(best.iteration_time, rel=1e-12)
+
+
+@pytest.mark.parametrize("name,batch,procs,machine", CASES)
+def test_memory_cap_is_exact_and_respected(name, batch, procs, machine):
+    model = model_of(load_net(name), batch, procs, machine)
+    free = plan_network(model)
+    options = [evaluate(model, list(c)) for c in
+               itertools.product(*[model.choices(k) for k in range(len(model.segments))])]
+    smallest = min(p.memory for p in options)
+    for cap in (smallest, (smallest + free.memory) / 2, free.memory * 2):
+        capped = plan_network(model, cap)
+        assert capped.memory <= cap
+        assert capped.iteration_time == pytest.approx(brute_force(model, cap).iteration_time,
+                                                      rel=1e-12)
+    with pytest.raises(PlannerError, match="mem-per-rank"):
+        plan_network(model, smallest * 0.99)
+
+
+def test_planned_time_is_the_sum_of_its_layers():
+    model = model_of(load_net("alexnet").with_image_size(127), 16, 4)
+    planned = plan_network(model)
+    parts = planned.totals()
+    assert planned.iteration_time == pytest.approx(sum(parts.values()))
+    assert "predicted iteration" in format_plan(planned)
+    assert [p.layer for p in planned.plans] == [l.name for l in model.net.layers]
+
+
+def test_slow_network_prefers_batch_parallel_convolutions_and_split_fc():
+    """AlexNet on many ranks: convolutions have few weights and big activations, FC layers the
+    reverse — the paper's reason for per-layer grids. The planner must split them differently."""
+    model = model_of(load_net("alexnet"), 2048, 64, Machine("cori", 2e-6, 1 / 6e9, 1e12))
+    planned = plan_network(model)
+    modes = {p.layer: p for p in planned.plans}
+    assert modes["conv2"].grid[0] < modes["fc6"].grid[0]
+    batch_only = evaluate(model, [Choice("batch", (1, 64))] * len(model.segments))
+    assert planned.iteration_time < batch_only.iteration_time
+
+
+def test_evaluate_agrees_with_plan_specs():
+    net = load_net("smallcnn")
+    model = model_of(net, 8, 4)
+    plan = plan_from_spec("conv=domain:2x2,fc=4x1", net, 4)
+    planned = evaluate(model, choices_of(model, plan))
+    assert [p.describe() for p in planned.plans] == [p.describe() for p in plan]
+
+
+def test_domain_is_refused_where_a_split_would_leave_a_rank_empty():
+    """smallcnn on 8 ranks: conv2 could take 8 row blocks of its 8x8 input, but the pooling
+    after it halves the height to 4 rows, which cannot be cut 8 ways."""
+    model = model_of(load_net("smallcnn"), 8, 8)
+    assert Choice("domain", (8, 1)) in model.choices(0)
+    assert Choice("domain", (4, 2)) in model.choices(1)
+    assert Choice("domain", (8, 1)) not in model.choices(1)
+    assert Choice("model", (8, 1)) in model.choices(1)
+
+
+def test_too_many_processes_for_a_layer_is_a_clear_error():
+    model = model_of(load_net("mlp"), 2, 4096)
+    with pytest.raises(PlannerError, match="raise --batch"):
+        plan_network(model)
+
+
+# -- the move model against the executed redistribution -------------------------------------
+
+def _executed_kind(src, dst):
+    from hpctrain.comm.redistribute import _allgather_axis, _contains
+
+    if src == dst:
+        return "identity"
+    if all(_contains(src.box(r), dst.box(r)) for r in range(dst.size)):
+        return "slice"
+    return "allgather" if _allgather_axis(src, dst) is not None else "alltoall"
+
+
+def _layouts(model):
+    found = set()
+    for k in range(len(model.segments)):
+        for choice in model.choices(k):
+            for pair in model.segment_layouts(k, choice):
+                found.update(pair)
+    return found
+
+
+@pytest.mark.parametrize("procs", [2, 3, 4, 6, 8])
+def test_move_kind_matches_the_redistribution_that_runs(procs):
+    net = parse_net("input channels=2 size=16 classes=4\nconv out=8 kernel=3 pad=1\nrelu\n"
+                    "maxpool kernel=2\nconv out=8 kernel=3 pad=1\nflatten\nlinear out=8\n"
+                    "linear out=4\n", "t")
+    model = model_of(net, 24, procs)
+    layouts = _layouts(model)
+    checked = 0
+    for src in layouts:
+        for dst in layouts:
+            if src.shape == dst.shape:
+                assert move_kind(src, dst) == _executed_kind(src, dst), (src, dst)
+                checked += 1
+    assert checked > 10
+
+
+@pytest.mark.parametrize("procs", [2, 4, 8])
+def test_alltoall_volume_is_the_busiest_receiver(procs):
+    """With sizes that divide evenly, the model's busiest receive equals the exact pieces."""
+    shape = (16, 8, 8, 8)
+    model = model_of(load_net("smallcnn"), 16, procs, Machine("bytes", 1e-30, 1.0, 1e9),
+                     itemsize=1)
+    layouts = [Layout(shape, g, a) for g in ((r, procs // r) for r in (1, 2, 4, 8)
+                                             if procs % r == 0) for a in (None, 1, 2)]
+    for src in layouts:
+        for dst in layouts:
+            if move_kind(src, dst) != "alltoall":
+                continue
+            received = [0] * procs
+            for piece in transfer_pieces(src, dst):
+                if piece.sender != piece.receiver:
+                    received[piece.receiver] += box_size(piece.box)
+            _, forward, _ = model.move_cost(src, dst)
+            assert forward == pytest.approx(max(received), rel=1e-9), (src, dst)
+
+
+def test_flop_model_counts_a_convolution():
+    work = LocalWork("conv", (2, 3, 8, 8), out=4, kernel=3, stride=1, pads=(1, 1, 1))
+    forward, backward = work.flops()
+    assert forward == 2 * 2 * 4 * 8 * 8 * 3 * 9
+    assert backward == 2 * forward
+    assert math.isclose(FlopModel(1e9).times([work])[work][0], forward / 1e9)
+    first = LocalWork("conv", (2, 3, 8, 8), 4, 3, 1, (1, 1, 1), need_dx=False)
+    assert first.flops()[1] == forward
