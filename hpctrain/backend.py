@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from hpctrain.errors import UserError
+from hpctrain.timing import CommClock
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
 
@@ -21,12 +22,21 @@ class Backend:
     ``cuda_aware`` says the MPI library reads device memory directly; otherwise GPU arrays are
     staged through host memory around each MPI call (the PyPI ``mpich`` wheel is not CUDA-aware;
     set ``HPCTRAIN_CUDA_AWARE_MPI=1`` with an MPI that is).
+
+    ``clock`` adds up the seconds every communication primitive spends moving data (while
+    enabled; see :class:`~hpctrain.timing.CommClock`). It is the one mutable part: the backend
+    reaches every primitive, so the primitives need no other handle to report their time.
     """
 
     xp: ModuleType
     dtype: Any
     device: str = "cpu"
     cuda_aware: bool = False
+    clock: CommClock = field(default_factory=CommClock, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.device == "gpu":  # time the movement, not the kernels queued before it
+            self.clock.sync = self.sync
 
     def to_mpi(self, a: Any) -> Any:
         """A contiguous buffer MPI can read, its contents final."""

@@ -18,6 +18,7 @@ from hpctrain.layers.pool import MaxPool2d
 from hpctrain.layout import Layout, grid_coords
 from hpctrain.net import NetSpec
 from hpctrain.plan import LayerPlan, PlanError
+from hpctrain.timing import LOSS, StepTimer, StepTimes
 
 
 class Network:
@@ -27,6 +28,11 @@ class Network:
     forward and gradients back. After the last layer the logits are replicated over the last
     grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples, so each
     sample's loss (and gradient) is counted exactly once.
+
+    Timing: pass a record from :meth:`step_times` as ``times`` to :meth:`train_step` (or to
+    :meth:`forward`, :meth:`loss` and :meth:`backward`) and it is filled with each layer's
+    compute, its own communication and the redistribution feeding it, forward and backward.
+    Timing changes no numbers; without a record nothing is timed.
     """
 
     def __init__(self, net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet,
@@ -84,50 +90,81 @@ class Network:
             if isinstance(layer, Dropout):
                 layer.training = training
 
-    def forward(self, x: Any, step: int, trace: list | None = None) -> Any:
-        """Logits on ``loss_layout`` from X on ``input_layout``; ``trace`` collects each output."""
-        for move, layer in zip(self.moves, self.layers, strict=True):
-            x = layer.forward(move.forward(x), step)
-            if trace is not None:
-                trace.append(x)
-        return self.to_loss.forward(x)
+    def step_times(self) -> StepTimes:
+        """A blank timing record for one step of this network (one row per layer)."""
+        return StepTimes.blank([layer.name for layer in self.layers])
 
-    def backward(self, dlogits: Any, trace: list | None = None) -> None:
-        """Parameter gradients from dLoss/dlogits; ``trace`` collects input gradients."""
-        dy = self.to_loss.backward(dlogits)
-        for move, layer in zip(reversed(self.moves), reversed(self.layers), strict=True):
-            dx = layer.backward(dy)
-            if trace is not None:
-                trace.insert(0, dx)
-            if dx is not None:
-                dy = move.backward(dx)
+    def forward(self, x: Any, step: int, trace: list | None = None,
+                times: StepTimes | None = None) -> Any:
+        """Logits on ``loss_layout`` from X on ``input_layout``; ``trace`` collects each output.
+
+        ``times`` (from :meth:`step_times`) is filled with each move's and layer's forward time.
+        """
+        with StepTimer(self.backend, times) as timer:
+            for k, (move, layer) in enumerate(zip(self.moves, self.layers, strict=True)):
+                x = move.forward(x)
+                timer.forward_move(k, move)
+                x = layer.forward(x, step)
+                timer.forward_layer(k)
+                if trace is not None:
+                    trace.append(x)
+            logits = self.to_loss.forward(x)
+            timer.forward_move(LOSS, self.to_loss)
+        return logits
+
+    def backward(self, dlogits: Any, trace: list | None = None,
+                 times: StepTimes | None = None) -> None:
+        """Parameter gradients from dLoss/dlogits; ``trace`` collects input gradients.
+
+        ``times`` (from :meth:`step_times`) is filled with each layer's and move's backward time.
+        """
+        with StepTimer(self.backend, times) as timer:
+            dy = self.to_loss.backward(dlogits)
+            timer.backward_move(LOSS, self.to_loss)
+            for k in reversed(range(len(self.layers))):
+                dx = self.layers[k].backward(dy)
+                timer.backward_layer(k)
+                if trace is not None:
+                    trace.insert(0, dx)
+                if dx is not None:
+                    dy = self.moves[k].backward(dx)
+                    timer.backward_move(k, self.moves[k])
 
     def train_step(self, data: Any, step: int, outputs: list | None = None,
-                   input_grads: list | None = None) -> tuple[float, float]:
+                   input_grads: list | None = None,
+                   times: StepTimes | None = None) -> tuple[float, float]:
         """Forward, loss and backward on batch ``step`` of ``data``: (mean loss, accuracy).
 
         Each rank reads only its own block of the batch. ``outputs`` and ``input_grads`` collect
-        every layer's output and input gradient (for verification).
+        every layer's output and input gradient (for verification). ``times`` (from
+        :meth:`step_times`) is filled with this rank's per-layer times and the whole step's.
         """
-        x = data.images(step, self.input_layout.box(self.rank))
-        logits = self.forward(x, step, outputs)
-        loss, accuracy, dlogits = self.loss(logits, data.labels(step, self.labels_range()))
-        self.backward(dlogits, input_grads)
+        with StepTimer(self.backend, times) as timer:
+            x = data.images(step, self.input_layout.box(self.rank))
+            logits = self.forward(x, step, outputs, times)
+            labels = data.labels(step, self.labels_range())
+            loss, accuracy, dlogits = self.loss(logits, labels, times)
+            self.backward(dlogits, input_grads, times)
+            timer.finish_step()
         return loss, accuracy
 
-    def loss(self, logits: Any, labels: Any) -> tuple[float, float, Any]:
+    def loss(self, logits: Any, labels: Any,
+             times: StepTimes | None = None) -> tuple[float, float, Any]:
         """Mean loss and accuracy over the global batch, and dLoss/dlogits for this rank.
 
-        ``labels`` are the labels of this rank's batch shard in ``loss_layout``.
+        ``labels`` are the labels of this rank's batch shard in ``loss_layout``. ``times`` gets
+        the softmax as the loss row's compute and the all-reduce of the totals as its comm.
         """
         xp = self.backend.xp
-        i, _ = grid_coords(self.rank, self.loss_layout.grid)
-        loss_sum, correct, grad = softmax_cross_entropy(xp, logits, labels, 1.0 / self.batch)
-        if i != 0:  # a replica: the owner (i = 0) counts these samples
-            loss_sum, correct, grad = loss_sum * 0, correct * 0, grad * 0
-        totals = xp.stack([xp.asarray(loss_sum, dtype=xp.float64),
-                           xp.asarray(correct, dtype=xp.float64)])
-        totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
+        with StepTimer(self.backend, times) as timer:
+            i, _ = grid_coords(self.rank, self.loss_layout.grid)
+            loss_sum, correct, grad = softmax_cross_entropy(xp, logits, labels, 1.0 / self.batch)
+            if i != 0:  # a replica: the owner (i = 0) counts these samples
+                loss_sum, correct, grad = loss_sum * 0, correct * 0, grad * 0
+            totals = xp.stack([xp.asarray(loss_sum, dtype=xp.float64),
+                               xp.asarray(correct, dtype=xp.float64)])
+            totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
+            timer.forward_layer(LOSS)
         return float(totals[0]) / self.batch, float(totals[1]) / self.batch, grad
 
     def labels_range(self) -> tuple[int, int]:

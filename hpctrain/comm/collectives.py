@@ -1,4 +1,8 @@
-"""Collectives along one axis of a tensor, as forward/adjoint pairs."""
+"""Collectives along one axis of a tensor, as forward/adjoint pairs.
+
+Each call's data movement (the MPI call, with the transposes and host staging around it) is
+timed by the backend's comm clock.
+"""
 
 from __future__ import annotations
 
@@ -34,28 +38,32 @@ class AllGather:
         if self.comm.Get_size() == 1:
             return x
         xp, be = self.backend.xp, self.backend
-        xt = _front(xp, x, self.axis)
-        inner = math.prod(xt.shape[1:])
-        recv = be.empty_mpi((self.total, *xt.shape[1:]), xt.dtype)
-        counts = [n * inner for n in self.lengths]
-        self.comm.Allgatherv(be.to_mpi(xt), [recv, counts])
-        return xp.ascontiguousarray(xp.moveaxis(be.from_mpi(recv), 0, self.axis))
+        with be.clock.comm():
+            xt = _front(xp, x, self.axis)
+            inner = math.prod(xt.shape[1:])
+            recv = be.empty_mpi((self.total, *xt.shape[1:]), xt.dtype)
+            counts = [n * inner for n in self.lengths]
+            self.comm.Allgatherv(be.to_mpi(xt), [recv, counts])
+            return xp.ascontiguousarray(xp.moveaxis(be.from_mpi(recv), 0, self.axis))
 
     def backward(self, dy: Any) -> Any:
         if self.comm.Get_size() == 1:
             return dy
         xp, be = self.backend.xp, self.backend
-        dyt = _front(xp, dy, self.axis)
-        inner = math.prod(dyt.shape[1:])
-        recv = be.empty_mpi((self.lengths[self.rank], *dyt.shape[1:]), dyt.dtype)
-        self.comm.Reduce_scatter(be.to_mpi(dyt), recv, [n * inner for n in self.lengths], MPI.SUM)
-        return xp.ascontiguousarray(xp.moveaxis(be.from_mpi(recv), 0, self.axis))
+        with be.clock.comm():
+            dyt = _front(xp, dy, self.axis)
+            inner = math.prod(dyt.shape[1:])
+            recv = be.empty_mpi((self.lengths[self.rank], *dyt.shape[1:]), dyt.dtype)
+            self.comm.Reduce_scatter(be.to_mpi(dyt), recv, [n * inner for n in self.lengths],
+                                     MPI.SUM)
+            return xp.ascontiguousarray(xp.moveaxis(be.from_mpi(recv), 0, self.axis))
 
 
 def allreduce_sum(backend: Backend, comm: MPI.Comm, a: Any) -> Any:
     """Σ over ``comm`` of ``a`` (returns ``a`` itself when the communicator has one rank)."""
     if comm.Get_size() == 1:
         return a
-    buf = backend.to_mpi(a)
-    comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
-    return backend.from_mpi(buf)
+    with backend.clock.comm():
+        buf = backend.to_mpi(a)
+        comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
+        return backend.from_mpi(buf)

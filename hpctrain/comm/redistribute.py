@@ -10,6 +10,9 @@ The cheapest exact method is chosen once, from the layouts alone:
   a Pr×Pc one); forward ``Allgatherv``, backward ``Reduce_scatter``.
 - ``alltoall``: anything else; forward ``Alltoallv`` of the pieces of :func:`transfer_pieces`,
   backward the same pieces in reverse, added into the sources.
+
+The all-gather and all-to-all report their time to the backend's comm clock; identity and
+slice move nothing between ranks and report none.
 """
 
 from __future__ import annotations
@@ -128,22 +131,23 @@ class Redistribute:
     def _exchange(self, a: Any, a_box: Box, out: Any, out_box: Box, send: _Route,
                   recv: _Route, accumulate: bool) -> None:
         """Alltoallv the ``send`` pieces of ``a`` into ``out`` (added when ``accumulate``)."""
-        xp, be = self.backend.xp, self.backend
-        send_buf = xp.empty(sum(send.counts), dtype=a.dtype)
-        for peer, box in send.peers:
-            start = send.displs[peer]
-            send_buf[start:start + send.counts[peer]] = a[relative_slices(box, a_box)].ravel()
-        recv_buf = be.empty_mpi((sum(recv.counts),), a.dtype)
-        self.comm.Alltoallv([be.to_mpi(send_buf), (send.counts, send.displs)],
-                            [recv_buf, (recv.counts, recv.displs)])
-        recv_buf = be.from_mpi(recv_buf)
-        blocks = [(box, a[relative_slices(box, a_box)]) for box in self.local]
-        for peer, box in recv.peers:
-            start = recv.displs[peer]
-            shape = [hi - lo for lo, hi in box]
-            blocks.append((box, recv_buf[start:start + recv.counts[peer]].reshape(shape)))
-        for box, block in blocks:
-            if accumulate:
-                out[relative_slices(box, out_box)] += block
-            else:
-                out[relative_slices(box, out_box)] = block
+        with self.backend.clock.comm():  # packing, Alltoallv and unpacking
+            xp, be = self.backend.xp, self.backend
+            send_buf = xp.empty(sum(send.counts), dtype=a.dtype)
+            for peer, box in send.peers:
+                start = send.displs[peer]
+                send_buf[start:start + send.counts[peer]] = a[relative_slices(box, a_box)].ravel()
+            recv_buf = be.empty_mpi((sum(recv.counts),), a.dtype)
+            self.comm.Alltoallv([be.to_mpi(send_buf), (send.counts, send.displs)],
+                                [recv_buf, (recv.counts, recv.displs)])
+            recv_buf = be.from_mpi(recv_buf)
+            blocks = [(box, a[relative_slices(box, a_box)]) for box in self.local]
+            for peer, box in recv.peers:
+                start = recv.displs[peer]
+                shape = [hi - lo for lo, hi in box]
+                blocks.append((box, recv_buf[start:start + recv.counts[peer]].reshape(shape)))
+            for box, block in blocks:
+                if accumulate:
+                    out[relative_slices(box, out_box)] += block
+                else:
+                    out[relative_slices(box, out_box)] = block
