@@ -34,8 +34,9 @@ def _planning(parser: argparse.ArgumentParser) -> None:
     from hpctrain.cost.model import COMPUTE_SOURCES
 
     parser.add_argument("--machine", default=None,
-                        help=f"machine profile for the cost model: {', '.join(available_machines())}"
-                             f" or a .toml path (default: local when calibrated, else default)")
+                        help=f"machine profile for the cost model: "
+                             f"{', '.join(available_machines())} or a .toml path "
+                             f"(default: local when calibrated, else default)")
     parser.add_argument("--mem-per-rank", type=parse_size, default=None,
                         help="memory cap per rank for --grid auto, e.g. 2G (default: none)")
     parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
@@ -72,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan-file", default=None,
                         help="where --grid auto writes its plan, which --grid accepts "
                              "(default: runs/NET-pP-bB.plan)")
+    parser.add_argument("--log", default=None,
+                        help="HDF5 run log: losses, step times, and per layer the predicted "
+                             "and measured times (written by rank 0)")
     parser.add_argument("--batch", type=int, default=32, help="global mini-batch (default: 32)")
     parser.add_argument("--steps", type=int, default=10, help="training steps (default: 10)")
     parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
@@ -155,8 +159,37 @@ def run_train(argv: list[str], comm) -> int:
         print(format_plan(planned), flush=True)
     config = TrainConfig(args.batch, args.steps, args.lr, args.momentum, args.weight_decay,
                          args.seed, args.print_every)
-    train(net, plan, config, backend, comm)
+    result = train(net, plan, config, backend, comm)
+    if comm.Get_rank() == 0:
+        error = planned.iteration_time / result.iteration - 1
+        print(f"iteration: predicted {planned.iteration_time * 1e3:.1f} ms, measured "
+              f"{result.iteration * 1e3:.1f} ms ({error:+.1%})", flush=True)
+        if args.log:
+            _write_log(args, argv, net, comm.Get_size(), planned, result)
     return 0
+
+
+def _write_log(args: argparse.Namespace, argv: list[str], net, procs: int, planned,
+               result) -> None:
+    from pathlib import Path
+
+    import numpy as np
+
+    from hpctrain.runlog import write_atomically, write_timings
+
+    def fill(h5) -> None:
+        h5.attrs["command"] = " ".join(["python -m hpctrain", *argv])
+        h5.attrs["net"] = net.name
+        h5.attrs["processes"] = procs
+        h5.attrs["batch"] = args.batch
+        h5.attrs["plan"] = "\n".join(f"{p.layer} {p.describe()}" for p in planned.plans)
+        h5.create_dataset("steps/loss", data=np.array(result.losses))
+        h5.create_dataset("steps/seconds", data=np.array(result.step_seconds))
+        write_timings(h5, planned, result.layer_times, result.fastest_rank_times,
+                      result.iteration)
+
+    write_atomically(Path(args.log), fill)
+    print(f"log written to {args.log}", flush=True)
 
 
 def run_verify(argv: list[str], comm) -> int:
@@ -197,8 +230,8 @@ def run_plan(argv: list[str]) -> int:
     from hpctrain.backend import Backend
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model
-    from hpctrain.planner import format_plan, plan_network
     from hpctrain.plan import write_plan
+    from hpctrain.planner import format_plan, plan_network
 
     args = build_plan_parser().parse_args(argv)
     for flag in ("procs", "batch"):
@@ -228,6 +261,7 @@ def run_plan(argv: list[str]) -> int:
 
 def _parsers() -> dict:
     from hpctrain.calibrate import build_calibrate_parser
+    from hpctrain.compare import build_compare_parser
     from hpctrain.simulate import build_simulate_parser
 
     return {"train": build_parser, "verify": build_verify_parser, "plan": build_plan_parser,
@@ -237,10 +271,12 @@ def _parsers() -> dict:
 
 def _without_mpi(command: str, argv: list[str]) -> int:
     """Commands that never launch MPI: the cost model alone."""
-    from hpctrain.simulate import run_simulate
-
     try:
-        return {"plan": run_plan, "simulate": run_simulate}[command](argv)
+        if command == "simulate":
+            from hpctrain.simulate import run_simulate
+
+            return run_simulate(argv)
+        return run_plan(argv)
     except UserError as err:
         print(f"hpctrain: error: {err}", file=sys.stderr, flush=True)
         return 2
@@ -256,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     from hpctrain.calibrate import run_calibrate
+    from hpctrain.compare import run_compare
 
     comm = MPI.COMM_WORLD
     try:

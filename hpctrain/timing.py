@@ -171,18 +171,25 @@ def median_times(steps: Sequence[StepTimes]) -> StepTimes:
     return steps[0].from_array(np.median([s.to_array() for s in steps], axis=0))
 
 
-def max_over_ranks(times: StepTimes, comm: Any) -> StepTimes:
-    """The largest value over the ranks of ``comm`` of every field: one ``Allreduce``.
+def over_ranks(times: StepTimes, comm: Any, op: str = "max") -> StepTimes:
+    """The largest (``op="max"``) or smallest (``"min"``) value over the ranks of ``comm`` of
+    every field: one ``Allreduce``. Collective: every rank passes a record of the same network.
 
-    Collective: every rank calls it with a record of the same network. The slowest rank sets
-    the pace of a synchronous step, so its times are the ones to compare with predictions.
+    The largest is what a synchronous step pays: the slowest rank sets the pace. The smallest
+    communication time is what the last rank to arrive at a collective sees: the transfer
+    itself, without the wait for late ranks that an α–β model does not describe.
     """
     from mpi4py import MPI
 
     local = times.to_array()
-    largest = np.empty_like(local)
-    comm.Allreduce(local, largest, op=MPI.MAX)
-    return times.from_array(largest)
+    reduced = np.empty_like(local)
+    comm.Allreduce(local, reduced, op={"max": MPI.MAX, "min": MPI.MIN}[op])
+    return times.from_array(reduced)
+
+
+def max_over_ranks(times: StepTimes, comm: Any) -> StepTimes:
+    """:func:`over_ranks` with ``op="max"``."""
+    return over_ranks(times, comm, "max")
 
 
 def format_table(times: StepTimes) -> str:

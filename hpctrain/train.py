@@ -9,6 +9,7 @@ which removes some overlap of kernels with the host.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from hpctrain.net import NetSpec
 from hpctrain.network import Network
 from hpctrain.optim import SGD
 from hpctrain.plan import LayerPlan
-from hpctrain.timing import StepTimes, format_table, max_over_ranks, median_times
+from hpctrain.timing import StepTimes, format_table, max_over_ranks, median_times, over_ranks
 
 
 class TrainingError(UserError):
@@ -52,6 +53,9 @@ class TrainResult:
     losses: list[float]
     layer_times: StepTimes
     step_times: list[StepTimes]
+    fastest_rank_times: StepTimes  # as layer_times, but the smallest over ranks
+    step_seconds: list[float]  # this rank's wall time of each whole step, optimizer included
+    iteration: float  # median of step_seconds after the first, the largest over ranks
 
 
 def describe_plan(network: Network) -> str:
@@ -79,6 +83,7 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
     say = out if rank == 0 else (lambda *_: None)
     losses = []
     step_times: list[StepTimes] = []
+    step_seconds: list[float] = []
     with GridSet(comm) as grids:
         network = Network(net, plan, config.batch, grids, backend, config.seed)
         data = SyntheticData(backend, net.input_shape, net.classes, config.batch, config.seed)
@@ -98,6 +103,7 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
             optimizer.step()
             backend.sync()
             seconds = time.perf_counter() - t0
+            step_seconds.append(seconds)
             losses.append(loss)
             step_times.append(times)
             if (step + 1) % config.print_every == 0 or step + 1 == config.steps:
@@ -110,8 +116,11 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
             f"{config.steps * config.batch / total:.1f} images/s, final loss {losses[-1]:.4f}")
         steady = step_times[1:] or step_times
         layer_times = max_over_ranks(median_times(steady), comm)
+        fastest_rank_times = over_ranks(median_times(steady), comm, "min")
         which = {1: "step 1", 2: "step 2"}.get(config.steps, f"steps 2-{config.steps}")
         say(f"per-layer time (ms): median over {which}, then the largest over {procs} "
             f"processes, entry by entry")
         say(format_table(layer_times))
-    return TrainResult(losses, layer_times, step_times)
+        iteration = comm.allreduce(statistics.median(step_seconds[1:] or step_seconds), MPI.MAX)
+    return TrainResult(losses, layer_times, step_times, fastest_rank_times, step_seconds,
+                       iteration)

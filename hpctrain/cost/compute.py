@@ -31,7 +31,7 @@ ELEMENTWISE = ("relu", "dropout")
 
 @dataclass(frozen=True)
 class LocalWork:
-    """One rank's kernel for one layer.
+    """One rank's kernel for one layer (kind ``sgd``: the optimizer's update of its shard).
 
     ``x``: local input shape (with halo rows for a height split); ``out``: output channels or
     features held locally (conv, linear); ``kernel``/``stride``/``pads`` (top, bottom, side) for
@@ -71,6 +71,8 @@ class LocalWork:
             return self.x[0] * self.x[1] * ho * wo * self.kernel ** 2, elements
         if self.kind in ELEMENTWISE:
             return elements, elements
+        if self.kind == "sgd":  # weight decay, momentum, step: 5 operations per parameter
+            return 0.0, 5 * elements
         return 0.0, 0.0  # flatten: a reshape
 
 
@@ -119,6 +121,14 @@ def _run(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator) -> tupl
         box = tuple((0, n) for n in work.x)
         mask = dropout_mask(xp, 1, 0.5, work.x, box, dtype)
         return (lambda: x * dropout_mask(xp, 1, 0.5, work.x, box, dtype), lambda: x * mask)
+    if work.kind == "sgd":  # the optimizer's update of one layer's shard (see hpctrain.optim)
+        w, g, v = x, xp.ones_like(x), xp.zeros_like(x)
+
+        def update() -> None:
+            v[...] = 0.9 * v + (g + 5e-4 * w)
+            w[...] -= 0.01 * v
+
+        return (lambda: None), update
     return (lambda: None), (lambda: None)
 
 

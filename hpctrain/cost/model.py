@@ -5,7 +5,8 @@ the layers without weights that follow it on its layout (ReLU, dropout, pooling,
 segment's cost depends on its own choice only; the redistribution feeding it depends on its
 choice and the previous segment's. Per layer the model counts, forward and backward:
 
-- compute: the local kernels at the largest local block, measured or from a FLOP rate;
+- compute: the local kernels at the largest local block, measured or from a FLOP rate, and the
+  optimizer's update of the layer's weight shard (counted in the backward);
 - communication inside the layer: ΔW all-reduced over Pc (over all P in domain mode, where W is
   replicated everywhere), halo rows exchanged with both neighbours (domain conv and pooling);
 - redistribution into the layer: all-gather forward and its adjoint reduce-scatter backward when
@@ -68,6 +69,7 @@ class LayerCost:
     memory: float = 0.0
     move: str = "identity"
     work: LocalWork | None = field(default=None, repr=False)
+    update: LocalWork | None = field(default=None, repr=False)  # the optimizer, with backward
 
     @property
     def total(self) -> float:
@@ -325,17 +327,19 @@ class CostModel:
             if spec.kind in WEIGHTED:
                 cost.comm = (0.0, self._weight_allreduce(index, choice))
                 params = self._parameters(index, choice)
+                cost.update = LocalWork("sgd", (params,))
             if spec.kind in ("conv", "maxpool") and in_layout.split_axis == HEIGHT_AXIS:
                 halo = self._halo(spec, in_layout)
                 cost.comm = (cost.comm[0] + halo[0], cost.comm[1] + halo[1])
             cost.memory = self._memory(index, in_layout, out_layout, cost.work, params)
             costs.append(cost)
             previous_out = out_layout
-        works = [c.work for c in costs if c.work is not None]
-        times = self.compute.times(works)
+        times = self.compute.times([w for c in costs for w in (c.work, c.update) if w])
         for cost in costs:
             if cost.work is not None:
                 cost.compute = times[cost.work]
+            if cost.update is not None:
+                cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
         return SegmentCost(costs, layouts[0][0], layouts[-1][1])
 
     def prelude_layout(self) -> Layout | None:
@@ -375,6 +379,8 @@ class CostModel:
                     work = self._work(self.net.layers[index], index, in_layout)
                     if work is not None:
                         works.append(work)
+                works.append(LocalWork("sgd", (self._parameters(self.segments[segment][0],
+                                                                 choice),)))
         self.compute.times(works)
 
 

@@ -1,0 +1,438 @@
+"""``python -m hpctrain simulate``: the paper's Section 3 study from the cost model, to HDF5.
+
+Gholami et al. (SPAA 2018, Sec. 3) predict the communication time per epoch of AlexNet on Cori
+for every Pr×Pc grid of P processes and show that the best grid is rarely pure batch (1×P) or
+pure model (P×1) parallelism. This module recomputes that study from the α–β model, with no MPI
+and nothing run, and adds what the implementation's planner would choose. Three studies:
+
+- ``strong``: B = 2048 (``--strong-batch``), P = 8, 16, …, 512;
+- ``weak``: B = 16·P (``--weak-batch-per-rank``), P = 8, …, 512: every rank keeps 16 samples,
+  the local batch at which the paper's strong-scaling study ends (2048 / 128);
+- ``domain``: B = 512 (``--domain-batch``), P = 512, 1024, 2048, 4096: beyond P = B pure batch
+  parallelism has less than one sample per rank, and splitting the image height (domain
+  parallelism, Eq. 9) is what lets the convolutions use more processes.
+
+Each row is one (P, strategy, Pr, Pc), for every factorisation with Pc ≤ B, under the paper's
+equations (:func:`hpctrain.cost.paper.strategy_comm`): ``1.5d`` (every layer on Pr×Pc),
+``conv-batch`` (convolutions batch parallel over all P, fully connected layers 1.5D on Pr×Pc)
+and, in the domain study, ``integrated`` (convolutions domain parallel on Pr×Pc, fully
+connected layers 1.5D). Compute per epoch follows the paper's perfect-scaling assumption: the
+forward and backward FLOPs of one iteration at batch B (whole-batch kernels, FLOP-rate model),
+divided evenly over P ranks, at the machine's FLOP rate, times B-sized iterations per epoch
+(images / B, kept fractional as the paper does).
+
+Per P the study also records the plan :func:`hpctrain.planner.plan_network` chooses. That plan is
+costed by the implementation-faithful model (:mod:`hpctrain.cost.model`: reduce-scatter as the
+adjoint of the all-gather, the all-gather deferred past pooling, redistribution between layouts,
+compute at the largest local block, the optimizer's update of each rank's weight shard), so its
+times are not the paper's numbers and are stored apart, in the ``auto`` group. For each paper
+row the same model's time of the same layout is stored too (``impl_total_per_epoch``), with
+``runnable`` saying whether hpctrain can execute the layout at all (the paper's equations ignore
+that 128 ranks cannot split 64 channels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hpctrain.cost.compute import FlopModel
+from hpctrain.cost.machine import Machine, load_machine
+from hpctrain.cost.model import Choice, CostModel
+from hpctrain.cost.paper import strategy_comm
+from hpctrain.errors import UserError
+from hpctrain.net import NetSpec, available_nets, load_net
+from hpctrain.partition import factorisations
+from hpctrain.planner import PlannedNetwork, PlannerError, evaluate, plan_network
+
+STRONG_PROCS = (8, 16, 32, 64, 128, 256, 512)
+WEAK_PROCS = STRONG_PROCS
+DOMAIN_PROCS = (512, 1024, 2048, 4096)
+STUDY_STRATEGIES = {"strong": ("1.5d", "conv-batch"), "weak": ("1.5d", "conv-batch"),
+                    "domain": ("integrated", "conv-batch", "1.5d")}
+PLOT_SCRIPT = Path(__file__).resolve().parent.parent / "analysis" / "plot_simulation.py"
+AUTO_NOTE = ("auto: the plan of hpctrain.planner.plan_network, costed by the implementation-"
+             "faithful model (reduce-scatter adjoint of the all-gather, deferred all-gather, "
+             "redistribution between layouts, compute at the largest local block, the "
+             "optimizer's update of each rank's weight shard); not the "
+             "paper's equations, so compare it with the rows' impl_total_per_epoch, not with "
+             "their total_per_epoch")
+
+
+@dataclass
+class Study:
+    """One study's rows (one per P, strategy, Pr, Pc), per-P summaries and attributes."""
+
+    name: str
+    description: str
+    rows: dict[str, list] = field(default_factory=dict)
+    best: dict[str, list] = field(default_factory=dict)
+    auto: dict[str, list] = field(default_factory=dict)
+    attrs: dict[str, object] = field(default_factory=dict)
+
+    def add(self, table: dict[str, list], **values: object) -> None:
+        for key, value in values.items():
+            table.setdefault(key, []).append(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    net: NetSpec
+    machine: Machine
+    images: int
+    word_bytes: int
+    strong_batch: int
+    weak_batch_per_rank: int
+    domain_batch: int
+
+
+# -- command line -----------------------------------------------------------------------------
+
+def build_simulate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpctrain simulate",
+        description="Predict communication and total time per epoch of a net for every Pr x Pc "
+                    "grid under the paper's equations (Gholami et al., SPAA 2018, Sec. 3): "
+                    "strong scaling (B = 2048, P = 8..512), weak scaling (B = 16 P) and domain "
+                    "parallelism beyond P = B (B = 512, P = 512..4096), with the planner's "
+                    "auto plan at every point. Pure cost model: no MPI, runs in seconds. "
+                    "Writes one HDF5 file; --plots also draws the figures.")
+    parser.add_argument("--net", default="alexnet",
+                        help=f"shipped net ({', '.join(available_nets())}) or a .net file "
+                             f"(default: %(default)s)")
+    parser.add_argument("--machine", default="cori-knl",
+                        help="machine profile by name or TOML path: alpha, beta and the FLOP "
+                             "rate of one rank (default: %(default)s, the paper's Table 1)")
+    parser.add_argument("--images", default="1200000",
+                        help="images per epoch; an epoch is images/B iterations "
+                             "(default: %(default)s, ImageNet)")
+    parser.add_argument("--word-bytes", default="4",
+                        help="bytes per activation and weight entry (default: %(default)s)")
+    parser.add_argument("--strong-batch", default="2048",
+                        help="global batch of the strong-scaling study (default: %(default)s)")
+    parser.add_argument("--weak-batch-per-rank", default="16",
+                        help="samples per rank in the weak-scaling study, B = this x P "
+                             "(default: %(default)s)")
+    parser.add_argument("--domain-batch", default="512",
+                        help="global batch of the domain study, P = 512..4096 "
+                             "(default: %(default)s)")
+    parser.add_argument("--out", default="runs/simulation.h5",
+                        help="HDF5 file to write, atomically (default: %(default)s)")
+    parser.add_argument("--plots", default=None, metavar="DIR",
+                        help="also draw the PNG figures into DIR "
+                             "(analysis/plot_simulation.py; needs matplotlib)")
+    return parser
+
+
+def _positive_int(text: str, flag: str) -> int:
+    """``text`` as an integer ≥ 1, accepting 1_200_000 and 1.2e6 when they are whole."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise UserError(f"{flag} '{text}' is not a number; give a positive integer") from None
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        raise UserError(f"{flag} {text} must be a positive integer")
+    return int(value)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings(load_net(args.net), load_machine(args.machine),
+                    _positive_int(args.images, "--images"),
+                    _positive_int(args.word_bytes, "--word-bytes"),
+                    _positive_int(args.strong_batch, "--strong-batch"),
+                    _positive_int(args.weak_batch_per_rank, "--weak-batch-per-rank"),
+                    _positive_int(args.domain_batch, "--domain-batch"))
+
+
+# -- the model pieces ---------------------------------------------------------------------------
+
+class _Compute:
+    """Forward and backward seconds of one iteration's kernels at the whole batch on one rank,
+    per batch size (cached): the paper's compute, without the optimizer's update, which the
+    implementation model adds per weight shard."""
+
+    def __init__(self, net: NetSpec, machine: Machine, flops: FlopModel, word: int) -> None:
+        self.net, self.machine, self.flops, self.word = net, machine, flops, word
+        self.known: dict[int, float] = {}
+
+    def iteration(self, batch: int) -> float:
+        if batch not in self.known:
+            # P = 1 has one choice per layer, batch on 1×1: every kernel at the whole batch.
+            model = CostModel(self.net, batch, 1, self.machine, self.flops, self.word)
+            plan = evaluate(model, [Choice("batch", (1, 1))] * len(model.segments))
+            flops = sum(sum(layer.work.flops()) for layer in plan.layers if layer.work)
+            self.known[batch] = flops / self.flops.rate
+        return self.known[batch]
+
+
+def strategy_choices(model: CostModel, strategy: str, grid: tuple[int, int]) -> list[Choice]:
+    """The implementation's per-segment choices that lay a paper strategy out on ``grid``."""
+    pr, pc = grid
+    whole = Choice("batch", (1, model.procs))
+    split = Choice("model", grid) if pr > 1 else whole
+    choices = []
+    for segment in model.segments:
+        if model.net.layers[segment[0]].kind != "conv":
+            choices.append(split)
+        elif strategy == "conv-batch":
+            choices.append(whole)
+        elif strategy == "integrated":
+            choices.append(Choice("domain", grid) if pr > 1 else whole)
+        else:
+            choices.append(split)
+    return choices
+
+
+def describe_plan(planned: PlannedNetwork) -> str:
+    """``conv1=batch 1x512, conv2=model 2x256, …``: every weighted layer's mode and grid."""
+    return ", ".join(f"{p.layer}={p.describe()}" for p in planned.plans if p.mode != "follow")
+
+
+def grids_for(strategy: str, procs: int, batch: int) -> list[tuple[int, int]]:
+    """Every Pr×Pc = P on which ``strategy`` leaves no rank without a sample: Pc ≤ B, and for
+    ``conv-batch`` also P ≤ B, since its convolutions split the batch over all P ranks."""
+    if strategy == "conv-batch" and procs > batch:
+        return []
+    return [grid for grid in factorisations(procs) if grid[1] <= batch]
+
+
+def run_study(name: str, description: str, points: list[tuple[int, int]], settings: Settings,
+              compute: _Compute, flops: FlopModel) -> Study:
+    """Every row, the best grid per (P, strategy) and the auto plan at each (B, P) point."""
+    net, machine, word = settings.net, settings.machine, settings.word_bytes
+    study = Study(name, description)
+    strategies = STUDY_STRATEGIES[name]
+    for batch, procs in points:
+        iterations = settings.images / batch
+        compute_epoch = compute.iteration(batch) / procs * iterations
+        model = CostModel(net, batch, procs, machine, flops, word)
+        try:
+            planned: PlannedNetwork | None = plan_network(model)
+        except PlannerError as err:  # a small net on many ranks: record why, keep the rows
+            planned, no_plan = None, str(err)
+        batch_rows: dict[str, float] = {}
+        for strategy in strategies:
+            best: tuple[float, tuple[int, int]] | None = None
+            for grid in grids_for(strategy, procs, batch):
+                comm = sum(f + b for f, b in strategy_comm(net, strategy, batch, grid, machine,
+                                                           word)) * iterations
+                total = compute_epoch + comm
+                choices = strategy_choices(model, strategy, grid)
+                runnable = all(model.segment_layouts(k, c) is not None
+                               for k, c in enumerate(choices))
+                impl = (evaluate(model, choices).iteration_time * iterations if runnable
+                        else math.nan)
+                study.add(study.rows, procs=procs, batch=batch, iterations_per_epoch=iterations,
+                          strategy=strategy, pr=grid[0], pc=grid[1], comm_per_epoch=comm,
+                          compute_per_epoch=compute_epoch, total_per_epoch=total,
+                          runnable=runnable, impl_total_per_epoch=impl)
+                if grid[0] == 1:
+                    batch_rows[strategy] = total
+                if best is None or total < best[0]:
+                    best = (total, grid)
+            if best is None:
+                continue  # conv-batch beyond P = B
+            baseline = batch_rows.get(strategy, math.nan)  # none when P > B
+            study.add(study.best, procs=procs, batch=batch, strategy=strategy, pr=best[1][0],
+                      pc=best[1][1], total_per_epoch=best[0], batch_total_per_epoch=baseline,
+                      speedup_over_batch=baseline / best[0])
+        batch_impl = math.nan
+        if procs <= batch:
+            all_batch = [Choice("batch", (1, procs))] * len(model.segments)
+            batch_impl = evaluate(model, all_batch).iteration_time * iterations
+        if planned is None:
+            study.add(study.auto, procs=procs, batch=batch, total_per_epoch=math.nan,
+                      compute_per_epoch=math.nan, comm_per_epoch=math.nan,
+                      batch_total_per_epoch=batch_impl, speedup_over_batch=math.nan,
+                      plan=f"none: {no_plan}")
+            continue
+        totals = planned.totals()
+        total_auto = planned.iteration_time * iterations
+        study.add(study.auto, procs=procs, batch=batch, total_per_epoch=total_auto,
+                  compute_per_epoch=totals["compute"] * iterations,
+                  comm_per_epoch=(totals["communication"] + totals["redistribution"])
+                  * iterations,
+                  batch_total_per_epoch=batch_impl, speedup_over_batch=batch_impl / total_auto,
+                  plan=describe_plan(planned))
+    return study
+
+
+def _add_batch_limit(study: Study, settings: Settings, compute: _Compute, flops: FlopModel
+                     ) -> None:
+    """Speedups over pure batch at its scaling limit P = B, for points where 1×P is impossible.
+
+    Beyond P = B the 1×P grid leaves ranks without a sample, so the fair baseline is the fastest
+    pure batch run there is: 1×B on B ranks, under the paper's equations for the strategy rows
+    and under the implementation's model for the auto plan.
+    """
+    net, machine, word = settings.net, settings.machine, settings.word_bytes
+    batch = settings.domain_batch
+    iterations = settings.images / batch
+    paper = compute.iteration(batch) / batch * iterations + sum(
+        f + b for f, b in strategy_comm(net, "1.5d", batch, (1, batch), machine, word)
+    ) * iterations
+    model = CostModel(net, batch, batch, machine, flops, word)
+    impl = evaluate(model, [Choice("batch", (1, batch))] * len(model.segments))
+    impl_total = impl.iteration_time * iterations
+    study.attrs["batch_limit_procs"] = batch
+    study.attrs["batch_limit_total_per_epoch"] = paper
+    study.attrs["batch_limit_impl_total_per_epoch"] = impl_total
+    study.best["speedup_over_batch_limit"] = [paper / t for t in study.best["total_per_epoch"]]
+    study.auto["speedup_over_batch_limit"] = [impl_total / t
+                                              for t in study.auto["total_per_epoch"]]
+
+
+def run_studies(settings: Settings) -> list[Study]:
+    """The strong, weak and domain studies of ``settings``."""
+    flops = FlopModel(settings.machine.flops)  # one instance: its rate is all it holds
+    compute = _Compute(settings.net, settings.machine, flops, settings.word_bytes)
+    b, per_rank, bd = settings.strong_batch, settings.weak_batch_per_rank, settings.domain_batch
+    studies = [
+        run_study("strong", f"strong scaling: B = {b}, P = {STRONG_PROCS[0]}..{STRONG_PROCS[-1]}",
+                  [(b, p) for p in STRONG_PROCS], settings, compute, flops),
+        run_study("weak", f"weak scaling: B = {per_rank} x P, P = {WEAK_PROCS[0]}.."
+                          f"{WEAK_PROCS[-1]} (every rank keeps {per_rank} samples)",
+                  [(per_rank * p, p) for p in WEAK_PROCS], settings, compute, flops),
+        run_study("domain", f"domain parallelism: B = {bd}, P = {DOMAIN_PROCS[0]}.."
+                            f"{DOMAIN_PROCS[-1]}; grids with Pc ≤ B only",
+                  [(bd, p) for p in DOMAIN_PROCS], settings, compute, flops),
+    ]
+    _add_batch_limit(studies[2], settings, compute, flops)
+    return studies
+
+
+# -- HDF5 ---------------------------------------------------------------------------------------
+
+SECONDS = ("comm_per_epoch", "compute_per_epoch", "total_per_epoch", "impl_total_per_epoch",
+           "batch_total_per_epoch")
+
+
+def _write_table(group, table: dict[str, list]) -> None:
+    import h5py
+
+    for key, values in table.items():
+        if values and isinstance(values[0], str):
+            data = np.array(values, dtype=h5py.string_dtype("utf-8"))
+        elif values and isinstance(values[0], bool):
+            data = np.array(values, dtype=bool)
+        elif values and isinstance(values[0], int):
+            data = np.array(values, dtype=np.int64)
+        else:
+            data = np.array(values, dtype=np.float64)
+        dataset = group.create_dataset(key, data=data)
+        if key in SECONDS:
+            dataset.attrs["units"] = "s"
+        elif key.startswith("speedup") or key == "iterations_per_epoch":
+            dataset.attrs["units"] = "1"
+
+
+def write_hdf5(path: Path, studies: list[Study], attrs: dict[str, object]) -> None:
+    """Write every study to ``path`` atomically: a temporary file in the same directory, then
+    ``os.replace``, so a crash leaves the old file or the new one, never half of one."""
+    import h5py
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        with h5py.File(tmp, "w") as out:
+            out.attrs.update(attrs)
+            for study in studies:
+                group = out.create_group(study.name)
+                group.attrs["description"] = study.description
+                group.attrs["strategies"] = ",".join(STUDY_STRATEGIES[study.name])
+                group.attrs.update(study.attrs)
+                _write_table(group, study.rows)
+                best = group.create_group("best")
+                best.attrs["description"] = ("per (P, strategy): the grid of least total time "
+                                             "per epoch, and the 1xP (pure batch) time over it "
+                                             "(NaN where 1xP has Pc > B)")
+                _write_table(best, study.best)
+                auto = group.create_group("auto")
+                auto.attrs["description"] = AUTO_NOTE
+                _write_table(auto, study.auto)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _root_attrs(settings: Settings, argv: list[str]) -> dict[str, object]:
+    from hpctrain import __version__
+
+    m = settings.machine
+    return {"net": settings.net.name, "machine": m.name, "alpha": m.alpha, "beta": m.beta,
+            "flops": m.flops, "images": settings.images, "word_bytes": settings.word_bytes,
+            "strong_batch": settings.strong_batch,
+            "weak_batch_per_rank": settings.weak_batch_per_rank,
+            "domain_batch": settings.domain_batch, "hpctrain_version": __version__,
+            "command": shlex.join(["python", "-m", "hpctrain", "simulate", *argv]),
+            "compute_model": "paper rows: whole-batch forward+backward FLOPs of one iteration "
+                             "/ P / flops x images/B (perfect scaling, no optimizer update); "
+                             "auto and impl: FLOP model per largest local block, with the "
+                             "update",
+            "paper_model": "hpctrain.cost.paper.strategy_comm (Eq. 3, 4, 7, 8, 9)",
+            "auto_note": AUTO_NOTE}
+
+
+def _load_plotter():
+    """``plot_simulation`` from analysis/plot_simulation.py (analysis/ is not a package)."""
+    import importlib.util
+
+    if not PLOT_SCRIPT.is_file():
+        raise UserError(f"--plots needs {PLOT_SCRIPT}, which is not here (it ships with the "
+                        f"source tree); run 'python analysis/plot_simulation.py' from a checkout")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("--plots needs matplotlib: pip install 'hpctrain[plots]'") from None
+    spec = importlib.util.spec_from_file_location("hpctrain_plot_simulation", PLOT_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.plot_simulation
+
+
+def _summary(studies: list[Study]) -> str:
+    lines = []
+    for study in studies:
+        lines.append(f"{study.name}: {study.description}")
+        best = study.best
+        for k in range(len(best["procs"])):
+            speedup = best["speedup_over_batch"][k]
+            note = (f"{speedup:5.2f}x over 1x{best['procs'][k]}" if math.isfinite(speedup)
+                    else "1xP impossible")
+            if "speedup_over_batch_limit" in best:
+                note += f", {best['speedup_over_batch_limit'][k]:5.2f}x over batch limit"
+            lines.append(f"  P={best['procs'][k]:<5d} B={best['batch'][k]:<5d} "
+                         f"{best['strategy'][k]:<11s} best {best['pr'][k]}x{best['pc'][k]:<5d} "
+                         f"{best['total_per_epoch'][k]:9.2f} s/epoch  {note}")
+    return "\n".join(lines)
+
+
+def run_simulate(argv: list[str]) -> int:
+    """Run the three studies, write the HDF5 file (and the plots with ``--plots``); 0 on
+    success. Bad options raise :class:`~hpctrain.errors.UserError`."""
+    args = build_simulate_parser().parse_args(argv)
+    settings = _settings(args)
+    out = Path(args.out)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give a file path such as {out}/sim.h5")
+    plotter = _load_plotter() if args.plots is not None else None  # fail before the work
+    studies = run_studies(settings)
+    write_hdf5(out, studies, _root_attrs(settings, argv))
+    print(_summary(studies))
+    print(f"wrote {out}")
+    if plotter is not None:
+        for png in plotter(out, Path(args.plots)):
+            print(f"wrote {png}")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,58 @@
+"""calibrate on the whole world: a profile with a positive fit for every (collective, p)."""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hpctrain.calibrate import DEFAULT_ALPHA, DEFAULT_BETA, CalibrateError, run_calibrate
+from hpctrain.cost.machine import load_machine
+from hpctrain.partition import factorisations
+from tests.mpi.helpers import all_agree
+
+DEVICE = os.environ.get("HPCTRAIN_DEVICE", "cpu")
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """One directory made by rank 0 and named to every rank (each rank's tmp_path differs)."""
+    path = comm.bcast(tempfile.mkdtemp(prefix="hpctrain-calibrate-") if comm.rank == 0 else None)
+    yield Path(path)
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def expected_fits(world: int) -> set[tuple[str, int]]:
+    shapes = factorisations(world)
+    want = {(c, pr) for pr, _ in shapes if pr > 1 for c in ("allgather", "reduce_scatter")}
+    want |= {("allreduce", pc) for _, pc in shapes if pc > 1}
+    if world > 1:
+        want |= {("allreduce", world), ("alltoall", world), ("halo", 2)}
+    return want
+
+
+def test_quick_calibration_writes_a_profile_every_rank_reads(comm, shared_dir):
+    out = shared_dir / "machines" / "local.toml"  # a directory calibrate must create
+    assert run_calibrate(["--quick", "--device", DEVICE, "--name", "test", "--out", str(out)],
+                         comm) == 0
+    machine = load_machine(str(out))
+    got = {(c, p) for c, sizes in machine.fits.items() for p in sizes}
+    fits = [f for sizes in machine.fits.values() for f in sizes.values()]
+    ok = (got == expected_fits(comm.size)
+          and all(f.alpha > 0 and f.beta > 0 for f in fits)
+          and machine.flops > 0 and machine.device == DEVICE and machine.name == "test")
+    if comm.size == 1:
+        ok = ok and (machine.alpha, machine.beta) == (DEFAULT_ALPHA, DEFAULT_BETA)
+    else:  # the top level is the point-to-point fit
+        ok = ok and (machine.alpha, machine.beta) == (machine.fits["halo"][2].alpha,
+                                                      machine.fits["halo"][2].beta)
+    assert all_agree(comm, ok), f"fits {sorted(got)}, profile {machine}"
+
+
+def test_unwritable_out_is_refused_on_every_rank(comm, shared_dir):
+    # rank 0's verdict is shared, so every rank raises together and none waits in a collective
+    with pytest.raises(CalibrateError, match="is a directory"):
+        run_calibrate(["--quick", "--out", str(shared_dir)], comm)

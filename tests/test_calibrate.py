@@ -1,0 +1,191 @@
+"""The calibrate fit and options, without MPI: fits recover the cost model's constants exactly."""
+
+import numpy as np
+import pytest
+
+from hpctrain.calibrate import (
+    DEFAULTS,
+    MIN_A,
+    MIN_B,
+    MIN_BYTES,
+    QUICK,
+    CalibrateError,
+    Measured,
+    build_calibrate_parser,
+    communicator_sizes,
+    fit_collective,
+    fit_line,
+    format_table,
+    message_sizes,
+    parse_bytes,
+    run_calibrate,
+    worst_residual,
+)
+from hpctrain.cost import collectives as cost
+from hpctrain.cost.machine import COLLECTIVES, LOCAL_PROFILE, Fit, Machine
+from hpctrain.errors import UserError
+from hpctrain.partition import factorisations
+
+SIZES = message_sizes(4 * 1024 * 1024, 8)
+
+
+def model_time(collective: str, machine: Machine, p: int, n: float) -> float:
+    """What the planner predicts, straight from hpctrain.cost.collectives."""
+    if collective == "allgather":
+        return cost.allgather_time(machine, p, n)
+    if collective == "reduce_scatter":
+        return cost.reduce_scatter_time(machine, p, n)
+    if collective == "allreduce":
+        return cost.allreduce_time(machine, p, n)
+    if collective == "alltoall":
+        return cost.alltoall_time(machine, p, p - 1, n)
+    return cost.halo_time(machine, n)
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("p", [2, 3, 4, 6, 8])
+def test_fit_recovers_alpha_beta_of_the_cost_model(collective, p):
+    alpha, beta = 3.7e-6, 2.3e-10
+    key = 2 if collective == "halo" else p
+    machine = Machine("m", 1.0, 1.0, 1.0, fits={collective: {key: Fit(alpha, beta)}})
+    times = [model_time(collective, machine, p, n) for n in SIZES]
+    fit = fit_collective(collective, key, SIZES, times)
+    assert fit.alpha == pytest.approx(alpha, rel=1e-9)
+    assert fit.beta == pytest.approx(beta, rel=1e-9)
+
+
+def test_fit_line_is_exact_on_a_line_and_residual_is_zero():
+    a, b = 5e-6, 1e-9
+    times = [a + b * n for n in SIZES]
+    got = fit_line(SIZES, times)
+    assert got == pytest.approx((a, b), rel=1e-10)
+    assert all(type(v) is float for v in got)  # plain floats, ready for TOML and formatting
+    assert worst_residual(SIZES, times, *got) < 1e-9
+
+
+def test_fit_line_minimises_relative_error():
+    rng = np.random.default_rng(1)
+    n = np.array(SIZES, dtype=float)
+    t = (4e-6 + 5e-10 * n) * rng.uniform(0.7, 1.3, n.size)
+    b_want, a_want = np.polyfit(n, t, 1, w=1 / t)  # weights multiply the residuals
+    assert fit_line(n, t) == pytest.approx((a_want, b_want), rel=1e-8)
+    # the small messages keep their say: an absolute fit would pass far from them
+    a_abs = np.polyfit(n, t, 1)[1]
+    assert abs(fit_line(n, t)[0] - 4e-6) < abs(a_abs - 4e-6)
+
+
+def test_negative_intercept_is_clamped_and_slope_refitted():
+    b = 1e-9
+    times = [b * n - 2e-8 for n in SIZES]  # a line through a negative latency
+    a_got, b_got = fit_line(SIZES, times)
+    assert a_got == MIN_A
+    n, t = np.array(SIZES, dtype=float), np.array(times)
+    w2 = 1 / t**2  # the best slope with the intercept held at its floor
+    assert b_got == pytest.approx(np.sum(w2 * n * (t - MIN_A)) / np.sum(w2 * n * n), rel=1e-12)
+    assert 0.8 * b < b_got < b
+
+
+def test_falling_times_clamp_the_slope_and_refit_the_intercept():
+    times = [2e-5 - 1e-12 * n for n in SIZES]
+    a_got, b_got = fit_line(SIZES, times)
+    assert b_got == MIN_B
+    w2 = 1 / np.square(times)
+    want = np.sum(w2 * (np.array(times) - MIN_B * np.array(SIZES))) / np.sum(w2)
+    assert a_got == pytest.approx(want, rel=1e-12)
+    assert MIN_A < a_got < 2e-5
+
+
+def test_both_terms_stay_positive_on_any_times():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a, b = fit_line(SIZES, rng.uniform(1e-7, 1e-3, len(SIZES)))
+        assert a >= MIN_A and b >= MIN_B
+
+
+@pytest.mark.parametrize("sizes,times,message", [
+    ([1, 2, 3], [1.0, 2.0], "one time per size"),
+    ([64, 64], [1.0, 2.0], "two distinct sizes"),
+    ([64, 128], [1.0, 0.0], "positive finite times"),
+])
+def test_fit_line_refuses_data_it_cannot_fit(sizes, times, message):
+    with pytest.raises(ValueError, match=message):
+        fit_line(sizes, times)
+
+
+def test_message_sizes_span_the_range_log_evenly():
+    sizes = message_sizes(65536, 4)
+    assert sizes == [64, 645, 6502, 65536]
+    assert sizes[0] == MIN_BYTES and len(message_sizes(4 << 20, 8)) == 8
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 6, 12])
+def test_communicator_sizes_are_those_of_every_factorisation(world):
+    shapes = factorisations(world)
+    got = communicator_sizes(world)
+    rows = sorted({r for r, _ in shapes} - {1})
+    assert got["allgather"] == got["reduce_scatter"] == rows
+    assert got["allreduce"] == sorted({c for _, c in shapes} - {1})  # 1xP covers the world
+    assert got["alltoall"] == ([world] if world > 1 else [])
+    assert got["halo"] == ([2] if world > 1 else [])
+
+
+@pytest.mark.parametrize("text,want", [
+    ("4194304", 4194304), ("64KiB", 65536), ("4M", 4 << 20), ("1 GiB", 1 << 30), ("2kb", 2048),
+])
+def test_parse_bytes(text, want):
+    assert parse_bytes(text) == want
+
+
+def test_defaults_and_quick():
+    args = build_calibrate_parser().parse_args([])
+    assert args.out == str(LOCAL_PROFILE) and args.name == "local" and args.device == "cpu"
+    assert QUICK["max_bytes"] == 65536 and QUICK["sizes"] < DEFAULTS["sizes"]
+    help_text = build_calibrate_parser().format_help()
+    for flag in ("--out", "--name", "--max-bytes", "--sizes", "--repeats", "--device", "--quick"):
+        assert flag in help_text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--max-bytes", "12"], "--max-bytes 12 must be between"),
+    (["--max-bytes", "4XB"], "--max-bytes '4XB' is not a size"),
+    (["--max-bytes", "2GiB"], "--max-bytes 2GiB must be between"),
+    (["--sizes", "1"], "--sizes 1 must be"),
+    (["--quick", "--repeats", "0"], "--repeats 0 must be"),
+    (["--gemm-size", "0"], "--gemm-size 0 must be"),
+    (["--name", 'my "box"'], "--name 'my \"box\"'"),
+])
+def test_bad_options_are_user_errors_naming_the_value(argv, message):
+    # options are checked before the communicator is touched
+    with pytest.raises(CalibrateError, match=message.replace("(", r"\(")) as err:
+        run_calibrate(argv, comm=None)
+    assert isinstance(err.value, UserError) and "\n" not in str(err.value)
+
+
+class OneRank:
+    """Just enough of a communicator for the checks made before any measurement."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+    def bcast(self, value, root=0):
+        return value
+
+
+def test_out_that_is_a_directory_is_refused(tmp_path):
+    with pytest.raises(CalibrateError, match=f"--out {tmp_path} is a directory"):
+        run_calibrate(["--out", str(tmp_path)], OneRank())
+
+
+def test_table_lists_every_fit():
+    fits = [Measured("allgather", 2, (64, 128), (1e-5, 2e-5), Fit(1e-5, 1e-9), 0.05),
+            Measured("halo", 2, (64, 128), (1e-5, 2e-5), Fit(2e-6, 1e-10), 0.0)]
+    table = format_table(fits, 5e10, "cpu").splitlines()
+    assert table[1].split() == ["allgather", "2", "10.00", "1.000", "5.0%"]
+    assert table[2].split() == ["halo", "2", "2.00", "10.000", "0.0%"]
+    assert "50.0 GFLOP/s" in table[-1]
+    floored = Measured("halo", 2, (64, 128), (1e-5, 1e-5), Fit(1e-5, MIN_B), 0.0, True)
+    table = format_table([floored], 5e10, "cpu").splitlines()
+    assert table[1].endswith(" *") and table[2].startswith("* alpha or beta held at its floor")

@@ -1,0 +1,296 @@
+"""``python -m hpctrain simulate``: the HDF5 it writes against the equations, its plots, its errors.
+
+Pure batch parallelism (Eq. 4) and the FLOP counts are written out here from the net's shapes,
+not taken from the code under test; other rows are checked against
+:func:`hpctrain.cost.paper.strategy_comm`, which tests/test_paper_equations.py checks by hand.
+"""
+
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpctrain.cost.compute import FlopModel
+from hpctrain.cost.machine import load_machine
+from hpctrain.cost.model import CostModel
+from hpctrain.cost.paper import strategy_comm
+from hpctrain.errors import UserError
+from hpctrain.net import WEIGHTED, load_net
+from hpctrain.planner import plan_network
+from hpctrain.simulate import build_simulate_parser, run_simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+NET = load_net("alexnet")
+MACHINE = load_machine("cori-knl")
+IMAGES = 1_200_000
+STUDIES = ("strong", "weak", "domain")
+ROW_KEYS = ("procs", "batch", "pr", "pc", "strategy", "comm_per_epoch", "compute_per_epoch",
+            "total_per_epoch")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sim") / "nested" / "simulation.h5"
+    assert run_simulate(["--out", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        yield f
+
+
+def table(group):
+    return {k: (v.asstr()[()] if h5py.check_string_dtype(v.dtype) else v[()])
+            for k, v in group.items() if isinstance(v, h5py.Dataset)}
+
+
+def test_help_names_every_option():
+    text = build_simulate_parser().format_help()
+    assert "python -m hpctrain simulate" in text
+    for flag in ("--net", "--machine", "--images", "--out", "--plots", "--word-bytes",
+                 "--weak-batch-per-rank"):
+        assert flag in text
+
+
+def test_layout_and_attributes(sim):
+    for key in ("net", "machine", "alpha", "beta", "flops", "images", "word_bytes", "command"):
+        assert key in sim.attrs
+    assert sim.attrs["net"] == "alexnet" and sim.attrs["machine"] == "cori-knl"
+    assert sim.attrs["images"] == IMAGES and sim.attrs["word_bytes"] == 4
+    for name in STUDIES:
+        group = sim[name]
+        lengths = {len(group[k]) for k in ROW_KEYS}
+        assert len(lengths) == 1 and lengths.pop() > 0
+        assert group["total_per_epoch"].attrs["units"] == "s"
+        for sub, keys in (("best", ("procs", "strategy", "pr", "pc", "total_per_epoch",
+                                    "speedup_over_batch")),
+                          ("auto", ("procs", "batch", "total_per_epoch", "comm_per_epoch",
+                                    "plan"))):
+            assert len({len(group[sub][k]) for k in keys}) == 1
+        assert group["auto/total_per_epoch"].attrs["units"] == "s"
+        assert "implementation" in group["auto"].attrs["description"]
+    assert sorted(set(sim["strong/procs"][()])) == [8, 16, 32, 64, 128, 256, 512]
+    assert set(sim["strong/batch"][()]) == {2048}
+    weak = table(sim["weak"])
+    assert np.array_equal(weak["batch"], 16 * weak["procs"])
+    assert sorted(set(sim["domain/procs"][()])) == [512, 1024, 2048, 4096]
+
+
+def test_every_factorisation_with_a_sample_per_batch_group(sim):
+    rows = table(sim["strong"])
+    for p in (8, 512):
+        grids = {(r, c) for r, c, q, s in zip(rows["pr"], rows["pc"], rows["procs"],
+                                              rows["strategy"]) if q == p and s == "1.5d"}
+        assert grids == {(r, p // r) for r in range(1, p + 1) if p % r == 0}
+    domain = table(sim["domain"])
+    assert np.all(domain["pc"] <= domain["batch"])
+    assert np.all(domain["pr"] * domain["pc"] == domain["procs"])
+    # convolutions batch parallel over P need P <= B
+    assert not np.any((domain["strategy"] == "conv-batch") & (domain["procs"] > 512))
+    assert np.any((domain["strategy"] == "integrated") & (domain["procs"] == 4096))
+
+
+def eq4_batch_per_iteration(batch, procs, word=4):
+    """Pure batch parallelism, Eq. 4: one all-reduce of every weight tensor over all P."""
+    shapes = NET.shapes()
+    total = 0.0
+    for k, layer in enumerate(NET.layers):
+        if layer.kind not in WEIGHTED:
+            continue
+        fan_in = shapes[k][0] * (int(layer.args["kernel"]) ** 2 if layer.kind == "conv" else 1)
+        weights = int(layer.args["out"]) * fan_in
+        total += 2 * (MACHINE.alpha * math.ceil(math.log2(procs))
+                      + MACHINE.beta * (procs - 1) / procs * weights * word)
+    return total
+
+
+def row(rows, procs, strategy, grid):
+    hits = np.nonzero((rows["procs"] == procs) & (rows["strategy"] == strategy)
+                      & (rows["pr"] == grid[0]) & (rows["pc"] == grid[1]))[0]
+    assert len(hits) == 1
+    return hits[0]
+
+
+def test_communication_is_the_paper_equations_per_epoch(sim):
+    rows = table(sim["strong"])
+    iterations = IMAGES / 2048
+    k = row(rows, 256, "1.5d", (1, 256))
+    assert rows["comm_per_epoch"][k] == pytest.approx(eq4_batch_per_iteration(2048, 256)
+                                                      * iterations, rel=1e-12)
+    for strategy, procs, grid in (("1.5d", 512, (8, 64)), ("conv-batch", 64, (16, 4))):
+        k = row(rows, procs, strategy, grid)
+        want = sum(f + b for f, b in strategy_comm(NET, strategy, 2048, grid, MACHINE))
+        assert rows["comm_per_epoch"][k] == pytest.approx(want * iterations, rel=1e-12)
+    domain = table(sim["domain"])
+    k = row(domain, 4096, "integrated", (64, 64))
+    want = sum(f + b for f, b in strategy_comm(NET, "integrated", 512, (64, 64), MACHINE))
+    assert domain["comm_per_epoch"][k] == pytest.approx(want * IMAGES / 512, rel=1e-12)
+
+
+def whole_batch_flops_per_sample():
+    """Forward + backward FLOPs of one sample (a multiply-add is 2): conv and linear 2 per MAC
+    forward, twice that backward (ΔW and ΔX; ΔW only for the first layer); max-pool a compare
+    per window entry forward, one per input entry backward; ReLU and dropout one each way."""
+    shapes = NET.shapes()
+    total = 0.0
+    first = next(k for k, layer in enumerate(NET.layers) if layer.kind in WEIGHTED)
+    for k, layer in enumerate(NET.layers):
+        x, y = shapes[k], shapes[k + 1]
+        if layer.kind == "conv":
+            forward = 2.0 * math.prod(y) * x[0] * int(layer.args["kernel"]) ** 2
+            total += forward * (2 if k == first else 3)
+        elif layer.kind == "linear":
+            forward = 2.0 * x[0] * y[0]
+            total += forward * (2 if k == first else 3)
+        elif layer.kind == "maxpool":
+            total += math.prod(y) * int(layer.args["kernel"]) ** 2 + math.prod(x)
+        elif layer.kind in ("relu", "dropout"):
+            total += 2.0 * math.prod(x)
+    return total
+
+
+def test_compute_is_perfectly_scaled_flops(sim):
+    per_epoch_rank = whole_batch_flops_per_sample() * IMAGES / MACHINE.flops
+    for name in STUDIES:
+        rows = table(sim[name])
+        assert rows["compute_per_epoch"] * rows["procs"] == pytest.approx(
+            np.full(len(rows["procs"]), per_epoch_rank), rel=1e-12)
+        assert rows["total_per_epoch"] == pytest.approx(rows["compute_per_epoch"]
+                                                        + rows["comm_per_epoch"], rel=1e-12)
+
+
+def test_best_grid_and_speedup_over_batch(sim):
+    for name in STUDIES:
+        rows, best = table(sim[name]), table(sim[name]["best"])
+        for k in range(len(best["procs"])):
+            mine = (rows["procs"] == best["procs"][k]) & (rows["strategy"] == best["strategy"][k])
+            assert best["total_per_epoch"][k] == rows["total_per_epoch"][mine].min()
+            at = row(rows, best["procs"][k], best["strategy"][k], (best["pr"][k], best["pc"][k]))
+            assert rows["total_per_epoch"][at] == best["total_per_epoch"][k]
+            pure = mine & (rows["pr"] == 1)
+            if best["procs"][k] > best["batch"][k]:
+                assert not np.any(pure) and math.isnan(best["speedup_over_batch"][k])
+            else:
+                assert best["speedup_over_batch"][k] == pytest.approx(
+                    rows["total_per_epoch"][pure][0] / best["total_per_epoch"][k], rel=1e-12)
+    # the paper's finding: at P = 512, B = 2048 the best 1.5D grid is neither pure batch nor
+    # pure model parallelism, and it beats pure batch
+    best = table(sim["strong/best"])
+    k = np.nonzero((best["procs"] == 512) & (best["strategy"] == "1.5d"))[0][0]
+    assert (best["pr"][k], best["pc"][k]) not in ((1, 512), (512, 1))
+    assert best["speedup_over_batch"][k] > 1.5
+
+
+def test_domain_speedup_over_the_batch_limit(sim):
+    group = sim["domain"]
+    rows, best = table(group), table(group["best"])
+    limit = row(rows, 512, "1.5d", (1, 512))
+    assert group.attrs["batch_limit_total_per_epoch"] == pytest.approx(
+        rows["total_per_epoch"][limit], rel=1e-12)
+    assert best["speedup_over_batch_limit"] == pytest.approx(
+        rows["total_per_epoch"][limit] / best["total_per_epoch"], rel=1e-12)
+    integrated = best["strategy"] == "integrated"
+    assert np.all(np.diff(best["total_per_epoch"][integrated]) < 0)  # keeps scaling past P = B
+
+
+def test_auto_plan_is_the_planners(sim):
+    auto = table(sim["strong/auto"])
+    k = np.nonzero(auto["procs"] == 64)[0][0]
+    planned = plan_network(CostModel(NET, 2048, 64, MACHINE, FlopModel(MACHINE.flops)))
+    iterations = IMAGES / 2048
+    assert auto["total_per_epoch"][k] == pytest.approx(planned.iteration_time * iterations,
+                                                       rel=1e-12)
+    totals = planned.totals()
+    assert auto["comm_per_epoch"][k] == pytest.approx(
+        (totals["communication"] + totals["redistribution"]) * iterations, rel=1e-12)
+    names = [layer.name for layer in NET.layers if layer.kind in WEIGHTED]
+    assert [part.split("=")[0] for part in auto["plan"][k].split(", ")] == names
+    for name in STUDIES:
+        auto = table(sim[name]["auto"])
+        assert np.all(auto["total_per_epoch"] > 0)
+        assert all(plan.count("=") == len(names) for plan in auto["plan"])
+
+
+def test_plots_are_written(sim, tmp_path):
+    spec = importlib.util.spec_from_file_location("plot_simulation",
+                                                  ROOT / "analysis" / "plot_simulation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = module.plot_simulation(sim.filename, tmp_path / "plots")
+    assert {p.name for p in written} == {f"{s}_{kind}.png" for s in STUDIES
+                                         for kind in ("grids", "speedup")}
+    for path in written:
+        assert path.stat().st_size > 10_000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_without_mpi(tmp_path):
+    out = tmp_path / "sim.h5"
+    code = ("import sys; from hpctrain.simulate import run_simulate; "
+            f"rc = run_simulate(['--out', {str(out)!r}, '--images', '1.2e6']); "
+            "assert 'mpi4py' not in sys.modules, 'simulate imported mpi4py'; sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stdout and out.is_file()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--images", "0"], "--images 0"),
+    (["--images", "many"], "--images 'many'"),
+    (["--word-bytes", "-4"], "--word-bytes -4"),
+    (["--weak-batch-per-rank", "2.5"], "--weak-batch-per-rank 2.5"),
+    (["--net", "resnet"], "unknown net 'resnet'"),
+    (["--machine", "nowhere"], "unknown machine 'nowhere'"),
+])
+def test_bad_options_raise_user_errors(tmp_path, args, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        run_simulate([*args, "--out", str(tmp_path / "sim.h5")])
+    assert not (tmp_path / "sim.h5").exists()
+
+
+def test_out_must_not_be_a_directory(tmp_path):
+    with pytest.raises(UserError, match=re.escape(str(tmp_path))):
+        run_simulate(["--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("target", ["run_studies", "_write_table"])
+def test_a_failure_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, target):
+    import hpctrain.simulate as simulate
+
+    out = tmp_path / "sim.h5"
+    out.write_bytes(b"the previous results")
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(simulate, target, fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        run_simulate(["--out", str(out)])
+    assert out.read_bytes() == b"the previous results"
+    assert [p.name for p in tmp_path.iterdir()] == ["sim.h5"]
+
+
+def test_a_point_without_a_plan_keeps_its_rows(tmp_path, monkeypatch):
+    import hpctrain.simulate as simulate
+    from hpctrain.planner import PlannerError
+
+    real = simulate.plan_network
+
+    def plan_unless_4096(model):
+        if model.procs == 4096:
+            raise PlannerError("layer fc8 cannot be split on 4096 processes")
+        return real(model)
+
+    monkeypatch.setattr(simulate, "plan_network", plan_unless_4096)
+    out = tmp_path / "sim.h5"
+    assert run_simulate(["--net", "mlp", "--out", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        auto = table(f["domain/auto"])
+        k = np.nonzero(auto["procs"] == 4096)[0][0]
+        assert math.isnan(auto["total_per_epoch"][k])
+        assert auto["plan"][k].startswith("none: layer fc8")
+        assert np.any(f["domain/procs"][()] == 4096)
