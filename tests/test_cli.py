@@ -86,3 +86,45 @@ sys.exit(main(["--net", "mlp", "--steps", "3", "--batch", "8"]))
                             capture_output=True, text=True, timeout=60, env=ENV)
     assert result.returncode != 0
     assert "rank 1 failed" in result.stderr and "disk vanished on rank 1" in result.stderr
+
+
+def test_plan_prints_a_plan_for_4096_processes_without_mpi(tmp_path):
+    out = tmp_path / "alexnet.plan"
+    result = hpctrain("plan", "--net", "alexnet", "--procs", "4096", "--batch", "2048",
+                      "--machine", "cori-knl", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    for name in ("conv1", "conv5", "fc6", "fc8", "predicted iteration"):
+        assert name in result.stdout
+    from hpctrain.net import load_net
+    from hpctrain.plan import read_plan
+
+    plan = read_plan(out, load_net("alexnet"), 4096)
+    assert {p.layer for p in plan} == {l.name for l in load_net("alexnet").layers}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--machine", "nowhere"], "unknown machine 'nowhere'"),
+    (["--mem-per-rank", "1K"], "no plan fits in --mem-per-rank"),
+    (["--procs", "0"], "--procs 0 must be at least 1"),
+    (["--procs", "64", "--batch", "2", "--net", "mlp"], "raise --batch"),
+])
+def test_plan_bad_input_is_one_clear_line(args, message):
+    base = {"--procs": "16", "--batch": "32", "--machine": "cori-knl"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    result = hpctrain("plan", *[x for kv in base.items() for x in kv])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_memory_sizes_parse_with_binary_units():
+    import argparse
+
+    from hpctrain.cli import parse_size
+
+    assert parse_size("2G") == 2 * 2**30
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("1000") == 1000
+    with pytest.raises(argparse.ArgumentTypeError, match="'2Q' is not a memory size"):
+        parse_size("2Q")

@@ -67,3 +67,18 @@ def allreduce_sum(backend: Backend, comm: MPI.Comm, a: Any) -> Any:
         buf = backend.to_mpi(a)
         comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
         return backend.from_mpi(buf)
+
+
+def allreduce_sum_all(backend: Backend, comm: MPI.Comm, arrays: list[Any]) -> list[Any]:
+    """Σ over ``comm`` of each array, as one ``Allreduce`` of their concatenation.
+
+    A layer's weight and bias gradients go together: one message latency instead of two.
+    """
+    if comm.Get_size() == 1 or len(arrays) < 2:
+        return [allreduce_sum(backend, comm, a) for a in arrays]
+    xp = backend.xp
+    with backend.clock.comm():
+        flat = allreduce_sum(backend, comm, xp.concatenate([a.ravel() for a in arrays]))
+        sizes = [a.size for a in arrays]
+        starts = [sum(sizes[:k]) for k in range(len(arrays))]
+        return [flat[s:s + a.size].reshape(a.shape) for s, a in zip(starts, arrays)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpctrain.backend import Backend
-from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.comm.collectives import allreduce_sum_all
 from hpctrain.comm.halo import HaloExchange
 from hpctrain.grid import GridSet
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
@@ -80,6 +80,7 @@ class Conv2d(Layer):
         for p in self.params:
             p.grad = xp.zeros_like(p.value)
         dx = self.rows.backward(dy, self.bands, self._backward_rows, self.need_dx)
-        for p in self.params:
-            p.grad = allreduce_sum(self.backend, self.grad_comm, p.grad)
+        grads = allreduce_sum_all(self.backend, self.grad_comm, [p.grad for p in self.params])
+        for p, grad in zip(self.params, grads, strict=True):
+            p.grad = grad
         return dx

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpctrain.backend import Backend
-from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.comm.collectives import allreduce_sum_all
 from hpctrain.grid import GridSet
 from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.layers.base import Layer, weight_and_bias
@@ -48,7 +48,8 @@ class Linear(Layer):
 
     def backward(self, dy: Any) -> Any:
         dx, dw, db = linear_backward(self.x, self.weight.value, dy, self.need_dx)
-        self.weight.grad = allreduce_sum(self.backend, self.grad_comm, dw)
-        if self.bias is not None:
-            self.bias.grad = allreduce_sum(self.backend, self.grad_comm, db)
+        grads = allreduce_sum_all(self.backend, self.grad_comm,
+                                  [dw] if self.bias is None else [dw, db])
+        for p, grad in zip(self.params, grads, strict=True):
+            p.grad = grad
         return dx

@@ -1,0 +1,88 @@
+"""--grid auto, compare-plans and run logs on the launched ranks; the auto plan trains exactly."""
+
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+from mpi4py import MPI
+
+from hpctrain.cli import run_train
+from hpctrain.compare import run_compare
+from hpctrain.cost.machine import load_machine
+from hpctrain.cost.model import build_cost_model
+from hpctrain.net import load_net
+from hpctrain.plan import read_plan
+from hpctrain.planner import plan_network
+from hpctrain.verify import serial_plan
+from tests.mpi.helpers import all_agree, check_close
+from tests.mpi.test_training import NET, train
+
+
+def shared_dir(comm) -> Path:
+    """One temporary directory, named by rank 0, for every rank (removed by the OS later)."""
+    return Path(comm.bcast(tempfile.mkdtemp(prefix="hpctrain-") if comm.Get_rank() == 0
+                           else None, root=0))
+
+
+def test_auto_plan_is_the_same_on_every_rank_and_trains_like_one_process(comm, monkeypatch):
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(shared_dir(comm)))
+    model = build_cost_model(NET, 9, comm.Get_size(), load_machine("default"), "measured",
+                             comm=comm)
+    planned = plan_network(model)
+    described = [p.describe() for p in planned.plans]
+    assert all_agree(comm, comm.bcast(described, root=0) == described)
+    # the second plan reads every compute time from the cache: nothing is timed again
+    cached = build_cost_model(NET, 9, comm.Get_size(), load_machine("default"), "measured",
+                              comm=comm)
+    assert all_agree(comm, len(cached.compute.known) == len(model.compute.known))
+    losses, params = train(NET, planned.plans, comm)
+    reference = train(NET, serial_plan(planned.plans), MPI.COMM_SELF) \
+        if comm.Get_rank() == 0 else None
+    check_close(comm, np.array(losses), reference and np.array(reference[0]), "auto losses",
+                1e-9)
+    for k, got in enumerate(params):
+        check_close(comm, got, reference and reference[1][k], f"auto parameter {k}", 1e-9)
+
+
+def test_grid_auto_writes_its_plan_and_a_log_with_predictions(comm, monkeypatch):
+    where = shared_dir(comm)
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(where))
+    plan_file, log = where / "auto.plan", where / "run.h5"
+    code = run_train(["--net", "smallcnn", "--grid", "auto", "--steps", "3", "--batch", "8",
+                      "--machine", "default", "--plan-file", str(plan_file), "--log", str(log)],
+                     comm)
+    comm.Barrier()
+    assert all_agree(comm, code == 0)
+    plan = read_plan(plan_file, load_net("smallcnn"), comm.Get_size())
+    assert all_agree(comm, [p.layer for p in plan] == [l.name for l in load_net("smallcnn").layers])
+    ok = True
+    if comm.Get_rank() == 0:
+        with h5py.File(log) as h5:
+            names = [n.decode() for n in h5["layers/name"][:]]
+            ok &= names[0] == "conv1" and names[-1] == "loss"
+            ok &= h5["steps/loss"].shape == (3,) and h5["steps/seconds"].shape == (3,)
+            for kind in ("predicted", "measured", "measured_fastest_rank"):
+                for field in ("forward_compute", "backward_layer_comm"):
+                    values = h5[f"layers/{kind}/{field}"][:]
+                    ok &= values.shape == (len(names),) and bool(np.all(values >= 0))
+            ok &= h5["layers/predicted/forward_compute"][0] > 0
+            ok &= h5["iteration"].attrs["predicted"] > 0 and h5["iteration"].attrs["measured"] > 0
+    assert all_agree(comm, ok)
+
+
+def test_compare_plans_runs_each_plan_and_logs_it(comm, monkeypatch):
+    where = shared_dir(comm)
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(where))
+    p = comm.Get_size()
+    log = where / "compare.h5"
+    code = run_compare(["--net", "smallcnn", "--batch", "8", "--steps", "2", "--plan", "auto",
+                        "--plan", f"1x{p}", "--plan", f"conv=domain:{p}x1,fc={p}x1",
+                        "--machine", "default", "--log", str(log)], comm)
+    comm.Barrier()
+    ok = code == 0
+    if comm.Get_rank() == 0:
+        with h5py.File(log) as h5:
+            specs = [h5[f"plans/{k}"].attrs["spec"] for k in sorted(h5["plans"])]
+            ok &= specs == ["auto", f"1x{p}", f"conv=domain:{p}x1,fc={p}x1"]
+    assert all_agree(comm, ok)
