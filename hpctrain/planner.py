@@ -34,17 +34,18 @@ class PlannedNetwork:
     plans: list[LayerPlan]
     layers: list[LayerCost]
     loss: LayerCost
+    data: LayerCost  # producing the input batch
 
     @property
     def iteration_time(self) -> float:
-        return sum(layer.total for layer in self.layers) + self.loss.total
+        return sum(layer.total for layer in [*self.layers, self.loss, self.data])
 
     @property
     def memory(self) -> float:
         return sum(layer.memory for layer in self.layers)
 
     def totals(self) -> dict[str, float]:
-        every = [*self.layers, self.loss]
+        every = [*self.layers, self.loss, self.data]
         return {"compute": sum(sum(c.compute) for c in every),
                 "communication": sum(sum(c.comm) for c in every),
                 "redistribution": sum(sum(c.redistribution) for c in every)}
@@ -72,6 +73,7 @@ def evaluate(model: CostModel, choices: list[Choice]) -> PlannedNetwork:
     """Predicted costs of the plan that gives segment k the choice ``choices[k]``."""
     layers = model.prelude_costs()
     previous = model.prelude_layout()
+    data = model.input_cost(model.input_layout(choices[0]))
     for segment, choice in enumerate(choices):
         cost = model.segment_cost(segment, choice)
         first = replace(cost.layers[0])  # a copy: the cached one stays clean
@@ -84,7 +86,7 @@ def evaluate(model: CostModel, choices: list[Choice]) -> PlannedNetwork:
     loss = LayerCost("loss", "softmax", "follow", previous.grid, redistribution=(forward,
                                                                                 backward),
                      move=kind)
-    return PlannedNetwork(_layer_plans(model, choices), layers, loss)
+    return PlannedNetwork(_layer_plans(model, choices), layers, loss, data)
 
 
 def _layer_plans(model: CostModel, choices: list[Choice]) -> list[LayerPlan]:
@@ -118,7 +120,8 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None) -> Planned
             if segment == 0:
                 move = (model.move_cost(previous_layout, cost.in_layout)
                         if previous_layout is not None else ("identity", 0.0, 0.0))
-                labels.append(_Label(cost.total + move[1] + move[2],
+                data = model.input_cost(model.input_layout(choice)).total
+                labels.append(_Label(cost.total + move[1] + move[2] + data,
                                      base_memory + cost.memory, None))
             else:
                 for before, before_labels in fronts[-1].items():
@@ -151,7 +154,7 @@ def format_plan(planned: PlannedNetwork) -> str:
     header = (f"{'layer':<10} {'kind':<8} {'mode':<7} {'grid':<7} {'compute ms':>11} "
               f"{'comm ms':>9} {'redist ms':>10} {'fed by':<10} {'mem MiB':>9}")
     rows = [header]
-    for c in [*planned.layers, planned.loss]:
+    for c in [planned.data, *planned.layers, planned.loss]:
         grid = "" if c.mode == "follow" and c.kind not in WEIGHTED else f"{c.grid[0]}x{c.grid[1]}"
         rows.append(f"{c.layer:<10} {c.kind:<8} {c.mode:<7} {grid:<7} "
                     f"{sum(c.compute) * 1e3:>11.3f} {sum(c.comm) * 1e3:>9.3f} "

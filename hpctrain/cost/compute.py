@@ -31,7 +31,8 @@ ELEMENTWISE = ("relu", "dropout")
 
 @dataclass(frozen=True)
 class LocalWork:
-    """One rank's kernel for one layer (kind ``sgd``: the optimizer's update of its shard).
+    """One rank's kernel for one layer (kind ``sgd``: the optimizer's update of its shard;
+    ``data``: producing the rank's block of the input batch).
 
     ``x``: local input shape (with halo rows for a height split); ``out``: output channels or
     features held locally (conv, linear); ``kernel``/``stride``/``pads`` (top, bottom, side) for
@@ -73,6 +74,8 @@ class LocalWork:
             return elements, elements
         if self.kind == "sgd":  # weight decay, momentum, step: 5 operations per parameter
             return 0.0, 5 * elements
+        if self.kind == "data":  # the counter RNG: about 30 integer operations per entry
+            return 30 * elements, 0.0
         return 0.0, 0.0  # flatten: a reshape
 
 
@@ -121,6 +124,13 @@ def _run(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator) -> tupl
         box = tuple((0, n) for n in work.x)
         mask = dropout_mask(xp, 1, 0.5, work.x, box, dtype)
         return (lambda: x * dropout_mask(xp, 1, 0.5, work.x, box, dtype), lambda: x * mask)
+    if work.kind == "data":  # this rank's block of a synthetic batch (see hpctrain.data)
+        from hpctrain.backend import Backend
+        from hpctrain.data import SyntheticData
+
+        data = SyntheticData(Backend(xp, dtype), work.x[1:], 1000, work.x[0], 0)
+        whole = tuple((0, n) for n in work.x)
+        return (lambda: data.images(0, whole)), (lambda: None)
     if work.kind == "sgd":  # the optimizer's update of one layer's shard (see hpctrain.optim)
         w, g, v = x, xp.ones_like(x), xp.zeros_like(x)
 

@@ -342,6 +342,13 @@ class CostModel:
                 cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
         return SegmentCost(costs, layouts[0][0], layouts[-1][1])
 
+    def input_layout(self, first: Choice) -> Layout:
+        """Where the input batch is produced: on 1×P before leading layers without weights,
+        else in the first weighted layer's input layout."""
+        if self.prelude:
+            return Layout(self.shapes[0], (1, self.procs))
+        return self.segment_layouts(0, first)[0][0]
+
     def prelude_layout(self) -> Layout | None:
         """The layout leading layers without weights run on (1×P), or None without any."""
         if not self.prelude:
@@ -365,6 +372,13 @@ class CostModel:
             costs.append(cost)
         return costs
 
+    def input_cost(self, first_in: Layout) -> LayerCost:
+        """Producing each rank's block of the input batch (synthetic data here), per step."""
+        work = LocalWork("data", largest_block(first_in))
+        cost = LayerCost("input", "data", "follow", first_in.grid, work=work)
+        cost.compute = self.compute.times([work])[work]
+        return cost
+
     def loss_cost(self, last_out: Layout) -> tuple[str, float, float]:
         """Gathering the logits for the loss (replicated over Pr)."""
         return self.move_cost(last_out, last_out.replicated())
@@ -379,6 +393,8 @@ class CostModel:
                     work = self._work(self.net.layers[index], index, in_layout)
                     if work is not None:
                         works.append(work)
+                if segment == 0 and not self.prelude:
+                    works.append(LocalWork("data", largest_block(layouts[0][0])))
                 works.append(LocalWork("sgd", (self._parameters(self.segments[segment][0],
                                                                  choice),)))
         self.compute.times(works)
