@@ -45,16 +45,22 @@ def _planning(parser: argparse.ArgumentParser) -> None:
                              "profile and uses FLOPs for another machine's (default: auto)")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def add_net_options(parser: argparse.ArgumentParser, image_size: bool = True) -> None:
+    """--net and (unless told not to) --image-size, as every command spells them."""
     parser.add_argument("--net", default="alexnet",
                         help=f"shipped net ({', '.join(available_nets())}) or a .net file "
                              f"(default: %(default)s)")
+    if image_size:
+        parser.add_argument("--image-size", type=int, default=None,
+                            help="input height and width, overriding the net's")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_net_options(parser)
     parser.add_argument("--grid", default=None,
                         help="auto (the planner picks each layer's mode and grid), RxC (every "
                              "layer on R model x C batch ranks), conv=SPEC,fc=SPEC with SPEC = "
                              "RxC or domain:RxC, or a plan file (default: 1xP, pure batch)")
-    parser.add_argument("--image-size", type=int, default=None,
-                        help="input height and width, overriding the net's")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy on the CPU or CuPy on a GPU; each rank uses GPU "
                              "local_rank %% n_gpus (default: %(default)s)")
@@ -209,13 +215,9 @@ def build_plan_parser() -> argparse.ArgumentParser:
         description="Print the plan of least predicted iteration time for P processes, without "
                     "launching MPI: each layer's mode and Pr x Pc grid, predicted compute, "
                     "communication, redistribution and memory per rank.")
-    parser.add_argument("--net", default="alexnet",
-                        help=f"shipped net ({', '.join(available_nets())}) or a .net file "
-                             f"(default: %(default)s)")
+    add_net_options(parser)
     parser.add_argument("--procs", type=int, required=True, help="number of processes P")
     parser.add_argument("--batch", type=int, required=True, help="global mini-batch B")
-    parser.add_argument("--image-size", type=int, default=None,
-                        help="input height and width, overriding the net's")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="training precision: bytes moved and kernels timed "
                              "(default: %(default)s)")

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.errors import UserError
-from hpctrain.net import NetSpec, available_nets, load_net
+from hpctrain.net import NetSpec, load_net
 from hpctrain.partition import SplitError, factorisations
 from hpctrain.plan import plan_from_spec
 from hpctrain.planner import PlannedNetwork, choices_of, evaluate, plan_network
@@ -35,18 +35,14 @@ def default_specs(procs: int) -> list[str]:
 
 
 def build_compare_parser() -> argparse.ArgumentParser:
-    from hpctrain.cli import _planning
+    from hpctrain.cli import _planning, add_net_options
 
     parser = argparse.ArgumentParser(
         prog="python -m hpctrain compare-plans",
         description="Train a few steps under each of several plans (launched on P ranks) and "
                     "report predicted against measured iteration time, where the auto plan "
                     "ranks, and the auto plan's per-layer communication, predicted and measured.")
-    parser.add_argument("--net", default="alexnet",
-                        help=f"shipped net ({', '.join(available_nets())}) or a .net file "
-                             f"(default: %(default)s)")
-    parser.add_argument("--image-size", type=int, default=None,
-                        help="input height and width, overriding the net's")
+    add_net_options(parser)
     parser.add_argument("--batch", type=int, default=16, help="global mini-batch (default: 16)")
     parser.add_argument("--steps", type=int, default=5,
                         help="steps per plan; the first is a warm-up (default: 5)")

@@ -49,7 +49,7 @@ from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.cost.model import Choice, CostModel
 from hpctrain.cost.paper import strategy_comm
 from hpctrain.errors import UserError
-from hpctrain.net import NetSpec, available_nets, load_net
+from hpctrain.net import NetSpec, load_net
 from hpctrain.partition import factorisations
 from hpctrain.planner import PlannedNetwork, PlannerError, evaluate, plan_network
 
@@ -97,6 +97,8 @@ class Settings:
 # -- command line -----------------------------------------------------------------------------
 
 def build_simulate_parser() -> argparse.ArgumentParser:
+    from hpctrain.cli import add_net_options
+
     parser = argparse.ArgumentParser(
         prog="python -m hpctrain simulate",
         description="Predict communication and total time per epoch of a net for every Pr x Pc "
@@ -105,9 +107,7 @@ def build_simulate_parser() -> argparse.ArgumentParser:
                     "parallelism beyond P = B (B = 512, P = 512..4096), with the planner's "
                     "auto plan at every point. Pure cost model: no MPI, runs in seconds. "
                     "Writes one HDF5 file; --plots also draws the figures.")
-    parser.add_argument("--net", default="alexnet",
-                        help=f"shipped net ({', '.join(available_nets())}) or a .net file "
-                             f"(default: %(default)s)")
+    add_net_options(parser, image_size=False)
     parser.add_argument("--machine", default="cori-knl",
                         help="machine profile by name or TOML path: alpha, beta and the FLOP "
                              "rate of one rank (default: %(default)s, the paper's Table 1)")
