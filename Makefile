@@ -1,4 +1,4 @@
-# hpctrain — make install | test | run | lint | clean
+# hpctrain — make install | test | run | bench | lint | clean
 #
 # MPI=mpich (default) installs MPICH from PyPI (the `mpich` wheel) into .venv;
 # MPI=system builds mpi4py against the MPI whose mpicc/mpiexec are on PATH.
@@ -24,7 +24,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 
 STAMP := $(VENV)/.installed-$(MPI)
 
-.PHONY: install test test-serial test-mpi run verify lint clean
+.PHONY: install test test-serial test-mpi run verify bench lint clean
 
 install: $(STAMP)
 
@@ -61,6 +61,20 @@ run: install
 verify: install
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain verify --net alexnet \
 	  --grid conv=domain:2x2,fc=4x1 --batch 4
+
+# The planner's targets: plans at P = 4096 in well under a second; then, on NP ranks, a fresh
+# calibration and every plan trained a few steps, predicted against measured.
+BENCH_NET ?= alexnet
+BENCH_IMAGE ?= 127
+bench: install
+	for net in alexnet vgg16; do \
+	  start=$$(date +%s%N); \
+	  $(PY) -m hpctrain plan --net $$net --procs 4096 --batch 2048 --machine cori-knl >/dev/null; \
+	  echo "plan $$net P=4096 B=2048: $$(( ($$(date +%s%N) - start) / 1000000 )) ms (whole process)"; \
+	done
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain calibrate
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain compare-plans --net $(BENCH_NET) \
+	  --image-size $(BENCH_IMAGE) --batch 16 --steps 8 --log runs/compare-$(BENCH_NET).h5
 
 lint: install
 	$(BIN)/ruff check hpctrain tests analysis
