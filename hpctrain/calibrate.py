@@ -52,6 +52,7 @@ from hpctrain.cost.collectives import log2_ceil
 from hpctrain.cost.machine import COLLECTIVES, LOCAL_PROFILE, Fit, Machine, save_machine
 from hpctrain.errors import UserError
 from hpctrain.partition import factorisations
+from hpctrain.units import bytes_from
 
 DEFAULT_ALPHA = 1e-6  # s per message: the top level on one rank, where nothing is sent
 DEFAULT_BETA = 1e-10  # s per byte (10 GB/s), likewise
@@ -63,10 +64,6 @@ WARMUP = 2
 QUICK = {"max_bytes": 64 * 1024, "sizes": 4, "repeats": 3, "gemm_size": 512}
 DEFAULTS = {"max_bytes": 4 * 1024 * 1024, "sizes": 8, "repeats": 10, "gemm_size": 1024}
 GPU_GEMM_SIZE = 4096  # a GPU needs a larger GEMM than a CPU core to reach its sustained rate
-_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2,
-          "mib": 1024**2, "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
-
-
 class CalibrateError(UserError):
     """A calibrate option with a value that cannot be used."""
 
@@ -80,12 +77,11 @@ def parse_bytes(text: str) -> int:
 
     Raises :class:`CalibrateError` naming ``text`` when it is not such a size.
     """
-    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
+    size = bytes_from(text)
+    if size is None:
         raise CalibrateError(f"--max-bytes {text!r} is not a size; write e.g. 4194304, 64KiB "
                              f"or 4MiB")
-    return int(match.group(1)) * _UNITS[unit]
+    return int(size)
 
 
 def message_sizes(max_bytes: int, count: int) -> list[int]:

@@ -9,24 +9,23 @@ whole job, so no rank is left waiting in a collective.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import traceback
 
 from hpctrain.errors import UserError
 from hpctrain.net import available_nets, load_net
 from hpctrain.plan import plan_from_spec
+from hpctrain.units import bytes_from
 
 COMMANDS = ("train", "verify", "plan", "calibrate", "simulate", "compare-plans")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> float:
     """Bytes from '512M', '2G', '1.5GiB' or a plain byte count (K/M/G/T are powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match or float(match.group(1)) <= 0:
+    size = bytes_from(text)
+    if not size:
         raise argparse.ArgumentTypeError(f"'{text}' is not a memory size; write e.g. 512M or 2G")
-    return float(match.group(1)) * 1024 ** "bkmgt".index((match.group(2) or "b").lower())
+    return size
 
 
 def _planning(parser: argparse.ArgumentParser) -> None:
@@ -113,9 +112,7 @@ def _setup(args: argparse.Namespace, comm, dtype: str, predict: bool = True):
     """The net, its per-layer plan, the backend, and the plan's predicted costs (or None)."""
     from hpctrain.backend import make_backend
 
-    net = load_net(args.net)
-    if args.image_size is not None:
-        net = net.with_image_size(args.image_size)
+    net = load_net(args.net, args.image_size)
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
     procs = comm.Get_size()
@@ -133,21 +130,21 @@ def _setup(args: argparse.Namespace, comm, dtype: str, predict: bool = True):
     if plan is None:
         planned = plan_network(model, args.mem_per_rank)
         if comm.Get_rank() == 0:
-            _write_plan(args, net, planned, procs, model.machine.name)
+            _write_plan(getattr(args, "plan_file", None)
+                        or f"runs/{net.name}-p{procs}-b{args.batch}.plan",
+                        net, planned, procs, args.batch, model.machine.name)
     else:
         planned = evaluate(model, choices_of(model, plan))
     return net, planned.plans, backend, planned
 
 
-def _write_plan(args: argparse.Namespace, net, planned, procs: int, machine: str) -> None:
+def _write_plan(path: str, net, planned, procs: int, batch: int, machine: str) -> None:
     from pathlib import Path
 
     from hpctrain.plan import write_plan
 
-    path = Path(getattr(args, "plan_file", None) or f"runs/{net.name}-p{procs}-b{args.batch}.plan")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_plan(path, planned.plans,
-               f"hpctrain plan: net {net.name}, {procs} processes, batch {args.batch}, machine "
+    write_plan(Path(path), planned.plans,
+               f"hpctrain plan: net {net.name}, {procs} processes, batch {batch}, machine "
                f"{machine}\npredicted iteration {planned.iteration_time * 1e3:.3f} ms")
     print(f"plan written to {path} (use it with --grid {path})", flush=True)
 
@@ -181,7 +178,7 @@ def _write_log(args: argparse.Namespace, argv: list[str], net, procs: int, plann
 
     import numpy as np
 
-    from hpctrain.runlog import write_atomically, write_timings
+    from hpctrain.runlog import write_hdf5, write_timings
 
     def fill(h5) -> None:
         h5.attrs["command"] = " ".join(["python -m hpctrain", *argv])
@@ -194,7 +191,7 @@ def _write_log(args: argparse.Namespace, argv: list[str], net, procs: int, plann
         write_timings(h5, planned, result.layer_times, result.fastest_rank_times,
                       result.iteration)
 
-    write_atomically(Path(args.log), fill)
+    write_hdf5(Path(args.log), fill)
     print(f"log written to {args.log}", flush=True)
 
 
@@ -231,17 +228,14 @@ def run_plan(argv: list[str]) -> int:
 
     from hpctrain.backend import Backend
     from hpctrain.cost.machine import load_machine
-    from hpctrain.cost.model import build_cost_model
-    from hpctrain.plan import write_plan
+    from hpctrain.cost.model import build_cost_model, compute_source
     from hpctrain.planner import format_plan, plan_network
 
     args = build_plan_parser().parse_args(argv)
     for flag in ("procs", "batch"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
-    net = load_net(args.net)
-    if args.image_size is not None:
-        net = net.with_image_size(args.image_size)
+    net = load_net(args.net, args.image_size)
     machine = load_machine(args.machine)
     backend = Backend(np, np.float32 if args.dtype == "float32" else np.float64)
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend)
@@ -249,15 +243,10 @@ def run_plan(argv: list[str]) -> int:
     print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
           f"{machine.name} (alpha {machine.alpha * 1e6:.3g} us, 1/beta "
           f"{1 / machine.beta / 1e9:.3g} GB/s), compute "
-          f"{'measured' if model.compute.__class__.__name__ == 'MeasuredCompute' else 'FLOPs'}")
+          f"{compute_source(machine, args.compute)}")
     print(format_plan(planned))
     if args.out:
-        from pathlib import Path
-
-        write_plan(Path(args.out), planned.plans,
-                   f"hpctrain plan: net {net.name}, {args.procs} processes, batch {args.batch}, "
-                   f"machine {machine.name}")
-        print(f"plan written to {args.out}")
+        _write_plan(args.out, net, planned, args.procs, args.batch, machine.name)
     return 0
 
 

@@ -84,9 +84,7 @@ def compare(args, comm) -> list[Outcome]:
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model
 
-    net = load_net(args.net)
-    if args.image_size is not None:
-        net = net.with_image_size(args.image_size)
+    net = load_net(args.net, args.image_size)
     if args.steps < 2:
         raise UserError(f"--steps {args.steps} must be at least 2 (the first is a warm-up)")
     procs, rank = comm.Get_size(), comm.Get_rank()
@@ -162,7 +160,7 @@ def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
 
 
 def write_log(path: Path, outcomes: list[Outcome], args) -> None:
-    from hpctrain.runlog import write_atomically, write_timings
+    from hpctrain.runlog import write_hdf5, write_timings
 
     def fill(h5) -> None:
         h5.attrs["net"] = args.net
@@ -174,7 +172,7 @@ def write_log(path: Path, outcomes: list[Outcome], args) -> None:
             group.attrs["plan"] = "\n".join(p.describe() for p in o.planned.plans)
             write_timings(group, o.planned, o.layer_times, o.fastest_rank, o.measured_iteration)
 
-    write_atomically(path, fill)
+    write_hdf5(path, fill)
 
 
 def run_compare(argv: list[str], comm) -> int:

@@ -217,12 +217,14 @@ def available_nets() -> list[str]:
     return sorted(p.stem for p in NETS_DIR.glob("*.net"))
 
 
-def load_net(name_or_path: str) -> NetSpec:
-    """A shipped net by name (``alexnet``) or any ``.net`` file by path."""
+def load_net(name_or_path: str, image_size: int | None = None) -> NetSpec:
+    """A shipped net by name (``alexnet``) or any ``.net`` file by path, at ``image_size``
+    (height and width) when given."""
     path = Path(name_or_path)
     if not path.is_file():
         path = NETS_DIR / f"{name_or_path}.net"
     if not path.is_file():
         raise NetError(f"unknown net '{name_or_path}': not a file, and not one of "
                        f"{', '.join(available_nets())}")
-    return parse_net(path.read_text(), path.stem if path.parent == NETS_DIR else str(path))
+    net = parse_net(path.read_text(), path.stem if path.parent == NETS_DIR else str(path))
+    return net if image_size is None else net.with_image_size(image_size)

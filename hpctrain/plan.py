@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.files import replace_atomically
 from hpctrain.net import WEIGHTED, NetSpec
 
 MODES = ("batch", "model", "domain", "follow")
@@ -141,9 +142,12 @@ def read_plan(path: Path, net: NetSpec, procs: int) -> list[LayerPlan]:
 
 
 def write_plan(path: Path, plans: list[LayerPlan], header: str = "") -> None:
+    """Write ``plans`` to ``path`` (atomically, creating its directory) with ``header`` as
+    comments."""
     lines = [f"# {line}" for line in header.splitlines()]
     lines.append("# layer  mode  grid(RxC: R splits model or height, C splits the batch)")
     for p in plans:
         lines.append(f"{p.layer} follow" if p.mode == "follow"
                      else f"{p.layer} {p.mode} {p.grid[0]}x{p.grid[1]}")
-    path.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    replace_atomically(path, lambda tmp: tmp.write_text(text))

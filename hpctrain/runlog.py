@@ -19,12 +19,13 @@ forward_redistribution, backward_redistribution (see :class:`hpctrain.timing.Lay
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hpctrain.files import replace_atomically
 from hpctrain.planner import PlannedNetwork
 from hpctrain.timing import TIME_FIELDS, StepTimes
 
@@ -69,15 +70,12 @@ def write_timings(group: Any, planned: PlannedNetwork, measured: StepTimes,
     iteration.attrs["units"] = "s"
 
 
-def write_atomically(path: Path, fill) -> None:
+def write_hdf5(path: Path, fill: Callable[[Any], None]) -> None:
     """Create the HDF5 file ``path`` with ``fill(h5file)``; replace it only when complete."""
     import h5py
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    def write(tmp: Path) -> None:
         with h5py.File(tmp, "w") as h5:
             fill(h5)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    replace_atomically(path, write)

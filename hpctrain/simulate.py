@@ -35,15 +35,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from hpctrain import runlog
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.cost.model import Choice, CostModel
@@ -337,33 +336,25 @@ def _write_table(group, table: dict[str, list]) -> None:
 def write_hdf5(path: Path, studies: list[Study], attrs: dict[str, object]) -> None:
     """Write every study to ``path`` atomically: a temporary file in the same directory, then
     ``os.replace``, so a crash leaves the old file or the new one, never half of one."""
-    import h5py
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        with h5py.File(tmp, "w") as out:
-            out.attrs.update(attrs)
-            for study in studies:
-                group = out.create_group(study.name)
-                group.attrs["description"] = study.description
-                group.attrs["strategies"] = ",".join(STUDY_STRATEGIES[study.name])
-                group.attrs.update(study.attrs)
-                _write_table(group, study.rows)
-                best = group.create_group("best")
-                best.attrs["description"] = ("per (P, strategy): the grid of least total time "
-                                             "per epoch, and the 1xP (pure batch) time over it "
-                                             "(NaN where 1xP has Pc > B)")
-                _write_table(best, study.best)
-                auto = group.create_group("auto")
-                auto.attrs["description"] = AUTO_NOTE
-                _write_table(auto, study.auto)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    def fill(out) -> None:
+        out.attrs.update(attrs)
+        for study in studies:
+            group = out.create_group(study.name)
+            group.attrs["description"] = study.description
+            group.attrs["strategies"] = ",".join(STUDY_STRATEGIES[study.name])
+            group.attrs.update(study.attrs)
+            _write_table(group, study.rows)
+            best = group.create_group("best")
+            best.attrs["description"] = ("per (P, strategy): the grid of least total time "
+                                         "per epoch, and the 1xP (pure batch) time over it "
+                                         "(NaN where 1xP has Pc > B)")
+            _write_table(best, study.best)
+            auto = group.create_group("auto")
+            auto.attrs["description"] = AUTO_NOTE
+            _write_table(auto, study.auto)
+
+    runlog.write_hdf5(path, fill)
 
 
 def _root_attrs(settings: Settings, argv: list[str]) -> dict[str, object]:

@@ -115,8 +115,9 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
         say(f"done: {config.steps} steps in {total:.1f} s, "
             f"{config.steps * config.batch / total:.1f} images/s, final loss {losses[-1]:.4f}")
         steady = step_times[1:] or step_times
-        layer_times = max_over_ranks(median_times(steady), comm)
-        fastest_rank_times = over_ranks(median_times(steady), comm, "min")
+        typical = median_times(steady)
+        layer_times = max_over_ranks(typical, comm)
+        fastest_rank_times = over_ranks(typical, comm, "min")
         which = {1: "step 1", 2: "step 2"}.get(config.steps, f"steps 2-{config.steps}")
         say(f"per-layer time (ms): median over {which}, then the largest over {procs} "
             f"processes, entry by entry")

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.files import replace_atomically
 from hpctrain.kernels.activations import dropout_mask, relu_backward, relu_forward
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
 from hpctrain.kernels.linear import linear_backward, linear_forward
@@ -132,13 +133,11 @@ def _run(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator) -> tupl
         whole = tuple((0, n) for n in work.x)
         return (lambda: data.images(0, whole)), (lambda: None)
     if work.kind == "sgd":  # the optimizer's update of one layer's shard (see hpctrain.optim)
-        w, g, v = x, xp.ones_like(x), xp.zeros_like(x)
+        from hpctrain.layers.base import Parameter
+        from hpctrain.optim import SGD
 
-        def update() -> None:
-            v[...] = 0.9 * v + (g + 5e-4 * w)
-            w[...] -= 0.01 * v
-
-        return (lambda: None), update
+        shard = Parameter("w", x, work.x, (1, 1), False, grad=xp.ones_like(x))
+        return (lambda: None), SGD([shard], 0.01, 0.9, 5e-4).step
     return (lambda: None), (lambda: None)
 
 
@@ -210,10 +209,8 @@ class MeasuredCompute:
     def _save(self) -> None:
         if self.cache is None or (self.comm is not None and self.comm.Get_rank() != 0):
             return
-        try:
-            self.cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.cache.with_name(f".{self.cache.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.known, indent=0, sort_keys=True))
-            tmp.replace(self.cache)  # atomic: a crash leaves the old cache or the new one
+        text = json.dumps(self.known, indent=0, sort_keys=True)
+        try:  # atomic: a crash leaves the old cache or the new one
+            replace_atomically(self.cache, lambda tmp: tmp.write_text(text))
         except OSError:
             pass  # a read-only home only costs re-measuring next time

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.files import replace_atomically
 
 MACHINES_DIR = Path(__file__).resolve().parent.parent.parent / "inputs" / "machines"
 LOCAL_PROFILE = MACHINES_DIR / "local.toml"
@@ -134,7 +135,5 @@ def format_machine(machine: Machine, comment: str = "") -> str:
 
 def save_machine(machine: Machine, path: Path, comment: str = "") -> None:
     """Write a profile atomically: a crash leaves the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(format_machine(machine, comment))
-    tmp.replace(path)
+    text = format_machine(machine, comment)
+    replace_atomically(path, lambda tmp: tmp.write_text(text))

@@ -305,10 +305,21 @@ class CostModel:
         """Every layer of the segment under ``choice``, without the move feeding the segment."""
         key = (segment, choice)
         if key not in self._segment_cache:
-            self._segment_cache[key] = self._segment_cost(segment, choice)
+            cost = self._segment_untimed(segment, choice)
+            self._fill_compute(cost.layers)
+            self._segment_cache[key] = cost
         return self._segment_cache[key]
 
-    def _segment_cost(self, segment: int, choice: Choice) -> SegmentCost:
+    def _fill_compute(self, costs: list[LayerCost]) -> None:
+        """Each layer's compute: its kernels' times, plus the optimizer's in the backward."""
+        times = self.compute.times([w for c in costs for w in (c.work, c.update) if w])
+        for cost in costs:
+            if cost.work is not None:
+                cost.compute = times[cost.work]
+            if cost.update is not None:
+                cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
+
+    def _segment_untimed(self, segment: int, choice: Choice) -> SegmentCost:
         layouts = self.segment_layouts(segment, choice)
         if layouts is None:
             raise SplitError(f"layer {self.net.layers[self.segments[segment][0]].name} cannot "
@@ -334,12 +345,6 @@ class CostModel:
             cost.memory = self._memory(index, in_layout, out_layout, cost.work, params)
             costs.append(cost)
             previous_out = out_layout
-        times = self.compute.times([w for c in costs for w in (c.work, c.update) if w])
-        for cost in costs:
-            if cost.work is not None:
-                cost.compute = times[cost.work]
-            if cost.update is not None:
-                cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
         return SegmentCost(costs, layouts[0][0], layouts[-1][1])
 
     def input_layout(self, first: Choice) -> Layout:
@@ -366,10 +371,9 @@ class CostModel:
             in_layout, layout = follower_layouts(spec, layout)
             cost = LayerCost(spec.name, spec.kind, "follow", (1, self.procs))
             cost.work = self._work(spec, k, in_layout)
-            if cost.work is not None:
-                cost.compute = self.compute.times([cost.work])[cost.work]
             cost.memory = self._memory(k, in_layout, layout, cost.work, 0)
             costs.append(cost)
+        self._fill_compute(costs)
         return costs
 
     def input_cost(self, first_in: Layout) -> LayerCost:
@@ -384,21 +388,17 @@ class CostModel:
         return self.move_cost(last_out, last_out.replicated())
 
     def prefetch(self, choices: list[list[Choice]]) -> None:
-        """Time every candidate's kernels in one batch (one barrier-synchronised pass)."""
-        works = []
-        for segment, segment_choices in enumerate(choices):
-            for choice in segment_choices:
-                layouts = self.segment_layouts(segment, choice)
-                for index, (in_layout, _) in zip(self.segments[segment], layouts, strict=True):
-                    work = self._work(self.net.layers[index], index, in_layout)
-                    if work is not None:
-                        works.append(work)
-                if segment == 0 and not self.prelude:
-                    works.append(LocalWork("data", largest_block(layouts[0][0])))
-                works.append(LocalWork("sgd", (self._parameters(self.segments[segment][0],
-                                                                 choice),)))
+        """Cost every candidate, timing all their kernels in one batch (one synchronised pass
+        over the ranks instead of one per segment)."""
+        fresh = {(k, c): self._segment_untimed(k, c) for k, found in enumerate(choices)
+                 for c in found if (k, c) not in self._segment_cache}
+        works = [w for cost in fresh.values() for c in cost.layers for w in (c.work, c.update)
+                 if w]
+        works += [LocalWork("data", largest_block(self.input_layout(c))) for c in choices[0]]
         self.compute.times(works)
-
+        for key, cost in fresh.items():
+            self._fill_compute(cost.layers)
+            self._segment_cache[key] = cost
 
 COMPUTE_SOURCES = ("auto", "measured", "flops")
 
