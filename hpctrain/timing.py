@@ -46,11 +46,12 @@ class CommClock:
     True
     """
 
-    __slots__ = ("enabled", "seconds", "sync", "_depth", "_start")
+    __slots__ = ("enabled", "seconds", "bytes_sent", "sync", "_depth", "_start")
 
     def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.enabled = False
         self.seconds = 0.0
+        self.bytes_sent = 0
         self.sync = sync
         self._depth = 0
         self._start = 0.0
@@ -58,6 +59,11 @@ class CommClock:
     def comm(self) -> CommClock:
         """A context manager timing the communication inside it (the clock itself)."""
         return self
+
+    def sent(self, nbytes: int) -> None:
+        """Count ``nbytes`` this rank handed to MPI to send (while enabled)."""
+        if self.enabled:
+            self.bytes_sent += int(nbytes)
 
     def __enter__(self) -> CommClock:
         if self.enabled:
@@ -86,6 +92,10 @@ class LayerTimes:
     waits forward, the ΔW all-reduce and halo gradients backward. ``*_compute`` is the layer's
     wall time less its own communication. For the loss row: the move to the loss layout, the
     softmax, and the all-reduce of loss and accuracy.
+
+    ``bytes_sent``: what this rank handed to MPI as send buffers for the layer and the move
+    feeding it, both directions (its block of an all-gather, the whole buffer of a
+    reduce-scatter or all-reduce, its outgoing pieces of an all-to-all, its halo rows).
     """
 
     name: str
@@ -95,6 +105,7 @@ class LayerTimes:
     backward_compute: float = 0.0
     backward_layer_comm: float = 0.0
     backward_redistribution: float = 0.0
+    bytes_sent: float = 0.0
 
     @property
     def forward_comm(self) -> float:
@@ -115,7 +126,8 @@ class LayerTimes:
         return self.forward_compute + self.forward_comm + self.backward_compute + self.backward_comm
 
 
-TIME_FIELDS = tuple(f.name for f in fields(LayerTimes) if f.name != "name")
+TIME_FIELDS = tuple(f.name for f in fields(LayerTimes) if f.name not in ("name", "bytes_sent"))
+RECORD_FIELDS = (*TIME_FIELDS, "bytes_sent")  # every number of a row, in field order
 
 
 @dataclass
@@ -140,17 +152,17 @@ class StepTimes:
         return [*self.layers, self.loss]
 
     def to_array(self) -> np.ndarray:
-        """Every time as one flat float64 array: the fields of each row in turn, then ``step``."""
-        values = [getattr(row, f) for row in self.rows for f in TIME_FIELDS]
+        """Every number as one flat float64 array: the fields of each row in turn, then ``step``."""
+        values = [getattr(row, f) for row in self.rows for f in RECORD_FIELDS]
         return np.array([*values, self.step], dtype=np.float64)
 
     def from_array(self, values: np.ndarray) -> StepTimes:
         """A record with this one's names and the times of ``values`` (as :meth:`to_array`)."""
         values = np.asarray(values, dtype=np.float64)
-        width = len(TIME_FIELDS)
+        width = len(RECORD_FIELDS)
         if values.shape != (len(self.rows) * width + 1,):
             raise ValueError(f"{values.shape} values do not fit {len(self.rows)} rows of "
-                             f"{width} times and the step")
+                             f"{width} numbers and the step")
         rows = [LayerTimes(row.name, *map(float, values[k * width:(k + 1) * width]))
                 for k, row in enumerate(self.rows)]
         return StepTimes(rows[:-1], rows[-1], float(values[-1]))
@@ -158,7 +170,7 @@ class StepTimes:
     def as_dict(self) -> dict[str, Any]:
         """``{"layers": {name: {field: s}}, "loss": {field: s}, "step": s}`` in plain floats."""
         def row_dict(row: LayerTimes) -> dict[str, float]:
-            return {f: float(getattr(row, f)) for f in TIME_FIELDS}
+            return {f: float(getattr(row, f)) for f in RECORD_FIELDS}
 
         return {"layers": {row.name: row_dict(row) for row in self.layers},
                 "loss": row_dict(self.loss), "step": float(self.step)}
@@ -245,18 +257,22 @@ class StepTimer:
             self.backend.sync()
             self._start = self._wall = perf_counter()
             self._comm = clock.seconds
+            self._bytes = clock.bytes_sent
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.times is not None:
             self.backend.clock.enabled = self._was_enabled
 
-    def _lap(self) -> tuple[float, float]:
-        """Wall and comm-clock seconds since the previous reading."""
+    def _lap(self, key: int | str) -> tuple[float, float]:
+        """Wall and comm-clock seconds since the previous reading; the bytes sent since then
+        are added to row ``key``."""
         self.backend.sync()
-        wall, comm = perf_counter(), self.backend.clock.seconds
+        clock = self.backend.clock
+        wall, comm = perf_counter(), clock.seconds
         lap = (wall - self._wall, comm - self._comm)
-        self._wall, self._comm = wall, comm
+        self._row(key).bytes_sent += clock.bytes_sent - self._bytes
+        self._wall, self._comm, self._bytes = wall, comm, clock.bytes_sent
         return lap
 
     def _row(self, key: int | str) -> LayerTimes:
@@ -265,17 +281,17 @@ class StepTimer:
     def forward_move(self, key: int | str, move: Redistribute) -> None:
         """``move`` (feeding row ``key``) has just run forward; an identity move is not timed."""
         if self.times is not None and move.kind != "identity":
-            self._row(key).forward_redistribution += self._lap()[0]
+            self._row(key).forward_redistribution += self._lap(key)[0]
 
     def backward_move(self, key: int | str, move: Redistribute) -> None:
         """``move`` (feeding row ``key``) has just run backward."""
         if self.times is not None and move.kind != "identity":
-            self._row(key).backward_redistribution += self._lap()[0]
+            self._row(key).backward_redistribution += self._lap(key)[0]
 
     def forward_layer(self, key: int | str) -> None:
         """Row ``key``'s forward has just run: its wall time less comm is compute."""
         if self.times is not None:
-            wall, comm = self._lap()
+            wall, comm = self._lap(key)
             row = self._row(key)
             row.forward_compute += max(wall - comm, 0.0)  # never below 0 by rounding
             row.forward_layer_comm += comm
@@ -283,7 +299,7 @@ class StepTimer:
     def backward_layer(self, key: int | str) -> None:
         """Row ``key``'s backward has just run."""
         if self.times is not None:
-            wall, comm = self._lap()
+            wall, comm = self._lap(key)
             row = self._row(key)
             row.backward_compute += max(wall - comm, 0.0)
             row.backward_layer_comm += comm

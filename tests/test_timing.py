@@ -8,7 +8,7 @@ import pytest
 import hpctrain.timing as timing
 from hpctrain.timing import (
     LOSS,
-    TIME_FIELDS,
+    RECORD_FIELDS,
     CommClock,
     LayerTimes,
     StepTimer,
@@ -161,7 +161,7 @@ def test_array_round_trip_and_dict():
     times = numbered(["conv1", "relu1"], 1.0)
     again = times.from_array(times.to_array())
     assert again == times
-    width = len(TIME_FIELDS)
+    width = len(RECORD_FIELDS)
     assert times.layers[1].forward_compute == 1.0 + width
     assert times.loss.name == "loss" and times.step == 1.0 + 3 * width
     d = times.as_dict()

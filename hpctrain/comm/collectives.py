@@ -43,6 +43,7 @@ class AllGather:
             inner = math.prod(xt.shape[1:])
             recv = be.empty_mpi((self.total, *xt.shape[1:]), xt.dtype)
             counts = [n * inner for n in self.lengths]
+            be.clock.sent(xt.nbytes)
             self.comm.Allgatherv(be.to_mpi(xt), [recv, counts])
             return xp.ascontiguousarray(xp.moveaxis(be.from_mpi(recv), 0, self.axis))
 
@@ -54,6 +55,7 @@ class AllGather:
             dyt = _front(xp, dy, self.axis)
             inner = math.prod(dyt.shape[1:])
             recv = be.empty_mpi((self.lengths[self.rank], *dyt.shape[1:]), dyt.dtype)
+            be.clock.sent(dyt.nbytes)
             self.comm.Reduce_scatter(be.to_mpi(dyt), recv, [n * inner for n in self.lengths],
                                      MPI.SUM)
             return xp.ascontiguousarray(xp.moveaxis(be.from_mpi(recv), 0, self.axis))
@@ -65,6 +67,7 @@ def allreduce_sum(backend: Backend, comm: MPI.Comm, a: Any) -> Any:
         return a
     with backend.clock.comm():
         buf = backend.to_mpi(a)
+        backend.clock.sent(buf.nbytes)
         comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
         return backend.from_mpi(buf)
 

@@ -54,6 +54,7 @@ class HaloExchange:
             for rows, peer, tag in ((to_above, self.above, _UP), (to_below, self.below, _DOWN)):
                 if rows.shape[ROW_AXIS]:
                     buf = self.backend.to_mpi(rows)
+                    self.backend.clock.sent(buf.nbytes)
                     requests.append(self.comm.Isend(buf, dest=peer, tag=tag))
                     sent.append(buf)
         return _InFlight(requests, received, (x, sent))

@@ -138,6 +138,7 @@ class Redistribute:
                 start = send.displs[peer]
                 send_buf[start:start + send.counts[peer]] = a[relative_slices(box, a_box)].ravel()
             recv_buf = be.empty_mpi((sum(recv.counts),), a.dtype)
+            be.clock.sent(send_buf.nbytes)
             self.comm.Alltoallv([be.to_mpi(send_buf), (send.counts, send.displs)],
                                 [recv_buf, (recv.counts, recv.displs)])
             recv_buf = be.from_mpi(recv_buf)
