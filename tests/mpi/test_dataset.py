@@ -1,0 +1,174 @@
+"""Training from a dataset file under several plans equals one process; each rank reads only
+its own block of the file (its samples, and its rows under a domain-parallel first layer)."""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpctrain.comm.gather import gather_to_root
+from hpctrain.dataset import H5Data, write_dataset
+from hpctrain.grid import GridSet
+from hpctrain.layout import HEIGHT_AXIS
+from hpctrain.net import parse_net
+from hpctrain.network import Network
+from hpctrain.optim import SGD
+from hpctrain.partition import factorisations
+from hpctrain.plan import LayerPlan
+from hpctrain.verify import serial_plan
+from tests.mpi.helpers import all_agree, check_close
+
+NET = parse_net("""
+input channels=2 size=12 classes=5
+conv out=6 kernel=3 pad=1
+relu
+maxpool kernel=2
+conv out=7 kernel=3 stride=1 pad=1
+relu
+maxpool kernel=3 stride=2 pad=1
+flatten
+dropout p=0.2
+linear out=11
+relu
+linear out=5
+""", "filecnn")
+# 31 samples in batches of 9: 3 steps per epoch (4 samples dropped), so 5 steps cross into a
+# second, reshuffled epoch
+SAMPLES, BATCH, STEPS, SEED = 31, 9, 5, 5
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    """A random 2x12x12, 5-class dataset written by rank 0 into a directory every rank sees."""
+    comm = MPI.COMM_WORLD
+    folder = None
+    if comm.Get_rank() == 0:
+        folder = tempfile.mkdtemp(prefix="hpctrain-dataset-")
+        rng = np.random.default_rng(11)
+        labels = rng.integers(0, NET.classes, SAMPLES)
+        # learnable: a per-class offset plus noise
+        images = rng.standard_normal((SAMPLES, *NET.input_shape)) * 0.5 + labels[:, None, None,
+                                                                                None] * 0.2
+        write_dataset(Path(folder) / "d.h5", images, labels, NET.classes,
+                      description="MPI test data")
+    folder = comm.bcast(folder, root=0)
+    yield Path(folder) / "d.h5"
+    comm.Barrier()  # every rank has closed the file
+    if comm.Get_rank() == 0:
+        shutil.rmtree(folder)
+
+
+def make_backend():
+    from hpctrain.backend import make_backend
+
+    return make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float64")
+
+
+def train(plan, comm, path):
+    """Losses of STEPS steps from the file, and every parameter gathered on rank 0."""
+    backend = make_backend()
+    with GridSet(comm) as grids, H5Data(backend, path, BATCH, SEED) as data:
+        network = Network(NET, plan, BATCH, grids, backend, seed=SEED)
+        optimizer = SGD(network.params, lr=0.05, momentum=0.9, weight_decay=1e-3)
+        losses = []
+        for step in range(STEPS):
+            losses.append(network.train_step(data, step)[0])
+            optimizer.step()
+        params = [gather_to_root(backend, comm, p.value, p.shape, p.box, "copy")
+                  for p in network.params]
+    return losses, params
+
+
+def uniform_plan(first_conv, rest):
+    """The first conv on ``first_conv`` (mode, grid), every other weighted layer on ``rest``."""
+    plan = []
+    for layer in NET.layers:
+        if layer.kind not in ("conv", "linear"):
+            plan.append(LayerPlan(layer.name, "follow"))
+        elif layer.name == "conv1":
+            plan.append(LayerPlan(layer.name, *first_conv))
+        else:
+            plan.append(LayerPlan(layer.name, *rest))
+    return plan
+
+
+def mixed_plan(p, offset):
+    """Modes and grids cycling over the weighted layers, starting at ``offset``."""
+    shapes, plan, k = factorisations(p), [], offset
+    for layer in NET.layers:
+        if layer.kind in ("conv", "linear"):
+            mode = "domain" if layer.kind == "conv" and k % 2 else "model"
+            plan.append(LayerPlan(layer.name, mode, shapes[k % len(shapes)]))
+            k += 1
+        else:
+            plan.append(LayerPlan(layer.name, "follow"))
+    return plan
+
+
+def plans(p):
+    """Pure batch; a domain-parallel first conv on every grid; mixed plans. No duplicates."""
+    found = [uniform_plan(("batch", (1, p)), ("batch", (1, p)))]
+    for grid in factorisations(p):
+        found.append(uniform_plan(("domain", grid), ("model", grid[::-1])))
+    found += [mixed_plan(p, offset) for offset in range(len(factorisations(p)))]
+    unique = []
+    for plan in found:
+        if plan not in unique:
+            unique.append(plan)
+    return unique
+
+
+def test_training_from_a_file_matches_one_process(comm, dataset):
+    reference = None
+    if comm.Get_rank() == 0:
+        reference = train(serial_plan(plans(1)[0]), MPI.COMM_SELF, dataset)
+    for plan in plans(comm.Get_size()):
+        losses, params = train(plan, comm, dataset)
+        what = ", ".join(f"{p.layer} {p.describe()}" for p in plan if p.mode != "follow")
+        check_close(comm, np.array(losses), reference and np.array(reference[0]),
+                    f"losses under {what}", tol=1e-9)
+        for k, got in enumerate(params):
+            check_close(comm, got, reference and reference[1][k], f"parameter {k} under {what}",
+                        tol=1e-9)
+    if comm.Get_rank() == 0:
+        assert np.isfinite(reference[0]).all()
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every read through h5py's Dataset.__getitem__: (dataset name, shape of what it read)."""
+    log = []
+    original = h5py.Dataset.__getitem__
+
+    def recording(self, selection, *args, **kwargs):
+        result = original(self, selection, *args, **kwargs)
+        log.append((self.name, np.shape(result)))
+        return result
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", recording)
+    return log
+
+
+def test_each_rank_reads_only_its_block(comm, dataset, grid_shape, reads):
+    """Under a domain-parallel first conv a rank reads its batch shard's rows only."""
+    backend = make_backend()
+    rank = comm.Get_rank()
+    with GridSet(comm) as grids, H5Data(backend, dataset, BATCH, SEED) as data:
+        plan = uniform_plan(("domain", grid_shape), ("batch", (1, comm.Get_size())))
+        network = Network(NET, plan, BATCH, grids, backend, seed=SEED)
+        box = network.input_layout.box(rank)
+        for step in (0, 4):
+            reads.clear()
+            network.train_step(data, step)
+            image_reads = [shape for name, shape in reads if name == "/train/images"]
+            ok = image_reads == [network.input_layout.local_shape(rank)]
+            if grid_shape[0] > 1:  # rows are split: fewer than the image's
+                ok = ok and network.input_layout.split_axis == HEIGHT_AXIS
+                ok = ok and box[HEIGHT_AXIS][1] - box[HEIGHT_AXIS][0] < NET.input_shape[1]
+            ok = ok and box[0][1] - box[0][0] <= -(-BATCH // grid_shape[1])
+            assert all_agree(comm, ok), f"rank {rank} read {image_reads}, its block is {box}"
