@@ -50,7 +50,7 @@ import numpy as np
 
 from hpctrain.cost.collectives import log2_ceil
 from hpctrain.cost.machine import COLLECTIVES, LOCAL_PROFILE, Fit, Machine, save_machine
-from hpctrain.errors import UserError
+from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.partition import factorisations
 from hpctrain.units import bytes_from
 
@@ -187,7 +187,7 @@ def communicator_sizes(world_size: int) -> dict[str, list[int]]:
 
 
 def build_calibrate_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m hpctrain calibrate",
         description="Measure the latency (alpha) and inverse bandwidth (beta) of the all-gather, "
                     "reduce-scatter, all-reduce, all-to-all and halo messages the training code "

@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from dataclasses import dataclass
+from typing import Any
 
-from hpctrain.errors import UserError
-from hpctrain.net import available_nets, load_net
-from hpctrain.plan import plan_from_spec
+from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.net import NetSpec, available_nets, load_net
+from hpctrain.plan import LayerPlan, plan_from_spec
 from hpctrain.units import bytes_from
 
-COMMANDS = ("train", "verify", "plan", "calibrate", "simulate", "compare-plans")
+COMMANDS = ("train", "verify", "plan", "calibrate", "simulate", "compare-plans", "convert")
 
 
 def parse_size(text: str) -> float:
@@ -63,39 +65,82 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy on the CPU or CuPy on a GPU; each rank uses GPU "
                              "local_rank %% n_gpus (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights, data, dropout")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of weights, data order, dropout (default: 0, or the "
+                             "checkpoint's when resuming)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m hpctrain",
         description="Train a network on P MPI processes with per-layer batch, model (1.5D) and "
-                    "domain parallelism. Launch with mpiexec -n P or srun. "
-                    "Other commands (each with --help): verify, plan, calibrate, simulate, "
-                    "compare-plans.")
+                    "domain parallelism. Launch with mpiexec -n P or srun (or plain python for "
+                    "one process). Other commands (each with --help): verify, plan, calibrate, "
+                    "simulate, compare-plans, convert.",
+        epilog="On SIGTERM or SIGUSR1 (sbatch --signal=USR1@120) every rank stops after the "
+               "same step, writes a checkpoint to --checkpoint-dir and exits with status 0. "
+               "Bad input exits with status 2 and one line naming the fix.")
     _common(parser)
-    _planning(parser)
-    parser.add_argument("--plan-file", default=None,
-                        help="where --grid auto writes its plan, which --grid accepts "
-                             "(default: runs/NET-pP-bB.plan)")
-    parser.add_argument("--log", default=None,
-                        help="HDF5 run log: losses, step times, and per layer the predicted "
-                             "and measured times (written by rank 0)")
-    parser.add_argument("--batch", type=int, default=32, help="global mini-batch (default: 32)")
-    parser.add_argument("--steps", type=int, default=10, help="training steps (default: 10)")
-    parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
-    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
-    parser.add_argument("--weight-decay", type=float, default=5e-4,
-                        help="L2 weight decay (default: 5e-4)")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                        help="compute precision (default: %(default)s)")
-    parser.add_argument("--print-every", type=int, default=1,
+    run = parser.add_argument_group("the run")
+    run.add_argument("--data", default="synthetic",
+                     help="'synthetic' (deterministic ImageNet-shaped data from --seed) or an "
+                          "HDF5 dataset (see README; make one with 'python -m hpctrain "
+                          "convert'); a dataset sets the image size unless --image-size is "
+                          "given (default: %(default)s)")
+    run.add_argument("--batch", type=int, default=32, help="global mini-batch (default: 32)")
+    length = run.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None,
+                        help="train until this many steps are done (default: 10)")
+    length.add_argument("--epochs", type=float, default=None,
+                        help="train this many passes over a dataset's training split (each "
+                             "epoch is floor(N / batch) steps of a fresh shuffle)")
+    run.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
+    run.add_argument("--lr-schedule", default="constant",
+                     help="constant, cosine (to 0 at the last step) or step:EVERY:FACTOR "
+                          "(e.g. step:100:0.1) (default: %(default)s)")
+    run.add_argument("--warmup-steps", type=int, default=0,
+                     help="ramp the rate linearly over the first N steps (default: 0)")
+    run.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    run.add_argument("--weight-decay", type=float, default=5e-4,
+                     help="L2 weight decay (default: 5e-4)")
+    run.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                     help="compute precision (default: %(default)s)")
+    run.add_argument("--eval-every", type=int, default=None,
+                     help="held-out accuracy every N steps, when the dataset has a val split "
+                          "(default: every epoch, and always at the end)")
+    plan = parser.add_argument_group("planning")
+    _planning(plan)
+    plan.add_argument("--plan-file", default=None,
+                      help="where --grid auto writes its plan, which --grid accepts "
+                           "(default: runs/NET-pP-bB.plan)")
+    plan.add_argument("--plan-only", action="store_true",
+                      help="print the plan with its predicted times (and write the plan file "
+                           "for --grid auto), then exit without training")
+    output = parser.add_argument_group("output")
+    output.add_argument("--log", default=None,
+                        help="HDF5 run log written by rank 0 and flushed every step: config, "
+                             "plan, loss, accuracy, per-layer times and bytes (layout in "
+                             "README); an existing file is renamed aside, or continued with "
+                             "--resume")
+    output.add_argument("--print-every", type=int, default=1,
                         help="progress line every N steps (default: 1)")
+    output.add_argument("--checkpoint-dir", default=None,
+                        help="write HDF5 checkpoints here (atomically, as step-NNNNNNNN.h5): "
+                             "at the end, on SIGTERM/SIGUSR1, and every --checkpoint-every "
+                             "steps (default: none)")
+    output.add_argument("--checkpoint-every", type=int, default=0,
+                        help="also checkpoint every N steps (default: 0, never)")
+    output.add_argument("--keep-checkpoints", type=int, default=2,
+                        help="keep the newest N checkpoints (default: 2)")
+    output.add_argument("--resume", nargs="?", const="latest", default=None,
+                        help="continue from a checkpoint file or directory (its newest), on "
+                             "any P and plan; bare --resume takes the newest in "
+                             "--checkpoint-dir and starts afresh when there is none")
     return parser
 
 
 def build_verify_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m hpctrain verify",
         description="Run one forward and backward under a plan and the same computation on one "
                     "process in float64; print per layer the largest relative error of the "
@@ -108,11 +153,22 @@ def build_verify_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup(args: argparse.Namespace, comm, dtype: str, predict: bool = True):
-    """The net, its per-layer plan, the backend, and the plan's predicted costs (or None)."""
+@dataclass
+class Setup:
+    """What every training command derives from its options before the first step."""
+
+    net: NetSpec
+    plan: list[LayerPlan]
+    backend: Any
+    planned: Any  # PlannedNetwork with the predictions, or None when not asked for
+    machine: Any = None  # the cost model's machine profile
+
+
+def _setup(args: argparse.Namespace, net: NetSpec, comm, dtype: str,
+           predict: bool = True) -> Setup:
+    """The per-layer plan of ``net``, the backend, and the plan's predicted costs."""
     from hpctrain.backend import make_backend
 
-    net = load_net(args.net, args.image_size)
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
     procs = comm.Get_size()
@@ -120,7 +176,7 @@ def _setup(args: argparse.Namespace, comm, dtype: str, predict: bool = True):
     plan = None if spec.strip() == "auto" else plan_from_spec(spec, net, procs)
     backend = make_backend(args.device, dtype, comm)
     if plan is not None and not predict:
-        return net, plan, backend, None
+        return Setup(net, plan, backend, None)
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model
     from hpctrain.planner import choices_of, evaluate, plan_network
@@ -135,7 +191,7 @@ def _setup(args: argparse.Namespace, comm, dtype: str, predict: bool = True):
                         net, planned, procs, args.batch, model.machine.name)
     else:
         planned = evaluate(model, choices_of(model, plan))
-    return net, planned.plans, backend, planned
+    return Setup(net, planned.plans, backend, planned, model.machine)
 
 
 def _write_plan(path: str, net, planned, procs: int, batch: int, machine: str) -> None:
@@ -149,50 +205,172 @@ def _write_plan(path: str, net, planned, procs: int, batch: int, machine: str) -
     print(f"plan written to {path} (use it with --grid {path})", flush=True)
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    for flag in ("steps", "print_every", "eval_every", "checkpoint_every", "keep_checkpoints",
+                 "warmup_steps"):
+        value = getattr(args, flag)
+        least = 0 if flag in ("checkpoint_every", "warmup_steps") else 1
+        if value is not None and value < least:
+            raise UserError(f"--{flag.replace('_', '-')} {value} must be >= {least}")
+    if args.epochs is not None and not args.epochs > 0:
+        raise UserError(f"--epochs {args.epochs} must be positive")
+    if args.checkpoint_every and not args.checkpoint_dir:
+        raise UserError("--checkpoint-every needs --checkpoint-dir DIR")
+
+
+def _dataset_net(args: argparse.Namespace, net: NetSpec):
+    """(``net`` at the dataset's image size, the dataset's description) for ``--data``, or
+    (``net``, None) for synthetic data. Refuses a dataset that does not fit the net."""
+    if args.data == "synthetic":
+        return net, None
+    from hpctrain.dataset import check_fits, inspect_dataset
+
+    info = inspect_dataset(args.data)
+    shape = info.sample_shape
+    if (args.image_size is None and len(shape) == 3 == len(net.input_shape)
+            and shape[1] == shape[2] and shape != net.input_shape
+            and shape[0] == net.input_shape[0]):
+        net = net.with_image_size(shape[1])  # the dataset's images set the input size
+    check_fits(info, net.input_shape, net.classes, args.batch)
+    return net, info
+
+
+def _resume_from(args: argparse.Namespace, net: NetSpec):
+    """The checkpoint to resume from and what it says, or (None, None) to start afresh."""
+    from hpctrain.checkpoint import latest_checkpoint, read_checkpoint_info, resolve_resume
+
+    if args.resume is None:
+        return None, None
+    if args.resume == "latest":
+        if not args.checkpoint_dir:
+            raise UserError("bare --resume takes the newest checkpoint in --checkpoint-dir; "
+                            "give --checkpoint-dir DIR or --resume PATH")
+        path = latest_checkpoint(args.checkpoint_dir)
+        if path is None:
+            return None, None
+    else:
+        path = resolve_resume(args.resume)
+    info = read_checkpoint_info(path, net)
+    if args.seed is not None and args.seed != info.seed:
+        raise UserError(f"checkpoint {path} was written with --seed {info.seed}, not "
+                        f"{args.seed}; drop --seed or pass --seed {info.seed}")
+    return path, info
+
+
 def run_train(argv: list[str], comm) -> int:
-    from hpctrain.planner import format_plan
-    from hpctrain.train import TrainConfig, train
+    from hpctrain.signals import StopRequests
 
     args = build_parser().parse_args(argv)
-    for flag in ("steps", "print_every"):
-        if getattr(args, flag) < 1:
-            raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be >= 1")
-    net, plan, backend, planned = _setup(args, comm, args.dtype)
-    if comm.Get_rank() == 0:
-        print(format_plan(planned), flush=True)
-    config = TrainConfig(args.batch, args.steps, args.lr, args.momentum, args.weight_decay,
-                         args.seed, args.print_every)
-    result = train(net, plan, config, backend, comm)
-    if comm.Get_rank() == 0:
+    _check_counts(args)
+    with StopRequests() as stop:  # a signal while planning stops the run after one step
+        return _train_command(args, argv, comm, stop)
+
+
+def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int:
+    from pathlib import Path
+
+    from hpctrain.planner import format_plan
+    from hpctrain.schedule import parse_schedule
+    from hpctrain.train import TrainConfig, train
+
+    rank = comm.Get_rank()
+    if args.batch < 1:
+        raise UserError(f"--batch {args.batch} must be at least 1")
+    net, dataset = _dataset_net(args, load_net(args.net, args.image_size))
+    resume, info = _resume_from(args, net)
+    seed = info.seed if info else (0 if args.seed is None else args.seed)
+    setup = _setup(args, net, comm, args.dtype)
+    data = val_data = epoch = None
+    if dataset is not None:
+        from hpctrain.dataset import H5Data
+
+        data = H5Data(setup.backend, args.data, args.batch, seed, split="train")
+        if dataset.val_size:
+            val_data = H5Data(setup.backend, args.data, args.batch, seed, split="val")
+        epoch = data.steps_per_epoch
+    if args.epochs is not None:
+        if epoch is None:
+            raise UserError("--epochs needs a dataset (--data PATH.h5); synthetic data has no "
+                            "epochs, use --steps")
+        steps = max(1, round(args.epochs * epoch))
+    else:
+        steps = args.steps or 10
+    if rank == 0:
+        print(format_plan(setup.planned), flush=True)
+    if args.plan_only:
+        return 0
+    schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
+    eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
+    config = TrainConfig(args.batch, steps, args.lr, args.momentum, args.weight_decay, seed,
+                         args.print_every, schedule, eval_every,
+                         Path(args.checkpoint_dir) if args.checkpoint_dir else None,
+                         args.checkpoint_every, args.keep_checkpoints)
+    log = None
+    if rank == 0 and args.log:
+        log = _open_log(args, argv, setup, comm.Get_size(), config, info.step if info else None)
+    try:
+        result = train(setup.net, setup.plan, config, setup.backend, comm, data=data,
+                       val_data=val_data, log=log, resume=resume, stop=stop)
+    except BaseException as err:
+        if log is not None:
+            log.finish(f"failed: {err}")
+        raise
+    if rank == 0 and result.losses:
+        planned = setup.planned
         error = planned.iteration_time / result.iteration - 1
         print(f"iteration: predicted {planned.iteration_time * 1e3:.1f} ms, measured "
               f"{result.iteration * 1e3:.1f} ms ({error:+.1%})", flush=True)
-        if args.log:
-            _write_log(args, argv, net, comm.Get_size(), planned, result)
+    if log is not None:
+        status = (f"stopped by {result.stopped_by} after step {result.last_step}"
+                  if result.stopped_by else f"finished at step {result.last_step}")
+        summary = None
+        if result.losses:
+            from hpctrain.runlog import write_timings
+
+            def summary(h5) -> None:
+                write_timings(h5, setup.planned, result.layer_times,
+                              result.fastest_rank_times, result.iteration)
+
+        log.finish(status, summary)
+        print(f"log written to {args.log}", flush=True)
     return 0
 
 
-def _write_log(args: argparse.Namespace, argv: list[str], net, procs: int, planned,
-               result) -> None:
+def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: int, config,
+              resume_step: int | None):
+    """Rank 0's run log, with everything needed to know what ran where."""
+    import shlex
     from pathlib import Path
 
-    import numpy as np
+    from mpi4py import MPI
 
-    from hpctrain.runlog import write_hdf5, write_timings
+    import hpctrain
+    from hpctrain.cost.machine import format_machine
+    from hpctrain.runlog import RunLog, git_commit
 
-    def fill(h5) -> None:
-        h5.attrs["command"] = " ".join(["python -m hpctrain", *argv])
-        h5.attrs["net"] = net.name
-        h5.attrs["processes"] = procs
-        h5.attrs["batch"] = args.batch
-        h5.attrs["plan"] = "\n".join(f"{p.layer} {p.describe()}" for p in planned.plans)
-        h5.create_dataset("steps/loss", data=np.array(result.losses))
-        h5.create_dataset("steps/seconds", data=np.array(result.step_seconds))
-        write_timings(h5, planned, result.layer_times, result.fastest_rank_times,
-                      result.iteration)
-
-    write_hdf5(Path(args.log), fill)
-    print(f"log written to {args.log}", flush=True)
+    options = dict(vars(args), steps=config.steps, seed=config.seed,
+                   eval_every=config.eval_every, learning_rate=config.schedule.describe())
+    attrs = {
+        "command": shlex.join(["python", "-m", "hpctrain", *argv]),
+        "config": options,
+        "version": hpctrain.__version__,
+        "git_commit": git_commit(),
+        "mpi_library": MPI.Get_library_version().strip(),
+        "mpi_version": "{}.{}".format(*MPI.Get_version()),
+        "processes": procs,
+        "net": setup.net.name,
+        "input_shape": list(setup.net.input_shape),
+        "batch": args.batch,
+        "dtype": args.dtype,
+        "device": args.device,
+        "data": args.data,
+        "machine": setup.machine.name,
+        "machine_profile": format_machine(setup.machine),
+        "plan": "\n".join(f"{p.layer} {p.describe()}" for p in setup.plan),
+        "predicted_iteration": setup.planned.iteration_time,
+    }
+    rows = [p.layer for p in setup.plan] + ["loss"]
+    return RunLog(Path(args.log), attrs, setup.planned, rows, resume_step)
 
 
 def run_verify(argv: list[str], comm) -> int:
@@ -200,14 +378,15 @@ def run_verify(argv: list[str], comm) -> int:
     from hpctrain.verify import verify
 
     args = build_verify_parser().parse_args(argv)
-    net, plan, backend, _ = _setup(args, comm, "float64", predict=False)
+    setup = _setup(args, load_net(args.net, args.image_size), comm, "float64", predict=False)
     with GridSet(comm) as grids:
-        ok = verify(net, plan, args.batch, grids, backend, args.seed, args.tolerance)
+        ok = verify(setup.net, setup.plan, args.batch, grids, setup.backend, args.seed or 0,
+                    args.tolerance)
     return 0 if ok else 1
 
 
 def build_plan_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m hpctrain plan",
         description="Print the plan of least predicted iteration time for P processes, without "
                     "launching MPI: each layer's mode and Pr x Pc grid, predicted compute, "
@@ -253,20 +432,25 @@ def run_plan(argv: list[str]) -> int:
 def _parsers() -> dict:
     from hpctrain.calibrate import build_calibrate_parser
     from hpctrain.compare import build_compare_parser
+    from hpctrain.convert import build_convert_parser
     from hpctrain.simulate import build_simulate_parser
 
     return {"train": build_parser, "verify": build_verify_parser, "plan": build_plan_parser,
             "calibrate": build_calibrate_parser, "simulate": build_simulate_parser,
-            "compare-plans": build_compare_parser}
+            "compare-plans": build_compare_parser, "convert": build_convert_parser}
 
 
 def _without_mpi(command: str, argv: list[str]) -> int:
-    """Commands that never launch MPI: the cost model alone."""
+    """Commands that never launch MPI: the cost model alone, and dataset conversion."""
     try:
         if command == "simulate":
             from hpctrain.simulate import run_simulate
 
             return run_simulate(argv)
+        if command == "convert":
+            from hpctrain.convert import run_convert
+
+            return run_convert(argv)
         return run_plan(argv)
     except UserError as err:
         print(f"hpctrain: error: {err}", file=sys.stderr, flush=True)
@@ -277,8 +461,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
     if any(a in ("-h", "--help") for a in argv):  # help needs no MPI
-        _parsers()[command]().parse_args(argv)
-    if command in ("plan", "simulate"):
+        try:
+            _parsers()[command]().parse_args(argv)
+        except UserError as err:
+            print(f"hpctrain: error: {err}", file=sys.stderr, flush=True)
+            return 2
+    if command in ("plan", "simulate", "convert"):
         return _without_mpi(command, argv)
     from mpi4py import MPI
 

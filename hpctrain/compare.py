@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.errors import UserError
+from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.net import NetSpec, load_net
 from hpctrain.partition import SplitError, factorisations
 from hpctrain.plan import plan_from_spec
@@ -37,7 +37,7 @@ def default_specs(procs: int) -> list[str]:
 def build_compare_parser() -> argparse.ArgumentParser:
     from hpctrain.cli import _planning, add_net_options
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m hpctrain compare-plans",
         description="Train a few steps under each of several plans (launched on P ranks) and "
                     "report predicted against measured iteration time, where the auto plan "

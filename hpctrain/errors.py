@@ -6,6 +6,21 @@ exits with status 2 and rank 0 prints the one-line message. Any other exception 
 one rank only, so the command line aborts the whole job instead (see :mod:`hpctrain.cli`).
 """
 
+import argparse
+from typing import NoReturn
+
 
 class UserError(ValueError):
     """Bad input, detected identically on every rank; the message names the value and the fix."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An ``argparse`` parser whose usage errors are :class:`UserError`.
+
+    Under MPI every rank parses the command line; argparse's own handling would print the usage
+    once per rank. As a UserError the message is printed once, by rank 0, and every rank exits
+    with status 2.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see {self.prog} --help)")

@@ -167,6 +167,29 @@ class Network:
             timer.forward_layer(LOSS)
         return float(totals[0]) / self.batch, float(totals[1]) / self.batch, grad
 
+    def evaluate(self, data: Any, batch: int) -> tuple[float, int, int]:
+        """Summed loss, number correct and number of real samples in held-out batch ``batch``.
+
+        Dropout is off. ``data`` marks padding past the end of the split with label -1; those
+        samples are not counted. Collective; every rank gets the global totals.
+        """
+        xp = self.backend.xp
+        x = data.images(batch, self.input_layout.box(self.rank))
+        self.set_training(False)
+        try:
+            logits = self.forward(x, step=0)
+        finally:
+            self.set_training(True)
+        labels = data.labels(batch, self.labels_range())
+        real = labels >= 0
+        totals = xp.zeros(3, dtype=xp.float64)
+        i, _ = grid_coords(self.rank, self.loss_layout.grid)
+        if i == 0 and bool(real.any()):  # the owner of these samples' loss (see the class doc)
+            loss_sum, correct, _ = softmax_cross_entropy(xp, logits[real], labels[real], 1.0)
+            totals[0], totals[1], totals[2] = loss_sum, correct, real.sum()
+        totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
+        return float(totals[0]), int(round(totals[1])), int(round(totals[2]))
+
     def labels_range(self) -> tuple[int, int]:
         """The samples whose labels this rank needs for the loss."""
         return self.loss_layout.box(self.rank)[0]

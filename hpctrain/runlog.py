@@ -1,25 +1,49 @@
-"""HDF5 run logs: what was planned, what was predicted, what was measured.
+"""HDF5 run logs: what was planned, what was predicted, what was measured, step by step.
 
-One file per run, written by rank 0 only, atomically (to a temporary file beside it, then
-renamed), so a crash leaves the previous log or the new one, never half of one. Layout::
+One file per run, written by rank 0 only. :class:`RunLog` creates it before the first step and
+extends and flushes it after every step, so a job killed at any moment (even by SIGKILL) keeps
+every step it logged; its ``status`` attribute says "running" until the run ends. Readable with
+plain h5py (``h5py.File("run.h5")["steps/loss"][:]``), also while the run goes on: the writer
+takes no HDF5 file lock, so a reader is not refused, and sees the file as of the last flush.
+Layout (units in each dataset's ``units`` attribute)::
 
-    /                      attrs: command, net, processes, batch, machine, plan (text)
-    /steps/loss            (steps,)  mean loss of each step
-    /steps/seconds         (steps,)  wall time of each step (forward, loss, backward, optimizer)
-    /layers/name           (L,)      layer names in network order, then "loss"
-    /layers/predicted/F    (L,)      predicted seconds of field F
-    /layers/measured/F     (L,)      measured seconds of field F: median over the steps after
-                                     the first, then the largest over ranks
-    /layers/measured_fastest_rank/F  the same, the smallest over ranks
-    /iteration             attrs: predicted, measured (median step seconds, slowest rank)
+    /                         attrs: command, config (JSON of every option), version,
+                              git_commit, mpi_library, mpi_version, processes, net, batch,
+                              dtype, device, machine, machine_profile (TOML text), plan (text),
+                              predicted_iteration (s), status, started, finished
+    /plan/layer               (L,)     layer names in network order
+    /plan/mode, /plan/grid    (L,), (L, 2)  each layer's mode and Pr x Pc (0 x 0: follows)
+    /steps/step               (n,)     step number (0-based) of each row
+    /steps/loss, accuracy     (n,)     mean training loss and accuracy of the step's batch
+    /steps/seconds            (n,)     wall time of the step, the slowest rank
+    /steps/images_per_second  (n,)     batch / seconds
+    /steps/lr                 (n,)     learning rate used
+    /steps/comm_fraction      (n,)     communication seconds / step seconds, mean over ranks
+    /steps/layers/name        (L+1,)   the rows: layers, then "loss"
+    /steps/layers/F/max       (n, L+1) field F of each row in each step, largest over ranks
+    /steps/layers/F/mean      (n, L+1) the same, mean over ranks
+    /validation/step, loss, accuracy  (m,)  held-out evaluation after those steps
+    /layers/...               at the end: per layer the predicted and measured times
+                              (:func:`write_timings`), as written by compare-plans
+    /iteration                attrs: predicted, measured (s)
 
 with F one of forward_compute, backward_compute, forward_layer_comm, backward_layer_comm,
-forward_redistribution, backward_redistribution (see :class:`hpctrain.timing.LayerTimes`).
+forward_redistribution, backward_redistribution (seconds; see
+:class:`hpctrain.timing.LayerTimes`) and bytes_sent (bytes).
+
+A resumed run (``--resume`` with the same ``--log``) opens the file again, drops the rows at or
+after the checkpoint's step, and goes on appending: one log for the whole training. A new run
+never overwrites an earlier log: an existing file is first renamed to ``NAME.1.h5`` (or the
+first free number).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +51,12 @@ import numpy as np
 
 from hpctrain.files import replace_atomically
 from hpctrain.planner import PlannedNetwork
-from hpctrain.timing import TIME_FIELDS, StepTimes
+from hpctrain.timing import RECORD_FIELDS, TIME_FIELDS, StepTimes
+
+STEP_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1"),
+               "seconds": ("f8", "s"), "images_per_second": ("f8", "1/s"), "lr": ("f8", "1"),
+               "comm_fraction": ("f8", "1")}
+VALIDATION_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1")}
 
 
 def predicted_fields(planned: PlannedNetwork) -> dict[str, np.ndarray]:
@@ -79,3 +108,141 @@ def write_hdf5(path: Path, fill: Callable[[Any], None]) -> None:
             fill(h5)
 
     replace_atomically(path, write)
+
+
+def git_commit() -> str:
+    """The commit of the source tree hpctrain runs from ("+dirty" when modified), or "unknown"."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "describe", "--always", "--dirty=+dirty",
+                              "--abbrev=40"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def free_name(path: Path) -> Path:
+    """``run.h5`` → the first of ``run.1.h5``, ``run.2.h5``, … that does not exist."""
+    number = 1
+    while (candidate := path.with_name(f"{path.stem}.{number}{path.suffix}")).exists():
+        number += 1
+    return candidate
+
+
+def per_rank_summary(records: np.ndarray, rows: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{field: (max over ranks, mean over ranks)} per row, from every rank's
+    :meth:`StepTimes.to_array` stacked as ``records`` (P, rows·fields + 1)."""
+    width = len(RECORD_FIELDS)
+    table = records[:, :rows * width].reshape(len(records), rows, width)
+    return {f: (table[:, :, k].max(axis=0), table[:, :, k].mean(axis=0))
+            for k, f in enumerate(RECORD_FIELDS)}
+
+
+class RunLog:
+    """The run's HDF5 log (rank 0 only), extended and flushed after every step.
+
+    Parameters
+    ----------
+    path : the log file. Without ``resume_step`` an existing file is renamed aside first.
+    attrs : root attributes (strings, numbers; dicts are stored as JSON).
+    planned : the plan with its predictions.
+    rows : the names of the per-layer rows: layers in network order, then "loss".
+    resume_step : continue this file from this step (rows at or after it are dropped); a
+        missing file is created.
+    """
+
+    def __init__(self, path: Path, attrs: dict[str, Any], planned: PlannedNetwork,
+                 rows: list[str], resume_step: int | None = None) -> None:
+        import h5py
+
+        self.path, self.rows = Path(path), rows
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.path.exists():
+            self.h5 = h5py.File(self.path, "a", locking=False)
+            self._truncate(resume_step)
+        else:
+            if self.path.exists():
+                os.replace(self.path, free_name(self.path))
+            self.h5 = h5py.File(self.path, "w", locking=False)
+            self._create(planned)
+        for key, value in attrs.items():
+            self.h5.attrs[key] = json.dumps(value) if isinstance(value, dict) else value
+        self.h5.attrs["status"] = "running"
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        if "started" in self.h5.attrs:  # a resumed run: one log for the whole training
+            self.h5.attrs["resumed"] = f"at step {resume_step}, {now}"
+        else:
+            self.h5.attrs["started"] = now
+        self.h5.flush()
+
+    def _create(self, planned: PlannedNetwork) -> None:
+        h5 = self.h5
+        names = [p.layer for p in planned.plans]
+        h5.create_dataset("plan/layer", data=np.array(names, dtype="S"))
+        h5.create_dataset("plan/mode", data=np.array([p.mode for p in planned.plans], dtype="S"))
+        grids = [p.grid if p.mode != "follow" else (0, 0) for p in planned.plans]
+        h5.create_dataset("plan/grid", data=np.array(grids, dtype="i8"))
+        for name, values in predicted_fields(planned).items():
+            h5.create_dataset(f"plan/predicted/{name}", data=values).attrs["units"] = "s"
+        h5["plan"].attrs["rows"] = "predicted/*: layers in network order, then loss"
+        for name, (dtype, units) in STEP_SERIES.items():
+            self._series(f"steps/{name}", (), dtype, units)
+        h5.create_dataset("steps/layers/name", data=np.array(self.rows, dtype="S"))
+        for name in RECORD_FIELDS:
+            for stat in ("max", "mean"):
+                units = "bytes" if name == "bytes_sent" else "s"
+                self._series(f"steps/layers/{name}/{stat}", (len(self.rows),), "f8", units)
+        for name, (dtype, units) in VALIDATION_SERIES.items():
+            self._series(f"validation/{name}", (), dtype, units)
+
+    def _series(self, name: str, row_shape: tuple[int, ...], dtype: str, units: str) -> None:
+        """An empty dataset that grows by one row at a time."""
+        chunk = max(1, 4096 // max(1, int(np.prod(row_shape))))
+        ds = self.h5.create_dataset(name, shape=(0, *row_shape), maxshape=(None, *row_shape),
+                                    chunks=(chunk, *row_shape), dtype=dtype)
+        ds.attrs["units"] = units
+
+    def _truncate(self, resume_step: int) -> None:
+        """Drop the rows a resumed run is about to log again."""
+        for group, series in (("steps", STEP_SERIES), ("validation", VALIDATION_SERIES)):
+            keep = int(np.searchsorted(self.h5[f"{group}/step"][:], resume_step))
+            for name in series:
+                self.h5[f"{group}/{name}"].resize(keep, axis=0)
+            if group == "steps":
+                for name in RECORD_FIELDS:
+                    for stat in ("max", "mean"):
+                        self.h5[f"steps/layers/{name}/{stat}"].resize(keep, axis=0)
+
+    def _append(self, name: str, value: Any) -> None:
+        ds = self.h5[name]
+        ds.resize(ds.shape[0] + 1, axis=0)
+        ds[-1] = value
+
+    def step(self, values: dict[str, float], records: np.ndarray) -> None:
+        """One row of every step series; ``records``: every rank's record of the step."""
+        for name in STEP_SERIES:
+            self._append(f"steps/{name}", values[name])
+        for name, (largest, mean) in per_rank_summary(records, len(self.rows)).items():
+            self._append(f"steps/layers/{name}/max", largest)
+            self._append(f"steps/layers/{name}/mean", mean)
+        self.h5.flush()
+
+    def validation(self, step: int, loss: float, accuracy: float) -> None:
+        for name, value in (("step", step), ("loss", loss), ("accuracy", accuracy)):
+            self._append(f"validation/{name}", value)
+        self.h5.flush()
+
+    def finish(self, status: str, summary: Callable[[Any], None] | None = None) -> None:
+        """Set the final status, add the end-of-run summary (``summary(h5)``), close."""
+        if summary is not None:
+            for name in ("layers", "iteration"):
+                if name in self.h5:
+                    del self.h5[name]  # a resumed run's summary replaces the earlier one
+            summary(self.h5)
+        self.h5.attrs["status"] = status
+        self.h5.attrs["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        self.close()
+
+    def close(self) -> None:
+        if self.h5.id.valid:
+            self.h5.close()

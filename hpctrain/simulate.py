@@ -47,7 +47,7 @@ from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.cost.model import Choice, CostModel
 from hpctrain.cost.paper import strategy_comm
-from hpctrain.errors import UserError
+from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.net import NetSpec, load_net
 from hpctrain.partition import factorisations
 from hpctrain.planner import PlannedNetwork, PlannerError, evaluate, plan_network
@@ -98,7 +98,7 @@ class Settings:
 def build_simulate_parser() -> argparse.ArgumentParser:
     from hpctrain.cli import add_net_options
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m hpctrain simulate",
         description="Predict communication and total time per epoch of a net for every Pr x Pc "
                     "grid under the paper's equations (Gholami et al., SPAA 2018, Sec. 3): "

@@ -1,9 +1,12 @@
-"""The training loop: plan, build, then forward / loss / backward / SGD step, with progress.
+"""The training loop: build, then forward / loss / backward / SGD step, with progress, held-out
+evaluation, checkpoints, a step-by-step log, and a clean stop on SIGTERM or SIGUSR1.
 
 Every step is timed per layer (:mod:`hpctrain.timing`); at the end rank 0 prints the median over
 the steps after the first (which pays one-off allocation and warm-up), the largest over ranks.
 Timing costs a few clock reads per layer on the CPU; on a GPU each reading waits for the device,
 which removes some overlap of kernels with the host.
+
+Rank 0 alone prints and writes the log; the others are silent unless something fails.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from hpctrain.backend import Backend
@@ -23,7 +30,18 @@ from hpctrain.net import NetSpec
 from hpctrain.network import Network
 from hpctrain.optim import SGD
 from hpctrain.plan import LayerPlan
-from hpctrain.timing import StepTimes, format_table, max_over_ranks, median_times, over_ranks
+from hpctrain.schedule import Schedule
+from hpctrain.signals import StopRequests
+from hpctrain.timing import (
+    TIME_FIELDS,
+    StepTimes,
+    format_table,
+    max_over_ranks,
+    median_times,
+    over_ranks,
+)
+
+COMM_FIELDS = tuple(f for f in TIME_FIELDS if "compute" not in f)
 
 
 class TrainingError(UserError):
@@ -32,13 +50,24 @@ class TrainingError(UserError):
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """What to train and how; the options after ``print_every`` have defaults that keep a run
+    self-contained (constant rate, no evaluation schedule, no checkpoints)."""
+
     batch: int
-    steps: int
+    steps: int  # the last step of the run, counted from 0 (a resumed run ends at the same one)
     lr: float
     momentum: float
     weight_decay: float
     seed: int
     print_every: int
+    schedule: Schedule | None = None  # None: ``lr`` at every step
+    eval_every: int = 0  # held-out evaluation every N steps (and at the end); 0: at the end
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0  # 0: only at the end and on a stop signal
+    keep_checkpoints: int = 2
+
+    def lr_at(self, step: int) -> float:
+        return self.schedule.lr(step) if self.schedule else self.lr
 
 
 @dataclass
@@ -56,6 +85,15 @@ class TrainResult:
     fastest_rank_times: StepTimes  # as layer_times, but the smallest over ranks
     step_seconds: list[float]  # this rank's wall time of each whole step, optimizer included
     iteration: float  # median of step_seconds after the first, the largest over ranks
+    first_step: int = 0  # the step this run started from (> 0 when resumed)
+    stopped_by: str | None = None  # the signal that stopped the run early
+    validation: list[tuple[int, float, float]] = field(default_factory=list)  # step, loss, acc
+    checkpoint: Path | None = None  # the last checkpoint written
+
+    @property
+    def last_step(self) -> int:
+        """The number of steps completed, counting those before a resume."""
+        return self.first_step + len(self.losses)
 
 
 def describe_plan(network: Network) -> str:
@@ -72,56 +110,184 @@ def describe_plan(network: Network) -> str:
     return "\n".join(rows)
 
 
-def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Backend,
-          comm: MPI.Comm, out=print) -> TrainResult:
-    """Train ``config.steps`` steps on synthetic data; rank 0 prints.
+def print_now(*args: Any) -> None:
+    """print, flushed at once: a job's output file shows each line as it happens."""
+    print(*args, flush=True)
 
-    Collective over ``comm``. After the progress lines and the "done:" line, rank 0 prints the
-    per-layer time table (see :class:`TrainResult`); returns the losses and those times.
+
+def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Backend,
+          comm: MPI.Comm, out=print_now, data: Any = None, val_data: Any = None, log: Any = None,
+          resume: Path | None = None, stop: StopRequests | None = None) -> TrainResult:
+    """Train from step 0 (or the step of checkpoint ``resume``) to ``config.steps``.
+
+    Collective over ``comm``. ``data`` gives the training batches (default: synthetic data of
+    ``config.seed``); ``val_data`` (an :class:`~hpctrain.dataset.H5Data` of the held-out split)
+    is evaluated every ``config.eval_every`` steps and at the end. ``log`` is rank 0's
+    :class:`~hpctrain.runlog.RunLog` (None elsewhere, or for no log). After the progress lines
+    and the "done:" line, rank 0 prints the per-layer time table (see :class:`TrainResult`).
+    On SIGTERM or SIGUSR1 every rank stops after the same step, a checkpoint is written when
+    ``config.checkpoint_dir`` is set, and the result says which signal stopped it (``stop``:
+    requests already being recorded, e.g. since before planning).
     """
     rank, procs = comm.Get_rank(), comm.Get_size()
     say = out if rank == 0 else (lambda *_: None)
-    losses = []
-    step_times: list[StepTimes] = []
-    step_seconds: list[float] = []
-    with GridSet(comm) as grids:
+    with GridSet(comm) as grids, (nullcontext(stop) if stop else StopRequests()) as stop:
         network = Network(net, plan, config.batch, grids, backend, config.seed)
-        data = SyntheticData(backend, net.input_shape, net.classes, config.batch, config.seed)
+        data = data or SyntheticData(backend, net.input_shape, net.classes, config.batch,
+                                     config.seed)
         optimizer = SGD(network.params, config.lr, config.momentum, config.weight_decay)
+        first = 0
+        if resume is not None:
+            from hpctrain.checkpoint import load_checkpoint
+
+            first = load_checkpoint(resume, network, optimizer).step
+            say(f"resumed from {resume} at step {first}")
         say(f"hpctrain: {net.name}, {net.parameter_count() / 1e6:.1f} M parameters, input "
             f"{'x'.join(map(str, net.input_shape))}, batch {config.batch}, {procs} processes, "
             f"{backend.device} {backend.xp.dtype(backend.dtype).name}")
         say(describe_plan(network))
-        start = time.perf_counter()
-        for step in range(config.steps):
-            t0 = time.perf_counter()
-            times = network.step_times()
-            loss, accuracy = network.train_step(data, step, times=times)
-            if not math.isfinite(loss):
-                raise TrainingError(f"loss became {loss} at step {step}; lower --lr "
-                                    f"(now {config.lr})")
-            optimizer.step()
-            backend.sync()
-            seconds = time.perf_counter() - t0
-            step_seconds.append(seconds)
-            losses.append(loss)
-            step_times.append(times)
-            if (step + 1) % config.print_every == 0 or step + 1 == config.steps:
-                eta = (time.perf_counter() - start) / (step + 1) * (config.steps - step - 1)
-                say(f"step {step + 1:>5}/{config.steps}  loss {loss:8.4f}  acc {accuracy:6.1%}  "
-                    f"{config.batch / seconds:8.1f} images/s  {seconds * 1e3:8.1f} ms/step  "
-                    f"ETA {eta:6.1f} s")
-        total = time.perf_counter() - start
-        say(f"done: {config.steps} steps in {total:.1f} s, "
-            f"{config.steps * config.batch / total:.1f} images/s, final loss {losses[-1]:.4f}")
-        steady = step_times[1:] or step_times
-        typical = median_times(steady)
-        layer_times = max_over_ranks(typical, comm)
-        fastest_rank_times = over_ranks(typical, comm, "min")
-        which = {1: "step 1", 2: "step 2"}.get(config.steps, f"steps 2-{config.steps}")
-        say(f"per-layer time (ms): median over {which}, then the largest over {procs} "
-            f"processes, entry by entry")
-        say(format_table(layer_times))
-        iteration = comm.allreduce(statistics.median(step_seconds[1:] or step_seconds), MPI.MAX)
-    return TrainResult(losses, layer_times, step_times, fastest_rank_times, step_seconds,
-                       iteration)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            # a diverging run overflows; the loss check below names the step instead
+            result = _loop(network, optimizer, data, val_data, config, first, comm, log, stop,
+                           say)
+        if val_data is not None and result.losses and (
+                not result.validation or result.validation[-1][0] != result.last_step):
+            result.validation.append(_evaluate(network, val_data, result.last_step, log, say))
+        if result.stopped_by:
+            say(f"stopped by {result.stopped_by} after step {result.last_step}"
+                + (f"; resume with --resume {result.checkpoint}" if result.checkpoint else
+                   "; no --checkpoint-dir, so nothing was saved"))
+        _summarise(result, config, comm, say)
+    return result
+
+
+def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: TrainConfig,
+          first: int, comm: MPI.Comm, log: Any, stop: StopRequests, say) -> TrainResult:
+    """Steps ``first`` .. ``config.steps - 1``, or until every rank agrees to stop."""
+    backend, rank = network.backend, comm.Get_rank()
+    losses: list[float] = []
+    step_times: list[StepTimes] = []
+    step_seconds: list[float] = []
+    result = TrainResult(losses, None, step_times, None, step_seconds, 0.0, first)
+    gathered = None
+    start = time.perf_counter()
+    for step in range(first, config.steps):
+        t0 = time.perf_counter()
+        times = network.step_times()
+        loss, accuracy = network.train_step(data, step, times=times)
+        if not math.isfinite(loss):
+            raise TrainingError(f"loss became {loss} at step {step + 1} (of {config.steps}); "
+                                f"lower --lr (now {config.lr_at(step):g})")
+        lr = config.lr_at(step)
+        optimizer.step(lr)
+        backend.sync()
+        seconds = time.perf_counter() - t0
+        losses.append(loss)
+        step_times.append(times)
+        step_seconds.append(seconds)
+        # every rank's record of the step, for the log's max and mean over ranks
+        record = np.append(times.to_array(), seconds)
+        if rank == 0 and gathered is None:
+            gathered = np.empty((comm.Get_size(), record.size))
+        comm.Gather(record, gathered, root=0)
+        if rank == 0:
+            _report(step, loss, accuracy, lr, gathered, times, config, start, first, log, say)
+        done = step + 1
+        if val_data is not None and config.eval_every and done % config.eval_every == 0:
+            result.validation.append(_evaluate(network, val_data, done, log, say))
+        result.stopped_by = stop.agreed(comm)
+        if config.checkpoint_dir is not None and (
+                done == config.steps or result.stopped_by
+                or (config.checkpoint_every and done % config.checkpoint_every == 0)):
+            result.checkpoint = _checkpoint(network, optimizer, config, done, comm, say)
+        if result.stopped_by:
+            break
+    return result
+
+
+def _report(step: int, loss: float, accuracy: float, lr: float, gathered: np.ndarray,
+            times: StepTimes, config: TrainConfig, start: float, first: int, log: Any,
+            say) -> None:
+    """Rank 0: the step's log row, and a progress line every ``print_every`` steps."""
+    seconds = float(gathered[:, -1].max())  # the slowest rank sets the pace
+    comm_seconds = np.zeros(len(gathered))
+    for r, values in enumerate(gathered):
+        rows = times.from_array(values[:-1]).rows
+        comm_seconds[r] = sum(getattr(row, f) for row in rows for f in COMM_FIELDS)
+    comm_fraction = float(np.mean(comm_seconds / gathered[:, -1]))
+    if log is not None:
+        log.step({"step": step, "loss": loss, "accuracy": accuracy, "seconds": seconds,
+                  "images_per_second": config.batch / seconds, "lr": lr,
+                  "comm_fraction": comm_fraction}, gathered[:, :-1])
+    done = step + 1
+    if done % config.print_every == 0 or done == config.steps:
+        elapsed = time.perf_counter() - start
+        eta = elapsed / (done - first) * (config.steps - done)
+        say(f"step {done:>5}/{config.steps}  loss {loss:8.4f}  acc {accuracy:6.1%}  "
+            f"{config.batch / seconds:8.1f} images/s  {seconds * 1e3:8.1f} ms/step  "
+            f"comm {comm_fraction:4.0%}  ETA {_duration(eta)}")
+
+
+def _duration(seconds: float) -> str:
+    """'42 s', '3m07s' or '2h05m'."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _evaluate(network: Network, val_data: Any, step: int, log: Any,
+              say) -> tuple[int, float, float]:
+    """Loss and accuracy over the whole held-out split (collective)."""
+    loss_sum = correct = count = 0
+    for batch in range(val_data.batches):
+        batch_loss, batch_correct, batch_count = network.evaluate(val_data, batch)
+        loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, \
+            count + batch_count
+    loss, accuracy = loss_sum / max(count, 1), correct / max(count, 1)
+    say(f"validation after step {step}: loss {loss:.4f}, accuracy {accuracy:.2%} "
+        f"({correct}/{count})")
+    if log is not None:
+        log.validation(step, loss, accuracy)
+    return step, loss, accuracy
+
+
+def _checkpoint(network: Network, optimizer: SGD, config: TrainConfig, step: int,
+                comm: MPI.Comm, say) -> Path:
+    """Write the checkpoint of ``step`` (collective) and drop all but the newest few."""
+    from hpctrain.checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
+
+    path = checkpoint_path(config.checkpoint_dir, step)
+    state = {"batch": config.batch, "lr": config.lr, "momentum": config.momentum,
+             "weight_decay": config.weight_decay}
+    save_checkpoint(path, network, optimizer, step, state, comm, seed=config.seed)
+    if comm.Get_rank() == 0:
+        prune_checkpoints(config.checkpoint_dir, config.keep_checkpoints)
+    say(f"checkpoint written: {path}")
+    return path
+
+
+def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say) -> None:
+    """Fill the result's per-layer summary and print the closing lines (collective)."""
+    procs = comm.Get_size()
+    steps = len(result.losses)
+    if steps == 0:
+        result.layer_times = result.fastest_rank_times = None
+        say(f"done: nothing to do, already at step {result.first_step} of {config.steps}")
+        return
+    total = sum(result.step_seconds)
+    say(f"done: {steps} steps in {total:.1f} s, {steps * config.batch / total:.1f} images/s, "
+        f"final loss {result.losses[-1]:.4f}"
+        + (f", held-out accuracy {result.validation[-1][2]:.2%}" if result.validation else ""))
+    steady = result.step_times[1:] or result.step_times
+    typical = median_times(steady)
+    result.layer_times = max_over_ranks(typical, comm)
+    result.fastest_rank_times = over_ranks(typical, comm, "min")
+    which = {1: "step 1", 2: "step 2"}.get(steps, f"steps 2-{steps}")
+    say(f"per-layer time (ms): median over {which} of this run, then the largest over {procs} "
+        f"processes, entry by entry")
+    say(format_table(result.layer_times))
+    result.iteration = comm.allreduce(
+        statistics.median(result.step_seconds[1:] or result.step_seconds), MPI.MAX)

@@ -176,6 +176,7 @@ class CostModel:
         self.segments = [list(range(start, end)) for start, end in zip(weighted, ends)]
         self._segment_cache: dict[tuple[int, Choice], SegmentCost] = {}
         self._layout_cache: dict[tuple[int, Choice], list[tuple[Layout, Layout]] | None] = {}
+        self._unrunnable: dict[tuple[int, Choice], str] = {}  # why a cached None cannot run
         self._times: dict[LocalWork, tuple[float, float]] = {}
 
     # -- candidates ---------------------------------------------------------------------------
@@ -194,30 +195,40 @@ class CostModel:
         run (a split with an empty part, or a halo wider than a neighbour's rows)."""
         key = (segment, choice)
         if key not in self._layout_cache:
-            self._layout_cache[key] = self._segment_layouts(segment, choice)
+            try:
+                self._layout_cache[key] = self._segment_layouts(segment, choice)
+            except SplitError as err:
+                self._layout_cache[key], self._unrunnable[key] = None, str(err)
         return self._layout_cache[key]
 
-    def _segment_layouts(self, segment: int, choice: Choice
-                         ) -> list[tuple[Layout, Layout]] | None:
+    def runnable_layouts(self, segment: int, choice: Choice) -> list[tuple[Layout, Layout]]:
+        """:meth:`segment_layouts`, refusing a choice that cannot run with the reason."""
+        layouts = self.segment_layouts(segment, choice)
+        if layouts is None:
+            name = self.net.layers[self.segments[segment][0]].name
+            raise SplitError(f"layer {name} cannot run {choice.describe()}: "
+                             f"{self._unrunnable[(segment, choice)]}")
+        return layouts
+
+    def _segment_layouts(self, segment: int, choice: Choice) -> list[tuple[Layout, Layout]]:
         first = self.segments[segment][0]
         spec = self.net.layers[first]
         shape = self.shapes[first]
         pr, pc = choice.grid
         if shape[0] < pc:
-            return None
+            raise SplitError(f"batch {shape[0]} cannot be split over {pc} batch ranks; raise "
+                             f"--batch to at least {pc} or use a grid with fewer batch ranks")
         if choice.mode != "domain" and int(spec.args["out"]) < pr:
-            return None
-        try:
-            layouts = [weighted_layouts(spec, shape, choice.mode, choice.grid)]
-            if choice.mode == "domain":
-                halo_plans(shape[2], pr, spec.window(), spec.name)
-            for k in self.segments[segment][1:]:
-                follower = self.net.layers[k]
-                layouts.append(follower_layouts(follower, layouts[-1][1]))
-                if follower.kind == "maxpool" and layouts[-1][0].split_axis == HEIGHT_AXIS:
-                    halo_plans(self.shapes[k][2], pr, follower.window(), follower.name)
-        except SplitError:
-            return None
+            raise SplitError(f"{spec.args['out']} outputs cannot be split over {pr} model "
+                             f"ranks; use a grid with at most {spec.args['out']}")
+        layouts = [weighted_layouts(spec, shape, choice.mode, choice.grid)]
+        if choice.mode == "domain":
+            halo_plans(shape[2], pr, spec.window(), spec.name)
+        for k in self.segments[segment][1:]:
+            follower = self.net.layers[k]
+            layouts.append(follower_layouts(follower, layouts[-1][1]))
+            if follower.kind == "maxpool" and layouts[-1][0].split_axis == HEIGHT_AXIS:
+                halo_plans(self.shapes[k][2], pr, follower.window(), follower.name)
         return layouts
 
     # -- costs --------------------------------------------------------------------------------
@@ -320,10 +331,7 @@ class CostModel:
                 cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
 
     def _segment_untimed(self, segment: int, choice: Choice) -> SegmentCost:
-        layouts = self.segment_layouts(segment, choice)
-        if layouts is None:
-            raise SplitError(f"layer {self.net.layers[self.segments[segment][0]].name} cannot "
-                             f"run {choice.describe()}")
+        layouts = self.runnable_layouts(segment, choice)
         costs = []
         previous_out = None
         for index, (in_layout, out_layout) in zip(self.segments[segment], layouts, strict=True):
@@ -352,7 +360,7 @@ class CostModel:
         else in the first weighted layer's input layout."""
         if self.prelude:
             return Layout(self.shapes[0], (1, self.procs))
-        return self.segment_layouts(0, first)[0][0]
+        return self.runnable_layouts(0, first)[0][0]
 
     def prelude_layout(self) -> Layout | None:
         """The layout leading layers without weights run on (1×P), or None without any."""

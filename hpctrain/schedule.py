@@ -1,0 +1,87 @@
+"""Learning-rate schedules: the rate of every step as a pure function of the step number.
+
+A function of the step alone, so a run resumed from a checkpoint at step s continues with
+exactly the rates the uninterrupted run would have used.
+
+``--lr-schedule`` spellings:
+
+- ``constant``: the base rate at every step;
+- ``cosine``: base · ½(1 + cos(π·t/T)) over the T steps after warm-up, ending at 0;
+- ``step:EVERY:FACTOR``: multiplied by FACTOR every EVERY steps, e.g. ``step:30:0.1``.
+
+``--warmup-steps W`` ramps linearly from base/W to the base over the first W steps, then the
+schedule runs on the remaining steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hpctrain.errors import UserError
+
+KINDS = ("constant", "cosine", "step")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate of each step of a ``total_steps`` run.
+
+    Examples
+    --------
+    >>> s = parse_schedule("step:2:0.5", base=0.1, total_steps=6)
+    >>> [round(s.lr(k), 4) for k in range(6)]
+    [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+    >>> [round(parse_schedule("constant", 0.1, 4, warmup=2).lr(k), 3) for k in range(4)]
+    [0.05, 0.1, 0.1, 0.1]
+    """
+
+    base: float
+    kind: str = "constant"
+    total_steps: int = 1
+    warmup: int = 0
+    every: int = 1
+    factor: float = 1.0
+
+    def lr(self, step: int) -> float:
+        if step < self.warmup:
+            return self.base * (step + 1) / self.warmup
+        t = step - self.warmup
+        if self.kind == "cosine":
+            span = max(self.total_steps - self.warmup, 1)
+            return self.base * 0.5 * (1 + math.cos(math.pi * min(t, span) / span))
+        if self.kind == "step":
+            return self.base * self.factor ** (t // self.every)
+        return self.base
+
+    def describe(self) -> str:
+        text = {"constant": "constant", "cosine": f"cosine over {self.total_steps} steps",
+                "step": f"x{self.factor:g} every {self.every} steps"}[self.kind]
+        warm = f", {self.warmup} warm-up steps" if self.warmup else ""
+        return f"lr {self.base:g} {text}{warm}"
+
+
+def parse_schedule(text: str, base: float, total_steps: int, warmup: int = 0) -> Schedule:
+    """The schedule ``text`` names (see the module docstring); errors name the bad part."""
+    if base <= 0 or not math.isfinite(base):
+        raise UserError(f"--lr {base} must be positive")
+    if warmup < 0:
+        raise UserError(f"--warmup-steps {warmup} must be >= 0")
+    kind, *params = text.strip().split(":")
+    if kind not in KINDS:
+        raise UserError(f"--lr-schedule '{text}': unknown schedule '{kind}'; use constant, "
+                        f"cosine or step:EVERY:FACTOR")
+    if kind != "step":
+        if params:
+            raise UserError(f"--lr-schedule '{text}': {kind} takes no parameters")
+        return Schedule(base, kind, total_steps, warmup)
+    try:
+        every, factor = int(params[0]), float(params[1])
+        if len(params) != 2:
+            raise ValueError
+    except (IndexError, ValueError):
+        raise UserError(f"--lr-schedule '{text}': write step:EVERY:FACTOR, e.g. "
+                        f"step:30:0.1") from None
+    if every < 1 or not 0 < factor <= 1:
+        raise UserError(f"--lr-schedule '{text}': EVERY must be >= 1 and FACTOR in (0, 1]")
+    return Schedule(base, kind, total_steps, warmup, every, factor)

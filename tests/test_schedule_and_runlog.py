@@ -1,0 +1,167 @@
+"""Learning-rate schedules, stop requests and the step-by-step run log, on one process."""
+
+import json
+import math
+import os
+import signal
+
+import h5py
+import numpy as np
+import pytest
+
+from hpctrain.errors import UserError
+from hpctrain.schedule import parse_schedule
+from hpctrain.signals import StopRequests
+
+# -- schedules ---------------------------------------------------------------------------------
+
+
+def test_constant_cosine_and_step_schedules():
+    assert [parse_schedule("constant", 0.1, 5).lr(k) for k in range(5)] == [0.1] * 5
+    cosine = parse_schedule("cosine", 0.2, 10)
+    assert cosine.lr(0) == pytest.approx(0.2)
+    assert cosine.lr(5) == pytest.approx(0.1)  # half-way: half the rate
+    assert cosine.lr(9) == pytest.approx(0.2 * 0.5 * (1 + math.cos(math.pi * 9 / 10)))
+    assert cosine.lr(50) == pytest.approx(0.0)  # past the end: stays at the bottom
+    rates = [parse_schedule("step:3:0.1", 1.0, 9).lr(k) for k in range(9)]
+    assert rates == pytest.approx([1, 1, 1, 0.1, 0.1, 0.1, 0.01, 0.01, 0.01])
+
+
+def test_warm_up_ramps_then_hands_over():
+    s = parse_schedule("cosine", 0.4, 14, warmup=4)
+    assert [s.lr(k) for k in range(4)] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert s.lr(4) == pytest.approx(0.4)  # the cosine starts after the warm-up
+    assert s.lr(9) == pytest.approx(0.2)  # half-way through the 10 steps after it
+    assert "4 warm-up steps" in s.describe()
+
+
+def test_rates_depend_on_the_step_alone():
+    """What makes resuming exact: the rate of step k never depends on the steps before it."""
+    s = parse_schedule("step:2:0.5", 0.3, 10, warmup=1)
+    assert [s.lr(k) for k in (7, 3, 7)] == [s.lr(7), s.lr(3), s.lr(7)]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("linear", "unknown schedule 'linear'"),
+    ("step:0:0.1", "EVERY must be >= 1"),
+    ("step:10:2", "FACTOR in (0, 1]"),
+    ("step:10", "write step:EVERY:FACTOR"),
+    ("step:x:0.1", "write step:EVERY:FACTOR"),
+    ("cosine:3", "cosine takes no parameters"),
+])
+def test_bad_schedules_name_the_text(text, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_schedule(text, 0.1, 10)
+
+
+def test_bad_rate_and_warm_up():
+    with pytest.raises(UserError, match="--lr -1"):
+        parse_schedule("constant", -1, 10)
+    with pytest.raises(UserError, match="--warmup-steps -2"):
+        parse_schedule("constant", 0.1, 10, warmup=-2)
+
+
+# -- stop requests -----------------------------------------------------------------------------
+
+class SelfComm:
+    """A one-rank communicator, enough for StopRequests.agreed."""
+
+    def Get_size(self):
+        return 1
+
+
+def test_a_signal_is_recorded_not_fatal_and_handlers_are_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequests() as stop:
+        assert stop.agreed(SelfComm()) is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == "SIGTERM"  # the first one counts
+        assert stop.agreed(SelfComm()) == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# -- the run log -------------------------------------------------------------------------------
+
+def planned_smallcnn():
+    from hpctrain.backend import Backend
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.cost.model import build_cost_model
+    from hpctrain.net import load_net
+    from hpctrain.plan import plan_from_spec
+    from hpctrain.planner import choices_of, evaluate
+
+    net = load_net("smallcnn")
+    model = build_cost_model(net, 8, 2, load_machine("default"), "flops", Backend(np, np.float32))
+    return evaluate(model, choices_of(model, plan_from_spec("conv=domain:2x1,fc=2x1", net, 2)))
+
+
+def log_steps(log, steps, procs=2):
+    from hpctrain.runlog import RECORD_FIELDS
+
+    width = len(log.rows) * len(RECORD_FIELDS) + 1
+    for step in steps:
+        records = np.arange(procs * width, dtype=float).reshape(procs, width) + step
+        log.step({"step": step, "loss": 1.0 / (step + 1), "accuracy": 0.5, "seconds": 0.1,
+                  "images_per_second": 80.0, "lr": 0.01, "comm_fraction": 0.25}, records)
+
+
+def test_run_log_grows_step_by_step_with_max_and_mean_over_ranks(tmp_path):
+    from hpctrain.runlog import RECORD_FIELDS, RunLog
+
+    planned = planned_smallcnn()
+    rows = [p.layer for p in planned.plans] + ["loss"]
+    log = RunLog(tmp_path / "run.h5", {"net": "smallcnn", "config": {"batch": 8}}, planned, rows)
+    log_steps(log, range(3))
+    # readable while the run goes on (in this process the flags must match the writer's)
+    with h5py.File(tmp_path / "run.h5", locking=False) as h5:
+        assert h5["steps/loss"].shape == (3,) and h5.attrs["status"] == "running"
+    log.validation(3, 0.7, 0.9)
+    log.finish("finished at step 3")
+    with h5py.File(tmp_path / "run.h5") as h5:
+        assert json.loads(h5.attrs["config"]) == {"batch": 8}
+        assert h5.attrs["status"] == "finished at step 3"
+        assert list(h5["steps/step"][:]) == [0, 1, 2]
+        width = len(RECORD_FIELDS)
+        k = RECORD_FIELDS.index("backward_compute")
+        stride = len(rows) * width + 1
+        for step in range(3):  # rank 1's record is rank 0's plus stride: max is rank 1's
+            want_max = np.arange(len(rows)) * width + k + stride + step
+            assert np.array_equal(h5["steps/layers/backward_compute/max"][step], want_max)
+            assert np.array_equal(h5["steps/layers/backward_compute/mean"][step],
+                                  want_max - stride / 2)
+        assert list(h5["plan/mode"][:2]) == [b"domain", b"follow"]
+        assert list(h5["plan/grid"][0]) == [2, 1]
+        assert h5["validation/accuracy"][:].tolist() == [0.9]
+
+
+def test_resuming_a_log_drops_the_rows_it_will_log_again(tmp_path):
+    from hpctrain.runlog import RunLog
+
+    planned = planned_smallcnn()
+    rows = [p.layer for p in planned.plans] + ["loss"]
+    log = RunLog(tmp_path / "run.h5", {}, planned, rows)
+    log_steps(log, range(6))
+    log.validation(3, 0.5, 0.5)
+    log.validation(6, 0.4, 0.6)
+    log.close()  # killed after step 6; the checkpoint was at step 4
+    log = RunLog(tmp_path / "run.h5", {}, planned, rows, resume_step=4)
+    log_steps(log, range(4, 8))
+    log.finish("finished at step 8")
+    with h5py.File(tmp_path / "run.h5") as h5:
+        assert list(h5["steps/step"][:]) == list(range(8))
+        assert h5["steps/layers/forward_compute/max"].shape[0] == 8
+        assert list(h5["validation/step"][:]) == [3]
+        assert h5.attrs["resumed"].startswith("at step 4")
+    assert not (tmp_path / "run.1.h5").exists()
+
+
+def test_a_new_log_never_overwrites_an_old_one(tmp_path):
+    from hpctrain.runlog import RunLog, free_name
+
+    planned = planned_smallcnn()
+    rows = [p.layer for p in planned.plans] + ["loss"]
+    for _ in range(3):
+        RunLog(tmp_path / "run.h5", {}, planned, rows).finish("done")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.1.h5", "run.2.h5", "run.h5"]
+    assert free_name(tmp_path / "run.h5").name == "run.3.h5"

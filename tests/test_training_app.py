@@ -1,0 +1,270 @@
+"""The training application as a user launches it: mpiexec, real data, logs, checkpoints,
+signals, and bad input refused by every rank within seconds.
+
+Each test starts its own ``mpiexec -n P python -m hpctrain …`` and checks what the user sees:
+the exit status, the output, and the HDF5 files left behind.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = ROOT / "inputs" / "digits.h5"
+MIXED_PLAN = ROOT / "inputs" / "plans" / "smallcnn-p4-mixed.plan"
+
+
+def mpiexec() -> str | None:
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+
+
+def env(tmp_path: Path) -> dict:
+    # a private compute-time cache: measured here, never shared with other runs
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HPCTRAIN_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def launch(procs: int, *args: str, tmp_path: Path, timeout: float = 120):
+    return subprocess.run([mpiexec(), "-n", str(procs), sys.executable, "-m", "hpctrain", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env(tmp_path),
+                          cwd=tmp_path)
+
+
+def start(procs: int, *args: str, tmp_path: Path) -> subprocess.Popen:
+    return subprocess.Popen([mpiexec(), "-n", str(procs), sys.executable, "-m", "hpctrain",
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env(tmp_path), cwd=tmp_path)
+
+
+def wait_for_step(process: subprocess.Popen, step: int) -> list[str]:
+    """Progress lines until 'step N/…' with N >= ``step`` (rank 0 flushes each line)."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= step:
+            return lines
+    raise AssertionError(f"the run ended before step {step}: {process.stderr.read()}")
+
+
+def rank_pids(marker: str) -> list[int]:
+    """The training processes (not the launcher) whose command line contains ``marker``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = [a.decode(errors="replace") for a in argv]
+        if marker in text and "hpctrain" in text and Path(text[0]).name.startswith("python"):
+            pids.append(int(proc.name))
+    return sorted(pids)
+
+
+def losses(log: Path) -> np.ndarray:
+    with h5py.File(log) as h5:
+        return h5["steps/loss"][:]
+
+
+# -- the issue's done-when command -------------------------------------------------------------
+
+def test_alexnet_auto_three_steps_logs_losses_plan_and_layer_timings(tmp_path):
+    result = launch(4, "--net", "alexnet", "--grid", "auto", "--steps", "3", "--batch", "16",
+                    "--image-size", "127", "--log", "run.h5", tmp_path=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("done: 3 steps") == 1  # rank 0 alone prints
+    with h5py.File(tmp_path / "run.h5") as h5:
+        assert h5["steps/loss"].shape == (3,)
+        assert list(h5["steps/step"][:]) == [0, 1, 2]
+        assert h5.attrs["processes"] == 4 and h5.attrs["status"] == "finished at step 3"
+        assert "conv1" in h5.attrs["plan"] and h5.attrs["mpi_library"]
+        names = [n.decode() for n in h5["plan/layer"][:]]
+        assert names[0] == "conv1" and len(h5["plan/grid"]) == len(names)
+        rows = [n.decode() for n in h5["steps/layers/name"][:]]
+        assert rows == names + ["loss"]
+        for field in ("forward_compute", "backward_layer_comm", "bytes_sent"):
+            for stat in ("max", "mean"):
+                values = h5[f"steps/layers/{field}/{stat}"][:]
+                assert values.shape == (3, len(rows)) and np.all(values >= 0)
+        largest, mean = (h5[f"steps/layers/forward_compute/{s}"][:] for s in ("max", "mean"))
+        assert np.all(largest >= mean) and largest[:, 0].min() > 0
+        assert h5["plan/predicted/forward_compute"][0] > 0
+        assert h5["steps/seconds"].attrs["units"] == "s"
+        assert h5["steps/layers/bytes_sent/max"].attrs["units"] == "bytes"
+
+
+# -- real data ---------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not DIGITS.exists(), reason="make inputs/digits.h5 first")
+def test_digits_reach_95_percent_held_out_under_a_mixed_plan(tmp_path):
+    result = launch(4, "--net", "smallcnn", "--data", str(DIGITS), "--grid", str(MIXED_PLAN),
+                    "--batch", "64", "--epochs", "15", "--lr", "0.1", "--lr-schedule", "cosine",
+                    "--print-every", "50", "--log", "digits.h5", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with h5py.File(tmp_path / "digits.h5") as h5:
+        modes = {m.decode() for m in h5["plan/mode"][:]}
+        accuracy = h5["validation/accuracy"][:]
+        steps = h5["validation/step"][:]
+    assert {"domain", "model", "batch"} <= modes
+    assert len(accuracy) == 15 and list(steps) == [22 * k for k in range(1, 16)]  # every epoch
+    assert accuracy[-1] >= 0.95, accuracy
+    assert accuracy[0] < accuracy[-1]  # the curve rises
+
+
+# -- signals, checkpoints, resume --------------------------------------------------------------
+
+RUN = ("--net", "smallcnn", "--batch", "8", "--dtype", "float64", "--print-every", "1")
+
+
+@pytest.mark.parametrize("signame,to", [("SIGUSR1", "launcher"), ("SIGTERM", "one rank")])
+def test_a_signal_checkpoints_and_stops_every_rank_then_resume_continues(tmp_path, signame, to):
+    log, checkpoints = tmp_path / "run.h5", tmp_path / "ckpt"
+    process = start(2, *RUN, "--grid", "2x1", "--steps", "100000", "--log", str(log),
+                    "--checkpoint-dir", str(checkpoints), tmp_path=tmp_path)
+    try:
+        wait_for_step(process, 4)
+        victims = [process.pid] if to == "launcher" else rank_pids(str(log))[-1:]
+        assert victims
+        for pid in victims:
+            os.kill(pid, getattr(signal, signame))
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert f"stopped by {signame} after step" in out
+    with h5py.File(log) as h5:
+        stopped = len(h5["steps/loss"])
+        assert h5.attrs["status"] == f"stopped by {signame} after step {stopped}"
+    assert (checkpoints / f"step-{stopped:08d}.h5").exists()
+
+    # resume on the same plan: the uninterrupted run's losses, bit for bit
+    target = stopped + 3
+    resumed = launch(2, *RUN, "--grid", "2x1", "--steps", str(target), "--log", str(log),
+                     "--checkpoint-dir", str(checkpoints), "--resume", tmp_path=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {checkpoints / f'step-{stopped:08d}.h5'} at step {stopped}" \
+        in resumed.stdout
+    straight = launch(2, *RUN, "--grid", "2x1", "--steps", str(target), "--log", "straight.h5",
+                      tmp_path=tmp_path)
+    assert straight.returncode == 0, straight.stderr
+    whole = losses(log)
+    assert len(whole) == target  # one log for the whole training
+    assert np.array_equal(whole, losses(tmp_path / "straight.h5"))
+
+    # resume on another P and plan: the same losses within float64 rounding
+    other = launch(1, *RUN, "--steps", str(target), "--log", "one.h5",
+                   "--resume", str(checkpoints / f"step-{stopped:08d}.h5"), tmp_path=tmp_path)
+    assert other.returncode == 0, other.stderr
+    np.testing.assert_allclose(losses(tmp_path / "one.h5"), whole[stopped:], rtol=1e-10)
+
+
+def test_a_killed_job_keeps_a_readable_log_of_every_step_it_logged(tmp_path):
+    log = tmp_path / "run.h5"
+    process = start(2, *RUN, "--steps", "100000", "--log", str(log), tmp_path=tmp_path)
+    try:
+        wait_for_step(process, 6)
+        for pid in rank_pids(str(log)):
+            os.kill(pid, signal.SIGKILL)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    with h5py.File(log) as h5:
+        assert h5.attrs["status"] == "running"  # it never got to say otherwise
+        n = len(h5["steps/loss"])
+        assert n >= 5 and np.all(np.isfinite(h5["steps/loss"][:]))
+        assert h5["steps/layers/forward_compute/max"].shape[0] == n
+
+
+def test_an_existing_log_is_kept_aside_not_overwritten(tmp_path):
+    for _ in range(2):
+        result = launch(1, *RUN, "--steps", "2", "--log", "run.h5", tmp_path=tmp_path)
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run.h5").exists() and (tmp_path / "run.1.h5").exists()
+
+
+def test_plan_only_prints_the_plan_and_trains_nothing(tmp_path):
+    result = launch(2, "--net", "smallcnn", "--grid", "conv=domain:2x1,fc=2x1", "--plan-only",
+                    "--log", "run.h5", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "predicted iteration" in result.stdout and "step " not in result.stdout
+    assert not (tmp_path / "run.h5").exists()
+
+
+# -- bad input: one line from rank 0, every rank out within seconds ----------------------------
+
+def _other_net_checkpoint(tmp_path: Path) -> str:
+    result = launch(1, "--net", "mlp", "--steps", "1", "--batch", "4", "--checkpoint-dir",
+                    str(tmp_path / "mlp"), tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return str(tmp_path / "mlp" / "step-00000001.h5")
+
+
+def _truncated(tmp_path: Path, source: Path, name: str) -> str:
+    data = source.read_bytes()
+    (tmp_path / name).write_bytes(data[:len(data) // 2])
+    return str(tmp_path / name)
+
+
+BAD_INPUT = {
+    "unknown net": (2, ["--net", "resnet"], "unknown net 'resnet'"),
+    "malformed net file": (2, ["--net", "{bad_net}"], "conv needs kernel"),
+    "grid that does not match P": (4, ["--grid", "3x3"], "grid 3x3 needs 9 processes but 4"),
+    "batch smaller than the batch split": (2, ["--grid", "1x2", "--batch", "1"],
+                                           "batch 1 cannot be split over 2 batch ranks"),
+    "image too small for the split": (2, ["--net", "smallcnn", "--image-size", "3", "--grid",
+                                          "conv=domain:2x1,fc=2x1"],
+                                      "output height of size 1 cannot be split 2 ways"),
+    "missing dataset": (2, ["--data", "nowhere.h5"], "nowhere.h5"),
+    "corrupt dataset": (2, ["--net", "smallcnn", "--data", "{bad_data}"], "HDF5"),
+    "dataset that does not fit the net": (2, ["--net", "mlp", "--data", str(DIGITS)],
+                                          "1x8x8"),
+    "missing checkpoint": (2, ["--resume", "nowhere.h5"], "nowhere.h5"),
+    "corrupt checkpoint": (2, ["--net", "mlp", "--resume", "{bad_checkpoint}"], "HDF5"),
+    "checkpoint of another net": (2, ["--net", "smallcnn", "--resume", "{mlp_checkpoint}"],
+                                  "written for net mlp, not smallcnn"),
+    "unknown machine profile": (2, ["--grid", "auto", "--machine", "nowhere"],
+                                "unknown machine 'nowhere'"),
+    "non-finite loss": (2, ["--net", "mlp", "--lr", "1e6", "--steps", "50", "--batch", "8"],
+                        "at step"),
+    "unknown lr schedule": (2, ["--lr-schedule", "linear"], "unknown schedule 'linear'"),
+    "epochs on synthetic data": (2, ["--epochs", "2"], "--epochs needs a dataset"),
+    "a value argparse refuses": (2, ["--batch", "many"], "invalid int value: 'many'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_is_one_line_from_rank_0_and_every_rank_exits(tmp_path, case):
+    procs, args, message = BAD_INPUT[case]
+    if str(DIGITS) in args and not DIGITS.exists():
+        pytest.skip("make inputs/digits.h5 first")
+    (tmp_path / "bad.net").write_text("input channels=1 size=8 classes=10\nconv out=4\n")
+    files = {"bad_net": lambda: str(tmp_path / "bad.net")}
+    if "{mlp_checkpoint}" in args or "{bad_checkpoint}" in args:
+        good = _other_net_checkpoint(tmp_path)
+        files["mlp_checkpoint"] = lambda: good
+        files["bad_checkpoint"] = lambda: _truncated(tmp_path, Path(good), "cut.h5")
+    if "{bad_data}" in args:
+        if not DIGITS.exists():
+            pytest.skip("make inputs/digits.h5 first")
+        files["bad_data"] = lambda: _truncated(tmp_path, DIGITS, "cut-data.h5")
+    args = [a.format(**{k: f() for k, f in files.items()}) if "{" in a else a for a in args]
+    if "--steps" not in args and "--epochs" not in args:
+        args = ["--steps", "2", *args]
+    started = time.monotonic()
+    result = launch(procs, *args, tmp_path=tmp_path, timeout=60)
+    assert time.monotonic() - started < 60
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hpctrain: error:") and message in lines[0], lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
