@@ -26,7 +26,7 @@ STAMP := $(VENV)/.installed-$(MPI)
 
 DIGITS := inputs/digits.h5
 
-.PHONY: install test test-serial test-mpi run digits verify bench lint clean
+.PHONY: install test test-serial test-mpi run digits verify bench plots lint clean
 
 install: $(STAMP)
 
@@ -76,10 +76,16 @@ verify: install
 	  --grid conv=domain:2x2,fc=4x1 --batch 4
 
 # The planner's targets: plans at P = 4096 in well under a second; then, on NP ranks, a fresh
-# calibration and every plan trained a few steps, predicted against measured.
+# calibration and every plan trained a few steps, predicted against measured; then AlexNet
+# throughput against PyTorch and DDP (bench/throughput.py; table in runs/bench/throughput.txt).
 BENCH_NET ?= alexnet
 BENCH_IMAGE ?= 127
-bench: install
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: install $(BENCH_STAMP)
 	for net in alexnet vgg16; do \
 	  start=$$(date +%s%N); \
 	  $(PY) -m hpctrain plan --net $$net --procs 4096 --batch 2048 --machine cori-knl >/dev/null; \
@@ -88,6 +94,15 @@ bench: install
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain calibrate
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain compare-plans --net $(BENCH_NET) \
 	  --image-size $(BENCH_IMAGE) --batch 16 --steps 8 --log runs/compare-$(BENCH_NET).h5
+	$(PY) bench/throughput.py --procs 1 2 4 --batch 16 --image-size $(BENCH_IMAGE) --steps 6
+
+# Plots from HDF5 run logs: strong/weak scaling, per-layer compute/communication/redistribution,
+# predicted against measured, training curves. Reads files only (no MPI). Other hpctrain files
+# in LOGS (runs/simulation.h5) are skipped with a note.
+LOGS ?= runs/*.h5
+PLOTS ?= plots
+plots: install
+	$(PY) analysis/plot_logs.py $(LOGS) --out $(PLOTS)
 
 lint: install
 	$(BIN)/ruff check hpctrain tests analysis
