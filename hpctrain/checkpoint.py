@@ -91,8 +91,8 @@ def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
     it before the next, so its extra memory is that of the largest tensor: the gather's receive
     buffer and assembled tensor in float64, then the cast to the training dtype, whatever P.
 
-    If writing fails (disk full, no permission, ...) rank 0 still takes part in every remaining
-    gather and then broadcasts the failure, so every rank raises the same
+    If writing fails (disk full, no permission: an ``OSError``) rank 0 still takes part in every
+    remaining gather and then broadcasts the failure, so every rank raises the same
     :class:`CheckpointError` and none is left waiting; the previous file at ``path``, if any, is
     unchanged and no temporary file remains.
     """
@@ -104,7 +104,7 @@ def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
         try:
             header = _header(network, step, state, seed)
             replace_atomically(path, lambda tmp: _write(tmp, header, tensors))
-        except Exception as err:  # any failure: still finish the gathers, then report it
+        except OSError as err:  # disk full, no permission: finish the gathers, then report it
             failure = f"{type(err).__name__}: {err}"
     for _ in tensors:  # the other ranks' share, or what rank 0 left when writing failed
         pass
@@ -301,6 +301,14 @@ def checkpoint_path(directory: Path, step: int) -> Path:
     if step < 0:
         raise ValueError(f"step {step} must be non-negative")
     return Path(directory) / f"step-{step:08d}.h5"
+
+
+def step_of(path: Path) -> int:
+    """The step in a checkpoint's file name: ``step-00000120.h5`` -> 120."""
+    match = _FILE_NAME.match(Path(path).name)
+    if not match:
+        raise CheckpointError(f"{path} is not named like a checkpoint (step-NNNNNNNN.h5)")
+    return int(match.group(1))
 
 
 def _checkpoints(directory: Path) -> list[tuple[int, Path]]:

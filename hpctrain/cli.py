@@ -173,7 +173,8 @@ def _setup(args: argparse.Namespace, net: NetSpec, comm, dtype: str,
         raise UserError(f"--batch {args.batch} must be at least 1")
     procs = comm.Get_size()
     spec = args.grid or f"1x{procs}"
-    plan = None if spec.strip() == "auto" else plan_from_spec(spec, net, procs)
+    plan = None if spec.strip() == "auto" else agreed(
+        comm, lambda: plan_from_spec(spec, net, procs))
     backend = make_backend(args.device, dtype, comm)
     if plan is not None and not predict:
         return Setup(net, plan, backend, None)
@@ -181,8 +182,8 @@ def _setup(args: argparse.Namespace, net: NetSpec, comm, dtype: str,
     from hpctrain.cost.model import build_cost_model
     from hpctrain.planner import choices_of, evaluate, plan_network
 
-    model = build_cost_model(net, args.batch, procs, load_machine(args.machine), args.compute,
-                             backend, comm)
+    machine = agreed(comm, lambda: load_machine(args.machine))
+    model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm)
     if plan is None:
         planned = plan_network(model, args.mem_per_rank)
         if comm.Get_rank() == 0:
@@ -205,17 +206,100 @@ def _write_plan(path: str, net, planned, procs: int, batch: int, machine: str) -
     print(f"plan written to {path} (use it with --grid {path})", flush=True)
 
 
-def _check_counts(args: argparse.Namespace) -> None:
+def agreed(comm, work, everywhere: bool = False):
+    """``work()`` run by rank 0 and its result broadcast (or, ``everywhere``, run by every
+    rank); a :class:`UserError` on any rank is raised on every rank, rank 0's or the first.
+
+    What is read from files — the net, a plan, a machine profile, the dataset, a checkpoint —
+    goes through here: a file that only some ranks can see (node-local disk) then fails the
+    whole job at once with one message, where ranks that failed alone would leave the others
+    waiting in a collective.
+    """
+    result = error = None
+    if everywhere or comm.Get_rank() == 0:
+        try:
+            result = work()
+        except UserError as err:
+            error = str(err)
+    if everywhere:
+        error = next((e for e in comm.allgather(error) if e), None)
+    else:
+        result, error = comm.bcast((result, error), root=0)
+    if error is not None:
+        raise UserError(error)
+    return result
+
+
+@dataclass
+class Prepared:
+    """What rank 0 reads and checks before anything collective (see :func:`agreed`)."""
+
+    net: NetSpec
+    dataset: Any  # DatasetInfo, or None for synthetic data
+    resume: Any  # the checkpoint to resume from (a Path), or None
+    info: Any  # its CheckpointInfo, or None
+    seed: int
+    steps: int
+    schedule: Any  # the learning-rate Schedule
+    eval_every: int
+    steps_per_epoch: int | None
+
+
+def _prepare(args: argparse.Namespace) -> Prepared:
+    """Every check of the options and the files they name, before planning (rank 0)."""
+    from hpctrain.optim import SGD
+    from hpctrain.schedule import parse_schedule
+
     for flag in ("steps", "print_every", "eval_every", "checkpoint_every", "keep_checkpoints",
                  "warmup_steps"):
         value = getattr(args, flag)
         least = 0 if flag in ("checkpoint_every", "warmup_steps") else 1
         if value is not None and value < least:
             raise UserError(f"--{flag.replace('_', '-')} {value} must be >= {least}")
+    if args.batch < 1:
+        raise UserError(f"--batch {args.batch} must be at least 1")
     if args.epochs is not None and not args.epochs > 0:
         raise UserError(f"--epochs {args.epochs} must be positive")
     if args.checkpoint_every and not args.checkpoint_dir:
         raise UserError("--checkpoint-every needs --checkpoint-dir DIR")
+    SGD.check(args.lr, args.momentum, args.weight_decay)
+    net, dataset = _dataset_net(args, load_net(args.net, args.image_size))
+    epoch = dataset.train_size // args.batch if dataset else None
+    if args.epochs is not None:
+        if epoch is None:
+            raise UserError("--epochs needs a dataset (--data PATH.h5); synthetic data has no "
+                            "epochs, use --steps")
+        steps = max(1, int(args.epochs * epoch + 0.5))
+    else:
+        steps = args.steps or 10
+    if args.eval_every and not (dataset and dataset.val_size):
+        raise UserError(f"--eval-every {args.eval_every} needs a dataset with a held-out split "
+                        f"(/val); --data {args.data} has none")
+    schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
+    resume, info = _resume_from(args, net)
+    _check_writable(args)
+    seed = info.seed if info else (0 if args.seed is None else args.seed)
+    eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
+    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, epoch)
+
+
+def _check_writable(args: argparse.Namespace) -> None:
+    """Refuse a log or checkpoint path that cannot be written now, not after the training."""
+    import os
+    from pathlib import Path
+
+    for flag, directory in (("--log", Path(args.log).parent if args.log else None),
+                            ("--checkpoint-dir", args.checkpoint_dir)):
+        if directory is None:
+            continue
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"{flag}: cannot create directory {directory} ({err.strerror}); "
+                            f"choose another path") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise UserError(f"{flag}: directory {directory} is not writable; choose another "
+                            f"path")
 
 
 def _dataset_net(args: argparse.Namespace, net: NetSpec):
@@ -236,24 +320,40 @@ def _dataset_net(args: argparse.Namespace, net: NetSpec):
 
 
 def _resume_from(args: argparse.Namespace, net: NetSpec):
-    """The checkpoint to resume from and what it says, or (None, None) to start afresh."""
-    from hpctrain.checkpoint import latest_checkpoint, read_checkpoint_info, resolve_resume
+    """The checkpoint to resume from and what it says, or (None, None) to start afresh.
 
-    if args.resume is None:
-        return None, None
-    if args.resume == "latest":
-        if not args.checkpoint_dir:
-            raise UserError("bare --resume takes the newest checkpoint in --checkpoint-dir; "
-                            "give --checkpoint-dir DIR or --resume PATH")
-        path = latest_checkpoint(args.checkpoint_dir)
-        if path is None:
-            return None, None
-    else:
-        path = resolve_resume(args.resume)
-    info = read_checkpoint_info(path, net)
-    if args.seed is not None and args.seed != info.seed:
-        raise UserError(f"checkpoint {path} was written with --seed {info.seed}, not "
-                        f"{args.seed}; drop --seed or pass --seed {info.seed}")
+    Refuses a --checkpoint-dir holding checkpoints of another trajectory: newer than the one
+    resumed, or any at all for a fresh run (keeping the newest few would delete them, and a
+    later bare --resume would pick the wrong one).
+    """
+    from hpctrain.checkpoint import (
+        latest_checkpoint,
+        read_checkpoint_info,
+        resolve_resume,
+        step_of,
+    )
+
+    newest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
+    path = info = None
+    if args.resume == "latest" and not args.checkpoint_dir:
+        raise UserError("bare --resume takes the newest checkpoint in --checkpoint-dir; give "
+                        "--checkpoint-dir DIR or --resume PATH")
+    if args.resume is not None:
+        path = newest if args.resume == "latest" else resolve_resume(args.resume)
+    if path is not None:
+        info = read_checkpoint_info(path, net)
+        if args.seed is not None and args.seed != info.seed:
+            raise UserError(f"checkpoint {path} was written with --seed {info.seed}, not "
+                            f"{args.seed}; drop --seed or pass --seed {info.seed}")
+        batch = info.state.get("batch", args.batch)
+        if batch != args.batch:
+            raise UserError(f"checkpoint {path} was written with --batch {batch}; resume with "
+                            f"--batch {batch} (what step N reads depends on it)")
+    step = info.step if info else -1
+    if newest is not None and step_of(newest) > step:
+        what = f"is newer than step {step} resumed" if info else "belongs to another run"
+        raise UserError(f"--checkpoint-dir {args.checkpoint_dir} holds {newest.name}, which "
+                        f"{what}; resume from it (--resume), or use an empty directory")
     return path, info
 
 
@@ -261,8 +361,7 @@ def run_train(argv: list[str], comm) -> int:
     from hpctrain.signals import StopRequests
 
     args = build_parser().parse_args(argv)
-    _check_counts(args)
-    with StopRequests() as stop:  # a signal while planning stops the run after one step
+    with StopRequests() as stop:  # a signal while planning stops the run before training
         return _train_command(args, argv, comm, stop)
 
 
@@ -270,51 +369,44 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     from pathlib import Path
 
     from hpctrain.planner import format_plan
-    from hpctrain.schedule import parse_schedule
     from hpctrain.train import TrainConfig, train
 
     rank = comm.Get_rank()
-    if args.batch < 1:
-        raise UserError(f"--batch {args.batch} must be at least 1")
-    net, dataset = _dataset_net(args, load_net(args.net, args.image_size))
-    resume, info = _resume_from(args, net)
-    seed = info.seed if info else (0 if args.seed is None else args.seed)
-    setup = _setup(args, net, comm, args.dtype)
-    data = val_data = epoch = None
-    if dataset is not None:
-        from hpctrain.dataset import H5Data
-
-        data = H5Data(setup.backend, args.data, args.batch, seed, split="train")
-        if dataset.val_size:
-            val_data = H5Data(setup.backend, args.data, args.batch, seed, split="val")
-        epoch = data.steps_per_epoch
-    if args.epochs is not None:
-        if epoch is None:
-            raise UserError("--epochs needs a dataset (--data PATH.h5); synthetic data has no "
-                            "epochs, use --steps")
-        steps = max(1, round(args.epochs * epoch))
-    else:
-        steps = args.steps or 10
+    prepared = agreed(comm, lambda: _prepare(args))
+    setup = _setup(args, prepared.net, comm, args.dtype)
     if rank == 0:
         print(format_plan(setup.planned), flush=True)
     if args.plan_only:
         return 0
-    schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
-    eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
-    config = TrainConfig(args.batch, steps, args.lr, args.momentum, args.weight_decay, seed,
-                         args.print_every, schedule, eval_every,
+    data = val_data = None
+    if prepared.dataset is not None:
+        from hpctrain.dataset import H5Data
+
+        def open_data(split: str):
+            return agreed(comm, lambda: H5Data(setup.backend, args.data, args.batch,
+                                               prepared.seed, split=split), everywhere=True)
+
+        data = open_data("train")
+        val_data = open_data("val") if prepared.dataset.val_size else None
+    config = TrainConfig(args.batch, prepared.steps, args.lr, args.momentum, args.weight_decay,
+                         prepared.seed, args.print_every, prepared.schedule, prepared.eval_every,
                          Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                          args.checkpoint_every, args.keep_checkpoints)
     log = None
     if rank == 0 and args.log:
-        log = _open_log(args, argv, setup, comm.Get_size(), config, info.step if info else None)
+        log = _open_log(args, argv, setup, comm.Get_size(), config,
+                        prepared.info.step if prepared.info else None)
     try:
         result = train(setup.net, setup.plan, config, setup.backend, comm, data=data,
-                       val_data=val_data, log=log, resume=resume, stop=stop)
+                       val_data=val_data, log=log, resume=prepared.resume, stop=stop)
     except BaseException as err:
         if log is not None:
             log.finish(f"failed: {err}")
         raise
+    finally:
+        for reader in (data, val_data):
+            if reader is not None:
+                reader.close()
     if rank == 0 and result.losses:
         planned = setup.planned
         error = planned.iteration_time / result.iteration - 1
@@ -378,7 +470,8 @@ def run_verify(argv: list[str], comm) -> int:
     from hpctrain.verify import verify
 
     args = build_verify_parser().parse_args(argv)
-    setup = _setup(args, load_net(args.net, args.image_size), comm, "float64", predict=False)
+    net = agreed(comm, lambda: load_net(args.net, args.image_size))
+    setup = _setup(args, net, comm, "float64", predict=False)
     with GridSet(comm) as grids:
         ok = verify(setup.net, setup.plan, args.batch, grids, setup.backend, args.seed or 0,
                     args.tolerance)

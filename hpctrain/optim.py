@@ -13,14 +13,19 @@ class SGD:
 
     def __init__(self, params: list[Parameter], lr: float, momentum: float = 0.9,
                  weight_decay: float = 0.0) -> None:
-        if lr <= 0:
+        self.check(lr, momentum, weight_decay)
+        self.params, self.lr, self.momentum, self.weight_decay = params, lr, momentum, weight_decay
+        self.velocity: list[Any] = [None] * len(params)
+
+    @staticmethod
+    def check(lr: float, momentum: float, weight_decay: float) -> None:
+        """Refuse settings that cannot train, naming the option."""
+        if not lr > 0:
             raise UserError(f"--lr {lr} must be positive")
         if not 0 <= momentum < 1:
             raise UserError(f"--momentum {momentum} must be in [0, 1)")
-        if weight_decay < 0:
+        if not weight_decay >= 0:
             raise UserError(f"--weight-decay {weight_decay} must be non-negative")
-        self.params, self.lr, self.momentum, self.weight_decay = params, lr, momentum, weight_decay
-        self.velocity: list[Any] = [None] * len(params)
 
     def step(self, lr: float | None = None) -> None:
         lr = self.lr if lr is None else lr

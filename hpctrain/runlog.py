@@ -13,7 +13,7 @@ Layout (units in each dataset's ``units`` attribute)::
                               predicted_iteration (s), status, started, finished
     /plan/layer               (L,)     layer names in network order
     /plan/mode, /plan/grid    (L,), (L, 2)  each layer's mode and Pr x Pc (0 x 0: follows)
-    /steps/step               (n,)     step number (0-based) of each row
+    /steps/step               (n,)     the step's number: after it, that many steps are done
     /steps/loss, accuracy     (n,)     mean training loss and accuracy of the step's batch
     /steps/seconds            (n,)     wall time of the step, the slowest rank
     /steps/images_per_second  (n,)     batch / seconds
@@ -22,7 +22,7 @@ Layout (units in each dataset's ``units`` attribute)::
     /steps/layers/name        (L+1,)   the rows: layers, then "loss"
     /steps/layers/F/max       (n, L+1) field F of each row in each step, largest over ranks
     /steps/layers/F/mean      (n, L+1) the same, mean over ranks
-    /validation/step, loss, accuracy  (m,)  held-out evaluation after those steps
+    /validation/step, loss, accuracy  (m,)  held-out evaluation after that many steps
     /layers/...               at the end: per layer the predicted and measured times
                               (:func:`write_timings`), as written by compare-plans
     /iteration                attrs: predicted, measured (s)
@@ -31,10 +31,11 @@ with F one of forward_compute, backward_compute, forward_layer_comm, backward_la
 forward_redistribution, backward_redistribution (seconds; see
 :class:`hpctrain.timing.LayerTimes`) and bytes_sent (bytes).
 
-A resumed run (``--resume`` with the same ``--log``) opens the file again, drops the rows at or
-after the checkpoint's step, and goes on appending: one log for the whole training. A new run
-never overwrites an earlier log: an existing file is first renamed to ``NAME.1.h5`` (or the
-first free number).
+A resumed run (``--resume`` with the same ``--log``) on the same P and plan opens the file
+again, drops the rows after the checkpoint's step, and goes on appending: one log for the whole
+training (``resumed`` lists each resume). Otherwise an existing file is never overwritten: it is
+first renamed to ``NAME.1.h5`` (or the first free number), and a resume on another P or plan
+starts a log of its own.
 """
 
 from __future__ import annotations
@@ -129,6 +130,20 @@ def free_name(path: Path) -> Path:
     return candidate
 
 
+def _same_run(path: Path, attrs: dict[str, Any]) -> bool:
+    """Whether the log at ``path`` is of a run on the same P, net and plan as ``attrs``."""
+    import h5py
+
+    if not path.exists():
+        return False
+    try:
+        with h5py.File(path, "r", locking=False) as h5:
+            return all(str(h5.attrs.get(k)) == str(attrs.get(k))
+                       for k in ("processes", "net", "plan"))
+    except OSError:  # not a readable log: keep it aside, start afresh
+        return False
+
+
 def per_rank_summary(records: np.ndarray, rows: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{field: (max over ranks, mean over ranks)} per row, from every rank's
     :meth:`StepTimes.to_array` stacked as ``records`` (P, rows·fields + 1)."""
@@ -157,7 +172,7 @@ class RunLog:
 
         self.path, self.rows = Path(path), rows
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists():
+        if resume_step is not None and _same_run(self.path, attrs):
             self.h5 = h5py.File(self.path, "a", locking=False)
             self._truncate(resume_step)
         else:
@@ -170,7 +185,8 @@ class RunLog:
         self.h5.attrs["status"] = "running"
         now = datetime.now(UTC).isoformat(timespec="seconds")
         if "started" in self.h5.attrs:  # a resumed run: one log for the whole training
-            self.h5.attrs["resumed"] = f"at step {resume_step}, {now}"
+            earlier = self.h5.attrs.get("resumed", "")
+            self.h5.attrs["resumed"] = f"{earlier}at step {resume_step}, {now}\n"
         else:
             self.h5.attrs["started"] = now
         self.h5.flush()
@@ -203,9 +219,9 @@ class RunLog:
         ds.attrs["units"] = units
 
     def _truncate(self, resume_step: int) -> None:
-        """Drop the rows a resumed run is about to log again."""
+        """Drop the rows after the checkpoint: the resumed run logs those steps again."""
         for group, series in (("steps", STEP_SERIES), ("validation", VALIDATION_SERIES)):
-            keep = int(np.searchsorted(self.h5[f"{group}/step"][:], resume_step))
+            keep = int(np.searchsorted(self.h5[f"{group}/step"][:], resume_step, side="right"))
             for name in series:
                 self.h5[f"{group}/{name}"].resize(keep, axis=0)
             if group == "steps":

@@ -6,7 +6,7 @@ exactly the rates the uninterrupted run would have used.
 ``--lr-schedule`` spellings:
 
 - ``constant``: the base rate at every step;
-- ``cosine``: base · ½(1 + cos(π·t/T)) over the T steps after warm-up, ending at 0;
+- ``cosine``: base · ½(1 + cos(π·t/T)) over the T steps after warm-up, decaying towards 0;
 - ``step:EVERY:FACTOR``: multiplied by FACTOR every EVERY steps, e.g. ``step:30:0.1``.
 
 ``--warmup-steps W`` ramps linearly from base/W to the base over the first W steps, then the

@@ -19,7 +19,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class StopRequests:
-    """While entered, SIGTERM and SIGUSR1 are recorded instead of killing the process.
+    """While entered, SIGTERM and SIGUSR1 are recorded instead of killing the process (the
+    first of each; a second one acts as usual).
 
     Examples
     --------
@@ -36,6 +37,8 @@ class StopRequests:
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         self.received = self.received or signal.Signals(signum).name
+        # a second one kills as usual: a job stuck where no step ends can still be stopped
+        signal.signal(signum, signal.SIG_DFL)
 
     def __enter__(self) -> StopRequests:
         for sig in STOP_SIGNALS:

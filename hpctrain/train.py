@@ -96,20 +96,6 @@ class TrainResult:
         return self.first_step + len(self.losses)
 
 
-def describe_plan(network: Network) -> str:
-    """The plan as a table: each layer's mode and grid, its layouts, and the move feeding it."""
-    rows = [f"{'layer':<10} {'kind':<8} {'mode':<7} {'grid':<6} {'input layout':<26} "
-            f"{'output layout':<26} {'fed by':<10}"]
-    for layer, move in zip(network.layers, network.moves, strict=True):
-        pr, pc = layer.out_layout.grid
-        rows.append(f"{layer.name:<10} {layer.kind:<8} {layer.mode:<7} {f'{pr}x{pc}':<6} "
-                    f"{layer.in_layout.describe():<26} {layer.out_layout.describe():<26} "
-                    f"{move.kind:<10}")
-    rows.append(f"{'loss':<10} {'softmax':<8} {'':<7} {'':<6} "
-                f"{network.loss_layout.describe():<26} {'':<26} {network.to_loss.kind:<10}")
-    return "\n".join(rows)
-
-
 def print_now(*args: Any) -> None:
     """print, flushed at once: a job's output file shows each line as it happens."""
     print(*args, flush=True)
@@ -145,18 +131,19 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
         say(f"hpctrain: {net.name}, {net.parameter_count() / 1e6:.1f} M parameters, input "
             f"{'x'.join(map(str, net.input_shape))}, batch {config.batch}, {procs} processes, "
             f"{backend.device} {backend.xp.dtype(backend.dtype).name}")
-        say(describe_plan(network))
+        # a diverging run overflows; the loss check in the loop names the step instead
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            # a diverging run overflows; the loss check below names the step instead
             result = _loop(network, optimizer, data, val_data, config, first, comm, log, stop,
                            say)
-        if val_data is not None and result.losses and (
-                not result.validation or result.validation[-1][0] != result.last_step):
-            result.validation.append(_evaluate(network, val_data, result.last_step, log, say))
+            if val_data is not None and result.losses and not result.stopped_by and (
+                    not result.validation or result.validation[-1][0] != result.last_step):
+                result.validation.append(_evaluate(network, val_data, result.last_step, log,
+                                                   say))
         if result.stopped_by:
-            say(f"stopped by {result.stopped_by} after step {result.last_step}"
-                + (f"; resume with --resume {result.checkpoint}" if result.checkpoint else
-                   "; no --checkpoint-dir, so nothing was saved"))
+            saved = (f"; resume with --resume {result.checkpoint}" if result.checkpoint
+                     else "; no --checkpoint-dir, so nothing was saved"
+                     if config.checkpoint_dir is None else "")
+            say(f"stopped by {result.stopped_by} after step {result.last_step}{saved}")
         _summarise(result, config, comm, say)
     return result
 
@@ -170,8 +157,10 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
     step_seconds: list[float] = []
     result = TrainResult(losses, None, step_times, None, step_seconds, 0.0, first)
     gathered = None
+    result.stopped_by = stop.agreed(comm)  # asked to stop while planning: train nothing
+    last = first if result.stopped_by else config.steps
     start = time.perf_counter()
-    for step in range(first, config.steps):
+    for step in range(first, last):
         t0 = time.perf_counter()
         times = network.step_times()
         loss, accuracy = network.train_step(data, step, times=times)
@@ -193,9 +182,10 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
         if rank == 0:
             _report(step, loss, accuracy, lr, gathered, times, config, start, first, log, say)
         done = step + 1
-        if val_data is not None and config.eval_every and done % config.eval_every == 0:
-            result.validation.append(_evaluate(network, val_data, done, log, say))
         result.stopped_by = stop.agreed(comm)
+        if (val_data is not None and config.eval_every and done % config.eval_every == 0
+                and not result.stopped_by):  # stopping: the checkpoint first and only
+            result.validation.append(_evaluate(network, val_data, done, log, say))
         if config.checkpoint_dir is not None and (
                 done == config.steps or result.stopped_by
                 or (config.checkpoint_every and done % config.checkpoint_every == 0)):
@@ -216,7 +206,7 @@ def _report(step: int, loss: float, accuracy: float, lr: float, gathered: np.nda
         comm_seconds[r] = sum(getattr(row, f) for row in rows for f in COMM_FIELDS)
     comm_fraction = float(np.mean(comm_seconds / gathered[:, -1]))
     if log is not None:
-        log.step({"step": step, "loss": loss, "accuracy": accuracy, "seconds": seconds,
+        log.step({"step": step + 1, "loss": loss, "accuracy": accuracy, "seconds": seconds,
                   "images_per_second": config.batch / seconds, "lr": lr,
                   "comm_fraction": comm_fraction}, gathered[:, :-1])
     done = step + 1

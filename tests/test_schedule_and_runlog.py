@@ -112,7 +112,7 @@ def test_run_log_grows_step_by_step_with_max_and_mean_over_ranks(tmp_path):
     planned = planned_smallcnn()
     rows = [p.layer for p in planned.plans] + ["loss"]
     log = RunLog(tmp_path / "run.h5", {"net": "smallcnn", "config": {"batch": 8}}, planned, rows)
-    log_steps(log, range(3))
+    log_steps(log, range(1, 4))
     # readable while the run goes on (in this process the flags must match the writer's)
     with h5py.File(tmp_path / "run.h5", locking=False) as h5:
         assert h5["steps/loss"].shape == (3,) and h5.attrs["status"] == "running"
@@ -121,14 +121,14 @@ def test_run_log_grows_step_by_step_with_max_and_mean_over_ranks(tmp_path):
     with h5py.File(tmp_path / "run.h5") as h5:
         assert json.loads(h5.attrs["config"]) == {"batch": 8}
         assert h5.attrs["status"] == "finished at step 3"
-        assert list(h5["steps/step"][:]) == [0, 1, 2]
+        assert list(h5["steps/step"][:]) == [1, 2, 3]
         width = len(RECORD_FIELDS)
         k = RECORD_FIELDS.index("backward_compute")
         stride = len(rows) * width + 1
-        for step in range(3):  # rank 1's record is rank 0's plus stride: max is rank 1's
+        for row, step in enumerate(range(1, 4)):  # rank 1's record is rank 0's plus stride
             want_max = np.arange(len(rows)) * width + k + stride + step
-            assert np.array_equal(h5["steps/layers/backward_compute/max"][step], want_max)
-            assert np.array_equal(h5["steps/layers/backward_compute/mean"][step],
+            assert np.array_equal(h5["steps/layers/backward_compute/max"][row], want_max)
+            assert np.array_equal(h5["steps/layers/backward_compute/mean"][row],
                                   want_max - stride / 2)
         assert list(h5["plan/mode"][:2]) == [b"domain", b"follow"]
         assert list(h5["plan/grid"][0]) == [2, 1]
@@ -140,20 +140,34 @@ def test_resuming_a_log_drops_the_rows_it_will_log_again(tmp_path):
 
     planned = planned_smallcnn()
     rows = [p.layer for p in planned.plans] + ["loss"]
-    log = RunLog(tmp_path / "run.h5", {}, planned, rows)
-    log_steps(log, range(6))
-    log.validation(3, 0.5, 0.5)
+    attrs = {"processes": 2, "net": "smallcnn", "plan": "conv1 domain 2x1"}
+    log = RunLog(tmp_path / "run.h5", attrs, planned, rows)
+    log_steps(log, range(1, 7))
+    log.validation(4, 0.5, 0.5)
     log.validation(6, 0.4, 0.6)
     log.close()  # killed after step 6; the checkpoint was at step 4
-    log = RunLog(tmp_path / "run.h5", {}, planned, rows, resume_step=4)
-    log_steps(log, range(4, 8))
+    log = RunLog(tmp_path / "run.h5", attrs, planned, rows, resume_step=4)
+    log_steps(log, range(5, 9))
     log.finish("finished at step 8")
     with h5py.File(tmp_path / "run.h5") as h5:
-        assert list(h5["steps/step"][:]) == list(range(8))
+        assert list(h5["steps/step"][:]) == list(range(1, 9))
         assert h5["steps/layers/forward_compute/max"].shape[0] == 8
-        assert list(h5["validation/step"][:]) == [3]
+        assert list(h5["validation/step"][:]) == [4]  # made at the checkpoint: kept
         assert h5.attrs["resumed"].startswith("at step 4")
     assert not (tmp_path / "run.1.h5").exists()
+
+
+def test_a_resume_on_another_plan_starts_its_own_log(tmp_path):
+    from hpctrain.runlog import RunLog
+
+    planned = planned_smallcnn()
+    rows = [p.layer for p in planned.plans] + ["loss"]
+    RunLog(tmp_path / "run.h5", {"processes": 2, "plan": "a"}, planned, rows).finish("stopped")
+    RunLog(tmp_path / "run.h5", {"processes": 4, "plan": "b"}, planned, rows,
+           resume_step=3).finish("done")
+    with h5py.File(tmp_path / "run.1.h5") as old, h5py.File(tmp_path / "run.h5") as new:
+        assert old.attrs["processes"] == 2 and new.attrs["processes"] == 4
+        assert "resumed" not in new.attrs
 
 
 def test_a_new_log_never_overwrites_an_old_one(tmp_path):

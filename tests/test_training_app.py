@@ -85,7 +85,7 @@ def test_alexnet_auto_three_steps_logs_losses_plan_and_layer_timings(tmp_path):
     assert result.stdout.count("done: 3 steps") == 1  # rank 0 alone prints
     with h5py.File(tmp_path / "run.h5") as h5:
         assert h5["steps/loss"].shape == (3,)
-        assert list(h5["steps/step"][:]) == [0, 1, 2]
+        assert list(h5["steps/step"][:]) == [1, 2, 3]
         assert h5.attrs["processes"] == 4 and h5.attrs["status"] == "finished at step 3"
         assert "conv1" in h5.attrs["plan"] and h5.attrs["mpi_library"]
         names = [n.decode() for n in h5["plan/layer"][:]]
@@ -239,6 +239,14 @@ BAD_INPUT = {
     "unknown lr schedule": (2, ["--lr-schedule", "linear"], "unknown schedule 'linear'"),
     "epochs on synthetic data": (2, ["--epochs", "2"], "--epochs needs a dataset"),
     "a value argparse refuses": (2, ["--batch", "many"], "invalid int value: 'many'"),
+    "bad momentum, before planning": (2, ["--grid", "auto", "--momentum", "1.5"],
+                                      "--momentum 1.5 must be in [0, 1)"),
+    "a log where no directory can be": (2, ["--log", "{a_file}/run.h5"], "cannot create"),
+    "eval without a held-out split": (2, ["--eval-every", "5"], "needs a dataset with a"),
+    "a checkpoint dir of another run": (2, ["--net", "mlp", "--checkpoint-dir", "{mlp_dir}"],
+                                        "belongs to another run"),
+    "a different batch on resume": (2, ["--net", "mlp", "--batch", "8", "--resume",
+                                        "{mlp_checkpoint}"], "resume with --batch 4"),
 }
 
 
@@ -248,10 +256,13 @@ def test_bad_input_is_one_line_from_rank_0_and_every_rank_exits(tmp_path, case):
     if str(DIGITS) in args and not DIGITS.exists():
         pytest.skip("make inputs/digits.h5 first")
     (tmp_path / "bad.net").write_text("input channels=1 size=8 classes=10\nconv out=4\n")
-    files = {"bad_net": lambda: str(tmp_path / "bad.net")}
-    if "{mlp_checkpoint}" in args or "{bad_checkpoint}" in args:
+    (tmp_path / "a-file").write_text("not a directory\n")
+    files = {"bad_net": lambda: str(tmp_path / "bad.net"),
+             "a_file": lambda: str(tmp_path / "a-file")}
+    if {"{mlp_checkpoint}", "{bad_checkpoint}", "{mlp_dir}"} & set(args):
         good = _other_net_checkpoint(tmp_path)
         files["mlp_checkpoint"] = lambda: good
+        files["mlp_dir"] = lambda: str(Path(good).parent)
         files["bad_checkpoint"] = lambda: _truncated(tmp_path, Path(good), "cut.h5")
     if "{bad_data}" in args:
         if not DIGITS.exists():
