@@ -26,7 +26,7 @@ STAMP := $(VENV)/.installed-$(MPI)
 
 DIGITS := inputs/digits.h5
 
-.PHONY: install test test-serial test-mpi run digits verify bench plots lint clean
+.PHONY: install test test-serial test-mpi test-slurm run digits verify bench plots lint clean
 
 install: $(STAMP)
 
@@ -59,6 +59,13 @@ test-mpi: install $(DIGITS)
 	  echo "== MPI tests on $$n ranks"; \
 	  timeout $(TEST_TIMEOUT) $(MPIEXEC) $(MPIEXEC_FLAGS) -n $$n $(PY) -m mpi4py -m pytest -q tests/mpi; \
 	done
+
+# The job scripts in jobs/ under a real Slurm: a one-node cluster on this machine (needs root;
+# installs Debian's slurmctld, slurmd and munge when missing; leaves it up, and
+# `bash jobs/local-cluster.sh down` stops it), tiny sbatch sweeps, a SIGUSR1 requeue, and the
+# HDF5 logs checked. About 1-3 minutes.
+test-slurm: install
+	VENV=$(VENV) bash tests/slurm/run.sh
 
 run: install
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain --net alexnet \

@@ -480,8 +480,8 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
     halo = fits.get("halo", {}).get(2, Fit(DEFAULT_ALPHA, DEFAULT_BETA))
     machine = Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits)
     if rank == 0:
-        command = " ".join(["mpiexec -n", str(size), "python -m hpctrain calibrate", *argv])
-        comment = f"written by '{command}'\n"
+        command = " ".join(["python -m hpctrain calibrate", *argv])
+        comment = f"written by '{command}' on {size} processes\n"
         comment += (f"on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                     f"{settings.sizes} sizes from {MIN_BYTES} B to {settings.max_bytes} B, "
                     f"median of {settings.repeats} calls, GEMM {settings.gemm_size}")

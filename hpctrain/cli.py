@@ -550,6 +550,20 @@ def _without_mpi(command: str, argv: list[str]) -> int:
         return 2
 
 
+def _check_launch(comm) -> None:
+    """Refuse tasks that srun started together but MPI sees apart (srun without a PMI the MPI
+    library speaks makes each task a world of one): each would train alone, all writing the
+    same files. Only that case: under mpiexec inside an allocation the step's task count is
+    that of mpiexec's own proxies, not of the ranks."""
+    import os
+
+    launched = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+    if comm.Get_size() == 1 and launched.isdigit() and int(launched) > 1:
+        raise UserError(f"srun launched {launched} tasks but MPI sees each alone; the MPI "
+                        f"library and srun do not share a PMI: use srun --mpi=pmi2 (the mpich "
+                        f"wheel) or mpiexec")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
@@ -568,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     try:
+        _check_launch(comm)
         return {"train": run_train, "verify": run_verify, "calibrate": run_calibrate,
                 "compare-plans": run_compare}[command](argv, comm)
     except UserError as err:
