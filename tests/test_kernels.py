@@ -75,6 +75,16 @@ def test_maxpool_forward_and_backward(k, s, pads):
     np.testing.assert_allclose(((y2 - y) * dy).sum() / eps, (dx * v).sum(), rtol=1e-6)
 
 
+def test_maxpool_ties_send_each_gradient_to_the_first_maximum_once():
+    x = np.zeros((1, 1, 4, 4))  # every window is all ties
+    y, cache = maxpool_forward(np, x, 3, 1, (0, 0, 0))
+    dy = np.arange(1.0, 1 + y.size).reshape(y.shape)
+    dx = maxpool_backward(np, dy, 3, 1, cache)
+    want = np.zeros_like(x)
+    want[0, 0, :2, :2] = dy[0, 0]  # each window's first entry is its top-left corner
+    np.testing.assert_array_equal(dx, want)
+
+
 def test_linear():
     x, w, b = rng.standard_normal((5, 4)), rng.standard_normal((3, 4)), rng.standard_normal(3)
     y = linear_forward(x, w, b)

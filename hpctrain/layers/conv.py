@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpctrain.backend import Backend
-from hpctrain.comm.collectives import allreduce_sum_all
+from hpctrain.comm.collectives import GradientAllreduce
 from hpctrain.comm.halo import HaloExchange
 from hpctrain.grid import GridSet
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
@@ -58,6 +58,7 @@ class Conv2d(Layer):
             backend, self.name, (out, c, kernel, kernel), bool(spec.args["bias"]), grid.shape,
             split_weights, grid.rank, key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
+        self.grad_sum = GradientAllreduce(backend, self.grad_comm)
 
     def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
         b = self.bias.value if self.bias is not None else None
@@ -80,7 +81,7 @@ class Conv2d(Layer):
         for p in self.params:
             p.grad = xp.zeros_like(p.value)
         dx = self.rows.backward(dy, self.bands, self._backward_rows, self.need_dx)
-        grads = allreduce_sum_all(self.backend, self.grad_comm, [p.grad for p in self.params])
+        grads = self.grad_sum([p.grad for p in self.params])
         for p, grad in zip(self.params, grads, strict=True):
             p.grad = grad
         return dx

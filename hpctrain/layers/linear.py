@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpctrain.backend import Backend
-from hpctrain.comm.collectives import allreduce_sum_all
+from hpctrain.comm.collectives import GradientAllreduce
 from hpctrain.grid import GridSet
 from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.layers.base import Layer, weight_and_bias
@@ -40,6 +40,7 @@ class Linear(Layer):
             backend, self.name, (out, f_in), bool(spec.args["bias"]), grid.shape, True,
             grid.rank, key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
+        self.grad_sum = GradientAllreduce(backend, self.grad_comm)
 
     def forward(self, x: Any, step: int) -> Any:
         self.x = x
@@ -48,8 +49,7 @@ class Linear(Layer):
 
     def backward(self, dy: Any) -> Any:
         dx, dw, db = linear_backward(self.x, self.weight.value, dy, self.need_dx)
-        grads = allreduce_sum_all(self.backend, self.grad_comm,
-                                  [dw] if self.bias is None else [dw, db])
+        grads = self.grad_sum([dw] if self.bias is None else [dw, db])
         for p, grad in zip(self.params, grads, strict=True):
             p.grad = grad
         return dx
