@@ -43,21 +43,6 @@ def path(tmp_path):
     return out
 
 
-@pytest.fixture
-def reads(monkeypatch):
-    """Every read through h5py's Dataset.__getitem__: (dataset name, shape of what it read)."""
-    log = []
-    original = h5py.Dataset.__getitem__
-
-    def recording(self, selection, *args, **kwargs):
-        result = original(self, selection, *args, **kwargs)
-        log.append((self.name, np.shape(result)))
-        return result
-
-    monkeypatch.setattr(h5py.Dataset, "__getitem__", recording)
-    return log
-
-
 def whole(path, split="train"):
     with h5py.File(path, "r") as h5:
         return h5[f"{split}/images"][()], h5[f"{split}/labels"][()]

@@ -6,7 +6,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -15,28 +14,14 @@ from hpctrain.comm.gather import gather_to_root
 from hpctrain.dataset import H5Data, write_dataset
 from hpctrain.grid import GridSet
 from hpctrain.layout import HEIGHT_AXIS
-from hpctrain.net import parse_net
 from hpctrain.network import Network
 from hpctrain.optim import SGD
 from hpctrain.partition import factorisations
 from hpctrain.plan import LayerPlan
 from hpctrain.verify import serial_plan
 from tests.mpi.helpers import all_agree, check_close
+from tests.mpi.test_training import NET  # the mixed-plan test net
 
-NET = parse_net("""
-input channels=2 size=12 classes=5
-conv out=6 kernel=3 pad=1
-relu
-maxpool kernel=2
-conv out=7 kernel=3 stride=1 pad=1
-relu
-maxpool kernel=3 stride=2 pad=1
-flatten
-dropout p=0.2
-linear out=11
-relu
-linear out=5
-""", "filecnn")
 # 31 samples in batches of 9: 3 steps per epoch (4 samples dropped), so 5 steps cross into a
 # second, reshuffled epoch
 SAMPLES, BATCH, STEPS, SEED = 31, 9, 5, 5
@@ -137,21 +122,6 @@ def test_training_from_a_file_matches_one_process(comm, dataset):
                         tol=1e-9)
     if comm.Get_rank() == 0:
         assert np.isfinite(reference[0]).all()
-
-
-@pytest.fixture
-def reads(monkeypatch):
-    """Every read through h5py's Dataset.__getitem__: (dataset name, shape of what it read)."""
-    log = []
-    original = h5py.Dataset.__getitem__
-
-    def recording(self, selection, *args, **kwargs):
-        result = original(self, selection, *args, **kwargs)
-        log.append((self.name, np.shape(result)))
-        return result
-
-    monkeypatch.setattr(h5py.Dataset, "__getitem__", recording)
-    return log
 
 
 def test_each_rank_reads_only_its_block(comm, dataset, grid_shape, reads):
