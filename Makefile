@@ -112,7 +112,7 @@ plots: install
 	$(PY) analysis/plot_logs.py $(LOGS) --out $(PLOTS)
 
 lint: install
-	$(BIN)/ruff check hpctrain tests analysis
+	$(BIN)/ruff check hpctrain tests analysis bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
