@@ -10,21 +10,23 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.comm.gather import gather_to_root
 from hpctrain.dataset import H5Data, write_dataset
 from hpctrain.grid import GridSet
 from hpctrain.layout import HEIGHT_AXIS
 from hpctrain.network import Network
-from hpctrain.optim import SGD
 from hpctrain.partition import factorisations
 from hpctrain.plan import LayerPlan
 from hpctrain.verify import serial_plan
 from tests.mpi.helpers import all_agree, check_close
-from tests.mpi.test_training import NET  # the mixed-plan test net
+from tests.mpi.test_training import (
+    BATCH,
+    NET,  # the mixed-plan test net
+)
+from tests.mpi.test_training import train as train_network
 
 # 31 samples in batches of 9: 3 steps per epoch (4 samples dropped), so 5 steps cross into a
 # second, reshuffled epoch
-SAMPLES, BATCH, STEPS, SEED = 31, 9, 5, 5
+SAMPLES, STEPS, SEED = 31, 5, 5  # BATCH is 9; SEED is the seed train_network builds with
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +58,17 @@ def make_backend():
 
 def train(plan, comm, path):
     """Losses of STEPS steps from the file, and every parameter gathered on rank 0."""
-    backend = make_backend()
-    with GridSet(comm) as grids, H5Data(backend, path, BATCH, SEED) as data:
-        network = Network(NET, plan, BATCH, grids, backend, seed=SEED)
-        optimizer = SGD(network.params, lr=0.05, momentum=0.9, weight_decay=1e-3)
-        losses = []
-        for step in range(STEPS):
-            losses.append(network.train_step(data, step)[0])
-            optimizer.step()
-        params = [gather_to_root(backend, comm, p.value, p.shape, p.box, "copy")
-                  for p in network.params]
-    return losses, params
+    readers = []
+
+    def from_file(backend):
+        readers.append(H5Data(backend, path, BATCH, SEED))
+        return readers[-1]
+
+    try:
+        return train_network(NET, plan, comm, data=from_file, steps=STEPS)
+    finally:
+        for reader in readers:
+            reader.close()
 
 
 def uniform_plan(first_conv, rest):

@@ -34,16 +34,21 @@ linear out=5
 BATCH, STEPS = 9, 4
 
 
-def train(net, plan, comm):
+def train(net, plan, comm, data=None, steps=STEPS):
+    """Losses of ``steps`` steps and every parameter gathered on rank 0, in float64.
+
+    ``data(backend)`` makes the batches (default: synthetic data of seed 5).
+    """
     from hpctrain.backend import make_backend
 
     backend = make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float64")
     with GridSet(comm) as grids:
         network = Network(net, plan, BATCH, grids, backend, seed=5)
-        data = SyntheticData(backend, net.input_shape, net.classes, BATCH, seed=5)
+        data = (data or (lambda be: SyntheticData(be, net.input_shape, net.classes, BATCH,
+                                                  seed=5)))(backend)
         optimizer = SGD(network.params, lr=0.05, momentum=0.9, weight_decay=1e-3)
         losses = []
-        for step in range(STEPS):
+        for step in range(steps):
             losses.append(network.train_step(data, step)[0])
             optimizer.step()
         params = [gather_to_root(backend, comm, p.value, p.shape, p.box, "copy")
