@@ -272,7 +272,8 @@ def _read_compare(h5, path: Path) -> list[Run]:
     for key in sorted(h5["plans"]):
         group = h5["plans"][key]
         plan = _text(group.attrs.get("plan", ""))
-        procs = _procs_from_plan(plan)
+        # logs before compare-plans stored P: recover it from the plan's first grid
+        procs = int(h5.attrs["processes"]) if "processes" in h5.attrs else _procs_from_plan(plan)
         if procs is None:
             raise LogError(f"{path}: plan {key} names no R x C grid; cannot tell P")
         measured, predicted = _iteration(group)

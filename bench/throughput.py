@@ -54,19 +54,10 @@ def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
 def step_flops(image_size: int, batch: int) -> float:
     """GEMM FLOPs of one whole training step: forward and backward of every convolution and
     linear layer, whole batch (pooling and element-wise work is under 1 % and not GEMM)."""
-    from hpctrain.backend import Backend
-    from hpctrain.cost.machine import load_machine
-    from hpctrain.cost.model import build_cost_model
     from hpctrain.net import load_net
-    from hpctrain.plan import plan_from_spec
-    from hpctrain.planner import choices_of, evaluate
+    from hpctrain.planner import iteration_flops
 
-    net = load_net("alexnet", image_size)
-    model = build_cost_model(net, batch, 1, load_machine("default"), "flops",
-                             Backend(np, np.float32))
-    planned = evaluate(model, choices_of(model, plan_from_spec("1x1", net, 1)))
-    return sum(sum(c.work.flops()) for c in planned.layers
-               if c.work is not None and c.work.kind in ("conv", "linear"))
+    return iteration_flops(load_net("alexnet", image_size), batch, kinds=("conv", "linear"))
 
 
 def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path) -> dict:

@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.cost.collectives import log2_ceil
-from hpctrain.cost.machine import COLLECTIVES, LOCAL_PROFILE, Fit, Machine, save_machine
+from hpctrain.cost.collectives import terms
+from hpctrain.cost.machine import LOCAL_PROFILE, Fit, Machine, save_machine
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.partition import factorisations
 from hpctrain.units import bytes_from
@@ -90,24 +90,6 @@ def message_sizes(max_bytes: int, count: int) -> list[int]:
     Example: ``message_sizes(65536, 4)`` is ``[64, 645, 6502, 65536]``.
     """
     return [int(round(n)) for n in np.geomspace(MIN_BYTES, max_bytes, count)]
-
-
-def model_terms(collective: str, p: int) -> tuple[float, float]:
-    """``(m, c)`` with the model time of ``collective`` on ``p`` ranks equal to α·m + β·c·n.
-
-    These are the terms of :mod:`hpctrain.cost.collectives`: ⌈log₂p⌉ and (p−1)/p for all-gather
-    and reduce-scatter, twice both for all-reduce, p−1 and 1 for an all-to-all that sends to every
-    other rank, 1 and 1 for one halo message.
-    """
-    if collective in ("allgather", "reduce_scatter"):
-        return float(log2_ceil(p)), (p - 1) / p
-    if collective == "allreduce":
-        return 2.0 * log2_ceil(p), 2 * (p - 1) / p
-    if collective == "alltoall":
-        return float(p - 1), 1.0
-    if collective == "halo":
-        return 1.0, 1.0
-    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
 
 
 def fit_line(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
@@ -158,11 +140,15 @@ def fit_collective(collective: str, p: int, sizes: Sequence[float],
                    times: Sequence[float]) -> Fit:
     """α and β of ``collective`` on ``p`` ranks from times measured at ``sizes`` (bytes).
 
-    The line ``t = a + b·n`` is fitted by :func:`fit_line`; with ``(m, c)`` from
-    :func:`model_terms`, α = a/m and β = b/c, so the cost model reproduces the fitted line.
+    The line ``t = a + b·n`` is fitted by :func:`fit_line`; :func:`line_to_fit` turns it into
+    α and β such that the cost model reproduces the fitted line.
     """
-    a, b = fit_line(sizes, times)
-    m, c = model_terms(collective, p)
+    return line_to_fit(collective, p, *fit_line(sizes, times))
+
+
+def line_to_fit(collective: str, p: int, a: float, b: float) -> Fit:
+    """α = a/m and β = b/c, with ``(m, c)`` the model's terms (:func:`cost.collectives.terms`)."""
+    m, c = terms(collective, p)
     return Fit(a / m, b / c)
 
 
@@ -397,8 +383,7 @@ def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, setting
         sizes.append(n_bytes)
         times.append(_time_calls(world, call, settings.repeats, backend.sync))
     a, b = fit_line(sizes, times)
-    m, c = model_terms(collective, p)
-    return Measured(collective, p, tuple(sizes), tuple(times), Fit(a / m, b / c),
+    return Measured(collective, p, tuple(sizes), tuple(times), line_to_fit(collective, p, a, b),
                     worst_residual(sizes, times, a, b), bool(a == MIN_A or b == MIN_B))
 
 

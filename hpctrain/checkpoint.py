@@ -48,6 +48,7 @@ from hpctrain.layout import Box
 from hpctrain.net import NetSpec
 from hpctrain.network import Network
 from hpctrain.optim import SGD
+from hpctrain.plan import plan_text
 
 FORMAT = "hpctrain-checkpoint"
 VERSION = 1
@@ -115,14 +116,9 @@ def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
 
 
 def _header(network: Network, step: int, state: dict[str, Any], seed: int) -> dict[str, Any]:
-    plan = []
-    for layer in network.layers:
-        pr, pc = layer.out_layout.grid
-        plan.append(f"{layer.name} follow" if layer.mode == "follow"
-                    else f"{layer.name} {layer.mode} {pr}x{pc}")
     return {"format": FORMAT, "version": VERSION, "net": network.net.name,
             "layers": _layer_list(network.net), "step": int(step), "seed": int(seed),
-            "plan": "\n".join(plan) + "\n", "dtype": np.dtype(network.backend.dtype).name,
+            "plan": plan_text(network.plan) + "\n", "dtype": np.dtype(network.backend.dtype).name,
             "state": json.dumps(state)}
 
 
@@ -141,7 +137,8 @@ def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm
             velocity = backend.xp.zeros_like(param.value)
         for group, local in (("params", param.value), ("momentum", velocity)):
             local = local if sends else backend.xp.empty(0, backend.dtype)
-            whole = gather_to_root(backend, comm, local, param.shape, box_of, "copy")
+            whole = gather_to_root(backend, comm, local, param.shape, box_of, "copy",
+                                   dtype=backend.dtype)  # the file's dtype: no float64 detour
             yield f"{group}/{param.name}", whole
 
 
@@ -177,17 +174,8 @@ def _write_tensor(h5: h5py.File, name: str, whole: np.ndarray, dtype: str) -> No
 
 
 def tensor_shapes(net: NetSpec) -> dict[str, tuple[int, ...]]:
-    """Name → whole shape of each parameter of ``net``, as :class:`Network` names them."""
-    shapes = {}
-    for layer, shape in zip(net.layers, net.shapes(), strict=False):
-        if layer.kind not in ("conv", "linear"):
-            continue
-        out = int(layer.args["out"])
-        kernel = (int(layer.args["kernel"]),) * 2 if layer.kind == "conv" else ()
-        shapes[f"{layer.name}.weight"] = (out, shape[0], *kernel)
-        if layer.args.get("bias", 1):
-            shapes[f"{layer.name}.bias"] = (out,)
-    return shapes
+    """Name → whole shape of each parameter of ``net``: what a checkpoint of it holds."""
+    return net.param_shapes()
 
 
 def read_checkpoint_info(path: Path, net: NetSpec) -> CheckpointInfo:

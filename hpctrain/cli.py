@@ -16,7 +16,7 @@ from typing import Any
 
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.net import NetSpec, available_nets, load_net
-from hpctrain.plan import LayerPlan, plan_from_spec
+from hpctrain.plan import LayerPlan, plan_from_spec, plan_text
 from hpctrain.units import bytes_from
 
 COMMANDS = ("train", "verify", "plan", "calibrate", "simulate", "compare-plans", "convert")
@@ -169,8 +169,6 @@ def _setup(args: argparse.Namespace, net: NetSpec, comm, dtype: str,
     """The per-layer plan of ``net``, the backend, and the plan's predicted costs."""
     from hpctrain.backend import make_backend
 
-    if args.batch < 1:
-        raise UserError(f"--batch {args.batch} must be at least 1")
     procs = comm.Get_size()
     spec = args.grid or f"1x{procs}"
     plan = None if spec.strip() == "auto" else agreed(
@@ -180,18 +178,15 @@ def _setup(args: argparse.Namespace, net: NetSpec, comm, dtype: str,
         return Setup(net, plan, backend, None)
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model
-    from hpctrain.planner import choices_of, evaluate, plan_network
+    from hpctrain.planner import predict
 
     machine = agreed(comm, lambda: load_machine(args.machine))
     model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm)
-    if plan is None:
-        planned = plan_network(model, args.mem_per_rank)
-        if comm.Get_rank() == 0:
-            _write_plan(getattr(args, "plan_file", None)
-                        or f"runs/{net.name}-p{procs}-b{args.batch}.plan",
-                        net, planned, procs, args.batch, model.machine.name)
-    else:
-        planned = evaluate(model, choices_of(model, plan))
+    planned = predict(model, plan, args.mem_per_rank)
+    if plan is None and comm.Get_rank() == 0:
+        _write_plan(getattr(args, "plan_file", None)
+                    or f"runs/{net.name}-p{procs}-b{args.batch}.plan",
+                    net, planned, procs, args.batch, model.machine.name)
     return Setup(net, planned.plans, backend, planned, model.machine)
 
 
@@ -242,7 +237,6 @@ class Prepared:
     steps: int
     schedule: Any  # the learning-rate Schedule
     eval_every: int
-    steps_per_epoch: int | None
 
 
 def _prepare(args: argparse.Namespace) -> Prepared:
@@ -250,10 +244,9 @@ def _prepare(args: argparse.Namespace) -> Prepared:
     from hpctrain.optim import SGD
     from hpctrain.schedule import parse_schedule
 
-    for flag in ("steps", "print_every", "eval_every", "checkpoint_every", "keep_checkpoints",
-                 "warmup_steps"):
+    for flag in ("steps", "print_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
         value = getattr(args, flag)
-        least = 0 if flag in ("checkpoint_every", "warmup_steps") else 1
+        least = 0 if flag == "checkpoint_every" else 1
         if value is not None and value < least:
             raise UserError(f"--{flag.replace('_', '-')} {value} must be >= {least}")
     if args.batch < 1:
@@ -280,7 +273,7 @@ def _prepare(args: argparse.Namespace) -> Prepared:
     _check_writable(args)
     seed = info.seed if info else (0 if args.seed is None else args.seed)
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
-    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, epoch)
+    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every)
 
 
 def _check_writable(args: argparse.Namespace) -> None:
@@ -384,7 +377,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
 
         def open_data(split: str):
             return agreed(comm, lambda: H5Data(setup.backend, args.data, args.batch,
-                                               prepared.seed, split=split), everywhere=True)
+                                               prepared.seed, split, prepared.dataset),
+                          everywhere=True)
 
         data = open_data("train")
         val_data = open_data("val") if prepared.dataset.val_size else None
@@ -458,7 +452,7 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
         "data": args.data,
         "machine": setup.machine.name,
         "machine_profile": format_machine(setup.machine),
-        "plan": "\n".join(f"{p.layer} {p.describe()}" for p in setup.plan),
+        "plan": plan_text(setup.plan),
         "predicted_iteration": setup.planned.iteration_time,
     }
     rows = [p.layer for p in setup.plan] + ["loss"]
@@ -470,6 +464,8 @@ def run_verify(argv: list[str], comm) -> int:
     from hpctrain.verify import verify
 
     args = build_verify_parser().parse_args(argv)
+    if args.batch < 1:
+        raise UserError(f"--batch {args.batch} must be at least 1")
     net = agreed(comm, lambda: load_net(args.net, args.image_size))
     setup = _setup(args, net, comm, "float64", predict=False)
     with GridSet(comm) as grids:
@@ -498,7 +494,7 @@ def build_plan_parser() -> argparse.ArgumentParser:
 def run_plan(argv: list[str]) -> int:
     import numpy as np
 
-    from hpctrain.backend import Backend
+    from hpctrain.backend import DTYPES, Backend
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model, compute_source
     from hpctrain.planner import format_plan, plan_network
@@ -509,7 +505,7 @@ def run_plan(argv: list[str]) -> int:
             raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
     net = load_net(args.net, args.image_size)
     machine = load_machine(args.machine)
-    backend = Backend(np, np.float32 if args.dtype == "float32" else np.float64)
+    backend = Backend(np, DTYPES[args.dtype])
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend)
     planned = plan_network(model, args.mem_per_rank)
     print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "

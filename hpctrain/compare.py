@@ -20,7 +20,7 @@ from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.net import NetSpec, load_net
 from hpctrain.partition import SplitError, factorisations
 from hpctrain.plan import plan_from_spec
-from hpctrain.planner import PlannedNetwork, choices_of, evaluate, plan_network
+from hpctrain.planner import PlannedNetwork, predict
 from hpctrain.runlog import communication, measured_fields, predicted_fields
 from hpctrain.timing import StepTimes
 
@@ -81,21 +81,22 @@ def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm) -> Outcome:
 
 def compare(args, comm) -> list[Outcome]:
     from hpctrain.backend import make_backend
+    from hpctrain.cli import agreed
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model
 
-    net = load_net(args.net, args.image_size)
+    net = agreed(comm, lambda: load_net(args.net, args.image_size))
     if args.steps < 2:
         raise UserError(f"--steps {args.steps} must be at least 2 (the first is a warm-up)")
     procs, rank = comm.Get_size(), comm.Get_rank()
     backend = make_backend(args.device, args.dtype, comm)
-    model = build_cost_model(net, args.batch, procs, load_machine(args.machine), args.compute,
-                             backend, comm)
+    machine = agreed(comm, lambda: load_machine(args.machine))
+    model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm)
     outcomes = []
     for spec in args.plans or default_specs(procs):
         try:
-            planned = (plan_network(model, args.mem_per_rank) if spec == "auto"
-                       else evaluate(model, choices_of(model, plan_from_spec(spec, net, procs))))
+            plan = None if spec == "auto" else plan_from_spec(spec, net, procs)
+            planned = predict(model, plan, args.mem_per_rank)
         except SplitError as err:  # a plan this net cannot run here; the same on every rank
             if rank == 0:
                 print(f"{spec:<28} skipped: {err}", flush=True)
@@ -159,10 +160,11 @@ def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
     return "\n".join(lines)
 
 
-def write_log(path: Path, outcomes: list[Outcome], args) -> None:
+def write_log(path: Path, outcomes: list[Outcome], args, procs: int) -> None:
     from hpctrain.runlog import write_hdf5, write_timings
 
     def fill(h5) -> None:
+        h5.attrs["processes"] = procs
         h5.attrs["net"] = args.net
         h5.attrs["batch"] = args.batch
         h5.attrs["steps"] = args.steps
@@ -185,6 +187,6 @@ def run_compare(argv: list[str], comm) -> int:
     if comm.Get_rank() == 0:
         print(report(outcomes), flush=True)
         if args.log:
-            write_log(Path(args.log), outcomes, args)
+            write_log(Path(args.log), outcomes, args, comm.Get_size())
             print(f"timings written to {args.log}")
     return 0

@@ -304,10 +304,12 @@ class H5Data:
         val:   batches = 3; batch 2 holds samples 8, 9 and two padding positions
 
     The file stays open read-only until :meth:`close` (or the end of a ``with`` block).
+    ``info``, the file's :func:`inspect_dataset` already made (by rank 0), spares every reader
+    on every rank checking it again, which reads every label.
     """
 
     def __init__(self, backend: Backend, path: str | Path, batch: int, seed: int = 0,
-                 split: str = "train") -> None:
+                 split: str = "train", info: DatasetInfo | None = None) -> None:
         if split not in SPLITS:
             raise DatasetError(f"unknown split {split!r}; choose train or val")
         if batch < 1:
@@ -318,7 +320,7 @@ class H5Data:
             backend, Path(path), batch, seed, split)
         self._file = _open(self.path)
         try:
-            info = _describe(self._file, self.path)
+            info = info or _describe(self._file, self.path)
             self.sample_shape, self.classes = info.sample_shape, info.classes
             self.size = info.train_size if split == "train" else info.val_size
             if split == "val" and self.size == 0:

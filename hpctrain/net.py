@@ -21,6 +21,7 @@ The loss (softmax cross-entropy over ``classes``) follows the last layer, whose 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,16 +83,22 @@ class NetSpec:
                            f"needs ({self.classes},) (classes={self.classes})")
         return shapes
 
-    def parameter_count(self) -> int:
-        total = 0
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name → whole shape of each parameter, as the layers name them (``conv1.weight``:
+        (out, in, k, k); ``fc6.weight``: (out, in); ``*.bias``: (out,))."""
+        shapes = {}
         for layer, shape in zip(self.layers, self.shapes(), strict=False):
-            out = int(layer.args.get("out", 0))
-            bias = out if layer.args.get("bias", 0) else 0
-            if layer.kind == "conv":
-                total += out * shape[0] * int(layer.args["kernel"]) ** 2 + bias
-            elif layer.kind == "linear":
-                total += out * shape[0] + bias
-        return total
+            if layer.kind not in WEIGHTED:
+                continue
+            out = int(layer.args["out"])
+            kernel = (int(layer.args["kernel"]),) * 2 if layer.kind == "conv" else ()
+            shapes[f"{layer.name}.weight"] = (out, shape[0], *kernel)
+            if layer.args["bias"]:
+                shapes[f"{layer.name}.bias"] = (out,)
+        return shapes
+
+    def parameter_count(self) -> int:
+        return sum(math.prod(shape) for shape in self.param_shapes().values())
 
 
 def _out_shape(layer: LayerSpec, shape: tuple[int, ...], net: str) -> tuple[int, ...]:

@@ -40,7 +40,8 @@ class Network:
         if len(plan) != len(net.layers):
             raise PlanError(f"plan has {len(plan)} entries but net {net.name} has "
                             f"{len(net.layers)} layers")
-        self.net, self.batch, self.grids, self.backend = net, batch, grids, backend
+        self.net, self.plan, self.batch = net, plan, batch
+        self.grids, self.backend = grids, backend
         self.rank = grids.world.Get_rank()
         self.layers: list[Layer] = []
         self.moves: list[Redistribute] = []  # moves[k] feeds layers[k]

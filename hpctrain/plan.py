@@ -141,13 +141,15 @@ def read_plan(path: Path, net: NetSpec, procs: int) -> list[LayerPlan]:
     return plans
 
 
+def plan_text(plans: list[LayerPlan]) -> str:
+    """``plans`` in the plan-file format, one ``NAME MODE RxC`` (or ``NAME follow``) per line."""
+    return "\n".join(f"{p.layer} {p.describe()}" for p in plans)
+
+
 def write_plan(path: Path, plans: list[LayerPlan], header: str = "") -> None:
     """Write ``plans`` to ``path`` (atomically, creating its directory) with ``header`` as
     comments."""
     lines = [f"# {line}" for line in header.splitlines()]
     lines.append("# layer  mode  grid(RxC: R splits model or height, C splits the batch)")
-    for p in plans:
-        lines.append(f"{p.layer} follow" if p.mode == "follow"
-                     else f"{p.layer} {p.mode} {p.grid[0]}x{p.grid[1]}")
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n" + plan_text(plans) + "\n"
     replace_atomically(path, lambda tmp: tmp.write_text(text))

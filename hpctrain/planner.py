@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from hpctrain.cost.model import Choice, CostModel, LayerCost
 from hpctrain.errors import UserError
-from hpctrain.net import WEIGHTED
+from hpctrain.net import WEIGHTED, NetSpec
 from hpctrain.plan import LayerPlan
 
 
@@ -98,6 +98,27 @@ def _layer_plans(model: CostModel, choices: list[Choice]) -> list[LayerPlan]:
 def choices_of(model: CostModel, plans: list[LayerPlan]) -> list[Choice]:
     """The segment choices a per-layer plan makes (Pr = 1 in any mode is batch)."""
     return [Choice(plans[seg[0]].mode, plans[seg[0]].grid) for seg in model.segments]
+
+
+def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = None) -> float:
+    """FLOPs of one iteration's kernels at the whole ``batch`` (forward and backward, without
+    the optimizer's update); only layers of ``kinds`` when given (e.g. the GEMM ones)."""
+    from hpctrain.cost.compute import FlopModel
+    from hpctrain.cost.machine import Machine
+
+    # P = 1 has one choice per layer, batch on 1×1: every kernel at the whole batch
+    model = CostModel(net, batch, 1, Machine("flops", 1.0, 1.0, 1.0), FlopModel(1.0))
+    planned = evaluate(model, [Choice("batch", (1, 1))] * len(model.segments))
+    return sum(sum(c.work.flops()) for c in planned.layers
+               if c.work is not None and (kinds is None or c.work.kind in kinds))
+
+
+def predict(model: CostModel, plan: list[LayerPlan] | None,
+            mem_per_rank: float | None = None) -> PlannedNetwork:
+    """``plan`` with its predicted costs, or (``plan`` None) the plan the planner picks."""
+    if plan is None:
+        return plan_network(model, mem_per_rank)
+    return evaluate(model, choices_of(model, plan))
 
 
 def plan_network(model: CostModel, mem_per_rank: float | None = None) -> PlannedNetwork:

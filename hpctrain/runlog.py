@@ -52,7 +52,7 @@ import numpy as np
 
 from hpctrain.files import replace_atomically
 from hpctrain.planner import PlannedNetwork
-from hpctrain.timing import RECORD_FIELDS, TIME_FIELDS, StepTimes
+from hpctrain.timing import COMM_FIELDS, RECORD_FIELDS, TIME_FIELDS, StepTimes, per_rank_table
 
 STEP_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1"),
                "seconds": ("f8", "s"), "images_per_second": ("f8", "1/s"), "lr": ("f8", "1"),
@@ -80,8 +80,7 @@ def measured_fields(times: StepTimes) -> dict[str, np.ndarray]:
 
 def communication(fields: dict[str, np.ndarray]) -> np.ndarray:
     """Per layer: its own communication and the redistribution feeding it, both directions."""
-    return sum(fields[f] for f in ("forward_layer_comm", "backward_layer_comm",
-                                   "forward_redistribution", "backward_redistribution"))
+    return sum(fields[f] for f in COMM_FIELDS)
 
 
 def write_timings(group: Any, planned: PlannedNetwork, measured: StepTimes,
@@ -147,8 +146,7 @@ def _same_run(path: Path, attrs: dict[str, Any]) -> bool:
 def per_rank_summary(records: np.ndarray, rows: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{field: (max over ranks, mean over ranks)} per row, from every rank's
     :meth:`StepTimes.to_array` stacked as ``records`` (P, rows·fields + 1)."""
-    width = len(RECORD_FIELDS)
-    table = records[:, :rows * width].reshape(len(records), rows, width)
+    table = per_rank_table(records, rows)
     return {f: (table[:, :, k].max(axis=0), table[:, :, k].mean(axis=0))
             for k, f in enumerate(RECORD_FIELDS)}
 
@@ -220,14 +218,16 @@ class RunLog:
 
     def _truncate(self, resume_step: int) -> None:
         """Drop the rows after the checkpoint: the resumed run logs those steps again."""
-        for group, series in (("steps", STEP_SERIES), ("validation", VALIDATION_SERIES)):
+        import h5py
+
+        for group in ("steps", "validation"):
             keep = int(np.searchsorted(self.h5[f"{group}/step"][:], resume_step, side="right"))
-            for name in series:
-                self.h5[f"{group}/{name}"].resize(keep, axis=0)
-            if group == "steps":
-                for name in RECORD_FIELDS:
-                    for stat in ("max", "mean"):
-                        self.h5[f"steps/layers/{name}/{stat}"].resize(keep, axis=0)
+
+            def cut(_: str, item: Any, keep: int = keep) -> None:
+                if isinstance(item, h5py.Dataset) and item.maxshape[0] is None:
+                    item.resize(keep, axis=0)  # every series that grows by a row a step
+
+            self.h5[group].visititems(cut)
 
     def _append(self, name: str, value: Any) -> None:
         ds = self.h5[name]

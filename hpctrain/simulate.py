@@ -50,7 +50,7 @@ from hpctrain.cost.paper import strategy_comm
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.net import NetSpec, load_net
 from hpctrain.partition import factorisations
-from hpctrain.planner import PlannedNetwork, PlannerError, evaluate, plan_network
+from hpctrain.planner import PlannedNetwork, PlannerError, evaluate, iteration_flops, plan_network
 
 STRONG_PROCS = (8, 16, 32, 64, 128, 256, 512)
 WEAK_PROCS = STRONG_PROCS
@@ -158,17 +158,13 @@ class _Compute:
     per batch size (cached): the paper's compute, without the optimizer's update, which the
     implementation model adds per weight shard."""
 
-    def __init__(self, net: NetSpec, machine: Machine, flops: FlopModel, word: int) -> None:
-        self.net, self.machine, self.flops, self.word = net, machine, flops, word
+    def __init__(self, net: NetSpec, flops: FlopModel) -> None:
+        self.net, self.flops = net, flops
         self.known: dict[int, float] = {}
 
     def iteration(self, batch: int) -> float:
         if batch not in self.known:
-            # P = 1 has one choice per layer, batch on 1×1: every kernel at the whole batch.
-            model = CostModel(self.net, batch, 1, self.machine, self.flops, self.word)
-            plan = evaluate(model, [Choice("batch", (1, 1))] * len(model.segments))
-            flops = sum(sum(layer.work.flops()) for layer in plan.layers if layer.work)
-            self.known[batch] = flops / self.flops.rate
+            self.known[batch] = iteration_flops(self.net, batch) / self.flops.rate
         return self.known[batch]
 
 
@@ -292,7 +288,7 @@ def _add_batch_limit(study: Study, settings: Settings, compute: _Compute, flops:
 def run_studies(settings: Settings) -> list[Study]:
     """The strong, weak and domain studies of ``settings``."""
     flops = FlopModel(settings.machine.flops)  # one instance: its rate is all it holds
-    compute = _Compute(settings.net, settings.machine, flops, settings.word_bytes)
+    compute = _Compute(settings.net, flops)
     b, per_rank, bd = settings.strong_batch, settings.weak_batch_per_rank, settings.domain_batch
     studies = [
         run_study("strong", f"strong scaling: B = {b}, P = {STRONG_PROCS[0]}..{STRONG_PROCS[-1]}",

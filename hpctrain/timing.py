@@ -128,6 +128,14 @@ class LayerTimes:
 
 TIME_FIELDS = tuple(f.name for f in fields(LayerTimes) if f.name not in ("name", "bytes_sent"))
 RECORD_FIELDS = (*TIME_FIELDS, "bytes_sent")  # every number of a row, in field order
+COMM_FIELDS = tuple(f for f in TIME_FIELDS if "compute" not in f)  # own comm + redistribution
+
+
+def per_rank_table(records: np.ndarray, rows: int) -> np.ndarray:
+    """(P, rows, fields): every rank's :meth:`StepTimes.to_array` record, stacked as
+    ``records`` (P, rows·fields + …), with each row's fields in :data:`RECORD_FIELDS` order."""
+    width = len(RECORD_FIELDS)
+    return records[:, :rows * width].reshape(len(records), rows, width)
 
 
 @dataclass

@@ -33,15 +33,15 @@ from hpctrain.plan import LayerPlan
 from hpctrain.schedule import Schedule
 from hpctrain.signals import StopRequests
 from hpctrain.timing import (
-    TIME_FIELDS,
+    COMM_FIELDS,
+    RECORD_FIELDS,
     StepTimes,
     format_table,
     max_over_ranks,
     median_times,
     over_ranks,
+    per_rank_table,
 )
-
-COMM_FIELDS = tuple(f for f in TIME_FIELDS if "compute" not in f)
 
 
 class TrainingError(UserError):
@@ -200,10 +200,8 @@ def _report(step: int, loss: float, accuracy: float, lr: float, gathered: np.nda
             say) -> None:
     """Rank 0: the step's log row, and a progress line every ``print_every`` steps."""
     seconds = float(gathered[:, -1].max())  # the slowest rank sets the pace
-    comm_seconds = np.zeros(len(gathered))
-    for r, values in enumerate(gathered):
-        rows = times.from_array(values[:-1]).rows
-        comm_seconds[r] = sum(getattr(row, f) for row in rows for f in COMM_FIELDS)
+    table = per_rank_table(gathered[:, :-1], len(times.rows))
+    comm_seconds = table[:, :, [RECORD_FIELDS.index(f) for f in COMM_FIELDS]].sum(axis=(1, 2))
     comm_fraction = float(np.mean(comm_seconds / gathered[:, -1]))
     if log is not None:
         log.step({"step": step + 1, "loss": loss, "accuracy": accuracy, "seconds": seconds,

@@ -14,39 +14,53 @@ from __future__ import annotations
 
 import math
 
-from hpctrain.cost.machine import Machine
+from hpctrain.cost.machine import COLLECTIVES, Machine
 
 
 def log2_ceil(p: int) -> int:
     return math.ceil(math.log2(p)) if p > 1 else 0
 
 
-def allgather_time(machine: Machine, p: int, n: float) -> float:
+def terms(collective: str, p: int) -> tuple[float, float]:
+    """``(m, c)`` with the time of ``collective`` on ``p`` ranks equal to α·m + β·c·n.
+
+    ⌈log₂p⌉ and (p−1)/p for all-gather and reduce-scatter, twice both for all-reduce, 1 and 1
+    for one halo message, p−1 and 1 for an all-to-all that sends to every other rank. The times
+    below and the calibration's fits (α = a/m, β = b/c of a fitted line a + b·n) both use these.
+    """
+    if collective in ("allgather", "reduce_scatter"):
+        return float(log2_ceil(p)), (p - 1) / p
+    if collective == "allreduce":
+        return 2.0 * log2_ceil(p), 2 * (p - 1) / p
+    if collective == "alltoall":
+        return float(p - 1), 1.0
+    if collective == "halo":
+        return 1.0, 1.0
+    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+
+
+def _time(machine: Machine, collective: str, p: int, n: float) -> float:
     if p == 1 or n == 0:
         return 0.0
-    fit = machine.link("allgather", p)
-    return fit.alpha * log2_ceil(p) + fit.beta * (p - 1) / p * n
+    fit = machine.link(collective, p)
+    m, c = terms(collective, p)
+    return fit.alpha * m + fit.beta * c * n
+
+
+def allgather_time(machine: Machine, p: int, n: float) -> float:
+    return _time(machine, "allgather", p, n)
 
 
 def reduce_scatter_time(machine: Machine, p: int, n: float) -> float:
-    if p == 1 or n == 0:
-        return 0.0
-    fit = machine.link("reduce_scatter", p)
-    return fit.alpha * log2_ceil(p) + fit.beta * (p - 1) / p * n
+    return _time(machine, "reduce_scatter", p, n)
 
 
 def allreduce_time(machine: Machine, p: int, n: float) -> float:
-    if p == 1 or n == 0:
-        return 0.0
-    fit = machine.link("allreduce", p)
-    return 2 * (fit.alpha * log2_ceil(p) + fit.beta * (p - 1) / p * n)
+    return _time(machine, "allreduce", p, n)
 
 
 def halo_time(machine: Machine, n: float) -> float:
-    if n == 0:
-        return 0.0
-    fit = machine.link("halo", 2)
-    return fit.alpha + fit.beta * n
+    return _time(machine, "halo", 2, n)
 
 
 def alltoall_time(machine: Machine, p: int, messages: int, n: float) -> float:

@@ -15,8 +15,8 @@ choice and the previous segment's. Per layer the model counts, forward and backw
 
 The model-parallel all-gather is always deferred to the first layer that needs every channel:
 ReLU, dropout and pooling act per channel and never grow the tensor, so deferring never costs
-more. ``paper_collectives`` counts the backward of an all-gather as an all-reduce, as the paper
-does; the code uses the reduce-scatter, its exact adjoint, at half the bytes.
+more. The backward of an all-gather is costed as the reduce-scatter the code runs (its exact
+adjoint, half the bytes of the all-reduce the paper counts).
 """
 
 from __future__ import annotations
@@ -159,14 +159,12 @@ class CostModel:
     machine : α–β constants (see :mod:`hpctrain.cost.machine`).
     compute : an object with ``times(works) -> {work: (forward s, backward s)}``.
     itemsize : bytes per activation and weight entry (4 for float32).
-    paper_collectives : count the backward of an all-gather as an all-reduce (the paper's Eq. 3
-        and 8) instead of the reduce-scatter the code runs.
     """
 
     def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
-                 itemsize: int = 4, paper_collectives: bool = False) -> None:
+                 itemsize: int = 4) -> None:
         self.net, self.batch, self.procs, self.machine = net, batch, procs, machine
-        self.compute, self.itemsize, self.paper = compute, itemsize, paper_collectives
+        self.compute, self.itemsize = compute, itemsize
         self.shapes = [(batch, *s) for s in net.shapes()]
         weighted = [k for k, l in enumerate(net.layers) if l.kind in WEIGHTED]
         if not weighted:
@@ -177,7 +175,6 @@ class CostModel:
         self._segment_cache: dict[tuple[int, Choice], SegmentCost] = {}
         self._layout_cache: dict[tuple[int, Choice], list[tuple[Layout, Layout]] | None] = {}
         self._unrunnable: dict[tuple[int, Choice], str] = {}  # why a cached None cannot run
-        self._times: dict[LocalWork, tuple[float, float]] = {}
 
     # -- candidates ---------------------------------------------------------------------------
 
@@ -291,9 +288,8 @@ class CostModel:
         block_bytes = math.prod(largest_block(dst)) * self.itemsize
         if kind == "allgather":
             pr = dst.grid[0]
-            backward = (allreduce_time(self.machine, pr, block_bytes) if self.paper
-                        else reduce_scatter_time(self.machine, pr, block_bytes))
-            return kind, allgather_time(self.machine, pr, block_bytes), backward
+            return (kind, allgather_time(self.machine, pr, block_bytes),
+                    reduce_scatter_time(self.machine, pr, block_bytes))
         share, messages = _busiest_receiver((src.grid, src.split_axis),
                                             (dst.grid, dst.split_axis), len(dst.shape))
         t = alltoall_time(self.machine, self.procs, messages, share * block_bytes)

@@ -67,9 +67,10 @@ class Conv2d(Layer):
     def _backward_rows(self, dy: Any, cache: Any) -> Any:
         dx, dw, db = conv2d_backward(self.backend.xp, dy, self.weight.value, cache, self.stride,
                                      self.need_dx)
-        self.weight.grad += dw
+        # one band (no height split) gives the gradients whole; row bands add up
+        self.weight.grad = dw if self.weight.grad is None else self.weight.grad + dw
         if self.bias is not None:
-            self.bias.grad += db
+            self.bias.grad = db if self.bias.grad is None else self.bias.grad + db
         return dx
 
     def forward(self, x: Any, step: int) -> Any:
@@ -77,9 +78,8 @@ class Conv2d(Layer):
         return y
 
     def backward(self, dy: Any) -> Any:
-        xp = self.backend.xp
         for p in self.params:
-            p.grad = xp.zeros_like(p.value)
+            p.grad = None
         dx = self.rows.backward(dy, self.bands, self._backward_rows, self.need_dx)
         grads = self.grad_sum([p.grad for p in self.params])
         for p, grad in zip(self.params, grads, strict=True):

@@ -17,9 +17,7 @@ Prints one line per file and exits 1 if anything is wrong.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-import tomllib
 from pathlib import Path
 
 import h5py
@@ -73,22 +71,17 @@ def check_log(path: Path, want: dict[str, int | bool]) -> list[str]:
 
 
 def check_profile(path: Path) -> list[str]:
-    """The problems of a machine profile written by ``hpctrain calibrate``."""
+    """The problems of a machine profile written by ``hpctrain calibrate``: what hpctrain's own
+    reader refuses in it."""
+    from hpctrain.cost.machine import MachineError, parse_machine
+
     if not path.is_file():
         return ["missing"]
     try:
-        profile = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        return [f"not TOML: {err}"]
-    return [
-        f"{key} missing or not a positive number"
-        for key in ("alpha", "beta", "flops")
-        if not (
-            isinstance(profile.get(key), float | int)
-            and math.isfinite(profile[key])
-            and profile[key] > 0
-        )
-    ]
+        parse_machine(path.read_text(), str(path))
+    except MachineError as err:
+        return [str(err)]
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
