@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.clock import CommClock
 from hpctrain.errors import UserError
-from hpctrain.timing import CommClock
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
 
@@ -24,7 +24,7 @@ class Backend:
     set ``HPCTRAIN_CUDA_AWARE_MPI=1`` with an MPI that is).
 
     ``clock`` adds up the seconds every communication primitive spends moving data (while
-    enabled; see :class:`~hpctrain.timing.CommClock`). It is the one mutable part: the backend
+    enabled; see :class:`~hpctrain.clock.CommClock`). It is the one mutable part: the backend
     reaches every primitive, so the primitives need no other handle to report their time.
     """
 

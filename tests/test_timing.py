@@ -5,11 +5,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import hpctrain.clock as clock_module
 import hpctrain.timing as timing
+from hpctrain.clock import CommClock
 from hpctrain.timing import (
     LOSS,
     RECORD_FIELDS,
-    CommClock,
     LayerTimes,
     StepTimer,
     StepTimes,
@@ -35,6 +36,7 @@ class FakeTime:
 def clock_time(monkeypatch):
     fake = FakeTime()
     monkeypatch.setattr(timing, "perf_counter", fake)
+    monkeypatch.setattr(clock_module, "perf_counter", fake)
     return fake
 
 
