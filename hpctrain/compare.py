@@ -18,6 +18,7 @@ import numpy as np
 
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.net import NetSpec, load_net
+from hpctrain.options import add_net_options, add_planning_options, add_threads_option
 from hpctrain.partition import SplitError, factorisations
 from hpctrain.plan import plan_from_spec
 from hpctrain.planner import PlannedNetwork, predict
@@ -35,8 +36,6 @@ def default_specs(procs: int) -> list[str]:
 
 
 def build_compare_parser() -> argparse.ArgumentParser:
-    from hpctrain.cli import _planning, add_net_options
-
     parser = ArgumentParser(
         prog="python -m hpctrain compare-plans",
         description="Train a few steps under each of several plans (launched on P ranks) and "
@@ -54,7 +53,8 @@ def build_compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="compute precision (default: %(default)s)")
     parser.add_argument("--log", default=None, help="write every plan's timings to this HDF5")
-    _planning(parser)
+    add_threads_option(parser)
+    add_planning_options(parser)
     return parser
 
 
@@ -81,17 +81,22 @@ def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm) -> Outcome:
 
 def compare(args, comm) -> list[Outcome]:
     from hpctrain.backend import make_backend
-    from hpctrain.cli import agreed
+    from hpctrain.comm.agree import agreed
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model
+    from hpctrain.threads import configure_threads
 
     net = agreed(comm, lambda: load_net(args.net, args.image_size))
     if args.steps < 2:
         raise UserError(f"--steps {args.steps} must be at least 2 (the first is a warm-up)")
     procs, rank = comm.Get_size(), comm.Get_rank()
+    threads = configure_threads(comm, args.threads)
+    if rank == 0:
+        print(f"threads: {threads.describe()}", flush=True)
     backend = make_backend(args.device, args.dtype, comm)
     machine = agreed(comm, lambda: load_machine(args.machine))
-    model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm)
+    model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
+                             threads)
     outcomes = []
     for spec in args.plans or default_specs(procs):
         try:

@@ -96,7 +96,7 @@ class Settings:
 # -- command line -----------------------------------------------------------------------------
 
 def build_simulate_parser() -> argparse.ArgumentParser:
-    from hpctrain.cli import add_net_options
+    from hpctrain.options import add_net_options
 
     parser = ArgumentParser(
         prog="python -m hpctrain simulate",

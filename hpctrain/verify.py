@@ -1,7 +1,9 @@
-"""Check a plan against the serial computation: one forward and backward, layer by layer."""
+"""``python -m hpctrain verify``: check a plan against the serial computation, one forward and
+backward, layer by layer."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,10 +12,12 @@ from mpi4py import MPI
 from hpctrain.backend import Backend
 from hpctrain.comm.gather import gather_to_root
 from hpctrain.data import SyntheticData
+from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.grid import GridSet
 from hpctrain.layers.base import Layer
 from hpctrain.net import NetSpec
 from hpctrain.network import Network
+from hpctrain.options import add_planning_options, add_run_options
 from hpctrain.plan import LayerPlan
 
 
@@ -91,3 +95,33 @@ def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, back
         out(f"loss {loss:.12g} (serial {serial_loss:.12g}); largest relative error {worst:.2e} "
             f"{'<=' if ok else '>'} tolerance {tolerance:.0e}: {'PASS' if ok else 'FAIL'}")
     return bool(comm.bcast(ok, root=0))
+
+
+def build_verify_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m hpctrain verify",
+        description="Run one forward and backward under a plan and the same computation on one "
+                    "process in float64; print per layer the largest relative error of the "
+                    "output and of every gradient; exit 1 above the tolerance.")
+    add_run_options(parser)
+    parser.add_argument("--batch", type=int, default=4, help="global mini-batch (default: 4)")
+    parser.add_argument("--tolerance", type=float, default=1e-9,
+                        help="largest relative error accepted (default: 1e-9)")
+    add_planning_options(parser)
+    return parser
+
+
+def run_verify(argv: list[str], comm) -> int:
+    from hpctrain.comm.agree import agreed
+    from hpctrain.launch import set_up
+    from hpctrain.net import load_net
+
+    args = build_verify_parser().parse_args(argv)
+    if args.batch < 1:
+        raise UserError(f"--batch {args.batch} must be at least 1")
+    net = agreed(comm, lambda: load_net(args.net, args.image_size))
+    setup = set_up(args, net, comm, "float64", predict=False)
+    with GridSet(comm) as grids:
+        ok = verify(setup.net, setup.plan, args.batch, grids, setup.backend, args.seed or 0,
+                    args.tolerance)
+    return 0 if ok else 1

@@ -121,7 +121,7 @@ def test_plan_bad_input_is_one_clear_line(args, message):
 def test_memory_sizes_parse_with_binary_units():
     import argparse
 
-    from hpctrain.cli import parse_size
+    from hpctrain.options import parse_size
 
     assert parse_size("2G") == 2 * 2**30
     assert parse_size("512MiB") == 512 * 2**20

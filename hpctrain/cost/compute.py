@@ -3,10 +3,13 @@
 A :class:`LocalWork` is what one rank computes for one layer under a candidate grid: the kernel
 and the exact local shapes (the largest block, since the slowest rank sets the pace).
 :class:`MeasuredCompute` runs the real forward and backward kernels at those shapes (warm-up,
-then the median of repeats) and caches the result on disk per (device, dtype, ranks timing at
-once, work), so a second plan of the same net is instant. When P ranks plan together they time
-each kernel at the same moment, so the times include the contention of training (shared cores,
-memory bandwidth). :class:`FlopModel` stands in when planning for a machine we are not on.
+then the median of repeats) and caches the result on disk under a key that holds everything that
+changes a timing (:func:`timing_context`: the device, dtype, threads per rank, ranks per node,
+BLAS library, and the hpctrain version with a hash of the timed code), so a second plan of the
+same net is instant and a timing taken under other conditions is never used. When P ranks plan
+together they time each kernel at the same moment, so the times include the contention of
+training (shared cores, memory bandwidth). :class:`FlopModel` stands in when planning for a
+machine we are not on.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import statistics
 import time
 from dataclasses import astuple, dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +94,51 @@ class FlopModel:
         return {w: tuple(f / self.rate for f in w.flops()) for w in works}
 
 
+# The modules whose code runs inside a timing: a change to any of them makes old timings stale.
+TIMED_MODULES = ("hpctrain.kernels.activations", "hpctrain.kernels.conv",
+                 "hpctrain.kernels.counter_rng", "hpctrain.kernels.linear",
+                 "hpctrain.kernels.pool", "hpctrain.kernels.window", "hpctrain.optim",
+                 "hpctrain.data", "hpctrain.cost.compute")
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """'hpctrain VERSION+HASH': the version and a hash of the source of :data:`TIMED_MODULES`."""
+    import hashlib
+    import importlib
+
+    from hpctrain import __version__
+
+    digest = hashlib.sha256()
+    for name in TIMED_MODULES:
+        digest.update(Path(importlib.import_module(name).__file__).read_bytes())
+    return f"hpctrain {__version__}+{digest.hexdigest()[:12]}"
+
+
+def device_name(backend: Any) -> str:
+    """The processor the kernels run on: the GPU's name, or the CPU's model name."""
+    if backend.device == "gpu":
+        props = backend.xp.cuda.runtime.getDeviceProperties(backend.xp.cuda.Device().id)
+        return f"gpu {props['name'].decode()}"
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return f"cpu {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    import platform
+
+    return f"cpu {platform.machine()}"
+
+
+def timing_context(backend: Any, threads: int, ranks_on_node: int, blas: str) -> str:
+    """The part of a cache key that says under what conditions a kernel was timed."""
+    dtype = np.dtype(backend.dtype).name
+    return (f"{device_name(backend)}|{dtype}|{threads} threads|{ranks_on_node} ranks per node|"
+            f"{blas}|{code_version()}")
+
+
 def default_cache_path() -> Path:
     root = os.environ.get("HPCTRAIN_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hpctrain")
@@ -158,16 +207,16 @@ class MeasuredCompute:
     backend : where and in what dtype to run (a :class:`~hpctrain.backend.Backend`).
     comm : the ranks that time together (every rank times the same kernel at the same moment,
         and the slowest sets the time); None for this process alone.
-    concurrency : ranks sharing this node while timing, part of the cache key.
-    cache : the JSON cache file; None for no cache.
+    context : the conditions of the timing (see :func:`timing_context`), part of every key.
+    cache : the JSON cache file; None for no cache. Entries timed by other hpctrain code are
+        dropped when it is rewritten.
     """
 
-    def __init__(self, backend: Any, comm: Any = None, concurrency: int = 1,
+    def __init__(self, backend: Any, comm: Any = None, context: str = "",
                  cache: Path | None = None, repeats: int = 5) -> None:
         self.backend, self.comm, self.repeats = backend, comm, repeats
         self.cache = cache
-        dtype = np.dtype(backend.dtype).name
-        self.prefix = f"{backend.device}|{dtype}|{concurrency}|"
+        self.prefix = f"{context}|"
         self.known: dict[str, list[float]] = {}
         if comm is None or comm.Get_rank() == 0:
             self.known = _read_cache(cache)
@@ -209,7 +258,9 @@ class MeasuredCompute:
     def _save(self) -> None:
         if self.cache is None or (self.comm is not None and self.comm.Get_rank() != 0):
             return
-        text = json.dumps(self.known, indent=0, sort_keys=True)
+        current = code_version()  # timings of other code can never be used again
+        text = json.dumps({k: v for k, v in self.known.items() if current in k}, indent=0,
+                          sort_keys=True)
         try:  # atomic: a crash leaves the old cache or the new one
             replace_atomically(self.cache, lambda tmp: tmp.write_text(text))
         except OSError:

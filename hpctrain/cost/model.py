@@ -34,7 +34,13 @@ from hpctrain.cost.collectives import (
     halo_time,
     reduce_scatter_time,
 )
-from hpctrain.cost.compute import FlopModel, LocalWork, MeasuredCompute, default_cache_path
+from hpctrain.cost.compute import (
+    FlopModel,
+    LocalWork,
+    MeasuredCompute,
+    default_cache_path,
+    timing_context,
+)
 from hpctrain.cost.machine import LOCAL_PROFILE, Machine
 from hpctrain.layout import BATCH_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.net import WEIGHTED, LayerSpec, NetSpec
@@ -416,11 +422,13 @@ def compute_source(machine: Machine, requested: str) -> str:
 
 
 def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, source: str,
-                     backend=None, comm=None) -> CostModel:
+                     backend=None, comm=None, threads=None) -> CostModel:
     """A cost model whose compute times come from ``source`` (see :func:`compute_source`).
 
-    Measured times run on ``backend`` (NumPy float32 on this CPU when None); under MPI every rank
-    of ``comm`` times the same kernels at once, as the ranks of a node will when training.
+    Measured times run on ``backend`` (NumPy float32 on this CPU when None) under ``threads``
+    (the :class:`~hpctrain.threads.ThreadChoice` in force; None: this process's BLAS as it is);
+    under MPI every rank of ``comm`` times the same kernels at once, as the ranks of a node
+    will when training.
     """
     import numpy as np
 
@@ -431,12 +439,10 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
         from hpctrain.backend import Backend
 
         backend = Backend(np, np.float32)
-    concurrency = 1
-    if comm is not None:
-        from mpi4py import MPI
+    if threads is None:
+        from hpctrain.threads import configure_threads
 
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        concurrency = node.Get_size()
-        node.Free()
-    compute = MeasuredCompute(backend, comm, concurrency, default_cache_path())
+        threads = configure_threads(comm)
+    context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas)
+    compute = MeasuredCompute(backend, comm, context, default_cache_path())
     return CostModel(net, batch, procs, machine, compute, itemsize)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from hpctrain.cli import agreed
+from hpctrain.comm.agree import agreed
 from hpctrain.errors import UserError
 from tests.mpi.helpers import all_agree
 

@@ -7,13 +7,13 @@ import h5py
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain.cli import run_train
 from hpctrain.compare import run_compare
 from hpctrain.cost.machine import load_machine
 from hpctrain.cost.model import build_cost_model
 from hpctrain.net import load_net
 from hpctrain.plan import read_plan
 from hpctrain.planner import plan_network
+from hpctrain.train_command import run_train
 from hpctrain.verify import serial_plan
 from tests.mpi.helpers import all_agree, check_close
 from tests.mpi.test_training import NET, train

@@ -1,0 +1,70 @@
+"""What every command that runs a network on the launched ranks sets up before its first step:
+the threads per rank, the backend, the per-layer plan and its predicted costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctrain.comm.agree import agreed
+from hpctrain.net import NetSpec
+from hpctrain.plan import LayerPlan, plan_from_spec
+from hpctrain.threads import ThreadChoice, configure_threads
+
+
+@dataclass
+class Setup:
+    """A network ready to run: its plan on this world, where it runs and what was predicted."""
+
+    net: NetSpec
+    plan: list[LayerPlan]
+    backend: Any
+    threads: ThreadChoice
+    planned: Any = None  # PlannedNetwork with the predictions, or None when not asked for
+    machine: Any = None  # the cost model's machine profile
+
+
+def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
+           predict: bool = True) -> Setup:
+    """Threads, backend and the plan of ``net`` for ``args.grid`` (collective over ``comm``).
+
+    With ``--grid auto`` the planner searches (measuring compute under the threads just set)
+    and rank 0 writes the plan file; otherwise the given plan is costed when ``predict``.
+    """
+    from hpctrain.backend import make_backend
+
+    threads = configure_threads(comm, args.threads)
+    procs = comm.Get_size()
+    spec = args.grid or f"1x{procs}"
+    plan = None if spec.strip() == "auto" else agreed(
+        comm, lambda: plan_from_spec(spec, net, procs))
+    backend = make_backend(args.device, dtype, comm)
+    if plan is not None and not predict:
+        return Setup(net, plan, backend, threads)
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.cost.model import build_cost_model
+    from hpctrain.planner import predict as predict_plan
+
+    machine = agreed(comm, lambda: load_machine(args.machine))
+    model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
+                             threads)
+    planned = predict_plan(model, plan, args.mem_per_rank)
+    if plan is None and comm.Get_rank() == 0:
+        write_plan_file(getattr(args, "plan_file", None)
+                        or f"runs/{net.name}-p{procs}-b{args.batch}.plan",
+                        net, planned, procs, args.batch, model.machine.name)
+    return Setup(net, planned.plans, backend, threads, planned, model.machine)
+
+
+def write_plan_file(path: str, net: NetSpec, planned: Any, procs: int, batch: int,
+                    machine: str) -> None:
+    """The plan as a file ``--grid`` reads back, with a header saying what it was made for."""
+    from hpctrain.plan import write_plan
+
+    write_plan(Path(path), planned.plans,
+               f"hpctrain plan: net {net.name}, {procs} processes, batch {batch}, machine "
+               f"{machine}\npredicted iteration {planned.iteration_time * 1e3:.3f} ms")
+    print(f"plan written to {path} (use it with --grid {path})", flush=True)

@@ -1,0 +1,60 @@
+"""``python -m hpctrain plan``: the plan of least predicted time for P processes, printed
+without launching MPI (measured compute runs on this process alone)."""
+
+from __future__ import annotations
+
+import argparse
+
+from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.options import add_net_options, add_planning_options, add_threads_option
+
+
+def build_plan_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m hpctrain plan",
+        description="Print the plan of least predicted iteration time for P processes, without "
+                    "launching MPI: each layer's mode and Pr x Pc grid, predicted compute, "
+                    "communication, redistribution and memory per rank.")
+    add_net_options(parser)
+    parser.add_argument("--procs", type=int, required=True, help="number of processes P")
+    parser.add_argument("--batch", type=int, required=True, help="global mini-batch B")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="training precision: bytes moved and kernels timed "
+                             "(default: %(default)s)")
+    parser.add_argument("--out", default=None, help="also write the plan file here")
+    add_threads_option(parser)
+    add_planning_options(parser)
+    return parser
+
+
+def run_plan(argv: list[str]) -> int:
+    import numpy as np
+
+    from hpctrain.backend import DTYPES, Backend
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.cost.model import build_cost_model, compute_source
+    from hpctrain.launch import write_plan_file
+    from hpctrain.net import load_net
+    from hpctrain.planner import format_plan, plan_network
+    from hpctrain.threads import configure_threads
+
+    args = build_plan_parser().parse_args(argv)
+    for flag in ("procs", "batch"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
+    net = load_net(args.net, args.image_size)
+    machine = load_machine(args.machine)
+    backend = Backend(np, DTYPES[args.dtype])
+    source = compute_source(machine, args.compute)
+    threads = configure_threads(None, args.threads) if source == "measured" else None
+    model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
+                             threads=threads)
+    planned = plan_network(model, args.mem_per_rank)
+    print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
+          f"{machine.name} (alpha {machine.alpha * 1e6:.3g} us, 1/beta "
+          f"{1 / machine.beta / 1e9:.3g} GB/s), compute {source}"
+          + (f" with {threads.describe()}" if threads else ""))
+    print(format_plan(planned))
+    if args.out:
+        write_plan_file(args.out, net, planned, args.procs, args.batch, machine.name)
+    return 0
