@@ -52,7 +52,7 @@ import numpy as np
 
 from hpctrain.files import replace_atomically
 from hpctrain.planner import PlannedNetwork
-from hpctrain.timing import COMM_FIELDS, RECORD_FIELDS, TIME_FIELDS, StepTimes, per_rank_table
+from hpctrain.timing import COMM_FIELDS, RECORD_FIELDS, TIME_FIELDS, StepTimes
 
 STEP_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1"),
                "seconds": ("f8", "s"), "images_per_second": ("f8", "1/s"), "lr": ("f8", "1"),
@@ -143,14 +143,6 @@ def _same_run(path: Path, attrs: dict[str, Any]) -> bool:
         return False
 
 
-def per_rank_summary(records: np.ndarray, rows: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{field: (max over ranks, mean over ranks)} per row, from every rank's
-    :meth:`StepTimes.to_array` stacked as ``records`` (P, rows·fields + 1)."""
-    table = per_rank_table(records, rows)
-    return {f: (table[:, :, k].max(axis=0), table[:, :, k].mean(axis=0))
-            for k, f in enumerate(RECORD_FIELDS)}
-
-
 class RunLog:
     """The run's HDF5 log (rank 0 only), extended and flushed after every step.
 
@@ -234,13 +226,15 @@ class RunLog:
         ds.resize(ds.shape[0] + 1, axis=0)
         ds[-1] = value
 
-    def step(self, values: dict[str, float], records: np.ndarray) -> None:
-        """One row of every step series; ``records``: every rank's record of the step."""
+    def step(self, values: dict[str, float], largest: np.ndarray, mean: np.ndarray) -> None:
+        """One row of every step series; ``largest`` and ``mean``: (rows, fields) arrays of
+        every field of :data:`RECORD_FIELDS` over the ranks (see
+        :class:`~hpctrain.timing.RanksSummary`)."""
         for name in STEP_SERIES:
             self._append(f"steps/{name}", values[name])
-        for name, (largest, mean) in per_rank_summary(records, len(self.rows)).items():
-            self._append(f"steps/layers/{name}/max", largest)
-            self._append(f"steps/layers/{name}/mean", mean)
+        for k, name in enumerate(RECORD_FIELDS):
+            self._append(f"steps/layers/{name}/max", largest[:, k])
+            self._append(f"steps/layers/{name}/mean", mean[:, k])
         self.h5.flush()
 
     def validation(self, step: int, loss: float, accuracy: float) -> None:

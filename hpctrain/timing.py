@@ -1,7 +1,8 @@
 """Measured time: seconds inside MPI data movement, and per-layer times of training steps.
 
-The :class:`CommClock` on the backend adds up the seconds spent inside the communication
-primitives (the MPI calls with the packing and host staging around them). A :class:`StepTimer`
+The comm clock on the backend (:class:`~hpctrain.clock.CommClock`) adds up the seconds spent
+inside the communication primitives (the MPI calls with the packing and host staging around
+them). A :class:`StepTimer`
 reads it together with ``perf_counter`` at each layer boundary of a step, so each layer's time
 splits into compute (its wall time less the communication inside it) and its own communication
 (ΔW all-reduce, halo exchange), and each redistribution feeding a layer is timed on its own.
@@ -13,7 +14,7 @@ pace) and :func:`format_table`. All times are in seconds; the table prints milli
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -25,62 +26,6 @@ if TYPE_CHECKING:
     from hpctrain.comm.redistribute import Redistribute
 
 LOSS = "loss"  # the key of the loss row in a StepTimer
-
-
-class CommClock:
-    """Seconds spent inside communication, summed while ``enabled``.
-
-    Each primitive wraps its data movement in ``with clock.comm(): ...``. Nested blocks count
-    once (only the outermost is timed). While disabled a block costs one attribute test, so the
-    clock can stay on the backend of untimed runs. ``sync``, when set (on a GPU), runs at the
-    start and end of each outermost block so the clock measures the movement itself rather than
-    compute still queued on the device.
-
-    Examples
-    --------
-    >>> clock = CommClock()
-    >>> clock.enabled = True
-    >>> with clock.comm():
-    ...     pass
-    >>> clock.seconds >= 0.0
-    True
-    """
-
-    __slots__ = ("enabled", "seconds", "bytes_sent", "sync", "_depth", "_start")
-
-    def __init__(self, sync: Callable[[], None] | None = None) -> None:
-        self.enabled = False
-        self.seconds = 0.0
-        self.bytes_sent = 0
-        self.sync = sync
-        self._depth = 0
-        self._start = 0.0
-
-    def comm(self) -> CommClock:
-        """A context manager timing the communication inside it (the clock itself)."""
-        return self
-
-    def sent(self, nbytes: int) -> None:
-        """Count ``nbytes`` this rank handed to MPI to send (while enabled)."""
-        if self.enabled:
-            self.bytes_sent += int(nbytes)
-
-    def __enter__(self) -> CommClock:
-        if self.enabled:
-            if self._depth == 0:
-                if self.sync is not None:
-                    self.sync()
-                self._start = perf_counter()
-            self._depth += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._depth:  # entered while enabled, even if disabled since
-            self._depth -= 1
-            if self._depth == 0:
-                if self.sync is not None:
-                    self.sync()
-                self.seconds += perf_counter() - self._start
 
 
 @dataclass
@@ -129,13 +74,6 @@ class LayerTimes:
 TIME_FIELDS = tuple(f.name for f in fields(LayerTimes) if f.name not in ("name", "bytes_sent"))
 RECORD_FIELDS = (*TIME_FIELDS, "bytes_sent")  # every number of a row, in field order
 COMM_FIELDS = tuple(f for f in TIME_FIELDS if "compute" not in f)  # own comm + redistribution
-
-
-def per_rank_table(records: np.ndarray, rows: int) -> np.ndarray:
-    """(P, rows, fields): every rank's :meth:`StepTimes.to_array` record, stacked as
-    ``records`` (P, rows·fields + …), with each row's fields in :data:`RECORD_FIELDS` order."""
-    width = len(RECORD_FIELDS)
-    return records[:, :rows * width].reshape(len(records), rows, width)
 
 
 @dataclass
@@ -205,6 +143,48 @@ def over_ranks(times: StepTimes, comm: Any, op: str = "max") -> StepTimes:
     reduced = np.empty_like(local)
     comm.Allreduce(local, reduced, op={"max": MPI.MAX, "min": MPI.MIN}[op])
     return times.from_array(reduced)
+
+
+@dataclass
+class RanksSummary:
+    """One step over all ranks, as rank 0 logs it.
+
+    ``largest`` and ``mean``: (rows, fields) arrays, each field of :data:`RECORD_FIELDS` of
+    each row, the largest and the mean over ranks; ``seconds``: the slowest rank's step (it
+    sets the pace); ``comm_fraction``: the mean over ranks of the share of its step each rank
+    spent communicating.
+    """
+
+    largest: np.ndarray
+    mean: np.ndarray
+    seconds: float
+    comm_fraction: float
+
+
+def summary_over_ranks(times: StepTimes, seconds: float, comm: Any,
+                       root: int = 0) -> RanksSummary | None:
+    """:class:`RanksSummary` of this step at ``root`` (None elsewhere); collective.
+
+    Two reductions (MAX and SUM) of one flat record per rank: O(log P) messages of a fixed
+    size, never P records at one rank.
+    """
+    from mpi4py import MPI
+
+    comm_seconds = sum(getattr(row, f) for row in times.rows for f in COMM_FIELDS)
+    local = np.append(times.to_array(), [seconds, comm_seconds / seconds if seconds else 0.0])
+    largest = np.empty_like(local) if comm.Get_rank() == root else None
+    total = np.empty_like(local) if comm.Get_rank() == root else None
+    comm.Reduce(local, largest, op=MPI.MAX, root=root)
+    comm.Reduce(local, total, op=MPI.SUM, root=root)
+    if comm.Get_rank() != root:
+        return None
+    mean = total / comm.Get_size()
+    rows, width = len(times.rows), len(RECORD_FIELDS)
+
+    def table(values: np.ndarray) -> np.ndarray:
+        return values[:rows * width].reshape(rows, width)
+
+    return RanksSummary(table(largest), table(mean), float(largest[-2]), float(mean[-1]))
 
 
 def max_over_ranks(times: StepTimes, comm: Any) -> StepTimes:

@@ -33,14 +33,13 @@ from hpctrain.plan import LayerPlan
 from hpctrain.schedule import Schedule
 from hpctrain.signals import StopRequests
 from hpctrain.timing import (
-    COMM_FIELDS,
-    RECORD_FIELDS,
+    RanksSummary,
     StepTimes,
     format_table,
     max_over_ranks,
     median_times,
     over_ranks,
-    per_rank_table,
+    summary_over_ranks,
 )
 
 
@@ -156,7 +155,6 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
     step_times: list[StepTimes] = []
     step_seconds: list[float] = []
     result = TrainResult(losses, None, step_times, None, step_seconds, 0.0, first)
-    gathered = None
     result.stopped_by = stop.agreed(comm)  # asked to stop while planning: train nothing
     last = first if result.stopped_by else config.steps
     start = time.perf_counter()
@@ -174,13 +172,9 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
         losses.append(loss)
         step_times.append(times)
         step_seconds.append(seconds)
-        # every rank's record of the step, for the log's max and mean over ranks
-        record = np.append(times.to_array(), seconds)
-        if rank == 0 and gathered is None:
-            gathered = np.empty((comm.Get_size(), record.size))
-        comm.Gather(record, gathered, root=0)
+        summary = summary_over_ranks(times, seconds, comm)  # at rank 0, None elsewhere
         if rank == 0:
-            _report(step, loss, accuracy, lr, gathered, times, config, start, first, log, say)
+            _report(step, loss, accuracy, lr, summary, config, start, first, log, say)
         done = step + 1
         result.stopped_by = stop.agreed(comm)
         if (val_data is not None and config.eval_every and done % config.eval_every == 0
@@ -195,18 +189,14 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
     return result
 
 
-def _report(step: int, loss: float, accuracy: float, lr: float, gathered: np.ndarray,
-            times: StepTimes, config: TrainConfig, start: float, first: int, log: Any,
-            say) -> None:
+def _report(step: int, loss: float, accuracy: float, lr: float, summary: RanksSummary,
+            config: TrainConfig, start: float, first: int, log: Any, say) -> None:
     """Rank 0: the step's log row, and a progress line every ``print_every`` steps."""
-    seconds = float(gathered[:, -1].max())  # the slowest rank sets the pace
-    table = per_rank_table(gathered[:, :-1], len(times.rows))
-    comm_seconds = table[:, :, [RECORD_FIELDS.index(f) for f in COMM_FIELDS]].sum(axis=(1, 2))
-    comm_fraction = float(np.mean(comm_seconds / gathered[:, -1]))
+    seconds, comm_fraction = summary.seconds, summary.comm_fraction
     if log is not None:
         log.step({"step": step + 1, "loss": loss, "accuracy": accuracy, "seconds": seconds,
                   "images_per_second": config.batch / seconds, "lr": lr,
-                  "comm_fraction": comm_fraction}, gathered[:, :-1])
+                  "comm_fraction": comm_fraction}, summary.largest, summary.mean)
     done = step + 1
     if done % config.print_every == 0 or done == config.steps:
         elapsed = time.perf_counter() - start

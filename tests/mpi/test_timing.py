@@ -14,7 +14,15 @@ from hpctrain.network import Network
 from hpctrain.optim import SGD
 from hpctrain.partition import factorisations
 from hpctrain.plan import plan_from_spec
-from hpctrain.timing import TIME_FIELDS, StepTimes, max_over_ranks, median_times
+from hpctrain.timing import (
+    COMM_FIELDS,
+    RECORD_FIELDS,
+    TIME_FIELDS,
+    StepTimes,
+    max_over_ranks,
+    median_times,
+    summary_over_ranks,
+)
 from hpctrain.train import TrainConfig, TrainResult, train
 from tests.mpi.helpers import all_agree
 from tests.mpi.test_training import NET, mixed_plans
@@ -190,3 +198,26 @@ def test_one_rank_plan_records_no_communication(comm):
                for f in comm_fields)
     positive = all(row.forward_compute > 0 for times in records for row in times.rows)
     assert all_agree(comm, zero and positive)
+
+
+def test_the_summary_over_ranks_equals_the_max_and_mean_of_every_rank_record():
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    times = StepTimes.blank(["conv1", "linear1"])
+    rng = np.random.default_rng(rank)
+    record = times.from_array(rng.random(len(times.to_array())))
+    seconds = 1.0 + rank
+    summary = summary_over_ranks(record, seconds, comm)
+    # the reference: every rank's whole record at rank 0 (fine for a test on a few ranks)
+    rows = comm.gather(record, root=0)
+    ok = summary is None if rank else True
+    if rank == 0:
+        tables = np.array([[[getattr(row, f) for f in RECORD_FIELDS] for row in r.rows]
+                           for r in rows])
+        shares = [sum(getattr(row, f) for row in r.rows for f in COMM_FIELDS) / (1.0 + k)
+                  for k, r in enumerate(rows)]
+        ok = (np.array_equal(summary.largest, tables.max(axis=0))
+              and np.allclose(summary.mean, tables.mean(axis=0), rtol=1e-14)
+              and summary.seconds == float(size)
+              and math.isclose(summary.comm_fraction, np.mean(shares), rel_tol=1e-14))
+    assert all_agree(comm, ok)
