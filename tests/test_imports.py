@@ -1,0 +1,77 @@
+"""The package's modules form no import circle, counting imports inside functions too (serial).
+
+A circle means two modules each need the other: neither can be read, tested or moved alone.
+"""
+
+import ast
+from pathlib import Path
+
+import hpctrain
+
+ROOT = Path(hpctrain.__file__).parent
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("hpctrain", *path.relative_to(ROOT).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the hpctrain modules it imports anywhere in its text."""
+    modules = module_names()
+
+    def owner(name: str) -> str | None:  # the module a dotted name lives in
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in map(owner, targets) if t and t != name}
+    return graph
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a path that ends where it starts, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_graph_sees_imports_inside_functions():
+    graph = import_graph()
+    assert "hpctrain.launch" in graph["hpctrain.plan_command"]  # imported inside run_plan
+    assert "hpctrain.comm.agree" in graph["hpctrain.launch"]
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_circle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_imports_itself_through_others():
+    circle = find_circle(import_graph())
+    assert circle is None, "import circle: " + " -> ".join(circle)
