@@ -1,4 +1,5 @@
-# Shared by the job scripts in jobs/; sourced, not run. Each *.sbatch finds it in
+# Shared by the job scripts in jobs/; sourced, not run. (Threads per rank need no variable:
+# hpctrain takes them from the CPU binding or --cpus-per-task.) Each *.sbatch finds it in
 # $HPCTRAIN_JOBS_DIR, else in jobs/ under the submit directory (sbatch runs a copy of the script,
 # so the script's own directory is unknown).
 #
@@ -132,8 +133,6 @@ scaling_sweep() {
     RUN_DIR=${RUN_DIR:-runs/${SLURM_JOB_NAME:-hpctrain}-$SLURM_JOB_ID}
     local ntasks=${SLURM_NTASKS:-1}
     PROCS=${PROCS:-$(default_procs "$ntasks")}
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
-    export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$OMP_NUM_THREADS}
 
     local common=(--net "$NET" --steps "$STEPS")
     [ -n "${IMAGE_SIZE:-}" ] && common+=(--image-size "$IMAGE_SIZE")
