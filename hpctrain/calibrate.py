@@ -51,6 +51,7 @@ import numpy as np
 from hpctrain.cost.collectives import terms
 from hpctrain.cost.machine import LOCAL_PROFILE, Fit, Machine, save_machine
 from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.options import add_threads_option
 from hpctrain.partition import factorisations
 from hpctrain.units import bytes_from
 
@@ -209,6 +210,7 @@ def build_calibrate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="a rough profile in seconds: fewer, smaller sizes and repeats "
                              "(explicit options still win)")
+    add_threads_option(parser)
     return parser
 
 
@@ -445,6 +447,7 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
     option, before any message is timed.
     """
     from hpctrain.backend import make_backend
+    from hpctrain.threads import configure_threads
 
     args = build_calibrate_parser().parse_args(argv)
     settings = _settings(args)
@@ -454,6 +457,7 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
     problem = comm.bcast(_unwritable(settings.out) if rank == 0 else None, root=0)
     if problem:
         raise CalibrateError(problem)
+    threads = configure_threads(comm, args.threads)  # the GEMM rate is per rank at these threads
     backend = make_backend(settings.device, "float32", comm)
     started = time.perf_counter()
     results = measure(comm, backend, settings)
@@ -463,7 +467,8 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
     for m in results:
         fits.setdefault(m.collective, {})[m.p] = m.fit
     halo = fits.get("halo", {}).get(2, Fit(DEFAULT_ALPHA, DEFAULT_BETA))
-    machine = Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits)
+    machine = Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits,
+                      threads=threads.threads)
     if rank == 0:
         command = " ".join(["python -m hpctrain calibrate", *argv])
         comment = f"written by '{command}' on {size} processes\n"
@@ -471,6 +476,7 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
                     f"{settings.sizes} sizes from {MIN_BYTES} B to {settings.max_bytes} B, "
                     f"median of {settings.repeats} calls, GEMM {settings.gemm_size}")
         save_machine(machine, settings.out, comment)
+        print(f"threads: {threads.describe()}")
         print(format_table(results, flops, settings.device))
         print(f"calibrated {size} rank{'s' if size > 1 else ''} in {elapsed:.1f} s; wrote "
               f"{settings.out}", flush=True)

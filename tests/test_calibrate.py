@@ -189,3 +189,13 @@ def test_table_lists_every_fit():
     floored = Measured("halo", 2, (64, 128), (1e-5, 1e-5), Fit(1e-5, MIN_B), 0.0, True)
     table = format_table([floored], 5e10, "cpu").splitlines()
     assert table[1].endswith(" *") and table[2].startswith("* alpha or beta held at its floor")
+
+
+def test_a_profile_keeps_its_threads_per_rank_and_refuses_a_bad_count():
+    from hpctrain.cost.machine import MachineError, format_machine, parse_machine
+
+    machine = Machine("here", 2e-6, 1e-10, 5e10, threads=4)
+    assert parse_machine(format_machine(machine), "here.toml").threads == 4
+    assert parse_machine('alpha = 1\nbeta = 1\nflops = 1\n', "old.toml").threads == 0
+    with pytest.raises(MachineError, match="'threads' must be a whole number >= 0, got -1"):
+        parse_machine('alpha = 1\nbeta = 1\nflops = 1\nthreads = -1\n', "bad.toml")

@@ -7,6 +7,7 @@ A profile is a small TOML file in ``inputs/machines/`` (or anywhere, by path)::
     beta = 1.6667e-10     # seconds per byte (1/β = 6 GB/s)
     flops = 1.0e12        # sustained FLOP/s of one rank, for the FLOP-rate compute model
     device = "cpu"        # where compute times may be measured (optional)
+    threads = 1           # threads per rank when flops was measured (optional; 0: unknown)
 
     # optional: fitted constants per collective and communicator size, written by calibrate
     [fits.allgather]
@@ -53,6 +54,7 @@ class Machine:
     device: str = "cpu"
     fits: dict[str, dict[int, Fit]] = field(default_factory=dict)
     source: str = ""
+    threads: int = 0  # threads per rank the profile was measured with; 0: not recorded
 
     def link(self, collective: str, procs: int) -> Fit:
         """α and β for ``collective`` on a communicator of ``procs`` ranks."""
@@ -91,9 +93,12 @@ def parse_machine(text: str, source: str) -> Machine:
     device = table.get("device", "cpu")
     if device not in ("cpu", "gpu"):
         raise MachineError(f"{source}: device '{device}' must be cpu or gpu")
+    threads = table.get("threads", 0)
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise MachineError(f"{source}: 'threads' must be a whole number >= 0, got {threads!r}")
     return Machine(str(table.get("name", Path(source).stem)), _positive(table, "alpha", source),
                    _positive(table, "beta", source), _positive(table, "flops", source), device,
-                   fits, source)
+                   fits, source, threads)
 
 
 def available_machines() -> list[str]:
@@ -123,6 +128,8 @@ def format_machine(machine: Machine, comment: str = "") -> str:
               f"beta = {machine.beta:.6g}  # s per byte (1/beta = {1 / machine.beta / 1e9:.3g} "
               f"GB/s)", f"flops = {machine.flops:.6g}  # FLOP/s of one rank",
               f'device = "{machine.device}"']
+    if machine.threads:
+        lines.append(f"threads = {machine.threads}  # threads per rank when measured")
     for collective in COLLECTIVES:
         sizes = machine.fits.get(collective)
         if not sizes:

@@ -43,7 +43,8 @@ def test_quick_calibration_writes_a_profile_every_rank_reads(comm, shared_dir):
     fits = [f for sizes in machine.fits.values() for f in sizes.values()]
     ok = (got == expected_fits(comm.size)
           and all(f.alpha > 0 and f.beta > 0 for f in fits)
-          and machine.flops > 0 and machine.device == DEVICE and machine.name == "test")
+          and machine.flops > 0 and machine.device == DEVICE and machine.name == "test"
+          and machine.threads >= 1)  # the threads per rank the GEMM rate was measured with
     if comm.size == 1:
         ok = ok and (machine.alpha, machine.beta) == (DEFAULT_ALPHA, DEFAULT_BETA)
     else:  # the top level is the point-to-point fit
