@@ -1,15 +1,15 @@
 """Compute time of one rank's local kernels: measured on the device, or from a FLOP rate.
 
-A :class:`LocalWork` is what one rank computes for one layer under a candidate grid: the kernel
-and the exact local shapes (the largest block, since the slowest rank sets the pace).
-:class:`MeasuredCompute` runs the real forward and backward kernels at those shapes (warm-up,
-then the median of repeats) and caches the result on disk under a key that holds everything that
-changes a timing (:func:`timing_context`: the device, dtype, threads per rank, ranks per node,
-BLAS library, and the hpctrain version with a hash of the timed code), so a second plan of the
-same net is instant and a timing taken under other conditions is never used. When P ranks plan
-together they time each kernel at the same moment, so the times include the contention of
-training (shared cores, memory bandwidth). :class:`FlopModel` stands in when planning for a
-machine we are not on.
+A :class:`LocalWork` is what one rank computes for one layer under a candidate grid: the kernel and
+the exact local shapes (the largest block, since the slowest rank sets the pace).
+:class:`MeasuredCompute` runs the real forward and backward kernels at those shapes (warm-up, then
+the median of up to 5 samples within a time budget) and caches the result on disk under a key that
+holds everything that changes a timing (:func:`timing_context`: the device, dtype, threads per
+rank, ranks per node, BLAS library, and the hpctrain version with a hash of the timed code), so a
+second plan of the same net is instant and a timing taken under other conditions is never used.
+When P ranks plan together they time each kernel at the same moment, so the times include the
+contention of training (shared cores, memory bandwidth). :class:`FlopModel` stands in when planning
+for a machine we are not on.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
 
 ELEMENTWISE = ("relu", "dropout")
+SAMPLE_BUDGET = 0.3  # seconds of timed calls per kernel and direction, roughly
 
 
 @dataclass(frozen=True)
@@ -224,10 +225,25 @@ class MeasuredCompute:
             self.known = comm.bcast(self.known, root=0)
 
     def _time(self, fn: Any) -> float:
+        """Median seconds of ``fn`` after a warm-up, every rank running it at the same moment.
+
+        The samples fit a budget of about ``SAMPLE_BUDGET`` seconds, between 1 and ``repeats``
+        of them: planning times every candidate's kernels, and a long kernel varies little from
+        call to call (the warm-up, which pays first-call costs, is never a sample). All ranks
+        agree on the count (the slowest rank's warm-up decides) so that their barriers pair
+        up.
+        """
+        start = time.perf_counter()
         fn()  # warm-up: allocations, BLAS threads, kernel compilation on a GPU
         self.backend.sync()
+        warm = time.perf_counter() - start
+        if self.comm is not None:
+            from mpi4py import MPI
+
+            warm = self.comm.allreduce(warm, op=MPI.MAX)
+        repeats = max(1, min(self.repeats, int(SAMPLE_BUDGET / max(warm, 1e-9))))
         samples = []
-        for _ in range(self.repeats):
+        for _ in range(repeats):
             if self.comm is not None:
                 self.comm.Barrier()
             start = time.perf_counter()
