@@ -8,7 +8,8 @@ import pytest
 from hpctrain.cost.compute import FlopModel, LocalWork
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.model import Choice, CostModel, move_kind
-from hpctrain.layout import Layout, box_size, transfer_pieces
+from hpctrain.layout import Layout, box_size
+from hpctrain.moves import transfer_pieces
 from hpctrain.net import load_net, parse_net
 from hpctrain.plan import plan_from_spec
 from hpctrain.planner import PlannerError, choices_of, evaluate, format_plan, plan_network

@@ -25,7 +25,8 @@ from mpi4py import MPI
 from hpctrain.backend import Backend
 from hpctrain.comm.collectives import AllGather
 from hpctrain.grid import GridSet
-from hpctrain.layout import Box, Layout, box_size, relative_slices, transfer_pieces
+from hpctrain.layout import Box, Layout, box_size, relative_slices
+from hpctrain.moves import transfer_pieces
 
 
 def _contains(outer: Box, inner: Box) -> bool:
