@@ -1,5 +1,6 @@
-"""Moves between layouts: the per-rank plans against the global brute-force piece list, and the
-classification against brute-force containment and tiling (pure maths, no MPI)."""
+"""Moves between layouts: the per-rank plans against the global brute-force piece list, the
+classification against brute-force containment and tiling, and the list of a plan's moves
+(pure maths, no MPI)."""
 
 import itertools
 import random
@@ -7,6 +8,9 @@ import random
 import numpy as np
 import pytest
 
+from hpctrain.cost.compute import FlopModel
+from hpctrain.cost.machine import Machine
+from hpctrain.cost.model import CostModel
 from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, relative_slices
 from hpctrain.moves import (
     ALLGATHER,
@@ -18,7 +22,11 @@ from hpctrain.moves import (
     plan_move,
     transfer_pieces,
 )
+from hpctrain.net import load_net
 from hpctrain.partition import block_range, factorisations
+from hpctrain.placement import move_pairs, plan_layouts
+from hpctrain.plan import plan_from_spec
+from hpctrain.planner import choices_of
 
 
 def flattened(layout):
@@ -226,3 +234,18 @@ def test_layouts_must_share_shape_and_ranks():
         move_kind(Layout((4, 3), (1, 2)), Layout((4, 5), (1, 2)))
     with pytest.raises(ValueError, match="ranks"):
         move_kind(Layout((4, 3), (1, 2)), Layout((4, 3), (1, 4)))
+
+
+@pytest.mark.parametrize("spec", ["conv=domain:2x2,fc=4x1", "conv=4x1,fc=2x2", "1x4"])
+def test_a_plans_moves_join_the_layouts_the_cost_model_prices(spec):
+    net, batch, procs = load_net("smallcnn"), 8, 4
+    plan = plan_from_spec(spec, net, procs)
+    model = CostModel(net, batch, procs, Machine("test", 1e-6, 1e-9, 1e9), FlopModel(1e9))
+    layouts = plan_layouts(net, plan, batch, procs)
+    priced = [pair for k, choice in enumerate(choices_of(model, plan))
+              for pair in model.segment_layouts(k, choice)]
+    assert layouts[len(model.prelude):] == priced
+    pairs = move_pairs(layouts)
+    assert [dst for _, dst in pairs[:-1]] == [in_layout for in_layout, _ in layouts]
+    assert [src for src, _ in pairs[1:]] == [out_layout for _, out_layout in layouts]
+    assert pairs[-1][1] == layouts[-1][1].replicated()
