@@ -97,6 +97,7 @@ bench: install $(BENCH_STAMP)
 	  $(PY) -m hpctrain plan --net $$net --procs 4096 --batch 2048 --machine cori-knl >/dev/null; \
 	  echo "plan $$net P=4096 B=2048: $$(( ($$(date +%s%N) - start) / 1000000 )) ms (whole process)"; \
 	done
+	$(PY) bench/moves.py
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain calibrate
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain compare-plans --net $(BENCH_NET) \
 	  --image-size $(BENCH_IMAGE) --batch 16 --steps 8 --log runs/compare-$(BENCH_NET).h5

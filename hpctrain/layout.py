@@ -21,9 +21,8 @@ its adjoint; e.g. the adjoint of an all-gather is a reduce-scatter.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
-from hpctrain.partition import block_ranges
+from hpctrain.partition import block_range, block_ranges
 
 Box = tuple[tuple[int, int], ...]
 
@@ -69,15 +68,11 @@ class Layout:
     def size(self) -> int:
         return self.grid[0] * self.grid[1]
 
-    @cached_property
-    def batch_ranges(self) -> tuple[tuple[int, int], ...]:
-        return block_ranges(self.shape[BATCH_AXIS], self.grid[1])
-
     def box(self, rank: int) -> Box:
         """The global index ranges held by ``rank``, one (start, stop) per axis."""
         i, j = grid_coords(rank, self.grid)
         box = [(0, n) for n in self.shape]
-        box[BATCH_AXIS] = self.batch_ranges[j]
+        box[BATCH_AXIS] = block_range(self.shape[BATCH_AXIS], self.grid[1], j)
         if self.split_axis is not None:
             box[self.split_axis] = self.split_ranges[i]
         return tuple(box)
@@ -115,36 +110,3 @@ def box_size(box: Box) -> int:
 def relative_slices(inner: Box, outer: Box) -> tuple[slice, ...]:
     """Slices that pick the global box ``inner`` out of an array holding ``outer``."""
     return tuple(slice(i0 - o0, i1 - o0) for (i0, i1), (o0, _) in zip(inner, outer, strict=True))
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One block moved by a redistribution: ``box`` goes from rank ``sender`` to ``receiver``."""
-
-    sender: int
-    receiver: int
-    box: Box
-
-
-def transfer_pieces(src: Layout, dst: Layout) -> list[Piece]:
-    """Every piece to move so each rank holds its ``dst`` block, given the ``src`` blocks.
-
-    Where several ranks hold the same source block (replicas), the receiver takes it from itself
-    when it is one of them, else from replica ``receiver % n_replicas``: no piece is sent twice, so
-    the adjoint sends each gradient back to exactly one owner.
-    """
-    if src.shape != dst.shape:
-        raise ValueError(f"cannot redistribute shape {src.shape} into {dst.shape}")
-    owners: dict[Box, list[int]] = {}
-    for rank in range(src.size):
-        owners.setdefault(src.box(rank), []).append(rank)
-    pieces = []
-    for receiver in range(dst.size):
-        need = dst.box(receiver)
-        for block, holders in owners.items():
-            box = intersect(block, need)
-            if box is None:
-                continue
-            sender = receiver if receiver in holders else holders[receiver % len(holders)]
-            pieces.append(Piece(sender, receiver, box))
-    return pieces

@@ -17,6 +17,7 @@ from hpctrain.layers.linear import Linear
 from hpctrain.layers.pool import MaxPool2d
 from hpctrain.layout import Layout, grid_coords
 from hpctrain.net import NetSpec
+from hpctrain.placement import move_pairs, plan_layouts
 from hpctrain.plan import LayerPlan, PlanError
 from hpctrain.timing import LOSS, StepTimer, StepTimes
 
@@ -44,7 +45,6 @@ class Network:
         self.grids, self.backend = grids, backend
         self.rank = grids.world.Get_rank()
         self.layers: list[Layer] = []
-        self.moves: list[Redistribute] = []  # moves[k] feeds layers[k]
         shapes = net.shapes()
         previous: Layout | None = None
         for index, (spec, entry, shape) in enumerate(zip(net.layers, plan, shapes, strict=False)):
@@ -54,13 +54,15 @@ class Network:
             else:  # a first layer without weights runs batch-parallel on all ranks
                 layout = previous or Layout((batch, *shape), (1, grids.world.Get_size()))
                 layer = self._follower(spec, layout, key)
-            self.moves.append(Redistribute(backend, grids, previous or layer.in_layout,
-                                           layer.in_layout))
             self.layers.append(layer)
             previous = layer.out_layout
         self.layers[0].need_dx = False
-        self.loss_layout = previous.replicated()
-        self.to_loss = Redistribute(backend, grids, previous, self.loss_layout)
+        # from the plan alone (placement.py): the move benchmark plans the very moves that run
+        *feeding, (last, self.loss_layout) = move_pairs(
+            plan_layouts(net, plan, batch, grids.world.Get_size()))
+        self.moves = [Redistribute(backend, grids, src, dst)  # moves[k] feeds layers[k]
+                      for src, dst in feeding]
+        self.to_loss = Redistribute(backend, grids, last, self.loss_layout)
         self.input_layout = self.layers[0].in_layout
 
     def _weighted(self, spec: Any, shape: tuple[int, ...], entry: LayerPlan, key: int) -> Layer:

@@ -10,12 +10,16 @@ same layouts, so prediction and execution cannot disagree on what moves where.
 - relu, dropout: the layout they are fed.
 - flatten: a channel split becomes a feature split; a height split is gathered first.
 - a first layer without weights runs batch-parallel on 1×P.
+
+:func:`plan_layouts` gives every layer's layouts under a whole plan and :func:`move_pairs` the
+moves between them; the network builds its redistributions from these.
 """
 
 from __future__ import annotations
 
 from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
-from hpctrain.net import LayerSpec
+from hpctrain.net import LayerSpec, NetSpec
+from hpctrain.plan import LayerPlan
 
 
 def weighted_layouts(spec: LayerSpec, in_shape: tuple[int, ...], mode: str,
@@ -52,3 +56,33 @@ def follower_layouts(spec: LayerSpec, layout: Layout) -> tuple[Layout, Layout]:
         return source, Layout((n, c * h * w), layout.grid,
                               CHANNEL_AXIS if ranges else None, ranges)
     return layout, layout
+
+
+def plan_layouts(net: NetSpec, plan: list[LayerPlan], batch: int,
+                 procs: int) -> list[tuple[Layout, Layout]]:
+    """(input, output) layout of every layer of ``net`` under ``plan`` on ``procs`` ranks.
+
+    A weighted layer takes the layouts of its mode and grid; a layer without weights follows
+    the output before it, and a first one runs on 1×P.
+    """
+    layouts: list[tuple[Layout, Layout]] = []
+    for spec, entry, shape in zip(net.layers, plan, net.shapes()[:-1], strict=True):
+        if entry.mode != "follow":
+            layouts.append(weighted_layouts(spec, (batch, *shape), entry.mode, entry.grid))
+        else:
+            fed = layouts[-1][1] if layouts else Layout((batch, *shape), (1, procs))
+            layouts.append(follower_layouts(spec, fed))
+    return layouts
+
+
+def move_pairs(layouts: list[tuple[Layout, Layout]]) -> list[tuple[Layout, Layout]]:
+    """(source, target) of every move of a network whose layers have ``layouts``: the move
+    feeding each layer (from the output before it; the first from its own input), then the
+    move of the logits to the loss, replicated over the last grid's Pr ranks."""
+    pairs = []
+    previous = layouts[0][0]
+    for in_layout, out_layout in layouts:
+        pairs.append((previous, in_layout))
+        previous = out_layout
+    pairs.append((previous, previous.replicated()))
+    return pairs

@@ -33,14 +33,14 @@ class LayerTimes:
     """One layer's seconds in one step (or a summary of several), split as the planner predicts.
 
     ``*_redistribution`` is the move feeding the layer (forward: all-gather, slice or
-    all-to-all; backward: its adjoint). ``*_layer_comm`` is communication inside the layer: halo
+    exchange; backward: its adjoint). ``*_layer_comm`` is communication inside the layer: halo
     waits forward, the ΔW all-reduce and halo gradients backward. ``*_compute`` is the layer's
     wall time less its own communication. For the loss row: the move to the loss layout, the
     softmax, and the all-reduce of loss and accuracy.
 
     ``bytes_sent``: what this rank handed to MPI as send buffers for the layer and the move
     feeding it, both directions (its block of an all-gather, the whole buffer of a
-    reduce-scatter or all-reduce, its outgoing pieces of an all-to-all, its halo rows).
+    reduce-scatter or all-reduce, its outgoing pieces of an exchange, its halo rows).
     """
 
     name: str

@@ -38,7 +38,7 @@ def model_time(collective: str, machine: Machine, p: int, n: float) -> float:
     if collective == "allreduce":
         return cost.allreduce_time(machine, p, n)
     if collective == "alltoall":
-        return cost.alltoall_time(machine, p, p - 1, n)
+        return cost.exchange_time(machine, p, p - 1, n)
     return cost.halo_time(machine, n)
 
 

@@ -7,9 +7,10 @@ import pytest
 
 from hpctrain.cost.compute import FlopModel, LocalWork
 from hpctrain.cost.machine import Machine
-from hpctrain.cost.model import Choice, CostModel, move_kind
-from hpctrain.layout import Layout, box_size, transfer_pieces
-from hpctrain.net import load_net, parse_net
+from hpctrain.cost.model import Choice, CostModel
+from hpctrain.layout import Layout, box_size
+from hpctrain.moves import GENERAL, move_kind, transfer_pieces
+from hpctrain.net import load_net
 from hpctrain.plan import plan_from_spec
 from hpctrain.planner import PlannerError, choices_of, evaluate, format_plan, plan_network
 
@@ -106,61 +107,32 @@ def test_too_many_processes_for_a_layer_is_a_clear_error():
         plan_network(model)
 
 
-# -- the move model against the executed redistribution -------------------------------------
-
-def _executed_kind(src, dst):
-    from hpctrain.comm.redistribute import _allgather_axis, _contains
-
-    if src == dst:
-        return "identity"
-    if all(_contains(src.box(r), dst.box(r)) for r in range(dst.size)):
-        return "slice"
-    return "allgather" if _allgather_axis(src, dst) is not None else "alltoall"
-
-
-def _layouts(model):
-    found = set()
-    for k in range(len(model.segments)):
-        for choice in model.choices(k):
-            for pair in model.segment_layouts(k, choice):
-                found.update(pair)
-    return found
-
-
-@pytest.mark.parametrize("procs", [2, 3, 4, 6, 8])
-def test_move_kind_matches_the_redistribution_that_runs(procs):
-    net = parse_net("input channels=2 size=16 classes=4\nconv out=8 kernel=3 pad=1\nrelu\n"
-                    "maxpool kernel=2\nconv out=8 kernel=3 pad=1\nflatten\nlinear out=8\n"
-                    "linear out=4\n", "t")
-    model = model_of(net, 24, procs)
-    layouts = _layouts(model)
-    checked = 0
-    for src in layouts:
-        for dst in layouts:
-            if src.shape == dst.shape:
-                assert move_kind(src, dst) == _executed_kind(src, dst), (src, dst)
-                checked += 1
-    assert checked > 10
-
+# -- the cost of a general move against its exact pieces -------------------------------------
 
 @pytest.mark.parametrize("procs", [2, 4, 8])
-def test_alltoall_volume_is_the_busiest_receiver(procs):
-    """With sizes that divide evenly, the model's busiest receive equals the exact pieces."""
+def test_general_move_volume_is_the_busiest_receiver(procs):
+    """With sizes that divide evenly, the model's busiest receiver gets the bytes and the
+    messages of the exact pieces."""
     shape = (16, 8, 8, 8)
     model = model_of(load_net("smallcnn"), 16, procs, Machine("bytes", 1e-30, 1.0, 1e9),
                      itemsize=1)
+    latency = model_of(load_net("smallcnn"), 16, procs, Machine("messages", 1.0, 1e-30, 1e9))
     layouts = [Layout(shape, g, a) for g in ((r, procs // r) for r in (1, 2, 4, 8)
                                              if procs % r == 0) for a in (None, 1, 2)]
     for src in layouts:
         for dst in layouts:
-            if move_kind(src, dst) != "alltoall":
+            if move_kind(src, dst) != GENERAL:
                 continue
-            received = [0] * procs
+            received, messages = [0] * procs, [0] * procs
             for piece in transfer_pieces(src, dst):
                 if piece.sender != piece.receiver:
                     received[piece.receiver] += box_size(piece.box)
-            _, forward, _ = model.move_cost(src, dst)
+                    messages[piece.receiver] += 1
+            kind, forward, _ = model.move_cost(src, dst)
+            assert kind == GENERAL
             assert forward == pytest.approx(max(received), rel=1e-9), (src, dst)
+            _, forward, _ = latency.move_cost(src, dst)
+            assert forward == pytest.approx(max(messages), rel=1e-9), (src, dst)
 
 
 def test_flop_model_counts_a_convolution():

@@ -7,7 +7,8 @@ the primitives return at once then.
 - reduce-scatter, n = the bytes each rank holds:  α⌈log₂p⌉ + β·(p−1)/p·n
 - all-reduce (as the paper counts it):           2(α⌈log₂p⌉ + β·(p−1)/p·n)
 - one halo message:                              α + β·n
-- all-to-all, costed at the busiest receiver:     α·messages + β·n
+- point-to-point exchange (a general move),
+  costed at the busiest receiver:                 α·messages + β·n
 """
 
 from __future__ import annotations
@@ -63,7 +64,14 @@ def halo_time(machine: Machine, n: float) -> float:
     return _time(machine, "halo", 2, n)
 
 
-def alltoall_time(machine: Machine, p: int, messages: int, n: float) -> float:
+def exchange_time(machine: Machine, p: int, messages: int, n: float) -> float:
+    """A general move on ``p`` ranks, at its busiest receiver: ``messages`` point-to-point
+    messages from its peers, ``n`` bytes in all.
+
+    α and β are the ``alltoall`` link's: its calibration sends one message to every other rank
+    at once, the same per-message latency and per-byte cost under load as the exchange, whose
+    messages all travel together too.
+    """
     if p == 1 or messages == 0:
         return 0.0
     fit = machine.link("alltoall", p)

@@ -9,9 +9,11 @@ choice and the previous segment's. Per layer the model counts, forward and backw
   optimizer's update of the layer's weight shard (counted in the backward);
 - communication inside the layer: ΔW all-reduced over Pc (over all P in domain mode, where W is
   replicated everywhere), halo rows exchanged with both neighbours (domain conv and pooling);
-- redistribution into the layer: all-gather forward and its adjoint reduce-scatter backward when
-  a model group's blocks tile the needed block, nothing when every rank already holds what it
-  needs, else an all-to-all costed at the busiest receiver (the same in both directions).
+- redistribution into the layer, by the method :func:`hpctrain.moves.move_kind` picks for the
+  code to run: all-gather forward and its adjoint reduce-scatter backward when a model group's
+  blocks tile the needed block, nothing when every rank already holds what it needs, else
+  point-to-point messages with the peers that share data, costed at the busiest receiver (the
+  same in both directions).
 
 The model-parallel all-gather is always deferred to the first layer that needs every channel:
 ReLU, dropout and pooling act per channel and never grow the tensor, so deferring never costs
@@ -30,7 +32,7 @@ import numpy as np
 from hpctrain.cost.collectives import (
     allgather_time,
     allreduce_time,
-    alltoall_time,
+    exchange_time,
     halo_time,
     reduce_scatter_time,
 )
@@ -43,6 +45,7 @@ from hpctrain.cost.compute import (
 )
 from hpctrain.cost.machine import LOCAL_PROFILE, Machine
 from hpctrain.layout import BATCH_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.moves import ALLGATHER, IDENTITY, SLICE, move_kind
 from hpctrain.net import WEIGHTED, LayerSpec, NetSpec
 from hpctrain.partition import SplitError, factorisations, halo_plans
 from hpctrain.placement import follower_layouts, weighted_layouts
@@ -126,7 +129,8 @@ def _intervals(ranks: np.ndarray, grid: tuple[int, int], split: int | None, axis
 @lru_cache(maxsize=65536)
 def _busiest_receiver(src: tuple, dst: tuple, ndim: int) -> tuple[float, int]:
     """For layouts given as (grid, split axis): the largest share of its block a rank must
-    receive from others, and the most messages a rank receives (even splits)."""
+    receive from others in a general move, and the most messages a rank receives, one per
+    source block it overlaps other than its own (even splits)."""
     (src_grid, src_split), (dst_grid, dst_split) = src, dst
     ranks = np.arange(src_grid[0] * src_grid[1])
     kept = np.ones(len(ranks))
@@ -140,21 +144,6 @@ def _busiest_receiver(src: tuple, dst: tuple, ndim: int) -> tuple[float, int]:
             d0 * s_parts + eps).astype(np.int64)
     messages -= (kept > eps).astype(np.int64)  # its own block needs no message
     return float(np.max(1 - kept)), int(np.max(messages))
-
-
-def move_kind(src: Layout, dst: Layout) -> str:
-    """How :class:`~hpctrain.comm.redistribute.Redistribute` moves ``src`` to ``dst``."""
-    if src == dst:
-        return "identity"
-    share, _ = _busiest_receiver((src.grid, src.split_axis), (dst.grid, dst.split_axis),
-                                 len(dst.shape))
-    if share < 1e-9:
-        return "slice"
-    if dst.split_axis is None and dst.grid[0] > 1 and (
-            (src.grid == dst.grid and src.split_axis is not None)
-            or (src.grid == (1, dst.size) and src.split_axis is None)):
-        return "allgather"  # a model group's blocks tile its block along one axis
-    return "alltoall"
 
 
 class CostModel:
@@ -289,16 +278,16 @@ class CostModel:
     def move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
         """(kind, forward s, backward s) of redistributing ``src`` into ``dst``."""
         kind = move_kind(src, dst)
-        if kind in ("identity", "slice"):
+        if kind in (IDENTITY, SLICE):
             return kind, 0.0, 0.0
         block_bytes = math.prod(largest_block(dst)) * self.itemsize
-        if kind == "allgather":
+        if kind == ALLGATHER:
             pr = dst.grid[0]
             return (kind, allgather_time(self.machine, pr, block_bytes),
                     reduce_scatter_time(self.machine, pr, block_bytes))
         share, messages = _busiest_receiver((src.grid, src.split_axis),
                                             (dst.grid, dst.split_axis), len(dst.shape))
-        t = alltoall_time(self.machine, self.procs, messages, share * block_bytes)
+        t = exchange_time(self.machine, self.procs, messages, share * block_bytes)
         return kind, t, t
 
     def _memory(self, index: int, in_layout: Layout, out_layout: Layout,

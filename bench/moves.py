@@ -1,0 +1,106 @@
+"""Setting up redistributions at scale: one rank's plan of every move, in pure Python (no MPI).
+
+For AlexNet and VGG-16 under the plans the planner picks at P = 4096, B = 2048 (FLOP-rate
+compute on a machine profile, as ``hpctrain plan`` does away from that machine), plans every move
+the network runs (each layer's feed, then the logits to the loss) for rank 0 and a middle rank,
+as :class:`~hpctrain.comm.redistribute.Redistribute` does when it is built; then the move of
+AlexNet's conv3 input from a channel split on 4×(P/4) to a batch split on 1×P, at P and P/2.
+Prints each move's kind and piece counts and the total time, and for contrast the time of the
+global piece list that every rank once built, at P = 256 (under a second; O(P²) beyond).
+
+    python bench/moves.py --procs 4096 --batch 2048 --machine cori-knl
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+
+from hpctrain.cost.machine import load_machine
+from hpctrain.cost.model import build_cost_model
+from hpctrain.layout import CHANNEL_AXIS, Layout
+from hpctrain.moves import IDENTITY, MovePlan, move_kind, plan_move, transfer_pieces
+from hpctrain.net import load_net
+from hpctrain.placement import move_pairs, plan_layouts
+from hpctrain.planner import plan_network
+
+
+def counts(plan: MovePlan) -> str:
+    return f"{len(plan.sends)}/{len(plan.receives)}/{len(plan.local)}"
+
+
+def timed_plans(pairs: list[tuple[Layout, Layout]], ranks: tuple[int, ...]
+                ) -> tuple[list[list[MovePlan]], float]:
+    """Each rank's plan of each move, and the seconds all of them took."""
+    start = time.perf_counter()
+    plans = [[plan_move(src, dst, rank) for rank in ranks] for src, dst in pairs]
+    return plans, time.perf_counter() - start
+
+
+def network_moves(name: str, procs: int, batch: int, machine_name: str, ranks: tuple[int, ...]
+                  ) -> float:
+    """Plan ``name``, print its moves for ``ranks``, and return the seconds their plans took."""
+    net = load_net(name)
+    machine = load_machine(machine_name)
+    start = time.perf_counter()
+    planned = plan_network(build_cost_model(net, batch, procs, machine, "flops"))
+    planning = time.perf_counter() - start
+    pairs = move_pairs(plan_layouts(net, planned.plans, batch, procs))
+    plans, seconds = timed_plans(pairs, ranks)
+    fed = [layer.name for layer in net.layers] + ["loss"]
+    print(f"\n{name}: {len(pairs)} moves under the auto plan (planned in {planning:.2f} s); "
+          f"sends/receives/kept pieces per rank")
+    print(f"  {'feeds':<10} {'kind':<10} {'from':<28} {'to':<28} "
+          + " ".join(f"{'rank ' + str(r):>12}" for r in ranks))
+    for layer, (src, dst), row in zip(fed, pairs, plans, strict=True):
+        if row[0].kind == IDENTITY:
+            continue
+        print(f"  {layer:<10} {row[0].kind:<10} {src.describe():<28} {dst.describe():<28} "
+              + " ".join(f"{counts(p):>12}" for p in row))
+    kinds = Counter(row[0].kind for row in plans)
+    print(f"  kinds: {dict(kinds)}; {len(pairs) * len(ranks)} plans in {seconds * 1e3:.1f} ms")
+    return seconds
+
+
+def channel_split_to_batch(procs: int, batch: int) -> tuple[Layout, Layout]:
+    """AlexNet's conv3 input, channel-split on 4×(P/4) (conv2 in model mode) → 1×P."""
+    net = load_net("alexnet")
+    conv3 = next(k for k, layer in enumerate(net.layers) if layer.name == "conv3")
+    shape = (batch, *net.shapes()[conv3])
+    return Layout(shape, (4, procs // 4), CHANNEL_AXIS), Layout(shape, (1, procs))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--procs", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--machine", default="cori-knl")
+    parser.add_argument("--contrast-procs", type=int, default=256,
+                        help="P at which to time the old global piece list for contrast")
+    args = parser.parse_args()
+    ranks = (0, args.procs // 2 - 1)
+    print(f"move plans at P = {args.procs}, B = {args.batch}, ranks {ranks}")
+    total = sum(network_moves(name, args.procs, args.batch, args.machine, ranks)
+                for name in ("alexnet", "vgg16"))
+    for procs in (args.procs, args.procs // 2):  # at B < P half the 1×P ranks hold nothing
+        src, dst = channel_split_to_batch(procs, args.batch)
+        pair_ranks = (0, procs // 2 - 1)
+        plans, seconds = timed_plans([(src, dst)], pair_ranks)
+        total += seconds
+        print(f"\nalexnet conv3 input {src.shape} on P = {procs}: {src.describe()} -> "
+              f"{dst.describe()}: {move_kind(src, dst)}, sends/receives/kept "
+              + ", ".join(f"rank {r} {counts(p)}" for r, p in zip(pair_ranks, plans[0],
+                                                                   strict=True))
+              + f" in {seconds * 1e3:.2f} ms")
+    print(f"\ntotal: every plan above in {total * 1e3:.1f} ms (target under 500 ms)")
+    src, dst = channel_split_to_batch(args.contrast_procs, args.batch)
+    start = time.perf_counter()
+    pieces = transfer_pieces(src, dst)
+    print(f"for contrast, the global piece list of that move at P = {args.contrast_procs} "
+          f"({len(pieces)} pieces, O(P²), once on every rank): "
+          f"{time.perf_counter() - start:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
