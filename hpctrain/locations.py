@@ -1,0 +1,40 @@
+"""Where hpctrain's files are: the data it ships.
+
+**Shipped data** is package data, read through :mod:`importlib.resources`, so it is found the
+same way in a checkout, an editable install and an installed wheel::
+
+    hpctrain/inputs/nets/*.net          networks, by name: --net alexnet
+    hpctrain/inputs/machines/*.toml     machine profiles, by name: --machine cori-knl
+    hpctrain/inputs/plans/*.plan        per-layer plans, by name: --grid smallcnn-p4-mixed
+
+Nothing here touches the file system at import time.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+
+SHIPPED_KINDS = ("nets", "machines", "plans")
+
+
+def shipped(kind: str) -> Traversable:
+    """The directory of shipped ``kind`` files (one of :data:`SHIPPED_KINDS`), as package data.
+
+    Example: ``shipped("nets") / "alexnet.net"`` is the shipped AlexNet; read it with
+    ``.read_text()``.
+    """
+    if kind not in SHIPPED_KINDS:
+        raise ValueError(f"unknown kind of shipped data {kind!r}; one of "
+                         f"{', '.join(SHIPPED_KINDS)}")
+    return files("hpctrain") / "inputs" / kind
+
+
+def shipped_names(kind: str, suffix: str) -> list[str]:
+    """Names (file names less ``suffix``) of the shipped ``kind`` files, sorted."""
+    folder = shipped(kind)
+    if not folder.is_dir():
+        return []
+    return sorted(entry.name.removesuffix(suffix) for entry in folder.iterdir()
+                  if entry.name.endswith(suffix) and entry.is_file())
+
