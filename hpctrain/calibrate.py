@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.cost.collectives import terms
-from hpctrain.cost.machine import LOCAL_PROFILE, Fit, Machine, save_machine
+from hpctrain.cost.machine import Fit, Machine, local_profile, save_machine
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.partition import factorisations
 from hpctrain.units import bytes_from
@@ -181,9 +181,10 @@ def build_calibrate_parser() -> argparse.ArgumentParser:
                     "processes, and the FLOP rate of one rank; write them as a machine profile. "
                     "Launch with the process count and placement you will train with, e.g. "
                     "'mpiexec -n 4 python -m hpctrain calibrate'.")
-    parser.add_argument("--out", default=str(LOCAL_PROFILE), metavar="PATH",
-                        help="profile to write, atomically (default: %(default)s, which the "
-                             "planner reads when no machine is named)")
+    parser.add_argument("--out", default=str(local_profile()), metavar="PATH",
+                        help="profile to write, atomically (default: %(default)s, in "
+                             "$XDG_CONFIG_HOME/hpctrain or ~/.config/hpctrain: --machine local, "
+                             "which the planner reads when no machine is named)")
     parser.add_argument("--name", default="local",
                         help="name stored in the profile (default: %(default)s)")
     parser.add_argument("--max-bytes", default=None, metavar="BYTES",

@@ -1,19 +1,25 @@
-"""Where hpctrain's files are: the data it ships.
+"""Where hpctrain's files are: the data it ships, the user's configuration.
 
-**Shipped data** is package data, read through :mod:`importlib.resources`, so it is found the
-same way in a checkout, an editable install and an installed wheel::
+- **Shipped data** (package data, read through :mod:`importlib.resources`, so it is found the
+  same way in a checkout, an editable install and an installed wheel)::
 
-    hpctrain/inputs/nets/*.net          networks, by name: --net alexnet
-    hpctrain/inputs/machines/*.toml     machine profiles, by name: --machine cori-knl
-    hpctrain/inputs/plans/*.plan        per-layer plans, by name: --grid smallcnn-p4-mixed
+      hpctrain/inputs/nets/*.net          networks, by name: --net alexnet
+      hpctrain/inputs/machines/*.toml     machine profiles, by name: --machine cori-knl
+      hpctrain/inputs/plans/*.plan        per-layer plans, by name: --grid smallcnn-p4-mixed
+
+- **The user's configuration**: ``$XDG_CONFIG_HOME/hpctrain`` (``~/.config/hpctrain`` when
+  ``XDG_CONFIG_HOME`` is unset or not absolute). ``calibrate`` writes
+  ``machines/local.toml`` there; profiles there are found by name as the shipped ones are.
 
 Nothing here touches the file system at import time.
 """
 
 from __future__ import annotations
 
+import os
 from importlib.resources import files
 from importlib.resources.abc import Traversable
+from pathlib import Path
 
 SHIPPED_KINDS = ("nets", "machines", "plans")
 
@@ -37,4 +43,18 @@ def shipped_names(kind: str, suffix: str) -> list[str]:
         return []
     return sorted(entry.name.removesuffix(suffix) for entry in folder.iterdir()
                   if entry.name.endswith(suffix) and entry.is_file())
+
+
+def config_dir() -> Path:
+    """The user's hpctrain configuration directory: ``$XDG_CONFIG_HOME/hpctrain``.
+
+    ``XDG_CONFIG_HOME`` defaults to ``~/.config``; a relative value is ignored, as the XDG base
+    directory specification asks. The directory need not exist.
+
+    Example: with ``XDG_CONFIG_HOME=/scratch/me/config`` this is
+    ``/scratch/me/config/hpctrain``; unset, with ``HOME=/home/me``, ``/home/me/.config/hpctrain``.
+    """
+    base = os.environ.get("XDG_CONFIG_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".config"
+    return root / "hpctrain"
 

@@ -22,7 +22,7 @@ from hpctrain.calibrate import (
     worst_residual,
 )
 from hpctrain.cost import collectives as cost
-from hpctrain.cost.machine import COLLECTIVES, LOCAL_PROFILE, Fit, Machine
+from hpctrain.cost.machine import COLLECTIVES, Fit, Machine, local_profile
 from hpctrain.errors import UserError
 from hpctrain.partition import factorisations
 
@@ -136,9 +136,11 @@ def test_parse_bytes(text, want):
     assert parse_bytes(text) == want
 
 
-def test_defaults_and_quick():
+def test_defaults_and_quick(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     args = build_calibrate_parser().parse_args([])
-    assert args.out == str(LOCAL_PROFILE) and args.name == "local" and args.device == "cpu"
+    assert args.out == str(local_profile()) == str(tmp_path / "hpctrain/machines/local.toml")
+    assert args.name == "local" and args.device == "cpu"
     assert QUICK["max_bytes"] == 65536 and QUICK["sizes"] < DEFAULTS["sizes"]
     help_text = build_calibrate_parser().format_help()
     for flag in ("--out", "--name", "--max-bytes", "--sizes", "--repeats", "--device", "--quick"):
@@ -177,6 +179,7 @@ class OneRank:
 def test_out_that_is_a_directory_is_refused(tmp_path):
     with pytest.raises(CalibrateError, match=f"--out {tmp_path} is a directory"):
         run_calibrate(["--out", str(tmp_path)], OneRank())
+
 
 
 def test_table_lists_every_fit():

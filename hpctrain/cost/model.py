@@ -35,7 +35,7 @@ from hpctrain.cost.collectives import (
     reduce_scatter_time,
 )
 from hpctrain.cost.compute import FlopModel, LocalWork, MeasuredCompute, default_cache_path
-from hpctrain.cost.machine import LOCAL_PROFILE, Machine
+from hpctrain.cost.machine import Machine, local_profile
 from hpctrain.layout import BATCH_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.net import WEIGHTED, LayerSpec, NetSpec
 from hpctrain.partition import SplitError, factorisations, halo_plans
@@ -411,7 +411,7 @@ def compute_source(machine: Machine, requested: str) -> str:
     """``measured`` on this machine (its calibrated or default profile), else ``flops``."""
     if requested != "auto":
         return requested
-    here = machine.name in ("local", "default") or machine.source == str(LOCAL_PROFILE)
+    here = machine.name in ("local", "default") or machine.source == str(local_profile())
     return "measured" if here else "flops"
 
 
