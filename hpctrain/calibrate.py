@@ -37,9 +37,9 @@ nothing is sent, so there are no fits and the top level holds ``alpha`` = 1 µs 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -254,11 +254,19 @@ def _unwritable(out: Path) -> str:
     """Why rank 0 could not write ``out`` (empty when it can): checked before measuring."""
     if out.is_dir():
         return f"--out {out} is a directory; give a file path such as {out / 'local.toml'}"
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        return f"--out {out} is not a regular file; give the path of a new or a profile file"
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        return f"--out {out}: cannot create files in {parent}"
+    problem = f"--out {out}: cannot create files in {parent}; give --out a writable path"
+    if not parent.is_dir():
+        return problem
+    try:  # a real file: os.access says yes to root where the file system says no (/proc, ro)
+        with tempfile.TemporaryFile(dir=parent, prefix=".hpctrain-calibrate-"):
+            pass
+    except OSError:
+        return problem
     return ""
 
 
