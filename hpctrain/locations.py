@@ -1,4 +1,4 @@
-"""Where hpctrain's files are: the data it ships, the user's configuration.
+"""Where hpctrain's files are: the data it ships, the user's configuration, the source checkout.
 
 - **Shipped data** (package data, read through :mod:`importlib.resources`, so it is found the
   same way in a checkout, an editable install and an installed wheel)::
@@ -10,6 +10,9 @@
 - **The user's configuration**: ``$XDG_CONFIG_HOME/hpctrain`` (``~/.config/hpctrain`` when
   ``XDG_CONFIG_HOME`` is unset or not absolute). ``calibrate`` writes
   ``machines/local.toml`` there; profiles there are found by name as the shipped ones are.
+
+- **The source checkout**, when hpctrain runs from one (not from an installed wheel): the
+  directory holding ``hpctrain/`` and ``pyproject.toml``, with ``analysis/`` beside them.
 
 Nothing here touches the file system at import time.
 """
@@ -58,3 +61,8 @@ def config_dir() -> Path:
     root = Path(base) if os.path.isabs(base) else Path.home() / ".config"
     return root / "hpctrain"
 
+
+def checkout_root() -> Path | None:
+    """The source checkout hpctrain runs from, or None when it runs from an installed wheel."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else None

@@ -1,10 +1,11 @@
-"""Where hpctrain finds its files: shipped data by name, the user's config directory."""
+"""Where hpctrain finds its files: shipped data by name, the user's config directory, the
+checkout (and what needs it)."""
 
 from pathlib import Path
 
 import pytest
 
-from hpctrain import locations
+from hpctrain import locations, runlog, simulate
 from hpctrain.cost.machine import (
     MachineError,
     available_machines,
@@ -12,7 +13,9 @@ from hpctrain.cost.machine import (
     local_profile,
     user_machines_dir,
 )
+from hpctrain.errors import UserError
 
+ROOT = Path(__file__).resolve().parent.parent
 PROFILE = 'name = "{name}"\nalpha = 3e-6\nbeta = 1e-10\nflops = 2e10\n'
 
 
@@ -65,3 +68,20 @@ def test_names_do_not_reach_outside_the_profile_directories(config):
     (config / "elsewhere.toml").write_text(PROFILE.format(name="elsewhere"))
     with pytest.raises(MachineError, match="unknown machine '../elsewhere'"):
         load_machine("../elsewhere")
+
+
+def test_git_commit_is_unknown_outside_a_git_checkout(tmp_path, monkeypatch):
+    monkeypatch.setattr(runlog, "checkout_root", lambda: None)
+    assert runlog.git_commit() == "unknown"
+    monkeypatch.setattr(runlog, "checkout_root", lambda: tmp_path)  # a tree without .git
+    assert runlog.git_commit() == "unknown"
+
+
+def test_simulate_plots_need_a_checkout(monkeypatch):
+    if locations.checkout_root() == ROOT:
+        assert simulate.plot_script() == ROOT / "analysis" / "plot_simulation.py"
+    monkeypatch.setattr(simulate, "checkout_root", lambda: None)
+    assert simulate.plot_script() is None
+    with pytest.raises(UserError, match="analysis/plot_simulation.py of a source checkout") as err:
+        simulate._load_plotter()
+    assert "\n" not in str(err.value)
