@@ -74,7 +74,7 @@ run: install
 # accuracy (the log has the accuracy curve in validation/accuracy).
 digits: install $(DIGITS)
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net smallcnn --data $(DIGITS) \
-	  --grid inputs/plans/smallcnn-p4-mixed.plan --batch 64 --epochs 15 --lr 0.1 \
+	  --grid smallcnn-p4-mixed --batch 64 --epochs 15 --lr 0.1 \
 	  --lr-schedule cosine --print-every 50 --log runs/digits.h5
 
 verify: install

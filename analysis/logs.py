@@ -157,7 +157,7 @@ def grid_kinds(spec: str | None, procs: int) -> list[str]:
     >>> grid_kinds("conv=1x1,fc=1x1", 1)[:2]   # one rank: every grid is 1x1, so several kinds
     ['conv=1xP,fc=1xP', 'conv=1xP,fc=Px1']
 
-    A plan file is labelled by its file name; "auto" stays "auto".
+    A plan file is labelled by its file name, a shipped plan by its name; "auto" stays "auto".
     """
     if spec is None or spec.strip() == "":
         return [BATCH_LABEL, MODEL_LABEL] if procs == 1 else [BATCH_LABEL]

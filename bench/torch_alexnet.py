@@ -1,9 +1,9 @@
 """The reference: the same AlexNet trained with PyTorch on the CPU, alone or under DDP (gloo).
 
-Same network as ``inputs/nets/alexnet.net`` (torchvision's one-tower AlexNet, the classifier
-sized for the input), same global batch, SGD with momentum and weight decay, one thread per
-process, random data made once (data production is not what is compared). Prints one JSON line:
-the median step seconds after the warm-up steps.
+Same network as ``hpctrain/inputs/nets/alexnet.net`` (torchvision's one-tower AlexNet, the
+classifier sized for the input), same global batch, SGD with momentum and weight decay, one thread
+per process, random data made once (data production is not what is compared). Prints one JSON
+line: the median step seconds after the warm-up steps.
 
     python bench/torch_alexnet.py --procs 2 --batch 16 --image-size 127 --steps 6
 """

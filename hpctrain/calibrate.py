@@ -37,9 +37,9 @@ nothing is sent, so there are no fits and the top level holds ``alpha`` = 1 µs 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.cost.collectives import terms
-from hpctrain.cost.machine import LOCAL_PROFILE, Fit, Machine, save_machine
+from hpctrain.cost.machine import Fit, Machine, local_profile, save_machine
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.options import add_threads_option
 from hpctrain.partition import factorisations
@@ -182,9 +182,10 @@ def build_calibrate_parser() -> argparse.ArgumentParser:
                     "processes, and the FLOP rate of one rank; write them as a machine profile. "
                     "Launch with the process count and placement you will train with, e.g. "
                     "'mpiexec -n 4 python -m hpctrain calibrate'.")
-    parser.add_argument("--out", default=str(LOCAL_PROFILE), metavar="PATH",
-                        help="profile to write, atomically (default: %(default)s, which the "
-                             "planner reads when no machine is named)")
+    parser.add_argument("--out", default=str(local_profile()), metavar="PATH",
+                        help="profile to write, atomically (default: %(default)s, in "
+                             "$XDG_CONFIG_HOME/hpctrain or ~/.config/hpctrain: --machine local, "
+                             "which the planner reads when no machine is named)")
     parser.add_argument("--name", default="local",
                         help="name stored in the profile (default: %(default)s)")
     parser.add_argument("--max-bytes", default=None, metavar="BYTES",
@@ -255,11 +256,19 @@ def _unwritable(out: Path) -> str:
     """Why rank 0 could not write ``out`` (empty when it can): checked before measuring."""
     if out.is_dir():
         return f"--out {out} is a directory; give a file path such as {out / 'local.toml'}"
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        return f"--out {out} is not a regular file; give the path of a new or a profile file"
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        return f"--out {out}: cannot create files in {parent}"
+    problem = f"--out {out}: cannot create files in {parent}; give --out a writable path"
+    if not parent.is_dir():
+        return problem
+    try:  # a real file: os.access says yes to root where the file system says no (/proc, ro)
+        with tempfile.TemporaryFile(dir=parent, prefix=".hpctrain-calibrate-"):
+            pass
+    except OSError:
+        return problem
     return ""
 
 

@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.locations import shipped, shipped_names
 from hpctrain.partition import Window
-
-NETS_DIR = Path(__file__).resolve().parent.parent / "inputs" / "nets"
 
 LAYER_KEYS: dict[str, dict[str, object]] = {
     # kind: {key: default, or None when required}
@@ -221,17 +220,20 @@ def _parse_input(args: dict[str, float | int], where: str) -> tuple[tuple[int, .
 
 
 def available_nets() -> list[str]:
-    return sorted(p.stem for p in NETS_DIR.glob("*.net"))
+    """Names of the shipped nets (``hpctrain/inputs/nets/*.net``)."""
+    return shipped_names("nets", ".net")
 
 
 def load_net(name_or_path: str, image_size: int | None = None) -> NetSpec:
     """A shipped net by name (``alexnet``) or any ``.net`` file by path, at ``image_size``
-    (height and width) when given."""
+    (height and width) when given. An existing file wins over a shipped net of that name."""
     path = Path(name_or_path)
-    if not path.is_file():
-        path = NETS_DIR / f"{name_or_path}.net"
-    if not path.is_file():
-        raise NetError(f"unknown net '{name_or_path}': not a file, and not one of "
-                       f"{', '.join(available_nets())}")
-    net = parse_net(path.read_text(), path.stem if path.parent == NETS_DIR else str(path))
+    if path.is_file():
+        net = parse_net(path.read_text(), str(path))
+    else:
+        resource = shipped("nets") / f"{name_or_path}.net"
+        if "/" in name_or_path or not resource.is_file():
+            raise NetError(f"unknown net '{name_or_path}': not a file, and not one of "
+                           f"{', '.join(available_nets())}")
+        net = parse_net(resource.read_text(), name_or_path)
     return net if image_size is None else net.with_image_size(image_size)

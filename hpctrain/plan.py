@@ -13,16 +13,19 @@ Grid specs (``--grid``):
 - ``conv=SPEC,fc=SPEC``: per kind; SPEC is ``RxC`` or ``domain:RxC``.
 - a plan file path: one line per weighted layer, ``NAME MODE RxC`` (other lines may say
   ``NAME follow``); ``#`` comments. :func:`write_plan` writes this format.
+- a shipped plan's name (``hpctrain/inputs/plans/NAME.plan``), e.g. ``smallcnn-p4-mixed``.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.files import replace_atomically
+from hpctrain.locations import shipped, shipped_names
 from hpctrain.net import WEIGHTED, NetSpec
 
 MODES = ("batch", "model", "domain", "follow")
@@ -99,13 +102,17 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
                 plans.append(LayerPlan(layer.name, *by_kind[kind]))
         return plans
     path = Path(spec)
-    if not path.is_file():
-        raise PlanError(f"--grid '{spec}' is not RxC, conv=…,fc=…, auto, or an existing plan file")
-    return read_plan(path, net, procs)
+    if path.is_file():
+        return read_plan(path, net, procs)
+    resource = shipped("plans") / f"{spec}.plan"
+    if "/" in spec or not resource.is_file():
+        raise PlanError(f"--grid '{spec}' is not RxC, conv=…,fc=…, auto, an existing plan file "
+                        f"or a shipped plan ({', '.join(shipped_names('plans', '.plan'))})")
+    return read_plan(resource, net, procs)
 
 
-def read_plan(path: Path, net: NetSpec, procs: int) -> list[LayerPlan]:
-    """Read a plan file written by :func:`write_plan` (or by hand)."""
+def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerPlan]:
+    """Read a plan file written by :func:`write_plan` (or by hand), or a shipped plan."""
     entries: dict[str, LayerPlan] = {}
     for number, raw in enumerate(path.read_text().splitlines(), start=1):
         words = raw.split("#", 1)[0].split()

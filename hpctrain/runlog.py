@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.files import replace_atomically
+from hpctrain.locations import checkout_root
 from hpctrain.planner import PlannedNetwork
 from hpctrain.timing import COMM_FIELDS, RECORD_FIELDS, TIME_FIELDS, StepTimes
 
@@ -111,10 +112,14 @@ def write_hdf5(path: Path, fill: Callable[[Any], None]) -> None:
 
 
 def git_commit() -> str:
-    """The commit of the source tree hpctrain runs from ("+dirty" when modified), or "unknown"."""
-    here = Path(__file__).resolve().parent
+    """The commit of the source checkout hpctrain runs from ("+dirty" when modified), or
+    "unknown": always outside a git checkout of hpctrain itself (an installed wheel, even one
+    inside some other repository), without calling git."""
+    root = checkout_root()
+    if root is None or not (root / ".git").exists():  # .git is a file in a git worktree
+        return "unknown"
     try:
-        out = subprocess.run(["git", "-C", str(here), "describe", "--always", "--dirty=+dirty",
+        out = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty=+dirty",
                               "--abbrev=40"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"

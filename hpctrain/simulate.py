@@ -48,6 +48,7 @@ from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.cost.model import Choice, CostModel
 from hpctrain.cost.paper import strategy_comm
 from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.locations import checkout_root
 from hpctrain.net import NetSpec, load_net
 from hpctrain.partition import factorisations
 from hpctrain.planner import PlannedNetwork, PlannerError, evaluate, iteration_flops, plan_network
@@ -57,7 +58,6 @@ WEAK_PROCS = STRONG_PROCS
 DOMAIN_PROCS = (512, 1024, 2048, 4096)
 STUDY_STRATEGIES = {"strong": ("1.5d", "conv-batch"), "weak": ("1.5d", "conv-batch"),
                     "domain": ("integrated", "conv-batch", "1.5d")}
-PLOT_SCRIPT = Path(__file__).resolve().parent.parent / "analysis" / "plot_simulation.py"
 AUTO_NOTE = ("auto: the plan of hpctrain.planner.plan_network, costed by the implementation-"
              "faithful model (reduce-scatter adjoint of the all-gather, deferred all-gather, "
              "redistribution between layouts, compute at the largest local block, the "
@@ -127,7 +127,8 @@ def build_simulate_parser() -> argparse.ArgumentParser:
                         help="HDF5 file to write, atomically (default: %(default)s)")
     parser.add_argument("--plots", default=None, metavar="DIR",
                         help="also draw the PNG figures into DIR "
-                             "(analysis/plot_simulation.py; needs matplotlib)")
+                             "(analysis/plot_simulation.py of a source checkout; needs "
+                             "matplotlib)")
     return parser
 
 
@@ -371,18 +372,28 @@ def _root_attrs(settings: Settings, argv: list[str]) -> dict[str, object]:
             "auto_note": AUTO_NOTE}
 
 
+def plot_script() -> Path | None:
+    """analysis/plot_simulation.py of the source checkout hpctrain runs from; None when it runs
+    from an installed wheel, which ships no analysis/."""
+    root = checkout_root()
+    script = None if root is None else root / "analysis" / "plot_simulation.py"
+    return script if script is not None and script.is_file() else None
+
+
 def _load_plotter():
     """``plot_simulation`` from analysis/plot_simulation.py (analysis/ is not a package)."""
     import importlib.util
 
-    if not PLOT_SCRIPT.is_file():
-        raise UserError(f"--plots needs {PLOT_SCRIPT}, which is not here (it ships with the "
-                        f"source tree); run 'python analysis/plot_simulation.py' from a checkout")
+    script = plot_script()
+    if script is None:
+        raise UserError("--plots needs analysis/plot_simulation.py of a source checkout (an "
+                        "installed hpctrain has no analysis/); simulate without --plots, then "
+                        "run 'python analysis/plot_simulation.py FILE.h5 --out DIR' in one")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UserError("--plots needs matplotlib: pip install 'hpctrain[plots]'") from None
-    spec = importlib.util.spec_from_file_location("hpctrain_plot_simulation", PLOT_SCRIPT)
+    spec = importlib.util.spec_from_file_location("hpctrain_plot_simulation", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.plot_simulation

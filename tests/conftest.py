@@ -1,8 +1,32 @@
 """Fixtures shared by the serial and the MPI tests."""
 
+import os
+import tempfile
+
 import h5py
 import numpy as np
 import pytest
+
+CONFIG_DIR = pytest.StashKey[tuple[tempfile.TemporaryDirectory, str | None]]()
+
+
+def pytest_configure(config):
+    """XDG_CONFIG_HOME is a fresh directory for the whole run, from before collection and in
+    every subprocess: no test reads the user's calibrated profiles or writes among them."""
+    fresh = tempfile.TemporaryDirectory(prefix="hpctrain-config-")
+    config.stash[CONFIG_DIR] = (fresh, os.environ.get("XDG_CONFIG_HOME"))
+    os.environ["XDG_CONFIG_HOME"] = fresh.name
+
+
+def pytest_unconfigure(config):
+    if CONFIG_DIR not in config.stash:
+        return
+    fresh, before = config.stash[CONFIG_DIR]
+    if before is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = before
+    fresh.cleanup()
 
 
 @pytest.fixture

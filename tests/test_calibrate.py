@@ -1,5 +1,7 @@
 """The calibrate fit and options, without MPI: fits recover the cost model's constants exactly."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,7 @@ from hpctrain.calibrate import (
     worst_residual,
 )
 from hpctrain.cost import collectives as cost
-from hpctrain.cost.machine import COLLECTIVES, LOCAL_PROFILE, Fit, Machine
+from hpctrain.cost.machine import COLLECTIVES, Fit, Machine, local_profile
 from hpctrain.errors import UserError
 from hpctrain.partition import factorisations
 
@@ -136,9 +138,11 @@ def test_parse_bytes(text, want):
     assert parse_bytes(text) == want
 
 
-def test_defaults_and_quick():
+def test_defaults_and_quick(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     args = build_calibrate_parser().parse_args([])
-    assert args.out == str(LOCAL_PROFILE) and args.name == "local" and args.device == "cpu"
+    assert args.out == str(local_profile()) == str(tmp_path / "hpctrain/machines/local.toml")
+    assert args.name == "local" and args.device == "cpu"
     assert QUICK["max_bytes"] == 65536 and QUICK["sizes"] < DEFAULTS["sizes"]
     help_text = build_calibrate_parser().format_help()
     for flag in ("--out", "--name", "--max-bytes", "--sizes", "--repeats", "--device", "--quick"):
@@ -177,6 +181,23 @@ class OneRank:
 def test_out_that_is_a_directory_is_refused(tmp_path):
     with pytest.raises(CalibrateError, match=f"--out {tmp_path} is a directory"):
         run_calibrate(["--out", str(tmp_path)], OneRank())
+
+
+def test_out_that_cannot_be_written_is_refused_in_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    link = tmp_path / "link.toml"
+    link.symlink_to(blocker)
+    cases = [(blocker / "machines" / "local.toml", f"cannot create files in {blocker}; give"),
+             (link, f"--out {link} is not a regular file")]
+    if Path("/dev/null").exists():
+        cases.append((Path("/dev/null"), "--out /dev/null is not a regular file"))
+    if Path("/proc/self").is_dir():  # os.access lets root write anywhere, yet not into /proc
+        cases.append((Path("/proc/hpctrain/local.toml"), "cannot create files in /proc;"))
+    for out, message in cases:
+        with pytest.raises(CalibrateError, match=message) as err:
+            run_calibrate(["--out", str(out)], OneRank())
+        assert "\n" not in str(err.value)
 
 
 def test_table_lists_every_fit():

@@ -78,6 +78,15 @@ def test_bad_grid_specs(spec, message):
         plan_from_spec(spec, load_net("alexnet"), 4)
 
 
+def test_shipped_plan_by_name_and_its_file_by_path():
+    net = load_net("smallcnn")
+    plan = plan_from_spec("smallcnn-p4-mixed", net, 4)
+    assert [p.describe() for p in plan if p.mode != "follow"] == [
+        "domain 2x2", "model 2x2", "model 4x1", "batch 1x4"]
+    with pytest.raises(PlanError, match=r"shipped plan \(smallcnn-p4-mixed"):
+        plan_from_spec("smallcnn-p9", net, 4)
+
+
 def test_plan_file_round_trip_and_errors(tmp_path):
     net = load_net("smallcnn")
     plan = plan_from_spec("conv=domain:2x3,fc=3x2", net, 6)

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "inputs" / "digits.h5"
-MIXED_PLAN = ROOT / "inputs" / "plans" / "smallcnn-p4-mixed.plan"
+MIXED_PLAN = ROOT / "hpctrain" / "inputs" / "plans" / "smallcnn-p4-mixed.plan"
 
 
 def mpiexec() -> str | None:

@@ -1,6 +1,9 @@
 """Machine profiles: the α–β constants of the network and the FLOP rate of one rank.
 
-A profile is a small TOML file in ``inputs/machines/`` (or anywhere, by path)::
+A profile is a small TOML file, found by name among the shipped profiles
+(``hpctrain/inputs/machines/``) and the user's calibrated ones (``machines/`` in
+:func:`hpctrain.locations.config_dir`, where ``calibrate`` writes ``local.toml``), or anywhere
+by path::
 
     name = "cori-knl"
     alpha = 2e-6          # seconds per message (latency)
@@ -27,9 +30,8 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.files import replace_atomically
+from hpctrain.locations import config_dir, shipped, shipped_names
 
-MACHINES_DIR = Path(__file__).resolve().parent.parent.parent / "inputs" / "machines"
-LOCAL_PROFILE = MACHINES_DIR / "local.toml"
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
 
 
@@ -101,24 +103,41 @@ def parse_machine(text: str, source: str) -> Machine:
                    fits, source, threads)
 
 
+def user_machines_dir() -> Path:
+    """Where the user's calibrated profiles live: ``machines/`` in the config directory."""
+    return config_dir() / "machines"
+
+
+def local_profile() -> Path:
+    """The profile ``calibrate`` writes by default and ``--machine local`` reads."""
+    return user_machines_dir() / "local.toml"
+
+
 def available_machines() -> list[str]:
-    return sorted(p.stem for p in MACHINES_DIR.glob("*.toml"))
+    """Names of the shipped profiles and of the user's calibrated ones, sorted."""
+    folder = user_machines_dir()
+    mine = {p.stem for p in folder.glob("*.toml") if p.is_file()} if folder.is_dir() else set()
+    return sorted(mine | set(shipped_names("machines", ".toml")))
 
 
 def load_machine(name_or_path: str | None = None) -> Machine:
-    """A profile by name (``cori-knl``) or path; None means ``local`` when calibrated, else
+    """A profile by path, or by name (``cori-knl``): the user's calibrated profile of that name
+    when there is one, else the shipped one. None means ``local`` when calibrated, else
     ``default``."""
     if name_or_path is None:
-        name_or_path = "local" if LOCAL_PROFILE.is_file() else "default"
+        name_or_path = "local" if local_profile().is_file() else "default"
     path = Path(name_or_path)
-    if not path.is_file():
-        path = MACHINES_DIR / f"{name_or_path}.toml"
-    if not path.is_file():
-        hint = (" (run 'mpiexec -n P python -m hpctrain calibrate' to make it)"
-                if name_or_path == "local" else "")
-        raise MachineError(f"unknown machine '{name_or_path}'{hint}: not a file, and not one "
-                           f"of {', '.join(available_machines())}")
-    return parse_machine(path.read_text(), str(path))
+    if path.is_file():
+        return parse_machine(path.read_text(), str(path))
+    if "/" not in name_or_path:
+        for candidate in (user_machines_dir() / f"{name_or_path}.toml",
+                          shipped("machines") / f"{name_or_path}.toml"):
+            if candidate.is_file():
+                return parse_machine(candidate.read_text(), str(candidate))
+    hint = (f" (run 'mpiexec -n P python -m hpctrain calibrate' to write {local_profile()})"
+            if name_or_path == "local" else "")
+    raise MachineError(f"unknown machine '{name_or_path}'{hint}: not a file, and not one "
+                       f"of {', '.join(available_machines())}")
 
 
 def format_machine(machine: Machine, comment: str = "") -> str:

@@ -43,7 +43,7 @@ from hpctrain.cost.compute import (
     default_cache_path,
     timing_context,
 )
-from hpctrain.cost.machine import LOCAL_PROFILE, Machine
+from hpctrain.cost.machine import Machine, local_profile
 from hpctrain.layout import BATCH_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.moves import ALLGATHER, IDENTITY, SLICE, move_kind
 from hpctrain.net import WEIGHTED, LayerSpec, NetSpec
@@ -406,7 +406,7 @@ def compute_source(machine: Machine, requested: str) -> str:
     """``measured`` on this machine (its calibrated or default profile), else ``flops``."""
     if requested != "auto":
         return requested
-    here = machine.name in ("local", "default") or machine.source == str(LOCAL_PROFILE)
+    here = machine.name in ("local", "default") or machine.source == str(local_profile())
     return "measured" if here else "flops"
 
 

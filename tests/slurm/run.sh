@@ -6,12 +6,14 @@
 # Brings up the one-node cluster of jobs/local-cluster.sh when it is not up (and leaves it up;
 # `bash jobs/local-cluster.sh down` stops it), then submits with sbatch and waits for each:
 #   verify.sbatch       smallcnn, conv=domain:2x2,fc=4x1 on 4 tasks: must PASS
-#   calibrate.sbatch    QUICK=1 on 4 tasks, into the work dir (not inputs/machines/local.toml)
+#   calibrate.sbatch    QUICK=1 on 4 tasks, to its default place in the config directory, which
+#                       is the work dir's (XDG_CONFIG_HOME=WORK/config, not the user's)
 #   strong-scaling      alexnet 67x67, global batch 8, 2 steps; P = 1, 2, 4 x four grids
 #   weak-scaling        the same with 4 images per process; P = 1, 2, 4 x two grids
 #   weak-scaling again  P = 2, 30 steps; SIGUSR1 to the batch shell after step 3 (as
 #                       --signal=B:USR1@120 would): checkpoint, requeue, resume, finish
-# and runs `srun -n 4 python -m hpctrain --grid auto` directly, on the calibrated profile. Then
+# and runs `srun -n 4 python -m hpctrain --grid auto` directly, on the calibrated profile
+# (--machine local). Then
 # tests/slurm/check_logs.py checks every HDF5 log: present, finished, on P processes, one row
 # per step, nothing else written. Exit status 0 when all is well; on any failure (or a job
 # taking longer than TEST_SLURM_JOB_TIMEOUT seconds, default 300) it prints squeue, the job
@@ -23,6 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 VENV=${VENV:-.venv}
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac  # absolute, for the jobs' PATH
 WORK=$(realpath -m "${TEST_SLURM_DIR:-runs/test-slurm}")
 JOB_TIMEOUT=${TEST_SLURM_JOB_TIMEOUT:-300}
 START=$SECONDS
@@ -103,8 +106,10 @@ esac
 rm -rf "$WORK"
 mkdir -p "$WORK/direct"
 # What `source .venv/bin/activate` does for the jobs' `python`; sbatch passes the environment on
-export PATH="$ROOT/$VENV/bin:$PATH" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export PATH="$VENV/bin:$PATH" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export HPCTRAIN_CACHE_DIR="$WORK/cache" # measured compute times: this test's own
+export XDG_CONFIG_HOME="$WORK/config"  # calibrate writes here, not into the user's config
+PROFILE="$XDG_CONFIG_HOME/hpctrain/machines/local.toml"
 tiny=(NET=alexnet IMAGE_SIZE=67 STEPS=2 MACHINE=default PROCS="1 2 4" EXTRA_ARGS=--print-every=1)
 
 say "srun -n 2: MPI ranks see each other"
@@ -120,8 +125,9 @@ out="$WORK/verify-$jid.out"
 grep -q "PASS" "$out" || fail "verify printed no PASS" "$jid" "$out"
 
 say "calibrate.sbatch"
-submit calibrate QUICK=1 OUT="$WORK/calibrate.toml" NAME=test-slurm -- -n 4 jobs/calibrate.sbatch
+submit calibrate QUICK=1 NAME=test-slurm -- -n 4 jobs/calibrate.sbatch
 wait_job "$jid" calibrate
+[ -f "$PROFILE" ] || fail "calibrate wrote no $PROFILE" "$jid" "$WORK/calibrate-$jid.out"
 
 say "strong-scaling.sbatch"
 submit strong "${tiny[@]}" BATCH=8 RUN_DIR="$WORK/strong" -- -n 4 jobs/strong-scaling.sbatch
@@ -161,7 +167,7 @@ grep -q "resumed from" "$out" || fail "signal: the requeued job did not resume" 
 say "srun -n 4 python -m hpctrain --grid auto (on the calibrated profile)"
 direct="$WORK/direct/alexnet-auto-p4.h5"
 timeout 300 srun -n 4 -t 5 python -m hpctrain --net alexnet --grid auto --image-size 127 \
-    --batch 16 --steps 3 --machine "$WORK/calibrate.toml" --plan-file "$WORK/direct/auto.plan" \
+    --batch 16 --steps 3 --machine local --plan-file "$WORK/direct/auto.plan" \
     --log "$direct" >"$WORK/direct/srun.out" 2>&1 ||
     fail "srun -n 4 python -m hpctrain (exit $?)" "" "$WORK/direct/srun.out"
 
@@ -180,7 +186,7 @@ for p in 1 2 4; do
 done
 specs+=("$WORK/signal/weak-p2-1x2.h5:processes=2,steps=30,batch=8,resumed")
 specs+=("$direct:processes=4,steps=3,batch=16")
-"$VENV/bin/python" tests/slurm/check_logs.py --profile "$WORK/calibrate.toml" \
+"$VENV/bin/python" tests/slurm/check_logs.py --profile "$PROFILE" \
     --only "$WORK/strong" --only "$WORK/weak" --only "$WORK/signal" --only "$WORK/direct" \
     "${specs[@]}" || fail "tests/slurm/check_logs.py found problems (above)"
 
