@@ -106,7 +106,7 @@ esac
 rm -rf "$WORK"
 mkdir -p "$WORK/direct"
 # What `source .venv/bin/activate` does for the jobs' `python`; sbatch passes the environment on
-export PATH="$VENV/bin:$PATH" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export PATH="$VENV/bin:$PATH"
 export HPCTRAIN_CACHE_DIR="$WORK/cache" # measured compute times: this test's own
 export XDG_CONFIG_HOME="$WORK/config"  # calibrate writes here, not into the user's config
 PROFILE="$XDG_CONFIG_HOME/hpctrain/machines/local.toml"
