@@ -83,7 +83,10 @@ def test_alexnet_auto_three_steps_logs_losses_plan_and_layer_timings(tmp_path):
                     "--image-size", "127", "--log", "run.h5", tmp_path=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("done: 3 steps") == 1  # rank 0 alone prints
+    # the launch sets OMP_NUM_THREADS=1, which hpctrain respects and says so above the plan
+    assert "threads: 1 thread per rank (OMP_NUM_THREADS=1; " in result.stdout
     with h5py.File(tmp_path / "run.h5") as h5:
+        assert h5.attrs["threads_per_rank"] == 1 and h5.attrs["ranks_per_node"] == 4
         assert h5["steps/loss"].shape == (3,)
         assert list(h5["steps/step"][:]) == [1, 2, 3]
         assert h5.attrs["processes"] == 4 and h5.attrs["status"] == "finished at step 3"
