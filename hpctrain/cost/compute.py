@@ -15,9 +15,11 @@ for a machine we are not on.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -32,7 +34,7 @@ from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
 
 ELEMENTWISE = ("relu", "dropout")
-SAMPLE_BUDGET = 0.3  # seconds of timed calls per kernel and direction, roughly
+SAMPLE_BUDGET = 0.15  # seconds of timed calls per kernel and direction, roughly
 
 
 @dataclass(frozen=True)
@@ -146,49 +148,65 @@ def default_cache_path() -> Path:
     return Path(root) / "compute-times.json"
 
 
-def _run(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator) -> tuple[Any, Any]:
-    """Callables for one forward and one backward of ``work`` on random data."""
-    x = xp.asarray(rng.standard_normal(work.x), dtype=dtype)
+def _random(xp: Any, rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> Any:
+    """Values in [-0.5, 0.5): a kernel's speed does not depend on them, so a block of up to 64 Ki
+    random values is repeated to fill the shape (drawing every value took a third of the
+    timing of a plan)."""
+    size = math.prod(shape)
+    block = rng.random(min(size, 1 << 16), dtype=np.dtype(dtype).type) - 0.5
+    return xp.asarray(np.resize(block, size).reshape(shape))
+
+
+def _kernels(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator
+             ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
+    """``forward()`` of ``work`` on random data, and ``backward_of(forward's output)`` giving
+    its ``backward()``: the backward needs what a forward saved, so the forward timed first
+    hands its output over and no extra forward runs."""
+    x = _random(xp, rng, work.x, dtype)
     if work.kind == "conv":
-        w = xp.asarray(rng.standard_normal((work.out, work.x[1], work.kernel, work.kernel)),
-                       dtype=dtype)
+        w = _random(xp, rng, (work.out, work.x[1], work.kernel, work.kernel), dtype)
         b = xp.zeros(work.out, dtype=dtype)
-        y, cache = conv2d_forward(xp, x, w, b, work.stride, work.pads)
-        dy = xp.ones_like(y)
-        return (lambda: conv2d_forward(xp, x, w, b, work.stride, work.pads),
-                lambda: conv2d_backward(xp, dy, w, cache, work.stride, work.need_dx))
+
+        def conv_backward(out: Any) -> Callable[[], Any]:
+            y, cache = out
+            dy = xp.ones_like(y)
+            return lambda: conv2d_backward(xp, dy, w, cache, work.stride, work.need_dx)
+
+        return lambda: conv2d_forward(xp, x, w, b, work.stride, work.pads), conv_backward
     if work.kind == "linear":
-        w = xp.asarray(rng.standard_normal((work.out, work.x[1])), dtype=dtype)
+        w = _random(xp, rng, (work.out, work.x[1]), dtype)
         b = xp.zeros(work.out, dtype=dtype)
         dy = xp.ones((work.x[0], work.out), dtype=dtype)
         return (lambda: linear_forward(x, w, b),
-                lambda: linear_backward(x, w, dy, work.need_dx))
+                lambda _: lambda: linear_backward(x, w, dy, work.need_dx))
     if work.kind == "maxpool":
-        y, cache = maxpool_forward(xp, x, work.kernel, work.stride, work.pads)
-        dy = xp.ones_like(y)
-        return (lambda: maxpool_forward(xp, x, work.kernel, work.stride, work.pads),
-                lambda: maxpool_backward(xp, dy, work.kernel, work.stride, cache))
+        def pool_backward(out: Any) -> Callable[[], Any]:
+            y, cache = out
+            dy = xp.ones_like(y)
+            return lambda: maxpool_backward(xp, dy, work.kernel, work.stride, cache)
+
+        return lambda: maxpool_forward(xp, x, work.kernel, work.stride, work.pads), pool_backward
     if work.kind == "relu":
-        y = relu_forward(xp, x)
-        return (lambda: relu_forward(xp, x), lambda: relu_backward(xp, y, x))
+        return lambda: relu_forward(xp, x), lambda y: lambda: relu_backward(xp, y, x)
     if work.kind == "dropout":  # the mask is drawn by the counter RNG in every forward
         box = tuple((0, n) for n in work.x)
         mask = dropout_mask(xp, 1, 0.5, work.x, box, dtype)
-        return (lambda: x * dropout_mask(xp, 1, 0.5, work.x, box, dtype), lambda: x * mask)
+        return (lambda: x * dropout_mask(xp, 1, 0.5, work.x, box, dtype),
+                lambda _: lambda: x * mask)
     if work.kind == "data":  # this rank's block of a synthetic batch (see hpctrain.data)
         from hpctrain.backend import Backend
         from hpctrain.data import SyntheticData
 
         data = SyntheticData(Backend(xp, dtype), work.x[1:], 1000, work.x[0], 0)
         whole = tuple((0, n) for n in work.x)
-        return (lambda: data.images(0, whole)), (lambda: None)
+        return (lambda: data.images(0, whole)), (lambda _: lambda: None)
     if work.kind == "sgd":  # the optimizer's update of one layer's shard (see hpctrain.optim)
         from hpctrain.layers.base import Parameter
         from hpctrain.optim import SGD
 
         shard = Parameter("w", x, work.x, (1, 1), False, grad=xp.ones_like(x))
-        return (lambda: None), SGD([shard], 0.01, 0.9, 5e-4).step
-    return (lambda: None), (lambda: None)
+        return (lambda: None), (lambda _: SGD([shard], 0.01, 0.9, 5e-4).step)
+    return (lambda: None), (lambda _: lambda: None)
 
 
 def _read_cache(path: Path | None) -> dict[str, list[float]]:
@@ -224,8 +242,9 @@ class MeasuredCompute:
         if comm is not None:  # one view of the cache, so every rank times the same kernels
             self.known = comm.bcast(self.known, root=0)
 
-    def _time(self, fn: Any) -> float:
-        """Median seconds of ``fn`` after a warm-up, every rank running it at the same moment.
+    def _time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
+        """Median seconds of ``fn`` after a warm-up, every rank running it at the same moment,
+        and what the warm-up returned.
 
         The samples fit a budget of about ``SAMPLE_BUDGET`` seconds, between 1 and ``repeats``
         of them: planning times every candidate's kernels, and a long kernel varies little from
@@ -234,7 +253,7 @@ class MeasuredCompute:
         up.
         """
         start = time.perf_counter()
-        fn()  # warm-up: allocations, BLAS threads, kernel compilation on a GPU
+        output = fn()  # warm-up: allocations, BLAS threads, kernel compilation on a GPU
         self.backend.sync()
         warm = time.perf_counter() - start
         if self.comm is not None:
@@ -250,7 +269,7 @@ class MeasuredCompute:
             fn()
             self.backend.sync()
             samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
+        return statistics.median(samples), output
 
     def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
         todo = sorted({w for w in works if self.prefix + w.key() not in self.known},
@@ -259,8 +278,10 @@ class MeasuredCompute:
             rng = np.random.default_rng(0)
             measured = []
             for work in todo:
-                forward, backward = _run(self.backend.xp, work, self.backend.dtype, rng)
-                measured.append((self._time(forward), self._time(backward)))
+                forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
+                forward_seconds, output = self._time(forward)
+                backward_seconds, _ = self._time(backward_of(output))
+                measured.append((forward_seconds, backward_seconds))
             values = np.array(measured, dtype=np.float64)
             if self.comm is not None:
                 from mpi4py import MPI
