@@ -49,6 +49,7 @@ from hpctrain.net import NetSpec
 from hpctrain.network import Network
 from hpctrain.optim import SGD
 from hpctrain.plan import plan_text
+from hpctrain.seeds import check_seed
 
 FORMAT = "hpctrain-checkpoint"
 VERSION = 1
@@ -251,6 +252,11 @@ def _validate(h5: h5py.File, path: Path, net: NetSpec,
         written_for, layers = str(attrs["net"]), [str(name) for name in attrs["layers"]]
     except (KeyError, ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path} has a damaged header ({err!r}); use another "
+                              f"checkpoint") from None
+    try:
+        check_seed(info.seed, "seed")
+    except UserError as err:
+        raise CheckpointError(f"checkpoint {path} has a damaged header ({err}); use another "
                               f"checkpoint") from None
     if written_for != net.name:
         raise CheckpointError(f"checkpoint {path} was written for net {written_for}, not "

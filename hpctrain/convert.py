@@ -21,6 +21,7 @@ import numpy as np
 
 from hpctrain.dataset import DatasetError, inspect_dataset, shape_text, write_dataset
 from hpctrain.errors import ArgumentParser
+from hpctrain.seeds import parse_seed
 
 DIGITS_VAL_FRACTION = 0.2
 
@@ -45,8 +46,8 @@ def build_convert_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-fraction", type=float, default=None,
                         help="hold out this share of the samples when no --val-images are "
                              "given (default: 0 for arrays, 0.2 for --digits)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the held-out permutation (default: 0)")
+    parser.add_argument("--seed", type=parse_seed, default=0,
+                        help="seed of the held-out permutation, in [0, 2**63) (default: 0)")
     parser.add_argument("--classes", type=int, default=None,
                         help="number of classes (default: largest label + 1)")
     parser.add_argument("--scale", type=_number, default=None, metavar="S",

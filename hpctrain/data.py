@@ -8,6 +8,7 @@ from typing import Any
 from hpctrain.backend import Backend
 from hpctrain.kernels.counter_rng import global_index, stream_key, uniform, uniform_block
 from hpctrain.layout import Box
+from hpctrain.seeds import check_seed
 
 LABEL_STREAM, NOISE_STREAM, PATTERN_STREAM = 11, 12, 13
 
@@ -23,7 +24,7 @@ class SyntheticData:
     def __init__(self, backend: Backend, sample_shape: tuple[int, ...], classes: int,
                  batch: int, seed: int = 0, noise: float = 0.5) -> None:
         self.backend, self.sample_shape, self.classes = backend, sample_shape, classes
-        self.batch, self.seed, self.noise = batch, seed, noise
+        self.batch, self.seed, self.noise = batch, check_seed(seed), noise
 
     def labels(self, step: int, samples: tuple[int, int]) -> Any:
         xp = self.backend.xp

@@ -39,6 +39,7 @@ from hpctrain.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.files import replace_atomically
 from hpctrain.layout import Box
+from hpctrain.seeds import check_seed
 
 FORMAT, VERSION = "hpctrain-dataset", 1
 SPLITS = ("train", "val")
@@ -314,10 +315,8 @@ class H5Data:
             raise DatasetError(f"unknown split {split!r}; choose train or val")
         if batch < 1:
             raise DatasetError(f"--batch {batch} must be at least 1")
-        if seed < 0:  # numpy's SeedSequence takes non-negative integers only
-            raise DatasetError(f"--seed {seed} must be >= 0 to shuffle a dataset")
         self.backend, self.path, self.batch, self.seed, self.split = (
-            backend, Path(path), batch, seed, split)
+            backend, Path(path), batch, check_seed(seed), split)
         self._file = _open(self.path)
         try:
             info = info or _describe(self._file, self.path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from hpctrain.seeds import parse_seed
 from hpctrain.units import bytes_from
 
 
@@ -75,7 +76,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy on the CPU or CuPy on a GPU; each rank uses GPU "
                              "local_rank %% n_gpus (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of weights, data order, dropout (default: 0, or the "
-                             "checkpoint's when resuming)")
+    parser.add_argument("--seed", type=parse_seed, default=None,
+                        help="seed of weights, data order, dropout: an integer in [0, 2**63) "
+                             "(default: 0, or the checkpoint's when resuming)")
     add_threads_option(parser)

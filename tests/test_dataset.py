@@ -16,6 +16,7 @@ from hpctrain.dataset import (
     inspect_dataset,
     write_dataset,
 )
+from hpctrain.errors import UserError
 from hpctrain.layout import box_size
 from hpctrain.net import load_net
 
@@ -245,7 +246,7 @@ def test_reader_refusals(tmp_path, path, backend):
         H5Data(backend, tmp_path / "noval.h5", 2, split="val")
     with pytest.raises(DatasetError, match="has 23 training samples, fewer than --batch 24"):
         H5Data(backend, path, 24)
-    with pytest.raises(DatasetError, match="--seed -1 must be >= 0"):
+    with pytest.raises(UserError, match=r"--seed -1 must be an integer in \[0, 2\*\*63\)"):
         H5Data(backend, path, 4, seed=-1)
     with pytest.raises(DatasetError, match="unknown split 'test'"):
         H5Data(backend, path, 4, split="test")
