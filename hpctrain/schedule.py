@@ -10,7 +10,9 @@ exactly the rates the uninterrupted run would have used.
 - ``step:EVERY:FACTOR``: multiplied by FACTOR every EVERY steps, e.g. ``step:30:0.1``.
 
 ``--warmup-steps W`` ramps linearly from base/W to the base over the first W steps, then the
-schedule runs on the remaining steps.
+schedule runs on the remaining steps. W must be fewer than the run's steps: a warm-up as long as
+the run never trains at the rate asked for, so it is refused rather than warned about (a warning
+line scrolls past in a batch job's output; the refusal costs nothing, before any planning).
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ def parse_schedule(text: str, base: float, total_steps: int, warmup: int = 0) ->
         raise UserError(f"--lr {base} must be positive")
     if warmup < 0:
         raise UserError(f"--warmup-steps {warmup} must be >= 0")
+    if warmup and warmup >= total_steps:  # the rate would never reach --lr: surely a slip
+        raise UserError(f"--warmup-steps {warmup} must be fewer than the run's {total_steps} "
+                        f"steps, or the rate never reaches --lr {base:g}; lower it or train "
+                        f"longer")
     kind, *params = text.strip().split(":")
     if kind not in KINDS:
         raise UserError(f"--lr-schedule '{text}': unknown schedule '{kind}'; use constant, "

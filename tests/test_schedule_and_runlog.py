@@ -59,6 +59,11 @@ def test_bad_rate_and_warm_up():
         parse_schedule("constant", -1, 10)
     with pytest.raises(UserError, match="--warmup-steps -2"):
         parse_schedule("constant", 0.1, 10, warmup=-2)
+    for warmup in (6, 100):  # as long as the run, or longer: the rate never reaches --lr
+        with pytest.raises(UserError, match=f"--warmup-steps {warmup} must be fewer than the "
+                                            f"run's 6 steps"):
+            parse_schedule("cosine", 0.1, 6, warmup=warmup)
+    assert parse_schedule("constant", 0.1, 6, warmup=5).lr(5) == 0.1
 
 
 # -- stop requests -----------------------------------------------------------------------------
