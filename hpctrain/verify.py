@@ -4,6 +4,7 @@ backward, layer by layer."""
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,11 +103,14 @@ def build_verify_parser() -> argparse.ArgumentParser:
         prog="python -m hpctrain verify",
         description="Run one forward and backward under a plan and the same computation on one "
                     "process in float64; print per layer the largest relative error of the "
-                    "output and of every gradient; exit 1 above the tolerance.")
+                    "output and of every gradient; exit 1 above the tolerance.",
+        epilog="Exit status: 0 when every error is within --tolerance, 1 above it, 2 for bad "
+               "input (one line naming the value and the fix).")
     add_run_options(parser)
     parser.add_argument("--batch", type=int, default=4, help="global mini-batch (default: 4)")
     parser.add_argument("--tolerance", type=float, default=1e-9,
-                        help="largest relative error accepted (default: 1e-9)")
+                        help="largest relative error accepted, a finite number >= 0 "
+                             "(default: 1e-9)")
     add_planning_options(parser)
     return parser
 
@@ -119,6 +123,8 @@ def run_verify(argv: list[str], comm) -> int:
     args = build_verify_parser().parse_args(argv)
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN would fail every plan
+        raise UserError(f"--tolerance {args.tolerance:g} must be a finite number >= 0, e.g. 1e-9")
     net = agreed(comm, lambda: load_net(args.net, args.image_size))
     setup = set_up(args, net, comm, "float64", predict=False)
     with GridSet(comm) as grids:
