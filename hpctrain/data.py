@@ -18,8 +18,11 @@ class SyntheticData:
     ``pattern[label] + noise(g)``, so the classes are separable and a net can learn them.
 
     A rank draws only its own block (its samples, and its rows when the input is height-split):
-    the data are the same on every grid.
+    the data are the same on every grid. Its values are always finite, so ``nonfinite`` (the
+    readers' note of a NaN or Inf read, see :class:`~hpctrain.dataset.H5Data`) stays None.
     """
+
+    nonfinite: str | None = None
 
     def __init__(self, backend: Backend, sample_shape: tuple[int, ...], classes: int,
                  batch: int, seed: int = 0, noise: float = 0.5) -> None:

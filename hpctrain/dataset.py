@@ -22,6 +22,11 @@ number of processes; an epoch is ``N // batch`` batches (the remainder is droppe
 reads only its own hyperslab of a batch: its samples, and only the channels, rows and columns
 (or features) of its block. The held-out split is read in order, unshuffled, in
 ``ceil(N / batch)`` batches; the last is padded with zero images labelled -1.
+
+Every block read is checked for NaN and Inf (one pass over the rank's own slab). The reader does
+not raise: the bad value may sit on one rank's slab only, so it notes the first bad sample in
+:attr:`H5Data.nonfinite` and the network raises on every rank at the loss all-reduce of that
+step (see :meth:`hpctrain.network.Network.loss`).
 """
 
 from __future__ import annotations
@@ -307,6 +312,10 @@ class H5Data:
     The file stays open read-only until :meth:`close` (or the end of a ``with`` block).
     ``info``, the file's :func:`inspect_dataset` already made (by rank 0), spares every reader
     on every rank checking it again, which reads every label.
+
+    ``nonfinite`` is None until a block read holds NaN or Inf; then it names the file, the split
+    and the first such sample by its index in the split, e.g. ``dataset 'd.h5': /train/images
+    sample 1234 holds NaN; …``.
     """
 
     def __init__(self, backend: Backend, path: str | Path, batch: int, seed: int = 0,
@@ -336,6 +345,7 @@ class H5Data:
         self.steps_per_epoch = self.size // batch  # train: whole batches per epoch
         self.batches = math.ceil(self.size / batch)  # val: batches incl. the padded last one
         self._epoch: tuple[int, np.ndarray] | None = None  # (epoch, its permutation)
+        self.nonfinite: str | None = None  # the first NaN or Inf read (see the class doc)
 
     def indices(self, step: int, samples: tuple[int, int]) -> np.ndarray:
         """Dataset indices of positions lo..hi-1 of batch ``step``; -1 marks val padding."""
@@ -358,7 +368,19 @@ class H5Data:
         real = np.flatnonzero(index >= 0)  # val padding stays zero
         if real.size:
             block[real] = self._read(self._images, index[real], inner)
+        if self.nonfinite is None and not np.isfinite(block).all():  # one pass over the slab
+            self.nonfinite = self._describe_nonfinite(block, index)
         return self.backend.xp.asarray(block.astype(self.backend.dtype, copy=False))
+
+    def _describe_nonfinite(self, block: np.ndarray, index: np.ndarray) -> str:
+        """The line naming the first sample of ``block`` (rows: samples ``index``) that holds
+        NaN or Inf."""
+        rows = ~np.isfinite(block.reshape(len(block), -1))
+        row = int(np.flatnonzero(rows.any(axis=1))[0])
+        value = "NaN" if np.isnan(block[row]).any() else "Inf"
+        return (f"dataset '{self.path}': /{self.split}/images sample {int(index[row])} holds "
+                f"{value}; replace the value or drop the sample, then rewrite the file with "
+                f"{CONVERT}")
 
     def labels(self, step: int, samples: tuple[int, int]) -> Any:
         """int64 labels of positions lo..hi-1 of batch ``step``; -1 for val padding."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from hpctrain.backend import Backend
+from hpctrain.comm.agree import agreed
 from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.comm.redistribute import Redistribute
+from hpctrain.errors import UserError
 from hpctrain.grid import GridSet
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.kernels.loss import softmax_cross_entropy
@@ -146,17 +148,19 @@ class Network:
             x = data.images(step, self.input_layout.box(self.rank))
             logits = self.forward(x, step, outputs, times)
             labels = data.labels(step, self.labels_range())
-            loss, accuracy, dlogits = self.loss(logits, labels, times)
+            loss, accuracy, dlogits = self.loss(logits, labels, times, data)
             self.backward(dlogits, input_grads, times)
             timer.finish_step()
         return loss, accuracy
 
-    def loss(self, logits: Any, labels: Any,
-             times: StepTimes | None = None) -> tuple[float, float, Any]:
+    def loss(self, logits: Any, labels: Any, times: StepTimes | None = None,
+             data: Any = None) -> tuple[float, float, Any]:
         """Mean loss and accuracy over the global batch, and dLoss/dlogits for this rank.
 
         ``labels`` are the labels of this rank's batch shard in ``loss_layout``. ``times`` gets
         the softmax as the loss row's compute and the all-reduce of the totals as its comm.
+        ``data``, the source of the batch: whether any rank read NaN or Inf from it rides on
+        the same all-reduce, and then every rank raises (see :meth:`refuse_nonfinite`).
         """
         xp = self.backend.xp
         with StepTimer(self.backend, times) as timer:
@@ -165,10 +169,26 @@ class Network:
             if i != 0:  # a replica: the owner (i = 0) counts these samples
                 loss_sum, correct, grad = loss_sum * 0, correct * 0, grad * 0
             totals = xp.stack([xp.asarray(loss_sum, dtype=xp.float64),
-                               xp.asarray(correct, dtype=xp.float64)])
+                               xp.asarray(correct, dtype=xp.float64),
+                               xp.asarray(_read_nonfinite(data), dtype=xp.float64)])
             totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
             timer.forward_layer(LOSS)
+        self.refuse_nonfinite(totals[2], data)
         return float(totals[0]) / self.batch, float(totals[1]) / self.batch, grad
+
+    def refuse_nonfinite(self, ranks_flagged: float, data: Any) -> None:
+        """Raise a :class:`UserError` on every rank when ``ranks_flagged`` (the all-reduced
+        count of ranks that read NaN or Inf, the same on every rank) is not 0: an agreement
+        carries the first such rank's description of the sample to all. Collective then."""
+        if not ranks_flagged:
+            return
+
+        def check() -> None:
+            if _read_nonfinite(data):
+                raise UserError(data.nonfinite)
+
+        agreed(self.grids.world, check, everywhere=True)
+        raise UserError("an input batch held NaN or Inf; check the data")  # not reached
 
     def evaluate(self, data: Any, batch: int) -> tuple[float, int, int]:
         """Summed loss, number correct and number of real samples in held-out batch ``batch``.
@@ -185,14 +205,21 @@ class Network:
             self.set_training(True)
         labels = data.labels(batch, self.labels_range())
         real = labels >= 0
-        totals = xp.zeros(3, dtype=xp.float64)
+        totals = xp.zeros(4, dtype=xp.float64)
         i, _ = grid_coords(self.rank, self.loss_layout.grid)
         if i == 0 and bool(real.any()):  # the owner of these samples' loss (see the class doc)
             loss_sum, correct, _ = softmax_cross_entropy(xp, logits[real], labels[real], 1.0)
             totals[0], totals[1], totals[2] = loss_sum, correct, real.sum()
+        totals[3] = _read_nonfinite(data)
         totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
+        self.refuse_nonfinite(totals[3], data)
         return float(totals[0]), int(round(totals[1])), int(round(totals[2]))
 
     def labels_range(self) -> tuple[int, int]:
         """The samples whose labels this rank needs for the loss."""
         return self.loss_layout.box(self.rank)[0]
+
+
+def _read_nonfinite(data: Any) -> float:
+    """1.0 when ``data`` noted a NaN or Inf in a block this rank read, else 0.0."""
+    return 1.0 if getattr(data, "nonfinite", None) else 0.0

@@ -44,7 +44,8 @@ from hpctrain.timing import (
 
 
 class TrainingError(UserError):
-    """Training cannot go on: a non-finite loss (the same all-reduced value on every rank)."""
+    """Training cannot go on: a non-finite loss (the same all-reduced value on every rank) from
+    finite inputs; a NaN or Inf read from the data is refused before, naming the sample."""
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,25 @@ def test_val_split_is_sequential_and_padded(path, backend):
         assert not data.images(2, ((1, 3), (0, 1), (0, 2), (0, 2))).any()
 
 
+def test_a_nan_or_inf_read_is_noted_with_its_sample_not_raised(path, backend):
+    with h5py.File(path, "r+") as h5:  # write_dataset refuses them; edit the file afterwards
+        h5["train/images"][17, 1, 2, 3] = np.nan
+        h5["val/images"][6, 0, 0, 0] = -np.inf
+    box = ((0, BATCH), (0, 3), (0, 6), (0, 5))
+    with H5Data(backend, path, BATCH, SEED) as data:
+        step = next(s for s in range(N) if 17 in data.indices(s, (0, BATCH)))
+        at = int(np.flatnonzero(data.indices(step, (0, BATCH)) == 17)[0])
+        data.images(step, ((at, at + 1), (0, 3), (0, 2), (0, 5)))  # rows 0-1 of sample 17
+        assert data.nonfinite is None  # the NaN is in row 2, outside this slab
+        data.images(step, box)
+        assert data.nonfinite.startswith(f"dataset '{path}': /train/images sample 17 holds NaN")
+    with H5Data(backend, path, 4, SEED, split="val") as data:
+        data.images(0, ((0, 4), (0, 3), (0, 6), (0, 5)))  # samples 0-3
+        assert data.nonfinite is None
+        data.images(1, ((0, 4), (0, 3), (0, 6), (0, 5)))
+        assert "/val/images sample 6 holds Inf" in data.nonfinite
+
+
 def test_reader_refusals(tmp_path, path, backend):
     write_dataset(tmp_path / "noval.h5", *random_split(6))
     with pytest.raises(DatasetError, match="no held-out split .*--val-fraction"):
