@@ -196,7 +196,9 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointI
 
     Every rank opens the file read-only and reads only its own block (``param.box(rank)``) of
     each tensor, so any plan on any number of ranks can load any checkpoint of the same net.
-    Values are converted to the network's dtype. The ranks agree before returning: if any rank
+    Values are converted to the network's dtype; a block holding NaN or Inf is refused, naming
+    the tensor (training from it could only give a NaN loss, blamed on the rate). The ranks
+    agree before returning: if any rank
     fails (say the file is not visible on its node) every rank raises the same
     :class:`CheckpointError`, so none goes on to train alone. Build the network and data with
     ``info.seed`` and resume at batch ``info.step``.
@@ -210,10 +212,10 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointI
             info = _validate(h5, path, network.net, {p.name: p.shape for p in network.params})
             for k, param in enumerate(network.params):
                 where = tuple(slice(lo, hi) for lo, hi in param.box(rank))
-                block = h5[f"params/{param.name}"][where]
+                block = _finite(h5, f"params/{param.name}", where, path)
                 param.value[...] = xp.asarray(block.astype(dtype, copy=False))
                 optimizer.velocity[k] = xp.asarray(
-                    h5[f"momentum/{param.name}"][where].astype(dtype, copy=False))
+                    _finite(h5, f"momentum/{param.name}", where, path).astype(dtype, copy=False))
     except CheckpointError as err:
         failure = str(err)
     except OSError as err:  # a header fine but a tensor cut short: a truncated file
@@ -222,6 +224,17 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointI
     if failures:
         raise CheckpointError(failures[0])
     return info
+
+
+def _finite(h5: h5py.File, name: str, where: tuple[slice, ...], path: Path) -> np.ndarray:
+    """Block ``where`` of tensor ``name``; a :class:`CheckpointError` naming it if it holds NaN
+    or Inf (one pass over the block)."""
+    block = h5[name][where]
+    if not np.isfinite(block).all():
+        value = "NaN" if np.isnan(block).any() else "Inf"
+        raise CheckpointError(f"checkpoint {path}: tensor /{name} holds {value}; resume from an "
+                              f"earlier checkpoint")
+    return block
 
 
 def _open(path: Path) -> h5py.File:

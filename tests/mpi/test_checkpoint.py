@@ -249,6 +249,11 @@ def test_bad_checkpoints_are_refused_on_every_rank(comm, shared_dir):
         shutil.copy(good, no_format)
         with h5py.File(no_format, "r+") as h5:
             del h5.attrs["format"]
+        for name, tensor, value in (("inf.h5", "params/conv1.weight", np.inf),
+                                    ("nan.h5", "momentum/linear2.bias", np.nan)):
+            shutil.copy(good, shared_dir / name)  # one entry: in one rank's block only
+            with h5py.File(shared_dir / name, "r+") as h5:
+                h5[tensor][(-1,) * h5[tensor].ndim] = value
     comm.Barrier()
     reordered = parse_net(
         "input channels=2 size=12 classes=5\nconv out=6 kernel=3 pad=1\nrelu\nmaxpool kernel=2\n"
@@ -265,6 +270,10 @@ def test_bad_checkpoints_are_refused_on_every_rank(comm, shared_dir):
                           "written for net smallcnn, not mixed")
         raises_everywhere(comm, lambda: run.load(wrong_shape), wrong_shape,
                           "/params/conv1.weight", "(6, 2, 5, 5)", "(6, 2, 3, 3)")
+        for name, what in (("inf.h5", "tensor /params/conv1.weight holds Inf"),
+                           ("nan.h5", "tensor /momentum/linear2.bias holds NaN")):
+            raises_everywhere(comm, lambda n=name: run.load(shared_dir / n), shared_dir / name,
+                              what, "resume from an earlier checkpoint")
         raises_everywhere(comm, lambda: read_checkpoint_info(good, reordered), good,
                           "layer 8 is 'dropout1 dropout' there but 'linear1 linear' here")
         raises_everywhere(comm, lambda: read_checkpoint_info(other_net, NET), other_net,
