@@ -16,6 +16,9 @@ A chunk holds one sample (a few when samples are tiny), so reading a random samp
 chunk. ``python -m hpctrain convert`` writes this format from ``.npy``/``.npz`` arrays or from
 scikit-learn's handwritten digits (:mod:`hpctrain.convert`).
 
+A net with flat input of F features reads a dataset of (C, H, W) samples with C·H·W = F
+flattened, in row-major order: the shipped ``mlp`` (64 features) trains on the 1×8×8 digits.
+
 Reading (:class:`H5Data`): epoch e of the training split is the permutation
 ``numpy.random.default_rng([seed, e]).permutation(N)``, the same on every rank and for every
 number of processes; an epoch is ``N // batch`` batches (the remainder is dropped). Each rank
@@ -265,9 +268,23 @@ def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
     return DatasetInfo(path, shapes["train"], classes, sizes["train"], sizes["val"])
 
 
+def feeds_flat(sample_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> bool:
+    """Whether samples of ``sample_shape`` feed a net of flat ``input_shape`` (F,) flattened:
+    (C, H, W) with C·H·W = F.
+
+    >>> feeds_flat((1, 8, 8), (64,)), feeds_flat((1, 8, 8), (1, 8, 8)), feeds_flat((3, 4), (10,))
+    (True, False, False)
+    """
+    return (len(input_shape) == 1 and len(sample_shape) > 1
+            and math.prod(sample_shape) == input_shape[0])
+
+
 def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int,
                batch: int) -> None:
     """Refuse a dataset whose samples, classes or size do not fit a net and a batch.
+
+    Samples fit when their shape is ``input_shape``, or when the net takes F flat features and
+    each sample holds F values (:func:`feeds_flat`; the reader flattens them).
 
     Raises
     ------
@@ -277,10 +294,13 @@ def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int,
         the training split holds fewer than ``batch`` samples.
     """
     sample, want = tuple(info.sample_shape), tuple(input_shape)
-    if sample != want:
+    if sample != want and not feeds_flat(sample, want):
         hint = "convert the data to the net's input shape or choose a net that takes it"
         if len(sample) == 3 and len(want) == 3 and sample[0] == want[0] and sample[1] == sample[2]:
             hint = f"pass --image-size {sample[1]} to size the net's input to the data"
+        elif len(want) == 1:
+            hint = (f"a flat-input net reads samples of {math.prod(sample)} values; choose a "
+                    f"net with features={math.prod(sample)}")
         raise DatasetError(f"dataset '{info.path}' holds samples of shape {shape_text(sample)} "
                            f"but the net takes {shape_text(want)}; {hint}")
     if info.classes != classes:
@@ -292,6 +312,31 @@ def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int,
 
 
 # --- reading -----------------------------------------------------------------------------------
+
+
+def flat_cover(shape: tuple[int, ...], lo: int, hi: int) -> tuple[tuple[slice, ...], int]:
+    """The smallest hyperslab of a sample of ``shape`` that holds its flat (row-major) entries
+    ``lo .. hi - 1``, and the flat index of the hyperslab's first entry.
+
+    The hyperslab fixes the leading indices the range shares, spans one axis, and takes the
+    axes after it whole. Worked example, shape (2, 8, 8), entries 70..89: both lie in channel
+    1 (entries 64..127), in its rows 0..3, so the hyperslab is [1:2, 0:4, 0:8], entries 64..95,
+    and the range is its flat entries 6..25:
+
+    >>> flat_cover((2, 8, 8), 70, 90)
+    ((slice(1, 2, None), slice(0, 4, None), slice(0, 8, None)), 64)
+    """
+    slices: list[slice] = []
+    first_entry = 0
+    for axis in range(len(shape)):
+        stride = math.prod(shape[axis + 1:])
+        first, last = (lo - first_entry) // stride, (hi - 1 - first_entry) // stride
+        slices.append(slice(first, last + 1))
+        first_entry += first * stride
+        if first != last:
+            slices.extend(slice(0, m) for m in shape[axis + 1:])
+            break
+    return tuple(slices), first_entry
 
 
 class H5Data:
@@ -309,6 +354,10 @@ class H5Data:
         train: steps_per_epoch = 2; steps 0, 1 are epoch 0; step 2 starts epoch 1
         val:   batches = 3; batch 2 holds samples 8, 9 and two padding positions
 
+    ``flatten`` (see :func:`feeds_flat`): the file's (C, H, W) samples are given as (C·H·W,)
+    vectors, ``sample_shape`` says so, and ``box`` ranges over the flat features; each rank
+    still reads only the smallest hyperslab holding its features (:func:`flat_cover`).
+
     The file stays open read-only until :meth:`close` (or the end of a ``with`` block).
     ``info``, the file's :func:`inspect_dataset` already made (by rank 0), spares every reader
     on every rank checking it again, which reads every label.
@@ -319,7 +368,8 @@ class H5Data:
     """
 
     def __init__(self, backend: Backend, path: str | Path, batch: int, seed: int = 0,
-                 split: str = "train", info: DatasetInfo | None = None) -> None:
+                 split: str = "train", info: DatasetInfo | None = None,
+                 flatten: bool = False) -> None:
         if split not in SPLITS:
             raise DatasetError(f"unknown split {split!r}; choose train or val")
         if batch < 1:
@@ -330,6 +380,9 @@ class H5Data:
         try:
             info = info or _describe(self._file, self.path)
             self.sample_shape, self.classes = info.sample_shape, info.classes
+            self._stored_shape = info.sample_shape  # (C, H, W) in the file
+            if flatten:
+                self.sample_shape = (math.prod(info.sample_shape),)
             self.size = info.train_size if split == "train" else info.val_size
             if split == "val" and self.size == 0:
                 raise DatasetError(f"dataset '{self.path}' has no held-out split (/val); "
@@ -364,10 +417,17 @@ class H5Data:
         """Block ``box`` of the (B, *sample_shape) input of batch ``step``, on the device."""
         index = self.indices(step, box[0])
         inner = tuple(slice(a, b) for a, b in box[1:])  # channels, rows, cols (or features)
-        block = np.zeros((len(index), *(b - a for a, b in box[1:])), self._images.dtype)
+        cut = None
+        if self.sample_shape != self._stored_shape:  # flattened: read a cover, then cut
+            (lo, hi), = box[1:]
+            inner, first = flat_cover(self._stored_shape, lo, hi)
+            cut = slice(lo - first, hi - first)
+        block = np.zeros((len(index), *(s.stop - s.start for s in inner)), self._images.dtype)
         real = np.flatnonzero(index >= 0)  # val padding stays zero
         if real.size:
             block[real] = self._read(self._images, index[real], inner)
+        if cut is not None:
+            block = block.reshape(len(index), -1)[:, cut]
         if self.nonfinite is None and not np.isfinite(block).all():  # one pass over the slab
             self.nonfinite = self._describe_nonfinite(block, index)
         return self.backend.xp.asarray(block.astype(self.backend.dtype, copy=False))

@@ -159,7 +159,8 @@ def _check_writable(args: argparse.Namespace) -> None:
 
 def _dataset_net(args: argparse.Namespace, net: NetSpec):
     """(``net`` at the dataset's image size, the dataset's description) for ``--data``, or
-    (``net``, None) for synthetic data. Refuses a dataset that does not fit the net."""
+    (``net``, None) for synthetic data. Refuses a dataset that does not fit the net; a flat-input
+    net takes (C, H, W) samples of as many values, flattened (``--net mlp`` on the digits)."""
     if args.data == "synthetic":
         return net, None
     from hpctrain.dataset import check_fits, inspect_dataset
@@ -235,11 +236,13 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         return 0
     data = val_data = None
     if prepared.dataset is not None:
-        from hpctrain.dataset import H5Data
+        from hpctrain.dataset import H5Data, feeds_flat
+
+        flatten = feeds_flat(prepared.dataset.sample_shape, setup.net.input_shape)
 
         def open_data(split: str):
             return agreed(comm, lambda: H5Data(setup.backend, args.data, args.batch,
-                                               prepared.seed, split, prepared.dataset),
+                                               prepared.seed, split, prepared.dataset, flatten),
                           everywhere=True)
 
         data = open_data("train")

@@ -13,6 +13,8 @@ from hpctrain.dataset import (
     DatasetInfo,
     H5Data,
     check_fits,
+    feeds_flat,
+    flat_cover,
     inspect_dataset,
     write_dataset,
 )
@@ -153,7 +155,7 @@ def test_malformed_contents(tmp_path, attrs, datasets, message):
 @pytest.mark.parametrize("size,input_shape,classes,batch,message", [
     (8, (1, 12, 12), 10, 4, r"shape 1x8x8 but the net takes 1x12x12; pass --image-size 8"),
     (8, (3, 8, 8), 10, 4, r"shape 1x8x8 but the net takes 3x8x8; convert"),
-    (8, (64,), 10, 4, r"but the net takes 64; convert"),
+    (8, (60,), 10, 4, r"but the net takes 60; a flat-input net reads samples of 64 values"),
     (8, (1, 8, 8), 5, 4, r"has 10 classes but the net has 5; use a net .* classes=10"),
     (8, (1, 8, 8), 10, 40, r"has 30 training samples, fewer than --batch 40"),
 ])
@@ -223,6 +225,36 @@ def test_only_the_hyperslab_is_read(path, backend, reads, box):
     assert image_reads == [tuple(hi - lo for lo, hi in box)]
     assert sum(np.prod(s) for s in image_reads) == box_size(box)
     assert label_reads == [(box[0][1] - box[0][0],)]
+
+
+def test_flat_cover_is_the_smallest_hyperslab_of_that_form():
+    shape = (3, 6, 5)
+    for lo in range(90):
+        for hi in range(lo + 1, 91):
+            slices, first = flat_cover(shape, lo, hi)
+            flat = np.arange(90).reshape(shape)[slices].ravel()
+            assert flat[0] == first and list(flat[lo - first:hi - first]) == list(range(lo, hi))
+            spanned = next((k for k, s in enumerate(slices) if s.stop - s.start > 1), 2)
+            assert all(s.stop - s.start == 1 for s in slices[:spanned])  # leading axes fixed
+            assert all(s == slice(0, n) for s, n in zip(slices[spanned + 1:],
+                                                         shape[spanned + 1:], strict=True))
+
+
+@pytest.mark.parametrize("features", [(0, 90), (0, 45), (45, 90), (31, 32), (12, 29)])
+def test_a_flat_input_net_reads_images_flattened(path, backend, reads, features):
+    images, _ = whole(path)
+    assert feeds_flat(SHAPE, (90,)) and not feeds_flat(SHAPE, (91,))
+    box = ((1, 4), features)
+    with H5Data(backend, path, BATCH, SEED, flatten=True) as data:
+        assert data.sample_shape == (90,)
+        reads.clear()
+        got = data.images(3, box)
+        flat = images[data.indices(3, (0, BATCH))].reshape(BATCH, -1)
+        np.testing.assert_array_equal(got, flat[1:4, slice(*features)])
+    (name, shape), = reads
+    slices, _ = flat_cover(SHAPE, *features)
+    assert shape == (3, *(s.stop - s.start for s in slices))  # the cover only
+    check_fits(DatasetInfo(path, SHAPE, CLASSES, N, 9), (90,), CLASSES, BATCH)
 
 
 def test_val_split_is_sequential_and_padded(path, backend):

@@ -124,6 +124,16 @@ def test_digits_reach_95_percent_held_out_under_a_mixed_plan(tmp_path):
     assert accuracy[0] < accuracy[-1]  # the curve rises
 
 
+@pytest.mark.skipif(not DIGITS.exists(), reason="make inputs/digits.h5 first")
+def test_the_flat_input_mlp_learns_the_digits_flattened(tmp_path):
+    # linear1 split 2 ways over its features: each rank reads a cover of its own features
+    result = launch(2, "--net", "mlp", "--data", str(DIGITS), "--grid", "2x1", "--batch", "32",
+                    "--epochs", "4", "--lr", "0.1", "--print-every", "1000", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    accuracy = float(result.stdout.split("held-out accuracy ")[1].split("%")[0])
+    assert accuracy > 80, result.stdout
+
+
 # -- signals, checkpoints, resume --------------------------------------------------------------
 
 RUN = ("--net", "smallcnn", "--batch", "8", "--dtype", "float64", "--print-every", "1")
@@ -229,8 +239,8 @@ BAD_INPUT = {
                                       "output height of size 1 cannot be split 2 ways"),
     "missing dataset": (2, ["--data", "nowhere.h5"], "nowhere.h5"),
     "corrupt dataset": (2, ["--net", "smallcnn", "--data", "{bad_data}"], "HDF5"),
-    "dataset that does not fit the net": (2, ["--net", "mlp", "--data", str(DIGITS)],
-                                          "1x8x8"),
+    "dataset that does not fit the net": (2, ["--net", "alexnet", "--data", str(DIGITS)],
+                                          "1x8x8 but the net takes 3x224x224"),
     "missing checkpoint": (2, ["--resume", "nowhere.h5"], "nowhere.h5"),
     "corrupt checkpoint": (2, ["--net", "mlp", "--resume", "{bad_checkpoint}"], "HDF5"),
     "checkpoint of another net": (2, ["--net", "smallcnn", "--resume", "{mlp_checkpoint}"],
