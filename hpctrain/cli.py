@@ -14,6 +14,10 @@ import traceback
 
 from hpctrain.errors import UserError
 
+# Commands whose runner takes the stop requests recorded since start-up (``stop=``) and stops
+# cleanly on SIGTERM or SIGUSR1; the others hand the handlers back, and a signal acts as usual.
+STOPS_CLEANLY = frozenset({"train"})
+
 # command: (module that owns it, its parser builder, its runner, whether it runs under MPI).
 # Modules are imported only when their command runs: `plan --help` loads no MPI.
 COMMANDS: dict[str, tuple[str, str, str, bool]] = {
@@ -54,9 +58,16 @@ def _check_launch(comm) -> None:
                         f"wheel) or mpiexec")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, stop=None) -> int:
+    """Run the command ``argv`` names; its exit status. ``stop``: the
+    :class:`~hpctrain.signals.StopRequests` recording since start-up, if any."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
+    options = {}
+    if stop is not None and command in STOPS_CLEANLY:
+        options["stop"] = stop
+    elif stop is not None:
+        stop.release()
     if any(a in ("-h", "--help") for a in argv):  # help needs no MPI
         try:
             _entry(command, 1)().parse_args(argv)
@@ -73,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     try:
         _check_launch(comm)
-        return run(argv, comm)
+        return run(argv, comm, **options)
     except UserError as err:
         return _say_error(err) if comm.Get_rank() == 0 else 2
     except SystemExit:

@@ -5,6 +5,14 @@ Slurm sends SIGTERM at the time limit (then SIGKILL after ``KillWait``), and wit
 others, and at different moments, so the handler only records it; at the end of each step all
 ranks agree with one small all-reduce whether any rank was asked to stop, and then all stop
 after the same step.
+
+``python -m hpctrain`` starts recording on its first line (:mod:`hpctrain.__main__`), before
+NumPy or MPI is loaded: a signal while the run starts up, plans or opens its files is kept, and
+every rank stops before the first training step with status 0 (:mod:`hpctrain.train_command`).
+Commands that do not stop cleanly hand the handlers back (:meth:`StopRequests.release`), so a
+signal then acts as usual. Only a signal that reaches a rank before its interpreter has run our
+first line (the first few tens of milliseconds) is the launcher's to report.
+This module imports nothing slow, so that line comes early.
 """
 
 from __future__ import annotations
@@ -12,8 +20,6 @@ from __future__ import annotations
 import signal
 from types import FrameType
 from typing import Any
-
-import numpy as np
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -49,11 +55,22 @@ class StopRequests:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    def release(self) -> None:
+        """Stop recording: restore the previous handlers, then deliver a signal already
+        recorded again, so the process acts on it as it would have without us."""
+        self.__exit__()
+        if self.received:
+            import os
+
+            os.kill(os.getpid(), signal.Signals[self.received])
+
     def agreed(self, comm: Any) -> str | None:
         """Collective: the signal some rank received (SIGUSR1 when both were), or None.
 
         Every rank returns the same answer, so all stop after the same step.
         """
+        import numpy as np
+
         code = np.array([STOP_SIGNALS.index(signal.Signals[self.received]) + 1
                          if self.received else 0], dtype=np.int64)
         if comm.Get_size() > 1:

@@ -42,6 +42,8 @@ from hpctrain.timing import (
     summary_over_ranks,
 )
 
+BEFORE_TRAINING = "before training; nothing was trained or saved"  # after "stopped by SIGTERM"
+
 
 class TrainingError(UserError):
     """Training cannot go on: a non-finite loss (the same all-reduced value on every rank) from
@@ -139,12 +141,15 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
                     not result.validation or result.validation[-1][0] != result.last_step):
                 result.validation.append(_evaluate(network, val_data, result.last_step, log,
                                                    say))
-        if result.stopped_by:
+        if result.stopped_by and not result.losses:
+            say(f"stopped by {result.stopped_by} {BEFORE_TRAINING}")
+        elif result.stopped_by:
             saved = (f"; resume with --resume {result.checkpoint}" if result.checkpoint
                      else "; no --checkpoint-dir, so nothing was saved"
                      if config.checkpoint_dir is None else "")
             say(f"stopped by {result.stopped_by} after step {result.last_step}{saved}")
-        _summarise(result, config, comm, say)
+        if result.losses or not result.stopped_by:
+            _summarise(result, config, comm, say)
     return result
 
 

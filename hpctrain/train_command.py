@@ -27,8 +27,11 @@ def build_train_parser() -> argparse.ArgumentParser:
                     "one process). Other commands (each with --help): verify, plan, calibrate, "
                     "simulate, compare-plans, convert.",
         epilog="On SIGTERM or SIGUSR1 (sbatch --signal=USR1@120) every rank stops after the "
-               "same step, writes a checkpoint to --checkpoint-dir and exits with status 0. "
-               "Bad input exits with status 2 and one line naming the fix.")
+               "same step, writes a checkpoint to --checkpoint-dir and exits with status 0; "
+               "one that comes while the run starts up or plans stops every rank before the "
+               "first step, also with status 0 ('stopped by SIGTERM before training'). Bad "
+               "input (options, files, NaN or Inf in the data or a checkpoint) exits with "
+               "status 2 and one line naming the fix.")
     add_run_options(parser)
     run = parser.add_argument_group("the run")
     run.add_argument("--data", default="synthetic",
@@ -212,12 +215,26 @@ def _resume_from(args: argparse.Namespace, net: NetSpec):
                         f"{what}; resume from it (--resume), or use an empty directory")
     return path, info
 
-def run_train(argv: list[str], comm) -> int:
+def run_train(argv: list[str], comm, stop=None) -> int:
+    """The training command; ``stop``: StopRequests already recording (since start-up), else
+    recording starts here. A signal before the first step stops every rank there, status 0."""
+    from contextlib import nullcontext
+
     from hpctrain.signals import StopRequests
 
     args = build_train_parser().parse_args(argv)
-    with StopRequests() as stop:  # a signal while planning stops the run before training
+    with nullcontext(stop) if stop else StopRequests() as stop:
         return _train_command(args, argv, comm, stop)
+
+
+def _stopped_before_training(stop, comm) -> bool:
+    """Collective: whether any rank was asked to stop; rank 0 says so."""
+    from hpctrain.train import BEFORE_TRAINING
+
+    signame = stop.agreed(comm)
+    if signame and comm.Get_rank() == 0:
+        print(f"stopped by {signame} {BEFORE_TRAINING}", flush=True)
+    return signame is not None
 
 
 def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int:
@@ -228,6 +245,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
 
     rank = comm.Get_rank()
     prepared = agreed(comm, lambda: _prepare(args))
+    if _stopped_before_training(stop, comm):  # skip planning, which may measure for a while
+        return 0
     setup = set_up(args, prepared.net, comm, args.dtype)
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)
