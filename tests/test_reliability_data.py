@@ -1,0 +1,85 @@
+"""The reliability suite, for what the data, a checkpoint and the numeric options hold: on 2
+ranks a NaN or Inf is named where it enters (file, split and sample, or tensor), and option
+values outside their rule are refused, each as one line and status 2 within seconds, with no
+change to any file that is not the run's own output."""
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpctrain.dataset import write_dataset
+from tests.reliability import assert_refused, changed_outside, launch, snapshot
+from tests.test_training_app import mpiexec
+
+pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+
+RUN = ("--net", "smallcnn", "--batch", "32")
+
+
+def small_digits(path: Path, train_value: tuple | None = None,
+                 val_value: tuple | None = None) -> Path:
+    """64 training and 20 held-out 1x8x8 samples of 10 classes; ``(sample, value)`` put into
+    one pixel of a split afterwards (the writer refuses non-finite images)."""
+    rng = np.random.default_rng(0)
+    write_dataset(path, rng.random((64, 1, 8, 8)), rng.integers(0, 10, 64), 10,
+                  rng.random((20, 1, 8, 8)), rng.integers(0, 10, 20), "test data")
+    with h5py.File(path, "r+") as h5:
+        for split, change in (("train", train_value), ("val", val_value)):
+            if change is not None:
+                sample, value = change
+                h5[f"{split}/images"][sample, 0, 5, 6] = value
+    return path
+
+
+def refused(tmp_path: Path, message: str, *args: str, outputs: tuple = ()) -> None:
+    """``args`` on 2 ranks: status 2, one line holding ``message``, nothing else changed."""
+    (tmp_path / "cache").mkdir(exist_ok=True)  # the run's compute-time cache, made beforehand
+    before = snapshot(tmp_path)
+    outcome = launch(*args, cwd=tmp_path)
+    assert_refused(outcome, message)
+    assert "Traceback" not in outcome.stdout + outcome.stderr
+    assert changed_outside(before, snapshot(tmp_path), (tmp_path / "cache", *outputs)) == []
+
+
+def test_nan_in_the_training_images_is_named_not_blamed_on_the_rate(tmp_path):
+    data = small_digits(tmp_path / "nan.h5", train_value=(37, np.nan))
+    # 2 steps of 32 read every training sample once; the NaN lies on one rank's slab
+    refused(tmp_path, f"dataset '{data}': /train/images sample 37 holds NaN", *RUN,
+            "--data", str(data), "--steps", "2")
+
+
+def test_inf_only_in_the_held_out_split_is_named(tmp_path):
+    data = small_digits(tmp_path / "val-inf.h5", val_value=(13, -np.inf))
+    refused(tmp_path, f"dataset '{data}': /val/images sample 13 holds Inf", *RUN,
+            "--data", str(data), "--steps", "2")
+
+
+def test_inf_in_a_checkpoint_tensor_is_named(tmp_path):
+    first = launch(*RUN, "--steps", "1", "--checkpoint-dir", "ckpt", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    checkpoint = tmp_path / "ckpt" / "step-00000001.h5"
+    with h5py.File(checkpoint, "r+") as h5:
+        h5["params/conv2.weight"][31, 15, 2, 2] = np.inf
+    refused(tmp_path, f"checkpoint {checkpoint}: tensor /params/conv2.weight holds Inf", *RUN,
+            "--steps", "3", "--resume", str(checkpoint))
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_verify_refuses_a_tolerance_that_is_not_a_finite_number_at_least_0(tmp_path, value):
+    refused(tmp_path, f"--tolerance {value} must be a finite number >= 0", "verify", "--net",
+            "mlp", "--tolerance", value)
+
+
+@pytest.mark.parametrize("data", ["synthetic", "dataset"])
+def test_a_negative_seed_is_refused_alike_for_synthetic_data_and_a_dataset(tmp_path, data):
+    source = str(small_digits(tmp_path / "d.h5")) if data == "dataset" else "synthetic"
+    refused(tmp_path, "argument --seed: '-1' is not a seed; give an integer in [0, 2**63)",
+            *RUN, "--data", source, "--steps", "2", "--seed", "-1")
+
+
+def test_a_warm_up_as_long_as_the_run_is_refused(tmp_path):
+    refused(tmp_path, "--warmup-steps 100 must be fewer than the run's 6 steps", *RUN,
+            "--steps", "6", "--warmup-steps", "100", "--log", "run.h5",
+            outputs=(tmp_path / "run.h5",))
