@@ -103,6 +103,7 @@ bench: install $(BENCH_STAMP)
 	  --image-size $(BENCH_IMAGE) --batch 16 --steps 8 --log runs/compare-$(BENCH_NET).h5
 	$(PY) bench/throughput.py --procs 1 2 4 --batch 16 --image-size $(BENCH_IMAGE) --steps 6
 	$(PY) bench/threads.py --procs 2 --net $(BENCH_NET) --image-size $(BENCH_IMAGE) --batch 16
+	$(PY) bench/memory.py --procs 2 --steps 3
 
 # Plots from HDF5 run logs: strong/weak scaling, per-layer compute/communication/redistribution,
 # predicted against measured, training curves. Reads files only (no MPI). Other hpctrain files

@@ -25,6 +25,7 @@ class Setup:
     threads: ThreadChoice
     planned: Any = None  # PlannedNetwork with the predictions, or None when not asked for
     machine: Any = None  # the cost model's machine profile
+    memory: float = 0.0  # predicted peak bytes per rank (checked against what it may use)
 
 
 def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
@@ -32,18 +33,31 @@ def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
     """Threads, backend and the plan of ``net`` for ``args.grid`` (collective over ``comm``).
 
     With ``--grid auto`` the planner searches (measuring compute under the threads just set)
-    and rank 0 writes the plan file; otherwise the given plan is costed when ``predict``.
+    among the plans that fit the memory a rank may use, and rank 0 writes the plan file;
+    otherwise the given plan's memory is checked, then it is costed when ``predict``. Nothing
+    is timed or allocated before the memory check.
     """
+    import numpy as np
+
     from hpctrain.backend import make_backend
+    from hpctrain.memory import check_memory, memory_limit
+    from hpctrain.planner import plan_memory
 
     threads = configure_threads(comm, args.threads)
     procs = comm.Get_size()
     spec = args.grid or f"1x{procs}"
     plan = None if spec.strip() == "auto" else agreed(
         comm, lambda: plan_from_spec(spec, net, procs))
+    limit, source = memory_limit(comm, args.mem_per_rank, threads.ranks_on_node)
+    itemsize = np.dtype(dtype).itemsize
+    memory = 0.0
+    if plan is not None:
+        fixed = plan_memory(net, plan, args.batch, procs, itemsize)
+        check_memory(fixed, limit, source)
+        memory = fixed.memory
     backend = make_backend(args.device, dtype, comm)
     if plan is not None and not predict:
-        return Setup(net, plan, backend, threads)
+        return Setup(net, plan, backend, threads, memory=memory)
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model
     from hpctrain.planner import predict as predict_plan
@@ -51,12 +65,12 @@ def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
     machine = agreed(comm, lambda: load_machine(args.machine))
     model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
                              threads)
-    planned = predict_plan(model, plan, args.mem_per_rank)
+    planned = predict_plan(model, plan, limit, source)
     if plan is None and comm.Get_rank() == 0:
         write_plan_file(getattr(args, "plan_file", None)
                         or f"runs/{net.name}-p{procs}-b{args.batch}.plan",
                         net, planned, procs, args.batch, model.machine.name)
-    return Setup(net, planned.plans, backend, threads, planned, model.machine)
+    return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory)
 
 
 def write_plan_file(path: str, net: NetSpec, planned: Any, procs: int, batch: int,

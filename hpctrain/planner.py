@@ -8,16 +8,19 @@ exactly: for each segment and choice, the cheapest way to reach it from any choi
 previous segment. With S choices per segment (at most ~2·d(P) + 1, d(P) the number of divisors
 of P) and L segments this costs O(L·S²) move costs, each O(1) after a per-pair cache.
 
-With a memory cap the per-rank memory is a second sum over segments; the search then keeps, per
-choice, every (time, memory) pair no other pair beats in both (a Pareto front), which is still
-exact: the optimum under the cap extends some non-dominated prefix.
+With a memory cap the per-rank peak memory is what every layer keeps (a sum over segments) plus
+the largest of the layers' transients (a maximum over segments); the search then keeps, per
+choice, every (time, kept, largest transient) triple no other triple beats in all three (a
+Pareto front), which is still exact: both the sum and the maximum only grow as a prefix is
+extended, so the optimum under the cap extends some non-dominated prefix. Candidates that do not
+fit the cap on their own are dropped before any kernel is timed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hpctrain.cost.model import Choice, CostModel, LayerCost
+from hpctrain.cost.model import Choice, CostModel, LayerCost, SegmentCost, larger
 from hpctrain.errors import UserError
 from hpctrain.net import WEIGHTED, NetSpec
 from hpctrain.plan import LayerPlan
@@ -42,7 +45,15 @@ class PlannedNetwork:
 
     @property
     def memory(self) -> float:
-        return sum(layer.memory for layer in self.layers)
+        """Peak bytes per rank: what every layer keeps, plus the largest transient."""
+        every = [self.data, *self.layers, self.loss]
+        return sum(c.memory for c in every) + max(c.peak for c in every)
+
+    def biggest(self) -> tuple[str, str, float]:
+        """(layer, what, bytes) of the largest single item of :attr:`memory`."""
+        items = [(c.layer, what, n) for c in [self.data, *self.layers, self.loss]
+                 for what, n in [*c.resident.items(), *c.transient.items()]]
+        return max(items, key=lambda item: item[2])
 
     def totals(self) -> dict[str, float]:
         every = [*self.layers, self.loss, self.data]
@@ -54,38 +65,57 @@ class PlannedNetwork:
 @dataclass
 class _Label:
     time: float
-    memory: float
+    memory: float  # bytes kept, summed over the segments so far
+    peak: float  # the largest transient so far
     back: tuple[Choice, int] | None  # (previous segment's choice, its label index)
+
+    def beats(self, other: _Label) -> bool:
+        return (self.time <= other.time and self.memory <= other.memory
+                and self.peak <= other.peak)
 
 
 def _pareto(labels: list[_Label], cap: float | None) -> list[_Label]:
-    """The labels under the cap that no other label beats in both time and memory."""
+    """The labels under the cap that no other label beats in time, memory and peak."""
     if cap is None:  # memory does not constrain: the fastest is all we need
         return [min(labels, key=lambda l: l.time)] if labels else []
     front: list[_Label] = []
-    for label in sorted((l for l in labels if l.memory <= cap), key=lambda l: (l.time, l.memory)):
-        if not front or label.memory < front[-1].memory:
+    for label in sorted((l for l in labels if l.memory + l.peak <= cap),
+                        key=lambda l: (l.time, l.memory, l.peak)):
+        if not any(kept.beats(label) for kept in front):
             front.append(label)
     return front
 
 
-def evaluate(model: CostModel, choices: list[Choice]) -> PlannedNetwork:
-    """Predicted costs of the plan that gives segment k the choice ``choices[k]``."""
-    layers = model.prelude_costs()
+def _fed(model: CostModel, segment: int, cost: SegmentCost, previous) -> LayerCost:
+    """A copy of the segment's first layer (the cached one stays clean) with the move feeding
+    it from layout ``previous``: its time and its memory."""
+    first = replace(cost.layers[0], resident=dict(cost.layers[0].resident),
+                    transient=dict(cost.layers[0].transient))
+    if previous is not None:
+        first.move, *moved = model.move_cost(previous, cost.in_layout)
+        first.redistribution = tuple(moved)
+        resident, transient = model.move_memory(previous, cost.in_layout,
+                                                model.segments[segment][0])
+        first.resident.update(resident)
+        first.transient = larger(first.transient, transient)
+    return first
+
+
+def evaluate(model: CostModel, choices: list[Choice], timed: bool = True) -> PlannedNetwork:
+    """Predicted costs of the plan that gives segment k the choice ``choices[k]``; ``timed``
+    False: memory and moves only, no kernel timed (compute left at zero)."""
+    layers = model.prelude_costs(timed)
     previous = model.prelude_layout()
-    data = model.input_cost(model.input_layout(choices[0]))
+    data = model.input_cost(model.input_layout(choices[0]), timed)
     for segment, choice in enumerate(choices):
-        cost = model.segment_cost(segment, choice)
-        first = replace(cost.layers[0])  # a copy: the cached one stays clean
-        if previous is not None:
-            first.move, *moved = model.move_cost(previous, cost.in_layout)
-            first.redistribution = tuple(moved)
-        layers += [first, *cost.layers[1:]]
+        cost = model.segment_cost(segment, choice, timed)
+        layers += [_fed(model, segment, cost, previous), *cost.layers[1:]]
         previous = cost.out_layout
     kind, forward, backward = model.loss_cost(previous)
     loss = LayerCost("loss", "softmax", "follow", previous.grid, redistribution=(forward,
                                                                                 backward),
                      move=kind)
+    loss.resident, loss.transient = model.loss_memory(previous)
     return PlannedNetwork(_layer_plans(model, choices), layers, loss, data)
 
 
@@ -114,54 +144,114 @@ def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = No
 
 
 def predict(model: CostModel, plan: list[LayerPlan] | None,
-            mem_per_rank: float | None = None) -> PlannedNetwork:
+            mem_per_rank: float | None = None,
+            cap_source: str = "--mem-per-rank") -> PlannedNetwork:
     """``plan`` with its predicted costs, or (``plan`` None) the plan the planner picks."""
     if plan is None:
-        return plan_network(model, mem_per_rank)
+        return plan_network(model, mem_per_rank, cap_source)
     return evaluate(model, choices_of(model, plan))
 
 
-def plan_network(model: CostModel, mem_per_rank: float | None = None) -> PlannedNetwork:
-    """The plan of least predicted iteration time (under ``mem_per_rank`` bytes, if given)."""
+def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
+                itemsize: int = 4) -> PlannedNetwork:
+    """``plan``'s memory per rank (and its moves), arithmetic only: no kernel is timed, so it
+    is safe at any size. Its times are zero."""
+    from hpctrain.cost.compute import FlopModel
+    from hpctrain.cost.machine import Machine
+
+    model = CostModel(net, batch, procs, Machine("memory", 0.0, 0.0, 1.0), FlopModel(1.0),
+                      itemsize)
+    return evaluate(model, choices_of(model, plan), timed=False)
+
+
+def _fits(model: CostModel, candidates: list[list[Choice]], cap: float,
+          cap_source: str) -> list[list[Choice]]:
+    """The candidates whose own segment fits under ``cap`` (arithmetic only, nothing timed);
+    refuses at once when a segment has none, or when no combination can fit."""
+    base = sum(c.memory for c in model.prelude_costs(timed=False))
+    kept = []
+    for k, found in enumerate(candidates):
+        costs = {c: model.segment_cost(k, c, timed=False) for c in found}
+        fitting = [c for c in found if base + costs[c].memory + costs[c].peak <= cap]
+        if not fitting:
+            smallest = min(found, key=lambda c: costs[c].memory + costs[c].peak)
+            _refuse_cap(model, cap, [smallest if j == k else candidates[j][0]
+                                     for j in range(len(candidates))], cap_source)
+        kept.append(fitting)
+        base += min(costs[c].memory for c in fitting)
+    if base > cap:  # every segment at its least memory still does not fit
+        _refuse_cap(model, cap, [min(found, key=lambda c: model.segment_cost(
+            k, c, timed=False).memory) for k, found in enumerate(kept)], cap_source)
+    return kept
+
+
+def _refuse_cap(model: CostModel, cap: float, choices: list[Choice], cap_source: str) -> None:
+    from hpctrain.units import format_bytes
+
+    planned = evaluate(model, choices, timed=False)
+    layer, what, size = planned.biggest()
+    raise PlannerError(f"no plan fits in {cap_source} = {format_bytes(cap)} per rank: even "
+                       f"the leanest needs {format_bytes(planned.memory)}, {layer} {what} alone "
+                       f"{format_bytes(size)}; use a smaller --batch or --image-size, more "
+                       f"processes, or raise --mem-per-rank if the memory is there")
+
+
+def plan_network(model: CostModel, mem_per_rank: float | None = None,
+                 cap_source: str = "--mem-per-rank") -> PlannedNetwork:
+    """The plan of least predicted iteration time (under ``mem_per_rank`` bytes of peak memory
+    per rank, if given; ``cap_source`` says where the cap came from, for the refusal)."""
     candidates = [model.choices(k) for k in range(len(model.segments))]
     for k, found in enumerate(candidates):
         if not found:
             name = model.net.layers[model.segments[k][0]].name
             raise PlannerError(f"layer {name} cannot be split on {model.procs} processes at "
                                f"batch {model.batch}; raise --batch or use fewer processes")
+    if mem_per_rank is not None:
+        candidates = _fits(model, candidates, mem_per_rank, cap_source)
     model.prefetch(candidates)
-    base_memory = sum(c.memory for c in model.prelude_costs())
+    prelude = model.prelude_costs()
+    base_memory = sum(c.memory for c in prelude)
+    base_peak = max((c.peak for c in prelude), default=0.0)
     previous_layout = model.prelude_layout()
     fronts: list[dict[Choice, list[_Label]]] = []
     for segment, segment_choices in enumerate(candidates):
         front: dict[Choice, list[_Label]] = {}
         for choice in segment_choices:
             cost = model.segment_cost(segment, choice)
+            rest_memory = sum(c.memory for c in cost.layers[1:])
+            rest_peak = max((c.peak for c in cost.layers[1:]), default=0.0)
             labels = []
             if segment == 0:
-                move = (model.move_cost(previous_layout, cost.in_layout)
-                        if previous_layout is not None else ("identity", 0.0, 0.0))
-                data = model.input_cost(model.input_layout(choice)).total
-                labels.append(_Label(cost.total + move[1] + move[2] + data,
-                                     base_memory + cost.memory, None))
+                first = _fed(model, segment, cost, previous_layout)
+                data = model.input_cost(model.input_layout(choice))
+                labels.append(_Label(
+                    cost.total + sum(first.redistribution) + data.total,
+                    base_memory + data.memory + first.memory + rest_memory,
+                    max(base_peak, data.peak, first.peak, rest_peak), None))
             else:
                 for before, before_labels in fronts[-1].items():
-                    out = model.segment_cost(segment - 1, before).out_layout
-                    _, forward, backward = model.move_cost(out, cost.in_layout)
+                    first = _fed(model, segment, cost, model.segment_cost(
+                        segment - 1, before).out_layout)
                     for index, label in enumerate(before_labels):
-                        labels.append(_Label(label.time + forward + backward + cost.total,
-                                             label.memory + cost.memory, (before, index)))
+                        labels.append(_Label(
+                            label.time + sum(first.redistribution) + cost.total,
+                            label.memory + first.memory + rest_memory,
+                            max(label.peak, first.peak, rest_peak), (before, index)))
             front[choice] = _pareto(labels, mem_per_rank)
         fronts.append(front)
     finals = []
     for choice, labels in fronts[-1].items():
-        _, forward, backward = model.loss_cost(model.segment_cost(len(candidates) - 1,
-                                                                  choice).out_layout)
-        finals += [(label.time + forward + backward, choice, index)
-                   for index, label in enumerate(labels)]
+        out = model.segment_cost(len(candidates) - 1, choice).out_layout
+        _, forward, backward = model.loss_cost(out)
+        resident, transient = model.loss_memory(out)
+        for index, label in enumerate(labels):
+            peak = label.memory + sum(resident.values()) + max(label.peak,
+                                                               sum(transient.values()))
+            if mem_per_rank is None or peak <= mem_per_rank:
+                finals.append((label.time + forward + backward, choice, index))
     if not finals:
-        raise PlannerError(f"no plan fits in --mem-per-rank {mem_per_rank / 2**30:.3g} GiB; "
-                           f"the smallest plan needs more: raise it or use more processes")
+        _refuse_cap(model, mem_per_rank, [min(found, key=lambda c: model.segment_cost(
+            k, c, timed=False).memory) for k, found in enumerate(candidates)], cap_source)
     _, choice, index = min(finals, key=lambda f: f[0])
     chosen = [choice]
     for segment in range(len(candidates) - 1, 0, -1):
@@ -173,16 +263,17 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None) -> Planned
 def format_plan(planned: PlannedNetwork) -> str:
     """The plan as a table: per layer, mode and grid, predicted ms and memory per rank."""
     header = (f"{'layer':<10} {'kind':<8} {'mode':<7} {'grid':<7} {'compute ms':>11} "
-              f"{'comm ms':>9} {'redist ms':>10} {'fed by':<10} {'mem MiB':>9}")
+              f"{'comm ms':>9} {'redist ms':>10} {'fed by':<10} {'mem MiB':>9} {'+tmp MiB':>9}")
     rows = [header]
     for c in [planned.data, *planned.layers, planned.loss]:
         grid = "" if c.mode == "follow" and c.kind not in WEIGHTED else f"{c.grid[0]}x{c.grid[1]}"
         rows.append(f"{c.layer:<10} {c.kind:<8} {c.mode:<7} {grid:<7} "
                     f"{sum(c.compute) * 1e3:>11.3f} {sum(c.comm) * 1e3:>9.3f} "
-                    f"{sum(c.redistribution) * 1e3:>10.3f} {c.move:<10} {c.memory / 2**20:>9.1f}")
+                    f"{sum(c.redistribution) * 1e3:>10.3f} {c.move:<10} {c.memory / 2**20:>9.1f} "
+                    f"{c.peak / 2**20:>9.1f}")
     t = planned.totals()
     rows.append(f"predicted iteration {planned.iteration_time * 1e3:.3f} ms = compute "
                 f"{t['compute'] * 1e3:.3f} + communication {t['communication'] * 1e3:.3f} + "
-                f"redistribution {t['redistribution'] * 1e3:.3f}; memory "
-                f"{planned.memory / 2**20:.1f} MiB per rank")
+                f"redistribution {t['redistribution'] * 1e3:.3f}; peak memory "
+                f"{planned.memory / 2**20:.1f} MiB per rank (kept + the largest +tmp)")
     return "\n".join(rows)

@@ -240,10 +240,12 @@ def _stopped_before_training(stop, comm) -> bool:
 def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int:
     from pathlib import Path
 
+    from hpctrain.memory import baseline_bytes, measured_peak
     from hpctrain.planner import format_plan
     from hpctrain.train import TrainConfig, train
 
     rank = comm.Get_rank()
+    baseline = baseline_bytes()  # the interpreter and its libraries, before any array of ours
     prepared = agreed(comm, lambda: _prepare(args))
     if _stopped_before_training(stop, comm):  # skip planning, which may measure for a while
         return 0
@@ -290,6 +292,11 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         error = planned.iteration_time / result.iteration - 1
         print(f"iteration: predicted {planned.iteration_time * 1e3:.1f} ms, measured "
               f"{result.iteration * 1e3:.1f} ms ({error:+.1%})", flush=True)
+    peak = measured_peak(comm, baseline)  # collective: every rank reports its own
+    if rank == 0 and result.losses:
+        print(f"peak memory per rank: {peak / 2**20:.1f} MiB measured, "
+              f"{setup.memory / 2**20:.1f} MiB predicted ({setup.memory / peak - 1:+.1%}; "
+              f"resident set above the interpreter's)", flush=True)
     if log is not None:
         status = (f"stopped by {result.stopped_by} after step {result.last_step}"
                   if result.stopped_by else f"finished at step {result.last_step}")

@@ -13,3 +13,11 @@ def bytes_from(text: str) -> float | None:
     if match is None:
         return None
     return float(match.group(1)) * 1024 ** "bkmgt".index((match.group(2) or "b").lower())
+
+
+def format_bytes(size: float) -> str:
+    """``size`` bytes in the largest binary unit that keeps it at least 1: '1.2 TiB', '512 B'."""
+    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if size >= 1024 ** power:
+            return f"{size / 1024 ** power:.3g} {unit}"
+    return f"{size:.0f} B"

@@ -50,7 +50,16 @@ from hpctrain.net import WEIGHTED, LayerSpec, NetSpec
 from hpctrain.partition import SplitError, factorisations, halo_plans
 from hpctrain.placement import follower_layouts, weighted_layouts
 
-PARAM_COPIES = 3  # value, gradient, momentum
+# Bytes per entry the counter RNG holds while it draws a block (uint64 indices and mixing
+# temporaries, float64 before the cast), the block itself included: measured with tracemalloc on
+# SyntheticData.images and dropout_mask (36.5 and 32.0).
+RANDOM_BYTES = 32
+BOOL_BYTES = 1
+# what a parameter shard costs on every rank: its value, its gradient (the gradient all-reduce's
+# flat buffer when there is one), the optimizer's momentum and its scratch buffer
+PARAMETER_COPIES = ("parameters", "gradients", "momentum", "optimizer scratch")
+# layers whose output is their input or a view of it: nothing new to keep
+PASS_THROUGH = ("flatten",)
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,14 @@ class Choice:
 
 @dataclass
 class LayerCost:
-    """Predicted seconds (forward, backward) of one layer, and its memory per rank in bytes."""
+    """Predicted seconds (forward, backward) of one layer, and its memory per rank in bytes.
+
+    ``resident``: what the layer keeps through a whole step (its parameter shards with their
+    gradients, momentum and scratch, and what its forward saves for the backward), by name.
+    ``transient``: what it allocates on top for a moment, at the larger of its forward and its
+    backward (or of the redistribution feeding it), by name. Transients of different layers never
+    overlap, so a plan's peak is every resident byte plus its largest transient.
+    """
 
     layer: str
     kind: str
@@ -75,7 +91,8 @@ class LayerCost:
     compute: tuple[float, float] = (0.0, 0.0)
     comm: tuple[float, float] = (0.0, 0.0)
     redistribution: tuple[float, float] = (0.0, 0.0)
-    memory: float = 0.0
+    resident: dict[str, float] = field(default_factory=dict)
+    transient: dict[str, float] = field(default_factory=dict)
     move: str = "identity"
     work: LocalWork | None = field(default=None, repr=False)
     update: LocalWork | None = field(default=None, repr=False)  # the optimizer, with backward
@@ -83,6 +100,16 @@ class LayerCost:
     @property
     def total(self) -> float:
         return sum(self.compute) + sum(self.comm) + sum(self.redistribution)
+
+    @property
+    def memory(self) -> float:
+        """Bytes kept through the step."""
+        return sum(self.resident.values())
+
+    @property
+    def peak(self) -> float:
+        """Bytes allocated for a moment on top of what every layer keeps."""
+        return sum(self.transient.values())
 
 
 @dataclass
@@ -98,6 +125,15 @@ class SegmentCost:
     @property
     def memory(self) -> float:
         return sum(layer.memory for layer in self.layers)
+
+    @property
+    def peak(self) -> float:
+        return max(layer.peak for layer in self.layers)
+
+
+def larger(*phases: dict[str, float]) -> dict[str, float]:
+    """The phase (forward, backward, a move) that allocates the most, by its parts."""
+    return max(phases, key=lambda parts: sum(parts.values()))
 
 
 def _largest_part(n: int, parts: int) -> int:
@@ -168,6 +204,7 @@ class CostModel:
         ends = weighted[1:] + [len(net.layers)]
         self.segments = [list(range(start, end)) for start, end in zip(weighted, ends)]
         self._segment_cache: dict[tuple[int, Choice], SegmentCost] = {}
+        self._untimed_cache: dict[tuple[int, Choice], SegmentCost] = {}
         self._layout_cache: dict[tuple[int, Choice], list[tuple[Layout, Layout]] | None] = {}
         self._unrunnable: dict[tuple[int, Choice], str] = {}  # why a cached None cannot run
 
@@ -290,21 +327,131 @@ class CostModel:
         t = exchange_time(self.machine, self.procs, messages, share * block_bytes)
         return kind, t, t
 
-    def _memory(self, index: int, in_layout: Layout, out_layout: Layout,
-                work: LocalWork | None, params: int) -> float:
-        """Bytes per rank, an estimate: parameters ×3 (value, gradient, momentum), the output
-        (every layer's input is the output before it, kept for the backward), the network
-        input, and for conv the im2col matrix its kernel keeps."""
-        entries = params * PARAM_COPIES + math.prod(largest_block(out_layout))
-        if index == 0:
-            entries += math.prod(largest_block(in_layout))
-        if work is not None and work.kind == "conv":
-            ho, wo = work.out_rows()
-            entries += work.x[0] * work.x[1] * work.kernel ** 2 * ho * wo
-        return entries * self.itemsize
+    def kept_upstream(self, index: int) -> bool:
+        """Whether the array that reaches layer ``index`` (when no move intervenes) is kept
+        anyway: the input batch, or the output of a ReLU or pooling, looked at through views."""
+        k = index - 1
+        while k >= 0 and self.net.layers[k].kind in PASS_THROUGH:
+            k -= 1
+        return k < 0 or self.net.layers[k].kind in ("relu", "maxpool")
 
-    def segment_cost(self, segment: int, choice: Choice) -> SegmentCost:
-        """Every layer of the segment under ``choice``, without the move feeding the segment."""
+    def keeps_input(self, index: int) -> bool:
+        """Whether layer ``index`` keeps its input array for the backward (linear; pooling
+        reads its windows from the unpadded input)."""
+        spec = self.net.layers[index]
+        return spec.kind == "linear" or (spec.kind == "maxpool" and spec.window().pad == 0)
+
+    def _memory(self, index: int, in_layout: Layout, out_layout: Layout,
+                work: LocalWork | None, params: int, fresh_input: bool
+                ) -> tuple[dict[str, float], dict[str, float]]:
+        """(resident, transient) bytes of layer ``index`` on the busiest rank, by name.
+
+        What the code keeps, read from the layers and kernels: conv its im2col columns, ReLU its
+        output, dropout its mask, pooling its output and the (padded) input its windows view,
+        linear its input; a weighted layer its shards with gradient, momentum and the
+        optimizer's scratch. Between steps every layer still holds the previous step's arrays,
+        so a forward allocates what it keeps a second time before the old copy goes.
+        ``fresh_input``: a move (not the identity) made the input array.
+        """
+        spec, b = self.net.layers[index], self.itemsize
+        x = math.prod(largest_block(in_layout)) * b
+        y = math.prod(largest_block(out_layout)) * b
+        kept_before = self.kept_upstream(index) and not fresh_input
+        loose_input = {} if kept_before else {"input": x}  # alive in the caller meanwhile
+        resident = {what: params * b for what in PARAMETER_COPIES} if params else {}
+        if self.keeps_input(index) and not kept_before:
+            resident["input"] = x
+        weights = {"weight gradient": params * b} if params else {}
+        if spec.kind == "conv":
+            n, c, h, w = work.x
+            top, bottom, side = work.pads
+            ho, wo = work.out_rows()
+            cols = c * work.kernel ** 2 * n * ho * wo * b
+            copy = n * c * (h + top + bottom) * (w + 2 * side) * b
+            split = in_layout.split_axis == HEIGHT_AXIS
+            if not (top or bottom or side or split):
+                copy = 0
+            y = n * work.out * ho * wo * b
+            resident["im2col columns"] = cols
+            forward = {**loose_input, "im2col workspace": cols, "padded input": copy,
+                       "output and GEMM result": 2 * y}
+            backward = {"output gradient and its transpose": 2 * y, **weights}
+            if work.need_dx:
+                backward.update({"im2col workspace": cols, "padded input gradient": copy})
+            return resident, larger(forward, backward)
+        if spec.kind == "maxpool":
+            n, c, h, w = work.x
+            top, bottom, side = work.pads
+            ho, wo = work.out_rows()
+            y = n * c * ho * wo * b
+            padded = n * c * (h + top + bottom) * (w + 2 * side) * b
+            resident["output"] = y
+            if top or bottom or side or in_layout.split_axis == HEIGHT_AXIS:
+                resident["padded input"] = padded  # a fresh copy its windows view
+                forward = {**loose_input, "padded input": padded, "output": y}
+            else:  # the previous step's input, held by the previous windows, and the output
+                forward = {"input": x, "output": y}
+            backward = {"output gradient": y, "padded input gradient": padded,
+                        "window masks": y + 3 * y // b * BOOL_BYTES}
+            return resident, larger(forward, backward)
+        if spec.kind == "relu":
+            resident["output"] = y
+            return resident, larger({**loose_input, "output": y},
+                                    {"output gradient": y, "input gradient": x,
+                                     "sign mask": x // b * BOOL_BYTES})
+        if spec.kind == "dropout" and float(spec.args["p"]) > 0:
+            entries = x // b
+            resident["mask"] = x
+            return resident, larger({**loose_input, "random numbers": entries * RANDOM_BYTES,
+                                     "output": y},
+                                    {"output gradient": y, "input gradient": x})
+        if spec.kind == "linear":
+            return resident, larger({"input": x, "output": y},
+                                    {"output gradient": y, **weights,
+                                     "input gradient": x if work.need_dx else 0})
+        return resident, {}
+
+    def move_memory(self, src: Layout, dst: Layout, index: int
+                    ) -> tuple[dict[str, float], dict[str, float]]:
+        """(resident, transient) bytes of moving ``src`` into ``dst`` for layer ``index``, on
+        top of what the layer's own estimate counts (which assumes no move): the new array when
+        the layer keeps it, and the buffers of the move (forward: a contiguous copy of the
+        block, the receive buffer, the result; backward the same for the gradient)."""
+        kind = move_kind(src, dst)
+        if kind == IDENTITY:
+            return {}, {}
+        b = self.itemsize
+        s, d = math.prod(largest_block(src)) * b, math.prod(largest_block(dst)) * b
+        resident = ({"moved input": d} if self.keeps_input(index) and self.kept_upstream(index)
+                    else {})
+        if kind == SLICE:
+            return resident, {"redistribution buffers": s + d}
+        return resident, {"redistribution buffers": 2 * (s + d)}
+
+    def data_memory(self, first_in: Layout) -> tuple[dict[str, float], dict[str, float]]:
+        """The input batch block, kept through the step, and the RNG drawing it."""
+        entries = math.prod(largest_block(first_in))
+        return {"input batch": entries * self.itemsize}, {"random numbers":
+                                                          entries * RANDOM_BYTES}
+
+    def loss_memory(self, last_out: Layout) -> tuple[dict[str, float], dict[str, float]]:
+        """The logits and their gradient (kept through the backward), the softmax's
+        temporaries, and the gather of the logits."""
+        target = last_out.replicated()
+        logits = math.prod(largest_block(target)) * self.itemsize
+        _, move = self.move_memory(last_out, target, len(self.net.layers) - 1)
+        return ({"logits and their gradient": 2 * logits},
+                larger({"softmax": 3 * logits}, move))
+
+    def segment_cost(self, segment: int, choice: Choice, timed: bool = True) -> SegmentCost:
+        """Every layer of the segment under ``choice``, without the move feeding the segment;
+        ``timed`` False: no kernel is timed (compute left at zero), memory and moves only."""
+        if not timed:
+            key = (segment, choice)
+            if key not in self._untimed_cache:
+                self._untimed_cache[key] = self._segment_cache.get(key) or \
+                    self._segment_untimed(segment, choice)
+            return self._untimed_cache[key]
         key = (segment, choice)
         if key not in self._segment_cache:
             cost = self._segment_untimed(segment, choice)
@@ -341,7 +488,11 @@ class CostModel:
             if spec.kind in ("conv", "maxpool") and in_layout.split_axis == HEIGHT_AXIS:
                 halo = self._halo(spec, in_layout)
                 cost.comm = (cost.comm[0] + halo[0], cost.comm[1] + halo[1])
-            cost.memory = self._memory(index, in_layout, out_layout, cost.work, params)
+            cost.resident, cost.transient = self._memory(
+                index, in_layout, out_layout, cost.work, params, cost.move != IDENTITY)
+            if cost.move != IDENTITY:
+                _, moving = self.move_memory(previous_out, in_layout, index)
+                cost.transient = larger(cost.transient, moving)
             costs.append(cost)
             previous_out = out_layout
         return SegmentCost(costs, layouts[0][0], layouts[-1][1])
@@ -362,7 +513,7 @@ class CostModel:
             layout = follower_layouts(self.net.layers[k], layout)[1]
         return layout
 
-    def prelude_costs(self) -> list[LayerCost]:
+    def prelude_costs(self, timed: bool = True) -> list[LayerCost]:
         costs = []
         layout = Layout(self.shapes[0], (1, self.procs))
         for k in self.prelude:
@@ -370,16 +521,20 @@ class CostModel:
             in_layout, layout = follower_layouts(spec, layout)
             cost = LayerCost(spec.name, spec.kind, "follow", (1, self.procs))
             cost.work = self._work(spec, k, in_layout)
-            cost.memory = self._memory(k, in_layout, layout, cost.work, 0)
+            cost.resident, cost.transient = self._memory(k, in_layout, layout, cost.work, 0,
+                                                         False)
             costs.append(cost)
-        self._fill_compute(costs)
+        if timed:
+            self._fill_compute(costs)
         return costs
 
-    def input_cost(self, first_in: Layout) -> LayerCost:
+    def input_cost(self, first_in: Layout, timed: bool = True) -> LayerCost:
         """Producing each rank's block of the input batch (synthetic data here), per step."""
         work = LocalWork("data", largest_block(first_in))
         cost = LayerCost("input", "data", "follow", first_in.grid, work=work)
-        cost.compute = self.compute.times([work])[work]
+        cost.resident, cost.transient = self.data_memory(first_in)
+        if timed:
+            cost.compute = self.compute.times([work])[work]
         return cost
 
     def loss_cost(self, last_out: Layout) -> tuple[str, float, float]:
