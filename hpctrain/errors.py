@@ -48,7 +48,7 @@ def shown(value: object, limit: int = SHOWN_LIMIT, quoted: bool = True) -> str:
     return f"{text[:limit - 1]}… ({size:,} characters)"
 
 
-def one_line(message: str, limit: int = 4 * SHOWN_LIMIT) -> str:
+def one_line(message: str, limit: int = 200) -> str:
     """``message`` on one line (runs of whitespace, line breaks included, become one space),
     cut to ``limit`` characters with ``…`` and the whole length."""
     text = " ".join(message.split())
