@@ -168,7 +168,8 @@ def _number(key: str, text: str, where: str) -> float | int:
             float(text)
         except ValueError:
             raise NetError(f"{where}: {key}={shown(text)} is not a number") from None
-        raise NetError(f"{where}: {key}={shown(text)} must be a whole number")
+        raise NetError(f"{where}: {key}={shown(text)} must be a whole number written with "
+                       f"digits 0-9")
     if len(text) > 20 or abs(int(text)) > MAX_SIZE:
         raise NetError(f"{where}: {key}={shown(text)} is larger than any size can be "
                        f"(at most {MAX_SIZE}, the most elements an array can hold)")
