@@ -153,8 +153,9 @@ def _out_shape(layer: LayerSpec, shape: tuple[int, ...], net: str) -> tuple[int,
 
 
 def _number(key: str, text: str, where: str) -> float | int:
-    """The value of ``key=text``: an integer from 0 to :data:`MAX_SIZE`, or for a fraction key
-    (``p``) a finite decimal number."""
+    """The value of ``key=text``: an integer of magnitude at most :data:`MAX_SIZE` (its sign is
+    checked by the caller, which names the range), or for a fraction key (``p``) a finite
+    decimal number."""
     if key in FRACTIONS:
         try:
             value = float(text)
