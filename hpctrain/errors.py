@@ -1,17 +1,61 @@
-"""Errors a user can fix.
+"""Errors a user can fix, and how a value the user gave is shown in one.
 
 A :class:`UserError` is found from the command line, the net file and the number of processes
 alone, so every rank raises the same one at the same point, before any rank can block: each rank
 exits with status 2 and rank 0 prints the one-line message. Any other exception may have struck
 one rank only, so the command line aborts the whole job instead (see :mod:`hpctrain.cli`).
+
+A message echoes what the user wrote through :func:`shown`, which cuts it to a readable length and
+escapes line breaks and control characters, so that a 10 MB token or a binary file still gives
+one short line.
 """
 
 import argparse
+from pathlib import PurePath
 from typing import NoReturn
+
+SHOWN_LIMIT = 80  # characters of a user's value echoed in a message
 
 
 class UserError(ValueError):
     """Bad input, detected identically on every rank; the message names the value and the fix."""
+
+
+def shown(value: object, limit: int = SHOWN_LIMIT, quoted: bool = True) -> str:
+    """``value`` as a message shows it: its ``repr``, cut to ``limit`` characters.
+
+    A cut value ends in ``…`` and says how long the whole was. With ``quoted=False`` a short
+    printable string (a file name) is shown as it is, without quotes; anything else is shown as
+    with ``quoted=True``.
+
+    Examples
+    --------
+    >>> shown("relu")
+    "'relu'"
+    >>> shown("x" * 10_000_000, limit=8)
+    "'xxxxxx… (10,000,000 characters)"
+    >>> shown("inputs/my.net", quoted=False)
+    'inputs/my.net'
+    """
+    if isinstance(value, PurePath):
+        value = str(value)
+    if not quoted and isinstance(value, str) and len(value) <= limit and value.isprintable():
+        return value
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = len(value) if isinstance(value, str | bytes) else len(text)
+    return f"{text[:limit - 1]}… ({size:,} characters)"
+
+
+def one_line(message: str, limit: int = 200) -> str:
+    """``message`` on one line (runs of whitespace, line breaks included, become one space),
+    cut to ``limit`` characters with ``…`` and the whole length."""
+    text = " ".join(message.split())
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 1]}… ({len(text):,} characters)"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -19,8 +63,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
     Under MPI every rank parses the command line; argparse's own handling would print the usage
     once per rank. As a UserError the message is printed once, by rank 0, and every rank exits
-    with status 2.
+    with status 2. argparse echoes the offending argument whole, so its message is cut to one
+    line of bounded length.
     """
 
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message} (see {self.prog} --help)")
+        raise UserError(f"{one_line(message)} (see {self.prog} --help)")

@@ -14,6 +14,9 @@ Grid specs (``--grid``):
 - a plan file path: one line per weighted layer, ``NAME MODE RxC`` (other lines may say
   ``NAME follow``); ``#`` comments. :func:`write_plan` writes this format.
 - a shipped plan's name (``hpctrain/inputs/plans/NAME.plan``), e.g. ``smallcnn-p4-mixed``.
+
+Nothing odd passes silently: a kind given twice in a spec, a plan line for a layer the net lacks
+or for a layer already given, and words after the grid are refused, each in one line.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from dataclasses import dataclass
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from hpctrain.errors import UserError
+from hpctrain.errors import UserError, shown
 from hpctrain.files import replace_atomically
-from hpctrain.locations import shipped, shipped_names
+from hpctrain.locations import shipped_names
 from hpctrain.net import WEIGHTED, NetSpec
+from hpctrain.textfile import existing_file, read_text, shipped_file
 
 MODES = ("batch", "model", "domain", "follow")
-_GRID = re.compile(r"^(\d+)x(\d+)$")
+_GRID = re.compile(r"([0-9]+)x([0-9]+)", re.ASCII)
 
 
 class PlanError(UserError):
@@ -51,9 +55,12 @@ class LayerPlan:
 
 
 def _parse_grid(text: str, procs: int, where: str) -> tuple[int, int]:
-    match = _GRID.match(text.strip())
+    match = _GRID.fullmatch(text.strip())
     if not match:
-        raise PlanError(f"{where}: '{text}' is not a grid; write RxC, e.g. 2x2")
+        raise PlanError(f"{where}: {shown(text)} is not a grid; write RxC, e.g. 2x2")
+    if max(len(group.lstrip("0")) for group in match.groups()) > 12:  # int() takes < 4300
+        raise PlanError(f"{where}: grid {shown(text)} needs far more than the {procs} processes "
+                        f"launched; choose R and C with R*C = {procs}")
     pr, pc = int(match.group(1)), int(match.group(2))
     if pr < 1 or pc < 1 or pr * pc != procs:
         raise PlanError(f"{where}: grid {pr}x{pc} needs {pr * pc} processes but {procs} were "
@@ -65,11 +72,12 @@ def _kind_spec(text: str, kind: str, procs: int) -> tuple[str, tuple[int, int]]:
     mode, _, grid = text.rpartition(":")
     mode = mode or "model"
     if mode not in ("model", "domain"):
-        raise PlanError(f"--grid {kind}={text}: unknown mode '{mode}'; use RxC or domain:RxC")
+        raise PlanError(f"--grid {kind}={shown(text)}: unknown mode {shown(mode)}; use RxC or "
+                        f"domain:RxC")
     if mode == "domain" and kind == "fc":
-        raise PlanError(f"--grid fc={text}: fully connected layers have no height to split; "
-                        f"use fc=RxC")
-    return mode, _parse_grid(grid, procs, f"--grid {kind}={text}")
+        raise PlanError(f"--grid fc={shown(text)}: fully connected layers have no height to "
+                        f"split; use fc=RxC")
+    return mode, _parse_grid(grid, procs, f"--grid {kind}={shown(text)}")
 
 
 def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
@@ -78,7 +86,7 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
     if spec == "auto":
         raise PlanError("--grid auto needs the planner, which this build does not include; "
                         "give RxC, conv=SPEC,fc=SPEC or a plan file")
-    if _GRID.match(spec):
+    if _GRID.fullmatch(spec):
         grid = _parse_grid(spec, procs, "--grid")
         return [LayerPlan(l.name, "model", grid) if l.kind in WEIGHTED
                 else LayerPlan(l.name, "follow") for l in net.layers]
@@ -87,8 +95,11 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
         for part in spec.split(","):
             kind, _, value = part.partition("=")
             if kind not in ("conv", "fc"):
-                raise PlanError(f"--grid: unknown layer kind '{kind}' in '{spec}'; "
+                raise PlanError(f"--grid: unknown layer kind {shown(kind)} in {shown(spec)}; "
                                 f"use conv= and fc=")
+            if kind in by_kind:
+                raise PlanError(f"--grid {shown(spec)} gives {kind}= twice; give each of conv= "
+                                f"and fc= once")
             by_kind[kind] = _kind_spec(value, kind, procs)
         plans = []
         for layer in net.layers:
@@ -96,53 +107,65 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
             if kind is None:
                 plans.append(LayerPlan(layer.name, "follow"))
             elif kind not in by_kind:
-                raise PlanError(f"--grid '{spec}' gives no grid for {kind} layers "
+                raise PlanError(f"--grid {shown(spec)} gives no grid for {kind} layers "
                                 f"(layer {layer.name}); add {kind}=RxC")
             else:
                 plans.append(LayerPlan(layer.name, *by_kind[kind]))
         return plans
-    path = Path(spec)
-    if path.is_file():
+    path = existing_file(spec)
+    if path is not None:
         return read_plan(path, net, procs)
-    resource = shipped("plans") / f"{spec}.plan"
-    if "/" in spec or not resource.is_file():
-        raise PlanError(f"--grid '{spec}' is not RxC, conv=…,fc=…, auto, an existing plan file "
-                        f"or a shipped plan ({', '.join(shipped_names('plans', '.plan'))})")
+    resource = shipped_file("plans", spec, ".plan")
+    if resource is None:
+        raise PlanError(f"--grid {shown(spec)} is not RxC, conv=…,fc=…, auto, an existing plan "
+                        f"file or a shipped plan ({', '.join(shipped_names('plans', '.plan'))})")
     return read_plan(resource, net, procs)
 
 
 def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerPlan]:
-    """Read a plan file written by :func:`write_plan` (or by hand), or a shipped plan."""
+    """Read a plan file written by :func:`write_plan` (or by hand), or a shipped plan.
+
+    Refused, each in one line: a line that is not ``NAME MODE RxC`` or ``NAME follow``, a layer
+    the net lacks, a layer given twice, a ``batch`` grid with R > 1, a weighted layer without
+    a grid and a mode the layer cannot take.
+    """
+    name = shown(str(path), quoted=False)
+    known = {l.name for l in net.layers}
     entries: dict[str, LayerPlan] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+    for number, raw in enumerate(read_text(path, PlanError, "plan file").splitlines(), start=1):
         words = raw.split("#", 1)[0].split()
         if not words:
             continue
-        where = f"{path}, line {number}"
-        if len(words) < 2 or words[1] not in MODES:
+        where = f"{name}, line {number}"
+        size = 2 if len(words) > 1 and words[1] == "follow" else 3
+        if len(words) != size or words[1] not in MODES:
             raise PlanError(f"{where}: expected 'NAME MODE RxC' with MODE one of "
-                            f"{', '.join(MODES)}, got '{raw.strip()}'")
-        name, mode = words[0], words[1]
+                            f"{', '.join(MODES[:-1])}, or 'NAME follow', got {shown(raw.strip())}")
+        layer, mode = words[0], words[1]
+        if layer not in known:
+            raise PlanError(f"{where}: layer {shown(layer)} is not in net "
+                            f"{shown(net.name, quoted=False)}")
+        if layer in entries:
+            raise PlanError(f"{where}: layer {shown(layer)} is given twice; give each layer one "
+                            f"line")
         if mode == "follow":
-            entries[name] = LayerPlan(name, mode)
+            entries[layer] = LayerPlan(layer, mode)
             continue
-        if len(words) < 3:
-            raise PlanError(f"{where}: mode {mode} needs a grid RxC")
-        entries[name] = LayerPlan(name, mode, _parse_grid(words[2], procs, where))
-    known = {l.name for l in net.layers}
-    for name in entries:
-        if name not in known:
-            raise PlanError(f"{path}: layer '{name}' is not in net {net.name}")
+        grid = _parse_grid(words[2], procs, where)
+        if mode == "batch" and grid[0] != 1:
+            raise PlanError(f"{where}: mode batch splits only the batch, so its grid is 1x{procs}"
+                            f", not {grid[0]}x{grid[1]}; or use model {grid[0]}x{grid[1]}")
+        entries[layer] = LayerPlan(layer, mode, grid)
     plans = []
     for layer in net.layers:
         entry = entries.get(layer.name, LayerPlan(layer.name, "follow"))
         if layer.kind in WEIGHTED and entry.mode == "follow":
-            raise PlanError(f"{path}: no grid for layer {layer.name} ({layer.kind})")
+            raise PlanError(f"{name}: no grid for layer {layer.name} ({layer.kind})")
         if layer.kind not in WEIGHTED and entry.mode != "follow":
-            raise PlanError(f"{path}: layer {layer.name} ({layer.kind}) follows the layer "
+            raise PlanError(f"{name}: layer {layer.name} ({layer.kind}) follows the layer "
                             f"feeding it; write '{layer.name} follow'")
         if layer.kind == "linear" and entry.mode == "domain":
-            raise PlanError(f"{path}: layer {layer.name} is fully connected and cannot be "
+            raise PlanError(f"{name}: layer {layer.name} is fully connected and cannot be "
                             f"domain-parallel")
         plans.append(entry)
     return plans

@@ -47,7 +47,7 @@ from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.cost.model import Choice, CostModel
 from hpctrain.cost.paper import strategy_comm
-from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.errors import ArgumentParser, UserError, shown
 from hpctrain.locations import checkout_root
 from hpctrain.net import NetSpec, load_net
 from hpctrain.partition import factorisations
@@ -137,9 +137,10 @@ def _positive_int(text: str, flag: str) -> int:
     try:
         value = float(text.replace("_", ""))
     except ValueError:
-        raise UserError(f"{flag} '{text}' is not a number; give a positive integer") from None
+        raise UserError(f"{flag} {shown(text)} is not a number; give a positive integer"
+                        ) from None
     if not math.isfinite(value) or value != int(value) or value < 1:
-        raise UserError(f"{flag} {text} must be a positive integer")
+        raise UserError(f"{flag} {shown(text, quoted=False)} must be a positive integer")
     return int(value)
 
 

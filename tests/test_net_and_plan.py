@@ -100,3 +100,64 @@ def test_plan_file_round_trip_and_errors(tmp_path):
     path.write_text("conv9 model 2x2\n")
     with pytest.raises(PlanError, match="'conv9' is not in net"):
         read_plan(path, net, 4)
+
+
+IMAGE = "input channels=1 size=8 classes=2\n"
+
+
+@pytest.mark.parametrize("text,message", [
+    (IMAGE + "input channels=1 size=8 classes=2", "line 2: a second 'input' line"),
+    (IMAGE + "conv out=4 out=8 kernel=3", "'out' is given twice \\('4' and '8'\\)"),
+    (IMAGE + "conv out=2 kernel=3 name=a\nconv out=2 kernel=3 name=a", "'a' is used twice"),
+    (IMAGE + "conv out=2 kernel=3 name=a/b", "layer name 'a/b' must be"),
+    (IMAGE + "conv out=2.0 kernel=3", "out='2.0' must be a whole number"),
+    (IMAGE + "conv out=1e400 kernel=3", "out='1e400' must be a whole number"),
+    (IMAGE + "conv out=" + "9" * 5000 + " kernel=3", "larger than any size can be"),
+    (IMAGE + "conv out=٣ kernel=3", "out='٣' must be a whole number written with digits"),
+    (IMAGE + "dropout p=nan", "p='nan' must be a finite number"),
+    (IMAGE + "conv out=2 kernel=3 bias=2", "bias=2 must be 0 or 1"),
+    ("input channels=1 size=8 classes=2.5\nflatten", "classes='2.5' must be a whole number"),
+    ("input channels=1 size=inf classes=2\nflatten", "size='inf' must be a whole number"),
+    ("input channels=1 size=8 classes=2 colour=3\nflatten", "input takes no 'colour'"),
+    ("input features=4 channels=1 classes=2\nflatten", "features=… takes no channels"),
+    ("input channels=1 size=8 height=4 classes=2\nflatten", "size=… or height=… width=…"),
+    ("input channels=1 classes=2\nflatten", "input needs size="),
+    ("input features=0 classes=2\nflatten", "input sizes must be positive"),
+    ("input features=9223372036854775807 classes=2\nlinear out=2",
+     "layer linear1's weight has shape \\(2, 9223372036854775807\\), 1.84e\\+19 elements"),
+    ("input channels=3037000500 size=3037000500 classes=2\nflatten", "gives shape"),
+    ("input features=4 classes=2\nlinear out=2 name=", "expected key=value, got 'name='"),
+    ("x" * 10_000_000, "got 'xxx.*… \\(10,000,000 characters\\)$"),
+])
+def test_net_files_refuse_anything_odd_in_one_line(text, message):
+    with pytest.raises(NetError, match=message) as err:
+        parse_net(text, "bad.net")
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+@pytest.mark.parametrize("text,message", [
+    ("conv1 model 2x2\nconv1 model 2x2\n", "line 2: layer 'conv1' is given twice"),
+    ("conv9 model 2x2\n", "line 1: layer 'conv9' is not in net smallcnn"),
+    ("conv1 model 2x2 extra\n", "expected 'NAME MODE RxC'.*got 'conv1 model 2x2 extra'"),
+    ("relu1 follow 2x2\n", "or 'NAME follow', got 'relu1 follow 2x2'"),
+    ("conv1 batch 2x2\n", "mode batch splits only the batch, so its grid is 1x4"),
+    ("conv1 model " + "9" * 5000 + "x1\n", "needs far more than the 4 processes"),
+    ("conv1 model ２x２\n", "is not a grid"),
+])
+def test_plan_files_refuse_anything_odd_in_one_line(tmp_path, text, message):
+    path = tmp_path / "p.plan"
+    path.write_text(text)
+    with pytest.raises(PlanError, match=message) as err:
+        read_plan(path, load_net("smallcnn"), 4)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("conv=2x2,conv=1x4", "gives conv= twice"), ("fc=2x2,conv=2x2,fc=4x1", "gives fc= twice"),
+    ("9" * 5000 + "x1", "needs far more than"), ("a" * 100_000, "… \\(100,000 characters\\)"),
+    ("bad\0name", "'bad\\\\x00name' is not RxC"),
+])
+def test_grid_specs_refuse_anything_odd_in_one_line(spec, message):
+    with pytest.raises(PlanError, match=message) as err:
+        plan_from_spec(spec, load_net("alexnet"), 4)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300

@@ -23,16 +23,26 @@ between fitted sizes uses the fit of the nearest fitted size (in log₂ p).
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.errors import UserError
+from hpctrain.errors import UserError, one_line, shown
 from hpctrain.files import replace_atomically
-from hpctrain.locations import config_dir, shipped, shipped_names
+from hpctrain.locations import config_dir, shipped_names
+from hpctrain.textfile import existing_file, read_text, shipped_file
 
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
+KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "fits")
+MAX_PROCS = 2**31 - 1  # an MPI communicator's size is a C int
+LEAST, MOST = 1e-30, 1e30
+"""The range of alpha, beta and flops: 15 orders of magnitude either side of any machine's
+(alpha ~ 1e-6 s, beta ~ 1e-10 s/B, flops ~ 1e12 FLOP/s), narrow enough that every time the cost
+model predicts, for any net that parses, stays a finite float."""
+_SIZE = re.compile(r"[0-9]{1,10}", re.ASCII)
 
 
 class MachineError(UserError):
@@ -71,36 +81,76 @@ class Machine:
 
 def _positive(table: dict, key: str, where: str) -> float:
     value = table.get(key)
-    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-        raise MachineError(f"{where}: '{key}' must be a positive number, got {value!r}")
-    return float(value)
+    if value is None:
+        raise MachineError(f"{where}: '{key}' is missing; give {key} = a positive number")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise MachineError(f"{where}: '{key}' must be a positive number, got {shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        number = math.inf
+    if not LEAST <= number <= MOST:  # NaN too
+        raise MachineError(f"{where}: '{key}' must be a number from {LEAST:g} to {MOST:g}, got "
+                           f"{shown(value)}")
+    return number
+
+
+def _table(value: object, where: str, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise MachineError(f"{where}: {what} must be a table, got {shown(value)}")
+    return value
 
 
 def parse_machine(text: str, source: str) -> Machine:
+    """The profile in the TOML ``text`` read from ``source`` (a path or a name, for messages).
+
+    Refused, each in one line: text that is not TOML, a key the format does not have, a value
+    of the wrong type (a table where a number belongs), a number outside [:data:`LEAST`,
+    :data:`MOST`] (NaN, inf, 0), an unknown collective and a communicator size that is not a
+    whole number from 1 to 2**31 - 1 (an MPI communicator's size is a C int).
+    """
+    where = shown(source, quoted=False)
     try:
         table = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise MachineError(f"{source}: not a valid profile ({err})") from None
+    except (ValueError, RecursionError) as err:  # TOMLDecodeError; too many digits; nesting
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise MachineError(f"{where}: not a valid TOML profile ({one_line(reason, 120)})"
+                           ) from None
+    for key in table:
+        if key not in KEYS:
+            raise MachineError(f"{where}: unknown key {shown(key)}; a profile takes "
+                               f"{', '.join(KEYS)}")
     fits: dict[str, dict[int, Fit]] = {}
-    for collective, sizes in table.get("fits", {}).items():
+    for collective, sizes in _table(table.get("fits", {}), where, "fits").items():
         if collective not in COLLECTIVES:
-            raise MachineError(f"{source}: unknown collective '{collective}' under [fits]; "
+            raise MachineError(f"{where}: unknown collective {shown(collective)} under [fits]; "
                                f"known: {', '.join(COLLECTIVES)}")
-        for size, fit in sizes.items():
-            where = f"{source}, fits.{collective}.{size}"
-            if not str(size).isdigit() or int(size) < 1:
-                raise MachineError(f"{where}: communicator size must be a positive integer")
+        for size, fit in _table(sizes, where, f"fits.{collective}").items():
+            at = f"{where}, fits.{collective}.{shown(size, 30, quoted=False)}"
+            if not _SIZE.fullmatch(size) or not 1 <= int(size) <= MAX_PROCS:
+                raise MachineError(f"{at}: communicator size must be a whole number from 1 to "
+                                   f"{MAX_PROCS}")
+            fit = _table(fit, at, "a fit")
+            for key in fit:
+                if key not in ("alpha", "beta"):
+                    raise MachineError(f"{at}: unknown key {shown(key)}; a fit takes alpha, "
+                                       f"beta")
             fits.setdefault(collective, {})[int(size)] = Fit(
-                _positive(fit, "alpha", where), _positive(fit, "beta", where))
+                _positive(fit, "alpha", at), _positive(fit, "beta", at))
+    name = table.get("name", Path(source).stem)
+    if "name" in table and not (isinstance(name, str) and name.isprintable()
+                                and 0 < len(name) <= 100):
+        raise MachineError(f"{where}: 'name' must be a line of 1 to 100 characters, got "
+                           f"{shown(name)}")
     device = table.get("device", "cpu")
     if device not in ("cpu", "gpu"):
-        raise MachineError(f"{source}: device '{device}' must be cpu or gpu")
+        raise MachineError(f"{where}: device {shown(device)} must be \"cpu\" or \"gpu\"")
     threads = table.get("threads", 0)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
-        raise MachineError(f"{source}: 'threads' must be a whole number >= 0, got {threads!r}")
-    return Machine(str(table.get("name", Path(source).stem)), _positive(table, "alpha", source),
-                   _positive(table, "beta", source), _positive(table, "flops", source), device,
-                   fits, source, threads)
+        raise MachineError(f"{where}: 'threads' must be a whole number >= 0, got "
+                           f"{shown(threads)}")
+    return Machine(name, _positive(table, "alpha", where), _positive(table, "beta", where),
+                   _positive(table, "flops", where), device, fits, source, threads)
 
 
 def user_machines_dir() -> Path:
@@ -126,24 +176,25 @@ def load_machine(name_or_path: str | None = None) -> Machine:
     ``default``."""
     if name_or_path is None:
         name_or_path = "local" if local_profile().is_file() else "default"
-    path = Path(name_or_path)
-    if path.is_file():
-        return parse_machine(path.read_text(), str(path))
+    path = existing_file(name_or_path)
+    if path is not None:
+        return parse_machine(read_text(path, MachineError, "machine profile"), str(path))
     if "/" not in name_or_path:
-        for candidate in (user_machines_dir() / f"{name_or_path}.toml",
-                          shipped("machines") / f"{name_or_path}.toml"):
-            if candidate.is_file():
-                return parse_machine(candidate.read_text(), str(candidate))
+        for candidate in (existing_file(str(user_machines_dir() / f"{name_or_path}.toml")),
+                          shipped_file("machines", name_or_path, ".toml")):
+            if candidate is not None:
+                return parse_machine(read_text(candidate, MachineError, "machine profile"),
+                                     str(candidate))
     hint = (f" (run 'mpiexec -n P python -m hpctrain calibrate' to write {local_profile()})"
             if name_or_path == "local" else "")
-    raise MachineError(f"unknown machine '{name_or_path}'{hint}: not a file, and not one "
+    raise MachineError(f"unknown machine {shown(name_or_path)}{hint}: not a file, and not one "
                        f"of {', '.join(available_machines())}")
 
 
 def format_machine(machine: Machine, comment: str = "") -> str:
     """The TOML text of ``machine`` (what :func:`parse_machine` reads back)."""
     lines = [f"# {line}" for line in comment.splitlines()]
-    lines += [f'name = "{machine.name}"', f"alpha = {machine.alpha:.6g}  # s per message",
+    lines += [f"name = {json.dumps(machine.name)}", f"alpha = {machine.alpha:.6g}  # s per message",
               f"beta = {machine.beta:.6g}  # s per byte (1/beta = {1 / machine.beta / 1e9:.3g} "
               f"GB/s)", f"flops = {machine.flops:.6g}  # FLOP/s of one rank",
               f'device = "{machine.device}"']
