@@ -4,6 +4,9 @@ A :class:`UserError` is found from the command line, the net file and the number
 alone, so every rank raises the same one at the same point, before any rank can block: each rank
 exits with status 2 and rank 0 prints the one-line message. Any other exception may have struck
 one rank only, so the command line aborts the whole job instead (see :mod:`hpctrain.cli`).
+
+An :class:`OutputError` is a result that could not be written (disk full, permission taken
+away): rank 0 writes, then tells every rank, so each exits with status 3.
 """
 
 import argparse
@@ -12,6 +15,15 @@ from typing import NoReturn
 
 class UserError(ValueError):
     """Bad input, detected identically on every rank; the message names the value and the fix."""
+
+
+class OutputError(Exception):
+    """A result (checkpoint, log, plan, profile, dataset) that could not be written; raised on
+    every rank together, and the message names the file and the operating system's reason."""
+
+
+EXIT_USER_ERROR = 2  # bad input
+EXIT_OUTPUT_ERROR = 3  # a result could not be written
 
 
 class ArgumentParser(argparse.ArgumentParser):
