@@ -121,7 +121,8 @@ def check_directory(path: Path, flag: str) -> None:
             raise UserError(f"{flag}: cannot create directory {path} ({err.strerror}); choose "
                             f"another path") from None
     if found not in ("nothing", "a directory"):
-        raise UserError(f"{flag} {path} is {found}, not a directory; give a directory path")
+        raise UserError(f"{flag}: cannot create directory {path}: it is {found}; choose "
+                        f"another path")
     if not os.access(path, os.W_OK | os.X_OK):
         raise UserError(f"{flag}: directory {path} is not writable; choose another path")
 

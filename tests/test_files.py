@@ -81,7 +81,8 @@ def test_an_output_directory_must_be_one(paths):
     assert (paths / "new" / "deeper").is_dir()
     for name, found in (("user.txt", "a regular file"), ("fifo", "a FIFO"),
                         ("to-dir", "a symbolic link")):
-        with pytest.raises(UserError, match=f"{paths / name} is {found}, not a directory"):
+        with pytest.raises(UserError, match=f"cannot create directory {paths / name}: it is "
+                                            f"{found}; choose"):
             check_directory(paths / name, "--checkpoint-dir")
 
 

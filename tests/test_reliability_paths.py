@@ -61,7 +61,7 @@ def test_a_plan_file_that_is_a_fifo_is_refused(place):
 
 
 def test_a_checkpoint_dir_that_is_a_file_is_refused(place):
-    refused(place, "--checkpoint-dir notes.h5 is a regular file, not a directory",
+    refused(place, "--checkpoint-dir: cannot create directory notes.h5: it is a regular file",
             "--checkpoint-dir", "notes.h5")
 
 
