@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.cost.collectives import terms
-from hpctrain.cost.machine import Fit, Machine, local_profile, save_machine
+from hpctrain.cost.machine import Fit, Machine, is_saved_profile, local_profile, save_machine
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.options import add_threads_option
 from hpctrain.partition import factorisations
@@ -258,6 +258,9 @@ def _unwritable(out: Path) -> str:
         return f"--out {out} is a directory; give a file path such as {out / 'local.toml'}"
     if out.is_symlink() or (out.exists() and not out.is_file()):
         return f"--out {out} is not a regular file; give the path of a new or a profile file"
+    if out.exists() and not is_saved_profile(out):
+        return (f"--out {out} exists and is not a profile hpctrain wrote; hpctrain replaces "
+                f"only files it wrote: give a new path, or move the file aside")
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -456,6 +459,7 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
     option, before any message is timed.
     """
     from hpctrain.backend import make_backend
+    from hpctrain.comm.agree import on_root
     from hpctrain.threads import configure_threads
 
     args = build_calibrate_parser().parse_args(argv)
@@ -478,13 +482,14 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
     halo = fits.get("halo", {}).get(2, Fit(DEFAULT_ALPHA, DEFAULT_BETA))
     machine = Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits,
                       threads=threads.threads)
+    command = " ".join(["python -m hpctrain calibrate", *argv])
+    comment = f"written by '{command}' on {size} processes\n"
+    comment += (f"on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{settings.sizes} sizes from {MIN_BYTES} B to {settings.max_bytes} B, "
+                f"median of {settings.repeats} calls, GEMM {settings.gemm_size}")
+    # rank 0 writes; a failed write (OutputError) is raised on every rank
+    on_root(comm, lambda: save_machine(machine, settings.out, comment))
     if rank == 0:
-        command = " ".join(["python -m hpctrain calibrate", *argv])
-        comment = f"written by '{command}' on {size} processes\n"
-        comment += (f"on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                    f"{settings.sizes} sizes from {MIN_BYTES} B to {settings.max_bytes} B, "
-                    f"median of {settings.repeats} calls, GEMM {settings.gemm_size}")
-        save_machine(machine, settings.out, comment)
         print(f"threads: {threads.describe()}")
         print(format_table(results, flops, settings.device))
         print(f"calibrated {size} rank{'s' if size > 1 else ''} in {elapsed:.1f} s; wrote "

@@ -24,12 +24,16 @@ uninterrupted run would have drawn; there is no generator state to save.
 Checkpoints of one run live in a directory as ``step-00000120.h5`` (:func:`checkpoint_path`).
 Files are written beside their final name under a temporary name starting with "." and renamed
 when complete (:func:`hpctrain.files.replace_atomically`), so a crash leaves the previous
-checkpoint or the new one, never half of one, and every ``step-*.h5`` file is complete.
+checkpoint or the new one, never half of one, and every ``step-*.h5`` file is complete. The
+temporaries a crash leaves (``.step-*.h5.*.tmp``) are removed at the next start and whenever
+checkpoints are pruned (:func:`remove_temporaries`). Only regular files count: a link named
+like a checkpoint is never read, replaced or deleted.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,8 +45,8 @@ import numpy as np
 from mpi4py import MPI
 
 from hpctrain.comm.gather import gather_to_root
-from hpctrain.errors import UserError
-from hpctrain.files import replace_atomically
+from hpctrain.errors import OutputError, UserError
+from hpctrain.files import remove_orphans, replace_atomically
 from hpctrain.layers.base import Parameter
 from hpctrain.layout import Box
 from hpctrain.net import NetSpec
@@ -93,10 +97,11 @@ def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
     it before the next, so its extra memory is that of the largest tensor: the gather's receive
     buffer and assembled tensor in float64, then the cast to the training dtype, whatever P.
 
-    If writing fails (disk full, no permission: an ``OSError``) rank 0 still takes part in every
-    remaining gather and then broadcasts the failure, so every rank raises the same
-    :class:`CheckpointError` and none is left waiting; the previous file at ``path``, if any, is
-    unchanged and no temporary file remains.
+    If writing fails (disk full, no permission: an ``OSError``; or ``path`` is something
+    hpctrain did not write) rank 0 still takes part in every remaining gather and then
+    broadcasts the failure, so every rank raises the same :class:`OutputError` and none is
+    left waiting; the previous file at ``path``, if any, is unchanged and no temporary file
+    remains.
     """
     path = Path(path)
     rank = comm.Get_rank()
@@ -105,15 +110,27 @@ def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
     if rank == 0:
         try:
             header = _header(network, step, state, seed)
-            replace_atomically(path, lambda tmp: _write(tmp, header, tensors))
+            replace_atomically(path, lambda tmp: _write(tmp, header, tensors),
+                               ours=is_checkpoint)
         except OSError as err:  # disk full, no permission: finish the gathers, then report it
             failure = f"{type(err).__name__}: {err}"
+        except OutputError as err:  # not ours to replace
+            failure = str(err)
     for _ in tensors:  # the other ranks' share, or what rank 0 left when writing failed
         pass
     failure = comm.bcast(failure, root=0)
     if failure is not None:
-        raise CheckpointError(f"could not write checkpoint {path} ({failure}); check that the "
-                              f"directory is writable and has space (any older file is intact)")
+        raise OutputError(f"could not write checkpoint {path} ({failure}); check that the "
+                          f"directory is writable and has space (any older file is intact)")
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint hpctrain wrote (its ``format`` attribute says so)."""
+    try:
+        with h5py.File(path, "r", locking=False) as h5:
+            return h5.attrs.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
 
 
 def _header(network: Network, step: int, state: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -322,17 +339,26 @@ def _checkpoints(directory: Path) -> list[tuple[int, Path]]:
     """(step, path) of the complete checkpoints in ``directory``, oldest first.
 
     Temporary files of a write in progress (or of a crashed one) start with "." and never
-    match; every file that does match was renamed into place complete.
+    match; every file that does match was renamed into place complete. Links are not followed
+    and never count.
     """
     directory = Path(directory)
     if not directory.is_dir():
         return []
     found = []
-    for entry in directory.iterdir():
-        match = _FILE_NAME.match(entry.name)
-        if match and entry.is_file():
-            found.append((int(match.group(1)), entry))
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            match = _FILE_NAME.match(entry.name)
+            if match and entry.is_file(follow_symlinks=False):
+                found.append((int(match.group(1)), Path(entry.path)))
     return sorted(found)
+
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Remove the temporary files a crashed checkpoint write left in ``directory``
+    (``.step-NNNNNNNN.h5.XXXXXXXX.tmp``, regular files only); the paths removed. Call it on
+    one rank, when no other job writes checkpoints there."""
+    return remove_orphans(Path(directory), r"step-\d+\.h5")
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -344,13 +370,15 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def prune_checkpoints(directory: Path, keep: int) -> list[Path]:
     """Delete all but the ``keep`` newest checkpoints in ``directory``; the deleted paths.
 
-    Call it on one rank (rank 0, after a save). Other files, temporary ones included, stay.
+    Call it on one rank (rank 0, after a save). The temporaries of crashed writes go too
+    (:func:`remove_temporaries`); other files and links stay.
     """
     if keep < 1:
         raise CheckpointError(f"cannot keep {keep} checkpoints; keep at least 1")
     old = [path for _, path in _checkpoints(directory)[:-keep]]
     for path in old:
         path.unlink(missing_ok=True)
+    remove_temporaries(directory)
     return old
 
 

@@ -5,6 +5,10 @@ A :class:`~hpctrain.errors.UserError` (a bad net, grid or size) is found identic
 before any rank can block, so every rank exits with status 2 and rank 0 prints one line naming the
 fix. Anything else may have struck one rank only: that rank prints what happened and aborts the
 whole job, so no rank is left waiting in a collective.
+
+Exit status: 0 done (or stopped by a signal, with a checkpoint); 1 a crash on some rank; 2 bad
+input; 3 a result (checkpoint, log, plan file) could not be written — every rank learns it
+from rank 0, which wrote, and exits with 3.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import sys
 import traceback
 
-from hpctrain.errors import UserError
+from hpctrain.errors import EXIT_OUTPUT_ERROR, EXIT_USER_ERROR, OutputError, UserError
 
 # Commands whose runner takes the stop requests recorded since start-up (``stop=``) and stops
 # cleanly on SIGTERM or SIGUSR1; the others hand the handlers back, and a signal acts as usual.
@@ -39,9 +43,9 @@ def _entry(command: str, which: int):
     return getattr(import_module(module), COMMANDS[command][which])
 
 
-def _say_error(err: UserError) -> int:
+def _say_error(err: UserError | OutputError) -> int:
     print(f"hpctrain: error: {err}", file=sys.stderr, flush=True)
-    return 2
+    return EXIT_OUTPUT_ERROR if isinstance(err, OutputError) else EXIT_USER_ERROR
 
 
 def _check_launch(comm) -> None:
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None, stop=None) -> int:
     if not under_mpi:  # the cost model alone, or dataset conversion
         try:
             return run(argv)
-        except UserError as err:
+        except (UserError, OutputError) as err:
             return _say_error(err)
     from mpi4py import MPI
 
@@ -86,7 +90,9 @@ def main(argv: list[str] | None = None, stop=None) -> int:
         _check_launch(comm)
         return run(argv, comm, **options)
     except UserError as err:
-        return _say_error(err) if comm.Get_rank() == 0 else 2
+        return _say_error(err) if comm.Get_rank() == 0 else EXIT_USER_ERROR
+    except OutputError as err:  # raised on every rank together (see hpctrain.comm.agree)
+        return _say_error(err) if comm.Get_rank() == 0 else EXIT_OUTPUT_ERROR
     except SystemExit:
         raise
     except BaseException as err:

@@ -19,8 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.dataset import DatasetError, inspect_dataset, shape_text, write_dataset
+from hpctrain.dataset import (
+    DatasetError,
+    inspect_dataset,
+    is_dataset,
+    shape_text,
+    write_dataset,
+)
 from hpctrain.errors import ArgumentParser
+from hpctrain.files import check_output
 from hpctrain.seeds import parse_seed
 
 DIGITS_VAL_FRACTION = 0.2
@@ -77,6 +84,10 @@ def run_convert(argv: list[str]) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise DatasetError(f"--out {out} is a directory; give a file path such as {out}/data.h5")
+    inputs = [(f"--{flag.replace('_', '-')}", _array_file(getattr(args, flag)))
+              for flag in ("images", "labels", "val_images", "val_labels")
+              if getattr(args, flag) is not None]
+    check_output(out, "--out", is_dataset, "an hpctrain dataset", inputs)
     if args.val_fraction is not None and not 0 <= args.val_fraction < 1:
         raise DatasetError(f"--val-fraction {args.val_fraction} must be in [0, 1)")
     if args.digits:
@@ -131,6 +142,12 @@ def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
                            f"choose a fraction that keeps both splits non-empty")
     order = np.random.default_rng(seed).permutation(n)
     return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def _array_file(spec: str) -> Path:
+    """The file of an array spec: ``X.npy``, or ``X.npz`` of ``X.npz:KEY``."""
+    head, sep, _ = spec.rpartition(":")
+    return Path(head if sep and head.endswith(".npz") else spec)
 
 
 def load_array(spec: str, what: str) -> np.ndarray:

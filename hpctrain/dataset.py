@@ -45,7 +45,7 @@ import numpy as np
 
 from hpctrain.backend import Backend
 from hpctrain.errors import UserError
-from hpctrain.files import replace_atomically
+from hpctrain.files import output_error, replace_atomically
 from hpctrain.layout import Box
 from hpctrain.seeds import check_seed
 
@@ -85,7 +85,9 @@ def write_dataset(path: str | Path, images: np.ndarray, labels: np.ndarray,
     ------
     DatasetError
         Mismatched lengths or sample shapes, non-integer or out-of-range labels, non-finite
-        images, or a file that cannot be written.
+        images.
+    OutputError
+        A file that cannot be written, or something at ``path`` hpctrain did not write.
     """
     path = Path(path)
     if (val_images is None) != (val_labels is None):
@@ -122,9 +124,18 @@ def write_dataset(path: str | Path, images: np.ndarray, labels: np.ndarray,
                 group.create_dataset("labels", data=y)
 
     try:
-        replace_atomically(path, write)
+        replace_atomically(path, write, ours=is_dataset)
     except OSError as err:
-        raise DatasetError(f"cannot write dataset '{path}': {err.strerror or err}") from err
+        raise output_error(path, err) from err
+
+
+def is_dataset(path: str | Path) -> bool:
+    """Whether ``path`` is a dataset hpctrain wrote (its ``format`` attribute says so)."""
+    try:
+        with h5py.File(path, "r", locking=False) as h5:
+            return h5.attrs.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
 
 
 def _checked_split(name: str, images: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,8 @@ one rank only, so the command line aborts the whole job instead (see :mod:`hpctr
 A message echoes what the user wrote through :func:`shown`, which cuts it to a readable length and
 escapes line breaks and control characters, so that a 10 MB token or a binary file still gives
 one short line.
+An :class:`OutputError` is a result that could not be written (disk full, permission taken
+away): rank 0 writes, then tells every rank, so each exits with status 3.
 """
 
 import argparse
@@ -56,6 +58,15 @@ def one_line(message: str, limit: int = 200) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit - 1]}… ({len(text):,} characters)"
+
+
+class OutputError(Exception):
+    """A result (checkpoint, log, plan, profile, dataset) that could not be written; raised on
+    every rank together, and the message names the file and the operating system's reason."""
+
+
+EXIT_USER_ERROR = 2  # bad input
+EXIT_OUTPUT_ERROR = 3  # a result could not be written
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -1,33 +1,253 @@
-"""Files a crash cannot leave half-written: write beside the target, then rename over it."""
+"""Output files: which paths hpctrain may write, and how it writes them.
+
+The rules, for every file hpctrain writes (run logs, plan files, checkpoints, machine profiles,
+datasets):
+
+- An output path holds nothing yet, or a regular file (not a link) that hpctrain wrote, which
+  its kind recognises by a marker (an HDF5 ``format`` attribute, a first comment line). Such a
+  file may be replaced (plans, checkpoints, profiles, datasets) or renamed aside (run logs).
+  Anything else there — a directory, FIFO, device, socket, a symbolic link to anything, a file
+  hpctrain did not write, an input of the same run — is refused by name
+  (:func:`check_output`), before any work.
+- A file is written beside its final name, under a temporary name ``.NAME.XXXXXXXX.tmp``, and
+  then renamed over it (:func:`replace_atomically`) or linked to it, which fails when the name
+  was taken meanwhile (:func:`publish_exclusive`): a crash leaves the old file or the new one,
+  never half of one, and two jobs never write to one file.
+- New files get the permissions the umask allows (``0o666 & ~umask``), as ``open`` would give.
+- Temporaries left by a crash are removed where the run owns the directory (a checkpoint
+  directory: :func:`remove_orphans`), and only regular files named like ours.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import re
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from functools import cache
 from pathlib import Path
 
+from hpctrain.errors import OutputError, UserError
 
-def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
+
+@cache
+def new_file_mode() -> int:
+    """``0o666`` less the process's umask: the mode a plain ``open`` gives a new file.
+
+    Read once, from ``/proc/self/status`` where Linux offers it (reading changes nothing);
+    elsewhere by setting and restoring the umask, once, before any thread writes files.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def what_is(path: Path) -> str:
+    """'nothing', 'a regular file', or what else is at ``path`` (links not followed)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "nothing"
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (through links too); False when either is absent."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output(path: Path, flag: str, ours: Callable[[Path], bool], what: str,
+                 inputs: Iterable[tuple[str, Path]] = ()) -> None:
+    """Refuse ``path`` as an output unless it is free or a regular file that ``ours`` accepts.
+
+    Parameters
+    ----------
+    path : the output path given with ``flag`` (e.g. ``--log``).
+    ours : whether an existing regular file is one hpctrain wrote (its kind's marker).
+    what : the kind, for the message, e.g. "an hpctrain run log".
+    inputs : (flag, path) of every file the same run reads; none may be the output.
+
+    Raises
+    ------
+    UserError
+        Naming the path, what is there, and what to give instead.
+    """
+    path = Path(path)
+    for input_flag, source in inputs:
+        if same_file(path, source):
+            raise UserError(f"{flag} {path} is the {input_flag} input of this run; give another "
+                            f"path for {flag}")
+    found = what_is(path)
+    if found == "nothing":
+        return
+    if found != "a regular file":
+        raise UserError(f"{flag} {path} is {found}; hpctrain writes only new files or "
+                        f"regular files it wrote, give another path")
+    if not ours(path):
+        raise UserError(f"{flag} {path} exists and is not {what}; hpctrain replaces only files "
+                        f"it wrote: give a new path, or move the file aside")
+
+
+def check_directory(path: Path, flag: str) -> None:
+    """Refuse ``path`` as a directory for outputs unless it is one (not a link) or can be made,
+    and this process may create files in it."""
+    path = Path(path)
+    found = what_is(path)
+    if found == "nothing":
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            found = what_is(path)
+        except OSError as err:
+            raise UserError(f"{flag}: cannot create directory {path} ({err.strerror}); choose "
+                            f"another path") from None
+    if found not in ("nothing", "a directory"):
+        raise UserError(f"{flag}: cannot create directory {path}: it is {found}; choose "
+                        f"another path")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{flag}: directory {path} is not writable; choose another path")
+
+
+def temporary_beside(path: Path) -> Path:
+    """A new empty file ``.NAME.XXXXXXXX.tmp`` in ``path``'s directory, mode per the umask."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, new_file_mode())  # mkstemp makes 0600
+    finally:
+        os.close(fd)
+    return Path(name)
+
+
+def _refuse_to_replace(path: Path, ours: Callable[[Path], bool] | None) -> None:
+    found = what_is(path)
+    if found == "nothing":
+        return
+    if found != "a regular file" or (ours is not None and not ours(path)):
+        raise OutputError(f"{path} is {found if found != 'a regular file' else 'a file'} "
+                          f"hpctrain did not write; it was left as it is")
+
+
+def replace_atomically(path: Path, write: Callable[[Path], None],
+                       ours: Callable[[Path], bool] | None = None) -> None:
     """Run ``write(tmp)`` on a fresh file in ``path``'s directory, then rename it to ``path``.
 
     The rename is atomic, so readers and crashes see the old file or the new one, never half
     of one; on any failure the temporary file is removed and the old file is left as it was.
     The new file's data reach the disk before the rename (and the rename before returning), so
-    even a power loss cannot leave an empty file under the final name.
+    even a power loss cannot leave an empty file under the final name. Only a regular file
+    (not a link) that ``ours`` accepts is replaced; anything else at ``path`` raises
+    :class:`OutputError` and is left as it is.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    _refuse_to_replace(path, ours)
+    tmp = temporary_beside(path)
     try:
         write(tmp)
         _sync(tmp)
+        _refuse_to_replace(path, ours)  # again: the write may have taken hours
         os.replace(tmp, path)
         _sync(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def publish_exclusive(tmp: Path, path: Path) -> None:
+    """Give the complete file ``tmp`` the name ``path``, only if nothing has that name.
+
+    A hard link fails when the name exists, so of two jobs publishing to one path exactly
+    one wins; the loser gets ``FileExistsError`` and its ``tmp`` is kept for it to remove.
+    """
+    _sync(tmp)
+    os.link(tmp, path)
+    tmp.unlink()
+    _sync(path.parent)
+
+
+def rotate_aside(path: Path) -> Path:
+    """Give the file at ``path`` the first free name of ``NAME.1.EXT``, ``NAME.2.EXT``, …
+    (never replacing one that exists) and remove ``path``; the new name.
+
+    Hold :func:`exclusive_lock` on ``path`` meanwhile, so no other job rotates or creates it.
+    """
+    number = 1
+    while True:
+        aside = path.with_name(f"{path.stem}.{number}{path.suffix}")
+        try:
+            os.link(path, aside)
+        except FileExistsError:
+            number += 1
+            continue
+        path.unlink()
+        _sync(path.parent)
+        return aside
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, flag: str) -> Iterator[None]:
+    """Hold ``.NAME.lock`` beside ``path`` while checking, rotating and creating it: a file
+    created exclusively, so two jobs given one output path take turns, the second refused."""
+    lock = path.with_name(f".{path.name}.lock")
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        raise UserError(f"{flag} {path} is being created by another run ({lock} exists); give "
+                        f"another path, or remove {lock} if no run is starting") from None
+    os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def temporary_pattern(names: str) -> re.Pattern[str]:
+    """The names of the temporaries :func:`temporary_beside` makes for files whose names match
+    the regular expression ``names``."""
+    return re.compile(rf"^\.(?:{names})\.[A-Za-z0-9_]+\.tmp$")
+
+
+def remove_orphans(directory: Path, names: str) -> list[Path]:
+    """Remove the temporaries a crash left in ``directory`` for files named like ``names`` (a
+    regular expression); only regular files, never links. The paths removed."""
+    pattern = temporary_pattern(names)
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    for entry in entries:
+        if pattern.match(entry.name) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def output_error(path: Path, err: OSError) -> OutputError:
+    """An :class:`OutputError` naming ``path`` and the operating system's reason."""
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason += "; free space or give another path"
+    return OutputError(f"cannot write {path}: {reason}")
 
 
 def _sync(path: Path) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.comm.agree import agreed
+from hpctrain.comm.agree import agreed, on_root
 from hpctrain.net import NetSpec
 from hpctrain.plan import LayerPlan, plan_from_spec
 from hpctrain.threads import ThreadChoice, configure_threads
@@ -66,14 +66,18 @@ def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
     model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
                              threads)
     planned = predict_plan(model, plan, limit, source)
-    if plan is None and comm.Get_rank() == 0:
-        write_plan_file(getattr(args, "plan_file", None)
-                        or f"runs/{net.name}-p{procs}-b{args.batch}.plan",
-                        net, planned, procs, args.batch, model.machine.name)
+    if plan is None:  # rank 0 writes; a failed write stops every rank
+        on_root(comm, lambda: write_plan_file(plan_file_path(args, net, procs), net, planned,
+                                              procs, args.batch, model.machine.name))
     return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory)
 
 
-def write_plan_file(path: str, net: NetSpec, planned: Any, procs: int, batch: int,
+def plan_file_path(args: argparse.Namespace, net: NetSpec, procs: int) -> Path:
+    """Where ``--grid auto`` writes its plan: ``--plan-file``, or runs/NET-pP-bB.plan."""
+    return Path(getattr(args, "plan_file", None) or f"runs/{net.name}-p{procs}-b{args.batch}.plan")
+
+
+def write_plan_file(path: str | Path, net: NetSpec, planned: Any, procs: int, batch: int,
                     machine: str) -> None:
     """The plan as a file ``--grid`` reads back, with a header saying what it was made for."""
     from hpctrain.plan import write_plan

@@ -27,12 +27,13 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from hpctrain.errors import UserError, shown
-from hpctrain.files import replace_atomically
+from hpctrain.files import output_error, replace_atomically
 from hpctrain.locations import shipped_names
 from hpctrain.net import WEIGHTED, NetSpec
 from hpctrain.textfile import existing_file, read_text, shipped_file
 
 MODES = ("batch", "model", "domain", "follow")
+MARKER = "# hpctrain plan"  # the first line of every plan file hpctrain writes
 _GRID = re.compile(r"([0-9]+)x([0-9]+)", re.ASCII)
 
 
@@ -178,8 +179,24 @@ def plan_text(plans: list[LayerPlan]) -> str:
 
 def write_plan(path: Path, plans: list[LayerPlan], header: str = "") -> None:
     """Write ``plans`` to ``path`` (atomically, creating its directory) with ``header`` as
-    comments."""
+    comments. The first line starts with :data:`MARKER`; an existing file at ``path`` is
+    replaced only when it is a plan file written so (:func:`is_plan_file`)."""
     lines = [f"# {line}" for line in header.splitlines()]
+    if not lines or not lines[0].startswith(MARKER):
+        lines.insert(0, MARKER)
     lines.append("# layer  mode  grid(RxC: R splits model or height, C splits the batch)")
     text = "\n".join(lines) + "\n" + plan_text(plans) + "\n"
-    replace_atomically(path, lambda tmp: tmp.write_text(text))
+    try:
+        replace_atomically(path, lambda tmp: tmp.write_text(text), ours=is_plan_file)
+    except OSError as err:
+        raise output_error(path, err) from None
+
+
+def is_plan_file(path: Path) -> bool:
+    """Whether ``path`` is a plan file hpctrain wrote: its first line starts with
+    :data:`MARKER`."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(MARKER)) == MARKER.encode()
+    except OSError:
+        return False

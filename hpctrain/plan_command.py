@@ -4,6 +4,7 @@ without launching MPI (measured compute runs on this process alone)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.options import add_net_options, add_planning_options, add_threads_option
@@ -33,8 +34,10 @@ def run_plan(argv: list[str]) -> int:
     from hpctrain.backend import DTYPES, Backend
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model, compute_source
+    from hpctrain.files import check_directory, check_output
     from hpctrain.launch import write_plan_file
     from hpctrain.net import load_net
+    from hpctrain.plan import is_plan_file
     from hpctrain.planner import format_plan, plan_network
     from hpctrain.threads import configure_threads
 
@@ -43,6 +46,10 @@ def run_plan(argv: list[str]) -> int:
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
     net = load_net(args.net, args.image_size)
+    if args.out:  # before the planner measures anything
+        check_directory(Path(args.out).parent, "--out")
+        check_output(Path(args.out), "--out", is_plan_file, "an hpctrain plan file",
+                     [("--net", Path(args.net))] if Path(args.net).is_file() else [])
     machine = load_machine(args.machine)
     backend = Backend(np, DTYPES[args.dtype])
     source = compute_source(machine, args.compute)

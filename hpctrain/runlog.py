@@ -36,25 +36,49 @@ again, drops the rows after the checkpoint's step, and goes on appending: one lo
 training (``resumed`` lists each resume). Otherwise an existing file is never overwritten: it is
 first renamed to ``NAME.1.h5`` (or the first free number), and a resume on another P or plan
 starts a log of its own.
+
+Whose file it is: a log carries the root attribute ``format = "hpctrain-log"`` from its first
+byte on disk (logs written before it existed are known by their ``command`` and ``status``).
+Only such a file, regular and not a link, is renamed aside or continued; anything else at the
+path is refused (:func:`check_log_path`). A log whose run is still going is refused too: the
+writer holds an exclusive ``flock`` on its log for the whole run, and a second job given the
+same ``--log`` finds it held, while a killed run's log is free. (Where the file system offers
+no ``flock``, a log whose status is still "running" counts as in use except to a resume: a
+killed run's log must then be resumed or moved aside.) The new log is written under a
+temporary name and linked to its path only if the path is free, while a lock file
+``.NAME.lock`` keeps two starting jobs from rotating the same log: the log a run reports is
+the file it wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hpctrain.files import replace_atomically
+from hpctrain.errors import OutputError, UserError
+from hpctrain.files import (
+    check_output,
+    exclusive_lock,
+    output_error,
+    publish_exclusive,
+    replace_atomically,
+    rotate_aside,
+    temporary_beside,
+)
 from hpctrain.locations import checkout_root
 from hpctrain.planner import PlannedNetwork
 from hpctrain.timing import COMM_FIELDS, RECORD_FIELDS, TIME_FIELDS, StepTimes
 
+FORMAT = "hpctrain-log"  # the root attribute "format" of every log
 STEP_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1"),
                "seconds": ("f8", "s"), "images_per_second": ("f8", "1/s"), "lr": ("f8", "1"),
                "comm_fraction": ("f8", "1")}
@@ -134,6 +158,64 @@ def free_name(path: Path) -> Path:
     return candidate
 
 
+def is_run_log(path: Path) -> bool:
+    """Whether ``path`` is a run log hpctrain wrote (read-only look at its root attributes)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r", locking=False) as h5:
+            attrs = h5.attrs
+            if attrs.get("format") == FORMAT:
+                return True
+            command = str(attrs.get("command", ""))  # a log from before the format attribute
+            return command.startswith("python -m hpctrain") and "status" in attrs
+    except (OSError, ValueError):
+        return False
+
+
+def log_in_use(path: Path, resuming: bool = False) -> bool:
+    """Whether a running job writes the log at ``path``: its writer holds a lock on it, or,
+    where the file system has no ``flock``, its status is still "running" and this run is not
+    ``resuming`` (a killed run's log then looks like a running one)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # no flock here: trust the status
+        return not resuming and _status(path) == "running"
+    finally:
+        os.close(fd)
+
+
+def _status(path: Path) -> str:
+    import h5py
+
+    try:
+        with h5py.File(path, "r", locking=False) as h5:
+            return str(h5.attrs.get("status", ""))
+    except OSError:
+        return ""
+
+
+def check_log_path(path: Path, inputs: Iterable[tuple[str, Path]] = (), flag: str = "--log",
+                   resuming: bool = False) -> None:
+    """Refuse ``path`` as a run log unless it is free or a finished (or killed) log of ours.
+
+    Raises :class:`UserError` for a directory, FIFO, device, link, a file hpctrain did not
+    write, one of the run's ``inputs``, or the log of a run still going.
+    """
+    path = Path(path)
+    check_output(path, flag, is_run_log, "an hpctrain run log", inputs)
+    if path.exists() and log_in_use(path, resuming):
+        raise UserError(f"{flag} {path} is the log of a run still going; give another {flag} "
+                        f"(two runs never share a log)")
+
+
 def _same_run(path: Path, attrs: dict[str, Any]) -> bool:
     """Whether the log at ``path`` is of a run on the same P, net and plan as ``attrs``."""
     import h5py
@@ -166,15 +248,57 @@ class RunLog:
         import h5py
 
         self.path, self.rows = Path(path), rows
+        self.rotated: Path | None = None  # where an earlier log at ``path`` was moved
+        self.failure: str | None = None  # the first write that failed (see :meth:`step`)
+        self._lock: int | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and _same_run(self.path, attrs):
-            self.h5 = h5py.File(self.path, "a", locking=False)
-            self._truncate(resume_step)
-        else:
-            if self.path.exists():
-                os.replace(self.path, free_name(self.path))
-            self.h5 = h5py.File(self.path, "w", locking=False)
+        with exclusive_lock(self.path, "--log"):
+            # again: another job may have started meanwhile
+            check_log_path(self.path, resuming=resume_step is not None)
+            try:
+                if resume_step is not None and _same_run(self.path, attrs):
+                    self._hold(self.path)
+                    self.h5 = h5py.File(self.path, "a", locking=False)
+                    self._truncate(resume_step)
+                    self._describe(attrs, resume_step)
+                else:
+                    self._create_beside(attrs, planned)
+            except OSError as err:
+                self.close()
+                raise output_error(self.path, err) from None
+            except BaseException:
+                self.close()
+                raise
+
+    def _hold(self, path: Path) -> None:
+        """Lock the log for the whole run: a second job given it sees it in use."""
+        self._lock = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        with contextlib.suppress(OSError):  # no flock on this file system: the status says
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def _create_beside(self, attrs: dict[str, Any], planned: PlannedNetwork) -> None:
+        """Write the new log's header under a temporary name, then give it the log's name;
+        an earlier log there is first renamed aside."""
+        import h5py
+
+        tmp = temporary_beside(self.path)
+        try:
+            self._hold(tmp)
+            self.h5 = h5py.File(tmp, "w", locking=False)
+            self.h5.attrs["format"] = FORMAT
             self._create(planned)
+            self._describe(attrs, None)
+            if os.path.lexists(self.path):
+                self.rotated = rotate_aside(self.path)
+            try:
+                publish_exclusive(tmp, self.path)
+            except FileExistsError:
+                raise UserError(f"--log {self.path} was just created by another run; give "
+                                f"another --log") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _describe(self, attrs: dict[str, Any], resume_step: int | None) -> None:
         for key, value in attrs.items():
             self.h5.attrs[key] = json.dumps(value) if isinstance(value, dict) else value
         self.h5.attrs["status"] = "running"
@@ -231,33 +355,66 @@ class RunLog:
         ds.resize(ds.shape[0] + 1, axis=0)
         ds[-1] = value
 
+    def _write(self, write: Callable[[], None]) -> None:
+        """Run ``write()``, recording the first failure in :attr:`failure` (and writing no
+        more) instead of raising on rank 0 alone: the training loop shares it with every
+        rank."""
+        if self.failure is not None:
+            return
+        try:
+            write()
+        except OSError as err:
+            self.failure = str(output_error(self.path, err))
+
     def step(self, values: dict[str, float], largest: np.ndarray, mean: np.ndarray) -> None:
         """One row of every step series; ``largest`` and ``mean``: (rows, fields) arrays of
         every field of :data:`RECORD_FIELDS` over the ranks (see
-        :class:`~hpctrain.timing.RanksSummary`)."""
-        for name in STEP_SERIES:
-            self._append(f"steps/{name}", values[name])
-        for k, name in enumerate(RECORD_FIELDS):
-            self._append(f"steps/layers/{name}/max", largest[:, k])
-            self._append(f"steps/layers/{name}/mean", mean[:, k])
-        self.h5.flush()
+        :class:`~hpctrain.timing.RanksSummary`). A failed write sets :attr:`failure`."""
+        def write() -> None:
+            for name in STEP_SERIES:
+                self._append(f"steps/{name}", values[name])
+            for k, name in enumerate(RECORD_FIELDS):
+                self._append(f"steps/layers/{name}/max", largest[:, k])
+                self._append(f"steps/layers/{name}/mean", mean[:, k])
+            self.h5.flush()
+
+        self._write(write)
 
     def validation(self, step: int, loss: float, accuracy: float) -> None:
-        for name, value in (("step", step), ("loss", loss), ("accuracy", accuracy)):
-            self._append(f"validation/{name}", value)
-        self.h5.flush()
+        def write() -> None:
+            for name, value in (("step", step), ("loss", loss), ("accuracy", accuracy)):
+                self._append(f"validation/{name}", value)
+            self.h5.flush()
+
+        self._write(write)
 
     def finish(self, status: str, summary: Callable[[Any], None] | None = None) -> None:
-        """Set the final status, add the end-of-run summary (``summary(h5)``), close."""
-        if summary is not None:
-            for name in ("layers", "iteration"):
-                if name in self.h5:
-                    del self.h5[name]  # a resumed run's summary replaces the earlier one
-            summary(self.h5)
-        self.h5.attrs["status"] = status
-        self.h5.attrs["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
-        self.close()
+        """Set the final status, add the end-of-run summary (``summary(h5)``), close.
+
+        Raises :class:`OutputError` when this or an earlier write failed."""
+        def write() -> None:
+            if summary is not None:
+                for name in ("layers", "iteration"):
+                    if name in self.h5:
+                        del self.h5[name]  # a resumed run's summary replaces the earlier one
+                summary(self.h5)
+            self.h5.attrs["status"] = status
+            self.h5.attrs["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+
+        self._write(write)
+        try:
+            self.close()
+        except OSError as err:  # the last data reach the file as it closes
+            self.failure = self.failure or str(output_error(self.path, err))
+        if self.failure is not None:
+            raise OutputError(self.failure)
 
     def close(self) -> None:
-        if self.h5.id.valid:
-            self.h5.close()
+        h5 = getattr(self, "h5", None)
+        try:
+            if h5 is not None and h5.id.valid:
+                h5.close()
+        finally:
+            if self._lock is not None:
+                os.close(self._lock)  # and with it the lock
+                self._lock = None

@@ -162,6 +162,7 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
     step_seconds: list[float] = []
     result = TrainResult(losses, None, step_times, None, step_seconds, 0.0, first)
     result.stopped_by = stop.agreed(comm)  # asked to stop while planning: train nothing
+    logged = comm.bcast(log is not None, root=0)  # only rank 0 holds the log
     last = first if result.stopped_by else config.steps
     start = time.perf_counter()
     for step in range(first, last):
@@ -186,6 +187,8 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
         if (val_data is not None and config.eval_every and done % config.eval_every == 0
                 and not result.stopped_by):  # stopping: the checkpoint first and only
             result.validation.append(_evaluate(network, val_data, done, log, say))
+        if logged:
+            log_failed(log, comm)
         if config.checkpoint_dir is not None and (
                 done == config.steps or result.stopped_by
                 or (config.checkpoint_every and done % config.checkpoint_every == 0)):
@@ -193,6 +196,16 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
         if result.stopped_by:
             break
     return result
+
+
+def log_failed(log: Any, comm: MPI.Comm) -> None:
+    """Collective: raise :class:`~hpctrain.errors.OutputError` on every rank when rank 0's
+    ``log`` could not be written (a full disk): the run stops, every rank exits with status 3."""
+    failure = comm.bcast(log.failure if log is not None else None, root=0)
+    if failure is not None:
+        from hpctrain.errors import OutputError
+
+        raise OutputError(failure)
 
 
 def _report(step: int, loss: float, accuracy: float, lr: float, summary: RanksSummary,

@@ -8,11 +8,12 @@ Rank 0 reads and checks every option and every file they name before anything co
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.comm.agree import agreed
-from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.errors import ArgumentParser, OutputError, UserError
 from hpctrain.launch import Setup, set_up
 from hpctrain.net import NetSpec, load_net
 from hpctrain.options import add_planning_options, add_run_options
@@ -29,9 +30,13 @@ def build_train_parser() -> argparse.ArgumentParser:
         epilog="On SIGTERM or SIGUSR1 (sbatch --signal=USR1@120) every rank stops after the "
                "same step, writes a checkpoint to --checkpoint-dir and exits with status 0; "
                "one that comes while the run starts up or plans stops every rank before the "
-               "first step, also with status 0 ('stopped by SIGTERM before training'). Bad "
-               "input (options, files, NaN or Inf in the data or a checkpoint) exits with "
-               "status 2 and one line naming the fix.")
+               "first step, also with status 0 ('stopped by SIGTERM before training'). "
+               "Exit status: 0 done or stopped; 1 a crash on some rank; 2 bad input (options, "
+               "files, NaN or Inf in the data or a checkpoint), before any work, with one line "
+               "naming the fix; 3 a result (checkpoint, log, plan file) could not be written, "
+               "with one line naming the file and the reason. Outputs are new files or files "
+               "hpctrain wrote: anything else at an output path (a directory, FIFO, device, "
+               "link, another file, an input) is refused.")
     add_run_options(parser)
     run = parser.add_argument_group("the run")
     run.add_argument("--data", default="synthetic",
@@ -72,8 +77,8 @@ def build_train_parser() -> argparse.ArgumentParser:
     output.add_argument("--log", default=None,
                         help="HDF5 run log written by rank 0 and flushed every step: config, "
                              "plan, loss, accuracy, per-layer times and bytes (layout in "
-                             "README); an existing file is renamed aside, or continued with "
-                             "--resume")
+                             "README); an existing log of an earlier run is renamed aside "
+                             "(run.h5 -> run.1.h5), or continued with --resume")
     output.add_argument("--print-every", type=int, default=1,
                         help="progress line every N steps (default: 1)")
     output.add_argument("--checkpoint-dir", default=None,
@@ -104,7 +109,7 @@ class Prepared:
     eval_every: int
 
 
-def _prepare(args: argparse.Namespace) -> Prepared:
+def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     """Every check of the options and the files they name, before planning (rank 0)."""
     from hpctrain.optim import SGD
     from hpctrain.schedule import parse_schedule
@@ -135,29 +140,49 @@ def _prepare(args: argparse.Namespace) -> Prepared:
                         f"(/val); --data {args.data} has none")
     schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
     resume, info = _resume_from(args, net)
-    _check_writable(args)
+    _check_writable(args, net, procs, resume)
     seed = info.seed if info else (0 if args.seed is None else args.seed)
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
     return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every)
 
 
-def _check_writable(args: argparse.Namespace) -> None:
-    """Refuse a log or checkpoint path that cannot be written now, not after the training."""
-    import os
+def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int, resume: Any) -> None:
+    """Refuse an output path that cannot be written now, not after the training, or that is
+    not ours to write (see :mod:`hpctrain.files`); clear a crash's temporaries from the
+    checkpoint directory."""
     from pathlib import Path
 
-    for flag, directory in (("--log", Path(args.log).parent if args.log else None),
-                            ("--checkpoint-dir", args.checkpoint_dir)):
-        if directory is None:
-            continue
-        try:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise UserError(f"{flag}: cannot create directory {directory} ({err.strerror}); "
-                            f"choose another path") from None
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise UserError(f"{flag}: directory {directory} is not writable; choose another "
-                            f"path")
+    from hpctrain.checkpoint import remove_temporaries
+    from hpctrain.files import check_directory, check_output
+    from hpctrain.launch import plan_file_path
+    from hpctrain.plan import is_plan_file
+    from hpctrain.runlog import check_log_path
+
+    inputs = _inputs(args, resume)
+    if args.log:
+        check_directory(Path(args.log).parent, "--log")
+        check_log_path(Path(args.log), inputs, resuming=args.resume is not None)
+    if args.grid and args.grid.strip() == "auto":
+        plan_file = plan_file_path(args, net, procs)
+        check_directory(plan_file.parent, "--plan-file")
+        check_output(plan_file, "--plan-file", is_plan_file, "an hpctrain plan file", inputs)
+    if args.checkpoint_dir:
+        check_directory(Path(args.checkpoint_dir), "--checkpoint-dir")
+        remove_temporaries(Path(args.checkpoint_dir))
+
+
+def _inputs(args: argparse.Namespace, resume: Any) -> list[tuple[str, Any]]:
+    """(flag, path) of every file this run reads: no output may be one of them."""
+    from pathlib import Path
+
+    from hpctrain.cost.machine import local_profile, user_machines_dir
+
+    named = [("--data", args.data if args.data != "synthetic" else None), ("--net", args.net),
+             ("--grid", args.grid), ("--resume", resume),
+             ("--machine", args.machine or local_profile())]
+    if args.machine and "/" not in args.machine:
+        named.append(("--machine", user_machines_dir() / f"{args.machine}.toml"))
+    return [(flag, Path(path)) for flag, path in named if path and Path(path).is_file()]
 
 
 def _dataset_net(args: argparse.Namespace, net: NetSpec):
@@ -240,13 +265,14 @@ def _stopped_before_training(stop, comm) -> bool:
 def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int:
     from pathlib import Path
 
+    from hpctrain.comm.agree import on_root
     from hpctrain.memory import baseline_bytes, measured_peak
     from hpctrain.planner import format_plan
     from hpctrain.train import TrainConfig, train
 
     rank = comm.Get_rank()
     baseline = baseline_bytes()  # the interpreter and its libraries, before any array of ours
-    prepared = agreed(comm, lambda: _prepare(args))
+    prepared = agreed(comm, lambda: _prepare(args, comm.Get_size()))
     if _stopped_before_training(stop, comm):  # skip planning, which may measure for a while
         return 0
     setup = set_up(args, prepared.net, comm, args.dtype)
@@ -273,15 +299,16 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
                          Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                          args.checkpoint_every, args.keep_checkpoints)
     log = None
-    if rank == 0 and args.log:
-        log = _open_log(args, argv, setup, comm.Get_size(), config,
-                        prepared.info.step if prepared.info else None)
+    if args.log:  # rank 0 writes it; a failure to create it stops every rank
+        log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,
+                                              prepared.info.step if prepared.info else None))
     try:
         result = train(setup.net, setup.plan, config, setup.backend, comm, data=data,
                        val_data=val_data, log=log, resume=prepared.resume, stop=stop)
     except BaseException as err:
         if log is not None:
-            log.finish(f"failed: {err}")
+            with contextlib.suppress(OutputError):  # the error that stopped it comes first
+                log.finish(f"failed: {err}")
         raise
     finally:
         for reader in (data, val_data):
@@ -297,20 +324,26 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         print(f"peak memory per rank: {peak / 2**20:.1f} MiB measured, "
               f"{setup.memory / 2**20:.1f} MiB predicted ({setup.memory / peak - 1:+.1%}; "
               f"resident set above the interpreter's)", flush=True)
-    if log is not None:
-        status = (f"stopped by {result.stopped_by} after step {result.last_step}"
-                  if result.stopped_by else f"finished at step {result.last_step}")
-        summary = None
-        if result.losses:
-            from hpctrain.runlog import write_timings
-
-            def summary(h5) -> None:
-                write_timings(h5, setup.planned, result.layer_times,
-                              result.fastest_rank_times, result.iteration)
-
-        log.finish(status, summary)
-        print(f"log written to {args.log}", flush=True)
+    if args.log:
+        on_root(comm, lambda: _finish_log(log, result, setup))
     return 0
+
+
+def _finish_log(log: Any, result: Any, setup: Setup) -> None:
+    """Rank 0: the log's final status and summary; :class:`OutputError` when any of its
+    writes failed."""
+    status = (f"stopped by {result.stopped_by} after step {result.last_step}"
+              if result.stopped_by else f"finished at step {result.last_step}")
+    summary = None
+    if result.losses:
+        from hpctrain.runlog import write_timings
+
+        def summary(h5) -> None:
+            write_timings(h5, setup.planned, result.layer_times, result.fastest_rank_times,
+                          result.iteration)
+
+    log.finish(status, summary)
+    print(f"log written to {log.path}", flush=True)
 
 
 def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: int, config,
@@ -350,4 +383,7 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
         "predicted_iteration": setup.planned.iteration_time,
     }
     rows = [p.layer for p in setup.plan] + ["loss"]
-    return RunLog(Path(args.log), attrs, setup.planned, rows, resume_step)
+    log = RunLog(Path(args.log), attrs, setup.planned, rows, resume_step)
+    if log.rotated is not None:
+        print(f"the earlier log {log.path} was renamed to {log.rotated}", flush=True)
+    return log

@@ -46,15 +46,32 @@ def test_latest_is_the_highest_complete_step(tmp_path):
 def test_prune_keeps_the_newest(tmp_path):
     steps = [2, 4, 6, 8, 10]
     touch(tmp_path, *(checkpoint_path(tmp_path, s).name for s in steps), ".step-00000012.h5.x.tmp",
-          "other.h5")
+          "other.h5", ".other.h5.x.tmp")
     deleted = prune_checkpoints(tmp_path, keep=2)
     assert deleted == [checkpoint_path(tmp_path, s) for s in (2, 4, 6)]
-    left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == [".step-00000012.h5.x.tmp", "other.h5", "step-00000008.h5", "step-00000010.h5"]
+    left = sorted(p.name for p in tmp_path.iterdir())  # a crash's temporary goes too
+    assert left == [".other.h5.x.tmp", "other.h5", "step-00000008.h5", "step-00000010.h5"]
     assert prune_checkpoints(tmp_path, keep=5) == []
     assert prune_checkpoints(tmp_path / "absent", keep=1) == []
     with pytest.raises(CheckpointError, match="keep at least 1"):
         prune_checkpoints(tmp_path, keep=0)
+
+
+def test_links_named_like_checkpoints_are_never_followed(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = elsewhere / "precious.h5"
+    target.write_text("a user's file\n")
+    directory = tmp_path / "run"
+    directory.mkdir()
+    touch(directory, "step-00000001.h5", "step-00000002.h5")
+    (directory / "step-00000009.h5").symlink_to(target)
+    (directory / ".step-00000010.h5.abc_12.tmp").symlink_to(target)
+    assert latest_checkpoint(directory) == directory / "step-00000002.h5"
+    assert prune_checkpoints(directory, keep=1) == [directory / "step-00000001.h5"]
+    assert target.read_text() == "a user's file\n"
+    assert sorted(p.name for p in directory.iterdir()) == [
+        ".step-00000010.h5.abc_12.tmp", "step-00000002.h5", "step-00000009.h5"]
 
 
 def test_resolve_resume_takes_a_file_or_a_directory(tmp_path):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UserError, one_line, shown
-from hpctrain.files import replace_atomically
+from hpctrain.files import output_error, replace_atomically
 from hpctrain.locations import config_dir, shipped_names
 from hpctrain.textfile import existing_file, read_text, shipped_file
 
@@ -43,6 +43,8 @@ LEAST, MOST = 1e-30, 1e30
 (alpha ~ 1e-6 s, beta ~ 1e-10 s/B, flops ~ 1e12 FLOP/s), narrow enough that every time the cost
 model predicts, for any net that parses, stays a finite float."""
 _SIZE = re.compile(r"[0-9]{1,10}", re.ASCII)
+
+MARKER = "# hpctrain machine profile"  # the first line of every profile hpctrain writes
 
 
 class MachineError(UserError):
@@ -211,6 +213,24 @@ def format_machine(machine: Machine, comment: str = "") -> str:
 
 
 def save_machine(machine: Machine, path: Path, comment: str = "") -> None:
-    """Write a profile atomically: a crash leaves the old file or the new one, never half."""
-    text = format_machine(machine, comment)
-    replace_atomically(path, lambda tmp: tmp.write_text(text))
+    """Write a profile atomically: a crash leaves the old file or the new one, never half.
+
+    Its first line is :data:`MARKER`; an existing file at ``path`` is replaced only when it is
+    a profile written so (:func:`is_saved_profile`), else :class:`OutputError`, as for a write
+    that fails."""
+    text = MARKER + "\n" + format_machine(machine, comment)
+    try:
+        replace_atomically(path, lambda tmp: tmp.write_text(text), ours=is_saved_profile)
+    except OSError as err:
+        raise output_error(path, err) from None
+
+
+def is_saved_profile(path: Path) -> bool:
+    """Whether ``path`` is a profile :func:`save_machine` wrote (or calibrate, before the
+    marker): its first line says so."""
+    try:
+        with open(path, "rb") as file:
+            first = file.readline(200).decode(errors="replace")
+    except OSError:
+        return False
+    return first.startswith((MARKER, "# written by 'python -m hpctrain calibrate"))

@@ -21,6 +21,7 @@ from hpctrain.checkpoint import (
 )
 from hpctrain.comm.gather import gather_to_root
 from hpctrain.data import SyntheticData
+from hpctrain.errors import OutputError
 from hpctrain.grid import GridSet
 from hpctrain.net import load_net, parse_net
 from hpctrain.network import Network
@@ -95,15 +96,15 @@ def exactly_equal(comm, got, want) -> bool:
     return all_agree(comm, ok)
 
 
-def raises_everywhere(comm, call, *fragments):
-    """``call()`` raises CheckpointError on every rank, the same message, naming each fragment."""
+def raises_everywhere(comm, call, *fragments, error=CheckpointError):
+    """``call()`` raises ``error`` on every rank, the same message, naming each fragment."""
     try:
         call()
         message = None
-    except CheckpointError as err:
+    except error as err:
         message = str(err)
     messages = comm.allgather(message)
-    assert all(m is not None for m in messages), f"no CheckpointError on some rank: {messages}"
+    assert all(m is not None for m in messages), f"no {error.__name__} on some rank: {messages}"
     assert len(set(messages)) == 1, f"ranks disagree: {messages}"
     for fragment in fragments:
         assert str(fragment) in message, f"{fragment!r} not in {message!r}"
@@ -282,7 +283,7 @@ def test_bad_checkpoints_are_refused_on_every_rank(comm, shared_dir):
 
 
 def test_a_failed_write_leaves_the_old_checkpoint(comm, shared_dir, monkeypatch):
-    """Rank 0 fails midway: every rank raises CheckpointError, none hangs, the old file stays."""
+    """Rank 0 fails midway: every rank raises OutputError, none hangs, the old file stays."""
     path = shared_dir / "step-00000002.h5"
     with GridSet(comm) as grids:
         run = Run(NET, mixed_plans(comm.Get_size())[0], grids)
@@ -301,7 +302,8 @@ def test_a_failed_write_leaves_the_old_checkpoint(comm, shared_dir, monkeypatch)
                 real(h5, name, whole, dtype)
 
             monkeypatch.setattr(checkpoint, "_write_tensor", fail_on_the_third)
-        raises_everywhere(comm, lambda: run.save(path, 3), path, "No space left on device")
+        raises_everywhere(comm, lambda: run.save(path, 3), path, "No space left on device",
+                          error=OutputError)
         monkeypatch.undo()
         assert sorted(f.name for f in shared_dir.iterdir()) == [path.name]  # no temp file left
         fresh = Run(NET, mixed_plans(comm.Get_size())[-1], grids)
