@@ -56,7 +56,7 @@ def what_is(path: Path) -> str:
     """'nothing', 'a regular file', or what else is at ``path`` (links not followed)."""
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a part of the path is missing or a file
         return "nothing"
     for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"),
                        (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
@@ -108,23 +108,21 @@ def check_output(path: Path, flag: str, ours: Callable[[Path], bool], what: str,
 
 
 def check_directory(path: Path, flag: str) -> None:
-    """Refuse ``path`` as a directory for outputs unless it is one (not a link) or can be made,
-    and this process may create files in it."""
+    """Refuse ``path`` as a directory for outputs unless it is one (not a link) where this
+    process may create files, or could be made so. A missing directory is not made here but
+    when the first file is written, so a run refused later leaves nothing behind."""
     path = Path(path)
     found = what_is(path)
-    if found == "nothing":
-        try:
-            path.mkdir(parents=True)
-        except FileExistsError:
-            found = what_is(path)
-        except OSError as err:
-            raise UserError(f"{flag}: cannot create directory {path} ({err.strerror}); choose "
-                            f"another path") from None
-    if found not in ("nothing", "a directory"):
-        raise UserError(f"{flag}: cannot create directory {path}: it is {found}; choose "
-                        f"another path")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UserError(f"{flag}: directory {path} is not writable; choose another path")
+    existing = path
+    while found == "nothing" and existing != existing.parent:  # the nearest part that exists
+        existing = existing.parent
+        found = what_is(existing)
+    if found != "a directory":
+        reason = f"it is {found}" if existing == path else f"{existing} is {found}"
+        raise UserError(f"{flag}: cannot create directory {path}: {reason}; choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == path else f"cannot be made in {existing}"
+        raise UserError(f"{flag}: directory {path} {what}; choose another path")
 
 
 def temporary_beside(path: Path) -> Path:

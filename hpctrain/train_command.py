@@ -168,7 +168,8 @@ def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int, resume: 
         check_output(plan_file, "--plan-file", is_plan_file, "an hpctrain plan file", inputs)
     if args.checkpoint_dir:
         check_directory(Path(args.checkpoint_dir), "--checkpoint-dir")
-        remove_temporaries(Path(args.checkpoint_dir))
+        if Path(args.checkpoint_dir).is_dir():
+            remove_temporaries(Path(args.checkpoint_dir))
 
 
 def _inputs(args: argparse.Namespace, resume: Any) -> list[tuple[str, Any]]:

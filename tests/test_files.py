@@ -78,7 +78,10 @@ def test_an_input_of_the_run_is_refused_even_when_it_is_ours(paths):
 def test_an_output_directory_must_be_one(paths):
     check_directory(paths / "dir", "--checkpoint-dir")
     check_directory(paths / "new" / "deeper", "--checkpoint-dir")
-    assert (paths / "new" / "deeper").is_dir()
+    assert not (paths / "new").exists()  # made by the first write, not by the check
+    with pytest.raises(UserError, match=f"cannot create directory {paths / 'user.txt' / 'sub'}: "
+                                        f"{paths / 'user.txt'} is a regular file; choose"):
+        check_directory(paths / "user.txt" / "sub", "--checkpoint-dir")
     for name, found in (("user.txt", "a regular file"), ("fifo", "a FIFO"),
                         ("to-dir", "a symbolic link")):
         with pytest.raises(UserError, match=f"cannot create directory {paths / name}: it is "
