@@ -26,6 +26,7 @@ class Setup:
     planned: Any = None  # PlannedNetwork with the predictions, or None when not asked for
     machine: Any = None  # the cost model's machine profile
     memory: float = 0.0  # predicted peak bytes per rank (checked against what it may use)
+    kernels_timed: int = 0  # kernels timed while planning (their arrays count in the peak)
 
 
 def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
@@ -69,7 +70,8 @@ def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
     if plan is None:  # rank 0 writes; a failed write stops every rank
         on_root(comm, lambda: write_plan_file(plan_file_path(args, net, procs), net, planned,
                                               procs, args.batch, model.machine.name))
-    return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory)
+    return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory,
+                 getattr(model.compute, "timed", 0))
 
 
 def plan_file_path(args: argparse.Namespace, net: NetSpec, procs: int) -> Path:

@@ -322,9 +322,12 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
               f"{result.iteration * 1e3:.1f} ms ({error:+.1%})", flush=True)
     peak = measured_peak(comm, baseline)  # collective: every rank reports its own
     if rank == 0 and result.losses:
+        # the peak is a high-water mark: kernels timed while planning count in it too
+        timed = (f"; includes {setup.kernels_timed} kernels timed while planning"
+                 if setup.kernels_timed else "")
         print(f"peak memory per rank: {peak / 2**20:.1f} MiB measured, "
               f"{setup.memory / 2**20:.1f} MiB predicted ({setup.memory / peak - 1:+.1%}; "
-              f"resident set above the interpreter's)", flush=True)
+              f"resident set above the interpreter's{timed})", flush=True)
     if args.log:
         on_root(comm, lambda: _finish_log(log, result, setup))
     return 0

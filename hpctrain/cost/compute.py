@@ -236,6 +236,7 @@ class MeasuredCompute:
         self.backend, self.comm, self.repeats = backend, comm, repeats
         self.cache = cache
         self.prefix = f"{context}|"
+        self.timed = 0  # kernels timed by this object (not found in the cache)
         self.known: dict[str, list[float]] = {}
         if comm is None or comm.Get_rank() == 0:
             self.known = _read_cache(cache)
@@ -276,6 +277,7 @@ class MeasuredCompute:
                       key=LocalWork.key)
         if todo:
             rng = np.random.default_rng(0)
+            self.timed += len(todo)
             measured = []
             for work in todo:
                 forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
