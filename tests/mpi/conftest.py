@@ -6,7 +6,10 @@ failed can never leave the others waiting in a collective.
 """
 
 import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from mpi4py import MPI
@@ -56,3 +59,15 @@ def backend():
     from hpctrain.backend import make_backend
 
     return make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float64", COMM)
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """One temporary directory all ranks see (each rank's tmp_path differs): rank 0 makes it,
+    every rank gets its path, rank 0 removes it after the test."""
+    path = Path(comm.bcast(tempfile.mkdtemp(prefix="hpctrain-") if comm.Get_rank() == 0
+                           else None, root=0))
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)

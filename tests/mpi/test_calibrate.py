@@ -1,9 +1,6 @@
 """calibrate on the whole world: a profile with a positive fit for every (collective, p)."""
 
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -13,16 +10,6 @@ from hpctrain.partition import factorisations
 from tests.mpi.helpers import all_agree
 
 DEVICE = os.environ.get("HPCTRAIN_DEVICE", "cpu")
-
-
-@pytest.fixture
-def shared_dir(comm):
-    """One directory made by rank 0 and named to every rank (each rank's tmp_path differs)."""
-    path = comm.bcast(tempfile.mkdtemp(prefix="hpctrain-calibrate-") if comm.rank == 0 else None)
-    yield Path(path)
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def expected_fits(world: int) -> set[tuple[str, int]]:

@@ -2,12 +2,9 @@
 
 import os
 import shutil
-import tempfile
-from pathlib import Path
 
 import h5py
 import numpy as np
-import pytest
 from mpi4py import MPI
 
 from hpctrain import checkpoint
@@ -33,17 +30,6 @@ from tests.mpi.test_training import BATCH, NET, mixed_plans
 
 SEED = 5
 STATE = {"lr": 0.05, "note": "test"}
-
-
-@pytest.fixture
-def shared_dir(comm):
-    """One temporary directory all ranks see: rank 0 makes it, everyone gets its path."""
-    path = Path(comm.bcast(tempfile.mkdtemp(prefix="hpctrain-ckpt-") if comm.Get_rank() == 0
-                           else None, root=0))
-    yield path
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(path)
 
 
 class Run:

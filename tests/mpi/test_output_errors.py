@@ -3,11 +3,6 @@ one line naming the file and the reason; no rank is left waiting."""
 
 import errno
 import os
-import shutil
-import tempfile
-from pathlib import Path
-
-import pytest
 
 from hpctrain import checkpoint, cli, runlog
 from hpctrain.checkpoint import save_checkpoint
@@ -18,17 +13,6 @@ from tests.mpi.test_checkpoint import NET, SEED, STATE, Run, mixed_plans
 
 RUN = ["--net", "smallcnn", "--batch", "8", "--steps", "3", "--compute", "flops", "--machine",
        "default"]
-
-
-@pytest.fixture
-def shared_dir(comm):
-    """One temporary directory all ranks see: rank 0 makes it, everyone gets its path."""
-    path = Path(comm.bcast(tempfile.mkdtemp(prefix="hpctrain-out-") if comm.Get_rank() == 0
-                           else None, root=0))
-    yield path
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def disk_full(*_args, **_kwargs):
