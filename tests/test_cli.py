@@ -1,11 +1,12 @@
 """The command line as a user meets it: help, a short run, and one-line errors (one process)."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
+
+from tests.test_training_app import mpiexec
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -56,11 +57,6 @@ def test_nan_loss_stops_naming_the_step():
     result = hpctrain("--net", "mlp", "--lr", "1e6", "--steps", "20", "--batch", "8")
     assert result.returncode == 2
     assert "at step" in result.stderr and "lower --lr" in result.stderr
-
-
-def mpiexec():
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return beside if os.path.exists(beside) else shutil.which("mpiexec")
 
 
 @pytest.mark.parametrize("error", ["ValueError", "RuntimeError"])

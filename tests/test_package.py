@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_training_app import mpiexec
+
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "hpctrain" / "inputs"
 TIMEOUT = 120
@@ -37,11 +39,6 @@ def setuptools_builds_wheels() -> bool:
 pytestmark = pytest.mark.skipif(not setuptools_builds_wheels(),
                                 reason="building the wheel offline needs setuptools>=70.1 here "
                                        "(pip install -e '.[test]')")
-
-
-def mpiexec() -> str | None:
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
 def run(*command, **kwargs) -> subprocess.CompletedProcess:
