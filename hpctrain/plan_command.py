@@ -39,6 +39,7 @@ def run_plan(argv: list[str]) -> int:
     from hpctrain.net import load_net
     from hpctrain.plan import is_plan_file
     from hpctrain.planner import format_plan, plan_network
+    from hpctrain.textfile import existing_file
     from hpctrain.threads import configure_threads
 
     args = build_plan_parser().parse_args(argv)
@@ -49,7 +50,7 @@ def run_plan(argv: list[str]) -> int:
     if args.out:  # before the planner measures anything
         check_directory(Path(args.out).parent, "--out")
         check_output(Path(args.out), "--out", is_plan_file, "an hpctrain plan file",
-                     [("--net", Path(args.net))] if Path(args.net).is_file() else [])
+                     [("--net", net_file)] if (net_file := existing_file(args.net)) else [])
     machine = load_machine(args.machine)
     backend = Backend(np, DTYPES[args.dtype])
     source = compute_source(machine, args.compute)

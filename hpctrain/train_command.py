@@ -174,16 +174,16 @@ def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int, resume: 
 
 def _inputs(args: argparse.Namespace, resume: Any) -> list[tuple[str, Any]]:
     """(flag, path) of every file this run reads: no output may be one of them."""
-    from pathlib import Path
-
     from hpctrain.cost.machine import local_profile, user_machines_dir
+    from hpctrain.textfile import existing_file
 
     named = [("--data", args.data if args.data != "synthetic" else None), ("--net", args.net),
              ("--grid", args.grid), ("--resume", resume),
              ("--machine", args.machine or local_profile())]
     if args.machine and "/" not in args.machine:
         named.append(("--machine", user_machines_dir() / f"{args.machine}.toml"))
-    return [(flag, Path(path)) for flag, path in named if path and Path(path).is_file()]
+    # existing_file: a value too long to name a file (a --grid spec) is simply not a file here
+    return [(flag, found) for flag, path in named if path and (found := existing_file(str(path)))]
 
 
 def _dataset_net(args: argparse.Namespace, net: NetSpec):
