@@ -150,14 +150,6 @@ def git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
-def free_name(path: Path) -> Path:
-    """``run.h5`` → the first of ``run.1.h5``, ``run.2.h5``, … that does not exist."""
-    number = 1
-    while (candidate := path.with_name(f"{path.stem}.{number}{path.suffix}")).exists():
-        number += 1
-    return candidate
-
-
 def is_run_log(path: Path) -> bool:
     """Whether ``path`` is a run log hpctrain wrote (read-only look at its root attributes)."""
     import h5py

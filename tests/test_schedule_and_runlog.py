@@ -178,11 +178,12 @@ def test_a_resume_on_another_plan_starts_its_own_log(tmp_path):
 
 
 def test_a_new_log_never_overwrites_an_old_one(tmp_path):
-    from hpctrain.runlog import RunLog, free_name
+    from hpctrain.files import rotate_aside
+    from hpctrain.runlog import RunLog
 
     planned = planned_smallcnn()
     rows = [p.layer for p in planned.plans] + ["loss"]
     for _ in range(3):
         RunLog(tmp_path / "run.h5", {}, planned, rows).finish("done")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.1.h5", "run.2.h5", "run.h5"]
-    assert free_name(tmp_path / "run.h5").name == "run.3.h5"
+    assert rotate_aside(tmp_path / "run.h5").name == "run.3.h5"  # the next name is free
