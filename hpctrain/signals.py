@@ -69,12 +69,17 @@ class StopRequests:
 
         Every rank returns the same answer, so all stop after the same step.
         """
+        return self.agreed_with(comm, False)[0]
+
+    def agreed_with(self, comm: Any, flag: bool) -> tuple[str | None, bool]:
+        """:meth:`agreed`, and whether ``flag`` is true on some rank, in the same all-reduce
+        (the step's one agreement carries other news too, such as rank 0's log failing)."""
         import numpy as np
 
         code = np.array([STOP_SIGNALS.index(signal.Signals[self.received]) + 1
-                         if self.received else 0], dtype=np.int64)
+                         if self.received else 0, int(flag)], dtype=np.int64)
         if comm.Get_size() > 1:
             from mpi4py import MPI
 
             comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MAX)
-        return STOP_SIGNALS[code[0] - 1].name if code[0] else None
+        return (STOP_SIGNALS[code[0] - 1].name if code[0] else None), bool(code[1])

@@ -162,7 +162,6 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
     step_seconds: list[float] = []
     result = TrainResult(losses, None, step_times, None, step_seconds, 0.0, first)
     result.stopped_by = stop.agreed(comm)  # asked to stop while planning: train nothing
-    logged = comm.bcast(log is not None, root=0)  # only rank 0 holds the log
     last = first if result.stopped_by else config.steps
     start = time.perf_counter()
     for step in range(first, last):
@@ -183,12 +182,13 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
         if rank == 0:
             _report(step, loss, accuracy, lr, summary, config, start, first, log, say)
         done = step + 1
-        result.stopped_by = stop.agreed(comm)
+        result.stopped_by, log_broken = stop.agreed_with(
+            comm, log is not None and log.failure is not None)  # only rank 0 holds the log
+        if log_broken:
+            _stop_on_log_failure(log, comm)
         if (val_data is not None and config.eval_every and done % config.eval_every == 0
                 and not result.stopped_by):  # stopping: the checkpoint first and only
             result.validation.append(_evaluate(network, val_data, done, log, say))
-        if logged:
-            log_failed(log, comm)
         if config.checkpoint_dir is not None and (
                 done == config.steps or result.stopped_by
                 or (config.checkpoint_every and done % config.checkpoint_every == 0)):
@@ -198,14 +198,16 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
     return result
 
 
-def log_failed(log: Any, comm: MPI.Comm) -> None:
-    """Collective: raise :class:`~hpctrain.errors.OutputError` on every rank when rank 0's
-    ``log`` could not be written (a full disk): the run stops, every rank exits with status 3."""
-    failure = comm.bcast(log.failure if log is not None else None, root=0)
-    if failure is not None:
-        from hpctrain.errors import OutputError
+def _stop_on_log_failure(log: Any, comm: MPI.Comm) -> None:
+    """Collective, once rank 0's ``log`` could not be written (a full disk): raise
+    :class:`~hpctrain.errors.OutputError` on every rank, so every rank exits with status 3."""
+    from hpctrain.comm.agree import on_root
+    from hpctrain.errors import OutputError
 
-        raise OutputError(failure)
+    def fail() -> None:
+        raise OutputError(log.failure)
+
+    on_root(comm, fail)
 
 
 def _report(step: int, loss: float, accuracy: float, lr: float, summary: RanksSummary,
