@@ -24,7 +24,7 @@ from mpi4py import MPI
 from hpctrain.backend import Backend
 from hpctrain.comm.collectives import AllGather
 from hpctrain.grid import GridSet
-from hpctrain.layout import Box, Layout, relative_slices
+from hpctrain.layout import Box, Layout, box_size, relative_slices
 from hpctrain.moves import ALLGATHER, IDENTITY, SLICE, plan_move
 
 # Tag of the pieces on the world communicator: one message per pair of ranks per exchange, and
@@ -88,18 +88,33 @@ class Redistribute:
                 out[relative_slices(box, out_box)] = block
 
         with be.clock.comm():  # packing, the messages and unpacking
-            requests, received, outgoing = [], [], []
-            for peer, box in recv:
-                buf = be.empty_mpi(tuple(hi - lo for lo, hi in box), a.dtype)
-                requests.append(self.comm.Irecv(buf, source=peer, tag=_PIECE_TAG))
-                received.append((box, buf))
-            for peer, box in send:
-                buf = be.to_mpi(a[relative_slices(box, a_box)])  # each piece packed contiguous
-                be.clock.sent(buf.nbytes)
-                requests.append(self.comm.Isend(buf, dest=peer, tag=_PIECE_TAG))
-                outgoing.append(buf)  # alive until the wait
+            # one receive and one send buffer, a contiguous stretch per peer: one staging copy
+            # each way on a GPU, however many pieces
+            recv_at, recv_total = _stretches(recv)
+            send_at, send_total = _stretches(send)
+            recv_buf = be.empty_mpi((recv_total,), a.dtype)
+            requests = [self.comm.Irecv(recv_buf[lo:hi], source=peer, tag=_PIECE_TAG)
+                        for (peer, _), (lo, hi) in zip(recv, recv_at, strict=True)]
+            send_buf = be.xp.empty(send_total, dtype=a.dtype)
+            for (_, box), (lo, hi) in zip(send, send_at, strict=True):
+                send_buf[lo:hi] = a[relative_slices(box, a_box)].ravel()
+            send_buf = be.to_mpi(send_buf)
+            be.clock.sent(send_buf.nbytes)
+            requests += [self.comm.Isend(send_buf[lo:hi], dest=peer, tag=_PIECE_TAG)
+                         for (peer, _), (lo, hi) in zip(send, send_at, strict=True)]
             for box in self.plan.local:  # while the messages travel
                 put(box, a[relative_slices(box, a_box)])
             MPI.Request.Waitall(requests)
-            for box, buf in received:
-                put(box, be.from_mpi(buf))
+            recv_buf = be.from_mpi(recv_buf)
+            for (_, box), (lo, hi) in zip(recv, recv_at, strict=True):
+                put(box, recv_buf[lo:hi].reshape([b1 - b0 for b0, b1 in box]))
+
+
+def _stretches(pieces: tuple[tuple[int, Box], ...]) -> tuple[list[tuple[int, int]], int]:
+    """Where each piece lies in one flat buffer holding them all in order, and its length."""
+    at, end = [], 0
+    for _, box in pieces:
+        size = box_size(box)
+        at.append((end, end + size))
+        end += size
+    return at, end
