@@ -112,10 +112,8 @@ def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
             header = _header(network, step, state, seed)
             replace_atomically(path, lambda tmp: _write(tmp, header, tensors),
                                ours=is_checkpoint)
-        except OSError as err:  # disk full, no permission: finish the gathers, then report it
-            failure = f"{type(err).__name__}: {err}"
-        except OutputError as err:  # not ours to replace
-            failure = str(err)
+        except OutputError as err:  # disk full, no permission, or not ours to replace: finish
+            failure = str(err)      # the gathers, then report it
     for _ in tensors:  # the other ranks' share, or what rank 0 left when writing failed
         pass
     failure = comm.bcast(failure, root=0)

@@ -45,7 +45,7 @@ import numpy as np
 
 from hpctrain.backend import Backend
 from hpctrain.errors import UserError
-from hpctrain.files import output_error, replace_atomically
+from hpctrain.files import replace_atomically
 from hpctrain.layout import Box
 from hpctrain.seeds import check_seed
 
@@ -123,10 +123,7 @@ def write_dataset(path: str | Path, images: np.ndarray, labels: np.ndarray,
                 group.create_dataset("images", data=x, chunks=_chunks(x.shape))
                 group.create_dataset("labels", data=y)
 
-    try:
-        replace_atomically(path, write, ours=is_dataset)
-    except OSError as err:
-        raise output_error(path, err) from err
+    replace_atomically(path, write, ours=is_dataset)
 
 
 def is_dataset(path: str | Path) -> bool:

@@ -153,18 +153,24 @@ def replace_atomically(path: Path, write: Callable[[Path], None],
     The new file's data reach the disk before the rename (and the rename before returning), so
     even a power loss cannot leave an empty file under the final name. Only a regular file
     (not a link) that ``ours`` accepts is replaced; anything else at ``path`` raises
-    :class:`OutputError` and is left as it is.
+    :class:`OutputError` and is left as it is. A write that fails (disk full, no permission)
+    raises :class:`OutputError` too, naming ``path`` and the reason (:func:`output_error`).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _refuse_to_replace(path, ours)
-    tmp = temporary_beside(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _refuse_to_replace(path, ours)
+        tmp = temporary_beside(path)
+    except OSError as err:
+        raise output_error(path, err) from None
     try:
         write(tmp)
         _sync(tmp)
         _refuse_to_replace(path, ours)  # again: the write may have taken hours
         os.replace(tmp, path)
         _sync(path.parent)
+    except OSError as err:
+        raise output_error(path, err) from None
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -27,7 +27,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from hpctrain.errors import UserError, shown
-from hpctrain.files import output_error, replace_atomically
+from hpctrain.files import replace_atomically
 from hpctrain.locations import shipped_names
 from hpctrain.net import WEIGHTED, NetSpec
 from hpctrain.textfile import existing_file, read_text, shipped_file
@@ -186,10 +186,7 @@ def write_plan(path: Path, plans: list[LayerPlan], header: str = "") -> None:
         lines.insert(0, MARKER)
     lines.append("# layer  mode  grid(RxC: R splits model or height, C splits the batch)")
     text = "\n".join(lines) + "\n" + plan_text(plans) + "\n"
-    try:
-        replace_atomically(path, lambda tmp: tmp.write_text(text), ours=is_plan_file)
-    except OSError as err:
-        raise output_error(path, err) from None
+    replace_atomically(path, lambda tmp: tmp.write_text(text), ours=is_plan_file)
 
 
 def is_plan_file(path: Path) -> bool:

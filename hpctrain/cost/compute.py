@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.errors import OutputError
 from hpctrain.files import replace_atomically
 from hpctrain.kernels.activations import dropout_mask, relu_backward, relu_forward
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
@@ -302,5 +303,5 @@ class MeasuredCompute:
                           sort_keys=True)
         try:  # atomic: a crash leaves the old cache or the new one
             replace_atomically(self.cache, lambda tmp: tmp.write_text(text))
-        except OSError:
+        except OutputError:
             pass  # a read-only home only costs re-measuring next time

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UserError, one_line, shown
-from hpctrain.files import output_error, replace_atomically
+from hpctrain.files import replace_atomically
 from hpctrain.locations import config_dir, shipped_names
 from hpctrain.textfile import existing_file, read_text, shipped_file
 
@@ -219,10 +219,7 @@ def save_machine(machine: Machine, path: Path, comment: str = "") -> None:
     a profile written so (:func:`is_saved_profile`), else :class:`OutputError`, as for a write
     that fails."""
     text = MARKER + "\n" + format_machine(machine, comment)
-    try:
-        replace_atomically(path, lambda tmp: tmp.write_text(text), ours=is_saved_profile)
-    except OSError as err:
-        raise output_error(path, err) from None
+    replace_atomically(path, lambda tmp: tmp.write_text(text), ours=is_saved_profile)
 
 
 def is_saved_profile(path: Path) -> bool:
