@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import re
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ import numpy as np
 from hpctrain.cost.collectives import terms
 from hpctrain.cost.machine import Fit, Machine, is_saved_profile, local_profile, save_machine
 from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.files import can_create_in
 from hpctrain.options import add_threads_option
 from hpctrain.partition import factorisations
 from hpctrain.units import bytes_from
@@ -265,14 +265,7 @@ def _unwritable(out: Path) -> str:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     problem = f"--out {out}: cannot create files in {parent}; give --out a writable path"
-    if not parent.is_dir():
-        return problem
-    try:  # a real file: os.access says yes to root where the file system says no (/proc, ro)
-        with tempfile.TemporaryFile(dir=parent, prefix=".hpctrain-calibrate-"):
-            pass
-    except OSError:
-        return problem
-    return ""
+    return "" if parent.is_dir() and can_create_in(parent) else problem
 
 
 # ---------------------------------------------------------------------------------------------

@@ -120,9 +120,20 @@ def check_directory(path: Path, flag: str) -> None:
     if found != "a directory":
         reason = f"it is {found}" if existing == path else f"{existing} is {found}"
         raise UserError(f"{flag}: cannot create directory {path}: {reason}; choose another path")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not can_create_in(existing):
         what = "is not writable" if existing == path else f"cannot be made in {existing}"
         raise UserError(f"{flag}: directory {path} {what}; choose another path")
+
+
+def can_create_in(directory: Path) -> bool:
+    """Whether this process can create a file in ``directory``, found by creating an unnamed
+    one (``O_TMPFILE`` where Linux has it, so no name ever appears): ``os.access`` says yes to
+    root where the file system says no (read-only mounts, /proc)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory, prefix=".hpctrain-probe-"):
+            return True
+    except OSError:
+        return False
 
 
 def temporary_beside(path: Path) -> Path:
