@@ -180,9 +180,14 @@ def _fits(model: CostModel, candidates: list[list[Choice]], cap: float,
         kept.append(fitting)
         base += min(costs[c].memory for c in fitting)
     if base > cap:  # every segment at its least memory still does not fit
-        _refuse_cap(model, cap, [min(found, key=lambda c: model.segment_cost(
-            k, c, timed=False).memory) for k, found in enumerate(kept)], cap_source)
+        _refuse_cap(model, cap, _leanest(model, kept), cap_source)
     return kept
+
+
+def _leanest(model: CostModel, candidates: list[list[Choice]]) -> list[Choice]:
+    """Per segment, the candidate that keeps the least memory (what a refusal reports)."""
+    return [min(found, key=lambda c: model.segment_cost(k, c, timed=False).memory)
+            for k, found in enumerate(candidates)]
 
 
 def _refuse_cap(model: CostModel, cap: float, choices: list[Choice], cap_source: str) -> None:
@@ -250,8 +255,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
             if mem_per_rank is None or peak <= mem_per_rank:
                 finals.append((label.time + forward + backward, choice, index))
     if not finals:
-        _refuse_cap(model, mem_per_rank, [min(found, key=lambda c: model.segment_cost(
-            k, c, timed=False).memory) for k, found in enumerate(candidates)], cap_source)
+        _refuse_cap(model, mem_per_rank, _leanest(model, candidates), cap_source)
     _, choice, index = min(finals, key=lambda f: f[0])
     chosen = [choice]
     for segment in range(len(candidates) - 1, 0, -1):

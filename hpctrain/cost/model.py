@@ -570,7 +570,8 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     """A cost model whose compute times come from ``source`` (see :func:`compute_source`).
 
     Measured times run on ``backend`` (NumPy float32 on this CPU when None) under ``threads``
-    (the :class:`~hpctrain.threads.ThreadChoice` in force; None: this process's BLAS as it is);
+    (the :class:`~hpctrain.threads.ThreadChoice` in force; None: decided and applied here by
+    :func:`~hpctrain.threads.configure_threads`, as every command does before planning);
     under MPI every rank of ``comm`` times the same kernels at once, as the ranks of a node
     will when training.
     """
