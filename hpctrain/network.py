@@ -47,21 +47,19 @@ class Network:
         self.grids, self.backend = grids, backend
         self.rank = grids.world.Get_rank()
         self.layers: list[Layer] = []
-        shapes = net.shapes()
-        previous: Layout | None = None
-        for index, (spec, entry, shape) in enumerate(zip(net.layers, plan, shapes, strict=False)):
+        # every layout from the plan alone (placement.py), once: followers run on theirs, and
+        # the move benchmark plans the very moves that run
+        layouts = plan_layouts(net, plan, batch, grids.world.Get_size())
+        for index, (spec, entry, shape) in enumerate(zip(net.layers, plan, net.shapes(),
+                                                         strict=False)):
             key = stream_key(seed, index)
             if entry.mode != "follow":
                 layer = self._weighted(spec, (batch, *shape), entry, key)
-            else:  # a first layer without weights runs batch-parallel on all ranks
-                layout = previous or Layout((batch, *shape), (1, grids.world.Get_size()))
-                layer = self._follower(spec, layout, key)
+            else:
+                layer = self._follower(spec, layouts[index][0], key)
             self.layers.append(layer)
-            previous = layer.out_layout
         self.layers[0].need_dx = False
-        # from the plan alone (placement.py): the move benchmark plans the very moves that run
-        *feeding, (last, self.loss_layout) = move_pairs(
-            plan_layouts(net, plan, batch, grids.world.Get_size()))
+        *feeding, (last, self.loss_layout) = move_pairs(layouts)
         self.moves = [Redistribute(backend, grids, src, dst)  # moves[k] feeds layers[k]
                       for src, dst in feeding]
         self.to_loss = Redistribute(backend, grids, last, self.loss_layout)
