@@ -13,23 +13,34 @@ from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
 rng = np.random.default_rng(0)
 
 
+def as_pair(v):
+    return (v, v) if isinstance(v, int) else v
+
+
 def direct_conv(x, w, b, stride, pads):
     top, bottom, side = pads
+    sh, sw = as_pair(stride)
     xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (side, side)))
     n, c, h, wd = xp.shape
     o, _, kh, kw = w.shape
-    ho, wo = (h - kh) // stride + 1, (wd - kw) // stride + 1
+    ho, wo = (h - kh) // sh + 1, (wd - kw) // sw + 1
     y = np.zeros((n, o, ho, wo))
     for p in range(ho):
         for q in range(wo):
-            patch = xp[:, :, p * stride:p * stride + kh, q * stride:q * stride + kw]
+            patch = xp[:, :, p * sh:p * sh + kh, q * sw:q * sw + kw]
             y[:, :, p, q] = np.einsum("nckl,ockl->no", patch, w)
     return y + b[None, :, None, None]
 
 
 CONVS = [((2, 3, 7, 6), (4, 3, 3, 3), 1, (1, 1, 1)), ((1, 2, 9, 9), (3, 2, 5, 5), 2, (2, 2, 2)),
          ((2, 1, 11, 10), (2, 1, 4, 4), 3, (0, 2, 1)), ((1, 2, 5, 5), (2, 2, 1, 1), 1, (0, 0, 0)),
-         ((1, 3, 8, 7), (2, 3, 3, 3), 2, (1, 0, 1))]
+         ((1, 3, 8, 7), (2, 3, 3, 3), 2, (1, 0, 1)),
+         # non-square: Inception's 1x7 and 7x1 "same" convolutions, a 3x1 with stride (2, 1), and
+         # a row band of a height-split image (top != bottom) with both kernel and stride uneven
+         ((2, 3, 6, 9), (4, 3, 1, 7), 1, (0, 0, 3)), ((2, 3, 9, 6), (4, 3, 7, 1), 1, (3, 3, 0)),
+         ((1, 2, 9, 8), (3, 2, 3, 1), (2, 1), (1, 0, 0)),
+         ((2, 2, 8, 11), (3, 2, 3, 5), (2, 3), (1, 0, 2)),
+         ((1, 2, 7, 10), (2, 2, 2, 3), (1, 3), (0, 1, 1))]
 
 
 @pytest.mark.parametrize("xs,ws,stride,pads", CONVS)
@@ -54,14 +65,18 @@ def test_conv_backward_is_the_adjoint_of_forward(xs, ws, stride, pads):
 
 def direct_pool(x, k, s, pads):
     top, bottom, side = pads
+    (kh, kw), (sh, sw) = as_pair(k), as_pair(s)
     xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (side, side)), constant_values=-np.inf)
-    ho, wo = (xp.shape[2] - k) // s + 1, (xp.shape[3] - k) // s + 1
-    return np.array([[[[xp[n, c, p * s:p * s + k, q * s:q * s + k].max() for q in range(wo)]
-                       for p in range(ho)] for c in range(x.shape[1])] for n in range(x.shape[0])])
+    ho, wo = (xp.shape[2] - kh) // sh + 1, (xp.shape[3] - kw) // sw + 1
+    return np.array([[[[xp[n, c, p * sh:p * sh + kh, q * sw:q * sw + kw].max()
+                        for q in range(wo)] for p in range(ho)]
+                      for c in range(x.shape[1])] for n in range(x.shape[0])])
 
 
 @pytest.mark.parametrize("k,s,pads", [(2, 2, (0, 0, 0)), (3, 2, (0, 0, 0)), (3, 2, (1, 0, 1)),
-                                      (3, 1, (1, 1, 1))])
+                                      (3, 1, (1, 1, 1)), ((1, 7), 1, (0, 0, 3)),
+                                      ((7, 1), 1, (3, 3, 0)), ((3, 1), (2, 1), (1, 0, 0)),
+                                      ((2, 3), (2, 3), (0, 1, 1)), ((3, 2), (1, 2), (1, 1, 0))])
 def test_maxpool_forward_and_backward(k, s, pads):
     x = rng.standard_normal((2, 3, 9, 8))
     y, cache = maxpool_forward(np, x, k, s, pads)
@@ -75,6 +90,23 @@ def test_maxpool_forward_and_backward(k, s, pads):
     np.testing.assert_allclose(((y2 - y) * dy).sum() / eps, (dx * v).sum(), rtol=1e-6)
 
 
+def test_int_kernel_and_stride_mean_the_square_pair():
+    x, w, b = rng.standard_normal((1, 2, 9, 8)), rng.standard_normal((3, 2, 3, 3)), np.zeros(3)
+    y_int, conv_cache = conv2d_forward(np, x, w, b, 2, (1, 0, 1))
+    y_pair, _ = conv2d_forward(np, x, w, b, (2, 2), (1, 0, 1))
+    np.testing.assert_array_equal(y_int, y_pair)
+    dy = rng.standard_normal(y_int.shape)
+    for got, want in zip(conv2d_backward(np, dy, w, conv_cache, 2),
+                         conv2d_backward(np, dy, w, conv_cache, (2, 2))):
+        np.testing.assert_array_equal(got, want)
+    m_int, pool_cache = maxpool_forward(np, x, 3, 2, (1, 1, 1))
+    m_pair, _ = maxpool_forward(np, x, (3, 3), (2, 2), (1, 1, 1))
+    np.testing.assert_array_equal(m_int, m_pair)
+    dm = rng.standard_normal(m_int.shape)
+    np.testing.assert_array_equal(maxpool_backward(np, dm, 3, 2, pool_cache),
+                                  maxpool_backward(np, dm, (3, 3), (2, 2), pool_cache))
+
+
 def test_maxpool_ties_send_each_gradient_to_the_first_maximum_once():
     x = np.zeros((1, 1, 4, 4))  # every window is all ties
     y, cache = maxpool_forward(np, x, 3, 1, (0, 0, 0))
@@ -82,6 +114,14 @@ def test_maxpool_ties_send_each_gradient_to_the_first_maximum_once():
     dx = maxpool_backward(np, dy, 3, 1, cache)
     want = np.zeros_like(x)
     want[0, 0, :2, :2] = dy[0, 0]  # each window's first entry is its top-left corner
+    np.testing.assert_array_equal(dx, want)
+    # the same for a non-square kernel and stride: window order is row-major within (kh, kw)
+    x = np.zeros((1, 1, 5, 7))
+    y, cache = maxpool_forward(np, x, (2, 3), (3, 2), (0, 0, 0))
+    dy = np.arange(1.0, 1 + y.size).reshape(y.shape)
+    dx = maxpool_backward(np, dy, (2, 3), (3, 2), cache)
+    want = np.zeros_like(x)
+    want[0, 0, 0:6:3, 0:6:2] = dy[0, 0]  # Ho = 2 rows of windows, Wo = 3 columns
     np.testing.assert_array_equal(dx, want)
 
 

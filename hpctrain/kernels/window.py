@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Any
+
+
+def pair(value: int | tuple[int, int]) -> tuple[int, int]:
+    """``(value, value)`` for an int, else the ``(height, width)`` pair itself.
+
+    Lets a kernel size or stride be given as one int for the square case or as a pair.
+    """
+    if isinstance(value, Integral):  # NumPy integers too
+        return int(value), int(value)
+    if len(value) != 2:
+        raise ValueError(f"window size or stride {value!r}: give an int or a (height, width) pair")
+    height, width = value
+    return int(height), int(width)
 
 
 def padded(xp: Any, x: Any, pads: tuple[int, int, int], value: float) -> Any:
@@ -19,11 +33,16 @@ def unpadded(x: Any, pads: tuple[int, int, int]) -> Any:
     return x[:, :, top:h - bottom, side:w - side]
 
 
-def windows(xp: Any, x: Any, kh: int, kw: int, stride: int) -> Any:
-    """Read-only view (N, C, kh, kw, Ho, Wo) of every kh×kw window of X: (N, C, H, W)."""
+def windows(xp: Any, x: Any, kh: int, kw: int, sh: int, sw: int) -> Any:
+    """Read-only view (N, C, kh, kw, Ho, Wo) of every kh×kw window of X: (N, C, H, W).
+
+    Window (p, q) starts at row p·sh and column q·sw, so Ho = ⌊(H − kh)/sh⌋ + 1 and
+    Wo = ⌊(W − kw)/sw⌋ + 1.
+    """
     x = xp.ascontiguousarray(x)
     n, c, h, w = x.shape
-    ho, wo = (h - kh) // stride + 1, (w - kw) // stride + 1
-    sn, sc, sh, sw = x.strides
+    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    step_n, step_c, step_h, step_w = x.strides  # bytes
     return xp.lib.stride_tricks.as_strided(
-        x, shape=(n, c, kh, kw, ho, wo), strides=(sn, sc, sh, sw, sh * stride, sw * stride))
+        x, shape=(n, c, kh, kw, ho, wo),
+        strides=(step_n, step_c, step_h, step_w, step_h * sh, step_w * sw))
