@@ -22,7 +22,7 @@ STAMP := $(VENV)/.installed-$(MPI)
 
 DIGITS := inputs/digits.h5
 
-.PHONY: install test test-serial test-mpi test-slurm run digits verify bench plots lint clean
+.PHONY: install test test-serial test-mpi test-slurm run digits resdigits verify bench plots lint clean
 
 install: $(STAMP)
 
@@ -76,6 +76,13 @@ digits: install $(DIGITS)
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net smallcnn --data $(DIGITS) \
 	  --grid smallcnn-p4-mixed --batch 64 --epochs 15 --lr 0.1 \
 	  --lr-schedule cosine --print-every 50 --log runs/digits.h5
+
+# A residual net with batch norm on the digits under a mixed plan whose residual branches run
+# on different grids (hpctrain/inputs/plans/resdigits-p4-mixed.plan).
+resdigits: install $(DIGITS)
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net resdigits --data $(DIGITS) \
+	  --grid resdigits-p4-mixed --batch 64 --epochs 4 --lr 0.1 \
+	  --lr-schedule cosine --print-every 50 --log runs/resdigits.h5
 
 verify: install
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain verify --net alexnet \

@@ -8,6 +8,8 @@ one process. Layout (plain HDF5; ``h5py.File(path)["params/conv1.weight"][...]``
     /params/<name>     the parameter <name> (e.g. conv1.weight, fc1.bias), whole, training dtype
     /momentum/<name>   the SGD velocity of <name>, whole, training dtype; zeros when the optimizer
                        has not stepped yet (the first step then computes μ·0 + g, exactly g)
+    /buffers/<name>    state kept but not trained (e.g. bn1.running_mean), whole, training
+                       dtype; only for nets that have some
     /                  attrs:
         format   "hpctrain-checkpoint"         version  1
         net      the net's name                layers   the net's layers, one "NAME KIND" each
@@ -156,6 +158,12 @@ def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm
             whole = gather_to_root(backend, comm, local, param.shape, box_of, "copy",
                                    dtype=backend.dtype)  # the file's dtype: no float64 detour
             yield f"{group}/{param.name}", whole
+    for buffer in network.buffers:
+        box_of = _one_replica(buffer, comm.Get_size())
+        sends = box_of(comm.Get_rank()) == buffer.box(comm.Get_rank())
+        local = buffer.value if sends else backend.xp.empty(0, backend.dtype)
+        yield f"buffers/{buffer.name}", gather_to_root(backend, comm, local, buffer.shape,
+                                                       box_of, "copy", dtype=backend.dtype)
 
 
 def _one_replica(param: Parameter, size: int) -> Callable[[int], Box]:
@@ -231,6 +239,10 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointI
                 param.value[...] = xp.asarray(block.astype(dtype, copy=False))
                 optimizer.velocity[k] = xp.asarray(
                     _finite(h5, f"momentum/{param.name}", where, path).astype(dtype, copy=False))
+            for buffer in network.buffers:
+                where = tuple(slice(lo, hi) for lo, hi in buffer.box(rank))
+                block = _finite(h5, f"buffers/{buffer.name}", where, path)
+                buffer.value[...] = xp.asarray(block.astype(dtype, copy=False))
     except CheckpointError as err:
         failure = str(err)
     except OSError as err:  # a header fine but a tensor cut short: a truncated file
@@ -298,16 +310,17 @@ def _validate(h5: h5py.File, path: Path, net: NetSpec,
         raise CheckpointError(f"checkpoint {path} was written for another version of net "
                               f"{net.name}: layer {k + 1} is '{there}' there but '{here}' here; "
                               f"give a checkpoint of this architecture")
-    for group in GROUPS:
-        for name, shape in shapes.items():
-            if not isinstance(h5.get(f"{group}/{name}"), h5py.Dataset):
-                raise CheckpointError(f"checkpoint {path} lacks /{group}/{name}; it is "
-                                      f"incomplete, use another checkpoint")
-            found = h5[f"{group}/{name}"].shape
-            if found != tuple(shape):
-                raise CheckpointError(f"checkpoint {path} holds /{group}/{name} of shape "
-                                      f"{found} but net {net.name} needs {tuple(shape)}; was it "
-                                      f"written with another --image-size or net file?")
+    expected = [(group, name, shape) for group in GROUPS for name, shape in shapes.items()]
+    expected += [("buffers", name, shape) for name, shape in net.buffer_shapes().items()]
+    for group, name, shape in expected:
+        if not isinstance(h5.get(f"{group}/{name}"), h5py.Dataset):
+            raise CheckpointError(f"checkpoint {path} lacks /{group}/{name}; it is "
+                                  f"incomplete, use another checkpoint")
+        found = h5[f"{group}/{name}"].shape
+        if found != tuple(shape):
+            raise CheckpointError(f"checkpoint {path} holds /{group}/{name} of shape "
+                                  f"{found} but net {net.name} needs {tuple(shape)}; was it "
+                                  f"written with another --image-size or net file?")
     return info
 
 

@@ -95,6 +95,15 @@ class Layout:
         return f"{pr}x{pc} batch/{pc} {split}"
 
 
+def largest_block(layout: Layout) -> tuple[int, ...]:
+    """The largest local shape any rank holds (blocks differ by at most one along each cut)."""
+    shape = list(layout.shape)
+    shape[BATCH_AXIS] = -(-shape[BATCH_AXIS] // layout.grid[1])
+    if layout.split_axis is not None:
+        shape[layout.split_axis] = max(hi - lo for lo, hi in layout.split_ranges)
+    return tuple(shape)
+
+
 def intersect(a: Box, b: Box) -> Box | None:
     box = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b, strict=True))
     return box if all(lo < hi for lo, hi in box) else None

@@ -1,4 +1,4 @@
-"""Networks as data: the ``.net`` text format and shape inference.
+"""Networks as data: the ``.net`` text format (version 2) and shape inference.
 
 A ``.net`` file is one layer per line, ``kind key=value ...``; ``#`` starts a comment. The first
 line is the input::
@@ -6,17 +6,37 @@ line is the input::
     input channels=3 size=224 classes=1000     # an image net (or height=… width=…)
     input features=784 classes=10              # a flat-input net (MLP)
 
-then the layers, in order, each optionally named with ``name=``:
+then the layers, each optionally named with ``name=`` and given its inputs with ``in=``:
 
-    conv     out=64 kernel=11 [stride=1] [pad=0] [bias=1]
-    maxpool  kernel=3 [stride=kernel] [pad=0]
+    conv      out=64 kernel=11 [stride=1] [pad=0] [bias=1]    # kernel, stride, pad: K or HxW
+    maxpool   kernel=3 [stride=kernel] [pad=0]
+    avgpool   kernel=3 [stride=kernel] [pad=0]   |   avgpool kernel=global
+    batchnorm [eps=1e-5] [momentum=0.1]
     relu
-    dropout  [p=0.5]
+    dropout   [p=0.5]
     flatten
-    linear   out=4096 [bias=1]
+    linear    out=4096 [bias=1]
+    add       in=a,b[,…]                                     # the sum (residual connections)
+    concat    in=a,b[,…]                                     # joined along channels
 
-The loss (softmax cross-entropy over ``classes``) follows the last layer, whose width must equal
-``classes``. Unnamed layers are called by kind and position among their kind: conv1, conv2, …
+``in=a,b`` names the layers a layer reads, in order; by default the line before (the net's
+input, called ``input``, for the first). Each kind's keys are in its module under
+:mod:`hpctrain.kinds`. Blocks make repeated structure one line each::
+
+    define basic out stride=1          # parameters, with defaults or required
+      conv out=$out kernel=3 stride=$stride pad=1 bias=0
+      batchnorm
+      relu
+    end
+    use basic name=stem out=32 stride=2          # layers stem.conv1, stem.batchnorm1, stem.relu1
+    use basic out=64 repeat=2                    # basic1, basic2 (with name=x: x.1, x.2)
+
+Inside a block ``input`` is the block's input and ``in=`` names its own lines; an instance's name
+stands for its last line's output. A block uses only blocks defined before it.
+
+The loss (softmax cross-entropy over ``classes``) follows the last line, whose width must equal
+``classes``. Unnamed layers are called by kind and position among their kind in their block (or
+the file): conv1, conv2, … Version-1 files (a chain, square windows) read unchanged.
 
 Sizes are whole numbers up to 2**63 - 1; a key given twice, a second ``input`` line and a layer
 name used twice are refused, as is a file that is not UTF-8 text (see :mod:`hpctrain.textfile`).
@@ -26,56 +46,56 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from hpctrain.errors import UserError, shown
+from hpctrain.errors import shown
+from hpctrain.kinds import KINDS
+from hpctrain.kinds.base import INPUT, LayerSpec, Shape
+from hpctrain.kinds.options import MAX_SIZE, NetError, integer
 from hpctrain.locations import shipped_names
-from hpctrain.partition import Window
 from hpctrain.textfile import existing_file, read_text, shipped_file
 
-LAYER_KEYS: dict[str, dict[str, object]] = {
-    # kind: {key: default, or None when required}
-    "conv": {"out": None, "kernel": None, "stride": 1, "pad": 0, "bias": 1},
-    "maxpool": {"kernel": None, "stride": 0, "pad": 0},
-    "relu": {},
-    "dropout": {"p": 0.5},
-    "flatten": {},
-    "linear": {"out": None, "bias": 1},
-}
-WEIGHTED = ("conv", "linear")
-FRACTIONS = ("p",)  # keys whose value is a decimal number; every other value is an integer
 INPUT_KEYS = ("channels", "size", "height", "width", "features", "classes")
-MAX_SIZE = sys.maxsize
-"""The largest number of elements in any activation (per sample) or parameter, and so the
-largest value a net file takes: 2**63 - 1 on a 64-bit machine, the most elements an array can
-be indexed by. Larger is refused while parsing; sizes that are possible but do not fit in memory
-are for the memory check."""
-_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)
+_PARAMETER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)", re.ASCII)
+MAX_REPEAT = 10_000
 
-
-class NetError(UserError):
-    """A network file that cannot be read, or a network that does not fit its input."""
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    name: str
-    kind: str
-    args: dict[str, float | int] = field(default_factory=dict)
-
-    def window(self) -> Window:
-        stride = int(self.args["stride"]) or int(self.args["kernel"])
-        return Window(int(self.args["kernel"]), stride, int(self.args["pad"]))
+__all__ = ["INPUT", "MAX_SIZE", "LayerSpec", "NetError", "NetSpec", "available_nets",
+           "load_net", "parse_net"]
 
 
 @dataclass(frozen=True)
 class NetSpec:
+    """A net: per-sample input shape, classes, and layers in file order (every layer reads only
+    earlier ones, so file order is a topological order)."""
+
     name: str
-    input_shape: tuple[int, ...]  # per sample: (C, H, W) or (F,)
+    input_shape: Shape  # per sample: (C, H, W) or (F,)
     classes: int
     layers: tuple[LayerSpec, ...]
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Layer name → position."""
+        return {layer.name: k for k, layer in enumerate(self.layers)}
+
+    def producers(self, k: int) -> tuple[int, ...]:
+        """Positions of the layers layer ``k`` reads; -1 is the net's input."""
+        return tuple(-1 if name == INPUT else self.index[name] for name in self.layers[k].inputs)
+
+    @cached_property
+    def consumers(self) -> dict[int, tuple[int, ...]]:
+        """Position (-1: the input) → the layers reading its output, in order."""
+        found: dict[int, list[int]] = {}
+        for k in range(len(self.layers)):
+            for p in self.producers(k):
+                found.setdefault(p, []).append(k)
+        return {p: tuple(ks) for p, ks in found.items()}
+
+    def is_chain(self) -> bool:
+        """Whether every layer reads exactly the one before it."""
+        return all(self.producers(k) == (k - 1,) for k in range(len(self.layers)))
 
     def with_image_size(self, size: int) -> NetSpec:
         if len(self.input_shape) != 3:
@@ -84,97 +104,64 @@ class NetSpec:
         if not 1 <= size <= MAX_SIZE:
             raise NetError(f"--image-size {shown(size, 30)} must be from 1 to {MAX_SIZE}")
         resized = NetSpec(self.name, (self.input_shape[0], size, size), self.classes, self.layers)
-        resized.shapes()  # refuse a size some layer cannot take, naming the layer
+        resized.out_shapes  # noqa: B018 - refuse a size some layer cannot take, naming it
         return resized
 
-    def shapes(self) -> list[tuple[int, ...]]:
-        """Per-sample shape entering each layer, plus the output shape at the end."""
-        net = shown(self.name, quoted=False)
-        shapes = [self.input_shape]
-        for layer in self.layers:
-            shapes.append(_out_shape(layer, shapes[-1], net))
-            _check_size(f"net {net}: layer {layer.name} gives shape {shapes[-1]}", shapes[-1])
+    @cached_property
+    def out_shapes(self) -> tuple[Shape, ...]:
+        """Per-sample output shape of every layer (refused, naming the layer, if unfit)."""
+        net = f"net {shown(self.name, quoted=False)}"
+        shapes: list[Shape] = []
+        for k, layer in enumerate(self.layers):
+            ins = tuple(self.input_shape if p < 0 else shapes[p] for p in self.producers(k))
+            shapes.append(KINDS[layer.kind].out_shape(layer, ins, net))
+            _check_size(f"{net}: layer {layer.name} gives shape {shapes[-1]}", shapes[-1])
         if shapes[-1] != (self.classes,):
-            raise NetError(f"net {net}: the last layer gives shape {shapes[-1]} but the loss "
+            raise NetError(f"{net}: the last layer gives shape {shapes[-1]} but the loss "
                            f"needs ({self.classes},) (classes={self.classes})")
-        return shapes
+        return tuple(shapes)
 
-    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+    def in_shapes(self, k: int) -> tuple[Shape, ...]:
+        """Per-sample shapes of the inputs of layer ``k``."""
+        return tuple(self.input_shape if p < 0 else self.out_shapes[p]
+                     for p in self.producers(k))
+
+    def shapes(self) -> list[Shape]:
+        """Per-sample shape entering each layer (its first input), plus the output at the
+        end."""
+        return [self.in_shapes(k)[0] for k in range(len(self.layers))] + [self.out_shapes[-1]]
+
+    def _whole_shapes(self, which: str) -> dict[str, Shape]:
+        found = {}
+        for k, layer in enumerate(self.layers):
+            kind = KINDS[layer.kind]
+            shapes = (kind.param_shapes if which == "parameter" else kind.buffer_shapes)(
+                layer, self.in_shapes(k))
+            for suffix, shape in shapes.items():
+                name = f"{layer.name}.{suffix}"
+                _check_size(f"net {shown(self.name, quoted=False)}: layer {layer.name}'s "
+                            f"{suffix} has shape {shape}", shape)
+                found[name] = shape
+        return found
+
+    def param_shapes(self) -> dict[str, Shape]:
         """Name → whole shape of each parameter, as the layers name them (``conv1.weight``:
-        (out, in, k, k); ``fc6.weight``: (out, in); ``*.bias``: (out,))."""
-        shapes = {}
-        for layer, shape in zip(self.layers, self.shapes(), strict=False):
-            if layer.kind not in WEIGHTED:
-                continue
-            out = int(layer.args["out"])
-            kernel = (int(layer.args["kernel"]),) * 2 if layer.kind == "conv" else ()
-            shapes[f"{layer.name}.weight"] = (out, shape[0], *kernel)
-            _check_size(f"net {shown(self.name, quoted=False)}: layer {layer.name}'s weight has "
-                        f"shape {shapes[f'{layer.name}.weight']}", shapes[f"{layer.name}.weight"])
-            if layer.args["bias"]:
-                shapes[f"{layer.name}.bias"] = (out,)
-        return shapes
+        (out, in, kh, kw); ``fc6.weight``: (out, in); ``*.bias``, ``*.gamma``: (out,))."""
+        return self._whole_shapes("parameter")
+
+    def buffer_shapes(self) -> dict[str, Shape]:
+        """Name → whole shape of each buffer (``bn1.running_mean``: (C,))."""
+        return self._whole_shapes("buffer")
 
     def parameter_count(self) -> int:
         return sum(math.prod(shape) for shape in self.param_shapes().values())
 
 
-def _check_size(what: str, shape: tuple[int, ...]) -> None:
+def _check_size(what: str, shape: Shape) -> None:
     """Refuse a shape of more than :data:`MAX_SIZE` elements; ``what`` starts the message."""
     if math.prod(shape) > MAX_SIZE:
         raise NetError(f"{what}, {math.prod(shape):.3g} elements, more than any array can hold "
                        f"({MAX_SIZE}); use smaller sizes")
-
-
-def _out_shape(layer: LayerSpec, shape: tuple[int, ...], net: str) -> tuple[int, ...]:
-    kind = layer.kind
-    if kind in ("conv", "maxpool"):
-        if len(shape) != 3:
-            raise NetError(f"net {net}: layer {layer.name} ({kind}) needs an image input, "
-                           f"got shape {shape}")
-        window = layer.window()
-        h, w = window.out_size(shape[1]), window.out_size(shape[2])
-        if h < 1 or w < 1:
-            raise NetError(f"net {net}: layer {layer.name} receives {shape[1]}x{shape[2]}, "
-                           f"too small for its window (kernel {window.kernel}, stride "
-                           f"{window.stride}, pad {window.pad}); use a larger --image-size")
-        return (int(layer.args["out"]) if kind == "conv" else shape[0], h, w)
-    if kind == "flatten":
-        n = 1
-        for d in shape:
-            n *= d
-        return (n,)
-    if kind == "linear":
-        if len(shape) != 1:
-            raise NetError(f"net {net}: layer {layer.name} (linear) needs a flat input, got "
-                           f"shape {shape}; add a 'flatten' line before it")
-        return (int(layer.args["out"]),)
-    return shape
-
-
-def _number(key: str, text: str, where: str) -> float | int:
-    """The value of ``key=text``: an integer of magnitude at most :data:`MAX_SIZE` (its sign is
-    checked by the caller, which names the range), or for a fraction key (``p``) a finite
-    decimal number."""
-    if key in FRACTIONS:
-        try:
-            value = float(text)
-        except ValueError:
-            raise NetError(f"{where}: {key}={shown(text)} is not a number") from None
-        if not math.isfinite(value):
-            raise NetError(f"{where}: {key}={shown(text)} must be a finite number")
-        return value
-    if not _INTEGER.fullmatch(text):
-        try:
-            float(text)
-        except ValueError:
-            raise NetError(f"{where}: {key}={shown(text)} is not a number") from None
-        raise NetError(f"{where}: {key}={shown(text)} must be a whole number written with "
-                       f"digits 0-9")
-    if len(text) > 20 or abs(int(text)) > MAX_SIZE:
-        raise NetError(f"{where}: {key}={shown(text)} is larger than any size can be "
-                       f"(at most {MAX_SIZE}, the most elements an array can hold)")
-    return int(text)
 
 
 def _pairs(words: list[str], where: str) -> dict[str, str]:
@@ -191,23 +178,177 @@ def _pairs(words: list[str], where: str) -> dict[str, str]:
     return texts
 
 
-def _check_layer(kind: str, args: dict[str, float | int], where: str) -> None:
-    """Refuse values ``kind`` cannot take (the numbers are already at most MAX_SIZE)."""
-    for key in ("stride", "pad"):
-        if key in args and args[key] < 0:
-            raise NetError(f"{where}: {key}={args[key]} must be a non-negative integer")
-    for key in ("out", "kernel"):
-        if key in args and args[key] < 1:
-            raise NetError(f"{where}: {key}={args[key]} must be a positive integer")
-    if kind == "conv" and args["stride"] < 1:
-        raise NetError(f"{where}: stride={args['stride']} must be at least 1")
-    if kind == "maxpool" and args["pad"] > args["kernel"] // 2:
-        raise NetError(f"{where}: maxpool pad={args['pad']} must be at most kernel // 2 = "
-                       f"{args['kernel'] // 2}, or some windows would hold only padding")
-    if kind == "dropout" and not 0 <= args["p"] < 1:
-        raise NetError(f"{where}: dropout p={args['p']} must be in [0, 1)")
-    if "bias" in args and args["bias"] not in (0, 1):
-        raise NetError(f"{where}: bias={args['bias']} must be 0 or 1")
+@dataclass
+class _Block:
+    """A ``define``: its parameters (name → default text, None when required) and lines."""
+
+    name: str
+    number: int  # the line of its ``define``
+    params: dict[str, str | None]
+    lines: list[tuple[int, list[str]]] = field(default_factory=list)
+
+
+@dataclass
+class _Scope:
+    """Names visible inside one block instance (or the file): local name → full layer name."""
+
+    prefix: str
+    input: str  # full name of what ``input`` means here
+    local: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def auto_name(self, kind: str) -> str:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        return f"{kind}{self.counts[kind]}"
+
+
+class _Builder:
+    """Expands a file's lines, blocks and all, into layers with full names and inputs."""
+
+    def __init__(self, file: str, blocks: dict[str, _Block]) -> None:
+        self.file, self.blocks = file, blocks
+        self.layers: list[LayerSpec] = []
+        self.names: set[str] = set()
+        self.outputs: dict[str, str] = {}  # full name of an instance or layer → its output layer
+
+    def emit(self, lines: list[tuple[int, list[str]]], scope: _Scope, args: dict[str, str],
+             block: _Block | None) -> str:
+        """Add the layers of ``lines``; returns the full name of the last one's output."""
+        previous = scope.input
+        for number, words in lines:
+            where = f"{self.file}, line {number}"
+            words = [words[0], *(_substitute(w, args, where, block) for w in words[1:])]
+            texts = _pairs(words[1:], where)
+            if words[0] == "use":
+                previous = self._use(texts, scope, previous, where, block or number)
+            elif words[0] == "input":
+                raise NetError(f"{where}: a second 'input' line; a net has one input, on its "
+                               f"first line")
+            else:
+                previous = self._layer(words[0], texts, scope, previous, where)
+        return previous
+
+    def _register(self, local: str, full: str, output: str, scope: _Scope, where: str) -> None:
+        if full in self.names or full == INPUT or local in scope.local:
+            raise NetError(f"{where}: name {shown(full)} is used twice; name each layer and "
+                           f"block once (name=…)")
+        self.names.add(full)
+        scope.local[local] = full
+        self.outputs[full] = output
+
+    def _resolve(self, text: str | None, scope: _Scope, previous: str, where: str
+                 ) -> tuple[str, ...]:
+        if text is None:
+            return (previous,)
+        found = []
+        for ref in text.split(","):
+            if ref == INPUT:
+                found.append(scope.input)
+            elif ref in scope.local:
+                found.append(self.outputs[scope.local[ref]])
+            elif scope.prefix + ref in self.outputs:
+                found.append(self.outputs[scope.prefix + ref])
+            else:
+                raise NetError(f"{where}: in={shown(text)} names {shown(ref)}, which is no "
+                               f"earlier layer or block here; name an earlier line or 'input'")
+        return tuple(found)
+
+    def _layer(self, kind_name: str, texts: dict[str, str], scope: _Scope, previous: str,
+               where: str) -> str:
+        kind = KINDS.get(kind_name)
+        if kind is None:
+            raise NetError(f"{where}: unknown layer kind {shown(kind_name)}; known: "
+                           f"{', '.join(KINDS)}, and 'use' for a block")
+        given = texts.pop("name", None)
+        local = scope.auto_name(kind_name)  # a named layer counts in the numbering too
+        if given is not None:
+            _check_name(given, where)
+            local = given
+        inputs = self._resolve(texts.pop("in", None), scope, previous, where)
+        if kind.many_inputs and len(inputs) < 2:
+            raise NetError(f"{where}: {kind_name} needs two or more inputs, e.g. in=a,b")
+        if not kind.many_inputs and len(inputs) != 1:
+            raise NetError(f"{where}: {kind_name} reads one input; in= names "
+                           f"{len(inputs)}")
+        options = kind.parse(texts, where)
+        full = scope.prefix + local
+        self._register(local, full, full, scope, where)
+        self.layers.append(LayerSpec(full, kind_name, options, inputs))
+        return full
+
+    def _use(self, texts: dict[str, str], scope: _Scope, previous: str, where: str,
+             within: _Block | int) -> str:
+        """Expand a ``use`` line: inside block ``within``, or at the file's line ``within``."""
+        name = texts.pop("block")
+        block = self.blocks.get(name)
+        line = within if isinstance(within, int) else within.number
+        if block is None or block.number >= line:
+            known = [b.name for b in self.blocks.values() if b.number < line]
+            raise NetError(f"{where}: no block {shown(name)} defined before this line; define "
+                           f"it first (known: {', '.join(known) or 'none'})")
+        given = texts.pop("name", None)
+        repeat = integer("repeat", texts.pop("repeat", "1"), where, 1)
+        if repeat > MAX_REPEAT:
+            raise NetError(f"{where}: repeat={repeat} is more than {MAX_REPEAT} blocks")
+        inputs = self._resolve(texts.pop("in", None), scope, previous, where)
+        if len(inputs) != 1:
+            raise NetError(f"{where}: a block reads one input; in= names {len(inputs)}")
+        args = {}
+        for key, value in texts.items():
+            if key not in block.params:
+                raise NetError(f"{where}: block {name} takes no {shown(key)}; it takes "
+                               f"{', '.join(['name', 'in', 'repeat', *block.params])}")
+            args[key] = value
+        for key, default in block.params.items():
+            if key not in args:
+                if default is None:
+                    raise NetError(f"{where}: block {name} needs {key}=…")
+                args[key] = default
+        if given is not None:
+            _check_name(given, where)
+        output = inputs[0]
+        for r in range(1, repeat + 1):
+            if given is None:
+                local = scope.auto_name(name)
+            else:
+                local = given if repeat == 1 else f"{given}.{r}"
+            full = scope.prefix + local
+            output = self.emit(block.lines, _Scope(full + ".", output), args, block)
+            self._register(local, full, output, scope, where)
+        return output
+
+
+def _check_name(name: str, where: str) -> None:
+    if not _NAME.fullmatch(name) or name == INPUT:
+        raise NetError(f"{where}: name {shown(name)} must be a letter or '_' then up to 63 "
+                       f"letters, digits, '_' or '-', and not 'input'")
+
+
+def _substitute(word: str, args: dict[str, str], where: str, block: _Block | None) -> str:
+    """``word`` with each ``$param`` replaced by the block argument."""
+    def value(match: re.Match) -> str:
+        key = match.group(1)
+        if block is None or key not in args:
+            known = ", ".join(f"${k}" for k in (block.params if block else {})) or "none here"
+            raise NetError(f"{where}: {shown(match.group(0))} is not a parameter of this block "
+                           f"({known})")
+        return args[key]
+
+    return _PARAMETER.sub(value, word) if "$" in word else word
+
+
+def _define(words: list[str], number: int, where: str) -> _Block:
+    if len(words) < 2 or not _NAME.fullmatch(words[1]) or words[1] in KINDS:
+        raise NetError(f"{where}: expected 'define NAME [param[=default] …]' with a NAME that "
+                       f"is no layer kind, got {shown(' '.join(words))}")
+    params: dict[str, str | None] = {}
+    for word in words[2:]:
+        key, sep, default = word.partition("=")
+        if not _PARAMETER.fullmatch("$" + key) or key in params or (sep and not default):
+            raise NetError(f"{where}: block parameter {shown(word)} must be NAME or "
+                           f"NAME=DEFAULT, each once")
+        params[key] = default if sep else None
+    return _Block(words[1], number, params)
 
 
 def parse_net(text: str, name: str) -> NetSpec:
@@ -215,72 +356,66 @@ def parse_net(text: str, name: str) -> NetSpec:
 
     Refused, each in one line naming the value: a line that is not ``kind key=value …``, an
     unknown kind or key, a key given twice, a missing key, a value that is not a number of the
-    right kind or not in range, a second ``input`` line, a layer name used twice, and a net
-    whose shapes do not fit (see :meth:`NetSpec.shapes`).
+    right kind or not in range, a second ``input`` line, a layer name used twice, an ``in=``
+    that names no earlier line, a block used before it is defined or without ``end``, and a net
+    whose shapes do not fit (see :attr:`NetSpec.out_shapes`).
     """
-    input_shape: tuple[int, ...] | None = None
-    classes = 0
-    layers: list[LayerSpec] = []
-    names: set[str] = set()
-    counts: dict[str, int] = {}
-    shown_name = shown(name, quoted=False)
+    file = shown(name, quoted=False)
+    blocks: dict[str, _Block] = {}
+    top: list[tuple[int, list[str]]] = []
+    open_block: _Block | None = None
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].split()
-        if not line:
+        words = raw.split("#", 1)[0].split()
+        if not words:
             continue
-        where = f"{shown_name}, line {number}"
-        kind = line[0]
-        texts = _pairs(line[1:], where)
-        if kind == "input":
-            if input_shape is not None:
-                raise NetError(f"{where}: a second 'input' line; a net has one input, on its "
-                               f"first line")
-            input_shape, classes = _parse_input(texts, where)
-            continue
-        if input_shape is None:
-            raise NetError(f"{where}: the first line must be 'input …', got {shown(kind)}")
-        if kind not in LAYER_KEYS:
-            raise NetError(f"{where}: unknown layer kind {shown(kind)}; known: "
-                           f"{', '.join(LAYER_KEYS)}")
-        layer_name = texts.pop("name", None)
-        allowed = LAYER_KEYS[kind]
-        for key in texts:
-            if key not in allowed:
-                raise NetError(f"{where}: {kind} takes no {shown(key)}; it takes "
-                               f"{', '.join(['name', *allowed])}")
-        args = {key: _number(key, value, where) for key, value in texts.items()}
-        for key, default in allowed.items():
-            if key not in args:
-                if default is None:
-                    raise NetError(f"{where}: {kind} needs {key}=…")
-                args[key] = default
-        _check_layer(kind, args, where)
-        counts[kind] = counts.get(kind, 0) + 1
-        if layer_name is not None and not _NAME.fullmatch(layer_name):
-            raise NetError(f"{where}: layer name {shown(layer_name)} must be a letter or '_' "
-                           f"then up to 63 letters, digits, '_' or '-'")
-        layer_name = layer_name or f"{kind}{counts[kind]}"
-        if layer_name in names:
-            raise NetError(f"{where}: layer name {shown(layer_name)} is used twice; name each "
-                           f"layer once (name=…)")
-        names.add(layer_name)
-        layers.append(LayerSpec(layer_name, kind, args))
-    if input_shape is None:
-        raise NetError(f"{shown_name}: no 'input' line; a net file starts with 'input "
-                       f"channels=C size=S classes=K' or 'input features=F classes=K'")
-    if not layers:
-        raise NetError(f"{shown_name}: no layers after the 'input' line")
-    spec = NetSpec(name, input_shape, classes, tuple(layers))
-    spec.param_shapes()  # every activation's and weight's size within bounds
+        where = f"{file}, line {number}"
+        if words[0] == "define":
+            if open_block is not None:
+                raise NetError(f"{where}: a define inside block {open_block.name} (line "
+                               f"{open_block.number}); close it with 'end' first")
+            open_block = _define(words, number, where)
+            if open_block.name in blocks:
+                raise NetError(f"{where}: block {open_block.name} is defined twice")
+        elif words[0] == "end":
+            if open_block is None or len(words) > 1:
+                raise NetError(f"{where}: 'end' alone closes a 'define'; none is open")
+            if not open_block.lines:
+                raise NetError(f"{where}: block {open_block.name} has no lines")
+            blocks[open_block.name] = open_block
+            open_block = None
+        else:
+            if words[0] == "use":
+                if len(words) < 2 or "=" in words[1]:
+                    raise NetError(f"{where}: 'use' needs the block first: use NAME key=value …")
+                words = ["use", f"block={words[1]}", *words[2:]]
+            (top if open_block is None else open_block.lines).append((number, words))
+    if open_block is not None:
+        raise NetError(f"{file}: block {open_block.name} (line {open_block.number}) has no "
+                       f"'end'")
+    if not top or top[0][1][0] != "input":
+        where = f"{file}, line {top[0][0]}" if top else file
+        got = f", got {shown(top[0][1][0])}" if top else ""
+        raise NetError(f"{where}: the first line must be 'input channels=C size=S classes=K' "
+                       f"or 'input features=F classes=K'{got}")
+    number, words = top[0]
+    input_shape, classes = _parse_input(_pairs(words[1:], f"{file}, line {number}"),
+                                        f"{file}, line {number}")
+    builder = _Builder(file, blocks)
+    builder.emit(top[1:], _Scope("", INPUT), {}, None)
+    if not builder.layers:
+        raise NetError(f"{file}: no layers after the 'input' line")
+    spec = NetSpec(name, input_shape, classes, tuple(builder.layers))
+    spec.out_shapes  # noqa: B018 - every activation fits its layer, within bounds
+    spec.param_shapes()  # every weight's size within bounds
     return spec
 
 
-def _parse_input(texts: dict[str, str], where: str) -> tuple[tuple[int, ...], int]:
+def _parse_input(texts: dict[str, str], where: str) -> tuple[Shape, int]:
     for key in texts:
         if key not in INPUT_KEYS:
             raise NetError(f"{where}: input takes no {shown(key)}; it takes "
                            f"{', '.join(INPUT_KEYS)}")
-    args = {key: int(_number(key, value, where)) for key, value in texts.items()}
+    args = {key: integer(key, value, where, low=-MAX_SIZE) for key, value in texts.items()}
     if "classes" not in args:
         raise NetError(f"{where}: input needs classes=…")
     if "features" in args:
@@ -288,7 +423,7 @@ def _parse_input(texts: dict[str, str], where: str) -> tuple[tuple[int, ...], in
             others = ", ".join(key for key in args if key not in ("features", "classes"))
             raise NetError(f"{where}: input features=… takes no {others}; give features= "
                            f"for flat input or channels= and size= for images")
-        shape: tuple[int, ...] = (args["features"],)
+        shape: Shape = (args["features"],)
     else:
         if "channels" not in args:
             raise NetError(f"{where}: input needs features=… or channels=… size=…")

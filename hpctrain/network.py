@@ -12,14 +12,12 @@ from hpctrain.errors import UserError
 from hpctrain.grid import GridSet
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.kernels.loss import softmax_cross_entropy
+from hpctrain.kinds import KINDS
+from hpctrain.kinds.base import BuildContext
 from hpctrain.layers.base import Layer, Parameter
-from hpctrain.layers.conv import Conv2d
-from hpctrain.layers.elementwise import Dropout, Flatten, ReLU
-from hpctrain.layers.linear import Linear
-from hpctrain.layers.pool import MaxPool2d
-from hpctrain.layout import Layout, grid_coords
+from hpctrain.layout import grid_coords
 from hpctrain.net import NetSpec
-from hpctrain.placement import move_pairs, plan_layouts
+from hpctrain.placement import input_layout, move_pairs, plan_layouts
 from hpctrain.plan import LayerPlan, PlanError
 from hpctrain.timing import LOSS, StepTimer, StepTimes
 
@@ -27,14 +25,15 @@ from hpctrain.timing import LOSS, StepTimer, StepTimes
 class Network:
     """``net`` on the ranks of ``grids.world``, each layer on the grid its plan entry names.
 
-    Between consecutive layers whose layouts differ, a :class:`Redistribute` moves activations
-    forward and gradients back. After the last layer the logits are replicated over the last
-    grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples, so each
-    sample's loss (and gradient) is counted exactly once.
+    Every edge whose producer and consumer layouts differ gets a :class:`Redistribute`, which
+    moves activations forward and gradients back. A tensor read by several layers gets the sum
+    of the gradients that come back. After the last layer the logits are replicated over the
+    last grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples,
+    so each sample's loss (and gradient) is counted exactly once.
 
     Timing: pass a record from :meth:`step_times` as ``times`` to :meth:`train_step` (or to
     :meth:`forward`, :meth:`loss` and :meth:`backward`) and it is filled with each layer's
-    compute, its own communication and the redistribution feeding it, forward and backward.
+    compute, its own communication and the redistributions feeding it, forward and backward.
     Timing changes no numbers; without a record nothing is timed.
     """
 
@@ -46,52 +45,42 @@ class Network:
         self.net, self.plan, self.batch = net, plan, batch
         self.grids, self.backend = grids, backend
         self.rank = grids.world.Get_rank()
+        procs = grids.world.Get_size()
+        # every layout from the plan alone (placement.py), once; the move benchmark plans the
+        # very moves that run
+        self.input_layout = input_layout(net, plan, batch, procs)
+        layouts = plan_layouts(net, plan, batch, procs)
         self.layers: list[Layer] = []
-        # every layout from the plan alone (placement.py), once: followers run on theirs, and
-        # the move benchmark plans the very moves that run
-        layouts = plan_layouts(net, plan, batch, grids.world.Get_size())
-        for index, (spec, entry, shape) in enumerate(zip(net.layers, plan, net.shapes(),
-                                                         strict=False)):
-            key = stream_key(seed, index)
-            if entry.mode != "follow":
-                layer = self._weighted(spec, (batch, *shape), entry, key)
-            else:
-                layer = self._follower(spec, layouts[index][0], key)
+        for k, (spec, entry, where) in enumerate(zip(net.layers, plan, layouts, strict=True)):
+            context = BuildContext(entry.mode, entry.grid, where.inputs, where.output, grids,
+                                   backend, stream_key(seed, k), self.rank)
+            layer = KINDS[spec.kind].build(spec, context)
+            layer.kind = spec.kind
+            # nobody reads the gradient of the input batch
+            layer.need_dx = any(p >= 0 for p in net.producers(k))
             self.layers.append(layer)
-        self.layers[0].need_dx = False
-        *feeding, (last, self.loss_layout) = move_pairs(layouts)
-        self.moves = [Redistribute(backend, grids, src, dst)  # moves[k] feeds layers[k]
-                      for src, dst in feeding]
+        *feeding, (last, self.loss_layout) = move_pairs(net, layouts, self.input_layout)
+        moves = iter(Redistribute(backend, grids, src, dst) for src, dst in feeding)
+        # moves[k][e] feeds input e of layers[k]
+        self.moves = [[next(moves) for _ in spec.inputs] for spec in net.layers]
         self.to_loss = Redistribute(backend, grids, last, self.loss_layout)
-        self.input_layout = self.layers[0].in_layout
-
-    def _weighted(self, spec: Any, shape: tuple[int, ...], entry: LayerPlan, key: int) -> Layer:
-        if spec.kind == "conv":
-            return Conv2d(spec, shape, entry, self.grids, self.backend, key)
-        if spec.kind == "linear":
-            return Linear(spec, shape, entry, self.grids, self.backend, key)
-        raise PlanError(f"layer {spec.name} ({spec.kind}) has no weights; its plan entry must "
-                        f"be 'follow', not {entry.describe()}")
-
-    def _follower(self, spec: Any, layout: Layout, key: int) -> Layer:
-        if spec.kind == "relu":
-            return ReLU(spec, layout, self.backend)
-        if spec.kind == "dropout":
-            return Dropout(spec, layout, self.backend, key, self.rank)
-        if spec.kind == "flatten":
-            return Flatten(spec, layout)
-        if spec.kind == "maxpool":
-            return MaxPool2d(spec, layout, self.grids, self.backend)
-        raise PlanError(f"layer {spec.name} ({spec.kind}) needs a grid of its own")
+        self.producers = [net.producers(k) for k in range(len(net.layers))]
+        self.readers = {p: len(ks) for p, ks in net.consumers.items()}
 
     @property
     def params(self) -> list[Parameter]:
         return [p for layer in self.layers for p in layer.params]
 
+    @property
+    def buffers(self) -> list[Parameter]:
+        """State kept with the parameters but not trained (batch norm's running statistics)."""
+        return [b for layer in self.layers for b in layer.buffers]
+
     def set_training(self, training: bool) -> None:
+        """Training (dropout on, batch statistics) or evaluation (dropout off, running
+        statistics)."""
         for layer in self.layers:
-            if isinstance(layer, Dropout):
-                layer.training = training
+            layer.training = training
 
     def step_times(self) -> StepTimes:
         """A blank timing record for one step of this network (one row per layer)."""
@@ -102,36 +91,52 @@ class Network:
         """Logits on ``loss_layout`` from X on ``input_layout``; ``trace`` collects each output.
 
         ``times`` (from :meth:`step_times`) is filled with each move's and layer's forward time.
+        An output is let go once every layer reading it has run.
         """
+        outputs: dict[int, Any] = {-1: x}
+        unread = dict(self.readers)
         with StepTimer(self.backend, times) as timer:
-            for k, (move, layer) in enumerate(zip(self.moves, self.layers, strict=True)):
-                x = move.forward(x)
-                timer.forward_move(k, move)
-                x = layer.forward(x, step)
+            for k, layer in enumerate(self.layers):
+                xs = []
+                for move, p in zip(self.moves[k], self.producers[k], strict=True):
+                    xs.append(move.forward(outputs[p]))
+                    timer.forward_move(k, move)
+                    unread[p] -= 1
+                    if not unread[p]:
+                        del outputs[p]
+                y = layer.forward(xs if len(xs) > 1 else xs[0], step)
                 timer.forward_layer(k)
+                outputs[k] = y
                 if trace is not None:
-                    trace.append(x)
-            logits = self.to_loss.forward(x)
+                    trace.append(y)
+            logits = self.to_loss.forward(outputs[len(self.layers) - 1])
             timer.forward_move(LOSS, self.to_loss)
         return logits
 
     def backward(self, dlogits: Any, trace: list | None = None,
                  times: StepTimes | None = None) -> None:
-        """Parameter gradients from dLoss/dlogits; ``trace`` collects input gradients.
+        """Parameter gradients from dLoss/dlogits; ``trace`` collects each layer's input
+        gradient (a list of one per input for a layer of several inputs).
 
         ``times`` (from :meth:`step_times`) is filled with each layer's and move's backward time.
         """
+        grads: dict[int, Any] = {}
         with StepTimer(self.backend, times) as timer:
-            dy = self.to_loss.backward(dlogits)
+            grads[len(self.layers) - 1] = self.to_loss.backward(dlogits)
             timer.backward_move(LOSS, self.to_loss)
             for k in reversed(range(len(self.layers))):
-                dx = self.layers[k].backward(dy)
+                dxs = self.layers[k].backward(grads.pop(k))
                 timer.backward_layer(k)
                 if trace is not None:
-                    trace.insert(0, dx)
-                if dx is not None:
-                    dy = self.moves[k].backward(dx)
-                    timer.backward_move(k, self.moves[k])
+                    trace.insert(0, dxs)
+                if len(self.moves[k]) == 1:
+                    dxs = [dxs]
+                for move, p, dx in zip(self.moves[k], self.producers[k], dxs, strict=True):
+                    if dx is None or p < 0:
+                        continue
+                    dy = move.backward(dx)
+                    timer.backward_move(k, move)
+                    grads[p] = dy if p not in grads else grads[p] + dy
 
     def train_step(self, data: Any, step: int, outputs: list | None = None,
                    input_grads: list | None = None,

@@ -1,88 +1,83 @@
-"""Where each layer's input and output sit under its plan entry (pure; no MPI).
+"""Where each layer's inputs and output sit under its plan entry (pure; no MPI).
 
 The distributed layers take their layouts from here, and the cost model predicts a plan from the
-same layouts, so prediction and execution cannot disagree on what moves where.
+same layouts, so prediction and execution cannot disagree on what moves where. Each kind says
+which layouts it takes (:meth:`hpctrain.kinds.base.Kind.layouts`):
 
-- conv/linear, batch or model mode on Pr×Pc: input replicated over Pr (batch split over Pc),
-  output split by channels/features over Pr.
-- conv, domain mode: input and output split by height over Pr.
-- maxpool: keeps the split it is fed (a height split is pooled with a halo exchange).
-- relu, dropout: the layout they are fed.
-- flatten: a channel split becomes a feature split; a height split is gathered first.
-- a first layer without weights runs batch-parallel on 1×P.
+- a weighted kind (conv, linear) takes the layouts of its mode on its grid;
+- any other kind follows its first input's layout; its other inputs (add, concat) are moved to
+  what it asks for;
+- the input batch is produced where the first layer reads it: in its input layout when it is
+  weighted, else batch-parallel on 1×P.
 
-:func:`plan_layouts` gives every layer's layouts under a whole plan and :func:`move_pairs` the
-moves between them; the network builds its redistributions from these.
+:func:`plan_layouts` gives every layer's layouts under a whole plan and :func:`move_pairs` every
+move between them; the network builds its redistributions from these.
 """
 
 from __future__ import annotations
 
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
-from hpctrain.net import LayerSpec, NetSpec
+from dataclasses import dataclass
+
+from hpctrain.kinds import KINDS
+from hpctrain.layout import Layout
+from hpctrain.net import NetSpec
 from hpctrain.plan import LayerPlan
 
 
-def weighted_layouts(spec: LayerSpec, in_shape: tuple[int, ...], mode: str,
-                     grid: tuple[int, int]) -> tuple[Layout, Layout]:
-    """(input, output) layouts of a conv or linear layer; ``in_shape`` includes the batch."""
-    n = in_shape[0]
-    out = int(spec.args["out"])
-    if spec.kind == "linear":
-        return Layout(in_shape, grid), Layout((n, out), grid, CHANNEL_AXIS)
-    window = spec.window()
-    out_shape = (n, out, window.out_size(in_shape[2]), window.out_size(in_shape[3]))
-    if mode == "domain":
-        return Layout(in_shape, grid, HEIGHT_AXIS), Layout(out_shape, grid, HEIGHT_AXIS)
-    return Layout(in_shape, grid), Layout(out_shape, grid, CHANNEL_AXIS)
+@dataclass(frozen=True)
+class LayerLayouts:
+    """The layouts a layer reads its inputs in (in order) and gives its output in."""
+
+    inputs: tuple[Layout, ...]
+    output: Layout
+
+    @property
+    def input(self) -> Layout:
+        """The first input's layout (the only one of most kinds)."""
+        return self.inputs[0]
 
 
-def follower_layouts(spec: LayerSpec, layout: Layout) -> tuple[Layout, Layout]:
-    """(input, output) layouts of a layer without weights fed on ``layout``."""
-    if spec.kind == "maxpool":
-        window = spec.window()
-        n, c, h, w = layout.shape
-        out_shape = (n, c, window.out_size(h), window.out_size(w))
-        if layout.split_axis == HEIGHT_AXIS:
-            return layout, Layout(out_shape, layout.grid, HEIGHT_AXIS)
-        return layout, Layout(out_shape, layout.grid, layout.split_axis, layout.split_ranges)
-    if spec.kind == "flatten":
-        # A height-split input cannot be flattened in place (its rows are not contiguous
-        # features): gather the rows first.
-        source = layout.replicated() if layout.split_axis == HEIGHT_AXIS else layout
-        n, c, h, w = layout.shape
-        ranges = None
-        if source.split_axis == CHANNEL_AXIS:
-            ranges = tuple((lo * h * w, hi * h * w) for lo, hi in source.split_ranges)
-        return source, Layout((n, c * h * w), layout.grid,
-                              CHANNEL_AXIS if ranges else None, ranges)
-    return layout, layout
+def layer_layouts(net: NetSpec, k: int, fed: tuple[Layout, ...], entry: LayerPlan,
+                  batch: int) -> LayerLayouts:
+    """Layouts of layer ``k`` fed its inputs on ``fed`` under plan entry ``entry``; refused
+    with a :class:`~hpctrain.partition.SplitError` naming the layer when they cannot run."""
+    spec = net.layers[k]
+    kind = KINDS[spec.kind]
+    out_shape = (batch, *net.out_shapes[k])
+    inputs, output = kind.layouts(spec, fed, out_shape, entry.mode, entry.grid)
+    kind.check(spec, inputs, output)
+    return LayerLayouts(inputs, output)
 
 
-def plan_layouts(net: NetSpec, plan: list[LayerPlan], batch: int,
-                 procs: int) -> list[tuple[Layout, Layout]]:
-    """(input, output) layout of every layer of ``net`` under ``plan`` on ``procs`` ranks.
+def input_layout(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int) -> Layout:
+    """Where each rank's block of the input batch is produced."""
+    shape = (batch, *net.input_shape)
+    if KINDS[net.layers[0].kind].weighted and net.producers(0) == (-1,):
+        fed = (Layout(shape, (1, procs)),)
+        return layer_layouts(net, 0, fed, plan[0], batch).input
+    return Layout(shape, (1, procs))
 
-    A weighted layer takes the layouts of its mode and grid; a layer without weights follows
-    the output before it, and a first one runs on 1×P.
-    """
-    layouts: list[tuple[Layout, Layout]] = []
-    for spec, entry, shape in zip(net.layers, plan, net.shapes()[:-1], strict=True):
-        if entry.mode != "follow":
-            layouts.append(weighted_layouts(spec, (batch, *shape), entry.mode, entry.grid))
-        else:
-            fed = layouts[-1][1] if layouts else Layout((batch, *shape), (1, procs))
-            layouts.append(follower_layouts(spec, fed))
+
+def plan_layouts(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int
+                 ) -> list[LayerLayouts]:
+    """The layouts of every layer of ``net`` under ``plan`` on ``procs`` ranks."""
+    source = input_layout(net, plan, batch, procs)
+    layouts: list[LayerLayouts] = []
+    for k in range(len(net.layers)):
+        fed = tuple(source if p < 0 else layouts[p].output for p in net.producers(k))
+        layouts.append(layer_layouts(net, k, fed, plan[k], batch))
     return layouts
 
 
-def move_pairs(layouts: list[tuple[Layout, Layout]]) -> list[tuple[Layout, Layout]]:
-    """(source, target) of every move of a network whose layers have ``layouts``: the move
-    feeding each layer (from the output before it; the first from its own input), then the
-    move of the logits to the loss, replicated over the last grid's Pr ranks."""
+def move_pairs(net: NetSpec, layouts: list[LayerLayouts], source: Layout
+               ) -> list[tuple[Layout, Layout]]:
+    """(source, target) of every move of ``net`` whose layers have ``layouts`` and whose input
+    batch is produced on ``source``: each layer's inputs in order, layer by layer, then the move
+    of the logits to the loss, replicated over the last grid's Pr ranks."""
     pairs = []
-    previous = layouts[0][0]
-    for in_layout, out_layout in layouts:
-        pairs.append((previous, in_layout))
-        previous = out_layout
-    pairs.append((previous, previous.replicated()))
+    for k, layer in enumerate(layouts):
+        for p, target in zip(net.producers(k), layer.inputs, strict=True):
+            pairs.append((source if p < 0 else layouts[p].output, target))
+    last = layouts[-1].output
+    pairs.append((last, last.replicated()))
     return pairs

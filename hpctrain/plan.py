@@ -10,7 +10,10 @@ A plan gives each layer a mode and a Pr×Pc grid:
 Grid specs (``--grid``):
 
 - ``RxC``: every conv and linear layer in model mode on R×C (``1xP`` is pure batch).
-- ``conv=SPEC,fc=SPEC``: per kind; SPEC is ``RxC`` or ``domain:RxC``.
+- ``conv=SPEC,fc=SPEC``: per kind; SPEC is ``RxC`` or ``domain:RxC``. Deep in a net the image
+  may be too short to cut into R row blocks (a ResNet's last stage at a small --image-size): a
+  convolution whose height cannot take ``domain:RxC`` runs ``model`` on the same grid instead,
+  and the plan printed at start-up shows it.
 - a plan file path: one line per weighted layer, ``NAME MODE RxC`` (other lines may say
   ``NAME follow``); ``#`` comments. :func:`write_plan` writes this format.
 - a shipped plan's name (``hpctrain/inputs/plans/NAME.plan``), e.g. ``smallcnn-p4-mixed``.
@@ -28,12 +31,17 @@ from pathlib import Path
 
 from hpctrain.errors import UserError, shown
 from hpctrain.files import replace_atomically
+from hpctrain.kinds import KINDS
+from hpctrain.layout import Layout
 from hpctrain.locations import shipped_names
-from hpctrain.net import WEIGHTED, NetSpec
+from hpctrain.net import NetSpec
+from hpctrain.partition import SplitError
 from hpctrain.textfile import existing_file, read_text, shipped_file
 
 MODES = ("batch", "model", "domain", "follow")
 MARKER = "# hpctrain plan"  # the first line of every plan file hpctrain writes
+# the --grid keys (conv=, fc=) and the weighted kinds they plan
+KINDS_BY_GRID_KEY = {kind.grid_key: kind for kind in KINDS.values() if kind.grid_key}
 _GRID = re.compile(r"([0-9]+)x([0-9]+)", re.ASCII)
 
 
@@ -75,9 +83,9 @@ def _kind_spec(text: str, kind: str, procs: int) -> tuple[str, tuple[int, int]]:
     if mode not in ("model", "domain"):
         raise PlanError(f"--grid {kind}={shown(text)}: unknown mode {shown(mode)}; use RxC or "
                         f"domain:RxC")
-    if mode == "domain" and kind == "fc":
-        raise PlanError(f"--grid fc={shown(text)}: fully connected layers have no height to "
-                        f"split; use fc=RxC")
+    if mode not in KINDS_BY_GRID_KEY[kind].modes:
+        raise PlanError(f"--grid {kind}={shown(text)}: {KINDS_BY_GRID_KEY[kind].name} layers "
+                        f"cannot be {mode}-parallel; use {kind}=RxC")
     return mode, _parse_grid(grid, procs, f"--grid {kind}={shown(text)}")
 
 
@@ -89,29 +97,32 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
                         "give RxC, conv=SPEC,fc=SPEC or a plan file")
     if _GRID.fullmatch(spec):
         grid = _parse_grid(spec, procs, "--grid")
-        return [LayerPlan(l.name, "model", grid) if l.kind in WEIGHTED
+        return [LayerPlan(l.name, "model", grid) if KINDS[l.kind].weighted
                 else LayerPlan(l.name, "follow") for l in net.layers]
     if "=" in spec:
         by_kind: dict[str, tuple[str, tuple[int, int]]] = {}
         for part in spec.split(","):
             kind, _, value = part.partition("=")
-            if kind not in ("conv", "fc"):
+            if kind not in KINDS_BY_GRID_KEY:
                 raise PlanError(f"--grid: unknown layer kind {shown(kind)} in {shown(spec)}; "
-                                f"use conv= and fc=")
+                                f"use {'= and '.join(KINDS_BY_GRID_KEY)}=")
             if kind in by_kind:
                 raise PlanError(f"--grid {shown(spec)} gives {kind}= twice; give each of conv= "
                                 f"and fc= once")
             by_kind[kind] = _kind_spec(value, kind, procs)
         plans = []
-        for layer in net.layers:
-            kind = {"conv": "conv", "linear": "fc"}.get(layer.kind)
-            if kind is None:
+        for k, layer in enumerate(net.layers):
+            kind = KINDS[layer.kind].grid_key
+            if not kind:
                 plans.append(LayerPlan(layer.name, "follow"))
             elif kind not in by_kind:
                 raise PlanError(f"--grid {shown(spec)} gives no grid for {kind} layers "
                                 f"(layer {layer.name}); add {kind}=RxC")
             else:
-                plans.append(LayerPlan(layer.name, *by_kind[kind]))
+                mode, grid = by_kind[kind]
+                if mode == "domain" and not _domain_fits(net, k, grid):
+                    mode = "model"  # too few rows to cut R ways: see the module doc
+                plans.append(LayerPlan(layer.name, mode, grid))
         return plans
     path = existing_file(spec)
     if path is not None:
@@ -121,6 +132,20 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
         raise PlanError(f"--grid {shown(spec)} is not RxC, conv=…,fc=…, auto, an existing plan "
                         f"file or a shipped plan ({', '.join(shipped_names('plans', '.plan'))})")
     return read_plan(resource, net, procs)
+
+
+def _domain_fits(net: NetSpec, k: int, grid: tuple[int, int]) -> bool:
+    """Whether layer ``k``'s input and output heights can be cut over grid's Pr row blocks,
+    each window taking halo rows from direct neighbours only."""
+    spec, kind = net.layers[k], KINDS[net.layers[k].kind]
+    batch = grid[1]  # the batch does not matter here: the smallest that splits
+    fed = (Layout((batch, *net.in_shapes(k)[0]), grid),)
+    inputs, output = kind.layouts(spec, fed, (batch, *net.out_shapes[k]), "domain", grid)
+    try:
+        kind.check(spec, inputs, output)
+    except SplitError:
+        return False
+    return True
 
 
 def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerPlan]:
@@ -160,14 +185,16 @@ def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerP
     plans = []
     for layer in net.layers:
         entry = entries.get(layer.name, LayerPlan(layer.name, "follow"))
-        if layer.kind in WEIGHTED and entry.mode == "follow":
+        kind = KINDS[layer.kind]
+        if kind.weighted and entry.mode == "follow":
             raise PlanError(f"{name}: no grid for layer {layer.name} ({layer.kind})")
-        if layer.kind not in WEIGHTED and entry.mode != "follow":
+        if not kind.weighted and entry.mode != "follow":
             raise PlanError(f"{name}: layer {layer.name} ({layer.kind}) follows the layer "
                             f"feeding it; write '{layer.name} follow'")
-        if layer.kind == "linear" and entry.mode == "domain":
-            raise PlanError(f"{name}: layer {layer.name} is fully connected and cannot be "
-                            f"domain-parallel")
+        if entry.mode not in ("batch", "follow", *kind.modes):
+            raise PlanError(f"{name}: layer {layer.name} ({layer.kind}) cannot be "
+                            f"{entry.mode}-parallel; it takes batch or "
+                            f"{' or '.join(kind.modes)}")
         plans.append(entry)
     return plans
 

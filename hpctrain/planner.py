@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hpctrain.cost.model import Choice, CostModel, LayerCost, SegmentCost, larger
+from hpctrain.cost.model import Choice, CostModel, LayerCost, larger
 from hpctrain.errors import UserError
-from hpctrain.net import WEIGHTED, NetSpec
+from hpctrain.kinds import KINDS
+from hpctrain.layout import Layout
+from hpctrain.net import NetSpec
+from hpctrain.partition import factorisations
 from hpctrain.plan import LayerPlan
 
 
@@ -86,31 +89,46 @@ def _pareto(labels: list[_Label], cap: float | None) -> list[_Label]:
     return front
 
 
-def _fed(model: CostModel, segment: int, cost: SegmentCost, previous) -> LayerCost:
-    """A copy of the segment's first layer (the cached one stays clean) with the move feeding
-    it from layout ``previous``: its time and its memory."""
-    first = replace(cost.layers[0], resident=dict(cost.layers[0].resident),
-                    transient=dict(cost.layers[0].transient))
-    if previous is not None:
-        first.move, *moved = model.move_cost(previous, cost.in_layout)
-        first.redistribution = tuple(moved)
-        resident, transient = model.move_memory(previous, cost.in_layout,
-                                                model.segments[segment][0])
-        first.resident.update(resident)
-        first.transient = larger(first.transient, transient)
-    return first
+def _fed(model: CostModel, index: int, cost: LayerCost, moves: list[tuple[Layout, Layout]]
+         ) -> LayerCost:
+    """A copy of layer ``index``'s cost (the cached one stays clean) with the moves feeding it
+    from other segments, (source, target) each: their time and their memory."""
+    fed = replace(cost, resident=dict(cost.resident), transient=dict(cost.transient))
+    for source, target in moves:
+        move, *moved = model.move_cost(source, target)
+        if move != "identity" or fed.move == "identity":
+            fed.move = move
+        fed.redistribution = tuple(a + b for a, b in zip(fed.redistribution, moved,
+                                                          strict=True))
+        resident, transient = model.move_memory(source, target, index)
+        fed.resident.update(resident)
+        fed.transient = larger(fed.transient, transient)
+    return fed
 
 
 def evaluate(model: CostModel, choices: list[Choice], timed: bool = True) -> PlannedNetwork:
     """Predicted costs of the plan that gives segment k the choice ``choices[k]``; ``timed``
     False: memory and moves only, no kernel timed (compute left at zero)."""
-    layers = model.prelude_costs(timed)
-    previous = model.prelude_layout()
-    data = model.input_cost(model.input_layout(choices[0]), timed)
+    net = model.net
+    costs: dict[int, LayerCost] = dict(zip(model.prelude, model.prelude_costs(timed),
+                                            strict=True))
+    layouts = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
     for segment, choice in enumerate(choices):
         cost = model.segment_cost(segment, choice, timed)
-        layers += [_fed(model, segment, cost, previous), *cost.layers[1:]]
-        previous = cost.out_layout
+        costs.update(zip(model.segments[segment], cost.layers, strict=True))
+        layouts.update(zip(model.segments[segment], cost.layouts, strict=True))
+    source = model.input_layout(choices[0])
+    data = model.input_cost(source, timed)
+    layers = []
+    for k in range(len(net.layers)):
+        # a follower's first input is fed inside its segment (counted there); every other
+        # edge joins two segments
+        weighted = KINDS[net.layers[k].kind].weighted
+        moves = [((source if p < 0 else layouts[p].output), target)
+                 for e, (p, target) in enumerate(zip(net.producers(k), layouts[k].inputs,
+                                                     strict=True)) if e > 0 or weighted]
+        layers.append(_fed(model, k, costs[k], moves) if moves else costs[k])
+    previous = layouts[len(net.layers) - 1].output
     kind, forward, backward = model.loss_cost(previous)
     loss = LayerCost("loss", "softmax", "follow", previous.grid, redistribution=(forward,
                                                                                 backward),
@@ -133,13 +151,13 @@ def choices_of(model: CostModel, plans: list[LayerPlan]) -> list[Choice]:
 def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = None) -> float:
     """FLOPs of one iteration's kernels at the whole ``batch`` (forward and backward, without
     the optimizer's update); only layers of ``kinds`` when given (e.g. the GEMM ones)."""
-    from hpctrain.cost.compute import FlopModel
+    from hpctrain.cost.compute import FlopModel, flops
     from hpctrain.cost.machine import Machine
 
     # P = 1 has one choice per layer, batch on 1×1: every kernel at the whole batch
     model = CostModel(net, batch, 1, Machine("flops", 1.0, 1.0, 1.0), FlopModel(1.0))
     planned = evaluate(model, [Choice("batch", (1, 1))] * len(model.segments))
-    return sum(sum(c.work.flops()) for c in planned.layers
+    return sum(sum(flops(c.work)) for c in planned.layers
                if c.work is not None and (kinds is None or c.work.kind in kinds))
 
 
@@ -211,6 +229,8 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
             name = model.net.layers[model.segments[k][0]].name
             raise PlannerError(f"layer {name} cannot be split on {model.procs} processes at "
                                f"batch {model.batch}; raise --batch or use fewer processes")
+    if not model.net.is_chain():
+        return _uniform_plan(model, candidates, mem_per_rank, cap_source)
     if mem_per_rank is not None:
         candidates = _fits(model, candidates, mem_per_rank, cap_source)
     model.prefetch(candidates)
@@ -227,7 +247,8 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
             rest_peak = max((c.peak for c in cost.layers[1:]), default=0.0)
             labels = []
             if segment == 0:
-                first = _fed(model, segment, cost, previous_layout)
+                first = _fed(model, model.segments[segment][0], cost.layers[0],
+                             [(previous_layout, cost.in_layout)] if previous_layout else [])
                 data = model.input_cost(model.input_layout(choice))
                 labels.append(_Label(
                     cost.total + sum(first.redistribution) + data.total,
@@ -235,8 +256,8 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
                     max(base_peak, data.peak, first.peak, rest_peak), None))
             else:
                 for before, before_labels in fronts[-1].items():
-                    first = _fed(model, segment, cost, model.segment_cost(
-                        segment - 1, before).out_layout)
+                    first = _fed(model, model.segments[segment][0], cost.layers[0], [(
+                        model.segment_cost(segment - 1, before).out_layout, cost.in_layout)])
                     for index, label in enumerate(before_labels):
                         labels.append(_Label(
                             label.time + sum(first.redistribution) + cost.total,
@@ -264,13 +285,46 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     return evaluate(model, chosen[::-1])
 
 
+def _uniform_plan(model: CostModel, candidates: list[list[Choice]],
+                  mem_per_rank: float | None, cap_source: str) -> PlannedNetwork:
+    """A net with branches: the fastest predicted plan that puts every weighted layer on one
+    grid, in one mode where its kind has it (else model, e.g. linear layers of a domain plan).
+
+    Simple and always valid, not the best per-layer plan: moves between branches couple
+    segments that are not consecutive, which the chain's dynamic programming does not cover.
+    """
+    kinds = [KINDS[model.net.layers[seg[0]].kind] for seg in model.segments]
+    options = []
+    for grid in factorisations(model.procs):
+        for mode in (("batch",) if grid[0] == 1 else ("model", "domain")):
+            choices = [Choice(mode if mode == "batch" or mode in kind.modes else "model", grid)
+                       for kind in kinds]
+            if all(c in found for c, found in zip(choices, candidates, strict=True)):
+                options.append(choices)
+    if not options:
+        raise PlannerError(f"no grid of {model.procs} processes suits every layer of net "
+                           f"{model.net.name} at batch {model.batch}; raise --batch or give "
+                           f"a plan")
+    model.prefetch([sorted(set(found), key=Choice.describe) for found in zip(*options)])
+    planned = [evaluate(model, choices) for choices in options]
+    fitting = [p for p in planned if mem_per_rank is None or p.memory <= mem_per_rank]
+    if not fitting:
+        _refuse_cap(model, mem_per_rank, min(options, key=lambda c: evaluate(
+            model, c, timed=False).memory), cap_source)
+    return min(fitting, key=lambda p: p.iteration_time)
+
+
+def _weighted(kind: str) -> bool:
+    return kind in KINDS and KINDS[kind].weighted
+
+
 def format_plan(planned: PlannedNetwork) -> str:
     """The plan as a table: per layer, mode and grid, predicted ms and memory per rank."""
     header = (f"{'layer':<10} {'kind':<8} {'mode':<7} {'grid':<7} {'compute ms':>11} "
               f"{'comm ms':>9} {'redist ms':>10} {'fed by':<10} {'mem MiB':>9} {'+tmp MiB':>9}")
     rows = [header]
     for c in [planned.data, *planned.layers, planned.loss]:
-        grid = "" if c.mode == "follow" and c.kind not in WEIGHTED else f"{c.grid[0]}x{c.grid[1]}"
+        grid = "" if c.mode == "follow" and not _weighted(c.kind) else f"{c.grid[0]}x{c.grid[1]}"
         rows.append(f"{c.layer:<10} {c.kind:<8} {c.mode:<7} {grid:<7} "
                     f"{sum(c.compute) * 1e3:>11.3f} {sum(c.comm) * 1e3:>9.3f} "
                     f"{sum(c.redistribution) * 1e3:>10.3f} {c.move:<10} {c.memory / 2**20:>9.1f} "

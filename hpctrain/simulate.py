@@ -48,6 +48,7 @@ from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.cost.model import Choice, CostModel
 from hpctrain.cost.paper import strategy_comm
 from hpctrain.errors import ArgumentParser, UserError, shown
+from hpctrain.kinds import KINDS
 from hpctrain.locations import checkout_root
 from hpctrain.net import NetSpec, load_net
 from hpctrain.partition import factorisations
@@ -177,7 +178,7 @@ def strategy_choices(model: CostModel, strategy: str, grid: tuple[int, int]) -> 
     split = Choice("model", grid) if pr > 1 else whole
     choices = []
     for segment in model.segments:
-        if model.net.layers[segment[0]].kind != "conv":
+        if "domain" not in KINDS[model.net.layers[segment[0]].kind].modes:
             choices.append(split)
         elif strategy == "conv-batch":
             choices.append(whole)

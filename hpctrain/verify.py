@@ -35,11 +35,13 @@ def serial_plan(plan: list[LayerPlan]) -> list[LayerPlan]:
 
 @dataclass
 class LayerState:
-    """One layer's output, input gradient and parameter gradients, whole (on rank 0)."""
+    """One layer's output, input gradients (one per input), parameter gradients and buffers
+    after the step, whole (on rank 0)."""
 
     output: np.ndarray | None
-    input_grad: np.ndarray | None
+    input_grads: list[np.ndarray | None] | None
     param_grads: dict[str, np.ndarray | None]
+    buffers: dict[str, np.ndarray | None]
 
 
 def run_step(network: Network, data: SyntheticData, step: int = 0
@@ -59,10 +61,20 @@ def _gather_layer(be: Backend, comm: MPI.Comm, layer: Layer, y, dx) -> LayerStat
     out = gather_to_root(be, comm, y, layer.out_layout.shape, layer.out_layout.box, "copy")
     dx_whole = None
     if dx is not None:
-        dx_whole = gather_to_root(be, comm, dx, layer.in_layout.shape, layer.in_layout.box, "sum")
+        dxs = dx if isinstance(dx, list) else [dx]
+        dx_whole = [gather_to_root(be, comm, d, layout.shape, layout.box, "sum")
+                    for d, layout in zip(dxs, layer.in_layouts, strict=True)]
     params = {p.name: gather_to_root(be, comm, p.grad, p.shape, p.box, "copy")
               for p in layer.params}
-    return LayerState(out, dx_whole, params)
+    buffers = {b.name: gather_to_root(be, comm, b.value, b.shape, b.box, "copy")
+               for b in layer.buffers}
+    return LayerState(out, dx_whole, params, buffers)
+
+
+def _worst(got: dict, want: dict) -> float | None:
+    """The largest relative error over the arrays of two dicts of the same names."""
+    errors = [relative_error(got[name], want[name]) for name in got]
+    return max(errors) if errors else None
 
 
 def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, backend: Backend,
@@ -77,21 +89,20 @@ def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, back
         with GridSet(MPI.COMM_SELF) as serial_grids:
             serial = Network(net, serial_plan(plan), batch, serial_grids, backend, seed)
             serial_loss, reference = run_step(serial, data)
-        out(f"{'layer':<10} {'plan':<18} {'layout in -> out':<44} {'output':>9} {'dX':>9} "
-            f"{'dW':>9} {'db':>9}")
+        width = max(10, *(len(layer.name) for layer in network.layers))
+        out(f"{'layer':<{width}} {'plan':<18} {'layout in -> out':<44} {'output':>9} {'dX':>9} "
+            f"{'dparams':>9} {'buffers':>9}")
         worst = relative_error(np.array([loss]), np.array([serial_loss]))
         for layer, entry, got, want in zip(network.layers, plan, states, reference, strict=True):
             errs = [relative_error(got.output, want.output)]
-            errs.append(relative_error(got.input_grad, want.input_grad)
-                        if got.input_grad is not None else None)
-            for suffix in ("weight", "bias"):
-                name = f"{layer.name}.{suffix}"
-                errs.append(relative_error(got.param_grads[name], want.param_grads[name])
-                            if name in got.param_grads else None)
+            errs.append(max(relative_error(g, w) for g, w in zip(
+                got.input_grads, want.input_grads, strict=True)) if got.input_grads else None)
+            errs.append(_worst(got.param_grads, want.param_grads))
+            errs.append(_worst(got.buffers, want.buffers))
             worst = max([worst] + [e for e in errs if e is not None])
             cells = " ".join(f"{e:9.1e}" if e is not None else f"{'-':>9}" for e in errs)
             layouts = f"{layer.in_layout.describe()} -> {layer.out_layout.describe()}"
-            out(f"{layer.name:<10} {entry.describe():<18} {layouts:<44} {cells}")
+            out(f"{layer.name:<{width}} {entry.describe():<18} {layouts:<44} {cells}")
         ok = worst <= tolerance
         out(f"loss {loss:.12g} (serial {serial_loss:.12g}); largest relative error {worst:.2e} "
             f"{'<=' if ok else '>'} tolerance {tolerance:.0e}: {'PASS' if ok else 'FAIL'}")

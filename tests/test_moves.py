@@ -24,7 +24,7 @@ from hpctrain.moves import (
 )
 from hpctrain.net import load_net
 from hpctrain.partition import block_range, factorisations
-from hpctrain.placement import move_pairs, plan_layouts
+from hpctrain.placement import input_layout, move_pairs, plan_layouts
 from hpctrain.plan import plan_from_spec
 from hpctrain.planner import choices_of
 
@@ -245,7 +245,7 @@ def test_a_plans_moves_join_the_layouts_the_cost_model_prices(spec):
     priced = [pair for k, choice in enumerate(choices_of(model, plan))
               for pair in model.segment_layouts(k, choice)]
     assert layouts[len(model.prelude):] == priced
-    pairs = move_pairs(layouts)
-    assert [dst for _, dst in pairs[:-1]] == [in_layout for in_layout, _ in layouts]
-    assert [src for src, _ in pairs[1:]] == [out_layout for _, out_layout in layouts]
-    assert pairs[-1][1] == layouts[-1][1].replicated()
+    pairs = move_pairs(net, layouts, input_layout(net, plan, batch, procs))
+    assert [dst for _, dst in pairs[:-1]] == [layer.input for layer in layouts]
+    assert [src for src, _ in pairs[1:]] == [layer.output for layer in layouts]
+    assert pairs[-1][1] == layouts[-1].output.replicated()

@@ -33,7 +33,8 @@ def test_image_size_changes_the_flattened_width():
     ("input channels=1 size=8 classes=2\nflatten\nlinear out=3", "gives shape \\(3,\\)"),
     ("input channels=1 size=8 classes=2\nlinear out=2", "add a 'flatten'"),
     ("input channels=1 size=8 classes=2\ndropout p=1.5", "p=1.5 must be in"),
-    ("input channels=1 size=8 classes=2\nconv out=2 kernel=3 stride=0", "stride=0 must be at"),
+    ("input channels=1 size=8 classes=2\nconv out=2 kernel=3 stride=0",
+     "stride=0 must be a positive"),
     ("input channels=1 size=8 classes=2\nconv out=2 kernel=3 pad=-1", "pad=-1 must be a non"),
     ("input channels=1 size=8 classes=2\nmaxpool kernel=2 pad=2", "pad=2 must be at most"),
 ])
@@ -69,7 +70,7 @@ def test_grid_specs():
 
 @pytest.mark.parametrize("spec,message", [
     ("3x3", "grid 3x3 needs 9 processes but 4"), ("2by2", "is not RxC"),
-    ("conv=2x2", "no grid for fc layers"), ("conv=2x2,fc=domain:2x2", "no height to split"),
+    ("conv=2x2", "no grid for fc layers"), ("conv=2x2,fc=domain:2x2", "cannot be domain-parallel"),
     ("conv=slab:2x2,fc=2x2", "unknown mode 'slab'"), ("auto", "needs the planner"),
     ("nosuchfile.plan", "not RxC"),
 ])
@@ -83,7 +84,7 @@ def test_shipped_plan_by_name_and_its_file_by_path():
     plan = plan_from_spec("smallcnn-p4-mixed", net, 4)
     assert [p.describe() for p in plan if p.mode != "follow"] == [
         "domain 2x2", "model 2x2", "model 4x1", "batch 1x4"]
-    with pytest.raises(PlanError, match=r"shipped plan \(smallcnn-p4-mixed"):
+    with pytest.raises(PlanError, match=r"shipped plan \(.*smallcnn-p4-mixed"):
         plan_from_spec("smallcnn-p9", net, 4)
 
 
@@ -109,7 +110,7 @@ IMAGE = "input channels=1 size=8 classes=2\n"
     (IMAGE + "input channels=1 size=8 classes=2", "line 2: a second 'input' line"),
     (IMAGE + "conv out=4 out=8 kernel=3", "'out' is given twice \\('4' and '8'\\)"),
     (IMAGE + "conv out=2 kernel=3 name=a\nconv out=2 kernel=3 name=a", "'a' is used twice"),
-    (IMAGE + "conv out=2 kernel=3 name=a/b", "layer name 'a/b' must be"),
+    (IMAGE + "conv out=2 kernel=3 name=a/b", "name 'a/b' must be"),
     (IMAGE + "conv out=2.0 kernel=3", "out='2.0' must be a whole number"),
     (IMAGE + "conv out=1e400 kernel=3", "out='1e400' must be a whole number"),
     (IMAGE + "conv out=" + "9" * 5000 + " kernel=3", "larger than any size can be"),

@@ -5,10 +5,11 @@ import math
 
 import pytest
 
-from hpctrain.cost.compute import FlopModel, LocalWork
+from hpctrain.cost.compute import FlopModel, flops
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.model import Choice, CostModel
-from hpctrain.layout import Layout, box_size
+from hpctrain.cost.work import LocalWork
+from hpctrain.layout import HEIGHT_AXIS, Layout, box_size
 from hpctrain.moves import GENERAL, move_kind, transfer_pieces
 from hpctrain.net import load_net
 from hpctrain.plan import plan_from_spec
@@ -91,14 +92,19 @@ def test_evaluate_agrees_with_plan_specs():
     assert [p.describe() for p in planned.plans] == [p.describe() for p in plan]
 
 
-def test_domain_is_refused_where_a_split_would_leave_a_rank_empty():
-    """smallcnn on 8 ranks: conv2 could take 8 row blocks of its 8x8 input, but the pooling
-    after it halves the height to 4 rows, which cannot be cut 8 ways."""
+def test_pooling_gathers_the_rows_where_a_split_would_leave_a_rank_empty():
+    """smallcnn on 8 ranks: conv2 can take 8 row blocks of its 8x8 input, but the pooling
+    after it halves the height to 4 rows, which cannot be cut 8 ways: the pooling gathers the
+    rows first, and that gather is priced. A convolution itself is refused such a split."""
     model = model_of(load_net("smallcnn"), 8, 8)
     assert Choice("domain", (8, 1)) in model.choices(0)
     assert Choice("domain", (4, 2)) in model.choices(1)
-    assert Choice("domain", (8, 1)) not in model.choices(1)
-    assert Choice("model", (8, 1)) in model.choices(1)
+    conv, pool = model.segment_layouts(1, Choice("domain", (8, 1)))[:3:2]
+    assert conv.output.split_axis == HEIGHT_AXIS and pool.input.split_axis is None
+    cost = model.segment_cost(1, Choice("domain", (8, 1)), timed=False)
+    assert cost.layers[2].move == "allgather" and cost.layers[2].redistribution[0] > 0
+    deep = model_of(load_net("smallcnn", 4), 8, 8)  # conv2's 2 input rows: not 8 blocks
+    assert Choice("domain", (8, 1)) not in deep.choices(1)
 
 
 def test_too_many_processes_for_a_layer_is_a_clear_error():
@@ -136,10 +142,11 @@ def test_general_move_volume_is_the_busiest_receiver(procs):
 
 
 def test_flop_model_counts_a_convolution():
-    work = LocalWork("conv", (2, 3, 8, 8), out=4, kernel=3, stride=1, pads=(1, 1, 1))
-    forward, backward = work.flops()
+    work = LocalWork("conv", (2, 3, 8, 8), out=4, kernel=(3, 3), stride=(1, 1),
+                     pads=(1, 1, 1))
+    forward, backward = flops(work)
     assert forward == 2 * 2 * 4 * 8 * 8 * 3 * 9
     assert backward == 2 * forward
     assert math.isclose(FlopModel(1e9).times([work])[work][0], forward / 1e9)
-    first = LocalWork("conv", (2, 3, 8, 8), 4, 3, 1, (1, 1, 1), need_dx=False)
-    assert first.flops()[1] == forward
+    first = LocalWork("conv", (2, 3, 8, 8), 4, (3, 3), (1, 1), (1, 1, 1), need_dx=False)
+    assert flops(first)[1] == forward

@@ -21,7 +21,8 @@ from hpctrain.cost.machine import load_machine
 from hpctrain.cost.model import CostModel
 from hpctrain.cost.paper import strategy_comm
 from hpctrain.errors import UserError
-from hpctrain.net import WEIGHTED, load_net
+from hpctrain.kinds import KINDS
+from hpctrain.net import load_net
 from hpctrain.planner import plan_network
 from hpctrain.simulate import build_simulate_parser, run_simulate
 
@@ -98,10 +99,10 @@ def eq4_batch_per_iteration(batch, procs, word=4):
     shapes = NET.shapes()
     total = 0.0
     for k, layer in enumerate(NET.layers):
-        if layer.kind not in WEIGHTED:
+        if not KINDS[layer.kind].weighted:
             continue
-        fan_in = shapes[k][0] * (int(layer.args["kernel"]) ** 2 if layer.kind == "conv" else 1)
-        weights = int(layer.args["out"]) * fan_in
+        fan_in = shapes[k][0] * (layer.options.kernel[0] ** 2 if layer.kind == "conv" else 1)
+        weights = layer.options.out * fan_in
         total += 2 * (MACHINE.alpha * math.ceil(math.log2(procs))
                       + MACHINE.beta * (procs - 1) / procs * weights * word)
     return total
@@ -136,17 +137,17 @@ def whole_batch_flops_per_sample():
     per window entry forward, one per input entry backward; ReLU and dropout one each way."""
     shapes = NET.shapes()
     total = 0.0
-    first = next(k for k, layer in enumerate(NET.layers) if layer.kind in WEIGHTED)
+    first = next(k for k, layer in enumerate(NET.layers) if KINDS[layer.kind].weighted)
     for k, layer in enumerate(NET.layers):
         x, y = shapes[k], shapes[k + 1]
         if layer.kind == "conv":
-            forward = 2.0 * math.prod(y) * x[0] * int(layer.args["kernel"]) ** 2
+            forward = 2.0 * math.prod(y) * x[0] * layer.options.kernel[0] ** 2
             total += forward * (2 if k == first else 3)
         elif layer.kind == "linear":
             forward = 2.0 * x[0] * y[0]
             total += forward * (2 if k == first else 3)
         elif layer.kind == "maxpool":
-            total += math.prod(y) * int(layer.args["kernel"]) ** 2 + math.prod(x)
+            total += math.prod(y) * layer.options.kernel[0] ** 2 + math.prod(x)
         elif layer.kind in ("relu", "dropout"):
             total += 2.0 * math.prod(x)
     return total
@@ -206,7 +207,7 @@ def test_auto_plan_is_the_planners(sim):
     totals = planned.totals()
     assert auto["comm_per_epoch"][k] == pytest.approx(
         (totals["communication"] + totals["redistribution"]) * iterations, rel=1e-12)
-    names = [layer.name for layer in NET.layers if layer.kind in WEIGHTED]
+    names = [layer.name for layer in NET.layers if KINDS[layer.kind].weighted]
     assert [part.split("=")[0] for part in auto["plan"][k].split(", ")] == names
     for name in STUDIES:
         auto = table(sim[name]["auto"])

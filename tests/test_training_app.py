@@ -125,6 +125,22 @@ def test_digits_reach_95_percent_held_out_under_a_mixed_plan(tmp_path):
 
 
 @pytest.mark.skipif(not DIGITS.exists(), reason="make inputs/digits.h5 first")
+def test_a_residual_net_with_batch_norm_reaches_97_percent_under_a_mixed_plan(tmp_path):
+    # resdigits-p4-mixed: domain, model and batch layers, and residual adds whose branches run
+    # on different grids; `make resdigits` runs the same
+    result = launch(4, "--net", "resdigits", "--data", str(DIGITS), "--grid",
+                    "resdigits-p4-mixed", "--batch", "64", "--epochs", "4", "--lr", "0.1",
+                    "--lr-schedule", "cosine", "--print-every", "50", "--log", "resdigits.h5",
+                    tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with h5py.File(tmp_path / "resdigits.h5") as h5:
+        modes = {m.decode() for m in h5["plan/mode"][:]}
+        accuracy = h5["validation/accuracy"][:]
+    assert {"domain", "model", "batch"} <= modes
+    assert accuracy[-1] >= 0.97, accuracy
+
+
+@pytest.mark.skipif(not DIGITS.exists(), reason="make inputs/digits.h5 first")
 def test_the_flat_input_mlp_learns_the_digits_flattened(tmp_path):
     # linear1 split 2 ways over its features: each rank reads a cover of its own features
     result = launch(2, "--net", "mlp", "--data", str(DIGITS), "--grid", "2x1", "--batch", "32",
@@ -234,8 +250,9 @@ BAD_INPUT = {
     "grid that does not match P": (4, ["--grid", "3x3"], "grid 3x3 needs 9 processes but 4"),
     "batch smaller than the batch split": (2, ["--grid", "1x2", "--batch", "1"],
                                            "batch 1 cannot be split over 2 batch ranks"),
+    # (conv=domain:2x1 would run conv2 model-parallel instead; a plan file says the mode)
     "image too small for the split": (2, ["--net", "smallcnn", "--image-size", "3", "--grid",
-                                          "conv=domain:2x1,fc=2x1"],
+                                          "{domain_plan}"],
                                       "output height of size 1 cannot be split 2 ways"),
     "missing dataset": (2, ["--data", "nowhere.h5"], "nowhere.h5"),
     "corrupt dataset": (2, ["--net", "smallcnn", "--data", "{bad_data}"], "HDF5"),
@@ -270,7 +287,10 @@ def test_bad_input_is_one_line_from_rank_0_and_every_rank_exits(tmp_path, case):
         pytest.skip("make inputs/digits.h5 first")
     (tmp_path / "bad.net").write_text("input channels=1 size=8 classes=10\nconv out=4\n")
     (tmp_path / "a-file").write_text("not a directory\n")
+    (tmp_path / "domain.plan").write_text("conv1 domain 2x1\nconv2 domain 2x1\n"
+                                          "linear1 model 2x1\nlinear2 model 2x1\n")
     files = {"bad_net": lambda: str(tmp_path / "bad.net"),
+             "domain_plan": lambda: str(tmp_path / "domain.plan"),
              "a_file": lambda: str(tmp_path / "a-file")}
     if {"{mlp_checkpoint}", "{bad_checkpoint}", "{mlp_dir}"} & set(args):
         good = _other_net_checkpoint(tmp_path)

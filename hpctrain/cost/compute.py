@@ -1,7 +1,8 @@
 """Compute time of one rank's local kernels: measured on the device, or from a FLOP rate.
 
-A :class:`LocalWork` is what one rank computes for one layer under a candidate grid: the kernel and
-the exact local shapes (the largest block, since the slowest rank sets the pace).
+A :class:`~hpctrain.cost.work.LocalWork` is what one rank computes for one layer under a candidate
+grid: the kernel and the exact local shapes (the largest block, since the slowest rank sets the
+pace); its layer kind says how to run and count it.
 :class:`MeasuredCompute` runs the real forward and backward kernels at those shapes (warm-up, then
 the median of up to 5 samples within a time budget) and caches the result on disk under a key that
 holds everything that changes a timing (:func:`timing_context`: the device, dtype, threads per
@@ -20,72 +21,29 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import astuple, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hpctrain.cost.work import LocalWork
 from hpctrain.errors import OutputError
 from hpctrain.files import replace_atomically
-from hpctrain.kernels.activations import dropout_mask, relu_backward, relu_forward
-from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
-from hpctrain.kernels.linear import linear_backward, linear_forward
-from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+from hpctrain.kinds import KINDS
 
-ELEMENTWISE = ("relu", "dropout")
 SAMPLE_BUDGET = 0.15  # seconds of timed calls per kernel and direction, roughly
 
 
-@dataclass(frozen=True)
-class LocalWork:
-    """One rank's kernel for one layer (kind ``sgd``: the optimizer's update of its shard;
-    ``data``: producing the rank's block of the input batch).
-
-    ``x``: local input shape (with halo rows for a height split); ``out``: output channels or
-    features held locally (conv, linear); ``kernel``/``stride``/``pads`` (top, bottom, side) for
-    window layers; ``need_dx``: whether the input gradient is computed (not for the first layer).
-    """
-
-    kind: str
-    x: tuple[int, ...]
-    out: int = 0
-    kernel: int = 0
-    stride: int = 1
-    pads: tuple[int, int, int] = (0, 0, 0)
-    need_dx: bool = True
-
-    def key(self) -> str:
-        return "|".join(str(v) for v in astuple(self))
-
-    def out_rows(self) -> tuple[int, int]:
-        top, bottom, side = self.pads
-        h, w = self.x[2], self.x[3]
-        return ((h + top + bottom - self.kernel) // self.stride + 1,
-                (w + 2 * side - self.kernel) // self.stride + 1)
-
-    def flops(self) -> tuple[float, float]:
-        """Forward and backward floating-point operations (a multiply-add is 2)."""
-        if self.kind == "conv":
-            n, c = self.x[:2]
-            ho, wo = self.out_rows()
-            forward = 2.0 * n * self.out * ho * wo * c * self.kernel ** 2
-            return forward, forward * (2 if self.need_dx else 1)
-        if self.kind == "linear":
-            forward = 2.0 * self.x[0] * self.x[1] * self.out
-            return forward, forward * (2 if self.need_dx else 1)
-        elements = float(np.prod(self.x))
-        if self.kind == "maxpool":
-            ho, wo = self.out_rows()
-            return self.x[0] * self.x[1] * ho * wo * self.kernel ** 2, elements
-        if self.kind in ELEMENTWISE:
-            return elements, elements
-        if self.kind == "sgd":  # weight decay, momentum, step: 5 operations per parameter
-            return 0.0, 5 * elements
-        if self.kind == "data":  # the counter RNG: about 30 integer operations per entry
-            return 30 * elements, 0.0
-        return 0.0, 0.0  # flatten: a reshape
+def flops(work: LocalWork) -> tuple[float, float]:
+    """Forward and backward floating-point operations of ``work`` (a multiply-add is 2): as its
+    layer kind counts them, or for the optimizer and the input batch."""
+    elements = float(np.prod(work.x))
+    if work.kind == "sgd":  # weight decay, momentum, step: 5 operations per parameter
+        return 0.0, 5 * elements
+    if work.kind == "data":  # the counter RNG: about 30 integer operations per entry
+        return 30 * elements, 0.0
+    return KINDS[work.kind].flops(work)
 
 
 class FlopModel:
@@ -95,14 +53,15 @@ class FlopModel:
         self.rate = flops_per_second
 
     def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
-        return {w: tuple(f / self.rate for f in w.flops()) for w in works}
+        return {w: tuple(f / self.rate for f in flops(w)) for w in works}
 
 
 # The modules whose code runs inside a timing: a change to any of them makes old timings stale.
 TIMED_MODULES = ("hpctrain.kernels.activations", "hpctrain.kernels.conv",
                  "hpctrain.kernels.counter_rng", "hpctrain.kernels.linear",
-                 "hpctrain.kernels.pool", "hpctrain.kernels.window", "hpctrain.optim",
-                 "hpctrain.data", "hpctrain.cost.compute")
+                 "hpctrain.kernels.norm", "hpctrain.kernels.pool", "hpctrain.kernels.window",
+                 "hpctrain.optim", "hpctrain.data", "hpctrain.cost.compute",
+                 "hpctrain.cost.work", *(type(kind).__module__ for kind in KINDS.values()))
 
 
 @lru_cache(maxsize=1)
@@ -163,37 +122,9 @@ def _kernels(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator
     """``forward()`` of ``work`` on random data, and ``backward_of(forward's output)`` giving
     its ``backward()``: the backward needs what a forward saved, so the forward timed first
     hands its output over and no extra forward runs."""
-    x = _random(xp, rng, work.x, dtype)
-    if work.kind == "conv":
-        w = _random(xp, rng, (work.out, work.x[1], work.kernel, work.kernel), dtype)
-        b = xp.zeros(work.out, dtype=dtype)
+    def random(shape: tuple[int, ...]) -> Any:
+        return _random(xp, rng, shape, dtype)
 
-        def conv_backward(out: Any) -> Callable[[], Any]:
-            y, cache = out
-            dy = xp.ones_like(y)
-            return lambda: conv2d_backward(xp, dy, w, cache, work.stride, work.need_dx)
-
-        return lambda: conv2d_forward(xp, x, w, b, work.stride, work.pads), conv_backward
-    if work.kind == "linear":
-        w = _random(xp, rng, (work.out, work.x[1]), dtype)
-        b = xp.zeros(work.out, dtype=dtype)
-        dy = xp.ones((work.x[0], work.out), dtype=dtype)
-        return (lambda: linear_forward(x, w, b),
-                lambda _: lambda: linear_backward(x, w, dy, work.need_dx))
-    if work.kind == "maxpool":
-        def pool_backward(out: Any) -> Callable[[], Any]:
-            y, cache = out
-            dy = xp.ones_like(y)
-            return lambda: maxpool_backward(xp, dy, work.kernel, work.stride, cache)
-
-        return lambda: maxpool_forward(xp, x, work.kernel, work.stride, work.pads), pool_backward
-    if work.kind == "relu":
-        return lambda: relu_forward(xp, x), lambda y: lambda: relu_backward(xp, y, x)
-    if work.kind == "dropout":  # the mask is drawn by the counter RNG in every forward
-        box = tuple((0, n) for n in work.x)
-        mask = dropout_mask(xp, 1, 0.5, work.x, box, dtype)
-        return (lambda: x * dropout_mask(xp, 1, 0.5, work.x, box, dtype),
-                lambda _: lambda: x * mask)
     if work.kind == "data":  # this rank's block of a synthetic batch (see hpctrain.data)
         from hpctrain.backend import Backend
         from hpctrain.data import SyntheticData
@@ -205,9 +136,10 @@ def _kernels(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator
         from hpctrain.layers.base import Parameter
         from hpctrain.optim import SGD
 
+        x = random(work.x)
         shard = Parameter("w", x, work.x, (1, 1), False, grad=xp.ones_like(x))
         return (lambda: None), (lambda _: SGD([shard], 0.01, 0.9, 5e-4).step)
-    return (lambda: None), (lambda _: lambda: None)
+    return KINDS[work.kind].kernels(xp, work, dtype, random)
 
 
 def _read_cache(path: Path | None) -> dict[str, list[float]]:

@@ -1,14 +1,17 @@
 """Predicted time of every layer under every candidate (mode, Pr×Pc), as the code executes it.
 
-A network is a chain of *segments*: a conv or linear layer (whose mode and grid are chosen) and
-the layers without weights that follow it on its layout (ReLU, dropout, pooling, flatten). A
-segment's cost depends on its own choice only; the redistribution feeding it depends on its
-choice and the previous segment's. Per layer the model counts, forward and backward:
+A network is cut into *segments*: a weighted layer (conv, linear; its mode and grid are chosen)
+and the layers without weights that follow it, through their first inputs, on its layout (ReLU,
+batch norm, pooling, flatten, an add or concat whose first input it feeds). A segment's cost
+depends on its own choice only; a redistribution between segments (into a weighted layer, or
+into an add's or concat's other inputs) depends on the choices at both ends. In a chain those
+are consecutive segments. Per layer the model counts, forward and backward:
 
 - compute: the local kernels at the largest local block, measured or from a FLOP rate, and the
   optimizer's update of the layer's weight shard (counted in the backward);
-- communication inside the layer: ΔW all-reduced over Pc (over all P in domain mode, where W is
-  replicated everywhere), halo rows exchanged with both neighbours (domain conv and pooling);
+- communication inside the layer, as its kind says (:meth:`hpctrain.kinds.base.Kind.comm_time`):
+  ΔW all-reduced over Pc (over all P in domain mode, where W is replicated everywhere), halo
+  rows exchanged with both neighbours (domain conv and pooling), batch norm's statistics;
 - redistribution into the layer, by the method :func:`hpctrain.moves.move_kind` picks for the
   code to run: all-gather forward and its adjoint reduce-scatter backward when a model group's
   blocks tile the needed block, nothing when every rank already holds what it needs, else
@@ -29,37 +32,22 @@ from functools import lru_cache
 
 import numpy as np
 
-from hpctrain.cost.collectives import (
-    allgather_time,
-    allreduce_time,
-    exchange_time,
-    halo_time,
-    reduce_scatter_time,
-)
-from hpctrain.cost.compute import (
-    FlopModel,
-    LocalWork,
-    MeasuredCompute,
-    default_cache_path,
-    timing_context,
-)
+from hpctrain.cost.collectives import allgather_time, exchange_time, reduce_scatter_time
+from hpctrain.cost.compute import FlopModel, MeasuredCompute, default_cache_path, timing_context
 from hpctrain.cost.machine import Machine, local_profile
-from hpctrain.layout import BATCH_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.cost.work import LocalWork
+from hpctrain.kinds import KINDS
+from hpctrain.kinds.base import RANDOM_BYTES, Footprint, larger
+from hpctrain.layout import BATCH_AXIS, HEIGHT_AXIS, Layout, largest_block
 from hpctrain.moves import ALLGATHER, IDENTITY, SLICE, move_kind
-from hpctrain.net import WEIGHTED, LayerSpec, NetSpec
-from hpctrain.partition import SplitError, factorisations, halo_plans
-from hpctrain.placement import follower_layouts, weighted_layouts
+from hpctrain.net import NetSpec
+from hpctrain.partition import SplitError, factorisations
+from hpctrain.placement import LayerLayouts, layer_layouts
+from hpctrain.plan import LayerPlan
 
-# Bytes per entry the counter RNG holds while it draws a block (uint64 indices and mixing
-# temporaries, float64 before the cast), the block itself included: measured with tracemalloc on
-# SyntheticData.images and dropout_mask (36.5 and 32.0).
-RANDOM_BYTES = 32
-BOOL_BYTES = 1
 # what a parameter shard costs on every rank: its value, its gradient (the gradient all-reduce's
 # flat buffer when there is one), the optimizer's momentum and its scratch buffer
 PARAMETER_COPIES = ("parameters", "gradients", "momentum", "optimizer scratch")
-# layers whose output is their input or a view of it: nothing new to keep
-PASS_THROUGH = ("flatten",)
 
 
 @dataclass(frozen=True)
@@ -114,9 +102,19 @@ class LayerCost:
 
 @dataclass
 class SegmentCost:
+    """The layers of a segment (in order of :attr:`CostModel.segments`) and their layouts."""
+
     layers: list[LayerCost]
-    in_layout: Layout
-    out_layout: Layout
+    layouts: list[LayerLayouts]
+
+    @property
+    def in_layout(self) -> Layout:
+        return self.layouts[0].input
+
+    @property
+    def out_layout(self) -> Layout:
+        """The output of the segment's last layer (in a chain, what the next one reads)."""
+        return self.layouts[-1].output
 
     @property
     def total(self) -> float:
@@ -129,24 +127,6 @@ class SegmentCost:
     @property
     def peak(self) -> float:
         return max(layer.peak for layer in self.layers)
-
-
-def larger(*phases: dict[str, float]) -> dict[str, float]:
-    """The phase (forward, backward, a move) that allocates the most, by its parts."""
-    return max(phases, key=lambda parts: sum(parts.values()))
-
-
-def _largest_part(n: int, parts: int) -> int:
-    return -(-n // parts)
-
-
-def largest_block(layout: Layout) -> tuple[int, ...]:
-    """The largest local shape any rank holds (blocks differ by at most one along each cut)."""
-    shape = list(layout.shape)
-    shape[BATCH_AXIS] = -(-shape[BATCH_AXIS] // layout.grid[1])
-    if layout.split_axis is not None:
-        shape[layout.split_axis] = max(hi - lo for lo, hi in layout.split_ranges)
-    return tuple(shape)
 
 
 def _intervals(ranks: np.ndarray, grid: tuple[int, int], split: int | None, axis: int
@@ -190,6 +170,10 @@ class CostModel:
     machine : α–β constants (see :mod:`hpctrain.cost.machine`).
     compute : an object with ``times(works) -> {work: (forward s, backward s)}``.
     itemsize : bytes per activation and weight entry (4 for float32).
+
+    ``segments[s]`` lists the layers of segment s (its weighted layer first, then its
+    followers in net order); ``prelude`` the layers without weights that follow the input batch
+    on 1×P.
     """
 
     def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
@@ -197,31 +181,36 @@ class CostModel:
         self.net, self.batch, self.procs, self.machine = net, batch, procs, machine
         self.compute, self.itemsize = compute, itemsize
         self.shapes = [(batch, *s) for s in net.shapes()]
-        weighted = [k for k, l in enumerate(net.layers) if l.kind in WEIGHTED]
+        anchors: list[int] = []  # the weighted layer (or -1, the input) each layer follows
+        for k, spec in enumerate(net.layers):
+            first = net.producers(k)[0]
+            anchors.append(k if KINDS[spec.kind].weighted else
+                           (anchors[first] if first >= 0 else -1))
+        weighted = [k for k, spec in enumerate(net.layers) if KINDS[spec.kind].weighted]
         if not weighted:
             raise SplitError(f"net {net.name} has no conv or linear layer to plan")
-        self.prelude = list(range(weighted[0]))
-        ends = weighted[1:] + [len(net.layers)]
-        self.segments = [list(range(start, end)) for start, end in zip(weighted, ends)]
+        self.prelude = [k for k in range(len(net.layers)) if anchors[k] == -1]
+        self.segments = [[k for k in range(len(net.layers)) if anchors[k] == w]
+                         for w in weighted]
+        self.segment_of = {k: s for s, members in enumerate(self.segments) for k in members}
         self._segment_cache: dict[tuple[int, Choice], SegmentCost] = {}
         self._untimed_cache: dict[tuple[int, Choice], SegmentCost] = {}
-        self._layout_cache: dict[tuple[int, Choice], list[tuple[Layout, Layout]] | None] = {}
+        self._layout_cache: dict[tuple[int, Choice], list[LayerLayouts] | None] = {}
         self._unrunnable: dict[tuple[int, Choice], str] = {}  # why a cached None cannot run
 
     # -- candidates ---------------------------------------------------------------------------
 
     def choices(self, segment: int) -> list[Choice]:
         """Every valid (mode, grid) of the segment's weighted layer."""
-        layer = self.net.layers[self.segments[segment][0]]
-        modes = ("model", "domain") if layer.kind == "conv" else ("model",)
+        kind = KINDS[self.net.layers[self.segments[segment][0]].kind]
         found = [Choice("batch", (1, self.procs))]
         found += [Choice(mode, grid) for grid in factorisations(self.procs) if grid[0] > 1
-                  for mode in modes]
+                  for mode in kind.modes]
         return [c for c in found if self.segment_layouts(segment, c) is not None]
 
-    def segment_layouts(self, segment: int, choice: Choice) -> list[tuple[Layout, Layout]] | None:
-        """(input, output) layout of each layer of the segment, or None if the choice cannot
-        run (a split with an empty part, or a halo wider than a neighbour's rows)."""
+    def segment_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts] | None:
+        """Layouts of each layer of the segment, or None if the choice cannot run (a split
+        with an empty part, or a halo wider than a neighbour's rows)."""
         key = (segment, choice)
         if key not in self._layout_cache:
             try:
@@ -230,7 +219,7 @@ class CostModel:
                 self._layout_cache[key], self._unrunnable[key] = None, str(err)
         return self._layout_cache[key]
 
-    def runnable_layouts(self, segment: int, choice: Choice) -> list[tuple[Layout, Layout]]:
+    def runnable_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts]:
         """:meth:`segment_layouts`, refusing a choice that cannot run with the reason."""
         layouts = self.segment_layouts(segment, choice)
         if layouts is None:
@@ -239,78 +228,40 @@ class CostModel:
                              f"{self._unrunnable[(segment, choice)]}")
         return layouts
 
-    def _segment_layouts(self, segment: int, choice: Choice) -> list[tuple[Layout, Layout]]:
-        first = self.segments[segment][0]
-        spec = self.net.layers[first]
-        shape = self.shapes[first]
-        pr, pc = choice.grid
-        if shape[0] < pc:
-            raise SplitError(f"batch {shape[0]} cannot be split over {pc} batch ranks; raise "
-                             f"--batch to at least {pc} or use a grid with fewer batch ranks")
-        if choice.mode != "domain" and int(spec.args["out"]) < pr:
-            raise SplitError(f"{spec.args['out']} outputs cannot be split over {pr} model "
-                             f"ranks; use a grid with at most {spec.args['out']}")
-        layouts = [weighted_layouts(spec, shape, choice.mode, choice.grid)]
-        if choice.mode == "domain":
-            halo_plans(shape[2], pr, spec.window(), spec.name)
-        for k in self.segments[segment][1:]:
-            follower = self.net.layers[k]
-            layouts.append(follower_layouts(follower, layouts[-1][1]))
-            if follower.kind == "maxpool" and layouts[-1][0].split_axis == HEIGHT_AXIS:
-                halo_plans(self.shapes[k][2], pr, follower.window(), follower.name)
+    def _fed(self, k: int, known: dict[int, Layout]) -> tuple[Layout, ...]:
+        """What layer ``k``'s inputs arrive on as far as its own layouts go: its first input's
+        producer's output (in ``known``); the others give only their shapes (a kind's layouts
+        depend on its first input's layout alone)."""
+        fed = []
+        for e, p in enumerate(self.net.producers(k)):
+            shape = (self.batch, *(self.net.input_shape if p < 0 else self.net.out_shapes[p]))
+            fed.append(known[p] if e == 0 and p in known else Layout(shape, (1, self.procs)))
+        return tuple(fed)
+
+    def _segment_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts]:
+        known: dict[int, Layout] = {}
+        layouts = []
+        for k in self.segments[segment]:
+            entry = LayerPlan(self.net.layers[k].name, choice.mode, choice.grid)
+            layouts.append(layer_layouts(self.net, k, self._fed(k, known), entry, self.batch))
+            known[k] = layouts[-1].output
+        return layouts
+
+    def prelude_layouts(self) -> list[LayerLayouts]:
+        """Layouts of the leading layers without weights, on 1×P."""
+        known = {-1: Layout(self.shapes[0], (1, self.procs))}
+        layouts = []
+        for k in self.prelude:
+            entry = LayerPlan(self.net.layers[k].name, "follow")
+            layouts.append(layer_layouts(self.net, k, self._fed(k, known), entry, self.batch))
+            known[k] = layouts[-1].output
         return layouts
 
     # -- costs --------------------------------------------------------------------------------
 
-    def _work(self, spec: LayerSpec, index: int, in_layout: Layout) -> LocalWork | None:
-        need_dx = index > 0
-        if spec.kind == "flatten":
-            return None
-        block = largest_block(in_layout)
-        if spec.kind in ("conv", "maxpool"):
-            window = spec.window()
-            pads = (window.pad, window.pad, window.pad)
-            if in_layout.split_axis == HEIGHT_AXIS:
-                plans = halo_plans(in_layout.shape[2], in_layout.grid[0], window, spec.name)
-                p = max(plans, key=lambda q: (q.out[1] - q.out[0], q.need[1] - q.need[0]))
-                block = (*block[:2], p.need[1] - p.need[0], block[3])
-                pads = (p.pad_top, p.pad_bottom, window.pad)
-            out = 0
-            if spec.kind == "conv":
-                out = (int(spec.args["out"]) if in_layout.split_axis == HEIGHT_AXIS
-                       else _largest_part(int(spec.args["out"]), in_layout.grid[0]))
-            return LocalWork(spec.kind, block, out, window.kernel, window.stride, pads, need_dx)
-        if spec.kind == "linear":
-            out = _largest_part(int(spec.args["out"]), in_layout.grid[0])
-            return LocalWork("linear", block, out, need_dx=need_dx)
-        return LocalWork(spec.kind, block, need_dx=need_dx)
-
-    def _halo(self, spec: LayerSpec, layout: Layout) -> tuple[float, float]:
-        """Halo exchange time of a height-split window layer: (forward, backward), busiest rank."""
-        window = spec.window()
-        n, c, h, w = largest_block(layout)
-        row_bytes = n * c * w * self.itemsize
-        forward = backward = 0.0
-        for p in halo_plans(layout.shape[2], layout.grid[0], window, spec.name):
-            received = [r[1] - r[0] for r in (p.recv_top, p.recv_bottom)]
-            sent = [r[1] - r[0] for r in (p.send_top, p.send_bottom)]
-            forward = max(forward, sum(halo_time(self.machine, k * row_bytes) for k in received))
-            backward = max(backward, sum(halo_time(self.machine, k * row_bytes) for k in sent))
-        return forward, backward
-
-    def _parameters(self, index: int, choice: Choice) -> int:
-        """Weight and bias entries one rank holds for weighted layer ``index``."""
-        spec = self.net.layers[index]
-        per_out = self.shapes[index][1] * (spec.window().kernel ** 2 if spec.kind == "conv"
-                                           else 1)
-        per_out += 1 if spec.args["bias"] else 0
-        out = int(spec.args["out"])
-        return per_out * (out if choice.mode == "domain" else _largest_part(out, choice.grid[0]))
-
-    def _weight_allreduce(self, index: int, choice: Choice) -> float:
-        """ΔW and Δb, one all-reduce: over Pc, or over all P in domain mode (W everywhere)."""
-        ranks = self.procs if choice.mode == "domain" else choice.grid[1]
-        return allreduce_time(self.machine, ranks, self._parameters(index, choice) * self.itemsize)
+    def need_dx(self, index: int) -> bool:
+        """Whether some layer reads the input gradient of layer ``index`` (not the batch's)."""
+        return any(p >= 0 for p in self.net.producers(index))
 
     def move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
         """(kind, forward s, backward s) of redistributing ``src`` into ``dst``."""
@@ -329,87 +280,40 @@ class CostModel:
 
     def kept_upstream(self, index: int) -> bool:
         """Whether the array that reaches layer ``index`` (when no move intervenes) is kept
-        anyway: the input batch, or the output of a ReLU or pooling, looked at through views."""
-        k = index - 1
-        while k >= 0 and self.net.layers[k].kind in PASS_THROUGH:
-            k -= 1
-        return k < 0 or self.net.layers[k].kind in ("relu", "maxpool")
+        anyway: the input batch, or an output its producer keeps, looked at through views."""
+        k = self.net.producers(index)[0]
+        while k >= 0 and KINDS[self.net.layers[k].kind].pass_through:
+            k = self.net.producers(k)[0]
+        return k < 0 or KINDS[self.net.layers[k].kind].keeps_output
 
     def keeps_input(self, index: int) -> bool:
-        """Whether layer ``index`` keeps its input array for the backward (linear; pooling
-        reads its windows from the unpadded input)."""
+        """Whether layer ``index`` keeps its input array for the backward."""
         spec = self.net.layers[index]
-        return spec.kind == "linear" or (spec.kind == "maxpool" and spec.window().pad == 0)
+        return KINDS[spec.kind].keeps_input(spec)
 
-    def _memory(self, index: int, in_layout: Layout, out_layout: Layout,
-                work: LocalWork | None, params: int, fresh_input: bool
-                ) -> tuple[dict[str, float], dict[str, float]]:
+    def _memory(self, index: int, layouts: LayerLayouts, work: LocalWork | None, params: int,
+                fresh_input: bool) -> tuple[dict[str, float], dict[str, float]]:
         """(resident, transient) bytes of layer ``index`` on the busiest rank, by name.
 
-        What the code keeps, read from the layers and kernels: conv its im2col columns, ReLU its
-        output, dropout its mask, pooling its output and the (padded) input its windows view,
-        linear its input; a weighted layer its shards with gradient, momentum and the
-        optimizer's scratch. Between steps every layer still holds the previous step's arrays,
-        so a forward allocates what it keeps a second time before the old copy goes.
-        ``fresh_input``: a move (not the identity) made the input array.
+        What the code keeps, read from the layers and kernels (each kind's
+        :meth:`~hpctrain.kinds.base.Kind.memory`), plus what every layer with parameters keeps:
+        its shards with gradient, momentum and the optimizer's scratch. Between steps every
+        layer still holds the previous step's arrays, so a forward allocates what it keeps a
+        second time before the old copy goes. ``fresh_input``: a move (not the identity) made
+        the input array.
         """
         spec, b = self.net.layers[index], self.itemsize
-        x = math.prod(largest_block(in_layout)) * b
-        y = math.prod(largest_block(out_layout)) * b
+        x = math.prod(largest_block(layouts.input)) * b
+        y = math.prod(largest_block(layouts.output)) * b
         kept_before = self.kept_upstream(index) and not fresh_input
-        loose_input = {} if kept_before else {"input": x}  # alive in the caller meanwhile
         resident = {what: params * b for what in PARAMETER_COPIES} if params else {}
         if self.keeps_input(index) and not kept_before:
             resident["input"] = x
-        weights = {"weight gradient": params * b} if params else {}
-        if spec.kind == "conv":
-            n, c, h, w = work.x
-            top, bottom, side = work.pads
-            ho, wo = work.out_rows()
-            cols = c * work.kernel ** 2 * n * ho * wo * b
-            copy = n * c * (h + top + bottom) * (w + 2 * side) * b
-            split = in_layout.split_axis == HEIGHT_AXIS
-            if not (top or bottom or side or split):
-                copy = 0
-            y = n * work.out * ho * wo * b
-            resident["im2col columns"] = cols
-            forward = {**loose_input, "im2col workspace": cols, "padded input": copy,
-                       "output and GEMM result": 2 * y}
-            backward = {"output gradient and its transpose": 2 * y, **weights}
-            if work.need_dx:
-                backward.update({"im2col workspace": cols, "padded input gradient": copy})
-            return resident, larger(forward, backward)
-        if spec.kind == "maxpool":
-            n, c, h, w = work.x
-            top, bottom, side = work.pads
-            ho, wo = work.out_rows()
-            y = n * c * ho * wo * b
-            padded = n * c * (h + top + bottom) * (w + 2 * side) * b
-            resident["output"] = y
-            if top or bottom or side or in_layout.split_axis == HEIGHT_AXIS:
-                resident["padded input"] = padded  # a fresh copy its windows view
-                forward = {**loose_input, "padded input": padded, "output": y}
-            else:  # the previous step's input, held by the previous windows, and the output
-                forward = {"input": x, "output": y}
-            backward = {"output gradient": y, "padded input gradient": padded,
-                        "window masks": y + 3 * y // b * BOOL_BYTES}
-            return resident, larger(forward, backward)
-        if spec.kind == "relu":
-            resident["output"] = y
-            return resident, larger({**loose_input, "output": y},
-                                    {"output gradient": y, "input gradient": x,
-                                     "sign mask": x // b * BOOL_BYTES})
-        if spec.kind == "dropout" and float(spec.args["p"]) > 0:
-            entries = x // b
-            resident["mask"] = x
-            return resident, larger({**loose_input, "random numbers": entries * RANDOM_BYTES,
-                                     "output": y},
-                                    {"output gradient": y, "input gradient": x})
-        if spec.kind == "linear":
-            return resident, larger({"input": x, "output": y},
-                                    {"output gradient": y, **weights,
-                                     "input gradient": x if work.need_dx else 0})
-        return resident, {}
+        footprint = Footprint(x, y, work, b, {} if kept_before else {"input": x},
+                              {"weight gradient": params * b} if params else {},
+                              layouts.input.split_axis == HEIGHT_AXIS)
+        kept, transient = KINDS[spec.kind].memory(spec, footprint)
+        return {**resident, **kept}, transient
 
     def move_memory(self, src: Layout, dst: Layout, index: int
                     ) -> tuple[dict[str, float], dict[str, float]]:
@@ -444,7 +348,7 @@ class CostModel:
                 larger({"softmax": 3 * logits}, move))
 
     def segment_cost(self, segment: int, choice: Choice, timed: bool = True) -> SegmentCost:
-        """Every layer of the segment under ``choice``, without the move feeding the segment;
+        """Every layer of the segment under ``choice``, without the moves into the segment;
         ``timed`` False: no kernel is timed (compute left at zero), memory and moves only."""
         if not timed:
             key = (segment, choice)
@@ -468,62 +372,61 @@ class CostModel:
             if cost.update is not None:
                 cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
 
+    def layer_cost(self, index: int, mode: str, layouts: LayerLayouts,
+                   fed: Layout | None) -> LayerCost:
+        """Layer ``index`` on ``layouts``, fed its first input from ``fed`` (None: counted
+        elsewhere, by whoever knows the producer's layout), untimed."""
+        spec = self.net.layers[index]
+        kind = KINDS[spec.kind]
+        cost = LayerCost(spec.name, spec.kind, mode, layouts.output.grid)
+        if fed is not None:  # e.g. flatten gathers height-split rows
+            cost.move, *moved = self.move_cost(fed, layouts.input)
+            cost.redistribution = tuple(moved)
+        cost.work = kind.work(spec, layouts.inputs, layouts.output, self.need_dx(index))
+        cost.comm = kind.comm_time(spec, layouts.inputs, layouts.output, self.machine,
+                                   self.itemsize)
+        params = kind.local_parameters(spec, layouts.inputs, layouts.output)
+        if params:
+            cost.update = LocalWork("sgd", (params,))
+        cost.resident, cost.transient = self._memory(index, layouts, cost.work, params,
+                                                     cost.move != IDENTITY)
+        if cost.move != IDENTITY:
+            _, moving = self.move_memory(fed, layouts.input, index)
+            cost.transient = larger(cost.transient, moving)
+        return cost
+
     def _segment_untimed(self, segment: int, choice: Choice) -> SegmentCost:
         layouts = self.runnable_layouts(segment, choice)
+        where = dict(zip(self.segments[segment], layouts, strict=True))
         costs = []
-        previous_out = None
-        for index, (in_layout, out_layout) in zip(self.segments[segment], layouts, strict=True):
-            spec = self.net.layers[index]
-            cost = LayerCost(spec.name, spec.kind, choice.mode if index == self.segments[
-                segment][0] else "follow", choice.grid)
-            if previous_out is not None:  # flatten gathers height-split rows
-                cost.move, *moved = self.move_cost(previous_out, in_layout)
-                cost.redistribution = tuple(moved)
-            cost.work = self._work(spec, index, in_layout)
-            params = 0
-            if spec.kind in WEIGHTED:
-                cost.comm = (0.0, self._weight_allreduce(index, choice))
-                params = self._parameters(index, choice)
-                cost.update = LocalWork("sgd", (params,))
-            if spec.kind in ("conv", "maxpool") and in_layout.split_axis == HEIGHT_AXIS:
-                halo = self._halo(spec, in_layout)
-                cost.comm = (cost.comm[0] + halo[0], cost.comm[1] + halo[1])
-            cost.resident, cost.transient = self._memory(
-                index, in_layout, out_layout, cost.work, params, cost.move != IDENTITY)
-            if cost.move != IDENTITY:
-                _, moving = self.move_memory(previous_out, in_layout, index)
-                cost.transient = larger(cost.transient, moving)
-            costs.append(cost)
-            previous_out = out_layout
-        return SegmentCost(costs, layouts[0][0], layouts[-1][1])
+        for k, layer in where.items():
+            first = self.net.producers(k)[0]
+            fed = where[first].output if first in where and first != k else None
+            mode = choice.mode if k == self.segments[segment][0] else "follow"
+            costs.append(self.layer_cost(k, mode, layer, fed))
+        return SegmentCost(costs, layouts)
 
     def input_layout(self, first: Choice) -> Layout:
-        """Where the input batch is produced: on 1×P before leading layers without weights,
-        else in the first weighted layer's input layout."""
-        if self.prelude:
+        """Where the input batch is produced: in the first layer's input layout when it is the
+        first segment's weighted layer reading the batch, else on 1×P."""
+        if self.prelude or self.net.producers(0) != (-1,):
             return Layout(self.shapes[0], (1, self.procs))
-        return self.runnable_layouts(0, first)[0][0]
+        return self.runnable_layouts(0, first)[0].input
 
     def prelude_layout(self) -> Layout | None:
-        """The layout leading layers without weights run on (1×P), or None without any."""
-        if not self.prelude:
-            return None
-        layout = Layout(self.shapes[0], (1, self.procs))
-        for k in self.prelude:
-            layout = follower_layouts(self.net.layers[k], layout)[1]
-        return layout
+        """The output layout of the last leading layer without weights (on 1×P), or None
+        without any."""
+        layouts = self.prelude_layouts()
+        return layouts[-1].output if layouts else None
 
     def prelude_costs(self, timed: bool = True) -> list[LayerCost]:
         costs = []
-        layout = Layout(self.shapes[0], (1, self.procs))
-        for k in self.prelude:
-            spec = self.net.layers[k]
-            in_layout, layout = follower_layouts(spec, layout)
-            cost = LayerCost(spec.name, spec.kind, "follow", (1, self.procs))
-            cost.work = self._work(spec, k, in_layout)
-            cost.resident, cost.transient = self._memory(k, in_layout, layout, cost.work, 0,
-                                                         False)
-            costs.append(cost)
+        source = Layout(self.shapes[0], (1, self.procs))
+        known = dict(zip(self.prelude, self.prelude_layouts(), strict=True))
+        for k, layouts in known.items():
+            first = self.net.producers(k)[0]
+            fed = known[first].output if first in known else source
+            costs.append(self.layer_cost(k, "follow", layouts, fed))
         if timed:
             self._fill_compute(costs)
         return costs
@@ -553,6 +456,7 @@ class CostModel:
         for key, cost in fresh.items():
             self._fill_compute(cost.layers)
             self._segment_cache[key] = cost
+
 
 COMPUTE_SOURCES = ("auto", "measured", "flops")
 

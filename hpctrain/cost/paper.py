@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from hpctrain.cost.collectives import allgather_time, allreduce_time, halo_time
 from hpctrain.cost.machine import Machine
-from hpctrain.net import WEIGHTED, NetSpec
+from hpctrain.kinds import KINDS
+from hpctrain.net import NetSpec
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,12 @@ def paper_layers(net: NetSpec) -> list[PaperLayer]:
     shapes = net.shapes()
     layers = []
     for k, spec in enumerate(net.layers):
-        if spec.kind not in WEIGHTED:
+        if not KINDS[spec.kind].weighted:
             continue
-        x, y = shapes[k], shapes[k + 1]
-        out = int(spec.args["out"])
-        if spec.kind == "conv":
-            kernel = spec.window().kernel
+        x, y = shapes[k], net.out_shapes[k]
+        out = spec.options.out
+        if len(x) == 3:  # the paper's convolutions are square
+            kernel = spec.options.kernel[0]
             layers.append(PaperLayer(spec.name, "conv", math.prod(x), math.prod(y),
                                      out * x[0] * kernel ** 2, kernel, x[2], x[0], y[2], y[0]))
         else:

@@ -65,11 +65,24 @@ def weight_and_bias(backend: Backend, name: str, weight_shape: tuple[int, ...], 
 
 
 class Layer:
-    """A layer running on a layout: ``forward(x) -> y`` and ``backward(dy) -> dx``.
+    """A layer running on a layout: ``forward(x, step) -> y`` and ``backward(dy) -> dx``.
 
-    ``in_layout`` is the layout the layer needs its input in; the network redistributes the
-    previous layer's output into it. ``need_dx`` is False for the first layer, whose input
-    gradient nobody reads.
+    The contract:
+
+    - ``in_layout`` is the layout the layer needs its (first) input in, ``in_layouts`` those of
+      all its inputs; the network redistributes each producer's output into them.
+      ``out_layout`` is where Y lies.
+    - A layer of several inputs (add, concat) takes a list of arrays in ``forward`` and returns
+      a list of input gradients from ``backward``.
+    - ``forward`` saves on the layer what its ``backward`` needs (one step at a time: each
+      forward replaces it); ``backward`` leaves each parameter's gradient, summed over the ranks
+      that hold the same shard, in ``Parameter.grad``, and never writes into ``dy``, which other
+      layers may share.
+    - Set from outside: ``need_dx`` (False when nobody reads the input gradient: then
+      ``backward`` may return None), ``training`` (dropout on, batch statistics; False for
+      evaluation) and ``kind`` (the kind's name).
+    - ``params`` are trained by the optimizer; ``buffers`` are state that is not (batch norm's
+      running statistics), saved in checkpoints with the parameters.
     """
 
     name: str
@@ -78,7 +91,13 @@ class Layer:
     in_layout: Layout
     out_layout: Layout
     params: list[Parameter]
+    buffers: list[Parameter] = []  # noqa: RUF012 - read-only default, replaced per layer
     need_dx: bool = True
+    training: bool = True
+
+    @property
+    def in_layouts(self) -> tuple[Layout, ...]:
+        return (self.in_layout,)
 
     def forward(self, x: Any, step: int) -> Any:
         raise NotImplementedError

@@ -2,63 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctrain.backend import Backend
 from hpctrain.comm.collectives import GradientAllreduce
 from hpctrain.comm.halo import HaloExchange
-from hpctrain.grid import GridSet
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
 from hpctrain.layers.base import Layer, weight_and_bias
 from hpctrain.layers.window import WindowRows
-from hpctrain.net import LayerSpec
-from hpctrain.partition import check_split, halo_plans
-from hpctrain.placement import weighted_layouts
-from hpctrain.plan import LayerPlan
+from hpctrain.layout import HEIGHT_AXIS
+from hpctrain.partition import Window, halo_plans
+
+if TYPE_CHECKING:
+    from hpctrain.kinds.base import BuildContext
 
 
 class Conv2d(Layer):
     """Y = W ⋆ X + b on a Pr×Pc grid.
 
     batch/model (1.5D; batch is Pr = 1):
-        W: (O/Pr, C, k, k), b: (O/Pr,) — output channels split over Pr, replicated over Pc.
+        W: (O/Pr, C, kh, kw), b: (O/Pr,) — output channels split over Pr, replicated over Pc.
         X: (N/Pc, C, H, W) replicated over Pr;  Y: (N/Pc, O/Pr, Ho, Wo).
         ΔW, Δb all-reduced over Pc. ΔX is a partial sum Wᵢᵀ ⋆ ΔYᵢ; the adjoint of whatever
         replicated X over Pr (an all-gather) sums it — a reduce-scatter.
     domain:
-        W: (O, C, k, k), b: (O,) on every rank.
+        W: (O, C, kh, kw), b: (O,) on every rank.
         X: (N/Pc, C, H/Pr, W) plus halo rows from the neighbours;  Y: (N/Pc, O, Ho/Pr, Wo).
         ΔW, Δb all-reduced over all P; halo gradients go back to their owners.
     """
 
-    kind = "conv"
-
-    def __init__(self, spec: LayerSpec, in_shape: tuple[int, ...], plan: LayerPlan,
-                 grids: GridSet, backend: Backend, key: int) -> None:
-        self.name, self.mode, self.backend = spec.name, plan.mode, backend
-        n, c, h, _ = in_shape
-        out = int(spec.args["out"])
-        self.window = spec.window()
-        self.stride = self.window.stride
-        grid = grids.get(plan.grid)
-        check_split(n, grid.pc, "batch", self.name)
-        kernel = self.window.kernel
-        split_weights = self.mode != "domain"
-        self.in_layout, self.out_layout = weighted_layouts(spec, in_shape, self.mode, grid.shape)
-        if self.mode == "domain":
-            plan_i = halo_plans(h, grid.pr, self.window, self.name)[grid.i]
-            self.rows = WindowRows(backend, self.window, h,
-                                   HaloExchange(backend, grid.model_comm, plan_i), plan_i)
+    def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
+        self.name, self.mode, self.backend = name, ctx.mode, ctx.backend
+        (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
+        grid = ctx.grids.get(ctx.grid)
+        c, h = self.in_layout.shape[1:3]
+        self.stride = options.stride
+        window = Window(options.kernel[0], options.stride[0], options.pad[0])
+        domain = self.in_layout.split_axis == HEIGHT_AXIS
+        if domain:
+            plan_i = halo_plans(h, grid.pr, window, name)[grid.i]
+            halo = HaloExchange(ctx.backend, grid.model_comm, plan_i)
+            self.rows = WindowRows(ctx.backend, window, h, options.pad[1], halo, plan_i)
             self.grad_comm = grid.cart  # W is replicated on all P ranks
         else:
-            check_split(out, grid.pr, "output channels", self.name)
-            self.rows = WindowRows(backend, self.window, h)
+            self.rows = WindowRows(ctx.backend, window, h, options.pad[1])
             self.grad_comm = grid.batch_comm  # Wᵢ is replicated on the Pc ranks of a model row
         self.weight, self.bias = weight_and_bias(
-            backend, self.name, (out, c, kernel, kernel), bool(spec.args["bias"]), grid.shape,
-            split_weights, grid.rank, key)
+            ctx.backend, name, (options.out, c, *options.kernel), options.bias, grid.shape,
+            not domain, grid.rank, ctx.key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
-        self.grad_sum = GradientAllreduce(backend, self.grad_comm)
+        self.grad_sum = GradientAllreduce(ctx.backend, self.grad_comm)
 
     def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
         b = self.bias.value if self.bias is not None else None

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctrain.backend import Backend
 from hpctrain.kernels.activations import dropout_mask, relu_backward, relu_forward
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.layers.base import Layer
-from hpctrain.layout import Layout
-from hpctrain.net import LayerSpec
-from hpctrain.placement import follower_layouts
+
+if TYPE_CHECKING:
+    from hpctrain.kinds.base import BuildContext
 
 DROPOUT_STREAM = 2
 
 
 class ReLU(Layer):
-    kind = "relu"
     mode = "follow"
 
-    def __init__(self, spec: LayerSpec, layout: Layout, backend: Backend) -> None:
-        self.name, self.backend, self.params = spec.name, backend, []
-        self.in_layout = self.out_layout = layout
+    def __init__(self, name: str, ctx: BuildContext) -> None:
+        self.name, self.backend, self.params = name, ctx.backend, []
+        (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
 
     def forward(self, x: Any, step: int) -> Any:
         self.y = relu_forward(self.backend.xp, x)
@@ -34,15 +32,13 @@ class ReLU(Layer):
 class Dropout(Layer):
     """Inverted dropout whose mask for each sample depends on (seed, layer, step) only."""
 
-    kind = "dropout"
     mode = "follow"
 
-    def __init__(self, spec: LayerSpec, layout: Layout, backend: Backend, key: int,
-                 rank: int) -> None:
-        self.name, self.backend, self.params = spec.name, backend, []
-        self.in_layout = self.out_layout = layout
-        self.p, self.key = float(spec.args["p"]), key
-        self.box = layout.box(rank)
+    def __init__(self, name: str, p: float, ctx: BuildContext) -> None:
+        self.name, self.backend, self.params = name, ctx.backend, []
+        (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
+        self.p, self.key = p, ctx.key
+        self.box = self.in_layout.box(ctx.rank)
         self.training = True
 
     def forward(self, x: Any, step: int) -> Any:
@@ -64,12 +60,11 @@ class Flatten(Layer):
     flatten asks for the rows gathered first: its input layout drops the height split.
     """
 
-    kind = "flatten"
     mode = "follow"
 
-    def __init__(self, spec: LayerSpec, layout: Layout) -> None:
-        self.name, self.params = spec.name, []
-        self.in_layout, self.out_layout = follower_layouts(spec, layout)
+    def __init__(self, name: str, ctx: BuildContext) -> None:
+        self.name, self.params = name, []
+        (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
 
     def forward(self, x: Any, step: int) -> Any:
         self.x_shape = x.shape

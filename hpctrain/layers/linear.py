@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctrain.backend import Backend
 from hpctrain.comm.collectives import GradientAllreduce
-from hpctrain.grid import GridSet
 from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.layers.base import Layer, weight_and_bias
-from hpctrain.net import LayerSpec
-from hpctrain.partition import check_split
-from hpctrain.placement import weighted_layouts
-from hpctrain.plan import LayerPlan
+
+if TYPE_CHECKING:
+    from hpctrain.kinds.base import BuildContext
 
 
 class Linear(Layer):
@@ -24,23 +21,16 @@ class Linear(Layer):
     the adjoint of the all-gather that replicated X (a reduce-scatter).
     """
 
-    kind = "linear"
-
-    def __init__(self, spec: LayerSpec, in_shape: tuple[int, ...], plan: LayerPlan,
-                 grids: GridSet, backend: Backend, key: int) -> None:
-        self.name, self.mode, self.backend = spec.name, plan.mode, backend
-        n, f_in = in_shape
-        out = int(spec.args["out"])
-        grid = grids.get(plan.grid)
-        check_split(n, grid.pc, "batch", self.name)
-        check_split(out, grid.pr, "output features", self.name)
-        self.in_layout, self.out_layout = weighted_layouts(spec, in_shape, self.mode, grid.shape)
+    def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
+        self.name, self.mode, self.backend = name, ctx.mode, ctx.backend
+        (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
+        grid = ctx.grids.get(ctx.grid)
         self.grad_comm = grid.batch_comm
         self.weight, self.bias = weight_and_bias(
-            backend, self.name, (out, f_in), bool(spec.args["bias"]), grid.shape, True,
-            grid.rank, key)
+            ctx.backend, name, (options.out, self.in_layout.shape[1]), options.bias, grid.shape,
+            True, grid.rank, ctx.key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
-        self.grad_sum = GradientAllreduce(backend, self.grad_comm)
+        self.grad_sum = GradientAllreduce(ctx.backend, self.grad_comm)
 
     def forward(self, x: Any, step: int) -> Any:
         self.x = x

@@ -1,49 +1,54 @@
-"""Max-pooling on whatever layout feeds it: channel-split, replicated, or height-split (domain)."""
+"""Pooling on whatever layout feeds it: channel-split, replicated, or height-split (domain)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from hpctrain.backend import Backend
+from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.comm.halo import HaloExchange
-from hpctrain.grid import GridSet
-from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
 from hpctrain.layers.base import Layer
 from hpctrain.layers.window import WindowRows
-from hpctrain.layout import HEIGHT_AXIS, Layout
-from hpctrain.net import LayerSpec
-from hpctrain.partition import halo_plans
-from hpctrain.placement import follower_layouts
+from hpctrain.layout import HEIGHT_AXIS
+from hpctrain.partition import Window, halo_plans
+
+if TYPE_CHECKING:
+    from hpctrain.kinds.base import BuildContext
 
 
-class MaxPool2d(Layer):
-    """Y = max over each window; pooling acts per channel, so any channel split passes through.
+class Pool2d(Layer):
+    """Y = a reduction (max, mean) over each window; it acts per channel, so any channel split
+    passes through.
 
     A height-split input (after a domain-parallel layer) is pooled domain-parallel: X: (N/Pc, C,
     H/Pr + halo, W) -> Y: (N/Pc, C, Ho/Pr, Wo), with the same halo exchange as convolution.
+    ``forward_kernel(xp, x, kernel, stride, pads) -> (y, cache)`` and ``backward_kernel(xp, dy,
+    kernel, stride, cache) -> dx`` are the local kernels.
     """
 
-    kind = "maxpool"
     mode = "follow"
 
-    def __init__(self, spec: LayerSpec, layout: Layout, grids: GridSet, backend: Backend) -> None:
-        self.name, self.backend, self.params = spec.name, backend, []
-        self.window = spec.window()
-        h = layout.shape[2]
-        self.in_layout, self.out_layout = follower_layouts(spec, layout)
-        if layout.split_axis == HEIGHT_AXIS:
-            grid = grids.get(layout.grid)
-            plan_i = halo_plans(h, grid.pr, self.window, self.name)[grid.i]
-            self.rows = WindowRows(backend, self.window, h,
-                                   HaloExchange(backend, grid.model_comm, plan_i), plan_i)
+    def __init__(self, name: str, options: Any, ctx: BuildContext,
+                 forward_kernel: Callable, backward_kernel: Callable) -> None:
+        self.name, self.backend, self.params = name, ctx.backend, []
+        (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
+        self.kernel, self.stride = options.kernel, options.stride
+        self.forward_kernel, self.backward_kernel = forward_kernel, backward_kernel
+        window = Window(options.kernel[0], options.stride[0], options.pad[0])
+        h = self.in_layout.shape[HEIGHT_AXIS]
+        if self.in_layout.split_axis == HEIGHT_AXIS:
+            grid = ctx.grids.get(self.in_layout.grid)
+            plan_i = halo_plans(h, grid.pr, window, name)[grid.i]
+            halo = HaloExchange(ctx.backend, grid.model_comm, plan_i)
+            self.rows = WindowRows(ctx.backend, window, h, options.pad[1], halo, plan_i)
         else:
-            self.rows = WindowRows(backend, self.window, h)
+            self.rows = WindowRows(ctx.backend, window, h, options.pad[1])
 
     def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
-        return maxpool_forward(self.backend.xp, x, self.window.kernel, self.window.stride, pads)
+        return self.forward_kernel(self.backend.xp, x, self.kernel, self.stride, pads)
 
     def _backward_rows(self, dy: Any, cache: Any) -> Any:
-        return maxpool_backward(self.backend.xp, dy, self.window.kernel, self.window.stride, cache)
+        return self.backward_kernel(self.backend.xp, dy, self.kernel, self.stride, cache)
 
     def forward(self, x: Any, step: int) -> Any:
         y, self.bands = self.rows.forward(x, self._forward_rows)
@@ -51,3 +56,35 @@ class MaxPool2d(Layer):
 
     def backward(self, dy: Any) -> Any:
         return self.rows.backward(dy, self.bands, self._backward_rows, self.need_dx)
+
+
+class GlobalAvgPool(Layer):
+    """Y[n, c] = mean of X[n, c] over the whole image: (N, C, H, W) -> (N, C, 1, 1).
+
+    Under a height split each rank sums its rows and the partial sums are all-reduced over the
+    Pr ranks of its batch group, so Y is replicated over them; the backward all-reduces the
+    gradient's partial sums the same way (the adjoint) and spreads it evenly over the rows.
+    Otherwise it is local, and a channel split passes through.
+    """
+
+    mode = "follow"
+
+    def __init__(self, name: str, ctx: BuildContext) -> None:
+        self.name, self.backend, self.params = name, ctx.backend, []
+        (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
+        _, _, h, w = self.in_layout.shape
+        self.scale = 1.0 / (h * w)  # every rank divides by the whole image
+        self.comm = None
+        if self.in_layout.split_axis == HEIGHT_AXIS:
+            self.comm = ctx.grids.get(self.in_layout.grid).model_comm
+
+    def forward(self, x: Any, step: int) -> Any:
+        self.x_shape = x.shape
+        y = x.sum(axis=(2, 3), keepdims=True) * x.dtype.type(self.scale)
+        return y if self.comm is None else allreduce_sum(self.backend, self.comm, y)
+
+    def backward(self, dy: Any) -> Any:
+        if self.comm is not None:
+            dy = allreduce_sum(self.backend, self.comm, dy.copy())  # the caller's dy stays
+        return self.backend.xp.broadcast_to(dy * dy.dtype.type(self.scale),
+                                            self.x_shape).copy()

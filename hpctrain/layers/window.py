@@ -37,19 +37,20 @@ class WindowRows:
     ----------
     window : the op's window along the height.
     n_rows : input height (global).
+    side_pad : zero columns on the left and on the right (the width is never split).
     halo : the exchange for a height-split input, or None when the rank holds every row.
     plan : the halo plan of this rank (None without a split).
     """
 
-    def __init__(self, backend: Backend, window: Window, n_rows: int,
+    def __init__(self, backend: Backend, window: Window, n_rows: int, side_pad: int,
                  halo: HaloExchange | None = None, plan: HaloPlan | None = None) -> None:
-        self.backend, self.window, self.n_rows = backend, window, n_rows
+        self.backend, self.window, self.n_rows, self.side_pad = backend, window, n_rows, side_pad
         self.halo, self.plan = halo, plan
         self.n_out = window.out_size(n_rows)
 
     def _band(self, out_rows: tuple[int, int]) -> tuple[_Band, tuple[int, int, int]]:
         lo, hi = self.window.rows_needed(*out_rows)
-        pads = (max(0, -lo), max(0, hi - self.n_rows), self.window.pad)
+        pads = (max(0, -lo), max(0, hi - self.n_rows), self.side_pad)
         return _Band(out_rows, (max(lo, 0), min(hi, self.n_rows))), pads
 
     def forward(self, x: Any, op: OpForward) -> tuple[Any, list[_Band]]:

@@ -297,3 +297,36 @@ def test_a_failed_write_leaves_the_old_checkpoint(comm, shared_dir, monkeypatch)
         assert exactly_equal(comm, fresh.gathered(), saved)
         run.save(path, 3)  # and the next save works
         assert read_checkpoint_info(path, NET).step == 3
+
+
+def test_batch_norm_statistics_resume_on_another_plan_and_another_p(comm, shared_dir):
+    """resdigits (residual adds, batch norm): running statistics are saved whole with the
+    parameters, so training resumed on another plan or on one process goes on exactly."""
+    net, procs = load_net("resdigits"), comm.Get_size()
+    first_plan = plan_from_spec(f"{procs}x1", net, procs)
+    other_plan = plan_from_spec(f"conv=domain:{procs}x1,fc=1x{procs}", net, procs)
+
+    def state(run):
+        tensors = [(p.value, p) for p in run.network.params + run.network.buffers]
+        return [gather_to_root(run.backend, run.comm, t, p.shape, p.box, "copy")
+                for t, p in tensors]
+
+    reference = None
+    if comm.Get_rank() == 0:
+        with GridSet(MPI.COMM_SELF) as grids:
+            run = Run(net, serial_plan(first_plan), grids)
+            reference = run.train(range(4)), state(run)
+    path = shared_dir / "resdigits-step-2.h5"
+    with GridSet(comm) as grids:
+        first = Run(net, first_plan, grids)
+        first.train(range(2))
+        first.save(path, 2)
+    with GridSet(comm) as grids:
+        run = Run(net, other_plan, grids)
+        run.load(path)
+        losses, tensors = run.train(range(2, 4)), state(run)
+    check_close(comm, np.array(losses), reference and np.array(reference[0][2:]),
+                "losses on another plan", 1e-9)
+    for k, got in enumerate(tensors):
+        check_close(comm, got, reference and reference[1][k], f"tensor {k}", 1e-9)
+    assert len(tensors) == len(net.param_shapes()) + len(net.buffer_shapes()) > 0

@@ -5,21 +5,25 @@ from mpi4py import MPI
 
 from hpctrain.comm.gather import gather_to_root
 from hpctrain.grid import GridSet
-from hpctrain.layers.conv import Conv2d
-from hpctrain.layers.elementwise import Dropout, Flatten, ReLU
-from hpctrain.layers.linear import Linear
-from hpctrain.layers.pool import MaxPool2d
+from hpctrain.kinds import KINDS
+from hpctrain.kinds.base import BuildContext, LayerSpec
 from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
-from hpctrain.net import LAYER_KEYS, LayerSpec
 from hpctrain.partition import SplitError
-from hpctrain.plan import LayerPlan
 from tests.mpi.helpers import block, check_close, global_random
 
 
-def spec(kind, **args):
-    full = {k: v for k, v in LAYER_KEYS[kind].items()}
-    full.update(args)
-    return LayerSpec(f"{kind}T", kind, full)
+def make_layer(kind, options, fed, mode, grid, grids, backend, key=0):
+    """A layer of ``kind`` (options as in a net file) built through its kind, fed on ``fed``
+    (a weighted kind reads only its shape) in ``mode`` on ``grid``."""
+    kind_of = KINDS[kind]
+    spec = LayerSpec(f"{kind}T", kind, kind_of.parse({k: str(v) for k, v in options.items()},
+                                                     "test"), ("input",))
+    out_shape = (fed.shape[0], *kind_of.out_shape(spec, (fed.shape[1:],), "test"))
+    inputs, output = kind_of.layouts(spec, (fed,), out_shape, mode, grid)
+    kind_of.check(spec, inputs, output)
+    context = BuildContext(mode, grid, inputs, output, grids, backend, key,
+                           grids.world.Get_rank())
+    return kind_of.build(spec, context)
 
 
 def owned_gradient(backend, dy, layout, rank):
@@ -69,12 +73,13 @@ CONVS = [  # (N, C, H, W), out, kernel, stride, pad
 @pytest.mark.parametrize("mode", ["model", "domain"])
 @pytest.mark.parametrize("shape,out,kernel,stride,pad", CONVS)
 def test_conv(comm, backend, grid_shape, mode, shape, out, kernel, stride, pad):
-    conv = spec("conv", out=out, kernel=kernel, stride=stride, pad=pad)
+    conv = {"out": out, "kernel": kernel, "stride": stride, "pad": pad}
 
     def make(grids, serial):
-        entry = LayerPlan("convT", "batch", (1, 1)) if serial else LayerPlan("convT", mode,
-                                                                            grid_shape)
-        return Conv2d(conv, shape, entry, grids, backend, key=42)
+        fed = Layout(shape, (1, 1))
+        if serial:
+            return make_layer("conv", conv, fed, "batch", (1, 1), grids, backend, key=42)
+        return make_layer("conv", conv, fed, mode, grid_shape, grids, backend, key=42)
 
     try:
         compare(comm, backend, make, shape)
@@ -86,11 +91,11 @@ def test_conv(comm, backend, grid_shape, mode, shape, out, kernel, stride, pad):
 @pytest.mark.parametrize("kernel,stride,pad", [(2, 2, 0), (3, 2, 0), (3, 2, 1), (3, 1, 1)])
 def test_maxpool_on_every_layout(comm, backend, grid_shape, axis, kernel, stride, pad):
     shape = (5, 6, 15, 9)
-    pool = spec("maxpool", kernel=kernel, stride=stride, pad=pad)
+    pool = {"kernel": kernel, "stride": stride, "pad": pad}
 
     def make(grids, serial):
         layout = Layout(shape, (1, 1) if serial else grid_shape, None if serial else axis)
-        return MaxPool2d(pool, layout, grids, backend)
+        return make_layer("maxpool", pool, layout, "follow", layout.grid, grids, backend)
 
     try:
         compare(comm, backend, make, shape)
@@ -100,12 +105,11 @@ def test_maxpool_on_every_layout(comm, backend, grid_shape, axis, kernel, stride
 
 @pytest.mark.parametrize("n,f_in,f_out", [(7, 10, 9), (4, 5, 4), (9, 33, 13)])
 def test_linear(comm, backend, grid_shape, n, f_in, f_out):
-    linear = spec("linear", out=f_out)
-
     def make(grids, serial):
-        entry = LayerPlan("linearT", "batch", (1, 1)) if serial else LayerPlan(
-            "linearT", "model", grid_shape)
-        return Linear(linear, (n, f_in), entry, grids, backend, key=7)
+        fed = Layout((n, f_in), (1, 1))
+        if serial:
+            return make_layer("linear", {"out": f_out}, fed, "batch", (1, 1), grids, backend, 7)
+        return make_layer("linear", {"out": f_out}, fed, "model", grid_shape, grids, backend, 7)
 
     try:
         compare(comm, backend, make, (n, f_in))
@@ -122,11 +126,7 @@ def test_followers_on_every_layout(comm, backend, grid_shape, kind, axis):
 
     def make(grids, serial):
         layout = Layout(shape, (1, 1) if serial else grid_shape, None if serial else axis)
-        if kind == "relu":
-            return ReLU(spec("relu"), layout, backend)
-        if kind == "dropout":
-            return Dropout(spec("dropout", p=0.4), layout, backend, key=9,
-                           rank=0 if serial else comm.Get_rank())
-        return Flatten(spec("flatten"), layout)
+        options = {"p": 0.4} if kind == "dropout" else {}
+        return make_layer(kind, options, layout, "follow", layout.grid, grids, backend, key=9)
 
     compare(comm, backend, make, shape)

@@ -1,0 +1,30 @@
+"""The layer kinds, one module each, and their registry.
+
+Adding a kind: write ``hpctrain/kinds/NAME.py`` defining a :class:`~hpctrain.kinds.base.Kind`
+subclass and ``KIND = NameKind()`` (read :mod:`hpctrain.kinds.relu` for the smallest, and
+:mod:`hpctrain.kinds.base` for the contract), then add the module to :data:`KINDS` below.
+"""
+
+from __future__ import annotations
+
+from hpctrain.kinds import (
+    add,
+    avgpool,
+    batchnorm,
+    concat,
+    conv,
+    dropout,
+    flatten,
+    linear,
+    maxpool,
+    relu,
+)
+from hpctrain.kinds.base import Kind
+
+KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
+    conv, linear, maxpool, avgpool, batchnorm, relu, dropout, flatten, add, concat)}
+
+
+def kind_of(name: str) -> Kind:
+    """The kind called ``name`` (a key of :data:`KINDS`)."""
+    return KINDS[name]

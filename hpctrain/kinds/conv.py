@@ -1,0 +1,145 @@
+"""``conv out=O kernel=K [stride=1] [pad=0] [bias=1]``: 2-D convolution (K, stride and pad are
+``K`` or ``HxW``), in batch, model (1.5D) or domain mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.cost.machine import Machine
+from hpctrain.cost.work import LocalWork
+from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+from hpctrain.kinds.base import (
+    BuildContext,
+    Footprint,
+    Kind,
+    LayerSpec,
+    Shape,
+    check_window,
+    larger,
+)
+from hpctrain.kinds.options import Key, flag, whole
+from hpctrain.kinds.window import WINDOW_KEYS, halo_seconds, rows, window_work
+from hpctrain.layers.base import Layer
+from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.partition import check_split, halo_plans
+
+
+@dataclass(frozen=True)
+class ConvOptions:
+    out: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    bias: bool
+
+
+def _parts(n: int, parts: int) -> int:
+    return -(-n // parts)
+
+
+class ConvKind(Kind):
+    name = "conv"
+    keys = {"out": Key(whole(1)), **WINDOW_KEYS, "bias": Key(flag, "1")}
+    options = ConvOptions
+    weighted = True
+    modes = ("model", "domain")
+    grid_key = "conv"
+
+    def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
+        o = spec.options
+        return (o.out, *check_window(spec, shapes[0], o.kernel, o.stride, o.pad, where))
+
+    def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
+        o = spec.options
+        found = {"weight": (o.out, shapes[0][0], *o.kernel)}
+        return {**found, "bias": (o.out,)} if o.bias else found
+
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
+                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
+        """batch/model: X replicated over Pr, Y split by output channels; domain: X and Y
+        split by height."""
+        in_shape = fed[0].shape
+        if mode == "domain":
+            return (Layout(in_shape, grid, HEIGHT_AXIS),), Layout(out_shape, grid, HEIGHT_AXIS)
+        return (Layout(in_shape, grid),), Layout(out_shape, grid, CHANNEL_AXIS)
+
+    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
+        super().check(spec, inputs, output)
+        o, x = spec.options, inputs[0]
+        if x.split_axis == HEIGHT_AXIS:
+            halo_plans(x.shape[HEIGHT_AXIS], x.grid[0], rows(o.kernel, o.stride, o.pad),
+                       spec.name)
+        else:
+            check_split(o.out, output.grid[0], "output channels", spec.name)
+
+    def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+             need_dx: bool) -> LocalWork:
+        o, x = spec.options, inputs[0]
+        out = o.out if x.split_axis == HEIGHT_AXIS else _parts(o.out, x.grid[0])
+        return window_work(self.name, spec.name, o.kernel, o.stride, o.pad, x, out, need_dx)
+
+    def flops(self, work: LocalWork) -> tuple[float, float]:
+        n, c = work.x[:2]
+        ho, wo = work.out_rows()
+        forward = 2.0 * n * work.out * ho * wo * c * work.kernel[0] * work.kernel[1]
+        return forward, forward * (2 if work.need_dx else 1)
+
+    def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
+                ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
+        x = random(work.x)
+        w = random((work.out, work.x[1], *work.kernel))
+        b = xp.zeros(work.out, dtype=dtype)
+
+        def backward_of(out: Any) -> Callable[[], Any]:
+            y, cache = out
+            dy = xp.ones_like(y)
+            return lambda: conv2d_backward(xp, dy, w, cache, work.stride, work.need_dx)
+
+        return lambda: conv2d_forward(xp, x, w, b, work.stride, work.pads), backward_of
+
+    def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
+                         ) -> int:
+        o, x = spec.options, inputs[0]
+        per_out = x.shape[CHANNEL_AXIS] * o.kernel[0] * o.kernel[1] + (1 if o.bias else 0)
+        return per_out * (o.out if x.split_axis == HEIGHT_AXIS else _parts(o.out, x.grid[0]))
+
+    def gradient_ranks(self, inputs: tuple[Layout, ...], output: Layout) -> int:
+        """W is replicated on every rank in domain mode, on the Pc ranks of a model row else."""
+        return output.size if inputs[0].split_axis == HEIGHT_AXIS else output.grid[1]
+
+    def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                  machine: Machine, itemsize: int) -> tuple[float, float]:
+        o = spec.options
+        forward, backward = super().comm_time(spec, inputs, output, machine, itemsize)
+        halo = halo_seconds(spec.name, rows(o.kernel, o.stride, o.pad), inputs[0], machine,
+                            itemsize)
+        return forward + halo[0], backward + halo[1]
+
+    def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
+                                                              dict[str, float]]:
+        """The im2col columns kept for ΔW; a padded copy of the input while they are made."""
+        work, b = fp.work, fp.itemsize
+        n, c, h, w = work.x
+        top, bottom, side = work.pads
+        ho, wo = work.out_rows()
+        cols = c * work.kernel[0] * work.kernel[1] * n * ho * wo * b
+        copy = n * c * (h + top + bottom) * (w + 2 * side) * b
+        if not (top or bottom or side or fp.height_split):
+            copy = 0
+        y = n * work.out * ho * wo * b
+        forward = {**fp.loose_input, "im2col workspace": cols, "padded input": copy,
+                   "output and GEMM result": 2 * y}
+        backward = {"output gradient and its transpose": 2 * y, **fp.weights}
+        if work.need_dx:
+            backward.update({"im2col workspace": cols, "padded input gradient": copy})
+        return {"im2col columns": cols}, larger(forward, backward)
+
+    def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
+        from hpctrain.layers.conv import Conv2d  # needs MPI: only when run
+
+        return Conv2d(spec.name, spec.options, ctx)
+
+
+KIND = ConvKind()

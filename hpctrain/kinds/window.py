@@ -1,0 +1,138 @@
+"""What the window kinds (convolution, max and average pooling) share: kernel, stride and pad
+along height and width, and the height split with its halo rows.
+
+A window's height is the axis a domain split cuts (:class:`~hpctrain.partition.Window` and its
+halo plans); its width is never split and only pads both sides alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from hpctrain.cost.collectives import halo_time
+from hpctrain.cost.machine import Machine
+from hpctrain.cost.work import LocalWork
+from hpctrain.kinds.base import BuildContext, Kind, LayerSpec, Shape, check_window
+from hpctrain.kinds.options import Key, pair
+from hpctrain.layers.base import Layer
+from hpctrain.layout import HEIGHT_AXIS, Layout, largest_block
+from hpctrain.partition import HaloPlan, SplitError, Window, halo_plans
+
+WINDOW_KEYS = {"kernel": Key(pair(1)), "stride": Key(pair(1), "1"), "pad": Key(pair(0), "0")}
+
+
+def rows(kernel: tuple[int, int], stride: tuple[int, int], pad: tuple[int, int]) -> Window:
+    """The window along the height (the axis a domain split cuts)."""
+    return Window(kernel[0], stride[0], pad[0])
+
+
+def busiest_halo(name: str, window: Window, layout: Layout) -> HaloPlan:
+    """The halo plan of the rank with the most output rows (then the most rows read)."""
+    plans = halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], window, name)
+    return max(plans, key=lambda q: (q.out[1] - q.out[0], q.need[1] - q.need[0]))
+
+
+def window_work(kind: str, name: str, kernel: tuple[int, int], stride: tuple[int, int],
+                pad: tuple[int, int], layout: Layout, out: int, need_dx: bool) -> LocalWork:
+    """The busiest rank's window kernel on ``layout``: under a height split it reads its
+    rows plus halos and pads only at the image's edges."""
+    block = largest_block(layout)
+    pads = (pad[0], pad[0], pad[1])
+    if layout.split_axis == HEIGHT_AXIS:
+        p = busiest_halo(name, rows(kernel, stride, pad), layout)
+        block = (*block[:2], p.need[1] - p.need[0], block[3])
+        pads = (p.pad_top, p.pad_bottom, pad[1])
+    return LocalWork(kind, block, out, kernel, stride, pads, need_dx)
+
+
+def halo_seconds(name: str, window: Window, layout: Layout, machine: Machine, itemsize: int
+                 ) -> tuple[float, float]:
+    """Halo exchange of a height-split window layer (forward: rows received; backward: rows
+    sent back), at the busiest rank; zero without a height split."""
+    if layout.split_axis != HEIGHT_AXIS:
+        return 0.0, 0.0
+    n, c, _, w = largest_block(layout)
+    row_bytes = n * c * w * itemsize
+    forward = backward = 0.0
+    for p in halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], window, name):
+        received = [r[1] - r[0] for r in (p.recv_top, p.recv_bottom)]
+        sent = [r[1] - r[0] for r in (p.send_top, p.send_bottom)]
+        forward = max(forward, sum(halo_time(machine, k * row_bytes) for k in received))
+        backward = max(backward, sum(halo_time(machine, k * row_bytes) for k in sent))
+    return forward, backward
+
+
+class PoolKind(Kind):
+    """A pooling kind: a window reduction per channel on the layout that feeds it.
+
+    Subclasses give the local kernels (``forward_kernel``, ``backward_kernel``, as
+    :class:`~hpctrain.layers.pool.Pool2d` takes them).
+    """
+
+    keys = WINDOW_KEYS
+    forward_kernel: Callable
+    backward_kernel: Callable
+
+    def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
+        o = spec.options
+        return (shapes[0][0], *check_window(spec, shapes[0], o.kernel, o.stride, o.pad, where))
+
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
+                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
+        """The layout fed; a height split is recut into blocks of the output rows, or, where
+        the image is too short for that (a rank would get no rows, or need halo rows from
+        beyond its neighbours), gathered first: the input then drops the height split."""
+        x = fed[0]
+        if x.split_axis == HEIGHT_AXIS:
+            o = spec.options
+            try:
+                halo_plans(x.shape[HEIGHT_AXIS], x.grid[0], rows(o.kernel, o.stride, o.pad),
+                           spec.name)
+            except SplitError:
+                return (x.replicated(),), Layout(out_shape, x.grid)
+            return fed, Layout(out_shape, x.grid, HEIGHT_AXIS)
+        return fed, Layout(out_shape, x.grid, x.split_axis, x.split_ranges)
+
+    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
+        super().check(spec, inputs, output)
+        o, x = spec.options, inputs[0]
+        if x.split_axis == HEIGHT_AXIS:
+            halo_plans(x.shape[HEIGHT_AXIS], x.grid[0], rows(o.kernel, o.stride, o.pad),
+                       spec.name)
+
+    def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+             need_dx: bool) -> LocalWork:
+        o = spec.options
+        return window_work(self.name, spec.name, o.kernel, o.stride, o.pad, inputs[0], 0,
+                           need_dx)
+
+    def flops(self, work: LocalWork) -> tuple[float, float]:
+        ho, wo = work.out_rows()
+        return (float(work.x[0] * work.x[1] * ho * wo * work.kernel[0] * work.kernel[1]),
+                float(math.prod(work.x)))
+
+    def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
+                ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
+        x = random(work.x)
+        forward_kernel, backward_kernel = type(self).forward_kernel, type(self).backward_kernel
+
+        def backward_of(out: Any) -> Callable[[], Any]:
+            y, cache = out
+            dy = xp.ones_like(y)
+            return lambda: backward_kernel(xp, dy, work.kernel, work.stride, cache)
+
+        return lambda: forward_kernel(xp, x, work.kernel, work.stride, work.pads), backward_of
+
+    def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                  machine: Machine, itemsize: int) -> tuple[float, float]:
+        o = spec.options
+        return halo_seconds(spec.name, rows(o.kernel, o.stride, o.pad), inputs[0], machine,
+                            itemsize)
+
+    def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
+        from hpctrain.layers.pool import Pool2d  # needs MPI: only when run
+
+        return Pool2d(spec.name, spec.options, ctx, type(self).forward_kernel,
+                      type(self).backward_kernel)
