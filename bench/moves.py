@@ -22,7 +22,7 @@ from hpctrain.cost.model import build_cost_model
 from hpctrain.layout import CHANNEL_AXIS, Layout
 from hpctrain.moves import IDENTITY, MovePlan, move_kind, plan_move, transfer_pieces
 from hpctrain.net import load_net
-from hpctrain.placement import move_pairs, plan_layouts
+from hpctrain.placement import input_layout, move_pairs, plan_layouts
 from hpctrain.planner import plan_network
 
 
@@ -46,9 +46,10 @@ def network_moves(name: str, procs: int, batch: int, machine_name: str, ranks: t
     start = time.perf_counter()
     planned = plan_network(build_cost_model(net, batch, procs, machine, "flops"))
     planning = time.perf_counter() - start
-    pairs = move_pairs(plan_layouts(net, planned.plans, batch, procs))
+    pairs = move_pairs(net, plan_layouts(net, planned.plans, batch, procs),
+                       input_layout(net, planned.plans, batch, procs))
     plans, seconds = timed_plans(pairs, ranks)
-    fed = [layer.name for layer in net.layers] + ["loss"]
+    fed = [layer.name for layer in net.layers for _ in layer.inputs] + ["loss"]
     print(f"\n{name}: {len(pairs)} moves under the auto plan (planned in {planning:.2f} s); "
           f"sends/receives/kept pieces per rank")
     print(f"  {'feeds':<10} {'kind':<10} {'from':<28} {'to':<28} "

@@ -251,7 +251,7 @@ BAD_INPUT = {
     "batch smaller than the batch split": (2, ["--grid", "1x2", "--batch", "1"],
                                            "batch 1 cannot be split over 2 batch ranks"),
     # (conv=domain:2x1 would run conv2 model-parallel instead; a plan file says the mode)
-    "image too small for the split": (2, ["--net", "smallcnn", "--image-size", "3", "--grid",
+    "image too small for the split": (2, ["--net", "resdigits", "--image-size", "2", "--grid",
                                           "{domain_plan}"],
                                       "output height of size 1 cannot be split 2 ways"),
     "missing dataset": (2, ["--data", "nowhere.h5"], "nowhere.h5"),
@@ -287,8 +287,10 @@ def test_bad_input_is_one_line_from_rank_0_and_every_rank_exits(tmp_path, case):
         pytest.skip("make inputs/digits.h5 first")
     (tmp_path / "bad.net").write_text("input channels=1 size=8 classes=10\nconv out=4\n")
     (tmp_path / "a-file").write_text("not a directory\n")
-    (tmp_path / "domain.plan").write_text("conv1 domain 2x1\nconv2 domain 2x1\n"
-                                          "linear1 model 2x1\nlinear2 model 2x1\n")
+    (tmp_path / "domain.plan").write_text("".join(  # layer2 halves the 2 rows to 1
+        f"{conv} domain 2x1\n" for conv in ("conv1", "layer1.conv1", "layer1.conv2",
+                                            "layer2.conv1", "layer2.conv2", "layer2.downsample"))
+        + "fc model 2x1\n")
     files = {"bad_net": lambda: str(tmp_path / "bad.net"),
              "domain_plan": lambda: str(tmp_path / "domain.plan"),
              "a_file": lambda: str(tmp_path / "a-file")}

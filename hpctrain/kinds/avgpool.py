@@ -15,7 +15,7 @@ from hpctrain.cost.work import LocalWork
 from hpctrain.kernels.pool import avgpool_backward, avgpool_forward
 from hpctrain.kinds.base import BuildContext, Footprint, LayerSpec, Shape, larger
 from hpctrain.kinds.options import Key, NetError, pair
-from hpctrain.kinds.window import WINDOW_KEYS, PoolKind
+from hpctrain.kinds.window import WINDOW_KEYS, PoolKind, padded_bytes
 from hpctrain.layers.base import Layer
 from hpctrain.layout import HEIGHT_AXIS, Layout, largest_block
 
@@ -106,13 +106,10 @@ class AvgPoolKind(PoolKind):
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
         """Nothing kept; a padded copy of the input (and of its gradient) for a moment."""
-        work, b = fp.work, fp.itemsize
         if spec.options.kernel is None:
             return {}, larger({**fp.loose_input, "output": fp.y},
                               {"output gradient": fp.y, "input gradient": fp.x})
-        n, c, h, w = work.x
-        top, bottom, side = work.pads
-        padded = n * c * (h + top + bottom) * (w + 2 * side) * b
+        padded = padded_bytes(fp.work, fp.itemsize)
         return {}, larger({**fp.loose_input, "padded input": padded, "output": fp.y},
                           {"output gradient": fp.y, "padded input gradient": padded})
 

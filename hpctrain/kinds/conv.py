@@ -20,10 +20,17 @@ from hpctrain.kinds.base import (
     larger,
 )
 from hpctrain.kinds.options import Key, flag, whole
-from hpctrain.kinds.window import WINDOW_KEYS, halo_seconds, rows, window_work
+from hpctrain.kinds.window import (
+    WINDOW_KEYS,
+    check_rows,
+    halo_seconds,
+    padded_bytes,
+    rows,
+    window_work,
+)
 from hpctrain.layers.base import Layer
 from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
-from hpctrain.partition import check_split, halo_plans
+from hpctrain.partition import check_split
 
 
 @dataclass(frozen=True)
@@ -67,12 +74,10 @@ class ConvKind(Kind):
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)
-        o, x = spec.options, inputs[0]
-        if x.split_axis == HEIGHT_AXIS:
-            halo_plans(x.shape[HEIGHT_AXIS], x.grid[0], rows(o.kernel, o.stride, o.pad),
-                       spec.name)
+        if inputs[0].split_axis == HEIGHT_AXIS:
+            check_rows(spec, inputs[0])
         else:
-            check_split(o.out, output.grid[0], "output channels", spec.name)
+            check_split(spec.options.out, output.grid[0], "output channels", spec.name)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
@@ -125,9 +130,7 @@ class ConvKind(Kind):
         top, bottom, side = work.pads
         ho, wo = work.out_rows()
         cols = c * work.kernel[0] * work.kernel[1] * n * ho * wo * b
-        copy = n * c * (h + top + bottom) * (w + 2 * side) * b
-        if not (top or bottom or side or fp.height_split):
-            copy = 0
+        copy = padded_bytes(work, b) if top or bottom or side or fp.height_split else 0
         y = n * work.out * ho * wo * b
         forward = {**fp.loose_input, "im2col workspace": cols, "padded input": copy,
                    "output and GEMM result": 2 * y}

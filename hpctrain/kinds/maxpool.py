@@ -8,7 +8,7 @@ from typing import Any
 from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
 from hpctrain.kinds.base import BOOL_BYTES, Footprint, LayerSpec, larger
 from hpctrain.kinds.options import Key, NetError, pair
-from hpctrain.kinds.window import WINDOW_KEYS, PoolKind
+from hpctrain.kinds.window import WINDOW_KEYS, PoolKind, padded_bytes
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class MaxPoolKind(PoolKind):
         top, bottom, side = work.pads
         ho, wo = work.out_rows()
         y = n * c * ho * wo * b
-        padded = n * c * (h + top + bottom) * (w + 2 * side) * b
+        padded = padded_bytes(work, b)
         resident: dict[str, Any] = {"output": y}
         if top or bottom or side or fp.height_split:
             resident["padded input"] = padded  # a fresh copy its windows view

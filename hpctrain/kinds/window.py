@@ -28,6 +28,22 @@ def rows(kernel: tuple[int, int], stride: tuple[int, int], pad: tuple[int, int])
     return Window(kernel[0], stride[0], pad[0])
 
 
+def check_rows(spec: LayerSpec, layout: Layout) -> None:
+    """Refuse a height split the layer's window cannot run on (a rank without rows, or one
+    needing halo rows from beyond its neighbours), naming the layer and sizes."""
+    if layout.split_axis == HEIGHT_AXIS:
+        o = spec.options
+        halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], rows(o.kernel, o.stride, o.pad),
+                   spec.name)
+
+
+def padded_bytes(work: LocalWork, itemsize: int) -> int:
+    """Bytes of the work's input block with its padding (what a padded copy takes)."""
+    n, c, h, w = work.x
+    top, bottom, side = work.pads
+    return n * c * (h + top + bottom) * (w + 2 * side) * itemsize
+
+
 def busiest_halo(name: str, window: Window, layout: Layout) -> HaloPlan:
     """The halo plan of the rank with the most output rows (then the most rows read)."""
     plans = halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], window, name)
@@ -86,10 +102,8 @@ class PoolKind(Kind):
         beyond its neighbours), gathered first: the input then drops the height split."""
         x = fed[0]
         if x.split_axis == HEIGHT_AXIS:
-            o = spec.options
             try:
-                halo_plans(x.shape[HEIGHT_AXIS], x.grid[0], rows(o.kernel, o.stride, o.pad),
-                           spec.name)
+                check_rows(spec, x)
             except SplitError:
                 return (x.replicated(),), Layout(out_shape, x.grid)
             return fed, Layout(out_shape, x.grid, HEIGHT_AXIS)
@@ -97,10 +111,7 @@ class PoolKind(Kind):
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)
-        o, x = spec.options, inputs[0]
-        if x.split_axis == HEIGHT_AXIS:
-            halo_plans(x.shape[HEIGHT_AXIS], x.grid[0], rows(o.kernel, o.stride, o.pad),
-                       spec.name)
+        check_rows(spec, inputs[0])
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:

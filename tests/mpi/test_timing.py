@@ -73,7 +73,7 @@ def run(net, plan, comm, timed):
 def plan_facts(network) -> dict:
     """Per layer: its name, mode, the move feeding it, and which of its own comm it does."""
     layers = []
-    for layer, move in zip(network.layers, network.moves):
+    for layer, (move, *_) in zip(network.layers, network.moves):  # chains: one move each
         rows, grad_comm = getattr(layer, "rows", None), getattr(layer, "grad_comm", None)
         halo = rows is not None and rows.halo is not None
         layers.append({"name": layer.name, "mode": layer.mode, "move": move.kind,

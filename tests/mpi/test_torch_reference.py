@@ -1,0 +1,95 @@
+"""hpctrain on 4 ranks, under mixed per-layer plans, against an independent PyTorch model (no
+torchvision), float64: ResNet-18 and one InceptionA module; logits, loss, every gradient, the
+parameters after each SGD update (two steps, so momentum is used) and the running statistics.
+
+Run with ``mpiexec -n 4 python -m mpi4py -m pytest tests/mpi/test_torch_reference.py``; skipped
+on other world sizes (the plans name 2x2, 4x1 and 1x4 grids).
+"""
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hpctrain.plan import LayerPlan, plan_from_spec  # noqa: E402
+from tests.torch_reference import (  # noqa: E402
+    InceptionNet,
+    ResNet18,
+    compare,
+    failures,
+    hpctrain_steps,
+    inception_names,
+    inception_net,
+    resnet18_names,
+    resnet18_net,
+    torch_steps,
+)
+
+TOLERANCE = 1e-9
+BATCH, STEPS, PROCS = 4, 2, 4
+
+# per weighted layer, in turn: every mode on every grid shape of 4 ranks
+CYCLE = (("domain", (2, 2)), ("model", (2, 2)), ("domain", (4, 1)), ("model", (4, 1)),
+         ("batch", (1, 4)), ("model", (2, 2)))
+
+
+def mixed_plan(net, offset=0):
+    """Each conv and linear layer takes the next entry of :data:`CYCLE`, starting at
+    ``offset``; a domain entry is passed over where the layer's output has fewer than two rows
+    per rank (and always for linear layers). Other layers follow their input."""
+    plan, k = [], offset
+    for layer, shape in zip(net.layers, net.out_shapes, strict=True):
+        if layer.kind not in ("conv", "linear"):
+            plan.append(LayerPlan(layer.name, "follow"))
+            continue
+        while True:
+            mode, grid = CYCLE[k % len(CYCLE)]
+            k += 1
+            if mode != "domain" or (layer.kind == "conv" and shape[1] >= 2 * grid[0]):
+                break
+        plan.append(LayerPlan(layer.name, mode, grid))
+    return plan
+
+
+def on_root(comm, work):
+    """``work()`` on rank 0, its result on every rank. The other ranks sleep meanwhile rather
+    than spin in a collective: on a machine with fewer cores than ranks, spinning ranks would
+    slow rank 0's PyTorch run several times over."""
+    result = work() if comm.Get_rank() == 0 else None
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.005)
+    return comm.bcast(result, root=0)
+
+
+CASES = {
+    "resnet18-mixed": (resnet18_net, lambda net: ResNet18(net.classes), resnet18_names,
+                       mixed_plan),
+    "inception_a-mixed": (inception_net, lambda net: InceptionNet(), inception_names,
+                          mixed_plan),
+    "inception_a-mixed-offset": (inception_net, lambda net: InceptionNet(), inception_names,
+                                 lambda net: mixed_plan(net, offset=3)),
+    "inception_a-conv=domain:2x2,fc=4x1": (
+        inception_net, lambda net: InceptionNet(), inception_names,
+        lambda net: plan_from_spec("conv=domain:2x2,fc=4x1", net, PROCS)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_four_ranks_match_pytorch(comm, case):
+    if comm.Get_size() != PROCS:
+        pytest.skip(f"the plans are for {PROCS} ranks; this run has {comm.Get_size()}")
+    make_net, make_model, make_names, make_plan = CASES[case]
+    net = make_net()
+    plan = make_plan(net)
+    modes = {entry.mode for entry in plan} - {"follow"}
+    assert modes == {"batch", "model", "domain"} or case.endswith("fc=4x1"), modes
+    run = hpctrain_steps(net, plan, comm, BATCH, STEPS)
+
+    def check() -> str:
+        errors = compare(run.steps, torch_steps(make_model(net), make_names(), run))
+        return failures(errors, TOLERANCE)
+
+    problem = on_root(comm, check)
+    assert not problem, f"{case}: {problem}"

@@ -1,0 +1,354 @@
+"""An independent reference: ResNet-18 and one InceptionA module written in plain PyTorch (no
+torchvision, no hpctrain code), in float64, trained from hpctrain's initial weights on the same
+batches, to compare with hpctrain step by step.
+
+Import this module only after ``pytest.importorskip("torch")``: CI has no PyTorch.
+
+Each model comes with an explicit name map, hpctrain name → PyTorch name, for its parameters
+(batch norm's γ, β are PyTorch's ``weight``, ``bias``) and for its buffers (running mean and
+variance). :func:`hpctrain_steps` runs hpctrain on any communicator and gathers every tensor
+whole on rank 0; :func:`torch_steps` runs the PyTorch model from those initial values;
+:func:`compare` gives the relative error of every tensor of every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.resources import files
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI
+from torch import nn
+
+from hpctrain.backend import Backend
+from hpctrain.comm.gather import gather_to_root
+from hpctrain.data import SyntheticData
+from hpctrain.grid import GridSet
+from hpctrain.net import NetSpec, load_net, parse_net
+from hpctrain.network import Network
+from hpctrain.optim import SGD
+from hpctrain.plan import LayerPlan
+
+# hyper-parameters of the compared update: momentum and weight decay both matter
+LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 1e-2
+SEED = 3
+
+
+# -- ResNet-18, as torchvision builds it --------------------------------------------------------
+
+class BasicBlock(nn.Module):
+    """relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)); the shortcut is a strided 1x1 conv
+    and batch norm when the block changes the size or the width."""
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes, eps=1e-5, momentum=0.1)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes, eps=1e-5, momentum=0.1)
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
+                                            nn.BatchNorm2d(planes, eps=1e-5, momentum=0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + shortcut)
+
+
+class ResNet18(nn.Module):
+    WIDTHS = (64, 128, 256, 512)
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64, eps=1e-5, momentum=0.1)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        inplanes = 64
+        for stage, planes in enumerate(self.WIDTHS, start=1):
+            stride = 1 if stage == 1 else 2
+            setattr(self, f"layer{stage}", nn.Sequential(BasicBlock(inplanes, planes, stride),
+                                                         BasicBlock(planes, planes)))
+            inplanes = planes
+        self.fc = nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        for stage in range(1, 5):
+            x = getattr(self, f"layer{stage}")(x)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+@dataclass
+class NameMap:
+    """hpctrain name → PyTorch name, for parameters and for buffers."""
+
+    params: dict[str, str]
+    buffers: dict[str, str]
+
+    def conv(self, ours: str, theirs: str, bias: bool = False) -> None:
+        self.params[f"{ours}.weight"] = f"{theirs}.weight"
+        if bias:
+            self.params[f"{ours}.bias"] = f"{theirs}.bias"
+
+    def batchnorm(self, ours: str, theirs: str) -> None:
+        self.params[f"{ours}.gamma"] = f"{theirs}.weight"
+        self.params[f"{ours}.beta"] = f"{theirs}.bias"
+        self.buffers[f"{ours}.running_mean"] = f"{theirs}.running_mean"
+        self.buffers[f"{ours}.running_var"] = f"{theirs}.running_var"
+
+
+def resnet18_names() -> NameMap:
+    """hpctrain's ``layer2_0.downsample_bn.gamma`` is torchvision's
+    ``layer2.0.downsample.1.weight``, and so on: written out block by block."""
+    names = NameMap({}, {})
+    names.conv("conv1", "conv1")
+    names.batchnorm("bn1", "bn1")
+    for stage in range(1, 5):
+        for block in range(2):
+            ours, theirs = f"layer{stage}_{block}", f"layer{stage}.{block}"
+            names.conv(f"{ours}.conv1", f"{theirs}.conv1")
+            names.batchnorm(f"{ours}.bn1", f"{theirs}.bn1")
+            names.conv(f"{ours}.conv2", f"{theirs}.conv2")
+            names.batchnorm(f"{ours}.bn2", f"{theirs}.bn2")
+            if stage > 1 and block == 0:
+                names.conv(f"{ours}.downsample", f"{theirs}.downsample.0")
+                names.batchnorm(f"{ours}.downsample_bn", f"{theirs}.downsample.1")
+    names.params["fc.weight"], names.params["fc.bias"] = "fc.weight", "fc.bias"
+    return names
+
+
+def resnet18_net(image_size: int = 32) -> NetSpec:
+    return load_net("resnet18", image_size)
+
+
+# -- one InceptionA module (torchvision's inception_v3 Mixed_5b) --------------------------------
+
+class BasicConv2d(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, **kwargs) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, bias=False, **kwargs)
+        self.bn = nn.BatchNorm2d(out_channels, eps=0.001, momentum=0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn(self.conv(x)))
+
+
+class InceptionA(nn.Module):
+    BRANCHES = ("branch1x1", "branch5x5_1", "branch5x5_2", "branch3x3dbl_1", "branch3x3dbl_2",
+                "branch3x3dbl_3", "branch_pool")
+
+    def __init__(self, in_channels: int, pool_features: int) -> None:
+        super().__init__()
+        self.branch1x1 = BasicConv2d(in_channels, 64, kernel_size=1)
+        self.branch5x5_1 = BasicConv2d(in_channels, 48, kernel_size=1)
+        self.branch5x5_2 = BasicConv2d(48, 64, kernel_size=5, padding=2)
+        self.branch3x3dbl_1 = BasicConv2d(in_channels, 64, kernel_size=1)
+        self.branch3x3dbl_2 = BasicConv2d(64, 96, kernel_size=3, padding=1)
+        self.branch3x3dbl_3 = BasicConv2d(96, 96, kernel_size=3, padding=1)
+        self.branch_pool = BasicConv2d(in_channels, pool_features, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        branch1x1 = self.branch1x1(x)
+        branch5x5 = self.branch5x5_2(self.branch5x5_1(x))
+        branch3x3dbl = self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x)))
+        branch_pool = self.branch_pool(F.avg_pool2d(x, kernel_size=3, stride=1, padding=1))
+        return torch.cat([branch1x1, branch5x5, branch3x3dbl, branch_pool], 1)
+
+
+INCEPTION_STEM, INCEPTION_POOL_FEATURES, INCEPTION_CLASSES = 16, 32, 10
+
+
+class InceptionNet(nn.Module):
+    """A 3x3 stem conv (with bias), Mixed_5b, global average pooling and one FC."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, INCEPTION_STEM, 3, padding=1, bias=True)
+        self.Mixed_5b = InceptionA(INCEPTION_STEM, INCEPTION_POOL_FEATURES)
+        self.fc = nn.Linear(224 + INCEPTION_POOL_FEATURES, INCEPTION_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.Mixed_5b(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def inception_names() -> NameMap:
+    names = NameMap({}, {})
+    names.conv("stem", "stem", bias=True)
+    for branch in InceptionA.BRANCHES:
+        ours = theirs = f"Mixed_5b.{branch}"
+        names.conv(f"{ours}.conv", f"{theirs}.conv")
+        names.batchnorm(f"{ours}.bn", f"{theirs}.bn")
+    names.params["fc.weight"], names.params["fc.bias"] = "fc.weight", "fc.bias"
+    return names
+
+
+def shipped_define(text: str, block: str) -> str:
+    """The lines of ``define BLOCK …`` through its ``end`` in a .net text."""
+    lines = text.splitlines()
+    start = next((k for k, line in enumerate(lines) if line.split()[:2] == ["define", block]),
+                 None)
+    if start is None:
+        raise LookupError(f"no 'define {block}' in inception_v3.net")
+    stop = next(k for k in range(start, len(lines)) if lines[k].split() == ["end"])
+    return "\n".join(lines[start:stop + 1])
+
+
+def inception_net(image_size: int = 8) -> NetSpec:
+    """The shipped inception_v3.net's ``basic`` and ``inception_a`` blocks, used once after a
+    stem conv; so this checks the shipped definition itself."""
+    shipped = (files("hpctrain") / "inputs" / "nets" / "inception_v3.net").read_text("utf-8")
+    text = "\n".join([
+        f"input channels=3 size={image_size} classes={INCEPTION_CLASSES}",
+        shipped_define(shipped, "basic"),
+        shipped_define(shipped, "inception_a"),
+        f"conv name=stem out={INCEPTION_STEM} kernel=3 pad=1",
+        f"use inception_a name=Mixed_5b pool_features={INCEPTION_POOL_FEATURES}",
+        "avgpool name=avgpool kernel=global",
+        "flatten",
+        f"linear name=fc out={INCEPTION_CLASSES}",
+    ])
+    return parse_net(text, "inception_a-test")
+
+
+# -- running both ---------------------------------------------------------------------------
+
+@dataclass
+class StepResult:
+    """One step, whole: logits and loss of the batch, the gradients of the parameters, and the
+    parameters and buffers after the update. Keyed by hpctrain names."""
+
+    logits: np.ndarray
+    loss: float
+    grads: dict[str, np.ndarray]
+    params: dict[str, np.ndarray]
+    buffers: dict[str, np.ndarray]
+
+
+@dataclass
+class Run:
+    initial_params: dict[str, np.ndarray]
+    initial_buffers: dict[str, np.ndarray]
+    steps: list[StepResult]
+    batches: list[tuple[np.ndarray, np.ndarray]]  # (images, labels) of each step
+
+
+def hpctrain_steps(net: NetSpec, plan: list[LayerPlan], comm: MPI.Comm, batch: int,
+                   steps: int) -> Run | None:
+    """``steps`` training steps of hpctrain in float64 on ``comm`` under ``plan``, each followed
+    by one SGD update; everything gathered whole on rank 0 (None elsewhere). Collective."""
+    backend = Backend(np, np.float64)
+    root = comm.Get_rank() == 0
+
+    def whole(tensors: list, value: str) -> dict[str, np.ndarray]:
+        return {t.name: gather_to_root(backend, comm, getattr(t, value), t.shape, t.box, "copy")
+                for t in tensors}
+
+    with GridSet(comm) as grids:
+        network = Network(net, plan, batch, grids, backend, SEED)
+        data = SyntheticData(backend, net.input_shape, net.classes, batch, SEED)
+        optimizer = SGD(network.params, LR, MOMENTUM, WEIGHT_DECAY)
+        initial_params = whole(network.params, "value")
+        initial_buffers = whole(network.buffers, "value")
+        results, batches = [], []
+        last = network.layers[-1]
+        for step in range(steps):
+            outputs: list = []
+            loss, _ = network.train_step(data, step, outputs)
+            logits = gather_to_root(backend, comm, outputs[-1], last.out_layout.shape,
+                                    last.out_layout.box, "copy")
+            grads = whole(network.params, "grad")  # before the step, which reuses the buffers
+            optimizer.step()
+            results.append(StepResult(logits, loss, grads, whole(network.params, "value"),
+                                      whole(network.buffers, "value")))
+            if root:
+                everything = tuple((0, n) for n in (batch, *net.input_shape))
+                batches.append((data.images(step, everything), data.labels(step, (0, batch))))
+    return Run(initial_params, initial_buffers, results, batches) if root else None
+
+
+def torch_steps(model: nn.Module, names: NameMap, start: Run) -> list[StepResult]:
+    """The PyTorch model, float64, from ``start``'s initial parameters and buffers, trained on
+    ``start``'s batches with torch.optim.SGD set to hpctrain's update
+    (g = ∇ + λw; v = μv + g, v = g at the first step; w −= lr·v: no dampening, no Nesterov)."""
+    model = model.double().train()
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    check_bijection("parameter", names.params, start.initial_params, params)
+    check_bijection("buffer", names.buffers, start.initial_buffers,
+                    {k: v for k, v in buffers.items() if not k.endswith("num_batches_tracked")})
+    with torch.no_grad():
+        for ours, theirs in names.params.items():
+            params[theirs].copy_(torch.from_numpy(start.initial_params[ours]))
+        for ours, theirs in names.buffers.items():
+            buffers[theirs].copy_(torch.from_numpy(start.initial_buffers[ours]))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, dampening=0.0,
+                                weight_decay=WEIGHT_DECAY, nesterov=False)
+    results = []
+    for images, labels in start.batches:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(torch.from_numpy(images))
+        loss = F.cross_entropy(logits, torch.from_numpy(labels), reduction="mean")
+        loss.backward()
+        grads = {ours: params[theirs].grad.numpy().copy() for ours, theirs in names.params.items()}
+        optimizer.step()
+        results.append(StepResult(
+            logits.detach().numpy().copy(), float(loss.detach()), grads,
+            {ours: params[theirs].detach().numpy().copy()
+             for ours, theirs in names.params.items()},
+            {ours: buffers[theirs].numpy().copy() for ours, theirs in names.buffers.items()}))
+    return results
+
+
+def check_bijection(what: str, names: dict[str, str], ours: dict, theirs: dict) -> None:
+    """The map pairs every hpctrain tensor with every PyTorch tensor of the same shape."""
+    if set(names) != set(ours):
+        raise AssertionError(f"{what} names: hpctrain has {sorted(set(ours) - set(names))} "
+                             f"unmapped, the map has {sorted(set(names) - set(ours))} unknown")
+    if sorted(names.values()) != sorted(theirs):
+        raise AssertionError(f"{what} names: PyTorch has "
+                             f"{sorted(set(theirs) - set(names.values()))} unmapped, the map "
+                             f"has {sorted(set(names.values()) - set(theirs))} unknown")
+    for name, value in ours.items():
+        if tuple(value.shape) != tuple(theirs[names[name]].shape):
+            raise AssertionError(f"{what} {name}: hpctrain shape {value.shape}, PyTorch "
+                                 f"{names[name]} shape {tuple(theirs[names[name]].shape)}")
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got − want| / max |want| (the absolute error where ``want`` is all zeros)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    scale = float(np.abs(want).max()) if want.size else 0.0
+    diff = float(np.abs(got - want).max()) if want.size else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def compare(got: list[StepResult], want: list[StepResult]) -> dict[str, float]:
+    """Relative error of every tensor of every step: ``step 0 grad conv1.weight`` → error."""
+    errors: dict[str, float] = {}
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        errors[f"step {step} logits"] = relative_error(g.logits, w.logits)
+        errors[f"step {step} loss"] = relative_error(np.array(g.loss), np.array(w.loss))
+        for kind in ("grads", "params", "buffers"):
+            ours, theirs = getattr(g, kind), getattr(w, kind)
+            for name in theirs:
+                errors[f"step {step} {kind} {name}"] = relative_error(ours[name], theirs[name])
+    return errors
+
+
+def failures(errors: dict[str, float], tolerance: float) -> str:
+    """'' when every error is within ``tolerance``; else the worst few, one per line.
+
+    NaN counts as a failure."""
+    bad = {k: e for k, e in errors.items() if not e <= tolerance}
+    worst = sorted(bad.items(), key=lambda item: -item[1] if item[1] == item[1] else -np.inf)
+    shown = "\n".join(f"  {name}: {e:.2e}" for name, e in worst[:12])
+    more = f"\n  … and {len(bad) - 12} more" if len(bad) > 12 else ""
+    return f"{len(bad)} of {len(errors)} tensors above {tolerance:.0e}:\n{shown}{more}" if bad \
+        else ""
