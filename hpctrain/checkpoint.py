@@ -13,6 +13,8 @@ one process. Layout (plain HDF5; ``h5py.File(path)["params/conv1.weight"][...]``
     /                  attrs:
         format   "hpctrain-checkpoint"         version  1
         net      the net's name                layers   the net's layers, one "NAME KIND" each
+                                               (and " in=A,B" where it reads other layers
+                                               than the line before)
         step     steps completed: training resumes at batch ``step``
         seed     the run's seed                dtype    the training dtype ("float32"/"float64")
         plan     the plan that wrote it, in plan-file format (informational: any plan may load it)
@@ -325,7 +327,13 @@ def _validate(h5: h5py.File, path: Path, net: NetSpec,
 
 
 def _layer_list(net: NetSpec) -> list[str]:
-    return [f"{layer.name} {layer.kind}" for layer in net.layers]
+    """"NAME KIND" per layer, and " in=A,B" where it reads other layers than the line before
+    (so a chain's list is what it always was, and a rewired net is told apart)."""
+    found = []
+    for k, layer in enumerate(net.layers):
+        wiring = "" if net.producers(k) == (k - 1,) else f" in={','.join(layer.inputs)}"
+        found.append(f"{layer.name} {layer.kind}{wiring}")
+    return found
 
 
 # --- a directory of checkpoints --------------------------------------------------------------

@@ -20,7 +20,8 @@ then the layers, each optionally named with ``name=`` and given its inputs with 
     concat    in=a,b[,…]                                     # joined along channels
 
 ``in=a,b`` names the layers a layer reads, in order; by default the line before (the net's
-input, called ``input``, for the first). Each kind's keys are in its module under
+input, called ``input``, for the first). Every layer's output must be read by some layer, but
+the last line's, which feeds the loss. Each kind's keys are in its module under
 :mod:`hpctrain.kinds`. Blocks make repeated structure one line each::
 
     define basic out stride=1          # parameters, with defaults or required
@@ -29,7 +30,8 @@ input, called ``input``, for the first). Each kind's keys are in its module unde
       relu
     end
     use basic name=stem out=32 stride=2          # layers stem.conv1, stem.batchnorm1, stem.relu1
-    use basic out=64 repeat=2                    # basic1, basic2 (with name=x: x.1, x.2)
+    use basic out=64 repeat=2                    # basic1, basic2 (with name=x: x.1, x.2, and
+                                                 # x stands for x.2)
 
 Inside a block ``input`` is the block's input and ``in=`` names its own lines; an instance's name
 stands for its last line's output. A block uses only blocks defined before it.
@@ -60,6 +62,8 @@ INPUT_KEYS = ("channels", "size", "height", "width", "features", "classes")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)
 _PARAMETER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)", re.ASCII)
 MAX_REPEAT = 10_000
+MAX_LAYERS = 100_000  # nested repeats multiply: refuse a net that would expand past this
+USE_KEYS = ("name", "in", "repeat", "block")  # keys of a `use` line, not block parameters
 
 __all__ = ["INPUT", "MAX_SIZE", "LayerSpec", "NetError", "NetSpec", "available_nets",
            "load_net", "parse_net"]
@@ -273,6 +277,9 @@ class _Builder:
         options = kind.parse(texts, where)
         full = scope.prefix + local
         self._register(local, full, full, scope, where)
+        if len(self.layers) >= MAX_LAYERS:
+            raise NetError(f"{where}: the net expands to more than {MAX_LAYERS} layers (nested "
+                           f"repeat= multiply); use fewer or smaller repeats")
         self.layers.append(LayerSpec(full, kind_name, options, inputs))
         return full
 
@@ -315,6 +322,8 @@ class _Builder:
             full = scope.prefix + local
             output = self.emit(block.lines, _Scope(full + ".", output), args, block)
             self._register(local, full, output, scope, where)
+        if given is not None and repeat > 1:  # the name stands for the last instance's output
+            self._register(given, scope.prefix + given, output, scope, where)
         return output
 
 
@@ -347,6 +356,9 @@ def _define(words: list[str], number: int, where: str) -> _Block:
         if not _PARAMETER.fullmatch("$" + key) or key in params or (sep and not default):
             raise NetError(f"{where}: block parameter {shown(word)} must be NAME or "
                            f"NAME=DEFAULT, each once")
+        if key in USE_KEYS:
+            raise NetError(f"{where}: block parameter {shown(key)} is a key of every 'use' "
+                           f"line ({', '.join(USE_KEYS)}); call it something else")
         params[key] = default if sep else None
     return _Block(words[1], number, params)
 
@@ -405,9 +417,21 @@ def parse_net(text: str, name: str) -> NetSpec:
     if not builder.layers:
         raise NetError(f"{file}: no layers after the 'input' line")
     spec = NetSpec(name, input_shape, classes, tuple(builder.layers))
+    _check_read(spec)
     spec.out_shapes  # noqa: B018 - every activation fits its layer, within bounds
     spec.param_shapes()  # every weight's size within bounds
     return spec
+
+
+def _check_read(net: NetSpec) -> None:
+    """Refuse a layer whose output no layer reads (but the last, which feeds the loss): it
+    would be computed for nothing and its parameters never trained."""
+    read = net.consumers
+    for k, layer in enumerate(net.layers[:-1]):
+        if k not in read:
+            raise NetError(f"net {shown(net.name, quoted=False)}: the output of layer "
+                           f"{layer.name} is read by no layer; read it (in=…) or remove it "
+                           f"(the last line feeds the loss)")
 
 
 def _parse_input(texts: dict[str, str], where: str) -> tuple[Shape, int]:

@@ -12,6 +12,7 @@ all-gather rather than a general all-to-all.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hpctrain.errors import UserError
 
@@ -96,11 +97,14 @@ def _needed_clipped(window: Window, out: tuple[int, int], n_in: int) -> tuple[in
     return max(lo, 0), min(hi, n_in), max(0, -lo), max(0, hi - n_in)
 
 
-def halo_plans(n_in: int, parts: int, window: Window, layer: str) -> list[HaloPlan]:
+@lru_cache(maxsize=1024)
+def halo_plans(n_in: int, parts: int, window: Window, layer: str) -> tuple[HaloPlan, ...]:
     """Halo plans for all ``parts`` row blocks of a height-``n_in`` input under ``window``.
 
     Input rows and output rows are both block-split ``parts`` ways. A rank may take halo rows only
     from its direct neighbours; a window that would need rows two ranks away is refused.
+    Cached: placement, the feasibility checks, the cost model and the layer ask for the same
+    plans, which take O(parts) to make.
     """
     n_out = window.out_size(n_in)
     if n_out < 1:
@@ -136,7 +140,7 @@ def halo_plans(n_in: int, parts: int, window: Window, layer: str) -> list[HaloPl
         interior = _interior_rows(window, out[k], own[k], n_in)
         plans.append(HaloPlan(own[k], out[k], (a, b), pad_top, pad_bottom, *recvs[k],
                               send_top, send_bottom, interior))
-    return plans
+    return tuple(plans)
 
 
 def _interior_rows(window: Window, out: tuple[int, int], own: tuple[int, int], n_in: int

@@ -8,7 +8,7 @@ which layouts it takes (:meth:`hpctrain.kinds.base.Kind.layouts`):
 - any other kind follows its first input's layout; its other inputs (add, concat) are moved to
   what it asks for;
 - the input batch is produced where the first layer reads it: in its input layout when it is
-  weighted, else batch-parallel on 1×P.
+  weighted (and no layer without weights follows the input), else batch-parallel on 1×P.
 
 :func:`plan_layouts` gives every layer's layouts under a whole plan and :func:`move_pairs` every
 move between them; the network builds its redistributions from these.
@@ -49,13 +49,21 @@ def layer_layouts(net: NetSpec, k: int, fed: tuple[Layout, ...], entry: LayerPla
     return LayerLayouts(inputs, output)
 
 
+def batch_parallel_input(net: NetSpec) -> bool:
+    """Whether the input batch is produced batch-parallel on 1×P: unless the first layer is
+    weighted and reads it, and no layer without weights follows it (reads it first)."""
+    first_readers = [k for k in range(len(net.layers)) if net.producers(k)[0] == -1]
+    return not (net.producers(0) == (-1,) and all(
+        KINDS[net.layers[k].kind].weighted for k in first_readers))
+
+
 def input_layout(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int) -> Layout:
-    """Where each rank's block of the input batch is produced."""
-    shape = (batch, *net.input_shape)
-    if KINDS[net.layers[0].kind].weighted and net.producers(0) == (-1,):
-        fed = (Layout(shape, (1, procs)),)
-        return layer_layouts(net, 0, fed, plan[0], batch).input
-    return Layout(shape, (1, procs))
+    """Where each rank's block of the input batch is produced: where the first layer reads it
+    (see :func:`batch_parallel_input`), else on 1×P."""
+    source = Layout((batch, *net.input_shape), (1, procs))
+    if batch_parallel_input(net):
+        return source
+    return layer_layouts(net, 0, (source,), plan[0], batch).input
 
 
 def plan_layouts(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int

@@ -5,7 +5,8 @@ A plan gives each layer a mode and a Pr×Pc grid:
 - ``batch``: Pr = 1; weights replicated, batch split over all P.
 - ``model``: Pr splits output channels/features (1.5D), Pc the batch.
 - ``domain``: Pr splits the image height (halo exchange), Pc the batch (conv and pooling only).
-- ``follow``: element-wise layers, pooling and flatten run on the layout of the layer feeding them.
+- ``follow``: layers without weights (element-wise, batch norm, pooling, flatten, add, concat)
+  run on the layout of their first input.
 
 Grid specs (``--grid``):
 

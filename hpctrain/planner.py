@@ -1,12 +1,14 @@
-"""The per-layer plan of least predicted iteration time, found exactly by dynamic programming.
+"""The per-layer plan of least predicted iteration time: exact by dynamic programming for a
+chain; for a net with branches, the best plan with every weighted layer on one grid.
 
-The network is a chain of segments (a conv or linear layer and the layers without weights that
-follow it). The predicted iteration time is a sum of per-segment costs, which depend on the
-segment's own choice of (mode, Pr×Pc), and of redistribution costs between consecutive segments,
-which depend on both choices. Dynamic programming over the chain therefore finds the minimum
-exactly: for each segment and choice, the cheapest way to reach it from any choice of the
-previous segment. With S choices per segment (at most ~2·d(P) + 1, d(P) the number of divisors
-of P) and L segments this costs O(L·S²) move costs, each O(1) after a per-pair cache.
+A chain (AlexNet, VGG) is a chain of segments (a conv or linear layer and the layers without
+weights that follow it). The predicted iteration time is a sum of per-segment costs, which
+depend on the segment's own choice of (mode, Pr×Pc), and of redistribution costs between
+consecutive segments, which depend on both choices. Dynamic programming over the chain
+therefore finds the minimum exactly: for each segment and choice, the cheapest way to reach it
+from any choice of the previous segment. With S choices per segment (at most ~2·d(P) + 1, d(P)
+the number of divisors of P) and L segments this costs O(L·S²) move costs, each O(1) after a
+per-pair cache.
 
 With a memory cap the per-rank peak memory is what every layer keeps (a sum over segments) plus
 the largest of the layers' transients (a maximum over segments); the search then keeps, per
@@ -14,6 +16,10 @@ choice, every (time, kept, largest transient) triple no other triple beats in al
 Pareto front), which is still exact: both the sum and the maximum only grow as a prefix is
 extended, so the optimum under the cap extends some non-dominated prefix. Candidates that do not
 fit the cap on their own are dropped before any kernel is timed.
+
+In a net with branches (ResNet, Inception) a move into an add's or concat's second input joins
+segments that are not consecutive, which this dynamic programming does not cover; such nets get
+the fastest predicted plan that puts every weighted layer on one grid (:func:`_uniform_plan`).
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ from hpctrain.moves import (
     plan_move,
     transfer_pieces,
 )
-from hpctrain.net import load_net
+from hpctrain.net import load_net, parse_net
 from hpctrain.partition import block_range, factorisations
 from hpctrain.placement import input_layout, move_pairs, plan_layouts
 from hpctrain.plan import plan_from_spec
-from hpctrain.planner import choices_of
+from hpctrain.planner import choices_of, evaluate
 
 
 def flattened(layout):
@@ -249,3 +249,42 @@ def test_a_plans_moves_join_the_layouts_the_cost_model_prices(spec):
     assert [dst for _, dst in pairs[:-1]] == [layer.input for layer in layouts]
     assert [src for src, _ in pairs[1:]] == [layer.output for layer in layouts]
     assert pairs[-1][1] == layouts[-1].output.replicated()
+
+
+BRANCHING = """input channels=2 size=12 classes=3
+conv name=c1 out=6 kernel=3 pad=1
+batchnorm
+relu name=r1
+maxpool name=side in=input kernel=3 stride=1 pad=1
+conv name=c2 in=side out=6 kernel=1
+add in=r1,c2
+avgpool kernel=global
+flatten
+linear out=3
+"""
+
+
+@pytest.mark.parametrize("net_name,spec", [
+    ("resdigits", "resdigits-p4-mixed"), ("resdigits", "conv=domain:2x2,fc=4x1"),
+    ("inception_v3", "inception_v3-p4-mixed"), ("branching", "conv=domain:4x1,fc=2x2"),
+    ("branching", "2x2")])
+def test_on_graphs_the_cost_model_prices_the_layouts_and_moves_that_run(net_name, spec):
+    """Every layer's layouts, where the batch is produced, and every move the network makes
+    (each priced once) are the cost model's too — here with a branch reading the input."""
+    net = (parse_net(BRANCHING, "branching") if net_name == "branching"
+           else load_net(net_name, 75 if net_name == "inception_v3" else None))
+    batch, procs = 8, 4
+    plan = plan_from_spec(spec, net, procs)
+    model = CostModel(net, batch, procs, Machine("test", 1e-6, 1e-9, 1e9), FlopModel(1e9))
+    choices = choices_of(model, plan)
+    layouts = plan_layouts(net, plan, batch, procs)
+    priced = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
+    for k, choice in enumerate(choices):
+        priced.update(zip(model.segments[k], model.segment_layouts(k, choice), strict=True))
+    assert [priced[k] for k in range(len(net.layers))] == layouts
+    source = input_layout(net, plan, batch, procs)
+    assert model.input_layout(choices[0]) == source
+    planned = evaluate(model, choices, timed=False)
+    moved = sum(model.move_cost(src, dst)[1] for src, dst in move_pairs(net, layouts, source))
+    assert sum(c.redistribution[0] for c in [*planned.layers, planned.loss]) == pytest.approx(
+        moved, rel=1e-12)

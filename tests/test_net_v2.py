@@ -153,8 +153,26 @@ use outer w=5
 
 
 def test_in_names_a_layer_inside_an_earlier_instance():
-    net = net_of(BASIC + "use basic name=b out=4\nconv in=b.conv1 out=4 kernel=1\n")
+    net = net_of(BASIC + "use basic name=b out=4\nconv in=b.conv1 out=4 kernel=1\n"
+                 "add in=b,conv1\n")
     assert layers(net)["conv1"][1] == ("b.conv1",)  # numbered in its own scope
+
+
+def test_a_layer_whose_output_nobody_reads_is_refused():
+    with pytest.raises(NetError, match="the output of layer dead is read by no layer"):
+        net_of("conv name=c1 out=2 kernel=1\nrelu name=dead\nconv in=c1 out=2 kernel=1\n")
+
+
+def test_a_repeated_block_name_stands_for_the_last_instance():
+    net = net_of(BASIC + "use basic name=x repeat=2 out=4\nrelu in=x\n")
+    assert layers(net)["relu1"][1] == ("x.2.relu1",)
+
+
+def test_nested_repeats_that_expand_too_far_are_refused():
+    text = ("define a\n  relu\nend\ndefine b\n  use a repeat=1000\nend\n"
+            "define c\n  use b repeat=1000\nend\nuse c repeat=1000\n")
+    with pytest.raises(NetError, match="expands to more than 100000 layers"):
+        net_of(text)
 
 
 # -- windows, pools, batch norm ------------------------------------------------------------

@@ -42,7 +42,7 @@ from hpctrain.layout import BATCH_AXIS, HEIGHT_AXIS, Layout, largest_block
 from hpctrain.moves import ALLGATHER, IDENTITY, SLICE, move_kind
 from hpctrain.net import NetSpec
 from hpctrain.partition import SplitError, factorisations
-from hpctrain.placement import LayerLayouts, layer_layouts
+from hpctrain.placement import LayerLayouts, batch_parallel_input, layer_layouts
 from hpctrain.plan import LayerPlan
 
 # what a parameter shard costs on every rank: its value, its gradient (the gradient all-reduce's
@@ -192,7 +192,6 @@ class CostModel:
         self.prelude = [k for k in range(len(net.layers)) if anchors[k] == -1]
         self.segments = [[k for k in range(len(net.layers)) if anchors[k] == w]
                          for w in weighted]
-        self.segment_of = {k: s for s, members in enumerate(self.segments) for k in members}
         self._segment_cache: dict[tuple[int, Choice], SegmentCost] = {}
         self._untimed_cache: dict[tuple[int, Choice], SegmentCost] = {}
         self._layout_cache: dict[tuple[int, Choice], list[LayerLayouts] | None] = {}
@@ -407,9 +406,9 @@ class CostModel:
         return SegmentCost(costs, layouts)
 
     def input_layout(self, first: Choice) -> Layout:
-        """Where the input batch is produced: in the first layer's input layout when it is the
-        first segment's weighted layer reading the batch, else on 1×P."""
-        if self.prelude or self.net.producers(0) != (-1,):
+        """Where the input batch is produced when the first segment takes ``first``, by the
+        network's rule (:func:`hpctrain.placement.batch_parallel_input`)."""
+        if batch_parallel_input(self.net):
             return Layout(self.shapes[0], (1, self.procs))
         return self.runnable_layouts(0, first)[0].input
 

@@ -40,6 +40,11 @@ class BatchNormKind(Kind):
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)
         x = inputs[0]
+        values = x.shape[0] * math.prod(x.shape[2:])
+        if values < 2:
+            raise SplitError(f"layer {spec.name}: batch norm over {values} value per channel "
+                             f"(batch {x.shape[0]}, shape {x.shape[1:]}) has no variance; "
+                             f"raise --batch")
         if x.split_axis == CHANNEL_AXIS and x.split_ranges != block_ranges(
                 x.shape[CHANNEL_AXIS], x.grid[0]):
             raise SplitError(f"layer {spec.name}: its {x.shape[CHANNEL_AXIS]} channels arrive "

@@ -23,8 +23,9 @@ class BatchNorm(Layer):
     the whole image), so every plan gives the serial numbers.
 
     The statistics are summed over the ranks that hold other parts of the same channels:
-        channel split (model mode) or none (batch mode, or replicated over Pr): the Pc ranks
-        of the batch group; height split (domain mode): all P ranks of the grid.
+        channel split (model mode) or none (batch mode, where Pc = P; or replicated over Pr,
+        where the replicas hold the same values): the Pc ranks of the batch group; height split
+        (domain mode): all P ranks of the grid.
     γ, β: (C/Pr,) sharded like a bias under a channel split, else whole on every rank. Their
     gradients are complete after the backward's one all-reduce of [Σ ΔY, Σ ΔY·X̂]; replicated
     over Pr, the gradient arrives as partial sums over the replicas and is summed over Pr too.
