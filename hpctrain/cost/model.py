@@ -69,7 +69,9 @@ class LayerCost:
     gradients, momentum and scratch, and what its forward saves for the backward), by name.
     ``transient``: what it allocates on top for a moment, at the larger of its forward and its
     backward (or of the redistribution feeding it), by name. Transients of different layers never
-    overlap, so a plan's peak is every resident byte plus its largest transient.
+    overlap, so a plan's peak is every resident byte plus its largest transient. (A tensor read
+    by several layers outlives its producer: its output and its summed gradient are counted as
+    resident, an upper bound on the time they are held.)
     """
 
     layer: str
@@ -312,6 +314,12 @@ class CostModel:
                               {"weight gradient": params * b} if params else {},
                               layouts.input.split_axis == HEIGHT_AXIS)
         kept, transient = KINDS[spec.kind].memory(spec, footprint)
+        if len(self.net.consumers.get(index, ())) > 1:
+            # a fork (a residual block's input, an Inception module's): the output lives until
+            # its last reader has run, and its gradient is summed while the branches go back
+            if not KINDS[spec.kind].keeps_output and "output" not in kept:
+                kept["output held for its other readers"] = y
+            kept["gradient summed from its readers"] = y
         return {**resident, **kept}, transient
 
     def move_memory(self, src: Layout, dst: Layout, index: int
