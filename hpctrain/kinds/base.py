@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.work import LocalWork
-from hpctrain.kinds.options import Key, NetError, read_options
+from hpctrain.kinds.options import Key, read_options
 from hpctrain.layout import Layout, largest_block
 from hpctrain.partition import SplitError
 
@@ -123,7 +123,9 @@ class Kind:
     def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
                 grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
         """(input layouts, output layout) given the producers' layouts ``fed`` and, for a
-        weighted kind, its mode and grid. ``out_shape`` includes the batch."""
+        weighted kind, its mode and grid. ``out_shape`` includes the batch. Only the first
+        input's layout may decide them (a weighted kind reads only shapes): the others are moved
+        to what the kind asks, and the cost model passes them with their shapes alone."""
         return fed, fed[0] if out_shape == fed[0].shape else Layout(
             out_shape, fed[0].grid, fed[0].split_axis, fed[0].split_ranges)
 
@@ -185,25 +187,6 @@ class Kind:
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         raise NotImplementedError
-
-
-def window_out(size: int, kernel: int, stride: int, pad: int) -> int:
-    return (size + 2 * pad - kernel) // stride + 1
-
-
-def check_window(spec: LayerSpec, shape: Shape, kernel: tuple[int, int],
-                 stride: tuple[int, int], pad: tuple[int, int], where: str) -> Shape:
-    """(Ho, Wo) of a window layer on per-sample ``shape``, refused when too small."""
-    if len(shape) != 3:
-        raise NetError(f"{where}: layer {spec.name} ({spec.kind}) needs an image input, got "
-                       f"shape {shape}")
-    h, w = (window_out(shape[1 + a], kernel[a], stride[a], pad[a]) for a in (0, 1))
-    if h < 1 or w < 1:
-        raise NetError(f"{where}: layer {spec.name} receives {shape[1]}x{shape[2]}, too small "
-                       f"for its window (kernel {kernel[0]}x{kernel[1]}, stride "
-                       f"{stride[0]}x{stride[1]}, pad {pad[0]}x{pad[1]}); use a larger "
-                       f"--image-size")
-    return h, w
 
 
 def larger(*phases: dict[str, float]) -> dict[str, float]:

@@ -16,13 +16,13 @@ from hpctrain.kinds.base import (
     Kind,
     LayerSpec,
     Shape,
-    check_window,
     larger,
 )
 from hpctrain.kinds.options import Key, flag, whole
 from hpctrain.kinds.window import (
     WINDOW_KEYS,
     check_rows,
+    check_window,
     halo_seconds,
     padded_bytes,
     rows,

@@ -14,8 +14,8 @@ from typing import Any
 from hpctrain.cost.collectives import halo_time
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.work import LocalWork
-from hpctrain.kinds.base import BuildContext, Kind, LayerSpec, Shape, check_window
-from hpctrain.kinds.options import Key, pair
+from hpctrain.kinds.base import BuildContext, Kind, LayerSpec, Shape
+from hpctrain.kinds.options import Key, NetError, pair
 from hpctrain.layers.base import Layer
 from hpctrain.layout import HEIGHT_AXIS, Layout, largest_block
 from hpctrain.partition import HaloPlan, SplitError, Window, halo_plans
@@ -26,6 +26,25 @@ WINDOW_KEYS = {"kernel": Key(pair(1)), "stride": Key(pair(1), "1"), "pad": Key(p
 def rows(kernel: tuple[int, int], stride: tuple[int, int], pad: tuple[int, int]) -> Window:
     """The window along the height (the axis a domain split cuts)."""
     return Window(kernel[0], stride[0], pad[0])
+
+
+def window_out(size: int, kernel: int, stride: int, pad: int) -> int:
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def check_window(spec: LayerSpec, shape: Shape, kernel: tuple[int, int],
+                 stride: tuple[int, int], pad: tuple[int, int], where: str) -> Shape:
+    """(Ho, Wo) of a window layer on per-sample ``shape``, refused when too small."""
+    if len(shape) != 3:
+        raise NetError(f"{where}: layer {spec.name} ({spec.kind}) needs an image input, got "
+                       f"shape {shape}")
+    h, w = (window_out(shape[1 + a], kernel[a], stride[a], pad[a]) for a in (0, 1))
+    if h < 1 or w < 1:
+        raise NetError(f"{where}: layer {spec.name} receives {shape[1]}x{shape[2]}, too small "
+                       f"for its window (kernel {kernel[0]}x{kernel[1]}, stride "
+                       f"{stride[0]}x{stride[1]}, pad {pad[0]}x{pad[1]}); use a larger "
+                       f"--image-size")
+    return h, w
 
 
 def check_rows(spec: LayerSpec, layout: Layout) -> None:
