@@ -99,8 +99,12 @@ def largest_block(layout: Layout) -> tuple[int, ...]:
     """The largest local shape any rank holds (blocks differ by at most one along each cut)."""
     shape = list(layout.shape)
     shape[BATCH_AXIS] = -(-shape[BATCH_AXIS] // layout.grid[1])
-    if layout.split_axis is not None:
-        shape[layout.split_axis] = max(hi - lo for lo, hi in layout.split_ranges)
+    axis = layout.split_axis
+    if axis is not None:
+        if layout.split_ranges is block_ranges(shape[axis], layout.grid[0]):  # cached: O(1)
+            shape[axis] = -(-shape[axis] // layout.grid[0])
+        else:  # explicit ranges (a flattened channel split)
+            shape[axis] = max(hi - lo for lo, hi in layout.split_ranges)
     return tuple(shape)
 
 

@@ -31,8 +31,10 @@ def block_range(n: int, parts: int, index: int) -> tuple[int, int]:
     return index * n // parts, (index + 1) * n // parts
 
 
+@lru_cache(maxsize=4096)
 def block_ranges(n: int, parts: int) -> tuple[tuple[int, int], ...]:
-    """All blocks of ``n`` items cut ``parts`` ways, in order."""
+    """All blocks of ``n`` items cut ``parts`` ways, in order. Cached: a planner makes
+    thousands of layouts over a few (size, parts) pairs."""
     return tuple(block_range(n, parts, k) for k in range(parts))
 
 

@@ -1,5 +1,5 @@
 """The per-layer plan of least predicted iteration time: exact by dynamic programming for a
-chain; for a net with branches, the best plan with every weighted layer on one grid.
+chain, exact by variable elimination for a net with branches.
 
 A chain (AlexNet, VGG) is a chain of segments (a conv or linear layer and the layers without
 weights that follow it). The predicted iteration time is a sum of per-segment costs, which
@@ -18,15 +18,20 @@ extended, so the optimum under the cap extends some non-dominated prefix. Candid
 fit the cap on their own are dropped before any kernel is timed.
 
 In a net with branches (ResNet, Inception) a move into an add's or concat's second input joins
-segments that are not consecutive, which this dynamic programming does not cover; such nets get
-the fastest predicted plan that puts every weighted layer on one grid (:func:`_uniform_plan`).
+segments that are not consecutive, which this dynamic programming does not cover. The time is
+still a sum of tables over one or two segments' choices, minimised exactly by variable
+elimination (:func:`_exact_graph_plan`). Under a memory cap such nets get, for now, the fastest
+plan that fits with every weighted layer on one grid (:func:`_uniform_plan`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from hpctrain.cost.model import Choice, CostModel, LayerCost, larger
+from hpctrain.elimination import Table, minimise
 from hpctrain.errors import UserError
 from hpctrain.kinds import KINDS
 from hpctrain.layout import Layout
@@ -236,7 +241,9 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
             raise PlannerError(f"layer {name} cannot be split on {model.procs} processes at "
                                f"batch {model.batch}; raise --batch or use fewer processes")
     if not model.net.is_chain():
-        return _uniform_plan(model, candidates, mem_per_rank, cap_source)
+        if mem_per_rank is not None:  # exact under a cap: not yet for graphs
+            return _uniform_plan(model, candidates, mem_per_rank, cap_source)
+        return _exact_graph_plan(model, candidates)
     if mem_per_rank is not None:
         candidates = _fits(model, candidates, mem_per_rank, cap_source)
     model.prefetch(candidates)
@@ -289,6 +296,66 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
         choice, index = fronts[segment][choice][index].back
         chosen.append(choice)
     return evaluate(model, chosen[::-1])
+
+
+def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]]) -> PlannedNetwork:
+    """The plan of least predicted time of a net with branches, exactly, by variable
+    elimination (:mod:`hpctrain.elimination`) over one variable per segment.
+
+    The predicted time is a sum of tables: each segment's own cost, and each move between
+    segments (into a weighted layer, or into an add's or concat's other inputs) under the
+    choices at its two ends; the input batch, the moves from it and the loss add to the
+    segments they depend on. These are exactly the terms :func:`evaluate` adds up.
+    """
+    net, segments = model.net, model.segments
+    model.prefetch(candidates)
+    sizes = [len(found) for found in candidates]
+    owner = {k: s for s, members in enumerate(segments) for k in members}
+    layouts = [[dict(zip(members, model.runnable_layouts(s, c), strict=True))
+                for c in candidates[s]] for s, members in enumerate(segments)]
+    tables = [Table((s,), np.array([model.segment_cost(s, c).total for c in found]))
+              for s, found in enumerate(candidates)]
+    fixed = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
+    sources = [model.input_layout(c) for c in candidates[0]]  # where the batch is produced
+    tables.append(Table((0,), np.array([model.input_cost(src).total for src in sources])))
+
+    def move_table(source_of: list[Layout], a: int | None, k: int, e: int) -> None:
+        """The move into input ``e`` of layer ``k`` from ``source_of[choice of a]`` (a None:
+        one fixed source)."""
+        b = owner.get(k)  # None: a leading layer, on its fixed layouts
+        targets = ([fixed[k].inputs[e]] if b is None
+                   else [where[k].inputs[e] for where in layouts[b]])
+        moves = np.array([[sum(model.move_cost(src, dst)[1:]) for dst in targets]
+                          for src in source_of])
+        if a is None and b is None:
+            tables.append(Table((), moves[0, 0]))
+        elif a is None:
+            tables.append(Table((b,), moves[0]))
+        elif b is None:
+            tables.append(Table((a,), moves[:, 0]))
+        elif a == b:
+            tables.append(Table((b,), np.diagonal(moves).copy()))
+        else:
+            tables.append(Table((a, b), moves))
+
+    for k, spec in enumerate(net.layers):
+        weighted = KINDS[spec.kind].weighted
+        for e, p in enumerate(net.producers(k)):
+            if not (e > 0 or weighted):
+                continue  # a follower's first input is fed inside its segment
+            if p < 0:
+                move_table(sources, 0 if len(set(sources)) > 1 else None, k, e)
+            elif p in fixed:
+                move_table([fixed[p].output], None, k, e)
+            else:
+                move_table([where[p].output for where in layouts[owner[p]]], owner[p], k, e)
+    last = owner.get(len(net.layers) - 1)
+    if last is not None:
+        tables.append(Table((last,), np.array([
+            sum(model.loss_cost(where[len(net.layers) - 1].output)[1:])
+            for where in layouts[last]])))
+    _, chosen = minimise(sizes, tables)
+    return evaluate(model, [found[i] for found, i in zip(candidates, chosen, strict=True)])
 
 
 def _uniform_plan(model: CostModel, candidates: list[list[Choice]],

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import random
 
 import pytest
 
@@ -11,7 +12,7 @@ from hpctrain.cost.model import Choice, CostModel
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout import HEIGHT_AXIS, Layout, box_size
 from hpctrain.moves import GENERAL, move_kind, transfer_pieces
-from hpctrain.net import load_net
+from hpctrain.net import load_net, parse_net
 from hpctrain.plan import plan_from_spec
 from hpctrain.planner import PlannerError, choices_of, evaluate, format_plan, plan_network
 
@@ -150,3 +151,53 @@ def test_flop_model_counts_a_convolution():
     assert math.isclose(FlopModel(1e9).times([work])[work][0], forward / 1e9)
     first = LocalWork("conv", (2, 3, 8, 8), 4, (3, 3), (1, 1), (1, 1, 1), need_dx=False)
     assert flops(first)[1] == forward
+
+
+def random_graph_net(seed: int) -> str:
+    """A small net with branches: convolutions, batch norm, ReLU, pooling, adds and concats
+    over 8x8 images, every tensor read (the unread ones concatenated at the end)."""
+    rng = random.Random(seed)
+    lines, shapes, unread = ["input channels=2 size=8 classes=3"], {"input": 2}, ["input"]
+    for k in range(rng.randint(3, 5)):
+        name, source = f"t{k}", rng.choice(list(shapes))
+        same = [n for n in shapes if n != source and shapes[n] == shapes[source]]
+        op = rng.choice(["conv", "conv", "conv", "add", "concat", "relu", "maxpool", "bn"])
+        if op == "add" and same:
+            other = rng.choice(same)
+            lines.append(f"add name={name} in={source},{other}")
+            channels = shapes[source]
+            unread = [n for n in unread if n not in (source, other)]
+        elif op == "concat":
+            other = rng.choice([n for n in shapes if n != source] or [source])
+            lines.append(f"concat name={name} in={source},{other}")
+            channels = shapes[source] + shapes[other]
+            unread = [n for n in unread if n not in (source, other)]
+        else:
+            channels = rng.choice([3, 4, 6]) if op in ("conv", "add") else shapes[source]
+            kernel = rng.choice(["1", "3 pad=1", "1x3 pad=0x1"])
+            lines.append({"conv": f"conv name={name} in={source} out={channels} kernel={kernel}",
+                          "add": f"conv name={name} in={source} out={channels} kernel=1",
+                          "relu": f"relu name={name} in={source}",
+                          "maxpool": f"maxpool name={name} in={source} kernel=3 stride=1 pad=1",
+                          "bn": f"batchnorm name={name} in={source}"}[op])
+            unread = [n for n in unread if n != source]
+        shapes[name] = channels
+        unread.append(name)
+    if len(unread) > 1:
+        lines.append(f"concat name=joined in={','.join(unread)}")
+    # a wide classifier, which a slow network would rather split than all-reduce
+    lines += ["conv out=8 kernel=1", "flatten", "linear out=512", "relu", "linear out=3"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("machine", [MACHINE, SLOW_NET], ids=["fast-net", "slow-net"])
+def test_graph_plans_are_exact_against_brute_force(seed, machine):
+    net = parse_net(random_graph_net(seed), f"random{seed}")
+    model = model_of(net, 8, 4, machine)
+    if net.is_chain() or math.prod(len(model.choices(k)) for k in range(
+            len(model.segments))) > 1000:
+        pytest.skip("a chain, or too many plans to enumerate")
+    best = brute_force(model)
+    planned = plan_network(model)
+    assert planned.iteration_time == pytest.approx(best.iteration_time, rel=1e-12)
