@@ -7,7 +7,9 @@ mentions a variable, keep the minimum over it for each choice of the others, rem
 argmin — finds the exact minimum. The work is set by the largest table made on the way: on a
 series-parallel graph (ResNet, Inception), eliminating a variable of degree ≤ 2 first makes
 tables of at most three variables, S³ entries for S choices per segment; on any other graph the
-greedy min-degree order still gives the exact minimum, with larger tables.
+greedy min-degree order still gives the exact minimum, with tables that can grow exponentially
+(a net whose every segment reads every earlier one): their size is known before any work, and
+past a limit :func:`minimise` refuses.
 
 Example: three variables a, b, c with costs t(a) + m(a, b) + m(a, c) + m(b, c) (a triangle):
 eliminating c makes a table over (a, b), eliminating b one over a, and the minimum over a is the
@@ -16,6 +18,7 @@ optimum; walking back the argmins gives the choices.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,24 +43,49 @@ def _aligned(table: Table, scope: tuple[int, ...]) -> np.ndarray:
     return values.reshape(shape)
 
 
-def minimise(sizes: list[int], tables: list[Table]) -> tuple[float, list[int]]:
-    """(least total cost, the choice of each variable reaching it) over ``sizes[v]`` choices of
-    each variable v, the total being the sum of every table at the choices."""
-    pending = list(tables)
+class TooLarge(ValueError):
+    """Eliminating in any order found would make a table of more entries than allowed."""
+
+
+def elimination_order(sizes: list[int], scopes: list[tuple[int, ...]]
+                      ) -> list[tuple[int, tuple[int, ...]]]:
+    """The greedy min-degree order for tables over ``scopes``: (variable, the other variables
+    of the table its elimination makes), in order. Symbolic: no table is touched."""
     neighbours: list[set[int]] = [set() for _ in sizes]
-    for table in tables:
-        for v in table.variables:
-            neighbours[v] |= set(table.variables) - {v}
+    for scope in scopes:
+        for v in scope:
+            neighbours[v] |= set(scope) - {v}
     remaining = set(range(len(sizes)))
-    steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (variable, rest, argmin)
-    constant = 0.0
+    order = []
     while remaining:
-        variable = min(remaining, key=lambda v: (len(neighbours[v]), v))  # min degree
+        variable = min(remaining, key=lambda v: (len(neighbours[v]), v))
         remaining.discard(variable)
         rest = tuple(sorted(neighbours[variable]))
         for v in rest:  # the new table joins every pair of the variable's neighbours
             neighbours[v] |= set(rest) - {v}
             neighbours[v].discard(variable)
+        order.append((variable, rest))
+    return order
+
+
+def minimise(sizes: list[int], tables: list[Table], max_entries: float = 1e7
+             ) -> tuple[float, list[int]]:
+    """(least total cost, the choice of each variable reaching it) over ``sizes[v]`` choices of
+    each variable v, the total being the sum of every table at the choices.
+
+    Raises :class:`TooLarge` before any work when the order found would make a table of more
+    than ``max_entries`` entries (a densely connected graph: every segment reading every
+    earlier one)."""
+    order = elimination_order(sizes, [t.variables for t in tables])
+    largest = max((math.prod(sizes[v] for v in (*rest, variable)) for variable, rest in order),
+                  default=0)
+    if largest > max_entries:
+        raise TooLarge(f"exact elimination needs a table of {largest:.3g} entries "
+                       f"(at most {max_entries:.3g})")
+    pending = list(tables)
+    steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (variable, rest, argmin)
+    constant = 0.0
+    for variable, rest in order:
         touching = [t for t in pending if variable in t.variables]
         pending = [t for t in pending if variable not in t.variables]
         scope = (*rest, variable)

@@ -31,12 +31,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hpctrain.cost.model import Choice, CostModel, LayerCost, larger
-from hpctrain.elimination import Table, minimise
+from hpctrain.elimination import Table, TooLarge, minimise
 from hpctrain.errors import UserError
 from hpctrain.kinds import KINDS
 from hpctrain.layout import Layout
 from hpctrain.net import NetSpec
-from hpctrain.partition import factorisations
+from hpctrain.partition import SplitError, factorisations
 from hpctrain.plan import LayerPlan
 
 
@@ -236,10 +236,11 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     per rank, if given; ``cap_source`` says where the cap came from, for the refusal)."""
     candidates = [model.choices(k) for k in range(len(model.segments))]
     for k, found in enumerate(candidates):
-        if not found:
-            name = model.net.layers[model.segments[k][0]].name
-            raise PlannerError(f"layer {name} cannot be split on {model.procs} processes at "
-                               f"batch {model.batch}; raise --batch or use fewer processes")
+        if not found:  # not even batch-parallel: say why that fails
+            try:
+                model.runnable_layouts(k, Choice("batch", (1, model.procs)))
+            except SplitError as err:
+                raise PlannerError(str(err)) from None
     if not model.net.is_chain():
         if mem_per_rank is not None:  # exact under a cap: not yet for graphs
             return _uniform_plan(model, candidates, mem_per_rank, cap_source)
@@ -354,18 +355,19 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]]) -> Plann
         tables.append(Table((last,), np.array([
             sum(model.loss_cost(where[len(net.layers) - 1].output)[1:])
             for where in layouts[last]])))
-    _, chosen = minimise(sizes, tables)
+    try:
+        _, chosen = minimise(sizes, tables)
+    except TooLarge:  # densely connected: the one-grid rule, valid if not the best
+        return _uniform_plan(model, candidates, None, "")
     return evaluate(model, [found[i] for found, i in zip(candidates, chosen, strict=True)])
 
 
 def _uniform_plan(model: CostModel, candidates: list[list[Choice]],
                   mem_per_rank: float | None, cap_source: str) -> PlannedNetwork:
-    """A net with branches: the fastest predicted plan that puts every weighted layer on one
+    """A net with branches under a memory cap (or too densely connected for exact
+    elimination): the fastest predicted plan that fits and puts every weighted layer on one
     grid, in one mode where its kind has it (else model, e.g. linear layers of a domain plan).
-
-    Simple and always valid, not the best per-layer plan: moves between branches couple
-    segments that are not consecutive, which the chain's dynamic programming does not cover.
-    """
+    Simple and always valid, not the best per-layer plan."""
     kinds = [KINDS[model.net.layers[seg[0]].kind] for seg in model.segments]
     options = []
     for grid in factorisations(model.procs):

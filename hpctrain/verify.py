@@ -71,16 +71,21 @@ def _gather_layer(be: Backend, comm: MPI.Comm, layer: Layer, y, dx) -> LayerStat
     return LayerState(out, dx_whole, params, buffers)
 
 
+FLOOR = 1e-3  # of a layer's largest array: the least scale an error is measured against
+
+
 def _worst(got: dict, want: dict) -> float | None:
-    """The largest error over the arrays of two dicts of the same names, relative to the
-    largest entry of them all: a gradient that is zero in exact arithmetic (a bias before a
-    batch norm) is measured against the layer's other gradients, not against its own
-    rounding noise."""
+    """The largest relative error over the arrays of two dicts of the same names, each against
+    its own largest entry or a thousandth of the largest entry of them all, whichever is larger:
+    a gradient that is zero in exact arithmetic (a bias before a batch norm) is measured against
+    the layer's other gradients, not against its own rounding noise."""
     if not got:
         return None
-    scale = max(float(np.abs(a).max()) if a.size else 0.0 for a in want.values())
-    diff = max(float(np.abs(got[n] - want[n]).max()) if want[n].size else 0.0 for n in got)
-    return diff / scale if scale > 0 else diff
+    largest = {n: float(np.abs(a).max()) if a.size else 0.0 for n, a in want.items()}
+    floor = FLOOR * max(largest.values())
+    errors = [relative_error(got[n], want[n]) if largest[n] >= floor else
+              float(np.abs(got[n] - want[n]).max()) / floor for n in got]
+    return max(errors)
 
 
 def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, backend: Backend,

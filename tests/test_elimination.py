@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hpctrain.elimination import Table, minimise
+from hpctrain.elimination import Table, TooLarge, elimination_order, minimise
 
 
 def total(tables, choice):
@@ -38,6 +38,8 @@ def test_a_chain_of_many_variables_stays_small():
     tables = [Table((v,), rng.random(s)) for v in range(n)]
     tables += [Table((v, v + 1), rng.random((s, s))) for v in range(n - 1)]
     tables += [Table((v, v + 3), rng.random((s, s))) for v in range(0, n - 3, 3)]
+    order = elimination_order([s] * n, [t.variables for t in tables])
+    assert max(len(rest) for _, rest in order) <= 2  # tables of at most three variables
     best, choice = minimise([s] * n, tables)
     assert total(tables, choice) == pytest.approx(best, rel=1e-12)
     # a single change of one variable never beats the optimum
@@ -46,3 +48,12 @@ def test_a_chain_of_many_variables_stays_small():
             other = list(choice)
             other[v] = c
             assert total(tables, other) >= best - 1e-9
+
+
+def test_a_densely_connected_graph_is_refused_before_any_work():
+    """Every variable tied to every other: eliminating any one makes a table over all the
+    rest, 10**12 entries here; refused from the sizes alone."""
+    n, s = 12, 10
+    tables = [Table((a, b), np.zeros((s, s))) for a in range(n) for b in range(a + 1, n)]
+    with pytest.raises(TooLarge, match="entries"):
+        minimise([s] * n, tables)

@@ -420,3 +420,9 @@ def test_version_1_shapes_are_unchanged():
                        "maxpool kernel=2\nflatten\nlinear out=2\n", "v1.net")
     assert square.layers[0].options.kernel == (3, 3) and square.layers[0].options.pad == (1, 1)
     assert square.out_shapes[:2] == ((2, 4, 4), (2, 2, 2))
+
+
+@pytest.mark.parametrize("key", ["name", "in", "repeat", "block"])
+def test_a_block_parameter_may_not_be_a_key_of_use(key):
+    with pytest.raises(NetError, match=f"block parameter '{key}' is a key of every 'use'"):
+        net_of(f"define b {key}\n  relu\nend\nuse b\n")

@@ -201,3 +201,18 @@ def test_graph_plans_are_exact_against_brute_force(seed, machine):
     best = brute_force(model)
     planned = plan_network(model)
     assert planned.iteration_time == pytest.approx(best.iteration_time, rel=1e-12)
+
+
+def test_a_densely_connected_net_falls_back_to_one_grid():
+    """Each concat reads its newest conv first and every earlier conv after: all segments
+    are tied to all others, too many for exact elimination; the plan is still valid."""
+    lines = ["input channels=2 size=8 classes=3", "conv name=c0 out=4 kernel=1"]
+    for k in range(1, 9):
+        lines.append(f"conv name=c{k} in={'c0' if k == 1 else f'j{k - 1}'} out=4 kernel=1")
+        lines.append(f"concat name=j{k} in={','.join(f'c{i}' for i in range(k, -1, -1))}")
+    lines += ["avgpool kernel=global", "flatten", "linear out=3"]
+    net = parse_net("\n".join(lines) + "\n", "dense")
+    model = model_of(net, 64, 64)
+    planned = plan_network(model)
+    grids = {p.grid for p in planned.plans if p.mode != "follow"}
+    assert len(grids) == 1 and planned.iteration_time > 0

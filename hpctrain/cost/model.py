@@ -191,9 +191,11 @@ class CostModel:
         weighted = [k for k, spec in enumerate(net.layers) if KINDS[spec.kind].weighted]
         if not weighted:
             raise SplitError(f"net {net.name} has no conv or linear layer to plan")
-        self.prelude = [k for k in range(len(net.layers)) if anchors[k] == -1]
-        self.segments = [[k for k in range(len(net.layers)) if anchors[k] == w]
-                         for w in weighted]
+        members: dict[int, list[int]] = {w: [] for w in [-1, *weighted]}
+        for k, anchor in enumerate(anchors):  # in net order within each segment
+            members[anchor].append(k)
+        self.prelude = members[-1]
+        self.segments = [members[w] for w in weighted]
         self._segment_cache: dict[tuple[int, Choice], SegmentCost] = {}
         self._untimed_cache: dict[tuple[int, Choice], SegmentCost] = {}
         self._layout_cache: dict[tuple[int, Choice], list[LayerLayouts] | None] = {}
