@@ -84,9 +84,19 @@ class NetSpec:
         """Layer name → position."""
         return {layer.name: k for k, layer in enumerate(self.layers)}
 
+    @cached_property
+    def _producers(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(-1 if name == INPUT else self.index[name] for name in layer.inputs)
+                     for layer in self.layers)
+
     def producers(self, k: int) -> tuple[int, ...]:
         """Positions of the layers layer ``k`` reads; -1 is the net's input."""
-        return tuple(-1 if name == INPUT else self.index[name] for name in self.layers[k].inputs)
+        return self._producers[k]
+
+    def reads_layers(self, k: int) -> bool:
+        """Whether layer ``k`` reads some layer (not only the input batch): only then is its
+        input gradient wanted, by the network and the cost model alike."""
+        return any(p >= 0 for p in self._producers[k])
 
     @cached_property
     def consumers(self) -> dict[int, tuple[int, ...]]:

@@ -55,17 +55,24 @@ class Network:
             context = BuildContext(entry.mode, entry.grid, where.inputs, where.output, grids,
                                    backend, stream_key(seed, k), self.rank)
             layer = KINDS[spec.kind].build(spec, context)
-            layer.kind = spec.kind
-            # nobody reads the gradient of the input batch
-            layer.need_dx = any(p >= 0 for p in net.producers(k))
+            layer.need_dx = net.reads_layers(k)  # nobody reads the input batch's gradient
             self.layers.append(layer)
         *feeding, (last, self.loss_layout) = move_pairs(net, layouts, self.input_layout)
         moves = iter(Redistribute(backend, grids, src, dst) for src, dst in feeding)
         # moves[k][e] feeds input e of layers[k]
         self.moves = [[next(moves) for _ in spec.inputs] for spec in net.layers]
         self.to_loss = Redistribute(backend, grids, last, self.loss_layout)
-        self.producers = [net.producers(k) for k in range(len(net.layers))]
-        self.readers = {p: len(ks) for p, ks in net.consumers.items()}
+        # (move, producer) per input of each layer, and the outputs free after each layer:
+        # those it is the last reader of
+        self.feeds = [list(zip(self.moves[k], net.producers(k), strict=True))
+                      for k in range(len(net.layers))]
+        self.frees: list[list[int]] = [[] for _ in net.layers]
+        for p, readers in net.consumers.items():
+            self.frees[readers[-1]].append(p)
+        self.input_box = self.input_layout.box(self.rank)  # this rank's block of each batch
+        self.labels_box = self.loss_layout.box(self.rank)[0]  # the samples of its loss
+        # in each batch group the rank with i = 0 owns its samples' loss (see the class doc)
+        self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
 
     @property
     def params(self) -> list[Parameter]:
@@ -94,16 +101,14 @@ class Network:
         An output is let go once every layer reading it has run.
         """
         outputs: dict[int, Any] = {-1: x}
-        unread = dict(self.readers)
         with StepTimer(self.backend, times) as timer:
             for k, layer in enumerate(self.layers):
                 xs = []
-                for move, p in zip(self.moves[k], self.producers[k], strict=True):
+                for move, p in self.feeds[k]:
                     xs.append(move.forward(outputs[p]))
                     timer.forward_move(k, move)
-                    unread[p] -= 1
-                    if not unread[p]:
-                        del outputs[p]
+                for p in self.frees[k]:
+                    del outputs[p]
                 y = layer.forward(xs if len(xs) > 1 else xs[0], step)
                 timer.forward_layer(k)
                 outputs[k] = y
@@ -129,9 +134,9 @@ class Network:
                 timer.backward_layer(k)
                 if trace is not None:
                     trace.insert(0, dxs)
-                if len(self.moves[k]) == 1:
+                if len(self.feeds[k]) == 1:
                     dxs = [dxs]
-                for move, p, dx in zip(self.moves[k], self.producers[k], dxs, strict=True):
+                for (move, p), dx in zip(self.feeds[k], dxs, strict=True):
                     if dx is None or p < 0:
                         continue
                     dy = move.backward(dx)
@@ -148,9 +153,9 @@ class Network:
         :meth:`step_times`) is filled with this rank's per-layer times and the whole step's.
         """
         with StepTimer(self.backend, times) as timer:
-            x = data.images(step, self.input_layout.box(self.rank))
+            x = data.images(step, self.input_box)
             logits = self.forward(x, step, outputs, times)
-            labels = data.labels(step, self.labels_range())
+            labels = data.labels(step, self.labels_box)
             loss, accuracy, dlogits = self.loss(logits, labels, times, data)
             self.backward(dlogits, input_grads, times)
             timer.finish_step()
@@ -167,9 +172,8 @@ class Network:
         """
         xp = self.backend.xp
         with StepTimer(self.backend, times) as timer:
-            i, _ = grid_coords(self.rank, self.loss_layout.grid)
             loss_sum, correct, grad = softmax_cross_entropy(xp, logits, labels, 1.0 / self.batch)
-            if i != 0:  # a replica: the owner (i = 0) counts these samples
+            if not self.owns_loss:  # a replica: the owner (i = 0) counts these samples
                 loss_sum, correct, grad = loss_sum * 0, correct * 0, grad * 0
             totals = xp.stack([xp.asarray(loss_sum, dtype=xp.float64),
                                xp.asarray(correct, dtype=xp.float64),
@@ -200,28 +204,22 @@ class Network:
         samples are not counted. Collective; every rank gets the global totals.
         """
         xp = self.backend.xp
-        x = data.images(batch, self.input_layout.box(self.rank))
+        x = data.images(batch, self.input_box)
         self.set_training(False)
         try:
             logits = self.forward(x, step=0)
         finally:
             self.set_training(True)
-        labels = data.labels(batch, self.labels_range())
+        labels = data.labels(batch, self.labels_box)
         real = labels >= 0
         totals = xp.zeros(4, dtype=xp.float64)
-        i, _ = grid_coords(self.rank, self.loss_layout.grid)
-        if i == 0 and bool(real.any()):  # the owner of these samples' loss (see the class doc)
+        if self.owns_loss and bool(real.any()):
             loss_sum, correct, _ = softmax_cross_entropy(xp, logits[real], labels[real], 1.0)
             totals[0], totals[1], totals[2] = loss_sum, correct, real.sum()
         totals[3] = _read_nonfinite(data)
         totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
         self.refuse_nonfinite(totals[3], data)
         return float(totals[0]), int(round(totals[1])), int(round(totals[2]))
-
-    def labels_range(self) -> tuple[int, int]:
-        """The samples whose labels this rank needs for the loss."""
-        return self.loss_layout.box(self.rank)[0]
-
 
 def _read_nonfinite(data: Any) -> float:
     """1.0 when ``data`` noted a NaN or Inf in a block this rank read, else 0.0."""

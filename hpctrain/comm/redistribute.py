@@ -17,6 +17,7 @@ clock; identity and slice move nothing between ranks and report none.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from mpi4py import MPI
@@ -32,6 +33,42 @@ from hpctrain.moves import ALLGATHER, IDENTITY, SLICE, plan_move
 _PIECE_TAG = 31
 
 
+@dataclass(frozen=True)
+class _Route:
+    """One direction of a general exchange, fixed at set-up: where each piece is read from the
+    array sent (``sends``: peer, its stretch of the send buffer, the slices of the array),
+    where each received piece goes (``receives``: peer, its stretch of the receive buffer, the
+    slices of the result and the piece's shape), the pieces this rank keeps (slices of the
+    array, slices of the result), both buffers' lengths and the result's shape."""
+
+    sends: tuple[tuple[int, int, int, tuple[slice, ...]], ...]
+    receives: tuple[tuple[int, int, int, tuple[slice, ...], tuple[int, ...]], ...]
+    local: tuple[tuple[tuple[slice, ...], tuple[slice, ...]], ...]
+    send_total: int
+    recv_total: int
+    out_shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, send: tuple[tuple[int, Box], ...], recv: tuple[tuple[int, Box], ...],
+           local: tuple[Box, ...], a_box: Box, out_box: Box) -> _Route:
+        """The route of an array holding ``a_box`` into a result holding ``out_box``: one
+        contiguous stretch per piece, one buffer each way, in the order of the pieces."""
+        sends, end = [], 0
+        for peer, box in send:
+            sends.append((peer, end, end + box_size(box), relative_slices(box, a_box)))
+            end = sends[-1][2]
+        receives, recv_end = [], 0
+        for peer, box in recv:
+            shape = tuple(b1 - b0 for b0, b1 in box)
+            receives.append((peer, recv_end, recv_end + box_size(box),
+                             relative_slices(box, out_box), shape))
+            recv_end = receives[-1][2]
+        kept = tuple((relative_slices(box, a_box), relative_slices(box, out_box))
+                     for box in local)
+        return cls(tuple(sends), tuple(receives), kept, end, recv_end,
+                   tuple(b1 - b0 for b0, b1 in out_box))
+
+
 class Redistribute:
     """forward: activation from layout ``src`` to ``dst``; backward: its gradient, back."""
 
@@ -39,12 +76,17 @@ class Redistribute:
         self.backend, self.src, self.dst = backend, src, dst
         self.comm: MPI.Comm = grids.world
         self.rank = self.comm.Get_rank()
-        self.src_box, self.dst_box = src.box(self.rank), dst.box(self.rank)
+        src_box, dst_box = src.box(self.rank), dst.box(self.rank)
+        self.src_shape = tuple(b1 - b0 for b0, b1 in src_box)
         self.plan = plan_move(src, dst, self.rank)
         self.kind = self.plan.kind
         if self.kind == ALLGATHER:
             model_comm = grids.get(dst.grid).model_comm
             self.gather = AllGather(backend, model_comm, self.plan.axis, self.plan.ranges)
+        if self.kind not in (IDENTITY, SLICE, ALLGATHER):  # a general move: both routes now
+            p = self.plan
+            self.forward_route = _Route.of(p.sends, p.receives, p.local, src_box, dst_box)
+            self.backward_route = _Route.of(p.receives, p.sends, p.local, dst_box, src_box)
 
     def forward(self, x: Any) -> Any:
         if self.kind == IDENTITY:
@@ -53,9 +95,8 @@ class Redistribute:
             return self.backend.xp.ascontiguousarray(x[self.plan.slices])
         if self.kind == ALLGATHER:
             return self.gather.forward(x)
-        out = self.backend.xp.empty(self.dst.local_shape(self.rank), dtype=x.dtype)
-        self._exchange(x, self.src_box, out, self.dst_box, self.plan.sends, self.plan.receives,
-                       accumulate=False)
+        out = self.backend.xp.empty(self.forward_route.out_shape, dtype=x.dtype)
+        self._exchange(x, out, self.forward_route, accumulate=False)
         return out
 
     def backward(self, dy: Any) -> Any:
@@ -63,58 +104,43 @@ class Redistribute:
         if self.kind == IDENTITY:
             return dy
         if self.kind == SLICE:
-            dx = xp.zeros(self.src.local_shape(self.rank), dtype=dy.dtype)
+            dx = xp.zeros(self.src_shape, dtype=dy.dtype)
             dx[self.plan.slices] = dy
             return dx
         if self.kind == ALLGATHER:
             return self.gather.backward(dy)
-        dx = xp.zeros(self.src.local_shape(self.rank), dtype=dy.dtype)
-        self._exchange(dy, self.dst_box, dx, self.src_box, self.plan.receives, self.plan.sends,
-                       accumulate=True)
+        dx = xp.zeros(self.src_shape, dtype=dy.dtype)
+        self._exchange(dy, dx, self.backward_route, accumulate=True)
         return dx
 
-    def _exchange(self, a: Any, a_box: Box, out: Any, out_box: Box,
-                  send: tuple[tuple[int, Box], ...], recv: tuple[tuple[int, Box], ...],
-                  accumulate: bool) -> None:
-        """Send the ``send`` pieces of ``a`` and put the ``recv`` pieces and the pieces this rank
-        keeps into ``out`` (added when ``accumulate``: the adjoint sums every piece's
-        gradient into its source, and replicas of a source overlap)."""
+    def _exchange(self, a: Any, out: Any, route: _Route, accumulate: bool) -> None:
+        """Send ``route``'s pieces of ``a`` and put the pieces received and kept into ``out``
+        (added when ``accumulate``: the adjoint sums every piece's gradient into its source,
+        and replicas of a source overlap)."""
         be = self.backend
 
-        def put(box: Box, block: Any) -> None:
+        def put(where: tuple[slice, ...], block: Any) -> None:
             if accumulate:
-                out[relative_slices(box, out_box)] += block
+                out[where] += block
             else:
-                out[relative_slices(box, out_box)] = block
+                out[where] = block
 
         with be.clock.comm():  # packing, the messages and unpacking
             # one receive and one send buffer, a contiguous stretch per peer: one staging copy
             # each way on a GPU, however many pieces
-            recv_at, recv_total = _stretches(recv)
-            send_at, send_total = _stretches(send)
-            recv_buf = be.empty_mpi((recv_total,), a.dtype)
+            recv_buf = be.empty_mpi((route.recv_total,), a.dtype)
             requests = [self.comm.Irecv(recv_buf[lo:hi], source=peer, tag=_PIECE_TAG)
-                        for (peer, _), (lo, hi) in zip(recv, recv_at, strict=True)]
-            send_buf = be.xp.empty(send_total, dtype=a.dtype)
-            for (_, box), (lo, hi) in zip(send, send_at, strict=True):
-                send_buf[lo:hi] = a[relative_slices(box, a_box)].ravel()
+                        for peer, lo, hi, _, _ in route.receives]
+            send_buf = be.xp.empty(route.send_total, dtype=a.dtype)
+            for _, lo, hi, where in route.sends:
+                send_buf[lo:hi] = a[where].ravel()
             send_buf = be.to_mpi(send_buf)
             be.clock.sent(send_buf.nbytes)
             requests += [self.comm.Isend(send_buf[lo:hi], dest=peer, tag=_PIECE_TAG)
-                         for (peer, _), (lo, hi) in zip(send, send_at, strict=True)]
-            for box in self.plan.local:  # while the messages travel
-                put(box, a[relative_slices(box, a_box)])
+                         for peer, lo, hi, _ in route.sends]
+            for source, target in route.local:  # while the messages travel
+                put(target, a[source])
             MPI.Request.Waitall(requests)
             recv_buf = be.from_mpi(recv_buf)
-            for (_, box), (lo, hi) in zip(recv, recv_at, strict=True):
-                put(box, recv_buf[lo:hi].reshape([b1 - b0 for b0, b1 in box]))
-
-
-def _stretches(pieces: tuple[tuple[int, Box], ...]) -> tuple[list[tuple[int, int]], int]:
-    """Where each piece lies in one flat buffer holding them all in order, and its length."""
-    at, end = [], 0
-    for _, box in pieces:
-        size = box_size(box)
-        at.append((end, end + size))
-        end += size
-    return at, end
+            for _, lo, hi, where, shape in route.receives:
+                put(where, recv_buf[lo:hi].reshape(shape))

@@ -196,8 +196,14 @@ class CostModel:
             members[anchor].append(k)
         self.prelude = members[-1]
         self.segments = [members[w] for w in weighted]
-        self._segment_cache: dict[tuple[int, Choice], SegmentCost] = {}
-        self._untimed_cache: dict[tuple[int, Choice], SegmentCost] = {}
+        # (layer, input, producer) of every edge the segments do not price: into a weighted
+        # layer, or into another than the first input (a follower's first input is fed inside
+        # its segment); -1 is the input batch
+        self.joins = tuple((k, e, p) for k, spec in enumerate(net.layers)
+                           for e, p in enumerate(net.producers(k))
+                           if e > 0 or KINDS[spec.kind].weighted)
+        self._segments: dict[tuple[int, Choice], SegmentCost] = {}
+        self._timed: set[tuple[int, Choice]] = set()  # segments whose compute is filled in
         self._layout_cache: dict[tuple[int, Choice], list[LayerLayouts] | None] = {}
         self._unrunnable: dict[tuple[int, Choice], str] = {}  # why a cached None cannot run
 
@@ -261,10 +267,6 @@ class CostModel:
         return layouts
 
     # -- costs --------------------------------------------------------------------------------
-
-    def need_dx(self, index: int) -> bool:
-        """Whether some layer reads the input gradient of layer ``index`` (not the batch's)."""
-        return any(p >= 0 for p in self.net.producers(index))
 
     def move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
         """(kind, forward s, backward s) of redistributing ``src`` into ``dst``."""
@@ -347,30 +349,17 @@ class CostModel:
         return {"input batch": entries * self.itemsize}, {"random numbers":
                                                           entries * RANDOM_BYTES}
 
-    def loss_memory(self, last_out: Layout) -> tuple[dict[str, float], dict[str, float]]:
-        """The logits and their gradient (kept through the backward), the softmax's
-        temporaries, and the gather of the logits."""
-        target = last_out.replicated()
-        logits = math.prod(largest_block(target)) * self.itemsize
-        _, move = self.move_memory(last_out, target, len(self.net.layers) - 1)
-        return ({"logits and their gradient": 2 * logits},
-                larger({"softmax": 3 * logits}, move))
-
     def segment_cost(self, segment: int, choice: Choice, timed: bool = True) -> SegmentCost:
         """Every layer of the segment under ``choice``, without the moves into the segment;
-        ``timed`` False: no kernel is timed (compute left at zero), memory and moves only."""
-        if not timed:
-            key = (segment, choice)
-            if key not in self._untimed_cache:
-                self._untimed_cache[key] = self._segment_cache.get(key) or \
-                    self._segment_untimed(segment, choice)
-            return self._untimed_cache[key]
+        ``timed`` False: its kernels need not be timed (compute may be left at zero), memory
+        and moves only. Made once; timing fills the same object in."""
         key = (segment, choice)
-        if key not in self._segment_cache:
-            cost = self._segment_untimed(segment, choice)
-            self._fill_compute(cost.layers)
-            self._segment_cache[key] = cost
-        return self._segment_cache[key]
+        if key not in self._segments:
+            self._segments[key] = self._segment_untimed(segment, choice)
+        if timed and key not in self._timed:
+            self._fill_compute(self._segments[key].layers)
+            self._timed.add(key)
+        return self._segments[key]
 
     def _fill_compute(self, costs: list[LayerCost]) -> None:
         """Each layer's compute: its kernels' times, plus the optimizer's in the backward."""
@@ -391,7 +380,7 @@ class CostModel:
         if fed is not None:  # e.g. flatten gathers height-split rows
             cost.move, *moved = self.move_cost(fed, layouts.input)
             cost.redistribution = tuple(moved)
-        cost.work = kind.work(spec, layouts.inputs, layouts.output, self.need_dx(index))
+        cost.work = kind.work(spec, layouts.inputs, layouts.output, self.net.reads_layers(index))
         cost.comm = kind.comm_time(spec, layouts.inputs, layouts.output, self.machine,
                                    self.itemsize)
         params = kind.local_parameters(spec, layouts.inputs, layouts.output)
@@ -449,22 +438,31 @@ class CostModel:
             cost.compute = self.compute.times([work])[work]
         return cost
 
-    def loss_cost(self, last_out: Layout) -> tuple[str, float, float]:
-        """Gathering the logits for the loss (replicated over Pr)."""
-        return self.move_cost(last_out, last_out.replicated())
+    def loss_cost(self, last_out: Layout) -> LayerCost:
+        """The loss: gathering the logits (replicated over Pr), and its memory: the logits and
+        their gradient (kept through the backward), the softmax's temporaries, the gather."""
+        target = last_out.replicated()
+        cost = LayerCost("loss", "softmax", "follow", last_out.grid)
+        cost.move, *moved = self.move_cost(last_out, target)
+        cost.redistribution = tuple(moved)
+        logits = math.prod(largest_block(target)) * self.itemsize
+        _, move = self.move_memory(last_out, target, len(self.net.layers) - 1)
+        cost.resident = {"logits and their gradient": 2 * logits}
+        cost.transient = larger({"softmax": 3 * logits}, move)
+        return cost
 
     def prefetch(self, choices: list[list[Choice]]) -> None:
         """Cost every candidate, timing all their kernels in one batch (one synchronised pass
         over the ranks instead of one per segment)."""
-        fresh = {(k, c): self._segment_untimed(k, c) for k, found in enumerate(choices)
-                 for c in found if (k, c) not in self._segment_cache}
-        works = [w for cost in fresh.values() for c in cost.layers for w in (c.work, c.update)
-                 if w]
+        todo = [(k, c) for k, found in enumerate(choices) for c in found
+                if (k, c) not in self._timed]
+        costs = [self.segment_cost(k, c, timed=False) for k, c in todo]
+        works = [w for cost in costs for c in cost.layers for w in (c.work, c.update) if w]
         works += [LocalWork("data", largest_block(self.input_layout(c))) for c in choices[0]]
         self.compute.times(works)
-        for key, cost in fresh.items():
+        for key, cost in zip(todo, costs, strict=True):
             self._fill_compute(cost.layers)
-            self._segment_cache[key] = cost
+            self._timed.add(key)
 
 
 COMPUTE_SOURCES = ("auto", "measured", "flops")

@@ -79,14 +79,13 @@ class Layer:
       that hold the same shard, in ``Parameter.grad``, and never writes into ``dy``, which other
       layers may share.
     - Set from outside: ``need_dx`` (False when nobody reads the input gradient: then
-      ``backward`` may return None), ``training`` (dropout on, batch statistics; False for
-      evaluation) and ``kind`` (the kind's name).
+      ``backward`` may return None) and ``training`` (dropout on, batch statistics; False for
+      evaluation).
     - ``params`` are trained by the optimizer; ``buffers`` are state that is not (batch norm's
       running statistics), saved in checkpoints with the parameters.
     """
 
     name: str
-    kind: str
     mode: str
     in_layout: Layout
     out_layout: Layout
