@@ -149,23 +149,24 @@ def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm
     Each item costs one ``Gatherv`` over ``comm``; only the first rank holding each block sends
     it (the others send nothing), so rank 0 receives exactly one copy of the tensor.
     """
-    backend = network.backend
+    backend, rank = network.backend, comm.Get_rank()
+    nothing = backend.xp.empty(0, backend.dtype)
+
+    def gathered(tensor: Parameter, locals_: dict[str, Any]
+                 ) -> Iterator[tuple[str, np.ndarray | None]]:
+        box_of = _one_replica(tensor, comm.Get_size())
+        sends = box_of(rank) == tensor.box(rank)
+        for group, local in locals_.items():
+            whole = gather_to_root(backend, comm, local if sends else nothing, tensor.shape,
+                                   box_of, "copy", dtype=backend.dtype)  # no float64 detour
+            yield f"{group}/{tensor.name}", whole
+
     for param, velocity in zip(network.params, optimizer.velocity, strict=True):
-        box_of = _one_replica(param, comm.Get_size())
-        sends = box_of(comm.Get_rank()) == param.box(comm.Get_rank())
         if velocity is None:  # not stepped yet: μ·0 + g == g, so zeros change nothing
             velocity = backend.xp.zeros_like(param.value)
-        for group, local in (("params", param.value), ("momentum", velocity)):
-            local = local if sends else backend.xp.empty(0, backend.dtype)
-            whole = gather_to_root(backend, comm, local, param.shape, box_of, "copy",
-                                   dtype=backend.dtype)  # the file's dtype: no float64 detour
-            yield f"{group}/{param.name}", whole
+        yield from gathered(param, {"params": param.value, "momentum": velocity})
     for buffer in network.buffers:
-        box_of = _one_replica(buffer, comm.Get_size())
-        sends = box_of(comm.Get_rank()) == buffer.box(comm.Get_rank())
-        local = buffer.value if sends else backend.xp.empty(0, backend.dtype)
-        yield f"buffers/{buffer.name}", gather_to_root(backend, comm, local, buffer.shape,
-                                                       box_of, "copy", dtype=backend.dtype)
+        yield from gathered(buffer, {"buffers": buffer.value})
 
 
 def _one_replica(param: Parameter, size: int) -> Callable[[int], Box]:
@@ -213,7 +214,7 @@ def read_checkpoint_info(path: Path, net: NetSpec) -> CheckpointInfo:
     """
     path = Path(path)
     with _open(path) as h5:
-        return _validate(h5, path, net, tensor_shapes(net))
+        return _validate(h5, path, net)
 
 
 def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointInfo:
@@ -234,17 +235,19 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointI
     failure, info = None, None
     try:
         with _open(path) as h5:
-            info = _validate(h5, path, network.net, {p.name: p.shape for p in network.params})
+            info = _validate(h5, path, network.net)
+
+            def read(group: str, tensor: Parameter) -> Any:
+                """This rank's block of ``group/NAME``, in the network's dtype and device."""
+                where = tuple(slice(lo, hi) for lo, hi in tensor.box(rank))
+                block = _finite(h5, f"{group}/{tensor.name}", where, path)
+                return xp.asarray(block.astype(dtype, copy=False))
+
             for k, param in enumerate(network.params):
-                where = tuple(slice(lo, hi) for lo, hi in param.box(rank))
-                block = _finite(h5, f"params/{param.name}", where, path)
-                param.value[...] = xp.asarray(block.astype(dtype, copy=False))
-                optimizer.velocity[k] = xp.asarray(
-                    _finite(h5, f"momentum/{param.name}", where, path).astype(dtype, copy=False))
+                param.value[...] = read("params", param)
+                optimizer.velocity[k] = read("momentum", param)
             for buffer in network.buffers:
-                where = tuple(slice(lo, hi) for lo, hi in buffer.box(rank))
-                block = _finite(h5, f"buffers/{buffer.name}", where, path)
-                buffer.value[...] = xp.asarray(block.astype(dtype, copy=False))
+                buffer.value[...] = read("buffers", buffer)
     except CheckpointError as err:
         failure = str(err)
     except OSError as err:  # a header fine but a tensor cut short: a truncated file
@@ -278,9 +281,9 @@ def _open(path: Path) -> h5py.File:
                               f"corrupt?): {err}; use another checkpoint") from None
 
 
-def _validate(h5: h5py.File, path: Path, net: NetSpec,
-              shapes: dict[str, tuple[int, ...]]) -> CheckpointInfo:
-    """The header of an open checkpoint, after checking it fits ``net`` with these tensors."""
+def _validate(h5: h5py.File, path: Path, net: NetSpec) -> CheckpointInfo:
+    """The header of an open checkpoint, after checking it fits ``net`` and holds its tensors
+    (:func:`tensor_shapes`, and the buffers)."""
     attrs = h5.attrs
     if attrs.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an hpctrain checkpoint (no format attribute "
@@ -312,7 +315,8 @@ def _validate(h5: h5py.File, path: Path, net: NetSpec,
         raise CheckpointError(f"checkpoint {path} was written for another version of net "
                               f"{net.name}: layer {k + 1} is '{there}' there but '{here}' here; "
                               f"give a checkpoint of this architecture")
-    expected = [(group, name, shape) for group in GROUPS for name, shape in shapes.items()]
+    expected = [(group, name, shape) for group in GROUPS
+                for name, shape in tensor_shapes(net).items()]
     expected += [("buffers", name, shape) for name, shape in net.buffer_shapes().items()]
     for group, name, shape in expected:
         if not isinstance(h5.get(f"{group}/{name}"), h5py.Dataset):

@@ -130,21 +130,13 @@ def evaluate(model: CostModel, choices: list[Choice], timed: bool = True) -> Pla
         layouts.update(zip(model.segments[segment], cost.layouts, strict=True))
     source = model.input_layout(choices[0])
     data = model.input_cost(source, timed)
-    layers = []
-    for k in range(len(net.layers)):
-        # a follower's first input is fed inside its segment (counted there); every other
-        # edge joins two segments
-        weighted = KINDS[net.layers[k].kind].weighted
-        moves = [((source if p < 0 else layouts[p].output), target)
-                 for e, (p, target) in enumerate(zip(net.producers(k), layouts[k].inputs,
-                                                     strict=True)) if e > 0 or weighted]
-        layers.append(_fed(model, k, costs[k], moves) if moves else costs[k])
-    previous = layouts[len(net.layers) - 1].output
-    kind, forward, backward = model.loss_cost(previous)
-    loss = LayerCost("loss", "softmax", "follow", previous.grid, redistribution=(forward,
-                                                                                backward),
-                     move=kind)
-    loss.resident, loss.transient = model.loss_memory(previous)
+    moves: dict[int, list[tuple[Layout, Layout]]] = {}
+    for k, e, p in model.joins:
+        moves.setdefault(k, []).append((source if p < 0 else layouts[p].output,
+                                        layouts[k].inputs[e]))
+    layers = [_fed(model, k, costs[k], moves[k]) if k in moves else costs[k]
+              for k in range(len(net.layers))]
+    loss = model.loss_cost(layouts[len(net.layers) - 1].output)
     return PlannedNetwork(_layer_plans(model, choices), layers, loss, data)
 
 
@@ -220,9 +212,13 @@ def _leanest(model: CostModel, candidates: list[list[Choice]]) -> list[Choice]:
 
 
 def _refuse_cap(model: CostModel, cap: float, choices: list[Choice], cap_source: str) -> None:
+    _refuse(evaluate(model, choices, timed=False), cap, cap_source)
+
+
+def _refuse(planned: PlannedNetwork, cap: float, cap_source: str) -> None:
+    """Refuse a cap that even ``planned``, the leanest plan found, does not fit."""
     from hpctrain.units import format_bytes
 
-    planned = evaluate(model, choices, timed=False)
     layer, what, size = planned.biggest()
     raise PlannerError(f"no plan fits in {cap_source} = {format_bytes(cap)} per rank: even "
                        f"the leanest needs {format_bytes(planned.memory)}, {layer} {what} alone "
@@ -281,14 +277,11 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
         fronts.append(front)
     finals = []
     for choice, labels in fronts[-1].items():
-        out = model.segment_cost(len(candidates) - 1, choice).out_layout
-        _, forward, backward = model.loss_cost(out)
-        resident, transient = model.loss_memory(out)
+        loss = model.loss_cost(model.segment_cost(len(candidates) - 1, choice).out_layout)
         for index, label in enumerate(labels):
-            peak = label.memory + sum(resident.values()) + max(label.peak,
-                                                               sum(transient.values()))
+            peak = label.memory + loss.memory + max(label.peak, loss.peak)
             if mem_per_rank is None or peak <= mem_per_rank:
-                finals.append((label.time + forward + backward, choice, index))
+                finals.append((label.time + loss.total, choice, index))
     if not finals:
         _refuse_cap(model, mem_per_rank, _leanest(model, candidates), cap_source)
     _, choice, index = min(finals, key=lambda f: f[0])
@@ -339,21 +332,17 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]]) -> Plann
         else:
             tables.append(Table((a, b), moves))
 
-    for k, spec in enumerate(net.layers):
-        weighted = KINDS[spec.kind].weighted
-        for e, p in enumerate(net.producers(k)):
-            if not (e > 0 or weighted):
-                continue  # a follower's first input is fed inside its segment
-            if p < 0:
-                move_table(sources, 0 if len(set(sources)) > 1 else None, k, e)
-            elif p in fixed:
-                move_table([fixed[p].output], None, k, e)
-            else:
-                move_table([where[p].output for where in layouts[owner[p]]], owner[p], k, e)
+    for k, e, p in model.joins:
+        if p < 0:
+            move_table(sources, 0 if len(set(sources)) > 1 else None, k, e)
+        elif p in fixed:
+            move_table([fixed[p].output], None, k, e)
+        else:
+            move_table([where[p].output for where in layouts[owner[p]]], owner[p], k, e)
     last = owner.get(len(net.layers) - 1)
     if last is not None:
         tables.append(Table((last,), np.array([
-            sum(model.loss_cost(where[len(net.layers) - 1].output)[1:])
+            model.loss_cost(where[len(net.layers) - 1].output).total
             for where in layouts[last]])))
     try:
         _, chosen = minimise(sizes, tables)
@@ -384,13 +373,8 @@ def _uniform_plan(model: CostModel, candidates: list[list[Choice]],
     planned = [evaluate(model, choices) for choices in options]
     fitting = [p for p in planned if mem_per_rank is None or p.memory <= mem_per_rank]
     if not fitting:
-        _refuse_cap(model, mem_per_rank, min(options, key=lambda c: evaluate(
-            model, c, timed=False).memory), cap_source)
+        _refuse(min(planned, key=lambda p: p.memory), mem_per_rank, cap_source)
     return min(fitting, key=lambda p: p.iteration_time)
-
-
-def _weighted(kind: str) -> bool:
-    return kind in KINDS and KINDS[kind].weighted
 
 
 def format_plan(planned: PlannedNetwork) -> str:
@@ -399,7 +383,7 @@ def format_plan(planned: PlannedNetwork) -> str:
               f"{'comm ms':>9} {'redist ms':>10} {'fed by':<10} {'mem MiB':>9} {'+tmp MiB':>9}")
     rows = [header]
     for c in [planned.data, *planned.layers, planned.loss]:
-        grid = "" if c.mode == "follow" and not _weighted(c.kind) else f"{c.grid[0]}x{c.grid[1]}"
+        grid = "" if c.mode == "follow" else f"{c.grid[0]}x{c.grid[1]}"  # weighted: never follow
         rows.append(f"{c.layer:<10} {c.kind:<8} {c.mode:<7} {grid:<7} "
                     f"{sum(c.compute) * 1e3:>11.3f} {sum(c.comm) * 1e3:>9.3f} "
                     f"{sum(c.redistribution) * 1e3:>10.3f} {c.move:<10} {c.memory / 2**20:>9.1f} "

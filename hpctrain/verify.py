@@ -22,10 +22,15 @@ from hpctrain.options import add_planning_options, add_run_options
 from hpctrain.plan import LayerPlan
 
 
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got − want| / max |want| (the absolute error where ``want`` is all zeros)."""
-    scale = float(np.abs(want).max()) if want.size else 0.0
-    diff = float(np.abs(got - want).max()) if want.size else 0.0
+def largest(a: np.ndarray) -> float:
+    """max |a| (0 for an empty array)."""
+    return float(np.abs(a).max()) if a.size else 0.0
+
+
+def relative_error(got: np.ndarray, want: np.ndarray, floor: float = 0.0) -> float:
+    """max |got − want| / max(max |want|, ``floor``) (the absolute error where both are 0)."""
+    scale = max(largest(want), floor)
+    diff = largest(got - want) if want.size else 0.0
     return diff / scale if scale > 0 else diff
 
 
@@ -81,11 +86,8 @@ def _worst(got: dict, want: dict) -> float | None:
     the layer's other gradients, not against its own rounding noise."""
     if not got:
         return None
-    largest = {n: float(np.abs(a).max()) if a.size else 0.0 for n, a in want.items()}
-    floor = FLOOR * max(largest.values())
-    errors = [relative_error(got[n], want[n]) if largest[n] >= floor else
-              float(np.abs(got[n] - want[n]).max()) / floor for n in got]
-    return max(errors)
+    floor = FLOOR * max(largest(a) for a in want.values())
+    return max(relative_error(got[n], want[n], floor) for n in got)
 
 
 def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, backend: Backend,

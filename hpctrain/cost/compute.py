@@ -38,11 +38,10 @@ SAMPLE_BUDGET = 0.15  # seconds of timed calls per kernel and direction, roughly
 def flops(work: LocalWork) -> tuple[float, float]:
     """Forward and backward floating-point operations of ``work`` (a multiply-add is 2): as its
     layer kind counts them, or for the optimizer and the input batch."""
-    elements = float(np.prod(work.x))
     if work.kind == "sgd":  # weight decay, momentum, step: 5 operations per parameter
-        return 0.0, 5 * elements
+        return 0.0, 5.0 * math.prod(work.x)
     if work.kind == "data":  # the counter RNG: about 30 integer operations per entry
-        return 30 * elements, 0.0
+        return 30.0 * math.prod(work.x), 0.0
     return KINDS[work.kind].flops(work)
 
 
