@@ -4,38 +4,27 @@ update (two steps, so momentum is used) and the running statistics."""
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from mpi4py import MPI  # noqa: E402
 
 from hpctrain.plan import plan_from_spec  # noqa: E402
 from tests.torch_reference import (  # noqa: E402
-    InceptionNet,
-    ResNet18,
+    BATCH,
+    MODELS,
+    STEPS,
+    TOLERANCE,
     compare,
     failures,
     hpctrain_steps,
-    inception_names,
-    inception_net,
-    resnet18_names,
-    resnet18_net,
     torch_steps,
 )
 
-TOLERANCE = 1e-9
-BATCH, STEPS = 4, 2
 
-CASES = {
-    "resnet18": (resnet18_net, lambda net: ResNet18(net.classes), resnet18_names),
-    "inception_a": (inception_net, lambda net: InceptionNet(), inception_names),
-}
-
-
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", MODELS)
 def test_one_process_matches_pytorch(case):
-    make_net, make_model, make_names = CASES[case]
+    make_net, make_model, make_names = MODELS[case]
     net = make_net()
-    torch.manual_seed(0)  # PyTorch's own initial values are all overwritten
     run = hpctrain_steps(net, plan_from_spec("1x1", net, 1), MPI.COMM_SELF, BATCH, STEPS)
     reference = torch_steps(make_model(net), make_names(), run)
     errors = compare(run.steps, reference)
@@ -50,7 +39,7 @@ def test_one_process_matches_pytorch(case):
 def test_the_name_maps_pair_every_tensor():
     """Each map covers all of hpctrain's parameters and buffers, one to one (also checked in
     :func:`torch_steps`, here without a training step)."""
-    for make_net, _, make_names in CASES.values():
+    for make_net, _, make_names in MODELS.values():
         net, names = make_net(), make_names()
         assert set(names.params) == set(net.param_shapes())
         assert set(names.buffers) == set(net.buffer_shapes())

@@ -122,8 +122,8 @@ def resnet18_names() -> NameMap:
     return names
 
 
-def resnet18_net(image_size: int = 32) -> NetSpec:
-    return load_net("resnet18", image_size)
+def resnet18_net() -> NetSpec:
+    return load_net("resnet18", 32)
 
 
 # -- one InceptionA module (torchvision's inception_v3 Mixed_5b) --------------------------------
@@ -199,12 +199,12 @@ def shipped_define(text: str, block: str) -> str:
     return "\n".join(lines[start:stop + 1])
 
 
-def inception_net(image_size: int = 8) -> NetSpec:
+def inception_net() -> NetSpec:
     """The shipped inception_v3.net's ``basic`` and ``inception_a`` blocks, used once after a
     stem conv; so this checks the shipped definition itself."""
     shipped = (files("hpctrain") / "inputs" / "nets" / "inception_v3.net").read_text("utf-8")
     text = "\n".join([
-        f"input channels=3 size={image_size} classes={INCEPTION_CLASSES}",
+        f"input channels=3 size=8 classes={INCEPTION_CLASSES}",
         shipped_define(shipped, "basic"),
         shipped_define(shipped, "inception_a"),
         f"conv name=stem out={INCEPTION_STEM} kernel=3 pad=1",
@@ -214,6 +214,18 @@ def inception_net(image_size: int = 8) -> NetSpec:
         f"linear name=fc out={INCEPTION_CLASSES}",
     ])
     return parse_net(text, "inception_a-test")
+
+
+# -- the compared models ---------------------------------------------------------------------
+
+TOLERANCE = 1e-9  # relative error of every tensor of every step
+BATCH, STEPS = 4, 2  # two steps, so momentum is used
+
+# name → (hpctrain net, the PyTorch model for that net, the name map)
+MODELS = {
+    "resnet18": (resnet18_net, lambda net: ResNet18(net.classes), resnet18_names),
+    "inception_a": (inception_net, lambda net: InceptionNet(), inception_names),
+}
 
 
 # -- running both ---------------------------------------------------------------------------

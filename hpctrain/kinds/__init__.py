@@ -24,7 +24,3 @@ from hpctrain.kinds.base import Kind
 KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
     conv, linear, maxpool, avgpool, batchnorm, relu, dropout, flatten, add, concat)}
 
-
-def kind_of(name: str) -> Kind:
-    """The kind called ``name`` (a key of :data:`KINDS`)."""
-    return KINDS[name]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hpctrain.cost.work import LocalWork
-from hpctrain.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape, larger
+from hpctrain.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape
 from hpctrain.kinds.options import NetError
 from hpctrain.layers.base import Layer
 from hpctrain.layout import Layout
@@ -70,7 +70,7 @@ class AddKind(Kind):
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
-        return {}, larger({**fp.loose_input, "output": fp.y}, {})
+        return {}, {**fp.loose_input, "output": fp.y}
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         return Add(spec.name, ctx)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.cost.collectives import allreduce_time
@@ -15,7 +14,7 @@ from hpctrain.cost.work import LocalWork
 from hpctrain.kernels.pool import avgpool_backward, avgpool_forward
 from hpctrain.kinds.base import BuildContext, Footprint, LayerSpec, Shape, larger
 from hpctrain.kinds.options import Key, NetError, pair
-from hpctrain.kinds.window import WINDOW_KEYS, PoolKind, padded_bytes
+from hpctrain.kinds.window import POOL_KEYS, PoolKind, PoolOptions, padded_bytes
 from hpctrain.layers.base import Layer
 from hpctrain.layout import HEIGHT_AXIS, Layout, largest_block
 
@@ -27,29 +26,18 @@ def _kernel(key: str, text: str, where: str) -> tuple[int, int] | None:
     return None if text == GLOBAL else pair(1)(key, text, where)
 
 
-@dataclass(frozen=True)
-class AvgPoolOptions:
-    kernel: tuple[int, int] | None  # None: global
-    stride: tuple[int, int]  # 0 in the file: the kernel
-    pad: tuple[int, int]
-
-
 class AvgPoolKind(PoolKind):
     name = "avgpool"
-    keys = {**WINDOW_KEYS, "kernel": Key(_kernel), "stride": Key(pair(0), "0")}
-    options = AvgPoolOptions
+    keys = {**POOL_KEYS, "kernel": Key(_kernel)}
     forward_kernel = avgpool_forward
     backward_kernel = avgpool_backward
 
-    def parse(self, texts: dict[str, str], where: str) -> AvgPoolOptions:
+    def parse(self, texts: dict[str, str], where: str) -> PoolOptions:
         o = super().parse(texts, where)
-        if o.kernel is None:
-            if "stride" in texts or "pad" in texts:
-                raise NetError(f"{where}: avgpool kernel=global pools the whole image and takes "
-                               f"no stride or pad")
-            return o
-        stride = tuple(s or k for s, k in zip(o.stride, o.kernel, strict=True))
-        return AvgPoolOptions(o.kernel, stride, o.pad)
+        if o.kernel is None and ("stride" in texts or "pad" in texts):
+            raise NetError(f"{where}: avgpool kernel=global pools the whole image and takes "
+                           f"no stride or pad")
+        return o
 
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
         if spec.options.kernel is not None:

@@ -7,29 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hpctrain.cost.machine import Machine
 from hpctrain.cost.work import LocalWork
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
-from hpctrain.kinds.base import (
-    BuildContext,
-    Footprint,
-    Kind,
-    LayerSpec,
-    Shape,
-    larger,
-)
+from hpctrain.kinds.base import BuildContext, Footprint, LayerSpec, Shape, larger
 from hpctrain.kinds.options import Key, flag, whole
-from hpctrain.kinds.window import (
-    WINDOW_KEYS,
-    check_rows,
-    check_window,
-    halo_seconds,
-    padded_bytes,
-    rows,
-    window_work,
-)
+from hpctrain.kinds.window import WINDOW_KEYS, WindowKind, padded_copy_bytes
 from hpctrain.layers.base import Layer
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, largest_block
 from hpctrain.partition import check_split
 
 
@@ -42,11 +26,7 @@ class ConvOptions:
     bias: bool
 
 
-def _parts(n: int, parts: int) -> int:
-    return -(-n // parts)
-
-
-class ConvKind(Kind):
+class ConvKind(WindowKind):
     name = "conv"
     keys = {"out": Key(whole(1)), **WINDOW_KEYS, "bias": Key(flag, "1")}
     options = ConvOptions
@@ -54,9 +34,12 @@ class ConvKind(Kind):
     modes = ("model", "domain")
     grid_key = "conv"
 
-    def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
-        o = spec.options
-        return (o.out, *check_window(spec, shapes[0], o.kernel, o.stride, o.pad, where))
+    def out_channels(self, spec: LayerSpec, channels: int) -> int:
+        return spec.options.out
+
+    def local_channels(self, spec: LayerSpec, output: Layout) -> int:
+        """All O under a height split, O/Pr (the busiest rank's) under a channel split."""
+        return largest_block(output)[CHANNEL_AXIS]
 
     def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
         o = spec.options
@@ -73,17 +56,9 @@ class ConvKind(Kind):
         return (Layout(in_shape, grid),), Layout(out_shape, grid, CHANNEL_AXIS)
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
-        super().check(spec, inputs, output)
-        if inputs[0].split_axis == HEIGHT_AXIS:
-            check_rows(spec, inputs[0])
-        else:
+        super().check(spec, inputs, output)  # the batch, and a height split's rows
+        if inputs[0].split_axis != HEIGHT_AXIS:
             check_split(spec.options.out, output.grid[0], "output channels", spec.name)
-
-    def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-             need_dx: bool) -> LocalWork:
-        o, x = spec.options, inputs[0]
-        out = o.out if x.split_axis == HEIGHT_AXIS else _parts(o.out, x.grid[0])
-        return window_work(self.name, spec.name, o.kernel, o.stride, o.pad, x, out, need_dx)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         n, c = work.x[:2]
@@ -106,31 +81,22 @@ class ConvKind(Kind):
 
     def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
                          ) -> int:
-        o, x = spec.options, inputs[0]
-        per_out = x.shape[CHANNEL_AXIS] * o.kernel[0] * o.kernel[1] + (1 if o.bias else 0)
-        return per_out * (o.out if x.split_axis == HEIGHT_AXIS else _parts(o.out, x.grid[0]))
+        o = spec.options
+        per_out = inputs[0].shape[CHANNEL_AXIS] * o.kernel[0] * o.kernel[1] + (1 if o.bias else 0)
+        return per_out * self.local_channels(spec, output)
 
     def gradient_ranks(self, inputs: tuple[Layout, ...], output: Layout) -> int:
         """W is replicated on every rank in domain mode, on the Pc ranks of a model row else."""
         return output.size if inputs[0].split_axis == HEIGHT_AXIS else output.grid[1]
 
-    def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                  machine: Machine, itemsize: int) -> tuple[float, float]:
-        o = spec.options
-        forward, backward = super().comm_time(spec, inputs, output, machine, itemsize)
-        halo = halo_seconds(spec.name, rows(o.kernel, o.stride, o.pad), inputs[0], machine,
-                            itemsize)
-        return forward + halo[0], backward + halo[1]
-
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
         """The im2col columns kept for ΔW; a padded copy of the input while they are made."""
         work, b = fp.work, fp.itemsize
-        n, c, h, w = work.x
-        top, bottom, side = work.pads
+        n, c = work.x[:2]
         ho, wo = work.out_rows()
         cols = c * work.kernel[0] * work.kernel[1] * n * ho * wo * b
-        copy = padded_bytes(work, b) if top or bottom or side or fp.height_split else 0
+        copy = padded_copy_bytes(fp)
         y = n * work.out * ho * wo * b
         forward = {**fp.loose_input, "im2col workspace": cols, "padded input": copy,
                    "output and GEMM result": 2 * y}

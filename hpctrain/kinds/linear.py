@@ -21,10 +21,6 @@ class LinearOptions:
     bias: bool
 
 
-def _parts(n: int, parts: int) -> int:
-    return -(-n // parts)
-
-
 class LinearKind(Kind):
     name = "linear"
     keys = {"out": Key(whole(1)), "bias": Key(flag, "1")}
@@ -55,7 +51,7 @@ class LinearKind(Kind):
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
-        out = _parts(spec.options.out, output.grid[0])
+        out = largest_block(output)[CHANNEL_AXIS]  # F_out/Pr, the busiest rank's
         return LocalWork(self.name, largest_block(inputs[0]), out, need_dx=need_dx)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
@@ -73,7 +69,7 @@ class LinearKind(Kind):
     def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
                          ) -> int:
         per_out = inputs[0].shape[CHANNEL_AXIS] + (1 if spec.options.bias else 0)
-        return per_out * _parts(spec.options.out, output.grid[0])
+        return per_out * largest_block(output)[CHANNEL_AXIS]
 
     def gradient_ranks(self, inputs: tuple[Layout, ...], output: Layout) -> int:
         return output.grid[1]  # Wᵢ is replicated on the Pc ranks of a model row

@@ -9,40 +9,39 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.cost.collectives import halo_time
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.work import LocalWork
-from hpctrain.kinds.base import BuildContext, Kind, LayerSpec, Shape
+from hpctrain.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape
 from hpctrain.kinds.options import Key, NetError, pair
 from hpctrain.layers.base import Layer
 from hpctrain.layout import HEIGHT_AXIS, Layout, largest_block
 from hpctrain.partition import HaloPlan, SplitError, Window, halo_plans
 
 WINDOW_KEYS = {"kernel": Key(pair(1)), "stride": Key(pair(1), "1"), "pad": Key(pair(0), "0")}
+# pooling: stride 0 (the default) means the kernel, filled in by PoolKind.parse
+POOL_KEYS = {**WINDOW_KEYS, "stride": Key(pair(0), "0")}
 
 
-def rows(kernel: tuple[int, int], stride: tuple[int, int], pad: tuple[int, int]) -> Window:
-    """The window along the height (the axis a domain split cuts)."""
-    return Window(kernel[0], stride[0], pad[0])
+def rows(o: Any) -> Window:
+    """The window along the height (the axis a domain split cuts) of options ``o``."""
+    return Window(o.kernel[0], o.stride[0], o.pad[0])
 
 
-def window_out(size: int, kernel: int, stride: int, pad: int) -> int:
-    return (size + 2 * pad - kernel) // stride + 1
-
-
-def check_window(spec: LayerSpec, shape: Shape, kernel: tuple[int, int],
-                 stride: tuple[int, int], pad: tuple[int, int], where: str) -> Shape:
+def check_window(spec: LayerSpec, shape: Shape, where: str) -> Shape:
     """(Ho, Wo) of a window layer on per-sample ``shape``, refused when too small."""
+    o = spec.options
     if len(shape) != 3:
         raise NetError(f"{where}: layer {spec.name} ({spec.kind}) needs an image input, got "
                        f"shape {shape}")
-    h, w = (window_out(shape[1 + a], kernel[a], stride[a], pad[a]) for a in (0, 1))
+    h, w = (Window(o.kernel[a], o.stride[a], o.pad[a]).out_size(shape[1 + a]) for a in (0, 1))
     if h < 1 or w < 1:
         raise NetError(f"{where}: layer {spec.name} receives {shape[1]}x{shape[2]}, too small "
-                       f"for its window (kernel {kernel[0]}x{kernel[1]}, stride "
-                       f"{stride[0]}x{stride[1]}, pad {pad[0]}x{pad[1]}); use a larger "
+                       f"for its window (kernel {o.kernel[0]}x{o.kernel[1]}, stride "
+                       f"{o.stride[0]}x{o.stride[1]}, pad {o.pad[0]}x{o.pad[1]}); use a larger "
                        f"--image-size")
     return h, w
 
@@ -51,16 +50,21 @@ def check_rows(spec: LayerSpec, layout: Layout) -> None:
     """Refuse a height split the layer's window cannot run on (a rank without rows, or one
     needing halo rows from beyond its neighbours), naming the layer and sizes."""
     if layout.split_axis == HEIGHT_AXIS:
-        o = spec.options
-        halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], rows(o.kernel, o.stride, o.pad),
-                   spec.name)
+        halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], rows(spec.options), spec.name)
 
 
 def padded_bytes(work: LocalWork, itemsize: int) -> int:
-    """Bytes of the work's input block with its padding (what a padded copy takes)."""
+    """Bytes of the work's input block with its padding (a padded copy, or its gradient)."""
     n, c, h, w = work.x
     top, bottom, side = work.pads
     return n * c * (h + top + bottom) * (w + 2 * side) * itemsize
+
+
+def padded_copy_bytes(fp: Footprint) -> int:
+    """Bytes of the padded copy of the input a window kernel makes: none when nothing is
+    padded and the rows are the rank's own (no halo to join)."""
+    top, bottom, side = fp.work.pads
+    return padded_bytes(fp.work, fp.itemsize) if top or bottom or side or fp.height_split else 0
 
 
 def busiest_halo(name: str, window: Window, layout: Layout) -> HaloPlan:
@@ -69,20 +73,7 @@ def busiest_halo(name: str, window: Window, layout: Layout) -> HaloPlan:
     return max(plans, key=lambda q: (q.out[1] - q.out[0], q.need[1] - q.need[0]))
 
 
-def window_work(kind: str, name: str, kernel: tuple[int, int], stride: tuple[int, int],
-                pad: tuple[int, int], layout: Layout, out: int, need_dx: bool) -> LocalWork:
-    """The busiest rank's window kernel on ``layout``: under a height split it reads its
-    rows plus halos and pads only at the image's edges."""
-    block = largest_block(layout)
-    pads = (pad[0], pad[0], pad[1])
-    if layout.split_axis == HEIGHT_AXIS:
-        p = busiest_halo(name, rows(kernel, stride, pad), layout)
-        block = (*block[:2], p.need[1] - p.need[0], block[3])
-        pads = (p.pad_top, p.pad_bottom, pad[1])
-    return LocalWork(kind, block, out, kernel, stride, pads, need_dx)
-
-
-def halo_seconds(name: str, window: Window, layout: Layout, machine: Machine, itemsize: int
+def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: int
                  ) -> tuple[float, float]:
     """Halo exchange of a height-split window layer (forward: rows received; backward: rows
     sent back), at the busiest rank; zero without a height split."""
@@ -91,7 +82,8 @@ def halo_seconds(name: str, window: Window, layout: Layout, machine: Machine, it
     n, c, _, w = largest_block(layout)
     row_bytes = n * c * w * itemsize
     forward = backward = 0.0
-    for p in halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], window, name):
+    for p in halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], rows(spec.options),
+                        spec.name):
         received = [r[1] - r[0] for r in (p.recv_top, p.recv_bottom)]
         sent = [r[1] - r[0] for r in (p.send_top, p.send_bottom)]
         forward = max(forward, sum(halo_time(machine, k * row_bytes) for k in received))
@@ -99,20 +91,74 @@ def halo_seconds(name: str, window: Window, layout: Layout, machine: Machine, it
     return forward, backward
 
 
-class PoolKind(Kind):
+@dataclass(frozen=True)
+class PoolOptions:
+    kernel: tuple[int, int] | None  # None: the whole image (avgpool kernel=global)
+    stride: tuple[int, int]  # 0 in the file: the kernel
+    pad: tuple[int, int]
+
+
+class WindowKind(Kind):
+    """A kind that slides a window over the image: its shape, the check of a height split, its
+    local work (rows plus halos under a height split) and the halo exchange it adds.
+    Subclasses say how many channels come out (:meth:`out_channels`) and how many a rank's
+    kernel makes (:meth:`local_channels`)."""
+
+    def out_channels(self, spec: LayerSpec, channels: int) -> int:
+        return channels
+
+    def local_channels(self, spec: LayerSpec, output: Layout) -> int:
+        return 0
+
+    def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
+        h, w = check_window(spec, shapes[0], where)
+        return (self.out_channels(spec, shapes[0][0]), h, w)
+
+    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
+        super().check(spec, inputs, output)
+        check_rows(spec, inputs[0])
+
+    def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+             need_dx: bool) -> LocalWork:
+        """The busiest rank's window kernel: under a height split it reads its rows plus
+        halos and pads only at the image's edges."""
+        o, x = spec.options, inputs[0]
+        block = largest_block(x)
+        pads = (o.pad[0], o.pad[0], o.pad[1])
+        if x.split_axis == HEIGHT_AXIS:
+            p = busiest_halo(spec.name, rows(o), x)
+            block = (*block[:2], p.need[1] - p.need[0], block[3])
+            pads = (p.pad_top, p.pad_bottom, o.pad[1])
+        return LocalWork(self.name, block, self.local_channels(spec, output), o.kernel,
+                         o.stride, pads, need_dx)
+
+    def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                  machine: Machine, itemsize: int) -> tuple[float, float]:
+        """The parameters' all-reduce (if any) and the halo exchange."""
+        forward, backward = super().comm_time(spec, inputs, output, machine, itemsize)
+        halo = halo_seconds(spec, inputs[0], machine, itemsize)
+        return forward + halo[0], backward + halo[1]
+
+
+class PoolKind(WindowKind):
     """A pooling kind: a window reduction per channel on the layout that feeds it.
 
     Subclasses give the local kernels (``forward_kernel``, ``backward_kernel``, as
-    :class:`~hpctrain.layers.pool.Pool2d` takes them).
+    :class:`~hpctrain.layers.pool.Pool2d` takes them); their options have ``kernel``,
+    ``stride`` and ``pad``, and a stride of 0 means the kernel.
     """
 
-    keys = WINDOW_KEYS
+    keys = POOL_KEYS
+    options = PoolOptions
     forward_kernel: Callable
     backward_kernel: Callable
 
-    def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
-        o = spec.options
-        return (shapes[0][0], *check_window(spec, shapes[0], o.kernel, o.stride, o.pad, where))
+    def parse(self, texts: dict[str, str], where: str) -> Any:
+        o = super().parse(texts, where)
+        if o.kernel is None:  # a window as large as the image (global average pooling)
+            return o
+        stride = tuple(s or k for s, k in zip(o.stride, o.kernel, strict=True))
+        return PoolOptions(o.kernel, stride, o.pad)
 
     def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
                 grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
@@ -126,17 +172,7 @@ class PoolKind(Kind):
             except SplitError:
                 return (x.replicated(),), Layout(out_shape, x.grid)
             return fed, Layout(out_shape, x.grid, HEIGHT_AXIS)
-        return fed, Layout(out_shape, x.grid, x.split_axis, x.split_ranges)
-
-    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
-        super().check(spec, inputs, output)
-        check_rows(spec, inputs[0])
-
-    def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-             need_dx: bool) -> LocalWork:
-        o = spec.options
-        return window_work(self.name, spec.name, o.kernel, o.stride, o.pad, inputs[0], 0,
-                           need_dx)
+        return super().layouts(spec, fed, out_shape, mode, grid)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         ho, wo = work.out_rows()
@@ -154,12 +190,6 @@ class PoolKind(Kind):
             return lambda: backward_kernel(xp, dy, work.kernel, work.stride, cache)
 
         return lambda: forward_kernel(xp, x, work.kernel, work.stride, work.pads), backward_of
-
-    def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                  machine: Machine, itemsize: int) -> tuple[float, float]:
-        o = spec.options
-        return halo_seconds(spec.name, rows(o.kernel, o.stride, o.pad), inputs[0], machine,
-                            itemsize)
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.pool import Pool2d  # needs MPI: only when run

@@ -5,12 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.comm.collectives import GradientAllreduce
-from hpctrain.comm.halo import HaloExchange
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
 from hpctrain.layers.base import Layer, weight_and_bias
 from hpctrain.layers.window import WindowRows
 from hpctrain.layout import HEIGHT_AXIS
-from hpctrain.partition import Window, halo_plans
 
 if TYPE_CHECKING:
     from hpctrain.kinds.base import BuildContext
@@ -34,18 +32,12 @@ class Conv2d(Layer):
         self.name, self.mode, self.backend = name, ctx.mode, ctx.backend
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         grid = ctx.grids.get(ctx.grid)
-        c, h = self.in_layout.shape[1:3]
+        c = self.in_layout.shape[1]
         self.stride = options.stride
-        window = Window(options.kernel[0], options.stride[0], options.pad[0])
+        self.rows = WindowRows.of(ctx.backend, ctx.grids, self.in_layout, options, name)
         domain = self.in_layout.split_axis == HEIGHT_AXIS
-        if domain:
-            plan_i = halo_plans(h, grid.pr, window, name)[grid.i]
-            halo = HaloExchange(ctx.backend, grid.model_comm, plan_i)
-            self.rows = WindowRows(ctx.backend, window, h, options.pad[1], halo, plan_i)
-            self.grad_comm = grid.cart  # W is replicated on all P ranks
-        else:
-            self.rows = WindowRows(ctx.backend, window, h, options.pad[1])
-            self.grad_comm = grid.batch_comm  # Wᵢ is replicated on the Pc ranks of a model row
+        # W is replicated on all P ranks in domain mode, Wᵢ on the Pc ranks of a model row else
+        self.grad_comm = grid.cart if domain else grid.batch_comm
         self.weight, self.bias = weight_and_bias(
             ctx.backend, name, (options.out, c, *options.kernel), options.bias, grid.shape,
             not domain, grid.rank, ctx.key)

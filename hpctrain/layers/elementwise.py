@@ -39,7 +39,6 @@ class Dropout(Layer):
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         self.p, self.key = p, ctx.key
         self.box = self.in_layout.box(ctx.rank)
-        self.training = True
 
     def forward(self, x: Any, step: int) -> Any:
         if not self.training or self.p == 0:

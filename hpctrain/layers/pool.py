@@ -6,11 +6,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.comm.collectives import allreduce_sum
-from hpctrain.comm.halo import HaloExchange
 from hpctrain.layers.base import Layer
 from hpctrain.layers.window import WindowRows
 from hpctrain.layout import HEIGHT_AXIS
-from hpctrain.partition import Window, halo_plans
 
 if TYPE_CHECKING:
     from hpctrain.kinds.base import BuildContext
@@ -34,15 +32,7 @@ class Pool2d(Layer):
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         self.kernel, self.stride = options.kernel, options.stride
         self.forward_kernel, self.backward_kernel = forward_kernel, backward_kernel
-        window = Window(options.kernel[0], options.stride[0], options.pad[0])
-        h = self.in_layout.shape[HEIGHT_AXIS]
-        if self.in_layout.split_axis == HEIGHT_AXIS:
-            grid = ctx.grids.get(self.in_layout.grid)
-            plan_i = halo_plans(h, grid.pr, window, name)[grid.i]
-            halo = HaloExchange(ctx.backend, grid.model_comm, plan_i)
-            self.rows = WindowRows(ctx.backend, window, h, options.pad[1], halo, plan_i)
-        else:
-            self.rows = WindowRows(ctx.backend, window, h, options.pad[1])
+        self.rows = WindowRows.of(ctx.backend, ctx.grids, self.in_layout, options, name)
 
     def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
         return self.forward_kernel(self.backend.xp, x, self.kernel, self.stride, pads)

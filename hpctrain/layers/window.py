@@ -15,7 +15,9 @@ from typing import Any
 
 from hpctrain.backend import Backend
 from hpctrain.comm.halo import ROW_AXIS, HaloExchange
-from hpctrain.partition import HaloPlan, Window
+from hpctrain.grid import GridSet
+from hpctrain.layout import HEIGHT_AXIS, Layout
+from hpctrain.partition import HaloPlan, Window, halo_plans
 
 # op_forward(x_rows, (pad_top, pad_bottom, pad_side)) -> (y_rows, cache)
 OpForward = Callable[[Any, tuple[int, int, int]], tuple[Any, Any]]
@@ -47,6 +49,20 @@ class WindowRows:
         self.backend, self.window, self.n_rows, self.side_pad = backend, window, n_rows, side_pad
         self.halo, self.plan = halo, plan
         self.n_out = window.out_size(n_rows)
+
+    @classmethod
+    def of(cls, backend: Backend, grids: GridSet, layout: Layout, options: Any, name: str
+           ) -> WindowRows:
+        """The rows of a window layer with ``options`` (kernel, stride, pad: height × width)
+        on ``layout``: with this rank's halo exchange when ``layout`` splits the height."""
+        window = Window(options.kernel[0], options.stride[0], options.pad[0])
+        h = layout.shape[HEIGHT_AXIS]
+        if layout.split_axis != HEIGHT_AXIS:
+            return cls(backend, window, h, options.pad[1])
+        grid = grids.get(layout.grid)
+        plan_i = halo_plans(h, grid.pr, window, name)[grid.i]
+        halo = HaloExchange(backend, grid.model_comm, plan_i)
+        return cls(backend, window, h, options.pad[1], halo, plan_i)
 
     def _band(self, out_rows: tuple[int, int]) -> tuple[_Band, tuple[int, int, int]]:
         lo, hi = self.window.rows_needed(*out_rows)

@@ -2,6 +2,9 @@
 
 import numpy as np
 
+from hpctrain.checkpoint import CheckpointError
+from hpctrain.kinds import KINDS
+from hpctrain.kinds.base import BuildContext, LayerSpec
 from hpctrain.layout import relative_slices
 from hpctrain.verify import relative_error
 
@@ -15,6 +18,21 @@ def check_close(comm, got, want, what: str, tol: float = 1e-12) -> None:
     err = relative_error(np.asarray(got), np.asarray(want)) if comm.Get_rank() == 0 else 0.0
     err = comm.bcast(err, root=0)
     assert err <= tol, f"{what}: relative error {err:.2e} > {tol:.0e}"
+
+
+def raises_everywhere(comm, call, *fragments, error=CheckpointError):
+    """``call()`` raises ``error`` on every rank, the same message, naming each fragment."""
+    try:
+        call()
+        message = None
+    except error as err:
+        message = str(err)
+    messages = comm.allgather(message)
+    assert all(m is not None for m in messages), f"no {error.__name__} on some rank: {messages}"
+    assert len(set(messages)) == 1, f"ranks disagree: {messages}"
+    for fragment in fragments:
+        assert str(fragment) in message, f"{fragment!r} not in {message!r}"
+    return message
 
 
 def global_random(shape, seed):
@@ -36,3 +54,17 @@ def block(backend, x, layout, rank):
     """This rank's block of the global NumPy tensor ``x``, on the backend's device."""
     whole = tuple((0, n) for n in x.shape)
     return backend.xp.asarray(np.ascontiguousarray(x[relative_slices(layout.box(rank), whole)]))
+
+
+def make_layer(kind, options, fed, mode, grid, grids, backend, key=0):
+    """A layer of ``kind`` (options as in a net file) built through its kind, fed on ``fed``
+    (a weighted kind reads only its shape) in ``mode`` on ``grid``."""
+    kind_of = KINDS[kind]
+    spec = LayerSpec(f"{kind}T", kind, kind_of.parse({k: str(v) for k, v in options.items()},
+                                                     "test"), ("input",))
+    out_shape = (fed.shape[0], *kind_of.out_shape(spec, (fed.shape[1:],), "test"))
+    inputs, output = kind_of.layouts(spec, (fed,), out_shape, mode, grid)
+    kind_of.check(spec, inputs, output)
+    context = BuildContext(mode, grid, inputs, output, grids, backend, key,
+                           grids.world.Get_rank())
+    return kind_of.build(spec, context)

@@ -10,7 +10,6 @@ from mpi4py import MPI
 from hpctrain import checkpoint
 from hpctrain.backend import make_backend
 from hpctrain.checkpoint import (
-    CheckpointError,
     load_checkpoint,
     read_checkpoint_info,
     save_checkpoint,
@@ -25,7 +24,7 @@ from hpctrain.network import Network
 from hpctrain.optim import SGD
 from hpctrain.plan import plan_from_spec
 from hpctrain.verify import serial_plan
-from tests.mpi.helpers import all_agree, check_close
+from tests.mpi.helpers import all_agree, check_close, raises_everywhere
 from tests.mpi.test_training import BATCH, NET, mixed_plans
 
 SEED = 5
@@ -80,21 +79,6 @@ def exactly_equal(comm, got, want) -> bool:
     if comm.Get_rank() == 0:
         ok = len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
     return all_agree(comm, ok)
-
-
-def raises_everywhere(comm, call, *fragments, error=CheckpointError):
-    """``call()`` raises ``error`` on every rank, the same message, naming each fragment."""
-    try:
-        call()
-        message = None
-    except error as err:
-        message = str(err)
-    messages = comm.allgather(message)
-    assert all(m is not None for m in messages), f"no {error.__name__} on some rank: {messages}"
-    assert len(set(messages)) == 1, f"ranks disagree: {messages}"
-    for fragment in fragments:
-        assert str(fragment) in message, f"{fragment!r} not in {message!r}"
-    return message
 
 
 def test_tensor_shapes_match_the_network(comm):

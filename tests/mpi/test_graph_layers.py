@@ -18,8 +18,6 @@ from mpi4py import MPI
 from hpctrain.comm.gather import gather_to_root
 from hpctrain.data import SyntheticData
 from hpctrain.grid import GridSet
-from hpctrain.kinds import KINDS
-from hpctrain.kinds.base import BuildContext
 from hpctrain.layout import HEIGHT_AXIS, Layout
 from hpctrain.net import load_net, parse_net
 from hpctrain.network import Network
@@ -27,7 +25,14 @@ from hpctrain.optim import SGD
 from hpctrain.partition import SplitError, factorisations
 from hpctrain.plan import LayerPlan, plan_from_spec
 from hpctrain.verify import relative_error, run_step, serial_plan, verify
-from tests.mpi.helpers import block, check_close, global_random, local_dot
+from tests.mpi.helpers import (
+    block,
+    check_close,
+    global_random,
+    local_dot,
+    make_layer,
+    raises_everywhere,
+)
 
 TOL = 1e-9
 
@@ -100,6 +105,7 @@ linear out=4
 
 NETS = {net.name: net for net in (NORM_NET, WINDOW_NET, ADD_NET, CONCAT_NET)}
 BATCH = 7  # uneven over 2, 3 and 4 batch shards
+SEED = 3  # of the weights and the data of check_plan's step
 # In these nets a layer feeding a batch norm has no bias, and a ReLU follows each batch norm
 # before anything linear: else a bias (or β) gradient, or a running mean, would be zero up to
 # rounding (the norm removes the mean) and a relative error of rounding noise means nothing.
@@ -165,22 +171,22 @@ def step_errors(net, states, loss, reference):
     return found
 
 
-def serial_step(net, plan, batch, backend, seed):
-    data = SyntheticData(backend, net.input_shape, net.classes, batch, seed)
+def serial_step(net, plan, backend):
+    data = SyntheticData(backend, net.input_shape, net.classes, BATCH, SEED)
     with GridSet(MPI.COMM_SELF) as grids:
-        return run_step(Network(net, serial_plan(plan), batch, grids, backend, seed), data)
+        return run_step(Network(net, serial_plan(plan), BATCH, grids, backend, SEED), data)
 
 
-def check_plan(comm, backend, net, plan, batch=BATCH, seed=3, reference=None):
+def check_plan(comm, backend, net, plan, reference=None):
     """One step of ``net`` under ``plan`` equals one process in every tensor. Returns the serial
     reference (on rank 0) for reuse."""
-    data = SyntheticData(backend, net.input_shape, net.classes, batch, seed)
+    data = SyntheticData(backend, net.input_shape, net.classes, BATCH, SEED)
     with GridSet(comm) as grids:
-        network = Network(net, plan, batch, grids, backend, seed)
+        network = Network(net, plan, BATCH, grids, backend, SEED)
         loss, states = run_step(network, data)
     worst, what = 0.0, ""
     if comm.Get_rank() == 0:
-        reference = reference or serial_step(net, plan, batch, backend, seed)
+        reference = reference or serial_step(net, plan, backend)
         errors = step_errors(net, states, loss, reference)
         worst, what = max(errors)
         if sum(name.endswith("running_var") for _, name in errors) != sum(
@@ -241,25 +247,18 @@ def adjoint_gap(comm, fx, dy, xs, dxs):
 
 
 def test_global_avgpool_adjoint_under_a_height_split(comm, backend, grid_shape):
-    net = parse_net("input channels=3 height=7 width=5 classes=3\navgpool kernel=global\n"
-                    "flatten\n", "gap")
-    spec = net.layers[0]
     shape = (5, 3, 7, 5)
     rank = comm.Get_rank()
-    x_layout = Layout(shape, grid_shape, HEIGHT_AXIS)
-    kind = KINDS["avgpool"]
     with GridSet(comm) as grids:
-        (x_layout,), y_layout = kind.layouts(spec, (x_layout,), (5, 3, 1, 1), "follow",
-                                             grid_shape)
+        layer = make_layer("avgpool", {"kernel": "global"}, Layout(shape, grid_shape, HEIGHT_AXIS),
+                           "follow", grid_shape, grids, backend)
+        x_layout, y_layout = layer.in_layout, layer.out_layout
         assert y_layout.split_axis is None  # replicated over the Pr ranks of a batch group
-        layer = kind.build(spec, BuildContext("follow", grid_shape, (x_layout,), y_layout, grids,
-                                              backend, 0, rank))
         x_whole = global_random(shape, 11)
         x = block(backend, x_whole, x_layout, rank)
         fx = layer.forward(x, step=0)
         # dY as partial sums: a different buffer on each replica
-        dy = backend.xp.asarray(np.random.default_rng(100 + rank).standard_normal(
-            y_layout.local_shape(rank)))
+        dy = backend.xp.asarray(global_random(y_layout.local_shape(rank), 100 + rank))
         dx = layer.backward(dy)
         gap = adjoint_gap(comm, fx, dy, [x], [dx])
         got = gather_to_root(backend, comm, fx, y_layout.shape, y_layout.box, "copy")
@@ -303,8 +302,7 @@ def test_merge_adjoint_with_its_moves(comm, backend, grid_shape, merge, a_mode, 
         xs = [block(backend, w, src, rank) for w, src in zip(wholes, sources, strict=True)]
         fx = layer.forward([m.forward(x) for m, x in zip(moves, xs, strict=True)], step=0)
         y_layout = layer.out_layout
-        dy = backend.xp.asarray(np.random.default_rng(200 + rank).standard_normal(
-            y_layout.local_shape(rank)))
+        dy = backend.xp.asarray(global_random(y_layout.local_shape(rank), 200 + rank))
         dxs = [m.backward(d) for m, d in zip(moves, layer.backward(dy), strict=True)]
         gap = adjoint_gap(comm, fx, dy, xs, dxs)
         got = gather_to_root(backend, comm, fx, y_layout.shape, y_layout.box, "copy")
@@ -327,18 +325,6 @@ def test_merge_adjoint_with_its_moves(comm, backend, grid_shape, merge, a_mode, 
 # -- refusals ----------------------------------------------------------------------------------
 
 
-def refusal_everywhere(comm, make):
-    """The message of the SplitError ``make()`` raises, asserted raised alike on every rank."""
-    try:
-        make()
-        message = None
-    except SplitError as err:
-        message = str(err)
-    messages = comm.allgather(message)
-    assert all(m == messages[0] for m in messages), f"ranks disagree: {messages}"
-    return messages[0]
-
-
 def test_infeasible_plans_are_refused_on_every_rank_naming_the_layer(comm, backend, grid_shape):
     pr, pc = grid_shape
     if pr == 1 and pc == 1:
@@ -348,32 +334,31 @@ def test_infeasible_plans_are_refused_on_every_rank_naming_the_layer(comm, backe
             # a model split of a conv with fewer output channels than Pr
             net = parse_net(f"input channels=2 size=6 classes=4\nconv name=narrow out={pr - 1} "
                             f"kernel=3\nbatchnorm\nflatten\nlinear out=4\n", "narrow")
-            message = refusal_everywhere(comm, lambda: Network(
-                net, uniform_plan(net, "model", grid_shape), 4 * pc, grids, backend))
-            assert message and "layer narrow" in message and "output channels" in message, (
-                message)
+            raises_everywhere(comm, lambda: Network(
+                net, uniform_plan(net, "model", grid_shape), 4 * pc, grids, backend),
+                "layer narrow", "output channels", error=SplitError)
             # batch norm of the features of a channel-split conv: the channels arrive in
             # blocks of 4 features (2x2 images), not the even block split of its features
             net = parse_net(f"input channels=2 size=2 classes=4\nconv out={pr + 1} kernel=1\n"
                             f"flatten\nbatchnorm name=bnflat\nlinear out=4\n", "uneven")
-            message = refusal_everywhere(comm, lambda: Network(
-                net, uniform_plan(net, "model", grid_shape), 4 * pc, grids, backend))
-            assert message and "layer bnflat" in message, message
+            raises_everywhere(comm, lambda: Network(
+                net, uniform_plan(net, "model", grid_shape), 4 * pc, grids, backend),
+                "layer bnflat", error=SplitError)
         if pr > 2:  # (on two row blocks each neighbour holds every other row)
             # a domain split finer than a 7x1 window's halo allows
             net = parse_net(f"input channels=1 height={2 * pr} width=3 classes=4\n"
                             f"conv name=tall out=2 kernel=7x1 pad=3x0\nflatten\nlinear out=4\n",
                             "tall")
-            message = refusal_everywhere(comm, lambda: Network(
-                net, uniform_plan(net, "domain", grid_shape), 4 * pc, grids, backend))
-            assert message and "layer tall" in message and "halo" in message, message
+            raises_everywhere(comm, lambda: Network(
+                net, uniform_plan(net, "domain", grid_shape), 4 * pc, grids, backend),
+                "layer tall", "halo", error=SplitError)
         if pc > 1:
             # a batch smaller than Pc
             net = parse_net("input channels=2 size=4 classes=4\nconv name=first out=2 kernel=1\n"
                             "batchnorm\nflatten\nlinear out=4\n", "small")
-            message = refusal_everywhere(comm, lambda: Network(
-                net, uniform_plan(net, "model", grid_shape), pc - 1, grids, backend))
-            assert message and "layer first" in message and "batch" in message, message
+            raises_everywhere(comm, lambda: Network(
+                net, uniform_plan(net, "model", grid_shape), pc - 1, grids, backend),
+                "layer first", "batch", error=SplitError)
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -425,9 +410,9 @@ def test_residual_net_trains_like_one_process(comm, backend):
 # -- the serial reference itself ---------------------------------------------------------------
 
 
-def serial_network(net, grids, backend, batch=5, seed=2):
-    plan = serial_plan(uniform_plan(net, "model", (1, 1)))
-    return Network(net, plan, batch, grids, backend, seed)
+def serial_network(net, grids, backend):
+    """``net`` on one process, batch 5, seed 2 (the data the two tests below use)."""
+    return Network(net, serial_plan(uniform_plan(net, "model", (1, 1))), 5, grids, backend, 2)
 
 
 @pytest.mark.parametrize("net", ["add", "concat", "norm"])
@@ -473,10 +458,11 @@ def test_serial_batchnorm_statistics_and_options(comm, backend):
             data = SyntheticData(backend, NORM_NET.input_shape, NORM_NET.classes, 5, seed=2)
             outputs = []
             network.train_step(data, 0, outputs)
-            for k, layer in enumerate(network.layers):
-                if layer.kind != "batchnorm":
+            for k, (spec, layer) in enumerate(zip(NORM_NET.layers, network.layers,
+                                                  strict=True)):
+                if spec.kind != "batchnorm":
                     continue
-                options = NORM_NET.layers[k].options
+                options = spec.options
                 x, y = backend.to_numpy(outputs[k - 1]), backend.to_numpy(outputs[k])
                 axes = (0, *range(2, x.ndim))
                 mean, var = x.mean(axis=axes), x.var(axis=axes)

@@ -5,25 +5,9 @@ from mpi4py import MPI
 
 from hpctrain.comm.gather import gather_to_root
 from hpctrain.grid import GridSet
-from hpctrain.kinds import KINDS
-from hpctrain.kinds.base import BuildContext, LayerSpec
 from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.partition import SplitError
-from tests.mpi.helpers import block, check_close, global_random
-
-
-def make_layer(kind, options, fed, mode, grid, grids, backend, key=0):
-    """A layer of ``kind`` (options as in a net file) built through its kind, fed on ``fed``
-    (a weighted kind reads only its shape) in ``mode`` on ``grid``."""
-    kind_of = KINDS[kind]
-    spec = LayerSpec(f"{kind}T", kind, kind_of.parse({k: str(v) for k, v in options.items()},
-                                                     "test"), ("input",))
-    out_shape = (fed.shape[0], *kind_of.out_shape(spec, (fed.shape[1:],), "test"))
-    inputs, output = kind_of.layouts(spec, (fed,), out_shape, mode, grid)
-    kind_of.check(spec, inputs, output)
-    context = BuildContext(mode, grid, inputs, output, grids, backend, key,
-                           grids.world.Get_rank())
-    return kind_of.build(spec, context)
+from tests.mpi.helpers import block, check_close, global_random, make_layer
 
 
 def owned_gradient(backend, dy, layout, rank):
@@ -38,13 +22,13 @@ def run(backend, layer, x, dy, rank):
     return y, dx
 
 
-def compare(comm, backend, make, x_shape, seed=0):
+def compare(comm, backend, make, x_shape):
     """Build ``make(grids, serial)`` in parallel and on rank 0 alone; compare everything."""
     rank = comm.Get_rank()
     with GridSet(comm) as grids:
         layer = make(grids, False)
-        x = global_random(x_shape, seed)
-        dy = global_random(layer.out_layout.shape, seed + 1)
+        x = global_random(x_shape, 0)
+        dy = global_random(layer.out_layout.shape, 1)
         y, dx = run(backend, layer, x, dy, rank)
         got_y = gather_to_root(backend, comm, y, layer.out_layout.shape, layer.out_layout.box,
                                "copy")

@@ -5,11 +5,10 @@ import errno
 import os
 
 from hpctrain import checkpoint, cli, runlog
-from hpctrain.checkpoint import save_checkpoint
 from hpctrain.errors import OutputError
 from hpctrain.grid import GridSet
-from tests.mpi.helpers import all_agree
-from tests.mpi.test_checkpoint import NET, SEED, STATE, Run, mixed_plans
+from tests.mpi.helpers import all_agree, raises_everywhere
+from tests.mpi.test_checkpoint import NET, Run, mixed_plans
 
 RUN = ["--net", "smallcnn", "--batch", "8", "--steps", "3", "--compute", "flops", "--machine",
        "default"]
@@ -63,14 +62,7 @@ def test_a_checkpoint_where_the_directory_is_a_file_fails_everywhere(comm, share
         run = Run(NET, mixed_plans(comm.Get_size())[0], grids)
         run.train(range(1))
         path = blocker / "step-00000001.h5"
-        failed = None
-        try:
-            save_checkpoint(path, run.network, run.optimizer, 1, STATE, comm, seed=SEED)
-        except OutputError as err:
-            failed = str(err)
-        messages = comm.allgather(failed)
-        assert all_agree(comm, None not in messages and len(set(messages)) == 1), messages
-        assert str(path) in failed
+        raises_everywhere(comm, lambda: run.save(path, 1), path, error=OutputError)
         assert blocker.read_text() == "a user's file\n"
 
 
@@ -81,11 +73,7 @@ def test_a_file_hpctrain_did_not_write_is_never_replaced_by_a_checkpoint(comm, s
     comm.Barrier()
     with GridSet(comm) as grids:
         run = Run(NET, mixed_plans(comm.Get_size())[0], grids)
-        failed = False
-        try:
-            save_checkpoint(path, run.network, run.optimizer, 1, STATE, comm, seed=SEED)
-        except OutputError as err:
-            failed = "hpctrain did not write" in str(err)
-        assert all_agree(comm, failed)
+        raises_everywhere(comm, lambda: run.save(path, 1), "hpctrain did not write",
+                          error=OutputError)
         assert path.read_text() == "a user's file\n"
         assert sorted(p.name for p in shared_dir.iterdir()) == [path.name]

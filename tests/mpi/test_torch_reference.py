@@ -10,24 +10,21 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from hpctrain.plan import LayerPlan, plan_from_spec  # noqa: E402
 from tests.torch_reference import (  # noqa: E402
-    InceptionNet,
-    ResNet18,
+    BATCH,
+    MODELS,
+    STEPS,
+    TOLERANCE,
     compare,
     failures,
     hpctrain_steps,
-    inception_names,
-    inception_net,
-    resnet18_names,
-    resnet18_net,
     torch_steps,
 )
 
-TOLERANCE = 1e-9
-BATCH, STEPS, PROCS = 4, 2, 4
+PROCS = 4
 
 # per weighted layer, in turn: every mode on every grid shape of 4 ranks
 CYCLE = (("domain", (2, 2)), ("model", (2, 2)), ("domain", (4, 1)), ("model", (4, 1)),
@@ -63,16 +60,12 @@ def on_root(comm, work):
     return comm.bcast(result, root=0)
 
 
-CASES = {
-    "resnet18-mixed": (resnet18_net, lambda net: ResNet18(net.classes), resnet18_names,
-                       mixed_plan),
-    "inception_a-mixed": (inception_net, lambda net: InceptionNet(), inception_names,
-                          mixed_plan),
-    "inception_a-mixed-offset": (inception_net, lambda net: InceptionNet(), inception_names,
-                                 lambda net: mixed_plan(net, offset=3)),
+CASES = {  # name → (model of MODELS, plan for its net)
+    "resnet18-mixed": ("resnet18", mixed_plan),
+    "inception_a-mixed": ("inception_a", mixed_plan),
+    "inception_a-mixed-offset": ("inception_a", lambda net: mixed_plan(net, offset=3)),
     "inception_a-conv=domain:2x2,fc=4x1": (
-        inception_net, lambda net: InceptionNet(), inception_names,
-        lambda net: plan_from_spec("conv=domain:2x2,fc=4x1", net, PROCS)),
+        "inception_a", lambda net: plan_from_spec("conv=domain:2x2,fc=4x1", net, PROCS)),
 }
 
 
@@ -80,7 +73,8 @@ CASES = {
 def test_four_ranks_match_pytorch(comm, case):
     if comm.Get_size() != PROCS:
         pytest.skip(f"the plans are for {PROCS} ranks; this run has {comm.Get_size()}")
-    make_net, make_model, make_names, make_plan = CASES[case]
+    model, make_plan = CASES[case]
+    make_net, make_model, make_names = MODELS[model]
     net = make_net()
     plan = make_plan(net)
     modes = {entry.mode for entry in plan} - {"follow"}
