@@ -14,6 +14,15 @@ past a limit :func:`minimise` refuses.
 Example: three variables a, b, c with costs t(a) + m(a, b) + m(a, c) + m(b, c) (a triangle):
 eliminating c makes a table over (a, b), eliminating b one over a, and the minimum over a is the
 optimum; walking back the argmins gives the choices.
+
+Under a memory cap (:func:`minimise_under_cap`) every table also gives, per combination, bytes
+kept (summed over tables) and bytes held for a moment (the largest over tables counts), and the
+total kept plus the largest moment must fit the cap. One number per combination no longer
+suffices: eliminating a variable keeps, for each choice of the others, every (time, kept,
+moment) triple that no other beats in all three — a Pareto front of labels. That is still exact,
+since the sum and the maximum only grow as tables are added: the optimum under the cap extends a
+label of every front. Labels that cannot fit even if every table not yet added took its least
+memory, or cannot beat a known plan even at every such table's least time, are dropped.
 """
 
 from __future__ import annotations
@@ -27,10 +36,13 @@ import numpy as np
 @dataclass
 class Table:
     """Cost of every combination of choices of ``variables``: ``values[i, j, …]`` for choice i
-    of the first variable, j of the second, …"""
+    of the first variable, j of the second, …; under a cap also the bytes it keeps
+    (``memory``, summed over tables) and holds for a moment (``moment``, the largest counts)."""
 
     variables: tuple[int, ...]
     values: np.ndarray
+    memory: np.ndarray | float = 0.0
+    moment: np.ndarray | float = 0.0
 
 
 def _aligned(table: Table, scope: tuple[int, ...]) -> np.ndarray:
@@ -68,6 +80,19 @@ def elimination_order(sizes: list[int], scopes: list[tuple[int, ...]]
     return order
 
 
+def _checked_order(sizes: list[int], tables: list[Table], max_entries: float
+                   ) -> list[tuple[int, tuple[int, ...]]]:
+    """:func:`elimination_order`, refused (:class:`TooLarge`) before any work when it would
+    make a table of more than ``max_entries`` entries."""
+    order = elimination_order(sizes, [t.variables for t in tables])
+    largest = max((math.prod(sizes[v] for v in (*rest, variable)) for variable, rest in order),
+                  default=0)
+    if largest > max_entries:
+        raise TooLarge(f"exact elimination needs a table of {largest:.3g} entries "
+                       f"(at most {max_entries:.3g})")
+    return order
+
+
 def minimise(sizes: list[int], tables: list[Table], max_entries: float = 1e7
              ) -> tuple[float, list[int]]:
     """(least total cost, the choice of each variable reaching it) over ``sizes[v]`` choices of
@@ -76,12 +101,7 @@ def minimise(sizes: list[int], tables: list[Table], max_entries: float = 1e7
     Raises :class:`TooLarge` before any work when the order found would make a table of more
     than ``max_entries`` entries (a densely connected graph: every segment reading every
     earlier one)."""
-    order = elimination_order(sizes, [t.variables for t in tables])
-    largest = max((math.prod(sizes[v] for v in (*rest, variable)) for variable, rest in order),
-                  default=0)
-    if largest > max_entries:
-        raise TooLarge(f"exact elimination needs a table of {largest:.3g} entries "
-                       f"(at most {max_entries:.3g})")
+    order = _checked_order(sizes, tables, max_entries)
     pending = list(tables)
     steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (variable, rest, argmin)
     constant = 0.0
@@ -104,3 +124,118 @@ def minimise(sizes: list[int], tables: list[Table], max_entries: float = 1e7
     for variable, rest, argmin in reversed(steps):
         choice[variable] = int(argmin[tuple(choice[v] for v in rest)])
     return constant, choice
+
+
+@dataclass
+class _Front:
+    """A table whose every combination holds labels (time, kept, moment), flat: label i belongs
+    to combination ``key[i]`` (its index in C order over ``variables``), keys ascending.
+    ``least``: the least time and the least memory of the given tables inside it, summed (what
+    the bounds take off). ``made``: how its labels were made (None for a given table): the
+    eliminated variable, its choice per label, and per joined front the label taken."""
+
+    variables: tuple[int, ...]
+    key: np.ndarray
+    time: np.ndarray
+    memory: np.ndarray
+    moment: np.ndarray
+    least: tuple[float, float]
+    made: tuple[int, np.ndarray, list[tuple[_Front, np.ndarray]]] | None = None
+
+
+def _front_of(table: Table, sizes: list[int]) -> _Front:
+    shape = [sizes[v] for v in table.variables]
+    values = np.broadcast_to(np.asarray(table.values, float), shape).ravel()
+    memory = np.broadcast_to(np.asarray(table.memory, float), shape).ravel()
+    moment = np.broadcast_to(np.asarray(table.moment, float), shape).ravel()
+    return _Front(table.variables, np.arange(values.size), values, memory, moment,
+                  (float(values.min()), float(memory.min())))
+
+
+def _join(scope: tuple[int, ...], sizes: list[int], fronts: list[_Front], cap: float,
+          bound: float, least: tuple[float, float]) -> tuple[np.ndarray, ...]:
+    """Every combination of one label of each front, per combination of ``scope``: (key over
+    scope, time, memory, moment, the label taken from each front), without the labels that
+    cannot fit ``cap`` or beat ``bound`` whatever the tables outside (``least``: their least
+    time and memory, summed over all tables) add."""
+    dims = [sizes[v] for v in scope]
+    key = np.arange(math.prod(dims))
+    time, memory, moment = np.zeros(key.size), np.zeros(key.size), np.zeros(key.size)
+    taken: list[np.ndarray] = []
+    outside_time, outside_memory = least
+    coords = dict(zip(scope, np.unravel_index(key, dims) if dims else [], strict=True))
+    for front in fronts:
+        sub = np.zeros(key.size, dtype=np.int64)
+        for v in front.variables:  # the front's key of each label's combination
+            sub = sub * sizes[v] + coords[v]
+        start = np.searchsorted(front.key, sub, "left")
+        count = np.searchsorted(front.key, sub, "right") - start
+        repeat = np.repeat(np.arange(key.size), count)
+        picked = start[repeat] + np.arange(repeat.size) - np.repeat(np.cumsum(count) - count,
+                                                                     count)
+        outside_time -= front.least[0]
+        outside_memory -= front.least[1]
+        time = time[repeat] + front.time[picked]
+        memory = memory[repeat] + front.memory[picked]
+        moment = np.maximum(moment[repeat], front.moment[picked])
+        keep = ((memory + moment + outside_memory <= cap)
+                & (time + outside_time <= bound))
+        key, time, memory, moment = key[repeat][keep], time[keep], memory[keep], moment[keep]
+        taken = [t[repeat][keep] for t in taken] + [picked[keep]]
+        coords = {v: c[repeat][keep] for v, c in coords.items()}
+    return key, time, memory, moment, taken
+
+
+def _undominated(group: np.ndarray, time: np.ndarray, memory: np.ndarray,
+                 moment: np.ndarray) -> np.ndarray:
+    """Indices, sorted by (group, time, memory, moment), of the labels that no other label of
+    their group beats or equals in all three (of equal labels, one is kept)."""
+    order = np.lexsort((moment, memory, time, group))
+    group, memory, moment = group[order], memory[order], moment[order]
+    beaten = np.zeros(order.size, dtype=bool)
+    # a label can only be beaten by one before it in this order; a group of n labels needs
+    # n - 1 shifts (fronts are small: the bounds keep them so)
+    sizes = np.diff(np.flatnonzero(np.r_[True, group[1:] != group[:-1], True]))
+    for shift in range(1, int(sizes.max(initial=1))):
+        same = group[shift:] == group[:-shift]
+        beaten[shift:] |= (same & (memory[:-shift] <= memory[shift:])
+                           & (moment[:-shift] <= moment[shift:]))
+    return order[~beaten]
+
+
+def minimise_under_cap(sizes: list[int], tables: list[Table], cap: float,
+                       bound: float = math.inf, max_entries: float = 1e7
+                       ) -> tuple[float, list[int]] | None:
+    """(least total time, the choice of each variable reaching it) among the choices whose
+    total memory (every table's ``memory`` summed, plus the largest ``moment``) is at most
+    ``cap``; None if none fits, or none fitting is faster than ``bound`` (a known plan's
+    time: labels that cannot beat it are dropped early). :class:`TooLarge` as
+    :func:`minimise`."""
+    order = _checked_order(sizes, tables, max_entries)
+    pending = [_front_of(t, sizes) for t in tables]
+    least = (sum(f.least[0] for f in pending), sum(f.least[1] for f in pending))
+    for variable, rest in order:
+        touching = [f for f in pending if variable in f.variables]
+        pending = [f for f in pending if variable not in f.variables]
+        key, time, memory, moment, taken = _join((*rest, variable), sizes, touching, cap,
+                                                  bound, least)
+        group, choice = np.divmod(key, sizes[variable])
+        kept = _undominated(group, time, memory, moment)
+        inside = tuple(sum(f.least[i] for f in touching) for i in range(2))
+        pending.append(_Front(rest, group[kept], time[kept], memory[kept], moment[kept],
+                              inside, (variable, choice[kept],
+                                       [(f, t[kept]) for f, t in zip(touching, taken,
+                                                                     strict=True)])))
+    _, time, memory, moment, taken = _join((), sizes, pending, cap, bound, least)
+    if time.size == 0:
+        return None
+    best = int(np.argmin(time))
+    choice = [0] * len(sizes)
+    stack = [(f, int(t[best])) for f, t in zip(pending, taken, strict=True)]
+    while stack:  # walk back through the labels the best one was made of
+        front, label = stack.pop()
+        if front.made is not None:
+            variable, choices, joined = front.made
+            choice[variable] = int(choices[label])
+            stack += [(f, int(t[label])) for f, t in joined]
+    return float(time[best]), choice

@@ -20,18 +20,22 @@ fit the cap on their own are dropped before any kernel is timed.
 In a net with branches (ResNet, Inception) a move into an add's or concat's second input joins
 segments that are not consecutive, which this dynamic programming does not cover. The time is
 still a sum of tables over one or two segments' choices, minimised exactly by variable
-elimination (:func:`_exact_graph_plan`). Under a memory cap such nets get, for now, the fastest
-plan that fits with every weighted layer on one grid (:func:`_uniform_plan`).
+elimination (:func:`_exact_graph_plan`); under a memory cap the memory is a sum of such tables
+plus the largest of their transients, and elimination keeps Pareto fronts of labels, as the
+dynamic programming does. A net so densely connected that exact elimination would need a table
+of more than 10⁷ entries gets the fastest plan with every weighted layer on one grid
+(:func:`_uniform_plan`), and says so.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from hpctrain.cost.model import Choice, CostModel, LayerCost, larger
-from hpctrain.elimination import Table, TooLarge, minimise
+from hpctrain.elimination import Table, TooLarge, minimise, minimise_under_cap
 from hpctrain.errors import UserError
 from hpctrain.kinds import KINDS
 from hpctrain.layout import Layout
@@ -52,6 +56,7 @@ class PlannedNetwork:
     layers: list[LayerCost]
     loss: LayerCost
     data: LayerCost  # producing the input batch
+    exact: bool = True  # False: the one-grid rule of a net too densely connected
 
     @property
     def iteration_time(self) -> float:
@@ -112,7 +117,8 @@ def _fed(model: CostModel, index: int, cost: LayerCost, moves: list[tuple[Layout
         fed.redistribution = tuple(a + b for a, b in zip(fed.redistribution, moved,
                                                           strict=True))
         resident, transient = model.move_memory(source, target, index)
-        fed.resident.update(resident)
+        for name, size in resident.items():  # two moved inputs are two arrays
+            fed.resident[name] = fed.resident.get(name, 0.0) + size
         fed.transient = larger(fed.transient, transient)
     return fed
 
@@ -237,12 +243,10 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
                 model.runnable_layouts(k, Choice("batch", (1, model.procs)))
             except SplitError as err:
                 raise PlannerError(str(err)) from None
-    if not model.net.is_chain():
-        if mem_per_rank is not None:  # exact under a cap: not yet for graphs
-            return _uniform_plan(model, candidates, mem_per_rank, cap_source)
-        return _exact_graph_plan(model, candidates)
     if mem_per_rank is not None:
         candidates = _fits(model, candidates, mem_per_rank, cap_source)
+    if not model.net.is_chain():
+        return _exact_graph_plan(model, candidates, mem_per_rank, cap_source)
     model.prefetch(candidates)
     prelude = model.prelude_costs()
     base_memory = sum(c.memory for c in prelude)
@@ -292,26 +296,75 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     return evaluate(model, chosen[::-1])
 
 
-def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]]) -> PlannedNetwork:
-    """The plan of least predicted time of a net with branches, exactly, by variable
-    elimination (:mod:`hpctrain.elimination`) over one variable per segment.
+def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]],
+                      cap: float | None = None, cap_source: str = "") -> PlannedNetwork:
+    """The plan of least predicted time of a net with branches (under ``cap`` bytes per rank,
+    if given), exactly, by variable elimination (:mod:`hpctrain.elimination`) over one
+    variable per segment.
 
     The predicted time is a sum of tables: each segment's own cost, and each move between
     segments (into a weighted layer, or into an add's or concat's other inputs) under the
     choices at its two ends; the input batch, the moves from it and the loss add to the
-    segments they depend on. These are exactly the terms :func:`evaluate` adds up.
+    segments they depend on. These are exactly the terms :func:`evaluate` adds up, and the
+    same tables give the memory it counts: bytes kept (summed) and transients (the largest).
     """
-    net, segments = model.net, model.segments
     model.prefetch(candidates)
+    tables = _plan_tables(model, candidates, cap is not None)
     sizes = [len(found) for found in candidates]
+
+    def planned(chosen: list[int]) -> PlannedNetwork:
+        return evaluate(model, [found[i] for found, i in zip(candidates, chosen, strict=True)])
+
+    try:
+        fastest = planned(minimise(sizes, tables)[1])
+        if cap is None or fastest.memory <= cap:
+            return fastest
+        try:  # a plan that fits: what any label must beat
+            known = _uniform_plan(model, candidates, cap, cap_source)
+        except PlannerError:
+            known = None
+        found = minimise_under_cap(sizes, tables, cap,
+                                   known.iteration_time if known else math.inf)
+    except TooLarge:  # densely connected: the one-grid rule, valid if not the best
+        return replace(_uniform_plan(model, candidates, cap, cap_source), exact=False)
+    if found is not None:
+        return planned(found[1])
+    if known is None:
+        _refuse_cap(model, cap, _leanest(model, candidates), cap_source)
+    return known  # nothing beats it
+
+
+def _plan_tables(model: CostModel, candidates: list[list[Choice]], weighed: bool
+                 ) -> list[Table]:
+    """The tables whose sum over the segments' choices is :func:`evaluate`'s predicted time
+    and, ``weighed``, its memory (kept bytes summed, the largest transient counted)."""
+    net, segments = model.net, model.segments
     owner = {k: s for s, members in enumerate(segments) for k in members}
     layouts = [[dict(zip(members, model.runnable_layouts(s, c), strict=True))
                 for c in candidates[s]] for s, members in enumerate(segments)]
-    tables = [Table((s,), np.array([model.segment_cost(s, c).total for c in found]))
-              for s, found in enumerate(candidates)]
+    tables = []
+
+    def table(variables: tuple[int, ...], costs: object) -> Table:
+        """The table of ``costs``, nested lists (one level per variable) of anything with a
+        ``total``, ``memory`` and ``peak``."""
+        items = np.array(costs, dtype=object)
+
+        def field(what: str) -> np.ndarray:
+            return np.vectorize(lambda c: getattr(c, what), otypes=[float])(items)
+
+        if not weighed:
+            return Table(variables, field("total"))
+        return Table(variables, field("total"), field("memory"), field("peak"))
+
+    for s, found in enumerate(candidates):
+        tables.append(table((s,), [model.segment_cost(s, c) for c in found]))
+    prelude = model.prelude_costs()
+    if weighed and prelude:
+        tables.append(Table((), 0.0, sum(c.memory for c in prelude),
+                            max(c.peak for c in prelude)))
     fixed = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
     sources = [model.input_layout(c) for c in candidates[0]]  # where the batch is produced
-    tables.append(Table((0,), np.array([model.input_cost(src).total for src in sources])))
+    tables.append(table((0,), [model.input_cost(src) for src in sources]))
 
     def move_table(source_of: list[Layout], a: int | None, k: int, e: int) -> None:
         """The move into input ``e`` of layer ``k`` from ``source_of[choice of a]`` (a None:
@@ -319,18 +372,17 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]]) -> Plann
         b = owner.get(k)  # None: a leading layer, on its fixed layouts
         targets = ([fixed[k].inputs[e]] if b is None
                    else [where[k].inputs[e] for where in layouts[b]])
-        moves = np.array([[sum(model.move_cost(src, dst)[1:]) for dst in targets]
-                          for src in source_of])
+        moves = [[_move(model, src, dst, k, weighed) for dst in targets] for src in source_of]
         if a is None and b is None:
-            tables.append(Table((), moves[0, 0]))
+            tables.append(table((), moves[0][0]))
         elif a is None:
-            tables.append(Table((b,), moves[0]))
+            tables.append(table((b,), moves[0]))
         elif b is None:
-            tables.append(Table((a,), moves[:, 0]))
+            tables.append(table((a,), [row[0] for row in moves]))
         elif a == b:
-            tables.append(Table((b,), np.diagonal(moves).copy()))
+            tables.append(table((b,), [moves[i][i] for i in range(len(moves))]))
         else:
-            tables.append(Table((a, b), moves))
+            tables.append(table((a, b), moves))
 
     for k, e, p in model.joins:
         if p < 0:
@@ -341,14 +393,26 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]]) -> Plann
             move_table([where[p].output for where in layouts[owner[p]]], owner[p], k, e)
     last = owner.get(len(net.layers) - 1)
     if last is not None:
-        tables.append(Table((last,), np.array([
-            model.loss_cost(where[len(net.layers) - 1].output).total
-            for where in layouts[last]])))
-    try:
-        _, chosen = minimise(sizes, tables)
-    except TooLarge:  # densely connected: the one-grid rule, valid if not the best
-        return _uniform_plan(model, candidates, None, "")
-    return evaluate(model, [found[i] for found, i in zip(candidates, chosen, strict=True)])
+        tables.append(table((last,), [model.loss_cost(where[len(net.layers) - 1].output)
+                                      for where in layouts[last]]))
+    return tables
+
+
+@dataclass(frozen=True)
+class _MoveCost:  # not a tuple: tables take arrays of these as objects
+    total: float  # seconds, forward and backward
+    memory: float  # bytes kept
+    peak: float  # bytes held for a moment
+
+
+def _move(model: CostModel, src: Layout, dst: Layout, index: int, weighed: bool) -> _MoveCost:
+    """What moving ``src`` into ``dst`` for layer ``index`` adds to :func:`evaluate`'s totals
+    (its memory only when ``weighed``)."""
+    time = sum(model.move_cost(src, dst)[1:])
+    if not weighed:
+        return _MoveCost(time, 0.0, 0.0)
+    resident, transient = model.move_memory(src, dst, index)
+    return _MoveCost(time, sum(resident.values()), sum(transient.values()))
 
 
 def _uniform_plan(model: CostModel, candidates: list[list[Choice]],
@@ -393,4 +457,7 @@ def format_plan(planned: PlannedNetwork) -> str:
                 f"{t['compute'] * 1e3:.3f} + communication {t['communication'] * 1e3:.3f} + "
                 f"redistribution {t['redistribution'] * 1e3:.3f}; peak memory "
                 f"{planned.memory / 2**20:.1f} MiB per rank (kept + the largest +tmp)")
+    if not planned.exact:
+        rows.append("not exact: the net is too densely connected to search every layer's "
+                    "grid; every weighted layer is on one grid")
     return "\n".join(rows)

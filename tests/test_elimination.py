@@ -5,17 +5,30 @@ import itertools
 import numpy as np
 import pytest
 
-from hpctrain.elimination import Table, TooLarge, elimination_order, minimise
+from hpctrain.elimination import (Table, TooLarge, elimination_order, minimise,
+                                  minimise_under_cap)
 
 
-def total(tables, choice):
-    return sum(float(t.values[tuple(choice[v] for v in t.variables)]) for t in tables)
+def at(table, what, choice):
+    """``table``'s ``what`` (values, memory or moment) at the variables' choices."""
+    value = np.asarray(getattr(table, what))
+    return float(value[tuple(choice[v] for v in table.variables)] if value.ndim else value)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_minimum_and_its_choices_equal_enumeration(seed):
+def total(tables, choice, what="values"):
+    return sum(at(t, what, choice) for t in tables)
+
+
+def memory(tables, choice):
+    """Bytes kept, summed over the tables, plus the largest moment."""
+    return total(tables, choice, "memory") + max((at(t, "moment", choice) for t in tables),
+                                                 default=0.0)
+
+
+def random_tables(seed, weighed=False):
     """Random tables of 0 to 3 variables over 1 to 6 variables: series-parallel or not
-    (three-variable tables and random pairs make cycles and cliques)."""
+    (three-variable tables and random pairs make cycles and cliques); ``weighed``: with
+    whole-byte memory and moments, which make ties."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 7))
     sizes = [int(rng.integers(1, 4)) for _ in range(n)]
@@ -23,11 +36,46 @@ def test_the_minimum_and_its_choices_equal_enumeration(seed):
     for _ in range(int(rng.integers(0, 10))):
         k = int(rng.integers(0, min(3, n) + 1))
         variables = tuple(int(v) for v in rng.choice(n, size=k, replace=False))
-        tables.append(Table(variables, rng.random([sizes[v] for v in variables])))
+        shape = [sizes[v] for v in variables]
+        if weighed:
+            tables.append(Table(variables, rng.random(shape),
+                                rng.integers(0, 6, shape).astype(float),
+                                rng.integers(0, 9, shape).astype(float)))
+        else:
+            tables.append(Table(variables, rng.random(shape)))
+    return sizes, tables
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_minimum_and_its_choices_equal_enumeration(seed):
+    sizes, tables = random_tables(seed)
     best, choice = minimise(sizes, tables)
     brute = min(total(tables, c) for c in itertools.product(*map(range, sizes)))
     assert best == pytest.approx(brute, rel=1e-12, abs=1e-12)
     assert total(tables, choice) == pytest.approx(brute, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_minimum_under_a_cap_equals_enumeration(seed):
+    """Every cap from the leanest combination's memory to the largest: the least time among
+    the combinations that fit, and choices that fit and reach it; None where nothing fits."""
+    sizes, tables = random_tables(seed, weighed=True)
+    combos = list(itertools.product(*map(range, sizes)))
+    needs = sorted({memory(tables, c) for c in combos})
+    for cap in [needs[0] - 1, *needs]:
+        fitting = [total(tables, c) for c in combos if memory(tables, c) <= cap]
+        found = minimise_under_cap(sizes, tables, cap)
+        if not fitting:
+            assert found is None
+            continue
+        best, choice = found
+        assert best == pytest.approx(min(fitting), rel=1e-12, abs=1e-12)
+        assert total(tables, choice) == pytest.approx(best, rel=1e-12, abs=1e-12)
+        assert memory(tables, choice) <= cap
+        # a known plan's time as the bound changes nothing but the work
+        assert minimise_under_cap(sizes, tables, cap, bound=best + 1e-9)[0] == (
+            pytest.approx(best, rel=1e-12, abs=1e-12))
+        assert minimise_under_cap(sizes, tables, cap, bound=best - 1e-6) is None
 
 
 def test_a_chain_of_many_variables_stays_small():

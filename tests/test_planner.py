@@ -193,14 +193,25 @@ def random_graph_net(seed: int) -> str:
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("machine", [MACHINE, SLOW_NET], ids=["fast-net", "slow-net"])
 def test_graph_plans_are_exact_against_brute_force(seed, machine):
+    """Without a cap and under caps from the leanest plan's memory to the fastest plan's."""
     net = parse_net(random_graph_net(seed), f"random{seed}")
     model = model_of(net, 8, 4, machine)
-    if net.is_chain() or math.prod(len(model.choices(k)) for k in range(
-            len(model.segments))) > 1000:
+    options = [model.choices(k) for k in range(len(model.segments))]
+    if net.is_chain() or math.prod(map(len, options)) > 1000:
         pytest.skip("a chain, or too many plans to enumerate")
-    best = brute_force(model)
+    every = [evaluate(model, list(combo)) for combo in itertools.product(*options)]
     planned = plan_network(model)
-    assert planned.iteration_time == pytest.approx(best.iteration_time, rel=1e-12)
+    assert planned.iteration_time == pytest.approx(min(p.iteration_time for p in every),
+                                                   rel=1e-12)
+    needs = sorted({p.memory for p in every if p.memory < planned.memory})
+    for cap in needs[::max(1, len(needs) // 6)]:
+        capped = plan_network(model, cap)
+        assert capped.memory <= cap
+        assert capped.iteration_time == pytest.approx(
+            min(p.iteration_time for p in every if p.memory <= cap), rel=1e-12)
+    smallest = min(p.memory for p in every)
+    with pytest.raises(PlannerError, match="mem-per-rank"):
+        plan_network(model, smallest * 0.99)
 
 
 def test_a_densely_connected_net_falls_back_to_one_grid():
@@ -213,6 +224,8 @@ def test_a_densely_connected_net_falls_back_to_one_grid():
     lines += ["avgpool kernel=global", "flatten", "linear out=3"]
     net = parse_net("\n".join(lines) + "\n", "dense")
     model = model_of(net, 64, 64)
-    planned = plan_network(model)
-    grids = {p.grid for p in planned.plans if p.mode != "follow"}
-    assert len(grids) == 1 and planned.iteration_time > 0
+    for cap in (None, 2.0**50):
+        planned = plan_network(model, cap)
+        grids = {p.grid for p in planned.plans if p.mode != "follow"}
+        assert len(grids) == 1 and planned.iteration_time > 0 and not planned.exact
+        assert "not exact" in format_plan(planned)
