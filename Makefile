@@ -112,13 +112,25 @@ bench: install $(BENCH_STAMP)
 	$(PY) bench/threads.py --procs 2 --net $(BENCH_NET) --image-size $(BENCH_IMAGE) --batch 16
 	$(PY) bench/memory.py --procs 2 --steps 3
 
-# Plots from HDF5 run logs: strong/weak scaling, per-layer compute/communication/redistribution,
-# predicted against measured, training curves. Reads files only (no MPI). Other hpctrain files
-# in LOGS (runs/simulation.h5) are skipped with a note.
+# Plots. First the paper's study from the cost model for each of SIM_NETS (no MPI, seconds
+# each): runs/simulation/NET.h5 and its figures in PLOTS/simulation/NET/ (per study: grids,
+# speedup, and the auto plan against pure batch and one weird trick). Then, when LOGS matches
+# any file, the HDF5 run logs: strong/weak scaling, per-layer compute/communication/
+# redistribution, predicted against measured, training curves. Reads files only (no MPI).
+# Other hpctrain files in LOGS (runs/simulation.h5) are skipped with a note.
+SIM_NETS ?= resnet50 inception_v3
 LOGS ?= runs/*.h5
 PLOTS ?= plots
 plots: install
+	set -e; for net in $(SIM_NETS); do \
+	  $(PY) -m hpctrain simulate --net $$net --out runs/simulation/$$net.h5 \
+	    --plots $(PLOTS)/simulation/$$net; \
+	done
+ifneq ($(wildcard $(LOGS)),)
 	$(PY) analysis/plot_logs.py $(LOGS) --out $(PLOTS)
+else
+	@echo "no file matches LOGS=$(LOGS): run-log plots skipped (write a log with --log run.h5)"
+endif
 
 lint: install
 	$(BIN)/ruff check hpctrain tests analysis bench

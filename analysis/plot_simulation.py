@@ -1,6 +1,6 @@
 """Plot the HDF5 file of ``python -m hpctrain simulate`` in the style of Gholami et al. (2018).
 
-For each study (``strong``, ``weak``, ``domain``) two PNG files:
+For each study (``strong``, ``weak``, ``domain``) three PNG files:
 
 - ``<study>_grids.png``: one row of panels per strategy, one panel per P with a bar per Pr×Pc
   grid: compute (grey) and communication (the strategy's colour) stacked, in seconds per epoch
@@ -11,9 +11,17 @@ For each study (``strong``, ``weak``, ``domain``) two PNG files:
 - ``<study>_speedup.png``: the best grid of each strategy, pure batch and the auto plan in time
   per epoch against P, and their speedup over pure batch parallelism (over 1×B at the pure batch
   limit P = B in the domain study, where 1×P leaves ranks without a sample).
+- ``<study>_plans.png`` (as the paper's Fig. 6 and 7): per P, the auto plan against pure batch
+  and one weird trick (convolutions batch parallel, fully connected layers model parallel), each
+  a bar of compute, communication inside the layers and redistribution between layouts stacked,
+  in seconds per epoch (one linear scale per P); below, their communication per epoch against P
+  and the auto plan's speedup over each baseline. A baseline that cannot run at a P (fewer
+  samples than ranks) has no bar; beyond P = B its speedup is taken over the baseline on B
+  ranks (dashed). Written only for files that have the ``pure_batch`` and ``weird_trick`` groups.
 
-The auto plan is costed by hpctrain's implementation-faithful model, the bars by the paper's
-equations; the legends say so. Reads the HDF5 file only; never imports MPI or hpctrain.
+The auto plan and its baselines are costed by hpctrain's implementation-faithful model, the
+grids' bars by the paper's equations; the legends say so. Reads the HDF5 file only; never
+imports MPI or hpctrain.
 
 Usage::
 
@@ -36,6 +44,15 @@ LABELS = {"1.5d": "1.5D: every layer on Pr×Pc",
           "integrated": "conv domain on Pr×Pc, FC 1.5D (Eq. 9)"}
 COMPUTE_COLOUR = "0.8"
 BATCH_EDGE = "tab:red"
+# the implementation model's plans (HDF5 groups): short bar label, long label, line colour
+PLANS = {"auto": ("auto", "auto plan (planner)", "black"),
+         "pure_batch": ("batch", "pure batch: every layer on 1×P", BATCH_EDGE),
+         "weird_trick": ("trick", "one weird trick: conv 1×P batch, FC P×1 model", "tab:purple")}
+SPEEDUP_OVER = {"pure_batch": "speedup_over_batch", "weird_trick": "speedup_over_weird_trick"}
+PARTS = (("compute_per_epoch", "compute", COMPUTE_COLOUR),
+         ("layer_comm_per_epoch", "communication inside layers (ΔW, halos, batch norm)",
+          "tab:blue"),
+         ("redistribution_per_epoch", "redistribution between layouts", "tab:orange"))
 GAP = 1.5  # empty bar widths between two P groups
 
 
@@ -208,6 +225,80 @@ def plot_speedup(group: h5py.Group, root: h5py.File, path: Path) -> Path:
     return path
 
 
+def plot_plans(group: h5py.Group, root: h5py.File, path: Path) -> Path:
+    """The auto plan against pure batch and one weird trick: stacked compute / communication /
+    redistribution bars per P; communication and speedup against P below."""
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    plans = {name: read_table(group[name]) for name in PLANS}
+    auto = plans["auto"]
+    procs = auto["procs"]
+    fig = plt.figure(figsize=(max(10.0, 1.5 * len(procs) + 1.0), 8.0), layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.15, 1.0])
+    bars = np.atleast_1d(top.subplots(1, len(procs)))
+    for k, ax in enumerate(bars):
+        ax.set_title(f"P = {procs[k]}, B = {auto['batch'][k]}", fontsize=8)
+        for x, (name, table) in enumerate(plans.items()):
+            if not table["runnable"][k]:
+                ax.text(x, 0.02, "cannot\nrun", transform=ax.get_xaxis_transform(),
+                        ha="center", va="bottom", fontsize=7, color="0.4")
+                continue
+            bottom_of = 0.0
+            for key, _, colour in PARTS:
+                ax.bar(x, table[key][k], bottom=bottom_of, width=0.8, color=colour)
+                bottom_of += table[key][k]
+            if name != "auto" and auto["runnable"][k]:  # auto's speedup over this baseline
+                speedup = table["total_per_epoch"][k] / auto["total_per_epoch"][k]
+                ax.text(x, bottom_of, f"{speedup:.3f}×", ha="center", va="bottom", fontsize=6)
+        # an explicit top: a zero-height bar on top of a stack pins autoscaling at its total
+        ax.set_ylim(0, 1.12 * max((t["total_per_epoch"][k] for t in plans.values()
+                                   if t["runnable"][k]), default=1.0))
+        ax.set_xlim(-0.6, len(plans) - 0.4)
+        ax.set_xticks(range(len(plans)))
+        ax.set_xticklabels([PLANS[name][0] for name in plans], fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    bars[0].set_ylabel("seconds per epoch", fontsize=8)
+    top.legend(handles=[Patch(color=colour, label=label) for _, label, colour in PARTS],
+               loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    top.suptitle("per P: time per epoch (over the baselines: auto's speedup)", fontsize=9)
+
+    comm_ax, speed_ax = bottom.subplots(1, 2)
+    for name, table in plans.items():
+        _, label, colour = PLANS[name]
+        comm_ax.plot(procs, table["comm_per_epoch"], "o-", color=colour, label=label)
+        if name == "auto":
+            continue
+        over = SPEEDUP_OVER[name]
+        speed_ax.plot(procs, auto[over], "o-", color=colour, label=f"auto over {label}")
+        if f"{over}_limit" in auto:  # beyond P = B: over the baseline on B ranks
+            limit = int(group.attrs["batch_limit_procs"])
+            beyond = ~table["runnable"] | (procs == limit)
+            speed_ax.plot(procs[beyond], auto[f"{over}_limit"][beyond], "o--", color=colour,
+                          label=f"auto over {PLANS[name][0]} on {limit} ranks")
+    comm_ax.set_yscale("log")
+    comm_ax.yaxis.set_major_formatter(ScalarFormatter())  # 10, 100: not 10^1, 10^2
+    comm_ax.yaxis.set_minor_formatter(NullFormatter())
+    comm_ax.set_ylabel("communication + redistribution, s per epoch", fontsize=8)
+    speed_ax.axhline(1.0, color="0.5", linewidth=1)
+    speed_ax.set_ylabel("speedup of the auto plan", fontsize=8)
+    for ax in (comm_ax, speed_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(procs)
+        ax.set_xticklabels([str(p) for p in procs])
+        ax.set_xlabel("processes P", fontsize=8)
+        ax.tick_params(which="both", labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{_study_title(group, root)}\nauto plan against pure batch and one weird "
+                 f"trick (all three costed by hpctrain's implementation model)", fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_simulation(h5_path: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw every study of ``h5_path`` into ``out_dir``; returns the PNG paths written."""
     out = Path(out_dir)
@@ -219,14 +310,17 @@ def plot_simulation(h5_path: str | Path, out_dir: str | Path) -> list[Path]:
                 continue
             written.append(plot_grids(root[name], root, out / f"{name}_grids.png"))
             written.append(plot_speedup(root[name], root, out / f"{name}_speedup.png"))
+            if all(plan in root[name] for plan in PLANS):  # files of older versions lack them
+                written.append(plot_plans(root[name], root, out / f"{name}_plans.png"))
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Plot the output of 'python -m hpctrain simulate': per study, stacked "
-                    "compute + communication bars per Pr x Pc grid, and speedup over pure "
-                    "batch parallelism.")
+                    "compute + communication bars per Pr x Pc grid, speedup over pure "
+                    "batch parallelism, and the auto plan against pure batch and one weird "
+                    "trick.")
     parser.add_argument("h5", help="HDF5 file written by 'python -m hpctrain simulate'")
     parser.add_argument("--out", default="plots", help="directory for the PNG files "
                                                        "(default: %(default)s)")

@@ -21,12 +21,22 @@ forward and backward FLOPs of one iteration at batch B (whole-batch kernels, FLO
 divided evenly over P ranks, at the machine's FLOP rate, times B-sized iterations per epoch
 (images / B, kept fractional as the paper does).
 
-Per P the study also records the plan :func:`hpctrain.planner.plan_network` chooses. That plan is
-costed by the implementation-faithful model (:mod:`hpctrain.cost.model`: reduce-scatter as the
-adjoint of the all-gather, the all-gather deferred past pooling, redistribution between layouts,
-compute at the largest local block, the optimizer's update of each rank's weight shard), so its
-times are not the paper's numbers and are stored apart, in the ``auto`` group. For each paper
-row the same model's time of the same layout is stored too (``impl_total_per_epoch``), with
+Per (B, P) the study also records the plan :func:`hpctrain.planner.plan_network` chooses and two
+baselines, all three costed by the implementation-faithful model (:mod:`hpctrain.cost.model`:
+reduce-scatter as the adjoint of the all-gather, the all-gather deferred past pooling,
+redistribution between layouts, batch norm's statistics, compute at the largest local block,
+the optimizer's update of each rank's weight shard), so their times are not the paper's numbers
+and are stored apart, one group each:
+
+- ``auto``: the planner's plan, exact over every layer's (mode, Pr×Pc);
+- ``pure_batch``: every weighted layer batch parallel on 1×P;
+- ``weird_trick``: Krizhevsky's "one weird trick" (2014): convolutions batch parallel on 1×P,
+  the fully connected layers model parallel on P×1.
+
+Both baselines are in the planner's search space, so ``auto`` is never predicted slower. A
+baseline that cannot run at a point (pure batch with P > B leaves ranks without a sample) is
+stored as ``runnable`` false with NaN times and the reason as its plan. For each paper row the
+same model's time of the same layout is stored too (``impl_total_per_epoch``), with
 ``runnable`` saying whether hpctrain can execute the layout at all (the paper's equations ignore
 that 128 ranks cannot split 64 channels).
 """
@@ -51,7 +61,7 @@ from hpctrain.errors import ArgumentParser, UserError, shown
 from hpctrain.kinds import KINDS
 from hpctrain.locations import checkout_root
 from hpctrain.net import NetSpec, load_net
-from hpctrain.partition import factorisations
+from hpctrain.partition import SplitError, factorisations
 from hpctrain.planner import PlannedNetwork, PlannerError, evaluate, iteration_flops, plan_network
 
 STRONG_PROCS = (8, 16, 32, 64, 128, 256, 512)
@@ -65,6 +75,18 @@ AUTO_NOTE = ("auto: the plan of hpctrain.planner.plan_network, costed by the imp
              "optimizer's update of each rank's weight shard); not the "
              "paper's equations, so compare it with the rows' impl_total_per_epoch, not with "
              "their total_per_epoch")
+# the implementation model's plans at every (B, P), one HDF5 group each, and what each is
+PLANS = {
+    "auto": AUTO_NOTE,
+    "pure_batch": "pure batch parallelism: every conv and linear layer batch parallel on 1xP",
+    "weird_trick": "one weird trick (Krizhevsky 2014): convolutions batch parallel on 1xP, "
+                   "fully connected layers model parallel on Px1",
+}
+PLAN_COLUMNS = ("per P: runnable (false: NaN times, plan says why), iteration_time (s), "
+                "per-epoch total = compute + comm, comm = layer_comm (inside layers: weight "
+                "gradients, halos, batch norm statistics) + redistribution (between layouts), "
+                "plan (every weighted layer's mode and grid), plan_summary (per kind and "
+                "kernel: how many layers chose each mode and grid)")
 
 
 @dataclass
@@ -75,8 +97,12 @@ class Study:
     description: str
     rows: dict[str, list] = field(default_factory=dict)
     best: dict[str, list] = field(default_factory=dict)
-    auto: dict[str, list] = field(default_factory=dict)
+    plans: dict[str, dict[str, list]] = field(default_factory=lambda: {n: {} for n in PLANS})
     attrs: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def auto(self) -> dict[str, list]:
+        return self.plans["auto"]
 
     def add(self, table: dict[str, list], **values: object) -> None:
         for key, value in values.items():
@@ -189,9 +215,118 @@ def strategy_choices(model: CostModel, strategy: str, grid: tuple[int, int]) -> 
     return choices
 
 
+def pure_batch_choices(model: CostModel) -> list[Choice]:
+    """Every weighted layer batch parallel on 1×P: the paper's 1.5D strategy on its 1×P grid."""
+    return strategy_choices(model, "1.5d", (1, model.procs))
+
+
+def weird_trick_choices(model: CostModel) -> list[Choice]:
+    """Krizhevsky's "one weird trick" (2014): convolutions batch parallel on 1×P, the fully
+    connected layers model parallel on P×1, i.e. the paper's conv-batch strategy on P×1."""
+    return strategy_choices(model, "conv-batch", (model.procs, 1))
+
+
+BASELINES = {"pure_batch": pure_batch_choices, "weird_trick": weird_trick_choices}
+# the auto group's column of its speedup over each baseline (speedup_over_batch kept from
+# before the one weird trick was added)
+SPEEDUP_OVER = {"pure_batch": "speedup_over_batch", "weird_trick": "speedup_over_weird_trick"}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One plan at one (B, P) under the implementation model: its costs, or why it has none."""
+
+    planned: PlannedNetwork | None
+    why_not: str = ""
+
+
+def cost_choices(model: CostModel, choices: list[Choice]) -> Outcome:
+    """:func:`~hpctrain.planner.evaluate` of ``choices``, or the first segment's reason it
+    cannot run (evaluate would cost a split with an empty part as if it could)."""
+    for segment, choice in enumerate(choices):
+        try:
+            model.runnable_layouts(segment, choice)
+        except SplitError as err:
+            return Outcome(None, str(err))
+    return Outcome(evaluate(model, choices))
+
+
 def describe_plan(planned: PlannedNetwork) -> str:
     """``conv1=batch 1x512, conv2=model 2x256, …``: every weighted layer's mode and grid."""
     return ", ".join(f"{p.layer}={p.describe()}" for p in planned.plans if p.mode != "follow")
+
+
+def summarise_plan(net: NetSpec, planned: PlannedNetwork) -> str:
+    """How many weighted layers of each kind (convolutions per kernel shape, since a 1×1
+    kernel needs no halo) chose each mode and grid, e.g. ``conv 1x1: 30 domain 8x512, 6 model
+    8x512; conv 3x3: 16 domain 8x512; linear: 1 model 8x512``."""
+    counts: dict[str, dict[str, int]] = {}
+    for spec, plan in zip(net.layers, planned.plans, strict=True):
+        if plan.mode == "follow":
+            continue
+        kernel = getattr(spec.options, "kernel", None)
+        group = spec.kind if kernel is None else f"{spec.kind} {kernel[0]}x{kernel[1]}"
+        chosen = counts.setdefault(group, {})
+        chosen[plan.describe()] = chosen.get(plan.describe(), 0) + 1
+    return "; ".join(f"{group}: " + ", ".join(f"{n} {what}" for what, n in sorted(
+        chosen.items(), key=lambda item: -item[1])) for group, chosen in counts.items())
+
+
+class ImplementationPlans:
+    """The implementation model and its three plans per (B, P), each built once: the weak
+    study's P = 128 is the strong study's point, and the domain study's batch limit P = B is
+    usually its first point."""
+
+    def __init__(self, settings: Settings, flops: FlopModel) -> None:
+        self.settings, self.flops = settings, flops
+        self.models: dict[tuple[int, int], CostModel] = {}
+        self.outcomes: dict[tuple[int, int, str], Outcome] = {}
+
+    def model(self, batch: int, procs: int) -> CostModel:
+        if (batch, procs) not in self.models:
+            s = self.settings
+            self.models[batch, procs] = CostModel(s.net, batch, procs, s.machine, self.flops,
+                                                  s.word_bytes)
+        return self.models[batch, procs]
+
+    def outcome(self, batch: int, procs: int, name: str) -> Outcome:
+        """The plan ``name`` (a key of :data:`PLANS`) at (``batch``, ``procs``)."""
+        key = (batch, procs, name)
+        if key not in self.outcomes:
+            model = self.model(batch, procs)
+            if name != "auto":
+                self.outcomes[key] = cost_choices(model, BASELINES[name](model))
+            else:
+                try:
+                    self.outcomes[key] = Outcome(plan_network(model))
+                except PlannerError as err:  # a small net on many ranks: record why
+                    self.outcomes[key] = Outcome(None, str(err))
+        return self.outcomes[key]
+
+
+def _plan_columns(net: NetSpec, outcome: Outcome, iterations: float) -> dict[str, object]:
+    """One row of a plan group: per-iteration and per-epoch seconds, split, description."""
+    planned = outcome.planned
+    if planned is None:
+        return {"runnable": False, "iteration_time": math.nan, "total_per_epoch": math.nan,
+                "compute_per_epoch": math.nan, "comm_per_epoch": math.nan,
+                "layer_comm_per_epoch": math.nan, "redistribution_per_epoch": math.nan,
+                "plan": f"none: {outcome.why_not}", "plan_summary": "none"}
+    totals = planned.totals()
+    return {"runnable": True, "iteration_time": planned.iteration_time,
+            "total_per_epoch": planned.iteration_time * iterations,
+            "compute_per_epoch": totals["compute"] * iterations,
+            "comm_per_epoch": (totals["communication"] + totals["redistribution"]) * iterations,
+            "layer_comm_per_epoch": totals["communication"] * iterations,
+            "redistribution_per_epoch": totals["redistribution"] * iterations,
+            "plan": describe_plan(planned), "plan_summary": summarise_plan(net, planned)}
+
+
+def _speedup(baseline: Outcome, auto: Outcome) -> float:
+    """Baseline time over auto's; NaN where either has none."""
+    if baseline.planned is None or auto.planned is None:
+        return math.nan
+    return baseline.planned.iteration_time / auto.planned.iteration_time
 
 
 def grids_for(strategy: str, procs: int, batch: int) -> list[tuple[int, int]]:
@@ -203,19 +338,16 @@ def grids_for(strategy: str, procs: int, batch: int) -> list[tuple[int, int]]:
 
 
 def run_study(name: str, description: str, points: list[tuple[int, int]], settings: Settings,
-              compute: _Compute, flops: FlopModel) -> Study:
-    """Every row, the best grid per (P, strategy) and the auto plan at each (B, P) point."""
+              compute: _Compute, impl: ImplementationPlans) -> Study:
+    """Every row, the best grid per (P, strategy), and the auto plan with its baselines at each
+    (B, P) point."""
     net, machine, word = settings.net, settings.machine, settings.word_bytes
     study = Study(name, description)
     strategies = STUDY_STRATEGIES[name]
     for batch, procs in points:
         iterations = settings.images / batch
         compute_epoch = compute.iteration(batch) / procs * iterations
-        model = CostModel(net, batch, procs, machine, flops, word)
-        try:
-            planned: PlannedNetwork | None = plan_network(model)
-        except PlannerError as err:  # a small net on many ranks: record why, keep the rows
-            planned, no_plan = None, str(err)
+        model = impl.model(batch, procs)
         batch_rows: dict[str, float] = {}
         for strategy in strategies:
             best: tuple[float, tuple[int, int]] | None = None
@@ -226,12 +358,12 @@ def run_study(name: str, description: str, points: list[tuple[int, int]], settin
                 choices = strategy_choices(model, strategy, grid)
                 runnable = all(model.segment_layouts(k, c) is not None
                                for k, c in enumerate(choices))
-                impl = (evaluate(model, choices).iteration_time * iterations if runnable
-                        else math.nan)
+                impl_total = (evaluate(model, choices).iteration_time * iterations if runnable
+                              else math.nan)
                 study.add(study.rows, procs=procs, batch=batch, iterations_per_epoch=iterations,
                           strategy=strategy, pr=grid[0], pc=grid[1], comm_per_epoch=comm,
                           compute_per_epoch=compute_epoch, total_per_epoch=total,
-                          runnable=runnable, impl_total_per_epoch=impl)
+                          runnable=runnable, impl_total_per_epoch=impl_total)
                 if grid[0] == 1:
                     batch_rows[strategy] = total
                 if best is None or total < best[0]:
@@ -242,34 +374,23 @@ def run_study(name: str, description: str, points: list[tuple[int, int]], settin
             study.add(study.best, procs=procs, batch=batch, strategy=strategy, pr=best[1][0],
                       pc=best[1][1], total_per_epoch=best[0], batch_total_per_epoch=baseline,
                       speedup_over_batch=baseline / best[0])
-        batch_impl = math.nan
-        if procs <= batch:
-            all_batch = [Choice("batch", (1, procs))] * len(model.segments)
-            batch_impl = evaluate(model, all_batch).iteration_time * iterations
-        if planned is None:
-            study.add(study.auto, procs=procs, batch=batch, total_per_epoch=math.nan,
-                      compute_per_epoch=math.nan, comm_per_epoch=math.nan,
-                      batch_total_per_epoch=batch_impl, speedup_over_batch=math.nan,
-                      plan=f"none: {no_plan}")
-            continue
-        totals = planned.totals()
-        total_auto = planned.iteration_time * iterations
-        study.add(study.auto, procs=procs, batch=batch, total_per_epoch=total_auto,
-                  compute_per_epoch=totals["compute"] * iterations,
-                  comm_per_epoch=(totals["communication"] + totals["redistribution"])
-                  * iterations,
-                  batch_total_per_epoch=batch_impl, speedup_over_batch=batch_impl / total_auto,
-                  plan=describe_plan(planned))
+        outcomes = {plan: impl.outcome(batch, procs, plan) for plan in PLANS}
+        for plan, outcome in outcomes.items():
+            study.add(study.plans[plan], procs=procs, batch=batch,
+                      **_plan_columns(net, outcome, iterations))
+        study.add(study.auto, **{key: _speedup(outcomes[plan], outcomes["auto"])
+                                 for plan, key in SPEEDUP_OVER.items()})
     return study
 
 
-def _add_batch_limit(study: Study, settings: Settings, compute: _Compute, flops: FlopModel
-                     ) -> None:
-    """Speedups over pure batch at its scaling limit P = B, for points where 1×P is impossible.
+def _add_baseline_limits(study: Study, settings: Settings, compute: _Compute,
+                         impl: ImplementationPlans) -> None:
+    """Speedups over each baseline at its scaling limit P = B, for points where it cannot run.
 
-    Beyond P = B the 1×P grid leaves ranks without a sample, so the fair baseline is the fastest
-    pure batch run there is: 1×B on B ranks, under the paper's equations for the strategy rows
-    and under the implementation's model for the auto plan.
+    Beyond P = B pure batch and one weird trick leave ranks without a sample, so the fair
+    baseline is the fastest run of them there is: on B ranks. Pure batch under the paper's
+    equations for the strategy rows; both baselines under the implementation's model for the
+    auto plan (NaN where a baseline cannot run even there).
     """
     net, machine, word = settings.net, settings.machine, settings.word_bytes
     batch = settings.domain_batch
@@ -277,40 +398,47 @@ def _add_batch_limit(study: Study, settings: Settings, compute: _Compute, flops:
     paper = compute.iteration(batch) / batch * iterations + sum(
         f + b for f, b in strategy_comm(net, "1.5d", batch, (1, batch), machine, word)
     ) * iterations
-    model = CostModel(net, batch, batch, machine, flops, word)
-    impl = evaluate(model, [Choice("batch", (1, batch))] * len(model.segments))
-    impl_total = impl.iteration_time * iterations
     study.attrs["batch_limit_procs"] = batch
     study.attrs["batch_limit_total_per_epoch"] = paper
-    study.attrs["batch_limit_impl_total_per_epoch"] = impl_total
     study.best["speedup_over_batch_limit"] = [paper / t for t in study.best["total_per_epoch"]]
-    study.auto["speedup_over_batch_limit"] = [impl_total / t
-                                              for t in study.auto["total_per_epoch"]]
+    for plan, attr in (("pure_batch", "batch_limit_impl_total_per_epoch"),
+                       ("weird_trick", "weird_trick_limit_total_per_epoch")):
+        planned = impl.outcome(batch, batch, plan).planned
+        limit = math.nan if planned is None else planned.iteration_time * iterations
+        study.attrs[attr] = limit
+        study.auto[f"{SPEEDUP_OVER[plan]}_limit"] = [limit / t
+                                                     for t in study.auto["total_per_epoch"]]
 
 
 def run_studies(settings: Settings) -> list[Study]:
     """The strong, weak and domain studies of ``settings``."""
     flops = FlopModel(settings.machine.flops)  # one instance: its rate is all it holds
     compute = _Compute(settings.net, flops)
+    impl = ImplementationPlans(settings, flops)
     b, per_rank, bd = settings.strong_batch, settings.weak_batch_per_rank, settings.domain_batch
     studies = [
         run_study("strong", f"strong scaling: B = {b}, P = {STRONG_PROCS[0]}..{STRONG_PROCS[-1]}",
-                  [(b, p) for p in STRONG_PROCS], settings, compute, flops),
+                  [(b, p) for p in STRONG_PROCS], settings, compute, impl),
         run_study("weak", f"weak scaling: B = {per_rank} x P, P = {WEAK_PROCS[0]}.."
                           f"{WEAK_PROCS[-1]} (every rank keeps {per_rank} samples)",
-                  [(per_rank * p, p) for p in WEAK_PROCS], settings, compute, flops),
+                  [(per_rank * p, p) for p in WEAK_PROCS], settings, compute, impl),
         run_study("domain", f"domain parallelism: B = {bd}, P = {DOMAIN_PROCS[0]}.."
                             f"{DOMAIN_PROCS[-1]}; grids with Pc ≤ B only",
-                  [(bd, p) for p in DOMAIN_PROCS], settings, compute, flops),
+                  [(bd, p) for p in DOMAIN_PROCS], settings, compute, impl),
     ]
-    _add_batch_limit(studies[2], settings, compute, flops)
+    _add_baseline_limits(studies[2], settings, compute, impl)
     return studies
 
 
 # -- HDF5 ---------------------------------------------------------------------------------------
 
-SECONDS = ("comm_per_epoch", "compute_per_epoch", "total_per_epoch", "impl_total_per_epoch",
-           "batch_total_per_epoch")
+def _units(key: str) -> str | None:
+    """The units of a column: seconds, a pure number, or none (labels, flags, counts)."""
+    if key.startswith("speedup") or key == "iterations_per_epoch":
+        return "1"
+    if key.endswith("_per_epoch") or key == "iteration_time":
+        return "s"
+    return None
 
 
 def _write_table(group, table: dict[str, list]) -> None:
@@ -326,10 +454,8 @@ def _write_table(group, table: dict[str, list]) -> None:
         else:
             data = np.array(values, dtype=np.float64)
         dataset = group.create_dataset(key, data=data)
-        if key in SECONDS:
-            dataset.attrs["units"] = "s"
-        elif key.startswith("speedup") or key == "iterations_per_epoch":
-            dataset.attrs["units"] = "1"
+        if _units(key) is not None:
+            dataset.attrs["units"] = _units(key)
 
 
 def write_hdf5(path: Path, studies: list[Study], attrs: dict[str, object]) -> None:
@@ -349,9 +475,11 @@ def write_hdf5(path: Path, studies: list[Study], attrs: dict[str, object]) -> No
                                          "per epoch, and the 1xP (pure batch) time over it "
                                          "(NaN where 1xP has Pc > B)")
             _write_table(best, study.best)
-            auto = group.create_group("auto")
-            auto.attrs["description"] = AUTO_NOTE
-            _write_table(auto, study.auto)
+            for plan, note in PLANS.items():
+                table = group.create_group(plan)
+                table.attrs["description"] = note
+                table.attrs["columns"] = PLAN_COLUMNS
+                _write_table(table, study.plans[plan])
 
     runlog.write_hdf5(path, fill)
 
@@ -371,7 +499,8 @@ def _root_attrs(settings: Settings, argv: list[str]) -> dict[str, object]:
                              "auto and impl: FLOP model per largest local block, with the "
                              "update",
             "paper_model": "hpctrain.cost.paper.strategy_comm (Eq. 3, 4, 7, 8, 9)",
-            "auto_note": AUTO_NOTE}
+            "auto_note": AUTO_NOTE,
+            "plans": ",".join(PLANS)}
 
 
 def plot_script() -> Path | None:
@@ -415,6 +544,22 @@ def _summary(studies: list[Study]) -> str:
             lines.append(f"  P={best['procs'][k]:<5d} B={best['batch'][k]:<5d} "
                          f"{best['strategy'][k]:<11s} best {best['pr'][k]}x{best['pc'][k]:<5d} "
                          f"{best['total_per_epoch'][k]:9.2f} s/epoch  {note}")
+        lines.append("  implementation model, s/epoch (auto's speedup over each baseline; "
+                     "beyond P = B over the baseline on B ranks):")
+        auto = study.auto
+        for k in range(len(auto["procs"])):
+            parts = [f"auto {auto['total_per_epoch'][k]:9.2f}"]
+            for plan, label in (("pure_batch", "pure batch"), ("weird_trick", "weird trick")):
+                time = study.plans[plan]["total_per_epoch"][k]
+                over = SPEEDUP_OVER[plan]
+                if math.isfinite(time):
+                    parts.append(f"{label} {time:9.2f} ({auto[over][k]:4.2f}x)")
+                elif f"{over}_limit" in auto:
+                    parts.append(f"{label} cannot run ({auto[f'{over}_limit'][k]:4.2f}x)")
+                else:
+                    parts.append(f"{label} cannot run")
+            lines.append(f"  P={auto['procs'][k]:<5d} B={auto['batch'][k]:<5d} "
+                         + "  ".join(parts))
     return "\n".join(lines)
 
 

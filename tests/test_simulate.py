@@ -18,13 +18,14 @@ import pytest
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import load_machine
-from hpctrain.cost.model import CostModel
+from hpctrain.cost.model import Choice, CostModel
 from hpctrain.cost.paper import strategy_comm
 from hpctrain.errors import UserError
 from hpctrain.kinds import KINDS
 from hpctrain.net import load_net
-from hpctrain.planner import plan_network
-from hpctrain.simulate import build_simulate_parser, run_simulate
+from hpctrain.planner import evaluate, plan_network
+from hpctrain.simulate import PLANS as SIM_PLANS
+from hpctrain.simulate import ImplementationPlans, Settings, build_simulate_parser, run_simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 NET = load_net("alexnet")
@@ -215,14 +216,201 @@ def test_auto_plan_is_the_planners(sim):
         assert all(plan.count("=") == len(names) for plan in auto["plan"])
 
 
-def test_plots_are_written(sim, tmp_path):
+# -- the auto plan against pure batch and one weird trick (implementation model) -------------
+
+PLANS = ("auto", "pure_batch", "weird_trick")
+PLAN_KEYS = ("procs", "batch", "runnable", "iteration_time", "total_per_epoch",
+             "compute_per_epoch", "comm_per_epoch", "layer_comm_per_epoch",
+             "redistribution_per_epoch", "plan", "plan_summary")
+
+
+@pytest.fixture(scope="module")
+def sim_resnet(tmp_path_factory):
+    """ResNet-50: residual adds and batch norm, planned by variable elimination."""
+    out = tmp_path_factory.mktemp("sim") / "resnet50.h5"
+    assert run_simulate(["--net", "resnet50", "--out", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        yield f
+
+
+@pytest.fixture(params=["alexnet", "resnet50"])
+def any_sim(request, sim, sim_resnet):
+    return {"alexnet": sim, "resnet50": sim_resnet}[request.param]
+
+
+def explicit_baseline(model, plan):
+    """The baseline's choices written out here, not by the code under test: pure batch puts
+    every weighted layer batch parallel on 1xP; one weird trick does so for the convolutions
+    and puts the linear layers model parallel on Px1."""
+    choices = []
+    for segment in model.segments:
+        kind = model.net.layers[segment[0]].kind
+        if plan == "weird_trick" and kind == "linear":
+            choices.append(Choice("model", (model.procs, 1)))
+        else:
+            choices.append(Choice("batch", (1, model.procs)))
+    return choices
+
+
+def test_every_plan_group_has_every_column(any_sim):
+    for name in STUDIES:
+        for plan in PLANS:
+            group = any_sim[name][plan]
+            assert len({len(group[k]) for k in PLAN_KEYS}) == 1
+            assert np.array_equal(group["procs"][()], any_sim[name]["auto/procs"][()])
+            for key in ("iteration_time", "total_per_epoch", "redistribution_per_epoch"):
+                assert group[key].attrs["units"] == "s"
+            assert group.attrs["description"]
+        assert any_sim[name]["auto/speedup_over_weird_trick"].attrs["units"] == "1"
+    assert "weird trick" in any_sim["strong/weird_trick"].attrs["description"]
+
+
+def test_split_adds_up(any_sim):
+    for name in STUDIES:
+        for plan in PLANS:
+            t = table(any_sim[name][plan])
+            ok = t["runnable"]
+            assert t["comm_per_epoch"][ok] == pytest.approx(
+                t["layer_comm_per_epoch"][ok] + t["redistribution_per_epoch"][ok], rel=1e-12)
+            assert t["total_per_epoch"][ok] == pytest.approx(
+                t["compute_per_epoch"][ok] + t["comm_per_epoch"][ok], rel=1e-9)
+            iterations = IMAGES / t["batch"]
+            assert t["total_per_epoch"][ok] == pytest.approx(
+                t["iteration_time"][ok] * iterations[ok], rel=1e-12)
+
+
+def test_auto_is_never_slower_than_either_baseline(any_sim):
+    """The planner is exact over a set that holds both baselines."""
+    for name in STUDIES:
+        auto = table(any_sim[name]["auto"])
+        for plan in ("pure_batch", "weird_trick"):
+            base = table(any_sim[name][plan])
+            ok = base["runnable"]
+            assert np.all(auto["total_per_epoch"][ok] <= base["total_per_epoch"][ok] * (1 + 1e-9))
+            key = {"pure_batch": "speedup_over_batch",
+                   "weird_trick": "speedup_over_weird_trick"}[plan]
+            assert auto[key][ok] == pytest.approx(base["total_per_epoch"][ok]
+                                                  / auto["total_per_epoch"][ok], rel=1e-12)
+            assert np.all(np.isnan(auto[key][~ok]))
+
+
+@pytest.mark.parametrize("study,procs", [("strong", 64), ("weak", 512), ("domain", 512)])
+def test_baselines_are_evaluate_of_the_explicit_choices(any_sim, study, procs):
+    net = load_net(any_sim.attrs["net"])
+    k = np.nonzero(any_sim[f"{study}/auto/procs"][()] == procs)[0][0]
+    batch = int(any_sim[f"{study}/auto/batch"][k])
+    model = CostModel(net, batch, procs, MACHINE, FlopModel(MACHINE.flops))
+    iterations = IMAGES / batch
+    for plan in ("pure_batch", "weird_trick"):
+        stored = table(any_sim[study][plan])
+        assert stored["runnable"][k]
+        want = evaluate(model, explicit_baseline(model, plan))
+        totals = want.totals()
+        assert stored["iteration_time"][k] == pytest.approx(want.iteration_time, rel=1e-12)
+        assert stored["compute_per_epoch"][k] == pytest.approx(totals["compute"] * iterations,
+                                                               rel=1e-12)
+        assert stored["layer_comm_per_epoch"][k] == pytest.approx(
+            totals["communication"] * iterations, rel=1e-12)
+        assert stored["redistribution_per_epoch"][k] == pytest.approx(
+            totals["redistribution"] * iterations, rel=1e-12)
+    # pure batch moves nothing between layers; the trick gathers the batch for the classifier
+    assert table(any_sim[study]["pure_batch"])["redistribution_per_epoch"][k] == 0.0
+    assert table(any_sim[study]["weird_trick"])["redistribution_per_epoch"][k] > 0.0
+
+
+def test_baselines_beyond_p_equals_b_are_not_runnable(any_sim):
+    domain = any_sim["domain"]
+    auto = table(domain["auto"])
+    for plan in ("pure_batch", "weird_trick"):
+        t = table(domain[plan])
+        beyond = t["procs"] > t["batch"]
+        assert np.any(beyond) and not np.any(t["runnable"][beyond])
+        assert np.all(t["runnable"][~beyond])
+        for key in ("iteration_time", "total_per_epoch", "compute_per_epoch",
+                    "comm_per_epoch"):
+            assert np.all(np.isnan(t[key][beyond]))
+        assert all(p.startswith("none: ") for p in t["plan"][beyond])
+    assert np.all(auto["runnable"]) and np.all(np.isfinite(auto["total_per_epoch"]))
+    # beyond P = B: the speedup over each baseline at its limit, on B ranks
+    first = auto["procs"] == auto["batch"]
+    for plan, attr, key in (("pure_batch", "batch_limit_impl_total_per_epoch",
+                             "speedup_over_batch_limit"),
+                            ("weird_trick", "weird_trick_limit_total_per_epoch",
+                             "speedup_over_weird_trick_limit")):
+        limit = domain.attrs[attr]
+        assert limit == pytest.approx(table(domain[plan])["total_per_epoch"][first][0],
+                                      rel=1e-12)
+        assert auto[key] == pytest.approx(limit / auto["total_per_epoch"], rel=1e-12)
+
+
+def test_plan_descriptions(any_sim):
+    net = load_net(any_sim.attrs["net"])
+    weighted = [layer for layer in net.layers if KINDS[layer.kind].weighted]
+    for name in STUDIES:
+        for plan in PLANS:
+            t = table(any_sim[name][plan])
+            for k in np.nonzero(t["runnable"])[0]:
+                assert t["plan"][k].count("=") == len(weighted)
+                counts = re.findall(r"(\d+) (?:batch|model|domain) \d+x\d+", t["plan_summary"][k])
+                assert sum(int(n) for n in counts) == len(weighted)
+        trick = table(any_sim[name]["weird_trick"])
+        for k in np.nonzero(trick["runnable"])[0]:
+            linear = sum(1 for w in weighted if w.kind == "linear")
+            assert trick["plan_summary"][k].endswith(
+                f"linear: {linear} model {trick['procs'][k]}x1")
+
+
+def test_resnet_auto_plan_wins_where_it_should(sim_resnet):
+    """What the README reports: at strong P = 512 the auto plan beats both baselines; one weird
+    trick is slower than pure batch there (the classifier's 2 M weights save less all-reduce
+    than gathering the batch costs); beyond P = B the auto plan keeps scaling."""
+    strong = {plan: table(sim_resnet["strong"][plan]) for plan in PLANS}
+    k = np.nonzero(strong["auto"]["procs"] == 512)[0][0]
+    assert strong["auto"]["speedup_over_batch"][k] > 1.05
+    assert strong["auto"]["speedup_over_weird_trick"][k] > 1.05
+    assert strong["weird_trick"]["total_per_epoch"][k] > strong["pure_batch"]["total_per_epoch"][k]
+    auto = table(sim_resnet["domain/auto"])
+    assert np.all(np.diff(auto["total_per_epoch"]) < 0)
+    assert auto["speedup_over_batch_limit"][-1] > 2.0
+    assert "domain" in auto["plan_summary"][-1]
+
+
+def test_inception_auto_beats_the_baselines():
+    """Inception-v3 (concatenated branches) at two points, without the whole study."""
+    net = load_net("inception_v3")
+    settings = Settings(net, MACHINE, IMAGES, 4, 2048, 16, 512)
+    impl = ImplementationPlans(settings, FlopModel(MACHINE.flops))
+    assert tuple(SIM_PLANS) == PLANS
+    for batch, procs in ((2048, 512), (512, 512)):
+        auto = impl.outcome(batch, procs, "auto").planned
+        for plan in ("pure_batch", "weird_trick"):
+            base = impl.outcome(batch, procs, plan).planned
+            model = impl.model(batch, procs)
+            assert base.iteration_time == pytest.approx(
+                evaluate(model, explicit_baseline(model, plan)).iteration_time, rel=1e-12)
+            assert auto.iteration_time < base.iteration_time
+    assert impl.outcome(512, 1024, "pure_batch").planned is None
+    assert "batch" in impl.outcome(512, 1024, "pure_batch").why_not
+
+
+def test_summary_names_the_baselines(tmp_path, capsys):
+    assert run_simulate(["--net", "mlp", "--out", str(tmp_path / "sim.h5")]) == 0
+    text = capsys.readouterr().out
+    assert "pure batch" in text and "weird trick" in text and "cannot run" in text
+
+
+def load_plotter():
     spec = importlib.util.spec_from_file_location("plot_simulation",
                                                   ROOT / "analysis" / "plot_simulation.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    written = module.plot_simulation(sim.filename, tmp_path / "plots")
+    return module.plot_simulation
+
+
+def test_plots_are_written(sim, tmp_path):
+    written = load_plotter()(sim.filename, tmp_path / "plots")
     assert {p.name for p in written} == {f"{s}_{kind}.png" for s in STUDIES
-                                         for kind in ("grids", "speedup")}
+                                         for kind in ("grids", "speedup", "plans")}
     for path in written:
         assert path.stat().st_size > 10_000
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -295,3 +483,6 @@ def test_a_point_without_a_plan_keeps_its_rows(tmp_path, monkeypatch):
         assert math.isnan(auto["total_per_epoch"][k])
         assert auto["plan"][k].startswith("none: layer fc8")
         assert np.any(f["domain/procs"][()] == 4096)
+    # a P where nothing runs still gets its panel
+    written = load_plotter()(out, tmp_path / "plots")
+    assert (tmp_path / "plots" / "domain_plans.png") in written
