@@ -31,10 +31,27 @@ def test_coarse_blocks_are_unions_of_fine_blocks(n, coarse, fine):
                                              block_range(n, fine, (j + 1) * m - 1)[1])
 
 
+@pytest.mark.parametrize("n,parts", [(10, 4), (7, 7), (5, 1), (100, 6), (4096, 4096), (3, 5)])
+def test_block_ranges_are_the_tuple_of_their_blocks(n, parts):
+    """Made on demand, yet indexed, sliced, compared and hashed as the tuple of blocks."""
+    blocks = block_ranges(n, parts)
+    whole = tuple(block_range(n, parts, k) for k in range(parts))
+    assert tuple(blocks) == whole and len(blocks) == parts
+    assert blocks == whole and whole == blocks and hash(blocks) == hash(whole)
+    assert blocks[-1] == whole[-1] and blocks[1:3] == whole[1:3]
+    assert blocks.largest() == max(hi - lo for lo, hi in whole)
+    assert blocks == block_ranges(n, parts) and blocks != block_ranges(n + 1, parts)
+    assert blocks != whole[:-1] and blocks != list(whole)
+    with pytest.raises(IndexError):
+        blocks[parts]
+
+
 def test_factorisations():
     assert factorisations(6) == [(1, 6), (2, 3), (3, 2), (6, 1)]
     assert factorisations(1) == [(1, 1)]
     assert all(r * c == 12 for r, c in factorisations(12))
+    for p in (16, 36, 97, 360, 4096):  # by divisor pairs, as by trying every Pr
+        assert factorisations(p) == [(r, p // r) for r in range(1, p + 1) if p % r == 0]
 
 
 def test_empty_split_is_refused_with_sizes():
