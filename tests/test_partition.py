@@ -10,6 +10,7 @@ from hpctrain.partition import (
     check_split,
     factorisations,
     halo_plans,
+    halo_row_counts,
 )
 
 
@@ -89,6 +90,29 @@ def test_halo_plans_supply_exactly_the_rows_each_window_reads(window, n_in, part
         for o in range(*p.interior):
             read = {o * window.stride - window.pad + t for t in range(window.kernel)}
             assert {r for r in read if 0 <= r < n_in} <= set(range(*p.own))
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("n_in,parts", [(8, 2), (13, 3), (27, 4), (55, 3), (64, 16)])
+def test_halo_row_counts_are_those_of_the_plans(window, n_in, parts):
+    try:
+        plans = halo_plans(n_in, parts, window, "layer")
+    except SplitError:
+        pytest.skip("split refused (checked separately)")
+    received, sent = halo_row_counts(n_in, parts, window, "layer")
+    assert received == {(p.recv_top[1] - p.recv_top[0], p.recv_bottom[1] - p.recv_bottom[0])
+                        for p in plans}
+    assert sent == {(p.send_top[1] - p.send_top[0], p.send_bottom[1] - p.send_bottom[0])
+                    for p in plans}
+
+
+def test_a_refusal_names_each_layer_of_the_same_shape():
+    """Plans are made once per shape and window, but every layer's refusal names it."""
+    for layer in ("conv9", "conv10"):
+        with pytest.raises(SplitError, match=f"layer {layer}: row block"):
+            halo_plans(12, 6, Window(7, 1, 3), layer)
+        with pytest.raises(SplitError, match=f"layer {layer}: row block"):
+            halo_row_counts(12, 6, Window(7, 1, 3), layer)
 
 
 def test_halo_wider_than_neighbour_is_refused():

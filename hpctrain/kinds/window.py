@@ -19,7 +19,7 @@ from hpctrain.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape
 from hpctrain.kinds.options import Key, NetError, pair
 from hpctrain.layers.base import Layer
 from hpctrain.layout import HEIGHT_AXIS, Layout, largest_block
-from hpctrain.partition import HaloPlan, SplitError, Window, halo_plans
+from hpctrain.partition import HaloPlan, SplitError, Window, halo_plans, halo_row_counts
 
 WINDOW_KEYS = {"kernel": Key(pair(1)), "stride": Key(pair(1), "1"), "pad": Key(pair(0), "0")}
 # pooling: stride 0 (the default) means the kernel, filled in by PoolKind.parse
@@ -81,14 +81,14 @@ def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: in
         return 0.0, 0.0
     n, c, _, w = largest_block(layout)
     row_bytes = n * c * w * itemsize
-    forward = backward = 0.0
-    for p in halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], rows(spec.options),
-                        spec.name):
-        received = [r[1] - r[0] for r in (p.recv_top, p.recv_bottom)]
-        sent = [r[1] - r[0] for r in (p.send_top, p.send_bottom)]
-        forward = max(forward, sum(halo_time(machine, k * row_bytes) for k in received))
-        backward = max(backward, sum(halo_time(machine, k * row_bytes) for k in sent))
-    return forward, backward
+    received, sent = halo_row_counts(layout.shape[HEIGHT_AXIS], layout.grid[0],
+                                     rows(spec.options), spec.name)
+
+    def busiest(counts: frozenset[tuple[int, int]]) -> float:
+        return max([0.0, *(sum(halo_time(machine, k * row_bytes) for k in pair)
+                           for pair in counts)])
+
+    return busiest(received), busiest(sent)
 
 
 @dataclass(frozen=True)
