@@ -52,7 +52,11 @@ class FlopModel:
         self.rate = flops_per_second
 
     def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
-        return {w: tuple(f / self.rate for f in flops(w)) for w in works}
+        found: dict[LocalWork, tuple[float, float]] = {}
+        for w in works:  # a planner's list repeats works many times: each is counted once
+            if w not in found:
+                found[w] = tuple(f / self.rate for f in flops(w))
+        return found
 
 
 # The modules whose code runs inside a timing: a change to any of them makes old timings stale.
