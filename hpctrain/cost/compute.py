@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable
 from functools import lru_cache
@@ -206,6 +205,8 @@ class MeasuredCompute:
             fn()
             self.backend.sync()
             samples.append(time.perf_counter() - start)
+        import statistics  # here: it loads fractions and decimal, which planning never needs
+
         return statistics.median(samples), output
 
     def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:

@@ -143,15 +143,17 @@ class WindowKind(Kind):
 class PoolKind(WindowKind):
     """A pooling kind: a window reduction per channel on the layout that feeds it.
 
-    Subclasses give the local kernels (``forward_kernel``, ``backward_kernel``, as
-    :class:`~hpctrain.layers.pool.Pool2d` takes them); their options have ``kernel``,
+    Subclasses give the local kernels (:meth:`pool_kernels`); their options have ``kernel``,
     ``stride`` and ``pad``, and a stride of 0 means the kernel.
     """
 
     keys = POOL_KEYS
     options = PoolOptions
-    forward_kernel: Callable
-    backward_kernel: Callable
+
+    def pool_kernels(self) -> tuple[Callable, Callable]:
+        """(forward, backward) kernels, as :class:`~hpctrain.layers.pool.Pool2d` takes them;
+        imported when asked for, as only timing and training run them."""
+        raise NotImplementedError
 
     def parse(self, texts: dict[str, str], where: str) -> Any:
         o = super().parse(texts, where)
@@ -182,7 +184,7 @@ class PoolKind(WindowKind):
     def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
                 ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
         x = random(work.x)
-        forward_kernel, backward_kernel = type(self).forward_kernel, type(self).backward_kernel
+        forward_kernel, backward_kernel = self.pool_kernels()
 
         def backward_of(out: Any) -> Callable[[], Any]:
             y, cache = out
@@ -194,5 +196,4 @@ class PoolKind(WindowKind):
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.pool import Pool2d  # needs MPI: only when run
 
-        return Pool2d(spec.name, spec.options, ctx, type(self).forward_kernel,
-                      type(self).backward_kernel)
+        return Pool2d(spec.name, spec.options, ctx, *self.pool_kernels())
