@@ -20,9 +20,11 @@ its adjoint; e.g. the adjoint of an all-gather is a reduce-scatter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
-from hpctrain.partition import block_range, block_ranges
+from hpctrain.partition import BlockRanges, block_range, block_ranges
 
 Box = tuple[tuple[int, int], ...]
 
@@ -46,14 +48,19 @@ class Layout:
     shape : global shape, batch first.
     grid : (Pr, Pc).
     split_axis : the axis cut over the Pr model/domain ranks, or None when replicated over them.
-    split_ranges : the Pr ranges along ``split_axis``; block ranges by default. Explicit ranges
+    split_ranges : the Pr ranges along ``split_axis``; block ranges by default (a
+        :class:`~hpctrain.partition.BlockRanges`, which stores none of them). Explicit ranges
         arise when flattening a channel-split (N, C, H, W) into (N, C·H·W).
+
+    The hash leaves ``split_ranges`` out (they follow from the other fields but for a
+    flattened split, and hashing them would cost O(Pr)), and is made once: layouts key the cost
+    model's tables, looked up many thousand times per plan.
     """
 
     shape: tuple[int, ...]
     grid: tuple[int, int]
     split_axis: int | None = None
-    split_ranges: tuple[tuple[int, int], ...] | None = None
+    split_ranges: Sequence[tuple[int, int]] | None = None
 
     def __post_init__(self) -> None:
         if self.grid[0] == 1:  # one model rank: the "split" holds everything
@@ -63,6 +70,13 @@ class Layout:
             object.__setattr__(self, "split_ranges", ranges)
         if self.split_axis is None:
             object.__setattr__(self, "split_ranges", None)
+        # of integers only (no split: -1), so that it is the same in every process and a
+        # pickled layout keeps a valid one
+        axis = -1 if self.split_axis is None else self.split_axis
+        object.__setattr__(self, "_hash", hash((self.shape, self.grid, axis)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def size(self) -> int:
@@ -76,6 +90,20 @@ class Layout:
         if self.split_axis is not None:
             box[self.split_axis] = self.split_ranges[i]
         return tuple(box)
+
+    @cached_property
+    def largest_block(self) -> tuple[int, ...]:
+        """The largest local shape any rank holds (blocks differ by at most one along each
+        cut). Made once: the cost model asks for it many times per layout."""
+        shape = list(self.shape)
+        shape[BATCH_AXIS] = -(-shape[BATCH_AXIS] // self.grid[1])
+        axis, ranges = self.split_axis, self.split_ranges
+        if axis is not None:
+            if isinstance(ranges, BlockRanges):  # O(1)
+                shape[axis] = ranges.largest()
+            else:  # explicit ranges (a flattened channel split)
+                shape[axis] = max(hi - lo for lo, hi in ranges)
+        return tuple(shape)
 
     def local_shape(self, rank: int) -> tuple[int, ...]:
         return tuple(b - a for a, b in self.box(rank))
@@ -96,16 +124,8 @@ class Layout:
 
 
 def largest_block(layout: Layout) -> tuple[int, ...]:
-    """The largest local shape any rank holds (blocks differ by at most one along each cut)."""
-    shape = list(layout.shape)
-    shape[BATCH_AXIS] = -(-shape[BATCH_AXIS] // layout.grid[1])
-    axis = layout.split_axis
-    if axis is not None:
-        if layout.split_ranges is block_ranges(shape[axis], layout.grid[0]):  # cached: O(1)
-            shape[axis] = -(-shape[axis] // layout.grid[0])
-        else:  # explicit ranges (a flattened channel split)
-            shape[axis] = max(hi - lo for lo, hi in layout.split_ranges)
-    return tuple(shape)
+    """The largest local shape any rank holds (:attr:`Layout.largest_block`)."""
+    return layout.largest_block
 
 
 def intersect(a: Box, b: Box) -> Box | None:

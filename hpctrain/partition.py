@@ -11,6 +11,8 @@ all-gather rather than a general all-to-all.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -31,25 +33,79 @@ def block_range(n: int, parts: int, index: int) -> tuple[int, int]:
     return index * n // parts, (index + 1) * n // parts
 
 
+class BlockRanges(Sequence):
+    """All blocks of ``n`` items cut ``parts`` ways, in order, as a sequence of ``(start, stop)``
+    that stores none of them: any block is found in O(1) (:func:`block_range`). It equals, and
+    hashes like, the tuple of its blocks; the hash, the one O(parts) operation, is made once.
+
+    A planner makes thousands of layouts with P up to thousands of ranks, and asks of most of
+    them only the largest block: materialising every block of every split took a large share
+    of a plan at P = 4096.
+    """
+
+    __slots__ = ("n", "parts", "_hash")
+
+    def __init__(self, n: int, parts: int) -> None:
+        self.n, self.parts, self._hash = n, parts, None
+
+    def __len__(self) -> int:
+        return self.parts
+
+    def __getitem__(self, index: int | slice
+                    ) -> tuple[int, int] | tuple[tuple[int, int], ...]:
+        if isinstance(index, slice):
+            return tuple(self[k] for k in range(*index.indices(self.parts)))
+        k = index + self.parts if index < 0 else index
+        if not 0 <= k < self.parts:
+            raise IndexError(f"block {index} of {self.parts}")
+        return k * self.n // self.parts, (k + 1) * self.n // self.parts
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        n, parts = self.n, self.parts
+        return ((k * n // parts, (k + 1) * n // parts) for k in range(parts))
+
+    def largest(self) -> int:
+        """The size of the largest block, ``ceil(n / parts)``."""
+        return -(-self.n // self.parts)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockRanges):  # the blocks determine (n, parts) and back
+            return (self.n, self.parts) == (other.n, other.parts)
+        if isinstance(other, tuple):
+            return len(other) == self.parts and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(tuple(self))
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"BlockRanges(n={self.n}, parts={self.parts})"
+
+
 @lru_cache(maxsize=4096)
-def block_ranges(n: int, parts: int) -> tuple[tuple[int, int], ...]:
-    """All blocks of ``n`` items cut ``parts`` ways, in order. Cached: a planner makes
-    thousands of layouts over a few (size, parts) pairs."""
-    return tuple(block_range(n, parts, k) for k in range(parts))
+def block_ranges(n: int, parts: int) -> BlockRanges:
+    """All blocks of ``n`` items cut ``parts`` ways, in order (see :class:`BlockRanges`).
+    Cached, so that layouts of the same split share one object and compare in O(1)."""
+    return BlockRanges(n, parts)
+
+
+def _empty_block(n: int, parts: int, what: str) -> str:
+    return (f"{what} of size {n} cannot be split {parts} ways (a rank would be empty); use a "
+            f"grid with at most {n} parts on that axis")
 
 
 def check_split(n: int, parts: int, what: str, layer: str) -> None:
     """Refuse a split that leaves some block empty, naming the layer and the sizes."""
     if parts > n:
-        raise SplitError(
-            f"layer {layer}: {what} of size {n} cannot be split {parts} ways "
-            f"(a rank would be empty); use a grid with at most {n} parts on that axis"
-        )
+        raise SplitError(f"layer {layer}: {_empty_block(n, parts, what)}")
 
 
 def factorisations(p: int) -> list[tuple[int, int]]:
     """Every (Pr, Pc) with Pr*Pc = p, Pr ascending: 6 -> [(1,6), (2,3), (3,2), (6,1)]."""
-    return [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+    low = [r for r in range(1, math.isqrt(p) + 1) if p % r == 0]  # O(√p): p may be thousands
+    return [(r, p // r) for r in low + [p // r for r in reversed(low) if r * r != p]]
 
 
 @dataclass(frozen=True)
@@ -99,40 +155,66 @@ def _needed_clipped(window: Window, out: tuple[int, int], n_in: int) -> tuple[in
     return max(lo, 0), min(hi, n_in), max(0, -lo), max(0, hi - n_in)
 
 
-@lru_cache(maxsize=1024)
 def halo_plans(n_in: int, parts: int, window: Window, layer: str) -> tuple[HaloPlan, ...]:
     """Halo plans for all ``parts`` row blocks of a height-``n_in`` input under ``window``.
 
     Input rows and output rows are both block-split ``parts`` ways. A rank may take halo rows only
-    from its direct neighbours; a window that would need rows two ranks away is refused.
-    Cached: placement, the feasibility checks, the cost model and the layer ask for the same
-    plans, which take O(parts) to make.
+    from its direct neighbours; a window that would need rows two ranks away is refused, naming
+    ``layer``.
     """
+    plans, refusal = _halo_plans(n_in, parts, window)
+    if refusal:
+        raise SplitError(f"layer {layer}: {refusal}")
+    return plans
+
+
+def halo_row_counts(n_in: int, parts: int, window: Window, layer: str
+                    ) -> tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int]]]:
+    """The distinct (top, bottom) numbers of halo rows the ranks of :func:`halo_plans`
+    receive, and those they send: a few, however many ranks, and all a halo exchange's cost
+    depends on."""
+    halo_plans(n_in, parts, window, layer)  # refuses, naming the layer
+    return _halo_row_counts(n_in, parts, window)
+
+
+@lru_cache(maxsize=4096)
+def _halo_row_counts(n_in: int, parts: int, window: Window
+                     ) -> tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int]]]:
+    def rows(*ranges: tuple[int, int]) -> tuple[int, ...]:
+        return tuple(hi - lo for lo, hi in ranges)
+
+    plans, _ = _halo_plans(n_in, parts, window)
+    return (frozenset(rows(p.recv_top, p.recv_bottom) for p in plans),
+            frozenset(rows(p.send_top, p.send_bottom) for p in plans))
+
+
+@lru_cache(maxsize=4096)
+def _halo_plans(n_in: int, parts: int, window: Window) -> tuple[tuple[HaloPlan, ...], str]:
+    """(:func:`halo_plans`, "") or ((), why they cannot be made). Cached apart from the layer,
+    which only a refusal names: placement, the feasibility checks, the cost model and the
+    layer ask for the same plans, for many layers of one shape, and they take O(parts)."""
     n_out = window.out_size(n_in)
     if n_out < 1:
-        raise SplitError(f"layer {layer}: input height {n_in} is smaller than the window {window}")
-    check_split(n_in, parts, "input height", layer)
-    check_split(n_out, parts, "output height", layer)
+        return (), f"input height {n_in} is smaller than the window {window}"
+    for n, what in ((n_in, "input height"), (n_out, "output height")):
+        if parts > n:
+            return (), _empty_block(n, parts, what)
     own = block_ranges(n_in, parts)
     out = block_ranges(n_out, parts)
     need = [_needed_clipped(window, o, n_in) for o in out]
-
-    def recv_ranges(k: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    recvs = []
+    for k in range(parts):
         (a, b, _, _), (h0, h1) = need[k], own[k]
         top = (a, min(h0, b)) if a < h0 else (h0, h0)
         bottom = (max(h1, a), b) if b > h1 else (h1, h1)
         for (r0, r1), nb, side in ((top, k - 1, "above"), (bottom, k + 1, "below")):
             if r1 > r0 and not (0 <= nb < parts and own[nb][0] <= r0 and r1 <= own[nb][1]):
                 held = own[nb][1] - own[nb][0] if 0 <= nb < parts else 0
-                raise SplitError(
-                    f"layer {layer}: row block {k} of {parts} needs {r1 - r0} halo rows from "
-                    f"{side} but that neighbour holds {held} (height {n_in} split {parts} ways, "
-                    f"window {window.kernel}/{window.stride}/{window.pad}); use fewer row splits "
-                    f"or a larger image"
-                )
-        return top, bottom
-
-    recvs = [recv_ranges(k) for k in range(parts)]
+                return (), (f"row block {k} of {parts} needs {r1 - r0} halo rows from {side} "
+                            f"but that neighbour holds {held} (height {n_in} split {parts} "
+                            f"ways, window {window.kernel}/{window.stride}/{window.pad}); use "
+                            f"fewer row splits or a larger image")
+        recvs.append((top, bottom))
     plans = []
     for k in range(parts):
         a, b, pad_top, pad_bottom = need[k]
@@ -142,7 +224,7 @@ def halo_plans(n_in: int, parts: int, window: Window, layer: str) -> tuple[HaloP
         interior = _interior_rows(window, out[k], own[k], n_in)
         plans.append(HaloPlan(own[k], out[k], (a, b), pad_top, pad_bottom, *recvs[k],
                               send_top, send_bottom, interior))
-    return tuple(plans)
+    return tuple(plans), ""
 
 
 def _interior_rows(window: Window, out: tuple[int, int], own: tuple[int, int], n_in: int

@@ -35,12 +35,10 @@ def run_plan(argv: list[str]) -> int:
     from hpctrain.cost.machine import load_machine
     from hpctrain.cost.model import build_cost_model, compute_source
     from hpctrain.files import check_directory, check_output
-    from hpctrain.launch import write_plan_file
     from hpctrain.net import load_net
     from hpctrain.plan import is_plan_file
     from hpctrain.planner import format_plan, plan_network
     from hpctrain.textfile import existing_file
-    from hpctrain.threads import configure_threads
 
     args = build_plan_parser().parse_args(argv)
     for flag in ("procs", "batch"):
@@ -54,7 +52,11 @@ def run_plan(argv: list[str]) -> int:
     machine = load_machine(args.machine)
     backend = Backend(np, DTYPES[args.dtype])
     source = compute_source(machine, args.compute)
-    threads = configure_threads(None, args.threads) if source == "measured" else None
+    threads = None
+    if source == "measured":  # the thread set-up matters only to kernels timed here
+        from hpctrain.threads import configure_threads
+
+        threads = configure_threads(None, args.threads)
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
                              threads=threads)
     planned = plan_network(model, args.mem_per_rank)
@@ -64,5 +66,7 @@ def run_plan(argv: list[str]) -> int:
           + (f" with {threads.describe()}" if threads else ""))
     print(format_plan(planned))
     if args.out:
+        from hpctrain.launch import write_plan_file  # its MPI helpers: only to write a file
+
         write_plan_file(args.out, net, planned, args.procs, args.batch, machine.name)
     return 0

@@ -98,6 +98,21 @@ def test_plan_prints_a_plan_for_4096_processes_without_mpi(tmp_path):
     assert {p.layer for p in plan} == {l.name for l in load_net("alexnet").layers}
 
 
+def test_plan_loads_only_what_planning_runs():
+    """No MPI, no compute kernels, no thread set-up: planning from a FLOP rate needs none, and
+    loading them is a good part of a plan's time."""
+    code = ("import sys; from hpctrain.cli import main; "
+            "rc = main(['plan', '--net', 'resnet18', '--procs', '64', '--batch', '256', "
+            "'--machine', 'cori-knl']); "
+            "bad = [m for m in sys.modules if m.split('.')[0] == 'mpi4py' or m.startswith("
+            "('hpctrain.kernels.conv', 'hpctrain.kernels.pool', 'hpctrain.launch', "
+            "'hpctrain.threads', 'hpctrain.layers.conv'))]; "
+            "assert not bad, bad; sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=ENV)
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["--machine", "nowhere"], "unknown machine 'nowhere'"),
     (["--mem-per-rank", "1K"], "no plan fits in --mem-per-rank"),

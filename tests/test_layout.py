@@ -1,5 +1,6 @@
 """Layouts: coordinates, blocks and the Pr = 1 normalisation (pure maths)."""
 
+import pickle
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hpctrain.layout import (
     Layout,
     box_size,
     grid_coords,
+    largest_block,
     relative_slices,
 )
 
@@ -44,3 +46,30 @@ def test_pr_one_has_no_split():
     layout = Layout((4, 6, 8, 8), (1, 4), CHANNEL_AXIS)
     assert layout.split_axis is None and layout == Layout((4, 6, 8, 8), (1, 4))
     assert box_size(layout.box(3)) == 1 * 6 * 8 * 8
+
+
+def test_explicit_ranges_equal_to_the_block_rule_give_an_equal_layout():
+    """Block ranges are made on demand, yet a layout given the same ranges explicitly (a
+    flattened channel split whose blocks happen to match) is equal and hashes alike."""
+    rule = Layout((4, 72), (4, 1), CHANNEL_AXIS)
+    given = Layout((4, 72), (4, 1), CHANNEL_AXIS, ((0, 18), (18, 36), (36, 54), (54, 72)))
+    other = Layout((4, 72), (4, 1), CHANNEL_AXIS, ((0, 20), (20, 36), (36, 54), (54, 72)))
+    assert rule == given and hash(rule) == hash(given) and len({rule: 1, given: 2}) == 1
+    assert rule != other
+    assert largest_block(rule) == largest_block(given) == (4, 18)
+    assert largest_block(other) == (4, 20)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
+def test_largest_block_is_the_largest_rank_block(p):
+    shape = (7, 5, 6, 3)
+    for layout in layouts(shape, p):
+        assert largest_block(layout) == tuple(
+            max(hi - lo for lo, hi in axis)
+            for axis in zip(*(layout.box(r) for r in range(p)), strict=True))
+
+
+def test_a_pickled_layout_is_equal_and_hashes_alike():
+    layout = Layout((8, 4, 6, 6), (2, 2), HEIGHT_AXIS)
+    copy = pickle.loads(pickle.dumps(layout))
+    assert copy == layout and hash(copy) == hash(layout) and copy.box(3) == layout.box(3)

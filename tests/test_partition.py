@@ -10,6 +10,7 @@ from hpctrain.partition import (
     check_split,
     factorisations,
     halo_plans,
+    halo_row_counts,
 )
 
 
@@ -31,10 +32,27 @@ def test_coarse_blocks_are_unions_of_fine_blocks(n, coarse, fine):
                                              block_range(n, fine, (j + 1) * m - 1)[1])
 
 
+@pytest.mark.parametrize("n,parts", [(10, 4), (7, 7), (5, 1), (100, 6), (4096, 4096), (3, 5)])
+def test_block_ranges_are_the_tuple_of_their_blocks(n, parts):
+    """Made on demand, yet indexed, sliced, compared and hashed as the tuple of blocks."""
+    blocks = block_ranges(n, parts)
+    whole = tuple(block_range(n, parts, k) for k in range(parts))
+    assert tuple(blocks) == whole and len(blocks) == parts
+    assert blocks == whole and whole == blocks and hash(blocks) == hash(whole)
+    assert blocks[-1] == whole[-1] and blocks[1:3] == whole[1:3]
+    assert blocks.largest() == max(hi - lo for lo, hi in whole)
+    assert blocks == block_ranges(n, parts) and blocks != block_ranges(n + 1, parts)
+    assert blocks != whole[:-1] and blocks != list(whole)
+    with pytest.raises(IndexError):
+        blocks[parts]
+
+
 def test_factorisations():
     assert factorisations(6) == [(1, 6), (2, 3), (3, 2), (6, 1)]
     assert factorisations(1) == [(1, 1)]
     assert all(r * c == 12 for r, c in factorisations(12))
+    for p in (16, 36, 97, 360, 4096):  # by divisor pairs, as by trying every Pr
+        assert factorisations(p) == [(r, p // r) for r in range(1, p + 1) if p % r == 0]
 
 
 def test_empty_split_is_refused_with_sizes():
@@ -72,6 +90,29 @@ def test_halo_plans_supply_exactly_the_rows_each_window_reads(window, n_in, part
         for o in range(*p.interior):
             read = {o * window.stride - window.pad + t for t in range(window.kernel)}
             assert {r for r in read if 0 <= r < n_in} <= set(range(*p.own))
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("n_in,parts", [(8, 2), (13, 3), (27, 4), (55, 3), (64, 16)])
+def test_halo_row_counts_are_those_of_the_plans(window, n_in, parts):
+    try:
+        plans = halo_plans(n_in, parts, window, "layer")
+    except SplitError:
+        pytest.skip("split refused (checked separately)")
+    received, sent = halo_row_counts(n_in, parts, window, "layer")
+    assert received == {(p.recv_top[1] - p.recv_top[0], p.recv_bottom[1] - p.recv_bottom[0])
+                        for p in plans}
+    assert sent == {(p.send_top[1] - p.send_top[0], p.send_bottom[1] - p.send_bottom[0])
+                    for p in plans}
+
+
+def test_a_refusal_names_each_layer_of_the_same_shape():
+    """Plans are made once per shape and window, but every layer's refusal names it."""
+    for layer in ("conv9", "conv10"):
+        with pytest.raises(SplitError, match=f"layer {layer}: row block"):
+            halo_plans(12, 6, Window(7, 1, 3), layer)
+        with pytest.raises(SplitError, match=f"layer {layer}: row block"):
+            halo_row_counts(12, 6, Window(7, 1, 3), layer)
 
 
 def test_halo_wider_than_neighbour_is_refused():

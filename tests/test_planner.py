@@ -8,11 +8,17 @@ import pytest
 
 from hpctrain.cost.compute import FlopModel, flops
 from hpctrain.cost.machine import Machine, load_machine
-from hpctrain.cost.model import Choice, CostModel
+from hpctrain.cost.model import (
+    Choice,
+    CostModel,
+    _busiest_receiver_by_rank,
+    _busiest_receiver_closed_form,
+)
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout import HEIGHT_AXIS, Layout, box_size
 from hpctrain.moves import GENERAL, move_kind, transfer_pieces
 from hpctrain.net import load_net, parse_net
+from hpctrain.partition import SplitError, factorisations
 from hpctrain.plan import plan_from_spec
 from hpctrain.planner import PlannerError, choices_of, evaluate, format_plan, plan_network
 
@@ -116,16 +122,16 @@ def test_too_many_processes_for_a_layer_is_a_clear_error():
 
 # -- the cost of a general move against its exact pieces -------------------------------------
 
-@pytest.mark.parametrize("procs", [2, 4, 8])
-def test_general_move_volume_is_the_busiest_receiver(procs):
+@pytest.mark.parametrize("procs,shape", [(2, (16, 8, 8, 8)), (4, (16, 8, 8, 8)),
+                                         (8, (16, 8, 8, 8)), (6, (24, 12, 12, 6)),
+                                         (12, (24, 12, 12, 6))])
+def test_general_move_volume_is_the_busiest_receiver(procs, shape):
     """With sizes that divide evenly, the model's busiest receiver gets the bytes and the
-    messages of the exact pieces."""
-    shape = (16, 8, 8, 8)
+    messages of the exact pieces: in closed form on 2^k ranks, rank by rank on others."""
     model = model_of(load_net("smallcnn"), 16, procs, Machine("bytes", 1e-30, 1.0, 1e9),
                      itemsize=1)
     latency = model_of(load_net("smallcnn"), 16, procs, Machine("messages", 1.0, 1e-30, 1e9))
-    layouts = [Layout(shape, g, a) for g in ((r, procs // r) for r in (1, 2, 4, 8)
-                                             if procs % r == 0) for a in (None, 1, 2)]
+    layouts = [Layout(shape, g, a) for g in factorisations(procs) for a in (None, 1, 2)]
     for src in layouts:
         for dst in layouts:
             if move_kind(src, dst) != GENERAL:
@@ -140,6 +146,55 @@ def test_general_move_volume_is_the_busiest_receiver(procs):
             assert forward == pytest.approx(max(received), rel=1e-9), (src, dst)
             _, forward, _ = latency.move_cost(src, dst)
             assert forward == pytest.approx(max(messages), rel=1e-9), (src, dst)
+
+
+@pytest.mark.parametrize("procs", [1, 2, 8, 64, 1024])
+def test_the_busiest_receiver_in_closed_form_is_the_one_found_rank_by_rank(procs):
+    """Bit for bit: on 2^k ranks every fraction of a block is exact in floating point."""
+    grids = factorisations(procs)
+    for src_grid, dst_grid in itertools.product(grids, grids):
+        for src_split, dst_split in itertools.product((None, 1, 2), repeat=2):
+            src_split = src_split if src_grid[0] > 1 else None  # as Layout drops it
+            dst_split = dst_split if dst_grid[0] > 1 else None
+            by_rank = _busiest_receiver_by_rank((src_grid, src_split), (dst_grid, dst_split))
+            assert _busiest_receiver_closed_form(src_grid[0], src_split, dst_grid[0],
+                                                 dst_split) == by_rank
+
+
+def each_its_own(model):
+    """``model`` with every layer and segment unlike any other: nothing is laid out or priced
+    once for several."""
+    model._alike_layer = list(range(len(model.net.layers)))
+    model._first_alike = list(range(len(model.segments)))
+    return model
+
+
+@pytest.mark.parametrize("name,batch,procs", [("resnet50", 64, 64), ("inception_v3", 32, 16),
+                                              ("resnet18", 12, 6)])
+def test_blocks_alike_cost_what_each_costs_alone(name, batch, procs):
+    net = load_net(name)
+    shared, alone = model_of(net, batch, procs), each_its_own(model_of(net, batch, procs))
+    assert len(set(shared._first_alike)) < len(shared.segments)  # the net repeats its blocks
+    for k in range(len(shared.segments)):
+        assert shared.choices(k) == alone.choices(k)
+        for choice in shared.choices(k):
+            ours, theirs = shared.segment_cost(k, choice), alone.segment_cost(k, choice)
+            assert ours.layouts == theirs.layouts and ours.layers == theirs.layers
+    assert format_plan(plan_network(shared)) == format_plan(plan_network(alone))
+
+
+def test_a_refused_choice_names_the_segments_own_layer():
+    """Segments alike are laid out once, but a refusal names the layer asked about."""
+    model = model_of(load_net("resnet50"), 64, 64)
+    twin = next(s for s, first in enumerate(model._first_alike) if first != s)
+    own, other = (model.net.layers[model.segments[s][0]].name
+                  for s in (twin, model._first_alike[twin]))
+    choice = Choice("domain", (64, 1))  # 64 row blocks: more than any feature map has rows
+    assert model.segment_layouts(twin, choice) is None
+    with pytest.raises(SplitError, match=f"^layer {own} cannot run domain 64x1: layer {own}:"):
+        model.runnable_layouts(twin, choice)
+    with pytest.raises(SplitError, match=f"^layer {other} cannot run"):
+        model.runnable_layouts(model._first_alike[twin], choice)
 
 
 def test_flop_model_counts_a_convolution():

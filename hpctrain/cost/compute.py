@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable
 from functools import lru_cache
@@ -52,7 +51,11 @@ class FlopModel:
         self.rate = flops_per_second
 
     def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
-        return {w: tuple(f / self.rate for f in flops(w)) for w in works}
+        found: dict[LocalWork, tuple[float, float]] = {}
+        for w in works:  # a planner's list repeats works many times: each is counted once
+            if w not in found:
+                found[w] = tuple(f / self.rate for f in flops(w))
+        return found
 
 
 # The modules whose code runs inside a timing: a change to any of them makes old timings stale.
@@ -202,6 +205,8 @@ class MeasuredCompute:
             fn()
             self.backend.sync()
             samples.append(time.perf_counter() - start)
+        import statistics  # here: it loads fractions and decimal, which planning never needs
+
         return statistics.median(samples), output
 
     def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:

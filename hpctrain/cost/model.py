@@ -87,6 +87,13 @@ class LayerCost:
     work: LocalWork | None = field(default=None, repr=False)
     update: LocalWork | None = field(default=None, repr=False)  # the optimizer, with backward
 
+    def for_layer(self, layer: str) -> LayerCost:
+        """A copy for ``layer``, priced alike, with memory tables of its own to amend."""
+        twin = object.__new__(LayerCost)  # a shallow copy: copy.copy takes three times longer
+        twin.__dict__.update(self.__dict__)
+        twin.layer, twin.resident, twin.transient = layer, dict(self.resident), dict(self.transient)
+        return twin
+
     @property
     def total(self) -> float:
         return sum(self.compute) + sum(self.comm) + sum(self.redistribution)
@@ -145,16 +152,58 @@ def _intervals(ranks: np.ndarray, grid: tuple[int, int], split: int | None, axis
 
 
 @lru_cache(maxsize=65536)
-def _busiest_receiver(src: tuple, dst: tuple, ndim: int) -> tuple[float, int]:
+def _busiest_receiver(src: tuple, dst: tuple) -> tuple[float, int]:
     """For layouts given as (grid, split axis): the largest share of its block a rank must
     receive from others in a general move, and the most messages a rank receives, one per
-    source block it overlaps other than its own (even splits)."""
+    source block it overlaps other than its own (even splits).
+
+    In closed form when every fraction of a block boundary is exact in binary floating point
+    (the grids' sides that cut an axis are powers of two, as for any P = 2^k); otherwise rank
+    by rank, whose rounding differs from rank to rank in the last bit, which the plan keeps."""
+    (src_grid, src_split), (dst_grid, dst_split) = src, dst
+    cuts = [src_grid[1], dst_grid[1]]  # the batch is always cut Pc ways
+    cuts += [grid[0] for grid, split in (src, dst) if split is not None]
+    if all(n & (n - 1) == 0 for n in cuts):
+        return _busiest_receiver_closed_form(src_grid[0], src_split, dst_grid[0], dst_split)
+    return _busiest_receiver_by_rank(src, dst)
+
+
+def _busiest_receiver_closed_form(src_pr: int, src_split: int | None, dst_pr: int,
+                                  dst_split: int | None) -> tuple[float, int]:
+    """:func:`_busiest_receiver` when one of ``src_pr``, ``dst_pr`` divides the other (powers
+    of two), in O(1).
+
+    Along the batch, rank r's source block is the batch share of the ``src_pr`` consecutive
+    ranks ``src_pr·⌊r/src_pr⌋ …`` and its target block that of ``dst_pr`` ranks: with
+    ``src_pr ≥ dst_pr`` the target lies inside the source, else it takes ``dst_pr/src_pr``
+    source blocks, each ``src_pr/dst_pr`` of it. Along an axis that only the source splits,
+    every rank holds 1/Pr_src of what it needs, from all Pr_src parts; along one only the target
+    splits, it holds all of it. Along one both split with different Pr, some rank's part of
+    the source lies outside its part of the target: it holds nothing it needs. Every value
+    is a power of two, so the floating-point result is exact, as rank by rank.
+    """
+    kept = min(src_pr, dst_pr) / dst_pr
+    blocks = max(1, dst_pr // src_pr)  # source blocks the busiest rank's target block meets
+    if src_split is not None and src_split == dst_split:
+        if src_pr == dst_pr:  # the same split (ranges given otherwise): nothing moves
+            return 0.0, 0
+        return 1.0, blocks * max(1, src_pr // dst_pr)
+    if src_split is not None:
+        kept /= src_pr
+        blocks *= src_pr
+    return 1 - kept, blocks - 1  # its own block needs no message
+
+
+def _busiest_receiver_by_rank(src: tuple, dst: tuple) -> tuple[float, int]:
+    """:func:`_busiest_receiver` rank by rank, in O(P): every axis but the batch and the split
+    ones multiplies each rank's share by exactly 1 and its messages by 1, so only those are
+    visited."""
     (src_grid, src_split), (dst_grid, dst_split) = src, dst
     ranks = np.arange(src_grid[0] * src_grid[1])
     kept = np.ones(len(ranks))
     messages = np.ones(len(ranks), dtype=np.int64)
     eps = 1e-9
-    for axis in range(ndim):
+    for axis in sorted({BATCH_AXIS, src_split, dst_split} - {None}):
         s0, s1, s_parts = _intervals(ranks, src_grid, src_split, axis)
         d0, d1, _ = _intervals(ranks, dst_grid, dst_split, axis)
         kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / (d1 - d0)
@@ -205,7 +254,21 @@ class CostModel:
         self._segments: dict[tuple[int, Choice], SegmentCost] = {}
         self._timed: set[tuple[int, Choice]] = set()  # segments whose compute is filled in
         self._layout_cache: dict[tuple[int, Choice], list[LayerLayouts] | None] = {}
-        self._unrunnable: dict[tuple[int, Choice], str] = {}  # why a cached None cannot run
+        self._moves: dict[tuple[Layout, Layout], tuple[str, float, float]] = {}
+        # each layer's inputs by their shapes alone, on 1×P (see _fed)
+        self._unplaced = [tuple(Layout((batch, *(net.input_shape if p < 0 else net.out_shapes[p])),
+                                       (1, procs)) for p in net.producers(k))
+                          for k in range(len(net.layers))]
+        # A net repeats its blocks: layers alike (see _layer_facts) share a number, and are
+        # priced once on equal layouts; each segment knows the first segment alike (see
+        # _segment_facts), which is laid out for it
+        numbers: dict[tuple, int] = {}
+        self._alike_layer = [numbers.setdefault(self._layer_facts(k), len(numbers))
+                             for k in range(len(net.layers))]
+        firsts: dict[tuple, int] = {}
+        self._first_alike = [firsts.setdefault(self._segment_facts(members), s)
+                             for s, members in enumerate(self.segments)]
+        self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
 
     # -- candidates ---------------------------------------------------------------------------
 
@@ -217,35 +280,54 @@ class CostModel:
                   for mode in kind.modes]
         return [c for c in found if self.segment_layouts(segment, c) is not None]
 
+    def _layer_facts(self, index: int) -> tuple:
+        """All that pricing layer ``index`` on given layouts reads of the net, its name aside:
+        its kind and options (a kind lays out and prices a layer from these, the name only
+        labelling a refusal), whether its input gradient is wanted, whether what reaches it is
+        kept anyway, and whether its output has several readers."""
+        spec = self.net.layers[index]
+        return (spec.kind, spec.options, self.net.reads_layers(index),
+                self.kept_upstream(index), len(self.net.consumers.get(index, ())) > 1)
+
+    def _segment_facts(self, members: list[int]) -> tuple:
+        """All that laying out and pricing a segment under a choice reads of the net, names
+        aside: per layer, its number alike, which member feeds its first input, and the shapes
+        of its inputs and output."""
+        net, position = self.net, {k: i for i, k in enumerate(members)}
+        return tuple((self._alike_layer[k], position.get(net.producers(k)[0]),
+                      tuple(net.input_shape if p < 0 else net.out_shapes[p]
+                            for p in net.producers(k)), net.out_shapes[k]) for k in members)
+
     def segment_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts] | None:
         """Layouts of each layer of the segment, or None if the choice cannot run (a split
-        with an empty part, or a halo wider than a neighbour's rows)."""
-        key = (segment, choice)
+        with an empty part, or a halo wider than a neighbour's rows). Made once for all
+        segments alike."""
+        key = (self._first_alike[segment], choice)
         if key not in self._layout_cache:
             try:
-                self._layout_cache[key] = self._segment_layouts(segment, choice)
-            except SplitError as err:
-                self._layout_cache[key], self._unrunnable[key] = None, str(err)
+                self._layout_cache[key] = self._segment_layouts(*key)
+            except SplitError:
+                self._layout_cache[key] = None
         return self._layout_cache[key]
 
     def runnable_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts]:
         """:meth:`segment_layouts`, refusing a choice that cannot run with the reason."""
         layouts = self.segment_layouts(segment, choice)
-        if layouts is None:
-            name = self.net.layers[self.segments[segment][0]].name
-            raise SplitError(f"layer {name} cannot run {choice.describe()}: "
-                             f"{self._unrunnable[(segment, choice)]}")
-        return layouts
+        if layouts is not None:
+            return layouts
+        name = self.net.layers[self.segments[segment][0]].name
+        try:  # refused again, for a reason that names this segment's layers (not its twin's)
+            return self._segment_layouts(segment, choice)
+        except SplitError as err:
+            raise SplitError(f"layer {name} cannot run {choice.describe()}: {err}") from None
 
     def _fed(self, k: int, known: dict[int, Layout]) -> tuple[Layout, ...]:
         """What layer ``k``'s inputs arrive on as far as its own layouts go: its first input's
         producer's output (in ``known``); the others give only their shapes (a kind's layouts
         depend on its first input's layout alone)."""
-        fed = []
-        for e, p in enumerate(self.net.producers(k)):
-            shape = (self.batch, *(self.net.input_shape if p < 0 else self.net.out_shapes[p]))
-            fed.append(known[p] if e == 0 and p in known else Layout(shape, (1, self.procs)))
-        return tuple(fed)
+        unplaced = self._unplaced[k]
+        return tuple(known[p] if e == 0 and p in known else unplaced[e]
+                     for e, p in enumerate(self.net.producers(k)))
 
     def _segment_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts]:
         known: dict[int, Layout] = {}
@@ -269,7 +351,15 @@ class CostModel:
     # -- costs --------------------------------------------------------------------------------
 
     def move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
-        """(kind, forward s, backward s) of redistributing ``src`` into ``dst``."""
+        """(kind, forward s, backward s) of redistributing ``src`` into ``dst``. Made once per
+        pair: the planner prices the same moves (from a segment's output under each of its
+        choices into each choice of the next) many times over."""
+        cost = self._moves.get((src, dst))
+        if cost is None:
+            cost = self._moves[src, dst] = self._move_cost(src, dst)
+        return cost
+
+    def _move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
         kind = move_kind(src, dst)
         if kind in (IDENTITY, SLICE):
             return kind, 0.0, 0.0
@@ -279,7 +369,7 @@ class CostModel:
             return (kind, allgather_time(self.machine, pr, block_bytes),
                     reduce_scatter_time(self.machine, pr, block_bytes))
         share, messages = _busiest_receiver((src.grid, src.split_axis),
-                                            (dst.grid, dst.split_axis), len(dst.shape))
+                                            (dst.grid, dst.split_axis))
         t = exchange_time(self.machine, self.procs, messages, share * block_bytes)
         return kind, t, t
 
@@ -332,7 +422,7 @@ class CostModel:
         top of what the layer's own estimate counts (which assumes no move): the new array when
         the layer keeps it, and the buffers of the move (forward: a contiguous copy of the
         block, the receive buffer, the result; backward the same for the gradient)."""
-        kind = move_kind(src, dst)
+        kind = self.move_cost(src, dst)[0]
         if kind == IDENTITY:
             return {}, {}
         b = self.itemsize
@@ -361,9 +451,12 @@ class CostModel:
             self._timed.add(key)
         return self._segments[key]
 
-    def _fill_compute(self, costs: list[LayerCost]) -> None:
-        """Each layer's compute: its kernels' times, plus the optimizer's in the backward."""
-        times = self.compute.times([w for c in costs for w in (c.work, c.update) if w])
+    def _fill_compute(self, costs: list[LayerCost],
+                      times: dict[LocalWork, tuple[float, float]] | None = None) -> None:
+        """Each layer's compute: its kernels' times (from ``times`` when they are known),
+        plus the optimizer's in the backward."""
+        if times is None:
+            times = self.compute.times([w for c in costs for w in (c.work, c.update) if w])
         for cost in costs:
             if cost.work is not None:
                 cost.compute = times[cost.work]
@@ -373,7 +466,16 @@ class CostModel:
     def layer_cost(self, index: int, mode: str, layouts: LayerLayouts,
                    fed: Layout | None) -> LayerCost:
         """Layer ``index`` on ``layouts``, fed its first input from ``fed`` (None: counted
-        elsewhere, by whoever knows the producer's layout), untimed."""
+        elsewhere, by whoever knows the producer's layout), untimed. Priced once for all
+        layers alike on equal layouts."""
+        key = (self._alike_layer[index], mode, layouts, fed)
+        priced = self._priced.get(key)
+        if priced is None:
+            priced = self._priced[key] = self._price_layer(index, mode, layouts, fed)
+        return priced.for_layer(self.net.layers[index].name)
+
+    def _price_layer(self, index: int, mode: str, layouts: LayerLayouts,
+                     fed: Layout | None) -> LayerCost:
         spec = self.net.layers[index]
         kind = KINDS[spec.kind]
         cost = LayerCost(spec.name, spec.kind, mode, layouts.output.grid)
@@ -459,9 +561,9 @@ class CostModel:
         costs = [self.segment_cost(k, c, timed=False) for k, c in todo]
         works = [w for cost in costs for c in cost.layers for w in (c.work, c.update) if w]
         works += [LocalWork("data", largest_block(self.input_layout(c))) for c in choices[0]]
-        self.compute.times(works)
+        times = self.compute.times(works)
         for key, cost in zip(todo, costs, strict=True):
-            self._fill_compute(cost.layers)
+            self._fill_compute(cost.layers, times)
             self._timed.add(key)
 
 

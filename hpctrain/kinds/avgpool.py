@@ -11,7 +11,6 @@ from typing import Any
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.work import LocalWork
-from hpctrain.kernels.pool import avgpool_backward, avgpool_forward
 from hpctrain.kinds.base import BuildContext, Footprint, LayerSpec, Shape, larger
 from hpctrain.kinds.options import Key, NetError, pair
 from hpctrain.kinds.window import POOL_KEYS, PoolKind, PoolOptions, padded_bytes
@@ -29,8 +28,11 @@ def _kernel(key: str, text: str, where: str) -> tuple[int, int] | None:
 class AvgPoolKind(PoolKind):
     name = "avgpool"
     keys = {**POOL_KEYS, "kernel": Key(_kernel)}
-    forward_kernel = avgpool_forward
-    backward_kernel = avgpool_backward
+
+    def pool_kernels(self) -> tuple[Callable, Callable]:
+        from hpctrain.kernels.pool import avgpool_backward, avgpool_forward
+
+        return avgpool_forward, avgpool_backward
 
     def parse(self, texts: dict[str, str], where: str) -> PoolOptions:
         o = super().parse(texts, where)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.cost.work import LocalWork
-from hpctrain.kernels.activations import dropout_mask
 from hpctrain.kinds.base import (
     RANDOM_BYTES,
     BuildContext,
@@ -34,6 +33,9 @@ class DropoutKind(Kind):
     def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
                 ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
         """The mask is drawn by the counter RNG in every forward."""
+        # only timing runs the kernels: planning never loads them
+        from hpctrain.kernels.activations import dropout_mask
+
         x = random(work.x)
         box = tuple((0, n) for n in work.x)
         mask = dropout_mask(xp, 1, 0.5, work.x, box, dtype)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
 from hpctrain.kinds.base import BOOL_BYTES, Footprint, LayerSpec, larger
 from hpctrain.kinds.options import NetError
 from hpctrain.kinds.window import PoolKind, PoolOptions, padded_bytes, padded_copy_bytes
@@ -13,8 +13,11 @@ from hpctrain.kinds.window import PoolKind, PoolOptions, padded_bytes, padded_co
 class MaxPoolKind(PoolKind):
     name = "maxpool"
     keeps_output = True
-    forward_kernel = maxpool_forward
-    backward_kernel = maxpool_backward
+
+    def pool_kernels(self) -> tuple[Callable, Callable]:
+        from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+
+        return maxpool_forward, maxpool_backward
 
     def parse(self, texts: dict[str, str], where: str) -> PoolOptions:
         o = super().parse(texts, where)

@@ -19,7 +19,7 @@ from hpctrain.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape
 from hpctrain.kinds.options import Key, NetError, pair
 from hpctrain.layers.base import Layer
 from hpctrain.layout import HEIGHT_AXIS, Layout, largest_block
-from hpctrain.partition import HaloPlan, SplitError, Window, halo_plans
+from hpctrain.partition import HaloPlan, SplitError, Window, halo_plans, halo_row_counts
 
 WINDOW_KEYS = {"kernel": Key(pair(1)), "stride": Key(pair(1), "1"), "pad": Key(pair(0), "0")}
 # pooling: stride 0 (the default) means the kernel, filled in by PoolKind.parse
@@ -81,14 +81,14 @@ def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: in
         return 0.0, 0.0
     n, c, _, w = largest_block(layout)
     row_bytes = n * c * w * itemsize
-    forward = backward = 0.0
-    for p in halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], rows(spec.options),
-                        spec.name):
-        received = [r[1] - r[0] for r in (p.recv_top, p.recv_bottom)]
-        sent = [r[1] - r[0] for r in (p.send_top, p.send_bottom)]
-        forward = max(forward, sum(halo_time(machine, k * row_bytes) for k in received))
-        backward = max(backward, sum(halo_time(machine, k * row_bytes) for k in sent))
-    return forward, backward
+    received, sent = halo_row_counts(layout.shape[HEIGHT_AXIS], layout.grid[0],
+                                     rows(spec.options), spec.name)
+
+    def busiest(counts: frozenset[tuple[int, int]]) -> float:
+        return max([0.0, *(sum(halo_time(machine, k * row_bytes) for k in pair)
+                           for pair in counts)])
+
+    return busiest(received), busiest(sent)
 
 
 @dataclass(frozen=True)
@@ -143,15 +143,17 @@ class WindowKind(Kind):
 class PoolKind(WindowKind):
     """A pooling kind: a window reduction per channel on the layout that feeds it.
 
-    Subclasses give the local kernels (``forward_kernel``, ``backward_kernel``, as
-    :class:`~hpctrain.layers.pool.Pool2d` takes them); their options have ``kernel``,
+    Subclasses give the local kernels (:meth:`pool_kernels`); their options have ``kernel``,
     ``stride`` and ``pad``, and a stride of 0 means the kernel.
     """
 
     keys = POOL_KEYS
     options = PoolOptions
-    forward_kernel: Callable
-    backward_kernel: Callable
+
+    def pool_kernels(self) -> tuple[Callable, Callable]:
+        """(forward, backward) kernels, as :class:`~hpctrain.layers.pool.Pool2d` takes them;
+        imported when asked for, as only timing and training run them."""
+        raise NotImplementedError
 
     def parse(self, texts: dict[str, str], where: str) -> Any:
         o = super().parse(texts, where)
@@ -182,7 +184,7 @@ class PoolKind(WindowKind):
     def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
                 ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
         x = random(work.x)
-        forward_kernel, backward_kernel = type(self).forward_kernel, type(self).backward_kernel
+        forward_kernel, backward_kernel = self.pool_kernels()
 
         def backward_of(out: Any) -> Callable[[], Any]:
             y, cache = out
@@ -194,5 +196,4 @@ class PoolKind(WindowKind):
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.pool import Pool2d  # needs MPI: only when run
 
-        return Pool2d(spec.name, spec.options, ctx, type(self).forward_kernel,
-                      type(self).backward_kernel)
+        return Pool2d(spec.name, spec.options, ctx, *self.pool_kernels())
