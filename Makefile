@@ -99,11 +99,7 @@ $(BENCH_STAMP): $(STAMP)
 	touch $@
 
 bench: install $(BENCH_STAMP)
-	for net in alexnet vgg16; do \
-	  start=$$(date +%s%N); \
-	  $(PY) -m hpctrain plan --net $$net --procs 4096 --batch 2048 --machine cori-knl >/dev/null; \
-	  echo "plan $$net P=4096 B=2048: $$(( ($$(date +%s%N) - start) / 1000000 )) ms (whole process)"; \
-	done
+	$(PY) bench/planning.py --repeat 5
 	$(PY) bench/moves.py
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain calibrate
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain compare-plans --net $(BENCH_NET) \
