@@ -242,13 +242,11 @@ class Outcome:
 
 def cost_choices(model: CostModel, choices: list[Choice]) -> Outcome:
     """:func:`~hpctrain.planner.evaluate` of ``choices``, or the first segment's reason it
-    cannot run (evaluate would cost a split with an empty part as if it could)."""
-    for segment, choice in enumerate(choices):
-        try:
-            model.runnable_layouts(segment, choice)
-        except SplitError as err:
-            return Outcome(None, str(err))
-    return Outcome(evaluate(model, choices))
+    cannot run."""
+    try:
+        return Outcome(evaluate(model, choices))
+    except SplitError as err:
+        return Outcome(None, str(err))
 
 
 def describe_plan(planned: PlannedNetwork) -> str:
