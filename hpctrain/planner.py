@@ -359,8 +359,8 @@ def _plan_tables(model: CostModel, candidates: list[list[Choice]], weighed: bool
     for s, found in enumerate(candidates):
         tables.append(table((s,), [model.segment_cost(s, c) for c in found]))
     prelude = model.prelude_costs()
-    if weighed and prelude:
-        tables.append(Table((), 0.0, sum(c.memory for c in prelude),
+    if prelude:  # the leading layers without weights: the same under every choice
+        tables.append(Table((), sum(c.total for c in prelude), sum(c.memory for c in prelude),
                             max(c.peak for c in prelude)))
     fixed = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
     sources = [model.input_layout(c) for c in candidates[0]]  # where the batch is produced
