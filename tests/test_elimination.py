@@ -5,8 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hpctrain.elimination import (Table, TooLarge, elimination_order, minimise,
-                                  minimise_under_cap)
+from hpctrain.elimination import Table, TooLarge, elimination_order, minimise, minimise_under_cap
 
 
 def at(table, what, choice):

@@ -4,10 +4,11 @@ A :class:`~hpctrain.cost.work.LocalWork` is what one rank computes for one layer
 grid: the kernel and the exact local shapes (the largest block, since the slowest rank sets the
 pace); its layer kind says how to run and count it.
 :class:`MeasuredCompute` runs the real forward and backward kernels at those shapes (warm-up, then
-the median of up to 5 samples within a time budget) and caches the result on disk under a key that
-holds everything that changes a timing (:func:`timing_context`: the device, dtype, threads per
-rank, ranks per node, BLAS library, and the hpctrain version with a hash of the timed code), so a
-second plan of the same net is instant and a timing taken under other conditions is never used.
+the mean of up to 5 samples of the slowest rank, within a time budget) and caches the result on
+disk under a key that holds everything that changes a timing (:func:`timing_context`: the
+device, dtype, threads per rank, ranks per node, BLAS library, and the hpctrain version with a
+hash of the timed code), so a second plan of the same net is instant and a timing taken under
+other conditions is never used.
 When P ranks plan together they time each kernel at the same moment, so the times include the
 contention of training (shared cores, memory bandwidth). :class:`FlopModel` stands in when planning
 for a machine we are not on.
@@ -179,8 +180,14 @@ class MeasuredCompute:
             self.known = comm.bcast(self.known, root=0)
 
     def _time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
-        """Median seconds of ``fn`` after a warm-up, every rank running it at the same moment,
-        and what the warm-up returned.
+        """Seconds of ``fn`` on the slowest rank, every rank running it at the same moment
+        (the mean over samples of each sample's slowest rank), and what the warm-up returned.
+
+        Training waits for the slowest rank at every collective, so a layer costs the expected
+        maximum over ranks of its time, not any one rank's typical time: when two ranks' calls
+        jitter independently, the maximum lies above either's median. The mean (not the
+        median) of those maxima, because a step sums hundreds of layers and so pays the
+        occasional slow call in proportion.
 
         The samples fit a budget of about ``SAMPLE_BUDGET`` seconds, between 1 and ``repeats``
         of them: planning times every candidate's kernels, and a long kernel varies little from
@@ -197,17 +204,17 @@ class MeasuredCompute:
 
             warm = self.comm.allreduce(warm, op=MPI.MAX)
         repeats = max(1, min(self.repeats, int(SAMPLE_BUDGET / max(warm, 1e-9))))
-        samples = []
-        for _ in range(repeats):
+        samples = np.empty(repeats)
+        for k in range(repeats):
             if self.comm is not None:
                 self.comm.Barrier()
             start = time.perf_counter()
             fn()
             self.backend.sync()
-            samples.append(time.perf_counter() - start)
-        import statistics  # here: it loads fractions and decimal, which planning never needs
-
-        return statistics.median(samples), output
+            samples[k] = time.perf_counter() - start
+        if self.comm is not None:  # sample k of every rank ran at the same moment
+            self.comm.Allreduce(MPI.IN_PLACE, samples, MPI.MAX)
+        return float(samples.mean()), output
 
     def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
         todo = sorted({w for w in works if self.prefix + w.key() not in self.known},
