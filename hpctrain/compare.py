@@ -18,7 +18,12 @@ import numpy as np
 
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.net import NetSpec, load_net
-from hpctrain.options import add_net_options, add_planning_options, add_threads_option
+from hpctrain.options import (
+    add_net_options,
+    add_overlap_option,
+    add_planning_options,
+    add_threads_option,
+)
 from hpctrain.partition import SplitError, factorisations
 from hpctrain.plan import plan_from_spec
 from hpctrain.planner import PlannedNetwork, predict
@@ -54,6 +59,7 @@ def build_compare_parser() -> argparse.ArgumentParser:
                         help="compute precision (default: %(default)s)")
     parser.add_argument("--log", default=None, help="write every plan's timings to this HDF5")
     add_threads_option(parser)
+    add_overlap_option(parser)
     add_planning_options(parser)
     return parser
 
@@ -74,7 +80,8 @@ class Outcome:
 def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm) -> Outcome:
     from hpctrain.train import TrainConfig, train
 
-    config = TrainConfig(args.batch, args.steps, 0.001, 0.9, 5e-4, 0, args.steps)
+    config = TrainConfig(args.batch, args.steps, 0.001, 0.9, 5e-4, 0, args.steps,
+                         overlap=args.overlap)
     result = train(net, planned.plans, config, backend, comm, out=lambda *_: None)
     return Outcome("", planned, result.iteration, result.layer_times, result.fastest_rank_times)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hpctrain.backend import Backend
 from hpctrain.comm.agree import agreed
 from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.comm.gradients import GradientReducer
 from hpctrain.comm.redistribute import Redistribute
 from hpctrain.errors import UserError
 from hpctrain.grid import GridSet
@@ -27,7 +29,10 @@ class Network:
 
     Every edge whose producer and consumer layouts differ gets a :class:`Redistribute`, which
     moves activations forward and gradients back. A tensor read by several layers gets the sum
-    of the gradients that come back. After the last layer the logits are replicated over the
+    of the gradients that come back. Parameter gradients are summed over the ranks holding the
+    same shard as soon as each layer's backward has made them; with ``overlap``, in flight while
+    the backward goes on (:class:`~hpctrain.comm.gradients.GradientReducer`).
+    After the last layer the logits are replicated over the
     last grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples,
     so each sample's loss (and gradient) is counted exactly once.
 
@@ -38,7 +43,7 @@ class Network:
     """
 
     def __init__(self, net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet,
-                 backend: Backend, seed: int = 0) -> None:
+                 backend: Backend, seed: int = 0, overlap: bool = False) -> None:
         if len(plan) != len(net.layers):
             raise PlanError(f"plan has {len(plan)} entries but net {net.name} has "
                             f"{len(net.layers)} layers")
@@ -73,6 +78,7 @@ class Network:
         self.labels_box = self.loss_layout.box(self.rank)[0]  # the samples of its loss
         # in each batch group the rank with i = 0 owns its samples' loss (see the class doc)
         self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
+        self.gradient_sums = GradientReducer(backend, in_flight=overlap)
 
     @property
     def params(self) -> list[Parameter]:
@@ -119,18 +125,32 @@ class Network:
         return logits
 
     def backward(self, dlogits: Any, trace: list | None = None,
-                 times: StepTimes | None = None) -> None:
-        """Parameter gradients from dLoss/dlogits; ``trace`` collects each layer's input
-        gradient (a list of one per input for a layer of several inputs).
+                 times: StepTimes | None = None,
+                 update: Callable[[list[Parameter]], None] | None = None) -> None:
+        """Parameter gradients from dLoss/dlogits, summed over the ranks that share each
+        shard; ``trace`` collects each layer's input gradient (a list of one per input for a
+        layer of several inputs).
 
-        ``times`` (from :meth:`step_times`) is filled with each layer's and move's backward time.
+        Each layer's parameter gradients start on their way as soon as its backward has made
+        them; ``update(params)`` (the optimizer) runs for each group as soon as its sum has
+        arrived, during the backward or while the last sums are awaited at its end. ``times``
+        (from :meth:`step_times`) is filled with each layer's and move's backward time; the
+        first layer's also holds that final wait, and the updates made then.
         """
         grads: dict[int, Any] = {}
+        sums = self.gradient_sums
+        sums.start(update)
         with StepTimer(self.backend, times) as timer:
             grads[len(self.layers) - 1] = self.to_loss.backward(dlogits)
             timer.backward_move(LOSS, self.to_loss)
             for k in reversed(range(len(self.layers))):
-                dxs = self.layers[k].backward(grads.pop(k))
+                layer = self.layers[k]
+                dxs = layer.backward(grads.pop(k))
+                if layer.params:
+                    sums.add(layer.grad_comm, layer.params)
+                sums.progress()  # between kernels: MPI moves the sums on only when called
+                if k == 0:
+                    sums.finish()
                 timer.backward_layer(k)
                 if trace is not None:
                     trace.insert(0, dxs)
@@ -140,24 +160,28 @@ class Network:
                     if dx is None or p < 0:
                         continue
                     dy = move.backward(dx)
+                    sums.progress()
                     timer.backward_move(k, move)
                     grads[p] = dy if p not in grads else grads[p] + dy
 
     def train_step(self, data: Any, step: int, outputs: list | None = None,
-                   input_grads: list | None = None,
-                   times: StepTimes | None = None) -> tuple[float, float]:
+                   input_grads: list | None = None, times: StepTimes | None = None,
+                   update: Callable[[list[Parameter]], None] | None = None
+                   ) -> tuple[float, float]:
         """Forward, loss and backward on batch ``step`` of ``data``: (mean loss, accuracy).
 
         Each rank reads only its own block of the batch. ``outputs`` and ``input_grads`` collect
         every layer's output and input gradient (for verification). ``times`` (from
         :meth:`step_times`) is filled with this rank's per-layer times and the whole step's.
+        ``update``: see :meth:`backward`; without it every summed gradient is left in
+        ``Parameter.grad`` for an optimizer step after this one.
         """
         with StepTimer(self.backend, times) as timer:
             x = data.images(step, self.input_box)
             logits = self.forward(x, step, outputs, times)
             labels = data.labels(step, self.labels_box)
             loss, accuracy, dlogits = self.loss(logits, labels, times, data)
-            self.backward(dlogits, input_grads, times)
+            self.backward(dlogits, input_grads, times, update)
             timer.finish_step()
         return loss, accuracy
 

@@ -24,6 +24,7 @@ class SGD:
         self.check(lr, momentum, weight_decay)
         self.params, self.lr, self.momentum, self.weight_decay = params, lr, momentum, weight_decay
         self.velocity: list[Any] = [None] * len(params)
+        self._index = {id(p): k for k, p in enumerate(params)}
         self._scratch: dict[tuple[str, str], Any] = {}
 
     @staticmethod
@@ -36,9 +37,10 @@ class SGD:
         if not weight_decay >= 0:
             raise UserError(f"--weight-decay {weight_decay} must be non-negative")
 
-    def step(self, lr: float | None = None) -> None:
-        """One update of every shard, in place: the same operations, in the same order, as
-        g = ∇ + λ·w; v = μ·v + g; w = w − lr·v, without a temporary array per operation.
+    def step(self, lr: float | None = None, params: list[Parameter] | None = None) -> None:
+        """One update of every shard (or of ``params``, some of them), in place: the same
+        operations, in the same order, as g = ∇ + λ·w; v = μ·v + g; w = w − lr·v, without a
+        temporary array per operation.
 
         A step over tens of millions of parameters is memory-bound: done an operation at a time
         over whole arrays it reads and writes each of w, g, v about four times. On the CPU it
@@ -48,7 +50,8 @@ class SGD:
         GPU whole arrays, since each operation is a kernel launch. The gradient buffers are
         overwritten; they are rebuilt by the next backward."""
         lr = self.lr if lr is None else lr
-        for k, p in enumerate(self.params):
+        for p in self.params if params is None else params:
+            k = self._index[id(p)]
             xp = _array_module(p.value)
             first = bool(self.momentum) and self.velocity[k] is None
             if first:  # μ·0 + g is g: the first velocity is the gradient itself

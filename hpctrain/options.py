@@ -48,6 +48,16 @@ def add_threads_option(parser: argparse.ArgumentParser) -> None:
                              "the node; at least 1)")
 
 
+def add_overlap_option(parser: argparse.ArgumentParser) -> None:
+    """--overlap: gradient sums in flight during the backward (see hpctrain.comm.gradients)."""
+    parser.add_argument("--overlap", action="store_true",
+                        help="sum parameter gradients with non-blocking all-reduces in 1 MiB "
+                             "buckets while the backward goes on; pays where the network "
+                             "moves data by itself (RDMA) or a core is spare for "
+                             "MPICH_ASYNC_PROGRESS=1; the same numbers either way (default: "
+                             "one blocking all-reduce per layer as soon as it is ready)")
+
+
 def add_planning_options(parser: argparse.ArgumentParser) -> None:
     """--machine, --mem-per-rank and --compute: the cost model behind --grid auto."""
     from hpctrain.cost.machine import available_machines

@@ -81,7 +81,8 @@ class StepTimes:
     """Per-layer times of a step, in network order, with the loss row and the whole step.
 
     ``step`` is the wall time of the whole forward, loss and backward (data generation included,
-    the optimizer not); what the rows do not cover is data and interpreter overhead.
+    and the optimizer's updates when the network makes them during the backward, as training
+    does); what the rows do not cover is data and interpreter overhead.
     """
 
     layers: list[LayerTimes]

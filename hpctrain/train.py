@@ -16,6 +16,7 @@ import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ class TrainConfig:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0  # 0: only at the end and on a stop signal
     keep_checkpoints: int = 2
+    overlap: bool = False  # gradient sums in flight during the backward (hpctrain.comm.gradients)
 
     def lr_at(self, step: int) -> float:
         return self.schedule.lr(step) if self.schedule else self.lr
@@ -120,7 +122,8 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
     rank, procs = comm.Get_rank(), comm.Get_size()
     say = out if rank == 0 else (lambda *_: None)
     with GridSet(comm) as grids, (nullcontext(stop) if stop else StopRequests()) as stop:
-        network = Network(net, plan, config.batch, grids, backend, config.seed)
+        network = Network(net, plan, config.batch, grids, backend, config.seed,
+                          config.overlap)
         data = data or SyntheticData(backend, net.input_shape, net.classes, config.batch,
                                      config.seed)
         optimizer = SGD(network.params, config.lr, config.momentum, config.weight_decay)
@@ -167,12 +170,13 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
     for step in range(first, last):
         t0 = time.perf_counter()
         times = network.step_times()
-        loss, accuracy = network.train_step(data, step, times=times)
+        lr = config.lr_at(step)
+        # each layer is updated as soon as its gradient's sum arrives, during the backward
+        loss, accuracy = network.train_step(data, step, times=times,
+                                            update=partial(optimizer.step, lr))
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at step {step + 1} (of {config.steps}); "
                                 f"lower --lr (now {config.lr_at(step):g})")
-        lr = config.lr_at(step)
-        optimizer.step(lr)
         backend.sync()
         seconds = time.perf_counter() - t0
         losses.append(loss)

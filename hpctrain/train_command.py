@@ -16,7 +16,7 @@ from hpctrain.comm.agree import agreed
 from hpctrain.errors import ArgumentParser, OutputError, UserError
 from hpctrain.launch import Setup, set_up
 from hpctrain.net import NetSpec, load_net
-from hpctrain.options import add_planning_options, add_run_options
+from hpctrain.options import add_overlap_option, add_planning_options, add_run_options
 from hpctrain.plan import plan_text
 
 
@@ -62,6 +62,7 @@ def build_train_parser() -> argparse.ArgumentParser:
                      help="L2 weight decay (default: 5e-4)")
     run.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                      help="compute precision (default: %(default)s)")
+    add_overlap_option(run)
     run.add_argument("--eval-every", type=int, default=None,
                      help="held-out accuracy every N steps, when the dataset has a val split "
                           "(default: every epoch, and always at the end)")
@@ -298,7 +299,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     config = TrainConfig(args.batch, prepared.steps, args.lr, args.momentum, args.weight_decay,
                          prepared.seed, args.print_every, prepared.schedule, prepared.eval_every,
                          Path(args.checkpoint_dir) if args.checkpoint_dir else None,
-                         args.checkpoint_every, args.keep_checkpoints)
+                         args.checkpoint_every, args.keep_checkpoints, args.overlap)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,

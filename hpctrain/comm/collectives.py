@@ -70,36 +70,3 @@ def allreduce_sum(backend: Backend, comm: MPI.Comm, a: Any) -> Any:
         backend.clock.sent(buf.nbytes)
         comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
         return backend.from_mpi(buf)
-
-
-class GradientAllreduce:
-    """Σ over ``comm`` of a layer's gradients (weight and bias): one ``Allreduce`` of their
-    concatenation, so one message latency instead of two.
-
-    The concatenation goes into a buffer kept from step to step: a fresh one of AlexNet's
-    fc7 size (67 MB) costs page faults comparable to the transfer itself. The sums returned
-    are views of that buffer, valid until the next call (the optimizer consumes them first).
-    """
-
-    def __init__(self, backend: Backend, comm: MPI.Comm) -> None:
-        self.backend, self.comm = backend, comm
-        self._flat: Any = None
-
-    def __call__(self, arrays: list[Any]) -> list[Any]:
-        if self.comm.Get_size() == 1:
-            return arrays
-        if len(arrays) == 1:  # nothing to concatenate: reduce the gradient where it is
-            return [allreduce_sum(self.backend, self.comm, arrays[0])]
-        xp = self.backend.xp
-        with self.backend.clock.comm():
-            total = sum(a.size for a in arrays)
-            if (self._flat is None or self._flat.size != total
-                    or self._flat.dtype != arrays[0].dtype):
-                self._flat = xp.empty(total, dtype=arrays[0].dtype)
-            xp.concatenate([a.ravel() for a in arrays], out=self._flat)
-            flat = allreduce_sum(self.backend, self.comm, self._flat)
-            sums, start = [], 0
-            for a in arrays:
-                sums.append(flat[start:start + a.size].reshape(a.shape))
-                start += a.size
-            return sums

@@ -75,9 +75,11 @@ class Layer:
     - A layer of several inputs (add, concat) takes a list of arrays in ``forward`` and returns
       a list of input gradients from ``backward``.
     - ``forward`` saves on the layer what its ``backward`` needs (one step at a time: each
-      forward replaces it); ``backward`` leaves each parameter's gradient, summed over the ranks
-      that hold the same shard, in ``Parameter.grad``, and never writes into ``dy``, which other
-      layers may share.
+      forward replaces it); ``backward`` leaves each parameter's gradient in ``Parameter.grad``
+      and never writes into ``dy``, which other layers may share. Where ranks of ``grad_comm``
+      hold the same shard, that gradient is this rank's part of the sum over them; the network
+      sums it (:mod:`hpctrain.comm.gradients`), in flight while the backward goes on.
+      ``grad_comm`` None: the gradients are whole.
     - Set from outside: ``need_dx`` (False when nobody reads the input gradient: then
       ``backward`` may return None) and ``training`` (dropout on, batch statistics; False for
       evaluation).
@@ -91,6 +93,7 @@ class Layer:
     out_layout: Layout
     params: list[Parameter]
     buffers: list[Parameter] = []  # noqa: RUF012 - read-only default, replaced per layer
+    grad_comm: Any = None
     need_dx: bool = True
     training: bool = True
 

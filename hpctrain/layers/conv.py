@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.comm.collectives import GradientAllreduce
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
 from hpctrain.layers.base import Layer, weight_and_bias
 from hpctrain.layers.window import WindowRows
@@ -20,12 +19,12 @@ class Conv2d(Layer):
     batch/model (1.5D; batch is Pr = 1):
         W: (O/Pr, C, kh, kw), b: (O/Pr,) — output channels split over Pr, replicated over Pc.
         X: (N/Pc, C, H, W) replicated over Pr;  Y: (N/Pc, O/Pr, Ho, Wo).
-        ΔW, Δb all-reduced over Pc. ΔX is a partial sum Wᵢᵀ ⋆ ΔYᵢ; the adjoint of whatever
-        replicated X over Pr (an all-gather) sums it — a reduce-scatter.
+        ΔW, Δb summed over Pc (by the network, in flight). ΔX is a partial sum Wᵢᵀ ⋆ ΔYᵢ; the
+        adjoint of whatever replicated X over Pr (an all-gather) sums it — a reduce-scatter.
     domain:
         W: (O, C, kh, kw), b: (O,) on every rank.
         X: (N/Pc, C, H/Pr, W) plus halo rows from the neighbours;  Y: (N/Pc, O, Ho/Pr, Wo).
-        ΔW, Δb all-reduced over all P; halo gradients go back to their owners.
+        ΔW, Δb summed over all P (by the network); halo gradients go back to their owners.
     """
 
     def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
@@ -42,7 +41,6 @@ class Conv2d(Layer):
             ctx.backend, name, (options.out, c, *options.kernel), options.bias, grid.shape,
             not domain, grid.rank, ctx.key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
-        self.grad_sum = GradientAllreduce(ctx.backend, self.grad_comm)
 
     def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
         b = self.bias.value if self.bias is not None else None
@@ -64,8 +62,4 @@ class Conv2d(Layer):
     def backward(self, dy: Any) -> Any:
         for p in self.params:
             p.grad = None
-        dx = self.rows.backward(dy, self.bands, self._backward_rows, self.need_dx)
-        grads = self.grad_sum([p.grad for p in self.params])
-        for p, grad in zip(self.params, grads, strict=True):
-            p.grad = grad
-        return dx
+        return self.rows.backward(dy, self.bands, self._backward_rows, self.need_dx)

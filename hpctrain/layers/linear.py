@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.comm.collectives import GradientAllreduce
 from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.layers.base import Layer, weight_and_bias
 
@@ -17,8 +16,8 @@ class Linear(Layer):
 
     W: (F_out/Pr, F_in), b: (F_out/Pr,) — replicated over Pc.
     X: (N/Pc, F_in) replicated over Pr;  Y: (N/Pc, F_out/Pr).
-    Backward: ΔWᵢ = ΔYᵢᵀ X all-reduced over Pc; ΔX = ΔYᵢ Wᵢ is a partial sum over Pr, summed by
-    the adjoint of the all-gather that replicated X (a reduce-scatter).
+    Backward: ΔWᵢ = ΔYᵢᵀ X, summed over Pc by the network; ΔX = ΔYᵢ Wᵢ is a partial sum over
+    Pr, summed by the adjoint of the all-gather that replicated X (a reduce-scatter).
     """
 
     def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
@@ -30,7 +29,6 @@ class Linear(Layer):
             ctx.backend, name, (options.out, self.in_layout.shape[1]), options.bias, grid.shape,
             True, grid.rank, ctx.key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
-        self.grad_sum = GradientAllreduce(ctx.backend, self.grad_comm)
 
     def forward(self, x: Any, step: int) -> Any:
         self.x = x
@@ -39,7 +37,7 @@ class Linear(Layer):
 
     def backward(self, dy: Any) -> Any:
         dx, dw, db = linear_backward(self.x, self.weight.value, dy, self.need_dx)
-        grads = self.grad_sum([dw] if self.bias is None else [dw, db])
-        for p, grad in zip(self.params, grads, strict=True):
-            p.grad = grad
+        self.weight.grad = dw
+        if self.bias is not None:
+            self.bias.grad = db
         return dx

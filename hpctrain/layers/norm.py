@@ -28,7 +28,7 @@ class BatchNorm(Layer):
         (domain mode): all P ranks of the grid.
     γ, β: (C/Pr,) sharded like a bias under a channel split, else whole on every rank. Their
     gradients are complete after the backward's one all-reduce of [Σ ΔY, Σ ΔY·X̂]; replicated
-    over Pr, the gradient arrives as partial sums over the replicas and is summed over Pr too.
+    over Pr, the gradient is a partial sum over the replicas, which the network sums over Pr.
     Running mean and (unbiased) variance: (C/Pr,) buffers, updated in training with
     ``momentum`` (r ← (1 − m) r + m s, as PyTorch) and used in evaluation.
     """
@@ -44,8 +44,8 @@ class BatchNorm(Layer):
         grid = ctx.grids.get(layout.grid)
         split = layout.split_axis == CHANNEL_AXIS
         self.stats_comm = grid.cart if layout.split_axis == HEIGHT_AXIS else grid.batch_comm
-        # replicas over Pr hold partial gradients: sum them there as well
-        self.replica_comm = grid.model_comm if layout.split_axis is None else None
+        # replicas over Pr hold partial gradients: the network sums them there
+        self.grad_comm = grid.model_comm if layout.split_axis is None else None
         self.count = layout.shape[0]
         for n in layout.shape[2:]:
             self.count *= n
@@ -84,9 +84,5 @@ class BatchNorm(Layer):
                                                 self.running_var.value)
         dx, dgamma, dbeta = batchnorm_backward(self.backend.xp, dy, self.cache, self.count,
                                                self._reduce)
-        if self.replica_comm is not None:
-            both = allreduce_sum(self.backend, self.replica_comm,
-                                 self.backend.xp.stack([dgamma, dbeta]))
-            dgamma, dbeta = both[0], both[1]
         self.gamma.grad, self.beta.grad = dgamma, dbeta
         return dx if self.need_dx else None

@@ -56,6 +56,17 @@ def block(backend, x, layout, rank):
     return backend.xp.asarray(np.ascontiguousarray(x[relative_slices(layout.box(rank), whole)]))
 
 
+def sum_gradients(backend, layer) -> None:
+    """What the network does after a layer's backward: sum its parameter gradients over the
+    ranks holding the same shard."""
+    from hpctrain.comm.gradients import GradientReducer
+
+    sums = GradientReducer(backend)
+    sums.start()
+    sums.add(layer.grad_comm, layer.params)
+    sums.finish()
+
+
 def make_layer(kind, options, fed, mode, grid, grids, backend, key=0):
     """A layer of ``kind`` (options as in a net file) built through its kind, fed on ``fed``
     (a weighted kind reads only its shape) in ``mode`` on ``grid``."""

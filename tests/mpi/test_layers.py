@@ -7,7 +7,7 @@ from hpctrain.comm.gather import gather_to_root
 from hpctrain.grid import GridSet
 from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.partition import SplitError
-from tests.mpi.helpers import block, check_close, global_random, make_layer
+from tests.mpi.helpers import block, check_close, global_random, make_layer, sum_gradients
 
 
 def owned_gradient(backend, dy, layout, rank):
@@ -19,6 +19,7 @@ def owned_gradient(backend, dy, layout, rank):
 def run(backend, layer, x, dy, rank):
     y = layer.forward(block(backend, x, layer.in_layout, rank), step=3)
     dx = layer.backward(owned_gradient(backend, dy, layer.out_layout, rank))
+    sum_gradients(backend, layer)
     return y, dx
 
 
