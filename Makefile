@@ -22,7 +22,7 @@ STAMP := $(VENV)/.installed-$(MPI)
 
 DIGITS := inputs/digits.h5
 
-.PHONY: install test test-serial test-mpi test-slurm run digits resdigits verify bench plots lint clean
+.PHONY: install test test-serial test-mpi test-slurm run digits resdigits verify bench plots timeline lint clean
 
 install: $(STAMP)
 
@@ -117,16 +117,28 @@ bench: install $(BENCH_STAMP)
 SIM_NETS ?= resnet50 inception_v3
 LOGS ?= runs/*.h5
 PLOTS ?= plots
+TIMELINE_LOG ?= runs/timeline/alexnet-p4.h5
 plots: install
 	set -e; for net in $(SIM_NETS); do \
 	  $(PY) -m hpctrain simulate --net $$net --out runs/simulation/$$net.h5 \
 	    --plots $(PLOTS)/simulation/$$net; \
 	done
+	$(MAKE) --no-print-directory timeline
 ifneq ($(wildcard $(LOGS)),)
 	$(PY) analysis/plot_logs.py $(LOGS) --out $(PLOTS)
 else
 	@echo "no file matches LOGS=$(LOGS): run-log plots skipped (write a log with --log run.h5)"
 endif
+
+# The timeline of two steps of AlexNet on 4 ranks (convolutions batch-parallel, the classifier
+# model-parallel) with the gradient sums in flight: every rank's compute, communication,
+# redistribution and sums in flight, as a PNG and a Chrome trace (open it in ui.perfetto.dev).
+# A new log each time: an earlier one is renamed aside.
+timeline: install
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net alexnet --image-size 127 \
+	  --batch 16 --grid conv=1x4,fc=4x1 --steps 3 --overlap --timeline 2:3 \
+	  --log $(TIMELINE_LOG) --print-every 1
+	$(PY) analysis/timeline.py $(TIMELINE_LOG) --out $(PLOTS)/timeline
 
 lint: install
 	$(BIN)/ruff check hpctrain tests analysis bench

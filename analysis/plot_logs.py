@@ -20,6 +20,8 @@ From each run log:
 - ``<stem>-predicted-vs-measured.png``: per layer, predicted against measured (log-log, y = x and
   ±20 %), for the total and each component; and the relative error of each layer's total.
 - ``<stem>-training.png``: loss and accuracy against step, with the held-out evaluations.
+- ``<stem>-timeline.png`` and ``<stem>-timeline.json``: for a log written with ``--timeline``,
+  every rank's spans (``analysis/timeline.py``).
 
 A compare-plans log (``python -m hpctrain compare-plans --log``) gives
 ``<stem>-plans-layers.png``, its plans compared as above. Plots the logs cannot support are
@@ -47,6 +49,7 @@ if __package__:  # imported as analysis.plot_logs
         read_log,
         scaling_studies,
     )
+    from .timeline import has_timeline, plot_timeline
 else:  # run as a script: python analysis/plot_logs.py
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from logs import (
@@ -59,6 +62,7 @@ else:  # run as a script: python analysis/plot_logs.py
         read_log,
         scaling_studies,
     )
+    from timeline import has_timeline, plot_timeline
 
 COLOURS = {"compute": "0.62", "communication": "tab:blue", "redistribution": "tab:orange"}
 LABELS = {"compute": "compute (forward + backward)",
@@ -569,6 +573,8 @@ def plot_logs(runs: Sequence[Run], out_dir: str | Path,
                     run, out / f"{run.name}-predicted-vs-measured.png"))
             else:
                 say(f"skipped {run.name}-predicted-vs-measured.png: no per-layer prediction")
+        if has_timeline(run.path):
+            written += plot_timeline(run.path, out)
         if has_training_curves(run):
             written.append(plot_training(run, out / f"{run.name}-training.png"))
         else:

@@ -17,7 +17,8 @@ class CommClock:
     once (only the outermost is timed). While disabled a block costs one attribute test, so the
     clock can stay on the backend of untimed runs. ``sync``, when set (on a GPU), runs at the
     start and end of each outermost block so the clock measures the movement itself rather than
-    compute still queued on the device.
+    compute still queued on the device. ``intervals``, when a list, gets the (start, end)
+    ``perf_counter`` readings of each outermost block (for a timeline).
 
     Examples
     --------
@@ -29,13 +30,14 @@ class CommClock:
     True
     """
 
-    __slots__ = ("enabled", "seconds", "bytes_sent", "sync", "_depth", "_start")
+    __slots__ = ("enabled", "seconds", "bytes_sent", "sync", "intervals", "_depth", "_start")
 
     def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.enabled = False
         self.seconds = 0.0
         self.bytes_sent = 0
         self.sync = sync
+        self.intervals: list[tuple[float, float]] | None = None
         self._depth = 0
         self._start = 0.0
 
@@ -63,4 +65,7 @@ class CommClock:
             if self._depth == 0:
                 if self.sync is not None:
                     self.sync()
-                self.seconds += perf_counter() - self._start
+                end = perf_counter()
+                self.seconds += end - self._start
+                if self.intervals is not None:
+                    self.intervals.append((self._start, end))

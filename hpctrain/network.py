@@ -21,7 +21,7 @@ from hpctrain.layout import grid_coords
 from hpctrain.net import NetSpec
 from hpctrain.placement import input_layout, move_pairs, plan_layouts
 from hpctrain.plan import LayerPlan, PlanError
-from hpctrain.timing import LOSS, StepTimer, StepTimes
+from hpctrain.timing import IN_FLIGHT, LOSS, StepTimer, StepTimes
 
 
 class Network:
@@ -140,6 +140,8 @@ class Network:
         grads: dict[int, Any] = {}
         sums = self.gradient_sums
         sums.start(update)
+        timeline = times is not None and times.spans is not None
+        sums.flights = [] if timeline else None
         with StepTimer(self.backend, times) as timer:
             grads[len(self.layers) - 1] = self.to_loss.backward(dlogits)
             timer.backward_move(LOSS, self.to_loss)
@@ -147,7 +149,7 @@ class Network:
                 layer = self.layers[k]
                 dxs = layer.backward(grads.pop(k))
                 if layer.params:
-                    sums.add(layer.grad_comm, layer.params)
+                    sums.add(layer.grad_comm, layer.params, k)
                 sums.progress()  # between kernels: MPI moves the sums on only when called
                 if k == 0:
                     sums.finish()
@@ -163,6 +165,9 @@ class Network:
                     sums.progress()
                     timer.backward_move(k, move)
                     grads[p] = dy if p not in grads else grads[p] + dy
+        if timeline:
+            times.spans += [(row, 1, IN_FLIGHT, sent, arrived)
+                            for row, sent, arrived in sums.flights]
 
     def train_step(self, data: Any, step: int, outputs: list | None = None,
                    input_grads: list | None = None, times: StepTimes | None = None,

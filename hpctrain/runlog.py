@@ -26,6 +26,10 @@ Layout (units in each dataset's ``units`` attribute)::
     /layers/...               at the end: per layer the predicted and measured times
                               (:func:`write_timings`), as written by compare-plans
     /iteration                attrs: predicted, measured (s)
+    /timeline/spans           (k, 6)   with --timeline: rank, row (index into
+                              /timeline/rows), phase, category (indices into the attributes
+                              phases and categories), start, end (s from a common origin)
+    /timeline/steps, rows     the steps recorded (counted from 1); the row names
 
 with F one of forward_compute, backward_compute, forward_layer_comm, backward_layer_comm,
 forward_redistribution, backward_redistribution (seconds; see
@@ -376,6 +380,28 @@ class RunLog:
         def write() -> None:
             for name, value in (("step", step), ("loss", loss), ("accuracy", accuracy)):
                 self._append(f"validation/{name}", value)
+            self.h5.flush()
+
+        self._write(write)
+
+    def timeline(self, spans: np.ndarray, steps: list[int]) -> None:
+        """``/timeline``: every rank's spans of ``steps`` (see :mod:`hpctrain.timeline`),
+        rows of (rank, row, phase, category, start, end), replacing any earlier timeline (of a
+        resumed run). A failed write sets :attr:`failure`."""
+        from hpctrain.timeline import SPAN_FIELDS
+        from hpctrain.timing import CATEGORIES, PHASES
+
+        def write() -> None:
+            if "timeline" in self.h5:
+                del self.h5["timeline"]
+            group = self.h5.create_group("timeline")
+            data = group.create_dataset("spans", data=spans)
+            data.attrs["fields"] = ",".join(SPAN_FIELDS)
+            data.attrs["units"] = "s from a barrier before the first step recorded"
+            group.create_dataset("steps", data=np.array(steps, dtype="i8"))
+            group.create_dataset("rows", data=np.array(self.rows, dtype="S"))
+            group.attrs["phases"] = ",".join(PHASES)
+            group.attrs["categories"] = ",".join(CATEGORIES)
             self.h5.flush()
 
         self._write(write)

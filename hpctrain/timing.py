@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 
 LOSS = "loss"  # the key of the loss row in a StepTimer
 
+# A timeline span: (row, phase, category, start, end), the row a layer's index (len(layers) for
+# the loss), phase and category indices into these, start and end perf_counter seconds.
+PHASES = ("forward", "backward")
+CATEGORIES = ("compute", "communication", "redistribution", "gradient sum in flight")
+COMPUTE, COMMUNICATION, REDISTRIBUTION, IN_FLIGHT = range(4)
+
 
 @dataclass
 class LayerTimes:
@@ -88,6 +94,7 @@ class StepTimes:
     layers: list[LayerTimes]
     loss: LayerTimes = field(default_factory=lambda: LayerTimes(LOSS))
     step: float = 0.0
+    spans: list[tuple[int, int, int, float, float]] | None = None  # a list: keep a timeline
 
     @classmethod
     def blank(cls, names: Sequence[str]) -> StepTimes:
@@ -247,20 +254,30 @@ class StepTimer:
             self._start = self._wall = perf_counter()
             self._comm = clock.seconds
             self._bytes = clock.bytes_sent
+            self._seen = len(clock.intervals or ())  # comm intervals already on a timeline
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.times is not None:
             self.backend.clock.enabled = self._was_enabled
 
-    def _lap(self, key: int | str) -> tuple[float, float]:
+    def _lap(self, key: int | str, phase: int, category: int) -> tuple[float, float]:
         """Wall and comm-clock seconds since the previous reading; the bytes sent since then
-        are added to row ``key``."""
+        are added to row ``key``. With a timeline, the part is one span of ``category`` and,
+        for a layer (``COMPUTE``), each communication inside it one more."""
         self.backend.sync()
         clock = self.backend.clock
         wall, comm = perf_counter(), clock.seconds
         lap = (wall - self._wall, comm - self._comm)
         self._row(key).bytes_sent += clock.bytes_sent - self._bytes
+        spans = self.times.spans
+        if spans is not None:
+            row = len(self.times.layers) if key == LOSS else key
+            spans.append((row, phase, category, self._wall, wall))
+            if category == COMPUTE and clock.intervals:
+                spans += [(row, phase, COMMUNICATION, *interval)
+                          for interval in clock.intervals[self._seen:]]
+            self._seen = len(clock.intervals or ())
         self._wall, self._comm, self._bytes = wall, comm, clock.bytes_sent
         return lap
 
@@ -270,17 +287,17 @@ class StepTimer:
     def forward_move(self, key: int | str, move: Redistribute) -> None:
         """``move`` (feeding row ``key``) has just run forward; an identity move is not timed."""
         if self.times is not None and move.kind != "identity":
-            self._row(key).forward_redistribution += self._lap(key)[0]
+            self._row(key).forward_redistribution += self._lap(key, 0, REDISTRIBUTION)[0]
 
     def backward_move(self, key: int | str, move: Redistribute) -> None:
         """``move`` (feeding row ``key``) has just run backward."""
         if self.times is not None and move.kind != "identity":
-            self._row(key).backward_redistribution += self._lap(key)[0]
+            self._row(key).backward_redistribution += self._lap(key, 1, REDISTRIBUTION)[0]
 
     def forward_layer(self, key: int | str) -> None:
         """Row ``key``'s forward has just run: its wall time less comm is compute."""
         if self.times is not None:
-            wall, comm = self._lap(key)
+            wall, comm = self._lap(key, 0, COMPUTE)
             row = self._row(key)
             row.forward_compute += max(wall - comm, 0.0)  # never below 0 by rounding
             row.forward_layer_comm += comm
@@ -288,7 +305,7 @@ class StepTimer:
     def backward_layer(self, key: int | str) -> None:
         """Row ``key``'s backward has just run."""
         if self.times is not None:
-            wall, comm = self._lap(key)
+            wall, comm = self._lap(key, 1, COMPUTE)
             row = self._row(key)
             row.backward_compute += max(wall - comm, 0.0)
             row.backward_layer_comm += comm

@@ -33,6 +33,7 @@ from hpctrain.optim import SGD
 from hpctrain.plan import LayerPlan
 from hpctrain.schedule import Schedule
 from hpctrain.signals import StopRequests
+from hpctrain.timeline import TimelineWindow
 from hpctrain.timing import (
     RanksSummary,
     StepTimes,
@@ -69,6 +70,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: only at the end and on a stop signal
     keep_checkpoints: int = 2
     overlap: bool = False  # gradient sums in flight during the backward (hpctrain.comm.gradients)
+    timeline: tuple[int, int] | None = None  # steps to record spans of (hpctrain.timeline)
 
     def lr_at(self, step: int) -> float:
         return self.schedule.lr(step) if self.schedule else self.lr
@@ -166,10 +168,13 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
     result = TrainResult(losses, None, step_times, None, step_seconds, 0.0, first)
     result.stopped_by = stop.agreed(comm)  # asked to stop while planning: train nothing
     last = first if result.stopped_by else config.steps
+    window = TimelineWindow(config.timeline, comm, backend) if config.timeline else None
     start = time.perf_counter()
     for step in range(first, last):
         t0 = time.perf_counter()
         times = network.step_times()
+        if window is not None:
+            window.begin(step, times)
         lr = config.lr_at(step)
         # each layer is updated as soon as its gradient's sum arrives, during the backward
         loss, accuracy = network.train_step(data, step, times=times,
@@ -179,6 +184,8 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
                                 f"lower --lr (now {config.lr_at(step):g})")
         backend.sync()
         seconds = time.perf_counter() - t0
+        if window is not None:
+            window.end(step, times)
         losses.append(loss)
         step_times.append(times)
         step_seconds.append(seconds)
@@ -197,9 +204,21 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
                 done == config.steps or result.stopped_by
                 or (config.checkpoint_every and done % config.checkpoint_every == 0)):
             result.checkpoint = _checkpoint(network, optimizer, config, done, comm, say)
+        if window is not None and window.done:
+            _write_timeline(window, log)
+            window = None
         if result.stopped_by:
             break
+    if window is not None and window.recorded:  # stopped inside the window
+        _write_timeline(window, log)
     return result
+
+
+def _write_timeline(window: TimelineWindow, log: Any) -> None:
+    """Gather the window's spans to rank 0 and write them to the log. Collective."""
+    spans = window.gather()
+    if log is not None and spans is not None:
+        log.timeline(spans, window.recorded)
 
 
 def _stop_on_log_failure(log: Any, comm: MPI.Comm) -> None:

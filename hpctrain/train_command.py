@@ -18,6 +18,7 @@ from hpctrain.launch import Setup, set_up
 from hpctrain.net import NetSpec, load_net
 from hpctrain.options import add_overlap_option, add_planning_options, add_run_options
 from hpctrain.plan import plan_text
+from hpctrain.timeline import parse_window
 
 
 def build_train_parser() -> argparse.ArgumentParser:
@@ -63,6 +64,10 @@ def build_train_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                      help="compute precision (default: %(default)s)")
     add_overlap_option(run)
+    run.add_argument("--timeline", default=None, metavar="FIRST:LAST",
+                     help="record every rank's compute, communication and redistribution "
+                          "spans of steps FIRST to LAST (from 1) into the --log file; draw "
+                          "them with analysis/timeline.py (a PNG and a Chrome trace)")
     run.add_argument("--eval-every", type=int, default=None,
                      help="held-out accuracy every N steps, when the dataset has a val split "
                           "(default: every epoch, and always at the end)")
@@ -136,6 +141,14 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         steps = max(1, int(args.epochs * epoch + 0.5))
     else:
         steps = args.steps or 10
+    if args.timeline is not None:
+        first, last = parse_window(args.timeline)
+        if not args.log:
+            raise UserError(f"--timeline {args.timeline} needs --log FILE.h5: the spans are "
+                            f"written to the run log")
+        if last > steps:
+            raise UserError(f"--timeline {args.timeline} ends after the last step ({steps}); "
+                            f"give LAST <= {steps}")
     if args.eval_every and not (dataset and dataset.val_size):
         raise UserError(f"--eval-every {args.eval_every} needs a dataset with a held-out split "
                         f"(/val); --data {args.data} has none")
@@ -299,7 +312,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     config = TrainConfig(args.batch, prepared.steps, args.lr, args.momentum, args.weight_decay,
                          prepared.seed, args.print_every, prepared.schedule, prepared.eval_every,
                          Path(args.checkpoint_dir) if args.checkpoint_dir else None,
-                         args.checkpoint_every, args.keep_checkpoints, args.overlap)
+                         args.checkpoint_every, args.keep_checkpoints, args.overlap,
+                         parse_window(args.timeline) if args.timeline else None)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,

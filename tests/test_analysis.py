@@ -18,7 +18,7 @@ import pytest
 h5py = pytest.importorskip("h5py")
 pytest.importorskip("matplotlib")
 
-from analysis import logs, plot_logs  # noqa: E402
+from analysis import logs, plot_logs, timeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("conv1", "fc1", "loss")
@@ -322,3 +322,59 @@ def test_reads_the_log_of_a_real_run(tmp_path):
     assert result.returncode == 0, result.stderr
     for name in ("run-layers.png", "run-predicted-vs-measured.png", "run-training.png"):
         assert is_png(tmp_path / "plots" / name), name
+
+
+def add_timeline(path: Path, spans, rows: list[str], steps=(2,)) -> None:
+    """A /timeline in the run log ``path``, as hpctrain.runlog writes it."""
+    with h5py.File(path, "a") as f:
+        group = f.create_group("timeline")
+        group["spans"] = np.asarray(spans, dtype=np.float64)
+        group["steps"] = np.array(steps)
+        group["rows"] = np.array(rows, dtype="S")
+        group.attrs["phases"] = "forward,backward"
+        group.attrs["categories"] = ("compute,communication,redistribution,"
+                                     "gradient sum in flight")
+
+
+def write_timeline(path: Path, ranks: int = 3) -> np.ndarray:
+    """A run log whose timeline has per rank two layers forward and backward, a communication
+    inside one, a redistribution, and a sum in flight."""
+    spans = []
+    for rank in range(ranks):
+        t = 0.001 * rank
+        spans += [(rank, 0, 0, 0, t, t + 0.01), (rank, 1, 0, 2, t + 0.01, t + 0.012),
+                  (rank, 1, 0, 0, t + 0.012, t + 0.02), (rank, 1, 1, 0, t + 0.02, t + 0.03),
+                  (rank, 1, 1, 1, t + 0.025, t + 0.028), (rank, 1, 1, 3, t + 0.021, t + 0.04),
+                  (rank, 0, 1, 0, t + 0.03, t + 0.04)]
+    write_log(path, processes=ranks, step_seconds=(0.1, 0.1))
+    add_timeline(path, spans, ["conv1", "fc1", "loss"])
+    return np.array(spans)
+
+
+def test_timeline_draws_every_rank_and_exports_a_chrome_trace(tmp_path):
+    spans = write_timeline(tmp_path / "run.h5")
+    assert timeline.main([str(tmp_path / "run.h5"), "--out", str(tmp_path / "out")]) == 0
+    assert is_png(tmp_path / "out" / "run-timeline.png")
+    trace = json.loads((tmp_path / "out" / "run-timeline.json").read_text())
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == len(spans)
+    for event, span in zip(complete, spans, strict=True):
+        assert event["pid"] == span[0] and event["tid"] == span[3]
+        assert event["ts"] == pytest.approx(span[4] * 1e6)
+        assert event["dur"] == pytest.approx((span[5] - span[4]) * 1e6)
+    assert complete[4]["name"] == "fc1 backward" and complete[4]["cat"] == "communication"
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert {"rank 0", "rank 2", "gradient sum in flight"} <= names
+
+
+def test_timeline_of_a_log_without_one_is_one_error_line(tmp_path, capsys):
+    path = write_log(tmp_path / "plain.h5", step_seconds=(0.1,), summary=False)
+    assert timeline.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no /timeline: run with --timeline" in err
+
+
+def test_plot_logs_draws_the_timeline_of_a_log_that_has_one(tmp_path):
+    write_timeline(tmp_path / "run.h5")
+    assert plot_logs.main([str(tmp_path / "run.h5"), "--out", str(tmp_path / "plots")]) == 0
+    assert is_png(tmp_path / "plots" / "run-timeline.png")

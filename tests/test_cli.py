@@ -45,6 +45,10 @@ def test_verify_passes_on_one_process():
     (["--steps", "0"], "--steps 0 must be >= 1"),
     (["--lr", "-1", "--net", "mlp"], "--lr -1.0 must be positive"),
     (["--device", "gpu", "--net", "mlp"], "gpu"),
+    (["--timeline", "3", "--log", "x.h5"], "--timeline '3' must be FIRST:LAST"),
+    (["--timeline", "2:1", "--log", "x.h5"], "FIRST <= LAST"),
+    (["--timeline", "1:2"], "--timeline 1:2 needs --log"),
+    (["--timeline", "4:12", "--log", "x.h5"], "ends after the last step (10)"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(args, message):
     result = hpctrain(*args)

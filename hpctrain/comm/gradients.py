@@ -31,6 +31,7 @@ requires. The bucket buffers are kept from step to step: the same buckets come e
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,8 @@ class Bucket:
     flat: Any = None  # the packed gradients, on the device
     sent: Any = None  # what MPI reads and writes (a host copy when MPI cannot read the device)
     request: Any = None
+    label: int = 0  # the first layer whose gradients it holds (for a timeline)
+    sent_at: float = 0.0
 
 
 class GradientReducer:
@@ -73,7 +76,8 @@ class GradientReducer:
     Per step: :meth:`add` as each layer's gradients are ready, :meth:`progress` between
     layers, :meth:`finish` at the end of the backward; after it every parameter added holds its
     summed gradient. ``on_reduced`` (set per step by :meth:`start`) runs for the parameters of
-    each bucket as soon as its sum has arrived.
+    each bucket as soon as its sum has arrived. ``flights``, when a list, gets (label, sent,
+    arrived) of each bucket sent in flight, ``perf_counter`` seconds (for a timeline).
     """
 
     def __init__(self, backend: Backend, bucket_bytes: int = BUCKET_BYTES,
@@ -85,6 +89,7 @@ class GradientReducer:
         self._buffers: list[Any] = []  # the flat buffer of the k-th bucket sent in a step
         self._sent = 0
         self._on_reduced: Callable[[list[Any]], None] | None = None
+        self.flights: list[tuple[int, float, float]] | None = None
 
     def start(self, on_reduced: Callable[[list[Any]], None] | None = None) -> None:
         """Begin a step's backward; ``on_reduced(params)`` for each bucket as it is summed."""
@@ -92,14 +97,14 @@ class GradientReducer:
             raise RuntimeError("a step's gradient sums are still open")
         self._sent, self._on_reduced = 0, on_reduced
 
-    def add(self, comm: MPI.Comm | None, params: list[Any]) -> None:
+    def add(self, comm: MPI.Comm | None, params: list[Any], label: int = 0) -> None:
         """The gradients in ``params`` (``Parameter.grad``), to be summed over ``comm``: packed,
         and sent once their bucket is full. With no communicator, or one of one rank, they are
         the sums already."""
         if comm is None or comm.Get_size() == 1:
             self._reduced(params)
             return
-        bucket = self._open.setdefault(id(comm), Bucket(comm))
+        bucket = self._open.setdefault(id(comm), Bucket(comm, label=label))
         bucket.params += params
         bucket.arrays += [p.grad for p in params]
         bucket.nbytes += sum(p.grad.nbytes for p in params)
@@ -149,11 +154,14 @@ class GradientReducer:
             else:
                 bucket.comm.Allreduce(MPI.IN_PLACE, bucket.sent, MPI.SUM)
         if self.in_flight:
+            bucket.sent_at = time.perf_counter()
             self._in_flight.append(bucket)
         else:
             self._unpack(bucket)
 
     def _unpack(self, bucket: Bucket) -> None:
+        if self.flights is not None and self.in_flight:
+            self.flights.append((bucket.label, bucket.sent_at, time.perf_counter()))
         flat = self.backend.from_mpi(bucket.sent)
         start = 0
         for p in bucket.params:
