@@ -181,7 +181,7 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
                                             update=partial(optimizer.step, lr))
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at step {step + 1} (of {config.steps}); "
-                                f"lower --lr (now {config.lr_at(step):g})")
+                                f"lower --lr (now {lr:g})")
         backend.sync()
         seconds = time.perf_counter() - t0
         if window is not None:

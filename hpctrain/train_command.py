@@ -113,6 +113,7 @@ class Prepared:
     steps: int
     schedule: Any  # the learning-rate Schedule
     eval_every: int
+    timeline: tuple[int, int] | None  # --timeline FIRST:LAST
 
 
 def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
@@ -141,12 +142,12 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         steps = max(1, int(args.epochs * epoch + 0.5))
     else:
         steps = args.steps or 10
-    if args.timeline is not None:
-        first, last = parse_window(args.timeline)
+    timeline = None if args.timeline is None else parse_window(args.timeline)
+    if timeline is not None:
         if not args.log:
             raise UserError(f"--timeline {args.timeline} needs --log FILE.h5: the spans are "
                             f"written to the run log")
-        if last > steps:
+        if timeline[1] > steps:
             raise UserError(f"--timeline {args.timeline} ends after the last step ({steps}); "
                             f"give LAST <= {steps}")
     if args.eval_every and not (dataset and dataset.val_size):
@@ -157,7 +158,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     _check_writable(args, net, procs, resume)
     seed = info.seed if info else (0 if args.seed is None else args.seed)
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
-    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every)
+    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline)
 
 
 def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int, resume: Any) -> None:
@@ -313,7 +314,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
                          prepared.seed, args.print_every, prepared.schedule, prepared.eval_every,
                          Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                          args.checkpoint_every, args.keep_checkpoints, args.overlap,
-                         parse_window(args.timeline) if args.timeline else None)
+                         prepared.timeline)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,

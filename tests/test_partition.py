@@ -64,13 +64,18 @@ WINDOWS = [Window(3, 1, 1), Window(5, 1, 2), Window(3, 2, 1), Window(11, 4, 2), 
            Window(3, 2, 0), Window(1, 1, 0), Window(4, 3, 1)]
 
 
+def plans_or_skip(n_in: int, parts: int, window: Window) -> list:
+    """The halo plans, or the test skipped where the split is refused (checked separately)."""
+    try:
+        return halo_plans(n_in, parts, window, "layer")
+    except SplitError:
+        pytest.skip("split refused (checked separately)")
+
+
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("n_in,parts", [(8, 2), (13, 3), (27, 4), (55, 3), (9, 1)])
 def test_halo_plans_supply_exactly_the_rows_each_window_reads(window, n_in, parts):
-    try:
-        plans = halo_plans(n_in, parts, window, "layer")
-    except SplitError:
-        pytest.skip("split refused (checked separately)")
+    plans = plans_or_skip(n_in, parts, window)
     n_out = window.out_size(n_in)
     assert [p.out for p in plans] == list(block_ranges(n_out, parts))
     for k, p in enumerate(plans):
@@ -95,10 +100,7 @@ def test_halo_plans_supply_exactly_the_rows_each_window_reads(window, n_in, part
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("n_in,parts", [(8, 2), (13, 3), (27, 4), (55, 3), (64, 16)])
 def test_halo_row_counts_are_those_of_the_plans(window, n_in, parts):
-    try:
-        plans = halo_plans(n_in, parts, window, "layer")
-    except SplitError:
-        pytest.skip("split refused (checked separately)")
+    plans = plans_or_skip(n_in, parts, window)
     received, sent = halo_row_counts(n_in, parts, window, "layer")
     assert received == {(p.recv_top[1] - p.recv_top[0], p.recv_bottom[1] - p.recv_bottom[0])
                         for p in plans}

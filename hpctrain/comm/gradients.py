@@ -57,8 +57,7 @@ class Bucket:
     params: list[Any] = field(default_factory=list)
     arrays: list[Any] = field(default_factory=list)  # each parameter's unreduced gradient
     nbytes: int = 0
-    flat: Any = None  # the packed gradients, on the device
-    sent: Any = None  # what MPI reads and writes (a host copy when MPI cannot read the device)
+    sent: Any = None  # what MPI sums in place (a host copy when MPI cannot read the device)
     request: Any = None
     label: int = 0  # the first layer whose gradients it holds (for a timeline)
     sent_at: float = 0.0
@@ -86,8 +85,8 @@ class GradientReducer:
         self.bucket_bytes = bucket_bytes if in_flight else 0
         self._open: dict[int, Bucket] = {}  # by id of the communicator, in order of first use
         self._in_flight: list[Bucket] = []
-        self._buffers: list[Any] = []  # the flat buffer of the k-th bucket sent in a step
-        self._sent = 0
+        self._buffers: list[Any] = []  # the buffer of the k-th bucket packed in a step
+        self._next_buffer = 0
         self._on_reduced: Callable[[list[Any]], None] | None = None
         self.flights: list[tuple[int, float, float]] | None = None
 
@@ -95,7 +94,7 @@ class GradientReducer:
         """Begin a step's backward; ``on_reduced(params)`` for each bucket as it is summed."""
         if self._open or self._in_flight:
             raise RuntimeError("a step's gradient sums are still open")
-        self._sent, self._on_reduced = 0, on_reduced
+        self._next_buffer, self._on_reduced = 0, on_reduced
 
     def add(self, comm: MPI.Comm | None, params: list[Any], label: int = 0) -> None:
         """The gradients in ``params`` (``Parameter.grad``), to be summed over ``comm``: packed,
@@ -132,21 +131,12 @@ class GradientReducer:
                 self._unpack(self._in_flight.pop(index))
 
     def _send(self, bucket: Bucket) -> None:
-        xp = self.backend.xp
         with self.backend.clock.comm():
-            total = sum(a.size for a in bucket.arrays)
-            dtype = bucket.arrays[0].dtype
-            if self._sent == len(self._buffers):
-                self._buffers.append(None)
-            flat = self._buffers[self._sent]
-            if flat is None or flat.size != total or flat.dtype != dtype:
-                flat = self._buffers[self._sent] = xp.empty(total, dtype=dtype)
-            self._sent += 1
-            if len(bucket.arrays) == 1:
-                flat[...] = bucket.arrays[0].ravel()
-            else:
-                xp.concatenate([a.ravel() for a in bucket.arrays], out=flat)
-            bucket.flat, bucket.arrays = flat, []
+            # one gradient is summed where it lies (the layer made it for this step alone);
+            # several are packed into the bucket's buffer
+            flat = (bucket.arrays[0] if len(bucket.arrays) == 1
+                    else self._packed(bucket.arrays))
+            bucket.arrays = []
             bucket.sent = self.backend.to_mpi(flat)
             self.backend.clock.sent(bucket.sent.nbytes)
             if self.in_flight:
@@ -159,10 +149,22 @@ class GradientReducer:
         else:
             self._unpack(bucket)
 
+    def _packed(self, arrays: list[Any]) -> Any:
+        """``arrays`` concatenated into the buffer of this step's next packed bucket."""
+        total, dtype = sum(a.size for a in arrays), arrays[0].dtype
+        if self._next_buffer == len(self._buffers):
+            self._buffers.append(None)
+        flat = self._buffers[self._next_buffer]
+        if flat is None or flat.size != total or flat.dtype != dtype:
+            flat = self._buffers[self._next_buffer] = self.backend.xp.empty(total, dtype=dtype)
+        self._next_buffer += 1
+        self.backend.xp.concatenate([a.ravel() for a in arrays], out=flat)
+        return flat
+
     def _unpack(self, bucket: Bucket) -> None:
         if self.flights is not None and self.in_flight:
             self.flights.append((bucket.label, bucket.sent_at, time.perf_counter()))
-        flat = self.backend.from_mpi(bucket.sent)
+        flat = self.backend.from_mpi(bucket.sent).reshape(-1)
         start = 0
         for p in bucket.params:
             size = p.value.size
