@@ -4,6 +4,10 @@ For each P: hpctrain under --grid auto and under pure batch (1xP), against plain
 or PyTorch DistributedDataParallel over gloo (P > 1), with the same network, global batch and
 one thread per process. Also: the training step's achieved FLOP/s against this machine's GEMM
 peak, and each layer's gradient all-reduce against a raw mpi4py Allreduce of the same size.
+At P = 1 also the step against its roofline: the convolutions' FLOP/s against the GEMM peak,
+the fully connected layers' bytes (weights, their gradients and the optimizer's update, all
+memory-bound at a small batch) against the measured memory bandwidth, and the whole step's
+time at those two limits against its measured time.
 Prints the table and writes it, with every number behind it, to ``--out`` (JSON) and beside it
 (``.txt``).
 
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -39,16 +44,92 @@ def run(command: list[str]) -> None:
 
 
 def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of one process on a square float32 GEMM (one thread, as every rank runs)."""
+    """FLOP/s of one process on a square float32 GEMM, on one thread as every rank runs (this
+    process's BLAS would otherwise use every core)."""
     a = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
     b = a.T.copy()
-    a @ b
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    with threadpool_limits(1):
         a @ b
-        times.append(time.perf_counter() - start)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
     return 2 * size ** 3 / statistics.median(times)
+
+
+def memory_bandwidth(entries: int, repeats: int = 5) -> float:
+    """Bytes/s of one process copying a float32 array of ``entries`` (far larger than the
+    caches), each byte read once and written once (STREAM's "copy" counting).
+
+    The rate depends on the size on machines of this kind (16 to 256 MiB arrays copy at 10 to
+    26 GB/s), so it is measured at the size of the largest weight the fully connected layers
+    stream, the arrays it judges."""
+    source = np.ones(entries, dtype=np.float32)
+    target = np.empty_like(source)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        times.append(time.perf_counter() - start)
+    return 2 * source.nbytes / statistics.median(times[1:])
+
+
+SGD_PASSES = 5  # momentum SGD reads w, g, v and writes w, v: each array crosses the bus once
+
+
+def layer_work(image_size: int, batch: int) -> dict[str, tuple[str, float, float, float]]:
+    """Per layer of AlexNet at P = 1: (kind, GEMM FLOPs of forward and backward, bytes its
+    GEMMs move, bytes its update moves). The bytes count only for fully connected layers, whose
+    weights are read once per GEMM at a small batch: forward reads W; backward reads W (for
+    dX, when needed) and writes dW; the update makes :data:`SGD_PASSES` passes over W."""
+    from hpctrain.cost.compute import FlopModel, flops
+    from hpctrain.cost.machine import Machine
+    from hpctrain.cost.model import Choice, CostModel
+    from hpctrain.net import load_net
+    from hpctrain.planner import evaluate
+
+    model = CostModel(load_net("alexnet", image_size), batch, 1,
+                      Machine("flops", 1.0, 1.0, 1.0), FlopModel(1.0))
+    planned = evaluate(model, [Choice("batch", (1, 1))] * len(model.segments))
+    work = {}
+    for c in planned.layers:
+        if c.work is None or c.kind not in ("conv", "linear"):
+            continue
+        weights = c.resident["parameters"] if c.kind == "linear" else 0.0
+        gemm_passes = 1 + (1 if c.work.need_dx else 0) + 1
+        work[c.layer] = (c.kind, sum(flops(c.work)), weights * gemm_passes,
+                         weights * SGD_PASSES)
+    return work
+
+
+def roofline(log: str, work: dict[str, tuple[str, float, float, float]], step_seconds: float,
+             peak: float, bandwidth: float) -> dict[str, float]:
+    """A P = 1 run against its roofline. Each convolution's limit is its FLOPs at the GEMM peak;
+    each fully connected layer's is its GEMMs at the slower of peak and bandwidth, plus its
+    update at bandwidth (its measured time includes the update, which runs inside the
+    backward). Reported: the convolutions' FLOP/s over the peak, the fully connected layers'
+    limit over their time, and the step's: the sum of the limits (everything else, pooling and
+    element-wise work, counted as free) over the measured step."""
+    with h5py.File(log) as h5:
+        names = [n.decode() for n in h5["layers/name"][:]]
+        seconds = sum(h5[f"layers/measured/{f}"][:] for f in ("forward_compute",
+                                                               "backward_compute"))
+    measured = dict(zip(names, seconds))
+    conv = [name for name, w in work.items() if w[0] == "conv"]
+    fc = [name for name, w in work.items() if w[0] == "linear"]
+    conv_flops = sum(work[n][1] for n in conv)
+    conv_s = sum(measured[n] for n in conv)
+    fc_bytes = sum(work[n][2] + work[n][3] for n in fc)
+    fc_limit = sum(max(work[n][1] / peak, work[n][2] / bandwidth) + work[n][3] / bandwidth
+                   for n in fc)
+    fc_s = sum(measured[n] for n in fc)
+    ideal = conv_flops / peak + fc_limit
+    return {"conv_seconds": float(conv_s), "conv_flops": conv_flops,
+            "conv_of_peak": conv_flops / conv_s / peak, "fc_seconds": float(fc_s),
+            "fc_bytes": fc_bytes, "fc_limit_seconds": fc_limit, "fc_of_limit": fc_limit / fc_s,
+            "fc_of_bandwidth": fc_bytes / fc_s / bandwidth,
+            "ideal_seconds": ideal, "step_of_roofline": ideal / step_seconds}
 
 
 def step_flops(image_size: int, batch: int) -> float:
@@ -111,6 +192,9 @@ def main() -> None:
 
     peak = gemm_peak()
     flops = step_flops(args.image_size, args.batch)
+    work = layer_work(args.image_size, args.batch)
+    largest_weight = max(w[2] / 3 for w in work.values())  # one pass of the largest W
+    bandwidth = memory_bandwidth(int(largest_weight) // 4)
     rows = []
     for procs in args.procs:
         grids = ["auto"] + ([f"1x{procs}"] if procs > 1 else [])
@@ -124,10 +208,14 @@ def main() -> None:
                       for name, v in batch_run["layers"].items()}
         rows.append({"procs": procs, "hpctrain": ours, "torch": theirs,
                      "collective_efficiency": efficiency})
+        if procs == 1:
+            rows[-1]["roofline"] = roofline(ours["auto"]["log"], work,
+                                            ours["auto"]["step_seconds"], peak, bandwidth)
 
     lines = [f"AlexNet {args.image_size}x{args.image_size}, global batch {args.batch}, "
              f"1 thread per process; step FLOPs {flops / 1e9:.2f} G; GEMM peak "
-             f"{peak / 1e9:.1f} GFLOP/s per process",
+             f"{peak / 1e9:.1f} GFLOP/s per process; memory bandwidth {bandwidth / 1e9:.1f} GB/s "
+             f"(a copy of {largest_weight / 2**20:.0f} MiB)",
              f"{'P':>2} {'auto ms':>9} {'1xP ms':>9} {'torch ms':>9} {'reference':>9} "
              f"{'auto/torch':>10} {'1xP/torch':>9} {'auto plan':>10} {'FLOP/s/peak':>11} "
              f"{'compute/peak':>12} {'allreduce/raw':>13}"]
@@ -149,10 +237,22 @@ def main() -> None:
                  "whole step, compute/peak: the layers' compute time only; allreduce/raw: each "
                  "batch-parallel layer's gradient all-reduce (pure-batch run, fastest rank) "
                  "against a raw mpi4py Allreduce of the same bytes")
+    for row in rows:
+        if "roofline" in row:
+            r = row["roofline"]
+            lines.append(
+                f"P = 1 against the roofline: conv {r['conv_flops'] / 1e9:.2f} GFLOP in "
+                f"{r['conv_seconds'] * 1e3:.1f} ms = {r['conv_of_peak']:.1%} of GEMM peak; "
+                f"fully connected with their update {r['fc_bytes'] / 1e6:.0f} MB in "
+                f"{r['fc_seconds'] * 1e3:.1f} ms = {r['fc_of_bandwidth']:.1%} of bandwidth, "
+                f"limit {r['fc_limit_seconds'] * 1e3:.1f} ms = {r['fc_of_limit']:.1%}; step at "
+                f"those limits {r['ideal_seconds'] * 1e3:.1f} ms = "
+                f"{r['step_of_roofline']:.1%} of the measured step (target >= 60%)")
     table = "\n".join(lines)
     print(table)
     out.write_text(json.dumps({"image_size": args.image_size, "batch": args.batch,
                                "steps": args.steps, "gemm_peak": peak, "step_flops": flops,
+                               "memory_bandwidth": bandwidth,
                                "rows": rows}, indent=1))
     out.with_suffix(".txt").write_text(table + "\n")
     print(f"written: {out} and {out.with_suffix('.txt')}")

@@ -103,7 +103,7 @@ def compare(args, comm) -> list[Outcome]:
     backend = make_backend(args.device, args.dtype, comm)
     machine = agreed(comm, lambda: load_machine(args.machine))
     model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
-                             threads)
+                             threads, args.overlap)
     outcomes = []
     for spec in args.plans or default_specs(procs):
         try:

@@ -65,7 +65,7 @@ def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
 
     machine = agreed(comm, lambda: load_machine(args.machine))
     model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
-                             threads)
+                             threads, getattr(args, "overlap", False))
     planned = predict_plan(model, plan, limit, source)
     if plan is None:  # rank 0 writes; a failed write stops every rank
         on_root(comm, lambda: write_plan_file(plan_file_path(args, net, procs), net, planned,

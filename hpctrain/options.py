@@ -54,8 +54,11 @@ def add_overlap_option(parser: argparse.ArgumentParser) -> None:
                         help="sum parameter gradients with non-blocking all-reduces in 1 MiB "
                              "buckets while the backward goes on; pays where the network "
                              "moves data by itself (RDMA) or a core is spare for "
-                             "MPICH_ASYNC_PROGRESS=1; the same numbers either way (default: "
-                             "one blocking all-reduce per layer as soon as it is ready)")
+                             "MPICH_ASYNC_PROGRESS=1; the same numbers either way; the "
+                             "planner then counts as hidden the share of the sums that the "
+                             "machine profile's 'overlap' says the network moves by itself "
+                             "(default: one blocking all-reduce per layer as soon as it is "
+                             "ready)")
 
 
 def add_planning_options(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,12 @@ import argparse
 from pathlib import Path
 
 from hpctrain.errors import ArgumentParser, UserError
-from hpctrain.options import add_net_options, add_planning_options, add_threads_option
+from hpctrain.options import (
+    add_net_options,
+    add_overlap_option,
+    add_planning_options,
+    add_threads_option,
+)
 
 
 def build_plan_parser() -> argparse.ArgumentParser:
@@ -25,6 +30,7 @@ def build_plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, help="also write the plan file here")
     add_threads_option(parser)
     add_planning_options(parser)
+    add_overlap_option(parser)
     return parser
 
 
@@ -58,7 +64,7 @@ def run_plan(argv: list[str]) -> int:
 
         threads = configure_threads(None, args.threads)
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
-                             threads=threads)
+                             threads=threads, overlap=args.overlap)
     planned = plan_network(model, args.mem_per_rank)
     print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
           f"{machine.name} (alpha {machine.alpha * 1e6:.3g} us, 1/beta "

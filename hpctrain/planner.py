@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hpctrain.cost.model import Choice, CostModel, LayerCost, larger
+from hpctrain.cost.model import Choice, CostModel, LayerCost, SegmentCost, larger
 from hpctrain.elimination import Table, TooLarge, minimise, minimise_under_cap
 from hpctrain.errors import UserError
 from hpctrain.kinds import KINDS
@@ -57,10 +57,39 @@ class PlannedNetwork:
     loss: LayerCost
     data: LayerCost  # producing the input batch
     exact: bool = True  # False: the one-grid rule of a net too densely connected
+    hidden_share: float = 0.0  # the cost model's: see :meth:`hidden_sums`
+    # with sums that may hide: no plan is predicted faster than this (see plan_network)
+    lower_bound: float | None = None
 
     @property
     def iteration_time(self) -> float:
-        return sum(layer.total for layer in [*self.layers, self.loss, self.data])
+        """Every layer's time, less the gradient sums that hide behind the backward."""
+        every = [*self.layers, self.loss, self.data]
+        return sum(layer.total for layer in every) - self.hidden_sums()
+
+    def hidden_sums(self) -> float:
+        """Seconds of gradient sums hidden behind the backward's compute, with sums in flight.
+
+        The sums travel one after another, in the order the backward makes them (the
+        reducer's buckets on one channel): layer j's backward (everything but its sum) drains
+        what is queued, then its sum joins the queue. What is still queued when the backward
+        ends, Q, is waited for, the rest was hidden:
+        Q ← max(0, Q − b_j) + g_j over the layers from the last to the first, and the hidden
+        time is the machine's share of Σ g_j − Q (share 0: every sum on the critical path,
+        as where the ranks' own cores move the data)."""
+        if not self.hidden_share:
+            return 0.0
+        queued = 0.0
+        for c in reversed(self.layers):
+            queued = max(0.0, queued - (c.compute[1] + c.comm[1] - c.grad_sum)) + c.grad_sum
+            queued = max(0.0, queued - c.redistribution[1])  # the move below this layer
+        return self.hidden_share * (sum(c.grad_sum for c in self.layers) - queued)
+
+    def time_with_sums_hidden(self) -> float:
+        """The iteration time if the machine's share of every gradient sum were hidden: never
+        more than :attr:`iteration_time`."""
+        every = [*self.layers, self.loss, self.data]
+        return sum(c.total - self.hidden_share * c.grad_sum for c in every)
 
     @property
     def memory(self) -> float:
@@ -143,7 +172,8 @@ def evaluate(model: CostModel, choices: list[Choice], timed: bool = True) -> Pla
     layers = [_fed(model, k, costs[k], moves[k]) if k in moves else costs[k]
               for k in range(len(net.layers))]
     loss = model.loss_cost(layouts[len(net.layers) - 1].output)
-    return PlannedNetwork(_layer_plans(model, choices), layers, loss, data)
+    return PlannedNetwork(_layer_plans(model, choices), layers, loss, data,
+                          hidden_share=model.hidden_share)
 
 
 def _layer_plans(model: CostModel, choices: list[Choice]) -> list[LayerPlan]:
@@ -235,7 +265,16 @@ def _refuse(planned: PlannedNetwork, cap: float, cap_source: str) -> None:
 def plan_network(model: CostModel, mem_per_rank: float | None = None,
                  cap_source: str = "--mem-per-rank") -> PlannedNetwork:
     """The plan of least predicted iteration time (under ``mem_per_rank`` bytes of peak memory
-    per rank, if given; ``cap_source`` says where the cap came from, for the refusal)."""
+    per rank, if given; ``cap_source`` says where the cap came from, for the refusal).
+
+    Where gradient sums may hide behind the backward (``--overlap`` on a machine whose
+    network moves data by itself), the time is no longer a sum over segments: how much of a
+    sum hides depends on the layers below it. Two exact searches bracket the optimum then:
+    one counting every sum, one counting the hideable share of every sum as free. Each plan
+    found is priced as executed (:meth:`PlannedNetwork.hidden_sums`) and the faster kept; the
+    second search's optimum is a lower bound on every plan's time (hiding never beats free),
+    kept in ``lower_bound``, so the plan's distance from the best is known.
+    """
     candidates = [model.choices(k) for k in range(len(model.segments))]
     for k, found in enumerate(candidates):
         if not found:  # not even batch-parallel: say why that fails
@@ -245,8 +284,27 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
                 raise PlannerError(str(err)) from None
     if mem_per_rank is not None:
         candidates = _fits(model, candidates, mem_per_rank, cap_source)
+    counted = _search(model, candidates, mem_per_rank, cap_source, 0.0)
+    if not model.hidden_share:
+        return counted
+    hopeful = _search(model, candidates, mem_per_rank, cap_source, model.hidden_share)
+    best = min(counted, hopeful, key=lambda p: p.iteration_time)
+    if counted.exact and hopeful.exact:
+        best.lower_bound = hopeful.time_with_sums_hidden()
+    return best
+
+
+def _searched(cost: SegmentCost, free: float) -> float:
+    """A segment's time as a search weighs it: ``free`` of each gradient sum counted free."""
+    return cost.total - free * sum(c.grad_sum for c in cost.layers)
+
+
+def _search(model: CostModel, candidates: list[list[Choice]], mem_per_rank: float | None,
+            cap_source: str, free: float) -> PlannedNetwork:
+    """The plan least in time with ``free`` of every gradient sum counted free (0: the
+    predicted time itself), exactly (see the module's docstring)."""
     if not model.net.is_chain():
-        return _exact_graph_plan(model, candidates, mem_per_rank, cap_source)
+        return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free)
     model.prefetch(candidates)
     prelude = model.prelude_costs()
     base_memory = sum(c.memory for c in prelude)
@@ -265,7 +323,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
                              [(previous_layout, cost.in_layout)] if previous_layout else [])
                 data = model.input_cost(model.input_layout(choice))
                 labels.append(_Label(
-                    cost.total + sum(first.redistribution) + data.total,
+                    _searched(cost, free) + sum(first.redistribution) + data.total,
                     base_memory + data.memory + first.memory + rest_memory,
                     max(base_peak, data.peak, first.peak, rest_peak), None))
             else:
@@ -274,7 +332,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
                         model.segment_cost(segment - 1, before).out_layout, cost.in_layout)])
                     for index, label in enumerate(before_labels):
                         labels.append(_Label(
-                            label.time + sum(first.redistribution) + cost.total,
+                            label.time + sum(first.redistribution) + _searched(cost, free),
                             label.memory + first.memory + rest_memory,
                             max(label.peak, first.peak, rest_peak), (before, index)))
             front[choice] = _pareto(labels, mem_per_rank)
@@ -297,7 +355,8 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
 
 
 def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]],
-                      cap: float | None = None, cap_source: str = "") -> PlannedNetwork:
+                      cap: float | None = None, cap_source: str = "", free: float = 0.0
+                      ) -> PlannedNetwork:
     """The plan of least predicted time of a net with branches (under ``cap`` bytes per rank,
     if given), exactly, by variable elimination (:mod:`hpctrain.elimination`) over one
     variable per segment.
@@ -309,7 +368,7 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]],
     same tables give the memory it counts: bytes kept (summed) and transients (the largest).
     """
     model.prefetch(candidates)
-    tables = _plan_tables(model, candidates, cap is not None)
+    tables = _plan_tables(model, candidates, cap is not None, free)
     sizes = [len(found) for found in candidates]
 
     def planned(chosen: list[int]) -> PlannedNetwork:
@@ -334,10 +393,11 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]],
     return known  # nothing beats it
 
 
-def _plan_tables(model: CostModel, candidates: list[list[Choice]], weighed: bool
-                 ) -> list[Table]:
+def _plan_tables(model: CostModel, candidates: list[list[Choice]], weighed: bool,
+                 free: float = 0.0) -> list[Table]:
     """The tables whose sum over the segments' choices is :func:`evaluate`'s predicted time
-    and, ``weighed``, its memory (kept bytes summed, the largest transient counted)."""
+    (with ``free`` of every gradient sum counted free) and, ``weighed``, its memory (kept
+    bytes summed, the largest transient counted)."""
     net, segments = model.net, model.segments
     owner = {k: s for s, members in enumerate(segments) for k in members}
     layouts = [[dict(zip(members, model.runnable_layouts(s, c), strict=True))
@@ -357,7 +417,8 @@ def _plan_tables(model: CostModel, candidates: list[list[Choice]], weighed: bool
         return Table(variables, field("total"), field("memory"), field("peak"))
 
     for s, found in enumerate(candidates):
-        tables.append(table((s,), [model.segment_cost(s, c) for c in found]))
+        tables.append(table((s,), [_MoveCost(_searched(cost, free), cost.memory, cost.peak)
+                                   for cost in (model.segment_cost(s, c) for c in found)]))
     prelude = model.prelude_costs()
     if prelude:  # the leading layers without weights: the same under every choice
         tables.append(Table((), sum(c.total for c in prelude), sum(c.memory for c in prelude),
@@ -399,7 +460,7 @@ def _plan_tables(model: CostModel, candidates: list[list[Choice]], weighed: bool
 
 
 @dataclass(frozen=True)
-class _MoveCost:  # not a tuple: tables take arrays of these as objects
+class _MoveCost:  # not a tuple: tables take arrays of these as objects (segments' too)
     total: float  # seconds, forward and backward
     memory: float  # bytes kept
     peak: float  # bytes held for a moment
@@ -453,10 +514,17 @@ def format_plan(planned: PlannedNetwork) -> str:
                     f"{sum(c.redistribution) * 1e3:>10.3f} {c.move:<10} {c.memory / 2**20:>9.1f} "
                     f"{c.peak / 2**20:>9.1f}")
     t = planned.totals()
+    hidden = planned.hidden_sums()
     rows.append(f"predicted iteration {planned.iteration_time * 1e3:.3f} ms = compute "
                 f"{t['compute'] * 1e3:.3f} + communication {t['communication'] * 1e3:.3f} + "
-                f"redistribution {t['redistribution'] * 1e3:.3f}; peak memory "
-                f"{planned.memory / 2**20:.1f} MiB per rank (kept + the largest +tmp)")
+                f"redistribution {t['redistribution'] * 1e3:.3f}"
+                + (f" - gradient sums hidden {hidden * 1e3:.3f}" if hidden else "")
+                + f"; peak memory {planned.memory / 2**20:.1f} MiB per rank (kept + the "
+                  "largest +tmp)")
+    if planned.lower_bound is not None:
+        rows.append(f"no plan is predicted faster than {planned.lower_bound * 1e3:.3f} ms "
+                    f"(every gradient sum hidden as far as the machine allows): this one is "
+                    f"within {planned.iteration_time / planned.lower_bound - 1:.1%} of the best")
     if not planned.exact:
         rows.append("not exact: the net is too densely connected to search every layer's "
                     "grid; every weighted layer is on one grid")

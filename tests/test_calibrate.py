@@ -220,3 +220,14 @@ def test_a_profile_keeps_its_threads_per_rank_and_refuses_a_bad_count():
     assert parse_machine('alpha = 1\nbeta = 1\nflops = 1\n', "old.toml").threads == 0
     with pytest.raises(MachineError, match="'threads' must be a whole number >= 0, got -1"):
         parse_machine('alpha = 1\nbeta = 1\nflops = 1\nthreads = -1\n', "bad.toml")
+
+
+def test_a_profile_keeps_its_overlap_share_and_refuses_one_out_of_range():
+    from hpctrain.cost.machine import MachineError, format_machine, parse_machine
+
+    machine = Machine("rdma", 2e-6, 1e-10, 5e10, overlap=0.75)
+    assert parse_machine(format_machine(machine), "rdma.toml").overlap == 0.75
+    assert parse_machine('alpha = 1\nbeta = 1\nflops = 1\n', "old.toml").overlap == 0.0
+    for bad in ("1.5", "-0.1", "true", '"all"'):
+        with pytest.raises(MachineError, match="'overlap' must be a number from 0 to 1, got"):
+            parse_machine(f'alpha = 1\nbeta = 1\nflops = 1\noverlap = {bad}\n', "bad.toml")

@@ -130,7 +130,7 @@ def test_linear():
     y = linear_forward(x, w, b)
     np.testing.assert_allclose(y, x @ w.T + b)
     dy = rng.standard_normal(y.shape)
-    dx, dw, db = linear_backward(x, w, dy)
+    dx, dw, db = linear_backward(np, x, w, dy)
     np.testing.assert_allclose(dx, dy @ w)
     np.testing.assert_allclose(dw, dy.T @ x)
     np.testing.assert_allclose(db, dy.sum(0))
@@ -166,3 +166,21 @@ def test_dropout_mask_is_grid_independent_and_keeps_the_right_share():
     np.testing.assert_allclose(whole[whole > 0], 1 / (1 - p))
     block = dropout_mask(np, key, p, shape, ((10, 20), (4, 8), (3, 9), (0, 16)), np.float64)
     np.testing.assert_array_equal(block, whole[10:20, 4:8, 3:9])
+
+
+def test_weight_gradients_go_into_the_buffer_given():
+    """The layers keep one gradient array across steps: dW written into it equals a fresh dW,
+    whatever the buffer held before."""
+    x, w = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((4, 3, 3, 3))
+    y, cache = conv2d_forward(np, x, w, None, 1, (1, 1, 1))
+    dy = rng.standard_normal(y.shape)
+    kept = np.full(w.shape, np.nan)
+    _, fresh, _ = conv2d_backward(np, dy, w, cache, 1)
+    _, into, _ = conv2d_backward(np, dy, w, cache, 1, dw_out=kept)
+    assert np.shares_memory(into, kept)
+    np.testing.assert_array_equal(into, fresh)
+    x, w = rng.standard_normal((5, 4)), rng.standard_normal((3, 4))
+    dy, kept = rng.standard_normal((5, 3)), np.full((3, 4), np.nan)
+    _, into, _ = linear_backward(np, x, w, dy, dw_out=kept)
+    assert np.shares_memory(into, kept)
+    np.testing.assert_array_equal(into, linear_backward(np, x, w, dy)[1])

@@ -311,3 +311,77 @@ def test_resnet50_on_16_ranks_is_data_parallel_but_the_classifier(machine):
     assert split[-1] == "fc"
     assert all(name.startswith("layer4") for name in split[:-1])
     assert len(split) == (1 if machine == "cori-knl" else 3)
+
+
+def channel_by_events(layers):
+    """Seconds of gradient sums hidden, by stepping through the backward: each layer computes,
+    its sum waits for the channel to be free and then takes its time, the move below follows."""
+    now = free_at = 0.0
+    for c in reversed(layers):
+        now += c.compute[1] + c.comm[1] - c.grad_sum
+        free_at = max(free_at, now) + c.grad_sum
+        now += c.redistribution[1]
+    return sum(c.grad_sum for c in layers) - max(0.0, free_at - now)
+
+
+def overlapping(machine, share):
+    return Machine(machine.name, machine.alpha, machine.beta, machine.flops, overlap=share)
+
+
+@pytest.mark.parametrize("name,batch,procs,machine", CASES)
+def test_hidden_gradient_sums_are_those_of_one_channel_stepped_through(name, batch, procs,
+                                                                        machine):
+    for share in (0.0, 0.5, 1.0):
+        model = model_of(load_net(name), batch, procs, overlapping(machine, share),
+                         overlap=True)
+        for combo in itertools.islice(itertools.product(
+                *[model.choices(k) for k in range(len(model.segments))]), 40):
+            planned = evaluate(model, list(combo))
+            hidden = planned.hidden_sums()
+            assert hidden == pytest.approx(share * channel_by_events(planned.layers),
+                                           rel=1e-12, abs=1e-15)
+            counted = sum(c.total for c in [*planned.layers, planned.loss, planned.data])
+            assert planned.iteration_time == pytest.approx(counted - hidden, rel=1e-12)
+            assert planned.time_with_sums_hidden() <= planned.iteration_time * (1 + 1e-12)
+
+
+def test_without_overlap_or_on_a_machine_that_hides_nothing_every_sum_counts():
+    net = load_net("alexnet").with_image_size(127)
+    plain = plan_network(model_of(net, 16, 4))
+    for machine, overlap in ((overlapping(MACHINE, 1.0), False), (MACHINE, True)):
+        planned = plan_network(model_of(net, 16, 4, machine, overlap=overlap))
+        assert planned.hidden_sums() == 0.0 and planned.lower_bound is None
+        assert planned.iteration_time == pytest.approx(plain.iteration_time, rel=1e-12)
+    hiding = plan_network(model_of(net, 16, 4, overlapping(MACHINE, 1.0), overlap=True))
+    assert 0 < hiding.hidden_sums() and hiding.iteration_time < plain.iteration_time
+    assert "gradient sums hidden" in format_plan(hiding)
+    assert "of the best" in format_plan(hiding)
+
+
+@pytest.mark.parametrize("name,batch,procs,machine", CASES)
+def test_a_plan_with_hidden_sums_is_bracketed_by_the_brute_force_optimum(name, batch, procs,
+                                                                        machine):
+    """The chosen plan is no slower than the plan that counts every sum, and no plan at all
+    (by enumeration) beats the lower bound it reports."""
+    for share in (0.5, 1.0):
+        model = model_of(load_net(name), batch, procs, overlapping(machine, share),
+                         overlap=True)
+        planned = plan_network(model)
+        best = brute_force(model)
+        counting = plan_network(model_of(load_net(name), batch, procs, machine))
+        assert planned.lower_bound <= best.iteration_time * (1 + 1e-12)
+        assert best.iteration_time <= planned.iteration_time * (1 + 1e-12)
+        assert planned.iteration_time <= evaluate(
+            model, choices_of(model, counting.plans)).iteration_time * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(0, 12, 3))
+def test_graph_plans_with_hidden_sums_are_bracketed_too(seed):
+    net = parse_net(random_graph_net(seed), f"random{seed}")
+    model = model_of(net, 8, 4, overlapping(SLOW_NET, 1.0), overlap=True)
+    options = [model.choices(k) for k in range(len(model.segments))]
+    if net.is_chain() or math.prod(map(len, options)) > 1000:
+        pytest.skip("a chain, or too many plans to enumerate")
+    best = min(evaluate(model, list(c)).iteration_time for c in itertools.product(*options))
+    planned = plan_network(model)
+    assert planned.lower_bound <= best * (1 + 1e-12) <= planned.iteration_time * (1 + 2e-12)

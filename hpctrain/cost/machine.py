@@ -11,6 +11,8 @@ by path::
     flops = 1.0e12        # sustained FLOP/s of one rank, for the FLOP-rate compute model
     device = "cpu"        # where compute times may be measured (optional)
     threads = 1           # threads per rank when flops was measured (optional; 0: unknown)
+    overlap = 0.0         # share of gradient sums in flight that hides behind compute
+                          # (optional; 0: communication moves only inside MPI calls)
 
     # optional: fitted constants per collective and communicator size, written by calibrate
     [fits.allgather]
@@ -36,7 +38,7 @@ from hpctrain.locations import config_dir, shipped_names
 from hpctrain.textfile import existing_file, read_text, shipped_file
 
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
-KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "fits")
+KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits")
 MAX_PROCS = 2**31 - 1  # an MPI communicator's size is a C int
 LEAST, MOST = 1e-30, 1e30
 """The range of alpha, beta and flops: 15 orders of magnitude either side of any machine's
@@ -69,6 +71,11 @@ class Machine:
     fits: dict[str, dict[int, Fit]] = field(default_factory=dict)
     source: str = ""
     threads: int = 0  # threads per rank the profile was measured with; 0: not recorded
+    # The share of a gradient sum's time that progresses while the backward computes, with
+    # sums in flight (--overlap): 0 where the ranks' own cores move the data inside MPI calls
+    # (shared memory, or a network without offload: measured 0 on the reference machines),
+    # 1 where the network moves it by itself (RDMA with offloaded collectives).
+    overlap: float = 0.0
 
     def link(self, collective: str, procs: int) -> Fit:
         """α and β for ``collective`` on a communicator of ``procs`` ranks."""
@@ -151,8 +158,14 @@ def parse_machine(text: str, source: str) -> Machine:
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
         raise MachineError(f"{where}: 'threads' must be a whole number >= 0, got "
                            f"{shown(threads)}")
+    overlap = table.get("overlap", 0.0)
+    if (not isinstance(overlap, (int, float)) or isinstance(overlap, bool)
+            or not 0.0 <= overlap <= 1.0):
+        raise MachineError(f"{where}: 'overlap' must be a number from 0 to 1, got "
+                           f"{shown(overlap)}")
     return Machine(name, _positive(table, "alpha", where), _positive(table, "beta", where),
-                   _positive(table, "flops", where), device, fits, source, threads)
+                   _positive(table, "flops", where), device, fits, source, threads,
+                   float(overlap))
 
 
 def user_machines_dir() -> Path:
@@ -202,6 +215,8 @@ def format_machine(machine: Machine, comment: str = "") -> str:
               f'device = "{machine.device}"']
     if machine.threads:
         lines.append(f"threads = {machine.threads}  # threads per rank when measured")
+    if machine.overlap:
+        lines.append(f"overlap = {machine.overlap:.3g}  # share of gradient sums hidden")
     for collective in COLLECTIVES:
         sizes = machine.fits.get(collective)
         if not sizes:

@@ -86,6 +86,7 @@ class LayerCost:
     move: str = "identity"
     work: LocalWork | None = field(default=None, repr=False)
     update: LocalWork | None = field(default=None, repr=False)  # the optimizer, with backward
+    grad_sum: float = 0.0  # seconds of comm[1] that sum parameter gradients (may be in flight)
 
     def for_layer(self, layer: str) -> LayerCost:
         """A copy for ``layer``, priced alike, with memory tables of its own to amend."""
@@ -228,9 +229,12 @@ class CostModel:
     """
 
     def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
-                 itemsize: int = 4) -> None:
+                 itemsize: int = 4, overlap: bool = False) -> None:
         self.net, self.batch, self.procs, self.machine = net, batch, procs, machine
         self.compute, self.itemsize = compute, itemsize
+        # the share of the gradient sums' time that can hide behind the backward: the
+        # machine's, when the run puts them in flight (--overlap); none otherwise
+        self.hidden_share = machine.overlap if overlap else 0.0
         self.shapes = [(batch, *s) for s in net.shapes()]
         anchors: list[int] = []  # the weighted layer (or -1, the input) each layer follows
         for k, spec in enumerate(net.layers):
@@ -405,7 +409,6 @@ class CostModel:
         if self.keeps_input(index) and not kept_before:
             resident["input"] = x
         footprint = Footprint(x, y, work, b, {} if kept_before else {"input": x},
-                              {"weight gradient": params * b} if params else {},
                               layouts.input.split_axis == HEIGHT_AXIS)
         kept, transient = KINDS[spec.kind].memory(spec, footprint)
         if len(self.net.consumers.get(index, ())) > 1:
@@ -485,6 +488,8 @@ class CostModel:
         cost.work = kind.work(spec, layouts.inputs, layouts.output, self.net.reads_layers(index))
         cost.comm = kind.comm_time(spec, layouts.inputs, layouts.output, self.machine,
                                    self.itemsize)
+        cost.grad_sum = kind.gradient_sum_time(spec, layouts.inputs, layouts.output,
+                                               self.machine, self.itemsize)
         params = kind.local_parameters(spec, layouts.inputs, layouts.output)
         if params:
             cost.update = LocalWork("sgd", (params,))
@@ -579,8 +584,10 @@ def compute_source(machine: Machine, requested: str) -> str:
 
 
 def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, source: str,
-                     backend=None, comm=None, threads=None) -> CostModel:
-    """A cost model whose compute times come from ``source`` (see :func:`compute_source`).
+                     backend=None, comm=None, threads=None, overlap: bool = False
+                     ) -> CostModel:
+    """A cost model whose compute times come from ``source`` (see :func:`compute_source`), for
+    a run with gradient sums in flight when ``overlap`` (``--overlap``).
 
     Measured times run on ``backend`` (NumPy float32 on this CPU when None) under ``threads``
     (the :class:`~hpctrain.threads.ThreadChoice` in force; None: decided and applied here by
@@ -592,7 +599,8 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
 
     itemsize = 4 if backend is None else np.dtype(backend.dtype).itemsize
     if compute_source(machine, source) == "flops":
-        return CostModel(net, batch, procs, machine, FlopModel(machine.flops), itemsize)
+        return CostModel(net, batch, procs, machine, FlopModel(machine.flops), itemsize,
+                         overlap)
     if backend is None:
         from hpctrain.backend import Backend
 
@@ -603,4 +611,4 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
         threads = configure_threads(comm)
     context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas)
     compute = MeasuredCompute(backend, comm, context, default_cache_path())
-    return CostModel(net, batch, procs, machine, compute, itemsize)
+    return CostModel(net, batch, procs, machine, compute, itemsize, overlap)

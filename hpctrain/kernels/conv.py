@@ -40,17 +40,20 @@ def conv2d_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: int | tuple[i
 
 
 def conv2d_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: int | tuple[int, int],
-                    need_dx: bool = True) -> tuple[Any | None, Any, Any]:
+                    need_dx: bool = True, dw_out: Any | None = None
+                    ) -> tuple[Any | None, Any, Any]:
     """Gradients (dX, dW, db) of :func:`conv2d_forward` given dY: (N, O, Ho, Wo).
 
-    dW = dY·colsᵀ, db = Σ_{n, p, q} dY, and dX scatters Wᵀ·dY back to each window position
-    (the adjoint of the window gather), then drops the padding.
+    dW = dY·colsᵀ (written into ``dw_out`` when given), db = Σ_{n, p, q} dY, and dX scatters
+    Wᵀ·dY back to each window position (the adjoint of the window gather), then drops the
+    padding.
     """
     sh, sw = pair(stride)
     o, c, kh, kw = w.shape
     n, _, ho, wo = dy.shape
     dy_mat = dy.transpose(1, 0, 2, 3).reshape(o, n * ho * wo)
-    dw = (dy_mat @ cache.cols.T).reshape(w.shape)
+    dw_mat = None if dw_out is None else dw_out.reshape(o, -1)
+    dw = xp.matmul(dy_mat, cache.cols.T, out=dw_mat).reshape(w.shape)
     db = dy.sum(axis=(0, 2, 3))
     if not need_dx:
         return None, dw, db

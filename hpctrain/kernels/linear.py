@@ -12,7 +12,8 @@ def linear_forward(x: Any, w: Any, b: Any | None) -> Any:
     return y
 
 
-def linear_backward(x: Any, w: Any, dy: Any, need_dx: bool = True
-                    ) -> tuple[Any | None, Any, Any]:
-    """(dX, dW, db) = (dY W, dYᵀ X, Σ_n dY)."""
-    return (dy @ w if need_dx else None), dy.T @ x, dy.sum(axis=0)
+def linear_backward(xp: Any, x: Any, w: Any, dy: Any, need_dx: bool = True,
+                    dw_out: Any | None = None) -> tuple[Any | None, Any, Any]:
+    """(dX, dW, db) = (dY W, dYᵀ X, Σ_n dY); dW written into ``dw_out`` when given."""
+    dw = xp.matmul(dy.T, x, out=dw_out)
+    return (dy @ w if need_dx else None), dw, dy.sum(axis=0)

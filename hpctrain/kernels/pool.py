@@ -14,8 +14,7 @@ from hpctrain.kernels.window import padded, pair, unpadded, windows
 
 @dataclass(frozen=True)
 class PoolCache:
-    windows: Any  # (N, C, kh, kw, Ho, Wo) read-only view of the padded input
-    y: Any  # (N, C, Ho, Wo): the maxima
+    first: Any  # (N, C, Ho, Wo): position in window order (a·kw + e) of each window's maximum
     x_shape: tuple[int, ...]
     pads: tuple[int, int, int]
 
@@ -32,34 +31,53 @@ def maxpool_forward(xp: Any, x: Any, kernel: int | tuple[int, int], stride: int 
 
     Xpad is X padded by ``pads`` = (top, bottom, left=right) with −∞, so padding never wins.
     A running maximum over the kh·kw strided views of X, each the size of Y: no copy of the
-    windows (kh·kw times Y) and no argmax is made; the backward finds the maxima again.
+    windows (kh·kw times Y). Beside it, the position of each window's first maximum (a strict
+    comparison keeps the earlier of equals), one byte per output for the usual kernels: all the
+    backward needs, where keeping the windows would keep the padded input alive.
     """
     kh, kw = pair(kernel)
     sh, sw = pair(stride)
     win = windows(xp, padded(xp, x, pads, -xp.inf), kh, kw, sh, sw)
     y = win[:, :, 0, 0].copy()
+    first = xp.zeros(y.shape, dtype=xp.uint8 if kh * kw <= 256 else xp.int32)
+    higher = xp.empty(y.shape, dtype=bool)
+    step = xp.empty_like(first)
     for position in range(1, kh * kw):
-        xp.maximum(y, win[:, :, position // kw, position % kw], out=y)
-    return y, PoolCache(win, y, x.shape, pads)
+        candidate = win[:, :, position // kw, position % kw]
+        xp.greater(candidate, y, out=higher)
+        # first = position where higher, else first: three passes of plain arithmetic, several
+        # times faster than a masked copy (wrapping uint8 arithmetic is still exact)
+        xp.subtract(first.dtype.type(position), first, out=step)
+        step *= higher
+        first += step
+        xp.maximum(y, candidate, out=y)
+    return y, PoolCache(first, x.shape, pads)
 
 
 def maxpool_backward(xp: Any, dy: Any, kernel: int | tuple[int, int],
                      stride: int | tuple[int, int], cache: PoolCache) -> Any:
     """dX: each dY entry goes to the position of its window's maximum — the first one in
-    window order when several entries tie, so each dY entry is counted exactly once."""
+    window order when several entries tie, so each dY entry is counted exactly once.
+
+    One scatter-add (``bincount``) of dY to the flat index of each maximum in the padded input,
+    where adding window position by position would take kh·kw passes over strided views.
+    Overlapping windows may send several entries to one place: they are summed in float64,
+    then rounded once.
+    """
     kh, kw = pair(kernel)
     sh, sw = pair(stride)
     n, c, ho, wo = dy.shape
     top, bottom, side = cache.pads
     h, w = cache.x_shape[2:]
-    dxp = xp.zeros((n, c, h + top + bottom, w + 2 * side), dtype=dy.dtype)
-    taken = xp.zeros(dy.shape, dtype=bool)
-    for a in range(kh):
-        for e in range(kw):
-            hit = cache.windows[:, :, a, e] == cache.y
-            hit &= ~taken
-            taken |= hit
-            dxp[:, :, a:a + sh * ho:sh, e:e + sw * wo:sw] += xp.where(hit, dy, 0)
+    hp, wp = h + top + bottom, w + 2 * side
+    # flat index ((n·C + c)·Hp + p·sh + a)·Wp + q·sw + e: the window's corner plus the offset
+    # of its maximum, looked up by position
+    offsets = xp.asarray([a * wp + e for a in range(kh) for e in range(kw)], dtype=xp.intp)
+    flat = offsets.take(cache.first)
+    flat += ((xp.arange(n * c) * hp).reshape(n, c, 1, 1)
+             + (xp.arange(ho) * sh).reshape(ho, 1)) * wp + xp.arange(wo) * sw
+    sums = xp.bincount(flat.reshape(-1), weights=dy.reshape(-1), minlength=n * c * hp * wp)
+    dxp = sums.astype(dy.dtype).reshape(n, c, hp, wp)
     return unpadded(dxp, cache.pads)
 
 

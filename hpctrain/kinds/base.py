@@ -60,8 +60,9 @@ class Footprint:
     """What a layer's memory estimate knows, on the busiest rank (bytes unless said).
 
     ``x``/``y``: its (first) input and output blocks; ``loose_input``: ``{"input": x}`` when the
-    input array is not kept anyway (it is alive in the caller while the layer runs), else empty;
-    ``weights``: the weight gradient's bytes by name (empty without parameters).
+    input array is not kept anyway (it is alive in the caller while the layer runs), else empty.
+    A weight gradient is written into an array kept across steps (resident, counted with the
+    parameters), so a backward allocates none.
     """
 
     x: float
@@ -69,7 +70,6 @@ class Footprint:
     work: LocalWork | None
     itemsize: int
     loose_input: dict[str, float]
-    weights: dict[str, float]
     height_split: bool
 
 
@@ -168,11 +168,16 @@ class Kind:
                   machine: Machine, itemsize: int) -> tuple[float, float]:
         """Seconds of communication inside the layer (forward, backward), busiest rank: the
         parameter gradients' all-reduce by default, plus what the kind adds."""
+        return 0.0, self.gradient_sum_time(spec, inputs, output, machine, itemsize)
+
+    def gradient_sum_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                          machine: Machine, itemsize: int) -> float:
+        """Seconds of the part of the backward's communication that sums parameter gradients
+        (the network's, which ``--overlap`` puts in flight); part of :meth:`comm_time`."""
         params = self.local_parameters(spec, inputs, output)
         if not params:
-            return 0.0, 0.0
-        ranks = self.gradient_ranks(inputs, output)
-        return 0.0, allreduce_time(machine, ranks, params * itemsize)
+            return 0.0
+        return allreduce_time(machine, self.gradient_ranks(inputs, output), params * itemsize)
 
     def keeps_input(self, spec: LayerSpec) -> bool:
         """Whether the layer keeps its input array for the backward."""

@@ -85,9 +85,18 @@ class BatchNormKind(Kind):
         ranks = x.size if x.split_axis == HEIGHT_AXIS else x.grid[1]
         forward = 2 * allreduce_time(machine, ranks, channels)
         backward = allreduce_time(machine, ranks, 2 * channels)
-        if x.split_axis is None:
-            backward += allreduce_time(machine, x.grid[0], 2 * channels)
-        return forward, backward
+        return forward, backward + self.gradient_sum_time(spec, inputs, output, machine,
+                                                          itemsize)
+
+    def gradient_sum_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                          machine: Machine, itemsize: int) -> float:
+        """Δγ and Δβ summed over the Pr replicas (channels not split); the batch's sums are
+        the statistics' own, which the backward needs at once."""
+        x = inputs[0]
+        if x.split_axis is not None:
+            return 0.0
+        channels = largest_block(x)[CHANNEL_AXIS] * itemsize
+        return allreduce_time(machine, x.grid[0], 2 * channels)
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:

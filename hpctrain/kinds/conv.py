@@ -77,7 +77,8 @@ class ConvKind(WindowKind):
         def backward_of(out: Any) -> Callable[[], Any]:
             y, cache = out
             dy = xp.ones_like(y)
-            return lambda: conv2d_backward(xp, dy, w, cache, work.stride, work.need_dx)
+            dw = xp.empty_like(w)  # kept across steps, as the layer's gradient is
+            return lambda: conv2d_backward(xp, dy, w, cache, work.stride, work.need_dx, dw)
 
         return lambda: conv2d_forward(xp, x, w, b, work.stride, work.pads), backward_of
 
@@ -102,7 +103,7 @@ class ConvKind(WindowKind):
         y = n * work.out * ho * wo * b
         forward = {**fp.loose_input, "im2col workspace": cols, "padded input": copy,
                    "output and GEMM result": 2 * y}
-        backward = {"output gradient and its transpose": 2 * y, **fp.weights}
+        backward = {"output gradient and its transpose": 2 * y}
         if work.need_dx:
             backward.update({"im2col workspace": cols, "padded input gradient": copy})
         return {"im2col columns": cols}, larger(forward, backward)

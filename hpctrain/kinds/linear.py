@@ -65,8 +65,9 @@ class LinearKind(Kind):
         x, w = random(work.x), random((work.out, work.x[1]))
         b = xp.zeros(work.out, dtype=dtype)
         dy = xp.ones((work.x[0], work.out), dtype=dtype)
+        dw = xp.empty_like(w)  # kept across steps, as the layer's gradient is
         return (lambda: linear_forward(x, w, b),
-                lambda _: lambda: linear_backward(x, w, dy, work.need_dx))
+                lambda _: lambda: linear_backward(xp, x, w, dy, work.need_dx, dw))
 
     def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
                          ) -> int:
@@ -81,7 +82,7 @@ class LinearKind(Kind):
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
-        backward = {"output gradient": fp.y, **fp.weights,
+        backward = {"output gradient": fp.y,
                     "input gradient": fp.x if fp.work.need_dx else 0}
         return {}, larger({"input": fp.x, "output": fp.y}, backward)
 

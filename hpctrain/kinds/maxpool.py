@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from hpctrain.kinds.base import BOOL_BYTES, Footprint, LayerSpec, larger
 from hpctrain.kinds.options import NetError
 from hpctrain.kinds.window import PoolKind, PoolOptions, padded_bytes, padded_copy_bytes
 
+POSITION_BYTES = 1  # uint8: a window's position in kernels of up to 256 entries
+INDEX_BYTES = 8  # intp
+
 
 class MaxPoolKind(PoolKind):
     name = "maxpool"
-    keeps_output = True
 
     def pool_kernels(self) -> tuple[Callable, Callable]:
         from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
@@ -27,27 +28,24 @@ class MaxPoolKind(PoolKind):
                                f"{kernel // 2}, or some windows would hold only padding")
         return o
 
-    def keeps_input(self, spec: LayerSpec) -> bool:
-        """Its windows view the input itself when nothing is padded."""
-        return spec.options.pad == (0, 0)
-
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
-        """The output (the maxima) and the windows' input, kept; the masks of the backward."""
+        """The position of each window's maximum, kept (one byte each); the padded input and
+        the comparison masks while they are found; the backward's flat indices (int64) and the
+        float64 sums it scatters into, before their cast."""
         work, b = fp.work, fp.itemsize
         n, c = work.x[:2]
         ho, wo = work.out_rows()
-        y = n * c * ho * wo * b
-        padded = padded_copy_bytes(fp)
-        resident: dict[str, Any] = {"output": y}
-        if padded:
-            resident["padded input"] = padded  # a fresh copy its windows view
-            forward = {**fp.loose_input, "padded input": padded, "output": y}
-        else:  # the previous step's input, held by the previous windows, and the output
-            forward = {"input": fp.x, "output": y}
-        backward = {"output gradient": y, "padded input gradient": padded_bytes(work, b),
-                    "window masks": y + 3 * y // b * BOOL_BYTES}
-        return resident, larger(forward, backward)
+        outputs = n * c * ho * wo
+        y = outputs * b
+        position = POSITION_BYTES if work.kernel[0] * work.kernel[1] <= 256 else 4
+        padded_entries = padded_bytes(work, b) // b
+        forward = {**fp.loose_input, "padded input": padded_copy_bytes(fp), "output": y,
+                   "positions and masks": outputs * (2 * position + BOOL_BYTES)}
+        backward = {"output gradient": y, "flat indices": 2 * outputs * INDEX_BYTES,
+                    "float64 sums": padded_entries * 8,
+                    "padded input gradient": padded_entries * b}
+        return {"maxima positions": outputs * position}, larger(forward, backward)
 
 
 KIND = MaxPoolKind()

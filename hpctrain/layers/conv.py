@@ -47,10 +47,15 @@ class Conv2d(Layer):
         return conv2d_forward(self.backend.xp, x, self.weight.value, b, self.stride, pads)
 
     def _backward_rows(self, dy: Any, cache: Any) -> Any:
-        dx, dw, db = conv2d_backward(self.backend.xp, dy, self.weight.value, cache, self.stride,
-                                     self.need_dx)
+        xp = self.backend.xp
+        first = self.weight.grad is None
+        dx, dw, db = conv2d_backward(xp, dy, self.weight.value, cache, self.stride, self.need_dx,
+                                     self.weight.grad_buffer(xp) if first else None)
         # one band (no height split) gives the gradients whole; row bands add up
-        self.weight.grad = dw if self.weight.grad is None else self.weight.grad + dw
+        if first:
+            self.weight.grad = dw
+        else:
+            self.weight.grad += dw  # the kept buffer the first band wrote
         if self.bias is not None:
             self.bias.grad = db if self.bias.grad is None else self.bias.grad + db
         return dx

@@ -36,7 +36,9 @@ class Linear(Layer):
                               None if self.bias is None else self.bias.value)
 
     def backward(self, dy: Any) -> Any:
-        dx, dw, db = linear_backward(self.x, self.weight.value, dy, self.need_dx)
+        xp = self.backend.xp
+        dx, dw, db = linear_backward(xp, self.x, self.weight.value, dy, self.need_dx,
+                                     self.weight.grad_buffer(xp))
         self.weight.grad = dw
         if self.bias is not None:
             self.bias.grad = db
