@@ -95,6 +95,7 @@ class Run:
     validation_step: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     validation_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
     validation_accuracy: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    timeline: bool = False  # the log has a /timeline (--timeline)
     iteration_measured: float | None = None  # /iteration attrs, written at the end of the run
     iteration_predicted: float | None = None
     measured: LayerTimes | None = None  # /layers/measured: each entry the slowest rank's
@@ -252,6 +253,7 @@ def _read_run(h5, path: Path) -> Run:
     shape = attrs.get("input_shape")
     return Run(
         path=path, name=path.stem, net=_text(attrs.get("net", "?")),
+        timeline="timeline/spans" in h5,
         processes=int(attrs["processes"]), batch=int(attrs["batch"]),
         grid_spec=grid,
         input_shape=None if shape is None else tuple(int(s) for s in np.atleast_1d(shape)),

@@ -49,7 +49,8 @@ if __package__:  # imported as analysis.plot_logs
         read_log,
         scaling_studies,
     )
-    from .timeline import has_timeline, plot_timeline
+    from .timeline import COLOURS as TIMELINE_COLOURS
+    from .timeline import plot_timeline
 else:  # run as a script: python analysis/plot_logs.py
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from logs import (
@@ -62,9 +63,10 @@ else:  # run as a script: python analysis/plot_logs.py
         read_log,
         scaling_studies,
     )
-    from timeline import has_timeline, plot_timeline
+    from timeline import COLOURS as TIMELINE_COLOURS
+    from timeline import plot_timeline
 
-COLOURS = {"compute": "0.62", "communication": "tab:blue", "redistribution": "tab:orange"}
+COLOURS = TIMELINE_COLOURS  # the same colour for each part in every figure
 LABELS = {"compute": "compute (forward + backward)",
           "communication": "layer's own communication",
           "redistribution": "redistribution (layout change feeding the layer)"}
@@ -573,8 +575,8 @@ def plot_logs(runs: Sequence[Run], out_dir: str | Path,
                     run, out / f"{run.name}-predicted-vs-measured.png"))
             else:
                 say(f"skipped {run.name}-predicted-vs-measured.png: no per-layer prediction")
-        if has_timeline(run.path):
-            written += plot_timeline(run.path, out)
+        if run.timeline:
+            written += plot_timeline(run.path, out, run.name)
         if has_training_curves(run):
             written.append(plot_training(run, out / f"{run.name}-training.png"))
         else:

@@ -53,16 +53,6 @@ class Timeline:
         return f"{self.rows[int(span[1])]} {self.phases[int(span[2])]}"
 
 
-def has_timeline(path: str | Path) -> bool:
-    import h5py
-
-    try:
-        with h5py.File(path, "r", locking=False) as h5:
-            return "timeline/spans" in h5
-    except OSError:
-        return False
-
-
 def read_timeline(path: str | Path) -> Timeline:
     import h5py
 
@@ -140,14 +130,16 @@ def draw_timeline(timeline: Timeline):
     return fig
 
 
-def plot_timeline(path: str | Path, out_dir: str | Path) -> list[Path]:
-    """``<stem>-timeline.png`` and ``<stem>-timeline.json`` of the run log ``path``."""
+def plot_timeline(path: str | Path, out_dir: str | Path, name: str | None = None
+                  ) -> list[Path]:
+    """``<name>-timeline.png`` and ``<name>-timeline.json`` of the run log ``path`` (``name``
+    by default its stem)."""
     import matplotlib.pyplot as plt
 
     timeline = read_timeline(path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = Path(path).stem
+    stem = name or Path(path).stem
     png, trace = out / f"{stem}-timeline.png", out / f"{stem}-timeline.json"
     fig = draw_timeline(timeline)
     fig.savefig(png, dpi=120)

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -78,51 +79,57 @@ def memory_bandwidth(entries: int, repeats: int = 5) -> float:
 SGD_PASSES = 5  # momentum SGD reads w, g, v and writes w, v: each array crosses the bus once
 
 
-def layer_work(image_size: int, batch: int) -> dict[str, tuple[str, float, float, float]]:
-    """Per layer of AlexNet at P = 1: (kind, GEMM FLOPs of forward and backward, bytes its
-    GEMMs move, bytes its update moves). The bytes count only for fully connected layers, whose
-    weights are read once per GEMM at a small batch: forward reads W; backward reads W (for
-    dX, when needed) and writes dW; the update makes :data:`SGD_PASSES` passes over W."""
-    from hpctrain.cost.compute import FlopModel, flops
-    from hpctrain.cost.machine import Machine
-    from hpctrain.cost.model import Choice, CostModel
+@dataclass(frozen=True)
+class LayerWork:
+    """A conv or linear layer of AlexNet at P = 1, as its roofline sees it.
+
+    The bytes count only for fully connected layers, whose weights are read once per GEMM at a
+    small batch: forward reads W; backward reads W (for dX, when needed) and writes dW; the
+    update makes :data:`SGD_PASSES` passes over W."""
+
+    kind: str
+    flops: float  # GEMM FLOPs of forward and backward
+    weight_bytes: float  # one pass over W (0 for a convolution)
+    gemm_passes: int
+
+    @property
+    def gemm_bytes(self) -> float:
+        return self.weight_bytes * self.gemm_passes
+
+    @property
+    def update_bytes(self) -> float:
+        return self.weight_bytes * SGD_PASSES
+
+
+def layer_work(image_size: int, batch: int) -> dict[str, LayerWork]:
+    """Every conv and linear layer of AlexNet at P = 1, by name."""
+    from hpctrain.cost.compute import flops
     from hpctrain.net import load_net
-    from hpctrain.planner import evaluate
+    from hpctrain.planner import serial_layers
 
-    model = CostModel(load_net("alexnet", image_size), batch, 1,
-                      Machine("flops", 1.0, 1.0, 1.0), FlopModel(1.0))
-    planned = evaluate(model, [Choice("batch", (1, 1))] * len(model.segments))
-    work = {}
-    for c in planned.layers:
-        if c.work is None or c.kind not in ("conv", "linear"):
-            continue
-        weights = c.resident["parameters"] if c.kind == "linear" else 0.0
-        gemm_passes = 1 + (1 if c.work.need_dx else 0) + 1
-        work[c.layer] = (c.kind, sum(flops(c.work)), weights * gemm_passes,
-                         weights * SGD_PASSES)
-    return work
+    return {c.layer: LayerWork(c.kind, sum(flops(c.work)),
+                               c.resident["parameters"] if c.kind == "linear" else 0.0,
+                               3 if c.work.need_dx else 2)
+            for c in serial_layers(load_net("alexnet", image_size), batch)
+            if c.kind in ("conv", "linear")}
 
 
-def roofline(log: str, work: dict[str, tuple[str, float, float, float]], step_seconds: float,
+def roofline(measured: dict[str, float], work: dict[str, LayerWork], step_seconds: float,
              peak: float, bandwidth: float) -> dict[str, float]:
     """A P = 1 run against its roofline. Each convolution's limit is its FLOPs at the GEMM peak;
     each fully connected layer's is its GEMMs at the slower of peak and bandwidth, plus its
     update at bandwidth (its measured time includes the update, which runs inside the
     backward). Reported: the convolutions' FLOP/s over the peak, the fully connected layers'
     limit over their time, and the step's: the sum of the limits (everything else, pooling and
-    element-wise work, counted as free) over the measured step."""
-    with h5py.File(log) as h5:
-        names = [n.decode() for n in h5["layers/name"][:]]
-        seconds = sum(h5[f"layers/measured/{f}"][:] for f in ("forward_compute",
-                                                               "backward_compute"))
-    measured = dict(zip(names, seconds))
-    conv = [name for name, w in work.items() if w[0] == "conv"]
-    fc = [name for name, w in work.items() if w[0] == "linear"]
-    conv_flops = sum(work[n][1] for n in conv)
+    element-wise work, counted as free) over the measured step; ``measured``: each layer's
+    compute seconds, forward and backward."""
+    conv = {n: w for n, w in work.items() if w.kind == "conv"}
+    fc = {n: w for n, w in work.items() if w.kind == "linear"}
+    conv_flops = sum(w.flops for w in conv.values())
     conv_s = sum(measured[n] for n in conv)
-    fc_bytes = sum(work[n][2] + work[n][3] for n in fc)
-    fc_limit = sum(max(work[n][1] / peak, work[n][2] / bandwidth) + work[n][3] / bandwidth
-                   for n in fc)
+    fc_bytes = sum(w.gemm_bytes + w.update_bytes for w in fc.values())
+    fc_limit = sum(max(w.flops / peak, w.gemm_bytes / bandwidth) + w.update_bytes / bandwidth
+                   for w in fc.values())
     fc_s = sum(measured[n] for n in fc)
     ideal = conv_flops / peak + fc_limit
     return {"conv_seconds": float(conv_s), "conv_flops": conv_flops,
@@ -130,15 +137,6 @@ def roofline(log: str, work: dict[str, tuple[str, float, float, float]], step_se
             "fc_bytes": fc_bytes, "fc_limit_seconds": fc_limit, "fc_of_limit": fc_limit / fc_s,
             "fc_of_bandwidth": fc_bytes / fc_s / bandwidth,
             "ideal_seconds": ideal, "step_of_roofline": ideal / step_seconds}
-
-
-def step_flops(image_size: int, batch: int) -> float:
-    """GEMM FLOPs of one whole training step: forward and backward of every convolution and
-    linear layer, whole batch (pooling and element-wise work is under 1 % and not GEMM)."""
-    from hpctrain.net import load_net
-    from hpctrain.planner import iteration_flops
-
-    return iteration_flops(load_net("alexnet", image_size), batch, kinds=("conv", "linear"))
 
 
 def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path) -> dict:
@@ -152,12 +150,14 @@ def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path) -
         seconds = h5["steps/seconds"][1:]
         names = [n.decode() for n in h5["layers/name"][:]]
         modes = [m.decode() for m in h5["plan/mode"][:]]
-        compute = sum(h5[f"layers/measured/{f}"][:].sum()
+        compute = sum(h5[f"layers/measured/{f}"][:]
                       for f in ("forward_compute", "backward_compute"))
         layer_comm = h5["layers/measured_fastest_rank/backward_layer_comm"][:]
         sent = np.median(h5["steps/layers/bytes_sent/max"][1:], axis=0)
     return {"grid": grid, "log": str(log), "step_seconds": float(np.median(seconds)),
-            "compute_seconds": float(compute), "pure_batch": set(modes) <= {"batch", "follow"},
+            "compute_seconds": float(compute.sum()),
+            "layer_compute_seconds": dict(zip(names, map(float, compute))),
+            "pure_batch": set(modes) <= {"batch", "follow"},
             "layers": {name: {"allreduce_seconds": float(t), "bytes": float(b)}
                        for name, t, b, mode in zip(names, layer_comm, sent, modes + ["loss"])
                        if mode == "batch" and t > 0}}
@@ -191,9 +191,10 @@ def main() -> None:
     where.mkdir(parents=True, exist_ok=True)
 
     peak = gemm_peak()
-    flops = step_flops(args.image_size, args.batch)
     work = layer_work(args.image_size, args.batch)
-    largest_weight = max(w[2] / 3 for w in work.values())  # one pass of the largest W
+    # GEMM FLOPs of a whole step (pooling and element-wise work is under 1 % and not GEMM)
+    flops = sum(w.flops for w in work.values())
+    largest_weight = max(w.weight_bytes for w in work.values())
     bandwidth = memory_bandwidth(int(largest_weight) // 4)
     rows = []
     for procs in args.procs:
@@ -209,7 +210,7 @@ def main() -> None:
         rows.append({"procs": procs, "hpctrain": ours, "torch": theirs,
                      "collective_efficiency": efficiency})
         if procs == 1:
-            rows[-1]["roofline"] = roofline(ours["auto"]["log"], work,
+            rows[-1]["roofline"] = roofline(ours["auto"]["layer_compute_seconds"], work,
                                             ours["auto"]["step_seconds"], peak, bandwidth)
 
     lines = [f"AlexNet {args.image_size}x{args.image_size}, global batch {args.batch}, "

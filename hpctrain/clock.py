@@ -18,7 +18,8 @@ class CommClock:
     clock can stay on the backend of untimed runs. ``sync``, when set (on a GPU), runs at the
     start and end of each outermost block so the clock measures the movement itself rather than
     compute still queued on the device. ``intervals``, when a list, gets the (start, end)
-    ``perf_counter`` readings of each outermost block (for a timeline).
+    ``perf_counter`` readings of each outermost block (for a timeline; each
+    :class:`~hpctrain.timing.StepTimer` lap takes them and clears the list).
 
     Examples
     --------

@@ -57,8 +57,10 @@ class SGD:
             if first:  # μ·0 + g is g: the first velocity is the gradient itself
                 self.velocity[k] = xp.empty_like(p.value)
             velocity = self.velocity[k] if self.momentum else None
+            scratch = None
             for w, g, v in _blocks(xp, p.value, p.grad, velocity):
-                scratch = self._scratch_for(xp, w.size, w.dtype)[:w.size].reshape(w.shape)
+                if scratch is None or scratch.shape != w.shape:  # the first and the last block
+                    scratch = self._scratch_for(xp, w.size, w.dtype)[:w.size].reshape(w.shape)
                 self._update(xp, w, g, v, scratch, lr, first)
 
     def _update(self, xp: Any, w: Any, g: Any, v: Any, scratch: Any, lr: float,

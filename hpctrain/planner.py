@@ -187,16 +187,22 @@ def choices_of(model: CostModel, plans: list[LayerPlan]) -> list[Choice]:
     return [Choice(plans[seg[0]].mode, plans[seg[0]].grid) for seg in model.segments]
 
 
+def serial_layers(net: NetSpec, batch: int) -> list[LayerCost]:
+    """Every layer of ``net`` on one process at the whole ``batch``: its work (shapes) and its
+    memory, priced by FLOPs (P = 1 has one choice per layer, batch on 1×1)."""
+    from hpctrain.cost.compute import FlopModel
+    from hpctrain.cost.machine import Machine
+
+    model = CostModel(net, batch, 1, Machine("flops", 1.0, 1.0, 1.0), FlopModel(1.0))
+    return evaluate(model, [Choice("batch", (1, 1))] * len(model.segments)).layers
+
+
 def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = None) -> float:
     """FLOPs of one iteration's kernels at the whole ``batch`` (forward and backward, without
     the optimizer's update); only layers of ``kinds`` when given (e.g. the GEMM ones)."""
-    from hpctrain.cost.compute import FlopModel, flops
-    from hpctrain.cost.machine import Machine
+    from hpctrain.cost.compute import flops
 
-    # P = 1 has one choice per layer, batch on 1×1: every kernel at the whole batch
-    model = CostModel(net, batch, 1, Machine("flops", 1.0, 1.0, 1.0), FlopModel(1.0))
-    planned = evaluate(model, [Choice("batch", (1, 1))] * len(model.segments))
-    return sum(sum(flops(c.work)) for c in planned.layers
+    return sum(sum(flops(c.work)) for c in serial_layers(net, batch)
                if c.work is not None and (kinds is None or c.work.kind in kinds))
 
 

@@ -254,7 +254,8 @@ class StepTimer:
             self._start = self._wall = perf_counter()
             self._comm = clock.seconds
             self._bytes = clock.bytes_sent
-            self._seen = len(clock.intervals or ())  # comm intervals already on a timeline
+            if clock.intervals:  # comm before this timer belongs to no span of it
+                clock.intervals.clear()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -274,10 +275,10 @@ class StepTimer:
         if spans is not None:
             row = len(self.times.layers) if key == LOSS else key
             spans.append((row, phase, category, self._wall, wall))
-            if category == COMPUTE and clock.intervals:
-                spans += [(row, phase, COMMUNICATION, *interval)
-                          for interval in clock.intervals[self._seen:]]
-            self._seen = len(clock.intervals or ())
+            if clock.intervals:
+                if category == COMPUTE:
+                    spans += [(row, phase, COMMUNICATION, *i) for i in clock.intervals]
+                clock.intervals.clear()
         self._wall, self._comm, self._bytes = wall, comm, clock.bytes_sent
         return lap
 

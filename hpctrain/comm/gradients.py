@@ -39,6 +39,7 @@ from typing import Any
 from mpi4py import MPI
 
 from hpctrain.backend import Backend
+from hpctrain.comm.collectives import allreduce_sum
 
 BUCKET_BYTES = 1 << 20
 """Bytes of gradients a bucket collects before its all-reduce starts. An all-reduce of n bytes
@@ -103,7 +104,9 @@ class GradientReducer:
         if comm is None or comm.Get_size() == 1:
             self._reduced(params)
             return
-        bucket = self._open.setdefault(id(comm), Bucket(comm, label=label))
+        bucket = self._open.get(id(comm))
+        if bucket is None:
+            bucket = self._open[id(comm)] = Bucket(comm, label=label)
         bucket.params += params
         bucket.arrays += [p.grad for p in params]
         bucket.nbytes += sum(p.grad.nbytes for p in params)
@@ -125,10 +128,10 @@ class GradientReducer:
         self._open.clear()
         if not self._in_flight:  # nothing to wait for: no time in communication either
             return
-        with self.backend.clock.comm():
-            while self._in_flight:
+        while self._in_flight:
+            with self.backend.clock.comm():  # the wait; the update that follows is compute
                 index = MPI.Request.Waitany([b.request for b in self._in_flight])
-                self._unpack(self._in_flight.pop(index))
+            self._unpack(self._in_flight.pop(index))
 
     def _send(self, bucket: Bucket) -> None:
         with self.backend.clock.comm():
@@ -137,17 +140,15 @@ class GradientReducer:
             flat = (bucket.arrays[0] if len(bucket.arrays) == 1
                     else self._packed(bucket.arrays))
             bucket.arrays = []
+        if not self.in_flight:
+            self._spread(bucket.params, allreduce_sum(self.backend, bucket.comm, flat))
+            return
+        with self.backend.clock.comm():
             bucket.sent = self.backend.to_mpi(flat)
             self.backend.clock.sent(bucket.sent.nbytes)
-            if self.in_flight:
-                bucket.request = bucket.comm.Iallreduce(MPI.IN_PLACE, bucket.sent, MPI.SUM)
-            else:
-                bucket.comm.Allreduce(MPI.IN_PLACE, bucket.sent, MPI.SUM)
-        if self.in_flight:
-            bucket.sent_at = time.perf_counter()
-            self._in_flight.append(bucket)
-        else:
-            self._unpack(bucket)
+            bucket.request = bucket.comm.Iallreduce(MPI.IN_PLACE, bucket.sent, MPI.SUM)
+        bucket.sent_at = time.perf_counter()
+        self._in_flight.append(bucket)
 
     def _packed(self, arrays: list[Any]) -> Any:
         """``arrays`` concatenated into the buffer of this step's next packed bucket."""
@@ -162,15 +163,19 @@ class GradientReducer:
         return flat
 
     def _unpack(self, bucket: Bucket) -> None:
-        if self.flights is not None and self.in_flight:
+        """A bucket sent in flight has arrived."""
+        if self.flights is not None:
             self.flights.append((bucket.label, bucket.sent_at, time.perf_counter()))
-        flat = self.backend.from_mpi(bucket.sent).reshape(-1)
-        start = 0
-        for p in bucket.params:
+        self._spread(bucket.params, self.backend.from_mpi(bucket.sent))
+
+    def _spread(self, params: list[Any], summed: Any) -> None:
+        """Each parameter's gradient, a view of the bucket's sum, handed over."""
+        flat, start = summed.reshape(-1), 0
+        for p in params:
             size = p.value.size
             p.grad = flat[start:start + size].reshape(p.value.shape)
             start += size
-        self._reduced(bucket.params)
+        self._reduced(params)
 
     def _reduced(self, params: list[Any]) -> None:
         if self._on_reduced is not None:

@@ -52,11 +52,7 @@ class FlopModel:
         self.rate = flops_per_second
 
     def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
-        found: dict[LocalWork, tuple[float, float]] = {}
-        for w in works:  # a planner's list repeats works many times: each is counted once
-            if w not in found:
-                found[w] = tuple(f / self.rate for f in flops(w))
-        return found
+        return {w: tuple(f / self.rate for f in flops(w)) for w in works}
 
 
 # The modules whose code runs inside a timing: a change to any of them makes old timings stale.
@@ -222,15 +218,12 @@ class MeasuredCompute:
         if todo:
             rng = np.random.default_rng(0)
             self.timed += len(todo)
-            measured = []
             for work in todo:
                 forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
                 forward_seconds, output = self._time(forward)
                 backward_seconds, _ = self._time(backward_of(output))
-                measured.append((forward_seconds, backward_seconds))
-            # already the slowest rank's, the same on every rank (see _time)
-            for work, (f, b) in zip(todo, measured, strict=True):
-                self.known[self.prefix + work.key()] = [f, b]
+                # already the slowest rank's, the same on every rank (see _time)
+                self.known[self.prefix + work.key()] = [forward_seconds, backward_seconds]
             self._save()
         return {w: tuple(self.known[self.prefix + w.key()]) for w in works}
 

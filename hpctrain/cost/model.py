@@ -27,6 +27,7 @@ adjoint, half the bytes of the all-reduce the paper counts).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -459,7 +460,8 @@ class CostModel:
         """Each layer's compute: its kernels' times (from ``times`` when they are known),
         plus the optimizer's in the backward."""
         if times is None:
-            times = self.compute.times([w for c in costs for w in (c.work, c.update) if w])
+            times = self.compute.times(_distinct(w for c in costs for w in (c.work, c.update)
+                                                 if w))
         for cost in costs:
             if cost.work is not None:
                 cost.compute = times[cost.work]
@@ -566,10 +568,16 @@ class CostModel:
         costs = [self.segment_cost(k, c, timed=False) for k, c in todo]
         works = [w for cost in costs for c in cost.layers for w in (c.work, c.update) if w]
         works += [LocalWork("data", largest_block(self.input_layout(c))) for c in choices[0]]
-        times = self.compute.times(works)
+        times = self.compute.times(_distinct(works))
         for key, cost in zip(todo, costs, strict=True):
             self._fill_compute(cost.layers, times)
             self._timed.add(key)
+
+
+def _distinct(works: Iterable[LocalWork]) -> list[LocalWork]:
+    """``works`` without repeats, in order: a planner's list names most works many times, and
+    a compute model need price each once."""
+    return list(dict.fromkeys(works))
 
 
 COMPUTE_SOURCES = ("auto", "measured", "flops")

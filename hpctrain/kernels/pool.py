@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from hpctrain.kernels.window import padded, pair, unpadded, windows
 
 
@@ -25,6 +27,11 @@ class AvgPoolCache:
     pads: tuple[int, int, int]
 
 
+def position_dtype(kh: int, kw: int) -> Any:
+    """The integer type of a position in a kh×kw window: one byte for the usual kernels."""
+    return np.uint8 if kh * kw <= 256 else np.int32
+
+
 def maxpool_forward(xp: Any, x: Any, kernel: int | tuple[int, int], stride: int | tuple[int, int],
                     pads: tuple[int, int, int]) -> tuple[Any, PoolCache]:
     """Y[n, c, p, q] = max_{a < kh, e < kw} Xpad[n, c, p·sh + a, q·sw + e].
@@ -39,7 +46,7 @@ def maxpool_forward(xp: Any, x: Any, kernel: int | tuple[int, int], stride: int 
     sh, sw = pair(stride)
     win = windows(xp, padded(xp, x, pads, -xp.inf), kh, kw, sh, sw)
     y = win[:, :, 0, 0].copy()
-    first = xp.zeros(y.shape, dtype=xp.uint8 if kh * kw <= 256 else xp.int32)
+    first = xp.zeros(y.shape, dtype=position_dtype(kh, kw))
     higher = xp.empty(y.shape, dtype=bool)
     step = xp.empty_like(first)
     for position in range(1, kh * kw):
@@ -74,8 +81,8 @@ def maxpool_backward(xp: Any, dy: Any, kernel: int | tuple[int, int],
     # of its maximum, looked up by position
     offsets = xp.asarray([a * wp + e for a in range(kh) for e in range(kw)], dtype=xp.intp)
     flat = offsets.take(cache.first)
-    flat += ((xp.arange(n * c) * hp).reshape(n, c, 1, 1)
-             + (xp.arange(ho) * sh).reshape(ho, 1)) * wp + xp.arange(wo) * sw
+    flat += (xp.arange(n * c) * (hp * wp)).reshape(n, c, 1, 1)  # broadcast: no full temporary
+    flat += (xp.arange(ho) * (sh * wp)).reshape(ho, 1) + xp.arange(wo) * sw
     sums = xp.bincount(flat.reshape(-1), weights=dy.reshape(-1), minlength=n * c * hp * wp)
     dxp = sums.astype(dy.dtype).reshape(n, c, hp, wp)
     return unpadded(dxp, cache.pads)

@@ -8,7 +8,9 @@ from hpctrain.kinds.base import BOOL_BYTES, Footprint, LayerSpec, larger
 from hpctrain.kinds.options import NetError
 from hpctrain.kinds.window import PoolKind, PoolOptions, padded_bytes, padded_copy_bytes
 
-POSITION_BYTES = 1  # uint8: a window's position in kernels of up to 256 entries
+# the bytes of kernels.pool.position_dtype, which planning does not import: a window's
+# position is a uint8 in kernels of up to 256 entries, an int32 beyond
+POSITION_BYTES = 1
 INDEX_BYTES = 8  # intp
 
 
@@ -42,7 +44,7 @@ class MaxPoolKind(PoolKind):
         padded_entries = padded_bytes(work, b) // b
         forward = {**fp.loose_input, "padded input": padded_copy_bytes(fp), "output": y,
                    "positions and masks": outputs * (2 * position + BOOL_BYTES)}
-        backward = {"output gradient": y, "flat indices": 2 * outputs * INDEX_BYTES,
+        backward = {"output gradient": y, "flat indices": outputs * INDEX_BYTES,
                     "float64 sums": padded_entries * 8,
                     "padded input gradient": padded_entries * b}
         return {"maxima positions": outputs * position}, larger(forward, backward)
