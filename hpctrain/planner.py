@@ -88,8 +88,7 @@ class PlannedNetwork:
     def time_with_sums_hidden(self) -> float:
         """The iteration time if the machine's share of every gradient sum were hidden: never
         more than :attr:`iteration_time`."""
-        every = [*self.layers, self.loss, self.data]
-        return sum(c.total - self.hidden_share * c.grad_sum for c in every)
+        return _time_with_free([*self.layers, self.loss, self.data], self.hidden_share)
 
     @property
     def memory(self) -> float:
@@ -108,6 +107,11 @@ class PlannedNetwork:
         return {"compute": sum(sum(c.compute) for c in every),
                 "communication": sum(sum(c.comm) for c in every),
                 "redistribution": sum(sum(c.redistribution) for c in every)}
+
+
+def _time_with_free(costs: list[LayerCost], free: float) -> float:
+    """The time of ``costs`` with ``free`` of each gradient sum counted free."""
+    return sum(c.total - free * c.grad_sum for c in costs)
 
 
 @dataclass
@@ -302,7 +306,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
 
 def _searched(cost: SegmentCost, free: float) -> float:
     """A segment's time as a search weighs it: ``free`` of each gradient sum counted free."""
-    return cost.total - free * sum(c.grad_sum for c in cost.layers)
+    return _time_with_free(cost.layers, free)
 
 
 def _search(model: CostModel, candidates: list[list[Choice]], mem_per_rank: float | None,

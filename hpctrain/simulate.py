@@ -279,6 +279,7 @@ class ImplementationPlans:
         self.settings, self.flops = settings, flops
         self.models: dict[tuple[int, int], CostModel] = {}
         self.outcomes: dict[tuple[int, int, str], Outcome] = {}
+        self._costed: dict[tuple[int, int, tuple[Choice, ...]], Outcome] = {}
 
     def model(self, batch: int, procs: int) -> CostModel:
         if (batch, procs) not in self.models:
@@ -287,13 +288,21 @@ class ImplementationPlans:
                                                   s.word_bytes)
         return self.models[batch, procs]
 
+    def cost(self, batch: int, procs: int, choices: list[Choice]) -> Outcome:
+        """:func:`cost_choices` at (``batch``, ``procs``), once per distinct plan: a study's
+        rows, the baselines and other strategies' 1×P rows name the same plans again."""
+        key = (batch, procs, tuple(choices))
+        if key not in self._costed:
+            self._costed[key] = cost_choices(self.model(batch, procs), choices)
+        return self._costed[key]
+
     def outcome(self, batch: int, procs: int, name: str) -> Outcome:
         """The plan ``name`` (a key of :data:`PLANS`) at (``batch``, ``procs``)."""
         key = (batch, procs, name)
         if key not in self.outcomes:
             model = self.model(batch, procs)
             if name != "auto":
-                self.outcomes[key] = cost_choices(model, BASELINES[name](model))
+                self.outcomes[key] = self.cost(batch, procs, BASELINES[name](model))
             else:
                 try:
                     self.outcomes[key] = Outcome(plan_network(model))
@@ -353,11 +362,9 @@ def run_study(name: str, description: str, points: list[tuple[int, int]], settin
                 comm = sum(f + b for f, b in strategy_comm(net, strategy, batch, grid, machine,
                                                            word)) * iterations
                 total = compute_epoch + comm
-                choices = strategy_choices(model, strategy, grid)
-                runnable = all(model.segment_layouts(k, c) is not None
-                               for k, c in enumerate(choices))
-                impl_total = (evaluate(model, choices).iteration_time * iterations if runnable
-                              else math.nan)
+                planned = impl.cost(batch, procs, strategy_choices(model, strategy, grid)).planned
+                runnable = planned is not None
+                impl_total = planned.iteration_time * iterations if runnable else math.nan
                 study.add(study.rows, procs=procs, batch=batch, iterations_per_epoch=iterations,
                           strategy=strategy, pr=grid[0], pc=grid[1], comm_per_epoch=comm,
                           compute_per_epoch=compute_epoch, total_per_epoch=total,

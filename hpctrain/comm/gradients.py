@@ -126,8 +126,6 @@ class GradientReducer:
         for bucket in list(self._open.values()):
             self._send(bucket)
         self._open.clear()
-        if not self._in_flight:  # nothing to wait for: no time in communication either
-            return
         while self._in_flight:
             with self.backend.clock.comm():  # the wait; the update that follows is compute
                 index = MPI.Request.Waitany([b.request for b in self._in_flight])
@@ -140,13 +138,15 @@ class GradientReducer:
             flat = (bucket.arrays[0] if len(bucket.arrays) == 1
                     else self._packed(bucket.arrays))
             bucket.arrays = []
+            if not self.in_flight:  # (its own clock block nests: counted once)
+                summed = allreduce_sum(self.backend, bucket.comm, flat)
+            else:
+                bucket.sent = self.backend.to_mpi(flat)
+                self.backend.clock.sent(bucket.sent.nbytes)
+                bucket.request = bucket.comm.Iallreduce(MPI.IN_PLACE, bucket.sent, MPI.SUM)
         if not self.in_flight:
-            self._spread(bucket.params, allreduce_sum(self.backend, bucket.comm, flat))
+            self._spread(bucket.params, summed)
             return
-        with self.backend.clock.comm():
-            bucket.sent = self.backend.to_mpi(flat)
-            self.backend.clock.sent(bucket.sent.nbytes)
-            bucket.request = bucket.comm.Iallreduce(MPI.IN_PLACE, bucket.sent, MPI.SUM)
         bucket.sent_at = time.perf_counter()
         self._in_flight.append(bucket)
 

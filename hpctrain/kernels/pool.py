@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from hpctrain.kernels.window import padded, pair, unpadded, windows
+from hpctrain.kernels.window import padded, pair, position_dtype, unpadded, windows
 
 
 @dataclass(frozen=True)
@@ -25,11 +23,6 @@ class PoolCache:
 class AvgPoolCache:
     x_shape: tuple[int, ...]  # the backward needs only shapes: average-pooling is linear
     pads: tuple[int, int, int]
-
-
-def position_dtype(kh: int, kw: int) -> Any:
-    """The integer type of a position in a kh×kw window: one byte for the usual kernels."""
-    return np.uint8 if kh * kw <= 256 else np.int32
 
 
 def maxpool_forward(xp: Any, x: Any, kernel: int | tuple[int, int], stride: int | tuple[int, int],

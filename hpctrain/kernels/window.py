@@ -19,6 +19,14 @@ def pair(value: int | tuple[int, int]) -> tuple[int, int]:
     return int(height), int(width)
 
 
+def position_dtype(kh: int, kw: int) -> Any:
+    """The integer type of a position in a kh×kw window: one byte for the usual kernels.
+    (Here, not beside max-pooling, so that the memory model may read it while planning.)"""
+    import numpy as np
+
+    return np.uint8 if kh * kw <= 256 else np.int32
+
+
 def padded(xp: Any, x: Any, pads: tuple[int, int, int], value: float) -> Any:
     """X: (N, C, H, W) padded by (top, bottom, left=right) with ``value``."""
     top, bottom, side = pads

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
+from hpctrain.kernels.window import position_dtype
 from hpctrain.kinds.base import BOOL_BYTES, Footprint, LayerSpec, larger
 from hpctrain.kinds.options import NetError
 from hpctrain.kinds.window import PoolKind, PoolOptions, padded_bytes, padded_copy_bytes
 
-# the bytes of kernels.pool.position_dtype, which planning does not import: a window's
-# position is a uint8 in kernels of up to 256 entries, an int32 beyond
-POSITION_BYTES = 1
 INDEX_BYTES = 8  # intp
 
 
@@ -40,7 +40,7 @@ class MaxPoolKind(PoolKind):
         ho, wo = work.out_rows()
         outputs = n * c * ho * wo
         y = outputs * b
-        position = POSITION_BYTES if work.kernel[0] * work.kernel[1] <= 256 else 4
+        position = np.dtype(position_dtype(*work.kernel)).itemsize
         padded_entries = padded_bytes(work, b) // b
         forward = {**fp.loose_input, "padded input": padded_copy_bytes(fp), "output": y,
                    "positions and masks": outputs * (2 * position + BOOL_BYTES)}
