@@ -3,9 +3,9 @@
 A :class:`~hpctrain.cost.work.LocalWork` is what one rank computes for one layer under a candidate
 grid: the kernel and the exact local shapes (the largest block, since the slowest rank sets the
 pace); its layer kind says how to run and count it.
-:class:`MeasuredCompute` runs the real forward and backward kernels at those shapes (warm-up, then
-the mean of up to 5 samples of the slowest rank, within a time budget) and caches the result on
-disk under a key that holds everything that changes a timing (:func:`timing_context`: the
+:class:`MeasuredCompute` runs the real forward and backward kernels at those shapes (two warm-up
+calls, then the mean of up to 5 samples of the slowest rank, within a time budget) and caches the
+result on disk under a key that holds everything that changes a timing (:func:`timing_context`: the
 device, dtype, threads per rank, ranks per node, BLAS library, and the hpctrain version with a
 hash of the timed code), so a second plan of the same net is instant and a timing taken under
 other conditions is never used.
@@ -33,6 +33,12 @@ from hpctrain.files import replace_atomically
 from hpctrain.kinds import KINDS
 
 SAMPLE_BUDGET = 0.15  # seconds of timed calls per kernel and direction, roughly
+# Calls before the samples. The first pays for fresh memory, BLAS threads and, on a GPU, kernel
+# compilation. The second is still slow on the CPU (AlexNet's conv1 forward: 50, 58, then
+# 18-24 ms): the first free of a large array raises glibc's mmap threshold, so the second call
+# grows the heap and faults its pages in. From the third on a call runs as in training's steady
+# state.
+WARM_UPS = 2
 
 
 def flops(work: LocalWork) -> tuple[float, float]:
@@ -177,7 +183,7 @@ class MeasuredCompute:
 
     def _time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
         """Seconds of ``fn`` on the slowest rank, every rank running it at the same moment
-        (the mean over samples of each sample's slowest rank), and what the warm-up returned.
+        (the mean over samples of each sample's slowest rank), and what the last warm-up returned.
 
         Training waits for the slowest rank at every collective, so a layer costs the expected
         maximum over ranks of its time, not any one rank's typical time: when two ranks' calls
@@ -187,14 +193,15 @@ class MeasuredCompute:
 
         The samples fit a budget of about ``SAMPLE_BUDGET`` seconds, between 1 and ``repeats``
         of them: planning times every candidate's kernels, and a long kernel varies little from
-        call to call (the warm-up, which pays first-call costs, is never a sample). All ranks
-        agree on the count (the slowest rank's warm-up decides) so that their barriers pair
-        up.
+        call to call (the warm-up calls, which pay first-call costs, are never samples). All
+        ranks agree on the count (the slowest rank's last warm-up call decides) so that their
+        barriers pair up.
         """
-        start = time.perf_counter()
-        output = fn()  # warm-up: allocations, BLAS threads, kernel compilation on a GPU
-        self.backend.sync()
-        warm = time.perf_counter() - start
+        for _ in range(WARM_UPS):
+            start = time.perf_counter()
+            output = fn()
+            self.backend.sync()
+            warm = time.perf_counter() - start
         if self.comm is not None:
             from mpi4py import MPI
 
