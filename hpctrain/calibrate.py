@@ -25,6 +25,10 @@ P×1 grid (a non-periodic chain of every rank): interior ranks send to and recei
 neighbours at once, as a domain-parallel layer does, and the time of one such exchange is fitted
 as one message, stored under communicator size 2 (looked up with ``machine.link("halo", 2)``).
 
+Past ``--max-bytes`` a second sweep, sizes doubling up to ``--far-bytes``, finds where a message
+outgrows the caches and the bandwidth falls (:func:`fit_knee`): the line is bent there to a
+second slope, stored as the fit's ``knee`` and ``far_beta``.
+
 Timing: two warm-up calls, a barrier, then ``repeats`` calls each timed with ``perf_counter``;
 each call's time is the maximum over all ranks and the median over calls is kept. The profile's
 top-level ``alpha`` and ``beta`` are the halo fit (one point-to-point message). On one rank
@@ -37,6 +41,7 @@ nothing is sent, so there are no fits and the top level holds ``alpha`` = 1 µs 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import socket
 import time
@@ -62,8 +67,9 @@ MIN_B = 1e-14  # smallest slope a fit may return (s/B, 100 TB/s): keeps β > 0 l
 MIN_BYTES = 64  # smallest message of a sweep: small enough that α dominates its time
 ITEM = 4  # bytes of one float32, the element every benchmark moves
 WARMUP = 2
-QUICK = {"max_bytes": 64 * 1024, "sizes": 4, "repeats": 3, "gemm_size": 512}
-DEFAULTS = {"max_bytes": 4 * 1024 * 1024, "sizes": 8, "repeats": 10, "gemm_size": 1024}
+QUICK = {"max_bytes": 64 * 1024, "sizes": 4, "repeats": 3, "gemm_size": 512, "far_bytes": 0}
+DEFAULTS = {"max_bytes": 4 * 1024 * 1024, "sizes": 8, "repeats": 10, "gemm_size": 1024,
+            "far_bytes": 64 * 1024 * 1024}
 GPU_GEMM_SIZE = 4096  # a GPU needs a larger GEMM than a CPU core to reach its sustained rate
 class CalibrateError(UserError):
     """A calibrate option with a value that cannot be used."""
@@ -73,14 +79,14 @@ class CalibrateError(UserError):
 # Pure maths: sizes, the model's terms, the fit
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, option: str = "--max-bytes") -> int:
     """Bytes from ``'4194304'``, ``'64KiB'``, ``'4M'`` or ``'1 GiB'`` (binary units, any case).
 
-    Raises :class:`CalibrateError` naming ``text`` when it is not such a size.
+    Raises :class:`CalibrateError` naming ``option`` and ``text`` when it is not such a size.
     """
     size = bytes_from(text)
     if size is None:
-        raise CalibrateError(f"--max-bytes {text!r} is not a size; write e.g. 4194304, 64KiB "
+        raise CalibrateError(f"{option} {text!r} is not a size; write e.g. 4194304, 64KiB "
                              f"or 4MiB")
     return int(size)
 
@@ -91,6 +97,51 @@ def message_sizes(max_bytes: int, count: int) -> list[int]:
     Example: ``message_sizes(65536, 4)`` is ``[64, 645, 6502, 65536]``.
     """
     return [int(round(n)) for n in np.geomspace(MIN_BYTES, max_bytes, count)]
+
+
+def far_sizes(max_bytes: int, far_bytes: int) -> list[int]:
+    """Sizes doubling from 2·``max_bytes`` up to ``far_bytes``: the sweep past the caches.
+
+    Example: ``far_sizes(4 MiB, 64 MiB)`` is 8, 16, 32 and 64 MiB; none when ``far_bytes`` is
+    not above ``max_bytes``.
+    """
+    sizes = []
+    n = 2 * max_bytes
+    while n <= far_bytes:
+        sizes.append(n)
+        n *= 2
+    return sizes
+
+
+def fit_knee(a: float, b: float, sizes: Sequence[float], times: Sequence[float],
+             start: float) -> tuple[float, float]:
+    """``(knee, s)``: past the size ``knee`` each byte costs ``s``, where the line ``a + b·n``
+    fitted below ``start`` no longer holds.
+
+    The times at ``sizes`` (all above ``start``) are priced ``a + b·min(n, K) + s·max(0, n − K)``.
+    The knee K is ``start`` or one of ``sizes`` but the last, and ``s`` (at least
+    :data:`MIN_B`) minimises the relative squared error of the times past K; the K whose pricing
+    has the smallest relative squared error over every time wins. On a network whose bandwidth
+    does not fall with size, ``s`` comes out near ``b``.
+    """
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    best = (math.inf, float(start), b)
+    for knee in [float(start), *n[:-1]]:
+        past = n > knee
+        w2 = 1.0 / t[past] ** 2
+        d = n[past] - knee
+        slope = max(MIN_B, float(np.sum(w2 * d * (t[past] - a - b * knee)) / np.sum(w2 * d * d)))
+        error = float(np.sum(((knee_price(a, b, knee, slope, n) - t) / t) ** 2))
+        if error < best[0]:
+            best = (error, knee, slope)
+    return best[1], best[2]
+
+
+def knee_price(a: float, b: float, knee: float, slope: float, n: Any) -> Any:
+    """``a + b·min(n, knee) + slope·max(0, n − knee)``, element-wise."""
+    near = np.minimum(n, knee)
+    return a + b * near + slope * (n - near)
 
 
 def fit_line(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
@@ -130,11 +181,13 @@ def fit_line(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, flo
     return a, b
 
 
-def worst_residual(sizes: Sequence[float], times: Sequence[float], a: float, b: float) -> float:
-    """max |a + b·nᵢ − tᵢ| / tᵢ: how far the fitted line strays from the worst measured point."""
+def worst_residual(sizes: Sequence[float], times: Sequence[float], a: float, b: float,
+                   knee: float = math.inf, slope: float = 0.0) -> float:
+    """max |price(nᵢ) − tᵢ| / tᵢ: how far the fit (the line ``a + b·n``, bent at ``knee`` to
+    ``slope``) strays from the worst measured point."""
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
-    return float(np.max(np.abs(a + b * n - t) / t))
+    return float(np.max(np.abs(knee_price(a, b, knee, slope, n) - t) / t))
 
 
 def fit_collective(collective: str, p: int, sizes: Sequence[float],
@@ -147,9 +200,13 @@ def fit_collective(collective: str, p: int, sizes: Sequence[float],
     return line_to_fit(collective, p, *fit_line(sizes, times))
 
 
-def line_to_fit(collective: str, p: int, a: float, b: float) -> Fit:
-    """α = a/m and β = b/c, with ``(m, c)`` the model's terms (:func:`cost.collectives.terms`)."""
+def line_to_fit(collective: str, p: int, a: float, b: float, knee: float = math.inf,
+                slope: float = 0.0) -> Fit:
+    """α = a/m and β = b/c, with ``(m, c)`` the model's terms (:func:`cost.collectives.terms`);
+    past ``knee`` bytes of message (c·knee bytes of byte terms), far β = slope/c."""
     m, c = terms(collective, p)
+    if math.isfinite(knee):
+        return Fit(a / m, b / c, c * knee, slope / c)
     return Fit(a / m, b / c)
 
 
@@ -193,6 +250,12 @@ def build_calibrate_parser() -> argparse.ArgumentParser:
                              "larger is more accurate for bandwidth and slower "
                              f"(default: {DEFAULTS['max_bytes'] // 1024**2}MiB, "
                              f"{QUICK['max_bytes'] // 1024}KiB with --quick)")
+    parser.add_argument("--far-bytes", default=None, metavar="BYTES",
+                        help="largest message of a second sweep past the caches, sizes "
+                             "doubling from 2x --max-bytes, where the bandwidth of large "
+                             "messages is fitted (a gradient of tens of MiB moves at it); 0 for "
+                             f"none (default: {DEFAULTS['far_bytes'] // 1024**2}MiB, none with "
+                             "--quick)")
     parser.add_argument("--sizes", type=int, default=None, metavar="N",
                         help=f"message sizes per sweep, log-spaced from {MIN_BYTES} bytes to "
                              f"--max-bytes (default: {DEFAULTS['sizes']}, {QUICK['sizes']} with "
@@ -226,6 +289,7 @@ class Settings:
     repeats: int
     gemm_size: int
     device: str
+    far_bytes: int = 0
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -234,6 +298,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     max_bytes = base["max_bytes"] if args.max_bytes is None else parse_bytes(args.max_bytes)
     if not 1024 <= max_bytes <= 1024**3:
         raise CalibrateError(f"--max-bytes {args.max_bytes} must be between 1KiB and 1GiB")
+    far_bytes = (base["far_bytes"] if args.far_bytes is None
+                 else parse_bytes(args.far_bytes, "--far-bytes"))
+    if not (far_bytes == 0 or 2 * max_bytes <= far_bytes <= 4 * 1024**3):
+        raise CalibrateError(f"--far-bytes {args.far_bytes} must be 0 or between twice "
+                             f"--max-bytes ({2 * max_bytes} bytes) and 4GiB")
     sizes = base["sizes"] if args.sizes is None else args.sizes
     if not 2 <= sizes <= 64:
         raise CalibrateError(f"--sizes {sizes} must be between 2 and 64 (a line needs two "
@@ -249,7 +318,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     # the name is written between double quotes in TOML: keep it to characters needing no escape
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", args.name):
         raise CalibrateError(f"--name {args.name!r} must be letters, digits and _ . + - only")
-    return Settings(Path(args.out), args.name, max_bytes, sizes, repeats, gemm_size, args.device)
+    return Settings(Path(args.out), args.name, max_bytes, sizes, repeats, gemm_size, args.device,
+                    far_bytes)
 
 
 def _unwritable(out: Path) -> str:
@@ -381,17 +451,26 @@ class Measured:
 
 def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, settings: Settings
            ) -> Measured:
-    """Time ``collective`` on ``comm`` (this rank's group of size ``p``) at every message size."""
+    """Time ``collective`` on ``comm`` (this rank's group of size ``p``) at every message size:
+    a line fitted to the sweep up to --max-bytes, bent at a knee to fit the sweep beyond."""
     sizes, times = [], []
-    for target in message_sizes(settings.max_bytes, settings.sizes):
+    targets = message_sizes(settings.max_bytes, settings.sizes)
+    for target in targets + far_sizes(settings.max_bytes, settings.far_bytes):
         n_bytes, call = _benchmark(collective, comm, backend, target)
         if n_bytes in sizes:  # rounding to whole elements per rank merged two sizes
             continue
         sizes.append(n_bytes)
         times.append(_time_calls(world, call, settings.repeats, backend.sync))
-    a, b = fit_line(sizes, times)
-    return Measured(collective, p, tuple(sizes), tuple(times), line_to_fit(collective, p, a, b),
-                    worst_residual(sizes, times, a, b), bool(a == MIN_A or b == MIN_B))
+        del call  # a large message's buffers go before the next are made
+    near = sum(n <= targets[-1] for n in sizes)
+    a, b = fit_line(sizes[:near], times[:near])
+    knee, slope = math.inf, 0.0
+    if near < len(sizes):
+        knee, slope = fit_knee(a, b, sizes[near:], times[near:], sizes[near - 1])
+    return Measured(collective, p, tuple(sizes), tuple(times),
+                    line_to_fit(collective, p, a, b, knee, slope),
+                    worst_residual(sizes, times, a, b, knee, slope),
+                    bool(a == MIN_A or b == MIN_B))
 
 
 def measure_flops(world: Any, backend: Any, size: int, repeats: int) -> float:
@@ -432,10 +511,13 @@ def measure(world: Any, backend: Any, settings: Settings) -> list[Measured]:
 def format_table(results: Sequence[Measured], flops: float, device: str) -> str:
     """The fits, one line per (collective, p), and the FLOP rate."""
     lines = [f"{'collective':<15}{'p':>3}{'alpha (us)':>13}{'1/beta (GB/s)':>15}"
-             f"{'worst resid':>13}"]
+             f"{'knee (MiB)':>12}{'past it (GB/s)':>16}{'worst resid':>13}"]
     for m in results:
+        far = (f"{m.fit.knee / 2**20:>12.3g}{1 / m.fit.far_beta / 1e9:>16.3f}"
+               if math.isfinite(m.fit.knee) else f"{'-':>12}{'-':>16}")
         lines.append(f"{m.collective:<15}{m.p:>3}{m.fit.alpha * 1e6:>13.2f}"
-                     f"{1 / m.fit.beta / 1e9:>15.3f}{m.residual:>13.1%}{' *' * m.floored}")
+                     f"{1 / m.fit.beta / 1e9:>15.3f}{far}{m.residual:>13.1%}"
+                     f"{' *' * m.floored}")
     if not results:
         lines.append("(one rank: no messages to time)")
     if any(m.floored for m in results):
@@ -476,10 +558,12 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
     machine = Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits,
                       threads=threads.threads)
     command = " ".join(["python -m hpctrain calibrate", *argv])
+    far = far_sizes(settings.max_bytes, settings.far_bytes)
+    far_note = f", {len(far)} up to {far[-1]} B past a knee" if far else ""
     comment = f"written by '{command}' on {size} processes\n"
     comment += (f"on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                f"{settings.sizes} sizes from {MIN_BYTES} B to {settings.max_bytes} B, "
-                f"median of {settings.repeats} calls, GEMM {settings.gemm_size}")
+                f"{settings.sizes} sizes from {MIN_BYTES} B to {settings.max_bytes} B"
+                f"{far_note}, median of {settings.repeats} calls, GEMM {settings.gemm_size}")
     # rank 0 writes; a failed write (OutputError) is raised on every rank
     on_root(comm, lambda: save_machine(machine, settings.out, comment))
     if rank == 0:

@@ -15,9 +15,13 @@ from hpctrain.calibrate import (
     Measured,
     build_calibrate_parser,
     communicator_sizes,
+    far_sizes,
     fit_collective,
+    fit_knee,
     fit_line,
     format_table,
+    knee_price,
+    line_to_fit,
     message_sizes,
     parse_bytes,
     run_calibrate,
@@ -202,10 +206,10 @@ def test_out_that_cannot_be_written_is_refused_in_one_line(tmp_path):
 
 def test_table_lists_every_fit():
     fits = [Measured("allgather", 2, (64, 128), (1e-5, 2e-5), Fit(1e-5, 1e-9), 0.05),
-            Measured("halo", 2, (64, 128), (1e-5, 2e-5), Fit(2e-6, 1e-10), 0.0)]
+            Measured("halo", 2, (64, 128), (1e-5, 2e-5), Fit(2e-6, 1e-10, 2**23, 5e-10), 0.0)]
     table = format_table(fits, 5e10, "cpu").splitlines()
-    assert table[1].split() == ["allgather", "2", "10.00", "1.000", "5.0%"]
-    assert table[2].split() == ["halo", "2", "2.00", "10.000", "0.0%"]
+    assert table[1].split() == ["allgather", "2", "10.00", "1.000", "-", "-", "5.0%"]
+    assert table[2].split() == ["halo", "2", "2.00", "10.000", "8", "2.000", "0.0%"]
     assert "50.0 GFLOP/s" in table[-1]
     floored = Measured("halo", 2, (64, 128), (1e-5, 1e-5), Fit(1e-5, MIN_B), 0.0, True)
     table = format_table([floored], 5e10, "cpu").splitlines()
@@ -231,3 +235,55 @@ def test_a_profile_keeps_its_overlap_share_and_refuses_one_out_of_range():
     for bad in ("1.5", "-0.1", "true", '"all"'):
         with pytest.raises(MachineError, match="'overlap' must be a number from 0 to 1, got"):
             parse_machine(f'alpha = 1\nbeta = 1\nflops = 1\noverlap = {bad}\n', "bad.toml")
+
+
+def test_far_sizes_double_from_past_the_near_sweep():
+    assert far_sizes(4 * 2**20, 64 * 2**20) == [2**23, 2**24, 2**25, 2**26]
+    assert far_sizes(4 * 2**20, 0) == far_sizes(4 * 2**20, 4 * 2**20) == []
+
+
+@pytest.mark.parametrize("knee", [2**22, 2**24])
+def test_fit_knee_recovers_where_and_how_far_the_bandwidth_falls(knee):
+    a, b, slope = 4e-6, 4e-10, 1e-9  # 2.5 GB/s in the caches, 1 GB/s past them
+    sizes = far_sizes(2**22, 2**27)
+    times = knee_price(a, b, knee, slope, np.array(sizes, dtype=float))
+    got_knee, got_slope = fit_knee(a, b, sizes, times, 2**22)
+    assert got_knee == knee and got_slope == pytest.approx(slope, rel=1e-12)
+    assert worst_residual(sizes, times, a, b, got_knee, got_slope) < 1e-12
+
+
+def test_fit_knee_keeps_the_slope_where_the_bandwidth_holds():
+    a, b = 4e-6, 4e-10
+    sizes = far_sizes(2**22, 2**26)
+    times = a + b * np.array(sizes, dtype=float) * np.array([1.01, 0.99, 1.0, 1.02])
+    assert fit_knee(a, b, sizes, times, 2**22)[1] == pytest.approx(b, rel=0.05)
+
+
+def test_a_knee_prices_the_bytes_past_it_at_the_far_rate_and_round_trips():
+    from hpctrain.cost.collectives import allreduce_time
+    from hpctrain.cost.machine import MachineError, format_machine, parse_machine
+
+    fit = line_to_fit("allreduce", 4, 8e-6, 4e-10, 2**22, 1e-9)  # a, b per byte of message
+    machine = Machine("m", 1e-6, 1e-10, 1e9, fits={"allreduce": {4: fit}})
+    for n in (2**20, 2**22, 2**26):  # the fitted line, bent at 4 MiB of message
+        want = float(knee_price(8e-6, 4e-10, 2**22, 1e-9, n))
+        assert allreduce_time(machine, 4, n) == pytest.approx(want, rel=1e-12)
+    again = parse_machine(format_machine(machine), "m.toml")
+    back = again.link("allreduce", 4)
+    assert (back.alpha, back.beta, back.knee, back.far_beta) == pytest.approx(
+        (fit.alpha, fit.beta, fit.knee, fit.far_beta), rel=1e-5)
+    table = '[fits.allreduce]\n2 = {{ alpha = 1, beta = 1{} }}\n'
+    for extra, message in ((", knee = 8", "give knee and far_beta together, or neither"),
+                           (", knee = 8, far_beta = -1", "'far_beta' must be a number"),
+                           (", knee = 0, far_beta = 1", "'knee' must be a number"),
+                           (", bend = 8", "unknown key 'bend'; a fit takes alpha, beta, knee, "
+                                          "far_beta")):
+        with pytest.raises(MachineError, match=message):
+            parse_machine("alpha = 1\nbeta = 1\nflops = 1\n" + table.format(extra), "b.toml")
+
+
+def test_far_bytes_is_checked_against_max_bytes():
+    for value, message in (("1MiB", "--far-bytes 1MiB must be 0 or between twice --max-bytes"),
+                           ("lots", "--far-bytes 'lots' is not a size")):
+        with pytest.raises(CalibrateError, match=message):
+            run_calibrate(["--far-bytes", value], OneRank())

@@ -9,6 +9,9 @@ the primitives return at once then.
 - one halo message:                              α + β·n
 - point-to-point exchange (a general move),
   costed at the busiest receiver:                 α·messages + β·n
+
+A calibrated fit may price the bytes of β·(…) past its knee at a second rate (messages that
+outgrow the caches, :class:`hpctrain.cost.machine.Fit`).
 """
 
 from __future__ import annotations
@@ -43,9 +46,8 @@ def terms(collective: str, p: int) -> tuple[float, float]:
 def _time(machine: Machine, collective: str, p: int, n: float) -> float:
     if p == 1 or n == 0:
         return 0.0
-    fit = machine.link(collective, p)
     m, c = terms(collective, p)
-    return fit.alpha * m + fit.beta * c * n
+    return machine.link(collective, p).seconds(m, c * n)
 
 
 def allgather_time(machine: Machine, p: int, n: float) -> float:
@@ -74,5 +76,4 @@ def exchange_time(machine: Machine, p: int, messages: int, n: float) -> float:
     """
     if p == 1 or messages == 0:
         return 0.0
-    fit = machine.link("alltoall", p)
-    return fit.alpha * messages + fit.beta * n
+    return machine.link("alltoall", p).seconds(messages, n)

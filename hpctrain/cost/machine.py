@@ -14,9 +14,10 @@ by path::
     overlap = 0.0         # share of gradient sums in flight that hides behind compute
                           # (optional; 0: communication moves only inside MPI calls)
 
-    # optional: fitted constants per collective and communicator size, written by calibrate
+    # optional: fitted constants per collective and communicator size, written by calibrate;
+    # past knee bytes (of the β term) each byte costs far_beta (optional, both or neither)
     [fits.allgather]
-    2 = { alpha = 3.1e-6, beta = 2.2e-10 }
+    2 = { alpha = 3.1e-6, beta = 2.2e-10, knee = 4194304, far_beta = 9.5e-10 }
 
 Collectives: ``allgather``, ``reduce_scatter``, ``allreduce``, ``alltoall`` and ``halo`` (one
 point-to-point message). A collective or size without a fit uses ``alpha`` and ``beta``; a size
@@ -39,6 +40,7 @@ from hpctrain.textfile import existing_file, read_text, shipped_file
 
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
 KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits")
+FIT_KEYS = ("alpha", "beta", "knee", "far_beta")
 MAX_PROCS = 2**31 - 1  # an MPI communicator's size is a C int
 LEAST, MOST = 1e-30, 1e30
 """The range of alpha, beta and flops: 15 orders of magnitude either side of any machine's
@@ -55,10 +57,22 @@ class MachineError(UserError):
 
 @dataclass(frozen=True)
 class Fit:
-    """t = α·(message terms) + β·(byte terms), in seconds and seconds per byte."""
+    """t = α·(message terms) + β·(byte terms), in seconds and seconds per byte; past ``knee``
+    bytes of byte terms, each further byte costs ``far_beta`` instead of β.
+
+    The knee is where a message outgrows the caches: on shared memory an all-reduce of 4 MiB
+    between two ranks moved 2.6 GB/s and one of 64 MiB 1.0 GB/s, so one β fitted to small
+    messages priced AlexNet's 67 MB fc7 gradient at half its time.
+    """
 
     alpha: float
     beta: float
+    knee: float = math.inf
+    far_beta: float = 0.0
+
+    def seconds(self, messages: float, byte_terms: float) -> float:
+        near = min(byte_terms, self.knee)
+        return self.alpha * messages + self.beta * near + self.far_beta * (byte_terms - near)
 
 
 @dataclass(frozen=True)
@@ -110,6 +124,20 @@ def _table(value: object, where: str, what: str) -> dict:
     return value
 
 
+def _fit(table: dict, at: str) -> Fit:
+    for key in table:
+        if key not in FIT_KEYS:
+            raise MachineError(f"{at}: unknown key {shown(key)}; a fit takes "
+                               f"{', '.join(FIT_KEYS)}")
+    fit = Fit(_positive(table, "alpha", at), _positive(table, "beta", at))
+    if ("knee" in table) != ("far_beta" in table):
+        raise MachineError(f"{at}: give knee and far_beta together, or neither")
+    if "knee" in table:
+        fit = Fit(fit.alpha, fit.beta, _positive(table, "knee", at),
+                  _positive(table, "far_beta", at))
+    return fit
+
+
 def parse_machine(text: str, source: str) -> Machine:
     """The profile in the TOML ``text`` read from ``source`` (a path or a name, for messages).
 
@@ -139,13 +167,7 @@ def parse_machine(text: str, source: str) -> Machine:
             if not _SIZE.fullmatch(size) or not 1 <= int(size) <= MAX_PROCS:
                 raise MachineError(f"{at}: communicator size must be a whole number from 1 to "
                                    f"{MAX_PROCS}")
-            fit = _table(fit, at, "a fit")
-            for key in fit:
-                if key not in ("alpha", "beta"):
-                    raise MachineError(f"{at}: unknown key {shown(key)}; a fit takes alpha, "
-                                       f"beta")
-            fits.setdefault(collective, {})[int(size)] = Fit(
-                _positive(fit, "alpha", at), _positive(fit, "beta", at))
+            fits.setdefault(collective, {})[int(size)] = _fit(_table(fit, at, "a fit"), at)
     name = table.get("name", Path(source).stem)
     if "name" in table and not (isinstance(name, str) and name.isprintable()
                                 and 0 < len(name) <= 100):
@@ -222,9 +244,15 @@ def format_machine(machine: Machine, comment: str = "") -> str:
         if not sizes:
             continue
         lines += ["", f"[fits.{collective}]"]
-        lines += [f"{p} = {{ alpha = {f.alpha:.6g}, beta = {f.beta:.6g} }}"
-                  for p, f in sorted(sizes.items())]
+        lines += [f"{p} = {{ {_format_fit(f)} }}" for p, f in sorted(sizes.items())]
     return "\n".join(lines) + "\n"
+
+
+def _format_fit(fit: Fit) -> str:
+    text = f"alpha = {fit.alpha:.6g}, beta = {fit.beta:.6g}"
+    if math.isfinite(fit.knee):
+        text += f", knee = {fit.knee:.6g}, far_beta = {fit.far_beta:.6g}"
+    return text
 
 
 def save_machine(machine: Machine, path: Path, comment: str = "") -> None:

@@ -23,13 +23,15 @@ def expected_fits(world: int) -> set[tuple[str, int]]:
 
 def test_quick_calibration_writes_a_profile_every_rank_reads(comm, shared_dir):
     out = shared_dir / "machines" / "local.toml"  # a directory calibrate must create
-    assert run_calibrate(["--quick", "--device", DEVICE, "--name", "test", "--out", str(out)],
-                         comm) == 0
+    # a far sweep of 128 and 256 KiB past the quick one's 64 KiB: every fit gets a knee
+    assert run_calibrate(["--quick", "--far-bytes", "256KiB", "--device", DEVICE, "--name",
+                          "test", "--out", str(out)], comm) == 0
     machine = load_machine(str(out))
     got = {(c, p) for c, sizes in machine.fits.items() for p in sizes}
     fits = [f for sizes in machine.fits.values() for f in sizes.values()]
     ok = (got == expected_fits(comm.size)
-          and all(f.alpha > 0 and f.beta > 0 for f in fits)
+          and all(f.alpha > 0 and f.beta > 0 and 0 < f.knee <= 2**18 and f.far_beta > 0
+                  for f in fits)
           and machine.flops > 0 and machine.device == DEVICE and machine.name == "test"
           and machine.threads >= 1)  # the threads per rank the GEMM rate was measured with
     if comm.size == 1:
