@@ -5,6 +5,12 @@ convolutions batch-parallel with the fully connected layers on each grid, and do
 convolutions — it predicts the iteration with the cost model, trains a few steps, and measures.
 It reports each plan's predicted and measured iteration time, where the auto plan ranks among the
 measured plans, and for the auto plan the per-layer communication, predicted against measured.
+
+Both sides see the machine in one state. The compute times of the prediction are timed at the
+start of the run, not read from the cache (on a shared 2-core machine one plan's step varied by
+a third over half an hour, so a cached timing from another hour priced every plan 20-40 % fast).
+And the plans are trained in turn, ``--rounds`` times, each measured as the median round, so a
+slow minute falls on every plan instead of on whichever ran in it.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ def build_compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=16, help="global mini-batch (default: 16)")
     parser.add_argument("--steps", type=int, default=5,
                         help="steps per plan; the first is a warm-up (default: 5)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="train every plan in turn this many times and keep each plan's "
+                             "median round, so that a slow moment of the machine falls on all "
+                             "plans alike (default: %(default)s)")
     parser.add_argument("--plan", action="append", default=None, dest="plans",
                         help="a --grid value to compare (repeat the flag); default: auto, every "
                              "RxC, conv=1xP,fc=RxC and conv=domain:RxC,fc=RxC")
@@ -96,6 +106,8 @@ def compare(args, comm) -> list[Outcome]:
     net = agreed(comm, lambda: load_net(args.net, args.image_size))
     if args.steps < 2:
         raise UserError(f"--steps {args.steps} must be at least 2 (the first is a warm-up)")
+    if not 1 <= args.rounds <= 100:
+        raise UserError(f"--rounds {args.rounds} must be between 1 and 100")
     procs, rank = comm.Get_size(), comm.Get_rank()
     threads = configure_threads(comm, args.threads)
     if rank == 0:
@@ -103,24 +115,31 @@ def compare(args, comm) -> list[Outcome]:
     backend = make_backend(args.device, args.dtype, comm)
     machine = agreed(comm, lambda: load_machine(args.machine))
     model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
-                             threads, args.overlap)
-    outcomes = []
+                             threads, args.overlap, cached=False)
+    plans = []
     for spec in args.plans or default_specs(procs):
         try:
             plan = None if spec == "auto" else plan_from_spec(spec, net, procs)
-            planned = predict(model, plan, args.mem_per_rank)
+            plans.append((spec, predict(model, plan, args.mem_per_rank)))
         except SplitError as err:  # a plan this net cannot run here; the same on every rank
             if rank == 0:
                 print(f"{spec:<28} skipped: {err}", flush=True)
-            continue
-        outcome = _run(net, planned, args, backend, comm)
-        outcome.spec = spec
-        outcomes.append(outcome)
-        if rank == 0:
-            print(f"{spec:<28} predicted {planned.iteration_time * 1e3:9.2f} ms  measured "
-                  f"{outcome.measured_iteration * 1e3:9.2f} ms  ({outcome.error:+.1%})",
-                  flush=True)
-    return outcomes
+    rounds: list[list[Outcome]] = [[] for _ in plans]
+    for k in range(args.rounds):
+        for (spec, planned), runs in zip(plans, rounds, strict=True):
+            outcome = _run(net, planned, args, backend, comm)
+            outcome.spec = spec
+            runs.append(outcome)
+            if rank == 0:
+                print(f"{spec:<28} round {k + 1}: predicted {planned.iteration_time * 1e3:9.2f} "
+                      f"ms  measured {outcome.measured_iteration * 1e3:9.2f} ms  "
+                      f"({outcome.error:+.1%})", flush=True)
+    return [median_round(runs) for runs in rounds]
+
+
+def median_round(runs: list[Outcome]) -> Outcome:
+    """The round whose iteration time is the median (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda o: o.measured_iteration)[(len(runs) - 1) // 2]
 
 
 def report(outcomes: list[Outcome]) -> str:
@@ -136,7 +155,7 @@ def report(outcomes: list[Outcome]) -> str:
                      f"{order.index(o) + 1:>14} {by_prediction.index(o) + 1:>15}")
     errors = [abs(o.error) for o in outcomes]
     lines.append(f"iteration prediction error: median {np.median(errors):.1%}, largest "
-                 f"{max(errors):.1%} over {len(outcomes)} plans")
+                 f"{max(errors):.1%} over {len(outcomes)} plans (each its median round)")
     auto = next((o for o in outcomes if o.spec == "auto"), None)
     if auto is None:
         return "\n".join(lines)
@@ -180,6 +199,7 @@ def write_log(path: Path, outcomes: list[Outcome], args, procs: int) -> None:
         h5.attrs["net"] = args.net
         h5.attrs["batch"] = args.batch
         h5.attrs["steps"] = args.steps
+        h5.attrs["rounds"] = args.rounds
         for k, o in enumerate(outcomes):
             group = h5.create_group(f"plans/{k:02d}")
             group.attrs["spec"] = o.spec

@@ -592,10 +592,11 @@ def compute_source(machine: Machine, requested: str) -> str:
 
 
 def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, source: str,
-                     backend=None, comm=None, threads=None, overlap: bool = False
-                     ) -> CostModel:
+                     backend=None, comm=None, threads=None, overlap: bool = False,
+                     cached: bool = True) -> CostModel:
     """A cost model whose compute times come from ``source`` (see :func:`compute_source`), for
-    a run with gradient sums in flight when ``overlap`` (``--overlap``).
+    a run with gradient sums in flight when ``overlap`` (``--overlap``). Measured times are
+    read from and added to the cache unless not ``cached``: then all are timed now.
 
     Measured times run on ``backend`` (NumPy float32 on this CPU when None) under ``threads``
     (the :class:`~hpctrain.threads.ThreadChoice` in force; None: decided and applied here by
@@ -618,5 +619,5 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
 
         threads = configure_threads(comm)
     context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas)
-    compute = MeasuredCompute(backend, comm, context, default_cache_path())
+    compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None)
     return CostModel(net, batch, procs, machine, compute, itemsize, overlap)

@@ -76,7 +76,8 @@ def test_compare_plans_runs_each_plan_and_logs_it(comm, monkeypatch):
     monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(where))
     p = comm.Get_size()
     log = where / "compare.h5"
-    code = run_compare(["--net", "smallcnn", "--batch", "8", "--steps", "2", "--plan", "auto",
+    code = run_compare(["--net", "smallcnn", "--batch", "8", "--steps", "2", "--rounds", "2",
+                        "--plan", "auto",
                         "--plan", f"1x{p}", "--plan", f"conv=domain:{p}x1,fc={p}x1",
                         "--machine", "default", "--log", str(log)], comm)
     comm.Barrier()
@@ -85,4 +86,7 @@ def test_compare_plans_runs_each_plan_and_logs_it(comm, monkeypatch):
         with h5py.File(log) as h5:
             specs = [h5[f"plans/{k}"].attrs["spec"] for k in sorted(h5["plans"])]
             ok &= specs == ["auto", f"1x{p}", f"conv=domain:{p}x1,fc={p}x1"]
+            ok &= h5.attrs["rounds"] == 2
+    # every compute time was timed in this run: none was read from or written to the cache
+    ok &= not (where / "compute-times.json").exists()
     assert all_agree(comm, ok)
