@@ -35,7 +35,8 @@ top-level ``alpha`` and ``beta`` are the halo fit (one point-to-point message). 
 nothing is sent, so there are no fits and the top level holds ``alpha`` = 1 µs and ``beta`` =
 1e-10 s/B (10 GB/s), placeholders that no plan on one rank ever multiplies by a message.
 ``flops`` is the median FLOP/s of one rank on a square float32 GEMM, all ranks computing at once
-(so cores shared by oversubscribed ranks count as shared).
+(so cores shared by oversubscribed ranks count as shared). ``overlap`` is the share of a gradient
+bucket's all-reduce that moves while the ranks compute (:func:`measure_overlap`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ WARMUP = 2
 QUICK = {"max_bytes": 64 * 1024, "sizes": 4, "repeats": 3, "gemm_size": 512, "far_bytes": 0}
 DEFAULTS = {"max_bytes": 4 * 1024 * 1024, "sizes": 8, "repeats": 10, "gemm_size": 1024,
             "far_bytes": 64 * 1024 * 1024}
+OVERLAP_GEMM_SIZE = 256  # short GEMMs, so that Test comes often, as between layers
 GPU_GEMM_SIZE = 4096  # a GPU needs a larger GEMM than a CPU core to reach its sustained rate
 class CalibrateError(UserError):
     """A calibrate option with a value that cannot be used."""
@@ -485,6 +487,52 @@ def measure_flops(world: Any, backend: Any, size: int, repeats: int) -> float:
     return 2.0 * size**3 / _time_calls(world, call, repeats, backend.sync)
 
 
+def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
+    """The share of an all-reduce's time that moves while the ranks compute, as training overlaps
+    it (``--overlap``): the profile's ``overlap``.
+
+    One bucket of the gradient reducer (:data:`~hpctrain.comm.gradients.BUCKET_BYTES`) on the
+    world, three ways: ``Iallreduce`` then ``Wait`` (t_c); k GEMMs of ``size``², k chosen so
+    they take about t_c (t_g); and the ``Iallreduce`` started, the GEMMs each followed by a
+    ``Test``, as the reducer tests between layers, then ``Wait`` (t_b). The share is
+    (t_c + t_g − t_b) / t_c, within [0, 1]: 0 where the sum moves only inside MPI calls, 1
+    where it moves entirely during the GEMMs. 0 on one rank, where nothing is sent.
+    """
+    from mpi4py import MPI
+
+    from hpctrain.comm.gradients import BUCKET_BYTES
+
+    if world.Get_size() == 1:
+        return 0.0
+    xp = backend.xp
+    buffer = xp.ones(BUCKET_BYTES // ITEM, np.float32)
+    a = xp.ones((size, size), np.float32)
+    b = xp.full((size, size), 0.5, np.float32)
+
+    def gemms(count: int, request: Any = None) -> None:
+        for _ in range(count):
+            a @ b
+            backend.sync()
+            if request is not None:
+                request.Test()
+
+    def alone() -> None:
+        world.Iallreduce(MPI.IN_PLACE, buffer, MPI.SUM).Wait()
+
+    sum_time = _time_calls(world, alone, repeats, backend.sync)
+    gemm_time = _time_calls(world, lambda: gemms(1), repeats, backend.sync)
+    count = world.allreduce(max(1, round(sum_time / gemm_time)), op=MPI.MAX)
+
+    def overlapped() -> None:
+        request = world.Iallreduce(MPI.IN_PLACE, buffer, MPI.SUM)
+        gemms(count, request)
+        request.Wait()
+
+    compute_time = _time_calls(world, lambda: gemms(count), repeats, backend.sync)
+    both_time = _time_calls(world, overlapped, repeats, backend.sync)
+    return min(1.0, max(0.0, (sum_time + compute_time - both_time) / sum_time))
+
+
 def measure(world: Any, backend: Any, settings: Settings) -> list[Measured]:
     """Every (collective, p) of :func:`communicator_sizes`, on the real sub-communicators."""
     from hpctrain.grid import GridSet
@@ -550,13 +598,14 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
     started = time.perf_counter()
     results = measure(comm, backend, settings)
     flops = measure_flops(comm, backend, settings.gemm_size, settings.repeats)
+    overlap = measure_overlap(comm, backend, OVERLAP_GEMM_SIZE, settings.repeats)
     elapsed = time.perf_counter() - started
     fits: dict[str, dict[int, Fit]] = {}
     for m in results:
         fits.setdefault(m.collective, {})[m.p] = m.fit
     halo = fits.get("halo", {}).get(2, Fit(DEFAULT_ALPHA, DEFAULT_BETA))
     machine = Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits,
-                      threads=threads.threads)
+                      threads=threads.threads, overlap=round(overlap, 2))
     command = " ".join(["python -m hpctrain calibrate", *argv])
     far = far_sizes(settings.max_bytes, settings.far_bytes)
     far_note = f", {len(far)} up to {far[-1]} B past a knee" if far else ""
@@ -569,6 +618,8 @@ def run_calibrate(argv: list[str], comm: Any) -> int:
     if rank == 0:
         print(f"threads: {threads.describe()}")
         print(format_table(results, flops, settings.device))
+        print(f"overlap: {machine.overlap:.2f} of a gradient sum in flight moves while the "
+              f"ranks compute (used with --overlap)")
         print(f"calibrated {size} rank{'s' if size > 1 else ''} in {elapsed:.1f} s; wrote "
               f"{settings.out}", flush=True)
     comm.Barrier()  # on return the profile exists for every rank that shares rank 0's files

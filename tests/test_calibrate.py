@@ -287,3 +287,26 @@ def test_far_bytes_is_checked_against_max_bytes():
                            ("lots", "--far-bytes 'lots' is not a size")):
         with pytest.raises(CalibrateError, match=message):
             run_calibrate(["--far-bytes", value], OneRank())
+
+
+def test_overlap_share_is_the_part_of_the_sum_hidden_by_the_gemms(monkeypatch):
+    from hpctrain import calibrate
+    from hpctrain.backend import Backend
+
+    class TwoRanks(OneRank):
+        def Get_size(self):
+            return 2
+
+        def allreduce(self, value, op=None):
+            return value
+
+    def times(sum_alone, one_gemm, gemms, both):
+        answers = iter([sum_alone, one_gemm, gemms, both])
+        monkeypatch.setattr(calibrate, "_time_calls", lambda *args: next(answers))
+        return calibrate.measure_overlap(TwoRanks(), Backend(np, np.float32), 16, 3)
+
+    # a 4 ms sum beside 4 ms of GEMMs, 5 ms together: 3 of its 4 ms moved during them
+    assert times(4e-3, 1e-3, 4e-3, 5e-3) == pytest.approx(0.75)
+    assert times(4e-3, 1e-3, 4e-3, 9e-3) == 0.0  # slower together: none hidden, not below 0
+    assert times(4e-3, 1e-3, 4e-3, 3e-3) == 1.0  # faster than the GEMMs alone: at most all
+    assert calibrate.measure_overlap(OneRank(), Backend(np, np.float32), 16, 3) == 0.0

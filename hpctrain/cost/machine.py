@@ -88,7 +88,8 @@ class Machine:
     # The share of a gradient sum's time that progresses while the backward computes, with
     # sums in flight (--overlap): 0 where the ranks' own cores move the data inside MPI calls
     # (shared memory, or a network without offload: measured 0 on the reference machines),
-    # 1 where the network moves it by itself (RDMA with offloaded collectives).
+    # 1 where the network moves it by itself (RDMA with offloaded collectives). calibrate
+    # measures it.
     overlap: float = 0.0
 
     def link(self, collective: str, procs: int) -> Fit:

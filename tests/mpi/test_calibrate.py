@@ -33,9 +33,11 @@ def test_quick_calibration_writes_a_profile_every_rank_reads(comm, shared_dir):
           and all(f.alpha > 0 and f.beta > 0 and 0 < f.knee <= 2**18 and f.far_beta > 0
                   for f in fits)
           and machine.flops > 0 and machine.device == DEVICE and machine.name == "test"
-          and machine.threads >= 1)  # the threads per rank the GEMM rate was measured with
+          and machine.threads >= 1  # the threads per rank the GEMM rate was measured with
+          and 0 <= machine.overlap <= 1)
     if comm.size == 1:
-        ok = ok and (machine.alpha, machine.beta) == (DEFAULT_ALPHA, DEFAULT_BETA)
+        ok = ok and (machine.alpha, machine.beta, machine.overlap) == (DEFAULT_ALPHA,
+                                                                        DEFAULT_BETA, 0)
     else:  # the top level is the point-to-point fit
         ok = ok and (machine.alpha, machine.beta) == (machine.fits["halo"][2].alpha,
                                                       machine.fits["halo"][2].beta)
