@@ -456,15 +456,19 @@ def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, setting
     """Time ``collective`` on ``comm`` (this rank's group of size ``p``) at every message size:
     a line fitted to the sweep up to --max-bytes, bent at a knee to fit the sweep beyond."""
     sizes, times = [], []
-    targets = message_sizes(settings.max_bytes, settings.sizes)
-    for target in targets + far_sizes(settings.max_bytes, settings.far_bytes):
-        n_bytes, call = _benchmark(collective, comm, backend, target)
-        if n_bytes in sizes:  # rounding to whole elements per rank merged two sizes
-            continue
-        sizes.append(n_bytes)
-        times.append(_time_calls(world, call, settings.repeats, backend.sync))
-        del call  # a large message's buffers go before the next are made
-    near = sum(n <= targets[-1] for n in sizes)
+
+    def time_at(targets: list[int]) -> None:
+        for target in targets:
+            n_bytes, call = _benchmark(collective, comm, backend, target)
+            if n_bytes in sizes:  # rounding to whole elements per rank merged two sizes
+                continue
+            sizes.append(n_bytes)
+            times.append(_time_calls(world, call, settings.repeats, backend.sync))
+            del call  # a large message's buffers go before the next are made
+
+    time_at(message_sizes(settings.max_bytes, settings.sizes))
+    near = len(sizes)  # the line is fitted to these; the knee to those past them
+    time_at(far_sizes(settings.max_bytes, settings.far_bytes))
     a, b = fit_line(sizes[:near], times[:near])
     knee, slope = math.inf, 0.0
     if near < len(sizes):
