@@ -134,16 +134,17 @@ def fit_knee(a: float, b: float, sizes: Sequence[float], times: Sequence[float],
         w2 = 1.0 / t[past] ** 2
         d = n[past] - knee
         slope = max(MIN_B, float(np.sum(w2 * d * (t[past] - a - b * knee)) / np.sum(w2 * d * d)))
-        error = float(np.sum(((knee_price(a, b, knee, slope, n) - t) / t) ** 2))
+        error = float(np.sum(((bent_line(a, b, knee, slope, n) - t) / t) ** 2))
         if error < best[0]:
             best = (error, knee, slope)
     return best[1], best[2]
 
 
-def knee_price(a: float, b: float, knee: float, slope: float, n: Any) -> Any:
-    """``a + b·min(n, knee) + slope·max(0, n − knee)``, element-wise."""
-    near = np.minimum(n, knee)
-    return a + b * near + slope * (n - near)
+def bent_line(a: float, b: float, knee: float, slope: float, sizes: Any) -> np.ndarray:
+    """``a + b·min(n, knee) + slope·max(0, n − knee)`` at each size n: the price of a fit
+    (:meth:`Fit.seconds`) with the line's own a and b as its α and β."""
+    line = Fit(a, b, knee, slope)
+    return np.array([line.seconds(1.0, float(n)) for n in sizes])
 
 
 def fit_line(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
@@ -189,7 +190,7 @@ def worst_residual(sizes: Sequence[float], times: Sequence[float], a: float, b: 
     ``slope``) strays from the worst measured point."""
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
-    return float(np.max(np.abs(knee_price(a, b, knee, slope, n) - t) / t))
+    return float(np.max(np.abs(bent_line(a, b, knee, slope, n) - t) / t))
 
 
 def fit_collective(collective: str, p: int, sizes: Sequence[float],

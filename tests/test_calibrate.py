@@ -20,7 +20,6 @@ from hpctrain.calibrate import (
     fit_knee,
     fit_line,
     format_table,
-    knee_price,
     line_to_fit,
     message_sizes,
     parse_bytes,
@@ -235,6 +234,11 @@ def test_a_profile_keeps_its_overlap_share_and_refuses_one_out_of_range():
     for bad in ("1.5", "-0.1", "true", '"all"'):
         with pytest.raises(MachineError, match="'overlap' must be a number from 0 to 1, got"):
             parse_machine(f'alpha = 1\nbeta = 1\nflops = 1\noverlap = {bad}\n', "bad.toml")
+
+
+def knee_price(a, b, knee, slope, n):
+    """The bent line written out independently of the code under test."""
+    return a + b * np.minimum(n, knee) + slope * np.maximum(0, n - knee)
 
 
 def test_far_sizes_double_from_past_the_near_sweep():

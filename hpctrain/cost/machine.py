@@ -130,13 +130,11 @@ def _fit(table: dict, at: str) -> Fit:
         if key not in FIT_KEYS:
             raise MachineError(f"{at}: unknown key {shown(key)}; a fit takes "
                                f"{', '.join(FIT_KEYS)}")
-    fit = Fit(_positive(table, "alpha", at), _positive(table, "beta", at))
+    alpha, beta = _positive(table, "alpha", at), _positive(table, "beta", at)
     if ("knee" in table) != ("far_beta" in table):
         raise MachineError(f"{at}: give knee and far_beta together, or neither")
-    if "knee" in table:
-        fit = Fit(fit.alpha, fit.beta, _positive(table, "knee", at),
-                  _positive(table, "far_beta", at))
-    return fit
+    far = [_positive(table, key, at) for key in ("knee", "far_beta") if key in table]
+    return Fit(alpha, beta, *far)
 
 
 def parse_machine(text: str, source: str) -> Machine:
