@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 
-from hpctrain.kernels.activations import dropout_mask
+from hpctrain.kernels.activations import dropout_mask, relu_backward, relu_forward
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
 from hpctrain.kernels.counter_rng import stream_key, uniform_block
 from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.kernels.loss import softmax_cross_entropy
 from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+from hpctrain.kernels.window import prefer_channels_last
 
 rng = np.random.default_rng(0)
 
@@ -43,17 +44,23 @@ CONVS = [((2, 3, 7, 6), (4, 3, 3, 3), 1, (1, 1, 1)), ((1, 2, 9, 9), (3, 2, 5, 5)
          ((1, 2, 7, 10), (2, 2, 2, 3), (1, 3), (0, 1, 1))]
 
 
+# both orders of the windows on every shape; None: the order the rule picks
+ORDERS = [False, True, None]
+
+
+@pytest.mark.parametrize("channels_last", ORDERS)
 @pytest.mark.parametrize("xs,ws,stride,pads", CONVS)
-def test_conv_forward_matches_direct(xs, ws, stride, pads):
+def test_conv_forward_matches_direct(xs, ws, stride, pads, channels_last):
     x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
-    y, _ = conv2d_forward(np, x, w, b, stride, pads)
+    y, _ = conv2d_forward(np, x, w, b, stride, pads, channels_last)
     np.testing.assert_allclose(y, direct_conv(x, w, b, stride, pads), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("channels_last", ORDERS)
 @pytest.mark.parametrize("xs,ws,stride,pads", CONVS)
-def test_conv_backward_is_the_adjoint_of_forward(xs, ws, stride, pads):
+def test_conv_backward_is_the_adjoint_of_forward(xs, ws, stride, pads, channels_last):
     x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
-    y, cache = conv2d_forward(np, x, w, b, stride, pads)
+    y, cache = conv2d_forward(np, x, w, b, stride, pads, channels_last)
     dy = rng.standard_normal(y.shape)
     dx, dw, db = conv2d_backward(np, dy, w, cache, stride)
     # the map is bilinear in (x, w): <dy, conv(x, w)> = <dx, x> = <dw, w>, and db = sum dy
@@ -61,6 +68,40 @@ def test_conv_backward_is_the_adjoint_of_forward(xs, ws, stride, pads):
     np.testing.assert_allclose((dy * y0).sum(), (dx * x).sum(), rtol=1e-10)
     np.testing.assert_allclose((dy * y0).sum(), (dw * w).sum(), rtol=1e-10)
     np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("xs,ws,stride,pads", CONVS)
+def test_conv_orders_give_the_same_gradients(xs, ws, stride, pads):
+    """Channels-last windows against channel-major: the same Y, dX, dW and db (up to the
+    order of the sums), with and without dX, into a kept dW buffer or a fresh one."""
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    (y0, major), (y1, last) = (conv2d_forward(np, x, w, b, stride, pads, order)
+                               for order in (False, True))
+    assert not major.channels_last and last.channels_last
+    np.testing.assert_allclose(y1, y0, rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal(y0.shape)
+    for need_dx in (True, False):
+        kept = np.full(w.shape, np.nan)
+        want = conv2d_backward(np, dy, w, major, stride, need_dx)
+        got = conv2d_backward(np, dy, w, last, stride, need_dx, dw_out=kept)
+        assert np.shares_memory(got[1], kept) and got[1].flags.c_contiguous
+        for g, e in zip(got, want, strict=True):
+            if e is None:
+                assert g is None
+            else:
+                np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
+
+
+def test_the_windows_go_channels_last_for_deep_small_images_only():
+    # AlexNet at 127²: conv1 (3 channels, 11×11, 31 wide) channel-major, conv2–conv5 last
+    assert not prefer_channels_last(3, 11, 11, 31)
+    assert all(prefer_channels_last(c, k, k, wo) for c, k, wo in
+               [(64, 5, 15), (192, 3, 7), (384, 3, 7), (256, 3, 7)])
+    # ResNet: 64 channels 56 wide, and a 1×1 kernel, channel-major
+    assert not prefer_channels_last(64, 3, 3, 56)
+    assert not prefer_channels_last(256, 1, 1, 14)
+    x, w = rng.standard_normal((2, 8, 4, 4)), rng.standard_normal((4, 8, 3, 3))
+    assert conv2d_forward(np, x, w, None, 1, (1, 1, 1))[1].channels_last
 
 
 def direct_pool(x, k, s, pads):
@@ -157,6 +198,16 @@ def test_counter_rng_blocks_agree_with_the_whole():
     assert 0 <= whole.min() and whole.max() < 1 and abs(whole.mean() - 0.5) < 0.1
     assert not np.array_equal(whole, uniform_block(np, stream_key(7, 2), shape,
                                                    tuple((0, n) for n in shape), np.float64))
+
+
+def test_relu_passes_the_gradient_where_the_unit_was_on():
+    x = rng.standard_normal((3, 4, 5, 6)).astype(np.float32)
+    x[0, 0, 0, :3] = [0.0, -0.0, np.float32(1e-40)]  # zeros and a denormal: off, off, on
+    y, dy = relu_forward(np, x), rng.standard_normal(x.shape).astype(np.float32)
+    dx = relu_backward(np, y, dy)
+    assert dx.dtype == np.float32
+    np.testing.assert_array_equal(dx, np.where(x > 0, dy, 0))
+    np.testing.assert_array_equal(dx[0, 0, 0, :3], [0, 0, dy[0, 0, 0, 2]])
 
 
 def test_dropout_mask_is_grid_independent_and_keeps_the_right_share():

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.cost.work import LocalWork
+from hpctrain.kernels.window import prefer_channels_last
 from hpctrain.kinds.base import BuildContext, Footprint, LayerSpec, Shape, larger
 from hpctrain.kinds.options import Key, flag, whole
-from hpctrain.kinds.window import WINDOW_KEYS, WindowKind, padded_copy_bytes
+from hpctrain.kinds.window import WINDOW_KEYS, WindowKind, padded_bytes, padded_copy_bytes
 from hpctrain.layers.base import Layer
 from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, largest_block
 from hpctrain.partition import check_split
@@ -94,18 +95,23 @@ class ConvKind(WindowKind):
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
-        """The im2col columns kept for ΔW; a padded copy of the input while they are made."""
+        """The im2col columns kept for ΔW; a padded copy of the input while they are made.
+        Windows taken channels-last (:mod:`hpctrain.kernels.conv`) always copy the input, and
+        turn the input gradient back to NCHW."""
         work, b = fp.work, fp.itemsize
-        n, c = work.x[:2]
+        n, c, h, w = work.x
         ho, wo = work.out_rows()
         cols = c * work.kernel[0] * work.kernel[1] * n * ho * wo * b
-        copy = padded_copy_bytes(fp)
+        last = prefer_channels_last(c, *work.kernel, wo)
+        copy = padded_bytes(work, b) if last else padded_copy_bytes(fp)
         y = n * work.out * ho * wo * b
         forward = {**fp.loose_input, "im2col workspace": cols, "padded input": copy,
                    "output and GEMM result": 2 * y}
         backward = {"output gradient and its transpose": 2 * y}
         if work.need_dx:
             backward.update({"im2col workspace": cols, "padded input gradient": copy})
+            if last:
+                backward["input gradient, channel-major"] = n * c * h * w * b
         return {"im2col columns": cols}, larger(forward, backward)
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
