@@ -33,6 +33,10 @@ and are stored apart, one group each:
 - ``weird_trick``: Krizhevsky's "one weird trick" (2014): convolutions batch parallel on 1×P,
   the fully connected layers model parallel on P×1.
 
+With ``--overlap`` the three are costed as a run with gradient sums in flight: the machine
+profile's ``overlap`` share of each sum hides behind the backward below it
+(:meth:`hpctrain.planner.PlannedNetwork.hidden_sums`, stored per epoch as ``hidden_per_epoch``).
+
 Both baselines are in the planner's search space, so ``auto`` is never predicted slower. A
 baseline that cannot run at a point (pure batch with P > B leaves ranks without a sample) is
 stored as ``runnable`` false with NaN times and the reason as its plan. For each paper row the
@@ -118,6 +122,7 @@ class Settings:
     strong_batch: int
     weak_batch_per_rank: int
     domain_batch: int
+    overlap: bool = False  # the implementation model's plans with gradient sums in flight
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -150,6 +155,13 @@ def build_simulate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--domain-batch", default="512",
                         help="global batch of the domain study, P = 512..4096 "
                              "(default: %(default)s)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="cost the implementation model's plans (auto and the baselines) "
+                             "with gradient sums in flight, as a run with --overlap: the "
+                             "machine profile's 'overlap' share of each sum hides behind the "
+                             "backward below it (the paper's rows count every sum, as its "
+                             "equations do; cori-knl's share is 0: nothing hides until a "
+                             "profile says so)")
     parser.add_argument("--out", default="runs/simulation.h5",
                         help="HDF5 file to write, atomically (default: %(default)s)")
     parser.add_argument("--plots", default=None, metavar="DIR",
@@ -177,7 +189,7 @@ def _settings(args: argparse.Namespace) -> Settings:
                     _positive_int(args.word_bytes, "--word-bytes"),
                     _positive_int(args.strong_batch, "--strong-batch"),
                     _positive_int(args.weak_batch_per_rank, "--weak-batch-per-rank"),
-                    _positive_int(args.domain_batch, "--domain-batch"))
+                    _positive_int(args.domain_batch, "--domain-batch"), args.overlap)
 
 
 # -- the model pieces ---------------------------------------------------------------------------
@@ -285,7 +297,7 @@ class ImplementationPlans:
         if (batch, procs) not in self.models:
             s = self.settings
             self.models[batch, procs] = CostModel(s.net, batch, procs, s.machine, self.flops,
-                                                  s.word_bytes)
+                                                  s.word_bytes, s.overlap)
         return self.models[batch, procs]
 
     def cost(self, batch: int, procs: int, choices: list[Choice]) -> Outcome:
@@ -318,7 +330,8 @@ def _plan_columns(net: NetSpec, outcome: Outcome, iterations: float) -> dict[str
         return {"runnable": False, "iteration_time": math.nan, "total_per_epoch": math.nan,
                 "compute_per_epoch": math.nan, "comm_per_epoch": math.nan,
                 "layer_comm_per_epoch": math.nan, "redistribution_per_epoch": math.nan,
-                "plan": f"none: {outcome.why_not}", "plan_summary": "none"}
+                "hidden_per_epoch": math.nan, "plan": f"none: {outcome.why_not}",
+                "plan_summary": "none"}
     totals = planned.totals()
     return {"runnable": True, "iteration_time": planned.iteration_time,
             "total_per_epoch": planned.iteration_time * iterations,
@@ -326,6 +339,8 @@ def _plan_columns(net: NetSpec, outcome: Outcome, iterations: float) -> dict[str
             "comm_per_epoch": (totals["communication"] + totals["redistribution"]) * iterations,
             "layer_comm_per_epoch": totals["communication"] * iterations,
             "redistribution_per_epoch": totals["redistribution"] * iterations,
+            # the part of comm_per_epoch that hides behind the backward (--overlap)
+            "hidden_per_epoch": planned.hidden_sums() * iterations,
             "plan": describe_plan(planned), "plan_summary": summarise_plan(net, planned)}
 
 
@@ -498,6 +513,8 @@ def _root_attrs(settings: Settings, argv: list[str]) -> dict[str, object]:
             "strong_batch": settings.strong_batch,
             "weak_batch_per_rank": settings.weak_batch_per_rank,
             "domain_batch": settings.domain_batch, "hpctrain_version": __version__,
+            "overlap": settings.overlap,
+            "overlap_share": m.overlap if settings.overlap else 0.0,
             "command": shlex.join(["python", "-m", "hpctrain", "simulate", *argv]),
             "compute_model": "paper rows: whole-batch forward+backward FLOPs of one iteration "
                              "/ P / flops x images/B (perfect scaling, no optimizer update); "
@@ -533,6 +550,14 @@ def _load_plotter():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.plot_simulation
+
+
+def _overlap_line(machine: Machine) -> str:
+    if not machine.overlap:
+        return (f"--overlap: machine {machine.name} has overlap share 0, so no gradient sum "
+                f"hides; give --machine a profile with 'overlap' (calibrate measures it)")
+    return (f"--overlap: {machine.overlap:.2f} of each gradient sum may hide behind the "
+            f"backward (machine {machine.name}); implementation times count the rest")
 
 
 def _summary(studies: list[Study]) -> str:
@@ -579,6 +604,8 @@ def run_simulate(argv: list[str]) -> int:
     plotter = _load_plotter() if args.plots is not None else None  # fail before the work
     studies = run_studies(settings)
     write_hdf5(out, studies, _root_attrs(settings, argv))
+    if settings.overlap:
+        print(_overlap_line(settings.machine))
     print(_summary(studies))
     print(f"wrote {out}")
     if plotter is not None:

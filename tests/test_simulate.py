@@ -5,6 +5,7 @@ not taken from the code under test; other rows are checked against
 :func:`hpctrain.cost.paper.strategy_comm`, which tests/test_paper_equations.py checks by hand.
 """
 
+import dataclasses
 import importlib.util
 import math
 import re
@@ -53,7 +54,7 @@ def test_help_names_every_option():
     text = build_simulate_parser().format_help()
     assert "python -m hpctrain simulate" in text
     for flag in ("--net", "--machine", "--images", "--out", "--plots", "--word-bytes",
-                 "--weak-batch-per-rank"):
+                 "--weak-batch-per-rank", "--overlap"):
         assert flag in text
 
 
@@ -391,6 +392,74 @@ def test_inception_auto_beats_the_baselines():
             assert auto.iteration_time < base.iteration_time
     assert impl.outcome(512, 1024, "pure_batch").planned is None
     assert "batch" in impl.outcome(512, 1024, "pure_batch").why_not
+
+
+# -- --overlap: the implementation model's plans with gradient sums in flight ----------------
+
+HALF = dataclasses.replace(MACHINE, name="half", overlap=0.5)
+
+
+@pytest.fixture(scope="module")
+def sim_overlap(tmp_path_factory):
+    """AlexNet with --overlap on Cori's constants and half of every gradient sum free to hide
+    (a profile's 'overlap' 0.5)."""
+    where = tmp_path_factory.mktemp("sim")
+    profile = where / "half.toml"
+    cori = (ROOT / "hpctrain" / "inputs" / "machines" / "cori-knl.toml").read_text()
+    profile.write_text(cori.replace('name = "cori-knl"', 'name = "half"') + "overlap = 0.5\n")
+    out = where / "overlap.h5"
+    assert run_simulate(["--overlap", "--machine", str(profile), "--out", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        yield f
+
+
+def test_overlap_is_recorded_and_off_by_default(sim, sim_overlap):
+    assert not sim.attrs["overlap"] and sim.attrs["overlap_share"] == 0.0
+    assert sim_overlap.attrs["overlap"] and sim_overlap.attrs["overlap_share"] == 0.5
+    assert sim_overlap.attrs["machine"] == "half"
+    for name in STUDIES:
+        for plan in PLANS:
+            hidden = table(sim[name][plan])["hidden_per_epoch"]
+            assert np.all(hidden[np.isfinite(hidden)] == 0.0)
+            assert sim_overlap[name][plan]["hidden_per_epoch"].attrs["units"] == "s"
+
+
+def test_overlap_hides_part_of_the_sums_and_the_rest_is_counted(sim, sim_overlap):
+    for name in STUDIES:
+        for plan in PLANS:
+            got, counted = table(sim_overlap[name][plan]), table(sim[name][plan])
+            ok = got["runnable"]
+            total = got["compute_per_epoch"] + got["comm_per_epoch"] - got["hidden_per_epoch"]
+            np.testing.assert_allclose(got["total_per_epoch"][ok], total[ok], rtol=1e-12)
+            # at most the share of the communication hides; the paper's rows are untouched
+            assert np.all(got["hidden_per_epoch"][ok] >= 0)
+            assert np.all(got["hidden_per_epoch"][ok] <= 0.5 * got["comm_per_epoch"][ok])
+            if plan != "auto":  # the same plan, some of its sums hidden
+                assert np.all(got["total_per_epoch"][ok] <= counted["total_per_epoch"][ok])
+        assert np.array_equal(sim_overlap[name]["total_per_epoch"][()],
+                              sim[name]["total_per_epoch"][()])
+    batch = table(sim_overlap["strong/pure_batch"])
+    assert np.all(batch["hidden_per_epoch"] > 0)  # every layer's sum, behind the layer below
+
+
+@pytest.mark.parametrize("study,procs", [("strong", 64), ("domain", 1024)])
+def test_overlap_plans_are_the_planners_with_sums_in_flight(sim_overlap, study, procs):
+    k = np.nonzero(sim_overlap[f"{study}/auto/procs"][()] == procs)[0][0]
+    batch = int(sim_overlap[f"{study}/auto/batch"][k])
+    model = CostModel(NET, batch, procs, HALF, FlopModel(HALF.flops), 4, overlap=True)
+    iterations = IMAGES / batch
+    planned = plan_network(model)
+    auto = table(sim_overlap[study]["auto"])
+    assert auto["total_per_epoch"][k] == pytest.approx(planned.iteration_time * iterations,
+                                                       rel=1e-12)
+    assert auto["hidden_per_epoch"][k] == pytest.approx(planned.hidden_sums() * iterations,
+                                                        rel=1e-12)
+    assert planned.lower_bound <= planned.iteration_time
+    if procs > batch:  # the baselines cannot run
+        return
+    trick = evaluate(model, explicit_baseline(model, "weird_trick"))
+    assert table(sim_overlap[study]["weird_trick"])["iteration_time"][k] == pytest.approx(
+        trick.iteration_time, rel=1e-12)
 
 
 def test_summary_names_the_baselines(tmp_path, capsys):
