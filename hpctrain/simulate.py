@@ -37,7 +37,10 @@ With ``--overlap`` the three are costed as a run with gradient sums in flight: t
 profile's ``overlap`` share of each sum hides behind the backward below it
 (:meth:`hpctrain.planner.PlannedNetwork.hidden_sums`, stored per epoch as ``hidden_per_epoch``).
 
-Both baselines are in the planner's search space, so ``auto`` is never predicted slower. A
+Both baselines are in the planner's search space, so ``auto`` is never predicted slower;
+with ``--overlap`` the planner brackets the optimum rather than finding it (see
+:func:`~hpctrain.planner.plan_network`), so a baseline could in principle come out faster by
+at most ``auto``'s distance from the planner's lower bound. A
 baseline that cannot run at a point (pure batch with P > B leaves ranks without a sample) is
 stored as ``runnable`` false with NaN times and the reason as its plan. For each paper row the
 same model's time of the same layout is stored too (``impl_total_per_epoch``), with
