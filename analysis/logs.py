@@ -1,7 +1,7 @@
 """Read hpctrain's HDF5 run logs into plain dataclasses, and group runs for scaling plots.
 
 Reads with h5py and NumPy only: never imports MPI or hpctrain, so it runs on a laptop. The log
-layout is the one :mod:`hpctrain.runlog` writes (README, "Run logs"):
+layout is the one :mod:`hpctrain.record.runlog` writes (README, "Run logs"):
 
 - a **run log** (``python -m hpctrain ... --log run.h5``): root attributes ``processes``,
   ``batch``, ``net``, ``input_shape``, ``config`` (JSON of every option; ``grid`` null is pure

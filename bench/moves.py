@@ -18,12 +18,12 @@ import time
 from collections import Counter
 
 from hpctrain.cost.machine import load_machine
-from hpctrain.cost.model import build_cost_model
-from hpctrain.layout import CHANNEL_AXIS, Layout
-from hpctrain.moves import IDENTITY, MovePlan, move_kind, plan_move, transfer_pieces
-from hpctrain.net import load_net
-from hpctrain.placement import input_layout, move_pairs, plan_layouts
-from hpctrain.planner import plan_network
+from hpctrain.layout.layout import CHANNEL_AXIS, Layout
+from hpctrain.layout.moves import IDENTITY, MovePlan, move_kind, plan_move, transfer_pieces
+from hpctrain.model.net import load_net
+from hpctrain.plan.placement import input_layout, move_pairs, plan_layouts
+from hpctrain.plan.planner import plan_network
+from hpctrain.plan.pricing import build_cost_model
 
 
 def counts(plan: MovePlan) -> str:

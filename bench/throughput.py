@@ -104,8 +104,8 @@ class LayerWork:
 def layer_work(image_size: int, batch: int) -> dict[str, LayerWork]:
     """Every conv and linear layer of AlexNet at P = 1, by name."""
     from hpctrain.cost.compute import flops
-    from hpctrain.net import load_net
-    from hpctrain.planner import serial_layers
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.planner import serial_layers
 
     return {c.layer: LayerWork(c.kind, sum(flops(c.work)),
                                c.resident["parameters"] if c.kind == "linear" else 0.0,

@@ -1,10 +1,10 @@
 """``python -m hpctrain``. SIGTERM and SIGUSR1 are recorded from this first line on, before
 anything slow is imported (NumPy, MPI), so that a signal while starting up stops the run
-cleanly (see :mod:`hpctrain.signals`)."""
+cleanly (see :mod:`hpctrain.run.signals`)."""
 
 import sys
 
-from hpctrain.signals import StopRequests
+from hpctrain.run.signals import StopRequests
 
 stop = StopRequests().__enter__()  # for the whole process: handed to the command, or released
 

@@ -22,25 +22,25 @@ from hpctrain.errors import EXIT_OUTPUT_ERROR, EXIT_USER_ERROR, OutputError, Use
 # cleanly on SIGTERM or SIGUSR1; the others hand the handlers back, and a signal acts as usual.
 STOPS_CLEANLY = frozenset({"train"})
 
-# command: (module that owns it, its parser builder, its runner, whether it runs under MPI).
-# Modules are imported only when their command runs: `plan --help` loads no MPI.
-COMMANDS: dict[str, tuple[str, str, str, bool]] = {
-    "train": ("hpctrain.train_command", "build_train_parser", "run_train", True),
-    "verify": ("hpctrain.verify", "build_verify_parser", "run_verify", True),
-    "plan": ("hpctrain.plan_command", "build_plan_parser", "run_plan", False),
-    "calibrate": ("hpctrain.calibrate", "build_calibrate_parser", "run_calibrate", True),
-    "simulate": ("hpctrain.simulate", "build_simulate_parser", "run_simulate", False),
-    "compare-plans": ("hpctrain.compare", "build_compare_parser", "run_compare", True),
-    "convert": ("hpctrain.convert", "build_convert_parser", "run_convert", False),
+# Every command NAME is the module hpctrain.commands.NAME ('-' spelled '_'), with build_parser()
+# and run(argv[, comm, ...]); the value says whether it runs under MPI. Modules are imported only
+# when their command runs: `plan --help` loads no MPI.
+COMMANDS: dict[str, bool] = {
+    "train": True,
+    "verify": True,
+    "plan": False,
+    "calibrate": True,
+    "simulate": False,
+    "compare-plans": True,
+    "convert": False,
 }
 
 
-def _entry(command: str, which: int):
-    """The parser builder (``which`` = 1) or the runner (2) of ``command``."""
+def command_module(command: str):
+    """The module of ``command``: ``hpctrain.commands.NAME``."""
     from importlib import import_module
 
-    module = COMMANDS[command][0]
-    return getattr(import_module(module), COMMANDS[command][which])
+    return import_module(f"hpctrain.commands.{command.replace('-', '_')}")
 
 
 def _say_error(err: UserError | OutputError) -> int:
@@ -64,7 +64,7 @@ def _check_launch(comm) -> None:
 
 def main(argv: list[str] | None = None, stop=None) -> int:
     """Run the command ``argv`` names; its exit status. ``stop``: the
-    :class:`~hpctrain.signals.StopRequests` recording since start-up, if any."""
+    :class:`~hpctrain.run.signals.StopRequests` recording since start-up, if any."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
     options = {}
@@ -74,10 +74,10 @@ def main(argv: list[str] | None = None, stop=None) -> int:
         stop.release()
     if any(a in ("-h", "--help") for a in argv):  # help needs no MPI
         try:
-            _entry(command, 1)().parse_args(argv)
+            command_module(command).build_parser().parse_args(argv)
         except UserError as err:
             return _say_error(err)
-    run, under_mpi = _entry(command, 2), COMMANDS[command][3]
+    run, under_mpi = command_module(command).run, COMMANDS[command]
     if not under_mpi:  # the cost model alone, or dataset conversion
         try:
             return run(argv)

@@ -1,7 +1,7 @@
 """analysis/plot_logs.py and analysis/logs.py: plots from HDF5 run logs (serial, no MPI).
 
-Synthetic logs are written with h5py in the layout of :mod:`hpctrain.runlog`; one test reads the
-log of a real one-process run, so the reader is checked against the writer.
+Synthetic logs are written with h5py in the layout of :mod:`hpctrain.record.runlog`; one test reads
+the log of a real one-process run, so the reader is checked against the writer.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def write_log(path: Path, *, processes: int = 1, batch: int = 8, grid: str | Non
               step_seconds=(0.5, 0.1, 0.3, 0.2), net: str = "alexnet",
               predicted_iteration: float | None = 0.15, iteration_measured: float | None = 0.25,
               validation: bool = False, summary: bool = True) -> Path:
-    """A minimal run log in the layout hpctrain.runlog writes."""
+    """A minimal run log in the layout hpctrain.record.runlog writes."""
     steps = len(step_seconds)
     with h5py.File(path, "w") as f:
         f.attrs.update({
@@ -325,7 +325,7 @@ def test_reads_the_log_of_a_real_run(tmp_path):
 
 
 def add_timeline(path: Path, spans, rows: list[str], steps=(2,)) -> None:
-    """A /timeline in the run log ``path``, as hpctrain.runlog writes it."""
+    """A /timeline in the run log ``path``, as hpctrain.record.runlog writes it."""
     with h5py.File(path, "a") as f:
         group = f.create_group("timeline")
         group["spans"] = np.asarray(spans, dtype=np.float64)

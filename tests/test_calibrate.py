@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.calibrate import (
+from hpctrain.commands import calibrate as calibrate_command
+from hpctrain.commands.calibrate import (
     DEFAULTS,
     MIN_A,
     MIN_B,
@@ -13,7 +14,6 @@ from hpctrain.calibrate import (
     QUICK,
     CalibrateError,
     Measured,
-    build_calibrate_parser,
     communicator_sizes,
     far_sizes,
     fit_collective,
@@ -23,13 +23,12 @@ from hpctrain.calibrate import (
     line_to_fit,
     message_sizes,
     parse_bytes,
-    run_calibrate,
     worst_residual,
 )
 from hpctrain.cost import collectives as cost
 from hpctrain.cost.machine import COLLECTIVES, Fit, Machine, local_profile
 from hpctrain.errors import UserError
-from hpctrain.partition import factorisations
+from hpctrain.layout.partition import factorisations
 
 SIZES = message_sizes(4 * 1024 * 1024, 8)
 
@@ -143,11 +142,11 @@ def test_parse_bytes(text, want):
 
 def test_defaults_and_quick(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    args = build_calibrate_parser().parse_args([])
+    args = calibrate_command.build_parser().parse_args([])
     assert args.out == str(local_profile()) == str(tmp_path / "hpctrain/machines/local.toml")
     assert args.name == "local" and args.device == "cpu"
     assert QUICK["max_bytes"] == 65536 and QUICK["sizes"] < DEFAULTS["sizes"]
-    help_text = build_calibrate_parser().format_help()
+    help_text = calibrate_command.build_parser().format_help()
     for flag in ("--out", "--name", "--max-bytes", "--sizes", "--repeats", "--device", "--quick"):
         assert flag in help_text
 
@@ -164,7 +163,7 @@ def test_defaults_and_quick(tmp_path, monkeypatch):
 def test_bad_options_are_user_errors_naming_the_value(argv, message):
     # options are checked before the communicator is touched
     with pytest.raises(CalibrateError, match=message.replace("(", r"\(")) as err:
-        run_calibrate(argv, comm=None)
+        calibrate_command.run(argv, comm=None)
     assert isinstance(err.value, UserError) and "\n" not in str(err.value)
 
 
@@ -183,7 +182,7 @@ class OneRank:
 
 def test_out_that_is_a_directory_is_refused(tmp_path):
     with pytest.raises(CalibrateError, match=f"--out {tmp_path} is a directory"):
-        run_calibrate(["--out", str(tmp_path)], OneRank())
+        calibrate_command.run(["--out", str(tmp_path)], OneRank())
 
 
 def test_out_that_cannot_be_written_is_refused_in_one_line(tmp_path):
@@ -199,7 +198,7 @@ def test_out_that_cannot_be_written_is_refused_in_one_line(tmp_path):
         cases.append((Path("/proc/hpctrain/local.toml"), "cannot create files in /proc;"))
     for out, message in cases:
         with pytest.raises(CalibrateError, match=message) as err:
-            run_calibrate(["--out", str(out)], OneRank())
+            calibrate_command.run(["--out", str(out)], OneRank())
         assert "\n" not in str(err.value)
 
 
@@ -290,12 +289,12 @@ def test_far_bytes_is_checked_against_max_bytes():
     for value, message in (("1MiB", "--far-bytes 1MiB must be 0 or between twice --max-bytes"),
                            ("lots", "--far-bytes 'lots' is not a size")):
         with pytest.raises(CalibrateError, match=message):
-            run_calibrate(["--far-bytes", value], OneRank())
+            calibrate_command.run(["--far-bytes", value], OneRank())
 
 
 def test_overlap_share_is_the_part_of_the_sum_hidden_by_the_gemms(monkeypatch):
-    from hpctrain import calibrate
-    from hpctrain.backend import Backend
+    from hpctrain.commands import calibrate
+    from hpctrain.device.backend import Backend
 
     class TwoRanks(OneRank):
         def Get_size(self):

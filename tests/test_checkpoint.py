@@ -5,7 +5,8 @@ import math
 import h5py
 import pytest
 
-from hpctrain.checkpoint import (
+from hpctrain.model.net import load_net
+from hpctrain.run.checkpoint import (
     CheckpointError,
     checkpoint_path,
     latest_checkpoint,
@@ -14,7 +15,6 @@ from hpctrain.checkpoint import (
     resolve_resume,
     tensor_shapes,
 )
-from hpctrain.net import load_net
 
 
 def touch(directory, *names):

@@ -72,7 +72,7 @@ def test_a_failure_on_one_rank_aborts_every_rank(tmp_path, error):
     script.write_text(f"""
 import sys
 from mpi4py import MPI
-import hpctrain.data as data
+import hpctrain.data.synthetic as data
 images = data.SyntheticData.images
 def failing(self, step, box):
     if MPI.COMM_WORLD.Get_rank() == 1:
@@ -95,8 +95,8 @@ def test_plan_prints_a_plan_for_4096_processes_without_mpi(tmp_path):
     assert result.returncode == 0, result.stderr
     for name in ("conv1", "conv5", "fc6", "fc8", "predicted iteration"):
         assert name in result.stdout
-    from hpctrain.net import load_net
-    from hpctrain.plan import read_plan
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.plans import read_plan
 
     plan = read_plan(out, load_net("alexnet"), 4096)
     assert {p.layer for p in plan} == {l.name for l in load_net("alexnet").layers}
@@ -109,8 +109,8 @@ def test_plan_loads_only_what_planning_runs():
             "rc = main(['plan', '--net', 'resnet18', '--procs', '64', '--batch', '256', "
             "'--machine', 'cori-knl']); "
             "bad = [m for m in sys.modules if m.split('.')[0] == 'mpi4py' or m.startswith("
-            "('hpctrain.kernels.conv', 'hpctrain.kernels.pool', 'hpctrain.launch', "
-            "'hpctrain.threads', 'hpctrain.layers.conv'))]; "
+            "('hpctrain.kernels.conv', 'hpctrain.kernels.pool', 'hpctrain.commands.setup', "
+            "'hpctrain.device.threads', 'hpctrain.layers.conv'))]; "
             "assert not bad, bad; sys.exit(rc)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120, env=ENV)
@@ -136,7 +136,7 @@ def test_plan_bad_input_is_one_clear_line(args, message):
 def test_memory_sizes_parse_with_binary_units():
     import argparse
 
-    from hpctrain.options import parse_size
+    from hpctrain.commands.flags import parse_size
 
     assert parse_size("2G") == 2 * 2**30
     assert parse_size("512MiB") == 512 * 2**20

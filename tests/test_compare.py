@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpctrain.compare import median_round, run_compare
+from hpctrain.commands import compare_plans as compare_plans_command
+from hpctrain.commands.compare_plans import median_round
 from hpctrain.errors import UserError
 from tests.test_calibrate import OneRank
 
@@ -19,4 +20,4 @@ def test_each_plan_keeps_its_median_round():
 @pytest.mark.parametrize("rounds", ["0", "101"])
 def test_rounds_out_of_range_are_refused(rounds):
     with pytest.raises(UserError, match=f"--rounds {rounds} must be between 1 and 100"):
-        run_compare(["--net", "smallcnn", "--rounds", rounds], OneRank())
+        compare_plans_command.run(["--net", "smallcnn", "--rounds", rounds], OneRank())

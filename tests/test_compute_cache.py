@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from hpctrain.backend import Backend
 from hpctrain.cost.compute import LocalWork, MeasuredCompute, code_version, timing_context
+from hpctrain.device.backend import Backend
 
 WORK = LocalWork("relu", (2, 3, 4, 4))
 

@@ -6,9 +6,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hpctrain.backend import make_backend
-from hpctrain.convert import build_convert_parser, run_convert
-from hpctrain.dataset import (
+from hpctrain.commands import convert as convert_command
+from hpctrain.data.dataset import (
     DatasetError,
     DatasetInfo,
     H5Data,
@@ -18,9 +17,10 @@ from hpctrain.dataset import (
     inspect_dataset,
     write_dataset,
 )
+from hpctrain.device.backend import make_backend
 from hpctrain.errors import UserError
-from hpctrain.layout import box_size
-from hpctrain.net import load_net
+from hpctrain.layout.layout import box_size
+from hpctrain.model.net import load_net
 
 N, SHAPE, CLASSES, BATCH, SEED = 23, (3, 6, 5), 4, 5, 7
 
@@ -323,8 +323,9 @@ def test_convert_npy_images_get_a_channel_and_scale(tmp_path, capsys):
     np.save(tmp_path / "x.npy", images)
     np.save(tmp_path / "y.npy", labels)
     out = tmp_path / "out.h5"
-    assert run_convert(["--images", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy"),
-                        "--out", str(out), "--scale", "1/255", "--classes", "5"]) == 0
+    assert convert_command.run(
+        ["--images", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy"),
+         "--out", str(out), "--scale", "1/255", "--classes", "5"]) == 0
     assert capsys.readouterr().out.strip() == (
         f"wrote {out}: 20 train / 0 val samples of shape 1x7x7, 5 classes")
     got_images, got_labels = whole(out)
@@ -336,8 +337,8 @@ def test_convert_npz_keys_and_val_fraction(tmp_path, capsys):
     images, labels = random_split(50, shape=(2, 4, 4))
     np.savez(tmp_path / "all.npz", x=images, y=labels)
     out = tmp_path / "out.h5"
-    run_convert(["--images", f"{tmp_path}/all.npz:x", "--labels", f"{tmp_path}/all.npz:y",
-                 "--val-fraction", "0.2", "--seed", "4", "--out", str(out)])
+    convert_command.run(["--images", f"{tmp_path}/all.npz:x", "--labels", f"{tmp_path}/all.npz:y",
+                         "--val-fraction", "0.2", "--seed", "4", "--out", str(out)])
     assert "40 train / 10 val samples of shape 2x4x4, 4 classes" in capsys.readouterr().out
     train, train_labels = whole(out)
     val, val_labels = whole(out, "val")
@@ -352,9 +353,10 @@ def test_convert_explicit_val_arrays_and_flat_samples(tmp_path, capsys):
     for name, (x, y) in {"tr": random_split(8, (6,)), "va": random_split(3, (6,), seed=2)}.items():
         np.save(tmp_path / f"{name}_x.npy", x)
         np.save(tmp_path / f"{name}_y.npy", y.astype(np.float64))  # whole-valued floats are fine
-    run_convert(["--images", f"{tmp_path}/tr_x.npy", "--labels", f"{tmp_path}/tr_y.npy",
-                 "--val-images", f"{tmp_path}/va_x.npy", "--val-labels", f"{tmp_path}/va_y.npy",
-                 "--classes", "4", "--out", f"{tmp_path}/o.h5"])
+    convert_command.run(
+        ["--images", f"{tmp_path}/tr_x.npy", "--labels", f"{tmp_path}/tr_y.npy",
+         "--val-images", f"{tmp_path}/va_x.npy", "--val-labels", f"{tmp_path}/va_y.npy",
+         "--classes", "4", "--out", f"{tmp_path}/o.h5"])
     assert "8 train / 3 val samples of shape 6, 4 classes" in capsys.readouterr().out
 
 
@@ -384,11 +386,11 @@ def test_convert_refusals(tmp_path, args, message):
     (tmp_path / "text.npy").write_text("hello")
     argv = [a.format(d=tmp_path) for a in args] + ["--out", str(tmp_path / "o.h5")]
     with pytest.raises(DatasetError, match=message):
-        run_convert(argv)
+        convert_command.run(argv)
 
 
 def test_convert_parser_has_both_forms():
-    text = build_convert_parser().format_help()
+    text = convert_command.build_parser().format_help()
     assert "python -m hpctrain convert" in text
     for flag in ("--images", "--labels", "--digits", "--val-fraction", "--scale", "--out"):
         assert flag in text
@@ -397,7 +399,7 @@ def test_convert_parser_has_both_forms():
 def test_convert_digits(tmp_path, capsys, backend):
     pytest.importorskip("sklearn")
     out = tmp_path / "digits.h5"
-    assert run_convert(["--digits", "--out", str(out)]) == 0
+    assert convert_command.run(["--digits", "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == (
         f"wrote {out}: 1438 train / 359 val samples of shape 1x8x8, 10 classes")
     net = load_net("smallcnn")

@@ -5,7 +5,13 @@ import itertools
 import numpy as np
 import pytest
 
-from hpctrain.elimination import Table, TooLarge, elimination_order, minimise, minimise_under_cap
+from hpctrain.plan.elimination import (
+    Table,
+    TooLarge,
+    elimination_order,
+    minimise,
+    minimise_under_cap,
+)
 
 
 def at(table, what, choice):

@@ -1,17 +1,18 @@
-"""The output rules of hpctrain.files, and their use by every kind of output: what may be
+"""The output rules of hpctrain.io.files, and their use by every kind of output: what may be
 replaced or renamed aside, what is refused by name, exclusive creation, the umask, and the
 temporaries a crash leaves."""
 
 import os
 import stat
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import pytest
 
 from hpctrain import cli
 from hpctrain.errors import OutputError, UserError
-from hpctrain.files import (
+from hpctrain.io.files import (
     check_directory,
     check_output,
     new_file_mode,
@@ -102,8 +103,8 @@ def test_replacing_refuses_what_is_not_ours_and_leaves_it(paths):
 
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
 def test_new_files_follow_the_umask(tmp_path, umask):
-    from hpctrain.plan import LayerPlan, write_plan
-    from hpctrain.runlog import RunLog
+    from hpctrain.plan.plans import LayerPlan, write_plan
+    from hpctrain.record.runlog import RunLog
 
     previous = os.umask(umask)
     new_file_mode.cache_clear()
@@ -158,7 +159,7 @@ def test_only_our_own_temporaries_are_removed(tmp_path):
 # -- run logs ----------------------------------------------------------------------------------
 
 def test_a_running_log_is_never_shared_and_a_killed_one_is_kept_aside(tmp_path):
-    from hpctrain.runlog import RunLog, check_log_path
+    from hpctrain.record.runlog import RunLog, check_log_path
 
     planned = planned_smallcnn()
     rows = [p.layer for p in planned.plans] + ["loss"]
@@ -182,8 +183,8 @@ def test_a_running_log_is_never_shared_and_a_killed_one_is_kept_aside(tmp_path):
 
 
 def test_a_log_being_created_by_another_run_is_refused(tmp_path):
-    from hpctrain.files import exclusive_lock
-    from hpctrain.runlog import RunLog
+    from hpctrain.io.files import exclusive_lock
+    from hpctrain.record.runlog import RunLog
 
     planned = planned_smallcnn()
     path = tmp_path / "run.h5"
@@ -193,7 +194,7 @@ def test_a_log_being_created_by_another_run_is_refused(tmp_path):
 
 
 def test_only_hpctrain_logs_are_renamed_aside(tmp_path):
-    from hpctrain.runlog import RunLog, is_run_log
+    from hpctrain.record.runlog import RunLog, is_run_log
 
     planned = planned_smallcnn()
     with h5py.File(tmp_path / "data.h5", "w") as h5:
@@ -209,27 +210,28 @@ def test_only_hpctrain_logs_are_renamed_aside(tmp_path):
 # -- every kind of output ----------------------------------------------------------------------
 
 def test_plan_out_refuses_a_fifo_and_a_user_file(tmp_path):
-    from hpctrain.plan_command import run_plan
+    from hpctrain.commands import plan as plan_command
 
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "user.plan").write_text("conv1 batch 1x2\n")
     for name, found in (("fifo", "is a FIFO"), ("user.plan", "is not an hpctrain plan file")):
         with pytest.raises(UserError, match=found):
-            run_plan(["--net", "smallcnn", "--procs", "2", "--batch", "8", "--compute", "flops",
-                      "--out", str(tmp_path / name)])
+            plan_command.run(["--net", "smallcnn", "--procs", "2", "--batch", "8",
+                              "--compute", "flops", "--out", str(tmp_path / name)])
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
     assert (tmp_path / "user.plan").read_text() == "conv1 batch 1x2\n"
 
 
 def test_calibrate_out_refuses_a_file_it_did_not_write(tmp_path):
-    from hpctrain.calibrate import CalibrateError, run_calibrate
+    from hpctrain.commands import calibrate as calibrate_command
+    from hpctrain.commands.calibrate import CalibrateError
     from hpctrain.cost.machine import Machine, is_saved_profile, save_machine
     from tests.test_calibrate import OneRank
 
     user = tmp_path / "mine.toml"
     user.write_text('name = "mine"\nalpha = 1e-6\nbeta = 1e-9\nflops = 1e9\n')
     with pytest.raises(CalibrateError, match="is not a profile hpctrain wrote"):
-        run_calibrate(["--out", str(user)], OneRank())
+        calibrate_command.run(["--out", str(user)], OneRank())
     with pytest.raises(OutputError, match="hpctrain did not write"):
         save_machine(Machine("x", 1e-6, 1e-9, 1e9), user)
     save_machine(Machine("x", 1e-6, 1e-9, 1e9), tmp_path / "ours.toml")
@@ -240,18 +242,18 @@ def test_calibrate_out_refuses_a_file_it_did_not_write(tmp_path):
 def test_convert_out_refuses_its_input_and_a_file_it_did_not_write(tmp_path):
     import numpy as np
 
-    from hpctrain.convert import run_convert
+    from hpctrain.commands import convert as convert_command
 
     np.save(tmp_path / "x.npy", np.zeros((4, 3, 3), np.float32))
     np.save(tmp_path / "y.npy", np.arange(4))
     (tmp_path / "user.h5").write_text("a user's file\n")
     argv = ["--images", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy"), "--out"]
     with pytest.raises(UserError, match="is the --labels input of this run"):
-        run_convert([*argv, str(tmp_path / "y.npy")])
+        convert_command.run([*argv, str(tmp_path / "y.npy")])
     with pytest.raises(UserError, match="exists and is not an hpctrain dataset"):
-        run_convert([*argv, str(tmp_path / "user.h5")])
-    assert run_convert([*argv, str(tmp_path / "d.h5")]) == 0
-    assert run_convert([*argv, str(tmp_path / "d.h5")]) == 0  # ours: replaced
+        convert_command.run([*argv, str(tmp_path / "user.h5")])
+    assert convert_command.run([*argv, str(tmp_path / "d.h5")]) == 0
+    assert convert_command.run([*argv, str(tmp_path / "d.h5")]) == 0  # ours: replaced
     assert (tmp_path / "user.h5").read_text() == "a user's file\n"
 
 
@@ -263,8 +265,7 @@ def test_a_result_not_written_exits_3_and_bad_input_2(monkeypatch, capsys, error
     def runner(argv):
         raise error
 
-    monkeypatch.setitem(cli.COMMANDS, "plan", ("hpctrain.plan_command", "build_plan_parser",
-                                               "run_plan", False))
-    monkeypatch.setattr(cli, "_entry", lambda command, which: runner)
+    monkeypatch.setitem(cli.COMMANDS, "plan", False)
+    monkeypatch.setattr(cli, "command_module", lambda command: SimpleNamespace(run=runner))
     assert cli.main(["plan"]) == code
     assert capsys.readouterr().err == f"hpctrain: error: {error}\n"

@@ -5,8 +5,8 @@ import pytest
 
 from hpctrain.cost.machine import MachineError, load_machine, parse_machine
 from hpctrain.errors import ArgumentParser, UserError, one_line, shown
-from hpctrain.net import NetError, load_net
-from hpctrain.textfile import MAX_BYTES, existing_file, read_text
+from hpctrain.io.textfile import MAX_BYTES, existing_file, read_text
+from hpctrain.model.net import NetError, load_net
 
 GOOD = "alpha = 1e-6\nbeta = 1e-10\nflops = 1e11\n"
 

@@ -9,7 +9,7 @@ from hpctrain.kernels.counter_rng import stream_key, uniform_block
 from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.kernels.loss import softmax_cross_entropy
 from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
-from hpctrain.kernels.window import prefer_channels_last
+from hpctrain.kernels.sliding import prefer_channels_last
 
 rng = np.random.default_rng(0)
 

@@ -5,7 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
-from hpctrain.layout import (
+from hpctrain.layout.layout import (
     CHANNEL_AXIS,
     HEIGHT_AXIS,
     Layout,

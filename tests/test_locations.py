@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import locations, runlog, simulate
+from hpctrain.commands import simulate
 from hpctrain.cost.machine import (
     MachineError,
     available_machines,
@@ -14,6 +14,8 @@ from hpctrain.cost.machine import (
     user_machines_dir,
 )
 from hpctrain.errors import UserError
+from hpctrain.io import locations
+from hpctrain.record import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = 'name = "{name}"\nalpha = 3e-6\nbeta = 1e-10\nflops = 2e10\n'

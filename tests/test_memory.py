@@ -2,10 +2,10 @@
 
 import pytest
 
-from hpctrain.memory import MemoryRefused, check_memory
-from hpctrain.net import parse_net
-from hpctrain.plan import plan_from_spec
-from hpctrain.planner import plan_memory
+from hpctrain.cost.memory import MemoryRefused, check_memory
+from hpctrain.model.net import parse_net
+from hpctrain.plan.planner import plan_memory
+from hpctrain.plan.plans import plan_from_spec
 
 NET = """input channels=2 size=8 classes=3
 conv name=conv1 out=4 kernel=3 pad=1

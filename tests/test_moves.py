@@ -10,9 +10,8 @@ import pytest
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine
-from hpctrain.cost.model import CostModel
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, relative_slices
-from hpctrain.moves import (
+from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, relative_slices
+from hpctrain.layout.moves import (
     ALLGATHER,
     GENERAL,
     IDENTITY,
@@ -22,11 +21,12 @@ from hpctrain.moves import (
     plan_move,
     transfer_pieces,
 )
-from hpctrain.net import load_net, parse_net
-from hpctrain.partition import block_range, factorisations
-from hpctrain.placement import input_layout, move_pairs, plan_layouts
-from hpctrain.plan import plan_from_spec
-from hpctrain.planner import choices_of, evaluate
+from hpctrain.layout.partition import block_range, factorisations
+from hpctrain.model.net import load_net, parse_net
+from hpctrain.plan.placement import input_layout, move_pairs, plan_layouts
+from hpctrain.plan.planner import choices_of, evaluate
+from hpctrain.plan.plans import plan_from_spec
+from hpctrain.plan.pricing import CostModel
 
 
 def flattened(layout):

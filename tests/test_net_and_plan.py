@@ -2,8 +2,8 @@
 
 import pytest
 
-from hpctrain.net import NetError, available_nets, load_net, parse_net
-from hpctrain.plan import LayerPlan, PlanError, plan_from_spec, read_plan, write_plan
+from hpctrain.model.net import NetError, available_nets, load_net, parse_net
+from hpctrain.plan.plans import LayerPlan, PlanError, plan_from_spec, read_plan, write_plan
 
 
 def test_shipped_nets_and_their_sizes():

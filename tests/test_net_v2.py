@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from hpctrain.net import INPUT, NetError, load_net, parse_net
+from hpctrain.model.net import INPUT, NetError, load_net, parse_net
 
 HEAD = "input channels=2 size=8 classes=3\n"
 TAIL = "avgpool kernel=global\nflatten\nlinear out=3\n"

@@ -116,11 +116,11 @@ def test_plan_finds_a_shipped_net_and_machine_by_name(installed):
 
 def test_shipped_plan_and_locations_outside_a_checkout(installed):
     script = (
-        "from hpctrain.net import load_net\n"
-        "from hpctrain.plan import plan_from_spec\n"
+        "from hpctrain.model.net import load_net\n"
+        "from hpctrain.plan.plans import plan_from_spec\n"
         "from hpctrain.cost.machine import available_machines, local_profile\n"
-        "from hpctrain.runlog import git_commit\n"
-        "from hpctrain.simulate import plot_script\n"
+        "from hpctrain.record.runlog import git_commit\n"
+        "from hpctrain.commands.simulate import plot_script\n"
         "plan = plan_from_spec('smallcnn-p4-mixed', load_net('smallcnn'), 4)\n"
         "print(plan[0].describe(), '|', git_commit(), '|', plot_script(), '|',\n"
         "      local_profile(), '|', ' '.join(available_machines()))\n")

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from hpctrain.cost.machine import load_machine
-from hpctrain.cost.paper import domain, paper_layers, strategy_comm
-from hpctrain.net import load_net
+from hpctrain.model.net import load_net
+from hpctrain.plan.paper import domain, paper_layers, strategy_comm
 
 MACHINE = load_machine("cori-knl")
 A, BETA, W = 2e-6, 1.6666667e-10, 4  # Table 1: α = 2 µs, 1/β = 6 GB/s; 4-byte words

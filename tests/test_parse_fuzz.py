@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from hpctrain.cost.machine import load_machine, parse_machine
 from hpctrain.errors import UserError
-from hpctrain.locations import shipped
-from hpctrain.net import load_net, parse_net
-from hpctrain.plan import plan_from_spec, read_plan
+from hpctrain.io.locations import shipped
+from hpctrain.model.net import load_net, parse_net
+from hpctrain.plan.plans import plan_from_spec, read_plan
 
 MESSAGE_LIMIT = 400  # characters: the longest one-line message a fuzzed input may produce
 # 5 s an example: a hang fails, a loaded shared machine does not (an example takes ~10 ms)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpctrain.partition import (
+from hpctrain.layout.partition import (
     SplitError,
     Window,
     block_range,

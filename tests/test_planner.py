@@ -8,19 +8,19 @@ import pytest
 
 from hpctrain.cost.compute import FlopModel, flops
 from hpctrain.cost.machine import Machine, load_machine
-from hpctrain.cost.model import (
+from hpctrain.cost.work import LocalWork
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout, box_size
+from hpctrain.layout.moves import GENERAL, move_kind, transfer_pieces
+from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.model.net import load_net, parse_net
+from hpctrain.plan.planner import PlannerError, choices_of, evaluate, format_plan, plan_network
+from hpctrain.plan.plans import plan_from_spec
+from hpctrain.plan.pricing import (
     Choice,
     CostModel,
     _busiest_receiver_by_rank,
     _busiest_receiver_closed_form,
 )
-from hpctrain.cost.work import LocalWork
-from hpctrain.layout import HEIGHT_AXIS, Layout, box_size
-from hpctrain.moves import GENERAL, move_kind, transfer_pieces
-from hpctrain.net import load_net, parse_net
-from hpctrain.partition import SplitError, factorisations
-from hpctrain.plan import plan_from_spec
-from hpctrain.planner import PlannerError, choices_of, evaluate, format_plan, plan_network
 
 MACHINE = Machine("test", alpha=2e-6, beta=1 / 6e9, flops=1e11)
 SLOW_NET = Machine("slow", alpha=1e-4, beta=1 / 1e8, flops=1e12)

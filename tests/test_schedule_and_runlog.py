@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from hpctrain.errors import UserError
-from hpctrain.schedule import parse_schedule
-from hpctrain.signals import StopRequests
+from hpctrain.run.schedule import parse_schedule
+from hpctrain.run.signals import StopRequests
 
 # -- schedules ---------------------------------------------------------------------------------
 
@@ -89,12 +89,12 @@ def test_a_signal_is_recorded_not_fatal_and_handlers_are_restored():
 # -- the run log -------------------------------------------------------------------------------
 
 def planned_smallcnn():
-    from hpctrain.backend import Backend
     from hpctrain.cost.machine import load_machine
-    from hpctrain.cost.model import build_cost_model
-    from hpctrain.net import load_net
-    from hpctrain.plan import plan_from_spec
-    from hpctrain.planner import choices_of, evaluate
+    from hpctrain.device.backend import Backend
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.planner import choices_of, evaluate
+    from hpctrain.plan.plans import plan_from_spec
+    from hpctrain.plan.pricing import build_cost_model
 
     net = load_net("smallcnn")
     model = build_cost_model(net, 8, 2, load_machine("default"), "flops", Backend(np, np.float32))
@@ -102,7 +102,7 @@ def planned_smallcnn():
 
 
 def log_steps(log, steps, procs=2):
-    from hpctrain.runlog import RECORD_FIELDS
+    from hpctrain.record.runlog import RECORD_FIELDS
 
     width = len(log.rows) * len(RECORD_FIELDS) + 1
     for step in steps:
@@ -114,7 +114,7 @@ def log_steps(log, steps, procs=2):
 
 
 def test_run_log_grows_step_by_step_with_max_and_mean_over_ranks(tmp_path):
-    from hpctrain.runlog import RECORD_FIELDS, RunLog
+    from hpctrain.record.runlog import RECORD_FIELDS, RunLog
 
     planned = planned_smallcnn()
     rows = [p.layer for p in planned.plans] + ["loss"]
@@ -143,7 +143,7 @@ def test_run_log_grows_step_by_step_with_max_and_mean_over_ranks(tmp_path):
 
 
 def test_resuming_a_log_drops_the_rows_it_will_log_again(tmp_path):
-    from hpctrain.runlog import RunLog
+    from hpctrain.record.runlog import RunLog
 
     planned = planned_smallcnn()
     rows = [p.layer for p in planned.plans] + ["loss"]
@@ -165,7 +165,7 @@ def test_resuming_a_log_drops_the_rows_it_will_log_again(tmp_path):
 
 
 def test_a_resume_on_another_plan_starts_its_own_log(tmp_path):
-    from hpctrain.runlog import RunLog
+    from hpctrain.record.runlog import RunLog
 
     planned = planned_smallcnn()
     rows = [p.layer for p in planned.plans] + ["loss"]
@@ -178,8 +178,8 @@ def test_a_resume_on_another_plan_starts_its_own_log(tmp_path):
 
 
 def test_a_new_log_never_overwrites_an_old_one(tmp_path):
-    from hpctrain.files import rotate_aside
-    from hpctrain.runlog import RunLog
+    from hpctrain.io.files import rotate_aside
+    from hpctrain.record.runlog import RunLog
 
     planned = planned_smallcnn()
     rows = [p.layer for p in planned.plans] + ["loss"]

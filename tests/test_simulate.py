@@ -2,7 +2,7 @@
 
 Pure batch parallelism (Eq. 4) and the FLOP counts are written out here from the net's shapes,
 not taken from the code under test; other rows are checked against
-:func:`hpctrain.cost.paper.strategy_comm`, which tests/test_paper_equations.py checks by hand.
+:func:`hpctrain.plan.paper.strategy_comm`, which tests/test_paper_equations.py checks by hand.
 """
 
 import dataclasses
@@ -17,16 +17,17 @@ import h5py
 import numpy as np
 import pytest
 
+from hpctrain.commands import simulate as simulate_command
+from hpctrain.commands.simulate import PLANS as SIM_PLANS
+from hpctrain.commands.simulate import ImplementationPlans, Settings
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import load_machine
-from hpctrain.cost.model import Choice, CostModel
-from hpctrain.cost.paper import strategy_comm
 from hpctrain.errors import UserError
-from hpctrain.kinds import KINDS
-from hpctrain.net import load_net
-from hpctrain.planner import evaluate, plan_network
-from hpctrain.simulate import PLANS as SIM_PLANS
-from hpctrain.simulate import ImplementationPlans, Settings, build_simulate_parser, run_simulate
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.net import load_net
+from hpctrain.plan.paper import strategy_comm
+from hpctrain.plan.planner import evaluate, plan_network
+from hpctrain.plan.pricing import Choice, CostModel
 
 ROOT = Path(__file__).resolve().parent.parent
 NET = load_net("alexnet")
@@ -40,7 +41,7 @@ ROW_KEYS = ("procs", "batch", "pr", "pc", "strategy", "comm_per_epoch", "compute
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
     out = tmp_path_factory.mktemp("sim") / "nested" / "simulation.h5"
-    assert run_simulate(["--out", str(out)]) == 0
+    assert simulate_command.run(["--out", str(out)]) == 0
     with h5py.File(out, "r") as f:
         yield f
 
@@ -51,7 +52,7 @@ def table(group):
 
 
 def test_help_names_every_option():
-    text = build_simulate_parser().format_help()
+    text = simulate_command.build_parser().format_help()
     assert "python -m hpctrain simulate" in text
     for flag in ("--net", "--machine", "--images", "--out", "--plots", "--word-bytes",
                  "--weak-batch-per-rank", "--overlap"):
@@ -229,7 +230,7 @@ PLAN_KEYS = ("procs", "batch", "runnable", "iteration_time", "total_per_epoch",
 def sim_resnet(tmp_path_factory):
     """ResNet-50: residual adds and batch norm, planned by variable elimination."""
     out = tmp_path_factory.mktemp("sim") / "resnet50.h5"
-    assert run_simulate(["--net", "resnet50", "--out", str(out)]) == 0
+    assert simulate_command.run(["--net", "resnet50", "--out", str(out)]) == 0
     with h5py.File(out, "r") as f:
         yield f
 
@@ -408,7 +409,7 @@ def sim_overlap(tmp_path_factory):
     cori = (ROOT / "hpctrain" / "inputs" / "machines" / "cori-knl.toml").read_text()
     profile.write_text(cori.replace('name = "cori-knl"', 'name = "half"') + "overlap = 0.5\n")
     out = where / "overlap.h5"
-    assert run_simulate(["--overlap", "--machine", str(profile), "--out", str(out)]) == 0
+    assert simulate_command.run(["--overlap", "--machine", str(profile), "--out", str(out)]) == 0
     with h5py.File(out, "r") as f:
         yield f
 
@@ -463,7 +464,7 @@ def test_overlap_plans_are_the_planners_with_sums_in_flight(sim_overlap, study, 
 
 
 def test_summary_names_the_baselines(tmp_path, capsys):
-    assert run_simulate(["--net", "mlp", "--out", str(tmp_path / "sim.h5")]) == 0
+    assert simulate_command.run(["--net", "mlp", "--out", str(tmp_path / "sim.h5")]) == 0
     text = capsys.readouterr().out
     assert "pure batch" in text and "weird trick" in text and "cannot run" in text
 
@@ -487,8 +488,8 @@ def test_plots_are_written(sim, tmp_path):
 
 def test_runs_without_mpi(tmp_path):
     out = tmp_path / "sim.h5"
-    code = ("import sys; from hpctrain.simulate import run_simulate; "
-            f"rc = run_simulate(['--out', {str(out)!r}, '--images', '1.2e6']); "
+    code = ("import sys; from hpctrain.commands import simulate as simulate_command; "
+            f"rc = simulate_command.run(['--out', {str(out)!r}, '--images', '1.2e6']); "
             "assert 'mpi4py' not in sys.modules, 'simulate imported mpi4py'; sys.exit(rc)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120)
@@ -506,18 +507,18 @@ def test_runs_without_mpi(tmp_path):
 ])
 def test_bad_options_raise_user_errors(tmp_path, args, message):
     with pytest.raises(UserError, match=re.escape(message)):
-        run_simulate([*args, "--out", str(tmp_path / "sim.h5")])
+        simulate_command.run([*args, "--out", str(tmp_path / "sim.h5")])
     assert not (tmp_path / "sim.h5").exists()
 
 
 def test_out_must_not_be_a_directory(tmp_path):
     with pytest.raises(UserError, match=re.escape(str(tmp_path))):
-        run_simulate(["--out", str(tmp_path)])
+        simulate_command.run(["--out", str(tmp_path)])
 
 
 @pytest.mark.parametrize("target", ["run_studies", "_write_table"])
 def test_a_failure_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, target):
-    import hpctrain.simulate as simulate
+    import hpctrain.commands.simulate as simulate
 
     out = tmp_path / "sim.h5"
     out.write_bytes(b"the previous results")
@@ -527,14 +528,14 @@ def test_a_failure_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, t
 
     monkeypatch.setattr(simulate, target, fail)
     with pytest.raises(RuntimeError, match="injected"):
-        run_simulate(["--out", str(out)])
+        simulate_command.run(["--out", str(out)])
     assert out.read_bytes() == b"the previous results"
     assert [p.name for p in tmp_path.iterdir()] == ["sim.h5"]
 
 
 def test_a_point_without_a_plan_keeps_its_rows(tmp_path, monkeypatch):
-    import hpctrain.simulate as simulate
-    from hpctrain.planner import PlannerError
+    import hpctrain.commands.simulate as simulate
+    from hpctrain.plan.planner import PlannerError
 
     real = simulate.plan_network
 
@@ -545,7 +546,7 @@ def test_a_point_without_a_plan_keeps_its_rows(tmp_path, monkeypatch):
 
     monkeypatch.setattr(simulate, "plan_network", plan_unless_4096)
     out = tmp_path / "sim.h5"
-    assert run_simulate(["--net", "mlp", "--out", str(out)]) == 0
+    assert simulate_command.run(["--net", "mlp", "--out", str(out)]) == 0
     with h5py.File(out, "r") as f:
         auto = table(f["domain/auto"])
         k = np.nonzero(auto["procs"] == 4096)[0][0]

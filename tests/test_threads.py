@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpctrain.threads import NodeShare, choose_threads, configure_threads
+from hpctrain.device.threads import NodeShare, choose_threads, configure_threads
 
 UNBOUND = NodeShare(cpus=64, machine_cpus=64, ranks_on_node=16, ranks_on_mask=16)
 BOUND = NodeShare(cpus=8, machine_cpus=64, ranks_on_node=16, ranks_on_mask=2)

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import hpctrain.clock as clock_module
-import hpctrain.timing as timing
-from hpctrain.clock import CommClock
-from hpctrain.timing import (
+import hpctrain.device.clock as clock_module
+import hpctrain.record.timing as timing
+from hpctrain.device.clock import CommClock
+from hpctrain.record.timing import (
     LOSS,
     RECORD_FIELDS,
     LayerTimes,

@@ -8,7 +8,7 @@ pytest.importorskip("torch")
 
 from mpi4py import MPI  # noqa: E402
 
-from hpctrain.plan import plan_from_spec  # noqa: E402
+from hpctrain.plan.plans import plan_from_spec  # noqa: E402
 from tests.torch_reference import (  # noqa: E402
     BATCH,
     MODELS,

@@ -22,14 +22,14 @@ import torch.nn.functional as F
 from mpi4py import MPI
 from torch import nn
 
-from hpctrain.backend import Backend
 from hpctrain.comm.gather import gather_to_root
-from hpctrain.data import SyntheticData
-from hpctrain.grid import GridSet
-from hpctrain.net import NetSpec, load_net, parse_net
-from hpctrain.network import Network
-from hpctrain.optim import SGD
-from hpctrain.plan import LayerPlan
+from hpctrain.comm.grid import GridSet
+from hpctrain.data.synthetic import SyntheticData
+from hpctrain.device.backend import Backend
+from hpctrain.model.net import NetSpec, load_net, parse_net
+from hpctrain.plan.plans import LayerPlan
+from hpctrain.run.network import Network
+from hpctrain.run.optimizer import SGD
 
 # hyper-parameters of the compared update: momentum and weight decay both matter
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 1e-2

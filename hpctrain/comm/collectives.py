@@ -11,7 +11,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from hpctrain.backend import Backend
+from hpctrain.device.backend import Backend
 
 
 def _front(xp: Any, a: Any, axis: int) -> Any:

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain.backend import Backend
-from hpctrain.layout import Box, box_size, relative_slices
+from hpctrain.device.backend import Backend
+from hpctrain.layout.layout import Box, box_size, relative_slices
 
 
 def gather_to_root(backend: Backend, comm: MPI.Comm, local: Any, shape: tuple[int, ...],

@@ -38,8 +38,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from hpctrain.backend import Backend
 from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.device.backend import Backend
 
 BUCKET_BYTES = 1 << 20
 """Bytes of gradients a bucket collects before its all-reduce starts. An all-reduce of n bytes

@@ -13,8 +13,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from hpctrain.backend import Backend
-from hpctrain.partition import HaloPlan
+from hpctrain.device.backend import Backend
+from hpctrain.layout.partition import HaloPlan
 
 ROW_AXIS = 2
 _DOWN, _UP = 11, 12  # tags: rows travelling to the rank below / above

@@ -1,7 +1,7 @@
 """Move an activation between two layouts (forward) and its gradient back (backward, the adjoint).
 
-The method and this rank's part in it come from :func:`hpctrain.moves.plan_move`, computed once
-from the two layouts (see :mod:`hpctrain.moves` for the kinds):
+The method and this rank's part in it come from :func:`hpctrain.layout.moves.plan_move`, computed
+once from the two layouts (see :mod:`hpctrain.layout.moves` for the kinds):
 
 - ``identity``: nothing moves.
 - ``slice``: forward takes a slice of the local block, backward pads the gradient with zeros.
@@ -22,11 +22,11 @@ from typing import Any
 
 from mpi4py import MPI
 
-from hpctrain.backend import Backend
 from hpctrain.comm.collectives import AllGather
-from hpctrain.grid import GridSet
-from hpctrain.layout import Box, Layout, box_size, relative_slices
-from hpctrain.moves import ALLGATHER, IDENTITY, SLICE, plan_move
+from hpctrain.comm.grid import GridSet
+from hpctrain.device.backend import Backend
+from hpctrain.layout.layout import Box, Layout, box_size, relative_slices
+from hpctrain.layout.moves import ALLGATHER, IDENTITY, SLICE, plan_move
 
 # Tag of the pieces on the world communicator: one message per pair of ranks per exchange, and
 # exchanges complete one at a time, so one tag keeps them apart from other world traffic.

@@ -29,8 +29,8 @@ import numpy as np
 
 from hpctrain.cost.work import LocalWork
 from hpctrain.errors import OutputError
-from hpctrain.files import replace_atomically
-from hpctrain.kinds import KINDS
+from hpctrain.io.files import replace_atomically
+from hpctrain.model.kinds import KINDS
 
 SAMPLE_BUDGET = 0.15  # seconds of timed calls per kernel and direction, roughly
 # Calls before the samples. The first pays for fresh memory, BLAS threads and, on a GPU, kernel
@@ -64,8 +64,8 @@ class FlopModel:
 # The modules whose code runs inside a timing: a change to any of them makes old timings stale.
 TIMED_MODULES = ("hpctrain.kernels.activations", "hpctrain.kernels.conv",
                  "hpctrain.kernels.counter_rng", "hpctrain.kernels.linear",
-                 "hpctrain.kernels.norm", "hpctrain.kernels.pool", "hpctrain.kernels.window",
-                 "hpctrain.optim", "hpctrain.data", "hpctrain.cost.compute",
+                 "hpctrain.kernels.norm", "hpctrain.kernels.pool", "hpctrain.kernels.sliding",
+                 "hpctrain.run.optimizer", "hpctrain.data.synthetic", "hpctrain.cost.compute",
                  "hpctrain.cost.work", *(type(kind).__module__ for kind in KINDS.values()))
 
 
@@ -130,16 +130,16 @@ def _kernels(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator
     def random(shape: tuple[int, ...]) -> Any:
         return _random(xp, rng, shape, dtype)
 
-    if work.kind == "data":  # this rank's block of a synthetic batch (see hpctrain.data)
-        from hpctrain.backend import Backend
-        from hpctrain.data import SyntheticData
+    if work.kind == "data":  # this rank's block of a synthetic batch (see hpctrain.data.synthetic)
+        from hpctrain.data.synthetic import SyntheticData
+        from hpctrain.device.backend import Backend
 
         data = SyntheticData(Backend(xp, dtype), work.x[1:], 1000, work.x[0], 0)
         whole = tuple((0, n) for n in work.x)
         return (lambda: data.images(0, whole)), (lambda _: lambda: None)
-    if work.kind == "sgd":  # the optimizer's update of one layer's shard (see hpctrain.optim)
+    if work.kind == "sgd":  # the optimizer's update of one layer's shard (hpctrain.run.optimizer)
         from hpctrain.layers.base import Parameter
-        from hpctrain.optim import SGD
+        from hpctrain.run.optimizer import SGD
 
         x = random(work.x)
         shard = Parameter("w", x, work.x, (1, 1), False, grad=xp.ones_like(x))
@@ -161,7 +161,7 @@ class MeasuredCompute:
 
     Parameters
     ----------
-    backend : where and in what dtype to run (a :class:`~hpctrain.backend.Backend`).
+    backend : where and in what dtype to run (a :class:`~hpctrain.device.backend.Backend`).
     comm : the ranks that time together (every rank times the same kernel at the same moment,
         and the slowest sets the time); None for this process alone.
     context : the conditions of the timing (see :func:`timing_context`), part of every key.

@@ -2,7 +2,7 @@
 
 A profile is a small TOML file, found by name among the shipped profiles
 (``hpctrain/inputs/machines/``) and the user's calibrated ones (``machines/`` in
-:func:`hpctrain.locations.config_dir`, where ``calibrate`` writes ``local.toml``), or anywhere
+:func:`hpctrain.io.locations.config_dir`, where ``calibrate`` writes ``local.toml``), or anywhere
 by path::
 
     name = "cori-knl"
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UserError, one_line, shown
-from hpctrain.files import replace_atomically
-from hpctrain.locations import config_dir, shipped_names
-from hpctrain.textfile import existing_file, read_text, shipped_file
+from hpctrain.io.files import replace_atomically
+from hpctrain.io.locations import config_dir, shipped_names
+from hpctrain.io.textfile import existing_file, read_text, shipped_file
 
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
 KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits")

@@ -15,7 +15,7 @@ position channels-last. A stretch of a few entries costs NumPy its per-stretch o
 the order with the longer stretch wins: channels-last for the deep, small images late in a
 network (AlexNet's conv2–conv5 at 127²: 152 → 135 ms backward, 71 → 65 ms forward), channel-
 major for a first layer's 3 channels and for 1×1 kernels. The rule is
-:func:`~hpctrain.kernels.window.prefer_channels_last`.
+:func:`~hpctrain.kernels.sliding.prefer_channels_last`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpctrain.kernels.window import (
+from hpctrain.kernels.sliding import (
     padded,
     pair,
     prefer_channels_last,
@@ -50,7 +50,7 @@ def conv2d_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: int | tuple[i
     ``pads`` = (top, bottom, left=right), ``stride`` an int or a (sh, sw) pair,
     Ho = ⌊(H + top + bottom − kh)/sh⌋ + 1 and Wo = ⌊(W + 2·side − kw)/sw⌋ + 1.
     ``channels_last``: the windows channels-last (True) or channel-major (False); by default
-    :func:`~hpctrain.kernels.window.prefer_channels_last` chooses.
+    :func:`~hpctrain.kernels.sliding.prefer_channels_last` chooses.
     """
     sh, sw = pair(stride)
     n, c, h, wd = x.shape

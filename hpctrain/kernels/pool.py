@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpctrain.kernels.window import padded, pair, position_dtype, unpadded, windows
+from hpctrain.kernels.sliding import padded, pair, position_dtype, unpadded, windows
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpctrain.backend import Backend
+from hpctrain.device.backend import Backend
 from hpctrain.kernels.counter_rng import stream_key, uniform_block
-from hpctrain.layout import Box, Layout, grid_coords
-from hpctrain.partition import block_range
+from hpctrain.layout.layout import Box, Layout, grid_coords
+from hpctrain.layout.partition import block_range
 
 INIT_STREAM = 1
 

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
 from hpctrain.layers.base import Layer, weight_and_bias
-from hpctrain.layers.window import WindowRows
-from hpctrain.layout import HEIGHT_AXIS
+from hpctrain.layers.rows import WindowRows
+from hpctrain.layout.layout import HEIGHT_AXIS
 
 if TYPE_CHECKING:
-    from hpctrain.kinds.base import BuildContext
+    from hpctrain.model.kinds.base import BuildContext
 
 
 class Conv2d(Layer):

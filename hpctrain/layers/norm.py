@@ -12,10 +12,10 @@ from hpctrain.kernels.norm import (
     batchnorm_inference_backward,
 )
 from hpctrain.layers.base import Layer, Parameter
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS
+from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS
 
 if TYPE_CHECKING:
-    from hpctrain.kinds.base import BuildContext
+    from hpctrain.model.kinds.base import BuildContext
 
 
 class BatchNorm(Layer):

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.layers.base import Layer
-from hpctrain.layers.window import WindowRows
-from hpctrain.layout import HEIGHT_AXIS
+from hpctrain.layers.rows import WindowRows
+from hpctrain.layout.layout import HEIGHT_AXIS
 
 if TYPE_CHECKING:
-    from hpctrain.kinds.base import BuildContext
+    from hpctrain.model.kinds.base import BuildContext
 
 
 class Pool2d(Layer):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from hpctrain.partition import factorisations
+from hpctrain.layout.partition import factorisations
 
 COMM = MPI.COMM_WORLD
 
@@ -48,7 +48,7 @@ def comm():
 
 @pytest.fixture
 def grids():
-    from hpctrain.grid import GridSet
+    from hpctrain.comm.grid import GridSet
 
     with GridSet(COMM) as grid_set:
         yield grid_set
@@ -56,7 +56,7 @@ def grids():
 
 @pytest.fixture
 def backend():
-    from hpctrain.backend import make_backend
+    from hpctrain.device.backend import make_backend
 
     return make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float64", COMM)
 

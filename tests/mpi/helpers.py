@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from hpctrain.checkpoint import CheckpointError
-from hpctrain.kinds import KINDS
-from hpctrain.kinds.base import BuildContext, LayerSpec
-from hpctrain.layout import relative_slices
-from hpctrain.verify import relative_error
+from hpctrain.commands.verify import relative_error
+from hpctrain.layout.layout import relative_slices
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.kinds.base import BuildContext, LayerSpec
+from hpctrain.run.checkpoint import CheckpointError
 
 
 def all_agree(comm, ok: bool) -> bool:

@@ -31,11 +31,11 @@ def test_rank_0_reads_and_every_rank_gets_its_answer_or_its_error(comm):
 def test_a_stop_requested_before_training_trains_nothing(comm):
     import signal
 
-    from hpctrain.backend import make_backend
-    from hpctrain.net import load_net
-    from hpctrain.plan import plan_from_spec
-    from hpctrain.signals import StopRequests
-    from hpctrain.train import TrainConfig, train
+    from hpctrain.device.backend import make_backend
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.plans import plan_from_spec
+    from hpctrain.run.loop import TrainConfig, train
+    from hpctrain.run.signals import StopRequests
 
     net = load_net("smallcnn")
     backend = make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float32")

@@ -4,9 +4,10 @@ import os
 
 import pytest
 
-from hpctrain.calibrate import DEFAULT_ALPHA, DEFAULT_BETA, CalibrateError, run_calibrate
+from hpctrain.commands import calibrate as calibrate_command
+from hpctrain.commands.calibrate import DEFAULT_ALPHA, DEFAULT_BETA, CalibrateError
 from hpctrain.cost.machine import load_machine
-from hpctrain.partition import factorisations
+from hpctrain.layout.partition import factorisations
 from tests.mpi.helpers import all_agree
 
 DEVICE = os.environ.get("HPCTRAIN_DEVICE", "cpu")
@@ -24,8 +25,8 @@ def expected_fits(world: int) -> set[tuple[str, int]]:
 def test_quick_calibration_writes_a_profile_every_rank_reads(comm, shared_dir):
     out = shared_dir / "machines" / "local.toml"  # a directory calibrate must create
     # a far sweep of 128 and 256 KiB past the quick one's 64 KiB: every fit gets a knee
-    assert run_calibrate(["--quick", "--far-bytes", "256KiB", "--device", DEVICE, "--name",
-                          "test", "--out", str(out)], comm) == 0
+    assert calibrate_command.run(["--quick", "--far-bytes", "256KiB", "--device", DEVICE, "--name",
+                                  "test", "--out", str(out)], comm) == 0
     machine = load_machine(str(out))
     got = {(c, p) for c, sizes in machine.fits.items() for p in sizes}
     fits = [f for sizes in machine.fits.values() for f in sizes.values()]
@@ -47,4 +48,4 @@ def test_quick_calibration_writes_a_profile_every_rank_reads(comm, shared_dir):
 def test_unwritable_out_is_refused_on_every_rank(comm, shared_dir):
     # rank 0's verdict is shared, so every rank raises together and none waits in a collective
     with pytest.raises(CalibrateError, match="is a directory"):
-        run_calibrate(["--quick", "--out", str(shared_dir)], comm)
+        calibrate_command.run(["--quick", "--out", str(shared_dir)], comm)

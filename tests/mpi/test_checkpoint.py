@@ -7,23 +7,23 @@ import h5py
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain import checkpoint
-from hpctrain.backend import make_backend
-from hpctrain.checkpoint import (
+from hpctrain.comm.gather import gather_to_root
+from hpctrain.comm.grid import GridSet
+from hpctrain.commands.verify import serial_plan
+from hpctrain.data.synthetic import SyntheticData
+from hpctrain.device.backend import make_backend
+from hpctrain.errors import OutputError
+from hpctrain.model.net import load_net, parse_net
+from hpctrain.plan.plans import plan_from_spec
+from hpctrain.run import checkpoint
+from hpctrain.run.checkpoint import (
     load_checkpoint,
     read_checkpoint_info,
     save_checkpoint,
     tensor_shapes,
 )
-from hpctrain.comm.gather import gather_to_root
-from hpctrain.data import SyntheticData
-from hpctrain.errors import OutputError
-from hpctrain.grid import GridSet
-from hpctrain.net import load_net, parse_net
-from hpctrain.network import Network
-from hpctrain.optim import SGD
-from hpctrain.plan import plan_from_spec
-from hpctrain.verify import serial_plan
+from hpctrain.run.network import Network
+from hpctrain.run.optimizer import SGD
 from tests.mpi.helpers import all_agree, check_close, raises_everywhere
 from tests.mpi.test_training import BATCH, NET, mixed_plans
 

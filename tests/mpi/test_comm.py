@@ -8,8 +8,8 @@ import pytest
 from hpctrain.comm.collectives import AllGather, allreduce_sum
 from hpctrain.comm.halo import HaloExchange
 from hpctrain.comm.redistribute import Redistribute
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
-from hpctrain.partition import SplitError, Window, block_ranges, factorisations, halo_plans
+from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.layout.partition import SplitError, Window, block_ranges, factorisations, halo_plans
 from tests.mpi.helpers import all_agree, block, global_random, host, local_dot
 
 SHAPE = (7, 5, 6, 3)  # N, C, H, W: uneven on 2, 3 and 4 ranks

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.dataset import H5Data, write_dataset
-from hpctrain.grid import GridSet
-from hpctrain.layout import HEIGHT_AXIS
-from hpctrain.network import Network
-from hpctrain.partition import factorisations
-from hpctrain.plan import LayerPlan
-from hpctrain.verify import serial_plan
+from hpctrain.comm.grid import GridSet
+from hpctrain.commands.verify import serial_plan
+from hpctrain.data.dataset import H5Data, write_dataset
+from hpctrain.layout.layout import HEIGHT_AXIS
+from hpctrain.layout.partition import factorisations
+from hpctrain.plan.plans import LayerPlan
+from hpctrain.run.network import Network
 from tests.mpi.helpers import all_agree, check_close
 from tests.mpi.test_training import (
     BATCH,
@@ -51,7 +51,7 @@ def dataset():
 
 
 def make_backend():
-    from hpctrain.backend import make_backend
+    from hpctrain.device.backend import make_backend
 
     return make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float64")
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.backend import Backend
 from hpctrain.comm.gradients import GradientReducer
+from hpctrain.device.backend import Backend
 from hpctrain.layers.base import Parameter
 from tests.mpi.helpers import all_agree
 from tests.mpi.test_training import NET, mixed_plans, train
@@ -67,10 +67,10 @@ def test_updating_as_sums_arrive_equals_a_step_after(overlap):
     gives the same parameters, bit for bit, as an optimizer step after the backward, with the
     sums in flight or not."""
     from hpctrain.comm.gather import gather_to_root
-    from hpctrain.data import SyntheticData
-    from hpctrain.grid import GridSet
-    from hpctrain.network import Network
-    from hpctrain.optim import SGD
+    from hpctrain.comm.grid import GridSet
+    from hpctrain.data.synthetic import SyntheticData
+    from hpctrain.run.network import Network
+    from hpctrain.run.optimizer import SGD
 
     comm = MPI.COMM_WORLD
     plan = mixed_plans(comm.Get_size())[-1]

@@ -2,7 +2,7 @@
 every mode and Pr×Pc grid against one process, in float64.
 
 Each check runs one forward and backward of a small inline net under a plan and the same step on
-rank 0 alone (:func:`hpctrain.verify.run_step`), and compares every layer's output, input
+rank 0 alone (:func:`hpctrain.commands.verify.run_step`), and compares every layer's output, input
 gradients, parameter gradients and buffers (batch norm's running statistics), and the loss, to a
 relative error of 1e-9. Sizes are odd on purpose (heights 7, 9, 13; batches 5 and 7; 5 or 6
 channels) so that the 3- and 4-rank runs cut them unevenly. Plans give neighbouring layers
@@ -16,15 +16,15 @@ import pytest
 from mpi4py import MPI
 
 from hpctrain.comm.gather import gather_to_root
-from hpctrain.data import SyntheticData
-from hpctrain.grid import GridSet
-from hpctrain.layout import HEIGHT_AXIS, Layout
-from hpctrain.net import load_net, parse_net
-from hpctrain.network import Network
-from hpctrain.optim import SGD
-from hpctrain.partition import SplitError, factorisations
-from hpctrain.plan import LayerPlan, plan_from_spec
-from hpctrain.verify import relative_error, run_step, serial_plan, verify
+from hpctrain.comm.grid import GridSet
+from hpctrain.commands.verify import relative_error, run_step, serial_plan, verify
+from hpctrain.data.synthetic import SyntheticData
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout
+from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.model.net import load_net, parse_net
+from hpctrain.plan.plans import LayerPlan, plan_from_spec
+from hpctrain.run.network import Network
+from hpctrain.run.optimizer import SGD
 from tests.mpi.helpers import (
     block,
     check_close,

@@ -1,7 +1,7 @@
 import pytest
 
-from hpctrain.grid import GridError, GridSet, ProcessGrid
-from hpctrain.layout import grid_coords
+from hpctrain.comm.grid import GridError, GridSet, ProcessGrid
+from hpctrain.layout.layout import grid_coords
 from tests.mpi.helpers import all_agree
 
 

@@ -4,9 +4,9 @@ import pytest
 from mpi4py import MPI
 
 from hpctrain.comm.gather import gather_to_root
-from hpctrain.grid import GridSet
-from hpctrain.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
-from hpctrain.partition import SplitError
+from hpctrain.comm.grid import GridSet
+from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
+from hpctrain.layout.partition import SplitError
 from tests.mpi.helpers import block, check_close, global_random, make_layer, sum_gradients
 
 

@@ -4,9 +4,11 @@ one line naming the file and the reason; no rank is left waiting."""
 import errno
 import os
 
-from hpctrain import checkpoint, cli, runlog
+from hpctrain import cli
+from hpctrain.comm.grid import GridSet
 from hpctrain.errors import OutputError
-from hpctrain.grid import GridSet
+from hpctrain.record import runlog
+from hpctrain.run import checkpoint
 from tests.mpi.helpers import all_agree, raises_everywhere
 from tests.mpi.test_checkpoint import NET, Run, mixed_plans
 

@@ -7,14 +7,14 @@ import h5py
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain.compare import run_compare
+from hpctrain.commands import compare_plans as compare_plans_command
+from hpctrain.commands import train as train_command
+from hpctrain.commands.verify import serial_plan
 from hpctrain.cost.machine import load_machine
-from hpctrain.cost.model import build_cost_model
-from hpctrain.net import load_net
-from hpctrain.plan import read_plan
-from hpctrain.planner import plan_network
-from hpctrain.train_command import run_train
-from hpctrain.verify import serial_plan
+from hpctrain.model.net import load_net
+from hpctrain.plan.planner import plan_network
+from hpctrain.plan.plans import read_plan
+from hpctrain.plan.pricing import build_cost_model
 from tests.mpi.helpers import all_agree, check_close
 from tests.mpi.test_training import NET, train
 
@@ -49,9 +49,9 @@ def test_grid_auto_writes_its_plan_and_a_log_with_predictions(comm, monkeypatch)
     where = shared_dir(comm)
     monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(where))
     plan_file, log = where / "auto.plan", where / "run.h5"
-    code = run_train(["--net", "smallcnn", "--grid", "auto", "--steps", "3", "--batch", "8",
-                      "--machine", "default", "--plan-file", str(plan_file), "--log", str(log)],
-                     comm)
+    code = train_command.run(
+        ["--net", "smallcnn", "--grid", "auto", "--steps", "3", "--batch", "8",
+         "--machine", "default", "--plan-file", str(plan_file), "--log", str(log)], comm)
     comm.Barrier()
     assert all_agree(comm, code == 0)
     plan = read_plan(plan_file, load_net("smallcnn"), comm.Get_size())
@@ -76,10 +76,10 @@ def test_compare_plans_runs_each_plan_and_logs_it(comm, monkeypatch):
     monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(where))
     p = comm.Get_size()
     log = where / "compare.h5"
-    code = run_compare(["--net", "smallcnn", "--batch", "8", "--steps", "2", "--rounds", "2",
-                        "--plan", "auto",
-                        "--plan", f"1x{p}", "--plan", f"conv=domain:{p}x1,fc={p}x1",
-                        "--machine", "default", "--log", str(log)], comm)
+    code = compare_plans_command.run(
+        ["--net", "smallcnn", "--batch", "8", "--steps", "2", "--rounds", "2", "--plan", "auto",
+         "--plan", f"1x{p}", "--plan", f"conv=domain:{p}x1,fc={p}x1",
+         "--machine", "default", "--log", str(log)], comm)
     comm.Barrier()
     ok = code == 0
     if comm.Get_rank() == 0:

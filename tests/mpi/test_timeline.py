@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.backend import Backend
-from hpctrain.data import SyntheticData
-from hpctrain.grid import GridSet
-from hpctrain.network import Network
-from hpctrain.optim import SGD
-from hpctrain.timeline import TimelineWindow
-from hpctrain.timing import COMMUNICATION, COMPUTE, IN_FLIGHT
+from hpctrain.comm.grid import GridSet
+from hpctrain.data.synthetic import SyntheticData
+from hpctrain.device.backend import Backend
+from hpctrain.record.timeline import TimelineWindow
+from hpctrain.record.timing import COMMUNICATION, COMPUTE, IN_FLIGHT
+from hpctrain.run.network import Network
+from hpctrain.run.optimizer import SGD
 from tests.mpi.helpers import all_agree
 from tests.mpi.test_training import NET, mixed_plans
 

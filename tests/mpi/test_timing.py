@@ -7,14 +7,12 @@ import numpy as np
 from mpi4py import MPI
 
 from hpctrain.comm.gather import gather_to_root
-from hpctrain.data import SyntheticData
-from hpctrain.grid import GridSet
-from hpctrain.net import load_net
-from hpctrain.network import Network
-from hpctrain.optim import SGD
-from hpctrain.partition import factorisations
-from hpctrain.plan import plan_from_spec
-from hpctrain.timing import (
+from hpctrain.comm.grid import GridSet
+from hpctrain.data.synthetic import SyntheticData
+from hpctrain.layout.partition import factorisations
+from hpctrain.model.net import load_net
+from hpctrain.plan.plans import plan_from_spec
+from hpctrain.record.timing import (
     COMM_FIELDS,
     RECORD_FIELDS,
     TIME_FIELDS,
@@ -23,7 +21,9 @@ from hpctrain.timing import (
     median_times,
     summary_over_ranks,
 )
-from hpctrain.train import TrainConfig, TrainResult, train
+from hpctrain.run.loop import TrainConfig, TrainResult, train
+from hpctrain.run.network import Network
+from hpctrain.run.optimizer import SGD
 from tests.mpi.helpers import all_agree
 from tests.mpi.test_training import NET, mixed_plans
 
@@ -51,7 +51,7 @@ def plans(p):
 
 def run(net, plan, comm, timed):
     """Train STEPS steps: losses, parameters on rank 0, each step's record (timed) and facts."""
-    from hpctrain.backend import make_backend
+    from hpctrain.device.backend import make_backend
 
     backend = make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float64")
     with GridSet(comm) as grids:
@@ -169,7 +169,7 @@ def test_max_over_ranks_is_the_largest_of_every_field(comm):
 
 
 def test_train_prints_the_table_and_returns_the_summary(comm):
-    from hpctrain.backend import make_backend
+    from hpctrain.device.backend import make_backend
 
     p = comm.Get_size()
     backend = make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float32")

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hpctrain.plan import LayerPlan, plan_from_spec  # noqa: E402
+from hpctrain.plan.plans import LayerPlan, plan_from_spec  # noqa: E402
 from tests.torch_reference import (  # noqa: E402
     BATCH,
     MODELS,

@@ -7,14 +7,14 @@ import pytest
 from mpi4py import MPI
 
 from hpctrain.comm.gather import gather_to_root
-from hpctrain.data import SyntheticData
-from hpctrain.grid import GridSet
-from hpctrain.net import load_net, parse_net
-from hpctrain.network import Network
-from hpctrain.optim import SGD
-from hpctrain.partition import factorisations
-from hpctrain.plan import LayerPlan, plan_from_spec
-from hpctrain.verify import relative_error, serial_plan
+from hpctrain.comm.grid import GridSet
+from hpctrain.commands.verify import relative_error, serial_plan
+from hpctrain.data.synthetic import SyntheticData
+from hpctrain.layout.partition import factorisations
+from hpctrain.model.net import load_net, parse_net
+from hpctrain.plan.plans import LayerPlan, plan_from_spec
+from hpctrain.run.network import Network
+from hpctrain.run.optimizer import SGD
 from tests.mpi.helpers import check_close
 
 NET = parse_net("""
@@ -39,7 +39,7 @@ def train(net, plan, comm, data=None, steps=STEPS):
 
     ``data(backend)`` makes the batches (default: synthetic data of seed 5).
     """
-    from hpctrain.backend import make_backend
+    from hpctrain.device.backend import make_backend
 
     backend = make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float64")
     with GridSet(comm) as grids:

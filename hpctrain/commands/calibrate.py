@@ -1,0 +1,631 @@
+"""``python -m hpctrain calibrate``: measure this machine's α–β constants and FLOP rate.
+
+Every rank takes part. For each collective the training code issues, on each communicator size it
+can meet at this world size, a sweep of log-spaced message sizes is timed and a line
+``t = a + b·n`` is fitted; ``a`` and ``b`` are then divided by the message and byte terms of the
+formula in :mod:`hpctrain.cost.collectives`, so the planner's prediction at a measured size is
+the fitted line itself:
+
+- allgather, on each Pr: ``Allgatherv`` of n/p bytes per rank;
+  α⌈log₂p⌉ + β(p−1)/p·n, n = the gathered bytes.
+- reduce_scatter, on each Pr: ``Reduce_scatter`` of float32 with equal counts, ``MPI.SUM``;
+  α⌈log₂p⌉ + β(p−1)/p·n, n = the bytes each rank contributes.
+- allreduce, on each Pc and on P: ``Allreduce`` in place of n bytes of float32;
+  2(α⌈log₂p⌉ + β(p−1)/p·n).
+- alltoall, on P: ``Alltoallv`` with equal counts to every other rank and none to itself;
+  α(p−1) + β·n, n = the bytes each rank receives.
+- halo, stored under p = 2: ``Isend``/``Irecv`` to both neighbours, then ``Waitall``;
+  α + β·n, n = the bytes of one message.
+
+Communicators are the real ones of every Pr×Pc factorisation of the world: all-gather and
+reduce-scatter on ``model_comm`` (size Pr), all-reduce on ``batch_comm`` (size Pc) and on the
+world, all-to-all on the world. All groups of a grid run at once, as in training, so contention
+between them is part of the measurement. The halo exchange runs on the model communicator of the
+P×1 grid (a non-periodic chain of every rank): interior ranks send to and receive from both
+neighbours at once, as a domain-parallel layer does, and the time of one such exchange is fitted
+as one message, stored under communicator size 2 (looked up with ``machine.link("halo", 2)``).
+
+Past ``--max-bytes`` a second sweep, sizes doubling up to ``--far-bytes``, finds where a message
+outgrows the caches and the bandwidth falls (:func:`fit_knee`): the line is bent there to a
+second slope, stored as the fit's ``knee`` and ``far_beta``.
+
+Timing: two warm-up calls, a barrier, then ``repeats`` calls each timed with ``perf_counter``;
+each call's time is the maximum over all ranks and the median over calls is kept. The profile's
+top-level ``alpha`` and ``beta`` are the halo fit (one point-to-point message). On one rank
+nothing is sent, so there are no fits and the top level holds ``alpha`` = 1 µs and ``beta`` =
+1e-10 s/B (10 GB/s), placeholders that no plan on one rank ever multiplies by a message.
+``flops`` is the median FLOP/s of one rank on a square float32 GEMM, all ranks computing at once
+(so cores shared by oversubscribed ranks count as shared). ``overlap`` is the share of a gradient
+bucket's all-reduce that moves while the ranks compute (:func:`measure_overlap`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpctrain.commands.flags import add_threads_option
+from hpctrain.cost.collectives import terms
+from hpctrain.cost.machine import Fit, Machine, is_saved_profile, local_profile, save_machine
+from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.io.files import can_create_in
+from hpctrain.io.units import bytes_from
+from hpctrain.layout.partition import factorisations
+
+DEFAULT_ALPHA = 1e-6  # s per message: the top level on one rank, where nothing is sent
+DEFAULT_BETA = 1e-10  # s per byte (10 GB/s), likewise
+MIN_A = 1e-9  # smallest intercept a fit may return (s): keeps α > 0 when noise pulls it below 0
+MIN_B = 1e-14  # smallest slope a fit may return (s/B, 100 TB/s): keeps β > 0 likewise
+MIN_BYTES = 64  # smallest message of a sweep: small enough that α dominates its time
+ITEM = 4  # bytes of one float32, the element every benchmark moves
+WARMUP = 2
+QUICK = {"max_bytes": 64 * 1024, "sizes": 4, "repeats": 3, "gemm_size": 512, "far_bytes": 0}
+DEFAULTS = {"max_bytes": 4 * 1024 * 1024, "sizes": 8, "repeats": 10, "gemm_size": 1024,
+            "far_bytes": 64 * 1024 * 1024}
+OVERLAP_GEMM_SIZE = 256  # short GEMMs, so that Test comes often, as between layers
+GPU_GEMM_SIZE = 4096  # a GPU needs a larger GEMM than a CPU core to reach its sustained rate
+class CalibrateError(UserError):
+    """A calibrate option with a value that cannot be used."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure maths: sizes, the model's terms, the fit
+
+
+def parse_bytes(text: str, option: str = "--max-bytes") -> int:
+    """Bytes from ``'4194304'``, ``'64KiB'``, ``'4M'`` or ``'1 GiB'`` (binary units, any case).
+
+    Raises :class:`CalibrateError` naming ``option`` and ``text`` when it is not such a size.
+    """
+    size = bytes_from(text)
+    if size is None:
+        raise CalibrateError(f"{option} {text!r} is not a size; write e.g. 4194304, 64KiB "
+                             f"or 4MiB")
+    return int(size)
+
+
+def message_sizes(max_bytes: int, count: int) -> list[int]:
+    """``count`` sizes from :data:`MIN_BYTES` to ``max_bytes``, evenly spaced in log n.
+
+    Example: ``message_sizes(65536, 4)`` is ``[64, 645, 6502, 65536]``.
+    """
+    return [int(round(n)) for n in np.geomspace(MIN_BYTES, max_bytes, count)]
+
+
+def far_sizes(max_bytes: int, far_bytes: int) -> list[int]:
+    """Sizes doubling from 2·``max_bytes`` up to ``far_bytes``: the sweep past the caches.
+
+    Example: ``far_sizes(4 MiB, 64 MiB)`` is 8, 16, 32 and 64 MiB; none when ``far_bytes`` is
+    not above ``max_bytes``.
+    """
+    sizes = []
+    n = 2 * max_bytes
+    while n <= far_bytes:
+        sizes.append(n)
+        n *= 2
+    return sizes
+
+
+def fit_knee(a: float, b: float, sizes: Sequence[float], times: Sequence[float],
+             start: float) -> tuple[float, float]:
+    """``(knee, s)``: past the size ``knee`` each byte costs ``s``, where the line ``a + b·n``
+    fitted below ``start`` no longer holds.
+
+    The times at ``sizes`` (all above ``start``) are priced ``a + b·min(n, K) + s·max(0, n − K)``.
+    The knee K is ``start`` or one of ``sizes`` but the last, and ``s`` (at least
+    :data:`MIN_B`) minimises the relative squared error of the times past K; the K whose pricing
+    has the smallest relative squared error over every time wins. On a network whose bandwidth
+    does not fall with size, ``s`` comes out near ``b``.
+    """
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    best = (math.inf, float(start), b)
+    for knee in [float(start), *n[:-1]]:
+        past = n > knee
+        w2 = 1.0 / t[past] ** 2
+        d = n[past] - knee
+        slope = max(MIN_B, float(np.sum(w2 * d * (t[past] - a - b * knee)) / np.sum(w2 * d * d)))
+        error = float(np.sum(((bent_line(a, b, knee, slope, n) - t) / t) ** 2))
+        if error < best[0]:
+            best = (error, knee, slope)
+    return best[1], best[2]
+
+
+def bent_line(a: float, b: float, knee: float, slope: float, sizes: Any) -> np.ndarray:
+    """``a + b·min(n, knee) + slope·max(0, n − knee)`` at each size n: the price of a fit
+    (:meth:`Fit.seconds`) with the line's own a and b as its α and β."""
+    line = Fit(a, b, knee, slope)
+    return np.array([line.seconds(1.0, float(n)) for n in sizes])
+
+
+def fit_line(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
+    """``(a, b)`` minimising Σ((a + b·nᵢ − tᵢ)/tᵢ)², with a ≥ :data:`MIN_A`, b ≥ :data:`MIN_B`.
+
+    The error is relative so a 64-byte message (microseconds) weighs as much as a 4 MiB one
+    (milliseconds): an absolute fit would let the large messages set ``a`` and lose the latency.
+    When the unconstrained optimum has ``a`` or ``b`` below its floor (noise at a size where the
+    term is negligible), that parameter is held at its floor and the other refitted alone.
+
+    Parameters
+    ----------
+    sizes : message sizes nᵢ in bytes, at least two distinct.
+    times : measured seconds tᵢ > 0, one per size.
+    """
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if n.ndim != 1 or n.shape != t.shape:
+        raise ValueError(f"fit_line needs one time per size, got {n.shape} and {t.shape}")
+    if np.unique(n).size < 2:
+        raise ValueError(f"fit_line needs at least two distinct sizes, got {n.tolist()}")
+    if not (np.all(np.isfinite(t)) and np.all(t > 0)):
+        raise ValueError(f"fit_line needs positive finite times, got {t.tolist()}")
+    w = 1.0 / t
+    # columns of equal magnitude keep the least-squares problem well conditioned
+    scale = float(n.max())
+    design = np.stack([w, w * n / scale], axis=1)
+    (a, b_scaled), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    a, b = float(a), float(b_scaled) / scale
+    w2 = w * w
+    if a < MIN_A:
+        a = MIN_A
+        b = float(np.sum(w2 * n * (t - a)) / np.sum(w2 * n * n))
+    if b < MIN_B:
+        b = MIN_B
+        a = max(MIN_A, float(np.sum(w2 * (t - b * n)) / np.sum(w2)))
+    return a, b
+
+
+def worst_residual(sizes: Sequence[float], times: Sequence[float], a: float, b: float,
+                   knee: float = math.inf, slope: float = 0.0) -> float:
+    """max |price(nᵢ) − tᵢ| / tᵢ: how far the fit (the line ``a + b·n``, bent at ``knee`` to
+    ``slope``) strays from the worst measured point."""
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    return float(np.max(np.abs(bent_line(a, b, knee, slope, n) - t) / t))
+
+
+def fit_collective(collective: str, p: int, sizes: Sequence[float],
+                   times: Sequence[float]) -> Fit:
+    """α and β of ``collective`` on ``p`` ranks from times measured at ``sizes`` (bytes).
+
+    The line ``t = a + b·n`` is fitted by :func:`fit_line`; :func:`line_to_fit` turns it into
+    α and β such that the cost model reproduces the fitted line.
+    """
+    return line_to_fit(collective, p, *fit_line(sizes, times))
+
+
+def line_to_fit(collective: str, p: int, a: float, b: float, knee: float = math.inf,
+                slope: float = 0.0) -> Fit:
+    """α = a/m and β = b/c, with ``(m, c)`` the model's terms (:func:`cost.collectives.terms`);
+    past ``knee`` bytes of message (c·knee bytes of byte terms), far β = slope/c."""
+    m, c = terms(collective, p)
+    if math.isfinite(knee):
+        return Fit(a / m, b / c, c * knee, slope / c)
+    return Fit(a / m, b / c)
+
+
+def communicator_sizes(world_size: int) -> dict[str, list[int]]:
+    """The communicator sizes p > 1 each collective meets on ``world_size`` ranks.
+
+    All-gather and reduce-scatter run over Pr, all-reduce over Pc and over the world (ΔW of
+    batch- and domain-parallel layers), all-to-all over the world, for every Pr·Pc = P; the halo
+    message is keyed by 2 whenever P > 1. Example: P = 4 gives allgather [2, 4], reduce_scatter
+    [2, 4], allreduce [2, 4], alltoall [4], halo [2]; P = 1 gives no sizes at all.
+    """
+    shapes = factorisations(world_size)
+    rows = sorted({pr for pr, _ in shapes if pr > 1})
+    cols = sorted({pc for _, pc in shapes if pc > 1} | ({world_size} - {1}))
+    world = [world_size] if world_size > 1 else []
+    return {"allgather": rows, "reduce_scatter": rows, "allreduce": cols, "alltoall": world,
+            "halo": [2] if world_size > 1 else []}
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m hpctrain calibrate",
+        description="Measure the latency (alpha) and inverse bandwidth (beta) of the all-gather, "
+                    "reduce-scatter, all-reduce, all-to-all and halo messages the training code "
+                    "sends, on every communicator size the planner can use at this number of "
+                    "processes, and the FLOP rate of one rank; write them as a machine profile. "
+                    "Launch with the process count and placement you will train with, e.g. "
+                    "'mpiexec -n 4 python -m hpctrain calibrate'.")
+    parser.add_argument("--out", default=str(local_profile()), metavar="PATH",
+                        help="profile to write, atomically (default: %(default)s, in "
+                             "$XDG_CONFIG_HOME/hpctrain or ~/.config/hpctrain: --machine local, "
+                             "which the planner reads when no machine is named)")
+    parser.add_argument("--name", default="local",
+                        help="name stored in the profile (default: %(default)s)")
+    parser.add_argument("--max-bytes", default=None, metavar="BYTES",
+                        help="largest message of each sweep, in bytes or with KiB/MiB/GiB; "
+                             "larger is more accurate for bandwidth and slower "
+                             f"(default: {DEFAULTS['max_bytes'] // 1024**2}MiB, "
+                             f"{QUICK['max_bytes'] // 1024}KiB with --quick)")
+    parser.add_argument("--far-bytes", default=None, metavar="BYTES",
+                        help="largest message of a second sweep past the caches, sizes "
+                             "doubling from 2x --max-bytes, where the bandwidth of large "
+                             "messages is fitted (a gradient of tens of MiB moves at it); 0 for "
+                             f"none (default: {DEFAULTS['far_bytes'] // 1024**2}MiB, none with "
+                             "--quick)")
+    parser.add_argument("--sizes", type=int, default=None, metavar="N",
+                        help=f"message sizes per sweep, log-spaced from {MIN_BYTES} bytes to "
+                             f"--max-bytes (default: {DEFAULTS['sizes']}, {QUICK['sizes']} with "
+                             f"--quick)")
+    parser.add_argument("--repeats", type=int, default=None, metavar="K",
+                        help=f"timed calls per size, median kept (default: "
+                             f"{DEFAULTS['repeats']}, {QUICK['repeats']} with --quick)")
+    parser.add_argument("--gemm-size", type=int, default=None, metavar="N",
+                        help=f"side of the square float32 GEMM timed for flops (default: "
+                             f"{DEFAULTS['gemm_size']} on cpu, {GPU_GEMM_SIZE} on gpu, "
+                             f"{QUICK['gemm_size']} with --quick)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="where the buffers and the GEMM live; on gpu, messages are staged "
+                             "through host memory exactly as in training unless "
+                             "HPCTRAIN_CUDA_AWARE_MPI=1 (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a rough profile in seconds: fewer, smaller sizes and repeats "
+                             "(explicit options still win)")
+    add_threads_option(parser)
+    return parser
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Checked calibrate options."""
+
+    out: Path
+    name: str
+    max_bytes: int
+    sizes: int
+    repeats: int
+    gemm_size: int
+    device: str
+    far_bytes: int = 0
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """Options with --quick and the device defaults applied; raises CalibrateError on bad ones."""
+    base = QUICK if args.quick else DEFAULTS
+    max_bytes = base["max_bytes"] if args.max_bytes is None else parse_bytes(args.max_bytes)
+    if not 1024 <= max_bytes <= 1024**3:
+        raise CalibrateError(f"--max-bytes {args.max_bytes} must be between 1KiB and 1GiB")
+    far_bytes = (base["far_bytes"] if args.far_bytes is None
+                 else parse_bytes(args.far_bytes, "--far-bytes"))
+    if not (far_bytes == 0 or 2 * max_bytes <= far_bytes <= 4 * 1024**3):
+        raise CalibrateError(f"--far-bytes {args.far_bytes} must be 0 or between twice "
+                             f"--max-bytes ({2 * max_bytes} bytes) and 4GiB")
+    sizes = base["sizes"] if args.sizes is None else args.sizes
+    if not 2 <= sizes <= 64:
+        raise CalibrateError(f"--sizes {sizes} must be between 2 and 64 (a line needs two "
+                             f"points)")
+    repeats = base["repeats"] if args.repeats is None else args.repeats
+    if not 1 <= repeats <= 10000:
+        raise CalibrateError(f"--repeats {repeats} must be between 1 and 10000")
+    gemm_size = args.gemm_size
+    if gemm_size is None:
+        gemm_size = base["gemm_size"] if args.quick or args.device == "cpu" else GPU_GEMM_SIZE
+    if not 16 <= gemm_size <= 32768:
+        raise CalibrateError(f"--gemm-size {gemm_size} must be between 16 and 32768")
+    # the name is written between double quotes in TOML: keep it to characters needing no escape
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", args.name):
+        raise CalibrateError(f"--name {args.name!r} must be letters, digits and _ . + - only")
+    return Settings(Path(args.out), args.name, max_bytes, sizes, repeats, gemm_size, args.device,
+                    far_bytes)
+
+
+def _unwritable(out: Path) -> str:
+    """Why rank 0 could not write ``out`` (empty when it can): checked before measuring."""
+    if out.is_dir():
+        return f"--out {out} is a directory; give a file path such as {out / 'local.toml'}"
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        return f"--out {out} is not a regular file; give the path of a new or a profile file"
+    if out.exists() and not is_saved_profile(out):
+        return (f"--out {out} exists and is not a profile hpctrain wrote; hpctrain replaces "
+                f"only files it wrote: give a new path, or move the file aside")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    problem = f"--out {out}: cannot create files in {parent}; give --out a writable path"
+    return "" if parent.is_dir() and can_create_in(parent) else problem
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+
+
+def _time_calls(world: Any, call: Callable[[], None], repeats: int, sync: Callable[[], None]
+                ) -> float:
+    """Median over ``repeats`` calls of the slowest rank's time of one call, in seconds.
+
+    Every rank of ``world`` must call this together, each with its own ``call``.
+    """
+    from mpi4py import MPI
+
+    for _ in range(WARMUP):
+        call()
+    sync()
+    world.Barrier()
+    times = np.empty(repeats)
+    for k in range(repeats):
+        start = time.perf_counter()
+        call()
+        sync()
+        times[k] = time.perf_counter() - start
+    world.Allreduce(MPI.IN_PLACE, times, MPI.MAX)
+    return float(np.median(times))
+
+
+def _benchmark(collective: str, comm: Any, backend: Any, n_bytes: int
+               ) -> tuple[int, Callable[[], None]]:
+    """The message size as the cost model counts it, and one call of ``collective`` on ``comm``.
+
+    Buffers go through ``backend.to_mpi``/``empty_mpi``/``from_mpi`` on every call, as in the
+    training primitives, so host staging on a GPU is part of the time.
+    """
+    from mpi4py import MPI
+
+    xp, be, p = backend.xp, backend, comm.Get_size()
+    if collective == "allgather":  # n = the gathered bytes, n/p from each rank
+        count = max(1, round(n_bytes / (ITEM * p)))
+        x = xp.ones(count, np.float32)
+
+        def call() -> None:
+            recv = be.empty_mpi((count * p,), np.float32)
+            comm.Allgatherv(be.to_mpi(x), [recv, [count] * p])
+            be.from_mpi(recv)
+
+        return ITEM * count * p, call
+    if collective == "reduce_scatter":  # n = the whole vector each rank contributes
+        count = max(1, round(n_bytes / (ITEM * p)))
+        x = xp.ones(count * p, np.float32)
+
+        def call() -> None:
+            recv = be.empty_mpi((count,), np.float32)
+            comm.Reduce_scatter(be.to_mpi(x), recv, [count] * p, MPI.SUM)
+            be.from_mpi(recv)
+
+        return ITEM * count * p, call
+    if collective == "allreduce":  # n = the vector summed in place
+        count = max(1, round(n_bytes / ITEM))
+        x = xp.zeros(count, np.float32)  # summed in place on every call: zeros stay finite
+
+        def call() -> None:
+            buf = be.to_mpi(x)
+            comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
+            be.from_mpi(buf)
+
+        return ITEM * count, call
+    if collective == "alltoall":  # n = the bytes each rank receives, from every other rank
+        count = max(1, round(n_bytes / (ITEM * (p - 1))))
+        me = comm.Get_rank()
+        counts = [0 if r == me else count for r in range(p)]
+        displs = [sum(counts[:r]) for r in range(p)]
+        x = xp.ones(count * (p - 1), np.float32)
+
+        def call() -> None:
+            recv = be.empty_mpi((count * (p - 1),), np.float32)
+            comm.Alltoallv([be.to_mpi(x), (counts, displs)], [recv, (counts, displs)])
+            be.from_mpi(recv)
+
+        return ITEM * count * (p - 1), call
+    if collective == "halo":  # n = one message; interior ranks exchange with both neighbours
+        count = max(1, round(n_bytes / ITEM))
+        me = comm.Get_rank()
+        peers = [r for r in (me - 1, me + 1) if 0 <= r < p]
+        x = xp.ones(count, np.float32)
+
+        def call() -> None:
+            recvs = [be.empty_mpi((count,), np.float32) for _ in peers]
+            requests = [comm.Irecv(buf, source=r, tag=21) for buf, r in zip(recvs, peers)]
+            sends = [be.to_mpi(x) for _ in peers]
+            requests += [comm.Isend(buf, dest=r, tag=21) for buf, r in zip(sends, peers)]
+            MPI.Request.Waitall(requests)
+            for buf in recvs:
+                be.from_mpi(buf)
+
+        return ITEM * count, call
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One collective on one communicator size: the sweep, its fit and how well it fits."""
+
+    collective: str
+    p: int
+    sizes: tuple[int, ...]
+    times: tuple[float, ...]
+    fit: Fit
+    residual: float
+    floored: bool = False  # a or b hit its floor: the times did not grow along a line
+
+
+def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, settings: Settings
+           ) -> Measured:
+    """Time ``collective`` on ``comm`` (this rank's group of size ``p``) at every message size:
+    a line fitted to the sweep up to --max-bytes, bent at a knee to fit the sweep beyond."""
+    sizes, times = [], []
+
+    def time_at(targets: list[int]) -> None:
+        for target in targets:
+            n_bytes, call = _benchmark(collective, comm, backend, target)
+            if n_bytes in sizes:  # rounding to whole elements per rank merged two sizes
+                continue
+            sizes.append(n_bytes)
+            times.append(_time_calls(world, call, settings.repeats, backend.sync))
+            del call  # a large message's buffers go before the next are made
+
+    time_at(message_sizes(settings.max_bytes, settings.sizes))
+    near = len(sizes)  # the line is fitted to these; the knee to those past them
+    time_at(far_sizes(settings.max_bytes, settings.far_bytes))
+    a, b = fit_line(sizes[:near], times[:near])
+    knee, slope = math.inf, 0.0
+    if near < len(sizes):
+        knee, slope = fit_knee(a, b, sizes[near:], times[near:], sizes[near - 1])
+    return Measured(collective, p, tuple(sizes), tuple(times),
+                    line_to_fit(collective, p, a, b, knee, slope),
+                    worst_residual(sizes, times, a, b, knee, slope),
+                    bool(a == MIN_A or b == MIN_B))
+
+
+def measure_flops(world: Any, backend: Any, size: int, repeats: int) -> float:
+    """FLOP/s of one rank on a ``size``² float32 GEMM, all ranks at once (2·size³ per call)."""
+    xp = backend.xp
+    a = xp.ones((size, size), np.float32)
+    b = xp.full((size, size), 0.5, np.float32)
+
+    def call() -> None:
+        a @ b
+
+    return 2.0 * size**3 / _time_calls(world, call, repeats, backend.sync)
+
+
+def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
+    """The share of an all-reduce's time that moves while the ranks compute, as training overlaps
+    it (``--overlap``): the profile's ``overlap``.
+
+    One bucket of the gradient reducer (:data:`~hpctrain.comm.gradients.BUCKET_BYTES`) on the
+    world, three ways: ``Iallreduce`` then ``Wait`` (t_c); k GEMMs of ``size``², k chosen so
+    they take about t_c (t_g); and the ``Iallreduce`` started, the GEMMs each followed by a
+    ``Test``, as the reducer tests between layers, then ``Wait`` (t_b). The share is
+    (t_c + t_g − t_b) / t_c, within [0, 1]: 0 where the sum moves only inside MPI calls, 1
+    where it moves entirely during the GEMMs. 0 on one rank, where nothing is sent.
+    """
+    from mpi4py import MPI
+
+    from hpctrain.comm.gradients import BUCKET_BYTES
+
+    if world.Get_size() == 1:
+        return 0.0
+    xp = backend.xp
+    buffer = xp.ones(BUCKET_BYTES // ITEM, np.float32)
+    a = xp.ones((size, size), np.float32)
+    b = xp.full((size, size), 0.5, np.float32)
+
+    def gemms(count: int, request: Any = None) -> None:
+        for _ in range(count):
+            a @ b
+            backend.sync()
+            if request is not None:
+                request.Test()
+
+    def alone() -> None:
+        world.Iallreduce(MPI.IN_PLACE, buffer, MPI.SUM).Wait()
+
+    sum_time = _time_calls(world, alone, repeats, backend.sync)
+    gemm_time = _time_calls(world, lambda: gemms(1), repeats, backend.sync)
+    count = world.allreduce(max(1, round(sum_time / gemm_time)), op=MPI.MAX)
+
+    def overlapped() -> None:
+        request = world.Iallreduce(MPI.IN_PLACE, buffer, MPI.SUM)
+        gemms(count, request)
+        request.Wait()
+
+    compute_time = _time_calls(world, lambda: gemms(count), repeats, backend.sync)
+    both_time = _time_calls(world, overlapped, repeats, backend.sync)
+    return min(1.0, max(0.0, (sum_time + compute_time - both_time) / sum_time))
+
+
+def measure(world: Any, backend: Any, settings: Settings) -> list[Measured]:
+    """Every (collective, p) of :func:`communicator_sizes`, on the real sub-communicators."""
+    from hpctrain.comm.grid import GridSet
+
+    size = world.Get_size()
+    wanted = communicator_sizes(size)
+    results = []
+    with GridSet(world) as grids:
+        for collective in ("allgather", "reduce_scatter"):
+            for pr in wanted[collective]:
+                comm = grids.get((pr, size // pr)).model_comm
+                results.append(_sweep(collective, pr, comm, world, backend, settings))
+        for pc in wanted["allreduce"]:
+            comm = world if pc == size else grids.get((size // pc, pc)).batch_comm
+            results.append(_sweep("allreduce", pc, comm, world, backend, settings))
+        for p in wanted["alltoall"]:
+            results.append(_sweep("alltoall", p, world, world, backend, settings))
+        if wanted["halo"]:
+            chain = grids.get((size, 1)).model_comm
+            results.append(_sweep("halo", 2, chain, world, backend, settings))
+    return results
+
+
+def format_table(results: Sequence[Measured], flops: float, device: str) -> str:
+    """The fits, one line per (collective, p), and the FLOP rate."""
+    lines = [f"{'collective':<15}{'p':>3}{'alpha (us)':>13}{'1/beta (GB/s)':>15}"
+             f"{'knee (MiB)':>12}{'past it (GB/s)':>16}{'worst resid':>13}"]
+    for m in results:
+        far = (f"{m.fit.knee / 2**20:>12.3g}{1 / m.fit.far_beta / 1e9:>16.3f}"
+               if math.isfinite(m.fit.knee) else f"{'-':>12}{'-':>16}")
+        lines.append(f"{m.collective:<15}{m.p:>3}{m.fit.alpha * 1e6:>13.2f}"
+                     f"{1 / m.fit.beta / 1e9:>15.3f}{far}{m.residual:>13.1%}"
+                     f"{' *' * m.floored}")
+    if not results:
+        lines.append("(one rank: no messages to time)")
+    if any(m.floored for m in results):
+        lines.append("* alpha or beta held at its floor: the times did not follow a line "
+                     "(a noisy machine?); rerun, or raise --repeats")
+    lines.append(f"flops: {flops / 1e9:.1f} GFLOP/s per rank (float32 GEMM, {device})")
+    return "\n".join(lines)
+
+
+def run(argv: list[str], comm: Any) -> int:
+    """Parse ``argv``, calibrate on every rank of ``comm``, write the profile from rank 0.
+
+    Returns 0. Raises :class:`CalibrateError` (a :class:`UserError`) on every rank for a bad
+    option, before any message is timed.
+    """
+    from hpctrain.comm.agree import on_root
+    from hpctrain.device.backend import make_backend
+    from hpctrain.device.threads import configure_threads
+
+    args = build_parser().parse_args(argv)
+    settings = _settings(args)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    # only rank 0 writes, so only its view of the file system counts; share its verdict so every
+    # rank raises the same error together
+    problem = comm.bcast(_unwritable(settings.out) if rank == 0 else None, root=0)
+    if problem:
+        raise CalibrateError(problem)
+    threads = configure_threads(comm, args.threads)  # the GEMM rate is per rank at these threads
+    backend = make_backend(settings.device, "float32", comm)
+    started = time.perf_counter()
+    results = measure(comm, backend, settings)
+    flops = measure_flops(comm, backend, settings.gemm_size, settings.repeats)
+    overlap = measure_overlap(comm, backend, OVERLAP_GEMM_SIZE, settings.repeats)
+    elapsed = time.perf_counter() - started
+    fits: dict[str, dict[int, Fit]] = {}
+    for m in results:
+        fits.setdefault(m.collective, {})[m.p] = m.fit
+    halo = fits.get("halo", {}).get(2, Fit(DEFAULT_ALPHA, DEFAULT_BETA))
+    machine = Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits,
+                      threads=threads.threads, overlap=round(overlap, 2))
+    command = " ".join(["python -m hpctrain calibrate", *argv])
+    far = far_sizes(settings.max_bytes, settings.far_bytes)
+    far_note = f", {len(far)} up to {far[-1]} B past a knee" if far else ""
+    comment = f"written by '{command}' on {size} processes\n"
+    comment += (f"on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{settings.sizes} sizes from {MIN_BYTES} B to {settings.max_bytes} B"
+                f"{far_note}, median of {settings.repeats} calls, GEMM {settings.gemm_size}")
+    # rank 0 writes; a failed write (OutputError) is raised on every rank
+    on_root(comm, lambda: save_machine(machine, settings.out, comment))
+    if rank == 0:
+        print(f"threads: {threads.describe()}")
+        print(format_table(results, flops, settings.device))
+        print(f"overlap: {machine.overlap:.2f} of a gradient sum in flight moves while the "
+              f"ranks compute (used with --overlap)")
+        print(f"calibrated {size} rank{'s' if size > 1 else ''} in {elapsed:.1f} s; wrote "
+              f"{settings.out}", flush=True)
+    comm.Barrier()  # on return the profile exists for every rank that shares rank 0's files
+    return 0

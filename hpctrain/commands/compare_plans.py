@@ -1,0 +1,224 @@
+"""``python -m hpctrain compare-plans``: run several plans, predicted against measured.
+
+Launched on P ranks. For each plan — the planner's (auto), pure batch, every uniform R×C grid,
+convolutions batch-parallel with the fully connected layers on each grid, and domain-parallel
+convolutions — it predicts the iteration with the cost model, trains a few steps, and measures.
+It reports each plan's predicted and measured iteration time, where the auto plan ranks among the
+measured plans, and for the auto plan the per-layer communication, predicted against measured.
+
+Both sides see the machine in one state. The compute times of the prediction are timed at the
+start of the run, not read from the cache (on a shared 2-core machine one plan's step varied by
+a third over half an hour, so a cached timing from another hour priced every plan 20-40 % fast).
+And the plans are trained in turn, ``--rounds`` times, each measured as the median round, so a
+slow minute falls on every plan instead of on whichever ran in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpctrain.commands.flags import (
+    add_net_options,
+    add_overlap_option,
+    add_planning_options,
+    add_threads_option,
+)
+from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.model.net import NetSpec, load_net
+from hpctrain.plan.planner import PlannedNetwork, predict
+from hpctrain.plan.plans import plan_from_spec
+from hpctrain.record.runlog import communication, measured_fields, predicted_fields
+from hpctrain.record.timing import StepTimes
+
+
+def default_specs(procs: int) -> list[str]:
+    """auto, 1xP, every RxC, conv=1xP,fc=RxC and conv=domain:RxC,fc=RxC for R > 1."""
+    grids = [f"{r}x{c}" for r, c in factorisations(procs)]
+    specs = ["auto", *grids]
+    specs += [f"conv=1x{procs},fc={g}" for g in grids[1:]]
+    specs += [f"conv=domain:{g},fc={g}" for g in grids[1:]]
+    return specs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m hpctrain compare-plans",
+        description="Train a few steps under each of several plans (launched on P ranks) and "
+                    "report predicted against measured iteration time, where the auto plan "
+                    "ranks, and the auto plan's per-layer communication, predicted and measured.")
+    add_net_options(parser)
+    parser.add_argument("--batch", type=int, default=16, help="global mini-batch (default: 16)")
+    parser.add_argument("--steps", type=int, default=5,
+                        help="steps per plan; the first is a warm-up (default: 5)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="train every plan in turn this many times and keep each plan's "
+                             "median round, so that a slow moment of the machine falls on all "
+                             "plans alike (default: %(default)s)")
+    parser.add_argument("--plan", action="append", default=None, dest="plans",
+                        help="a --grid value to compare (repeat the flag); default: auto, every "
+                             "RxC, conv=1xP,fc=RxC and conv=domain:RxC,fc=RxC")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="NumPy or CuPy (default: %(default)s)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="compute precision (default: %(default)s)")
+    parser.add_argument("--log", default=None, help="write every plan's timings to this HDF5")
+    add_threads_option(parser)
+    add_overlap_option(parser)
+    add_planning_options(parser)
+    return parser
+
+
+@dataclass
+class Outcome:
+    spec: str
+    planned: PlannedNetwork
+    measured_iteration: float
+    layer_times: StepTimes  # the slowest rank's
+    fastest_rank: StepTimes  # the fastest rank's
+
+    @property
+    def error(self) -> float:
+        return self.planned.iteration_time / self.measured_iteration - 1
+
+
+def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm) -> Outcome:
+    from hpctrain.run.loop import TrainConfig, train
+
+    config = TrainConfig(args.batch, args.steps, 0.001, 0.9, 5e-4, 0, args.steps,
+                         overlap=args.overlap)
+    result = train(net, planned.plans, config, backend, comm, out=lambda *_: None)
+    return Outcome("", planned, result.iteration, result.layer_times, result.fastest_rank_times)
+
+
+def compare(args, comm) -> list[Outcome]:
+    from hpctrain.comm.agree import agreed
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.device.backend import make_backend
+    from hpctrain.device.threads import configure_threads
+    from hpctrain.plan.pricing import build_cost_model
+
+    net = agreed(comm, lambda: load_net(args.net, args.image_size))
+    if args.steps < 2:
+        raise UserError(f"--steps {args.steps} must be at least 2 (the first is a warm-up)")
+    if not 1 <= args.rounds <= 100:
+        raise UserError(f"--rounds {args.rounds} must be between 1 and 100")
+    procs, rank = comm.Get_size(), comm.Get_rank()
+    threads = configure_threads(comm, args.threads)
+    if rank == 0:
+        print(f"threads: {threads.describe()}", flush=True)
+    backend = make_backend(args.device, args.dtype, comm)
+    machine = agreed(comm, lambda: load_machine(args.machine))
+    model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
+                             threads, args.overlap, cached=False)
+    plans = []
+    for spec in args.plans or default_specs(procs):
+        try:
+            plan = None if spec == "auto" else plan_from_spec(spec, net, procs)
+            plans.append((spec, predict(model, plan, args.mem_per_rank)))
+        except SplitError as err:  # a plan this net cannot run here; the same on every rank
+            if rank == 0:
+                print(f"{spec:<28} skipped: {err}", flush=True)
+    rounds: list[list[Outcome]] = [[] for _ in plans]
+    for k in range(args.rounds):
+        for (spec, planned), runs in zip(plans, rounds, strict=True):
+            outcome = _run(net, planned, args, backend, comm)
+            outcome.spec = spec
+            runs.append(outcome)
+            if rank == 0:
+                print(f"{spec:<28} round {k + 1}: predicted {planned.iteration_time * 1e3:9.2f} "
+                      f"ms  measured {outcome.measured_iteration * 1e3:9.2f} ms  "
+                      f"({outcome.error:+.1%})", flush=True)
+    return [median_round(runs) for runs in rounds]
+
+
+def median_round(runs: list[Outcome]) -> Outcome:
+    """The round whose iteration time is the median (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda o: o.measured_iteration)[(len(runs) - 1) // 2]
+
+
+def report(outcomes: list[Outcome]) -> str:
+    """Ranking by measured time, and the auto plan's per-layer communication."""
+    fastest = min(o.measured_iteration for o in outcomes)
+    order = sorted(outcomes, key=lambda o: o.measured_iteration)
+    by_prediction = sorted(outcomes, key=lambda o: o.planned.iteration_time)
+    lines = [f"{'plan':<28} {'predicted ms':>13} {'measured ms':>12} {'error':>7} "
+             f"{'measured rank':>14} {'predicted rank':>15}"]
+    for o in order:
+        lines.append(f"{o.spec:<28} {o.planned.iteration_time * 1e3:>13.2f} "
+                     f"{o.measured_iteration * 1e3:>12.2f} {o.error:>+7.1%} "
+                     f"{order.index(o) + 1:>14} {by_prediction.index(o) + 1:>15}")
+    errors = [abs(o.error) for o in outcomes]
+    lines.append(f"iteration prediction error: median {np.median(errors):.1%}, largest "
+                 f"{max(errors):.1%} over {len(outcomes)} plans (each its median round)")
+    auto = next((o for o in outcomes if o.spec == "auto"), None)
+    if auto is None:
+        return "\n".join(lines)
+    lines.append(f"auto plan: measured rank {order.index(auto) + 1} of {len(outcomes)}, "
+                 f"{auto.measured_iteration / fastest - 1:+.1%} from the fastest measured "
+                 f"({order[0].spec})")
+    lines.append(layer_comm_table(auto))
+    return "\n".join(lines)
+
+
+def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
+    """Per layer: communication + redistribution, predicted against measured (ms).
+
+    Measured is the fastest rank's time inside the communication: the last rank to reach a
+    collective waits for no one, so its time is the transfer the α–β model predicts.
+    """
+    names = [c.layer for c in outcome.planned.layers] + ["loss"]
+    predicted = communication(predicted_fields(outcome.planned))
+    measured = communication(measured_fields(outcome.fastest_rank))
+    lines = [f"per-layer communication of the auto plan (own + redistribution, both "
+             f"directions, fastest rank; layers under {floor * 1e3:g} ms both ways left out)",
+             f"{'layer':<10} {'predicted ms':>13} {'measured ms':>12} {'error':>7}"]
+    errors = []
+    for name, p, m in zip(names, predicted, measured, strict=True):
+        if max(p, m) < floor:
+            continue
+        error = p / m - 1 if m > 0 else math.inf
+        errors.append(abs(error))
+        lines.append(f"{name:<10} {p * 1e3:>13.3f} {m * 1e3:>12.3f} {error:>+7.1%}")
+    if errors:
+        lines.append(f"per-layer communication error: median {np.median(errors):.1%}, "
+                     f"largest {max(errors):.1%}")
+    return "\n".join(lines)
+
+
+def write_log(path: Path, outcomes: list[Outcome], args, procs: int) -> None:
+    from hpctrain.record.runlog import write_hdf5, write_timings
+
+    def fill(h5) -> None:
+        h5.attrs["processes"] = procs
+        h5.attrs["net"] = args.net
+        h5.attrs["batch"] = args.batch
+        h5.attrs["steps"] = args.steps
+        h5.attrs["rounds"] = args.rounds
+        for k, o in enumerate(outcomes):
+            group = h5.create_group(f"plans/{k:02d}")
+            group.attrs["spec"] = o.spec
+            group.attrs["plan"] = "\n".join(p.describe() for p in o.planned.plans)
+            write_timings(group, o.planned, o.layer_times, o.fastest_rank, o.measured_iteration)
+
+    write_hdf5(path, fill)
+
+
+def run(argv: list[str], comm) -> int:
+    args = build_parser().parse_args(argv)
+    if args.batch < 1:
+        raise UserError(f"--batch {args.batch} must be at least 1")
+    outcomes = compare(args, comm)
+    if not outcomes:
+        raise UserError("no plan could run; check --batch and the process count")
+    if comm.Get_rank() == 0:
+        print(report(outcomes), flush=True)
+        if args.log:
+            write_log(Path(args.log), outcomes, args, comm.Get_size())
+            print(f"timings written to {args.log}")
+    return 0

@@ -1,0 +1,95 @@
+"""Command-line options that several commands share, spelled and documented once."""
+
+from __future__ import annotations
+
+import argparse
+
+from hpctrain.io.seeds import parse_seed
+from hpctrain.io.units import bytes_from
+
+
+def parse_size(text: str) -> float:
+    """Bytes from '512M', '2G', '1.5GiB' or a plain byte count (K/M/G/T are powers of 1024)."""
+    size = bytes_from(text)
+    if not size:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a memory size; write e.g. 512M or 2G")
+    return size
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1, for counts such as --threads."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number of at least 1")
+    return value
+
+
+def add_net_options(parser: argparse.ArgumentParser, image_size: bool = True) -> None:
+    """--net and (unless told not to) --image-size."""
+    from hpctrain.model.net import available_nets
+
+    parser.add_argument("--net", default="alexnet",
+                        help=f"shipped net ({', '.join(available_nets())}) or a .net file "
+                             f"(default: %(default)s)")
+    if image_size:
+        parser.add_argument("--image-size", type=int, default=None,
+                            help="input height and width, overriding the net's")
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """--threads: BLAS/OpenMP threads per rank (see :mod:`hpctrain.device.threads`)."""
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="BLAS/OpenMP threads per rank (default: an explicit "
+                             "OMP_NUM_THREADS, else the CPUs of the rank's affinity mask when "
+                             "bound, else SLURM_CPUS_PER_TASK, else the node's CPUs / ranks on "
+                             "the node; at least 1)")
+
+
+def add_overlap_option(parser: argparse.ArgumentParser) -> None:
+    """--overlap: gradient sums in flight during the backward (see hpctrain.comm.gradients)."""
+    parser.add_argument("--overlap", action="store_true",
+                        help="sum parameter gradients with non-blocking all-reduces in 1 MiB "
+                             "buckets while the backward goes on; pays where the network "
+                             "moves data by itself (RDMA) or a core is spare for "
+                             "MPICH_ASYNC_PROGRESS=1; the same numbers either way; the "
+                             "planner then counts as hidden the share of the sums that the "
+                             "machine profile's 'overlap' says the network moves by itself "
+                             "(default: one blocking all-reduce per layer as soon as it is "
+                             "ready)")
+
+
+def add_planning_options(parser: argparse.ArgumentParser) -> None:
+    """--machine, --mem-per-rank and --compute: the cost model behind --grid auto."""
+    from hpctrain.cost.machine import available_machines
+    from hpctrain.plan.pricing import COMPUTE_SOURCES
+
+    parser.add_argument("--machine", default=None,
+                        help=f"machine profile for the cost model: "
+                             f"{', '.join(available_machines())} or a .toml path "
+                             f"(default: local when calibrated, else default)")
+    parser.add_argument("--mem-per-rank", type=parse_size, default=None,
+                        help="memory cap per rank for --grid auto, e.g. 2G (default: none)")
+    parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
+                        help="compute times for the cost model: measured on this device, or "
+                             "FLOPs / the profile's rate; auto measures on this machine's own "
+                             "profile and uses FLOPs for another machine's (default: auto)")
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """What every command that runs a network under a plan takes: the net, the grid, the
+    device, the seed and the threads per rank."""
+    add_net_options(parser)
+    parser.add_argument("--grid", default=None,
+                        help="auto (the planner picks each layer's mode and grid), RxC (every "
+                             "layer on R model x C batch ranks), conv=SPEC,fc=SPEC with SPEC = "
+                             "RxC or domain:RxC, or a plan file (default: 1xP, pure batch)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="NumPy on the CPU or CuPy on a GPU; each rank uses GPU "
+                             "local_rank %% n_gpus (default: %(default)s)")
+    parser.add_argument("--seed", type=parse_seed, default=None,
+                        help="seed of weights, data order, dropout: an integer in [0, 2**63) "
+                             "(default: 0, or the checkpoint's when resuming)")
+    add_threads_option(parser)

@@ -1,0 +1,78 @@
+"""``python -m hpctrain plan``: the plan of least predicted time for P processes, printed
+without launching MPI (measured compute runs on this process alone)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hpctrain.commands.flags import (
+    add_net_options,
+    add_overlap_option,
+    add_planning_options,
+    add_threads_option,
+)
+from hpctrain.errors import ArgumentParser, UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m hpctrain plan",
+        description="Print the plan of least predicted iteration time for P processes, without "
+                    "launching MPI: each layer's mode and Pr x Pc grid, predicted compute, "
+                    "communication, redistribution and memory per rank.")
+    add_net_options(parser)
+    parser.add_argument("--procs", type=int, required=True, help="number of processes P")
+    parser.add_argument("--batch", type=int, required=True, help="global mini-batch B")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="training precision: bytes moved and kernels timed "
+                             "(default: %(default)s)")
+    parser.add_argument("--out", default=None, help="also write the plan file here")
+    add_threads_option(parser)
+    add_planning_options(parser)
+    add_overlap_option(parser)
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    import numpy as np
+
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.device.backend import DTYPES, Backend
+    from hpctrain.io.files import check_directory, check_output
+    from hpctrain.io.textfile import existing_file
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.planner import format_plan, plan_network
+    from hpctrain.plan.plans import is_plan_file
+    from hpctrain.plan.pricing import build_cost_model, compute_source
+
+    args = build_parser().parse_args(argv)
+    for flag in ("procs", "batch"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
+    net = load_net(args.net, args.image_size)
+    if args.out:  # before the planner measures anything
+        check_directory(Path(args.out).parent, "--out")
+        check_output(Path(args.out), "--out", is_plan_file, "an hpctrain plan file",
+                     [("--net", net_file)] if (net_file := existing_file(args.net)) else [])
+    machine = load_machine(args.machine)
+    backend = Backend(np, DTYPES[args.dtype])
+    source = compute_source(machine, args.compute)
+    threads = None
+    if source == "measured":  # the thread set-up matters only to kernels timed here
+        from hpctrain.device.threads import configure_threads
+
+        threads = configure_threads(None, args.threads)
+    model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
+                             threads=threads, overlap=args.overlap)
+    planned = plan_network(model, args.mem_per_rank)
+    print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
+          f"{machine.name} (alpha {machine.alpha * 1e6:.3g} us, 1/beta "
+          f"{1 / machine.beta / 1e9:.3g} GB/s), compute {source}"
+          + (f" with {threads.describe()}" if threads else ""))
+    print(format_plan(planned))
+    if args.out:
+        from hpctrain.commands.setup import write_plan_file  # its MPI helpers: only to write a file
+
+        write_plan_file(args.out, net, planned, args.procs, args.batch, machine.name)
+    return 0

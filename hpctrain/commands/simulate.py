@@ -1,0 +1,625 @@
+"""``python -m hpctrain simulate``: the paper's Section 3 study from the cost model, to HDF5.
+
+Gholami et al. (SPAA 2018, Sec. 3) predict the communication time per epoch of AlexNet on Cori
+for every Pr×Pc grid of P processes and show that the best grid is rarely pure batch (1×P) or
+pure model (P×1) parallelism. This module recomputes that study from the α–β model, with no MPI
+and nothing run, and adds what the implementation's planner would choose. Three studies:
+
+- ``strong``: B = 2048 (``--strong-batch``), P = 8, 16, …, 512;
+- ``weak``: B = 16·P (``--weak-batch-per-rank``), P = 8, …, 512: every rank keeps 16 samples,
+  the local batch at which the paper's strong-scaling study ends (2048 / 128);
+- ``domain``: B = 512 (``--domain-batch``), P = 512, 1024, 2048, 4096: beyond P = B pure batch
+  parallelism has less than one sample per rank, and splitting the image height (domain
+  parallelism, Eq. 9) is what lets the convolutions use more processes.
+
+Each row is one (P, strategy, Pr, Pc), for every factorisation with Pc ≤ B, under the paper's
+equations (:func:`hpctrain.plan.paper.strategy_comm`): ``1.5d`` (every layer on Pr×Pc),
+``conv-batch`` (convolutions batch parallel over all P, fully connected layers 1.5D on Pr×Pc)
+and, in the domain study, ``integrated`` (convolutions domain parallel on Pr×Pc, fully
+connected layers 1.5D). Compute per epoch follows the paper's perfect-scaling assumption: the
+forward and backward FLOPs of one iteration at batch B (whole-batch kernels, FLOP-rate model),
+divided evenly over P ranks, at the machine's FLOP rate, times B-sized iterations per epoch
+(images / B, kept fractional as the paper does).
+
+Per (B, P) the study also records the plan :func:`hpctrain.plan.planner.plan_network` chooses and
+two baselines, all three costed by the implementation-faithful model (:mod:`hpctrain.plan.pricing`:
+reduce-scatter as the adjoint of the all-gather, the all-gather deferred past pooling,
+redistribution between layouts, batch norm's statistics, compute at the largest local block,
+the optimizer's update of each rank's weight shard), so their times are not the paper's numbers
+and are stored apart, one group each:
+
+- ``auto``: the planner's plan, exact over every layer's (mode, Pr×Pc);
+- ``pure_batch``: every weighted layer batch parallel on 1×P;
+- ``weird_trick``: Krizhevsky's "one weird trick" (2014): convolutions batch parallel on 1×P,
+  the fully connected layers model parallel on P×1.
+
+With ``--overlap`` the three are costed as a run with gradient sums in flight: the machine
+profile's ``overlap`` share of each sum hides behind the backward below it
+(:meth:`hpctrain.plan.planner.PlannedNetwork.hidden_sums`, stored per epoch as
+``hidden_per_epoch``).
+
+Both baselines are in the planner's search space, so ``auto`` is never predicted slower;
+with ``--overlap`` the planner brackets the optimum rather than finding it (see
+:func:`~hpctrain.plan.planner.plan_network`), so a baseline could in principle come out faster by
+at most ``auto``'s distance from the planner's lower bound. A
+baseline that cannot run at a point (pure batch with P > B leaves ranks without a sample) is
+stored as ``runnable`` false with NaN times and the reason as its plan. For each paper row the
+same model's time of the same layout is stored too (``impl_total_per_epoch``), with
+``runnable`` saying whether hpctrain can execute the layout at all (the paper's equations ignore
+that 128 ranks cannot split 64 channels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hpctrain.cost.compute import FlopModel
+from hpctrain.cost.machine import Machine, load_machine
+from hpctrain.errors import ArgumentParser, UserError, shown
+from hpctrain.io.locations import checkout_root
+from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.net import NetSpec, load_net
+from hpctrain.plan.paper import strategy_comm
+from hpctrain.plan.planner import (
+    PlannedNetwork,
+    PlannerError,
+    evaluate,
+    iteration_flops,
+    plan_network,
+)
+from hpctrain.plan.pricing import Choice, CostModel
+from hpctrain.record import runlog
+
+STRONG_PROCS = (8, 16, 32, 64, 128, 256, 512)
+WEAK_PROCS = STRONG_PROCS
+DOMAIN_PROCS = (512, 1024, 2048, 4096)
+STUDY_STRATEGIES = {"strong": ("1.5d", "conv-batch"), "weak": ("1.5d", "conv-batch"),
+                    "domain": ("integrated", "conv-batch", "1.5d")}
+AUTO_NOTE = ("auto: the plan of hpctrain.plan.planner.plan_network, costed by the implementation-"
+             "faithful model (reduce-scatter adjoint of the all-gather, deferred all-gather, "
+             "redistribution between layouts, compute at the largest local block, the "
+             "optimizer's update of each rank's weight shard); not the "
+             "paper's equations, so compare it with the rows' impl_total_per_epoch, not with "
+             "their total_per_epoch")
+# the implementation model's plans at every (B, P), one HDF5 group each, and what each is
+PLANS = {
+    "auto": AUTO_NOTE,
+    "pure_batch": "pure batch parallelism: every conv and linear layer batch parallel on 1xP",
+    "weird_trick": "one weird trick (Krizhevsky 2014): convolutions batch parallel on 1xP, "
+                   "fully connected layers model parallel on Px1",
+}
+PLAN_COLUMNS = ("per P: runnable (false: NaN times, plan says why), iteration_time (s), "
+                "per-epoch total = compute + comm, comm = layer_comm (inside layers: weight "
+                "gradients, halos, batch norm statistics) + redistribution (between layouts), "
+                "plan (every weighted layer's mode and grid), plan_summary (per kind and "
+                "kernel: how many layers chose each mode and grid)")
+
+
+@dataclass
+class Study:
+    """One study's rows (one per P, strategy, Pr, Pc), per-P summaries and attributes."""
+
+    name: str
+    description: str
+    rows: dict[str, list] = field(default_factory=dict)
+    best: dict[str, list] = field(default_factory=dict)
+    plans: dict[str, dict[str, list]] = field(default_factory=lambda: {n: {} for n in PLANS})
+    attrs: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def auto(self) -> dict[str, list]:
+        return self.plans["auto"]
+
+    def add(self, table: dict[str, list], **values: object) -> None:
+        for key, value in values.items():
+            table.setdefault(key, []).append(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    net: NetSpec
+    machine: Machine
+    images: int
+    word_bytes: int
+    strong_batch: int
+    weak_batch_per_rank: int
+    domain_batch: int
+    overlap: bool = False  # the implementation model's plans with gradient sums in flight
+
+
+# -- command line -----------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from hpctrain.commands.flags import add_net_options
+
+    parser = ArgumentParser(
+        prog="python -m hpctrain simulate",
+        description="Predict communication and total time per epoch of a net for every Pr x Pc "
+                    "grid under the paper's equations (Gholami et al., SPAA 2018, Sec. 3): "
+                    "strong scaling (B = 2048, P = 8..512), weak scaling (B = 16 P) and domain "
+                    "parallelism beyond P = B (B = 512, P = 512..4096), with the planner's "
+                    "auto plan at every point. Pure cost model: no MPI, runs in seconds. "
+                    "Writes one HDF5 file; --plots also draws the figures.")
+    add_net_options(parser, image_size=False)
+    parser.add_argument("--machine", default="cori-knl",
+                        help="machine profile by name or TOML path: alpha, beta and the FLOP "
+                             "rate of one rank (default: %(default)s, the paper's Table 1)")
+    parser.add_argument("--images", default="1200000",
+                        help="images per epoch; an epoch is images/B iterations "
+                             "(default: %(default)s, ImageNet)")
+    parser.add_argument("--word-bytes", default="4",
+                        help="bytes per activation and weight entry (default: %(default)s)")
+    parser.add_argument("--strong-batch", default="2048",
+                        help="global batch of the strong-scaling study (default: %(default)s)")
+    parser.add_argument("--weak-batch-per-rank", default="16",
+                        help="samples per rank in the weak-scaling study, B = this x P "
+                             "(default: %(default)s)")
+    parser.add_argument("--domain-batch", default="512",
+                        help="global batch of the domain study, P = 512..4096 "
+                             "(default: %(default)s)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="cost the implementation model's plans (auto and the baselines) "
+                             "with gradient sums in flight, as a run with --overlap: the "
+                             "machine profile's 'overlap' share of each sum hides behind the "
+                             "backward below it (the paper's rows count every sum, as its "
+                             "equations do; cori-knl's share is 0: nothing hides until a "
+                             "profile says so)")
+    parser.add_argument("--out", default="runs/simulation.h5",
+                        help="HDF5 file to write, atomically (default: %(default)s)")
+    parser.add_argument("--plots", default=None, metavar="DIR",
+                        help="also draw the PNG figures into DIR "
+                             "(analysis/plot_simulation.py of a source checkout; needs "
+                             "matplotlib)")
+    return parser
+
+
+def _positive_int(text: str, flag: str) -> int:
+    """``text`` as an integer ≥ 1, accepting 1_200_000 and 1.2e6 when they are whole."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise UserError(f"{flag} {shown(text)} is not a number; give a positive integer"
+                        ) from None
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        raise UserError(f"{flag} {shown(text, quoted=False)} must be a positive integer")
+    return int(value)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings(load_net(args.net), load_machine(args.machine),
+                    _positive_int(args.images, "--images"),
+                    _positive_int(args.word_bytes, "--word-bytes"),
+                    _positive_int(args.strong_batch, "--strong-batch"),
+                    _positive_int(args.weak_batch_per_rank, "--weak-batch-per-rank"),
+                    _positive_int(args.domain_batch, "--domain-batch"), args.overlap)
+
+
+# -- the model pieces ---------------------------------------------------------------------------
+
+class _Compute:
+    """Forward and backward seconds of one iteration's kernels at the whole batch on one rank,
+    per batch size (cached): the paper's compute, without the optimizer's update, which the
+    implementation model adds per weight shard."""
+
+    def __init__(self, net: NetSpec, flops: FlopModel) -> None:
+        self.net, self.flops = net, flops
+        self.known: dict[int, float] = {}
+
+    def iteration(self, batch: int) -> float:
+        if batch not in self.known:
+            self.known[batch] = iteration_flops(self.net, batch) / self.flops.rate
+        return self.known[batch]
+
+
+def strategy_choices(model: CostModel, strategy: str, grid: tuple[int, int]) -> list[Choice]:
+    """The implementation's per-segment choices that lay a paper strategy out on ``grid``."""
+    pr, pc = grid
+    whole = Choice("batch", (1, model.procs))
+    split = Choice("model", grid) if pr > 1 else whole
+    choices = []
+    for segment in model.segments:
+        if "domain" not in KINDS[model.net.layers[segment[0]].kind].modes:
+            choices.append(split)
+        elif strategy == "conv-batch":
+            choices.append(whole)
+        elif strategy == "integrated":
+            choices.append(Choice("domain", grid) if pr > 1 else whole)
+        else:
+            choices.append(split)
+    return choices
+
+
+def pure_batch_choices(model: CostModel) -> list[Choice]:
+    """Every weighted layer batch parallel on 1×P: the paper's 1.5D strategy on its 1×P grid."""
+    return strategy_choices(model, "1.5d", (1, model.procs))
+
+
+def weird_trick_choices(model: CostModel) -> list[Choice]:
+    """Krizhevsky's "one weird trick" (2014): convolutions batch parallel on 1×P, the fully
+    connected layers model parallel on P×1, i.e. the paper's conv-batch strategy on P×1."""
+    return strategy_choices(model, "conv-batch", (model.procs, 1))
+
+
+BASELINES = {"pure_batch": pure_batch_choices, "weird_trick": weird_trick_choices}
+# the auto group's column of its speedup over each baseline (speedup_over_batch kept from
+# before the one weird trick was added)
+SPEEDUP_OVER = {"pure_batch": "speedup_over_batch", "weird_trick": "speedup_over_weird_trick"}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One plan at one (B, P) under the implementation model: its costs, or why it has none."""
+
+    planned: PlannedNetwork | None
+    why_not: str = ""
+
+
+def cost_choices(model: CostModel, choices: list[Choice]) -> Outcome:
+    """:func:`~hpctrain.plan.planner.evaluate` of ``choices``, or the first segment's reason it
+    cannot run."""
+    try:
+        return Outcome(evaluate(model, choices))
+    except SplitError as err:
+        return Outcome(None, str(err))
+
+
+def describe_plan(planned: PlannedNetwork) -> str:
+    """``conv1=batch 1x512, conv2=model 2x256, …``: every weighted layer's mode and grid."""
+    return ", ".join(f"{p.layer}={p.describe()}" for p in planned.plans if p.mode != "follow")
+
+
+def summarise_plan(net: NetSpec, planned: PlannedNetwork) -> str:
+    """How many weighted layers of each kind (convolutions per kernel shape, since a 1×1
+    kernel needs no halo) chose each mode and grid, e.g. ``conv 1x1: 30 domain 8x512, 6 model
+    8x512; conv 3x3: 16 domain 8x512; linear: 1 model 8x512``."""
+    counts: dict[str, dict[str, int]] = {}
+    for spec, plan in zip(net.layers, planned.plans, strict=True):
+        if plan.mode == "follow":
+            continue
+        kernel = getattr(spec.options, "kernel", None)
+        group = spec.kind if kernel is None else f"{spec.kind} {kernel[0]}x{kernel[1]}"
+        chosen = counts.setdefault(group, {})
+        chosen[plan.describe()] = chosen.get(plan.describe(), 0) + 1
+    return "; ".join(f"{group}: " + ", ".join(f"{n} {what}" for what, n in sorted(
+        chosen.items(), key=lambda item: -item[1])) for group, chosen in counts.items())
+
+
+class ImplementationPlans:
+    """The implementation model and its three plans per (B, P), each built once: the weak
+    study's P = 128 is the strong study's point, and the domain study's batch limit P = B is
+    usually its first point."""
+
+    def __init__(self, settings: Settings, flops: FlopModel) -> None:
+        self.settings, self.flops = settings, flops
+        self.models: dict[tuple[int, int], CostModel] = {}
+        self.outcomes: dict[tuple[int, int, str], Outcome] = {}
+        self._costed: dict[tuple[int, int, tuple[Choice, ...]], Outcome] = {}
+
+    def model(self, batch: int, procs: int) -> CostModel:
+        if (batch, procs) not in self.models:
+            s = self.settings
+            self.models[batch, procs] = CostModel(s.net, batch, procs, s.machine, self.flops,
+                                                  s.word_bytes, s.overlap)
+        return self.models[batch, procs]
+
+    def cost(self, batch: int, procs: int, choices: list[Choice]) -> Outcome:
+        """:func:`cost_choices` at (``batch``, ``procs``), once per distinct plan: a study's
+        rows, the baselines and other strategies' 1×P rows name the same plans again."""
+        key = (batch, procs, tuple(choices))
+        if key not in self._costed:
+            self._costed[key] = cost_choices(self.model(batch, procs), choices)
+        return self._costed[key]
+
+    def outcome(self, batch: int, procs: int, name: str) -> Outcome:
+        """The plan ``name`` (a key of :data:`PLANS`) at (``batch``, ``procs``)."""
+        key = (batch, procs, name)
+        if key not in self.outcomes:
+            model = self.model(batch, procs)
+            if name != "auto":
+                self.outcomes[key] = self.cost(batch, procs, BASELINES[name](model))
+            else:
+                try:
+                    self.outcomes[key] = Outcome(plan_network(model))
+                except PlannerError as err:  # a small net on many ranks: record why
+                    self.outcomes[key] = Outcome(None, str(err))
+        return self.outcomes[key]
+
+
+def _plan_columns(net: NetSpec, outcome: Outcome, iterations: float) -> dict[str, object]:
+    """One row of a plan group: per-iteration and per-epoch seconds, split, description."""
+    planned = outcome.planned
+    if planned is None:
+        return {"runnable": False, "iteration_time": math.nan, "total_per_epoch": math.nan,
+                "compute_per_epoch": math.nan, "comm_per_epoch": math.nan,
+                "layer_comm_per_epoch": math.nan, "redistribution_per_epoch": math.nan,
+                "hidden_per_epoch": math.nan, "plan": f"none: {outcome.why_not}",
+                "plan_summary": "none"}
+    totals = planned.totals()
+    return {"runnable": True, "iteration_time": planned.iteration_time,
+            "total_per_epoch": planned.iteration_time * iterations,
+            "compute_per_epoch": totals["compute"] * iterations,
+            "comm_per_epoch": (totals["communication"] + totals["redistribution"]) * iterations,
+            "layer_comm_per_epoch": totals["communication"] * iterations,
+            "redistribution_per_epoch": totals["redistribution"] * iterations,
+            # the part of comm_per_epoch that hides behind the backward (--overlap)
+            "hidden_per_epoch": planned.hidden_sums() * iterations,
+            "plan": describe_plan(planned), "plan_summary": summarise_plan(net, planned)}
+
+
+def _speedup(baseline: Outcome, auto: Outcome) -> float:
+    """Baseline time over auto's; NaN where either has none."""
+    if baseline.planned is None or auto.planned is None:
+        return math.nan
+    return baseline.planned.iteration_time / auto.planned.iteration_time
+
+
+def grids_for(strategy: str, procs: int, batch: int) -> list[tuple[int, int]]:
+    """Every Pr×Pc = P on which ``strategy`` leaves no rank without a sample: Pc ≤ B, and for
+    ``conv-batch`` also P ≤ B, since its convolutions split the batch over all P ranks."""
+    if strategy == "conv-batch" and procs > batch:
+        return []
+    return [grid for grid in factorisations(procs) if grid[1] <= batch]
+
+
+def run_study(name: str, description: str, points: list[tuple[int, int]], settings: Settings,
+              compute: _Compute, impl: ImplementationPlans) -> Study:
+    """Every row, the best grid per (P, strategy), and the auto plan with its baselines at each
+    (B, P) point."""
+    net, machine, word = settings.net, settings.machine, settings.word_bytes
+    study = Study(name, description)
+    strategies = STUDY_STRATEGIES[name]
+    for batch, procs in points:
+        iterations = settings.images / batch
+        compute_epoch = compute.iteration(batch) / procs * iterations
+        model = impl.model(batch, procs)
+        batch_rows: dict[str, float] = {}
+        for strategy in strategies:
+            best: tuple[float, tuple[int, int]] | None = None
+            for grid in grids_for(strategy, procs, batch):
+                comm = sum(f + b for f, b in strategy_comm(net, strategy, batch, grid, machine,
+                                                           word)) * iterations
+                total = compute_epoch + comm
+                planned = impl.cost(batch, procs, strategy_choices(model, strategy, grid)).planned
+                runnable = planned is not None
+                impl_total = planned.iteration_time * iterations if runnable else math.nan
+                study.add(study.rows, procs=procs, batch=batch, iterations_per_epoch=iterations,
+                          strategy=strategy, pr=grid[0], pc=grid[1], comm_per_epoch=comm,
+                          compute_per_epoch=compute_epoch, total_per_epoch=total,
+                          runnable=runnable, impl_total_per_epoch=impl_total)
+                if grid[0] == 1:
+                    batch_rows[strategy] = total
+                if best is None or total < best[0]:
+                    best = (total, grid)
+            if best is None:
+                continue  # conv-batch beyond P = B
+            baseline = batch_rows.get(strategy, math.nan)  # none when P > B
+            study.add(study.best, procs=procs, batch=batch, strategy=strategy, pr=best[1][0],
+                      pc=best[1][1], total_per_epoch=best[0], batch_total_per_epoch=baseline,
+                      speedup_over_batch=baseline / best[0])
+        outcomes = {plan: impl.outcome(batch, procs, plan) for plan in PLANS}
+        for plan, outcome in outcomes.items():
+            study.add(study.plans[plan], procs=procs, batch=batch,
+                      **_plan_columns(net, outcome, iterations))
+        study.add(study.auto, **{key: _speedup(outcomes[plan], outcomes["auto"])
+                                 for plan, key in SPEEDUP_OVER.items()})
+    return study
+
+
+def _add_baseline_limits(study: Study, settings: Settings, compute: _Compute,
+                         impl: ImplementationPlans) -> None:
+    """Speedups over each baseline at its scaling limit P = B, for points where it cannot run.
+
+    Beyond P = B pure batch and one weird trick leave ranks without a sample, so the fair
+    baseline is the fastest run of them there is: on B ranks. Pure batch under the paper's
+    equations for the strategy rows; both baselines under the implementation's model for the
+    auto plan (NaN where a baseline cannot run even there).
+    """
+    net, machine, word = settings.net, settings.machine, settings.word_bytes
+    batch = settings.domain_batch
+    iterations = settings.images / batch
+    paper = compute.iteration(batch) / batch * iterations + sum(
+        f + b for f, b in strategy_comm(net, "1.5d", batch, (1, batch), machine, word)
+    ) * iterations
+    study.attrs["batch_limit_procs"] = batch
+    study.attrs["batch_limit_total_per_epoch"] = paper
+    study.best["speedup_over_batch_limit"] = [paper / t for t in study.best["total_per_epoch"]]
+    for plan, attr in (("pure_batch", "batch_limit_impl_total_per_epoch"),
+                       ("weird_trick", "weird_trick_limit_total_per_epoch")):
+        planned = impl.outcome(batch, batch, plan).planned
+        limit = math.nan if planned is None else planned.iteration_time * iterations
+        study.attrs[attr] = limit
+        study.auto[f"{SPEEDUP_OVER[plan]}_limit"] = [limit / t
+                                                     for t in study.auto["total_per_epoch"]]
+
+
+def run_studies(settings: Settings) -> list[Study]:
+    """The strong, weak and domain studies of ``settings``."""
+    flops = FlopModel(settings.machine.flops)  # one instance: its rate is all it holds
+    compute = _Compute(settings.net, flops)
+    impl = ImplementationPlans(settings, flops)
+    b, per_rank, bd = settings.strong_batch, settings.weak_batch_per_rank, settings.domain_batch
+    studies = [
+        run_study("strong", f"strong scaling: B = {b}, P = {STRONG_PROCS[0]}..{STRONG_PROCS[-1]}",
+                  [(b, p) for p in STRONG_PROCS], settings, compute, impl),
+        run_study("weak", f"weak scaling: B = {per_rank} x P, P = {WEAK_PROCS[0]}.."
+                          f"{WEAK_PROCS[-1]} (every rank keeps {per_rank} samples)",
+                  [(per_rank * p, p) for p in WEAK_PROCS], settings, compute, impl),
+        run_study("domain", f"domain parallelism: B = {bd}, P = {DOMAIN_PROCS[0]}.."
+                            f"{DOMAIN_PROCS[-1]}; grids with Pc ≤ B only",
+                  [(bd, p) for p in DOMAIN_PROCS], settings, compute, impl),
+    ]
+    _add_baseline_limits(studies[2], settings, compute, impl)
+    return studies
+
+
+# -- HDF5 ---------------------------------------------------------------------------------------
+
+def _units(key: str) -> str | None:
+    """The units of a column: seconds, a pure number, or none (labels, flags, counts)."""
+    if key.startswith("speedup") or key == "iterations_per_epoch":
+        return "1"
+    if key.endswith("_per_epoch") or key == "iteration_time":
+        return "s"
+    return None
+
+
+def _write_table(group, table: dict[str, list]) -> None:
+    import h5py
+
+    for key, values in table.items():
+        if values and isinstance(values[0], str):
+            data = np.array(values, dtype=h5py.string_dtype("utf-8"))
+        elif values and isinstance(values[0], bool):
+            data = np.array(values, dtype=bool)
+        elif values and isinstance(values[0], int):
+            data = np.array(values, dtype=np.int64)
+        else:
+            data = np.array(values, dtype=np.float64)
+        dataset = group.create_dataset(key, data=data)
+        if _units(key) is not None:
+            dataset.attrs["units"] = _units(key)
+
+
+def write_hdf5(path: Path, studies: list[Study], attrs: dict[str, object]) -> None:
+    """Write every study to ``path`` atomically: a temporary file in the same directory, then
+    ``os.replace``, so a crash leaves the old file or the new one, never half of one."""
+
+    def fill(out) -> None:
+        out.attrs.update(attrs)
+        for study in studies:
+            group = out.create_group(study.name)
+            group.attrs["description"] = study.description
+            group.attrs["strategies"] = ",".join(STUDY_STRATEGIES[study.name])
+            group.attrs.update(study.attrs)
+            _write_table(group, study.rows)
+            best = group.create_group("best")
+            best.attrs["description"] = ("per (P, strategy): the grid of least total time "
+                                         "per epoch, and the 1xP (pure batch) time over it "
+                                         "(NaN where 1xP has Pc > B)")
+            _write_table(best, study.best)
+            for plan, note in PLANS.items():
+                table = group.create_group(plan)
+                table.attrs["description"] = note
+                table.attrs["columns"] = PLAN_COLUMNS
+                _write_table(table, study.plans[plan])
+
+    runlog.write_hdf5(path, fill)
+
+
+def _root_attrs(settings: Settings, argv: list[str]) -> dict[str, object]:
+    from hpctrain import __version__
+
+    m = settings.machine
+    return {"net": settings.net.name, "machine": m.name, "alpha": m.alpha, "beta": m.beta,
+            "flops": m.flops, "images": settings.images, "word_bytes": settings.word_bytes,
+            "strong_batch": settings.strong_batch,
+            "weak_batch_per_rank": settings.weak_batch_per_rank,
+            "domain_batch": settings.domain_batch, "hpctrain_version": __version__,
+            "overlap": settings.overlap,
+            "overlap_share": m.overlap if settings.overlap else 0.0,
+            "command": shlex.join(["python", "-m", "hpctrain", "simulate", *argv]),
+            "compute_model": "paper rows: whole-batch forward+backward FLOPs of one iteration "
+                             "/ P / flops x images/B (perfect scaling, no optimizer update); "
+                             "auto and impl: FLOP model per largest local block, with the "
+                             "update",
+            "paper_model": "hpctrain.plan.paper.strategy_comm (Eq. 3, 4, 7, 8, 9)",
+            "auto_note": AUTO_NOTE,
+            "plans": ",".join(PLANS)}
+
+
+def plot_script() -> Path | None:
+    """analysis/plot_simulation.py of the source checkout hpctrain runs from; None when it runs
+    from an installed wheel, which ships no analysis/."""
+    root = checkout_root()
+    script = None if root is None else root / "analysis" / "plot_simulation.py"
+    return script if script is not None and script.is_file() else None
+
+
+def _load_plotter():
+    """``plot_simulation`` from analysis/plot_simulation.py (analysis/ is not a package)."""
+    import importlib.util
+
+    script = plot_script()
+    if script is None:
+        raise UserError("--plots needs analysis/plot_simulation.py of a source checkout (an "
+                        "installed hpctrain has no analysis/); simulate without --plots, then "
+                        "run 'python analysis/plot_simulation.py FILE.h5 --out DIR' in one")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("--plots needs matplotlib: pip install 'hpctrain[plots]'") from None
+    spec = importlib.util.spec_from_file_location("hpctrain_plot_simulation", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.plot_simulation
+
+
+def _overlap_line(machine: Machine) -> str:
+    if not machine.overlap:
+        return (f"--overlap: machine {machine.name} has overlap share 0, so no gradient sum "
+                f"hides; give --machine a profile with 'overlap' (calibrate measures it)")
+    return (f"--overlap: {machine.overlap:.2f} of each gradient sum may hide behind the "
+            f"backward (machine {machine.name}); implementation times count the rest")
+
+
+def _summary(studies: list[Study]) -> str:
+    lines = []
+    for study in studies:
+        lines.append(f"{study.name}: {study.description}")
+        best = study.best
+        for k in range(len(best["procs"])):
+            speedup = best["speedup_over_batch"][k]
+            note = (f"{speedup:5.2f}x over 1x{best['procs'][k]}" if math.isfinite(speedup)
+                    else "1xP impossible")
+            if "speedup_over_batch_limit" in best:
+                note += f", {best['speedup_over_batch_limit'][k]:5.2f}x over batch limit"
+            lines.append(f"  P={best['procs'][k]:<5d} B={best['batch'][k]:<5d} "
+                         f"{best['strategy'][k]:<11s} best {best['pr'][k]}x{best['pc'][k]:<5d} "
+                         f"{best['total_per_epoch'][k]:9.2f} s/epoch  {note}")
+        lines.append("  implementation model, s/epoch (auto's speedup over each baseline; "
+                     "beyond P = B over the baseline on B ranks):")
+        auto = study.auto
+        for k in range(len(auto["procs"])):
+            parts = [f"auto {auto['total_per_epoch'][k]:9.2f}"]
+            for plan, label in (("pure_batch", "pure batch"), ("weird_trick", "weird trick")):
+                time = study.plans[plan]["total_per_epoch"][k]
+                over = SPEEDUP_OVER[plan]
+                if math.isfinite(time):
+                    parts.append(f"{label} {time:9.2f} ({auto[over][k]:4.2f}x)")
+                elif f"{over}_limit" in auto:
+                    parts.append(f"{label} cannot run ({auto[f'{over}_limit'][k]:4.2f}x)")
+                else:
+                    parts.append(f"{label} cannot run")
+            lines.append(f"  P={auto['procs'][k]:<5d} B={auto['batch'][k]:<5d} "
+                         + "  ".join(parts))
+    return "\n".join(lines)
+
+
+def run(argv: list[str]) -> int:
+    """Run the three studies, write the HDF5 file (and the plots with ``--plots``); 0 on
+    success. Bad options raise :class:`~hpctrain.errors.UserError`."""
+    args = build_parser().parse_args(argv)
+    settings = _settings(args)
+    out = Path(args.out)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give a file path such as {out}/sim.h5")
+    plotter = _load_plotter() if args.plots is not None else None  # fail before the work
+    studies = run_studies(settings)
+    write_hdf5(out, studies, _root_attrs(settings, argv))
+    if settings.overlap:
+        print(_overlap_line(settings.machine))
+    print(_summary(studies))
+    print(f"wrote {out}")
+    if plotter is not None:
+        for png in plotter(out, Path(args.plots)):
+            print(f"wrote {png}")
+    sys.stdout.flush()
+    return 0

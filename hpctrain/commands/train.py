@@ -1,0 +1,409 @@
+"""``python -m hpctrain [train options]``: the training command.
+
+Rank 0 reads and checks every option and every file they name before anything collective
+(see :func:`~hpctrain.comm.agree.agreed`); then the threads, backend and plan are set up
+(:mod:`hpctrain.commands.setup`), the run log is opened, and :func:`hpctrain.run.loop.train` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.comm.agree import agreed
+from hpctrain.commands.flags import add_overlap_option, add_planning_options, add_run_options
+from hpctrain.commands.setup import Setup, set_up
+from hpctrain.errors import ArgumentParser, OutputError, UserError
+from hpctrain.model.net import NetSpec, load_net
+from hpctrain.plan.plans import plan_text
+from hpctrain.record.timeline import parse_window
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m hpctrain",
+        description="Train a network on P MPI processes with per-layer batch, model (1.5D) and "
+                    "domain parallelism. Launch with mpiexec -n P or srun (or plain python for "
+                    "one process). Other commands (each with --help): verify, plan, calibrate, "
+                    "simulate, compare-plans, convert.",
+        epilog="On SIGTERM or SIGUSR1 (sbatch --signal=USR1@120) every rank stops after the "
+               "same step, writes a checkpoint to --checkpoint-dir and exits with status 0; "
+               "one that comes while the run starts up or plans stops every rank before the "
+               "first step, also with status 0 ('stopped by SIGTERM before training'). "
+               "Exit status: 0 done or stopped; 1 a crash on some rank; 2 bad input (options, "
+               "files, NaN or Inf in the data or a checkpoint), before any work, with one line "
+               "naming the fix; 3 a result (checkpoint, log, plan file) could not be written, "
+               "with one line naming the file and the reason. Outputs are new files or files "
+               "hpctrain wrote: anything else at an output path (a directory, FIFO, device, "
+               "link, another file, an input) is refused.")
+    add_run_options(parser)
+    training = parser.add_argument_group("the run")
+    training.add_argument("--data", default="synthetic",
+                          help="'synthetic' (deterministic ImageNet-shaped data from --seed) or an "
+                               "HDF5 dataset (see README; make one with 'python -m hpctrain "
+                               "convert'); a dataset sets the image size unless --image-size is "
+                               "given (default: %(default)s)")
+    training.add_argument("--batch", type=int, default=32, help="global mini-batch (default: 32)")
+    length = training.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None,
+                        help="train until this many steps are done (default: 10)")
+    length.add_argument("--epochs", type=float, default=None,
+                        help="train this many passes over a dataset's training split (each "
+                             "epoch is floor(N / batch) steps of a fresh shuffle)")
+    training.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
+    training.add_argument("--lr-schedule", default="constant",
+                          help="constant, cosine (to 0 at the last step) or step:EVERY:FACTOR "
+                               "(e.g. step:100:0.1) (default: %(default)s)")
+    training.add_argument("--warmup-steps", type=int, default=0,
+                          help="ramp the rate linearly over the first N steps (default: 0)")
+    training.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    training.add_argument("--weight-decay", type=float, default=5e-4,
+                          help="L2 weight decay (default: 5e-4)")
+    training.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                          help="compute precision (default: %(default)s)")
+    add_overlap_option(training)
+    training.add_argument("--timeline", default=None, metavar="FIRST:LAST",
+                          help="record every rank's compute, communication and redistribution "
+                               "spans of steps FIRST to LAST (from 1) into the --log file; draw "
+                               "them with analysis/timeline.py (a PNG and a Chrome trace)")
+    training.add_argument("--eval-every", type=int, default=None,
+                          help="held-out accuracy every N steps, when the dataset has a val split "
+                               "(default: every epoch, and always at the end)")
+    planning = parser.add_argument_group("planning")
+    add_planning_options(planning)
+    planning.add_argument("--plan-file", default=None,
+                          help="where --grid auto writes its plan, which --grid accepts "
+                               "(default: runs/NET-pP-bB.plan)")
+    planning.add_argument("--plan-only", action="store_true",
+                          help="print the plan with its predicted times (and write the plan file "
+                               "for --grid auto), then exit without training")
+    output = parser.add_argument_group("output")
+    output.add_argument("--log", default=None,
+                        help="HDF5 run log written by rank 0 and flushed every step: config, "
+                             "plan, loss, accuracy, per-layer times and bytes (layout in "
+                             "README); an existing log of an earlier run is renamed aside "
+                             "(run.h5 -> run.1.h5), or continued with --resume")
+    output.add_argument("--print-every", type=int, default=1,
+                        help="progress line every N steps (default: 1)")
+    output.add_argument("--checkpoint-dir", default=None,
+                        help="write HDF5 checkpoints here (atomically, as step-NNNNNNNN.h5): "
+                             "at the end, on SIGTERM/SIGUSR1, and every --checkpoint-every "
+                             "steps (default: none)")
+    output.add_argument("--checkpoint-every", type=int, default=0,
+                        help="also checkpoint every N steps (default: 0, never)")
+    output.add_argument("--keep-checkpoints", type=int, default=2,
+                        help="keep the newest N checkpoints (default: 2)")
+    output.add_argument("--resume", nargs="?", const="latest", default=None,
+                        help="continue from a checkpoint file or directory (its newest), on "
+                             "any P and plan; bare --resume takes the newest in "
+                             "--checkpoint-dir and starts afresh when there is none")
+    return parser
+
+@dataclass
+class Prepared:
+    """What rank 0 reads and checks before anything collective (see :func:`agreed`)."""
+
+    net: NetSpec
+    dataset: Any  # DatasetInfo, or None for synthetic data
+    resume: Any  # the checkpoint to resume from (a Path), or None
+    info: Any  # its CheckpointInfo, or None
+    seed: int
+    steps: int
+    schedule: Any  # the learning-rate Schedule
+    eval_every: int
+    timeline: tuple[int, int] | None  # --timeline FIRST:LAST
+
+
+def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
+    """Every check of the options and the files they name, before planning (rank 0)."""
+    from hpctrain.run.optimizer import SGD
+    from hpctrain.run.schedule import parse_schedule
+
+    for flag in ("steps", "print_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+        value = getattr(args, flag)
+        least = 0 if flag == "checkpoint_every" else 1
+        if value is not None and value < least:
+            raise UserError(f"--{flag.replace('_', '-')} {value} must be >= {least}")
+    if args.batch < 1:
+        raise UserError(f"--batch {args.batch} must be at least 1")
+    if args.epochs is not None and not args.epochs > 0:
+        raise UserError(f"--epochs {args.epochs} must be positive")
+    if args.checkpoint_every and not args.checkpoint_dir:
+        raise UserError("--checkpoint-every needs --checkpoint-dir DIR")
+    SGD.check(args.lr, args.momentum, args.weight_decay)
+    net, dataset = _dataset_net(args, load_net(args.net, args.image_size))
+    epoch = dataset.train_size // args.batch if dataset else None
+    if args.epochs is not None:
+        if epoch is None:
+            raise UserError("--epochs needs a dataset (--data PATH.h5); synthetic data has no "
+                            "epochs, use --steps")
+        steps = max(1, int(args.epochs * epoch + 0.5))
+    else:
+        steps = args.steps or 10
+    timeline = None if args.timeline is None else parse_window(args.timeline)
+    if timeline is not None:
+        if not args.log:
+            raise UserError(f"--timeline {args.timeline} needs --log FILE.h5: the spans are "
+                            f"written to the run log")
+        if timeline[1] > steps:
+            raise UserError(f"--timeline {args.timeline} ends after the last step ({steps}); "
+                            f"give LAST <= {steps}")
+    if args.eval_every and not (dataset and dataset.val_size):
+        raise UserError(f"--eval-every {args.eval_every} needs a dataset with a held-out split "
+                        f"(/val); --data {args.data} has none")
+    schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
+    resume, info = _resume_from(args, net)
+    _check_writable(args, net, procs, resume)
+    seed = info.seed if info else (0 if args.seed is None else args.seed)
+    eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
+    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline)
+
+
+def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int, resume: Any) -> None:
+    """Refuse an output path that cannot be written now, not after the training, or that is
+    not ours to write (see :mod:`hpctrain.io.files`); clear a crash's temporaries from the
+    checkpoint directory."""
+    from pathlib import Path
+
+    from hpctrain.commands.setup import plan_file_path
+    from hpctrain.io.files import check_directory, check_output
+    from hpctrain.plan.plans import is_plan_file
+    from hpctrain.record.runlog import check_log_path
+    from hpctrain.run.checkpoint import remove_temporaries
+
+    inputs = _inputs(args, resume)
+    if args.log:
+        check_directory(Path(args.log).parent, "--log")
+        check_log_path(Path(args.log), inputs, resuming=args.resume is not None)
+    if args.grid and args.grid.strip() == "auto":
+        plan_file = plan_file_path(args, net, procs)
+        check_directory(plan_file.parent, "--plan-file")
+        check_output(plan_file, "--plan-file", is_plan_file, "an hpctrain plan file", inputs)
+    if args.checkpoint_dir:
+        check_directory(Path(args.checkpoint_dir), "--checkpoint-dir")
+        if Path(args.checkpoint_dir).is_dir():
+            remove_temporaries(Path(args.checkpoint_dir))
+
+
+def _inputs(args: argparse.Namespace, resume: Any) -> list[tuple[str, Any]]:
+    """(flag, path) of every file this run reads: no output may be one of them."""
+    from hpctrain.cost.machine import local_profile, user_machines_dir
+    from hpctrain.io.textfile import existing_file
+
+    named = [("--data", args.data if args.data != "synthetic" else None), ("--net", args.net),
+             ("--grid", args.grid), ("--resume", resume),
+             ("--machine", args.machine or local_profile())]
+    if args.machine and "/" not in args.machine:
+        named.append(("--machine", user_machines_dir() / f"{args.machine}.toml"))
+    # existing_file: a value too long to name a file (a --grid spec) is simply not a file here
+    return [(flag, found) for flag, path in named if path and (found := existing_file(str(path)))]
+
+
+def _dataset_net(args: argparse.Namespace, net: NetSpec):
+    """(``net`` at the dataset's image size, the dataset's description) for ``--data``, or
+    (``net``, None) for synthetic data. Refuses a dataset that does not fit the net; a flat-input
+    net takes (C, H, W) samples of as many values, flattened (``--net mlp`` on the digits)."""
+    if args.data == "synthetic":
+        return net, None
+    from hpctrain.data.dataset import check_fits, inspect_dataset
+
+    info = inspect_dataset(args.data)
+    shape = info.sample_shape
+    if (args.image_size is None and len(shape) == 3 == len(net.input_shape)
+            and shape[1] == shape[2] and shape != net.input_shape
+            and shape[0] == net.input_shape[0]):
+        net = net.with_image_size(shape[1])  # the dataset's images set the input size
+    check_fits(info, net.input_shape, net.classes, args.batch)
+    return net, info
+
+
+def _resume_from(args: argparse.Namespace, net: NetSpec):
+    """The checkpoint to resume from and what it says, or (None, None) to start afresh.
+
+    Refuses a --checkpoint-dir holding checkpoints of another trajectory: newer than the one
+    resumed, or any at all for a fresh run (keeping the newest few would delete them, and a
+    later bare --resume would pick the wrong one).
+    """
+    from hpctrain.run.checkpoint import (
+        latest_checkpoint,
+        read_checkpoint_info,
+        resolve_resume,
+        step_of,
+    )
+
+    newest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
+    path = info = None
+    if args.resume == "latest" and not args.checkpoint_dir:
+        raise UserError("bare --resume takes the newest checkpoint in --checkpoint-dir; give "
+                        "--checkpoint-dir DIR or --resume PATH")
+    if args.resume is not None:
+        path = newest if args.resume == "latest" else resolve_resume(args.resume)
+    if path is not None:
+        info = read_checkpoint_info(path, net)
+        if args.seed is not None and args.seed != info.seed:
+            raise UserError(f"checkpoint {path} was written with --seed {info.seed}, not "
+                            f"{args.seed}; drop --seed or pass --seed {info.seed}")
+        batch = info.state.get("batch", args.batch)
+        if batch != args.batch:
+            raise UserError(f"checkpoint {path} was written with --batch {batch}; resume with "
+                            f"--batch {batch} (what step N reads depends on it)")
+    step = info.step if info else -1
+    if newest is not None and step_of(newest) > step:
+        what = f"is newer than step {step} resumed" if info else "belongs to another run"
+        raise UserError(f"--checkpoint-dir {args.checkpoint_dir} holds {newest.name}, which "
+                        f"{what}; resume from it (--resume), or use an empty directory")
+    return path, info
+
+def run(argv: list[str], comm, stop=None) -> int:
+    """The training command; ``stop``: StopRequests already recording (since start-up), else
+    recording starts here. A signal before the first step stops every rank there, status 0."""
+    from contextlib import nullcontext
+
+    from hpctrain.run.signals import StopRequests
+
+    args = build_parser().parse_args(argv)
+    with nullcontext(stop) if stop else StopRequests() as stop:
+        return _train_command(args, argv, comm, stop)
+
+
+def _stopped_before_training(stop, comm) -> bool:
+    """Collective: whether any rank was asked to stop; rank 0 says so."""
+    from hpctrain.run.loop import BEFORE_TRAINING
+
+    signame = stop.agreed(comm)
+    if signame and comm.Get_rank() == 0:
+        print(f"stopped by {signame} {BEFORE_TRAINING}", flush=True)
+    return signame is not None
+
+
+def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int:
+    from pathlib import Path
+
+    from hpctrain.comm.agree import on_root
+    from hpctrain.cost.memory import baseline_bytes, measured_peak
+    from hpctrain.plan.planner import format_plan
+    from hpctrain.run.loop import TrainConfig, train
+
+    rank = comm.Get_rank()
+    baseline = baseline_bytes()  # the interpreter and its libraries, before any array of ours
+    prepared = agreed(comm, lambda: _prepare(args, comm.Get_size()))
+    if _stopped_before_training(stop, comm):  # skip planning, which may measure for a while
+        return 0
+    setup = set_up(args, prepared.net, comm, args.dtype)
+    if rank == 0:
+        print(f"threads: {setup.threads.describe()}", flush=True)
+        print(format_plan(setup.planned), flush=True)
+    if args.plan_only:
+        return 0
+    data = val_data = None
+    if prepared.dataset is not None:
+        from hpctrain.data.dataset import H5Data, feeds_flat
+
+        flatten = feeds_flat(prepared.dataset.sample_shape, setup.net.input_shape)
+
+        def open_data(split: str):
+            return agreed(comm, lambda: H5Data(setup.backend, args.data, args.batch,
+                                               prepared.seed, split, prepared.dataset, flatten),
+                          everywhere=True)
+
+        data = open_data("train")
+        val_data = open_data("val") if prepared.dataset.val_size else None
+    config = TrainConfig(args.batch, prepared.steps, args.lr, args.momentum, args.weight_decay,
+                         prepared.seed, args.print_every, prepared.schedule, prepared.eval_every,
+                         Path(args.checkpoint_dir) if args.checkpoint_dir else None,
+                         args.checkpoint_every, args.keep_checkpoints, args.overlap,
+                         prepared.timeline)
+    log = None
+    if args.log:  # rank 0 writes it; a failure to create it stops every rank
+        log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,
+                                              prepared.info.step if prepared.info else None))
+    try:
+        result = train(setup.net, setup.plan, config, setup.backend, comm, data=data,
+                       val_data=val_data, log=log, resume=prepared.resume, stop=stop)
+    except BaseException as err:
+        if log is not None:
+            with contextlib.suppress(OutputError):  # the error that stopped it comes first
+                log.finish(f"failed: {err}")
+        raise
+    finally:
+        for reader in (data, val_data):
+            if reader is not None:
+                reader.close()
+    if rank == 0 and result.losses:
+        planned = setup.planned
+        error = planned.iteration_time / result.iteration - 1
+        print(f"iteration: predicted {planned.iteration_time * 1e3:.1f} ms, measured "
+              f"{result.iteration * 1e3:.1f} ms ({error:+.1%})", flush=True)
+    peak = measured_peak(comm, baseline)  # collective: every rank reports its own
+    if rank == 0 and result.losses:
+        # the peak is a high-water mark: kernels timed while planning count in it too
+        timed = (f"; includes {setup.kernels_timed} kernels timed while planning"
+                 if setup.kernels_timed else "")
+        print(f"peak memory per rank: {peak / 2**20:.1f} MiB measured, "
+              f"{setup.memory / 2**20:.1f} MiB predicted ({setup.memory / peak - 1:+.1%}; "
+              f"resident set above the interpreter's{timed})", flush=True)
+    if args.log:
+        on_root(comm, lambda: _finish_log(log, result, setup))
+    return 0
+
+
+def _finish_log(log: Any, result: Any, setup: Setup) -> None:
+    """Rank 0: the log's final status and summary; :class:`OutputError` when any of its
+    writes failed."""
+    status = (f"stopped by {result.stopped_by} after step {result.last_step}"
+              if result.stopped_by else f"finished at step {result.last_step}")
+    summary = None
+    if result.losses:
+        from hpctrain.record.runlog import write_timings
+
+        def summary(h5) -> None:
+            write_timings(h5, setup.planned, result.layer_times, result.fastest_rank_times,
+                          result.iteration)
+
+    log.finish(status, summary)
+    print(f"log written to {log.path}", flush=True)
+
+
+def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: int, config,
+              resume_step: int | None):
+    """Rank 0's run log, with everything needed to know what ran where."""
+    import shlex
+    from pathlib import Path
+
+    from mpi4py import MPI
+
+    import hpctrain
+    from hpctrain.cost.machine import format_machine
+    from hpctrain.record.runlog import RunLog, git_commit
+
+    options = dict(vars(args), steps=config.steps, seed=config.seed,
+                   eval_every=config.eval_every, learning_rate=config.schedule.describe())
+    attrs = {
+        "command": shlex.join(["python", "-m", "hpctrain", *argv]),
+        "config": options,
+        "version": hpctrain.__version__,
+        "git_commit": git_commit(),
+        "mpi_library": MPI.Get_library_version().strip(),
+        "mpi_version": "{}.{}".format(*MPI.Get_version()),
+        "processes": procs,
+        "net": setup.net.name,
+        "input_shape": list(setup.net.input_shape),
+        "batch": args.batch,
+        "dtype": args.dtype,
+        "device": args.device,
+        "threads_per_rank": setup.threads.threads,
+        "threads": setup.threads.describe(),
+        "ranks_per_node": setup.threads.ranks_on_node,
+        "data": args.data,
+        "machine": setup.machine.name,
+        "machine_profile": format_machine(setup.machine),
+        "plan": plan_text(setup.plan),
+        "predicted_iteration": setup.planned.iteration_time,
+    }
+    rows = [p.layer for p in setup.plan] + ["loss"]
+    log = RunLog(Path(args.log), attrs, setup.planned, rows, resume_step)
+    if log.rotated is not None:
+        print(f"the earlier log {log.path} was renamed to {log.rotated}", flush=True)
+    return log

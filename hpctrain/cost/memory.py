@@ -1,0 +1,100 @@
+"""A rank's memory: what it may use, what it used, and the check of a plan before it allocates.
+
+The estimate itself is the cost model's (:mod:`hpctrain.plan.pricing`, per layer; a plan's peak is
+:attr:`hpctrain.plan.planner.PlannedNetwork.memory`): the planner's ``--mem-per-rank`` cap and this
+check use the same numbers. The limit is ``--mem-per-rank`` when given, else the node's available
+memory shared among the ranks on the node. Ranks on different nodes may see different limits, so
+the verdict is agreed (the smallest headroom over all ranks): no rank goes on alone.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from typing import Any
+
+from hpctrain.errors import UserError
+from hpctrain.io.units import format_bytes
+
+
+class MemoryRefused(UserError):
+    """The plan needs more memory per rank than the rank may use."""
+
+
+def available_bytes() -> float:
+    """Memory the node can give without swapping: MemAvailable of /proc/meminfo, else the free
+    physical pages (``os.sysconf``)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def resident_bytes() -> float:
+    """This process's resident set now (/proc/self/statm), else its peak so far."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return float(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return peak_resident_bytes()
+
+
+def peak_resident_bytes() -> float:
+    """This process's largest resident set so far (``ru_maxrss``: KiB on Linux, bytes on
+    macOS)."""
+    peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def memory_limit(comm: Any, mem_per_rank: float | None, ranks_on_node: int
+                 ) -> tuple[float, str]:
+    """(bytes, where they come from) a rank may use: ``--mem-per-rank``, else the node's
+    available memory ÷ the ranks on the node; the smallest over the ranks of ``comm``
+    (collective)."""
+    if mem_per_rank is not None:
+        return mem_per_rank, "--mem-per-rank"
+    from mpi4py import MPI
+
+    share = comm.allreduce(available_bytes() / max(ranks_on_node, 1), op=MPI.MIN)
+    return share, (f"the memory available per rank (MemAvailable / {ranks_on_node} rank(s) "
+                   f"on the node)")
+
+
+def check_memory(planned: Any, limit: float, source: str) -> None:
+    """Refuse ``planned`` (a :class:`~hpctrain.plan.planner.PlannedNetwork`) when its peak per rank
+    exceeds ``limit``, naming the largest consumer and what would fit. The same on every rank:
+    the estimate depends on the plan alone and ``limit`` is agreed (:func:`memory_limit`)."""
+    need = planned.memory
+    if need <= limit:
+        return
+    layer, what, size = planned.biggest()
+    raise MemoryRefused(
+        f"the plan needs {format_bytes(need)} per rank but {source} is {format_bytes(limit)}; "
+        f"{layer} {what} alone takes {format_bytes(size)}: use a smaller --batch or "
+        f"--image-size, more processes, or --grid auto with --mem-per-rank")
+
+
+def baseline_bytes() -> float:
+    """The resident set of the interpreter with NumPy, mpi4py and h5py loaded, before the
+    network is built: what a run's peak is measured from."""
+    import mpi4py  # noqa: F401
+    import numpy  # noqa: F401
+
+    try:
+        import h5py  # noqa: F401
+    except ImportError:
+        pass
+    return resident_bytes()
+
+
+def measured_peak(comm: Any, baseline: float) -> float:
+    """The largest, over the ranks of ``comm``, of the peak resident set above ``baseline``
+    (collective)."""
+    from mpi4py import MPI
+
+    return comm.allreduce(peak_resident_bytes() - baseline, op=MPI.MAX)

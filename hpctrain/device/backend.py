@@ -1,0 +1,105 @@
+"""Array backend: one code path on ``xp``, NumPy on the CPU or CuPy on a GPU."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from hpctrain.device.clock import CommClock
+from hpctrain.errors import UserError
+
+DTYPES = {"float32": np.float32, "float64": np.float64}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The array module, the compute dtype, and how arrays reach MPI.
+
+    ``cuda_aware`` says the MPI library reads device memory directly; otherwise GPU arrays are
+    staged through host memory around each MPI call (the PyPI ``mpich`` wheel is not CUDA-aware;
+    set ``HPCTRAIN_CUDA_AWARE_MPI=1`` with an MPI that is).
+
+    ``clock`` adds up the seconds every communication primitive spends moving data (while
+    enabled; see :class:`~hpctrain.device.clock.CommClock`). It is the one mutable part: the backend
+    reaches every primitive, so the primitives need no other handle to report their time.
+    """
+
+    xp: ModuleType
+    dtype: Any
+    device: str = "cpu"
+    cuda_aware: bool = False
+    clock: CommClock = field(default_factory=CommClock, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.device == "gpu":  # time the movement, not the kernels queued before it
+            self.clock.sync = self.sync
+
+    def to_mpi(self, a: Any) -> Any:
+        """A contiguous buffer MPI can read, its contents final."""
+        if self.device == "gpu" and not self.cuda_aware:
+            return self.xp.asnumpy(a)  # synchronises with the stream
+        a = self.xp.ascontiguousarray(a)
+        if self.device == "gpu":  # MPI reads device memory outside our stream: let it finish
+            self.xp.cuda.get_current_stream().synchronize()
+        return a
+
+    def empty_mpi(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+        """A buffer MPI can write into; ``from_mpi`` moves it back to the device."""
+        dtype = dtype or self.dtype
+        if self.device == "gpu" and not self.cuda_aware:
+            return np.empty(shape, dtype)
+        return self.xp.empty(shape, dtype)
+
+    def from_mpi(self, a: Any) -> Any:
+        if self.device == "gpu" and not self.cuda_aware:
+            return self.xp.asarray(a)
+        return a
+
+    def to_numpy(self, a: Any) -> np.ndarray:
+        return self.xp.asnumpy(a) if self.device == "gpu" else np.asarray(a)
+
+    def sync(self) -> None:
+        """Wait for queued device work, so timers measure it."""
+        if self.device == "gpu":
+            self.xp.cuda.get_current_device().synchronize()
+
+
+def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None) -> Backend:
+    """Backend for ``device`` ('cpu' or 'gpu') and ``dtype``; on GPU bind GPU local_rank % n_gpus.
+
+    The local rank is this process's rank among those on the same node, found with
+    ``Split_type(COMM_TYPE_SHARED)`` so it works under any launcher.
+    """
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if device == "cpu":
+        return Backend(np, DTYPES[dtype], "cpu")
+    if device != "gpu":
+        raise UserError(f"unknown device {device!r}; choose cpu or gpu")
+    try:
+        import cupy
+    except ImportError as err:
+        raise UserError(
+            "--device gpu needs CuPy; install it with 'pip install cupy-cuda12x'"
+        ) from err
+    try:
+        n_gpus = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:  # no driver, or no device
+        n_gpus = 0
+    if n_gpus < 1:
+        # visibility can differ per rank (CUDA_VISIBLE_DEVICES set per task): not a UserError
+        raise RuntimeError("--device gpu but no GPU is visible to this process")
+    local_rank = 0
+    if comm is not None:
+        from mpi4py import MPI
+
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank = node.Get_rank()
+        node.Free()
+    cupy.cuda.Device(local_rank % n_gpus).use()
+    cuda_aware = os.environ.get("HPCTRAIN_CUDA_AWARE_MPI", "0") == "1"
+    return Backend(cupy, DTYPES[dtype], "gpu", cuda_aware)

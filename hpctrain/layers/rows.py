@@ -1,0 +1,121 @@
+"""Row bands for window layers (conv, pooling): the whole height, or a height split with halos.
+
+Without a height split there is one band: all output rows from the whole input. With a split
+(domain parallelism) the output rows are cut into up to three bands: the *interior*, whose
+windows read only owned rows and is computed while the halo messages travel, then the top and
+bottom bands, computed from the rows extended with the halos. Backward runs the boundary bands
+first so their halo gradients can be sent back while the interior band's backward runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.comm.grid import GridSet
+from hpctrain.comm.halo import ROW_AXIS, HaloExchange
+from hpctrain.device.backend import Backend
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout
+from hpctrain.layout.partition import HaloPlan, Window, halo_plans
+
+# op_forward(x_rows, (pad_top, pad_bottom, pad_side)) -> (y_rows, cache)
+OpForward = Callable[[Any, tuple[int, int, int]], tuple[Any, Any]]
+# op_backward(dy_rows, cache) -> dx_rows (or None); the op keeps its own parameter gradients
+OpBackward = Callable[[Any, Any], Any]
+
+
+@dataclass(eq=False)  # bands are compared by identity
+class _Band:
+    out_rows: tuple[int, int]
+    in_rows: tuple[int, int]  # global input rows read, clipped to the image
+    cache: Any = None
+
+
+class WindowRows:
+    """Run a window op over the rows a rank owns.
+
+    Parameters
+    ----------
+    window : the op's window along the height.
+    n_rows : input height (global).
+    side_pad : zero columns on the left and on the right (the width is never split).
+    halo : the exchange for a height-split input, or None when the rank holds every row.
+    plan : the halo plan of this rank (None without a split).
+    """
+
+    def __init__(self, backend: Backend, window: Window, n_rows: int, side_pad: int,
+                 halo: HaloExchange | None = None, plan: HaloPlan | None = None) -> None:
+        self.backend, self.window, self.n_rows, self.side_pad = backend, window, n_rows, side_pad
+        self.halo, self.plan = halo, plan
+        self.n_out = window.out_size(n_rows)
+
+    @classmethod
+    def of(cls, backend: Backend, grids: GridSet, layout: Layout, options: Any, name: str
+           ) -> WindowRows:
+        """The rows of a window layer with ``options`` (kernel, stride, pad: height × width)
+        on ``layout``: with this rank's halo exchange when ``layout`` splits the height."""
+        window = Window(options.kernel[0], options.stride[0], options.pad[0])
+        h = layout.shape[HEIGHT_AXIS]
+        if layout.split_axis != HEIGHT_AXIS:
+            return cls(backend, window, h, options.pad[1])
+        grid = grids.get(layout.grid)
+        plan_i = halo_plans(h, grid.pr, window, name)[grid.i]
+        halo = HaloExchange(backend, grid.model_comm, plan_i)
+        return cls(backend, window, h, options.pad[1], halo, plan_i)
+
+    def _band(self, out_rows: tuple[int, int]) -> tuple[_Band, tuple[int, int, int]]:
+        lo, hi = self.window.rows_needed(*out_rows)
+        pads = (max(0, -lo), max(0, hi - self.n_rows), self.side_pad)
+        return _Band(out_rows, (max(lo, 0), min(hi, self.n_rows))), pads
+
+    def forward(self, x: Any, op: OpForward) -> tuple[Any, list[_Band]]:
+        """Y for the owned output rows, and the bands (with their caches) for ``backward``."""
+        self.x_shape = x.shape
+        if self.halo is None:
+            band, pads = self._band((0, self.n_out))
+            y, band.cache = op(x, pads)
+            return y, [band]
+        p = self.plan
+        pending = self.halo.start(x)
+        outputs: dict[str, Any] = {}
+        bands: list[_Band] = []
+        has_interior = p.interior[1] > p.interior[0]
+        if has_interior:
+            band, pads = self._band(p.interior)
+            lo, hi = band.in_rows[0] - p.own[0], band.in_rows[1] - p.own[0]
+            outputs["interior"], band.cache = op(x[:, :, lo:hi], pads)
+            bands.append(band)
+        x_ext = self.halo.finish(pending)
+        inner = p.interior if has_interior else (p.out[1], p.out[1])
+        for where, rows in (("top", (p.out[0], inner[0])), ("bottom", (inner[1], p.out[1]))):
+            if rows[1] > rows[0]:
+                band, pads = self._band(rows)
+                lo, hi = band.in_rows[0] - p.need[0], band.in_rows[1] - p.need[0]
+                outputs[where], band.cache = op(x_ext[:, :, lo:hi], pads)
+                bands.append(band)
+        ordered = [outputs[k] for k in ("top", "interior", "bottom") if k in outputs]
+        y = ordered[0] if len(ordered) == 1 else self.backend.xp.concatenate(ordered, ROW_AXIS)
+        return y, bands
+
+    def backward(self, dy: Any, bands: list[_Band], op: OpBackward, need_dx: bool) -> Any:
+        """dX for the owned input rows (None unless ``need_dx``; the op's parameter grads run)."""
+        if self.halo is None:
+            return op(dy, bands[0].cache)
+        p = self.plan
+        boundary = [b for b in bands if b.out_rows != p.interior]
+        interior = [b for b in bands if b.out_rows == p.interior]
+        n, c, _, w = self.x_shape
+        dx_ext = self.backend.xp.zeros((n, c, p.need[1] - p.need[0], w), dtype=dy.dtype)
+        pending = None
+        for band in boundary + interior:
+            if band in interior and need_dx:
+                pending = self.halo.start_backward(dx_ext)  # halo rows are final: send them
+            dx_band = op(dy[:, :, band.out_rows[0] - p.out[0]:band.out_rows[1] - p.out[0]],
+                         band.cache)
+            if need_dx:
+                lo, hi = band.in_rows[0] - p.need[0], band.in_rows[1] - p.need[0]
+                dx_ext[:, :, lo:hi] += dx_band
+        if not need_dx:
+            return None
+        return self.halo.finish_backward(pending or self.halo.start_backward(dx_ext))

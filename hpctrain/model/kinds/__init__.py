@@ -1,0 +1,26 @@
+"""The layer kinds, one module each, and their registry.
+
+Adding a kind: write ``hpctrain/kinds/NAME.py`` defining a :class:`~hpctrain.model.kinds.base.Kind`
+subclass and ``KIND = NameKind()`` (read :mod:`hpctrain.model.kinds.relu` for the smallest, and
+:mod:`hpctrain.model.kinds.base` for the contract), then add the module to :data:`KINDS` below.
+"""
+
+from __future__ import annotations
+
+from hpctrain.model.kinds import (
+    add,
+    avgpool,
+    batchnorm,
+    concat,
+    conv,
+    dropout,
+    flatten,
+    linear,
+    maxpool,
+    relu,
+)
+from hpctrain.model.kinds.base import Kind
+
+KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
+    conv, linear, maxpool, avgpool, batchnorm, relu, dropout, flatten, add, concat)}
+

@@ -1,0 +1,114 @@
+"""``avgpool kernel=K [stride=K] [pad=0]``: average pooling (``K`` or ``HxW``; zero padding
+counts in the divisor, as in PyTorch), or ``avgpool kernel=global``: the mean of each channel
+over the whole image, (C, H, W) -> (C, 1, 1)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from hpctrain.cost.collectives import allreduce_time
+from hpctrain.cost.machine import Machine
+from hpctrain.cost.work import LocalWork
+from hpctrain.layers.base import Layer
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
+from hpctrain.model.kinds.base import BuildContext, Footprint, LayerSpec, Shape, larger
+from hpctrain.model.kinds.window import POOL_KEYS, PoolKind, PoolOptions, padded_bytes
+from hpctrain.model.options import Key, NetError, pair
+
+GLOBAL = "global"
+
+
+def _kernel(key: str, text: str, where: str) -> tuple[int, int] | None:
+    """``global`` (None) or a window size."""
+    return None if text == GLOBAL else pair(1)(key, text, where)
+
+
+class AvgPoolKind(PoolKind):
+    name = "avgpool"
+    keys = {**POOL_KEYS, "kernel": Key(_kernel)}
+
+    def pool_kernels(self) -> tuple[Callable, Callable]:
+        from hpctrain.kernels.pool import avgpool_backward, avgpool_forward
+
+        return avgpool_forward, avgpool_backward
+
+    def parse(self, texts: dict[str, str], where: str) -> PoolOptions:
+        o = super().parse(texts, where)
+        if o.kernel is None and ("stride" in texts or "pad" in texts):
+            raise NetError(f"{where}: avgpool kernel=global pools the whole image and takes "
+                           f"no stride or pad")
+        return o
+
+    def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
+        if spec.options.kernel is not None:
+            return super().out_shape(spec, shapes, where)
+        if len(shapes[0]) != 3:
+            raise NetError(f"{where}: layer {spec.name} (avgpool) needs an image input, got "
+                           f"shape {shapes[0]}")
+        return (shapes[0][0], 1, 1)
+
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
+                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
+        """Global pooling of a height split: the partial sums are all-reduced over Pr, so the
+        output is replicated over the Pr ranks."""
+        x = fed[0]
+        if spec.options.kernel is None and x.split_axis == HEIGHT_AXIS:
+            return fed, Layout(out_shape, x.grid)
+        return super().layouts(spec, fed, out_shape, mode, grid)
+
+    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
+        if spec.options.kernel is not None:
+            super().check(spec, inputs, output)
+
+    def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+             need_dx: bool) -> LocalWork:
+        if spec.options.kernel is None:
+            return LocalWork(self.name, largest_block(inputs[0]), need_dx=need_dx)
+        return super().work(spec, inputs, output, need_dx)
+
+    def flops(self, work: LocalWork) -> tuple[float, float]:
+        if work.kernel == (0, 0):  # global
+            return float(math.prod(work.x)), float(math.prod(work.x))
+        return super().flops(work)
+
+    def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
+                ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
+        if work.kernel != (0, 0):
+            return super().kernels(xp, work, dtype, random)
+        x = random(work.x)
+        dy = xp.ones((*work.x[:2], 1, 1), dtype=dtype)
+        return (lambda: x.sum(axis=(2, 3), keepdims=True),
+                lambda _: lambda: xp.broadcast_to(dy, work.x).copy())
+
+    def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                  machine: Machine, itemsize: int) -> tuple[float, float]:
+        x = inputs[0]
+        if spec.options.kernel is not None:
+            return super().comm_time(spec, inputs, output, machine, itemsize)
+        if x.split_axis != HEIGHT_AXIS:
+            return 0.0, 0.0
+        n, c = largest_block(x)[:2]
+        t = allreduce_time(machine, x.grid[0], n * c * itemsize)
+        return t, t
+
+    def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
+                                                              dict[str, float]]:
+        """Nothing kept; a padded copy of the input (and of its gradient) for a moment."""
+        if spec.options.kernel is None:
+            return {}, larger({**fp.loose_input, "output": fp.y},
+                              {"output gradient": fp.y, "input gradient": fp.x})
+        padded = padded_bytes(fp.work, fp.itemsize)
+        return {}, larger({**fp.loose_input, "padded input": padded, "output": fp.y},
+                          {"output gradient": fp.y, "padded input gradient": padded})
+
+    def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
+        if spec.options.kernel is None:
+            from hpctrain.layers.pool import GlobalAvgPool  # needs MPI: only when run
+
+            return GlobalAvgPool(spec.name, ctx)
+        return super().build(spec, ctx)
+
+
+KIND = AvgPoolKind()

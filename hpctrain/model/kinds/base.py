@@ -1,0 +1,199 @@
+"""What a layer kind is: the contract every module of :mod:`hpctrain.model.kinds` fulfils.
+
+A kind is one object that knows, for a layer of that kind:
+
+- its typed options (:attr:`Kind.keys`, read into the frozen dataclass :attr:`Kind.options`);
+- shape inference (:meth:`Kind.out_shape`) and its parameters and buffers, whole;
+- the layouts it takes and gives (:meth:`Kind.layouts`): a *weighted* kind is given a mode and
+  a Pr×Pc grid by the plan; any other kind *follows* its first input's layout, and its other
+  inputs are moved to what it asks for;
+- whether a layout can run (:meth:`Kind.check`, naming the layer and the sizes);
+- its local work for the cost model and for compute timing (:meth:`Kind.work`,
+  :meth:`Kind.flops`, :meth:`Kind.kernels`), the communication inside it
+  (:meth:`Kind.comm_time`) and what it keeps and allocates (:meth:`Kind.memory`);
+- how to build its distributed layer (:meth:`Kind.build`).
+
+The parser, placement, the network, the cost model, compute timing, verify and checkpoints
+iterate over the registry (:data:`hpctrain.model.kinds.KINDS`); none of them names a kind.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from hpctrain.cost.collectives import allreduce_time
+from hpctrain.cost.work import LocalWork
+from hpctrain.layout.layout import Layout, largest_block
+from hpctrain.layout.partition import SplitError
+from hpctrain.model.options import Key, read_options
+
+if TYPE_CHECKING:
+    from hpctrain.comm.grid import GridSet
+    from hpctrain.cost.machine import Machine
+    from hpctrain.device.backend import Backend
+    from hpctrain.layers.base import Layer
+
+Shape = tuple[int, ...]
+BOOL_BYTES = 1
+# Bytes per entry the counter RNG holds while it draws a block (uint64 indices and mixing
+# temporaries, float64 before the cast), the block itself included: measured with tracemalloc on
+# SyntheticData.images and dropout_mask (36.5 and 32.0).
+RANDOM_BYTES = 32
+INPUT = "input"  # the name by which ``in=`` refers to the net's (or a block's) input
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer of a net: its name, kind, typed options and the names of its inputs."""
+
+    name: str
+    kind: str
+    options: Any
+    inputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a layer's memory estimate knows, on the busiest rank (bytes unless said).
+
+    ``x``/``y``: its (first) input and output blocks; ``loose_input``: ``{"input": x}`` when the
+    input array is not kept anyway (it is alive in the caller while the layer runs), else empty.
+    A weight gradient is written into an array kept across steps (resident, counted with the
+    parameters), so a backward allocates none.
+    """
+
+    x: float
+    y: float
+    work: LocalWork | None
+    itemsize: int
+    loose_input: dict[str, float]
+    height_split: bool
+
+
+@dataclass
+class BuildContext:
+    """What building a layer needs: its plan entry, layouts, the grids and where it runs."""
+
+    mode: str
+    grid: tuple[int, int]
+    inputs: tuple[Layout, ...]
+    output: Layout
+    grids: GridSet
+    backend: Backend
+    key: int  # the layer's random stream (initial weights, dropout masks)
+    rank: int
+
+
+class Kind:
+    """The default kind: one input, no weights, no communication, the layout it is fed."""
+
+    name: ClassVar[str]
+    keys: ClassVar[dict[str, Key]] = {}
+    options: ClassVar[type] = type(None)
+    weighted: ClassVar[bool] = False
+    modes: ClassVar[tuple[str, ...]] = ()  # a weighted kind's modes besides batch
+    grid_key: ClassVar[str] = ""  # the --grid key (conv=, fc=) of a weighted kind
+    many_inputs: ClassVar[bool] = False  # two or more inputs (add, concat)
+    keeps_output: ClassVar[bool] = False  # the output array is kept for the backward
+    pass_through: ClassVar[bool] = False  # the output is a view of the input
+
+    # -- the net file ---------------------------------------------------------------------
+
+    def parse(self, texts: dict[str, str], where: str) -> Any:
+        """The typed options of a line's ``key=value`` texts (refused in one line)."""
+        return self.options(**read_options(self.name, self.keys, texts, where))
+
+    def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
+        """Per-sample output shape from the inputs' (refused, naming the layer, if unfit)."""
+        return shapes[0]
+
+    def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
+        """Whole shape of each parameter by suffix (``weight``, ``bias``, ``gamma`` …)."""
+        return {}
+
+    def buffer_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
+        """Whole shape of each buffer (state that is not trained, e.g. running statistics)."""
+        return {}
+
+    # -- layouts ----------------------------------------------------------------------------
+
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
+                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
+        """(input layouts, output layout) given the producers' layouts ``fed`` and, for a
+        weighted kind, its mode and grid. ``out_shape`` includes the batch. Only the first
+        input's layout may decide them (a weighted kind reads only shapes): the others are moved
+        to what the kind asks, and the cost model passes them with their shapes alone."""
+        return fed, fed[0] if out_shape == fed[0].shape else Layout(
+            out_shape, fed[0].grid, fed[0].split_axis, fed[0].split_ranges)
+
+    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
+        """Raise :class:`SplitError` naming the layer and sizes when these layouts cannot run."""
+        batch, pc = inputs[0].shape[0], inputs[0].grid[1]
+        if batch < pc:
+            raise SplitError(f"layer {spec.name}: batch {batch} cannot be split over {pc} batch "
+                             f"ranks; raise --batch to at least {pc} or use a grid with fewer "
+                             f"batch ranks")
+
+    # -- cost -------------------------------------------------------------------------------
+
+    def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+             need_dx: bool) -> LocalWork | None:
+        """The busiest rank's kernel (None: nothing worth timing, e.g. a reshape)."""
+        return LocalWork(self.name, largest_block(inputs[0]), need_dx=need_dx)
+
+    def flops(self, work: LocalWork) -> tuple[float, float]:
+        """Forward and backward floating-point operations of ``work`` (a multiply-add is 2)."""
+        elements = float(math.prod(work.x))
+        return elements, elements
+
+    def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
+                ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
+        """``forward()`` of ``work`` on data from ``random(shape)``, and ``backward_of(what
+        forward returned)`` giving its ``backward()``, for compute timing."""
+        return (lambda: None), (lambda _: lambda: None)
+
+    def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
+                         ) -> int:
+        """Parameter entries one rank holds (the busiest)."""
+        return 0
+
+    def gradient_ranks(self, inputs: tuple[Layout, ...], output: Layout) -> int:
+        """How many ranks a parameter gradient is summed over."""
+        return output.size
+
+    def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                  machine: Machine, itemsize: int) -> tuple[float, float]:
+        """Seconds of communication inside the layer (forward, backward), busiest rank: the
+        parameter gradients' all-reduce by default, plus what the kind adds."""
+        return 0.0, self.gradient_sum_time(spec, inputs, output, machine, itemsize)
+
+    def gradient_sum_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                          machine: Machine, itemsize: int) -> float:
+        """Seconds of the part of the backward's communication that sums parameter gradients
+        (the network's, which ``--overlap`` puts in flight); part of :meth:`comm_time`."""
+        params = self.local_parameters(spec, inputs, output)
+        if not params:
+            return 0.0
+        return allreduce_time(machine, self.gradient_ranks(inputs, output), params * itemsize)
+
+    def keeps_input(self, spec: LayerSpec) -> bool:
+        """Whether the layer keeps its input array for the backward."""
+        return False
+
+    def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
+                                                              dict[str, float]]:
+        """(resident, transient) bytes of the layer beyond its parameters and kept input."""
+        return {}, {}
+
+    # -- running ----------------------------------------------------------------------------
+
+    def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
+        raise NotImplementedError
+
+
+def larger(*phases: dict[str, float]) -> dict[str, float]:
+    """The phase (forward, backward, a move) that allocates the most, by its parts."""
+    return max(phases, key=lambda parts: sum(parts.values()))

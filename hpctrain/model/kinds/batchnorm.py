@@ -1,0 +1,114 @@
+"""``batchnorm [eps=1e-5] [momentum=0.1]``: batch normalisation over the whole global batch,
+with running statistics for evaluation, on the layout that feeds it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.cost.collectives import allreduce_time
+from hpctrain.cost.machine import Machine
+from hpctrain.cost.work import LocalWork
+from hpctrain.layers.base import Layer
+from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.partition import SplitError, block_ranges
+from hpctrain.model.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape, larger
+from hpctrain.model.options import Key, fraction
+
+
+@dataclass(frozen=True)
+class BatchNormOptions:
+    eps: float
+    momentum: float
+
+
+class BatchNormKind(Kind):
+    name = "batchnorm"
+    keys = {"eps": Key(fraction(1e-300, 1.0), "1e-5"),
+            "momentum": Key(fraction(0.0, 1.0, high_open=False), "0.1")}
+    options = BatchNormOptions
+
+    def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
+        return {"gamma": shapes[0][:1], "beta": shapes[0][:1]}
+
+    def buffer_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
+        return {"running_mean": shapes[0][:1], "running_var": shapes[0][:1]}
+
+    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
+        super().check(spec, inputs, output)
+        x = inputs[0]
+        values = x.shape[0] * math.prod(x.shape[2:])
+        if values < 2:
+            raise SplitError(f"layer {spec.name}: batch norm over {values} value per channel "
+                             f"(batch {x.shape[0]}, shape {x.shape[1:]}) has no variance; "
+                             f"raise --batch")
+        if x.split_axis == CHANNEL_AXIS and x.split_ranges != block_ranges(
+                x.shape[CHANNEL_AXIS], x.grid[0]):
+            raise SplitError(f"layer {spec.name}: its {x.shape[CHANNEL_AXIS]} channels arrive "
+                             f"split unevenly over {x.grid[0]} ranks (after a flatten); put the "
+                             f"batchnorm before the flatten")
+
+    def flops(self, work: LocalWork) -> tuple[float, float]:
+        elements = float(math.prod(work.x))
+        return 8 * elements, 10 * elements
+
+    def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
+                ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
+        # only timing runs the kernels: planning never loads them
+        from hpctrain.kernels.norm import batchnorm_backward, batchnorm_forward
+
+        x = random(work.x)
+        gamma, beta = xp.ones(work.x[1], dtype=dtype), xp.zeros(work.x[1], dtype=dtype)
+        dy = xp.ones_like(x)
+        count = math.prod(work.x) // work.x[1]
+
+        def same(a: Any) -> Any:
+            return a
+
+        def backward_of(out: Any) -> Callable[[], Any]:
+            return lambda: batchnorm_backward(xp, dy, out[1], count, same)
+
+        return lambda: batchnorm_forward(xp, x, gamma, beta, 1e-5, count, same), backward_of
+
+    def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
+                         ) -> int:
+        return 2 * largest_block(inputs[0])[CHANNEL_AXIS]
+
+    def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                  machine: Machine, itemsize: int) -> tuple[float, float]:
+        """Forward: the mean and the variance, each one all-reduce of C/Pr entries; backward:
+        one of 2·C/Pr (the sums that are also Δγ and Δβ), and a second over Pr for replicas."""
+        x = inputs[0]
+        channels = largest_block(x)[CHANNEL_AXIS] * itemsize
+        ranks = x.size if x.split_axis == HEIGHT_AXIS else x.grid[1]
+        forward = 2 * allreduce_time(machine, ranks, channels)
+        backward = allreduce_time(machine, ranks, 2 * channels)
+        return forward, backward + self.gradient_sum_time(spec, inputs, output, machine,
+                                                          itemsize)
+
+    def gradient_sum_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                          machine: Machine, itemsize: int) -> float:
+        """Δγ and Δβ summed over the Pr replicas (channels not split); the batch's sums are
+        the statistics' own, which the backward needs at once."""
+        x = inputs[0]
+        if x.split_axis is not None:
+            return 0.0
+        channels = largest_block(x)[CHANNEL_AXIS] * itemsize
+        return allreduce_time(machine, x.grid[0], 2 * channels)
+
+    def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
+                                                              dict[str, float]]:
+        """X̂ kept for the backward; the output and a centred copy while normalising."""
+        return {"normalized input": fp.y}, larger(
+            {**fp.loose_input, "centred input": fp.x, "output": fp.y},
+            {"output gradient": fp.y, "input gradient": fp.x, "product with X̂": fp.x})
+
+    def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
+        from hpctrain.layers.norm import BatchNorm  # needs MPI: only when run
+
+        return BatchNorm(spec.name, spec.options, ctx)
+
+
+KIND = BatchNormKind()

@@ -1,0 +1,123 @@
+"""``conv out=O kernel=K [stride=1] [pad=0] [bias=1]``: 2-D convolution (K, stride and pad are
+``K`` or ``HxW``), in batch, model (1.5D) or domain mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.cost.work import LocalWork
+from hpctrain.kernels.sliding import prefer_channels_last
+from hpctrain.layers.base import Layer
+from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.partition import check_split
+from hpctrain.model.kinds.base import BuildContext, Footprint, LayerSpec, Shape, larger
+from hpctrain.model.kinds.window import WINDOW_KEYS, WindowKind, padded_bytes, padded_copy_bytes
+from hpctrain.model.options import Key, flag, whole
+
+
+@dataclass(frozen=True)
+class ConvOptions:
+    out: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    bias: bool
+
+
+class ConvKind(WindowKind):
+    name = "conv"
+    keys = {"out": Key(whole(1)), **WINDOW_KEYS, "bias": Key(flag, "1")}
+    options = ConvOptions
+    weighted = True
+    modes = ("model", "domain")
+    grid_key = "conv"
+
+    def out_channels(self, spec: LayerSpec, channels: int) -> int:
+        return spec.options.out
+
+    def local_channels(self, spec: LayerSpec, output: Layout) -> int:
+        """All O under a height split, O/Pr (the busiest rank's) under a channel split."""
+        return largest_block(output)[CHANNEL_AXIS]
+
+    def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
+        o = spec.options
+        found = {"weight": (o.out, shapes[0][0], *o.kernel)}
+        return {**found, "bias": (o.out,)} if o.bias else found
+
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
+                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
+        """batch/model: X replicated over Pr, Y split by output channels; domain: X and Y
+        split by height."""
+        in_shape = fed[0].shape
+        if mode == "domain":
+            return (Layout(in_shape, grid, HEIGHT_AXIS),), Layout(out_shape, grid, HEIGHT_AXIS)
+        return (Layout(in_shape, grid),), Layout(out_shape, grid, CHANNEL_AXIS)
+
+    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
+        super().check(spec, inputs, output)  # the batch, and a height split's rows
+        if inputs[0].split_axis != HEIGHT_AXIS:
+            check_split(spec.options.out, output.grid[0], "output channels", spec.name)
+
+    def flops(self, work: LocalWork) -> tuple[float, float]:
+        n, c = work.x[:2]
+        ho, wo = work.out_rows()
+        forward = 2.0 * n * work.out * ho * wo * c * work.kernel[0] * work.kernel[1]
+        return forward, forward * (2 if work.need_dx else 1)
+
+    def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
+                ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
+        # only timing runs the kernels: planning never loads them
+        from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+
+        x = random(work.x)
+        w = random((work.out, work.x[1], *work.kernel))
+        b = xp.zeros(work.out, dtype=dtype)
+
+        def backward_of(out: Any) -> Callable[[], Any]:
+            y, cache = out
+            dy = xp.ones_like(y)
+            dw = xp.empty_like(w)  # kept across steps, as the layer's gradient is
+            return lambda: conv2d_backward(xp, dy, w, cache, work.stride, work.need_dx, dw)
+
+        return lambda: conv2d_forward(xp, x, w, b, work.stride, work.pads), backward_of
+
+    def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
+                         ) -> int:
+        o = spec.options
+        per_out = inputs[0].shape[CHANNEL_AXIS] * o.kernel[0] * o.kernel[1] + (1 if o.bias else 0)
+        return per_out * self.local_channels(spec, output)
+
+    def gradient_ranks(self, inputs: tuple[Layout, ...], output: Layout) -> int:
+        """W is replicated on every rank in domain mode, on the Pc ranks of a model row else."""
+        return output.size if inputs[0].split_axis == HEIGHT_AXIS else output.grid[1]
+
+    def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
+                                                              dict[str, float]]:
+        """The im2col columns kept for ΔW; a padded copy of the input while they are made.
+        Windows taken channels-last (:mod:`hpctrain.kernels.conv`) always copy the input, and
+        turn the input gradient back to NCHW."""
+        work, b = fp.work, fp.itemsize
+        n, c, h, w = work.x
+        ho, wo = work.out_rows()
+        cols = c * work.kernel[0] * work.kernel[1] * n * ho * wo * b
+        last = prefer_channels_last(c, *work.kernel, wo)
+        copy = padded_bytes(work, b) if last else padded_copy_bytes(fp)
+        y = n * work.out * ho * wo * b
+        forward = {**fp.loose_input, "im2col workspace": cols, "padded input": copy,
+                   "output and GEMM result": 2 * y}
+        backward = {"output gradient and its transpose": 2 * y}
+        if work.need_dx:
+            backward.update({"im2col workspace": cols, "padded input gradient": copy})
+            if last:
+                backward["input gradient, channel-major"] = n * c * h * w * b
+        return {"im2col columns": cols}, larger(forward, backward)
+
+    def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
+        from hpctrain.layers.conv import Conv2d  # needs MPI: only when run
+
+        return Conv2d(spec.name, spec.options, ctx)
+
+
+KIND = ConvKind()

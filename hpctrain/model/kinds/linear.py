@@ -1,0 +1,95 @@
+"""``linear out=F [bias=1]``: a fully connected layer, in batch or model (1.5D) mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.cost.work import LocalWork
+from hpctrain.layers.base import Layer
+from hpctrain.layout.layout import CHANNEL_AXIS, Layout, largest_block
+from hpctrain.layout.partition import check_split
+from hpctrain.model.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape, larger
+from hpctrain.model.options import Key, NetError, flag, whole
+
+
+@dataclass(frozen=True)
+class LinearOptions:
+    out: int
+    bias: bool
+
+
+class LinearKind(Kind):
+    name = "linear"
+    keys = {"out": Key(whole(1)), "bias": Key(flag, "1")}
+    options = LinearOptions
+    weighted = True
+    modes = ("model",)
+    grid_key = "fc"
+
+    def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
+        if len(shapes[0]) != 1:
+            raise NetError(f"{where}: layer {spec.name} (linear) needs a flat input, got shape "
+                           f"{shapes[0]}; add a 'flatten' line before it")
+        return (spec.options.out,)
+
+    def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
+        o = spec.options
+        found = {"weight": (o.out, shapes[0][0])}
+        return {**found, "bias": (o.out,)} if o.bias else found
+
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
+                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
+        """X replicated over Pr, Y split by output features."""
+        return (Layout(fed[0].shape, grid),), Layout(out_shape, grid, CHANNEL_AXIS)
+
+    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
+        super().check(spec, inputs, output)
+        check_split(spec.options.out, output.grid[0], "output features", spec.name)
+
+    def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+             need_dx: bool) -> LocalWork:
+        out = largest_block(output)[CHANNEL_AXIS]  # F_out/Pr, the busiest rank's
+        return LocalWork(self.name, largest_block(inputs[0]), out, need_dx=need_dx)
+
+    def flops(self, work: LocalWork) -> tuple[float, float]:
+        forward = 2.0 * work.x[0] * work.x[1] * work.out
+        return forward, forward * (2 if work.need_dx else 1)
+
+    def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
+                ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
+        # only timing runs the kernels: planning never loads them
+        from hpctrain.kernels.linear import linear_backward, linear_forward
+
+        x, w = random(work.x), random((work.out, work.x[1]))
+        b = xp.zeros(work.out, dtype=dtype)
+        dy = xp.ones((work.x[0], work.out), dtype=dtype)
+        dw = xp.empty_like(w)  # kept across steps, as the layer's gradient is
+        return (lambda: linear_forward(x, w, b),
+                lambda _: lambda: linear_backward(xp, x, w, dy, work.need_dx, dw))
+
+    def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
+                         ) -> int:
+        per_out = inputs[0].shape[CHANNEL_AXIS] + (1 if spec.options.bias else 0)
+        return per_out * largest_block(output)[CHANNEL_AXIS]
+
+    def gradient_ranks(self, inputs: tuple[Layout, ...], output: Layout) -> int:
+        return output.grid[1]  # Wᵢ is replicated on the Pc ranks of a model row
+
+    def keeps_input(self, spec: LayerSpec) -> bool:
+        return True  # X for ΔW
+
+    def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
+                                                              dict[str, float]]:
+        backward = {"output gradient": fp.y,
+                    "input gradient": fp.x if fp.work.need_dx else 0}
+        return {}, larger({"input": fp.x, "output": fp.y}, backward)
+
+    def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
+        from hpctrain.layers.linear import Linear  # needs MPI: only when run
+
+        return Linear(spec.name, spec.options, ctx)
+
+
+KIND = LinearKind()

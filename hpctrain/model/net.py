@@ -1,0 +1,494 @@
+"""Networks as data: the ``.net`` text format (version 2) and shape inference.
+
+A ``.net`` file is one layer per line, ``kind key=value ...``; ``#`` starts a comment. The first
+line is the input::
+
+    input channels=3 size=224 classes=1000     # an image net (or height=… width=…)
+    input features=784 classes=10              # a flat-input net (MLP)
+
+then the layers, each optionally named with ``name=`` and given its inputs with ``in=``:
+
+    conv      out=64 kernel=11 [stride=1] [pad=0] [bias=1]    # kernel, stride, pad: K or HxW
+    maxpool   kernel=3 [stride=kernel] [pad=0]
+    avgpool   kernel=3 [stride=kernel] [pad=0]   |   avgpool kernel=global
+    batchnorm [eps=1e-5] [momentum=0.1]
+    relu
+    dropout   [p=0.5]
+    flatten
+    linear    out=4096 [bias=1]
+    add       in=a,b[,…]                                     # the sum (residual connections)
+    concat    in=a,b[,…]                                     # joined along channels
+
+``in=a,b`` names the layers a layer reads, in order; by default the line before (the net's
+input, called ``input``, for the first). Every layer's output must be read by some layer, but
+the last line's, which feeds the loss. Each kind's keys are in its module under
+:mod:`hpctrain.model.kinds`. Blocks make repeated structure one line each::
+
+    define basic out stride=1          # parameters, with defaults or required
+      conv out=$out kernel=3 stride=$stride pad=1 bias=0
+      batchnorm
+      relu
+    end
+    use basic name=stem out=32 stride=2          # layers stem.conv1, stem.batchnorm1, stem.relu1
+    use basic out=64 repeat=2                    # basic1, basic2 (with name=x: x.1, x.2, and
+                                                 # x stands for x.2)
+
+Inside a block ``input`` is the block's input and ``in=`` names its own lines; an instance's name
+stands for its last line's output. A block uses only blocks defined before it.
+
+The loss (softmax cross-entropy over ``classes``) follows the last line, whose width must equal
+``classes``. Unnamed layers are called by kind and position among their kind in their block (or
+the file): conv1, conv2, … Version-1 files (a chain, square windows) read unchanged.
+
+Sizes are whole numbers up to 2**63 - 1; a key given twice, a second ``input`` line and a layer
+name used twice are refused, as is a file that is not UTF-8 text (see :mod:`hpctrain.io.textfile`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from hpctrain.errors import shown
+from hpctrain.io.locations import shipped_names
+from hpctrain.io.textfile import existing_file, read_text, shipped_file
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.kinds.base import INPUT, LayerSpec, Shape
+from hpctrain.model.options import MAX_SIZE, NetError, integer
+
+INPUT_KEYS = ("channels", "size", "height", "width", "features", "classes")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)
+_PARAMETER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)", re.ASCII)
+MAX_REPEAT = 10_000
+MAX_LAYERS = 100_000  # nested repeats multiply: refuse a net that would expand past this
+USE_KEYS = ("name", "in", "repeat", "block")  # keys of a `use` line, not block parameters
+
+__all__ = ["INPUT", "MAX_SIZE", "LayerSpec", "NetError", "NetSpec", "available_nets",
+           "load_net", "parse_net"]
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """A net: per-sample input shape, classes, and layers in file order (every layer reads only
+    earlier ones, so file order is a topological order)."""
+
+    name: str
+    input_shape: Shape  # per sample: (C, H, W) or (F,)
+    classes: int
+    layers: tuple[LayerSpec, ...]
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Layer name → position."""
+        return {layer.name: k for k, layer in enumerate(self.layers)}
+
+    @cached_property
+    def _producers(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(-1 if name == INPUT else self.index[name] for name in layer.inputs)
+                     for layer in self.layers)
+
+    def producers(self, k: int) -> tuple[int, ...]:
+        """Positions of the layers layer ``k`` reads; -1 is the net's input."""
+        return self._producers[k]
+
+    def reads_layers(self, k: int) -> bool:
+        """Whether layer ``k`` reads some layer (not only the input batch): only then is its
+        input gradient wanted, by the network and the cost model alike."""
+        return any(p >= 0 for p in self._producers[k])
+
+    @cached_property
+    def consumers(self) -> dict[int, tuple[int, ...]]:
+        """Position (-1: the input) → the layers reading its output, in order."""
+        found: dict[int, list[int]] = {}
+        for k in range(len(self.layers)):
+            for p in self.producers(k):
+                found.setdefault(p, []).append(k)
+        return {p: tuple(ks) for p, ks in found.items()}
+
+    def is_chain(self) -> bool:
+        """Whether every layer reads exactly the one before it."""
+        return all(self.producers(k) == (k - 1,) for k in range(len(self.layers)))
+
+    def with_image_size(self, size: int) -> NetSpec:
+        if len(self.input_shape) != 3:
+            raise NetError(f"net {shown(self.name, quoted=False)} takes flat input; "
+                           f"--image-size {size} does not apply")
+        if not 1 <= size <= MAX_SIZE:
+            raise NetError(f"--image-size {shown(size, 30)} must be from 1 to {MAX_SIZE}")
+        resized = NetSpec(self.name, (self.input_shape[0], size, size), self.classes, self.layers)
+        resized.out_shapes  # noqa: B018 - refuse a size some layer cannot take, naming it
+        return resized
+
+    @cached_property
+    def out_shapes(self) -> tuple[Shape, ...]:
+        """Per-sample output shape of every layer (refused, naming the layer, if unfit)."""
+        net = f"net {shown(self.name, quoted=False)}"
+        shapes: list[Shape] = []
+        for k, layer in enumerate(self.layers):
+            ins = tuple(self.input_shape if p < 0 else shapes[p] for p in self.producers(k))
+            shapes.append(KINDS[layer.kind].out_shape(layer, ins, net))
+            _check_size(f"{net}: layer {layer.name} gives shape {shapes[-1]}", shapes[-1])
+        if shapes[-1] != (self.classes,):
+            raise NetError(f"{net}: the last layer gives shape {shapes[-1]} but the loss "
+                           f"needs ({self.classes},) (classes={self.classes})")
+        return tuple(shapes)
+
+    def in_shapes(self, k: int) -> tuple[Shape, ...]:
+        """Per-sample shapes of the inputs of layer ``k``."""
+        return tuple(self.input_shape if p < 0 else self.out_shapes[p]
+                     for p in self.producers(k))
+
+    def shapes(self) -> list[Shape]:
+        """Per-sample shape entering each layer (its first input), plus the output at the
+        end."""
+        return [self.in_shapes(k)[0] for k in range(len(self.layers))] + [self.out_shapes[-1]]
+
+    def _whole_shapes(self, which: str) -> dict[str, Shape]:
+        found = {}
+        for k, layer in enumerate(self.layers):
+            kind = KINDS[layer.kind]
+            shapes = (kind.param_shapes if which == "parameter" else kind.buffer_shapes)(
+                layer, self.in_shapes(k))
+            for suffix, shape in shapes.items():
+                name = f"{layer.name}.{suffix}"
+                _check_size(f"net {shown(self.name, quoted=False)}: layer {layer.name}'s "
+                            f"{suffix} has shape {shape}", shape)
+                found[name] = shape
+        return found
+
+    def param_shapes(self) -> dict[str, Shape]:
+        """Name → whole shape of each parameter, as the layers name them (``conv1.weight``:
+        (out, in, kh, kw); ``fc6.weight``: (out, in); ``*.bias``, ``*.gamma``: (out,))."""
+        return self._whole_shapes("parameter")
+
+    def buffer_shapes(self) -> dict[str, Shape]:
+        """Name → whole shape of each buffer (``bn1.running_mean``: (C,))."""
+        return self._whole_shapes("buffer")
+
+    def parameter_count(self) -> int:
+        return sum(math.prod(shape) for shape in self.param_shapes().values())
+
+
+def _check_size(what: str, shape: Shape) -> None:
+    """Refuse a shape of more than :data:`MAX_SIZE` elements; ``what`` starts the message."""
+    if math.prod(shape) > MAX_SIZE:
+        raise NetError(f"{what}, {math.prod(shape):.3g} elements, more than any array can hold "
+                       f"({MAX_SIZE}); use smaller sizes")
+
+
+def _pairs(words: list[str], where: str) -> dict[str, str]:
+    """``key=value`` words as a dict, refusing a malformed word or a key given twice."""
+    texts: dict[str, str] = {}
+    for pair in words:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value:
+            raise NetError(f"{where}: expected key=value, got {shown(pair)}")
+        if key in texts:
+            raise NetError(f"{where}: {shown(key)} is given twice ({shown(texts[key], 30)} and "
+                           f"{shown(value, 30)}); keep one")
+        texts[key] = value
+    return texts
+
+
+@dataclass
+class _Block:
+    """A ``define``: its parameters (name → default text, None when required) and lines."""
+
+    name: str
+    number: int  # the line of its ``define``
+    params: dict[str, str | None]
+    lines: list[tuple[int, list[str]]] = field(default_factory=list)
+
+
+@dataclass
+class _Scope:
+    """Names visible inside one block instance (or the file): local name → full layer name."""
+
+    prefix: str
+    input: str  # full name of what ``input`` means here
+    local: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def auto_name(self, kind: str) -> str:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        return f"{kind}{self.counts[kind]}"
+
+
+class _Builder:
+    """Expands a file's lines, blocks and all, into layers with full names and inputs."""
+
+    def __init__(self, file: str, blocks: dict[str, _Block]) -> None:
+        self.file, self.blocks = file, blocks
+        self.layers: list[LayerSpec] = []
+        self.names: set[str] = set()
+        self.outputs: dict[str, str] = {}  # full name of an instance or layer → its output layer
+
+    def emit(self, lines: list[tuple[int, list[str]]], scope: _Scope, args: dict[str, str],
+             block: _Block | None) -> str:
+        """Add the layers of ``lines``; returns the full name of the last one's output."""
+        previous = scope.input
+        for number, words in lines:
+            where = f"{self.file}, line {number}"
+            words = [words[0], *(_substitute(w, args, where, block) for w in words[1:])]
+            texts = _pairs(words[1:], where)
+            if words[0] == "use":
+                previous = self._use(texts, scope, previous, where, block or number)
+            elif words[0] == "input":
+                raise NetError(f"{where}: a second 'input' line; a net has one input, on its "
+                               f"first line")
+            else:
+                previous = self._layer(words[0], texts, scope, previous, where)
+        return previous
+
+    def _register(self, local: str, full: str, output: str, scope: _Scope, where: str) -> None:
+        if full in self.names or full == INPUT or local in scope.local:
+            raise NetError(f"{where}: name {shown(full)} is used twice; name each layer and "
+                           f"block once (name=…)")
+        self.names.add(full)
+        scope.local[local] = full
+        self.outputs[full] = output
+
+    def _resolve(self, text: str | None, scope: _Scope, previous: str, where: str
+                 ) -> tuple[str, ...]:
+        if text is None:
+            return (previous,)
+        found = []
+        for ref in text.split(","):
+            if ref == INPUT:
+                found.append(scope.input)
+            elif ref in scope.local:
+                found.append(self.outputs[scope.local[ref]])
+            elif scope.prefix + ref in self.outputs:
+                found.append(self.outputs[scope.prefix + ref])
+            else:
+                raise NetError(f"{where}: in={shown(text)} names {shown(ref)}, which is no "
+                               f"earlier layer or block here; name an earlier line or 'input'")
+        return tuple(found)
+
+    def _layer(self, kind_name: str, texts: dict[str, str], scope: _Scope, previous: str,
+               where: str) -> str:
+        kind = KINDS.get(kind_name)
+        if kind is None:
+            raise NetError(f"{where}: unknown layer kind {shown(kind_name)}; known: "
+                           f"{', '.join(KINDS)}, and 'use' for a block")
+        given = texts.pop("name", None)
+        local = scope.auto_name(kind_name)  # a named layer counts in the numbering too
+        if given is not None:
+            _check_name(given, where)
+            local = given
+        inputs = self._resolve(texts.pop("in", None), scope, previous, where)
+        if kind.many_inputs and len(inputs) < 2:
+            raise NetError(f"{where}: {kind_name} needs two or more inputs, e.g. in=a,b")
+        if not kind.many_inputs and len(inputs) != 1:
+            raise NetError(f"{where}: {kind_name} reads one input; in= names "
+                           f"{len(inputs)}")
+        options = kind.parse(texts, where)
+        full = scope.prefix + local
+        self._register(local, full, full, scope, where)
+        if len(self.layers) >= MAX_LAYERS:
+            raise NetError(f"{where}: the net expands to more than {MAX_LAYERS} layers (nested "
+                           f"repeat= multiply); use fewer or smaller repeats")
+        self.layers.append(LayerSpec(full, kind_name, options, inputs))
+        return full
+
+    def _use(self, texts: dict[str, str], scope: _Scope, previous: str, where: str,
+             within: _Block | int) -> str:
+        """Expand a ``use`` line: inside block ``within``, or at the file's line ``within``."""
+        name = texts.pop("block")
+        block = self.blocks.get(name)
+        line = within if isinstance(within, int) else within.number
+        if block is None or block.number >= line:
+            known = [b.name for b in self.blocks.values() if b.number < line]
+            raise NetError(f"{where}: no block {shown(name)} defined before this line; define "
+                           f"it first (known: {', '.join(known) or 'none'})")
+        given = texts.pop("name", None)
+        repeat = integer("repeat", texts.pop("repeat", "1"), where, 1)
+        if repeat > MAX_REPEAT:
+            raise NetError(f"{where}: repeat={repeat} is more than {MAX_REPEAT} blocks")
+        inputs = self._resolve(texts.pop("in", None), scope, previous, where)
+        if len(inputs) != 1:
+            raise NetError(f"{where}: a block reads one input; in= names {len(inputs)}")
+        args = {}
+        for key, value in texts.items():
+            if key not in block.params:
+                raise NetError(f"{where}: block {name} takes no {shown(key)}; it takes "
+                               f"{', '.join(['name', 'in', 'repeat', *block.params])}")
+            args[key] = value
+        for key, default in block.params.items():
+            if key not in args:
+                if default is None:
+                    raise NetError(f"{where}: block {name} needs {key}=…")
+                args[key] = default
+        if given is not None:
+            _check_name(given, where)
+        output = inputs[0]
+        for r in range(1, repeat + 1):
+            if given is None:
+                local = scope.auto_name(name)
+            else:
+                local = given if repeat == 1 else f"{given}.{r}"
+            full = scope.prefix + local
+            output = self.emit(block.lines, _Scope(full + ".", output), args, block)
+            self._register(local, full, output, scope, where)
+        if given is not None and repeat > 1:  # the name stands for the last instance's output
+            self._register(given, scope.prefix + given, output, scope, where)
+        return output
+
+
+def _check_name(name: str, where: str) -> None:
+    if not _NAME.fullmatch(name) or name == INPUT:
+        raise NetError(f"{where}: name {shown(name)} must be a letter or '_' then up to 63 "
+                       f"letters, digits, '_' or '-', and not 'input'")
+
+
+def _substitute(word: str, args: dict[str, str], where: str, block: _Block | None) -> str:
+    """``word`` with each ``$param`` replaced by the block argument."""
+    def value(match: re.Match) -> str:
+        key = match.group(1)
+        if block is None or key not in args:
+            known = ", ".join(f"${k}" for k in (block.params if block else {})) or "none here"
+            raise NetError(f"{where}: {shown(match.group(0))} is not a parameter of this block "
+                           f"({known})")
+        return args[key]
+
+    return _PARAMETER.sub(value, word) if "$" in word else word
+
+
+def _define(words: list[str], number: int, where: str) -> _Block:
+    if len(words) < 2 or not _NAME.fullmatch(words[1]) or words[1] in KINDS:
+        raise NetError(f"{where}: expected 'define NAME [param[=default] …]' with a NAME that "
+                       f"is no layer kind, got {shown(' '.join(words))}")
+    params: dict[str, str | None] = {}
+    for word in words[2:]:
+        key, sep, default = word.partition("=")
+        if not _PARAMETER.fullmatch("$" + key) or key in params or (sep and not default):
+            raise NetError(f"{where}: block parameter {shown(word)} must be NAME or "
+                           f"NAME=DEFAULT, each once")
+        if key in USE_KEYS:
+            raise NetError(f"{where}: block parameter {shown(key)} is a key of every 'use' "
+                           f"line ({', '.join(USE_KEYS)}); call it something else")
+        params[key] = default if sep else None
+    return _Block(words[1], number, params)
+
+
+def parse_net(text: str, name: str) -> NetSpec:
+    """Read a ``.net`` text; errors name the file (``name``) and the line.
+
+    Refused, each in one line naming the value: a line that is not ``kind key=value …``, an
+    unknown kind or key, a key given twice, a missing key, a value that is not a number of the
+    right kind or not in range, a second ``input`` line, a layer name used twice, an ``in=``
+    that names no earlier line, a block used before it is defined or without ``end``, and a net
+    whose shapes do not fit (see :attr:`NetSpec.out_shapes`).
+    """
+    file = shown(name, quoted=False)
+    blocks: dict[str, _Block] = {}
+    top: list[tuple[int, list[str]]] = []
+    open_block: _Block | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"{file}, line {number}"
+        if words[0] == "define":
+            if open_block is not None:
+                raise NetError(f"{where}: a define inside block {open_block.name} (line "
+                               f"{open_block.number}); close it with 'end' first")
+            open_block = _define(words, number, where)
+            if open_block.name in blocks:
+                raise NetError(f"{where}: block {open_block.name} is defined twice")
+        elif words[0] == "end":
+            if open_block is None or len(words) > 1:
+                raise NetError(f"{where}: 'end' alone closes a 'define'; none is open")
+            if not open_block.lines:
+                raise NetError(f"{where}: block {open_block.name} has no lines")
+            blocks[open_block.name] = open_block
+            open_block = None
+        else:
+            if words[0] == "use":
+                if len(words) < 2 or "=" in words[1]:
+                    raise NetError(f"{where}: 'use' needs the block first: use NAME key=value …")
+                words = ["use", f"block={words[1]}", *words[2:]]
+            (top if open_block is None else open_block.lines).append((number, words))
+    if open_block is not None:
+        raise NetError(f"{file}: block {open_block.name} (line {open_block.number}) has no "
+                       f"'end'")
+    if not top or top[0][1][0] != "input":
+        where = f"{file}, line {top[0][0]}" if top else file
+        got = f", got {shown(top[0][1][0])}" if top else ""
+        raise NetError(f"{where}: the first line must be 'input channels=C size=S classes=K' "
+                       f"or 'input features=F classes=K'{got}")
+    number, words = top[0]
+    input_shape, classes = _parse_input(_pairs(words[1:], f"{file}, line {number}"),
+                                        f"{file}, line {number}")
+    builder = _Builder(file, blocks)
+    builder.emit(top[1:], _Scope("", INPUT), {}, None)
+    if not builder.layers:
+        raise NetError(f"{file}: no layers after the 'input' line")
+    spec = NetSpec(name, input_shape, classes, tuple(builder.layers))
+    _check_read(spec)
+    spec.out_shapes  # noqa: B018 - every activation fits its layer, within bounds
+    spec.param_shapes()  # every weight's size within bounds
+    return spec
+
+
+def _check_read(net: NetSpec) -> None:
+    """Refuse a layer whose output no layer reads (but the last, which feeds the loss): it
+    would be computed for nothing and its parameters never trained."""
+    read = net.consumers
+    for k, layer in enumerate(net.layers[:-1]):
+        if k not in read:
+            raise NetError(f"net {shown(net.name, quoted=False)}: the output of layer "
+                           f"{layer.name} is read by no layer; read it (in=…) or remove it "
+                           f"(the last line feeds the loss)")
+
+
+def _parse_input(texts: dict[str, str], where: str) -> tuple[Shape, int]:
+    for key in texts:
+        if key not in INPUT_KEYS:
+            raise NetError(f"{where}: input takes no {shown(key)}; it takes "
+                           f"{', '.join(INPUT_KEYS)}")
+    args = {key: integer(key, value, where, low=-MAX_SIZE) for key, value in texts.items()}
+    if "classes" not in args:
+        raise NetError(f"{where}: input needs classes=…")
+    if "features" in args:
+        if len(args) > 2:
+            others = ", ".join(key for key in args if key not in ("features", "classes"))
+            raise NetError(f"{where}: input features=… takes no {others}; give features= "
+                           f"for flat input or channels= and size= for images")
+        shape: Shape = (args["features"],)
+    else:
+        if "channels" not in args:
+            raise NetError(f"{where}: input needs features=… or channels=… size=…")
+        if "size" in args and ("height" in args or "width" in args):
+            raise NetError(f"{where}: input takes size=… or height=… width=…, not both")
+        height = args.get("height", args.get("size"))
+        width = args.get("width", args.get("size"))
+        if height is None or width is None:
+            raise NetError(f"{where}: input needs size=… (or height=… and width=…)")
+        shape = (args["channels"], height, width)
+    if min(*shape, args["classes"]) < 1:
+        raise NetError(f"{where}: input sizes must be positive, got "
+                       f"{' '.join(f'{k}={v}' for k, v in args.items())}")
+    return shape, args["classes"]
+
+
+def available_nets() -> list[str]:
+    """Names of the shipped nets (``hpctrain/inputs/nets/*.net``)."""
+    return shipped_names("nets", ".net")
+
+
+def load_net(name_or_path: str, image_size: int | None = None) -> NetSpec:
+    """A shipped net by name (``alexnet``) or any ``.net`` file by path, at ``image_size``
+    (height and width) when given. An existing file wins over a shipped net of that name."""
+    path = existing_file(name_or_path)
+    if path is not None:
+        net = parse_net(read_text(path, NetError, "net file"), str(path))
+    else:
+        resource = shipped_file("nets", name_or_path, ".net")
+        if resource is None:
+            raise NetError(f"unknown net {shown(name_or_path)}: not a file, and not one of "
+                           f"{', '.join(available_nets())}")
+        net = parse_net(read_text(resource, NetError, "net file"), name_or_path)
+    return net if image_size is None else net.with_image_size(image_size)

@@ -1,0 +1,115 @@
+"""Communication per layer under the paper's assumptions (Gholami et al., SPAA 2018, Sec. 2–3).
+
+The assumptions: every layer's output is all-gathered where it is produced (no deferral past
+pooling), the input gradient is all-reduced (not reduce-scattered), ΔW is one all-reduce of the
+weights |W_i| (biases are left out, as in the paper's counts), every split is even, every rank has
+two halo neighbours, and nothing is charged for changing layouts between layers. For weighted
+layer i with d_i output and d_{i−1} input entries per sample (d_{i−1} is the size of the
+layer's input, which is layer i−1's output when nothing lies between), w bytes per entry:
+
+- 1.5D on Pr×Pc (Eq. 8; Eq. 3 is Pc = 1, model; Eq. 4 is Pr = 1, batch):
+    forward   α⌈log Pr⌉ + β·(B/Pc)·(Pr−1)/Pr·d_i·w                      (all-gather Y_i)
+    backward  2(α⌈log Pr⌉ + β·(B/Pc)·(Pr−1)/Pr·d_{i−1}·w), for i ≥ 2     (all-reduce ΔX_i)
+            + 2(α⌈log Pc⌉ + β·(Pc−1)/Pc·|W_i|/Pr·w)                       (all-reduce ΔW_i)
+- domain on Pr (height) × Pc (batch), conv layers (Eq. 7 is Pc = 1; Eq. 9 uses it for the
+  convolutions and 1.5D for the fully connected layers, on one grid):
+    forward   2(α + β·(B/Pc)·X_W·X_C·⌊k_h/2⌋·w)                          (halo of X to both sides)
+    backward  2(α + β·(B/Pc)·Y_W·Y_C·⌊k_h/2⌋·w), for i ≥ 2                (halo of ΔY)
+            + 2(α⌈log P⌉ + β·(P−1)/P·|W_i|·w)                             (ΔW over all P)
+
+Each function returns, per weighted layer, (forward, backward) seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hpctrain.cost.collectives import allgather_time, allreduce_time, halo_time
+from hpctrain.cost.machine import Machine
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.net import NetSpec
+
+
+@dataclass(frozen=True)
+class PaperLayer:
+    """A weighted layer as the paper's equations see it (sizes per sample)."""
+
+    name: str
+    kind: str
+    d_in: int
+    d_out: int
+    weights: int
+    kernel: int = 1
+    x_width: int = 0
+    x_channels: int = 0
+    y_width: int = 0
+    y_channels: int = 0
+
+
+def paper_layers(net: NetSpec) -> list[PaperLayer]:
+    shapes = net.shapes()
+    layers = []
+    for k, spec in enumerate(net.layers):
+        if not KINDS[spec.kind].weighted:
+            continue
+        x, y = shapes[k], net.out_shapes[k]
+        out = spec.options.out
+        if len(x) == 3:  # the paper's convolutions are square
+            kernel = spec.options.kernel[0]
+            layers.append(PaperLayer(spec.name, "conv", math.prod(x), math.prod(y),
+                                     out * x[0] * kernel ** 2, kernel, x[2], x[0], y[2], y[0]))
+        else:
+            layers.append(PaperLayer(spec.name, "linear", x[0], out, out * x[0]))
+    return layers
+
+
+def one_five_d(layer: PaperLayer, first: bool, batch: int, grid: tuple[int, int],
+               machine: Machine, word: int = 4) -> tuple[float, float]:
+    """Eq. 8 terms of one layer on Pr×Pc (model: Pc = 1, Eq. 3; batch: Pr = 1, Eq. 4)."""
+    pr, pc = grid
+    local_batch = batch / pc
+    forward = allgather_time(machine, pr, local_batch * layer.d_out * word)
+    backward = 0.0 if first else allreduce_time(machine, pr, local_batch * layer.d_in * word)
+    backward += allreduce_time(machine, pc, layer.weights / pr * word)
+    return forward, backward
+
+
+def domain(layer: PaperLayer, first: bool, batch: int, grid: tuple[int, int],
+           machine: Machine, word: int = 4) -> tuple[float, float]:
+    """Eq. 7 (Pc = 1) and the convolution terms of Eq. 9 for one conv layer on Pr×Pc."""
+    pr, pc = grid
+    local_batch = batch / pc
+    rows = layer.kernel // 2
+    forward = backward = 0.0
+    if pr > 1 and rows:
+        forward = 2 * halo_time(machine, local_batch * layer.x_width * layer.x_channels * rows
+                                * word)
+        if not first:
+            backward = 2 * halo_time(machine, local_batch * layer.y_width * layer.y_channels
+                                     * rows * word)
+    backward += allreduce_time(machine, pr * pc, layer.weights * word)
+    return forward, backward
+
+
+def strategy_comm(net: NetSpec, strategy: str, batch: int, grid: tuple[int, int],
+                  machine: Machine, word: int = 4) -> list[tuple[float, float]]:
+    """Per weighted layer (forward, backward) communication of a whole-network strategy.
+
+    strategy: ``1.5d`` (every layer on Pr×Pc; Eq. 3, 4, 8), ``conv-batch`` (convolutions batch
+    parallel over all P, fully connected layers 1.5D on Pr×Pc), ``integrated`` (convolutions
+    domain parallel on Pr×Pc, fully connected layers 1.5D; Eq. 9; Eq. 7 when Pc = 1).
+    """
+    procs = grid[0] * grid[1]
+    costs = []
+    for k, layer in enumerate(paper_layers(net)):
+        first = k == 0
+        if layer.kind == "conv" and strategy == "conv-batch":
+            costs.append(one_five_d(layer, first, batch, (1, procs), machine, word))
+        elif layer.kind == "conv" and strategy == "integrated":
+            costs.append(domain(layer, first, batch, grid, machine, word))
+        elif strategy in ("1.5d", "conv-batch", "integrated"):
+            costs.append(one_five_d(layer, first, batch, grid, machine, word))
+        else:
+            raise ValueError(f"unknown strategy '{strategy}'; use 1.5d, conv-batch or integrated")
+    return costs

@@ -1,0 +1,541 @@
+"""The per-layer plan of least predicted iteration time: exact by dynamic programming for a
+chain, exact by variable elimination for a net with branches.
+
+A chain (AlexNet, VGG) is a chain of segments (a conv or linear layer and the layers without
+weights that follow it). The predicted iteration time is a sum of per-segment costs, which
+depend on the segment's own choice of (mode, Pr×Pc), and of redistribution costs between
+consecutive segments, which depend on both choices. Dynamic programming over the chain
+therefore finds the minimum exactly: for each segment and choice, the cheapest way to reach it
+from any choice of the previous segment. With S choices per segment (at most ~2·d(P) + 1, d(P)
+the number of divisors of P) and L segments this costs O(L·S²) move costs, each O(1) after a
+per-pair cache.
+
+With a memory cap the per-rank peak memory is what every layer keeps (a sum over segments) plus
+the largest of the layers' transients (a maximum over segments); the search then keeps, per
+choice, every (time, kept, largest transient) triple no other triple beats in all three (a
+Pareto front), which is still exact: both the sum and the maximum only grow as a prefix is
+extended, so the optimum under the cap extends some non-dominated prefix. Candidates that do not
+fit the cap on their own are dropped before any kernel is timed.
+
+In a net with branches (ResNet, Inception) a move into an add's or concat's second input joins
+segments that are not consecutive, which this dynamic programming does not cover. The time is
+still a sum of tables over one or two segments' choices, minimised exactly by variable
+elimination (:func:`_exact_graph_plan`); under a memory cap the memory is a sum of such tables
+plus the largest of their transients, and elimination keeps Pareto fronts of labels, as the
+dynamic programming does. A net so densely connected that exact elimination would need a table
+of more than 10⁷ entries gets the fastest plan with every weighted layer on one grid
+(:func:`_uniform_plan`), and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hpctrain.errors import UserError
+from hpctrain.layout.layout import Layout
+from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.net import NetSpec
+from hpctrain.plan.elimination import Table, TooLarge, minimise, minimise_under_cap
+from hpctrain.plan.plans import LayerPlan
+from hpctrain.plan.pricing import Choice, CostModel, LayerCost, SegmentCost, larger
+
+
+class PlannerError(UserError):
+    """No plan fits: every choice breaks a split or the memory cap."""
+
+
+@dataclass
+class PlannedNetwork:
+    """A plan with its predicted per-layer costs; ``layers`` in network order plus the loss."""
+
+    plans: list[LayerPlan]
+    layers: list[LayerCost]
+    loss: LayerCost
+    data: LayerCost  # producing the input batch
+    exact: bool = True  # False: the one-grid rule of a net too densely connected
+    hidden_share: float = 0.0  # the cost model's: see :meth:`hidden_sums`
+    # with sums that may hide: no plan is predicted faster than this (see plan_network)
+    lower_bound: float | None = None
+
+    @property
+    def iteration_time(self) -> float:
+        """Every layer's time, less the gradient sums that hide behind the backward."""
+        every = [*self.layers, self.loss, self.data]
+        return sum(layer.total for layer in every) - self.hidden_sums()
+
+    def hidden_sums(self) -> float:
+        """Seconds of gradient sums hidden behind the backward's compute, with sums in flight.
+
+        The sums travel one after another, in the order the backward makes them (the
+        reducer's buckets on one channel): layer j's backward (everything but its sum) drains
+        what is queued, then its sum joins the queue. What is still queued when the backward
+        ends, Q, is waited for, the rest was hidden:
+        Q ← max(0, Q − b_j) + g_j over the layers from the last to the first, and the hidden
+        time is the machine's share of Σ g_j − Q (share 0: every sum on the critical path,
+        as where the ranks' own cores move the data)."""
+        if not self.hidden_share:
+            return 0.0
+        queued = 0.0
+        for c in reversed(self.layers):
+            queued = max(0.0, queued - (c.compute[1] + c.comm[1] - c.grad_sum)) + c.grad_sum
+            queued = max(0.0, queued - c.redistribution[1])  # the move below this layer
+        return self.hidden_share * (sum(c.grad_sum for c in self.layers) - queued)
+
+    def time_with_sums_hidden(self) -> float:
+        """The iteration time if the machine's share of every gradient sum were hidden: never
+        more than :attr:`iteration_time`."""
+        return _time_with_free([*self.layers, self.loss, self.data], self.hidden_share)
+
+    @property
+    def memory(self) -> float:
+        """Peak bytes per rank: what every layer keeps, plus the largest transient."""
+        every = [self.data, *self.layers, self.loss]
+        return sum(c.memory for c in every) + max(c.peak for c in every)
+
+    def biggest(self) -> tuple[str, str, float]:
+        """(layer, what, bytes) of the largest single item of :attr:`memory`."""
+        items = [(c.layer, what, n) for c in [self.data, *self.layers, self.loss]
+                 for what, n in [*c.resident.items(), *c.transient.items()]]
+        return max(items, key=lambda item: item[2])
+
+    def totals(self) -> dict[str, float]:
+        every = [*self.layers, self.loss, self.data]
+        return {"compute": sum(sum(c.compute) for c in every),
+                "communication": sum(sum(c.comm) for c in every),
+                "redistribution": sum(sum(c.redistribution) for c in every)}
+
+
+def _time_with_free(costs: list[LayerCost], free: float) -> float:
+    """The time of ``costs`` with ``free`` of each gradient sum counted free."""
+    return sum(c.total - free * c.grad_sum for c in costs)
+
+
+@dataclass
+class _Label:
+    time: float
+    memory: float  # bytes kept, summed over the segments so far
+    peak: float  # the largest transient so far
+    back: tuple[Choice, int] | None  # (previous segment's choice, its label index)
+
+    def beats(self, other: _Label) -> bool:
+        return (self.time <= other.time and self.memory <= other.memory
+                and self.peak <= other.peak)
+
+
+def _pareto(labels: list[_Label], cap: float | None) -> list[_Label]:
+    """The labels under the cap that no other label beats in time, memory and peak."""
+    if cap is None:  # memory does not constrain: the fastest is all we need
+        return [min(labels, key=lambda l: l.time)] if labels else []
+    front: list[_Label] = []
+    for label in sorted((l for l in labels if l.memory + l.peak <= cap),
+                        key=lambda l: (l.time, l.memory, l.peak)):
+        if not any(kept.beats(label) for kept in front):
+            front.append(label)
+    return front
+
+
+def _fed(model: CostModel, index: int, cost: LayerCost, moves: list[tuple[Layout, Layout]]
+         ) -> LayerCost:
+    """A copy of layer ``index``'s cost (the cached one stays clean) with the moves feeding it
+    from other segments, (source, target) each: their time and their memory."""
+    fed = replace(cost, resident=dict(cost.resident), transient=dict(cost.transient))
+    for source, target in moves:
+        move, *moved = model.move_cost(source, target)
+        if move != "identity" or fed.move == "identity":
+            fed.move = move
+        fed.redistribution = tuple(a + b for a, b in zip(fed.redistribution, moved,
+                                                          strict=True))
+        resident, transient = model.move_memory(source, target, index)
+        for name, size in resident.items():  # two moved inputs are two arrays
+            fed.resident[name] = fed.resident.get(name, 0.0) + size
+        fed.transient = larger(fed.transient, transient)
+    return fed
+
+
+def evaluate(model: CostModel, choices: list[Choice], timed: bool = True) -> PlannedNetwork:
+    """Predicted costs of the plan that gives segment k the choice ``choices[k]``; ``timed``
+    False: memory and moves only, no kernel timed (compute left at zero)."""
+    net = model.net
+    costs: dict[int, LayerCost] = dict(zip(model.prelude, model.prelude_costs(timed),
+                                            strict=True))
+    layouts = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
+    for segment, choice in enumerate(choices):
+        cost = model.segment_cost(segment, choice, timed)
+        costs.update(zip(model.segments[segment], cost.layers, strict=True))
+        layouts.update(zip(model.segments[segment], cost.layouts, strict=True))
+    source = model.input_layout(choices[0])
+    data = model.input_cost(source, timed)
+    moves: dict[int, list[tuple[Layout, Layout]]] = {}
+    for k, e, p in model.joins:
+        moves.setdefault(k, []).append((source if p < 0 else layouts[p].output,
+                                        layouts[k].inputs[e]))
+    layers = [_fed(model, k, costs[k], moves[k]) if k in moves else costs[k]
+              for k in range(len(net.layers))]
+    loss = model.loss_cost(layouts[len(net.layers) - 1].output)
+    return PlannedNetwork(_layer_plans(model, choices), layers, loss, data,
+                          hidden_share=model.hidden_share)
+
+
+def _layer_plans(model: CostModel, choices: list[Choice]) -> list[LayerPlan]:
+    by_layer = {model.segments[k][0]: c for k, c in enumerate(choices)}
+    return [LayerPlan(l.name, by_layer[k].mode, by_layer[k].grid) if k in by_layer
+            else LayerPlan(l.name, "follow") for k, l in enumerate(model.net.layers)]
+
+
+def choices_of(model: CostModel, plans: list[LayerPlan]) -> list[Choice]:
+    """The segment choices a per-layer plan makes (Pr = 1 in any mode is batch)."""
+    return [Choice(plans[seg[0]].mode, plans[seg[0]].grid) for seg in model.segments]
+
+
+def serial_layers(net: NetSpec, batch: int) -> list[LayerCost]:
+    """Every layer of ``net`` on one process at the whole ``batch``: its work (shapes) and its
+    memory, priced by FLOPs (P = 1 has one choice per layer, batch on 1×1)."""
+    from hpctrain.cost.compute import FlopModel
+    from hpctrain.cost.machine import Machine
+
+    model = CostModel(net, batch, 1, Machine("flops", 1.0, 1.0, 1.0), FlopModel(1.0))
+    return evaluate(model, [Choice("batch", (1, 1))] * len(model.segments)).layers
+
+
+def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = None) -> float:
+    """FLOPs of one iteration's kernels at the whole ``batch`` (forward and backward, without
+    the optimizer's update); only layers of ``kinds`` when given (e.g. the GEMM ones)."""
+    from hpctrain.cost.compute import flops
+
+    return sum(sum(flops(c.work)) for c in serial_layers(net, batch)
+               if c.work is not None and (kinds is None or c.work.kind in kinds))
+
+
+def predict(model: CostModel, plan: list[LayerPlan] | None,
+            mem_per_rank: float | None = None,
+            cap_source: str = "--mem-per-rank") -> PlannedNetwork:
+    """``plan`` with its predicted costs, or (``plan`` None) the plan the planner picks."""
+    if plan is None:
+        return plan_network(model, mem_per_rank, cap_source)
+    return evaluate(model, choices_of(model, plan))
+
+
+def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
+                itemsize: int = 4) -> PlannedNetwork:
+    """``plan``'s memory per rank (and its moves), arithmetic only: no kernel is timed, so it
+    is safe at any size. Its times are zero."""
+    from hpctrain.cost.compute import FlopModel
+    from hpctrain.cost.machine import Machine
+
+    model = CostModel(net, batch, procs, Machine("memory", 0.0, 0.0, 1.0), FlopModel(1.0),
+                      itemsize)
+    return evaluate(model, choices_of(model, plan), timed=False)
+
+
+def _fits(model: CostModel, candidates: list[list[Choice]], cap: float,
+          cap_source: str) -> list[list[Choice]]:
+    """The candidates whose own segment fits under ``cap`` (arithmetic only, nothing timed);
+    refuses at once when a segment has none, or when no combination can fit."""
+    base = sum(c.memory for c in model.prelude_costs(timed=False))
+    kept = []
+    for k, found in enumerate(candidates):
+        costs = {c: model.segment_cost(k, c, timed=False) for c in found}
+        fitting = [c for c in found if base + costs[c].memory + costs[c].peak <= cap]
+        if not fitting:
+            smallest = min(found, key=lambda c: costs[c].memory + costs[c].peak)
+            _refuse_cap(model, cap, [smallest if j == k else candidates[j][0]
+                                     for j in range(len(candidates))], cap_source)
+        kept.append(fitting)
+        base += min(costs[c].memory for c in fitting)
+    if base > cap:  # every segment at its least memory still does not fit
+        _refuse_cap(model, cap, _leanest(model, kept), cap_source)
+    return kept
+
+
+def _leanest(model: CostModel, candidates: list[list[Choice]]) -> list[Choice]:
+    """Per segment, the candidate that keeps the least memory (what a refusal reports)."""
+    return [min(found, key=lambda c: model.segment_cost(k, c, timed=False).memory)
+            for k, found in enumerate(candidates)]
+
+
+def _refuse_cap(model: CostModel, cap: float, choices: list[Choice], cap_source: str) -> None:
+    _refuse(evaluate(model, choices, timed=False), cap, cap_source)
+
+
+def _refuse(planned: PlannedNetwork, cap: float, cap_source: str) -> None:
+    """Refuse a cap that even ``planned``, the leanest plan found, does not fit."""
+    from hpctrain.io.units import format_bytes
+
+    layer, what, size = planned.biggest()
+    raise PlannerError(f"no plan fits in {cap_source} = {format_bytes(cap)} per rank: even "
+                       f"the leanest needs {format_bytes(planned.memory)}, {layer} {what} alone "
+                       f"{format_bytes(size)}; use a smaller --batch or --image-size, more "
+                       f"processes, or raise --mem-per-rank if the memory is there")
+
+
+def plan_network(model: CostModel, mem_per_rank: float | None = None,
+                 cap_source: str = "--mem-per-rank") -> PlannedNetwork:
+    """The plan of least predicted iteration time (under ``mem_per_rank`` bytes of peak memory
+    per rank, if given; ``cap_source`` says where the cap came from, for the refusal).
+
+    Where gradient sums may hide behind the backward (``--overlap`` on a machine whose
+    network moves data by itself), the time is no longer a sum over segments: how much of a
+    sum hides depends on the layers below it. Two exact searches bracket the optimum then:
+    one counting every sum, one counting the hideable share of every sum as free. Each plan
+    found is priced as executed (:meth:`PlannedNetwork.hidden_sums`) and the faster kept; the
+    second search's optimum is a lower bound on every plan's time (hiding never beats free),
+    kept in ``lower_bound``, so the plan's distance from the best is known.
+    """
+    candidates = [model.choices(k) for k in range(len(model.segments))]
+    for k, found in enumerate(candidates):
+        if not found:  # not even batch-parallel: say why that fails
+            try:
+                model.runnable_layouts(k, Choice("batch", (1, model.procs)))
+            except SplitError as err:
+                raise PlannerError(str(err)) from None
+    if mem_per_rank is not None:
+        candidates = _fits(model, candidates, mem_per_rank, cap_source)
+    counted = _search(model, candidates, mem_per_rank, cap_source, 0.0)
+    if not model.hidden_share:
+        return counted
+    hopeful = _search(model, candidates, mem_per_rank, cap_source, model.hidden_share)
+    best = min(counted, hopeful, key=lambda p: p.iteration_time)
+    if counted.exact and hopeful.exact:
+        best.lower_bound = hopeful.time_with_sums_hidden()
+    return best
+
+
+def _searched(cost: SegmentCost, free: float) -> float:
+    """A segment's time as a search weighs it: ``free`` of each gradient sum counted free."""
+    return _time_with_free(cost.layers, free)
+
+
+def _search(model: CostModel, candidates: list[list[Choice]], mem_per_rank: float | None,
+            cap_source: str, free: float) -> PlannedNetwork:
+    """The plan least in time with ``free`` of every gradient sum counted free (0: the
+    predicted time itself), exactly (see the module's docstring)."""
+    if not model.net.is_chain():
+        return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free)
+    model.prefetch(candidates)
+    prelude = model.prelude_costs()
+    base_memory = sum(c.memory for c in prelude)
+    base_peak = max((c.peak for c in prelude), default=0.0)
+    previous_layout = model.prelude_layout()
+    fronts: list[dict[Choice, list[_Label]]] = []
+    for segment, segment_choices in enumerate(candidates):
+        front: dict[Choice, list[_Label]] = {}
+        for choice in segment_choices:
+            cost = model.segment_cost(segment, choice)
+            rest_memory = sum(c.memory for c in cost.layers[1:])
+            rest_peak = max((c.peak for c in cost.layers[1:]), default=0.0)
+            labels = []
+            if segment == 0:
+                first = _fed(model, model.segments[segment][0], cost.layers[0],
+                             [(previous_layout, cost.in_layout)] if previous_layout else [])
+                data = model.input_cost(model.input_layout(choice))
+                labels.append(_Label(
+                    _searched(cost, free) + sum(first.redistribution) + data.total,
+                    base_memory + data.memory + first.memory + rest_memory,
+                    max(base_peak, data.peak, first.peak, rest_peak), None))
+            else:
+                for before, before_labels in fronts[-1].items():
+                    first = _fed(model, model.segments[segment][0], cost.layers[0], [(
+                        model.segment_cost(segment - 1, before).out_layout, cost.in_layout)])
+                    for index, label in enumerate(before_labels):
+                        labels.append(_Label(
+                            label.time + sum(first.redistribution) + _searched(cost, free),
+                            label.memory + first.memory + rest_memory,
+                            max(label.peak, first.peak, rest_peak), (before, index)))
+            front[choice] = _pareto(labels, mem_per_rank)
+        fronts.append(front)
+    finals = []
+    for choice, labels in fronts[-1].items():
+        loss = model.loss_cost(model.segment_cost(len(candidates) - 1, choice).out_layout)
+        for index, label in enumerate(labels):
+            peak = label.memory + loss.memory + max(label.peak, loss.peak)
+            if mem_per_rank is None or peak <= mem_per_rank:
+                finals.append((label.time + loss.total, choice, index))
+    if not finals:
+        _refuse_cap(model, mem_per_rank, _leanest(model, candidates), cap_source)
+    _, choice, index = min(finals, key=lambda f: f[0])
+    chosen = [choice]
+    for segment in range(len(candidates) - 1, 0, -1):
+        choice, index = fronts[segment][choice][index].back
+        chosen.append(choice)
+    return evaluate(model, chosen[::-1])
+
+
+def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]],
+                      cap: float | None = None, cap_source: str = "", free: float = 0.0
+                      ) -> PlannedNetwork:
+    """The plan of least predicted time of a net with branches (under ``cap`` bytes per rank,
+    if given), exactly, by variable elimination (:mod:`hpctrain.plan.elimination`) over one
+    variable per segment.
+
+    The predicted time is a sum of tables: each segment's own cost, and each move between
+    segments (into a weighted layer, or into an add's or concat's other inputs) under the
+    choices at its two ends; the input batch, the moves from it and the loss add to the
+    segments they depend on. These are exactly the terms :func:`evaluate` adds up, and the
+    same tables give the memory it counts: bytes kept (summed) and transients (the largest).
+    """
+    model.prefetch(candidates)
+    tables = _plan_tables(model, candidates, cap is not None, free)
+    sizes = [len(found) for found in candidates]
+
+    def planned(chosen: list[int]) -> PlannedNetwork:
+        return evaluate(model, [found[i] for found, i in zip(candidates, chosen, strict=True)])
+
+    try:
+        fastest = planned(minimise(sizes, tables)[1])
+        if cap is None or fastest.memory <= cap:
+            return fastest
+        try:  # a plan that fits: what any label must beat
+            known = _uniform_plan(model, candidates, cap, cap_source)
+        except PlannerError:
+            known = None
+        found = minimise_under_cap(sizes, tables, cap,
+                                   known.iteration_time if known else math.inf)
+    except TooLarge:  # densely connected: the one-grid rule, valid if not the best
+        return replace(_uniform_plan(model, candidates, cap, cap_source), exact=False)
+    if found is not None:
+        return planned(found[1])
+    if known is None:
+        _refuse_cap(model, cap, _leanest(model, candidates), cap_source)
+    return known  # nothing beats it
+
+
+def _plan_tables(model: CostModel, candidates: list[list[Choice]], weighed: bool,
+                 free: float = 0.0) -> list[Table]:
+    """The tables whose sum over the segments' choices is :func:`evaluate`'s predicted time
+    (with ``free`` of every gradient sum counted free) and, ``weighed``, its memory (kept
+    bytes summed, the largest transient counted)."""
+    net, segments = model.net, model.segments
+    owner = {k: s for s, members in enumerate(segments) for k in members}
+    layouts = [[dict(zip(members, model.runnable_layouts(s, c), strict=True))
+                for c in candidates[s]] for s, members in enumerate(segments)]
+    tables = []
+
+    def table(variables: tuple[int, ...], costs: object) -> Table:
+        """The table of ``costs``, nested lists (one level per variable) of anything with a
+        ``total``, ``memory`` and ``peak``."""
+        items = np.array(costs, dtype=object)
+
+        def field(what: str) -> np.ndarray:
+            return np.vectorize(lambda c: getattr(c, what), otypes=[float])(items)
+
+        if not weighed:
+            return Table(variables, field("total"))
+        return Table(variables, field("total"), field("memory"), field("peak"))
+
+    for s, found in enumerate(candidates):
+        tables.append(table((s,), [_MoveCost(_searched(cost, free), cost.memory, cost.peak)
+                                   for cost in (model.segment_cost(s, c) for c in found)]))
+    prelude = model.prelude_costs()
+    if prelude:  # the leading layers without weights: the same under every choice
+        tables.append(Table((), sum(c.total for c in prelude), sum(c.memory for c in prelude),
+                            max(c.peak for c in prelude)))
+    fixed = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
+    sources = [model.input_layout(c) for c in candidates[0]]  # where the batch is produced
+    tables.append(table((0,), [model.input_cost(src) for src in sources]))
+
+    def move_table(source_of: list[Layout], a: int | None, k: int, e: int) -> None:
+        """The move into input ``e`` of layer ``k`` from ``source_of[choice of a]`` (a None:
+        one fixed source)."""
+        b = owner.get(k)  # None: a leading layer, on its fixed layouts
+        targets = ([fixed[k].inputs[e]] if b is None
+                   else [where[k].inputs[e] for where in layouts[b]])
+        moves = [[_move(model, src, dst, k, weighed) for dst in targets] for src in source_of]
+        if a is None and b is None:
+            tables.append(table((), moves[0][0]))
+        elif a is None:
+            tables.append(table((b,), moves[0]))
+        elif b is None:
+            tables.append(table((a,), [row[0] for row in moves]))
+        elif a == b:
+            tables.append(table((b,), [moves[i][i] for i in range(len(moves))]))
+        else:
+            tables.append(table((a, b), moves))
+
+    for k, e, p in model.joins:
+        if p < 0:
+            move_table(sources, 0 if len(set(sources)) > 1 else None, k, e)
+        elif p in fixed:
+            move_table([fixed[p].output], None, k, e)
+        else:
+            move_table([where[p].output for where in layouts[owner[p]]], owner[p], k, e)
+    last = owner.get(len(net.layers) - 1)
+    if last is not None:
+        tables.append(table((last,), [model.loss_cost(where[len(net.layers) - 1].output)
+                                      for where in layouts[last]]))
+    return tables
+
+
+@dataclass(frozen=True)
+class _MoveCost:  # not a tuple: tables take arrays of these as objects (segments' too)
+    total: float  # seconds, forward and backward
+    memory: float  # bytes kept
+    peak: float  # bytes held for a moment
+
+
+def _move(model: CostModel, src: Layout, dst: Layout, index: int, weighed: bool) -> _MoveCost:
+    """What moving ``src`` into ``dst`` for layer ``index`` adds to :func:`evaluate`'s totals
+    (its memory only when ``weighed``)."""
+    time = sum(model.move_cost(src, dst)[1:])
+    if not weighed:
+        return _MoveCost(time, 0.0, 0.0)
+    resident, transient = model.move_memory(src, dst, index)
+    return _MoveCost(time, sum(resident.values()), sum(transient.values()))
+
+
+def _uniform_plan(model: CostModel, candidates: list[list[Choice]],
+                  mem_per_rank: float | None, cap_source: str) -> PlannedNetwork:
+    """A net with branches under a memory cap (or too densely connected for exact
+    elimination): the fastest predicted plan that fits and puts every weighted layer on one
+    grid, in one mode where its kind has it (else model, e.g. linear layers of a domain plan).
+    Simple and always valid, not the best per-layer plan."""
+    kinds = [KINDS[model.net.layers[seg[0]].kind] for seg in model.segments]
+    options = []
+    for grid in factorisations(model.procs):
+        for mode in (("batch",) if grid[0] == 1 else ("model", "domain")):
+            choices = [Choice(mode if mode == "batch" or mode in kind.modes else "model", grid)
+                       for kind in kinds]
+            if all(c in found for c, found in zip(choices, candidates, strict=True)):
+                options.append(choices)
+    if not options:
+        raise PlannerError(f"no grid of {model.procs} processes suits every layer of net "
+                           f"{model.net.name} at batch {model.batch}; raise --batch or give "
+                           f"a plan")
+    model.prefetch([sorted(set(found), key=Choice.describe) for found in zip(*options)])
+    planned = [evaluate(model, choices) for choices in options]
+    fitting = [p for p in planned if mem_per_rank is None or p.memory <= mem_per_rank]
+    if not fitting:
+        _refuse(min(planned, key=lambda p: p.memory), mem_per_rank, cap_source)
+    return min(fitting, key=lambda p: p.iteration_time)
+
+
+def format_plan(planned: PlannedNetwork) -> str:
+    """The plan as a table: per layer, mode and grid, predicted ms and memory per rank."""
+    header = (f"{'layer':<10} {'kind':<8} {'mode':<7} {'grid':<7} {'compute ms':>11} "
+              f"{'comm ms':>9} {'redist ms':>10} {'fed by':<10} {'mem MiB':>9} {'+tmp MiB':>9}")
+    rows = [header]
+    for c in [planned.data, *planned.layers, planned.loss]:
+        grid = "" if c.mode == "follow" else f"{c.grid[0]}x{c.grid[1]}"  # weighted: never follow
+        rows.append(f"{c.layer:<10} {c.kind:<8} {c.mode:<7} {grid:<7} "
+                    f"{sum(c.compute) * 1e3:>11.3f} {sum(c.comm) * 1e3:>9.3f} "
+                    f"{sum(c.redistribution) * 1e3:>10.3f} {c.move:<10} {c.memory / 2**20:>9.1f} "
+                    f"{c.peak / 2**20:>9.1f}")
+    t = planned.totals()
+    hidden = planned.hidden_sums()
+    rows.append(f"predicted iteration {planned.iteration_time * 1e3:.3f} ms = compute "
+                f"{t['compute'] * 1e3:.3f} + communication {t['communication'] * 1e3:.3f} + "
+                f"redistribution {t['redistribution'] * 1e3:.3f}"
+                + (f" - gradient sums hidden {hidden * 1e3:.3f}" if hidden else "")
+                + f"; peak memory {planned.memory / 2**20:.1f} MiB per rank (kept + the "
+                  "largest +tmp)")
+    if planned.lower_bound is not None:
+        rows.append(f"no plan is predicted faster than {planned.lower_bound * 1e3:.3f} ms "
+                    f"(every gradient sum hidden as far as the machine allows): this one is "
+                    f"within {planned.iteration_time / planned.lower_bound - 1:.1%} of the best")
+    if not planned.exact:
+        rows.append("not exact: the net is too densely connected to search every layer's "
+                    "grid; every weighted layer is on one grid")
+    return "\n".join(rows)

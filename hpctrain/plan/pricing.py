@@ -1,0 +1,624 @@
+"""Predicted time of every layer under every candidate (mode, Pr×Pc), as the code executes it.
+
+A network is cut into *segments*: a weighted layer (conv, linear; its mode and grid are chosen)
+and the layers without weights that follow it, through their first inputs, on its layout (ReLU,
+batch norm, pooling, flatten, an add or concat whose first input it feeds). A segment's cost
+depends on its own choice only; a redistribution between segments (into a weighted layer, or
+into an add's or concat's other inputs) depends on the choices at both ends. In a chain those
+are consecutive segments. Per layer the model counts, forward and backward:
+
+- compute: the local kernels at the largest local block, measured or from a FLOP rate, and the
+  optimizer's update of the layer's weight shard (counted in the backward);
+- communication inside the layer, as its kind says
+(:meth:`hpctrain.model.kinds.base.Kind.comm_time`):
+  ΔW all-reduced over Pc (over all P in domain mode, where W is replicated everywhere), halo
+  rows exchanged with both neighbours (domain conv and pooling), batch norm's statistics;
+- redistribution into the layer, by the method :func:`hpctrain.layout.moves.move_kind` picks for the
+  code to run: all-gather forward and its adjoint reduce-scatter backward when a model group's
+  blocks tile the needed block, nothing when every rank already holds what it needs, else
+  point-to-point messages with the peers that share data, costed at the busiest receiver (the
+  same in both directions).
+
+The model-parallel all-gather is always deferred to the first layer that needs every channel:
+ReLU, dropout and pooling act per channel and never grow the tensor, so deferring never costs
+more. The backward of an all-gather is costed as the reduce-scatter the code runs (its exact
+adjoint, half the bytes of the all-reduce the paper counts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from hpctrain.cost.collectives import allgather_time, exchange_time, reduce_scatter_time
+from hpctrain.cost.compute import FlopModel, MeasuredCompute, default_cache_path, timing_context
+from hpctrain.cost.machine import Machine, local_profile
+from hpctrain.cost.work import LocalWork
+from hpctrain.layout.layout import BATCH_AXIS, HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.moves import ALLGATHER, IDENTITY, SLICE, move_kind
+from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.kinds.base import RANDOM_BYTES, Footprint, larger
+from hpctrain.model.net import NetSpec
+from hpctrain.plan.placement import LayerLayouts, batch_parallel_input, layer_layouts
+from hpctrain.plan.plans import LayerPlan
+
+# what a parameter shard costs on every rank: its value, its gradient (the gradient all-reduce's
+# flat buffer when there is one), the optimizer's momentum and its scratch buffer
+PARAMETER_COPIES = ("parameters", "gradients", "momentum", "optimizer scratch")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A weighted layer's mode and grid."""
+
+    mode: str
+    grid: tuple[int, int]
+
+    def describe(self) -> str:
+        return f"{self.mode} {self.grid[0]}x{self.grid[1]}"
+
+
+@dataclass
+class LayerCost:
+    """Predicted seconds (forward, backward) of one layer, and its memory per rank in bytes.
+
+    ``resident``: what the layer keeps through a whole step (its parameter shards with their
+    gradients, momentum and scratch, and what its forward saves for the backward), by name.
+    ``transient``: what it allocates on top for a moment, at the larger of its forward and its
+    backward (or of the redistribution feeding it), by name. Transients of different layers never
+    overlap, so a plan's peak is every resident byte plus its largest transient. (A tensor read
+    by several layers outlives its producer: its output and its summed gradient are counted as
+    resident, an upper bound on the time they are held.)
+    """
+
+    layer: str
+    kind: str
+    mode: str
+    grid: tuple[int, int]
+    compute: tuple[float, float] = (0.0, 0.0)
+    comm: tuple[float, float] = (0.0, 0.0)
+    redistribution: tuple[float, float] = (0.0, 0.0)
+    resident: dict[str, float] = field(default_factory=dict)
+    transient: dict[str, float] = field(default_factory=dict)
+    move: str = "identity"
+    work: LocalWork | None = field(default=None, repr=False)
+    update: LocalWork | None = field(default=None, repr=False)  # the optimizer, with backward
+    grad_sum: float = 0.0  # seconds of comm[1] that sum parameter gradients (may be in flight)
+
+    def for_layer(self, layer: str) -> LayerCost:
+        """A copy for ``layer``, priced alike, with memory tables of its own to amend."""
+        twin = object.__new__(LayerCost)  # a shallow copy: copy.copy takes three times longer
+        twin.__dict__.update(self.__dict__)
+        twin.layer, twin.resident, twin.transient = layer, dict(self.resident), dict(self.transient)
+        return twin
+
+    @property
+    def total(self) -> float:
+        return sum(self.compute) + sum(self.comm) + sum(self.redistribution)
+
+    @property
+    def memory(self) -> float:
+        """Bytes kept through the step."""
+        return sum(self.resident.values())
+
+    @property
+    def peak(self) -> float:
+        """Bytes allocated for a moment on top of what every layer keeps."""
+        return sum(self.transient.values())
+
+
+@dataclass
+class SegmentCost:
+    """The layers of a segment (in order of :attr:`CostModel.segments`) and their layouts."""
+
+    layers: list[LayerCost]
+    layouts: list[LayerLayouts]
+
+    @property
+    def in_layout(self) -> Layout:
+        return self.layouts[0].input
+
+    @property
+    def out_layout(self) -> Layout:
+        """The output of the segment's last layer (in a chain, what the next one reads)."""
+        return self.layouts[-1].output
+
+    @property
+    def total(self) -> float:
+        return sum(layer.total for layer in self.layers)
+
+    @property
+    def memory(self) -> float:
+        return sum(layer.memory for layer in self.layers)
+
+    @property
+    def peak(self) -> float:
+        return max(layer.peak for layer in self.layers)
+
+
+def _intervals(ranks: np.ndarray, grid: tuple[int, int], split: int | None, axis: int
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each rank's interval of ``axis`` as fractions of its length, and the number of parts."""
+    pr, pc = grid
+    if axis == BATCH_AXIS:
+        j = ranks // pr
+        return j / pc, (j + 1) / pc, pc
+    if axis == split:
+        i = ranks % pr
+        return i / pr, (i + 1) / pr, pr
+    return np.zeros(len(ranks)), np.ones(len(ranks)), 1
+
+
+@lru_cache(maxsize=65536)
+def _busiest_receiver(src: tuple, dst: tuple) -> tuple[float, int]:
+    """For layouts given as (grid, split axis): the largest share of its block a rank must
+    receive from others in a general move, and the most messages a rank receives, one per
+    source block it overlaps other than its own (even splits).
+
+    In closed form when every fraction of a block boundary is exact in binary floating point
+    (the grids' sides that cut an axis are powers of two, as for any P = 2^k); otherwise rank
+    by rank, whose rounding differs from rank to rank in the last bit, which the plan keeps."""
+    (src_grid, src_split), (dst_grid, dst_split) = src, dst
+    cuts = [src_grid[1], dst_grid[1]]  # the batch is always cut Pc ways
+    cuts += [grid[0] for grid, split in (src, dst) if split is not None]
+    if all(n & (n - 1) == 0 for n in cuts):
+        return _busiest_receiver_closed_form(src_grid[0], src_split, dst_grid[0], dst_split)
+    return _busiest_receiver_by_rank(src, dst)
+
+
+def _busiest_receiver_closed_form(src_pr: int, src_split: int | None, dst_pr: int,
+                                  dst_split: int | None) -> tuple[float, int]:
+    """:func:`_busiest_receiver` when one of ``src_pr``, ``dst_pr`` divides the other (powers
+    of two), in O(1).
+
+    Along the batch, rank r's source block is the batch share of the ``src_pr`` consecutive
+    ranks ``src_pr·⌊r/src_pr⌋ …`` and its target block that of ``dst_pr`` ranks: with
+    ``src_pr ≥ dst_pr`` the target lies inside the source, else it takes ``dst_pr/src_pr``
+    source blocks, each ``src_pr/dst_pr`` of it. Along an axis that only the source splits,
+    every rank holds 1/Pr_src of what it needs, from all Pr_src parts; along one only the target
+    splits, it holds all of it. Along one both split with different Pr, some rank's part of
+    the source lies outside its part of the target: it holds nothing it needs. Every value
+    is a power of two, so the floating-point result is exact, as rank by rank.
+    """
+    kept = min(src_pr, dst_pr) / dst_pr
+    blocks = max(1, dst_pr // src_pr)  # source blocks the busiest rank's target block meets
+    if src_split is not None and src_split == dst_split:
+        if src_pr == dst_pr:  # the same split (ranges given otherwise): nothing moves
+            return 0.0, 0
+        return 1.0, blocks * max(1, src_pr // dst_pr)
+    if src_split is not None:
+        kept /= src_pr
+        blocks *= src_pr
+    return 1 - kept, blocks - 1  # its own block needs no message
+
+
+def _busiest_receiver_by_rank(src: tuple, dst: tuple) -> tuple[float, int]:
+    """:func:`_busiest_receiver` rank by rank, in O(P): every axis but the batch and the split
+    ones multiplies each rank's share by exactly 1 and its messages by 1, so only those are
+    visited."""
+    (src_grid, src_split), (dst_grid, dst_split) = src, dst
+    ranks = np.arange(src_grid[0] * src_grid[1])
+    kept = np.ones(len(ranks))
+    messages = np.ones(len(ranks), dtype=np.int64)
+    eps = 1e-9
+    for axis in sorted({BATCH_AXIS, src_split, dst_split} - {None}):
+        s0, s1, s_parts = _intervals(ranks, src_grid, src_split, axis)
+        d0, d1, _ = _intervals(ranks, dst_grid, dst_split, axis)
+        kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / (d1 - d0)
+        messages *= np.ceil(d1 * s_parts - eps).astype(np.int64) - np.floor(
+            d0 * s_parts + eps).astype(np.int64)
+    messages -= (kept > eps).astype(np.int64)  # its own block needs no message
+    return float(np.max(1 - kept)), int(np.max(messages))
+
+
+class CostModel:
+    """Per-segment costs of ``net`` at global batch ``batch`` on ``procs`` ranks.
+
+    Parameters
+    ----------
+    machine : α–β constants (see :mod:`hpctrain.cost.machine`).
+    compute : an object with ``times(works) -> {work: (forward s, backward s)}``.
+    itemsize : bytes per activation and weight entry (4 for float32).
+
+    ``segments[s]`` lists the layers of segment s (its weighted layer first, then its
+    followers in net order); ``prelude`` the layers without weights that follow the input batch
+    on 1×P.
+    """
+
+    def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
+                 itemsize: int = 4, overlap: bool = False) -> None:
+        self.net, self.batch, self.procs, self.machine = net, batch, procs, machine
+        self.compute, self.itemsize = compute, itemsize
+        # the share of the gradient sums' time that can hide behind the backward: the
+        # machine's, when the run puts them in flight (--overlap); none otherwise
+        self.hidden_share = machine.overlap if overlap else 0.0
+        self.shapes = [(batch, *s) for s in net.shapes()]
+        anchors: list[int] = []  # the weighted layer (or -1, the input) each layer follows
+        for k, spec in enumerate(net.layers):
+            first = net.producers(k)[0]
+            anchors.append(k if KINDS[spec.kind].weighted else
+                           (anchors[first] if first >= 0 else -1))
+        weighted = [k for k, spec in enumerate(net.layers) if KINDS[spec.kind].weighted]
+        if not weighted:
+            raise SplitError(f"net {net.name} has no conv or linear layer to plan")
+        members: dict[int, list[int]] = {w: [] for w in [-1, *weighted]}
+        for k, anchor in enumerate(anchors):  # in net order within each segment
+            members[anchor].append(k)
+        self.prelude = members[-1]
+        self.segments = [members[w] for w in weighted]
+        # (layer, input, producer) of every edge the segments do not price: into a weighted
+        # layer, or into another than the first input (a follower's first input is fed inside
+        # its segment); -1 is the input batch
+        self.joins = tuple((k, e, p) for k, spec in enumerate(net.layers)
+                           for e, p in enumerate(net.producers(k))
+                           if e > 0 or KINDS[spec.kind].weighted)
+        self._segments: dict[tuple[int, Choice], SegmentCost] = {}
+        self._timed: set[tuple[int, Choice]] = set()  # segments whose compute is filled in
+        self._layout_cache: dict[tuple[int, Choice], list[LayerLayouts] | None] = {}
+        self._moves: dict[tuple[Layout, Layout], tuple[str, float, float]] = {}
+        # each layer's inputs by their shapes alone, on 1×P (see _fed)
+        self._unplaced = [tuple(Layout((batch, *(net.input_shape if p < 0 else net.out_shapes[p])),
+                                       (1, procs)) for p in net.producers(k))
+                          for k in range(len(net.layers))]
+        # A net repeats its blocks: layers alike (see _layer_facts) share a number, and are
+        # priced once on equal layouts; each segment knows the first segment alike (see
+        # _segment_facts), which is laid out for it
+        numbers: dict[tuple, int] = {}
+        self._alike_layer = [numbers.setdefault(self._layer_facts(k), len(numbers))
+                             for k in range(len(net.layers))]
+        firsts: dict[tuple, int] = {}
+        self._first_alike = [firsts.setdefault(self._segment_facts(members), s)
+                             for s, members in enumerate(self.segments)]
+        self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
+
+    # -- candidates ---------------------------------------------------------------------------
+
+    def choices(self, segment: int) -> list[Choice]:
+        """Every valid (mode, grid) of the segment's weighted layer."""
+        kind = KINDS[self.net.layers[self.segments[segment][0]].kind]
+        found = [Choice("batch", (1, self.procs))]
+        found += [Choice(mode, grid) for grid in factorisations(self.procs) if grid[0] > 1
+                  for mode in kind.modes]
+        return [c for c in found if self.segment_layouts(segment, c) is not None]
+
+    def _layer_facts(self, index: int) -> tuple:
+        """All that pricing layer ``index`` on given layouts reads of the net, its name aside:
+        its kind and options (a kind lays out and prices a layer from these, the name only
+        labelling a refusal), whether its input gradient is wanted, whether what reaches it is
+        kept anyway, and whether its output has several readers."""
+        spec = self.net.layers[index]
+        return (spec.kind, spec.options, self.net.reads_layers(index),
+                self.kept_upstream(index), len(self.net.consumers.get(index, ())) > 1)
+
+    def _segment_facts(self, members: list[int]) -> tuple:
+        """All that laying out and pricing a segment under a choice reads of the net, names
+        aside: per layer, its number alike, which member feeds its first input, and the shapes
+        of its inputs and output."""
+        net, position = self.net, {k: i for i, k in enumerate(members)}
+        return tuple((self._alike_layer[k], position.get(net.producers(k)[0]),
+                      tuple(net.input_shape if p < 0 else net.out_shapes[p]
+                            for p in net.producers(k)), net.out_shapes[k]) for k in members)
+
+    def segment_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts] | None:
+        """Layouts of each layer of the segment, or None if the choice cannot run (a split
+        with an empty part, or a halo wider than a neighbour's rows). Made once for all
+        segments alike."""
+        key = (self._first_alike[segment], choice)
+        if key not in self._layout_cache:
+            try:
+                self._layout_cache[key] = self._segment_layouts(*key)
+            except SplitError:
+                self._layout_cache[key] = None
+        return self._layout_cache[key]
+
+    def runnable_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts]:
+        """:meth:`segment_layouts`, refusing a choice that cannot run with the reason."""
+        layouts = self.segment_layouts(segment, choice)
+        if layouts is not None:
+            return layouts
+        name = self.net.layers[self.segments[segment][0]].name
+        try:  # refused again, for a reason that names this segment's layers (not its twin's)
+            return self._segment_layouts(segment, choice)
+        except SplitError as err:
+            raise SplitError(f"layer {name} cannot run {choice.describe()}: {err}") from None
+
+    def _fed(self, k: int, known: dict[int, Layout]) -> tuple[Layout, ...]:
+        """What layer ``k``'s inputs arrive on as far as its own layouts go: its first input's
+        producer's output (in ``known``); the others give only their shapes (a kind's layouts
+        depend on its first input's layout alone)."""
+        unplaced = self._unplaced[k]
+        return tuple(known[p] if e == 0 and p in known else unplaced[e]
+                     for e, p in enumerate(self.net.producers(k)))
+
+    def _segment_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts]:
+        known: dict[int, Layout] = {}
+        layouts = []
+        for k in self.segments[segment]:
+            entry = LayerPlan(self.net.layers[k].name, choice.mode, choice.grid)
+            layouts.append(layer_layouts(self.net, k, self._fed(k, known), entry, self.batch))
+            known[k] = layouts[-1].output
+        return layouts
+
+    def prelude_layouts(self) -> list[LayerLayouts]:
+        """Layouts of the leading layers without weights, on 1×P."""
+        known = {-1: Layout(self.shapes[0], (1, self.procs))}
+        layouts = []
+        for k in self.prelude:
+            entry = LayerPlan(self.net.layers[k].name, "follow")
+            layouts.append(layer_layouts(self.net, k, self._fed(k, known), entry, self.batch))
+            known[k] = layouts[-1].output
+        return layouts
+
+    # -- costs --------------------------------------------------------------------------------
+
+    def move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
+        """(kind, forward s, backward s) of redistributing ``src`` into ``dst``. Made once per
+        pair: the planner prices the same moves (from a segment's output under each of its
+        choices into each choice of the next) many times over."""
+        cost = self._moves.get((src, dst))
+        if cost is None:
+            cost = self._moves[src, dst] = self._move_cost(src, dst)
+        return cost
+
+    def _move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
+        kind = move_kind(src, dst)
+        if kind in (IDENTITY, SLICE):
+            return kind, 0.0, 0.0
+        block_bytes = math.prod(largest_block(dst)) * self.itemsize
+        if kind == ALLGATHER:
+            pr = dst.grid[0]
+            return (kind, allgather_time(self.machine, pr, block_bytes),
+                    reduce_scatter_time(self.machine, pr, block_bytes))
+        share, messages = _busiest_receiver((src.grid, src.split_axis),
+                                            (dst.grid, dst.split_axis))
+        t = exchange_time(self.machine, self.procs, messages, share * block_bytes)
+        return kind, t, t
+
+    def kept_upstream(self, index: int) -> bool:
+        """Whether the array that reaches layer ``index`` (when no move intervenes) is kept
+        anyway: the input batch, or an output its producer keeps, looked at through views."""
+        k = self.net.producers(index)[0]
+        while k >= 0 and KINDS[self.net.layers[k].kind].pass_through:
+            k = self.net.producers(k)[0]
+        return k < 0 or KINDS[self.net.layers[k].kind].keeps_output
+
+    def keeps_input(self, index: int) -> bool:
+        """Whether layer ``index`` keeps its input array for the backward."""
+        spec = self.net.layers[index]
+        return KINDS[spec.kind].keeps_input(spec)
+
+    def _memory(self, index: int, layouts: LayerLayouts, work: LocalWork | None, params: int,
+                fresh_input: bool) -> tuple[dict[str, float], dict[str, float]]:
+        """(resident, transient) bytes of layer ``index`` on the busiest rank, by name.
+
+        What the code keeps, read from the layers and kernels (each kind's
+        :meth:`~hpctrain.model.kinds.base.Kind.memory`), plus what every layer with parameters
+        keeps: its shards with gradient, momentum and the optimizer's scratch. Between steps every
+        layer still holds the previous step's arrays, so a forward allocates what it keeps a
+        second time before the old copy goes. ``fresh_input``: a move (not the identity) made
+        the input array.
+        """
+        spec, b = self.net.layers[index], self.itemsize
+        x = math.prod(largest_block(layouts.input)) * b
+        y = math.prod(largest_block(layouts.output)) * b
+        kept_before = self.kept_upstream(index) and not fresh_input
+        resident = {what: params * b for what in PARAMETER_COPIES} if params else {}
+        if self.keeps_input(index) and not kept_before:
+            resident["input"] = x
+        footprint = Footprint(x, y, work, b, {} if kept_before else {"input": x},
+                              layouts.input.split_axis == HEIGHT_AXIS)
+        kept, transient = KINDS[spec.kind].memory(spec, footprint)
+        if len(self.net.consumers.get(index, ())) > 1:
+            # a fork (a residual block's input, an Inception module's): the output lives until
+            # its last reader has run, and its gradient is summed while the branches go back
+            if not KINDS[spec.kind].keeps_output and "output" not in kept:
+                kept["output held for its other readers"] = y
+            kept["gradient summed from its readers"] = y
+        return {**resident, **kept}, transient
+
+    def move_memory(self, src: Layout, dst: Layout, index: int
+                    ) -> tuple[dict[str, float], dict[str, float]]:
+        """(resident, transient) bytes of moving ``src`` into ``dst`` for layer ``index``, on
+        top of what the layer's own estimate counts (which assumes no move): the new array when
+        the layer keeps it, and the buffers of the move (forward: a contiguous copy of the
+        block, the receive buffer, the result; backward the same for the gradient)."""
+        kind = self.move_cost(src, dst)[0]
+        if kind == IDENTITY:
+            return {}, {}
+        b = self.itemsize
+        s, d = math.prod(largest_block(src)) * b, math.prod(largest_block(dst)) * b
+        resident = ({"moved input": d} if self.keeps_input(index) and self.kept_upstream(index)
+                    else {})
+        if kind == SLICE:
+            return resident, {"redistribution buffers": s + d}
+        return resident, {"redistribution buffers": 2 * (s + d)}
+
+    def data_memory(self, first_in: Layout) -> tuple[dict[str, float], dict[str, float]]:
+        """The input batch block, kept through the step, and the RNG drawing it."""
+        entries = math.prod(largest_block(first_in))
+        return {"input batch": entries * self.itemsize}, {"random numbers":
+                                                          entries * RANDOM_BYTES}
+
+    def segment_cost(self, segment: int, choice: Choice, timed: bool = True) -> SegmentCost:
+        """Every layer of the segment under ``choice``, without the moves into the segment;
+        ``timed`` False: its kernels need not be timed (compute may be left at zero), memory
+        and moves only. Made once; timing fills the same object in."""
+        key = (segment, choice)
+        if key not in self._segments:
+            self._segments[key] = self._segment_untimed(segment, choice)
+        if timed and key not in self._timed:
+            self._fill_compute(self._segments[key].layers)
+            self._timed.add(key)
+        return self._segments[key]
+
+    def _fill_compute(self, costs: list[LayerCost],
+                      times: dict[LocalWork, tuple[float, float]] | None = None) -> None:
+        """Each layer's compute: its kernels' times (from ``times`` when they are known),
+        plus the optimizer's in the backward."""
+        if times is None:
+            times = self.compute.times(_distinct(w for c in costs for w in (c.work, c.update)
+                                                 if w))
+        for cost in costs:
+            if cost.work is not None:
+                cost.compute = times[cost.work]
+            if cost.update is not None:
+                cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
+
+    def layer_cost(self, index: int, mode: str, layouts: LayerLayouts,
+                   fed: Layout | None) -> LayerCost:
+        """Layer ``index`` on ``layouts``, fed its first input from ``fed`` (None: counted
+        elsewhere, by whoever knows the producer's layout), untimed. Priced once for all
+        layers alike on equal layouts."""
+        key = (self._alike_layer[index], mode, layouts, fed)
+        priced = self._priced.get(key)
+        if priced is None:
+            priced = self._priced[key] = self._price_layer(index, mode, layouts, fed)
+        return priced.for_layer(self.net.layers[index].name)
+
+    def _price_layer(self, index: int, mode: str, layouts: LayerLayouts,
+                     fed: Layout | None) -> LayerCost:
+        spec = self.net.layers[index]
+        kind = KINDS[spec.kind]
+        cost = LayerCost(spec.name, spec.kind, mode, layouts.output.grid)
+        if fed is not None:  # e.g. flatten gathers height-split rows
+            cost.move, *moved = self.move_cost(fed, layouts.input)
+            cost.redistribution = tuple(moved)
+        cost.work = kind.work(spec, layouts.inputs, layouts.output, self.net.reads_layers(index))
+        cost.comm = kind.comm_time(spec, layouts.inputs, layouts.output, self.machine,
+                                   self.itemsize)
+        cost.grad_sum = kind.gradient_sum_time(spec, layouts.inputs, layouts.output,
+                                               self.machine, self.itemsize)
+        params = kind.local_parameters(spec, layouts.inputs, layouts.output)
+        if params:
+            cost.update = LocalWork("sgd", (params,))
+        cost.resident, cost.transient = self._memory(index, layouts, cost.work, params,
+                                                     cost.move != IDENTITY)
+        if cost.move != IDENTITY:
+            _, moving = self.move_memory(fed, layouts.input, index)
+            cost.transient = larger(cost.transient, moving)
+        return cost
+
+    def _segment_untimed(self, segment: int, choice: Choice) -> SegmentCost:
+        layouts = self.runnable_layouts(segment, choice)
+        where = dict(zip(self.segments[segment], layouts, strict=True))
+        costs = []
+        for k, layer in where.items():
+            first = self.net.producers(k)[0]
+            fed = where[first].output if first in where and first != k else None
+            mode = choice.mode if k == self.segments[segment][0] else "follow"
+            costs.append(self.layer_cost(k, mode, layer, fed))
+        return SegmentCost(costs, layouts)
+
+    def input_layout(self, first: Choice) -> Layout:
+        """Where the input batch is produced when the first segment takes ``first``, by the
+        network's rule (:func:`hpctrain.plan.placement.batch_parallel_input`)."""
+        if batch_parallel_input(self.net):
+            return Layout(self.shapes[0], (1, self.procs))
+        return self.runnable_layouts(0, first)[0].input
+
+    def prelude_layout(self) -> Layout | None:
+        """The output layout of the last leading layer without weights (on 1×P), or None
+        without any."""
+        layouts = self.prelude_layouts()
+        return layouts[-1].output if layouts else None
+
+    def prelude_costs(self, timed: bool = True) -> list[LayerCost]:
+        costs = []
+        source = Layout(self.shapes[0], (1, self.procs))
+        known = dict(zip(self.prelude, self.prelude_layouts(), strict=True))
+        for k, layouts in known.items():
+            first = self.net.producers(k)[0]
+            fed = known[first].output if first in known else source
+            costs.append(self.layer_cost(k, "follow", layouts, fed))
+        if timed:
+            self._fill_compute(costs)
+        return costs
+
+    def input_cost(self, first_in: Layout, timed: bool = True) -> LayerCost:
+        """Producing each rank's block of the input batch (synthetic data here), per step."""
+        work = LocalWork("data", largest_block(first_in))
+        cost = LayerCost("input", "data", "follow", first_in.grid, work=work)
+        cost.resident, cost.transient = self.data_memory(first_in)
+        if timed:
+            cost.compute = self.compute.times([work])[work]
+        return cost
+
+    def loss_cost(self, last_out: Layout) -> LayerCost:
+        """The loss: gathering the logits (replicated over Pr), and its memory: the logits and
+        their gradient (kept through the backward), the softmax's temporaries, the gather."""
+        target = last_out.replicated()
+        cost = LayerCost("loss", "softmax", "follow", last_out.grid)
+        cost.move, *moved = self.move_cost(last_out, target)
+        cost.redistribution = tuple(moved)
+        logits = math.prod(largest_block(target)) * self.itemsize
+        _, move = self.move_memory(last_out, target, len(self.net.layers) - 1)
+        cost.resident = {"logits and their gradient": 2 * logits}
+        cost.transient = larger({"softmax": 3 * logits}, move)
+        return cost
+
+    def prefetch(self, choices: list[list[Choice]]) -> None:
+        """Cost every candidate, timing all their kernels in one batch (one synchronised pass
+        over the ranks instead of one per segment)."""
+        todo = [(k, c) for k, found in enumerate(choices) for c in found
+                if (k, c) not in self._timed]
+        costs = [self.segment_cost(k, c, timed=False) for k, c in todo]
+        works = [w for cost in costs for c in cost.layers for w in (c.work, c.update) if w]
+        works += [LocalWork("data", largest_block(self.input_layout(c))) for c in choices[0]]
+        times = self.compute.times(_distinct(works))
+        for key, cost in zip(todo, costs, strict=True):
+            self._fill_compute(cost.layers, times)
+            self._timed.add(key)
+
+
+def _distinct(works: Iterable[LocalWork]) -> list[LocalWork]:
+    """``works`` without repeats, in order: a planner's list names most works many times, and
+    a compute model need price each once."""
+    return list(dict.fromkeys(works))
+
+
+COMPUTE_SOURCES = ("auto", "measured", "flops")
+
+
+def compute_source(machine: Machine, requested: str) -> str:
+    """``measured`` on this machine (its calibrated or default profile), else ``flops``."""
+    if requested != "auto":
+        return requested
+    here = machine.name in ("local", "default") or machine.source == str(local_profile())
+    return "measured" if here else "flops"
+
+
+def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, source: str,
+                     backend=None, comm=None, threads=None, overlap: bool = False,
+                     cached: bool = True) -> CostModel:
+    """A cost model whose compute times come from ``source`` (see :func:`compute_source`), for
+    a run with gradient sums in flight when ``overlap`` (``--overlap``). Measured times are
+    read from and added to the cache unless not ``cached``: then all are timed now.
+
+    Measured times run on ``backend`` (NumPy float32 on this CPU when None) under ``threads``
+    (the :class:`~hpctrain.device.threads.ThreadChoice` in force; None: decided and applied here by
+    :func:`~hpctrain.device.threads.configure_threads`, as every command does before planning);
+    under MPI every rank of ``comm`` times the same kernels at once, as the ranks of a node
+    will when training.
+    """
+    import numpy as np
+
+    itemsize = 4 if backend is None else np.dtype(backend.dtype).itemsize
+    if compute_source(machine, source) == "flops":
+        return CostModel(net, batch, procs, machine, FlopModel(machine.flops), itemsize,
+                         overlap)
+    if backend is None:
+        from hpctrain.device.backend import Backend
+
+        backend = Backend(np, np.float32)
+    if threads is None:
+        from hpctrain.device.threads import configure_threads
+
+        threads = configure_threads(comm)
+    context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas)
+    compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None)
+    return CostModel(net, batch, procs, machine, compute, itemsize, overlap)

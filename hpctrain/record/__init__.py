@@ -1,0 +1,2 @@
+"""What a run records: per-layer times of each step, a timeline of chosen steps, and the HDF5
+run log."""

@@ -1,0 +1,420 @@
+"""HDF5 checkpoints that hold every tensor whole, so a run can resume under any plan and any P.
+
+A checkpoint is written by rank 0 alone, from one replica of each parameter gathered tensor by
+tensor, and read by every rank, each reading only its own block. Nothing in the file depends on
+the plan that wrote it: save on 4 ranks with conv=domain:2x2, resume on 6 ranks with 3x2, or on
+one process. Layout (plain HDF5; ``h5py.File(path)["params/conv1.weight"][...]`` reads a tensor)::
+
+    /params/<name>     the parameter <name> (e.g. conv1.weight, fc1.bias), whole, training dtype
+    /momentum/<name>   the SGD velocity of <name>, whole, training dtype; zeros when the optimizer
+                       has not stepped yet (the first step then computes μ·0 + g, exactly g)
+    /buffers/<name>    state kept but not trained (e.g. bn1.running_mean), whole, training
+                       dtype; only for nets that have some
+    /                  attrs:
+        format   "hpctrain-checkpoint"         version  1
+        net      the net's name                layers   the net's layers, one "NAME KIND" each
+                                               (and " in=A,B" where it reads other layers
+                                               than the line before)
+        step     steps completed: training resumes at batch ``step``
+        seed     the run's seed                dtype    the training dtype ("float32"/"float64")
+        plan     the plan that wrote it, in plan-file format (informational: any plan may load it)
+        state    JSON of the caller's extra state (config, schedule, ...): plain values only
+
+The random state is (seed, step). Initial weights, dropout masks and synthetic data come from a
+counter-based generator keyed by the seed and indexed by the step and the global entry, so a run
+rebuilt with the same seed and resumed at batch ``step`` draws exactly the masks and data the
+uninterrupted run would have drawn; there is no generator state to save.
+
+Checkpoints of one run live in a directory as ``step-00000120.h5`` (:func:`checkpoint_path`).
+Files are written beside their final name under a temporary name starting with "." and renamed
+when complete (:func:`hpctrain.io.files.replace_atomically`), so a crash leaves the previous
+checkpoint or the new one, never half of one, and every ``step-*.h5`` file is complete. The
+temporaries a crash leaves (``.step-*.h5.*.tmp``) are removed at the next start and whenever
+checkpoints are pruned (:func:`remove_temporaries`). Only regular files count: a link named
+like a checkpoint is never read, replaced or deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+from mpi4py import MPI
+
+from hpctrain.comm.gather import gather_to_root
+from hpctrain.errors import OutputError, UserError
+from hpctrain.io.files import remove_orphans, replace_atomically
+from hpctrain.io.seeds import check_seed
+from hpctrain.layers.base import Parameter
+from hpctrain.layout.layout import Box
+from hpctrain.model.net import NetSpec
+from hpctrain.plan.plans import plan_text
+from hpctrain.run.network import Network
+from hpctrain.run.optimizer import SGD
+
+FORMAT = "hpctrain-checkpoint"
+VERSION = 1
+GROUPS = ("params", "momentum")
+_FILE_NAME = re.compile(r"^step-(\d+)\.h5$")
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be written, found or used; the message names the file."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint says about the run that wrote it (its tensors are not loaded)."""
+
+    path: Path
+    step: int  # steps completed: the next step to train
+    seed: int
+    plan: str  # the writer's plan, in plan-file format
+    state: dict[str, Any]
+    dtype: str
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
+                    state: dict[str, Any], comm: MPI.Comm, *, seed: int) -> None:
+    """Write ``network``'s parameters and ``optimizer``'s velocity to ``path``. Collective.
+
+    Parameters
+    ----------
+    path : the file to (re)place; its directory is created.
+    network, optimizer : the model and its SGD, on the ranks of ``comm`` (the network's world).
+    step : steps completed; a resumed run starts at batch ``step``.
+    state : extra plain values (config, schedule, ...) stored as JSON; rank 0's is written.
+    comm : the network's world communicator.
+    seed : the seed the network and data were built with (the network does not keep it).
+
+    Rank 0 receives one replica of each tensor at a time (never a replica per rank) and writes
+    it before the next, so its extra memory is that of the largest tensor: the gather's receive
+    buffer and assembled tensor in float64, then the cast to the training dtype, whatever P.
+
+    If writing fails (disk full, no permission: an ``OSError``; or ``path`` is something
+    hpctrain did not write) rank 0 still takes part in every remaining gather and then
+    broadcasts the failure, so every rank raises the same :class:`OutputError` and none is
+    left waiting; the previous file at ``path``, if any, is unchanged and no temporary file
+    remains.
+    """
+    path = Path(path)
+    rank = comm.Get_rank()
+    tensors = _gathered_tensors(network, optimizer, comm)  # one collective per item
+    failure = None
+    if rank == 0:
+        try:
+            header = _header(network, step, state, seed)
+            replace_atomically(path, lambda tmp: _write(tmp, header, tensors),
+                               ours=is_checkpoint)
+        except OutputError as err:  # disk full, no permission, or not ours to replace: finish
+            failure = str(err)      # the gathers, then report it
+    for _ in tensors:  # the other ranks' share, or what rank 0 left when writing failed
+        pass
+    failure = comm.bcast(failure, root=0)
+    if failure is not None:
+        raise OutputError(f"could not write checkpoint {path} ({failure}); check that the "
+                          f"directory is writable and has space (any older file is intact)")
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint hpctrain wrote (its ``format`` attribute says so)."""
+    try:
+        with h5py.File(path, "r", locking=False) as h5:
+            return h5.attrs.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def _header(network: Network, step: int, state: dict[str, Any], seed: int) -> dict[str, Any]:
+    return {"format": FORMAT, "version": VERSION, "net": network.net.name,
+            "layers": _layer_list(network.net), "step": int(step), "seed": int(seed),
+            "plan": plan_text(network.plan) + "\n", "dtype": np.dtype(network.backend.dtype).name,
+            "state": json.dumps(state)}
+
+
+def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm
+                      ) -> Iterator[tuple[str, np.ndarray | None]]:
+    """("params/NAME" or "momentum/NAME", the whole tensor on rank 0, None elsewhere), in turn.
+
+    Each item costs one ``Gatherv`` over ``comm``; only the first rank holding each block sends
+    it (the others send nothing), so rank 0 receives exactly one copy of the tensor.
+    """
+    backend, rank = network.backend, comm.Get_rank()
+    nothing = backend.xp.empty(0, backend.dtype)
+
+    def gathered(tensor: Parameter, locals_: dict[str, Any]
+                 ) -> Iterator[tuple[str, np.ndarray | None]]:
+        box_of = _one_replica(tensor, comm.Get_size())
+        sends = box_of(rank) == tensor.box(rank)
+        for group, local in locals_.items():
+            whole = gather_to_root(backend, comm, local if sends else nothing, tensor.shape,
+                                   box_of, "copy", dtype=backend.dtype)  # no float64 detour
+            yield f"{group}/{tensor.name}", whole
+
+    for param, velocity in zip(network.params, optimizer.velocity, strict=True):
+        if velocity is None:  # not stepped yet: μ·0 + g == g, so zeros change nothing
+            velocity = backend.xp.zeros_like(param.value)
+        yield from gathered(param, {"params": param.value, "momentum": velocity})
+    for buffer in network.buffers:
+        yield from gathered(buffer, {"buffers": buffer.value})
+
+
+def _one_replica(param: Parameter, size: int) -> Callable[[int], Box]:
+    """``box_of`` for the gather: each block from its lowest rank, an empty box for replicas.
+
+    E.g. a weight split over Pr = 2 on a 2×3 grid: ranks 0 and 1 hold the two halves and send
+    them; ranks 2..5 (batch index j > 0) hold the same halves again and send nothing.
+    """
+    empty = tuple((0, 0) for _ in param.shape)
+    seen: set[Box] = set()
+    boxes = []
+    for rank in range(size):
+        box = param.box(rank)
+        boxes.append(empty if box in seen else box)
+        seen.add(box)
+    return boxes.__getitem__
+
+
+def _write(tmp: Path, header: dict[str, Any],
+           tensors: Iterator[tuple[str, np.ndarray | None]]) -> None:
+    with h5py.File(tmp, "w") as h5:
+        h5.attrs.update(header)
+        for name, whole in tensors:
+            _write_tensor(h5, name, whole, header["dtype"])
+
+
+def _write_tensor(h5: h5py.File, name: str, whole: np.ndarray, dtype: str) -> None:
+    h5.create_dataset(name, data=whole, dtype=dtype)  # the gather's float64, in training dtype
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def tensor_shapes(net: NetSpec) -> dict[str, tuple[int, ...]]:
+    """Name → whole shape of each parameter of ``net``: what a checkpoint of it holds."""
+    return net.param_shapes()
+
+
+def read_checkpoint_info(path: Path, net: NetSpec) -> CheckpointInfo:
+    """Check that ``path`` is a complete checkpoint of ``net``; its header, no tensors loaded.
+
+    Raises :class:`CheckpointError` naming the file for: no such file, not HDF5 or truncated,
+    not an hpctrain checkpoint or another version, another net, other layers, or a tensor
+    missing or of the wrong shape for ``net``.
+    """
+    path = Path(path)
+    with _open(path) as h5:
+        return _validate(h5, path, net)
+
+
+def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointInfo:
+    """Fill ``network``'s parameter shards and ``optimizer``'s velocity from ``path``. Collective.
+
+    Every rank opens the file read-only and reads only its own block (``param.box(rank)``) of
+    each tensor, so any plan on any number of ranks can load any checkpoint of the same net.
+    Values are converted to the network's dtype; a block holding NaN or Inf is refused, naming
+    the tensor (training from it could only give a NaN loss, blamed on the rate). The ranks
+    agree before returning: if any rank
+    fails (say the file is not visible on its node) every rank raises the same
+    :class:`CheckpointError`, so none goes on to train alone. Build the network and data with
+    ``info.seed`` and resume at batch ``info.step``.
+    """
+    path = Path(path)
+    xp, dtype = network.backend.xp, network.backend.dtype
+    rank = network.grids.world.Get_rank()
+    failure, info = None, None
+    try:
+        with _open(path) as h5:
+            info = _validate(h5, path, network.net)
+
+            def read(group: str, tensor: Parameter) -> Any:
+                """This rank's block of ``group/NAME``, in the network's dtype and device."""
+                where = tuple(slice(lo, hi) for lo, hi in tensor.box(rank))
+                block = _finite(h5, f"{group}/{tensor.name}", where, path)
+                return xp.asarray(block.astype(dtype, copy=False))
+
+            for k, param in enumerate(network.params):
+                param.value[...] = read("params", param)
+                optimizer.velocity[k] = read("momentum", param)
+            for buffer in network.buffers:
+                buffer.value[...] = read("buffers", buffer)
+    except CheckpointError as err:
+        failure = str(err)
+    except OSError as err:  # a header fine but a tensor cut short: a truncated file
+        failure = f"checkpoint {path} cannot be read ({err}); it may be truncated, use another"
+    failures = [f for f in network.grids.world.allgather(failure) if f is not None]
+    if failures:
+        raise CheckpointError(failures[0])
+    return info
+
+
+def _finite(h5: h5py.File, name: str, where: tuple[slice, ...], path: Path) -> np.ndarray:
+    """Block ``where`` of tensor ``name``; a :class:`CheckpointError` naming it if it holds NaN
+    or Inf (one pass over the block)."""
+    block = h5[name][where]
+    if not np.isfinite(block).all():
+        value = "NaN" if np.isnan(block).any() else "Inf"
+        raise CheckpointError(f"checkpoint {path}: tensor /{name} holds {value}; resume from an "
+                              f"earlier checkpoint")
+    return block
+
+
+def _open(path: Path) -> h5py.File:
+    """``h5py.File(path, "r")``, its failures a :class:`CheckpointError` naming the file."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist; give an existing file, or a "
+                              f"directory of step-*.h5 files")
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path} is not a readable HDF5 file (truncated or "
+                              f"corrupt?): {err}; use another checkpoint") from None
+
+
+def _validate(h5: h5py.File, path: Path, net: NetSpec) -> CheckpointInfo:
+    """The header of an open checkpoint, after checking it fits ``net`` and holds its tensors
+    (:func:`tensor_shapes`, and the buffers)."""
+    attrs = h5.attrs
+    if attrs.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an hpctrain checkpoint (no format attribute "
+                              f"'{FORMAT}'); give a file written by hpctrain")
+    if attrs.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint {path} has version {attrs.get('version')}; this "
+                              f"hpctrain reads version {VERSION}")
+    try:
+        info = CheckpointInfo(path, int(attrs["step"]), int(attrs["seed"]), str(attrs["plan"]),
+                              json.loads(attrs["state"]), str(attrs["dtype"]))
+        written_for, layers = str(attrs["net"]), [str(name) for name in attrs["layers"]]
+    except (KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path} has a damaged header ({err!r}); use another "
+                              f"checkpoint") from None
+    try:
+        check_seed(info.seed, "seed")
+    except UserError as err:
+        raise CheckpointError(f"checkpoint {path} has a damaged header ({err}); use another "
+                              f"checkpoint") from None
+    if written_for != net.name:
+        raise CheckpointError(f"checkpoint {path} was written for net {written_for}, not "
+                              f"{net.name}; give a checkpoint of {net.name}")
+    ours = _layer_list(net)
+    if layers != ours:
+        k = next((k for k, (a, b) in enumerate(zip(layers, ours)) if a != b),
+                 min(len(layers), len(ours)))
+        there = layers[k] if k < len(layers) else "nothing"
+        here = ours[k] if k < len(ours) else "nothing"
+        raise CheckpointError(f"checkpoint {path} was written for another version of net "
+                              f"{net.name}: layer {k + 1} is '{there}' there but '{here}' here; "
+                              f"give a checkpoint of this architecture")
+    expected = [(group, name, shape) for group in GROUPS
+                for name, shape in tensor_shapes(net).items()]
+    expected += [("buffers", name, shape) for name, shape in net.buffer_shapes().items()]
+    for group, name, shape in expected:
+        if not isinstance(h5.get(f"{group}/{name}"), h5py.Dataset):
+            raise CheckpointError(f"checkpoint {path} lacks /{group}/{name}; it is "
+                                  f"incomplete, use another checkpoint")
+        found = h5[f"{group}/{name}"].shape
+        if found != tuple(shape):
+            raise CheckpointError(f"checkpoint {path} holds /{group}/{name} of shape "
+                                  f"{found} but net {net.name} needs {tuple(shape)}; was it "
+                                  f"written with another --image-size or net file?")
+    return info
+
+
+def _layer_list(net: NetSpec) -> list[str]:
+    """"NAME KIND" per layer, and " in=A,B" where it reads other layers than the line before
+    (so a chain's list is what it always was, and a rewired net is told apart)."""
+    found = []
+    for k, layer in enumerate(net.layers):
+        wiring = "" if net.producers(k) == (k - 1,) else f" in={','.join(layer.inputs)}"
+        found.append(f"{layer.name} {layer.kind}{wiring}")
+    return found
+
+
+# --- a directory of checkpoints --------------------------------------------------------------
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    """``directory/step-00000120.h5`` for ``step`` 120: names sort by step."""
+    if step < 0:
+        raise ValueError(f"step {step} must be non-negative")
+    return Path(directory) / f"step-{step:08d}.h5"
+
+
+def step_of(path: Path) -> int:
+    """The step in a checkpoint's file name: ``step-00000120.h5`` -> 120."""
+    match = _FILE_NAME.match(Path(path).name)
+    if not match:
+        raise CheckpointError(f"{path} is not named like a checkpoint (step-NNNNNNNN.h5)")
+    return int(match.group(1))
+
+
+def _checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the complete checkpoints in ``directory``, oldest first.
+
+    Temporary files of a write in progress (or of a crashed one) start with "." and never
+    match; every file that does match was renamed into place complete. Links are not followed
+    and never count.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            match = _FILE_NAME.match(entry.name)
+            if match and entry.is_file(follow_symlinks=False):
+                found.append((int(match.group(1)), Path(entry.path)))
+    return sorted(found)
+
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Remove the temporary files a crashed checkpoint write left in ``directory``
+    (``.step-NNNNNNNN.h5.XXXXXXXX.tmp``, regular files only); the paths removed. Call it on
+    one rank, when no other job writes checkpoints there."""
+    return remove_orphans(Path(directory), r"step-\d+\.h5")
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The complete checkpoint of the highest step in ``directory``; None when there is none."""
+    found = _checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def prune_checkpoints(directory: Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest checkpoints in ``directory``; the deleted paths.
+
+    Call it on one rank (rank 0, after a save). The temporaries of crashed writes go too
+    (:func:`remove_temporaries`); other files and links stay.
+    """
+    if keep < 1:
+        raise CheckpointError(f"cannot keep {keep} checkpoints; keep at least 1")
+    old = [path for _, path in _checkpoints(directory)[:-keep]]
+    for path in old:
+        path.unlink(missing_ok=True)
+    remove_temporaries(directory)
+    return old
+
+
+def resolve_resume(path_or_dir: Path) -> Path:
+    """The checkpoint to resume from: a file as given, or a directory's latest checkpoint."""
+    path = Path(path_or_dir)
+    if path.is_dir():
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise CheckpointError(f"no checkpoint in {path}: it holds no step-*.h5 file; give "
+                                  f"another directory or a checkpoint file")
+        return latest
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist; give a checkpoint file or a "
+                              f"directory of step-*.h5 files")
+    return path

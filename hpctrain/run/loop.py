@@ -1,0 +1,315 @@
+"""The training loop: build, then forward / loss / backward / SGD step, with progress, held-out
+evaluation, checkpoints, a step-by-step log, and a clean stop on SIGTERM or SIGUSR1.
+
+Every step is timed per layer (:mod:`hpctrain.record.timing`); at the end rank 0 prints the median
+over the steps after the first (which pays one-off allocation and warm-up), the largest over ranks.
+Timing costs a few clock reads per layer on the CPU; on a GPU each reading waits for the device,
+which removes some overlap of kernels with the host.
+
+Rank 0 alone prints and writes the log; the others are silent unless something fails.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from hpctrain.comm.grid import GridSet
+from hpctrain.data.synthetic import SyntheticData
+from hpctrain.device.backend import Backend
+from hpctrain.errors import UserError
+from hpctrain.model.net import NetSpec
+from hpctrain.plan.plans import LayerPlan
+from hpctrain.record.timeline import TimelineWindow
+from hpctrain.record.timing import (
+    RanksSummary,
+    StepTimes,
+    format_table,
+    max_over_ranks,
+    median_times,
+    over_ranks,
+    summary_over_ranks,
+)
+from hpctrain.run.network import Network
+from hpctrain.run.optimizer import SGD
+from hpctrain.run.schedule import Schedule
+from hpctrain.run.signals import StopRequests
+
+BEFORE_TRAINING = "before training; nothing was trained or saved"  # after "stopped by SIGTERM"
+
+
+class TrainingError(UserError):
+    """Training cannot go on: a non-finite loss (the same all-reduced value on every rank) from
+    finite inputs; a NaN or Inf read from the data is refused before, naming the sample."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train and how; the options after ``print_every`` have defaults that keep a run
+    self-contained (constant rate, no evaluation schedule, no checkpoints)."""
+
+    batch: int
+    steps: int  # the last step of the run, counted from 0 (a resumed run ends at the same one)
+    lr: float
+    momentum: float
+    weight_decay: float
+    seed: int
+    print_every: int
+    schedule: Schedule | None = None  # None: ``lr`` at every step
+    eval_every: int = 0  # held-out evaluation every N steps (and at the end); 0: at the end
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0  # 0: only at the end and on a stop signal
+    keep_checkpoints: int = 2
+    overlap: bool = False  # gradient sums in flight during the backward (hpctrain.comm.gradients)
+    timeline: tuple[int, int] | None = None  # steps to record spans of (hpctrain.record.timeline)
+
+    def lr_at(self, step: int) -> float:
+        return self.schedule.lr(step) if self.schedule else self.lr
+
+
+@dataclass
+class TrainResult:
+    """What a run measured: the loss of every step, and the per-layer times.
+
+    ``layer_times``: per field, the median over the steps after the first (the only step when
+    there is one), then the largest over ranks; the same on every rank. ``step_times``: this
+    rank's record of every step.
+    """
+
+    losses: list[float]
+    layer_times: StepTimes
+    step_times: list[StepTimes]
+    fastest_rank_times: StepTimes  # as layer_times, but the smallest over ranks
+    step_seconds: list[float]  # this rank's wall time of each whole step, optimizer included
+    iteration: float  # median of step_seconds after the first, the largest over ranks
+    first_step: int = 0  # the step this run started from (> 0 when resumed)
+    stopped_by: str | None = None  # the signal that stopped the run early
+    validation: list[tuple[int, float, float]] = field(default_factory=list)  # step, loss, acc
+    checkpoint: Path | None = None  # the last checkpoint written
+
+    @property
+    def last_step(self) -> int:
+        """The number of steps completed, counting those before a resume."""
+        return self.first_step + len(self.losses)
+
+
+def print_now(*args: Any) -> None:
+    """print, flushed at once: a job's output file shows each line as it happens."""
+    print(*args, flush=True)
+
+
+def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Backend,
+          comm: MPI.Comm, out=print_now, data: Any = None, val_data: Any = None, log: Any = None,
+          resume: Path | None = None, stop: StopRequests | None = None) -> TrainResult:
+    """Train from step 0 (or the step of checkpoint ``resume``) to ``config.steps``.
+
+    Collective over ``comm``. ``data`` gives the training batches (default: synthetic data of
+    ``config.seed``); ``val_data`` (an :class:`~hpctrain.data.dataset.H5Data` of the held-out split)
+    is evaluated every ``config.eval_every`` steps and at the end. ``log`` is rank 0's
+    :class:`~hpctrain.record.runlog.RunLog` (None elsewhere, or for no log). After the progress
+    lines and the "done:" line, rank 0 prints the per-layer time table (see :class:`TrainResult`).
+    On SIGTERM or SIGUSR1 every rank stops after the same step, a checkpoint is written when
+    ``config.checkpoint_dir`` is set, and the result says which signal stopped it (``stop``:
+    requests already being recorded, e.g. since before planning).
+    """
+    rank, procs = comm.Get_rank(), comm.Get_size()
+    say = out if rank == 0 else (lambda *_: None)
+    with GridSet(comm) as grids, (nullcontext(stop) if stop else StopRequests()) as stop:
+        network = Network(net, plan, config.batch, grids, backend, config.seed,
+                          config.overlap)
+        data = data or SyntheticData(backend, net.input_shape, net.classes, config.batch,
+                                     config.seed)
+        optimizer = SGD(network.params, config.lr, config.momentum, config.weight_decay)
+        first = 0
+        if resume is not None:
+            from hpctrain.run.checkpoint import load_checkpoint
+
+            first = load_checkpoint(resume, network, optimizer).step
+            say(f"resumed from {resume} at step {first}")
+        say(f"hpctrain: {net.name}, {net.parameter_count() / 1e6:.1f} M parameters, input "
+            f"{'x'.join(map(str, net.input_shape))}, batch {config.batch}, {procs} processes, "
+            f"{backend.device} {backend.xp.dtype(backend.dtype).name}")
+        # a diverging run overflows; the loss check in the loop names the step instead
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            result = _loop(network, optimizer, data, val_data, config, first, comm, log, stop,
+                           say)
+            if val_data is not None and result.losses and not result.stopped_by and (
+                    not result.validation or result.validation[-1][0] != result.last_step):
+                result.validation.append(_evaluate(network, val_data, result.last_step, log,
+                                                   say))
+        if result.stopped_by and not result.losses:
+            say(f"stopped by {result.stopped_by} {BEFORE_TRAINING}")
+        elif result.stopped_by:
+            saved = (f"; resume with --resume {result.checkpoint}" if result.checkpoint
+                     else "; no --checkpoint-dir, so nothing was saved"
+                     if config.checkpoint_dir is None else "")
+            say(f"stopped by {result.stopped_by} after step {result.last_step}{saved}")
+        if result.losses or not result.stopped_by:
+            _summarise(result, config, comm, say)
+    return result
+
+
+def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: TrainConfig,
+          first: int, comm: MPI.Comm, log: Any, stop: StopRequests, say) -> TrainResult:
+    """Steps ``first`` .. ``config.steps - 1``, or until every rank agrees to stop."""
+    backend, rank = network.backend, comm.Get_rank()
+    losses: list[float] = []
+    step_times: list[StepTimes] = []
+    step_seconds: list[float] = []
+    result = TrainResult(losses, None, step_times, None, step_seconds, 0.0, first)
+    result.stopped_by = stop.agreed(comm)  # asked to stop while planning: train nothing
+    last = first if result.stopped_by else config.steps
+    window = TimelineWindow(config.timeline, comm, backend) if config.timeline else None
+    start = time.perf_counter()
+    for step in range(first, last):
+        t0 = time.perf_counter()
+        times = network.step_times()
+        if window is not None:
+            window.begin(step, times)
+        lr = config.lr_at(step)
+        # each layer is updated as soon as its gradient's sum arrives, during the backward
+        loss, accuracy = network.train_step(data, step, times=times,
+                                            update=partial(optimizer.step, lr))
+        if not math.isfinite(loss):
+            raise TrainingError(f"loss became {loss} at step {step + 1} (of {config.steps}); "
+                                f"lower --lr (now {lr:g})")
+        backend.sync()
+        seconds = time.perf_counter() - t0
+        if window is not None:
+            window.end(step, times)
+        losses.append(loss)
+        step_times.append(times)
+        step_seconds.append(seconds)
+        summary = summary_over_ranks(times, seconds, comm)  # at rank 0, None elsewhere
+        if rank == 0:
+            _report(step, loss, accuracy, lr, summary, config, start, first, log, say)
+        done = step + 1
+        result.stopped_by, log_broken = stop.agreed_with(
+            comm, log is not None and log.failure is not None)  # only rank 0 holds the log
+        if log_broken:
+            _stop_on_log_failure(log, comm)
+        if (val_data is not None and config.eval_every and done % config.eval_every == 0
+                and not result.stopped_by):  # stopping: the checkpoint first and only
+            result.validation.append(_evaluate(network, val_data, done, log, say))
+        if config.checkpoint_dir is not None and (
+                done == config.steps or result.stopped_by
+                or (config.checkpoint_every and done % config.checkpoint_every == 0)):
+            result.checkpoint = _checkpoint(network, optimizer, config, done, comm, say)
+        if window is not None and window.done:
+            _write_timeline(window, log)
+            window = None
+        if result.stopped_by:
+            break
+    if window is not None and window.recorded:  # stopped inside the window
+        _write_timeline(window, log)
+    return result
+
+
+def _write_timeline(window: TimelineWindow, log: Any) -> None:
+    """Gather the window's spans to rank 0 and write them to the log. Collective."""
+    spans = window.gather()
+    if log is not None and spans is not None:
+        log.timeline(spans, window.recorded)
+
+
+def _stop_on_log_failure(log: Any, comm: MPI.Comm) -> None:
+    """Collective, once rank 0's ``log`` could not be written (a full disk): raise
+    :class:`~hpctrain.errors.OutputError` on every rank, so every rank exits with status 3."""
+    from hpctrain.comm.agree import on_root
+    from hpctrain.errors import OutputError
+
+    def fail() -> None:
+        raise OutputError(log.failure)
+
+    on_root(comm, fail)
+
+
+def _report(step: int, loss: float, accuracy: float, lr: float, summary: RanksSummary,
+            config: TrainConfig, start: float, first: int, log: Any, say) -> None:
+    """Rank 0: the step's log row, and a progress line every ``print_every`` steps."""
+    seconds, comm_fraction = summary.seconds, summary.comm_fraction
+    if log is not None:
+        log.step({"step": step + 1, "loss": loss, "accuracy": accuracy, "seconds": seconds,
+                  "images_per_second": config.batch / seconds, "lr": lr,
+                  "comm_fraction": comm_fraction}, summary.largest, summary.mean)
+    done = step + 1
+    if done % config.print_every == 0 or done == config.steps:
+        elapsed = time.perf_counter() - start
+        eta = elapsed / (done - first) * (config.steps - done)
+        say(f"step {done:>5}/{config.steps}  loss {loss:8.4f}  acc {accuracy:6.1%}  "
+            f"{config.batch / seconds:8.1f} images/s  {seconds * 1e3:8.1f} ms/step  "
+            f"comm {comm_fraction:4.0%}  ETA {_duration(eta)}")
+
+
+def _duration(seconds: float) -> str:
+    """'42 s', '3m07s' or '2h05m'."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _evaluate(network: Network, val_data: Any, step: int, log: Any,
+              say) -> tuple[int, float, float]:
+    """Loss and accuracy over the whole held-out split (collective)."""
+    loss_sum = correct = count = 0
+    for batch in range(val_data.batches):
+        batch_loss, batch_correct, batch_count = network.evaluate(val_data, batch)
+        loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, \
+            count + batch_count
+    loss, accuracy = loss_sum / max(count, 1), correct / max(count, 1)
+    say(f"validation after step {step}: loss {loss:.4f}, accuracy {accuracy:.2%} "
+        f"({correct}/{count})")
+    if log is not None:
+        log.validation(step, loss, accuracy)
+    return step, loss, accuracy
+
+
+def _checkpoint(network: Network, optimizer: SGD, config: TrainConfig, step: int,
+                comm: MPI.Comm, say) -> Path:
+    """Write the checkpoint of ``step`` (collective) and drop all but the newest few."""
+    from hpctrain.run.checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
+
+    path = checkpoint_path(config.checkpoint_dir, step)
+    state = {"batch": config.batch, "lr": config.lr, "momentum": config.momentum,
+             "weight_decay": config.weight_decay}
+    save_checkpoint(path, network, optimizer, step, state, comm, seed=config.seed)
+    if comm.Get_rank() == 0:
+        prune_checkpoints(config.checkpoint_dir, config.keep_checkpoints)
+    say(f"checkpoint written: {path}")
+    return path
+
+
+def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say) -> None:
+    """Fill the result's per-layer summary and print the closing lines (collective)."""
+    procs = comm.Get_size()
+    steps = len(result.losses)
+    if steps == 0:
+        result.layer_times = result.fastest_rank_times = None
+        say(f"done: nothing to do, already at step {result.first_step} of {config.steps}")
+        return
+    total = sum(result.step_seconds)
+    say(f"done: {steps} steps in {total:.1f} s, {steps * config.batch / total:.1f} images/s, "
+        f"final loss {result.losses[-1]:.4f}"
+        + (f", held-out accuracy {result.validation[-1][2]:.2%}" if result.validation else ""))
+    steady = result.step_times[1:] or result.step_times
+    typical = median_times(steady)
+    result.layer_times = max_over_ranks(typical, comm)
+    result.fastest_rank_times = over_ranks(typical, comm, "min")
+    which = {1: "step 1", 2: "step 2"}.get(steps, f"steps 2-{steps}")
+    say(f"per-layer time (ms): median over {which} of this run, then the largest over {procs} "
+        f"processes, entry by entry")
+    say(format_table(result.layer_times))
+    result.iteration = comm.allreduce(
+        statistics.median(result.step_seconds[1:] or result.step_seconds), MPI.MAX)

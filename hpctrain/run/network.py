@@ -1,0 +1,255 @@
+"""A network under a per-layer plan: layers, the redistributions between them, and the loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hpctrain.comm.agree import agreed
+from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.comm.gradients import GradientReducer
+from hpctrain.comm.grid import GridSet
+from hpctrain.comm.redistribute import Redistribute
+from hpctrain.device.backend import Backend
+from hpctrain.errors import UserError
+from hpctrain.kernels.counter_rng import stream_key
+from hpctrain.kernels.loss import softmax_cross_entropy
+from hpctrain.layers.base import Layer, Parameter
+from hpctrain.layout.layout import grid_coords
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.kinds.base import BuildContext
+from hpctrain.model.net import NetSpec
+from hpctrain.plan.placement import input_layout, move_pairs, plan_layouts
+from hpctrain.plan.plans import LayerPlan, PlanError
+from hpctrain.record.timing import IN_FLIGHT, LOSS, StepTimer, StepTimes
+
+
+class Network:
+    """``net`` on the ranks of ``grids.world``, each layer on the grid its plan entry names.
+
+    Every edge whose producer and consumer layouts differ gets a :class:`Redistribute`, which
+    moves activations forward and gradients back. A tensor read by several layers gets the sum
+    of the gradients that come back. Parameter gradients are summed over the ranks holding the
+    same shard as soon as each layer's backward has made them; with ``overlap``, in flight while
+    the backward goes on (:class:`~hpctrain.comm.gradients.GradientReducer`).
+    After the last layer the logits are replicated over the
+    last grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples,
+    so each sample's loss (and gradient) is counted exactly once.
+
+    Timing: pass a record from :meth:`step_times` as ``times`` to :meth:`train_step` (or to
+    :meth:`forward`, :meth:`loss` and :meth:`backward`) and it is filled with each layer's
+    compute, its own communication and the redistributions feeding it, forward and backward.
+    Timing changes no numbers; without a record nothing is timed.
+    """
+
+    def __init__(self, net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet,
+                 backend: Backend, seed: int = 0, overlap: bool = False) -> None:
+        if len(plan) != len(net.layers):
+            raise PlanError(f"plan has {len(plan)} entries but net {net.name} has "
+                            f"{len(net.layers)} layers")
+        self.net, self.plan, self.batch = net, plan, batch
+        self.grids, self.backend = grids, backend
+        self.rank = grids.world.Get_rank()
+        procs = grids.world.Get_size()
+        # every layout from the plan alone (placement.py), once; the move benchmark plans the
+        # very moves that run
+        self.input_layout = input_layout(net, plan, batch, procs)
+        layouts = plan_layouts(net, plan, batch, procs)
+        self.layers: list[Layer] = []
+        for k, (spec, entry, where) in enumerate(zip(net.layers, plan, layouts, strict=True)):
+            context = BuildContext(entry.mode, entry.grid, where.inputs, where.output, grids,
+                                   backend, stream_key(seed, k), self.rank)
+            layer = KINDS[spec.kind].build(spec, context)
+            layer.need_dx = net.reads_layers(k)  # nobody reads the input batch's gradient
+            self.layers.append(layer)
+        *feeding, (last, self.loss_layout) = move_pairs(net, layouts, self.input_layout)
+        moves = iter(Redistribute(backend, grids, src, dst) for src, dst in feeding)
+        # moves[k][e] feeds input e of layers[k]
+        self.moves = [[next(moves) for _ in spec.inputs] for spec in net.layers]
+        self.to_loss = Redistribute(backend, grids, last, self.loss_layout)
+        # (move, producer) per input of each layer, and the outputs free after each layer:
+        # those it is the last reader of
+        self.feeds = [list(zip(self.moves[k], net.producers(k), strict=True))
+                      for k in range(len(net.layers))]
+        self.frees: list[list[int]] = [[] for _ in net.layers]
+        for p, readers in net.consumers.items():
+            self.frees[readers[-1]].append(p)
+        self.input_box = self.input_layout.box(self.rank)  # this rank's block of each batch
+        self.labels_box = self.loss_layout.box(self.rank)[0]  # the samples of its loss
+        # in each batch group the rank with i = 0 owns its samples' loss (see the class doc)
+        self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
+        self.gradient_sums = GradientReducer(backend, in_flight=overlap)
+
+    @property
+    def params(self) -> list[Parameter]:
+        return [p for layer in self.layers for p in layer.params]
+
+    @property
+    def buffers(self) -> list[Parameter]:
+        """State kept with the parameters but not trained (batch norm's running statistics)."""
+        return [b for layer in self.layers for b in layer.buffers]
+
+    def set_training(self, training: bool) -> None:
+        """Training (dropout on, batch statistics) or evaluation (dropout off, running
+        statistics)."""
+        for layer in self.layers:
+            layer.training = training
+
+    def step_times(self) -> StepTimes:
+        """A blank timing record for one step of this network (one row per layer)."""
+        return StepTimes.blank([layer.name for layer in self.layers])
+
+    def forward(self, x: Any, step: int, trace: list | None = None,
+                times: StepTimes | None = None) -> Any:
+        """Logits on ``loss_layout`` from X on ``input_layout``; ``trace`` collects each output.
+
+        ``times`` (from :meth:`step_times`) is filled with each move's and layer's forward time.
+        An output is let go once every layer reading it has run.
+        """
+        outputs: dict[int, Any] = {-1: x}
+        with StepTimer(self.backend, times) as timer:
+            for k, layer in enumerate(self.layers):
+                xs = []
+                for move, p in self.feeds[k]:
+                    xs.append(move.forward(outputs[p]))
+                    timer.forward_move(k, move)
+                for p in self.frees[k]:
+                    del outputs[p]
+                y = layer.forward(xs if len(xs) > 1 else xs[0], step)
+                timer.forward_layer(k)
+                outputs[k] = y
+                if trace is not None:
+                    trace.append(y)
+            logits = self.to_loss.forward(outputs[len(self.layers) - 1])
+            timer.forward_move(LOSS, self.to_loss)
+        return logits
+
+    def backward(self, dlogits: Any, trace: list | None = None,
+                 times: StepTimes | None = None,
+                 update: Callable[[list[Parameter]], None] | None = None) -> None:
+        """Parameter gradients from dLoss/dlogits, summed over the ranks that share each
+        shard; ``trace`` collects each layer's input gradient (a list of one per input for a
+        layer of several inputs).
+
+        Each layer's parameter gradients start on their way as soon as its backward has made
+        them; ``update(params)`` (the optimizer) runs for each group as soon as its sum has
+        arrived, during the backward or while the last sums are awaited at its end. ``times``
+        (from :meth:`step_times`) is filled with each layer's and move's backward time; the
+        first layer's also holds that final wait, and the updates made then.
+        """
+        grads: dict[int, Any] = {}
+        sums = self.gradient_sums
+        sums.start(update)
+        timeline = times is not None and times.spans is not None
+        sums.flights = [] if timeline else None
+        with StepTimer(self.backend, times) as timer:
+            grads[len(self.layers) - 1] = self.to_loss.backward(dlogits)
+            timer.backward_move(LOSS, self.to_loss)
+            for k in reversed(range(len(self.layers))):
+                layer = self.layers[k]
+                dxs = layer.backward(grads.pop(k))
+                if layer.params:
+                    sums.add(layer.grad_comm, layer.params, k)
+                sums.progress()  # between kernels: MPI moves the sums on only when called
+                if k == 0:
+                    sums.finish()
+                timer.backward_layer(k)
+                if trace is not None:
+                    trace.insert(0, dxs)
+                if len(self.feeds[k]) == 1:
+                    dxs = [dxs]
+                for (move, p), dx in zip(self.feeds[k], dxs, strict=True):
+                    if dx is None or p < 0:
+                        continue
+                    dy = move.backward(dx)
+                    sums.progress()
+                    timer.backward_move(k, move)
+                    grads[p] = dy if p not in grads else grads[p] + dy
+        if timeline:
+            times.spans += [(row, 1, IN_FLIGHT, sent, arrived)
+                            for row, sent, arrived in sums.flights]
+
+    def train_step(self, data: Any, step: int, outputs: list | None = None,
+                   input_grads: list | None = None, times: StepTimes | None = None,
+                   update: Callable[[list[Parameter]], None] | None = None
+                   ) -> tuple[float, float]:
+        """Forward, loss and backward on batch ``step`` of ``data``: (mean loss, accuracy).
+
+        Each rank reads only its own block of the batch. ``outputs`` and ``input_grads`` collect
+        every layer's output and input gradient (for verification). ``times`` (from
+        :meth:`step_times`) is filled with this rank's per-layer times and the whole step's.
+        ``update``: see :meth:`backward`; without it every summed gradient is left in
+        ``Parameter.grad`` for an optimizer step after this one.
+        """
+        with StepTimer(self.backend, times) as timer:
+            x = data.images(step, self.input_box)
+            logits = self.forward(x, step, outputs, times)
+            labels = data.labels(step, self.labels_box)
+            loss, accuracy, dlogits = self.loss(logits, labels, times, data)
+            self.backward(dlogits, input_grads, times, update)
+            timer.finish_step()
+        return loss, accuracy
+
+    def loss(self, logits: Any, labels: Any, times: StepTimes | None = None,
+             data: Any = None) -> tuple[float, float, Any]:
+        """Mean loss and accuracy over the global batch, and dLoss/dlogits for this rank.
+
+        ``labels`` are the labels of this rank's batch shard in ``loss_layout``. ``times`` gets
+        the softmax as the loss row's compute and the all-reduce of the totals as its comm.
+        ``data``, the source of the batch: whether any rank read NaN or Inf from it rides on
+        the same all-reduce, and then every rank raises (see :meth:`refuse_nonfinite`).
+        """
+        xp = self.backend.xp
+        with StepTimer(self.backend, times) as timer:
+            loss_sum, correct, grad = softmax_cross_entropy(xp, logits, labels, 1.0 / self.batch)
+            if not self.owns_loss:  # a replica: the owner (i = 0) counts these samples
+                loss_sum, correct, grad = loss_sum * 0, correct * 0, grad * 0
+            totals = xp.stack([xp.asarray(loss_sum, dtype=xp.float64),
+                               xp.asarray(correct, dtype=xp.float64),
+                               xp.asarray(_read_nonfinite(data), dtype=xp.float64)])
+            totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
+            timer.forward_layer(LOSS)
+        self.refuse_nonfinite(totals[2], data)
+        return float(totals[0]) / self.batch, float(totals[1]) / self.batch, grad
+
+    def refuse_nonfinite(self, ranks_flagged: float, data: Any) -> None:
+        """Raise a :class:`UserError` on every rank when ``ranks_flagged`` (the all-reduced
+        count of ranks that read NaN or Inf, the same on every rank) is not 0: an agreement
+        carries the first such rank's description of the sample to all. Collective then."""
+        if not ranks_flagged:
+            return
+
+        def check() -> None:
+            if _read_nonfinite(data):
+                raise UserError(data.nonfinite)
+
+        agreed(self.grids.world, check, everywhere=True)
+        raise UserError("an input batch held NaN or Inf; check the data")  # not reached
+
+    def evaluate(self, data: Any, batch: int) -> tuple[float, int, int]:
+        """Summed loss, number correct and number of real samples in held-out batch ``batch``.
+
+        Dropout is off. ``data`` marks padding past the end of the split with label -1; those
+        samples are not counted. Collective; every rank gets the global totals.
+        """
+        xp = self.backend.xp
+        x = data.images(batch, self.input_box)
+        self.set_training(False)
+        try:
+            logits = self.forward(x, step=0)
+        finally:
+            self.set_training(True)
+        labels = data.labels(batch, self.labels_box)
+        real = labels >= 0
+        totals = xp.zeros(4, dtype=xp.float64)
+        if self.owns_loss and bool(real.any()):
+            loss_sum, correct, _ = softmax_cross_entropy(xp, logits[real], labels[real], 1.0)
+            totals[0], totals[1], totals[2] = loss_sum, correct, real.sum()
+        totals[3] = _read_nonfinite(data)
+        totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
+        self.refuse_nonfinite(totals[3], data)
+        return float(totals[0]), int(round(totals[1])), int(round(totals[2]))
+
+def _read_nonfinite(data: Any) -> float:
+    """1.0 when ``data`` noted a NaN or Inf in a block this rank read, else 0.0."""
+    return 1.0 if getattr(data, "nonfinite", None) else 0.0
