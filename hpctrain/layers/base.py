@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.device.backend import Backend
 from hpctrain.kernels.counter_rng import stream_key, uniform_block
 from hpctrain.layout.layout import Box, Layout, grid_coords
 from hpctrain.layout.partition import block_range
+
+if TYPE_CHECKING:
+    from hpctrain.comm.grid import GridSet  # imports MPI: planning builds no layer
 
 INIT_STREAM = 1
 
@@ -76,6 +79,22 @@ def weight_and_bias(backend: Backend, name: str, weight_shape: tuple[int, ...], 
         return weight, None
     return weight, init_parameter(backend, f"{name}.bias", weight_shape[:1], grid, split, rank,
                                   stream_key(key, 1), bound)
+
+
+@dataclass
+class BuildContext:
+    """What building a layer needs: its plan entry (mode and grid), its layouts, the grids and
+    where it runs. A layer kind builds its layer from this (:meth:`Kind.build
+    <hpctrain.model.kinds.base.Kind.build>`)."""
+
+    mode: str
+    grid: tuple[int, int]
+    inputs: tuple[Layout, ...]
+    output: Layout
+    grids: GridSet
+    backend: Backend
+    key: int  # the layer's random stream (initial weights, dropout masks)
+    rank: int
 
 
 class Layer:

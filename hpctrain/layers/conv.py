@@ -10,7 +10,7 @@ from hpctrain.layers.rows import WindowRows
 from hpctrain.layout.layout import HEIGHT_AXIS
 
 if TYPE_CHECKING:
-    from hpctrain.model.kinds.base import BuildContext
+    from hpctrain.layers.base import BuildContext
 
 
 class Conv2d(Layer):

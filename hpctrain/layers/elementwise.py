@@ -9,7 +9,7 @@ from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.layers.base import Layer
 
 if TYPE_CHECKING:
-    from hpctrain.model.kinds.base import BuildContext
+    from hpctrain.layers.base import BuildContext
 
 DROPOUT_STREAM = 2
 

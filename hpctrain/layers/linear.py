@@ -8,7 +8,7 @@ from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.layers.base import Layer, weight_and_bias
 
 if TYPE_CHECKING:
-    from hpctrain.model.kinds.base import BuildContext
+    from hpctrain.layers.base import BuildContext
 
 
 class Linear(Layer):

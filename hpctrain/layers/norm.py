@@ -15,7 +15,7 @@ from hpctrain.layers.base import Layer, Parameter
 from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS
 
 if TYPE_CHECKING:
-    from hpctrain.model.kinds.base import BuildContext
+    from hpctrain.layers.base import BuildContext
 
 
 class BatchNorm(Layer):

@@ -11,7 +11,7 @@ from hpctrain.layers.rows import WindowRows
 from hpctrain.layout.layout import HEIGHT_AXIS
 
 if TYPE_CHECKING:
-    from hpctrain.model.kinds.base import BuildContext
+    from hpctrain.layers.base import BuildContext
 
 
 class Pool2d(Layer):

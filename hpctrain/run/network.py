@@ -14,10 +14,9 @@ from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.kernels.loss import softmax_cross_entropy
-from hpctrain.layers.base import Layer, Parameter
+from hpctrain.layers.base import BuildContext, Layer, Parameter
 from hpctrain.layout.layout import grid_coords
 from hpctrain.model.kinds import KINDS
-from hpctrain.model.kinds.base import BuildContext
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.placement import input_layout, move_pairs, plan_layouts
 from hpctrain.plan.plans import LayerPlan, PlanError

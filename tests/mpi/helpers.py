@@ -3,9 +3,10 @@
 import numpy as np
 
 from hpctrain.commands.verify import relative_error
+from hpctrain.layers.base import BuildContext
 from hpctrain.layout.layout import relative_slices
 from hpctrain.model.kinds import KINDS
-from hpctrain.model.kinds.base import BuildContext, LayerSpec
+from hpctrain.model.kinds.base import LayerSpec
 from hpctrain.run.checkpoint import CheckpointError
 
 

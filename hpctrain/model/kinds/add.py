@@ -1,8 +1,8 @@
 """``add in=a,b[,…]``: the sum of inputs of one shape (residual connections).
 
 It runs on its first input's layout; every other input is moved there (an identity when the
-producers share the layout, as the two paths of a residual block usually do). The whole kind,
-its distributed layer included, is this module: the smallest kind of several inputs."""
+producers share the layout, as the two paths of a residual block usually do). Its layer is
+:class:`hpctrain.layers.add.Add`; this is the smallest kind of several inputs."""
 
 from __future__ import annotations
 
@@ -11,37 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from hpctrain.cost.work import LocalWork
-from hpctrain.layers.base import Layer
+from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import Layout
-from hpctrain.model.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape
+from hpctrain.model.kinds.base import Footprint, Kind, LayerSpec, Shape
 from hpctrain.model.options import NetError
-
-
-class Add(Layer):
-    """Y = X₁ + X₂ + …; ΔXₖ = ΔY for every input (the same array, which nobody modifies).
-
-    The inputs arrive on one layout (the first's): X, Y: any block, the same on every input.
-    """
-
-    mode = "follow"
-
-    def __init__(self, name: str, ctx: BuildContext) -> None:
-        self.name, self.backend, self.params = name, ctx.backend, []
-        self.inputs, self.out_layout = ctx.inputs, ctx.output
-        self.in_layout = ctx.inputs[0]
-
-    @property
-    def in_layouts(self) -> tuple[Layout, ...]:
-        return self.inputs
-
-    def forward(self, xs: list[Any], step: int) -> Any:
-        y = xs[0] + xs[1]
-        for x in xs[2:]:
-            y += x
-        return y
-
-    def backward(self, dy: Any) -> list[Any]:
-        return [dy] * len(self.inputs)
 
 
 class AddKind(Kind):
@@ -73,6 +46,8 @@ class AddKind(Kind):
         return {}, {**fp.loose_input, "output": fp.y}
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
+        from hpctrain.layers.add import Add
+
         return Add(spec.name, ctx)
 
 

@@ -11,9 +11,9 @@ from typing import Any
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.work import LocalWork
-from hpctrain.layers.base import Layer
+from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
-from hpctrain.model.kinds.base import BuildContext, Footprint, LayerSpec, Shape, larger
+from hpctrain.model.kinds.base import Footprint, LayerSpec, Shape, larger
 from hpctrain.model.kinds.window import POOL_KEYS, PoolKind, PoolOptions, padded_bytes
 from hpctrain.model.options import Key, NetError, pair
 

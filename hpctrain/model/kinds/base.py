@@ -31,10 +31,8 @@ from hpctrain.layout.partition import SplitError
 from hpctrain.model.options import Key, read_options
 
 if TYPE_CHECKING:
-    from hpctrain.comm.grid import GridSet
     from hpctrain.cost.machine import Machine
-    from hpctrain.device.backend import Backend
-    from hpctrain.layers.base import Layer
+    from hpctrain.layers.base import BuildContext, Layer
 
 Shape = tuple[int, ...]
 BOOL_BYTES = 1
@@ -71,20 +69,6 @@ class Footprint:
     itemsize: int
     loose_input: dict[str, float]
     height_split: bool
-
-
-@dataclass
-class BuildContext:
-    """What building a layer needs: its plan entry, layouts, the grids and where it runs."""
-
-    mode: str
-    grid: tuple[int, int]
-    inputs: tuple[Layout, ...]
-    output: Layout
-    grids: GridSet
-    backend: Backend
-    key: int  # the layer's random stream (initial weights, dropout masks)
-    rank: int
 
 
 class Kind:

@@ -11,40 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from hpctrain.cost.work import LocalWork
-from hpctrain.layers.base import Layer
-from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, largest_block
-from hpctrain.model.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape, larger
+from hpctrain.layers.base import BuildContext, Layer
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
+from hpctrain.model.kinds.base import Footprint, Kind, LayerSpec, Shape, larger
 from hpctrain.model.options import NetError
-
-
-class Concat(Layer):
-    """Y = [X₁, X₂, …] along channels; ΔXₖ is ΔY's channels of input k.
-
-    The inputs share a layout that does not split channels (a height split, or replicated over
-    Pr), so each rank joins whole channel ranges: X: (N/Pc, Cₖ, H[/Pr], W) → Y: (N/Pc, ΣCₖ, …).
-    """
-
-    mode = "follow"
-
-    def __init__(self, name: str, ctx: BuildContext) -> None:
-        self.name, self.backend, self.params = name, ctx.backend, []
-        self.inputs, self.out_layout = ctx.inputs, ctx.output
-        self.in_layout = ctx.inputs[0]
-        self.channels = [layout.shape[CHANNEL_AXIS] for layout in ctx.inputs]
-
-    @property
-    def in_layouts(self) -> tuple[Layout, ...]:
-        return self.inputs
-
-    def forward(self, xs: list[Any], step: int) -> Any:
-        return self.backend.xp.concatenate(xs, axis=CHANNEL_AXIS)
-
-    def backward(self, dy: Any) -> list[Any]:
-        xp, grads, start = self.backend.xp, [], 0
-        for c in self.channels:
-            grads.append(xp.ascontiguousarray(dy[:, start:start + c]))
-            start += c
-        return grads
 
 
 class ConcatKind(Kind):
@@ -85,6 +55,8 @@ class ConcatKind(Kind):
                           {"output gradient": fp.y, "input gradients": fp.y})
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
+        from hpctrain.layers.concat import Concat
+
         return Concat(spec.name, ctx)
 
 

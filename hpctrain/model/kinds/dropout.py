@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.cost.work import LocalWork
-from hpctrain.layers.base import Layer
+from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.model.kinds.base import (
     RANDOM_BYTES,
-    BuildContext,
     Footprint,
     Kind,
     LayerSpec,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from hpctrain.cost.work import LocalWork
-from hpctrain.layers.base import Layer
+from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
-from hpctrain.model.kinds.base import BuildContext, Kind, LayerSpec, Shape
+from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 
 
 class FlattenKind(Kind):

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.cost.work import LocalWork
-from hpctrain.layers.base import Layer
+from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import CHANNEL_AXIS, Layout, largest_block
 from hpctrain.layout.partition import check_split
-from hpctrain.model.kinds.base import BuildContext, Footprint, Kind, LayerSpec, Shape, larger
+from hpctrain.model.kinds.base import Footprint, Kind, LayerSpec, Shape, larger
 from hpctrain.model.options import Key, NetError, flag, whole
 
 

@@ -6,10 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from hpctrain.cost.work import LocalWork
-from hpctrain.layers.base import Layer
+from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.model.kinds.base import (
     BOOL_BYTES,
-    BuildContext,
     Footprint,
     Kind,
     LayerSpec,
