@@ -103,11 +103,10 @@ class LayerWork:
 
 def layer_work(image_size: int, batch: int) -> dict[str, LayerWork]:
     """Every conv and linear layer of AlexNet at P = 1, by name."""
-    from hpctrain.cost.compute import flops
     from hpctrain.model.net import load_net
     from hpctrain.plan.planner import serial_layers
 
-    return {c.layer: LayerWork(c.kind, sum(flops(c.work)),
+    return {c.layer: LayerWork(c.kind, sum(c.work.flops()),
                                c.resident["parameters"] if c.kind == "linear" else 0.0,
                                3 if c.work.need_dx else 2)
             for c in serial_layers(load_net("alexnet", image_size), batch)

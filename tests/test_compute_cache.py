@@ -5,10 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from hpctrain.cost.compute import LocalWork, MeasuredCompute, code_version, timing_context
+from hpctrain.cost.compute import MeasuredCompute, code_version, timing_context
+from hpctrain.cost.work import LocalWork
 from hpctrain.device.backend import Backend
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.operations import TIMED_MODULES, UPDATE
 
-WORK = LocalWork("relu", (2, 3, 4, 4))
+WORK = LocalWork(KINDS["relu"], (2, 3, 4, 4))
+CODE = code_version(TIMED_MODULES)
 
 
 def counting(compute: MeasuredCompute) -> list:
@@ -26,18 +30,19 @@ def counting(compute: MeasuredCompute) -> list:
 
 def test_the_key_holds_every_condition_that_changes_a_timing():
     backend = Backend(np, np.float32)
-    context = timing_context(backend, 4, 16, "openblas 0.3.27 (pthreads)")
-    for part in ("float32", "4 threads", "16 ranks per node", "openblas 0.3.27", code_version()):
-        assert part in context
-    assert context.startswith("cpu ")  # the processor's model name follows
-    assert timing_context(backend, 1, 16, "openblas") != timing_context(backend, 2, 16, "openblas")
-    assert code_version().startswith("hpctrain ") and "+" in code_version()
+    key = timing_context(backend, 4, 16, "openblas 0.3.27 (pthreads)", CODE).key()
+    for part in ("float32", "4 threads", "16 ranks per node", "openblas 0.3.27", CODE):
+        assert part in key
+    assert key.startswith("cpu ")  # the processor's model name follows
+    assert (timing_context(backend, 1, 16, "openblas", CODE).key()
+            != timing_context(backend, 2, 16, "openblas", CODE).key())
+    assert CODE.startswith("hpctrain ") and "+" in CODE
 
 
 def test_a_timing_is_reused_under_the_same_conditions_only(tmp_path):
     cache = tmp_path / "times.json"
     backend = Backend(np, np.float32)
-    one, four = (timing_context(backend, t, 1, "blas") for t in (1, 4))
+    one, four = (timing_context(backend, t, 1, "blas", CODE) for t in (1, 4))
     first = MeasuredCompute(backend, context=one, cache=cache, repeats=2)
     calls = counting(first)
     first.times([WORK])
@@ -57,11 +62,11 @@ def test_timings_of_other_code_are_dropped_when_the_cache_is_rewritten(tmp_path)
     stale = "cpu x|float32|1 threads|1 ranks per node|blas|hpctrain 0.0.1+000000000000|relu|..."
     cache.write_text(json.dumps({stale: [1.0, 1.0]}))
     backend = Backend(np, np.float32)
-    compute = MeasuredCompute(backend, context=timing_context(backend, 1, 1, "blas"),
+    compute = MeasuredCompute(backend, context=timing_context(backend, 1, 1, "blas", CODE),
                               cache=cache, repeats=2)
     compute.times([WORK])
     kept = json.loads(cache.read_text())
-    assert stale not in kept and len(kept) == 1 and code_version() in next(iter(kept))
+    assert stale not in kept and len(kept) == 1 and CODE in next(iter(kept))
 
 
 def test_the_first_two_calls_are_never_samples(monkeypatch):
@@ -83,3 +88,41 @@ def test_the_first_two_calls_are_never_samples(monkeypatch):
     seconds, output = timer._time(kernel)
     # the second call's 3 s say one sample fits the budget: the third call is it
     assert seconds == pytest.approx(0.02) and output == "output" and len(calls) == 3
+
+
+def test_the_code_version_covers_every_timed_operation_and_kernel():
+    import pkgutil
+
+    import hpctrain.kernels
+
+    for module in pkgutil.iter_modules(hpctrain.kernels.__path__):
+        assert f"hpctrain.kernels.{module.name}" in TIMED_MODULES
+    # a kind's own module and the bases it inherits its kernels from
+    for name in ("hpctrain.model.kinds.maxpool", "hpctrain.model.kinds.window",
+                 "hpctrain.model.kinds.base", "hpctrain.model.operations"):
+        assert name in TIMED_MODULES
+
+
+def test_the_update_is_timed_as_the_optimizer_runs_it():
+    # the timed update runs the optimizer's kernel: the same numbers on the same arrays
+    from hpctrain.layers.base import Parameter
+    from hpctrain.run.optimizer import SGD
+
+    values = np.random.default_rng(0).random(7000, dtype=np.float32)
+    made = []
+
+    def random(shape):
+        made.append(values.reshape(shape).copy())
+        return made[-1]
+
+    work = LocalWork(UPDATE, (7000,))
+    forward, backward_of = UPDATE.kernels(np, work, np.float32, random)
+    step = backward_of(forward())
+    shard = Parameter("w", values.copy(), (7000,), (1, 1), False)
+    shard.grad = np.ones(7000, np.float32)  # one array, overwritten in place, as the timed one
+    optimizer = SGD([shard], 0.01, 0.9, 5e-4)
+    for _ in range(3):
+        step()
+        optimizer.step()
+    assert np.array_equal(made[0], shard.value)
+    assert UPDATE.flops(work) == (0.0, 5.0 * 7000)

@@ -6,12 +6,13 @@ import random
 
 import pytest
 
-from hpctrain.cost.compute import FlopModel, flops
+from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, box_size
 from hpctrain.layout.moves import GENERAL, move_kind, transfer_pieces
 from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import load_net, parse_net
 from hpctrain.plan.planner import PlannerError, choices_of, evaluate, format_plan, plan_network
 from hpctrain.plan.plans import plan_from_spec
@@ -198,14 +199,14 @@ def test_a_refused_choice_names_the_segments_own_layer():
 
 
 def test_flop_model_counts_a_convolution():
-    work = LocalWork("conv", (2, 3, 8, 8), out=4, kernel=(3, 3), stride=(1, 1),
+    work = LocalWork(KINDS["conv"], (2, 3, 8, 8), out=4, kernel=(3, 3), stride=(1, 1),
                      pads=(1, 1, 1))
-    forward, backward = flops(work)
+    forward, backward = work.flops()
     assert forward == 2 * 2 * 4 * 8 * 8 * 3 * 9
     assert backward == 2 * forward
     assert math.isclose(FlopModel(1e9).times([work])[work][0], forward / 1e9)
-    first = LocalWork("conv", (2, 3, 8, 8), 4, (3, 3), (1, 1), (1, 1, 1), need_dx=False)
-    assert flops(first)[1] == forward
+    first = LocalWork(KINDS["conv"], (2, 3, 8, 8), 4, (3, 3), (1, 1), (1, 1, 1), need_dx=False)
+    assert first.flops()[1] == forward
 
 
 def random_graph_net(seed: int) -> str:

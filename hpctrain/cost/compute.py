@@ -1,14 +1,14 @@
 """Compute time of one rank's local kernels: measured on the device, or from a FLOP rate.
 
-A :class:`~hpctrain.cost.work.LocalWork` is what one rank computes for one layer under a candidate
-grid: the kernel and the exact local shapes (the largest block, since the slowest rank sets the
-pace); its layer kind says how to run and count it.
-:class:`MeasuredCompute` runs the real forward and backward kernels at those shapes (two warm-up
-calls, then the mean of up to 5 samples of the slowest rank, within a time budget) and caches the
-result on disk under a key that holds everything that changes a timing (:func:`timing_context`: the
-device, dtype, threads per rank, ranks per node, BLAS library, and the hpctrain version with a
-hash of the timed code), so a second plan of the same net is instant and a timing taken under
-other conditions is never used.
+A :class:`~hpctrain.cost.work.LocalWork` is what one rank computes for one layer under a
+candidate grid: the operation (a layer kind, the optimizer's update, the input batch) and the
+exact local shapes (the largest block, since the slowest rank sets the pace); its operation says
+how to run and count it. :class:`MeasuredCompute` runs the real forward and backward kernels at
+those shapes (two warm-up calls, then the mean of up to 5 samples of the slowest rank, within a
+time budget) and caches the result on disk under a key that holds everything that changes a
+timing (:class:`TimingContext`: the device, dtype, threads per rank, ranks per node, BLAS
+library, and the hpctrain version with a hash of the timed code), so a second plan of the same
+net is instant and a timing taken under other conditions is never used.
 When P ranks plan together they time each kernel at the same moment, so the times include the
 contention of training (shared cores, memory bandwidth). :class:`FlopModel` stands in when planning
 for a machine we are not on.
@@ -20,17 +20,17 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hpctrain.cost.work import LocalWork
+from hpctrain.cost.work import Kernels, LocalWork
 from hpctrain.errors import OutputError
 from hpctrain.io.files import replace_atomically
-from hpctrain.model.kinds import KINDS
 
 SAMPLE_BUDGET = 0.15  # seconds of timed calls per kernel and direction, roughly
 # Calls before the samples. The first pays for fresh memory, BLAS threads and, on a GPU, kernel
@@ -41,44 +41,27 @@ SAMPLE_BUDGET = 0.15  # seconds of timed calls per kernel and direction, roughly
 WARM_UPS = 2
 
 
-def flops(work: LocalWork) -> tuple[float, float]:
-    """Forward and backward floating-point operations of ``work`` (a multiply-add is 2): as its
-    layer kind counts them, or for the optimizer and the input batch."""
-    if work.kind == "sgd":  # weight decay, momentum, step: 5 operations per parameter
-        return 0.0, 5.0 * math.prod(work.x)
-    if work.kind == "data":  # the counter RNG: about 30 integer operations per entry
-        return 30.0 * math.prod(work.x), 0.0
-    return KINDS[work.kind].flops(work)
-
-
 class FlopModel:
     """Time = FLOPs / rate, with the rate of a machine profile."""
 
     def __init__(self, flops_per_second: float) -> None:
         self.rate = flops_per_second
 
-    def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
-        return {w: tuple(f / self.rate for f in flops(w)) for w in works}
+    def times(self, works: Sequence[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
+        return {w: tuple(f / self.rate for f in w.flops()) for w in works}
 
 
-# The modules whose code runs inside a timing: a change to any of them makes old timings stale.
-TIMED_MODULES = ("hpctrain.kernels.activations", "hpctrain.kernels.conv",
-                 "hpctrain.kernels.counter_rng", "hpctrain.kernels.linear",
-                 "hpctrain.kernels.norm", "hpctrain.kernels.pool", "hpctrain.kernels.sliding",
-                 "hpctrain.run.optimizer", "hpctrain.data.synthetic", "hpctrain.cost.compute",
-                 "hpctrain.cost.work", *(type(kind).__module__ for kind in KINDS.values()))
-
-
-@lru_cache(maxsize=1)
-def code_version() -> str:
-    """'hpctrain VERSION+HASH': the version and a hash of the source of :data:`TIMED_MODULES`."""
+@lru_cache(maxsize=8)
+def code_version(modules: tuple[str, ...]) -> str:
+    """'hpctrain VERSION+HASH': the version and a hash of the source of ``modules`` (those whose
+    code runs inside a timing: :data:`hpctrain.model.operations.TIMED_MODULES`)."""
     import hashlib
     import importlib
 
     from hpctrain import __version__
 
     digest = hashlib.sha256()
-    for name in TIMED_MODULES:
+    for name in modules:
         digest.update(Path(importlib.import_module(name).__file__).read_bytes())
     return f"hpctrain {__version__}+{digest.hexdigest()[:12]}"
 
@@ -100,11 +83,29 @@ def device_name(backend: Any) -> str:
     return f"cpu {platform.machine()}"
 
 
-def timing_context(backend: Any, threads: int, ranks_on_node: int, blas: str) -> str:
-    """The part of a cache key that says under what conditions a kernel was timed."""
-    dtype = np.dtype(backend.dtype).name
-    return (f"{device_name(backend)}|{dtype}|{threads} threads|{ranks_on_node} ranks per node|"
-            f"{blas}|{code_version()}")
+@dataclass(frozen=True)
+class TimingContext:
+    """Under what conditions kernels are timed: part of every cache key, so that a timing taken
+    under other conditions is never used."""
+
+    device: str  # the processor (device_name)
+    dtype: str
+    threads: int  # per rank
+    ranks_on_node: int
+    blas: str  # the BLAS library and its version
+    code: str  # the version of the timed code (code_version)
+
+    def key(self) -> str:
+        return (f"{self.device}|{self.dtype}|{self.threads} threads|{self.ranks_on_node} ranks "
+                f"per node|{self.blas}|{self.code}")
+
+
+def timing_context(backend: Any, threads: int, ranks_on_node: int, blas: str,
+                   code: str) -> TimingContext:
+    """The conditions of timing on ``backend`` (its device and dtype) under ``threads`` per
+    rank, ``ranks_on_node`` ranks per node and the BLAS ``blas``, of the code ``code``."""
+    return TimingContext(device_name(backend), np.dtype(backend.dtype).name, threads,
+                         ranks_on_node, blas, code)
 
 
 def default_cache_path() -> Path:
@@ -122,29 +123,14 @@ def _random(xp: Any, rng: np.random.Generator, shape: tuple[int, ...], dtype: An
     return xp.asarray(np.resize(block, size).reshape(shape))
 
 
-def _kernels(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator
-             ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
+def _kernels(xp: Any, work: LocalWork, dtype: Any, rng: np.random.Generator) -> Kernels:
     """``forward()`` of ``work`` on random data, and ``backward_of(forward's output)`` giving
-    its ``backward()``: the backward needs what a forward saved, so the forward timed first
-    hands its output over and no extra forward runs."""
+    its ``backward()``, as its operation makes them: the backward needs what a forward saved,
+    so the forward timed first hands its output over and no extra forward runs."""
     def random(shape: tuple[int, ...]) -> Any:
         return _random(xp, rng, shape, dtype)
 
-    if work.kind == "data":  # this rank's block of a synthetic batch (see hpctrain.data.synthetic)
-        from hpctrain.data.synthetic import SyntheticData
-        from hpctrain.device.backend import Backend
-
-        data = SyntheticData(Backend(xp, dtype), work.x[1:], 1000, work.x[0], 0)
-        whole = tuple((0, n) for n in work.x)
-        return (lambda: data.images(0, whole)), (lambda _: lambda: None)
-    if work.kind == "sgd":  # the optimizer's update of one layer's shard (hpctrain.run.optimizer)
-        from hpctrain.layers.base import Parameter
-        from hpctrain.run.optimizer import SGD
-
-        x = random(work.x)
-        shard = Parameter("w", x, work.x, (1, 1), False, grad=xp.ones_like(x))
-        return (lambda: None), (lambda _: SGD([shard], 0.01, 0.9, 5e-4).step)
-    return KINDS[work.kind].kernels(xp, work, dtype, random)
+    return work.op.kernels(xp, work, dtype, random)
 
 
 def _read_cache(path: Path | None) -> dict[str, list[float]]:
@@ -164,16 +150,17 @@ class MeasuredCompute:
     backend : where and in what dtype to run (a :class:`~hpctrain.device.backend.Backend`).
     comm : the ranks that time together (every rank times the same kernel at the same moment,
         and the slowest sets the time); None for this process alone.
-    context : the conditions of the timing (see :func:`timing_context`), part of every key.
-    cache : the JSON cache file; None for no cache. Entries timed by other hpctrain code are
-        dropped when it is rewritten.
+    context : the conditions of the timing (:func:`timing_context`), part of every key; None:
+        no conditions (the timings are for this object alone, with no cache).
+    cache : the JSON cache file; None for no cache. Entries timed by other hpctrain code than
+        ``context``'s are dropped when it is rewritten.
     """
 
-    def __init__(self, backend: Any, comm: Any = None, context: str = "",
+    def __init__(self, backend: Any, comm: Any = None, context: TimingContext | None = None,
                  cache: Path | None = None, repeats: int = 5) -> None:
         self.backend, self.comm, self.repeats = backend, comm, repeats
-        self.cache = cache
-        self.prefix = f"{context}|"
+        self.context, self.cache = context, cache if context is not None else None
+        self.prefix = f"{context.key()}|" if context is not None else "|"
         self.timed = 0  # kernels timed by this object (not found in the cache)
         self.known: dict[str, list[float]] = {}
         if comm is None or comm.Get_rank() == 0:
@@ -219,7 +206,7 @@ class MeasuredCompute:
             self.comm.Allreduce(MPI.IN_PLACE, samples, MPI.MAX)
         return float(samples.mean()), output
 
-    def times(self, works: list[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
+    def times(self, works: Sequence[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
         todo = sorted({w for w in works if self.prefix + w.key() not in self.known},
                       key=LocalWork.key)
         if todo:
@@ -237,7 +224,7 @@ class MeasuredCompute:
     def _save(self) -> None:
         if self.cache is None or (self.comm is not None and self.comm.Get_rank() != 0):
             return
-        current = code_version()  # timings of other code can never be used again
+        current = self.context.code  # timings of other code can never be used again
         text = json.dumps({k: v for k, v in self.known.items() if current in k}, indent=0,
                           sort_keys=True)
         try:  # atomic: a crash leaves the old cache or the new one

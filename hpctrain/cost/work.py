@@ -1,27 +1,51 @@
-"""What one rank computes for one layer under a candidate grid: :class:`LocalWork` (pure data).
+"""What one rank computes for one layer under a candidate grid: :class:`LocalWork` (pure data),
+and the :class:`Operation` that does it.
 
-The layer kinds say what work a layer is and how its kernels are timed and counted; the compute
-models (:mod:`hpctrain.cost.compute`) time or count it.
+An operation is a layer kind (:mod:`hpctrain.model.kinds`), the optimizer's update of a layer's
+shard, or producing a rank's block of the input batch; the registry of all of them is
+:data:`hpctrain.model.operations.OPERATIONS`. Each says how its work is counted and run; the
+compute models (:mod:`hpctrain.cost.compute`) count or time it through that, whatever it is.
 """
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Shape = tuple[int, ...]
+# forward() and backward_of(what forward returned) -> backward(): a kernel pair to time
+Kernels = tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]
+
+
+class Operation(Protocol):
+    """What the compute models need of whatever does a :class:`LocalWork`."""
+
+    name: str
+
+    def flops(self, work: LocalWork) -> tuple[float, float]:
+        """Forward and backward floating-point operations of ``work`` (a multiply-add is 2)."""
+        ...
+
+    def kernels(self, xp: Any, work: LocalWork, dtype: Any,
+                random: Callable[[Shape], Any]) -> Kernels:
+        """``forward()`` of ``work`` on data from ``random(shape)``, and ``backward_of(what
+        forward returned)`` giving its ``backward()``, for compute timing."""
+        ...
 
 
 @dataclass(frozen=True)
 class LocalWork:
-    """One rank's kernel for one layer (kind ``sgd``: the optimizer's update of its shard;
-    ``data``: producing the rank's block of the input batch).
+    """One rank's share of one operation ``op`` (the busiest rank's, which sets the pace).
 
-    ``x``: local input shape (with halo rows for a height split); ``out``: output channels or
-    features held locally (conv, linear); ``kernel``/``stride`` (height, width) and ``pads``
-    (top, bottom, side) for window layers; ``need_dx``: whether the input gradient is computed
-    (not for the first layer).
+    ``x``: local input shape (with halo rows for a height split; the shard's shape for the
+    update); ``out``: output channels or features held locally (conv, linear);
+    ``kernel``/``stride`` (height, width) and ``pads`` (top, bottom, side) for window layers;
+    ``need_dx``: whether the input gradient is computed (not for the first layer).
     """
 
-    kind: str
-    x: tuple[int, ...]
+    op: Operation
+    x: Shape
     out: int = 0
     kernel: tuple[int, int] = (0, 0)
     stride: tuple[int, int] = (1, 1)
@@ -29,7 +53,13 @@ class LocalWork:
     need_dx: bool = True
 
     def key(self) -> str:
-        return "|".join(str(v) for v in astuple(self))
+        """The work as text, the same in every process: part of a timing's cache key."""
+        return "|".join(str(v) for v in (self.op.name, self.x, self.out, self.kernel,
+                                          self.stride, self.pads, self.need_dx))
+
+    def flops(self) -> tuple[float, float]:
+        """Forward and backward floating-point operations, as the operation counts them."""
+        return self.op.flops(self)
 
     def out_rows(self) -> tuple[int, int]:
         """Output height and width of a window kernel on ``x`` with ``pads``."""

@@ -204,10 +204,8 @@ def serial_layers(net: NetSpec, batch: int) -> list[LayerCost]:
 def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = None) -> float:
     """FLOPs of one iteration's kernels at the whole ``batch`` (forward and backward, without
     the optimizer's update); only layers of ``kinds`` when given (e.g. the GEMM ones)."""
-    from hpctrain.cost.compute import flops
-
-    return sum(sum(flops(c.work)) for c in serial_layers(net, batch)
-               if c.work is not None and (kinds is None or c.work.kind in kinds))
+    return sum(sum(c.work.flops()) for c in serial_layers(net, batch)
+               if c.work is not None and (kinds is None or c.work.op.name in kinds))
 
 
 def predict(model: CostModel, plan: list[LayerPlan] | None,

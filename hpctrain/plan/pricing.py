@@ -35,7 +35,13 @@ from functools import lru_cache
 import numpy as np
 
 from hpctrain.cost.collectives import allgather_time, exchange_time, reduce_scatter_time
-from hpctrain.cost.compute import FlopModel, MeasuredCompute, default_cache_path, timing_context
+from hpctrain.cost.compute import (
+    FlopModel,
+    MeasuredCompute,
+    code_version,
+    default_cache_path,
+    timing_context,
+)
 from hpctrain.cost.machine import Machine, local_profile
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout.layout import BATCH_AXIS, HEIGHT_AXIS, Layout, largest_block
@@ -44,6 +50,7 @@ from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import RANDOM_BYTES, Footprint, larger
 from hpctrain.model.net import NetSpec
+from hpctrain.model.operations import INPUT, TIMED_MODULES, UPDATE
 from hpctrain.plan.placement import LayerLayouts, batch_parallel_input, layer_layouts
 from hpctrain.plan.plans import LayerPlan
 
@@ -495,7 +502,7 @@ class CostModel:
                                                self.machine, self.itemsize)
         params = kind.local_parameters(spec, layouts.inputs, layouts.output)
         if params:
-            cost.update = LocalWork("sgd", (params,))
+            cost.update = LocalWork(UPDATE, (params,))
         cost.resident, cost.transient = self._memory(index, layouts, cost.work, params,
                                                      cost.move != IDENTITY)
         if cost.move != IDENTITY:
@@ -541,7 +548,7 @@ class CostModel:
 
     def input_cost(self, first_in: Layout, timed: bool = True) -> LayerCost:
         """Producing each rank's block of the input batch (synthetic data here), per step."""
-        work = LocalWork("data", largest_block(first_in))
+        work = LocalWork(INPUT, largest_block(first_in))
         cost = LayerCost("input", "data", "follow", first_in.grid, work=work)
         cost.resident, cost.transient = self.data_memory(first_in)
         if timed:
@@ -568,7 +575,7 @@ class CostModel:
                 if (k, c) not in self._timed]
         costs = [self.segment_cost(k, c, timed=False) for k, c in todo]
         works = [w for cost in costs for c in cost.layers for w in (c.work, c.update) if w]
-        works += [LocalWork("data", largest_block(self.input_layout(c))) for c in choices[0]]
+        works += [LocalWork(INPUT, largest_block(self.input_layout(c))) for c in choices[0]]
         times = self.compute.times(_distinct(works))
         for key, cost in zip(todo, costs, strict=True):
             self._fill_compute(cost.layers, times)
@@ -619,6 +626,7 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
         from hpctrain.device.threads import configure_threads
 
         threads = configure_threads(comm)
-    context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas)
+    context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas,
+                             code_version(TIMED_MODULES))
     compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None)
     return CostModel(net, batch, procs, machine, compute, itemsize, overlap)

@@ -65,7 +65,7 @@ class AvgPoolKind(PoolKind):
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
         if spec.options.kernel is None:
-            return LocalWork(self.name, largest_block(inputs[0]), need_dx=need_dx)
+            return LocalWork(self, largest_block(inputs[0]), need_dx=need_dx)
         return super().work(spec, inputs, output, need_dx)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:

@@ -9,8 +9,11 @@ A kind is one object that knows, for a layer of that kind:
   inputs are moved to what it asks for;
 - whether a layout can run (:meth:`Kind.check`, naming the layer and the sizes);
 - its local work for the cost model and for compute timing (:meth:`Kind.work`,
-  :meth:`Kind.flops`, :meth:`Kind.kernels`), the communication inside it
-  (:meth:`Kind.comm_time`) and what it keeps and allocates (:meth:`Kind.memory`);
+  :meth:`Kind.flops`, :meth:`Kind.kernels`: a kind is an
+  :class:`~hpctrain.cost.work.Operation`, timed through the registry
+  :data:`hpctrain.model.operations.OPERATIONS` with the optimizer's update and the input batch),
+  the communication inside it (:meth:`Kind.comm_time`) and what it keeps and allocates
+  (:meth:`Kind.memory`);
 - how to build its distributed layer (:meth:`Kind.build`).
 
 The parser, placement, the network, the cost model, compute timing, verify and checkpoints
@@ -126,7 +129,7 @@ class Kind:
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork | None:
         """The busiest rank's kernel (None: nothing worth timing, e.g. a reshape)."""
-        return LocalWork(self.name, largest_block(inputs[0]), need_dx=need_dx)
+        return LocalWork(self, largest_block(inputs[0]), need_dx=need_dx)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         """Forward and backward floating-point operations of ``work`` (a multiply-add is 2)."""

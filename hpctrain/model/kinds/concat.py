@@ -38,7 +38,7 @@ class ConcatKind(Kind):
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
-        return LocalWork(self.name, largest_block(output), need_dx=need_dx)
+        return LocalWork(self, largest_block(output), need_dx=need_dx)
 
     def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
                 ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:

@@ -51,7 +51,7 @@ class LinearKind(Kind):
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
         out = largest_block(output)[CHANNEL_AXIS]  # F_out/Pr, the busiest rank's
-        return LocalWork(self.name, largest_block(inputs[0]), out, need_dx=need_dx)
+        return LocalWork(self, largest_block(inputs[0]), out, need_dx=need_dx)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         forward = 2.0 * work.x[0] * work.x[1] * work.out

@@ -129,7 +129,7 @@ class WindowKind(Kind):
             p = busiest_halo(spec.name, rows(o), x)
             block = (*block[:2], p.need[1] - p.need[0], block[3])
             pads = (p.pad_top, p.pad_bottom, o.pad[1])
-        return LocalWork(self.name, block, self.local_channels(spec, output), o.kernel,
+        return LocalWork(self, block, self.local_channels(spec, output), o.kernel,
                          o.stride, pads, need_dx)
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,

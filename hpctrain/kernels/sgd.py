@@ -1,0 +1,92 @@
+"""The SGD update of one parameter shard, in place: g ← g + λ·w;  v ← μ·v + g;  w ← w − lr·v.
+
+Element-wise, so a shard's update is the serial one restricted to the shard. The optimizer
+(:class:`hpctrain.run.optimizer.SGD`) applies it to every shard, and the compute model times it
+(:data:`hpctrain.model.operations.UPDATE`): the same code both times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+# entries per block of the CPU update: w, g, v and scratch in float32 take 1 MiB, which stays in
+# a core's L2 or its share of L3. Measured cold over 24 M parameters: 42.5 ms against 52.6 ms
+# whole; blocks of 4 Ki entries lose (80 ms) to the Python call per operation
+CPU_BLOCK = 1 << 16
+
+
+class Scratch:
+    """Reusable flat buffers for the update's temporaries: one per array module and dtype, grown
+    when a larger block comes."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, str], Any] = {}
+
+    def like(self, xp: Any, w: Any) -> Any:
+        """A scratch array of ``w``'s shape and dtype (a view of the kept buffer)."""
+        key = (xp.__name__, np.dtype(w.dtype).str)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.size < w.size:
+            buffer = self._buffers[key] = xp.empty(w.size, dtype=w.dtype)
+        return buffer[:w.size].reshape(w.shape)
+
+
+def sgd_update(xp: Any, w: Any, g: Any, v: Any | None, lr: float, momentum: float,
+               weight_decay: float, scratch: Scratch) -> Any | None:
+    """Update ``w`` in place from its gradient ``g`` and velocity ``v``; the velocity to keep.
+
+    ``v`` is None before the first step with momentum: μ·0 + g is g, so the first velocity is
+    the gradient itself, in a new array that is returned. Without momentum ``v`` is neither read
+    nor changed, and returned as it came. ``g`` is overwritten; it is rebuilt by the next
+    backward.
+
+    The operations are those of g = ∇ + λ·w; v = μ·v + g; w = w − lr·v, in that order, without a
+    temporary array per operation. A step over tens of millions of parameters is memory-bound:
+    done an operation at a time over whole arrays it reads and writes each of w, g, v about four
+    times. On the CPU it goes a block of :data:`CPU_BLOCK` entries at a time instead, every
+    operation on a block while the block is in cache, so each array crosses the memory bus about
+    once (the numbers are the same: every entry sees the same operations in the same order). On
+    a GPU whole arrays, since each operation is a kernel launch.
+    """
+    first = bool(momentum) and v is None
+    if first:
+        v = xp.empty_like(w)
+    velocity = v if momentum else None
+    temporary = None
+    for wb, gb, vb in _blocks(xp, w, g, velocity):
+        if temporary is None or temporary.shape != wb.shape:  # the first and the last block
+            temporary = scratch.like(xp, wb)
+        _update(xp, wb, gb, vb, temporary, lr, momentum, weight_decay, first)
+    return v
+
+
+def _update(xp: Any, w: Any, g: Any, v: Any, scratch: Any, lr: float, momentum: float,
+            weight_decay: float, first: bool) -> None:
+    """The step on one block: w, g, v and a scratch array of the same shape."""
+    if weight_decay:
+        g += xp.multiply(w, weight_decay, out=scratch)
+    if momentum:
+        if first:
+            v[...] = g
+        else:
+            v *= momentum
+            v += g
+        g = v
+    w -= xp.multiply(g, lr, out=scratch)
+
+
+def _blocks(xp: Any, w: Any, g: Any, v: Any) -> Iterator[tuple[Any, Any, Any]]:
+    """(w, g, v) whole, or on the CPU in blocks of :data:`CPU_BLOCK` entries (flat views of
+    contiguous arrays); ``v`` may be None (no momentum)."""
+    arrays = [w, g] if v is None else [w, g, v]
+    if xp is not np or not all(a.flags.c_contiguous for a in arrays):
+        yield w, g, v
+        return
+    w, g = w.reshape(-1), g.reshape(-1)
+    v = None if v is None else v.reshape(-1)
+    for start in range(0, w.size, CPU_BLOCK):
+        part = slice(start, start + CPU_BLOCK)
+        yield w[part], g[part], None if v is None else v[part]
