@@ -5,7 +5,7 @@ compute on a machine profile, as ``hpctrain plan`` does away from that machine),
 the network runs (each layer's feed, then the logits to the loss) for rank 0 and a middle rank,
 as :class:`~hpctrain.comm.redistribute.Redistribute` does when it is built; then the move of
 AlexNet's conv3 input from a channel split on 4×(P/4) to a batch split on 1×P, at P and P/2.
-Prints each move's kind and piece counts and the total time, and for contrast the time of the
+Prints each move's method and piece counts and the total time, and for contrast the time of the
 global piece list that every rank once built, at P = 256 (under a second; O(P²) beyond).
 
     python bench/moves.py --procs 4096 --batch 2048 --machine cori-knl
@@ -19,23 +19,45 @@ from collections import Counter
 
 from hpctrain.cost.machine import load_machine
 from hpctrain.layout.layout import CHANNEL_AXIS, Layout
-from hpctrain.layout.moves import IDENTITY, MovePlan, move_kind, plan_move, transfer_pieces
+from hpctrain.layout.moves import (
+    AllGatherMove,
+    GeneralMove,
+    Move,
+    SliceMove,
+    move_between,
+    transfer_pieces,
+)
 from hpctrain.model.net import load_net
 from hpctrain.plan.placement import input_layout, move_pairs, plan_layouts
 from hpctrain.plan.planner import plan_network
 from hpctrain.plan.pricing import build_cost_model
 
 
-def counts(plan: MovePlan) -> str:
-    return f"{len(plan.sends)}/{len(plan.receives)}/{len(plan.local)}"
+def rank_part(move: Move, rank: int) -> object:
+    """What ``rank`` does in ``move``, as Redistribute sets it up."""
+    if isinstance(move, GeneralMove):
+        return move.exchange(rank)
+    if isinstance(move, AllGatherMove):
+        return move.gathered(rank)
+    if isinstance(move, SliceMove):
+        return move.slices(rank)
+    return None
+
+
+def counts(part: object) -> str:
+    """sends/receives/kept pieces of a general move's part (a dash for the other methods)."""
+    if not hasattr(part, "sends"):
+        return "-"
+    return f"{len(part.sends)}/{len(part.receives)}/{len(part.local)}"
 
 
 def timed_plans(pairs: list[tuple[Layout, Layout]], ranks: tuple[int, ...]
-                ) -> tuple[list[list[MovePlan]], float]:
-    """Each rank's plan of each move, and the seconds all of them took."""
+                ) -> tuple[list[Move], list[list[object]], float]:
+    """Each move, each rank's part in it, and the seconds all of them took."""
     start = time.perf_counter()
-    plans = [[plan_move(src, dst, rank) for rank in ranks] for src, dst in pairs]
-    return plans, time.perf_counter() - start
+    moves = [move_between(src, dst) for src, dst in pairs]
+    parts = [[rank_part(move, rank) for rank in ranks] for move in moves]
+    return moves, parts, time.perf_counter() - start
 
 
 def network_moves(name: str, procs: int, batch: int, machine_name: str, ranks: tuple[int, ...]
@@ -48,19 +70,19 @@ def network_moves(name: str, procs: int, batch: int, machine_name: str, ranks: t
     planning = time.perf_counter() - start
     pairs = move_pairs(net, plan_layouts(net, planned.plans, batch, procs),
                        input_layout(net, planned.plans, batch, procs))
-    plans, seconds = timed_plans(pairs, ranks)
+    moves, parts, seconds = timed_plans(pairs, ranks)
     fed = [layer.name for layer in net.layers for _ in layer.inputs] + ["loss"]
     print(f"\n{name}: {len(pairs)} moves under the auto plan (planned in {planning:.2f} s); "
           f"sends/receives/kept pieces per rank")
-    print(f"  {'feeds':<10} {'kind':<10} {'from':<28} {'to':<28} "
+    print(f"  {'feeds':<10} {'method':<10} {'from':<28} {'to':<28} "
           + " ".join(f"{'rank ' + str(r):>12}" for r in ranks))
-    for layer, (src, dst), row in zip(fed, pairs, plans, strict=True):
-        if row[0].kind == IDENTITY:
+    for layer, (src, dst), move, row in zip(fed, pairs, moves, parts, strict=True):
+        if not move.moves_data:
             continue
-        print(f"  {layer:<10} {row[0].kind:<10} {src.describe():<28} {dst.describe():<28} "
+        print(f"  {layer:<10} {move.method:<10} {src.describe():<28} {dst.describe():<28} "
               + " ".join(f"{counts(p):>12}" for p in row))
-    kinds = Counter(row[0].kind for row in plans)
-    print(f"  kinds: {dict(kinds)}; {len(pairs) * len(ranks)} plans in {seconds * 1e3:.1f} ms")
+    methods = Counter(move.method for move in moves)
+    print(f"  methods: {dict(methods)}; {len(pairs) * len(ranks)} plans in {seconds * 1e3:.1f} ms")
     return seconds
 
 
@@ -87,11 +109,11 @@ def main() -> None:
     for procs in (args.procs, args.procs // 2):  # at B < P half the 1×P ranks hold nothing
         src, dst = channel_split_to_batch(procs, args.batch)
         pair_ranks = (0, procs // 2 - 1)
-        plans, seconds = timed_plans([(src, dst)], pair_ranks)
+        moves, parts, seconds = timed_plans([(src, dst)], pair_ranks)
         total += seconds
         print(f"\nalexnet conv3 input {src.shape} on P = {procs}: {src.describe()} -> "
-              f"{dst.describe()}: {move_kind(src, dst)}, sends/receives/kept "
-              + ", ".join(f"rank {r} {counts(p)}" for r, p in zip(pair_ranks, plans[0],
+              f"{dst.describe()}: {moves[0].method}, sends/receives/kept "
+              + ", ".join(f"rank {r} {counts(p)}" for r, p in zip(pair_ranks, parts[0],
                                                                    strict=True))
               + f" in {seconds * 1e3:.2f} ms")
     print(f"\ntotal: every plan above in {total * 1e3:.1f} ms (target under 500 ms)")

@@ -3,6 +3,7 @@
 import pytest
 
 from hpctrain.cost.memory import MemoryRefused, check_memory
+from hpctrain.layout.moves import AllGatherMove
 from hpctrain.model.net import parse_net
 from hpctrain.plan.planner import plan_memory
 from hpctrain.plan.plans import plan_from_spec
@@ -72,7 +73,7 @@ def test_model_parallel_linear_splits_its_parameters_and_keeps_the_gathered_inpu
     plan = planned("2x1", procs=2)
     fc = layer(plan, "fc")
     assert fc.resident["parameters"] == (2 * 64 + 2) * B  # 2 of the 3 outputs, the larger part
-    assert fc.move == "allgather"
+    assert fc.move is AllGatherMove
     assert fc.transient["redistribution buffers"] > 0 or fc.peak > 0
 
 

@@ -12,13 +12,12 @@ from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine
 from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, relative_slices
 from hpctrain.layout.moves import (
-    ALLGATHER,
-    GENERAL,
-    IDENTITY,
-    SLICE,
-    move_kind,
+    AllGatherMove,
+    GeneralMove,
+    IdentityMove,
+    SliceMove,
+    move_between,
     parts_overlapping,
-    plan_move,
     transfer_pieces,
 )
 from hpctrain.layout.partition import block_range, factorisations
@@ -108,12 +107,13 @@ def test_parts_overlapping_matches_brute_force():
 def test_each_rank_plans_exactly_its_share_of_the_global_pieces(p, seed):
     """Union over ranks of sends (and kept pieces) = union of receives = the global list."""
     for src, dst in pairs(seed, p, 150):
-        if move_kind(src, dst) != GENERAL:
+        move = move_between(src, dst)
+        if not isinstance(move, GeneralMove):
             continue
         want = sorted((q.sender, q.receiver, q.box) for q in transfer_pieces(src, dst))
         sent, received = [], []
         for rank in range(p):
-            plan = plan_move(src, dst, rank)
+            plan = move.exchange(rank)
             sent += [(rank, q, box) for q, box in plan.sends]
             received += [(q, rank, box) for q, box in plan.receives]
             kept = [(rank, rank, box) for box in plan.local]
@@ -170,49 +170,48 @@ def _degenerate(layout):
 
 @pytest.mark.parametrize("p,seed", CASES)
 def test_classification_agrees_with_brute_force(p, seed):
-    kinds = set()
+    methods = set()
     for src, dst in pairs(seed, p, 400):
-        kind = move_kind(src, dst)
-        kinds.add(kind)
+        move = move_between(src, dst)
+        method = type(move)
+        methods.add(method)
         contained, axis = _contained(src, dst), _gather_axis(src, dst)
-        assert (kind == IDENTITY) == (src == dst)
-        if kind == SLICE:
+        assert (method is IdentityMove) == (src == dst)
+        if method is SliceMove:
             assert contained, (src, dst)
             for rank in range(p):
-                plan = plan_move(src, dst, rank)
                 box = tuple((o0 + s.start, o0 + s.stop)
-                            for (o0, _), s in zip(src.box(rank), plan.slices, strict=True))
+                            for (o0, _), s in zip(src.box(rank), move.slices(rank), strict=True))
                 assert box == dst.box(rank)
-        if kind == ALLGATHER:
+        if method is AllGatherMove:
             assert axis is not None, (src, dst)
             for rank in range(p):
-                plan = plan_move(src, dst, rank)
+                gathered_axis, ranges = move.gathered(rank)
                 first = rank - rank % dst.grid[0]
-                assert plan.axis == axis
-                assert plan.ranges == tuple(src.box(first + i)[axis]
-                                            for i in range(dst.grid[0]))
+                assert gathered_axis == axis
+                assert ranges == tuple(src.box(first + i)[axis] for i in range(dst.grid[0]))
         if src != dst and not contained and axis is None:
-            assert kind == GENERAL, (src, dst)
+            assert method is GeneralMove, (src, dst)
         if not (_degenerate(src) or _degenerate(dst)):  # the structural rules miss nothing
-            want = (IDENTITY if src == dst else SLICE if contained
-                    else ALLGATHER if axis is not None else GENERAL)
-            assert kind == want, (src, dst)
+            want = (IdentityMove if src == dst else SliceMove if contained
+                    else AllGatherMove if axis is not None else GeneralMove)
+            assert method is want, (src, dst)
     if p > 1:
-        assert kinds == {IDENTITY, SLICE, ALLGATHER, GENERAL}
+        assert methods == {IdentityMove, SliceMove, AllGatherMove, GeneralMove}
 
 
 def test_worked_examples():
     shape = (8, 4, 6, 6)
     batch, replicated = Layout(shape, (1, 4)), Layout(shape, (4, 1))
     split = Layout(shape, (4, 1), CHANNEL_AXIS)
-    assert move_kind(batch, batch) == IDENTITY
-    assert move_kind(batch, replicated) == ALLGATHER
-    assert move_kind(replicated, split) == SLICE
-    assert move_kind(split, replicated) == ALLGATHER
-    assert move_kind(split, batch) == GENERAL
+    assert type(move_between(batch, batch)) is IdentityMove
+    assert type(move_between(batch, replicated)) is AllGatherMove
+    assert type(move_between(replicated, split)) is SliceMove
+    assert type(move_between(split, replicated)) is AllGatherMove
+    assert type(move_between(split, batch)) is GeneralMove
     # 4×1 channel split → 1×4: rank 1 keeps channel 1 of samples 2..3, sends channel 1 of the
     # other samples to their new owners, and receives the other channels of samples 2..3
-    plan = plan_move(split, batch, 1)
+    plan = move_between(split, batch).exchange(1)
     assert plan.local == (((2, 4), (1, 2), (0, 6), (0, 6)),)
     assert [q for q, _ in plan.sends] == [0, 2, 3]
     assert [q for q, _ in plan.receives] == [0, 2, 3]
@@ -222,7 +221,7 @@ def test_replicated_source_sends_each_piece_once():
     """2×2 replicated → 4×1 feature split: ranks 0 and 1 both hold samples 0..3, ranks 2 and 3
     samples 4..7. Each piece comes from one replica, so its gradient goes back to one owner."""
     src, dst = Layout((8, 4), (2, 2)), Layout((8, 4), (4, 1), CHANNEL_AXIS)
-    plans = [plan_move(src, dst, r) for r in range(4)]
+    plans = [move_between(src, dst).exchange(r) for r in range(4)]
     # rank 2 needs feature 2 of all samples: samples 4..7 from itself, 0..3 from replica 0
     assert plans[2].local == (((4, 8), (2, 3)),)
     assert plans[2].receives == ((0, ((0, 4), (2, 3))),)
@@ -231,9 +230,9 @@ def test_replicated_source_sends_each_piece_once():
 
 def test_layouts_must_share_shape_and_ranks():
     with pytest.raises(ValueError, match="shape"):
-        move_kind(Layout((4, 3), (1, 2)), Layout((4, 5), (1, 2)))
+        move_between(Layout((4, 3), (1, 2)), Layout((4, 5), (1, 2)))
     with pytest.raises(ValueError, match="ranks"):
-        move_kind(Layout((4, 3), (1, 2)), Layout((4, 3), (1, 4)))
+        move_between(Layout((4, 3), (1, 2)), Layout((4, 3), (1, 4)))
 
 
 @pytest.mark.parametrize("spec", ["conv=domain:2x2,fc=4x1", "conv=4x1,fc=2x2", "1x4"])

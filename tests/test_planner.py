@@ -10,18 +10,20 @@ from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, box_size
-from hpctrain.layout.moves import GENERAL, move_kind, transfer_pieces
+from hpctrain.layout.moves import (
+    AllGatherMove,
+    GeneralMove,
+    _busiest_receiver_by_rank,
+    _busiest_receiver_closed_form,
+    move_between,
+    transfer_pieces,
+)
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import load_net, parse_net
 from hpctrain.plan.planner import PlannerError, choices_of, evaluate, format_plan, plan_network
 from hpctrain.plan.plans import plan_from_spec
-from hpctrain.plan.pricing import (
-    Choice,
-    CostModel,
-    _busiest_receiver_by_rank,
-    _busiest_receiver_closed_form,
-)
+from hpctrain.plan.pricing import Choice, CostModel
 
 MACHINE = Machine("test", alpha=2e-6, beta=1 / 6e9, flops=1e11)
 SLOW_NET = Machine("slow", alpha=1e-4, beta=1 / 1e8, flops=1e12)
@@ -110,7 +112,7 @@ def test_pooling_gathers_the_rows_where_a_split_would_leave_a_rank_empty():
     conv, pool = model.segment_layouts(1, Choice("domain", (8, 1)))[:3:2]
     assert conv.output.split_axis == HEIGHT_AXIS and pool.input.split_axis is None
     cost = model.segment_cost(1, Choice("domain", (8, 1)), timed=False)
-    assert cost.layers[2].move == "allgather" and cost.layers[2].redistribution[0] > 0
+    assert cost.layers[2].move is AllGatherMove and cost.layers[2].redistribution[0] > 0
     deep = model_of(load_net("smallcnn", 4), 8, 8)  # conv2's 2 input rows: not 8 blocks
     assert Choice("domain", (8, 1)) not in deep.choices(1)
 
@@ -135,15 +137,15 @@ def test_general_move_volume_is_the_busiest_receiver(procs, shape):
     layouts = [Layout(shape, g, a) for g in factorisations(procs) for a in (None, 1, 2)]
     for src in layouts:
         for dst in layouts:
-            if move_kind(src, dst) != GENERAL:
+            if not isinstance(move_between(src, dst), GeneralMove):
                 continue
             received, messages = [0] * procs, [0] * procs
             for piece in transfer_pieces(src, dst):
                 if piece.sender != piece.receiver:
                     received[piece.receiver] += box_size(piece.box)
                     messages[piece.receiver] += 1
-            kind, forward, _ = model.move_cost(src, dst)
-            assert kind == GENERAL
+            move, forward, _ = model.move_cost(src, dst)
+            assert isinstance(move, GeneralMove)
             assert forward == pytest.approx(max(received), rel=1e-9), (src, dst)
             _, forward, _ = latency.move_cost(src, dst)
             assert forward == pytest.approx(max(messages), rel=1e-9), (src, dst)

@@ -8,6 +8,7 @@ import pytest
 import hpctrain.device.clock as clock_module
 import hpctrain.record.timing as timing
 from hpctrain.device.clock import CommClock
+from hpctrain.layout.moves import AllGatherMove, IdentityMove
 from hpctrain.record.timing import (
     LOSS,
     RECORD_FIELDS,
@@ -93,7 +94,7 @@ def fake_backend():
 def test_step_timer_splits_compute_comm_and_redistribution(clock_time):
     backend = fake_backend()
     times = StepTimes.blank(["conv1", "fc1"])
-    gather, identity = SimpleNamespace(kind="allgather"), SimpleNamespace(kind="identity")
+    gather, identity = SimpleNamespace(move=AllGatherMove), SimpleNamespace(move=IdentityMove)
     with StepTimer(backend, times) as timer:
         assert backend.clock.enabled
         clock_time.advance(0.5)  # data: in the step, in no row

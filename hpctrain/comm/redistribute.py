@@ -1,13 +1,14 @@
 """Move an activation between two layouts (forward) and its gradient back (backward, the adjoint).
 
-The method and this rank's part in it come from :func:`hpctrain.layout.moves.plan_move`, computed
-once from the two layouts (see :mod:`hpctrain.layout.moves` for the kinds):
+The move and its method come from :func:`hpctrain.layout.moves.move_between`, computed once from
+the two layouts; each method has its transfer here, which runs it (see
+:mod:`hpctrain.layout.moves` for the methods):
 
-- ``identity``: nothing moves.
-- ``slice``: forward takes a slice of the local block, backward pads the gradient with zeros.
-- ``allgather``: forward ``Allgatherv`` over the target grid's model communicator, backward
-  its adjoint ``Reduce_scatter``.
-- ``general``: forward each piece goes point to point (``Isend``/``Irecv``, then ``Waitall``)
+- identity: nothing moves.
+- slice: forward takes a slice of the local block, backward pads the gradient with zeros.
+- all-gather: forward ``Allgatherv`` over the target grid's model communicator, backward its
+  adjoint ``Reduce_scatter``.
+- general: forward each piece goes point to point (``Isend``/``Irecv``, then ``Waitall``)
   from its one sender to its receiver on the world communicator, only between ranks that share
   data; backward the same pieces travel in reverse and are added into the sources.
 
@@ -26,7 +27,14 @@ from hpctrain.comm.collectives import AllGather
 from hpctrain.comm.grid import GridSet
 from hpctrain.device.backend import Backend
 from hpctrain.layout.layout import Box, Layout, box_size, relative_slices
-from hpctrain.layout.moves import ALLGATHER, IDENTITY, SLICE, plan_move
+from hpctrain.layout.moves import (
+    AllGatherMove,
+    GeneralMove,
+    IdentityMove,
+    Move,
+    SliceMove,
+    move_between,
+)
 
 # Tag of the pieces on the world communicator: one message per pair of ranks per exchange, and
 # exchanges complete one at a time, so one tag keeps them apart from other world traffic.
@@ -70,46 +78,87 @@ class _Route:
 
 
 class Redistribute:
-    """forward: activation from layout ``src`` to ``dst``; backward: its gradient, back."""
+    """forward: activation from layout ``src`` to ``dst``; backward: its gradient, back.
+
+    ``move`` is the :class:`~hpctrain.layout.moves.Move` (its method, its price); this rank's
+    part is set up once, here, by the transfer of that method.
+    """
 
     def __init__(self, backend: Backend, grids: GridSet, src: Layout, dst: Layout) -> None:
-        self.backend, self.src, self.dst = backend, src, dst
-        self.comm: MPI.Comm = grids.world
-        self.rank = self.comm.Get_rank()
-        src_box, dst_box = src.box(self.rank), dst.box(self.rank)
-        self.src_shape = tuple(b1 - b0 for b0, b1 in src_box)
-        self.plan = plan_move(src, dst, self.rank)
-        self.kind = self.plan.kind
-        if self.kind == ALLGATHER:
-            model_comm = grids.get(dst.grid).model_comm
-            self.gather = AllGather(backend, model_comm, self.plan.axis, self.plan.ranges)
-        if self.kind not in (IDENTITY, SLICE, ALLGATHER):  # a general move: both routes now
-            p = self.plan
-            self.forward_route = _Route.of(p.sends, p.receives, p.local, src_box, dst_box)
-            self.backward_route = _Route.of(p.receives, p.sends, p.local, dst_box, src_box)
+        self.src, self.dst = src, dst
+        self.move = move_between(src, dst)
+        self.transfer = TRANSFERS[type(self.move)](backend, grids, self.move)
 
     def forward(self, x: Any) -> Any:
-        if self.kind == IDENTITY:
-            return x
-        if self.kind == SLICE:
-            return self.backend.xp.ascontiguousarray(x[self.plan.slices])
-        if self.kind == ALLGATHER:
-            return self.gather.forward(x)
+        return self.transfer.forward(x)
+
+    def backward(self, dy: Any) -> Any:
+        return self.transfer.backward(dy)
+
+
+class _Identity:
+    """Nothing moves: the array is handed on, and its gradient back."""
+
+    def __init__(self, backend: Backend, grids: GridSet, move: IdentityMove) -> None:
+        pass
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+    def backward(self, dy: Any) -> Any:
+        return dy
+
+
+class _Slice:
+    """Forward a contiguous copy of this rank's new block; backward the gradient in zeros."""
+
+    def __init__(self, backend: Backend, grids: GridSet, move: SliceMove) -> None:
+        rank = grids.world.Get_rank()
+        self.backend, self.slices = backend, move.slices(rank)
+        self.src_shape = move.src.local_shape(rank)
+
+    def forward(self, x: Any) -> Any:
+        return self.backend.xp.ascontiguousarray(x[self.slices])
+
+    def backward(self, dy: Any) -> Any:
+        dx = self.backend.xp.zeros(self.src_shape, dtype=dy.dtype)
+        dx[self.slices] = dy
+        return dx
+
+
+class _Gather:
+    """The all-gather over the target grid's model communicator, and its adjoint."""
+
+    def __init__(self, backend: Backend, grids: GridSet, move: AllGatherMove) -> None:
+        axis, ranges = move.gathered(grids.world.Get_rank())
+        self.gather = AllGather(backend, grids.get(move.dst.grid).model_comm, axis, ranges)
+
+    def forward(self, x: Any) -> Any:
+        return self.gather.forward(x)
+
+    def backward(self, dy: Any) -> Any:
+        return self.gather.backward(dy)
+
+
+class _Exchange:
+    """The pieces of a general move, point to point: both routes set up once."""
+
+    def __init__(self, backend: Backend, grids: GridSet, move: GeneralMove) -> None:
+        self.backend, self.comm = backend, grids.world
+        rank = self.comm.Get_rank()
+        src_box, dst_box = move.src.box(rank), move.dst.box(rank)
+        self.src_shape = move.src.local_shape(rank)
+        p = move.exchange(rank)
+        self.forward_route = _Route.of(p.sends, p.receives, p.local, src_box, dst_box)
+        self.backward_route = _Route.of(p.receives, p.sends, p.local, dst_box, src_box)
+
+    def forward(self, x: Any) -> Any:
         out = self.backend.xp.empty(self.forward_route.out_shape, dtype=x.dtype)
         self._exchange(x, out, self.forward_route, accumulate=False)
         return out
 
     def backward(self, dy: Any) -> Any:
-        xp = self.backend.xp
-        if self.kind == IDENTITY:
-            return dy
-        if self.kind == SLICE:
-            dx = xp.zeros(self.src_shape, dtype=dy.dtype)
-            dx[self.plan.slices] = dy
-            return dx
-        if self.kind == ALLGATHER:
-            return self.gather.backward(dy)
-        dx = xp.zeros(self.src_shape, dtype=dy.dtype)
+        dx = self.backend.xp.zeros(self.src_shape, dtype=dy.dtype)
         self._exchange(dy, dx, self.backward_route, accumulate=True)
         return dx
 
@@ -144,3 +193,8 @@ class Redistribute:
             recv_buf = be.from_mpi(recv_buf)
             for _, lo, hi, where, shape in route.receives:
                 put(where, recv_buf[lo:hi].reshape(shape))
+
+
+TRANSFERS: dict[type[Move], type] = {IdentityMove: _Identity, SliceMove: _Slice,
+                                     AllGatherMove: _Gather, GeneralMove: _Exchange}
+"""The transfer that runs each method of :data:`hpctrain.layout.moves.METHODS`."""

@@ -1,20 +1,23 @@
-"""Moves between two layouts of one tensor: which method, and what one rank sends and receives.
+"""Moves between two layouts of one tensor: the methods, what one rank does in each, and their
+price.
 
-Pure maths, no MPI. :class:`~hpctrain.comm.redistribute.Redistribute` executes a move and the
-cost model prices it, both from :func:`move_kind`, so prediction and execution cannot disagree.
+Pure maths, no MPI. A move takes a tensor held on layout ``src`` to layout ``dst`` on the same P
+ranks; :func:`move_between` picks its method, the first of :data:`METHODS` whose rule holds,
+and gives the :class:`Move`. Execution (:class:`~hpctrain.comm.redistribute.Redistribute`), the
+cost model (:mod:`hpctrain.plan.pricing`) and timing (:mod:`hpctrain.record.timing`) all work from
+that one object, so prediction and execution cannot disagree. Rank r sits at
+``(i, j) = (r % Pr, r // Pr)`` on each layout's grid (see :mod:`hpctrain.layout.layout`). The
+methods:
 
-A move takes a tensor held on layout ``src`` to layout ``dst`` on the same P ranks. Rank r sits
-at ``(i, j) = (r % Pr, r // Pr)`` on each layout's grid (see :mod:`hpctrain.layout.layout`). Its
-kind:
-
-- ``identity``: the layouts are equal; nothing moves.
-- ``slice``: every rank's new block lies inside its old one; forward a slice, backward the
-  gradient padded with zeros. No messages.
-- ``allgather``: each model group of the target grid holds, between its members, exactly the
-  target block, cut along one axis in member order; forward ``Allgatherv`` over the model
-  communicator, backward its adjoint ``Reduce_scatter``.
-- ``general``: anything else; each rank sends the pieces of its block that other ranks need,
-  point to point, and the backward sends the gradients of the same pieces back and adds them.
+- :class:`IdentityMove` (``identity``): the layouts are equal; nothing moves.
+- :class:`SliceMove` (``slice``): every rank's new block lies inside its old one; forward a
+  slice, backward the gradient padded with zeros. No messages.
+- :class:`AllGatherMove` (``allgather``): each model group of the target grid holds, between its
+  members, exactly the target block, cut along one axis in member order; forward
+  ``Allgatherv`` over the model communicator, backward its adjoint ``Reduce_scatter``.
+- :class:`GeneralMove` (``general``): anything else; each rank sends the pieces of its block
+  that other ranks need, point to point, and the backward sends the gradients of the same
+  pieces back and adds them.
 
 A rank's share of a general move is found by interval arithmetic on the two layouts: which
 blocks of the other layout overlap its own block along the batch axis (block rule) and along the
@@ -23,13 +26,18 @@ split axes (bisection on the split ranges). It costs O(pieces of this rank), nev
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import ClassVar
 
+import numpy as np
+
+from hpctrain.cost.collectives import allgather_time, exchange_time, reduce_scatter_time
+from hpctrain.cost.machine import Machine
 from hpctrain.layout.layout import BATCH_AXIS, Box, Layout, intersect, relative_slices
 from hpctrain.layout.partition import block_range
-
-IDENTITY, SLICE, ALLGATHER, GENERAL = "identity", "slice", "allgather", "general"
 
 Range = tuple[int, int]
 
@@ -42,97 +50,188 @@ def _check_pair(src: Layout, dst: Layout) -> None:
                          f"keeps the number of ranks")
 
 
-def move_kind(src: Layout, dst: Layout) -> str:
-    """The cheapest exact method that moves ``src`` to ``dst``, from the two layouts in O(1).
+class Move:
+    """A tensor moved from layout ``src`` to ``dst`` on the same ranks, by one method.
 
-    - ``slice`` when ``src`` is not split over its Pr ranks and ``Pr_src`` is a multiple of
-      ``Pr_dst``: rank r's batch block on the target grid (index ``r // Pr_dst`` of
-      ``Pc_dst = m·Pc_src`` parts, ``m = Pr_src / Pr_dst``) lies inside its block on the source
-      grid (index ``r // Pr_src``), by the nesting of the block rule
-      (:mod:`hpctrain.layout.partition`), and ``src`` holds every entry of the other axes.
-    - ``allgather`` when ``dst`` is replicated over ``Pr_dst > 1`` ranks and either ``src`` is
-      split on the same grid (the model group's split ranges tile the axis in order), or ``src``
-      is a batch split on 1×P (the group's P-way batch blocks ``j·Pr … j·Pr + Pr − 1`` tile its
-      Pc-way block ``j``, again by nesting).
-    - ``general`` otherwise.
-
-    A layout with Pr = 1 is never split (``Layout`` drops the split), so a 1×P source is always
-    the unsplit case above. These rules are structural: for degenerate sizes (an axis shorter
-    than its number of parts, so that some block is empty) a slice or an all-gather may exist
-    that they miss. Such a move is then ``general``, which is exact for every pair of layouts;
-    it costs speed, never correctness.
-
-    Examples, P = 4: 1×4 → 4×1 replicated is ``allgather`` (along the batch); 4×1 replicated →
-    4×1 channel split is ``slice``; 4×1 channel split → 1×4 is ``general``.
+    A method is a subclass: its rule (:meth:`fits`, from the two layouts in O(1)), what one rank
+    does in it (a method of its own: :meth:`SliceMove.slices`, :meth:`AllGatherMove.gathered`,
+    :meth:`GeneralMove.exchange`), its time at the busiest rank (:meth:`seconds`) and the
+    buffers its execution allocates (:meth:`buffer_bytes`).
     """
-    _check_pair(src, dst)
-    if src == dst:
-        return IDENTITY
-    (src_pr, _), (dst_pr, _) = src.grid, dst.grid
-    if src.split_axis is None and src_pr % dst_pr == 0:
-        return SLICE
-    if dst.split_axis is None and dst_pr > 1 and (
-            (src.grid == dst.grid and src.split_axis is not None)
-            or (src.grid == (1, src.size))):
-        return ALLGATHER
-    return GENERAL
+
+    method: ClassVar[str]  # the name a plan table shows ("fed by")
+    moves_data: ClassVar[bool] = True  # False: nothing runs, and nothing is timed
+
+    def __init__(self, src: Layout, dst: Layout) -> None:
+        self.src, self.dst = src, dst
+
+    @staticmethod
+    def fits(src: Layout, dst: Layout) -> bool:
+        """Whether this method moves ``src`` to ``dst`` exactly."""
+        raise NotImplementedError
+
+    def seconds(self, machine: Machine, itemsize: int) -> tuple[float, float]:
+        """(forward, backward) seconds at the busiest rank, for entries of ``itemsize`` bytes."""
+        return 0.0, 0.0
+
+    def buffer_bytes(self, itemsize: int) -> float:
+        """Bytes the execution allocates for a moment at the busiest rank, in the larger of its
+        two directions (the move's result, and its buffers)."""
+        return 0.0
+
+    def _blocks(self, itemsize: int) -> tuple[float, float]:
+        """Bytes of the largest source block and of the largest target block."""
+        return (math.prod(self.src.largest_block) * itemsize,
+                math.prod(self.dst.largest_block) * itemsize)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.src.describe()} -> {self.dst.describe()})"
+
+
+class IdentityMove(Move):
+    """The layouts are equal: nothing moves, and the array is handed on as it is."""
+
+    method = "identity"
+    moves_data = False
+
+    @staticmethod
+    def fits(src: Layout, dst: Layout) -> bool:
+        return src == dst
+
+
+class SliceMove(Move):
+    """Every rank's new block lies inside its old one: forward a slice (a contiguous copy),
+    backward the gradient padded with zeros.
+
+    Holds when ``src`` is not split over its Pr ranks and ``Pr_src`` is a multiple of
+    ``Pr_dst``: rank r's batch block on the target grid (index ``r // Pr_dst`` of
+    ``Pc_dst = m·Pc_src`` parts, ``m = Pr_src / Pr_dst``) lies inside its block on the source
+    grid (index ``r // Pr_src``), by the nesting of the block rule
+    (:mod:`hpctrain.layout.partition`), and ``src`` holds every entry of the other axes.
+    """
+
+    method = "slice"
+
+    @staticmethod
+    def fits(src: Layout, dst: Layout) -> bool:
+        return src.split_axis is None and src.grid[0] % dst.grid[0] == 0
+
+    def slices(self, rank: int) -> tuple[slice, ...]:
+        """The slices that pick ``rank``'s new block out of its old one."""
+        return relative_slices(self.dst.box(rank), self.src.box(rank))
+
+    def buffer_bytes(self, itemsize: int) -> float:
+        source, target = self._blocks(itemsize)
+        return source + target  # the old block, and the slice's copy or the padded gradient
+
+
+class AllGatherMove(Move):
+    """Each model group of the target grid gathers its block along one axis: forward
+    ``Allgatherv`` over the model communicator, backward its adjoint ``Reduce_scatter``.
+
+    Holds when ``dst`` is replicated over ``Pr_dst > 1`` ranks and either ``src`` is split on
+    the same grid (the model group's split ranges tile the axis in order), or ``src`` is a batch
+    split on 1×P (the group's P-way batch blocks ``j·Pr … j·Pr + Pr − 1`` tile its Pc-way block
+    ``j``, again by nesting).
+    """
+
+    method = "allgather"
+
+    @staticmethod
+    def fits(src: Layout, dst: Layout) -> bool:
+        return dst.split_axis is None and dst.grid[0] > 1 and (
+            (src.grid == dst.grid and src.split_axis is not None) or src.grid == (1, src.size))
+
+    def gathered(self, rank: int) -> tuple[int, tuple[Range, ...]]:
+        """(axis, ranges): ``rank``'s model group gathers along ``axis``, member k holding
+        ``ranges[k]`` of it."""
+        src, pr = self.src, self.dst.grid[0]
+        if src.grid == self.dst.grid:
+            return src.split_axis, src.split_ranges
+        first = rank - rank % pr  # the group's ranks on 1×P: first … first + Pr − 1
+        n = src.shape[BATCH_AXIS]
+        return BATCH_AXIS, tuple(block_range(n, src.size, first + i) for i in range(pr))
+
+    def seconds(self, machine: Machine, itemsize: int) -> tuple[float, float]:
+        pr, block = self.dst.grid[0], self._blocks(itemsize)[1]
+        return allgather_time(machine, pr, block), reduce_scatter_time(machine, pr, block)
+
+    def buffer_bytes(self, itemsize: int) -> float:
+        return 2 * sum(self._blocks(itemsize))  # a contiguous copy, the receive buffer, result
 
 
 @dataclass(frozen=True)
-class MovePlan:
-    """What one rank does in a move (see :func:`plan_move`).
-
-    ``kind`` is the method of :func:`move_kind`. For ``slice``, ``slices`` picks the new block out
-    of the old one. For ``allgather``, the model group gathers along ``axis`` and member k holds
-    ``ranges[k]`` of it. For ``general``, ``sends`` lists (receiver, global box) and
+class Exchange:
+    """What one rank does in a general move: ``sends`` lists (receiver, global box) and
     ``receives`` (sender, global box) for the pieces that travel, and ``local`` the boxes this
-    rank keeps from its own block; each box is one piece, one message per pair of ranks.
-    """
+    rank keeps from its own block; each box is one piece, one message per pair of ranks."""
 
-    kind: str
-    slices: tuple[slice, ...] | None = None
-    axis: int | None = None
-    ranges: tuple[Range, ...] | None = None
     sends: tuple[tuple[int, Box], ...] = ()
     receives: tuple[tuple[int, Box], ...] = ()
     local: tuple[Box, ...] = ()
 
 
-def plan_move(src: Layout, dst: Layout, rank: int) -> MovePlan:
-    """Rank ``rank``'s part in moving a tensor from ``src`` to ``dst``.
+class GeneralMove(Move):
+    """Anything else: each rank sends the pieces of its block that other ranks need, point to
+    point, and the backward sends the gradients of the same pieces back and adds them. Exact for
+    every pair of layouts; priced at its busiest receiver, the same in both directions.
 
-    Where several ranks hold the same source block (``src`` replicated over its Pr ranks), a
-    rank that holds it takes it from itself, and any other from the replica in the same position
-    ``receiver % Pr_src`` of the block's batch group: every piece has one sender, so the backward
-    returns each gradient to exactly one owner. Equivalently, a replica sends only to ranks
-    congruent to itself modulo ``Pr_src``.
-
-    Example: (8, 4, 6, 6) from a channel split on 4×1 to a batch split on 1×4. Rank 1 holds
-    channel 1 of samples 0..7 and needs samples 2..3: it keeps channel 1 of them, receives
-    channels 0, 2 and 3 from ranks 0, 2 and 3, and sends channel 1 of samples 0..1, 4..5 and
-    6..7 to ranks 0, 2 and 3.
+    The other methods' rules are structural: for degenerate sizes (an axis shorter than its
+    number of parts, so that some block is empty) a slice or an all-gather may exist that they
+    miss. Such a move is then general: it costs speed, never correctness.
     """
-    kind = move_kind(src, dst)
-    if kind == IDENTITY:
-        return MovePlan(kind)
-    if kind == SLICE:
-        return MovePlan(kind, slices=relative_slices(dst.box(rank), src.box(rank)))
-    if kind == ALLGATHER:
-        pr = dst.grid[0]
-        if src.grid == dst.grid:
-            return MovePlan(kind, axis=src.split_axis, ranges=src.split_ranges)
-        first = rank - rank % pr  # the group's ranks on 1×P: first … first + Pr − 1
-        n = src.shape[BATCH_AXIS]
-        return MovePlan(kind, axis=BATCH_AXIS,
-                        ranges=tuple(block_range(n, src.size, first + i) for i in range(pr)))
-    receives, local = [], []
-    for sender, box in _receives(src, dst, rank):
-        if sender == rank:
-            local.append(box)
-        else:
-            receives.append((sender, box))
-    sends = [(receiver, box) for receiver, box in _sends(src, dst, rank) if receiver != rank]
-    return MovePlan(kind, sends=tuple(sends), receives=tuple(receives), local=tuple(local))
+
+    method = "general"
+
+    @staticmethod
+    def fits(src: Layout, dst: Layout) -> bool:
+        return True
+
+    def exchange(self, rank: int) -> Exchange:
+        """``rank``'s part. Where several ranks hold the same source block (``src`` replicated
+        over its Pr ranks), a rank that holds it takes it from itself, and any other from the
+        replica in the same position ``receiver % Pr_src`` of the block's batch group: every
+        piece has one sender, so the backward returns each gradient to exactly one owner.
+        Equivalently, a replica sends only to ranks congruent to itself modulo ``Pr_src``.
+
+        Example: (8, 4, 6, 6) from a channel split on 4×1 to a batch split on 1×4. Rank 1
+        holds channel 1 of samples 0..7 and needs samples 2..3: it keeps channel 1 of them,
+        receives channels 0, 2 and 3 from ranks 0, 2 and 3, and sends channel 1 of samples
+        0..1, 4..5 and 6..7 to ranks 0, 2 and 3.
+        """
+        src, dst = self.src, self.dst
+        receives, local = [], []
+        for sender, box in _receives(src, dst, rank):
+            if sender == rank:
+                local.append(box)
+            else:
+                receives.append((sender, box))
+        sends = [(receiver, box) for receiver, box in _sends(src, dst, rank) if receiver != rank]
+        return Exchange(tuple(sends), tuple(receives), tuple(local))
+
+    def seconds(self, machine: Machine, itemsize: int) -> tuple[float, float]:
+        share, messages = _busiest_receiver((self.src.grid, self.src.split_axis),
+                                            (self.dst.grid, self.dst.split_axis))
+        t = exchange_time(machine, self.src.size, messages, share * self._blocks(itemsize)[1])
+        return t, t
+
+    def buffer_bytes(self, itemsize: int) -> float:
+        return 2 * sum(self._blocks(itemsize))  # the send and receive buffers, the result
+
+
+METHODS: tuple[type[Move], ...] = (IdentityMove, SliceMove, AllGatherMove, GeneralMove)
+"""The methods in order of preference: a move takes the first whose rule holds."""
+
+
+def move_between(src: Layout, dst: Layout) -> Move:
+    """The cheapest exact method that moves ``src`` to ``dst``, from the two layouts in O(1).
+
+    A layout with Pr = 1 is never split (``Layout`` drops the split), so a 1×P source is always
+    unsplit. Examples, P = 4: 1×4 → 4×1 replicated is an all-gather (along the batch); 4×1
+    replicated → 4×1 channel split is a slice; 4×1 channel split → 1×4 is general.
+    """
+    _check_pair(src, dst)
+    return next(method(src, dst) for method in METHODS if method.fits(src, dst))
 
 
 def parts_overlapping(layout: Layout, axis: int, lo: int, hi: int) -> list[tuple[int, Range]]:
@@ -200,8 +299,9 @@ def _sends(src: Layout, dst: Layout, rank: int) -> list[tuple[int, Box]]:
     """(receiver, box) of every piece ``rank`` sends from its source block, to itself included.
 
     A receiver whose target block meets this rank's block takes the piece from it unless the
-    block is replicated and the receiver chose another replica (:func:`plan_move`): then only
-    receivers congruent to ``rank`` modulo ``Pr_src`` are kept, stepped through directly.
+    block is replicated and the receiver chose another replica (:meth:`GeneralMove.exchange`):
+    then only receivers congruent to ``rank`` modulo ``Pr_src`` are kept, stepped through
+    directly.
     """
     have = src.box(rank)
     if _empty(have):
@@ -236,9 +336,9 @@ class Piece:
 def transfer_pieces(src: Layout, dst: Layout) -> list[Piece]:
     """Every piece of the move on every rank, by brute force: O(P²) box intersections.
 
-    The reference that the tests check :func:`plan_move` against, and that the move benchmark
-    times for contrast; nothing else calls it. Same choice of one sender per piece as
-    :func:`plan_move`.
+    The reference that the tests check :meth:`GeneralMove.exchange` against, and that the move
+    benchmark times for contrast; nothing else calls it. Same choice of one sender per piece as
+    :meth:`GeneralMove.exchange`.
     """
     _check_pair(src, dst)
     owners: dict[Box, list[int]] = {}
@@ -254,3 +354,80 @@ def transfer_pieces(src: Layout, dst: Layout) -> list[Piece]:
             sender = receiver if receiver in holders else holders[receiver % len(holders)]
             pieces.append(Piece(sender, receiver, box))
     return pieces
+
+
+# -- the busiest receiver of a general move (its price) -----------------------------------------
+
+def _intervals(ranks: np.ndarray, grid: tuple[int, int], split: int | None, axis: int
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each rank's interval of ``axis`` as fractions of its length, and the number of parts."""
+    pr, pc = grid
+    if axis == BATCH_AXIS:
+        j = ranks // pr
+        return j / pc, (j + 1) / pc, pc
+    if axis == split:
+        i = ranks % pr
+        return i / pr, (i + 1) / pr, pr
+    return np.zeros(len(ranks)), np.ones(len(ranks)), 1
+
+
+@lru_cache(maxsize=65536)
+def _busiest_receiver(src: tuple, dst: tuple) -> tuple[float, int]:
+    """For layouts given as (grid, split axis): the largest share of its block a rank must
+    receive from others in a general move, and the most messages a rank receives, one per
+    source block it overlaps other than its own (even splits).
+
+    In closed form when every fraction of a block boundary is exact in binary floating point
+    (the grids' sides that cut an axis are powers of two, as for any P = 2^k); otherwise rank
+    by rank, whose rounding differs from rank to rank in the last bit, which the plan keeps."""
+    (src_grid, src_split), (dst_grid, dst_split) = src, dst
+    cuts = [src_grid[1], dst_grid[1]]  # the batch is always cut Pc ways
+    cuts += [grid[0] for grid, split in (src, dst) if split is not None]
+    if all(n & (n - 1) == 0 for n in cuts):
+        return _busiest_receiver_closed_form(src_grid[0], src_split, dst_grid[0], dst_split)
+    return _busiest_receiver_by_rank(src, dst)
+
+
+def _busiest_receiver_closed_form(src_pr: int, src_split: int | None, dst_pr: int,
+                                  dst_split: int | None) -> tuple[float, int]:
+    """:func:`_busiest_receiver` when one of ``src_pr``, ``dst_pr`` divides the other (powers
+    of two), in O(1).
+
+    Along the batch, rank r's source block is the batch share of the ``src_pr`` consecutive
+    ranks ``src_pr·⌊r/src_pr⌋ …`` and its target block that of ``dst_pr`` ranks: with
+    ``src_pr ≥ dst_pr`` the target lies inside the source, else it takes ``dst_pr/src_pr``
+    source blocks, each ``src_pr/dst_pr`` of it. Along an axis that only the source splits,
+    every rank holds 1/Pr_src of what it needs, from all Pr_src parts; along one only the target
+    splits, it holds all of it. Along one both split with different Pr, some rank's part of
+    the source lies outside its part of the target: it holds nothing it needs. Every value
+    is a power of two, so the floating-point result is exact, as rank by rank.
+    """
+    kept = min(src_pr, dst_pr) / dst_pr
+    blocks = max(1, dst_pr // src_pr)  # source blocks the busiest rank's target block meets
+    if src_split is not None and src_split == dst_split:
+        if src_pr == dst_pr:  # the same split (ranges given otherwise): nothing moves
+            return 0.0, 0
+        return 1.0, blocks * max(1, src_pr // dst_pr)
+    if src_split is not None:
+        kept /= src_pr
+        blocks *= src_pr
+    return 1 - kept, blocks - 1  # its own block needs no message
+
+
+def _busiest_receiver_by_rank(src: tuple, dst: tuple) -> tuple[float, int]:
+    """:func:`_busiest_receiver` rank by rank, in O(P): every axis but the batch and the split
+    ones multiplies each rank's share by exactly 1 and its messages by 1, so only those are
+    visited."""
+    (src_grid, src_split), (dst_grid, dst_split) = src, dst
+    ranks = np.arange(src_grid[0] * src_grid[1])
+    kept = np.ones(len(ranks))
+    messages = np.ones(len(ranks), dtype=np.int64)
+    eps = 1e-9
+    for axis in sorted({BATCH_AXIS, src_split, dst_split} - {None}):
+        s0, s1, s_parts = _intervals(ranks, src_grid, src_split, axis)
+        d0, d1, _ = _intervals(ranks, dst_grid, dst_split, axis)
+        kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / (d1 - d0)
+        messages *= np.ceil(d1 * s_parts - eps).astype(np.int64) - np.floor(
+            d0 * s_parts + eps).astype(np.int64)
+    messages -= (kept > eps).astype(np.int64)  # its own block needs no message
+    return float(np.max(1 - kept)), int(np.max(messages))

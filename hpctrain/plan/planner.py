@@ -145,8 +145,8 @@ def _fed(model: CostModel, index: int, cost: LayerCost, moves: list[tuple[Layout
     fed = replace(cost, resident=dict(cost.resident), transient=dict(cost.transient))
     for source, target in moves:
         move, *moved = model.move_cost(source, target)
-        if move != "identity" or fed.move == "identity":
-            fed.move = move
+        if move.moves_data or not fed.move.moves_data:  # the table shows a move that runs
+            fed.move = type(move)
         fed.redistribution = tuple(a + b for a, b in zip(fed.redistribution, moved,
                                                           strict=True))
         resident, transient = model.move_memory(source, target, index)
@@ -519,8 +519,8 @@ def format_plan(planned: PlannedNetwork) -> str:
         grid = "" if c.mode == "follow" else f"{c.grid[0]}x{c.grid[1]}"  # weighted: never follow
         rows.append(f"{c.layer:<10} {c.kind:<8} {c.mode:<7} {grid:<7} "
                     f"{sum(c.compute) * 1e3:>11.3f} {sum(c.comm) * 1e3:>9.3f} "
-                    f"{sum(c.redistribution) * 1e3:>10.3f} {c.move:<10} {c.memory / 2**20:>9.1f} "
-                    f"{c.peak / 2**20:>9.1f}")
+                    f"{sum(c.redistribution) * 1e3:>10.3f} {c.move.method:<10} "
+                    f"{c.memory / 2**20:>9.1f} {c.peak / 2**20:>9.1f}")
     t = planned.totals()
     hidden = planned.hidden_sums()
     rows.append(f"predicted iteration {planned.iteration_time * 1e3:.3f} ms = compute "

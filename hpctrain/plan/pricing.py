@@ -10,14 +10,14 @@ are consecutive segments. Per layer the model counts, forward and backward:
 - compute: the local kernels at the largest local block, measured or from a FLOP rate, and the
   optimizer's update of the layer's weight shard (counted in the backward);
 - communication inside the layer, as its kind says
-(:meth:`hpctrain.model.kinds.base.Kind.comm_time`):
-  ΔW all-reduced over Pc (over all P in domain mode, where W is replicated everywhere), halo
-  rows exchanged with both neighbours (domain conv and pooling), batch norm's statistics;
-- redistribution into the layer, by the method :func:`hpctrain.layout.moves.move_kind` picks for the
-  code to run: all-gather forward and its adjoint reduce-scatter backward when a model group's
-  blocks tile the needed block, nothing when every rank already holds what it needs, else
-  point-to-point messages with the peers that share data, costed at the busiest receiver (the
-  same in both directions).
+  (:meth:`hpctrain.model.kinds.base.Kind.comm_time`): ΔW all-reduced over Pc (over all P in
+  domain mode, where W is replicated everywhere), halo rows exchanged with both neighbours
+  (domain conv and pooling), batch norm's statistics;
+- redistribution into the layer, priced by the move's own method
+  (:func:`hpctrain.layout.moves.move_between`), the one the code runs: all-gather forward and
+  its adjoint reduce-scatter backward when a model group's blocks tile the needed block, nothing
+  when every rank already holds what it needs, else point-to-point messages with the peers that
+  share data, costed at the busiest receiver (the same in both directions).
 
 The model-parallel all-gather is always deferred to the first layer that needs every channel:
 ReLU, dropout and pooling act per channel and never grow the tensor, so deferring never costs
@@ -30,11 +30,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
-from hpctrain.cost.collectives import allgather_time, exchange_time, reduce_scatter_time
 from hpctrain.cost.compute import (
     FlopModel,
     MeasuredCompute,
@@ -44,8 +42,8 @@ from hpctrain.cost.compute import (
 )
 from hpctrain.cost.machine import Machine, local_profile
 from hpctrain.cost.work import LocalWork
-from hpctrain.layout.layout import BATCH_AXIS, HEIGHT_AXIS, Layout, largest_block
-from hpctrain.layout.moves import ALLGATHER, IDENTITY, SLICE, move_kind
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.moves import IdentityMove, Move, move_between
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import RANDOM_BYTES, Footprint, larger
@@ -92,7 +90,7 @@ class LayerCost:
     redistribution: tuple[float, float] = (0.0, 0.0)
     resident: dict[str, float] = field(default_factory=dict)
     transient: dict[str, float] = field(default_factory=dict)
-    move: str = "identity"
+    move: type[Move] = IdentityMove  # the method of the move feeding it (a table's "fed by")
     work: LocalWork | None = field(default=None, repr=False)
     update: LocalWork | None = field(default=None, repr=False)  # the optimizer, with backward
     grad_sum: float = 0.0  # seconds of comm[1] that sum parameter gradients (may be in flight)
@@ -148,81 +146,6 @@ class SegmentCost:
         return max(layer.peak for layer in self.layers)
 
 
-def _intervals(ranks: np.ndarray, grid: tuple[int, int], split: int | None, axis: int
-               ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Each rank's interval of ``axis`` as fractions of its length, and the number of parts."""
-    pr, pc = grid
-    if axis == BATCH_AXIS:
-        j = ranks // pr
-        return j / pc, (j + 1) / pc, pc
-    if axis == split:
-        i = ranks % pr
-        return i / pr, (i + 1) / pr, pr
-    return np.zeros(len(ranks)), np.ones(len(ranks)), 1
-
-
-@lru_cache(maxsize=65536)
-def _busiest_receiver(src: tuple, dst: tuple) -> tuple[float, int]:
-    """For layouts given as (grid, split axis): the largest share of its block a rank must
-    receive from others in a general move, and the most messages a rank receives, one per
-    source block it overlaps other than its own (even splits).
-
-    In closed form when every fraction of a block boundary is exact in binary floating point
-    (the grids' sides that cut an axis are powers of two, as for any P = 2^k); otherwise rank
-    by rank, whose rounding differs from rank to rank in the last bit, which the plan keeps."""
-    (src_grid, src_split), (dst_grid, dst_split) = src, dst
-    cuts = [src_grid[1], dst_grid[1]]  # the batch is always cut Pc ways
-    cuts += [grid[0] for grid, split in (src, dst) if split is not None]
-    if all(n & (n - 1) == 0 for n in cuts):
-        return _busiest_receiver_closed_form(src_grid[0], src_split, dst_grid[0], dst_split)
-    return _busiest_receiver_by_rank(src, dst)
-
-
-def _busiest_receiver_closed_form(src_pr: int, src_split: int | None, dst_pr: int,
-                                  dst_split: int | None) -> tuple[float, int]:
-    """:func:`_busiest_receiver` when one of ``src_pr``, ``dst_pr`` divides the other (powers
-    of two), in O(1).
-
-    Along the batch, rank r's source block is the batch share of the ``src_pr`` consecutive
-    ranks ``src_pr·⌊r/src_pr⌋ …`` and its target block that of ``dst_pr`` ranks: with
-    ``src_pr ≥ dst_pr`` the target lies inside the source, else it takes ``dst_pr/src_pr``
-    source blocks, each ``src_pr/dst_pr`` of it. Along an axis that only the source splits,
-    every rank holds 1/Pr_src of what it needs, from all Pr_src parts; along one only the target
-    splits, it holds all of it. Along one both split with different Pr, some rank's part of
-    the source lies outside its part of the target: it holds nothing it needs. Every value
-    is a power of two, so the floating-point result is exact, as rank by rank.
-    """
-    kept = min(src_pr, dst_pr) / dst_pr
-    blocks = max(1, dst_pr // src_pr)  # source blocks the busiest rank's target block meets
-    if src_split is not None and src_split == dst_split:
-        if src_pr == dst_pr:  # the same split (ranges given otherwise): nothing moves
-            return 0.0, 0
-        return 1.0, blocks * max(1, src_pr // dst_pr)
-    if src_split is not None:
-        kept /= src_pr
-        blocks *= src_pr
-    return 1 - kept, blocks - 1  # its own block needs no message
-
-
-def _busiest_receiver_by_rank(src: tuple, dst: tuple) -> tuple[float, int]:
-    """:func:`_busiest_receiver` rank by rank, in O(P): every axis but the batch and the split
-    ones multiplies each rank's share by exactly 1 and its messages by 1, so only those are
-    visited."""
-    (src_grid, src_split), (dst_grid, dst_split) = src, dst
-    ranks = np.arange(src_grid[0] * src_grid[1])
-    kept = np.ones(len(ranks))
-    messages = np.ones(len(ranks), dtype=np.int64)
-    eps = 1e-9
-    for axis in sorted({BATCH_AXIS, src_split, dst_split} - {None}):
-        s0, s1, s_parts = _intervals(ranks, src_grid, src_split, axis)
-        d0, d1, _ = _intervals(ranks, dst_grid, dst_split, axis)
-        kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / (d1 - d0)
-        messages *= np.ceil(d1 * s_parts - eps).astype(np.int64) - np.floor(
-            d0 * s_parts + eps).astype(np.int64)
-    messages -= (kept > eps).astype(np.int64)  # its own block needs no message
-    return float(np.max(1 - kept)), int(np.max(messages))
-
-
 class CostModel:
     """Per-segment costs of ``net`` at global batch ``batch`` on ``procs`` ranks.
 
@@ -267,7 +190,7 @@ class CostModel:
         self._segments: dict[tuple[int, Choice], SegmentCost] = {}
         self._timed: set[tuple[int, Choice]] = set()  # segments whose compute is filled in
         self._layout_cache: dict[tuple[int, Choice], list[LayerLayouts] | None] = {}
-        self._moves: dict[tuple[Layout, Layout], tuple[str, float, float]] = {}
+        self._moves: dict[tuple[Layout, Layout], tuple[Move, float, float]] = {}
         # each layer's inputs by their shapes alone, on 1×P (see _fed)
         self._unplaced = [tuple(Layout((batch, *(net.input_shape if p < 0 else net.out_shapes[p])),
                                        (1, procs)) for p in net.producers(k))
@@ -363,28 +286,15 @@ class CostModel:
 
     # -- costs --------------------------------------------------------------------------------
 
-    def move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
-        """(kind, forward s, backward s) of redistributing ``src`` into ``dst``. Made once per
-        pair: the planner prices the same moves (from a segment's output under each of its
+    def move_cost(self, src: Layout, dst: Layout) -> tuple[Move, float, float]:
+        """(the move, forward s, backward s) of redistributing ``src`` into ``dst``. Made once
+        per pair: the planner prices the same moves (from a segment's output under each of its
         choices into each choice of the next) many times over."""
         cost = self._moves.get((src, dst))
         if cost is None:
-            cost = self._moves[src, dst] = self._move_cost(src, dst)
+            move = move_between(src, dst)
+            cost = self._moves[src, dst] = (move, *move.seconds(self.machine, self.itemsize))
         return cost
-
-    def _move_cost(self, src: Layout, dst: Layout) -> tuple[str, float, float]:
-        kind = move_kind(src, dst)
-        if kind in (IDENTITY, SLICE):
-            return kind, 0.0, 0.0
-        block_bytes = math.prod(largest_block(dst)) * self.itemsize
-        if kind == ALLGATHER:
-            pr = dst.grid[0]
-            return (kind, allgather_time(self.machine, pr, block_bytes),
-                    reduce_scatter_time(self.machine, pr, block_bytes))
-        share, messages = _busiest_receiver((src.grid, src.split_axis),
-                                            (dst.grid, dst.split_axis))
-        t = exchange_time(self.machine, self.procs, messages, share * block_bytes)
-        return kind, t, t
 
     def kept_upstream(self, index: int) -> bool:
         """Whether the array that reaches layer ``index`` (when no move intervenes) is kept
@@ -434,16 +344,13 @@ class CostModel:
         top of what the layer's own estimate counts (which assumes no move): the new array when
         the layer keeps it, and the buffers of the move (forward: a contiguous copy of the
         block, the receive buffer, the result; backward the same for the gradient)."""
-        kind = self.move_cost(src, dst)[0]
-        if kind == IDENTITY:
+        move = self.move_cost(src, dst)[0]
+        if not move.moves_data:
             return {}, {}
-        b = self.itemsize
-        s, d = math.prod(largest_block(src)) * b, math.prod(largest_block(dst)) * b
+        d = math.prod(largest_block(dst)) * self.itemsize
         resident = ({"moved input": d} if self.keeps_input(index) and self.kept_upstream(index)
                     else {})
-        if kind == SLICE:
-            return resident, {"redistribution buffers": s + d}
-        return resident, {"redistribution buffers": 2 * (s + d)}
+        return resident, {"redistribution buffers": move.buffer_bytes(self.itemsize)}
 
     def data_memory(self, first_in: Layout) -> tuple[dict[str, float], dict[str, float]]:
         """The input batch block, kept through the step, and the RNG drawing it."""
@@ -493,8 +400,8 @@ class CostModel:
         kind = KINDS[spec.kind]
         cost = LayerCost(spec.name, spec.kind, mode, layouts.output.grid)
         if fed is not None:  # e.g. flatten gathers height-split rows
-            cost.move, *moved = self.move_cost(fed, layouts.input)
-            cost.redistribution = tuple(moved)
+            move, *moved = self.move_cost(fed, layouts.input)
+            cost.move, cost.redistribution = type(move), tuple(moved)
         cost.work = kind.work(spec, layouts.inputs, layouts.output, self.net.reads_layers(index))
         cost.comm = kind.comm_time(spec, layouts.inputs, layouts.output, self.machine,
                                    self.itemsize)
@@ -504,8 +411,8 @@ class CostModel:
         if params:
             cost.update = LocalWork(UPDATE, (params,))
         cost.resident, cost.transient = self._memory(index, layouts, cost.work, params,
-                                                     cost.move != IDENTITY)
-        if cost.move != IDENTITY:
+                                                     cost.move.moves_data)
+        if cost.move.moves_data:
             _, moving = self.move_memory(fed, layouts.input, index)
             cost.transient = larger(cost.transient, moving)
         return cost
@@ -560,8 +467,8 @@ class CostModel:
         their gradient (kept through the backward), the softmax's temporaries, the gather."""
         target = last_out.replicated()
         cost = LayerCost("loss", "softmax", "follow", last_out.grid)
-        cost.move, *moved = self.move_cost(last_out, target)
-        cost.redistribution = tuple(moved)
+        move, *moved = self.move_cost(last_out, target)
+        cost.move, cost.redistribution = type(move), tuple(moved)
         logits = math.prod(largest_block(target)) * self.itemsize
         _, move = self.move_memory(last_out, target, len(self.net.layers) - 1)
         cost.resident = {"logits and their gradient": 2 * logits}
@@ -612,7 +519,6 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     under MPI every rank of ``comm`` times the same kernels at once, as the ranks of a node
     will when training.
     """
-    import numpy as np
 
     itemsize = 4 if backend is None else np.dtype(backend.dtype).itemsize
     if compute_source(machine, source) == "flops":

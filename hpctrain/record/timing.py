@@ -286,13 +286,14 @@ class StepTimer:
         return self.times.loss if key == LOSS else self.times.layers[key]
 
     def forward_move(self, key: int | str, move: Redistribute) -> None:
-        """``move`` (feeding row ``key``) has just run forward; an identity move is not timed."""
-        if self.times is not None and move.kind != "identity":
+        """``move`` (feeding row ``key``) has just run forward; a move that moves nothing (the
+        identity) is not timed."""
+        if self.times is not None and move.move.moves_data:
             self._row(key).forward_redistribution += self._lap(key, 0, REDISTRIBUTION)[0]
 
     def backward_move(self, key: int | str, move: Redistribute) -> None:
         """``move`` (feeding row ``key``) has just run backward."""
-        if self.times is not None and move.kind != "identity":
+        if self.times is not None and move.move.moves_data:
             self._row(key).backward_redistribution += self._lap(key, 1, REDISTRIBUTION)[0]
 
     def forward_layer(self, key: int | str) -> None:

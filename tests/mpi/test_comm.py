@@ -97,11 +97,11 @@ def test_every_redistribution_round_trip_and_adjoint(comm, grids, backend, famil
     kinds = set()
     for src, dst in itertools.product(found, repeat=2):
         move, back = Redistribute(backend, grids, src, dst), Redistribute(backend, grids, dst, src)
-        kinds.add(move.kind)
+        kinds.add(move.move.method)
         y = move.forward(block(backend, x, src, rank))
         ok = np.array_equal(host(y), host(block(backend, x, dst, rank)))
         ok &= np.array_equal(host(back.forward(y)), host(block(backend, x, src, rank)))
-        assert all_agree(comm, ok), f"{src} -> {dst} ({move.kind})"
+        assert all_agree(comm, ok), f"{src} -> {dst} ({move.move.method})"
         dy = backend.xp.asarray(global_random(y.shape, 1000 + rank))  # independent per rank
         dx = move.backward(dy)
         lhs, rhs = local_dot(comm, y, dy), local_dot(comm, block(backend, x, src, rank), dx)
@@ -116,9 +116,9 @@ def test_cheapest_method_is_chosen(comm, grids, backend):
         pytest.skip("one rank moves nothing")
     batch = Layout((8, 4, 6, 6), (1, p))
     model = Layout((8, 4, 6, 6), (p, 1))
-    assert Redistribute(backend, grids, batch, batch).kind == "identity"
-    assert Redistribute(backend, grids, batch, model).kind == "allgather"
+    assert Redistribute(backend, grids, batch, batch).move.method == "identity"
+    assert Redistribute(backend, grids, batch, model).move.method == "allgather"
     split = Layout((8, 4, 6, 6), (p, 1), CHANNEL_AXIS)
-    assert Redistribute(backend, grids, model, split).kind == "slice"
-    assert Redistribute(backend, grids, split, model).kind == "allgather"
-    assert Redistribute(backend, grids, split, batch).kind == "general"
+    assert Redistribute(backend, grids, model, split).move.method == "slice"
+    assert Redistribute(backend, grids, split, model).move.method == "allgather"
+    assert Redistribute(backend, grids, split, batch).move.method == "general"

@@ -76,11 +76,11 @@ def plan_facts(network) -> dict:
     for layer, (move, *_) in zip(network.layers, network.moves):  # chains: one move each
         rows, grad_comm = getattr(layer, "rows", None), getattr(layer, "grad_comm", None)
         halo = rows is not None and rows.halo is not None
-        layers.append({"name": layer.name, "mode": layer.mode, "move": move.kind,
+        layers.append({"name": layer.name, "mode": layer.mode, "move": move.move.method,
                        "halo": halo, "need_dx": layer.need_dx, "params": bool(layer.params),
                        "reduces": grad_comm is not None and grad_comm.Get_size() > 1})
     return {"layers": layers, "procs": network.grids.world.Get_size(),
-            "to_loss": network.to_loss.kind}
+            "to_loss": network.to_loss.move.method}
 
 
 def problems(facts: dict, times: StepTimes) -> list[str]:
