@@ -103,14 +103,16 @@ def test_replacing_refuses_what_is_not_ours_and_leaves_it(paths):
 
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
 def test_new_files_follow_the_umask(tmp_path, umask):
-    from hpctrain.plan.plans import LayerPlan, write_plan
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.plans import plan_from_spec, write_plan
     from hpctrain.record.runlog import RunLog
 
     previous = os.umask(umask)
     new_file_mode.cache_clear()
     try:
         replace_atomically(tmp_path / "a.txt", lambda tmp: tmp.write_text("x"))
-        write_plan(tmp_path / "p.plan", [LayerPlan("fc", "batch")])
+        mlp = load_net("mlp")
+        write_plan(tmp_path / "p.plan", mlp, plan_from_spec("1x1", mlp, 1))
         planned = planned_smallcnn()
         RunLog(tmp_path / "run.h5", {}, planned, ["loss"]).finish("done")
     finally:
@@ -162,7 +164,7 @@ def test_a_running_log_is_never_shared_and_a_killed_one_is_kept_aside(tmp_path):
     from hpctrain.record.runlog import RunLog, check_log_path
 
     planned = planned_smallcnn()
-    rows = [p.layer for p in planned.plans] + ["loss"]
+    rows = [c.layer for c in planned.layers] + ["loss"]
     path = tmp_path / "run.h5"
     running = RunLog(path, {}, planned, rows)
     log_steps(running, range(1, 3))

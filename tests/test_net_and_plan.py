@@ -62,8 +62,8 @@ def test_grid_specs():
     plan = plan_from_spec("2x2", net, 4)
     assert {p.describe() for p in plan} == {"model 2x2", "follow"}
     plan = plan_from_spec("conv=domain:4x1,fc=1x4", net, 4)
-    by_name = {p.layer: p for p in plan}
-    assert by_name["conv1"] == LayerPlan("conv1", "domain", (4, 1))
+    by_name = dict(zip((l.name for l in net.layers), plan, strict=True))
+    assert by_name["conv1"] == LayerPlan("domain", (4, 1))
     assert by_name["fc6"].mode == "batch" and by_name["fc6"].grid == (1, 4)
     assert by_name["maxpool1"].mode == "follow"
 
@@ -92,7 +92,7 @@ def test_plan_file_round_trip_and_errors(tmp_path):
     net = load_net("smallcnn")
     plan = plan_from_spec("conv=domain:2x3,fc=3x2", net, 6)
     path = tmp_path / "p.plan"
-    write_plan(path, plan, header="made by a test")
+    write_plan(path, net, plan, header="made by a test")
     assert read_plan(path, net, 6) == plan
     assert plan_from_spec(str(path), net, 6) == plan
     path.write_text("conv1 model 2x2\n")

@@ -22,8 +22,8 @@ from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import load_net, parse_net
 from hpctrain.plan.planner import PlannerError, choices_of, evaluate, format_plan, plan_network
-from hpctrain.plan.plans import plan_from_spec
-from hpctrain.plan.pricing import Choice, CostModel
+from hpctrain.plan.plans import LayerPlan, plan_from_spec
+from hpctrain.plan.pricing import CostModel
 
 MACHINE = Machine("test", alpha=2e-6, beta=1 / 6e9, flops=1e11)
 SLOW_NET = Machine("slow", alpha=1e-4, beta=1 / 1e8, flops=1e12)
@@ -80,7 +80,8 @@ def test_planned_time_is_the_sum_of_its_layers():
     parts = planned.totals()
     assert planned.iteration_time == pytest.approx(sum(parts.values()))
     assert "predicted iteration" in format_plan(planned)
-    assert [p.layer for p in planned.plans] == [l.name for l in model.net.layers]
+    assert len(planned.plans) == len(model.net.layers)
+    assert [c.layer for c in planned.layers] == [l.name for l in model.net.layers]
 
 
 def test_slow_network_prefers_batch_parallel_convolutions_and_split_fc():
@@ -88,9 +89,9 @@ def test_slow_network_prefers_batch_parallel_convolutions_and_split_fc():
     reverse — the paper's reason for per-layer grids. The planner must split them differently."""
     model = model_of(load_net("alexnet"), 2048, 64, Machine("cori", 2e-6, 1 / 6e9, 1e12))
     planned = plan_network(model)
-    modes = {p.layer: p for p in planned.plans}
+    modes = dict(zip((l.name for l in model.net.layers), planned.plans, strict=True))
     assert modes["conv2"].grid[0] < modes["fc6"].grid[0]
-    batch_only = evaluate(model, [Choice("batch", (1, 64))] * len(model.segments))
+    batch_only = evaluate(model, [LayerPlan("batch", (1, 64))] * len(model.segments))
     assert planned.iteration_time < batch_only.iteration_time
 
 
@@ -107,14 +108,14 @@ def test_pooling_gathers_the_rows_where_a_split_would_leave_a_rank_empty():
     after it halves the height to 4 rows, which cannot be cut 8 ways: the pooling gathers the
     rows first, and that gather is priced. A convolution itself is refused such a split."""
     model = model_of(load_net("smallcnn"), 8, 8)
-    assert Choice("domain", (8, 1)) in model.choices(0)
-    assert Choice("domain", (4, 2)) in model.choices(1)
-    conv, pool = model.segment_layouts(1, Choice("domain", (8, 1)))[:3:2]
+    assert LayerPlan("domain", (8, 1)) in model.choices(0)
+    assert LayerPlan("domain", (4, 2)) in model.choices(1)
+    conv, pool = model.segment_layouts(1, LayerPlan("domain", (8, 1)))[:3:2]
     assert conv.output.split_axis == HEIGHT_AXIS and pool.input.split_axis is None
-    cost = model.segment_cost(1, Choice("domain", (8, 1)), timed=False)
+    cost = model.segment_cost(1, LayerPlan("domain", (8, 1)), timed=False)
     assert cost.layers[2].move is AllGatherMove and cost.layers[2].redistribution[0] > 0
     deep = model_of(load_net("smallcnn", 4), 8, 8)  # conv2's 2 input rows: not 8 blocks
-    assert Choice("domain", (8, 1)) not in deep.choices(1)
+    assert LayerPlan("domain", (8, 1)) not in deep.choices(1)
 
 
 def test_too_many_processes_for_a_layer_is_a_clear_error():
@@ -192,7 +193,7 @@ def test_a_refused_choice_names_the_segments_own_layer():
     twin = next(s for s, first in enumerate(model._first_alike) if first != s)
     own, other = (model.net.layers[model.segments[s][0]].name
                   for s in (twin, model._first_alike[twin]))
-    choice = Choice("domain", (64, 1))  # 64 row blocks: more than any feature map has rows
+    choice = LayerPlan("domain", (64, 1))  # 64 row blocks: more than any feature map has rows
     assert model.segment_layouts(twin, choice) is None
     with pytest.raises(SplitError, match=f"^layer {own} cannot run domain 64x1: layer {own}:"):
         model.runnable_layouts(twin, choice)
@@ -294,8 +295,9 @@ def test_inception_v3_on_32_ranks_is_planned_as_the_published_planners_found(mac
     """PaSE (Elango, IPDPS 2021, Table II) finds Inception-v3 on 32 GPUs best with modules
     A-D batch-parallel, module E hybrid batch x channel and the classifier split both ways;
     the exact plan at PaSE's default batch of 128 agrees, on both profiles."""
-    chosen = plan_network(model_of(load_net("inception_v3"), 128, 32, load_machine(machine))).plans
-    split = {p.layer: p.grid for p in chosen if p.mode == "model"}
+    net = load_net("inception_v3")
+    chosen = plan_network(model_of(net, 128, 32, load_machine(machine))).plans
+    split = {l.name: p.grid for l, p in zip(net.layers, chosen, strict=True) if p.mode == "model"}
     assert not [name for name in split if not name.startswith(("Mixed_7", "fc"))]
     for module in ("Mixed_7b", "Mixed_7c"):  # E: channels over Pr > 1, batch over Pc > 1
         assert [g for name, g in split.items() if name.startswith(module)
@@ -309,8 +311,10 @@ def test_resnet50_on_16_ranks_is_data_parallel_but_the_classifier(machine):
     connected layer; on cori-knl every convolution is batch-parallel and the classifier
     model-parallel, on the GPU-like profile (more compute per byte) two of the last 3x3
     convolutions also split their channels."""
-    chosen = plan_network(model_of(load_net("resnet50"), 512, 16, load_machine(machine))).plans
-    split = [p.layer for p in chosen if p.mode != "batch" and p.mode != "follow"]
+    net = load_net("resnet50")
+    chosen = plan_network(model_of(net, 512, 16, load_machine(machine))).plans
+    split = [l.name for l, p in zip(net.layers, chosen, strict=True)
+             if p.mode != "batch" and p.mode != "follow"]
     assert split[-1] == "fc"
     assert all(name.startswith("layer4") for name in split[:-1])
     assert len(split) == (1 if machine == "cori-knl" else 3)

@@ -117,7 +117,7 @@ def test_run_log_grows_step_by_step_with_max_and_mean_over_ranks(tmp_path):
     from hpctrain.record.runlog import RECORD_FIELDS, RunLog
 
     planned = planned_smallcnn()
-    rows = [p.layer for p in planned.plans] + ["loss"]
+    rows = [c.layer for c in planned.layers] + ["loss"]
     log = RunLog(tmp_path / "run.h5", {"net": "smallcnn", "config": {"batch": 8}}, planned, rows)
     log_steps(log, range(1, 4))
     # readable while the run goes on (in this process the flags must match the writer's)
@@ -146,7 +146,7 @@ def test_resuming_a_log_drops_the_rows_it_will_log_again(tmp_path):
     from hpctrain.record.runlog import RunLog
 
     planned = planned_smallcnn()
-    rows = [p.layer for p in planned.plans] + ["loss"]
+    rows = [c.layer for c in planned.layers] + ["loss"]
     attrs = {"processes": 2, "net": "smallcnn", "plan": "conv1 domain 2x1"}
     log = RunLog(tmp_path / "run.h5", attrs, planned, rows)
     log_steps(log, range(1, 7))
@@ -168,7 +168,7 @@ def test_a_resume_on_another_plan_starts_its_own_log(tmp_path):
     from hpctrain.record.runlog import RunLog
 
     planned = planned_smallcnn()
-    rows = [p.layer for p in planned.plans] + ["loss"]
+    rows = [c.layer for c in planned.layers] + ["loss"]
     RunLog(tmp_path / "run.h5", {"processes": 2, "plan": "a"}, planned, rows).finish("stopped")
     RunLog(tmp_path / "run.h5", {"processes": 4, "plan": "b"}, planned, rows,
            resume_step=3).finish("done")
@@ -182,7 +182,7 @@ def test_a_new_log_never_overwrites_an_old_one(tmp_path):
     from hpctrain.record.runlog import RunLog
 
     planned = planned_smallcnn()
-    rows = [p.layer for p in planned.plans] + ["loss"]
+    rows = [c.layer for c in planned.layers] + ["loss"]
     for _ in range(3):
         RunLog(tmp_path / "run.h5", {}, planned, rows).finish("done")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.1.h5", "run.2.h5", "run.h5"]

@@ -27,7 +27,8 @@ from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import load_net
 from hpctrain.plan.paper import strategy_comm
 from hpctrain.plan.planner import evaluate, plan_network
-from hpctrain.plan.pricing import Choice, CostModel
+from hpctrain.plan.plans import LayerPlan
+from hpctrain.plan.pricing import CostModel
 
 ROOT = Path(__file__).resolve().parent.parent
 NET = load_net("alexnet")
@@ -248,9 +249,9 @@ def explicit_baseline(model, plan):
     for segment in model.segments:
         kind = model.net.layers[segment[0]].kind
         if plan == "weird_trick" and kind == "linear":
-            choices.append(Choice("model", (model.procs, 1)))
+            choices.append(LayerPlan("model", (model.procs, 1)))
         else:
-            choices.append(Choice("batch", (1, model.procs)))
+            choices.append(LayerPlan("batch", (1, model.procs)))
     return choices
 
 

@@ -84,7 +84,7 @@ def write_plan_file(path: str | Path, net: NetSpec, planned: Any, procs: int, ba
     """The plan as a file ``--grid`` reads back, with a header saying what it was made for."""
     from hpctrain.plan.plans import write_plan
 
-    write_plan(Path(path), planned.plans,
+    write_plan(Path(path), net, planned.plans,
                f"hpctrain plan: net {net.name}, {procs} processes, batch {batch}, machine "
                f"{machine}\npredicted iteration {planned.iteration_time * 1e3:.3f} ms")
     print(f"plan written to {path} (use it with --grid {path})", flush=True)

@@ -75,7 +75,8 @@ from hpctrain.plan.planner import (
     iteration_flops,
     plan_network,
 )
-from hpctrain.plan.pricing import Choice, CostModel
+from hpctrain.plan.plans import LayerPlan
+from hpctrain.plan.pricing import CostModel
 from hpctrain.record import runlog
 
 STRONG_PROCS = (8, 16, 32, 64, 128, 256, 512)
@@ -219,11 +220,11 @@ class _Compute:
         return self.known[batch]
 
 
-def strategy_choices(model: CostModel, strategy: str, grid: tuple[int, int]) -> list[Choice]:
+def strategy_choices(model: CostModel, strategy: str, grid: tuple[int, int]) -> list[LayerPlan]:
     """The implementation's per-segment choices that lay a paper strategy out on ``grid``."""
     pr, pc = grid
-    whole = Choice("batch", (1, model.procs))
-    split = Choice("model", grid) if pr > 1 else whole
+    whole = LayerPlan("batch", (1, model.procs))
+    split = LayerPlan("model", grid) if pr > 1 else whole
     choices = []
     for segment in model.segments:
         if "domain" not in KINDS[model.net.layers[segment[0]].kind].modes:
@@ -231,18 +232,18 @@ def strategy_choices(model: CostModel, strategy: str, grid: tuple[int, int]) -> 
         elif strategy == "conv-batch":
             choices.append(whole)
         elif strategy == "integrated":
-            choices.append(Choice("domain", grid) if pr > 1 else whole)
+            choices.append(LayerPlan("domain", grid) if pr > 1 else whole)
         else:
             choices.append(split)
     return choices
 
 
-def pure_batch_choices(model: CostModel) -> list[Choice]:
+def pure_batch_choices(model: CostModel) -> list[LayerPlan]:
     """Every weighted layer batch parallel on 1×P: the paper's 1.5D strategy on its 1×P grid."""
     return strategy_choices(model, "1.5d", (1, model.procs))
 
 
-def weird_trick_choices(model: CostModel) -> list[Choice]:
+def weird_trick_choices(model: CostModel) -> list[LayerPlan]:
     """Krizhevsky's "one weird trick" (2014): convolutions batch parallel on 1×P, the fully
     connected layers model parallel on P×1, i.e. the paper's conv-batch strategy on P×1."""
     return strategy_choices(model, "conv-batch", (model.procs, 1))
@@ -262,7 +263,7 @@ class Outcome:
     why_not: str = ""
 
 
-def cost_choices(model: CostModel, choices: list[Choice]) -> Outcome:
+def cost_choices(model: CostModel, choices: list[LayerPlan]) -> Outcome:
     """:func:`~hpctrain.plan.planner.evaluate` of ``choices``, or the first segment's reason it
     cannot run."""
     try:
@@ -273,7 +274,9 @@ def cost_choices(model: CostModel, choices: list[Choice]) -> Outcome:
 
 def describe_plan(planned: PlannedNetwork) -> str:
     """``conv1=batch 1x512, conv2=model 2x256, …``: every weighted layer's mode and grid."""
-    return ", ".join(f"{p.layer}={p.describe()}" for p in planned.plans if p.mode != "follow")
+    return ", ".join(f"{c.layer}={p.describe()}" for c, p in zip(planned.layers, planned.plans,
+                                                                     strict=True)
+                     if p.mode != "follow")
 
 
 def summarise_plan(net: NetSpec, planned: PlannedNetwork) -> str:
@@ -301,7 +304,7 @@ class ImplementationPlans:
         self.settings, self.flops = settings, flops
         self.models: dict[tuple[int, int], CostModel] = {}
         self.outcomes: dict[tuple[int, int, str], Outcome] = {}
-        self._costed: dict[tuple[int, int, tuple[Choice, ...]], Outcome] = {}
+        self._costed: dict[tuple[int, int, tuple[LayerPlan, ...]], Outcome] = {}
 
     def model(self, batch: int, procs: int) -> CostModel:
         if (batch, procs) not in self.models:
@@ -310,7 +313,7 @@ class ImplementationPlans:
                                                   s.word_bytes, s.overlap)
         return self.models[batch, procs]
 
-    def cost(self, batch: int, procs: int, choices: list[Choice]) -> Outcome:
+    def cost(self, batch: int, procs: int, choices: list[LayerPlan]) -> Outcome:
         """:func:`cost_choices` at (``batch``, ``procs``), once per distinct plan: a study's
         rows, the baselines and other strategies' 1×P rows name the same plans again."""
         key = (batch, procs, tuple(choices))

@@ -399,10 +399,10 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
         "data": args.data,
         "machine": setup.machine.name,
         "machine_profile": format_machine(setup.machine),
-        "plan": plan_text(setup.plan),
+        "plan": plan_text(setup.net, setup.plan),
         "predicted_iteration": setup.planned.iteration_time,
     }
-    rows = [p.layer for p in setup.plan] + ["loss"]
+    rows = [layer.name for layer in setup.net.layers] + ["loss"]
     log = RunLog(Path(args.log), attrs, setup.planned, rows, resume_step)
     if log.rotated is not None:
         print(f"the earlier log {log.path} was renamed to {log.rotated}", flush=True)

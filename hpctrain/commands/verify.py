@@ -35,7 +35,7 @@ def relative_error(got: np.ndarray, want: np.ndarray, floor: float = 0.0) -> flo
 
 
 def serial_plan(plan: list[LayerPlan]) -> list[LayerPlan]:
-    return [p if p.mode == "follow" else LayerPlan(p.layer, "batch", (1, 1)) for p in plan]
+    return [p if p.mode == "follow" else LayerPlan("batch", (1, 1)) for p in plan]
 
 
 @dataclass

@@ -41,7 +41,7 @@ from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.elimination import Table, TooLarge, minimise, minimise_under_cap
 from hpctrain.plan.plans import LayerPlan
-from hpctrain.plan.pricing import Choice, CostModel, LayerCost, SegmentCost, larger
+from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost, larger
 
 
 class PlannerError(UserError):
@@ -119,7 +119,7 @@ class _Label:
     time: float
     memory: float  # bytes kept, summed over the segments so far
     peak: float  # the largest transient so far
-    back: tuple[Choice, int] | None  # (previous segment's choice, its label index)
+    back: tuple[LayerPlan, int] | None  # (previous segment's choice, its label index)
 
     def beats(self, other: _Label) -> bool:
         return (self.time <= other.time and self.memory <= other.memory
@@ -156,7 +156,7 @@ def _fed(model: CostModel, index: int, cost: LayerCost, moves: list[tuple[Layout
     return fed
 
 
-def evaluate(model: CostModel, choices: list[Choice], timed: bool = True) -> PlannedNetwork:
+def evaluate(model: CostModel, choices: list[LayerPlan], timed: bool = True) -> PlannedNetwork:
     """Predicted costs of the plan that gives segment k the choice ``choices[k]``; ``timed``
     False: memory and moves only, no kernel timed (compute left at zero)."""
     net = model.net
@@ -180,15 +180,14 @@ def evaluate(model: CostModel, choices: list[Choice], timed: bool = True) -> Pla
                           hidden_share=model.hidden_share)
 
 
-def _layer_plans(model: CostModel, choices: list[Choice]) -> list[LayerPlan]:
+def _layer_plans(model: CostModel, choices: list[LayerPlan]) -> list[LayerPlan]:
     by_layer = {model.segments[k][0]: c for k, c in enumerate(choices)}
-    return [LayerPlan(l.name, by_layer[k].mode, by_layer[k].grid) if k in by_layer
-            else LayerPlan(l.name, "follow") for k, l in enumerate(model.net.layers)]
+    return [by_layer.get(k, LayerPlan("follow")) for k in range(len(model.net.layers))]
 
 
-def choices_of(model: CostModel, plans: list[LayerPlan]) -> list[Choice]:
+def choices_of(model: CostModel, plans: list[LayerPlan]) -> list[LayerPlan]:
     """The segment choices a per-layer plan makes (Pr = 1 in any mode is batch)."""
-    return [Choice(plans[seg[0]].mode, plans[seg[0]].grid) for seg in model.segments]
+    return [plans[seg[0]] for seg in model.segments]
 
 
 def serial_layers(net: NetSpec, batch: int) -> list[LayerCost]:
@@ -198,7 +197,7 @@ def serial_layers(net: NetSpec, batch: int) -> list[LayerCost]:
     from hpctrain.cost.machine import Machine
 
     model = CostModel(net, batch, 1, Machine("flops", 1.0, 1.0, 1.0), FlopModel(1.0))
-    return evaluate(model, [Choice("batch", (1, 1))] * len(model.segments)).layers
+    return evaluate(model, [LayerPlan("batch", (1, 1))] * len(model.segments)).layers
 
 
 def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = None) -> float:
@@ -229,8 +228,8 @@ def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
     return evaluate(model, choices_of(model, plan), timed=False)
 
 
-def _fits(model: CostModel, candidates: list[list[Choice]], cap: float,
-          cap_source: str) -> list[list[Choice]]:
+def _fits(model: CostModel, candidates: list[list[LayerPlan]], cap: float,
+          cap_source: str) -> list[list[LayerPlan]]:
     """The candidates whose own segment fits under ``cap`` (arithmetic only, nothing timed);
     refuses at once when a segment has none, or when no combination can fit."""
     base = sum(c.memory for c in model.prelude_costs(timed=False))
@@ -249,13 +248,13 @@ def _fits(model: CostModel, candidates: list[list[Choice]], cap: float,
     return kept
 
 
-def _leanest(model: CostModel, candidates: list[list[Choice]]) -> list[Choice]:
+def _leanest(model: CostModel, candidates: list[list[LayerPlan]]) -> list[LayerPlan]:
     """Per segment, the candidate that keeps the least memory (what a refusal reports)."""
     return [min(found, key=lambda c: model.segment_cost(k, c, timed=False).memory)
             for k, found in enumerate(candidates)]
 
 
-def _refuse_cap(model: CostModel, cap: float, choices: list[Choice], cap_source: str) -> None:
+def _refuse_cap(model: CostModel, cap: float, choices: list[LayerPlan], cap_source: str) -> None:
     _refuse(evaluate(model, choices, timed=False), cap, cap_source)
 
 
@@ -287,7 +286,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     for k, found in enumerate(candidates):
         if not found:  # not even batch-parallel: say why that fails
             try:
-                model.runnable_layouts(k, Choice("batch", (1, model.procs)))
+                model.runnable_layouts(k, LayerPlan("batch", (1, model.procs)))
             except SplitError as err:
                 raise PlannerError(str(err)) from None
     if mem_per_rank is not None:
@@ -307,7 +306,7 @@ def _searched(cost: SegmentCost, free: float) -> float:
     return _time_with_free(cost.layers, free)
 
 
-def _search(model: CostModel, candidates: list[list[Choice]], mem_per_rank: float | None,
+def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: float | None,
             cap_source: str, free: float) -> PlannedNetwork:
     """The plan least in time with ``free`` of every gradient sum counted free (0: the
     predicted time itself), exactly (see the module's docstring)."""
@@ -318,9 +317,9 @@ def _search(model: CostModel, candidates: list[list[Choice]], mem_per_rank: floa
     base_memory = sum(c.memory for c in prelude)
     base_peak = max((c.peak for c in prelude), default=0.0)
     previous_layout = model.prelude_layout()
-    fronts: list[dict[Choice, list[_Label]]] = []
+    fronts: list[dict[LayerPlan, list[_Label]]] = []
     for segment, segment_choices in enumerate(candidates):
-        front: dict[Choice, list[_Label]] = {}
+        front: dict[LayerPlan, list[_Label]] = {}
         for choice in segment_choices:
             cost = model.segment_cost(segment, choice)
             rest_memory = sum(c.memory for c in cost.layers[1:])
@@ -362,7 +361,7 @@ def _search(model: CostModel, candidates: list[list[Choice]], mem_per_rank: floa
     return evaluate(model, chosen[::-1])
 
 
-def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]],
+def _exact_graph_plan(model: CostModel, candidates: list[list[LayerPlan]],
                       cap: float | None = None, cap_source: str = "", free: float = 0.0
                       ) -> PlannedNetwork:
     """The plan of least predicted time of a net with branches (under ``cap`` bytes per rank,
@@ -401,7 +400,7 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[Choice]],
     return known  # nothing beats it
 
 
-def _plan_tables(model: CostModel, candidates: list[list[Choice]], weighed: bool,
+def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: bool,
                  free: float = 0.0) -> list[Table]:
     """The tables whose sum over the segments' choices is :func:`evaluate`'s predicted time
     (with ``free`` of every gradient sum counted free) and, ``weighed``, its memory (kept
@@ -484,7 +483,7 @@ def _move(model: CostModel, src: Layout, dst: Layout, index: int, weighed: bool)
     return _MoveCost(time, sum(resident.values()), sum(transient.values()))
 
 
-def _uniform_plan(model: CostModel, candidates: list[list[Choice]],
+def _uniform_plan(model: CostModel, candidates: list[list[LayerPlan]],
                   mem_per_rank: float | None, cap_source: str) -> PlannedNetwork:
     """A net with branches under a memory cap (or too densely connected for exact
     elimination): the fastest predicted plan that fits and puts every weighted layer on one
@@ -494,7 +493,7 @@ def _uniform_plan(model: CostModel, candidates: list[list[Choice]],
     options = []
     for grid in factorisations(model.procs):
         for mode in (("batch",) if grid[0] == 1 else ("model", "domain")):
-            choices = [Choice(mode if mode == "batch" or mode in kind.modes else "model", grid)
+            choices = [LayerPlan(mode if mode == "batch" or mode in kind.modes else "model", grid)
                        for kind in kinds]
             if all(c in found for c, found in zip(choices, candidates, strict=True)):
                 options.append(choices)
@@ -502,7 +501,7 @@ def _uniform_plan(model: CostModel, candidates: list[list[Choice]],
         raise PlannerError(f"no grid of {model.procs} processes suits every layer of net "
                            f"{model.net.name} at batch {model.batch}; raise --batch or give "
                            f"a plan")
-    model.prefetch([sorted(set(found), key=Choice.describe) for found in zip(*options)])
+    model.prefetch([sorted(set(found), key=LayerPlan.describe) for found in zip(*options)])
     planned = [evaluate(model, choices) for choices in options]
     fitting = [p for p in planned if mem_per_rank is None or p.memory <= mem_per_rank]
     if not fitting:

@@ -1,6 +1,7 @@
 """Per-layer plans and the grid specs that produce them.
 
-A plan gives each layer a mode and a Pr×Pc grid:
+A plan gives each layer of a net, in the net's order, a :class:`LayerPlan`: a mode and a Pr×Pc
+grid. The planner's candidates for a layer are plan entries too.
 
 - ``batch``: Pr = 1; weights replicated, batch split over all P.
 - ``model``: Pr splits output channels/features (1.5D), Pc the batch.
@@ -52,7 +53,9 @@ class PlanError(UserError):
 
 @dataclass(frozen=True)
 class LayerPlan:
-    layer: str
+    """One layer's mode and Pr×Pc grid (``follow``: none of its own). A plan is a list of these,
+    one per layer in the net's order: the entry needs no name."""
+
     mode: str
     grid: tuple[int, int] = (1, 1)
 
@@ -98,8 +101,8 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
                         "give RxC, conv=SPEC,fc=SPEC or a plan file")
     if _GRID.fullmatch(spec):
         grid = _parse_grid(spec, procs, "--grid")
-        return [LayerPlan(l.name, "model", grid) if KINDS[l.kind].weighted
-                else LayerPlan(l.name, "follow") for l in net.layers]
+        return [LayerPlan("model", grid) if KINDS[l.kind].weighted else LayerPlan("follow")
+                for l in net.layers]
     if "=" in spec:
         by_kind: dict[str, tuple[str, tuple[int, int]]] = {}
         for part in spec.split(","):
@@ -115,7 +118,7 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
         for k, layer in enumerate(net.layers):
             kind = KINDS[layer.kind].grid_key
             if not kind:
-                plans.append(LayerPlan(layer.name, "follow"))
+                plans.append(LayerPlan("follow"))
             elif kind not in by_kind:
                 raise PlanError(f"--grid {shown(spec)} gives no grid for {kind} layers "
                                 f"(layer {layer.name}); add {kind}=RxC")
@@ -123,7 +126,7 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
                 mode, grid = by_kind[kind]
                 if mode == "domain" and not _domain_fits(net, k, grid):
                     mode = "model"  # too few rows to cut R ways: see the module doc
-                plans.append(LayerPlan(layer.name, mode, grid))
+                plans.append(LayerPlan(mode, grid))
         return plans
     path = existing_file(spec)
     if path is not None:
@@ -176,16 +179,16 @@ def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerP
             raise PlanError(f"{where}: layer {shown(layer)} is given twice; give each layer one "
                             f"line")
         if mode == "follow":
-            entries[layer] = LayerPlan(layer, mode)
+            entries[layer] = LayerPlan(mode)
             continue
         grid = _parse_grid(words[2], procs, where)
         if mode == "batch" and grid[0] != 1:
             raise PlanError(f"{where}: mode batch splits only the batch, so its grid is 1x{procs}"
                             f", not {grid[0]}x{grid[1]}; or use model {grid[0]}x{grid[1]}")
-        entries[layer] = LayerPlan(layer, mode, grid)
+        entries[layer] = LayerPlan(mode, grid)
     plans = []
     for layer in net.layers:
-        entry = entries.get(layer.name, LayerPlan(layer.name, "follow"))
+        entry = entries.get(layer.name, LayerPlan("follow"))
         kind = KINDS[layer.kind]
         if kind.weighted and entry.mode == "follow":
             raise PlanError(f"{name}: no grid for layer {layer.name} ({layer.kind})")
@@ -200,20 +203,22 @@ def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerP
     return plans
 
 
-def plan_text(plans: list[LayerPlan]) -> str:
-    """``plans`` in the plan-file format, one ``NAME MODE RxC`` (or ``NAME follow``) per line."""
-    return "\n".join(f"{p.layer} {p.describe()}" for p in plans)
+def plan_text(net: NetSpec, plans: list[LayerPlan]) -> str:
+    """``plans`` of ``net``'s layers in the plan-file format, one ``NAME MODE RxC`` (or ``NAME
+    follow``) per line."""
+    return "\n".join(f"{layer.name} {p.describe()}"
+                     for layer, p in zip(net.layers, plans, strict=True))
 
 
-def write_plan(path: Path, plans: list[LayerPlan], header: str = "") -> None:
-    """Write ``plans`` to ``path`` (atomically, creating its directory) with ``header`` as
-    comments. The first line starts with :data:`MARKER`; an existing file at ``path`` is
-    replaced only when it is a plan file written so (:func:`is_plan_file`)."""
+def write_plan(path: Path, net: NetSpec, plans: list[LayerPlan], header: str = "") -> None:
+    """Write ``plans`` of ``net``'s layers to ``path`` (atomically, creating its directory)
+    with ``header`` as comments. The first line starts with :data:`MARKER`; an existing file
+    at ``path`` is replaced only when it is a plan file written so (:func:`is_plan_file`)."""
     lines = [f"# {line}" for line in header.splitlines()]
     if not lines or not lines[0].startswith(MARKER):
         lines.insert(0, MARKER)
     lines.append("# layer  mode  grid(RxC: R splits model or height, C splits the batch)")
-    text = "\n".join(lines) + "\n" + plan_text(plans) + "\n"
+    text = "\n".join(lines) + "\n" + plan_text(net, plans) + "\n"
     replace_atomically(path, lambda tmp: tmp.write_text(text), ours=is_plan_file)
 
 

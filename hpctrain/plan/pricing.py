@@ -57,17 +57,6 @@ from hpctrain.plan.plans import LayerPlan
 PARAMETER_COPIES = ("parameters", "gradients", "momentum", "optimizer scratch")
 
 
-@dataclass(frozen=True)
-class Choice:
-    """A weighted layer's mode and grid."""
-
-    mode: str
-    grid: tuple[int, int]
-
-    def describe(self) -> str:
-        return f"{self.mode} {self.grid[0]}x{self.grid[1]}"
-
-
 @dataclass
 class LayerCost:
     """Predicted seconds (forward, backward) of one layer, and its memory per rank in bytes.
@@ -187,9 +176,9 @@ class CostModel:
         self.joins = tuple((k, e, p) for k, spec in enumerate(net.layers)
                            for e, p in enumerate(net.producers(k))
                            if e > 0 or KINDS[spec.kind].weighted)
-        self._segments: dict[tuple[int, Choice], SegmentCost] = {}
-        self._timed: set[tuple[int, Choice]] = set()  # segments whose compute is filled in
-        self._layout_cache: dict[tuple[int, Choice], list[LayerLayouts] | None] = {}
+        self._segments: dict[tuple[int, LayerPlan], SegmentCost] = {}
+        self._timed: set[tuple[int, LayerPlan]] = set()  # segments whose compute is filled in
+        self._layout_cache: dict[tuple[int, LayerPlan], list[LayerLayouts] | None] = {}
         self._moves: dict[tuple[Layout, Layout], tuple[Move, float, float]] = {}
         # each layer's inputs by their shapes alone, on 1×P (see _fed)
         self._unplaced = [tuple(Layout((batch, *(net.input_shape if p < 0 else net.out_shapes[p])),
@@ -208,11 +197,11 @@ class CostModel:
 
     # -- candidates ---------------------------------------------------------------------------
 
-    def choices(self, segment: int) -> list[Choice]:
+    def choices(self, segment: int) -> list[LayerPlan]:
         """Every valid (mode, grid) of the segment's weighted layer."""
         kind = KINDS[self.net.layers[self.segments[segment][0]].kind]
-        found = [Choice("batch", (1, self.procs))]
-        found += [Choice(mode, grid) for grid in factorisations(self.procs) if grid[0] > 1
+        found = [LayerPlan("batch", (1, self.procs))]
+        found += [LayerPlan(mode, grid) for grid in factorisations(self.procs) if grid[0] > 1
                   for mode in kind.modes]
         return [c for c in found if self.segment_layouts(segment, c) is not None]
 
@@ -234,7 +223,7 @@ class CostModel:
                       tuple(net.input_shape if p < 0 else net.out_shapes[p]
                             for p in net.producers(k)), net.out_shapes[k]) for k in members)
 
-    def segment_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts] | None:
+    def segment_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts] | None:
         """Layouts of each layer of the segment, or None if the choice cannot run (a split
         with an empty part, or a halo wider than a neighbour's rows). Made once for all
         segments alike."""
@@ -246,7 +235,7 @@ class CostModel:
                 self._layout_cache[key] = None
         return self._layout_cache[key]
 
-    def runnable_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts]:
+    def runnable_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts]:
         """:meth:`segment_layouts`, refusing a choice that cannot run with the reason."""
         layouts = self.segment_layouts(segment, choice)
         if layouts is not None:
@@ -265,12 +254,11 @@ class CostModel:
         return tuple(known[p] if e == 0 and p in known else unplaced[e]
                      for e, p in enumerate(self.net.producers(k)))
 
-    def _segment_layouts(self, segment: int, choice: Choice) -> list[LayerLayouts]:
+    def _segment_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts]:
         known: dict[int, Layout] = {}
         layouts = []
         for k in self.segments[segment]:
-            entry = LayerPlan(self.net.layers[k].name, choice.mode, choice.grid)
-            layouts.append(layer_layouts(self.net, k, self._fed(k, known), entry, self.batch))
+            layouts.append(layer_layouts(self.net, k, self._fed(k, known), choice, self.batch))
             known[k] = layouts[-1].output
         return layouts
 
@@ -279,7 +267,7 @@ class CostModel:
         known = {-1: Layout(self.shapes[0], (1, self.procs))}
         layouts = []
         for k in self.prelude:
-            entry = LayerPlan(self.net.layers[k].name, "follow")
+            entry = LayerPlan("follow")
             layouts.append(layer_layouts(self.net, k, self._fed(k, known), entry, self.batch))
             known[k] = layouts[-1].output
         return layouts
@@ -358,7 +346,7 @@ class CostModel:
         return {"input batch": entries * self.itemsize}, {"random numbers":
                                                           entries * RANDOM_BYTES}
 
-    def segment_cost(self, segment: int, choice: Choice, timed: bool = True) -> SegmentCost:
+    def segment_cost(self, segment: int, choice: LayerPlan, timed: bool = True) -> SegmentCost:
         """Every layer of the segment under ``choice``, without the moves into the segment;
         ``timed`` False: its kernels need not be timed (compute may be left at zero), memory
         and moves only. Made once; timing fills the same object in."""
@@ -417,7 +405,7 @@ class CostModel:
             cost.transient = larger(cost.transient, moving)
         return cost
 
-    def _segment_untimed(self, segment: int, choice: Choice) -> SegmentCost:
+    def _segment_untimed(self, segment: int, choice: LayerPlan) -> SegmentCost:
         layouts = self.runnable_layouts(segment, choice)
         where = dict(zip(self.segments[segment], layouts, strict=True))
         costs = []
@@ -428,7 +416,7 @@ class CostModel:
             costs.append(self.layer_cost(k, mode, layer, fed))
         return SegmentCost(costs, layouts)
 
-    def input_layout(self, first: Choice) -> Layout:
+    def input_layout(self, first: LayerPlan) -> Layout:
         """Where the input batch is produced when the first segment takes ``first``, by the
         network's rule (:func:`hpctrain.plan.placement.batch_parallel_input`)."""
         if batch_parallel_input(self.net):
@@ -475,7 +463,7 @@ class CostModel:
         cost.transient = larger({"softmax": 3 * logits}, move)
         return cost
 
-    def prefetch(self, choices: list[list[Choice]]) -> None:
+    def prefetch(self, choices: list[list[LayerPlan]]) -> None:
         """Cost every candidate, timing all their kernels in one batch (one synchronised pass
         over the ranks instead of one per segment)."""
         todo = [(k, c) for k, found in enumerate(choices) for c in found

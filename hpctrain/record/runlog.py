@@ -308,7 +308,7 @@ class RunLog:
 
     def _create(self, planned: PlannedNetwork) -> None:
         h5 = self.h5
-        names = [p.layer for p in planned.plans]
+        names = [c.layer for c in planned.layers]
         h5.create_dataset("plan/layer", data=np.array(names, dtype="S"))
         h5.create_dataset("plan/mode", data=np.array([p.mode for p in planned.plans], dtype="S"))
         grids = [p.grid if p.mode != "follow" else (0, 0) for p in planned.plans]

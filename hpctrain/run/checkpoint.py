@@ -138,8 +138,8 @@ def is_checkpoint(path: Path) -> bool:
 def _header(network: Network, step: int, state: dict[str, Any], seed: int) -> dict[str, Any]:
     return {"format": FORMAT, "version": VERSION, "net": network.net.name,
             "layers": _layer_list(network.net), "step": int(step), "seed": int(seed),
-            "plan": plan_text(network.plan) + "\n", "dtype": np.dtype(network.backend.dtype).name,
-            "state": json.dumps(state)}
+            "plan": plan_text(network.net, network.plan) + "\n",
+            "dtype": np.dtype(network.backend.dtype).name, "state": json.dumps(state)}
 
 
 def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm

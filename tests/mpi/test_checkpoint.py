@@ -146,7 +146,7 @@ def test_the_file_holds_whole_tensors(comm, shared_dir):
         run.save(path, 3)
         params, velocities = run.gathered(), run.gathered(velocity=True)
         names = [p.name for p in run.network.params]
-        plan_text = "".join(f"{p.layer} {p.describe()}\n" for p in plans[-1])
+        plan_text = "".join(f"{l.name} {p.describe()}\n" for l, p in zip(NET.layers, plans[-1]))
     ok = True
     if comm.Get_rank() == 0:
         with h5py.File(path, "r") as h5:

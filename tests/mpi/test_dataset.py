@@ -76,11 +76,11 @@ def uniform_plan(first_conv, rest):
     plan = []
     for layer in NET.layers:
         if layer.kind not in ("conv", "linear"):
-            plan.append(LayerPlan(layer.name, "follow"))
+            plan.append(LayerPlan("follow"))
         elif layer.name == "conv1":
-            plan.append(LayerPlan(layer.name, *first_conv))
+            plan.append(LayerPlan(*first_conv))
         else:
-            plan.append(LayerPlan(layer.name, *rest))
+            plan.append(LayerPlan(*rest))
     return plan
 
 
@@ -90,10 +90,10 @@ def mixed_plan(p, offset):
     for layer in NET.layers:
         if layer.kind in ("conv", "linear"):
             mode = "domain" if layer.kind == "conv" and k % 2 else "model"
-            plan.append(LayerPlan(layer.name, mode, shapes[k % len(shapes)]))
+            plan.append(LayerPlan(mode, shapes[k % len(shapes)]))
             k += 1
         else:
-            plan.append(LayerPlan(layer.name, "follow"))
+            plan.append(LayerPlan("follow"))
     return plan
 
 
@@ -116,7 +116,8 @@ def test_training_from_a_file_matches_one_process(comm, dataset):
         reference = train(serial_plan(plans(1)[0]), MPI.COMM_SELF, dataset)
     for plan in plans(comm.Get_size()):
         losses, params = train(plan, comm, dataset)
-        what = ", ".join(f"{p.layer} {p.describe()}" for p in plan if p.mode != "follow")
+        what = ", ".join(f"{layer.name} {p.describe()}"
+                         for layer, p in zip(NET.layers, plan, strict=True) if p.mode != "follow")
         check_close(comm, np.array(losses), reference and np.array(reference[0]),
                     f"losses under {what}", tol=1e-9)
         for k, got in enumerate(params):

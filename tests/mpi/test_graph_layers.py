@@ -116,11 +116,11 @@ def uniform_plan(net, mode, grid):
     plan = []
     for layer in net.layers:
         if layer.kind == "conv":
-            plan.append(LayerPlan(layer.name, mode, grid))
+            plan.append(LayerPlan(mode, grid))
         elif layer.kind == "linear":
-            plan.append(LayerPlan(layer.name, "model", grid))
+            plan.append(LayerPlan("model", grid))
         else:
-            plan.append(LayerPlan(layer.name, "follow"))
+            plan.append(LayerPlan("follow"))
     return plan
 
 
@@ -135,20 +135,21 @@ def cycled_plans(net, procs):
             for layer in net.layers:
                 grid = shapes[(k + offset) % len(shapes)]
                 if layer.kind == "conv":
-                    plan.append(LayerPlan(layer.name, ("model", "domain")[(k + first_mode) % 2],
+                    plan.append(LayerPlan(("model", "domain")[(k + first_mode) % 2],
                                           grid))
                     k += 1
                 elif layer.kind == "linear":
-                    plan.append(LayerPlan(layer.name, "model", grid))
+                    plan.append(LayerPlan("model", grid))
                     k += 1
                 else:
-                    plan.append(LayerPlan(layer.name, "follow"))
+                    plan.append(LayerPlan("follow"))
             plans.append(plan)
     return plans
 
 
-def describe(plan):
-    return ", ".join(f"{p.layer} {p.describe()}" for p in plan if p.mode != "follow")
+def describe(net, plan):
+    return ", ".join(f"{layer.name} {p.describe()}"
+                     for layer, p in zip(net.layers, plan, strict=True) if p.mode != "follow")
 
 
 def step_errors(net, states, loss, reference):
@@ -193,7 +194,7 @@ def check_plan(comm, backend, net, plan, reference=None):
                 layer.kind == "batchnorm" for layer in net.layers):
             worst, what = float("inf"), "the running statistics (some were not compared)"
     worst, what = comm.bcast((worst, what), root=0)
-    assert worst <= TOL, (f"net {net.name} under {describe(plan)}: {what} differs from one "
+    assert worst <= TOL, (f"net {net.name} under {describe(net, plan)}: {what} differs from one "
                           f"process by {worst:.2e}")
     return reference
 
@@ -293,7 +294,7 @@ def test_merge_adjoint_with_its_moves(comm, backend, grid_shape, merge, a_mode, 
     other = shapes[(shapes.index(grid_shape) + 1) % len(shapes)]
     net = parse_net(MERGE_NET.format(merge=merge, b_out=5 if merge == "add" else 4), "merge")
     plan = uniform_plan(net, "model", grid_shape)
-    plan[:2] = [LayerPlan("a", a_mode, grid_shape), LayerPlan("b", b_mode, other)]
+    plan[:2] = [LayerPlan(a_mode, grid_shape), LayerPlan(b_mode, other)]
     with GridSet(comm) as grids:
         network = Network(net, plan, 6, grids, backend)
         layer, moves = network.layers[2], network.moves[2]
@@ -396,7 +397,7 @@ def test_residual_net_trains_like_one_process(comm, backend):
         assert reference[0][-1] < reference[0][0]  # it learns
     for plan in plans:
         losses, tensors = train(net, plan, comm, backend)
-        what = describe(plan)
+        what = describe(net, plan)
         check_close(comm, np.array(losses), reference and np.array(reference[0]),
                     f"losses under {what}", tol=TOL)
         worst, name = 0.0, ""

@@ -189,7 +189,7 @@ def test_train_prints_the_table_and_returns_the_summary(comm):
         ok = ok and "median over steps 2-3" in text[done + 1]
         ok = ok and text[done + 2].split()[:2] == ["layer", "fwd"]
         rows = [line.split()[0] for line in text[done + 3:-1]]
-        ok = ok and rows == [layer.layer for layer in plan] + ["loss", "total"]
+        ok = ok and rows == [layer.name for layer in SMALLCNN.layers] + ["loss", "total"]
         ok = ok and text[-1].startswith("whole step")
     else:
         ok = ok and lines == []

@@ -38,14 +38,14 @@ def mixed_plan(net, offset=0):
     plan, k = [], offset
     for layer, shape in zip(net.layers, net.out_shapes, strict=True):
         if layer.kind not in ("conv", "linear"):
-            plan.append(LayerPlan(layer.name, "follow"))
+            plan.append(LayerPlan("follow"))
             continue
         while True:
             mode, grid = CYCLE[k % len(CYCLE)]
             k += 1
             if mode != "domain" or (layer.kind == "conv" and shape[1] >= 2 * grid[0]):
                 break
-        plan.append(LayerPlan(layer.name, mode, grid))
+        plan.append(LayerPlan(mode, grid))
     return plan
 
 

@@ -65,13 +65,13 @@ def mixed_plans(p):
         for layer in NET.layers:
             if layer.kind == "conv":
                 mode = "domain" if k % 2 else "model"
-                plan.append(LayerPlan(layer.name, mode, shapes[k % len(shapes)]))
+                plan.append(LayerPlan(mode, shapes[k % len(shapes)]))
                 k += 1
             elif layer.kind == "linear":
-                plan.append(LayerPlan(layer.name, "model", shapes[k % len(shapes)]))
+                plan.append(LayerPlan("model", shapes[k % len(shapes)]))
                 k += 1
             else:
-                plan.append(LayerPlan(layer.name, "follow"))
+                plan.append(LayerPlan("follow"))
         plans.append(plan)
     return plans
 
