@@ -31,6 +31,7 @@ from hpctrain.commands.flags import (
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec, load_net
+from hpctrain.plan.baselines import grid_spec
 from hpctrain.plan.planner import PlannedNetwork, predict
 from hpctrain.plan.plans import plan_from_spec
 from hpctrain.record.runlog import communication, measured_fields, predicted_fields
@@ -38,12 +39,12 @@ from hpctrain.record.timing import StepTimes
 
 
 def default_specs(procs: int) -> list[str]:
-    """auto, 1xP, every RxC, conv=1xP,fc=RxC and conv=domain:RxC,fc=RxC for R > 1."""
-    grids = [f"{r}x{c}" for r, c in factorisations(procs)]
-    specs = ["auto", *grids]
-    specs += [f"conv=1x{procs},fc={g}" for g in grids[1:]]
-    specs += [f"conv=domain:{g},fc={g}" for g in grids[1:]]
-    return specs
+    """auto, then the strategies of :mod:`hpctrain.plan.baselines` as ``--grid`` values:
+    ``1.5d`` on every grid (1xP, every RxC), ``conv-batch`` and ``integrated`` for R > 1."""
+    grids = factorisations(procs)
+    return ["auto", *(grid_spec("1.5d", g) for g in grids),
+            *(grid_spec("conv-batch", g) for g in grids[1:]),
+            *(grid_spec("integrated", g) for g in grids[1:])]
 
 
 def build_parser() -> argparse.ArgumentParser:

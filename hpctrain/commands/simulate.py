@@ -65,8 +65,8 @@ from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.errors import ArgumentParser, UserError, shown
 from hpctrain.io.locations import checkout_root
 from hpctrain.layout.partition import SplitError, factorisations
-from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec, load_net
+from hpctrain.plan.baselines import BASELINES, strategy_plan
 from hpctrain.plan.paper import strategy_comm
 from hpctrain.plan.planner import (
     PlannedNetwork,
@@ -220,36 +220,6 @@ class _Compute:
         return self.known[batch]
 
 
-def strategy_choices(model: CostModel, strategy: str, grid: tuple[int, int]) -> list[LayerPlan]:
-    """The implementation's per-segment choices that lay a paper strategy out on ``grid``."""
-    pr, pc = grid
-    whole = LayerPlan("batch", (1, model.procs))
-    split = LayerPlan("model", grid) if pr > 1 else whole
-    choices = []
-    for segment in model.segments:
-        if "domain" not in KINDS[model.net.layers[segment[0]].kind].modes:
-            choices.append(split)
-        elif strategy == "conv-batch":
-            choices.append(whole)
-        elif strategy == "integrated":
-            choices.append(LayerPlan("domain", grid) if pr > 1 else whole)
-        else:
-            choices.append(split)
-    return choices
-
-
-def pure_batch_choices(model: CostModel) -> list[LayerPlan]:
-    """Every weighted layer batch parallel on 1×P: the paper's 1.5D strategy on its 1×P grid."""
-    return strategy_choices(model, "1.5d", (1, model.procs))
-
-
-def weird_trick_choices(model: CostModel) -> list[LayerPlan]:
-    """Krizhevsky's "one weird trick" (2014): convolutions batch parallel on 1×P, the fully
-    connected layers model parallel on P×1, i.e. the paper's conv-batch strategy on P×1."""
-    return strategy_choices(model, "conv-batch", (model.procs, 1))
-
-
-BASELINES = {"pure_batch": pure_batch_choices, "weird_trick": weird_trick_choices}
 # the auto group's column of its speedup over each baseline (speedup_over_batch kept from
 # before the one weird trick was added)
 SPEEDUP_OVER = {"pure_batch": "speedup_over_batch", "weird_trick": "speedup_over_weird_trick"}
@@ -327,7 +297,8 @@ class ImplementationPlans:
         if key not in self.outcomes:
             model = self.model(batch, procs)
             if name != "auto":
-                self.outcomes[key] = self.cost(batch, procs, BASELINES[name](model))
+                self.outcomes[key] = self.cost(batch, procs,
+                                               BASELINES[name](model.segment_kinds, procs))
             else:
                 try:
                     self.outcomes[key] = Outcome(plan_network(model))
@@ -390,7 +361,8 @@ def run_study(name: str, description: str, points: list[tuple[int, int]], settin
                 comm = sum(f + b for f, b in strategy_comm(net, strategy, batch, grid, machine,
                                                            word)) * iterations
                 total = compute_epoch + comm
-                planned = impl.cost(batch, procs, strategy_choices(model, strategy, grid)).planned
+                choices = strategy_plan(model.segment_kinds, strategy, grid)
+                planned = impl.cost(batch, procs, choices).planned
                 runnable = planned is not None
                 impl_total = planned.iteration_time * iterations if runnable else math.nan
                 study.add(study.rows, procs=procs, batch=batch, iterations_per_epoch=iterations,

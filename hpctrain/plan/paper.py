@@ -29,6 +29,7 @@ from hpctrain.cost.collectives import allgather_time, allreduce_time, halo_time
 from hpctrain.cost.machine import Machine
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
+from hpctrain.plan.baselines import strategy_plan
 
 
 @dataclass(frozen=True)
@@ -94,22 +95,13 @@ def domain(layer: PaperLayer, first: bool, batch: int, grid: tuple[int, int],
 
 def strategy_comm(net: NetSpec, strategy: str, batch: int, grid: tuple[int, int],
                   machine: Machine, word: int = 4) -> list[tuple[float, float]]:
-    """Per weighted layer (forward, backward) communication of a whole-network strategy.
-
-    strategy: ``1.5d`` (every layer on Pr×Pc; Eq. 3, 4, 8), ``conv-batch`` (convolutions batch
-    parallel over all P, fully connected layers 1.5D on Pr×Pc), ``integrated`` (convolutions
-    domain parallel on Pr×Pc, fully connected layers 1.5D; Eq. 9; Eq. 7 when Pc = 1).
-    """
-    procs = grid[0] * grid[1]
+    """Per weighted layer (forward, backward) communication of a whole-network strategy
+    (:mod:`hpctrain.plan.baselines`): each layer's equations are those of the mode the strategy
+    gives it, 1.5D (Eq. 3, 4, 8; batch is 1.5D on 1×P) or domain (Eq. 7, 9)."""
+    kinds = [KINDS[spec.kind] for spec in net.layers if KINDS[spec.kind].weighted]
     costs = []
-    for k, layer in enumerate(paper_layers(net)):
-        first = k == 0
-        if layer.kind == "conv" and strategy == "conv-batch":
-            costs.append(one_five_d(layer, first, batch, (1, procs), machine, word))
-        elif layer.kind == "conv" and strategy == "integrated":
-            costs.append(domain(layer, first, batch, grid, machine, word))
-        elif strategy in ("1.5d", "conv-batch", "integrated"):
-            costs.append(one_five_d(layer, first, batch, grid, machine, word))
-        else:
-            raise ValueError(f"unknown strategy '{strategy}'; use 1.5d, conv-batch or integrated")
+    for k, (layer, entry) in enumerate(zip(paper_layers(net),
+                                           strategy_plan(kinds, strategy, grid), strict=True)):
+        equations = domain if entry.mode == "domain" else one_five_d
+        costs.append(equations(layer, k == 0, batch, entry.grid, machine, word))
     return costs

@@ -37,8 +37,8 @@ import numpy as np
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import Layout
 from hpctrain.layout.partition import SplitError, factorisations
-from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
+from hpctrain.plan.baselines import strategy_plan
 from hpctrain.plan.elimination import Table, TooLarge, minimise, minimise_under_cap
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost, larger
@@ -487,14 +487,13 @@ def _uniform_plan(model: CostModel, candidates: list[list[LayerPlan]],
                   mem_per_rank: float | None, cap_source: str) -> PlannedNetwork:
     """A net with branches under a memory cap (or too densely connected for exact
     elimination): the fastest predicted plan that fits and puts every weighted layer on one
-    grid, in one mode where its kind has it (else model, e.g. linear layers of a domain plan).
-    Simple and always valid, not the best per-layer plan."""
-    kinds = [KINDS[model.net.layers[seg[0]].kind] for seg in model.segments]
+    grid: the strategies ``1.5d`` and ``integrated`` on every grid
+    (:mod:`hpctrain.plan.baselines`; on 1×P both are pure batch). Simple and always valid, not
+    the best per-layer plan."""
     options = []
     for grid in factorisations(model.procs):
-        for mode in (("batch",) if grid[0] == 1 else ("model", "domain")):
-            choices = [LayerPlan(mode if mode == "batch" or mode in kind.modes else "model", grid)
-                       for kind in kinds]
+        for strategy in (("1.5d",) if grid[0] == 1 else ("1.5d", "integrated")):
+            choices = strategy_plan(model.segment_kinds, strategy, grid)
             if all(c in found for c, found in zip(choices, candidates, strict=True)):
                 options.append(choices)
     if not options:

@@ -46,7 +46,7 @@ from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
 from hpctrain.layout.moves import IdentityMove, Move, move_between
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.kinds import KINDS
-from hpctrain.model.kinds.base import RANDOM_BYTES, Footprint, larger
+from hpctrain.model.kinds.base import RANDOM_BYTES, Footprint, Kind, larger
 from hpctrain.model.net import NetSpec
 from hpctrain.model.operations import INPUT, TIMED_MODULES, UPDATE
 from hpctrain.plan.placement import LayerLayouts, batch_parallel_input, layer_layouts
@@ -196,6 +196,11 @@ class CostModel:
         self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
 
     # -- candidates ---------------------------------------------------------------------------
+
+    @property
+    def segment_kinds(self) -> list[Kind]:
+        """The kind of each segment's weighted layer, in order."""
+        return [KINDS[self.net.layers[members[0]].kind] for members in self.segments]
 
     def choices(self, segment: int) -> list[LayerPlan]:
         """Every valid (mode, grid) of the segment's weighted layer."""
