@@ -4,15 +4,38 @@ the threads per rank, the backend, the per-layer plan and its predicted costs.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpctrain.comm.agree import agreed, on_root
+from hpctrain.cost.machine import Machine
+from hpctrain.device.backend import Backend
 from hpctrain.device.threads import ThreadChoice, configure_threads
 from hpctrain.model.net import NetSpec
+from hpctrain.plan.planner import PlannedNetwork
 from hpctrain.plan.plans import LayerPlan, plan_from_spec
+
+
+@dataclass(frozen=True)
+class SetupRequest:
+    """What a command asks :func:`set_up` for, from its flags (each flag's help says more).
+
+    ``grid``: the ``--grid`` value (None: pure batch, 1×P); ``plan_file``: where ``--grid auto``
+    writes its plan (None: ``runs/NET-pP-bB.plan``); ``overlap``: gradient sums in flight, as
+    the run will do (``--overlap``), which the planner prices.
+    """
+
+    grid: str | None
+    batch: int
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int | None = None
+    machine: str | None = None
+    compute: str = "auto"
+    mem_per_rank: float | None = None
+    overlap: bool = False
+    plan_file: str | None = None
 
 
 @dataclass
@@ -21,17 +44,16 @@ class Setup:
 
     net: NetSpec
     plan: list[LayerPlan]
-    backend: Any
+    backend: Backend
     threads: ThreadChoice
-    planned: Any = None  # PlannedNetwork with the predictions, or None when not asked for
-    machine: Any = None  # the cost model's machine profile
+    planned: PlannedNetwork | None = None  # the predictions, or None when not asked for
+    machine: Machine | None = None  # the cost model's machine profile, when it predicted
     memory: float = 0.0  # predicted peak bytes per rank (checked against what it may use)
     kernels_timed: int = 0  # kernels timed while planning (their arrays count in the peak)
 
 
-def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
-           predict: bool = True) -> Setup:
-    """Threads, backend and the plan of ``net`` for ``args.grid`` (collective over ``comm``).
+def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True) -> Setup:
+    """Threads, backend and the plan of ``net`` for ``request.grid`` (collective over ``comm``).
 
     With ``--grid auto`` the planner searches (measuring compute under the threads just set)
     among the plans that fit the memory a rank may use, and rank 0 writes the plan file;
@@ -44,43 +66,44 @@ def set_up(args: argparse.Namespace, net: NetSpec, comm: Any, dtype: str,
     from hpctrain.device.backend import make_backend
     from hpctrain.plan.planner import plan_memory
 
-    threads = configure_threads(comm, args.threads)
+    threads = configure_threads(comm, request.threads)
     procs = comm.Get_size()
-    spec = args.grid or f"1x{procs}"
+    spec = request.grid or f"1x{procs}"
     plan = None if spec.strip() == "auto" else agreed(
         comm, lambda: plan_from_spec(spec, net, procs))
-    limit, source = memory_limit(comm, args.mem_per_rank, threads.ranks_on_node)
-    itemsize = np.dtype(dtype).itemsize
+    limit, source = memory_limit(comm, request.mem_per_rank, threads.ranks_on_node)
+    itemsize = np.dtype(request.dtype).itemsize
     memory = 0.0
     if plan is not None:
-        fixed = plan_memory(net, plan, args.batch, procs, itemsize)
+        fixed = plan_memory(net, plan, request.batch, procs, itemsize)
         check_memory(fixed, limit, source)
         memory = fixed.memory
-    backend = make_backend(args.device, dtype, comm)
+    backend = make_backend(request.device, request.dtype, comm)
     if plan is not None and not predict:
         return Setup(net, plan, backend, threads, memory=memory)
     from hpctrain.cost.machine import load_machine
     from hpctrain.plan.planner import predict as predict_plan
     from hpctrain.plan.pricing import build_cost_model
 
-    machine = agreed(comm, lambda: load_machine(args.machine))
-    model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
-                             threads, getattr(args, "overlap", False))
+    machine = agreed(comm, lambda: load_machine(request.machine))
+    model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
+                             threads, request.overlap)
     planned = predict_plan(model, plan, limit, source)
     if plan is None:  # rank 0 writes; a failed write stops every rank
-        on_root(comm, lambda: write_plan_file(plan_file_path(args, net, procs), net, planned,
-                                              procs, args.batch, model.machine.name))
+        path = plan_file_path(request.plan_file, net, procs, request.batch)
+        on_root(comm, lambda: write_plan_file(path, net, planned, procs, request.batch,
+                                              model.machine.name))
     return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory,
                  getattr(model.compute, "timed", 0))
 
 
-def plan_file_path(args: argparse.Namespace, net: NetSpec, procs: int) -> Path:
+def plan_file_path(plan_file: str | None, net: NetSpec, procs: int, batch: int) -> Path:
     """Where ``--grid auto`` writes its plan: ``--plan-file``, or runs/NET-pP-bB.plan."""
-    return Path(getattr(args, "plan_file", None) or f"runs/{net.name}-p{procs}-b{args.batch}.plan")
+    return Path(plan_file or f"runs/{net.name}-p{procs}-b{batch}.plan")
 
 
-def write_plan_file(path: str | Path, net: NetSpec, planned: Any, procs: int, batch: int,
-                    machine: str) -> None:
+def write_plan_file(path: str | Path, net: NetSpec, planned: PlannedNetwork, procs: int,
+                    batch: int, machine: str) -> None:
     """The plan as a file ``--grid`` reads back, with a header saying what it was made for."""
     from hpctrain.plan.plans import write_plan
 

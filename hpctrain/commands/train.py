@@ -10,15 +10,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpctrain.comm.agree import agreed
 from hpctrain.commands.flags import add_overlap_option, add_planning_options, add_run_options
-from hpctrain.commands.setup import Setup, set_up
+from hpctrain.commands.setup import Setup, SetupRequest, set_up
 from hpctrain.errors import ArgumentParser, OutputError, UserError
 from hpctrain.model.net import NetSpec, load_net
 from hpctrain.plan.plans import plan_text
 from hpctrain.record.timeline import parse_window
+
+if TYPE_CHECKING:  # the readers import h5py and MPI: only when a command runs
+    from hpctrain.data.dataset import DatasetInfo
+    from hpctrain.record.runlog import RunLog
+    from hpctrain.run.checkpoint import CheckpointInfo
+    from hpctrain.run.loop import TrainConfig, TrainResult
+    from hpctrain.run.schedule import Schedule
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,12 +114,12 @@ class Prepared:
     """What rank 0 reads and checks before anything collective (see :func:`agreed`)."""
 
     net: NetSpec
-    dataset: Any  # DatasetInfo, or None for synthetic data
-    resume: Any  # the checkpoint to resume from (a Path), or None
-    info: Any  # its CheckpointInfo, or None
+    dataset: DatasetInfo | None  # None for synthetic data
+    resume: Path | None  # the checkpoint to resume from
+    info: CheckpointInfo | None  # what it says
     seed: int
     steps: int
-    schedule: Any  # the learning-rate Schedule
+    schedule: Schedule
     eval_every: int
     timeline: tuple[int, int] | None  # --timeline FIRST:LAST
 
@@ -161,12 +169,11 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline)
 
 
-def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int, resume: Any) -> None:
+def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int,
+                    resume: Path | None) -> None:
     """Refuse an output path that cannot be written now, not after the training, or that is
     not ours to write (see :mod:`hpctrain.io.files`); clear a crash's temporaries from the
     checkpoint directory."""
-    from pathlib import Path
-
     from hpctrain.commands.setup import plan_file_path
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.plan.plans import is_plan_file
@@ -178,7 +185,7 @@ def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int, resume: 
         check_directory(Path(args.log).parent, "--log")
         check_log_path(Path(args.log), inputs, resuming=args.resume is not None)
     if args.grid and args.grid.strip() == "auto":
-        plan_file = plan_file_path(args, net, procs)
+        plan_file = plan_file_path(args.plan_file, net, procs, args.batch)
         check_directory(plan_file.parent, "--plan-file")
         check_output(plan_file, "--plan-file", is_plan_file, "an hpctrain plan file", inputs)
     if args.checkpoint_dir:
@@ -187,7 +194,7 @@ def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int, resume: 
             remove_temporaries(Path(args.checkpoint_dir))
 
 
-def _inputs(args: argparse.Namespace, resume: Any) -> list[tuple[str, Any]]:
+def _inputs(args: argparse.Namespace, resume: Path | None) -> list[tuple[str, Path]]:
     """(flag, path) of every file this run reads: no output may be one of them."""
     from hpctrain.cost.machine import local_profile, user_machines_dir
     from hpctrain.io.textfile import existing_file
@@ -201,7 +208,7 @@ def _inputs(args: argparse.Namespace, resume: Any) -> list[tuple[str, Any]]:
     return [(flag, found) for flag, path in named if path and (found := existing_file(str(path)))]
 
 
-def _dataset_net(args: argparse.Namespace, net: NetSpec):
+def _dataset_net(args: argparse.Namespace, net: NetSpec) -> tuple[NetSpec, DatasetInfo | None]:
     """(``net`` at the dataset's image size, the dataset's description) for ``--data``, or
     (``net``, None) for synthetic data. Refuses a dataset that does not fit the net; a flat-input
     net takes (C, H, W) samples of as many values, flattened (``--net mlp`` on the digits)."""
@@ -219,7 +226,8 @@ def _dataset_net(args: argparse.Namespace, net: NetSpec):
     return net, info
 
 
-def _resume_from(args: argparse.Namespace, net: NetSpec):
+def _resume_from(args: argparse.Namespace, net: NetSpec
+                 ) -> tuple[Path | None, CheckpointInfo | None]:
     """The checkpoint to resume from and what it says, or (None, None) to start afresh.
 
     Refuses a --checkpoint-dir holding checkpoints of another trajectory: newer than the one
@@ -279,8 +287,6 @@ def _stopped_before_training(stop, comm) -> bool:
 
 
 def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int:
-    from pathlib import Path
-
     from hpctrain.comm.agree import on_root
     from hpctrain.cost.memory import baseline_bytes, measured_peak
     from hpctrain.plan.planner import format_plan
@@ -291,7 +297,10 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     prepared = agreed(comm, lambda: _prepare(args, comm.Get_size()))
     if _stopped_before_training(stop, comm):  # skip planning, which may measure for a while
         return 0
-    setup = set_up(args, prepared.net, comm, args.dtype)
+    request = SetupRequest(args.grid, args.batch, args.device, args.dtype, args.threads,
+                           args.machine, args.compute, args.mem_per_rank, args.overlap,
+                           args.plan_file)
+    setup = set_up(request, prepared.net, comm)
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)
         print(format_plan(setup.planned), flush=True)
@@ -349,7 +358,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     return 0
 
 
-def _finish_log(log: Any, result: Any, setup: Setup) -> None:
+def _finish_log(log: RunLog, result: TrainResult, setup: Setup) -> None:
     """Rank 0: the log's final status and summary; :class:`OutputError` when any of its
     writes failed."""
     status = (f"stopped by {result.stopped_by} after step {result.last_step}"
@@ -366,11 +375,10 @@ def _finish_log(log: Any, result: Any, setup: Setup) -> None:
     print(f"log written to {log.path}", flush=True)
 
 
-def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: int, config,
-              resume_step: int | None):
+def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: int,
+              config: TrainConfig, resume_step: int | None) -> RunLog:
     """Rank 0's run log, with everything needed to know what ran where."""
     import shlex
-    from pathlib import Path
 
     from mpi4py import MPI
 

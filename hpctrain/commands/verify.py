@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str], comm) -> int:
     from hpctrain.comm.agree import agreed
-    from hpctrain.commands.setup import set_up
+    from hpctrain.commands.setup import SetupRequest, set_up
     from hpctrain.model.net import load_net
 
     args = build_parser().parse_args(argv)
@@ -150,7 +150,9 @@ def run(argv: list[str], comm) -> int:
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN would fail every plan
         raise UserError(f"--tolerance {args.tolerance:g} must be a finite number >= 0, e.g. 1e-9")
     net = agreed(comm, lambda: load_net(args.net, args.image_size))
-    setup = set_up(args, net, comm, "float64", predict=False)
+    request = SetupRequest(args.grid, args.batch, args.device, "float64", args.threads,
+                           args.machine, args.compute, args.mem_per_rank)
+    setup = set_up(request, net, comm, predict=False)
     with GridSet(comm) as grids:
         ok = verify(setup.net, setup.plan, args.batch, grids, setup.backend, args.seed or 0,
                     args.tolerance)

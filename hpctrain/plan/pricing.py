@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +52,10 @@ from hpctrain.model.net import NetSpec
 from hpctrain.model.operations import INPUT, TIMED_MODULES, UPDATE
 from hpctrain.plan.placement import LayerLayouts, batch_parallel_input, layer_layouts
 from hpctrain.plan.plans import LayerPlan
+
+if TYPE_CHECKING:
+    from hpctrain.device.backend import Backend
+    from hpctrain.device.threads import ThreadChoice
 
 # what a parameter shard costs on every rank: its value, its gradient (the gradient all-reduce's
 # flat buffer when there is one), the optimizer's momentum and its scratch buffer
@@ -500,7 +505,8 @@ def compute_source(machine: Machine, requested: str) -> str:
 
 
 def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, source: str,
-                     backend=None, comm=None, threads=None, overlap: bool = False,
+                     backend: Backend | None = None, comm: Any = None,
+                     threads: ThreadChoice | None = None, overlap: bool = False,
                      cached: bool = True) -> CostModel:
     """A cost model whose compute times come from ``source`` (see :func:`compute_source`), for
     a run with gradient sums in flight when ``overlap`` (``--overlap``). Measured times are

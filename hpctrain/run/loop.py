@@ -24,11 +24,13 @@ import numpy as np
 from mpi4py import MPI
 
 from hpctrain.comm.grid import GridSet
+from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.plans import LayerPlan
+from hpctrain.record.runlog import RunLog
 from hpctrain.record.timeline import TimelineWindow
 from hpctrain.record.timing import (
     RanksSummary,
@@ -108,7 +110,8 @@ def print_now(*args: Any) -> None:
 
 
 def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Backend,
-          comm: MPI.Comm, out=print_now, data: Any = None, val_data: Any = None, log: Any = None,
+          comm: MPI.Comm, out=print_now, data: DataSource | None = None,
+          val_data: HeldOutSource | None = None, log: RunLog | None = None,
           resume: Path | None = None, stop: StopRequests | None = None) -> TrainResult:
     """Train from step 0 (or the step of checkpoint ``resume``) to ``config.steps``.
 
@@ -158,8 +161,9 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
     return result
 
 
-def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: TrainConfig,
-          first: int, comm: MPI.Comm, log: Any, stop: StopRequests, say) -> TrainResult:
+def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutSource | None,
+          config: TrainConfig, first: int, comm: MPI.Comm, log: RunLog | None,
+          stop: StopRequests, say) -> TrainResult:
     """Steps ``first`` .. ``config.steps - 1``, or until every rank agrees to stop."""
     backend, rank = network.backend, comm.Get_rank()
     losses: list[float] = []
@@ -214,14 +218,14 @@ def _loop(network: Network, optimizer: SGD, data: Any, val_data: Any, config: Tr
     return result
 
 
-def _write_timeline(window: TimelineWindow, log: Any) -> None:
+def _write_timeline(window: TimelineWindow, log: RunLog | None) -> None:
     """Gather the window's spans to rank 0 and write them to the log. Collective."""
     spans = window.gather()
     if log is not None and spans is not None:
         log.timeline(spans, window.recorded)
 
 
-def _stop_on_log_failure(log: Any, comm: MPI.Comm) -> None:
+def _stop_on_log_failure(log: RunLog, comm: MPI.Comm) -> None:
     """Collective, once rank 0's ``log`` could not be written (a full disk): raise
     :class:`~hpctrain.errors.OutputError` on every rank, so every rank exits with status 3."""
     from hpctrain.comm.agree import on_root
@@ -234,7 +238,7 @@ def _stop_on_log_failure(log: Any, comm: MPI.Comm) -> None:
 
 
 def _report(step: int, loss: float, accuracy: float, lr: float, summary: RanksSummary,
-            config: TrainConfig, start: float, first: int, log: Any, say) -> None:
+            config: TrainConfig, start: float, first: int, log: RunLog | None, say) -> None:
     """Rank 0: the step's log row, and a progress line every ``print_every`` steps."""
     seconds, comm_fraction = summary.seconds, summary.comm_fraction
     if log is not None:
@@ -260,7 +264,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _evaluate(network: Network, val_data: Any, step: int, log: Any,
+def _evaluate(network: Network, val_data: HeldOutSource, step: int, log: RunLog | None,
               say) -> tuple[int, float, float]:
     """Loss and accuracy over the whole held-out split (collective)."""
     loss_sum = correct = count = 0

@@ -10,6 +10,7 @@ from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.comm.gradients import GradientReducer
 from hpctrain.comm.grid import GridSet
 from hpctrain.comm.redistribute import Redistribute
+from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.kernels.counter_rng import stream_key
@@ -168,7 +169,7 @@ class Network:
             times.spans += [(row, 1, IN_FLIGHT, sent, arrived)
                             for row, sent, arrived in sums.flights]
 
-    def train_step(self, data: Any, step: int, outputs: list | None = None,
+    def train_step(self, data: DataSource, step: int, outputs: list | None = None,
                    input_grads: list | None = None, times: StepTimes | None = None,
                    update: Callable[[list[Parameter]], None] | None = None
                    ) -> tuple[float, float]:
@@ -190,7 +191,7 @@ class Network:
         return loss, accuracy
 
     def loss(self, logits: Any, labels: Any, times: StepTimes | None = None,
-             data: Any = None) -> tuple[float, float, Any]:
+             data: DataSource | None = None) -> tuple[float, float, Any]:
         """Mean loss and accuracy over the global batch, and dLoss/dlogits for this rank.
 
         ``labels`` are the labels of this rank's batch shard in ``loss_layout``. ``times`` gets
@@ -211,7 +212,7 @@ class Network:
         self.refuse_nonfinite(totals[2], data)
         return float(totals[0]) / self.batch, float(totals[1]) / self.batch, grad
 
-    def refuse_nonfinite(self, ranks_flagged: float, data: Any) -> None:
+    def refuse_nonfinite(self, ranks_flagged: float, data: DataSource | None) -> None:
         """Raise a :class:`UserError` on every rank when ``ranks_flagged`` (the all-reduced
         count of ranks that read NaN or Inf, the same on every rank) is not 0: an agreement
         carries the first such rank's description of the sample to all. Collective then."""
@@ -225,7 +226,7 @@ class Network:
         agreed(self.grids.world, check, everywhere=True)
         raise UserError("an input batch held NaN or Inf; check the data")  # not reached
 
-    def evaluate(self, data: Any, batch: int) -> tuple[float, int, int]:
+    def evaluate(self, data: HeldOutSource, batch: int) -> tuple[float, int, int]:
         """Summed loss, number correct and number of real samples in held-out batch ``batch``.
 
         Dropout is off. ``data`` marks padding past the end of the split with label -1; those
@@ -249,6 +250,6 @@ class Network:
         self.refuse_nonfinite(totals[3], data)
         return float(totals[0]), int(round(totals[1])), int(round(totals[2]))
 
-def _read_nonfinite(data: Any) -> float:
+def _read_nonfinite(data: DataSource | None) -> float:
     """1.0 when ``data`` noted a NaN or Inf in a block this rank read, else 0.0."""
-    return 1.0 if getattr(data, "nonfinite", None) else 0.0
+    return 1.0 if data is not None and data.nonfinite else 0.0
