@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from hpctrain.cost.memory import larger
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import Layout
 from hpctrain.layout.partition import SplitError, factorisations
@@ -41,7 +42,7 @@ from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import strategy_plan
 from hpctrain.plan.elimination import Table, TooLarge, minimise, minimise_under_cap
 from hpctrain.plan.plans import LayerPlan
-from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost, larger
+from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost
 
 
 class PlannerError(UserError):

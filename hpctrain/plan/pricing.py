@@ -1,11 +1,11 @@
-"""Predicted time of every layer under every candidate (mode, Pr×Pc), as the code executes it.
+"""Predicted time of every layer under every candidate (mode, Pr×Pc), as the code executes it,
+and its memory per rank.
 
-A network is cut into *segments*: a weighted layer (conv, linear; its mode and grid are chosen)
-and the layers without weights that follow it, through their first inputs, on its layout (ReLU,
-batch norm, pooling, flatten, an add or concat whose first input it feeds). A segment's cost
-depends on its own choice only; a redistribution between segments (into a weighted layer, or
-into an add's or concat's other inputs) depends on the choices at both ends. In a chain those
-are consecutive segments. Per layer the model counts, forward and backward:
+The net is cut into *segments* (:mod:`hpctrain.plan.segments`): a weighted layer, whose mode
+and grid are chosen, and the layers without weights that follow it on its layout. A segment's
+cost depends on its own choice only; a redistribution between segments (into a weighted layer,
+or into an add's or concat's other inputs) depends on the choices at both ends. In a chain
+those are consecutive segments. Per layer the model counts, forward and backward:
 
 - compute: the local kernels at the largest local block, measured or from a FLOP rate, and the
   optimizer's update of the layer's weight shard (counted in the backward);
@@ -42,25 +42,20 @@ from hpctrain.cost.compute import (
     timing_context,
 )
 from hpctrain.cost.machine import Machine, local_profile
+from hpctrain.cost.memory import PARAMETER_COPIES, RANDOM_BYTES, Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
 from hpctrain.layout.moves import IdentityMove, Move, move_between
-from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.kinds import KINDS
-from hpctrain.model.kinds.base import RANDOM_BYTES, Footprint, Kind, larger
 from hpctrain.model.net import NetSpec
 from hpctrain.model.operations import INPUT, TIMED_MODULES, UPDATE
-from hpctrain.plan.placement import LayerLayouts, batch_parallel_input, layer_layouts
+from hpctrain.plan.placement import LayerLayouts
 from hpctrain.plan.plans import LayerPlan
+from hpctrain.plan.segments import Segments
 
 if TYPE_CHECKING:
     from hpctrain.device.backend import Backend
     from hpctrain.device.threads import ThreadChoice
-
-# what a parameter shard costs on every rank: its value, its gradient (the gradient all-reduce's
-# flat buffer when there is one), the optimizer's momentum and its scratch buffer
-PARAMETER_COPIES = ("parameters", "gradients", "momentum", "optimizer scratch")
-
 
 @dataclass
 class LayerCost:
@@ -140,149 +135,30 @@ class SegmentCost:
         return max(layer.peak for layer in self.layers)
 
 
-class CostModel:
-    """Per-segment costs of ``net`` at global batch ``batch`` on ``procs`` ranks.
+class CostModel(Segments):
+    """Per-segment costs of ``net`` at global batch ``batch`` on ``procs`` ranks: its time and
+    its memory per rank, layer by layer, under each candidate of each segment (the segments and
+    their layouts: :class:`~hpctrain.plan.segments.Segments`).
 
     Parameters
     ----------
     machine : α–β constants (see :mod:`hpctrain.cost.machine`).
     compute : an object with ``times(works) -> {work: (forward s, backward s)}``.
     itemsize : bytes per activation and weight entry (4 for float32).
-
-    ``segments[s]`` lists the layers of segment s (its weighted layer first, then its
-    followers in net order); ``prelude`` the layers without weights that follow the input batch
-    on 1×P.
+    overlap : the run puts gradient sums in flight (``--overlap``).
     """
 
     def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
                  itemsize: int = 4, overlap: bool = False) -> None:
-        self.net, self.batch, self.procs, self.machine = net, batch, procs, machine
-        self.compute, self.itemsize = compute, itemsize
+        super().__init__(net, batch, procs)
+        self.machine, self.compute, self.itemsize = machine, compute, itemsize
         # the share of the gradient sums' time that can hide behind the backward: the
         # machine's, when the run puts them in flight (--overlap); none otherwise
         self.hidden_share = machine.overlap if overlap else 0.0
-        self.shapes = [(batch, *s) for s in net.shapes()]
-        anchors: list[int] = []  # the weighted layer (or -1, the input) each layer follows
-        for k, spec in enumerate(net.layers):
-            first = net.producers(k)[0]
-            anchors.append(k if KINDS[spec.kind].weighted else
-                           (anchors[first] if first >= 0 else -1))
-        weighted = [k for k, spec in enumerate(net.layers) if KINDS[spec.kind].weighted]
-        if not weighted:
-            raise SplitError(f"net {net.name} has no conv or linear layer to plan")
-        members: dict[int, list[int]] = {w: [] for w in [-1, *weighted]}
-        for k, anchor in enumerate(anchors):  # in net order within each segment
-            members[anchor].append(k)
-        self.prelude = members[-1]
-        self.segments = [members[w] for w in weighted]
-        # (layer, input, producer) of every edge the segments do not price: into a weighted
-        # layer, or into another than the first input (a follower's first input is fed inside
-        # its segment); -1 is the input batch
-        self.joins = tuple((k, e, p) for k, spec in enumerate(net.layers)
-                           for e, p in enumerate(net.producers(k))
-                           if e > 0 or KINDS[spec.kind].weighted)
         self._segments: dict[tuple[int, LayerPlan], SegmentCost] = {}
         self._timed: set[tuple[int, LayerPlan]] = set()  # segments whose compute is filled in
-        self._layout_cache: dict[tuple[int, LayerPlan], list[LayerLayouts] | None] = {}
         self._moves: dict[tuple[Layout, Layout], tuple[Move, float, float]] = {}
-        # each layer's inputs by their shapes alone, on 1×P (see _fed)
-        self._unplaced = [tuple(Layout((batch, *(net.input_shape if p < 0 else net.out_shapes[p])),
-                                       (1, procs)) for p in net.producers(k))
-                          for k in range(len(net.layers))]
-        # A net repeats its blocks: layers alike (see _layer_facts) share a number, and are
-        # priced once on equal layouts; each segment knows the first segment alike (see
-        # _segment_facts), which is laid out for it
-        numbers: dict[tuple, int] = {}
-        self._alike_layer = [numbers.setdefault(self._layer_facts(k), len(numbers))
-                             for k in range(len(net.layers))]
-        firsts: dict[tuple, int] = {}
-        self._first_alike = [firsts.setdefault(self._segment_facts(members), s)
-                             for s, members in enumerate(self.segments)]
         self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
-
-    # -- candidates ---------------------------------------------------------------------------
-
-    @property
-    def segment_kinds(self) -> list[Kind]:
-        """The kind of each segment's weighted layer, in order."""
-        return [KINDS[self.net.layers[members[0]].kind] for members in self.segments]
-
-    def choices(self, segment: int) -> list[LayerPlan]:
-        """Every valid (mode, grid) of the segment's weighted layer."""
-        kind = KINDS[self.net.layers[self.segments[segment][0]].kind]
-        found = [LayerPlan("batch", (1, self.procs))]
-        found += [LayerPlan(mode, grid) for grid in factorisations(self.procs) if grid[0] > 1
-                  for mode in kind.modes]
-        return [c for c in found if self.segment_layouts(segment, c) is not None]
-
-    def _layer_facts(self, index: int) -> tuple:
-        """All that pricing layer ``index`` on given layouts reads of the net, its name aside:
-        its kind and options (a kind lays out and prices a layer from these, the name only
-        labelling a refusal), whether its input gradient is wanted, whether what reaches it is
-        kept anyway, and whether its output has several readers."""
-        spec = self.net.layers[index]
-        return (spec.kind, spec.options, self.net.reads_layers(index),
-                self.kept_upstream(index), len(self.net.consumers.get(index, ())) > 1)
-
-    def _segment_facts(self, members: list[int]) -> tuple:
-        """All that laying out and pricing a segment under a choice reads of the net, names
-        aside: per layer, its number alike, which member feeds its first input, and the shapes
-        of its inputs and output."""
-        net, position = self.net, {k: i for i, k in enumerate(members)}
-        return tuple((self._alike_layer[k], position.get(net.producers(k)[0]),
-                      tuple(net.input_shape if p < 0 else net.out_shapes[p]
-                            for p in net.producers(k)), net.out_shapes[k]) for k in members)
-
-    def segment_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts] | None:
-        """Layouts of each layer of the segment, or None if the choice cannot run (a split
-        with an empty part, or a halo wider than a neighbour's rows). Made once for all
-        segments alike."""
-        key = (self._first_alike[segment], choice)
-        if key not in self._layout_cache:
-            try:
-                self._layout_cache[key] = self._segment_layouts(*key)
-            except SplitError:
-                self._layout_cache[key] = None
-        return self._layout_cache[key]
-
-    def runnable_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts]:
-        """:meth:`segment_layouts`, refusing a choice that cannot run with the reason."""
-        layouts = self.segment_layouts(segment, choice)
-        if layouts is not None:
-            return layouts
-        name = self.net.layers[self.segments[segment][0]].name
-        try:  # refused again, for a reason that names this segment's layers (not its twin's)
-            return self._segment_layouts(segment, choice)
-        except SplitError as err:
-            raise SplitError(f"layer {name} cannot run {choice.describe()}: {err}") from None
-
-    def _fed(self, k: int, known: dict[int, Layout]) -> tuple[Layout, ...]:
-        """What layer ``k``'s inputs arrive on as far as its own layouts go: its first input's
-        producer's output (in ``known``); the others give only their shapes (a kind's layouts
-        depend on its first input's layout alone)."""
-        unplaced = self._unplaced[k]
-        return tuple(known[p] if e == 0 and p in known else unplaced[e]
-                     for e, p in enumerate(self.net.producers(k)))
-
-    def _segment_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts]:
-        known: dict[int, Layout] = {}
-        layouts = []
-        for k in self.segments[segment]:
-            layouts.append(layer_layouts(self.net, k, self._fed(k, known), choice, self.batch))
-            known[k] = layouts[-1].output
-        return layouts
-
-    def prelude_layouts(self) -> list[LayerLayouts]:
-        """Layouts of the leading layers without weights, on 1×P."""
-        known = {-1: Layout(self.shapes[0], (1, self.procs))}
-        layouts = []
-        for k in self.prelude:
-            entry = LayerPlan("follow")
-            layouts.append(layer_layouts(self.net, k, self._fed(k, known), entry, self.batch))
-            known[k] = layouts[-1].output
-        return layouts
-
-    # -- costs --------------------------------------------------------------------------------
 
     def move_cost(self, src: Layout, dst: Layout) -> tuple[Move, float, float]:
         """(the move, forward s, backward s) of redistributing ``src`` into ``dst``. Made once
@@ -293,19 +169,6 @@ class CostModel:
             move = move_between(src, dst)
             cost = self._moves[src, dst] = (move, *move.seconds(self.machine, self.itemsize))
         return cost
-
-    def kept_upstream(self, index: int) -> bool:
-        """Whether the array that reaches layer ``index`` (when no move intervenes) is kept
-        anyway: the input batch, or an output its producer keeps, looked at through views."""
-        k = self.net.producers(index)[0]
-        while k >= 0 and KINDS[self.net.layers[k].kind].pass_through:
-            k = self.net.producers(k)[0]
-        return k < 0 or KINDS[self.net.layers[k].kind].keeps_output
-
-    def keeps_input(self, index: int) -> bool:
-        """Whether layer ``index`` keeps its input array for the backward."""
-        spec = self.net.layers[index]
-        return KINDS[spec.kind].keeps_input(spec)
 
     def _memory(self, index: int, layouts: LayerLayouts, work: LocalWork | None, params: int,
                 fresh_input: bool) -> tuple[dict[str, float], dict[str, float]]:
@@ -425,19 +288,6 @@ class CostModel:
             mode = choice.mode if k == self.segments[segment][0] else "follow"
             costs.append(self.layer_cost(k, mode, layer, fed))
         return SegmentCost(costs, layouts)
-
-    def input_layout(self, first: LayerPlan) -> Layout:
-        """Where the input batch is produced when the first segment takes ``first``, by the
-        network's rule (:func:`hpctrain.plan.placement.batch_parallel_input`)."""
-        if batch_parallel_input(self.net):
-            return Layout(self.shapes[0], (1, self.procs))
-        return self.runnable_layouts(0, first)[0].input
-
-    def prelude_layout(self) -> Layout | None:
-        """The output layout of the last leading layer without weights (on 1×P), or None
-        without any."""
-        layouts = self.prelude_layouts()
-        return layouts[-1].output if layouts else None
 
     def prelude_costs(self, timed: bool = True) -> list[LayerCost]:
         costs = []

@@ -10,10 +10,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from hpctrain.cost.memory import Footprint
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import Layout
-from hpctrain.model.kinds.base import Footprint, Kind, LayerSpec, Shape
+from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import NetError
 
 

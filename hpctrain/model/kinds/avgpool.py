@@ -10,10 +10,11 @@ from typing import Any
 
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.machine import Machine
+from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
-from hpctrain.model.kinds.base import Footprint, LayerSpec, Shape, larger
+from hpctrain.model.kinds.base import LayerSpec, Shape
 from hpctrain.model.kinds.window import POOL_KEYS, PoolKind, PoolOptions, padded_bytes
 from hpctrain.model.options import Key, NetError, pair
 

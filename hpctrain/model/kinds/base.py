@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpctrain.cost.collectives import allreduce_time
+from hpctrain.cost.memory import Footprint
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.partition import SplitError
@@ -38,11 +39,6 @@ if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext, Layer
 
 Shape = tuple[int, ...]
-BOOL_BYTES = 1
-# Bytes per entry the counter RNG holds while it draws a block (uint64 indices and mixing
-# temporaries, float64 before the cast), the block itself included: measured with tracemalloc on
-# SyntheticData.images and dropout_mask (36.5 and 32.0).
-RANDOM_BYTES = 32
 INPUT = "input"  # the name by which ``in=`` refers to the net's (or a block's) input
 
 
@@ -54,24 +50,6 @@ class LayerSpec:
     kind: str
     options: Any
     inputs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """What a layer's memory estimate knows, on the busiest rank (bytes unless said).
-
-    ``x``/``y``: its (first) input and output blocks; ``loose_input``: ``{"input": x}`` when the
-    input array is not kept anyway (it is alive in the caller while the layer runs), else empty.
-    A weight gradient is written into an array kept across steps (resident, counted with the
-    parameters), so a backward allocates none.
-    """
-
-    x: float
-    y: float
-    work: LocalWork | None
-    itemsize: int
-    loose_input: dict[str, float]
-    height_split: bool
 
 
 class Kind:
@@ -179,8 +157,3 @@ class Kind:
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         raise NotImplementedError
-
-
-def larger(*phases: dict[str, float]) -> dict[str, float]:
-    """The phase (forward, backward, a move) that allocates the most, by its parts."""
-    return max(phases, key=lambda parts: sum(parts.values()))

@@ -10,11 +10,12 @@ from typing import Any
 
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.machine import Machine
+from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, largest_block
 from hpctrain.layout.partition import SplitError, block_ranges
-from hpctrain.model.kinds.base import Footprint, Kind, LayerSpec, Shape, larger
+from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import Key, fraction
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
-from hpctrain.model.kinds.base import Footprint, Kind, LayerSpec, Shape, larger
+from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import NetError
 
 

@@ -7,12 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.kernels.sliding import prefer_channels_last
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, largest_block
 from hpctrain.layout.partition import check_split
-from hpctrain.model.kinds.base import Footprint, LayerSpec, Shape, larger
+from hpctrain.model.kinds.base import LayerSpec, Shape
 from hpctrain.model.kinds.window import WINDOW_KEYS, WindowKind, padded_bytes, padded_copy_bytes
 from hpctrain.model.options import Key, flag, whole
 

@@ -6,16 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hpctrain.cost.memory import RANDOM_BYTES, Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.model.kinds.base import (
-    RANDOM_BYTES,
-    Footprint,
-    Kind,
-    LayerSpec,
-    Shape,
-    larger,
-)
+from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import Key, fraction
 
 

@@ -6,11 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import CHANNEL_AXIS, Layout, largest_block
 from hpctrain.layout.partition import check_split
-from hpctrain.model.kinds.base import Footprint, Kind, LayerSpec, Shape, larger
+from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import Key, NetError, flag, whole
 
 

@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hpctrain.cost.memory import BOOL_BYTES, Footprint, larger
 from hpctrain.kernels.sliding import position_dtype
-from hpctrain.model.kinds.base import BOOL_BYTES, Footprint, LayerSpec, larger
+from hpctrain.model.kinds.base import LayerSpec
 from hpctrain.model.kinds.window import PoolKind, PoolOptions, padded_bytes, padded_copy_bytes
 from hpctrain.model.options import NetError
 

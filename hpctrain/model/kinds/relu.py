@@ -5,16 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hpctrain.cost.memory import BOOL_BYTES, Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.model.kinds.base import (
-    BOOL_BYTES,
-    Footprint,
-    Kind,
-    LayerSpec,
-    Shape,
-    larger,
-)
+from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 
 
 class ReluKind(Kind):

@@ -14,11 +14,12 @@ from typing import Any
 
 from hpctrain.cost.collectives import halo_time
 from hpctrain.cost.machine import Machine
+from hpctrain.cost.memory import Footprint
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
 from hpctrain.layout.partition import HaloPlan, SplitError, Window, halo_plans, halo_row_counts
-from hpctrain.model.kinds.base import Footprint, Kind, LayerSpec, Shape
+from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import Key, NetError, pair
 
 WINDOW_KEYS = {"kernel": Key(pair(1)), "stride": Key(pair(1), "1"), "pad": Key(pair(0), "0")}

@@ -1,0 +1,175 @@
+"""A net cut into segments, and where each segment's layers sit under each of its candidates.
+
+A *segment* is a weighted layer (conv, linear), whose mode and grid the plan chooses, and the
+layers without weights that follow it, through their first inputs, on its layout (ReLU, batch
+norm, pooling, flatten, an add or concat whose first input it feeds). The layers without
+weights that follow the input batch before any weighted layer are the *prelude*, on 1×P.
+Everything between segments that a segment's own layouts do not decide is a *join*: a move
+into a weighted layer, or into an add's or concat's other inputs.
+
+The cost model (:class:`hpctrain.plan.pricing.CostModel`) prices what this lays out; the
+planner searches over each segment's candidates (:meth:`Segments.choices`).
+"""
+
+from __future__ import annotations
+
+from hpctrain.layout.layout import Layout
+from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.kinds.base import Kind
+from hpctrain.model.net import NetSpec
+from hpctrain.plan.placement import LayerLayouts, batch_parallel_input, layer_layouts
+from hpctrain.plan.plans import LayerPlan
+
+
+class Segments:
+    """``net`` at global batch ``batch`` on ``procs`` ranks, cut into segments.
+
+    ``segments[s]`` lists the layers of segment s (its weighted layer first, then its
+    followers in net order); ``prelude`` the layers without weights that follow the input batch
+    on 1×P; ``joins`` the (layer, input, producer) of every move between segments (-1: the
+    input batch). A segment's layouts under a candidate are made once for all segments alike.
+    """
+
+    def __init__(self, net: NetSpec, batch: int, procs: int) -> None:
+        self.net, self.batch, self.procs = net, batch, procs
+        self.shapes = [(batch, *s) for s in net.shapes()]
+        anchors: list[int] = []  # the weighted layer (or -1, the input) each layer follows
+        for k, spec in enumerate(net.layers):
+            first = net.producers(k)[0]
+            anchors.append(k if KINDS[spec.kind].weighted else
+                           (anchors[first] if first >= 0 else -1))
+        weighted = [k for k, spec in enumerate(net.layers) if KINDS[spec.kind].weighted]
+        if not weighted:
+            raise SplitError(f"net {net.name} has no conv or linear layer to plan")
+        members: dict[int, list[int]] = {w: [] for w in [-1, *weighted]}
+        for k, anchor in enumerate(anchors):  # in net order within each segment
+            members[anchor].append(k)
+        self.prelude = members[-1]
+        self.segments = [members[w] for w in weighted]
+        # (layer, input, producer) of every edge the segments do not price: into a weighted
+        # layer, or into another than the first input (a follower's first input is fed inside
+        # its segment); -1 is the input batch
+        self.joins = tuple((k, e, p) for k, spec in enumerate(net.layers)
+                           for e, p in enumerate(net.producers(k))
+                           if e > 0 or KINDS[spec.kind].weighted)
+        self._layout_cache: dict[tuple[int, LayerPlan], list[LayerLayouts] | None] = {}
+        # each layer's inputs by their shapes alone, on 1×P (see _fed)
+        self._unplaced = [tuple(Layout((batch, *(net.input_shape if p < 0 else net.out_shapes[p])),
+                                       (1, procs)) for p in net.producers(k))
+                          for k in range(len(net.layers))]
+        # A net repeats its blocks: layers alike (see _layer_facts) share a number, and are
+        # priced once on equal layouts; each segment knows the first segment alike (see
+        # _segment_facts), which is laid out for it
+        numbers: dict[tuple, int] = {}
+        self._alike_layer = [numbers.setdefault(self._layer_facts(k), len(numbers))
+                             for k in range(len(net.layers))]
+        firsts: dict[tuple, int] = {}
+        self._first_alike = [firsts.setdefault(self._segment_facts(members), s)
+                             for s, members in enumerate(self.segments)]
+
+    @property
+    def segment_kinds(self) -> list[Kind]:
+        """The kind of each segment's weighted layer, in order."""
+        return [KINDS[self.net.layers[members[0]].kind] for members in self.segments]
+
+    def choices(self, segment: int) -> list[LayerPlan]:
+        """Every valid (mode, grid) of the segment's weighted layer."""
+        kind = KINDS[self.net.layers[self.segments[segment][0]].kind]
+        found = [LayerPlan("batch", (1, self.procs))]
+        found += [LayerPlan(mode, grid) for grid in factorisations(self.procs) if grid[0] > 1
+                  for mode in kind.modes]
+        return [c for c in found if self.segment_layouts(segment, c) is not None]
+
+    def _layer_facts(self, index: int) -> tuple:
+        """All that pricing layer ``index`` on given layouts reads of the net, its name aside:
+        its kind and options (a kind lays out and prices a layer from these, the name only
+        labelling a refusal), whether its input gradient is wanted, whether what reaches it is
+        kept anyway, and whether its output has several readers."""
+        spec = self.net.layers[index]
+        return (spec.kind, spec.options, self.net.reads_layers(index),
+                self.kept_upstream(index), len(self.net.consumers.get(index, ())) > 1)
+
+    def _segment_facts(self, members: list[int]) -> tuple:
+        """All that laying out and pricing a segment under a choice reads of the net, names
+        aside: per layer, its number alike, which member feeds its first input, and the shapes
+        of its inputs and output."""
+        net, position = self.net, {k: i for i, k in enumerate(members)}
+        return tuple((self._alike_layer[k], position.get(net.producers(k)[0]),
+                      tuple(net.input_shape if p < 0 else net.out_shapes[p]
+                            for p in net.producers(k)), net.out_shapes[k]) for k in members)
+
+    def segment_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts] | None:
+        """Layouts of each layer of the segment, or None if the choice cannot run (a split
+        with an empty part, or a halo wider than a neighbour's rows). Made once for all
+        segments alike."""
+        key = (self._first_alike[segment], choice)
+        if key not in self._layout_cache:
+            try:
+                self._layout_cache[key] = self._segment_layouts(*key)
+            except SplitError:
+                self._layout_cache[key] = None
+        return self._layout_cache[key]
+
+    def runnable_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts]:
+        """:meth:`segment_layouts`, refusing a choice that cannot run with the reason."""
+        layouts = self.segment_layouts(segment, choice)
+        if layouts is not None:
+            return layouts
+        name = self.net.layers[self.segments[segment][0]].name
+        try:  # refused again, for a reason that names this segment's layers (not its twin's)
+            return self._segment_layouts(segment, choice)
+        except SplitError as err:
+            raise SplitError(f"layer {name} cannot run {choice.describe()}: {err}") from None
+
+    def _fed(self, k: int, known: dict[int, Layout]) -> tuple[Layout, ...]:
+        """What layer ``k``'s inputs arrive on as far as its own layouts go: its first input's
+        producer's output (in ``known``); the others give only their shapes (a kind's layouts
+        depend on its first input's layout alone)."""
+        unplaced = self._unplaced[k]
+        return tuple(known[p] if e == 0 and p in known else unplaced[e]
+                     for e, p in enumerate(self.net.producers(k)))
+
+    def _segment_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts]:
+        known: dict[int, Layout] = {}
+        layouts = []
+        for k in self.segments[segment]:
+            layouts.append(layer_layouts(self.net, k, self._fed(k, known), choice, self.batch))
+            known[k] = layouts[-1].output
+        return layouts
+
+    def prelude_layouts(self) -> list[LayerLayouts]:
+        """Layouts of the leading layers without weights, on 1×P."""
+        known = {-1: Layout(self.shapes[0], (1, self.procs))}
+        layouts = []
+        for k in self.prelude:
+            entry = LayerPlan("follow")
+            layouts.append(layer_layouts(self.net, k, self._fed(k, known), entry, self.batch))
+            known[k] = layouts[-1].output
+        return layouts
+
+    def kept_upstream(self, index: int) -> bool:
+        """Whether the array that reaches layer ``index`` (when no move intervenes) is kept
+        anyway: the input batch, or an output its producer keeps, looked at through views."""
+        k = self.net.producers(index)[0]
+        while k >= 0 and KINDS[self.net.layers[k].kind].pass_through:
+            k = self.net.producers(k)[0]
+        return k < 0 or KINDS[self.net.layers[k].kind].keeps_output
+
+    def keeps_input(self, index: int) -> bool:
+        """Whether layer ``index`` keeps its input array for the backward."""
+        spec = self.net.layers[index]
+        return KINDS[spec.kind].keeps_input(spec)
+
+    def input_layout(self, first: LayerPlan) -> Layout:
+        """Where the input batch is produced when the first segment takes ``first``, by the
+        network's rule (:func:`hpctrain.plan.placement.batch_parallel_input`)."""
+        if batch_parallel_input(self.net):
+            return Layout(self.shapes[0], (1, self.procs))
+        return self.runnable_layouts(0, first)[0].input
+
+    def prelude_layout(self) -> Layout | None:
+        """The output layout of the last leading layer without weights (on 1×P), or None
+        without any."""
+        layouts = self.prelude_layouts()
+        return layouts[-1].output if layouts else None
