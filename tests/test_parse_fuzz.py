@@ -30,9 +30,9 @@ NUMBERS = ["0", "1", "2", "3", "8", "-1", "+4", "0.5", "1.5", "1e400", "-1e400",
            "٣", "0x10", "1_000", "", "²"]
 
 
-def _shipped(kind: str, suffix: str) -> list[bytes]:
-    folder = shipped(kind)
-    return [entry.read_bytes() for entry in folder.iterdir() if entry.name.endswith(suffix)]
+def _shipped(folder: str, suffix: str) -> list[bytes]:
+    where = shipped(folder)
+    return [entry.read_bytes() for entry in where.iterdir() if entry.name.endswith(suffix)]
 
 
 def _mutated(originals: list[bytes]) -> st.SearchStrategy[bytes]:

@@ -4,7 +4,7 @@ The rules, for every file hpctrain writes (run logs, plan files, checkpoints, ma
 datasets):
 
 - An output path holds nothing yet, or a regular file (not a link) that hpctrain wrote, which
-  its kind recognises by a marker (an HDF5 ``format`` attribute, a first comment line). Such a
+  its writer recognises by a marker (an HDF5 ``format`` attribute, a first comment line). Such a
   file may be replaced (plans, checkpoints, profiles, datasets) or renamed aside (run logs).
   Anything else there — a directory, FIFO, device, socket, a symbolic link to anything, a file
   hpctrain did not write, an input of the same run — is refused by name
@@ -82,8 +82,8 @@ def check_output(path: Path, flag: str, ours: Callable[[Path], bool], what: str,
     Parameters
     ----------
     path : the output path given with ``flag`` (e.g. ``--log``).
-    ours : whether an existing regular file is one hpctrain wrote (its kind's marker).
-    what : the kind, for the message, e.g. "an hpctrain run log".
+    ours : whether an existing regular file is one hpctrain wrote (its marker).
+    what : what such a file is, for the message, e.g. "an hpctrain run log".
     inputs : (flag, path) of every file the same run reads; none may be the output.
 
     Raises

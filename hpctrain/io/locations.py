@@ -24,27 +24,27 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-SHIPPED_KINDS = ("nets", "machines", "plans")
+SHIPPED_FOLDERS = ("nets", "machines", "plans")
 
 
-def shipped(kind: str) -> Traversable:
-    """The directory of shipped ``kind`` files (one of :data:`SHIPPED_KINDS`), as package data.
+def shipped(folder: str) -> Traversable:
+    """The shipped ``folder`` (one of :data:`SHIPPED_FOLDERS`), as package data.
 
     Example: ``shipped("nets") / "alexnet.net"`` is the shipped AlexNet; read it with
     ``.read_text()``.
     """
-    if kind not in SHIPPED_KINDS:
-        raise ValueError(f"unknown kind of shipped data {kind!r}; one of "
-                         f"{', '.join(SHIPPED_KINDS)}")
-    return files("hpctrain") / "inputs" / kind
+    if folder not in SHIPPED_FOLDERS:
+        raise ValueError(f"unknown folder of shipped data {folder!r}; one of "
+                         f"{', '.join(SHIPPED_FOLDERS)}")
+    return files("hpctrain") / "inputs" / folder
 
 
-def shipped_names(kind: str, suffix: str) -> list[str]:
-    """Names (file names less ``suffix``) of the shipped ``kind`` files, sorted."""
-    folder = shipped(kind)
-    if not folder.is_dir():
+def shipped_names(folder: str, suffix: str) -> list[str]:
+    """Names (file names less ``suffix``) of the files in the shipped ``folder``, sorted."""
+    where = shipped(folder)
+    if not where.is_dir():
         return []
-    return sorted(entry.name.removesuffix(suffix) for entry in folder.iterdir()
+    return sorted(entry.name.removesuffix(suffix) for entry in where.iterdir()
                   if entry.name.endswith(suffix) and entry.is_file())
 
 

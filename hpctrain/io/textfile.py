@@ -63,13 +63,13 @@ def existing_file(name: str) -> Path | None:
         return None
 
 
-def shipped_file(kind: str, name: str, suffix: str) -> Traversable | None:
+def shipped_file(folder: str, name: str, suffix: str) -> Traversable | None:
     """The shipped ``kind`` file (see :func:`hpctrain.io.locations.shipped`) called ``name`` +
     ``suffix``, or None when there is none; a ``name`` with a path separator is never one."""
     if not name or "/" in name or "\\" in name or name.startswith("."):
         return None
     try:
-        resource = shipped(kind) / f"{name}{suffix}"
+        resource = shipped(folder) / f"{name}{suffix}"
         return resource if resource.is_file() else None
     except (OSError, ValueError):
         return None

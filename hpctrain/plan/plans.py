@@ -81,16 +81,16 @@ def _parse_grid(text: str, procs: int, where: str) -> tuple[int, int]:
     return pr, pc
 
 
-def _kind_spec(text: str, kind: str, procs: int) -> tuple[str, tuple[int, int]]:
+def _key_spec(text: str, key: str, procs: int) -> tuple[str, tuple[int, int]]:
     mode, _, grid = text.rpartition(":")
     mode = mode or "model"
     if mode not in ("model", "domain"):
-        raise PlanError(f"--grid {kind}={shown(text)}: unknown mode {shown(mode)}; use RxC or "
+        raise PlanError(f"--grid {key}={shown(text)}: unknown mode {shown(mode)}; use RxC or "
                         f"domain:RxC")
-    if mode not in KINDS_BY_GRID_KEY[kind].modes:
-        raise PlanError(f"--grid {kind}={shown(text)}: {KINDS_BY_GRID_KEY[kind].name} layers "
-                        f"cannot be {mode}-parallel; use {kind}=RxC")
-    return mode, _parse_grid(grid, procs, f"--grid {kind}={shown(text)}")
+    if mode not in KINDS_BY_GRID_KEY[key].modes:
+        raise PlanError(f"--grid {key}={shown(text)}: {KINDS_BY_GRID_KEY[key].name} layers "
+                        f"cannot be {mode}-parallel; use {key}=RxC")
+    return mode, _parse_grid(grid, procs, f"--grid {key}={shown(text)}")
 
 
 def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
@@ -104,26 +104,26 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
         return [LayerPlan("model", grid) if KINDS[l.kind].weighted else LayerPlan("follow")
                 for l in net.layers]
     if "=" in spec:
-        by_kind: dict[str, tuple[str, tuple[int, int]]] = {}
+        by_key: dict[str, tuple[str, tuple[int, int]]] = {}
         for part in spec.split(","):
-            kind, _, value = part.partition("=")
-            if kind not in KINDS_BY_GRID_KEY:
-                raise PlanError(f"--grid: unknown layer kind {shown(kind)} in {shown(spec)}; "
+            key, _, value = part.partition("=")
+            if key not in KINDS_BY_GRID_KEY:
+                raise PlanError(f"--grid: unknown layer kind {shown(key)} in {shown(spec)}; "
                                 f"use {'= and '.join(KINDS_BY_GRID_KEY)}=")
-            if kind in by_kind:
-                raise PlanError(f"--grid {shown(spec)} gives {kind}= twice; give each of conv= "
+            if key in by_key:
+                raise PlanError(f"--grid {shown(spec)} gives {key}= twice; give each of conv= "
                                 f"and fc= once")
-            by_kind[kind] = _kind_spec(value, kind, procs)
+            by_key[key] = _key_spec(value, key, procs)
         plans = []
         for k, layer in enumerate(net.layers):
-            kind = KINDS[layer.kind].grid_key
-            if not kind:
+            key = KINDS[layer.kind].grid_key
+            if not key:
                 plans.append(LayerPlan("follow"))
-            elif kind not in by_kind:
-                raise PlanError(f"--grid {shown(spec)} gives no grid for {kind} layers "
-                                f"(layer {layer.name}); add {kind}=RxC")
+            elif key not in by_key:
+                raise PlanError(f"--grid {shown(spec)} gives no grid for {key} layers "
+                                f"(layer {layer.name}); add {key}=RxC")
             else:
-                mode, grid = by_kind[kind]
+                mode, grid = by_key[key]
                 if mode == "domain" and not _domain_fits(net, k, grid):
                     mode = "model"  # too few rows to cut R ways: see the module doc
                 plans.append(LayerPlan(mode, grid))

@@ -117,11 +117,11 @@ def write_timings(group: Any, planned: PlannedNetwork, measured: StepTimes,
     """Predicted and measured per-layer times into an open h5py group."""
     names = [c.layer for c in planned.layers] + ["loss"]
     group.create_dataset("layers/name", data=np.array(names, dtype="S"))
-    for kind, values in (("predicted", predicted_fields(planned)),
+    for source, values in (("predicted", predicted_fields(planned)),
                          ("measured", measured_fields(measured)),
                          ("measured_fastest_rank", measured_fields(fastest_rank))):
         for name, data in values.items():
-            group.create_dataset(f"layers/{kind}/{name}", data=data).attrs["units"] = "s"
+            group.create_dataset(f"layers/{source}/{name}", data=data).attrs["units"] = "s"
     iteration = group.require_group("iteration")
     iteration.attrs["predicted"] = planned.iteration_time
     iteration.attrs["measured"] = iteration_measured

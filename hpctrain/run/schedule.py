@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from hpctrain.errors import UserError
 
-KINDS = ("constant", "cosine", "step")
+SHAPES = ("constant", "cosine", "step")  # how the rate moves after the warm-up
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Schedule:
     """
 
     base: float
-    kind: str = "constant"
+    shape: str = "constant"
     total_steps: int = 1
     warmup: int = 0
     every: int = 1
@@ -49,16 +49,16 @@ class Schedule:
         if step < self.warmup:
             return self.base * (step + 1) / self.warmup
         t = step - self.warmup
-        if self.kind == "cosine":
+        if self.shape == "cosine":
             span = max(self.total_steps - self.warmup, 1)
             return self.base * 0.5 * (1 + math.cos(math.pi * min(t, span) / span))
-        if self.kind == "step":
+        if self.shape == "step":
             return self.base * self.factor ** (t // self.every)
         return self.base
 
     def describe(self) -> str:
         text = {"constant": "constant", "cosine": f"cosine over {self.total_steps} steps",
-                "step": f"x{self.factor:g} every {self.every} steps"}[self.kind]
+                "step": f"x{self.factor:g} every {self.every} steps"}[self.shape]
         warm = f", {self.warmup} warm-up steps" if self.warmup else ""
         return f"lr {self.base:g} {text}{warm}"
 
@@ -73,14 +73,14 @@ def parse_schedule(text: str, base: float, total_steps: int, warmup: int = 0) ->
         raise UserError(f"--warmup-steps {warmup} must be fewer than the run's {total_steps} "
                         f"steps, or the rate never reaches --lr {base:g}; lower it or train "
                         f"longer")
-    kind, *params = text.strip().split(":")
-    if kind not in KINDS:
-        raise UserError(f"--lr-schedule '{text}': unknown schedule '{kind}'; use constant, "
+    shape, *params = text.strip().split(":")
+    if shape not in SHAPES:
+        raise UserError(f"--lr-schedule '{text}': unknown schedule '{shape}'; use constant, "
                         f"cosine or step:EVERY:FACTOR")
-    if kind != "step":
+    if shape != "step":
         if params:
-            raise UserError(f"--lr-schedule '{text}': {kind} takes no parameters")
-        return Schedule(base, kind, total_steps, warmup)
+            raise UserError(f"--lr-schedule '{text}': {shape} takes no parameters")
+        return Schedule(base, shape, total_steps, warmup)
     try:
         every, factor = int(params[0]), float(params[1])
         if len(params) != 2:
@@ -90,4 +90,4 @@ def parse_schedule(text: str, base: float, total_steps: int, warmup: int = 0) ->
                         f"step:30:0.1") from None
     if every < 1 or not 0 < factor <= 1:
         raise UserError(f"--lr-schedule '{text}': EVERY must be >= 1 and FACTOR in (0, 1]")
-    return Schedule(base, kind, total_steps, warmup, every, factor)
+    return Schedule(base, shape, total_steps, warmup, every, factor)
