@@ -85,5 +85,5 @@ def test_simulate_plots_need_a_checkout(monkeypatch):
     monkeypatch.setattr(simulate, "checkout_root", lambda: None)
     assert simulate.plot_script() is None
     with pytest.raises(UserError, match="analysis/plot_simulation.py of a source checkout") as err:
-        simulate._load_plotter()
+        simulate._plotting_script()
     assert "\n" not in str(err.value)

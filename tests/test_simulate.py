@@ -22,7 +22,7 @@ from hpctrain.commands.simulate import PLANS as SIM_PLANS
 from hpctrain.commands.simulate import ImplementationPlans, Settings
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import load_machine
-from hpctrain.errors import UserError
+from hpctrain.errors import OutputError, UserError
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import load_net
 from hpctrain.plan.paper import strategy_comm
@@ -557,3 +557,19 @@ def test_a_point_without_a_plan_keeps_its_rows(tmp_path, monkeypatch):
     # a P where nothing runs still gets its panel
     written = load_plotter()(out, tmp_path / "plots")
     assert (tmp_path / "plots" / "domain_plans.png") in written
+
+
+def test_plots_option_runs_the_checkouts_script(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "sim.h5"
+    assert simulate_command.run(["--net", "mlp", "--out", str(out), "--plots",
+                                 str(tmp_path / "figs")]) == 0
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(
+        f"{s}_{kind}.png" for s in STUDIES for kind in ("grids", "speedup", "plans"))
+    # a script that fails: the results are kept, and the failure is an output error (status 3)
+    broken = tmp_path / "plot_simulation.py"
+    broken.write_text("import sys; sys.exit(4)\n")
+    monkeypatch.setattr(simulate_command, "plot_script", lambda: broken)
+    with pytest.raises(OutputError, match="plot_simulation.py failed with status 4"):
+        simulate_command.run(["--net", "mlp", "--out", str(out), "--plots", str(tmp_path)])
+    assert out.is_file()

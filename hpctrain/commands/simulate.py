@@ -62,7 +62,7 @@ import numpy as np
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine, load_machine
-from hpctrain.errors import ArgumentParser, UserError, shown
+from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
 from hpctrain.io.locations import checkout_root
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec, load_net
@@ -518,8 +518,9 @@ def plot_script() -> Path | None:
     return script if script is not None and script.is_file() else None
 
 
-def _load_plotter():
-    """``plot_simulation`` from analysis/plot_simulation.py (analysis/ is not a package)."""
+def _plotting_script() -> Path:
+    """The script ``--plots`` runs, refused in one line before any work when it cannot: an
+    installed hpctrain has no analysis/, and the script needs matplotlib."""
     import importlib.util
 
     script = plot_script()
@@ -527,14 +528,22 @@ def _load_plotter():
         raise UserError("--plots needs analysis/plot_simulation.py of a source checkout (an "
                         "installed hpctrain has no analysis/); simulate without --plots, then "
                         "run 'python analysis/plot_simulation.py FILE.h5 --out DIR' in one")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UserError("--plots needs matplotlib: pip install 'hpctrain[plots]'") from None
-    spec = importlib.util.spec_from_file_location("hpctrain_plot_simulation", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.plot_simulation
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UserError("--plots needs matplotlib: pip install 'hpctrain[plots]'")
+    return script
+
+
+def _draw(script: Path, h5: Path, out_dir: str) -> None:
+    """Run ``script`` (analysis/plot_simulation.py, a program of its own that reads the HDF5
+    file only) on ``h5`` with this Python; it prints each figure it writes."""
+    import subprocess
+
+    sys.stdout.flush()
+    result = subprocess.run([sys.executable, str(script), str(h5), "--out", out_dir],
+                            check=False)
+    if result.returncode != 0:
+        raise OutputError(f"--plots {out_dir}: {script.name} failed with status "
+                          f"{result.returncode} (its message is above); {h5} is written")
 
 
 def _overlap_line(machine: Machine) -> str:
@@ -586,15 +595,14 @@ def run(argv: list[str]) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; give a file path such as {out}/sim.h5")
-    plotter = _load_plotter() if args.plots is not None else None  # fail before the work
+    script = _plotting_script() if args.plots is not None else None  # fail before the work
     studies = run_studies(settings)
     write_hdf5(out, studies, _root_attrs(settings, argv))
     if settings.overlap:
         print(_overlap_line(settings.machine))
     print(_summary(studies))
     print(f"wrote {out}")
-    if plotter is not None:
-        for png in plotter(out, Path(args.plots)):
-            print(f"wrote {png}")
     sys.stdout.flush()
+    if script is not None:
+        _draw(script, out, args.plots)
     return 0
