@@ -1,6 +1,9 @@
-"""The package's modules form no import circle, counting imports inside functions too (serial).
+"""The package's imports go one way: no import circle between modules, and packages import only
+packages below them in :data:`ORDER` (serial). Imports inside functions count too.
 
-A circle means two modules each need the other: neither can be read, tested or moved alone.
+A circle means two modules each need the other: neither can be read, tested or moved alone. The
+order says the same of folders: layout/ is pure maths that anything may use, and nothing below
+commands/ may reach up into it.
 """
 
 import ast
@@ -9,6 +12,11 @@ from pathlib import Path
 import hpctrain
 
 ROOT = Path(hpctrain.__file__).parent
+
+# The packages (and top-level modules) from the bottom up. A module imports modules of its own
+# package and of packages below it, never above. docs/architecture.md draws the same order.
+ORDER = ("errors", "io", "device", "kernels", "cost", "layout", "comm", "data", "layers",
+         "model", "plan", "record", "run", "commands", "cli", "__main__")
 
 
 def module_names() -> dict[str, Path]:
@@ -75,3 +83,32 @@ def test_the_graph_sees_imports_inside_functions():
 def test_no_module_imports_itself_through_others():
     circle = find_circle(import_graph())
     assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def level(module: str) -> int:
+    """The position in :data:`ORDER` of the package (or top-level module) holding ``module``;
+    the root package (its version) sits at the bottom with errors."""
+    part = module.split(".")[1] if "." in module else "errors"
+    return ORDER.index(part)
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that reaches a package above the importer's, as 'a -> b'."""
+    return [f"{name} -> {target}" for name, targets in sorted(graph.items())
+            for target in sorted(targets) if level(target) > level(name)]
+
+
+def test_every_package_has_its_place_in_the_order():
+    places = {name.split(".")[1] for name in module_names() if "." in name}
+    assert places <= set(ORDER), f"not in ORDER: {sorted(places - set(ORDER))}"
+
+
+def test_the_order_check_finds_an_upward_import():
+    graph = {"hpctrain.layout.moves": {"hpctrain.plan.planner"},
+             "hpctrain.plan.planner": {"hpctrain.layout.moves", "hpctrain.errors"}}
+    assert upward(graph) == ["hpctrain.layout.moves -> hpctrain.plan.planner"]
+
+
+def test_packages_import_only_packages_below_them():
+    found = upward(import_graph())
+    assert not found, "imports against the order of packages:\n" + "\n".join(found)
