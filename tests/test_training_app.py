@@ -197,6 +197,42 @@ def test_a_signal_checkpoints_and_stops_every_rank_then_resume_continues(tmp_pat
     np.testing.assert_allclose(losses(tmp_path / "one.h5"), whole[stopped:], rtol=1e-10)
 
 
+def test_a_resume_compares_the_network_not_the_name_of_its_file(tmp_path):
+    """Trained with --net g1.net, resumed with the same file by its absolute path, from another
+    directory, and from a copy: one network, so each resumes and the log goes on in one file.
+    A net whose layers differ is still refused, naming the first that differs."""
+    net_text = (ROOT / "hpctrain" / "inputs" / "nets" / "smallcnn.net").read_text()
+    (tmp_path / "g1.net").write_text(net_text)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "copy.net").write_text(net_text)
+    (tmp_path / "rewired.net").write_text(net_text.replace("relu", "dropout", 1))
+    run = ("--image-size", "16", "--batch", "8", "--print-every", "1")
+
+    def train(net: str, steps: int, cwd: Path, *more: str):
+        return subprocess.run([mpiexec(), "-n", "1", sys.executable, "-m", "hpctrain",
+                               "--net", net, *run, "--steps", str(steps), *more],
+                              capture_output=True, text=True, timeout=120,
+                              env=env(tmp_path), cwd=cwd)
+
+    first = train("g1.net", 2, tmp_path, "--checkpoint-dir", "ck", "--log", "run.h5")
+    assert first.returncode == 0, first.stderr
+    by_path = train(str(tmp_path / "g1.net"), 3, tmp_path, "--checkpoint-dir", "ck",
+                    "--resume", "--log", "run.h5")
+    assert by_path.returncode == 0, by_path.stderr
+    assert "resumed from ck/step-00000002.h5 at step 2" in by_path.stdout
+    by_copy = train("copy.net", 4, tmp_path / "sub", "--checkpoint-dir", "../ck", "--resume",
+                    "--log", "../run.h5")
+    assert by_copy.returncode == 0, by_copy.stderr
+    assert "resumed from ../ck/step-00000003.h5 at step 3" in by_copy.stdout
+    with h5py.File(tmp_path / "run.h5") as h5:
+        assert list(h5["steps/step"][:]) == [1, 2, 3, 4]
+    assert sorted(p.name for p in tmp_path.glob("run*.h5")) == ["run.h5"]  # none set aside
+    rewired = train("rewired.net", 5, tmp_path, "--checkpoint-dir", "ck", "--resume")
+    assert rewired.returncode == 2
+    assert ("written for net copy.net, not rewired.net: layer 2 is 'relu1 relu' there but "
+            "'dropout1 dropout' here") in rewired.stderr
+
+
 def test_a_killed_job_keeps_a_readable_log_of_every_step_it_logged(tmp_path):
     log = tmp_path / "run.h5"
     process = start(2, *RUN, "--steps", "100000", "--log", str(log), tmp_path=tmp_path)

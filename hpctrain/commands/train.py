@@ -397,6 +397,7 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
         "mpi_version": "{}.{}".format(*MPI.Get_version()),
         "processes": procs,
         "net": setup.net.name,
+        "layers": "\n".join(setup.net.architecture()),
         "input_shape": list(setup.net.input_shape),
         "batch": args.batch,
         "dtype": args.dtype,

@@ -170,6 +170,18 @@ class NetSpec:
     def parameter_count(self) -> int:
         return sum(math.prod(shape) for shape in self.param_shapes().values())
 
+    def architecture(self) -> list[str]:
+        """The layers as text, one ``"NAME KIND"`` each, and ``" in=A,B"`` where a layer reads
+        other layers than the line before (so a chain's list is what it always was, and a
+        rewired net is told apart). With the parameters' shapes, this is what checkpoints and
+        run logs compare to tell one network from another, whatever its file is called or
+        wherever it lies: ``--net g1.net`` and ``--net /abs/path/g1.net`` are one network."""
+        found = []
+        for k, layer in enumerate(self.layers):
+            wiring = "" if self.producers(k) == (k - 1,) else f" in={','.join(layer.inputs)}"
+            found.append(f"{layer.name} {layer.kind}{wiring}")
+        return found
+
 
 def _check_size(what: str, shape: Shape) -> None:
     """Refuse a shape of more than :data:`MAX_SIZE` elements; ``what`` starts the message."""

@@ -10,6 +10,7 @@ Layout (units in each dataset's ``units`` attribute)::
     /                         attrs: command, config (JSON of every option), version,
                               git_commit, mpi_library, mpi_version, processes, net, batch,
                               dtype, device, machine, machine_profile (TOML text), plan (text),
+                              layers (the net's layers as text: NetSpec.architecture),
                               predicted_iteration (s), status, started, finished
     /plan/layer               (L,)     layer names in network order
     /plan/mode, /plan/grid    (L,), (L, 2)  each layer's mode and Pr x Pc (0 x 0: follows)
@@ -213,15 +214,18 @@ def check_log_path(path: Path, inputs: Iterable[tuple[str, Path]] = (), flag: st
 
 
 def _same_run(path: Path, attrs: dict[str, Any]) -> bool:
-    """Whether the log at ``path`` is of a run on the same P, net and plan as ``attrs``."""
+    """Whether the log at ``path`` is of a run on the same P, network and plan as ``attrs``:
+    the same layers (``layers``), whatever the net file was called (a log from before logs
+    held them: the same ``net``)."""
     import h5py
 
     if not path.exists():
         return False
     try:
         with h5py.File(path, "r", locking=False) as h5:
+            network = "layers" if "layers" in h5.attrs else "net"
             return all(str(h5.attrs.get(k)) == str(attrs.get(k))
-                       for k in ("processes", "net", "plan"))
+                       for k in ("processes", network, "plan"))
     except OSError:  # not a readable log: keep it aside, start afresh
         return False
 

@@ -14,7 +14,8 @@ one process. Layout (plain HDF5; ``h5py.File(path)["params/conv1.weight"][...]``
         format   "hpctrain-checkpoint"         version  1
         net      the net's name                layers   the net's layers, one "NAME KIND" each
                                                (and " in=A,B" where it reads other layers
-                                               than the line before)
+                                               than the line before): what a resume
+                                               compares, with the tensors' shapes
         step     steps completed: training resumes at batch ``step``
         seed     the run's seed                dtype    the training dtype ("float32"/"float64")
         plan     the plan that wrote it, in plan-file format (informational: any plan may load it)
@@ -137,7 +138,7 @@ def is_checkpoint(path: Path) -> bool:
 
 def _header(network: Network, step: int, state: dict[str, Any], seed: int) -> dict[str, Any]:
     return {"format": FORMAT, "version": VERSION, "net": network.net.name,
-            "layers": _layer_list(network.net), "step": int(step), "seed": int(seed),
+            "layers": network.net.architecture(), "step": int(step), "seed": int(seed),
             "plan": plan_text(network.net, network.plan) + "\n",
             "dtype": np.dtype(network.backend.dtype).name, "state": json.dumps(state)}
 
@@ -303,18 +304,17 @@ def _validate(h5: h5py.File, path: Path, net: NetSpec) -> CheckpointInfo:
     except UserError as err:
         raise CheckpointError(f"checkpoint {path} has a damaged header ({err}); use another "
                               f"checkpoint") from None
-    if written_for != net.name:
-        raise CheckpointError(f"checkpoint {path} was written for net {written_for}, not "
-                              f"{net.name}; give a checkpoint of {net.name}")
-    ours = _layer_list(net)
+    ours = net.architecture()  # the network, not the name its file was given
     if layers != ours:
         k = next((k for k, (a, b) in enumerate(zip(layers, ours)) if a != b),
                  min(len(layers), len(ours)))
         there = layers[k] if k < len(layers) else "nothing"
         here = ours[k] if k < len(ours) else "nothing"
-        raise CheckpointError(f"checkpoint {path} was written for another version of net "
-                              f"{net.name}: layer {k + 1} is '{there}' there but '{here}' here; "
-                              f"give a checkpoint of this architecture")
+        which = (f"another version of net {net.name}" if written_for == net.name
+                 else f"net {written_for}, not {net.name}")
+        raise CheckpointError(f"checkpoint {path} was written for {which}: layer {k + 1} is "
+                              f"'{there}' there but '{here}' here; give a checkpoint of this "
+                              f"architecture")
     expected = [(group, name, shape) for group in GROUPS
                 for name, shape in tensor_shapes(net).items()]
     expected += [("buffers", name, shape) for name, shape in net.buffer_shapes().items()]
@@ -328,16 +328,6 @@ def _validate(h5: h5py.File, path: Path, net: NetSpec) -> CheckpointInfo:
                                   f"{found} but net {net.name} needs {tuple(shape)}; was it "
                                   f"written with another --image-size or net file?")
     return info
-
-
-def _layer_list(net: NetSpec) -> list[str]:
-    """"NAME KIND" per layer, and " in=A,B" where it reads other layers than the line before
-    (so a chain's list is what it always was, and a rewired net is told apart)."""
-    found = []
-    for k, layer in enumerate(net.layers):
-        wiring = "" if net.producers(k) == (k - 1,) else f" in={','.join(layer.inputs)}"
-        found.append(f"{layer.name} {layer.kind}{wiring}")
-    return found
 
 
 # --- a directory of checkpoints --------------------------------------------------------------
