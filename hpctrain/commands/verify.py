@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -17,6 +17,7 @@ from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import Backend
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.layers.base import Layer
+from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.run.network import Network
@@ -41,24 +42,37 @@ def serial_plan(plan: list[LayerPlan]) -> list[LayerPlan]:
 @dataclass
 class LayerState:
     """One layer's output, input gradients (one per input), parameter gradients and buffers
-    after the step, whole (on rank 0)."""
+    after the step, whole (on rank 0); on one process, when asked, the magnitude of the sum
+    each parameter gradient and buffer is (by full name, see :meth:`Kind.magnitudes
+    <hpctrain.model.kinds.base.Kind.magnitudes>`)."""
 
     output: np.ndarray | None
     input_grads: list[np.ndarray | None] | None
     param_grads: dict[str, np.ndarray | None]
     buffers: dict[str, np.ndarray | None]
+    magnitudes: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def run_step(network: Network, data: SyntheticData, step: int = 0
+def run_step(network: Network, data: SyntheticData, step: int = 0, magnitudes: bool = False
              ) -> tuple[float, list[LayerState]]:
-    """Forward + backward of batch ``step``; every tensor gathered whole on rank 0."""
+    """Forward + backward of batch ``step``; every tensor gathered whole on rank 0. With
+    ``magnitudes`` (one process: every array is whole), each layer's state also holds the
+    magnitudes of its parameter gradients' and buffers' sums."""
     be, comm = network.backend, network.grids.world
     outputs: list = []
     grads: list = []
-    loss, _ = network.train_step(data, step, outputs, grads)
+    output_grads: list | None = [] if magnitudes else None
+    loss, _ = network.train_step(data, step, outputs, grads, output_grads=output_grads)
     states = []
     for layer, y, dx in zip(network.layers, outputs, grads, strict=True):
         states.append(_gather_layer(be, comm, layer, y, dx))
+    if magnitudes:
+        net, host = network.net, be.to_numpy
+        batch = host(data.images(step, network.input_box))
+        for k, (spec, state) in enumerate(zip(net.layers, states, strict=True)):
+            xs = [batch if p < 0 else host(outputs[p]) for p in net.producers(k)]
+            found = KINDS[spec.kind].magnitudes(spec, xs, host(output_grads[k]))
+            state.magnitudes = {f"{spec.name}.{suffix}": m for suffix, m in found.items()}
     return loss, states
 
 
@@ -76,18 +90,16 @@ def _gather_layer(be: Backend, comm: MPI.Comm, layer: Layer, y, dx) -> LayerStat
     return LayerState(out, dx_whole, params, buffers)
 
 
-FLOOR = 1e-3  # of a layer's largest array: the least scale an error is measured against
-
-
-def _worst(got: dict, want: dict) -> float | None:
+def _worst(got: dict, want: dict, magnitudes: dict[str, np.ndarray]) -> float | None:
     """The largest relative error over the arrays of two dicts of the same names, each against
-    its own largest entry or a thousandth of the largest entry of them all, whichever is larger:
-    a gradient that is zero in exact arithmetic (a bias before a batch norm) is measured against
-    the layer's other gradients, not against its own rounding noise."""
+    the larger of its own largest entry and the largest magnitude of the sum it is: the scale
+    of its rounding, whatever the order of the sum. A sum that cancels (a bias gradient before
+    a batch norm, zero in exact arithmetic) is so measured against its terms, not against its
+    own rounding noise."""
     if not got:
         return None
-    floor = FLOOR * max(largest(a) for a in want.values())
-    return max(relative_error(got[n], want[n], floor) for n in got)
+    return max(relative_error(got[n], want[n],
+                              largest(magnitudes[n]) if n in magnitudes else 0.0) for n in got)
 
 
 def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, backend: Backend,
@@ -101,7 +113,7 @@ def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, back
     if comm.Get_rank() == 0:
         with GridSet(MPI.COMM_SELF) as serial_grids:
             serial = Network(net, serial_plan(plan), batch, serial_grids, backend, seed)
-            serial_loss, reference = run_step(serial, data)
+            serial_loss, reference = run_step(serial, data, magnitudes=True)
         width = max(10, *(len(layer.name) for layer in network.layers))
         out(f"{'layer':<{width}} {'plan':<18} {'layout in -> out':<44} {'output':>9} {'dX':>9} "
             f"{'dparams':>9} {'buffers':>9}")
@@ -110,8 +122,8 @@ def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, back
             errs = [relative_error(got.output, want.output)]
             errs.append(max(relative_error(g, w) for g, w in zip(
                 got.input_grads, want.input_grads, strict=True)) if got.input_grads else None)
-            errs.append(_worst(got.param_grads, want.param_grads))
-            errs.append(_worst(got.buffers, want.buffers))
+            errs.append(_worst(got.param_grads, want.param_grads, want.magnitudes))
+            errs.append(_worst(got.buffers, want.buffers, want.magnitudes))
             worst = max([worst] + [e for e in errs if e is not None])
             cells = " ".join(f"{e:9.1e}" if e is not None else f"{'-':>9}" for e in errs)
             layouts = f"{layer.in_layout.describe()} -> {layer.out_layout.describe()}"

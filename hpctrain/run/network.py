@@ -126,10 +126,12 @@ class Network:
 
     def backward(self, dlogits: Any, trace: list | None = None,
                  times: StepTimes | None = None,
-                 update: Callable[[list[Parameter]], None] | None = None) -> None:
+                 update: Callable[[list[Parameter]], None] | None = None,
+                 output_grads: list | None = None) -> None:
         """Parameter gradients from dLoss/dlogits, summed over the ranks that share each
         shard; ``trace`` collects each layer's input gradient (a list of one per input for a
-        layer of several inputs).
+        layer of several inputs), ``output_grads`` the gradient that reached each layer's
+        output (summed over the layers that read it).
 
         Each layer's parameter gradients start on their way as soon as its backward has made
         them; ``update(params)`` (the optimizer) runs for each group as soon as its sum has
@@ -146,8 +148,10 @@ class Network:
             grads[len(self.layers) - 1] = self.to_loss.backward(dlogits)
             timer.backward_move(LOSS, self.to_loss)
             for k in reversed(range(len(self.layers))):
-                layer = self.layers[k]
-                dxs = layer.backward(grads.pop(k))
+                layer, dy = self.layers[k], grads.pop(k)
+                if output_grads is not None:
+                    output_grads.insert(0, dy)
+                dxs = layer.backward(dy)
                 if layer.params:
                     sums.add(layer.grad_comm, layer.params, k)
                 sums.progress()  # between kernels: MPI moves the sums on only when called
@@ -171,12 +175,13 @@ class Network:
 
     def train_step(self, data: DataSource, step: int, outputs: list | None = None,
                    input_grads: list | None = None, times: StepTimes | None = None,
-                   update: Callable[[list[Parameter]], None] | None = None
-                   ) -> tuple[float, float]:
+                   update: Callable[[list[Parameter]], None] | None = None,
+                   output_grads: list | None = None) -> tuple[float, float]:
         """Forward, loss and backward on batch ``step`` of ``data``: (mean loss, accuracy).
 
-        Each rank reads only its own block of the batch. ``outputs`` and ``input_grads`` collect
-        every layer's output and input gradient (for verification). ``times`` (from
+        Each rank reads only its own block of the batch. ``outputs``, ``input_grads`` and
+        ``output_grads`` collect every layer's output, input gradient and output gradient (for
+        verification). ``times`` (from
         :meth:`step_times`) is filled with this rank's per-layer times and the whole step's.
         ``update``: see :meth:`backward`; without it every summed gradient is left in
         ``Parameter.grad`` for an optimizer step after this one.
@@ -186,7 +191,7 @@ class Network:
             logits = self.forward(x, step, outputs, times)
             labels = data.labels(step, self.labels_box)
             loss, accuracy, dlogits = self.loss(logits, labels, times, data)
-            self.backward(dlogits, input_grads, times, update)
+            self.backward(dlogits, input_grads, times, update, output_grads)
             timer.finish_step()
         return loss, accuracy
 

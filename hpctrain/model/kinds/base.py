@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.memory import Footprint
 from hpctrain.cost.work import LocalWork
@@ -152,6 +154,22 @@ class Kind:
                                                               dict[str, float]]:
         """(resident, transient) bytes of the layer beyond its parameters and kept input."""
         return {}, {}
+
+    # -- verification -----------------------------------------------------------------------
+
+    def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
+                   ) -> dict[str, np.ndarray]:
+        """Per parameter gradient and buffer (by suffix, e.g. ``bias``), the sum of the
+        magnitudes of the terms it adds up, whole, from the layer's whole inputs ``xs`` and
+        output gradient ``dy`` of one step from the initial state (NumPy).
+
+        What ``verify`` measures each against: a sum computed in any order is off by at most
+        about n·u·Σ|terms| (u the unit roundoff; Higham, *Accuracy and Stability of Numerical
+        Algorithms*, §4.2), while its value can cancel to far below its terms — a bias feeding
+        a batch norm has a gradient of zero in exact arithmetic. A kind without parameters or
+        buffers has none.
+        """
+        return {}
 
     # -- running ----------------------------------------------------------------------------
 

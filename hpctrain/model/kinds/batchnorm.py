@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.memory import Footprint, larger
@@ -105,6 +107,24 @@ class BatchNormKind(Kind):
         return {"normalized input": fp.y}, larger(
             {**fp.loose_input, "centred input": fp.x, "output": fp.y},
             {"output gradient": fp.y, "input gradient": fp.x, "product with X̂": fp.x})
+
+    def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
+                   ) -> dict[str, np.ndarray]:
+        """Δγ = Σ dY·x̂ and Δβ = Σ dY over all values of a channel: Σ |dY|·|x̂| and Σ |dY|.
+        The running mean after one step from zero is momentum·μ, μ a mean: momentum·mean |X|.
+        The running variance's terms are squares, which do not cancel: it is its own
+        magnitude (no entry)."""
+        from hpctrain.kernels.norm import batchnorm_forward, channel_sums
+
+        x = xs[0]
+        count = x.size // x.shape[1]
+        ones = np.ones(x.shape[1])
+        _, cache, _, _ = batchnorm_forward(np, x, ones, 0 * ones, spec.options.eps, count,
+                                           lambda local: local)
+        size = np.abs(dy)
+        return {"gamma": channel_sums(np, size * np.abs(cache.x_hat)),
+                "beta": channel_sums(np, size),
+                "running_mean": spec.options.momentum * channel_sums(np, np.abs(x)) / count}
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.norm import BatchNorm  # needs MPI: only when run

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.kernels.sliding import prefer_channels_last
@@ -114,6 +116,19 @@ class ConvKind(WindowKind):
             if last:
                 backward["input gradient, channel-major"] = n * c * h * w * b
         return {"im2col columns": cols}, larger(forward, backward)
+
+    def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
+                   ) -> dict[str, np.ndarray]:
+        """ΔW and Δb are sums over samples and positions of dY·X (windows) and dY: their
+        magnitudes are the same sums of |dY|·|X| and |dY|, by the kernel itself."""
+        from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+
+        o = spec.options
+        x = np.abs(xs[0])
+        w = np.ones((o.out, x.shape[1], *o.kernel))  # any weight: only the windows are used
+        _, cache = conv2d_forward(np, x, w, None, o.stride, (o.pad[0], o.pad[0], o.pad[1]))
+        _, dw, db = conv2d_backward(np, np.abs(dy), w, cache, o.stride, need_dx=False)
+        return {"weight": dw, "bias": db} if o.bias else {"weight": dw}
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.conv import Conv2d  # needs MPI: only when run

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
@@ -86,6 +88,12 @@ class LinearKind(Kind):
         backward = {"output gradient": fp.y,
                     "input gradient": fp.x if fp.work.need_dx else 0}
         return {}, larger({"input": fp.x, "output": fp.y}, backward)
+
+    def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
+                   ) -> dict[str, np.ndarray]:
+        """ΔW = dYᵀX and Δb = Σₙ dY: their magnitudes are |dY|ᵀ|X| and Σₙ |dY|."""
+        found = {"weight": np.abs(dy).T @ np.abs(xs[0])}
+        return {**found, "bias": np.abs(dy).sum(axis=0)} if spec.options.bias else found
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.linear import Linear  # needs MPI: only when run
