@@ -243,7 +243,7 @@ def test_a_plans_moves_join_the_layouts_the_cost_model_prices(spec):
     layouts = plan_layouts(net, plan, batch, procs)
     priced = [pair for k, choice in enumerate(choices_of(model, plan))
               for pair in model.segment_layouts(k, choice)]
-    assert layouts[len(model.prelude):] == priced
+    assert layouts == priced
     pairs = move_pairs(net, layouts, input_layout(net, plan, batch, procs))
     assert [dst for _, dst in pairs[:-1]] == [layer.input for layer in layouts]
     assert [src for src, _ in pairs[1:]] == [layer.output for layer in layouts]
@@ -277,7 +277,7 @@ def test_on_graphs_the_cost_model_prices_the_layouts_and_moves_that_run(net_name
     model = CostModel(net, batch, procs, Machine("test", 1e-6, 1e-9, 1e9), FlopModel(1e9))
     choices = choices_of(model, plan)
     layouts = plan_layouts(net, plan, batch, procs)
-    priced = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
+    priced = {}
     for k, choice in enumerate(choices):
         priced.update(zip(model.segments[k], model.segment_layouts(k, choice), strict=True))
     assert [priced[k] for k in range(len(net.layers))] == layouts

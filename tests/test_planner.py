@@ -74,6 +74,36 @@ def test_memory_cap_is_exact_and_respected(name, batch, procs, machine):
         plan_network(model, smallest * 0.99)
 
 
+INPUT_FIRST = """input channels=3 size=8 classes=4
+batchnorm
+maxpool kernel=2
+conv out=6 kernel=3 pad=1
+relu
+flatten
+linear out=4
+"""
+
+
+@pytest.mark.parametrize("batch,procs", [(8, 4), (3, 4), (12, 6)])
+def test_layers_before_the_first_weighted_one_are_planned_exactly(batch, procs):
+    """A batch norm and a pooling of the input run where the first convolution reads it, so
+    their layouts follow its choice: still exact, with and without a cap, and a batch smaller
+    than P runs on the grids whose batch ranks it fills."""
+    model = model_of(parse_net(INPUT_FIRST, "input-first"), batch, procs, SLOW_NET)
+    assert model.segments[0][:3] == [0, 1, 2] and model.heads[0] == 2
+    planned = plan_network(model)
+    assert planned.iteration_time == pytest.approx(brute_force(model).iteration_time,
+                                                   rel=1e-12)
+    leanest = min(evaluate(model, list(c)).memory for c in
+                  itertools.product(*[model.choices(k) for k in range(len(model.segments))]))
+    capped = plan_network(model, leanest)
+    assert capped.iteration_time == pytest.approx(brute_force(model, leanest).iteration_time,
+                                                  rel=1e-12)
+    for choice in model.choices(0):  # the batch is produced where the convolution reads it
+        assert model.input_layout(choice).grid == choice.grid
+        assert model.segment_layouts(0, choice)[0].input == model.input_layout(choice)
+
+
 def test_planned_time_is_the_sum_of_its_layers():
     model = model_of(load_net("alexnet").with_image_size(127), 16, 4)
     planned = plan_network(model)

@@ -93,3 +93,30 @@ def test_verify_passes_a_correct_plan_whose_bias_gradient_cancels(tmp_path):
     verdict = result.stdout.strip().splitlines()[-1]
     assert verdict.endswith("PASS")
     assert float(verdict.split("largest relative error ")[1].split()[0]) < 1e-12
+
+
+BATCHNORM_FIRST = """input channels=3 size=8 classes=10
+batchnorm
+conv out=8 kernel=3 pad=1
+relu
+flatten
+linear out=10
+"""
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+@pytest.mark.parametrize("grid,batch", [("4x1", "3"), ("conv=domain:2x2,fc=4x1", "2")])
+def test_a_net_whose_first_layer_has_no_weights_runs_where_its_first_conv_reads(tmp_path,
+                                                                               grid, batch):
+    """The batch norm of the input ran batch-parallel over all 4 ranks, so 4x1 (one batch
+    rank) refused batch 3 as if it had 4; it now runs on the layout the convolution reads
+    (replicated over 4x1, the height split under domain 2x2)."""
+    (tmp_path / "bn.net").write_text(BATCHNORM_FIRST)
+    result = subprocess.run(
+        [mpiexec(), "-n", "4", sys.executable, "-m", "hpctrain", "verify", "--net", "bn.net",
+         "--grid", grid, "--batch", batch],
+        capture_output=True, text=True, timeout=120, env=env(tmp_path), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().endswith("PASS")
+    first = next(line for line in result.stdout.splitlines() if line.startswith("batchnorm1"))
+    assert ("4x1 batch/1 replicated" if grid == "4x1" else "2x2 batch/2 height/2") in first

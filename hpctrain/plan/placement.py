@@ -7,8 +7,13 @@ which layouts it takes (:meth:`hpctrain.model.kinds.base.Kind.layouts`):
 - a weighted kind (conv, linear) takes the layouts of its mode on its grid;
 - any other kind follows its first input's layout; its other inputs (add, concat) are moved to
   what it asks for;
-- the input batch is produced where the first layer reads it: in its input layout when it is
-  weighted (and no layer without weights follows the input), else batch-parallel on 1×P.
+- the input batch is produced where its first weighted reader reads it: on the layout the first
+  weighted layer of the net takes under its plan entry, carried over to the input's shape (its
+  grid, and its split of the height when it splits one). Layers without weights before it (a
+  batch norm of the input, say) run there too, and the weighted layer reads its input without
+  a move. Example, 4 ranks: ``batchnorm`` then ``conv`` on 4×1 in model mode reads its input
+  replicated over the 4 ranks, so the batch is produced replicated and the batch norm runs on
+  the whole batch on every rank; a batch of 3 then needs no split into 4.
 
 :func:`plan_layouts` gives every layer's layouts under a whole plan and :func:`move_pairs` every
 move between them; the network builds its redistributions from these.
@@ -19,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpctrain.layout.layout import Layout
+from hpctrain.layout.partition import check_split
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.plans import LayerPlan
@@ -49,21 +55,34 @@ def layer_layouts(net: NetSpec, k: int, fed: tuple[Layout, ...], entry: LayerPla
     return LayerLayouts(inputs, output)
 
 
-def batch_parallel_input(net: NetSpec) -> bool:
-    """Whether the input batch is produced batch-parallel on 1×P: unless the first layer is
-    weighted and reads it, and no layer without weights follows it (reads it first)."""
-    first_readers = [k for k in range(len(net.layers)) if net.producers(k)[0] == -1]
-    return not (net.producers(0) == (-1,) and all(
-        KINDS[net.layers[k].kind].weighted for k in first_readers))
+def first_weighted(net: NetSpec) -> int | None:
+    """The first weighted layer in net order (None: the net has none)."""
+    return next((k for k, spec in enumerate(net.layers) if KINDS[spec.kind].weighted), None)
+
+
+def input_layout_for(net: NetSpec, first: LayerPlan, batch: int, procs: int) -> Layout:
+    """Where each rank's block of the input batch is produced when the first weighted layer
+    has plan entry ``first``: on the layout that layer reads (from shapes alone, as a weighted
+    kind lays out), carried over to the input's shape. A net without weighted layers takes it
+    batch-parallel on 1×P."""
+    source = Layout((batch, *net.input_shape), (1, procs))
+    k = first_weighted(net)
+    if k is None:
+        return source
+    fed = tuple(Layout((batch, *shape), (1, procs)) for shape in net.in_shapes(k))
+    read = layer_layouts(net, k, fed, first, batch).input
+    if read.split_axis is None:
+        return Layout(source.shape, read.grid)
+    check_split(source.shape[read.split_axis], read.grid[0], "input height", net.layers[k].name)
+    return Layout(source.shape, read.grid, read.split_axis)
 
 
 def input_layout(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int) -> Layout:
-    """Where each rank's block of the input batch is produced: where the first layer reads it
-    (see :func:`batch_parallel_input`), else on 1×P."""
-    source = Layout((batch, *net.input_shape), (1, procs))
-    if batch_parallel_input(net):
-        return source
-    return layer_layouts(net, 0, (source,), plan[0], batch).input
+    """Where each rank's block of the input batch is produced under ``plan``
+    (:func:`input_layout_for` its first weighted layer's entry)."""
+    k = first_weighted(net)
+    return input_layout_for(net, plan[k] if k is not None else LayerPlan("follow"), batch,
+                            procs)
 
 
 def plan_layouts(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int

@@ -41,6 +41,7 @@ from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import strategy_plan
 from hpctrain.plan.elimination import Table, TooLarge, minimise, minimise_under_cap
+from hpctrain.plan.placement import LayerLayouts
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost
 
@@ -161,9 +162,8 @@ def evaluate(model: CostModel, choices: list[LayerPlan], timed: bool = True) -> 
     """Predicted costs of the plan that gives segment k the choice ``choices[k]``; ``timed``
     False: memory and moves only, no kernel timed (compute left at zero)."""
     net = model.net
-    costs: dict[int, LayerCost] = dict(zip(model.prelude, model.prelude_costs(timed),
-                                            strict=True))
-    layouts = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
+    costs: dict[int, LayerCost] = {}
+    layouts: dict[int, LayerLayouts] = {}
     for segment, choice in enumerate(choices):
         cost = model.segment_cost(segment, choice, timed)
         costs.update(zip(model.segments[segment], cost.layers, strict=True))
@@ -182,13 +182,13 @@ def evaluate(model: CostModel, choices: list[LayerPlan], timed: bool = True) -> 
 
 
 def _layer_plans(model: CostModel, choices: list[LayerPlan]) -> list[LayerPlan]:
-    by_layer = {model.segments[k][0]: c for k, c in enumerate(choices)}
+    by_layer = dict(zip(model.heads, choices, strict=True))
     return [by_layer.get(k, LayerPlan("follow")) for k in range(len(model.net.layers))]
 
 
 def choices_of(model: CostModel, plans: list[LayerPlan]) -> list[LayerPlan]:
     """The segment choices a per-layer plan makes (Pr = 1 in any mode is batch)."""
-    return [plans[seg[0]] for seg in model.segments]
+    return [plans[head] for head in model.heads]
 
 
 def serial_layers(net: NetSpec, batch: int) -> list[LayerCost]:
@@ -233,7 +233,7 @@ def _fits(model: CostModel, candidates: list[list[LayerPlan]], cap: float,
           cap_source: str) -> list[list[LayerPlan]]:
     """The candidates whose own segment fits under ``cap`` (arithmetic only, nothing timed);
     refuses at once when a segment has none, or when no combination can fit."""
-    base = sum(c.memory for c in model.prelude_costs(timed=False))
+    base = 0.0
     kept = []
     for k, found in enumerate(candidates):
         costs = {c: model.segment_cost(k, c, timed=False) for c in found}
@@ -314,10 +314,6 @@ def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: f
     if not model.net.is_chain():
         return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free)
     model.prefetch(candidates)
-    prelude = model.prelude_costs()
-    base_memory = sum(c.memory for c in prelude)
-    base_peak = max((c.peak for c in prelude), default=0.0)
-    previous_layout = model.prelude_layout()
     fronts: list[dict[LayerPlan, list[_Label]]] = []
     for segment, segment_choices in enumerate(candidates):
         front: dict[LayerPlan, list[_Label]] = {}
@@ -326,17 +322,14 @@ def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: f
             rest_memory = sum(c.memory for c in cost.layers[1:])
             rest_peak = max((c.peak for c in cost.layers[1:]), default=0.0)
             labels = []
-            if segment == 0:
-                first = _fed(model, model.segments[segment][0], cost.layers[0],
-                             [(previous_layout, cost.in_layout)] if previous_layout else [])
+            if segment == 0:  # everything up to its head is in it, fed where it reads
                 data = model.input_cost(model.input_layout(choice))
-                labels.append(_Label(
-                    _searched(cost, free) + sum(first.redistribution) + data.total,
-                    base_memory + data.memory + first.memory + rest_memory,
-                    max(base_peak, data.peak, first.peak, rest_peak), None))
+                labels.append(_Label(_searched(cost, free) + data.total,
+                                     data.memory + cost.memory, max(data.peak, cost.peak),
+                                     None))
             else:
                 for before, before_labels in fronts[-1].items():
-                    first = _fed(model, model.segments[segment][0], cost.layers[0], [(
+                    first = _fed(model, model.heads[segment], cost.layers[0], [(
                         model.segment_cost(segment - 1, before).out_layout, cost.in_layout)])
                     for index, label in enumerate(before_labels):
                         labels.append(_Label(
@@ -427,27 +420,17 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
     for s, found in enumerate(candidates):
         tables.append(table((s,), [_MoveCost(_searched(cost, free), cost.memory, cost.peak)
                                    for cost in (model.segment_cost(s, c) for c in found)]))
-    prelude = model.prelude_costs()
-    if prelude:  # the leading layers without weights: the same under every choice
-        tables.append(Table((), sum(c.total for c in prelude), sum(c.memory for c in prelude),
-                            max(c.peak for c in prelude)))
-    fixed = dict(zip(model.prelude, model.prelude_layouts(), strict=True))
     sources = [model.input_layout(c) for c in candidates[0]]  # where the batch is produced
     tables.append(table((0,), [model.input_cost(src) for src in sources]))
 
     def move_table(source_of: list[Layout], a: int | None, k: int, e: int) -> None:
         """The move into input ``e`` of layer ``k`` from ``source_of[choice of a]`` (a None:
         one fixed source)."""
-        b = owner.get(k)  # None: a leading layer, on its fixed layouts
-        targets = ([fixed[k].inputs[e]] if b is None
-                   else [where[k].inputs[e] for where in layouts[b]])
+        b = owner[k]
+        targets = [where[k].inputs[e] for where in layouts[b]]
         moves = [[_move(model, src, dst, k, weighed) for dst in targets] for src in source_of]
-        if a is None and b is None:
-            tables.append(table((), moves[0][0]))
-        elif a is None:
+        if a is None:
             tables.append(table((b,), moves[0]))
-        elif b is None:
-            tables.append(table((a,), [row[0] for row in moves]))
         elif a == b:
             tables.append(table((b,), [moves[i][i] for i in range(len(moves))]))
         else:
@@ -456,14 +439,11 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
     for k, e, p in model.joins:
         if p < 0:
             move_table(sources, 0 if len(set(sources)) > 1 else None, k, e)
-        elif p in fixed:
-            move_table([fixed[p].output], None, k, e)
         else:
             move_table([where[p].output for where in layouts[owner[p]]], owner[p], k, e)
-    last = owner.get(len(net.layers) - 1)
-    if last is not None:
-        tables.append(table((last,), [model.loss_cost(where[len(net.layers) - 1].output)
-                                      for where in layouts[last]]))
+    last = owner[len(net.layers) - 1]
+    tables.append(table((last,), [model.loss_cost(where[len(net.layers) - 1].output)
+                                  for where in layouts[last]]))
     return tables
 
 

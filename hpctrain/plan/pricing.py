@@ -285,21 +285,9 @@ class CostModel(Segments):
         for k, layer in where.items():
             first = self.net.producers(k)[0]
             fed = where[first].output if first in where and first != k else None
-            mode = choice.mode if k == self.segments[segment][0] else "follow"
+            mode = choice.mode if k == self.heads[segment] else "follow"
             costs.append(self.layer_cost(k, mode, layer, fed))
         return SegmentCost(costs, layouts)
-
-    def prelude_costs(self, timed: bool = True) -> list[LayerCost]:
-        costs = []
-        source = Layout(self.shapes[0], (1, self.procs))
-        known = dict(zip(self.prelude, self.prelude_layouts(), strict=True))
-        for k, layouts in known.items():
-            first = self.net.producers(k)[0]
-            fed = known[first].output if first in known else source
-            costs.append(self.layer_cost(k, "follow", layouts, fed))
-        if timed:
-            self._fill_compute(costs)
-        return costs
 
     def input_cost(self, first_in: Layout, timed: bool = True) -> LayerCost:
         """Producing each rank's block of the input batch (synthetic data here), per step."""

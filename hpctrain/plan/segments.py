@@ -1,11 +1,13 @@
 """A net cut into segments, and where each segment's layers sit under each of its candidates.
 
-A *segment* is a weighted layer (conv, linear), whose mode and grid the plan chooses, and the
-layers without weights that follow it, through their first inputs, on its layout (ReLU, batch
-norm, pooling, flatten, an add or concat whose first input it feeds). The layers without
-weights that follow the input batch before any weighted layer are the *prelude*, on 1×P.
+A *segment* is a weighted layer (conv, linear), its *head*, whose mode and grid the plan
+chooses, and the layers without weights that follow it, through their first inputs, on its
+layout (ReLU, batch norm, pooling, flatten, an add or concat whose first input it feeds). The
+first segment also holds the layers without weights that read the input batch before any
+weighted layer (a batch norm of the input): the batch is produced on the layout the first head
+reads (:func:`hpctrain.plan.placement.input_layout_for`), so their layouts follow its choice.
 Everything between segments that a segment's own layouts do not decide is a *join*: a move
-into a weighted layer, or into an add's or concat's other inputs.
+into a head from another segment or the input, or into an add's or concat's other inputs.
 
 The cost model (:class:`hpctrain.plan.pricing.CostModel`) prices what this lays out; the
 planner searches over each segment's candidates (:meth:`Segments.choices`).
@@ -18,41 +20,42 @@ from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import Kind
 from hpctrain.model.net import NetSpec
-from hpctrain.plan.placement import LayerLayouts, batch_parallel_input, layer_layouts
+from hpctrain.plan.placement import LayerLayouts, input_layout_for, layer_layouts
 from hpctrain.plan.plans import LayerPlan
 
 
 class Segments:
     """``net`` at global batch ``batch`` on ``procs`` ranks, cut into segments.
 
-    ``segments[s]`` lists the layers of segment s (its weighted layer first, then its
-    followers in net order); ``prelude`` the layers without weights that follow the input batch
-    on 1×P; ``joins`` the (layer, input, producer) of every move between segments (-1: the
-    input batch). A segment's layouts under a candidate are made once for all segments alike.
+    ``segments[s]`` lists the layers of segment s in net order: its head ``heads[s]`` and
+    its followers (and, in the first segment, the layers before its head that read the input);
+    ``joins`` the (layer, input, producer) of every move between segments (-1: the input batch).
+    A segment's layouts under a candidate are made once for all segments alike.
     """
 
     def __init__(self, net: NetSpec, batch: int, procs: int) -> None:
         self.net, self.batch, self.procs = net, batch, procs
         self.shapes = [(batch, *s) for s in net.shapes()]
-        anchors: list[int] = []  # the weighted layer (or -1, the input) each layer follows
-        for k, spec in enumerate(net.layers):
-            first = net.producers(k)[0]
-            anchors.append(k if KINDS[spec.kind].weighted else
-                           (anchors[first] if first >= 0 else -1))
         weighted = [k for k, spec in enumerate(net.layers) if KINDS[spec.kind].weighted]
         if not weighted:
             raise SplitError(f"net {net.name} has no conv or linear layer to plan")
-        members: dict[int, list[int]] = {w: [] for w in [-1, *weighted]}
+        self.heads = weighted
+        anchors: list[int] = []  # the head each layer follows (the first for the input's)
+        for k, spec in enumerate(net.layers):
+            first = net.producers(k)[0]
+            anchors.append(k if KINDS[spec.kind].weighted else
+                           (anchors[first] if first >= 0 else weighted[0]))
+        members: dict[int, list[int]] = {w: [] for w in weighted}
         for k, anchor in enumerate(anchors):  # in net order within each segment
             members[anchor].append(k)
-        self.prelude = members[-1]
         self.segments = [members[w] for w in weighted]
-        # (layer, input, producer) of every edge the segments do not price: into a weighted
-        # layer, or into another than the first input (a follower's first input is fed inside
-        # its segment); -1 is the input batch
+        # (layer, input, producer) of every edge the segments do not price: into a head from
+        # outside its segment, or into another than the first input (a follower's first input
+        # is fed inside its segment); -1 is the input batch
         self.joins = tuple((k, e, p) for k, spec in enumerate(net.layers)
                            for e, p in enumerate(net.producers(k))
-                           if e > 0 or KINDS[spec.kind].weighted)
+                           if e > 0 or (KINDS[spec.kind].weighted
+                                        and (p < 0 or anchors[p] != anchors[k])))
         self._layout_cache: dict[tuple[int, LayerPlan], list[LayerLayouts] | None] = {}
         # each layer's inputs by their shapes alone, on 1×P (see _fed)
         self._unplaced = [tuple(Layout((batch, *(net.input_shape if p < 0 else net.out_shapes[p])),
@@ -71,11 +74,11 @@ class Segments:
     @property
     def segment_kinds(self) -> list[Kind]:
         """The kind of each segment's weighted layer, in order."""
-        return [KINDS[self.net.layers[members[0]].kind] for members in self.segments]
+        return [KINDS[self.net.layers[head].kind] for head in self.heads]
 
     def choices(self, segment: int) -> list[LayerPlan]:
         """Every valid (mode, grid) of the segment's weighted layer."""
-        kind = KINDS[self.net.layers[self.segments[segment][0]].kind]
+        kind = KINDS[self.net.layers[self.heads[segment]].kind]
         found = [LayerPlan("batch", (1, self.procs))]
         found += [LayerPlan(mode, grid) for grid in factorisations(self.procs) if grid[0] > 1
                   for mode in kind.modes]
@@ -116,7 +119,7 @@ class Segments:
         layouts = self.segment_layouts(segment, choice)
         if layouts is not None:
             return layouts
-        name = self.net.layers[self.segments[segment][0]].name
+        name = self.net.layers[self.heads[segment]].name
         try:  # refused again, for a reason that names this segment's layers (not its twin's)
             return self._segment_layouts(segment, choice)
         except SplitError as err:
@@ -131,20 +134,11 @@ class Segments:
                      for e, p in enumerate(self.net.producers(k)))
 
     def _segment_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts]:
-        known: dict[int, Layout] = {}
+        # the first segment's layers before its head read the input where it is produced
+        known: dict[int, Layout] = {-1: self.input_layout(choice)} if segment == 0 else {}
         layouts = []
         for k in self.segments[segment]:
             layouts.append(layer_layouts(self.net, k, self._fed(k, known), choice, self.batch))
-            known[k] = layouts[-1].output
-        return layouts
-
-    def prelude_layouts(self) -> list[LayerLayouts]:
-        """Layouts of the leading layers without weights, on 1×P."""
-        known = {-1: Layout(self.shapes[0], (1, self.procs))}
-        layouts = []
-        for k in self.prelude:
-            entry = LayerPlan("follow")
-            layouts.append(layer_layouts(self.net, k, self._fed(k, known), entry, self.batch))
             known[k] = layouts[-1].output
         return layouts
 
@@ -162,14 +156,6 @@ class Segments:
         return KINDS[spec.kind].keeps_input(spec)
 
     def input_layout(self, first: LayerPlan) -> Layout:
-        """Where the input batch is produced when the first segment takes ``first``, by the
-        network's rule (:func:`hpctrain.plan.placement.batch_parallel_input`)."""
-        if batch_parallel_input(self.net):
-            return Layout(self.shapes[0], (1, self.procs))
-        return self.runnable_layouts(0, first)[0].input
-
-    def prelude_layout(self) -> Layout | None:
-        """The output layout of the last leading layer without weights (on 1×P), or None
-        without any."""
-        layouts = self.prelude_layouts()
-        return layouts[-1].output if layouts else None
+        """Where the input batch is produced when the first segment takes ``first``: the
+        network's rule (:func:`hpctrain.plan.placement.input_layout_for`)."""
+        return input_layout_for(self.net, first, self.batch, self.procs)

@@ -103,7 +103,21 @@ flatten
 linear out=4
 """, "concat")
 
-NETS = {net.name: net for net in (NORM_NET, WINDOW_NET, ADD_NET, CONCAT_NET)}
+# layers without weights before the first convolution: they run where it reads the input, so
+# their layout follows its mode and grid (replicated for model, the height split for domain)
+INPUT_FIRST_NET = parse_net("""
+input channels=3 size=12 classes=5
+batchnorm
+relu
+maxpool kernel=2
+conv out=4 kernel=3 pad=1 bias=0
+batchnorm
+relu
+flatten
+linear out=5
+""", "input-first")
+
+NETS = {net.name: net for net in (NORM_NET, WINDOW_NET, ADD_NET, CONCAT_NET, INPUT_FIRST_NET)}
 BATCH = 7  # uneven over 2, 3 and 4 batch shards
 SEED = 3  # of the weights and the data of check_plan's step
 # In these nets a layer feeding a batch norm has no bias, and a ReLU follows each batch norm
@@ -203,13 +217,13 @@ def check_plan(comm, backend, net, plan, reference=None):
 
 
 @pytest.mark.parametrize("mode", ["model", "domain"])
-@pytest.mark.parametrize("net", ["norm", "windows", "add", "concat"])
+@pytest.mark.parametrize("net", ["norm", "windows", "add", "concat", "input-first"])
 def test_kinds_under_every_mode_and_grid(comm, backend, grid_shape, mode, net):
     """Pr = 1 is batch mode; Pr > 1 splits output channels (model) or the height (domain)."""
     check_plan(comm, backend, NETS[net], uniform_plan(NETS[net], mode, grid_shape))
 
 
-@pytest.mark.parametrize("net", ["norm", "windows", "add", "concat"])
+@pytest.mark.parametrize("net", ["norm", "windows", "add", "concat", "input-first"])
 def test_kinds_under_mixed_plans(comm, backend, net):
     """Neighbouring layers on different grids and modes: add and concat inputs are moved (a
     channel-split branch replicated for concat, a height split kept), forks sum gradients."""
