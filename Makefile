@@ -1,4 +1,4 @@
-# hpctrain — make install | test | run | bench | lint | clean
+# hpctrain — make install | test | run | bench | docs | lint | clean
 #
 # MPI=mpich (default) installs MPICH from PyPI (the `mpich` wheel) into .venv;
 # MPI=system builds mpi4py against the MPI whose mpicc/mpiexec are on PATH.
@@ -22,7 +22,7 @@ STAMP := $(VENV)/.installed-$(MPI)
 
 DIGITS := inputs/digits.h5
 
-.PHONY: install test test-serial test-mpi test-slurm run digits resdigits verify bench plots timeline lint clean
+.PHONY: install test test-serial test-mpi test-slurm run digits resdigits verify bench plots timeline docs lint clean
 
 install: $(STAMP)
 
@@ -45,8 +45,10 @@ test: test-serial test-mpi
 $(DIGITS): $(STAMP)
 	$(PY) -m hpctrain convert --digits --out $@
 
+# the examples in the docstrings (>>>) too
 test-serial: install $(DIGITS)
 	$(PY) -m pytest -q tests --ignore=tests/mpi
+	$(PY) -m pytest -q --doctest-modules hpctrain
 
 # The MPI suite on 1, 2, 3 and 4 ranks (odd counts catch uneven splits); -m mpi4py turns an
 # uncaught exception into MPI_Abort, and the suite's conftest aborts on any failed test.
@@ -140,9 +142,16 @@ timeline: install
 	  --log $(TIMELINE_LOG) --print-every 1
 	$(PY) analysis/timeline.py $(TIMELINE_LOG) --out $(PLOTS)/timeline
 
+# The documentation site: docs/*.md and the API reference generated from the docstrings, as HTML
+# in build/docs/ (open build/docs/index.html). Every warning is an error and every
+# cross-reference is checked; then the pages' examples, paths and links (tests/test_docs.py).
+docs: install
+	$(PY) -m sphinx -b html -n -W --keep-going -q docs build/docs
+	$(PY) -m pytest -q tests/test_docs.py
+
 lint: install
 	$(BIN)/ruff check hpctrain tests analysis bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build docs/reference/generated *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

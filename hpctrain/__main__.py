@@ -1,13 +1,15 @@
 """``python -m hpctrain``. SIGTERM and SIGUSR1 are recorded from this first line on, before
 anything slow is imported (NumPy, MPI), so that a signal while starting up stops the run
-cleanly (see :mod:`hpctrain.run.signals`)."""
+cleanly (see :mod:`hpctrain.run.signals`). Importing this module (as the API reference does)
+starts nothing."""
 
 import sys
 
-from hpctrain.run.signals import StopRequests
+if __name__ == "__main__":
+    from hpctrain.run.signals import StopRequests
 
-stop = StopRequests().__enter__()  # for the whole process: handed to the command, or released
+    stop = StopRequests().__enter__()  # for the whole process: handed to the command, or released
 
-from hpctrain.cli import main  # noqa: E402  (after the handlers, on purpose)
+    from hpctrain.cli import main  # after the handlers, on purpose
 
-sys.exit(main(stop=stop))
+    sys.exit(main(stop=stop))

@@ -79,4 +79,5 @@ class ArgumentParser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
+        """Raise argparse's usage error ``message`` as a :class:`UserError`, cut to one line."""
         raise UserError(f"{one_line(message)} (see {self.prog} --help)")

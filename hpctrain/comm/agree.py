@@ -1,12 +1,11 @@
 """Agreement: one outcome on every rank, so that no rank fails alone and leaves others waiting.
 
 What is read from files — the net, a plan, a machine profile, the dataset, a checkpoint — goes
-through :func:`agreed`: a file that only some ranks can see (node-local disk) then fails the
-whole job at once with one message, where ranks that failed alone would leave the others waiting
-in a collective. What rank 0 writes — the run log, a plan file — goes through
-:func:`on_root`: a write that fails there raises the same :class:`OutputError` on every rank.
-The messages are small Python objects (a result, an error text), so the pickling lower-case
-calls fit here.
+through :func:`agreed`: a file that only some ranks can see (node-local disk) then fails the whole
+job at once with one message, where ranks that failed alone would leave the others waiting in a
+collective. What rank 0 writes — the run log, a plan file — goes through :func:`on_root`: a write
+that fails there raises the same :class:`~hpctrain.errors.OutputError` on every rank. The messages
+are small Python objects (a result, an error text), so the pickling lower-case calls fit here.
 """
 
 from __future__ import annotations
@@ -16,13 +15,14 @@ from typing import Any, TypeVar
 
 from hpctrain.errors import OutputError, UserError
 
+#: The type of what ``work`` returns.
 T = TypeVar("T")
 
 
 def agreed(comm: Any, work: Callable[[], T], everywhere: bool = False) -> T:
     """``work()`` run by rank 0 and its result broadcast (or, ``everywhere``, run by every
-    rank); a :class:`UserError` or :class:`OutputError` on any rank is raised on every rank,
-    rank 0's or the first."""
+    rank); a :class:`~hpctrain.errors.UserError` or :class:`~hpctrain.errors.OutputError` on any
+    rank is raised on every rank, rank 0's or the first."""
     result = error = None
     if everywhere or comm.Get_rank() == 0:
         try:
@@ -44,7 +44,8 @@ def agreed(comm: Any, work: Callable[[], T], everywhere: bool = False) -> T:
 
 def on_root(comm: Any, work: Callable[[], T]) -> T | None:
     """``work()`` run by rank 0 alone, its result kept there (None elsewhere); a
-    :class:`UserError` or :class:`OutputError` it raises is raised on every rank. Collective."""
+    :class:`~hpctrain.errors.UserError` or :class:`~hpctrain.errors.OutputError` it raises is raised
+    on every rank. Collective."""
     result = error = None
     if comm.Get_rank() == 0:
         try:

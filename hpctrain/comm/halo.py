@@ -32,7 +32,8 @@ class _InFlight:
 
 
 class HaloExchange:
-    """Planned once from a :class:`HaloPlan`; ``comm`` is the model/domain communicator."""
+    """Planned once from a :class:`~hpctrain.layout.partition.HaloPlan`; ``comm`` is the
+    model/domain communicator."""
 
     def __init__(self, backend: Backend, comm: MPI.Comm, plan: HaloPlan) -> None:
         self.backend, self.comm, self.plan = backend, comm, plan

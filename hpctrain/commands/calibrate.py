@@ -63,9 +63,9 @@ from hpctrain.layout.partition import factorisations
 
 DEFAULT_ALPHA = 1e-6  # s per message: the top level on one rank, where nothing is sent
 DEFAULT_BETA = 1e-10  # s per byte (10 GB/s), likewise
-MIN_A = 1e-9  # smallest intercept a fit may return (s): keeps α > 0 when noise pulls it below 0
-MIN_B = 1e-14  # smallest slope a fit may return (s/B, 100 TB/s): keeps β > 0 likewise
-MIN_BYTES = 64  # smallest message of a sweep: small enough that α dominates its time
+MIN_A = 1e-9  #: smallest intercept a fit may return (s), keeping α > 0 when noise pulls it below 0
+MIN_B = 1e-14  #: smallest slope a fit may return (s/B, 100 TB/s), keeping β > 0 likewise
+MIN_BYTES = 64  #: smallest message of a sweep, small enough that α dominates its time
 ITEM = 4  # bytes of one float32, the element every benchmark moves
 WARMUP = 2
 QUICK = {"max_bytes": 64 * 1024, "sizes": 4, "repeats": 3, "gemm_size": 512, "far_bytes": 0}
@@ -142,7 +142,7 @@ def fit_knee(a: float, b: float, sizes: Sequence[float], times: Sequence[float],
 
 def bent_line(a: float, b: float, knee: float, slope: float, sizes: Any) -> np.ndarray:
     """``a + b·min(n, knee) + slope·max(0, n − knee)`` at each size n: the price of a fit
-    (:meth:`Fit.seconds`) with the line's own a and b as its α and β."""
+    (:meth:`~hpctrain.cost.machine.Fit.seconds`) with the line's own a and b as its α and β."""
     line = Fit(a, b, knee, slope)
     return np.array([line.seconds(1.0, float(n)) for n in sizes])
 
@@ -186,7 +186,7 @@ def fit_line(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, flo
 
 def worst_residual(sizes: Sequence[float], times: Sequence[float], a: float, b: float,
                    knee: float = math.inf, slope: float = 0.0) -> float:
-    """max |price(nᵢ) − tᵢ| / tᵢ: how far the fit (the line ``a + b·n``, bent at ``knee`` to
+    """``max |price(nᵢ) − tᵢ| / tᵢ``: how far the fit (the line ``a + b·n``, bent at ``knee`` to
     ``slope``) strays from the worst measured point."""
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
@@ -205,8 +205,9 @@ def fit_collective(collective: str, p: int, sizes: Sequence[float],
 
 def line_to_fit(collective: str, p: int, a: float, b: float, knee: float = math.inf,
                 slope: float = 0.0) -> Fit:
-    """α = a/m and β = b/c, with ``(m, c)`` the model's terms (:func:`cost.collectives.terms`);
-    past ``knee`` bytes of message (c·knee bytes of byte terms), far β = slope/c."""
+    """α = a/m and β = b/c, with ``(m, c)`` the model's terms
+    (:func:`~hpctrain.cost.collectives.terms`); past ``knee`` bytes of message (c·knee bytes of
+    byte terms), far β = slope/c."""
     m, c = terms(collective, p)
     if math.isfinite(knee):
         return Fit(a / m, b / c, c * knee, slope / c)
@@ -481,7 +482,8 @@ def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, setting
 
 
 def measure_flops(world: Any, backend: Any, size: int, repeats: int) -> float:
-    """FLOP/s of one rank on a ``size``² float32 GEMM, all ranks at once (2·size³ per call)."""
+    """FLOP/s of one rank on a ``size × size`` float32 GEMM, all ranks at once (2·size³ per
+    call)."""
     xp = backend.xp
     a = xp.ones((size, size), np.float32)
     b = xp.full((size, size), 0.5, np.float32)
@@ -583,8 +585,8 @@ def format_table(results: Sequence[Measured], flops: float, device: str) -> str:
 def run(argv: list[str], comm: Any) -> int:
     """Parse ``argv``, calibrate on every rank of ``comm``, write the profile from rank 0.
 
-    Returns 0. Raises :class:`CalibrateError` (a :class:`UserError`) on every rank for a bad
-    option, before any message is timed.
+    Returns 0. Raises :class:`CalibrateError` (a :class:`~hpctrain.errors.UserError`) on every
+    rank for a bad option, before any message is timed.
     """
     from hpctrain.comm.agree import on_root
     from hpctrain.device.backend import make_backend

@@ -90,7 +90,7 @@ AUTO_NOTE = ("auto: the plan of hpctrain.plan.planner.plan_network, costed by th
              "optimizer's update of each rank's weight shard); not the "
              "paper's equations, so compare it with the rows' impl_total_per_epoch, not with "
              "their total_per_epoch")
-# the implementation model's plans at every (B, P), one HDF5 group each, and what each is
+#: the implementation model's plans at every (B, P), one HDF5 group each, and what each is
 PLANS = {
     "auto": AUTO_NOTE,
     "pure_batch": "pure batch parallelism: every conv and linear layer batch parallel on 1xP",

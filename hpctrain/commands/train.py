@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclass
 class Prepared:
-    """What rank 0 reads and checks before anything collective (see :func:`agreed`)."""
+    """What rank 0 reads and checks before anything collective (see
+    :func:`~hpctrain.comm.agree.agreed`)."""
 
     net: NetSpec
     dataset: DatasetInfo | None  # None for synthetic data
@@ -359,8 +360,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
 
 
 def _finish_log(log: RunLog, result: TrainResult, setup: Setup) -> None:
-    """Rank 0: the log's final status and summary; :class:`OutputError` when any of its
-    writes failed."""
+    """Rank 0: the log's final status and summary; :class:`~hpctrain.errors.OutputError` when any of
+    its writes failed."""
     status = (f"stopped by {result.stopped_by} after step {result.last_step}"
               if result.stopped_by else f"finished at step {result.last_step}")
     summary = None

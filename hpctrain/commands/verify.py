@@ -24,12 +24,12 @@ from hpctrain.run.network import Network
 
 
 def largest(a: np.ndarray) -> float:
-    """max |a| (0 for an empty array)."""
+    """``max |a|`` (0 for an empty array)."""
     return float(np.abs(a).max()) if a.size else 0.0
 
 
 def relative_error(got: np.ndarray, want: np.ndarray, floor: float = 0.0) -> float:
-    """max |got − want| / max(max |want|, ``floor``) (the absolute error where both are 0)."""
+    """``max |got − want| / max(max |want|, floor)`` (the absolute error where both are 0)."""
     scale = max(largest(want), floor)
     diff = largest(got - want) if want.size else 0.0
     return diff / scale if scale > 0 else diff

@@ -43,12 +43,12 @@ KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits"
 FIT_KEYS = ("alpha", "beta", "knee", "far_beta")
 MAX_PROCS = 2**31 - 1  # an MPI communicator's size is a C int
 LEAST, MOST = 1e-30, 1e30
-"""The range of alpha, beta and flops: 15 orders of magnitude either side of any machine's
+"""The range of alpha, beta and flops is 15 orders of magnitude either side of any machine's
 (alpha ~ 1e-6 s, beta ~ 1e-10 s/B, flops ~ 1e12 FLOP/s), narrow enough that every time the cost
 model predicts, for any net that parses, stays a finite float."""
 _SIZE = re.compile(r"[0-9]{1,10}", re.ASCII)
 
-MARKER = "# hpctrain machine profile"  # the first line of every profile hpctrain writes
+MARKER = "# hpctrain machine profile"  #: the first line of every profile hpctrain writes
 
 
 class MachineError(UserError):
@@ -257,9 +257,9 @@ def _format_fit(fit: Fit) -> str:
 def save_machine(machine: Machine, path: Path, comment: str = "") -> None:
     """Write a profile atomically: a crash leaves the old file or the new one, never half.
 
-    Its first line is :data:`MARKER`; an existing file at ``path`` is replaced only when it is
-    a profile written so (:func:`is_saved_profile`), else :class:`OutputError`, as for a write
-    that fails."""
+    Its first line is :data:`MARKER`; an existing file at ``path`` is replaced only when it is a
+    profile written so (:func:`is_saved_profile`), else :class:`~hpctrain.errors.OutputError`, as
+    for a write that fails."""
     text = MARKER + "\n" + format_machine(machine, comment)
     replace_atomically(path, lambda tmp: tmp.write_text(text), ours=is_saved_profile)
 

@@ -1,5 +1,6 @@
-"""What one rank computes for one layer under a candidate grid: :class:`LocalWork` (pure data),
-and the :class:`Operation` that does it.
+"""What one rank computes for one layer under a candidate grid:
+:class:`~hpctrain.cost.work.LocalWork` (pure data), and the :class:`~hpctrain.cost.work.Operation`
+that does it.
 
 An operation is a layer kind (:mod:`hpctrain.model.kinds`), the optimizer's update of a layer's
 shard, or producing a rank's block of the input batch; the registry of all of them is

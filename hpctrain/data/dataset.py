@@ -28,7 +28,7 @@ reads only its own hyperslab of a batch: its samples, and only the channels, row
 
 Every block read is checked for NaN and Inf (one pass over the rank's own slab). The reader does
 not raise: the bad value may sit on one rank's slab only, so it notes the first bad sample in
-:attr:`H5Data.nonfinite` and the network raises on every rank at the loss all-reduce of that
+``H5Data.nonfinite`` and the network raises on every rank at the loss all-reduce of that
 step (see :meth:`hpctrain.run.network.Network.loss`).
 """
 
@@ -324,7 +324,7 @@ def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int,
 
 def flat_cover(shape: tuple[int, ...], lo: int, hi: int) -> tuple[tuple[slice, ...], int]:
     """The smallest hyperslab of a sample of ``shape`` that holds its flat (row-major) entries
-    ``lo .. hi - 1``, and the flat index of the hyperslab's first entry.
+    ``lo`` to ``hi - 1``, and the flat index of the hyperslab's first entry.
 
     The hyperslab fixes the leading indices the range shares, spans one axis, and takes the
     axes after it whole. Worked example, shape (2, 8, 8), entries 70..89: both lie in channel
@@ -422,7 +422,7 @@ class H5Data:
         return self._epoch[1][first + lo:first + hi]
 
     def images(self, step: int, box: Box) -> Any:
-        """Block ``box`` of the (B, *sample_shape) input of batch ``step``, on the device."""
+        """Block ``box`` of the ``(B, *sample_shape)`` input of batch ``step``, on the device."""
         index = self.indices(step, box[0])
         inner = tuple(slice(a, b) for a, b in box[1:])  # channels, rows, cols (or features)
         cut = None

@@ -1,5 +1,5 @@
-"""What the network reads its batches from: a :class:`DataSource`, and for held-out evaluation a
-:class:`HeldOutSource`.
+"""What the network reads its batches from: a :class:`~hpctrain.data.source.DataSource`, and for
+held-out evaluation a :class:`~hpctrain.data.source.HeldOutSource`.
 
 A source gives any rank the block of any batch it asks for, from the batch's number and the
 block's global ranges alone, so each rank reads only its own block and the data are the same on
@@ -18,7 +18,7 @@ from hpctrain.layout.layout import Box
 class DataSource(Protocol):
     """Batch ``step``'s images and labels, block by block.
 
-    ``images(step, box)`` is block ``box`` of the (B, *sample_shape) input of batch ``step``:
+    ``images(step, box)`` is block ``box`` of the ``(B, *sample_shape)`` input of batch ``step``:
     the batch axis relative to the batch, then the sample's axes (C, H, W, or F features);
     ``labels(step, (lo, hi))`` the labels of samples lo..hi-1 of that batch. ``nonfinite`` is
     None until a block read holds NaN or Inf; then it says where, in one line (the network

@@ -37,7 +37,7 @@ class SyntheticData:
         return xp.minimum((u * self.classes).astype(xp.int64), self.classes - 1)
 
     def images(self, step: int, box: Box) -> Any:
-        """Block ``box`` of the (B, *sample_shape) input of batch ``step``."""
+        """Block ``box`` of the ``(B, *sample_shape)`` input of batch ``step``."""
         xp, dtype = self.backend.xp, self.backend.dtype
         first = step * self.batch  # sample g of the stream is sample g - first of this batch
         samples = (box[0][0] + first, box[0][1] + first)

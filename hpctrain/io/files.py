@@ -164,8 +164,9 @@ def replace_atomically(path: Path, write: Callable[[Path], None],
     The new file's data reach the disk before the rename (and the rename before returning), so
     even a power loss cannot leave an empty file under the final name. Only a regular file
     (not a link) that ``ours`` accepts is replaced; anything else at ``path`` raises
-    :class:`OutputError` and is left as it is. A write that fails (disk full, no permission)
-    raises :class:`OutputError` too, naming ``path`` and the reason (:func:`output_error`).
+    :class:`~hpctrain.errors.OutputError` and is left as it is. A write that fails (disk full, no
+    permission) raises :class:`~hpctrain.errors.OutputError` too, naming ``path`` and the reason
+    (:func:`output_error`).
     """
     path = Path(path)
     try:
@@ -258,7 +259,8 @@ def remove_orphans(directory: Path, names: str) -> list[Path]:
 
 
 def output_error(path: Path, err: OSError) -> OutputError:
-    """An :class:`OutputError` naming ``path`` and the operating system's reason."""
+    """An :class:`~hpctrain.errors.OutputError` naming ``path`` and the operating system's
+    reason."""
     reason = err.strerror or str(err)
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         reason += "; free space or give another path"

@@ -24,6 +24,7 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+#: The folders of shipped data under ``hpctrain/inputs``: networks, machine profiles, plans.
 SHIPPED_FOLDERS = ("nets", "machines", "plans")
 
 

@@ -18,7 +18,8 @@ SEED_LIMIT = 1 << 63  # seeds are 0 .. SEED_LIMIT - 1
 
 
 def check_seed(seed: object, what: str = "--seed") -> int:
-    """``seed`` as an int when it is an integer in [0, 2**63); a :class:`UserError` otherwise.
+    """``seed`` as an int when it is an integer in [0, 2**63); a :class:`~hpctrain.errors.UserError`
+    otherwise.
 
     Examples
     --------

@@ -16,7 +16,7 @@ from hpctrain.errors import UserError, shown
 from hpctrain.io.locations import shipped
 
 MAX_BYTES = 1 << 20
-"""The largest input text file read: 1 MiB. The shipped VGG16 is 1 kB and a plan file takes
+"""The largest input text file read is 1 MiB. The shipped VGG16 is 1 kB and a plan file takes
 about 20 bytes a layer, so this leaves room for nets of tens of thousands of layers while a
 stray multi-gigabyte file is refused before it is read into memory."""
 
@@ -27,7 +27,7 @@ def read_text(path: Path | Traversable, error: type[UserError], what: str) -> st
     Parameters
     ----------
     path : the file, on disk or shipped (package data).
-    error : the :class:`UserError` subclass to raise, e.g. ``NetError``.
+    error : the :class:`~hpctrain.errors.UserError` subclass to raise, e.g. ``NetError``.
     what : what the file should be, for the message: ``"net file"``, ``"plan file"``…
     """
     name = shown(str(path), quoted=False)

@@ -45,7 +45,7 @@ def batchnorm_forward(xp: Any, x: Any, gamma: Any, beta: Any, eps: float, count:
     X: (N, C, H, W) or (N, C); γ, β: (C,). With m = ``count`` values per channel over all ranks,
     μ = (1/m) Σ X and the biased σ² = (1/m) Σ (X − μ)², each sum taken locally and then over the
     ranks by ``reduce``. Two passes (mean first, then squared deviations) rather than
-    E[X²] − μ², which cancels catastrophically when |μ| ≫ σ.
+    E[X²] − μ², which cancels catastrophically when ``|μ| ≫ σ``.
 
     Returns (Y, cache, μ, σ²): the caller updates its running statistics from μ and σ²
     (PyTorch keeps the unbiased σ²·m/(m − 1) there).

@@ -1,7 +1,7 @@
 """Max- and average-pooling, NCHW, with separate top/bottom padding.
 
-Top and bottom padding differ for a row band of a height-split image (see :mod:`.conv`). Kernels
-and strides may be an int (square) or a (height, width) pair.
+Top and bottom padding differ for a row band of a height-split image (see
+:mod:`hpctrain.kernels.conv`). Kernels and strides may be an int (square) or a (height, width) pair.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ def position_dtype(kh: int, kw: int) -> Any:
 
 
 def prefer_channels_last(channels: int, kh: int, kw: int, out_width: int) -> bool:
-    """Whether a convolution takes its windows channels-last (see :mod:`.conv`): when a
-    position's channels (the stretch channels-last) are at least twice an output row's entries
-    (the stretch channel-major), and the kernel is more than 1×1. (Here, beside
+    """Whether a convolution takes its windows channels-last (see :mod:`hpctrain.kernels.conv`):
+    when a position's channels (the stretch channels-last) are at least twice an output row's
+    entries (the stretch channel-major), and the kernel is more than 1×1. (Here, beside
     :func:`position_dtype`, so that the memory model may read it while planning.)
 
     Fitted to measurements, forward plus backward at batch 4–16, channels-last ÷ channel-major:

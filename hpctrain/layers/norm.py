@@ -26,6 +26,7 @@ class BatchNorm(Layer):
         channel split (model mode) or none (batch mode, where Pc = P; or replicated over Pr,
         where the replicas hold the same values): the Pc ranks of the batch group; height split
         (domain mode): all P ranks of the grid.
+
     γ, β: (C/Pr,) sharded like a bias under a channel split, else whole on every rank. Their
     gradients are complete after the backward's one all-reduce of [Σ ΔY, Σ ΔY·X̂]; replicated
     over Pr, the gradient is a partial sum over the replicas, which the network sums over Pr.

@@ -220,7 +220,7 @@ class GeneralMove(Move):
 
 
 METHODS: tuple[type[Move], ...] = (IdentityMove, SliceMove, AllGatherMove, GeneralMove)
-"""The methods in order of preference: a move takes the first whose rule holds."""
+"""The methods in order of preference; a move takes the first whose rule holds."""
 
 
 def move_between(src: Layout, dst: Layout) -> Move:

@@ -100,7 +100,7 @@ class NetSpec:
 
     @cached_property
     def consumers(self) -> dict[int, tuple[int, ...]]:
-        """Position (-1: the input) → the layers reading its output, in order."""
+        """Position (-1 for the input) → the layers reading its output, in order."""
         found: dict[int, list[int]] = {}
         for k in range(len(self.layers)):
             for p in self.producers(k):

@@ -61,12 +61,14 @@ class Input:
         return (lambda: data.images(0, whole)), (lambda _: lambda: None)
 
 
+#: The optimizer's update and the input batch, as operations.
 UPDATE, INPUT = Update(), Input()
+#: Every operation the compute model times, by name (the layer kinds, the update and the input).
 OPERATIONS: dict[str, Operation] = {**KINDS, UPDATE.name: UPDATE, INPUT.name: INPUT}
 
-# The modules whose code runs inside a timing: a change to any of them makes old timings stale
-# (see hpctrain.cost.compute.code_version). Every kernel, the module of every class an operation
-# is made of (a pooling kind's window base too), the synthetic data, and the timing itself.
+#: The modules whose code runs inside a timing; a change to any of them makes old timings stale
+#: (see hpctrain.cost.compute.code_version). Every kernel, the module of every class an operation
+#: is made of (a pooling kind's window base too), the synthetic data, and the timing itself.
 TIMED_MODULES = (
     *sorted(f"hpctrain.kernels.{m.name}" for m in pkgutil.iter_modules(hpctrain.kernels.__path__)),
     *sorted({cls.__module__ for op in OPERATIONS.values() for cls in type(op).__mro__

@@ -1,4 +1,5 @@
-"""Typed options of a layer line: each kind declares its keys as :class:`Key` readers.
+"""Typed options of a layer line: each kind declares its keys as
+:class:`~hpctrain.model.options.Key` readers.
 
 A net file gives options as ``key=value`` text; a kind lists, per key, how to read the text (a
 whole number, a size or ``HxW`` pair, a fraction, a 0/1 flag) and its default. Reading refuses,

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from hpctrain.model.kinds.base import Kind
 from hpctrain.plan.plans import LayerPlan
 
+#: The names of the whole-network strategies this module defines.
 STRATEGIES = ("1.5d", "conv-batch", "integrated")
 
 

@@ -2,17 +2,20 @@
 
 The assumptions: every layer's output is all-gathered where it is produced (no deferral past
 pooling), the input gradient is all-reduced (not reduce-scattered), ΔW is one all-reduce of the
-weights |W_i| (biases are left out, as in the paper's counts), every split is even, every rank has
-two halo neighbours, and nothing is charged for changing layouts between layers. For weighted
-layer i with d_i output and d_{i−1} input entries per sample (d_{i−1} is the size of the
-layer's input, which is layer i−1's output when nothing lies between), w bytes per entry:
+weights ``|W_i|`` (biases are left out, as in the paper's counts), every split is even, every
+rank has two halo neighbours, and nothing is charged for changing layouts between layers. For
+weighted layer i with d_i output and d_{i−1} input entries per sample (d_{i−1} is the size of
+the layer's input, which is layer i−1's output when nothing lies between), w bytes per entry:
 
-- 1.5D on Pr×Pc (Eq. 8; Eq. 3 is Pc = 1, model; Eq. 4 is Pr = 1, batch):
+- 1.5D on Pr×Pc (Eq. 8; Eq. 3 is Pc = 1, model; Eq. 4 is Pr = 1, batch)::
+
     forward   α⌈log Pr⌉ + β·(B/Pc)·(Pr−1)/Pr·d_i·w                      (all-gather Y_i)
     backward  2(α⌈log Pr⌉ + β·(B/Pc)·(Pr−1)/Pr·d_{i−1}·w), for i ≥ 2     (all-reduce ΔX_i)
             + 2(α⌈log Pc⌉ + β·(Pc−1)/Pc·|W_i|/Pr·w)                       (all-reduce ΔW_i)
+
 - domain on Pr (height) × Pc (batch), conv layers (Eq. 7 is Pc = 1; Eq. 9 uses it for the
-  convolutions and 1.5D for the fully connected layers, on one grid):
+  convolutions and 1.5D for the fully connected layers, on one grid)::
+
     forward   2(α + β·(B/Pc)·X_W·X_C·⌊k_h/2⌋·w)                          (halo of X to both sides)
     backward  2(α + β·(B/Pc)·Y_W·Y_C·⌊k_h/2⌋·w), for i ≥ 2                (halo of ΔY)
             + 2(α⌈log P⌉ + β·(P−1)/P·|W_i|·w)                             (ΔW over all P)

@@ -20,11 +20,11 @@ fit the cap on their own are dropped before any kernel is timed.
 In a net with branches (ResNet, Inception) a move into an add's or concat's second input joins
 segments that are not consecutive, which this dynamic programming does not cover. The time is
 still a sum of tables over one or two segments' choices, minimised exactly by variable
-elimination (:func:`_exact_graph_plan`); under a memory cap the memory is a sum of such tables
+elimination (``_exact_graph_plan``); under a memory cap the memory is a sum of such tables
 plus the largest of their transients, and elimination keeps Pareto fronts of labels, as the
 dynamic programming does. A net so densely connected that exact elimination would need a table
 of more than 10⁷ entries gets the fastest plan with every weighted layer on one grid
-(:func:`_uniform_plan`), and says so.
+(``_uniform_plan``), and says so.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class PlannedNetwork:
 
     @property
     def memory(self) -> float:
-        """Peak bytes per rank: what every layer keeps, plus the largest transient."""
+        """Peak bytes per rank — what every layer keeps, plus the largest transient."""
         every = [self.data, *self.layers, self.loss]
         return sum(c.memory for c in every) + max(c.peak for c in every)
 

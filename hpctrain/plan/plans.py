@@ -41,7 +41,7 @@ from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
 
 MODES = ("batch", "model", "domain", "follow")
-MARKER = "# hpctrain plan"  # the first line of every plan file hpctrain writes
+MARKER = "# hpctrain plan"  #: the first line of every plan file hpctrain writes
 # the --grid keys (conv=, fc=) and the weighted kinds they plan
 KINDS_BY_GRID_KEY = {kind.grid_key: kind for kind in KINDS.values() if kind.grid_key}
 _GRID = re.compile(r"([0-9]+)x([0-9]+)", re.ASCII)

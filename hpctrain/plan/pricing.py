@@ -108,7 +108,8 @@ class LayerCost:
 
 @dataclass
 class SegmentCost:
-    """The layers of a segment (in order of :attr:`CostModel.segments`) and their layouts."""
+    """The layers of a segment (in the order of its entry in ``segments`` of
+    :class:`~hpctrain.plan.segments.Segments`) and their layouts."""
 
     layers: list[LayerCost]
     layouts: list[LayerLayouts]

@@ -203,8 +203,8 @@ def check_log_path(path: Path, inputs: Iterable[tuple[str, Path]] = (), flag: st
                    resuming: bool = False) -> None:
     """Refuse ``path`` as a run log unless it is free or a finished (or killed) log of ours.
 
-    Raises :class:`UserError` for a directory, FIFO, device, link, a file hpctrain did not
-    write, one of the run's ``inputs``, or the log of a run still going.
+    Raises :class:`~hpctrain.errors.UserError` for a directory, FIFO, device, link, a file hpctrain
+    did not write, one of the run's ``inputs``, or the log of a run still going.
     """
     path = Path(path)
     check_output(path, flag, is_run_log, "an hpctrain run log", inputs)
@@ -356,7 +356,7 @@ class RunLog:
         ds[-1] = value
 
     def _write(self, write: Callable[[], None]) -> None:
-        """Run ``write()``, recording the first failure in :attr:`failure` (and writing no
+        """Run ``write()``, recording the first failure in ``failure`` (and writing no
         more) instead of raising on rank 0 alone: the training loop shares it with every
         rank."""
         if self.failure is not None:
@@ -368,8 +368,8 @@ class RunLog:
 
     def step(self, values: dict[str, float], largest: np.ndarray, mean: np.ndarray) -> None:
         """One row of every step series; ``largest`` and ``mean``: (rows, fields) arrays of
-        every field of :data:`RECORD_FIELDS` over the ranks (see
-        :class:`~hpctrain.record.timing.RanksSummary`). A failed write sets :attr:`failure`."""
+        every field of :data:`~hpctrain.record.timing.RECORD_FIELDS` over the ranks (see
+        :class:`~hpctrain.record.timing.RanksSummary`). A failed write sets ``failure``."""
         def write() -> None:
             for name in STEP_SERIES:
                 self._append(f"steps/{name}", values[name])
@@ -391,7 +391,7 @@ class RunLog:
     def timeline(self, spans: np.ndarray, steps: list[int]) -> None:
         """``/timeline``: every rank's spans of ``steps`` (see :mod:`hpctrain.record.timeline`),
         rows of (rank, row, phase, category, start, end), replacing any earlier timeline (of a
-        resumed run). A failed write sets :attr:`failure`."""
+        resumed run). A failed write sets ``failure``."""
         from hpctrain.record.timeline import SPAN_FIELDS
         from hpctrain.record.timing import CATEGORIES, PHASES
 
@@ -413,7 +413,7 @@ class RunLog:
     def finish(self, status: str, summary: Callable[[Any], None] | None = None) -> None:
         """Set the final status, add the end-of-run summary (``summary(h5)``), close.
 
-        Raises :class:`OutputError` when this or an earlier write failed."""
+        Raises :class:`~hpctrain.errors.OutputError` when this or an earlier write failed."""
         def write() -> None:
             if summary is not None:
                 for name in ("layers", "iteration"):

@@ -24,6 +24,7 @@ import numpy as np
 from hpctrain.errors import UserError
 from hpctrain.record.timing import StepTimes
 
+#: The fields of one span, in the order of a row of the gathered timeline.
 SPAN_FIELDS = ("rank", "row", "phase", "category", "start", "end")
 _WINDOW = re.compile(r"([0-9]+):([0-9]+)", re.ASCII)
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hpctrain.comm.redistribute import Redistribute
     from hpctrain.device.backend import Backend
 
-LOSS = "loss"  # the key of the loss row in a StepTimer
+LOSS = "loss"  #: the key of the loss row in a StepTimer
 
 # A timeline span: (row, phase, category, start, end), the row a layer's index (len(layers) for
 # the loss), phase and category indices into these, start and end perf_counter seconds.
@@ -78,7 +78,7 @@ class LayerTimes:
 
 
 TIME_FIELDS = tuple(f.name for f in fields(LayerTimes) if f.name not in ("name", "bytes_sent"))
-RECORD_FIELDS = (*TIME_FIELDS, "bytes_sent")  # every number of a row, in field order
+RECORD_FIELDS = (*TIME_FIELDS, "bytes_sent")  #: every number of a row, in field order
 COMM_FIELDS = tuple(f for f in TIME_FIELDS if "compute" not in f)  # own comm + redistribution
 
 

@@ -27,11 +27,12 @@ from hpctrain.record.timing import IN_FLIGHT, LOSS, StepTimer, StepTimes
 class Network:
     """``net`` on the ranks of ``grids.world``, each layer on the grid its plan entry names.
 
-    Every edge whose producer and consumer layouts differ gets a :class:`Redistribute`, which
-    moves activations forward and gradients back. A tensor read by several layers gets the sum
-    of the gradients that come back. Parameter gradients are summed over the ranks holding the
-    same shard as soon as each layer's backward has made them; with ``overlap``, in flight while
-    the backward goes on (:class:`~hpctrain.comm.gradients.GradientReducer`).
+    Every edge whose producer and consumer layouts differ gets a
+    :class:`~hpctrain.comm.redistribute.Redistribute`, which moves activations forward and gradients
+    back. A tensor read by several layers gets the sum of the gradients that come back. Parameter
+    gradients are summed over the ranks holding the same shard as soon as each layer's backward
+    has made them; with ``overlap``, in flight while the backward goes on
+    (:class:`~hpctrain.comm.gradients.GradientReducer`).
     After the last layer the logits are replicated over the
     last grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples,
     so each sample's loss (and gradient) is counted exactly once.
@@ -218,9 +219,10 @@ class Network:
         return float(totals[0]) / self.batch, float(totals[1]) / self.batch, grad
 
     def refuse_nonfinite(self, ranks_flagged: float, data: DataSource | None) -> None:
-        """Raise a :class:`UserError` on every rank when ``ranks_flagged`` (the all-reduced
-        count of ranks that read NaN or Inf, the same on every rank) is not 0: an agreement
-        carries the first such rank's description of the sample to all. Collective then."""
+        """Raise a :class:`~hpctrain.errors.UserError` on every rank when ``ranks_flagged`` (the
+        all-reduced count of ranks that read NaN or Inf, the same on every rank) is not 0: an
+        agreement carries the first such rank's description of the sample to all. Collective
+        then."""
         if not ranks_flagged:
             return
 

@@ -6,7 +6,7 @@ others, and at different moments, so the handler only records it; at the end of 
 ranks agree with one small all-reduce whether any rank was asked to stop, and then all stop
 after the same step.
 
-``python -m hpctrain`` starts recording on its first line (:mod:`hpctrain.__main__`), before
+``python -m hpctrain`` starts recording on its first line (``hpctrain/__main__.py``), before
 NumPy or MPI is loaded: a signal while the run starts up, plans or opens its files is kept, and
 every rank stops before the first training step with status 0 (:mod:`hpctrain.commands.train`).
 Commands that do not stop cleanly hand the handlers back (:meth:`StopRequests.release`), so a

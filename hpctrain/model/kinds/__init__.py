@@ -21,6 +21,7 @@ from hpctrain.model.kinds import (
 )
 from hpctrain.model.kinds.base import Kind
 
+#: Every layer kind, by the name a net file gives it.
 KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
     conv, linear, maxpool, avgpool, batchnorm, relu, dropout, flatten, add, concat)}
 

@@ -97,7 +97,8 @@ class Kind:
             out_shape, fed[0].grid, fed[0].split_axis, fed[0].split_ranges)
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
-        """Raise :class:`SplitError` naming the layer and sizes when these layouts cannot run."""
+        """Raise :class:`~hpctrain.layout.partition.SplitError` naming the layer and sizes when
+        these layouts cannot run."""
         batch, pc = inputs[0].shape[0], inputs[0].grid[1]
         if batch < pc:
             raise SplitError(f"layer {spec.name}: batch {batch} cannot be split over {pc} batch "

@@ -110,8 +110,8 @@ class BatchNormKind(Kind):
 
     def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
                    ) -> dict[str, np.ndarray]:
-        """Δγ = Σ dY·x̂ and Δβ = Σ dY over all values of a channel: Σ |dY|·|x̂| and Σ |dY|.
-        The running mean after one step from zero is momentum·μ, μ a mean: momentum·mean |X|.
+        """Δγ = Σ dY·x̂ and Δβ = Σ dY over all values of a channel: ``Σ |dY|·|x̂|`` and ``Σ |dY|``.
+        The running mean after one step from zero is momentum·μ, μ a mean: ``momentum·mean |X|``.
         The running variance's terms are squares, which do not cancel: it is its own
         magnitude (no entry)."""
         from hpctrain.kernels.norm import batchnorm_forward, channel_sums

@@ -120,7 +120,7 @@ class ConvKind(WindowKind):
     def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
                    ) -> dict[str, np.ndarray]:
         """ΔW and Δb are sums over samples and positions of dY·X (windows) and dY: their
-        magnitudes are the same sums of |dY|·|X| and |dY|, by the kernel itself."""
+        magnitudes are the same sums of ``|dY|·|X|`` and ``|dY|``, by the kernel itself."""
         from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
 
         o = spec.options

@@ -91,7 +91,7 @@ class LinearKind(Kind):
 
     def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
                    ) -> dict[str, np.ndarray]:
-        """ΔW = dYᵀX and Δb = Σₙ dY: their magnitudes are |dY|ᵀ|X| and Σₙ |dY|."""
+        """ΔW = dYᵀX and Δb = Σₙ dY: their magnitudes are ``|dY|ᵀ|X|`` and ``Σₙ |dY|``."""
         found = {"weight": np.abs(dy).T @ np.abs(xs[0])}
         return {**found, "bias": np.abs(dy).sum(axis=0)} if spec.options.bias else found
 
