@@ -141,6 +141,16 @@ def named_paths(page: Path) -> set[str]:
             and "://" not in w and not PLACEHOLDER.search(w)}
 
 
+def tracked() -> list[str]:
+    """The files git tracks (without git, the top-level entries it does not ignore): outputs of
+    earlier runs (runs/, build/) are not part of the checkout."""
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout:
+        return listed.stdout.splitlines()
+    ignored = {line.strip().rstrip("/") for line in (REPO / ".gitignore").read_text().split()}
+    return [str(p.relative_to(REPO)) for p in REPO.iterdir() if p.name not in ignored]
+
+
 def exists(path: str) -> bool:
     """Whether ``path`` (with ``*`` globs) is in the repo, from the top or from hpctrain/."""
     return any(any(base.glob(path)) if "*" in path else (base / path).exists()
@@ -151,7 +161,8 @@ def exists(path: str) -> bool:
 def test_every_path_a_page_names_exists(page):
     """Paths under a folder of the repo (or of the package): outputs a run writes (runs/,
     plots/, a checkpoint directory) are not checked."""
-    ours = {p.name for p in REPO.iterdir()} | {p.name for p in (REPO / "hpctrain").iterdir()}
+    ours = {p.split("/")[0] for p in tracked()}
+    ours |= {p.name for p in (REPO / "hpctrain").iterdir()}
     missing = sorted(p for p in named_paths(page)
                      if p.split("/")[0] in ours and not exists(p.rstrip("/")))
     assert not missing, f"{page.name} names paths that do not exist: {missing}"
