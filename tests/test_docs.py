@@ -20,6 +20,7 @@ import pytest
 
 from hpctrain.cli import COMMANDS, command_module
 from hpctrain.io.locations import shipped_names
+from tests.test_training_app import mpiexec
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -121,8 +122,7 @@ def test_every_console_example_runs(where, command, tmp_path):
     mpiexec) and nothing cached or calibrated."""
     words = shlex.split(command)
     if words[0] == "mpiexec":
-        launcher = Path(sys.executable).parent / "mpiexec"
-        words[0] = str(launcher) if launcher.exists() else shutil.which("mpiexec")
+        words[0] = mpiexec()
         assert words[0], f"{where}: no mpiexec beside this Python or on PATH (make install)"
     words = [sys.executable if word == "python" else word for word in words]
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",

@@ -35,10 +35,12 @@ def env(tmp_path: Path) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "HPCTRAIN_CACHE_DIR": str(tmp_path / "cache")}
 
 
-def launch(procs: int, *args: str, tmp_path: Path, timeout: float = 120):
+def launch(procs: int, *args: str, tmp_path: Path, timeout: float = 120,
+           cwd: Path | None = None):
+    """``python -m hpctrain ARGS`` on ``procs`` ranks, in ``cwd`` (default ``tmp_path``)."""
     return subprocess.run([mpiexec(), "-n", str(procs), sys.executable, "-m", "hpctrain", *args],
                           capture_output=True, text=True, timeout=timeout, env=env(tmp_path),
-                          cwd=tmp_path)
+                          cwd=tmp_path if cwd is None else cwd)
 
 
 def start(procs: int, *args: str, tmp_path: Path) -> subprocess.Popen:
@@ -209,10 +211,8 @@ def test_a_resume_compares_the_network_not_the_name_of_its_file(tmp_path):
     run = ("--image-size", "16", "--batch", "8", "--print-every", "1")
 
     def train(net: str, steps: int, cwd: Path, *more: str):
-        return subprocess.run([mpiexec(), "-n", "1", sys.executable, "-m", "hpctrain",
-                               "--net", net, *run, "--steps", str(steps), *more],
-                              capture_output=True, text=True, timeout=120,
-                              env=env(tmp_path), cwd=cwd)
+        return launch(1, "--net", net, *run, "--steps", str(steps), *more, tmp_path=tmp_path,
+                      cwd=cwd)
 
     first = train("g1.net", 2, tmp_path, "--checkpoint-dir", "ck", "--log", "run.h5")
     assert first.returncode == 0, first.stderr

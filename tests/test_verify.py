@@ -4,8 +4,6 @@
 passes; and that a real error still fails."""
 
 import itertools
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from hpctrain.commands.verify import _worst
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import parse_net
-from tests.test_training_app import env, mpiexec
+from tests.test_training_app import launch, mpiexec
 
 RNG = np.random.default_rng(5)
 
@@ -85,10 +83,8 @@ def test_verify_passes_a_correct_plan_whose_bias_gradient_cancels(tmp_path):
     gradient is zero in exact arithmetic; measured against a thousandth of the layer's largest
     gradient its rounding read 1.2e-9 and failed this correct plan."""
     (tmp_path / "pooled.net").write_text(POOLED)
-    result = subprocess.run(
-        [mpiexec(), "-n", "4", sys.executable, "-m", "hpctrain", "verify", "--net", "pooled.net",
-         "--grid", "1x4", "--batch", "16", "--seed", "1"],
-        capture_output=True, text=True, timeout=120, env=env(tmp_path), cwd=tmp_path)
+    result = launch(4, "verify", "--net", "pooled.net", "--grid", "1x4", "--batch", "16",
+                    "--seed", "1", tmp_path=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     verdict = result.stdout.strip().splitlines()[-1]
     assert verdict.endswith("PASS")
@@ -112,10 +108,8 @@ def test_a_net_whose_first_layer_has_no_weights_runs_where_its_first_conv_reads(
     rank) refused batch 3 as if it had 4; it now runs on the layout the convolution reads
     (replicated over 4x1, the height split under domain 2x2)."""
     (tmp_path / "bn.net").write_text(BATCHNORM_FIRST)
-    result = subprocess.run(
-        [mpiexec(), "-n", "4", sys.executable, "-m", "hpctrain", "verify", "--net", "bn.net",
-         "--grid", grid, "--batch", batch],
-        capture_output=True, text=True, timeout=120, env=env(tmp_path), cwd=tmp_path)
+    result = launch(4, "verify", "--net", "bn.net", "--grid", grid, "--batch", batch,
+                    tmp_path=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().endswith("PASS")
     first = next(line for line in result.stdout.splitlines() if line.startswith("batchnorm1"))

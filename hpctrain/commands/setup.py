@@ -37,6 +37,14 @@ class SetupRequest:
     overlap: bool = False
     plan_file: str | None = None
 
+    @classmethod
+    def from_flags(cls, args: Any, dtype: str, overlap: bool = False,
+                   plan_file: str | None = None) -> SetupRequest:
+        """The request the shared flags (:func:`hpctrain.commands.flags.add_planning_options`,
+        :func:`~hpctrain.commands.flags.add_run_options`, ``--batch``) give, in ``dtype``."""
+        return cls(args.grid, args.batch, args.device, dtype, args.threads, args.machine,
+                   args.compute, args.mem_per_rank, overlap, plan_file)
+
 
 @dataclass
 class Setup:

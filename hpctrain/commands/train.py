@@ -298,9 +298,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     prepared = agreed(comm, lambda: _prepare(args, comm.Get_size()))
     if _stopped_before_training(stop, comm):  # skip planning, which may measure for a while
         return 0
-    request = SetupRequest(args.grid, args.batch, args.device, args.dtype, args.threads,
-                           args.machine, args.compute, args.mem_per_rank, args.overlap,
-                           args.plan_file)
+    request = SetupRequest.from_flags(args, args.dtype, args.overlap, args.plan_file)
     setup = set_up(request, prepared.net, comm)
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)

@@ -162,8 +162,7 @@ def run(argv: list[str], comm) -> int:
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN would fail every plan
         raise UserError(f"--tolerance {args.tolerance:g} must be a finite number >= 0, e.g. 1e-9")
     net = agreed(comm, lambda: load_net(args.net, args.image_size))
-    request = SetupRequest(args.grid, args.batch, args.device, "float64", args.threads,
-                           args.machine, args.compute, args.mem_per_rank)
+    request = SetupRequest.from_flags(args, "float64")
     setup = set_up(request, net, comm, predict=False)
     with GridSet(comm) as grids:
         ok = verify(setup.net, setup.plan, args.batch, grids, setup.backend, args.seed or 0,

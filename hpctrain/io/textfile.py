@@ -64,8 +64,9 @@ def existing_file(name: str) -> Path | None:
 
 
 def shipped_file(folder: str, name: str, suffix: str) -> Traversable | None:
-    """The shipped ``kind`` file (see :func:`hpctrain.io.locations.shipped`) called ``name`` +
-    ``suffix``, or None when there is none; a ``name`` with a path separator is never one."""
+    """The file ``name`` + ``suffix`` of the shipped ``folder`` (see
+    :func:`hpctrain.io.locations.shipped`), or None when there is none; a ``name`` with a path
+    separator is never one."""
     if not name or "/" in name or "\\" in name or name.startswith("."):
         return None
     try:

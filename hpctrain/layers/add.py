@@ -4,26 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import Layout
+from hpctrain.layers.base import Join
 
 
-class Add(Layer):
+class Add(Join):
     """Y = X₁ + X₂ + …; ΔXₖ = ΔY for every input (the same array, which nobody modifies).
 
     The inputs arrive on one layout (the first's): X, Y: any block, the same on every input.
     """
-
-    mode = "follow"
-
-    def __init__(self, name: str, ctx: BuildContext) -> None:
-        self.name, self.backend, self.params = name, ctx.backend, []
-        self.inputs, self.out_layout = ctx.inputs, ctx.output
-        self.in_layout = ctx.inputs[0]
-
-    @property
-    def in_layouts(self) -> tuple[Layout, ...]:
-        return self.inputs
 
     def forward(self, xs: list[Any], step: int) -> Any:
         y = xs[0] + xs[1]

@@ -139,3 +139,19 @@ class Layer:
 
     def backward(self, dy: Any) -> Any:
         raise NotImplementedError
+
+
+class Join(Layer):
+    """A layer of several inputs and no weights (add, concat), on the layout of its first input:
+    every input is moved to its layout in ``inputs`` before ``forward``."""
+
+    mode = "follow"
+
+    def __init__(self, name: str, ctx: BuildContext) -> None:
+        self.name, self.backend, self.params = name, ctx.backend, []
+        self.inputs, self.out_layout = ctx.inputs, ctx.output
+        self.in_layout = ctx.inputs[0]
+
+    @property
+    def in_layouts(self) -> tuple[Layout, ...]:
+        return self.inputs

@@ -33,6 +33,11 @@ from hpctrain.plan.plans import LayerPlan
 STRATEGIES = ("1.5d", "conv-batch", "integrated")
 
 
+def _check(strategy: str) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; use {', '.join(STRATEGIES)}")
+
+
 def is_convolution(kind: Kind) -> bool:
     """Whether the strategies treat layers of ``kind`` as convolutions: it can be
     domain-parallel."""
@@ -43,8 +48,7 @@ def strategy_plan(kinds: Sequence[Kind], strategy: str, grid: tuple[int, int]
                   ) -> list[LayerPlan]:
     """The plan entry of each weighted layer, given by its kind in net order, under
     ``strategy`` (one of :data:`STRATEGIES`) on ``grid``."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; use {', '.join(STRATEGIES)}")
+    _check(strategy)
     pr, pc = grid
     whole = LayerPlan("batch", (1, pr * pc))
     if pr == 1:
@@ -72,8 +76,7 @@ def grid_spec(strategy: str, grid: tuple[int, int]) -> str:
     """``strategy`` on ``grid`` as a ``--grid`` value: ``RxC``, ``conv=1xP,fc=RxC`` or
     ``conv=domain:RxC,fc=RxC``. (Run so, a convolution too short to cut R ways runs ``model``
     on the same grid instead; see :mod:`hpctrain.plan.plans`.)"""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; use {', '.join(STRATEGIES)}")
+    _check(strategy)
     pr, pc = grid
     rxc = f"{pr}x{pc}"
     return {"1.5d": rxc, "conv-batch": f"conv=1x{pr * pc},fc={rxc}",

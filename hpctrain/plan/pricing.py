@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from hpctrain.device.backend import Backend
     from hpctrain.device.threads import ThreadChoice
 
+
 @dataclass
 class LayerCost:
     """Predicted seconds (forward, backward) of one layer, and its memory per rank in bytes.

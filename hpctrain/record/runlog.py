@@ -119,8 +119,8 @@ def write_timings(group: Any, planned: PlannedNetwork, measured: StepTimes,
     names = [c.layer for c in planned.layers] + ["loss"]
     group.create_dataset("layers/name", data=np.array(names, dtype="S"))
     for source, values in (("predicted", predicted_fields(planned)),
-                         ("measured", measured_fields(measured)),
-                         ("measured_fastest_rank", measured_fields(fastest_rank))):
+                           ("measured", measured_fields(measured)),
+                           ("measured_fastest_rank", measured_fields(fastest_rank))):
         for name, data in values.items():
             group.create_dataset(f"layers/{source}/{name}", data=data).attrs["units"] = "s"
     iteration = group.require_group("iteration")
