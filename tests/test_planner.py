@@ -7,7 +7,7 @@ import random
 import pytest
 
 from hpctrain.cost.compute import FlopModel
-from hpctrain.cost.machine import Machine, load_machine
+from hpctrain.cost.machine import Machine, Network, load_machine
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, box_size
 from hpctrain.layout.moves import (
@@ -27,6 +27,9 @@ from hpctrain.plan.pricing import CostModel
 
 MACHINE = Machine("test", alpha=2e-6, beta=1 / 6e9, flops=1e11)
 SLOW_NET = Machine("slow", alpha=1e-4, beta=1 / 1e8, flops=1e12)
+# two ranks per node, a network 20 times slower than the node's link, one NIC per node
+LEVELS = Machine("levels", alpha=2e-6, beta=1 / 20e9, flops=1e11, ranks_per_node=2,
+                 network=Network(1e-5, 1 / 1e9, 1))
 
 
 def model_of(net, batch, procs, machine=MACHINE, **kw):
@@ -47,7 +50,8 @@ def brute_force(model, cap=None):
 
 
 CASES = [("smallcnn", 8, 4, MACHINE), ("smallcnn", 12, 6, SLOW_NET), ("mlp", 8, 4, SLOW_NET),
-         ("mlp", 16, 8, MACHINE), ("smallcnn", 6, 3, SLOW_NET)]
+         ("mlp", 16, 8, MACHINE), ("smallcnn", 6, 3, SLOW_NET), ("smallcnn", 8, 4, LEVELS),
+         ("smallcnn", 12, 6, LEVELS), ("mlp", 16, 8, LEVELS)]
 
 
 @pytest.mark.parametrize("name,batch,procs,machine", CASES)
@@ -280,7 +284,8 @@ def random_graph_net(seed: int) -> str:
 
 
 @pytest.mark.parametrize("seed", range(12))
-@pytest.mark.parametrize("machine", [MACHINE, SLOW_NET], ids=["fast-net", "slow-net"])
+@pytest.mark.parametrize("machine", [MACHINE, SLOW_NET, LEVELS],
+                         ids=["fast-net", "slow-net", "levels"])
 def test_graph_plans_are_exact_against_brute_force(seed, machine):
     """Without a cap and under caps from the leanest plan's memory to the fastest plan's."""
     net = parse_net(random_graph_net(seed), f"random{seed}")

@@ -99,6 +99,7 @@ def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm) -> Outcome:
 
 def compare(args, comm) -> list[Outcome]:
     from hpctrain.comm.agree import agreed
+    from hpctrain.comm.nodes import check_placement
     from hpctrain.cost.machine import load_machine
     from hpctrain.device.backend import make_backend
     from hpctrain.device.threads import configure_threads
@@ -115,6 +116,7 @@ def compare(args, comm) -> list[Outcome]:
         print(f"threads: {threads.describe()}", flush=True)
     backend = make_backend(args.device, args.dtype, comm)
     machine = agreed(comm, lambda: load_machine(args.machine))
+    check_placement(comm, machine)
     model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
                              threads, args.overlap, cached=False)
     plans = []

@@ -67,8 +67,7 @@ def run(argv: list[str]) -> int:
                              threads=threads, overlap=args.overlap)
     planned = plan_network(model, args.mem_per_rank)
     print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
-          f"{machine.name} (alpha {machine.alpha * 1e6:.3g} us, 1/beta "
-          f"{1 / machine.beta / 1e9:.3g} GB/s), compute {source}"
+          f"{machine.name} ({machine.describe()}), compute {source}"
           + (f" with {threads.describe()}" if threads else ""))
     print(format_plan(planned))
     if args.out:

@@ -89,11 +89,13 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     backend = make_backend(request.device, request.dtype, comm)
     if plan is not None and not predict:
         return Setup(net, plan, backend, threads, memory=memory)
+    from hpctrain.comm.nodes import check_placement
     from hpctrain.cost.machine import load_machine
     from hpctrain.plan.planner import predict as predict_plan
     from hpctrain.plan.pricing import build_cost_model
 
     machine = agreed(comm, lambda: load_machine(request.machine))
+    check_placement(comm, machine)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
                              threads, request.overlap)
     planned = predict_plan(model, plan, limit, source)

@@ -12,13 +12,30 @@ the primitives return at once then.
 
 A calibrated fit may price the bytes of β·(…) past its knee at a second rate (messages that
 outgrow the caches, :class:`hpctrain.cost.machine.Fit`).
+
+A group is a :class:`~hpctrain.cost.nodes.Group` (a bare size p: p consecutive ranks). On a
+flat profile only its size counts. On a profile with levels a group inside one node is priced
+on the node's link at its size; a group that spans m nodes with k ranks on each
+(:func:`~hpctrain.cost.nodes.span`) is priced as the hierarchical algorithm that MPI libraries
+and NCCL run for it:
+
+- all-reduce: reduce-scatter inside each node (k ranks), all-reduce of the node's n/k bytes
+  between the m nodes (k such all-reduces at once, one per position on the node), all-gather
+  inside each node;
+- all-gather of n bytes: all-gather of n/k bytes between the nodes, then inside each node;
+- reduce-scatter: inside each node, then of the n/k bytes between the nodes.
+
+Each step between nodes is priced on the network's link for m nodes, its bytes slowed by
+NIC sharing: when s ranks of a node talk across at once and the node has ν NICs, each moves at
+1/max(1, s/ν) of a NIC's rate.
 """
 
 from __future__ import annotations
 
 import math
 
-from hpctrain.cost.machine import COLLECTIVES, Machine
+from hpctrain.cost.machine import COLLECTIVES, Fit, Machine
+from hpctrain.cost.nodes import Group, span
 
 
 def log2_ceil(p: int) -> int:
@@ -43,37 +60,90 @@ def terms(collective: str, p: int) -> tuple[float, float]:
     raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
 
 
-def _time(machine: Machine, collective: str, p: int, n: float) -> float:
+def _level_time(link: Fit, collective: str, p: int, n: float, share: float = 1.0) -> float:
     if p == 1 or n == 0:
         return 0.0
     m, c = terms(collective, p)
-    return machine.link(collective, p).seconds(m, c * n)
+    return link.seconds(m, c * n * share)
 
 
-def allgather_time(machine: Machine, p: int, n: float) -> float:
-    return _time(machine, "allgather", p, n)
+def _as_group(group: Group | int) -> Group:
+    return group if isinstance(group, Group) else Group(group, 1, group)
 
 
-def reduce_scatter_time(machine: Machine, p: int, n: float) -> float:
-    return _time(machine, "reduce_scatter", p, n)
+def collective_time(machine: Machine, collective: str, group: Group | int, n: float) -> float:
+    """Seconds of ``collective`` of ``n`` bytes on ``group`` (see the module's text)."""
+    group = _as_group(group)
+    p = group.size
+    if p == 1 or n == 0:
+        return 0.0
+    net = machine.network
+    if net is None:
+        return _level_time(machine.link(collective, p), collective, p, n)
+    where = span(group, machine.ranks_per_node)
+    if where.inside_node:
+        return _level_time(machine.link(collective, p), collective, p, n)
+    k, nodes = where.per_node, where.nodes
+    share = max(1.0, where.sharing / net.nics)
+
+    def inside(step: str, size: float) -> float:
+        return _level_time(machine.link(step, k), step, k, size)
+
+    def across(step: str, size: float) -> float:
+        return _level_time(net.link(step, nodes), step, nodes, size, share)
+
+    if collective == "allreduce":
+        return inside("reduce_scatter", n) + across("allreduce", n / k) + inside("allgather", n)
+    if collective == "allgather":
+        return across("allgather", n / k) + inside("allgather", n)
+    if collective == "reduce_scatter":
+        return inside("reduce_scatter", n) + across("reduce_scatter", n / k)
+    raise ValueError(f"{collective!r} is priced by halo_time or exchange_time")
 
 
-def allreduce_time(machine: Machine, p: int, n: float) -> float:
-    return _time(machine, "allreduce", p, n)
+def allgather_time(machine: Machine, group: Group | int, n: float) -> float:
+    return collective_time(machine, "allgather", group, n)
 
 
-def halo_time(machine: Machine, n: float) -> float:
-    return _time(machine, "halo", 2, n)
+def reduce_scatter_time(machine: Machine, group: Group | int, n: float) -> float:
+    return collective_time(machine, "reduce_scatter", group, n)
 
 
-def exchange_time(machine: Machine, p: int, messages: int, n: float) -> float:
+def allreduce_time(machine: Machine, group: Group | int, n: float) -> float:
+    return collective_time(machine, "allreduce", group, n)
+
+
+def halo_time(machine: Machine, n: float, crossing: int = 0) -> float:
+    """One halo message of ``n`` bytes; ``crossing`` > 0: it goes to another node, while that
+    many ranks of the node send across at once (:func:`~hpctrain.cost.nodes.halo_crossings`)."""
+    net = machine.network
+    if net is None or not crossing:
+        return _level_time(machine.link("halo", 2), "halo", 2, n)
+    return _level_time(net.link("halo", 2), "halo", 2, n, max(1.0, crossing / net.nics))
+
+
+def exchange_time(machine: Machine, p: int, messages: int, n: float,
+                  peers: Group | None = None) -> float:
     """A general move on ``p`` ranks, at its busiest receiver: ``messages`` point-to-point
     messages from its peers, ``n`` bytes in all.
 
     α and β are the ``alltoall`` link's: its calibration sends one message to every other rank
     at once, the same per-message latency and per-byte cost under load as the exchange, whose
-    messages all travel together too.
+    messages all travel together too. With levels, ``peers`` is the group a rank's peers lie
+    in: the messages from the peers on its own node go on the node's link, the rest (in
+    proportion) on the network's, all the node's ranks receiving across at once.
     """
     if p == 1 or messages == 0:
         return 0.0
-    return machine.link("alltoall", p).seconds(messages, n)
+    net = machine.network
+    if net is None:
+        return machine.link("alltoall", p).seconds(messages, n)
+    peers = peers or Group(p, 1, p)
+    where = span(peers, machine.ranks_per_node)
+    if where.inside_node:
+        return machine.link("alltoall", peers.size).seconds(messages, n)
+    near = (where.per_node - 1) / (peers.size - 1)  # the share of peers on the same node
+    share = max(1.0, where.sharing / net.nics)
+    return (machine.link("alltoall", where.per_node).seconds(messages * near, n * near)
+            + net.link("alltoall", where.nodes).seconds(messages * (1 - near),
+                                                         n * (1 - near) * share))

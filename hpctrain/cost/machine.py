@@ -22,6 +22,25 @@ by path::
 Collectives: ``allgather``, ``reduce_scatter``, ``allreduce``, ``alltoall`` and ``halo`` (one
 point-to-point message). A collective or size without a fit uses ``alpha`` and ``beta``; a size
 between fitted sizes uses the fit of the nearest fitted size (in log₂ p).
+
+A profile *with levels* also says how many ranks share a node and what the network between
+nodes costs. The top level above is then the link inside a node (NVLink, shared memory), with
+its fits keyed by the ranks of one node; ``[network]`` is the link between nodes, measured with
+one rank per node talking alone, its fits keyed by the number of nodes; ``nics`` is how many
+ranks of a node can talk across at full speed at once (the node's NICs: more ranks than that
+share their bandwidth)::
+
+    ranks_per_node = 8
+    [network]
+    alpha = 5e-6
+    beta = 2.5e-11        # one rank alone on a NIC: 1/β = 40 GB/s
+    nics = 8
+    [network.fits.allreduce]
+    4 = { alpha = 9e-6, beta = 3.1e-11 }
+
+How the levels price a collective on a group that spans nodes:
+:mod:`hpctrain.cost.collectives`. A profile without ``[network]`` is flat: one link between
+every pair of ranks, as before levels existed.
 """
 
 from __future__ import annotations
@@ -30,7 +49,7 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpctrain.errors import UserError, one_line, shown
@@ -39,7 +58,9 @@ from hpctrain.io.locations import config_dir, shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
 
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
-KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits")
+KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits",
+        "ranks_per_node", "network")
+NETWORK_KEYS = ("alpha", "beta", "nics", "fits")
 FIT_KEYS = ("alpha", "beta", "knee", "far_beta")
 MAX_PROCS = 2**31 - 1  # an MPI communicator's size is a C int
 LEAST, MOST = 1e-30, 1e30
@@ -75,6 +96,34 @@ class Fit:
         return self.alpha * messages + self.beta * near + self.far_beta * (byte_terms - near)
 
 
+def nearest_fit(fits: dict[str, dict[int, Fit]], collective: str, size: int,
+                default: Fit) -> Fit:
+    """The fit of ``collective`` at ``size`` in ``fits``, else at the nearest fitted size (in
+    log₂), else ``default``."""
+    sizes = fits.get(collective)
+    if not sizes:
+        return default
+    if size in sizes:
+        return sizes[size]
+    nearest = min(sizes, key=lambda p: (abs(math.log2(p) - math.log2(max(size, 1))), p))
+    return sizes[nearest]
+
+
+@dataclass(frozen=True)
+class Network:
+    """The link between nodes: α and β of one rank per node talking alone, the fits by number
+    of nodes, and the NICs a node's ranks share."""
+
+    alpha: float
+    beta: float
+    nics: float = 1.0
+    fits: dict[str, dict[int, Fit]] = field(default_factory=dict)
+
+    def link(self, collective: str, nodes: int) -> Fit:
+        """α and β for ``collective`` over ``nodes`` nodes, one rank on each."""
+        return nearest_fit(self.fits, collective, nodes, Fit(self.alpha, self.beta))
+
+
 @dataclass(frozen=True)
 class Machine:
     name: str
@@ -91,16 +140,38 @@ class Machine:
     # 1 where the network moves it by itself (RDMA with offloaded collectives). calibrate
     # measures it.
     overlap: float = 0.0
+    ranks_per_node: int = 0  # 0: not known (a flat profile)
+    network: Network | None = None  # None: flat, every pair of ranks on the link above
 
     def link(self, collective: str, procs: int) -> Fit:
-        """α and β for ``collective`` on a communicator of ``procs`` ranks."""
-        sizes = self.fits.get(collective)
-        if not sizes:
-            return Fit(self.alpha, self.beta)
-        if procs in sizes:
-            return sizes[procs]
-        nearest = min(sizes, key=lambda p: (abs(math.log2(p) - math.log2(max(procs, 1))), p))
-        return sizes[nearest]
+        """α and β for ``collective`` on a communicator of ``procs`` ranks (inside one node,
+        when the profile has levels)."""
+        return nearest_fit(self.fits, collective, procs, Fit(self.alpha, self.beta))
+
+    @property
+    def levelled(self) -> bool:
+        """Whether the profile tells the link inside a node from the network between nodes."""
+        return self.network is not None
+
+    def describe(self) -> str:
+        """The links in a line: α and 1/β, per level when there are levels."""
+        text = f"alpha {self.alpha * 1e6:.3g} us, 1/beta {1 / self.beta / 1e9:.3g} GB/s"
+        net = self.network
+        if net is None:
+            return text
+        return (f"{self.ranks_per_node} ranks per node, inside: {text}; between nodes: alpha "
+                f"{net.alpha * 1e6:.3g} us, 1/beta {1 / net.beta / 1e9:.3g} GB/s, "
+                f"{net.nics:g} NICs")
+
+    def flattened(self) -> Machine:
+        """The flat profile a planner without levels would use for this machine: the network's
+        link between every pair of ranks (the constants a paper quotes for a cluster), or this
+        profile itself when it is flat."""
+        if self.network is None:
+            return self
+        net = self.network
+        return replace(self, name=f"{self.name} (flat)", alpha=net.alpha, beta=net.beta,
+                       fits=net.fits, ranks_per_node=0, network=None)
 
 
 def _positive(table: dict, key: str, where: str) -> float:
@@ -156,17 +227,6 @@ def parse_machine(text: str, source: str) -> Machine:
         if key not in KEYS:
             raise MachineError(f"{where}: unknown key {shown(key)}; a profile takes "
                                f"{', '.join(KEYS)}")
-    fits: dict[str, dict[int, Fit]] = {}
-    for collective, sizes in _table(table.get("fits", {}), where, "fits").items():
-        if collective not in COLLECTIVES:
-            raise MachineError(f"{where}: unknown collective {shown(collective)} under [fits]; "
-                               f"known: {', '.join(COLLECTIVES)}")
-        for size, fit in _table(sizes, where, f"fits.{collective}").items():
-            at = f"{where}, fits.{collective}.{shown(size, 30, quoted=False)}"
-            if not _SIZE.fullmatch(size) or not 1 <= int(size) <= MAX_PROCS:
-                raise MachineError(f"{at}: communicator size must be a whole number from 1 to "
-                                   f"{MAX_PROCS}")
-            fits.setdefault(collective, {})[int(size)] = _fit(_table(fit, at, "a fit"), at)
     name = table.get("name", Path(source).stem)
     if "name" in table and not (isinstance(name, str) and name.isprintable()
                                 and 0 < len(name) <= 100):
@@ -184,9 +244,50 @@ def parse_machine(text: str, source: str) -> Machine:
             or not 0.0 <= overlap <= 1.0):
         raise MachineError(f"{where}: 'overlap' must be a number from 0 to 1, got "
                            f"{shown(overlap)}")
+    ranks_per_node = table.get("ranks_per_node", 0)
+    if (not isinstance(ranks_per_node, int) or isinstance(ranks_per_node, bool)
+            or not 0 <= ranks_per_node <= MAX_PROCS):
+        raise MachineError(f"{where}: 'ranks_per_node' must be a whole number from 1 to "
+                           f"{MAX_PROCS}, got {shown(ranks_per_node)}")
+    network = None
+    if "network" in table:
+        if not ranks_per_node:
+            raise MachineError(f"{where}: a [network] level needs ranks_per_node = the ranks "
+                               f"on one node")
+        network = _network(_table(table["network"], where, "network"), where)
     return Machine(name, _positive(table, "alpha", where), _positive(table, "beta", where),
-                   _positive(table, "flops", where), device, fits, source, threads,
-                   float(overlap))
+                   _positive(table, "flops", where), device, _fits(table, where), source,
+                   threads, float(overlap), ranks_per_node, network)
+
+
+def _fits(table: dict, where: str) -> dict[str, dict[int, Fit]]:
+    """The ``fits`` table of ``table`` (the profile's, or its network's)."""
+    fits: dict[str, dict[int, Fit]] = {}
+    for collective, sizes in _table(table.get("fits", {}), where, "fits").items():
+        if collective not in COLLECTIVES:
+            raise MachineError(f"{where}: unknown collective {shown(collective)} under [fits]; "
+                               f"known: {', '.join(COLLECTIVES)}")
+        for size, fit in _table(sizes, where, f"fits.{collective}").items():
+            at = f"{where}, fits.{collective}.{shown(size, 30, quoted=False)}"
+            if not _SIZE.fullmatch(size) or not 1 <= int(size) <= MAX_PROCS:
+                raise MachineError(f"{at}: communicator size must be a whole number from 1 to "
+                                   f"{MAX_PROCS}")
+            fits.setdefault(collective, {})[int(size)] = _fit(_table(fit, at, "a fit"), at)
+    return fits
+
+
+def _network(table: dict, where: str) -> Network:
+    at = f"{where}, [network]"
+    for key in table:
+        if key not in NETWORK_KEYS:
+            raise MachineError(f"{at}: unknown key {shown(key)}; the network takes "
+                               f"{', '.join(NETWORK_KEYS)}")
+    nics = table.get("nics", 1)
+    if isinstance(nics, bool) or not isinstance(nics, int | float) or not 1 <= nics <= MAX_PROCS:
+        raise MachineError(f"{at}: 'nics' must be a number from 1 to {MAX_PROCS}, got "
+                           f"{shown(nics)}")
+    return Network(_positive(table, "alpha", at), _positive(table, "beta", at), float(nics),
+                   _fits(table, at))
 
 
 def user_machines_dir() -> Path:
@@ -238,13 +339,27 @@ def format_machine(machine: Machine, comment: str = "") -> str:
         lines.append(f"threads = {machine.threads}  # threads per rank when measured")
     if machine.overlap:
         lines.append(f"overlap = {machine.overlap:.3g}  # share of gradient sums hidden")
-    for collective in COLLECTIVES:
-        sizes = machine.fits.get(collective)
-        if not sizes:
-            continue
-        lines += ["", f"[fits.{collective}]"]
-        lines += [f"{p} = {{ {_format_fit(f)} }}" for p, f in sorted(sizes.items())]
+    if machine.ranks_per_node:
+        lines.append(f"ranks_per_node = {machine.ranks_per_node}")
+    lines += _format_fits(machine.fits, "fits")
+    net = machine.network
+    if net is not None:
+        lines += ["", "[network]", f"alpha = {net.alpha:.6g}  # s per message between nodes",
+                  f"beta = {net.beta:.6g}  # s per byte, one rank per node alone (1/beta = "
+                  f"{1 / net.beta / 1e9:.3g} GB/s)",
+                  f"nics = {net.nics:.6g}  # ranks of a node that talk across at full speed"]
+        lines += _format_fits(net.fits, "network.fits")
     return "\n".join(lines) + "\n"
+
+
+def _format_fits(fits: dict[str, dict[int, Fit]], table: str) -> list[str]:
+    lines = []
+    for collective in COLLECTIVES:
+        sizes = fits.get(collective)
+        if sizes:
+            lines += ["", f"[{table}.{collective}]"]
+            lines += [f"{p} = {{ {_format_fit(f)} }}" for p, f in sorted(sizes.items())]
+    return lines
 
 
 def _format_fit(fit: Fit) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from hpctrain.cost.nodes import Group
 from hpctrain.layout.partition import BlockRanges, block_range, block_ranges
 
 Box = tuple[tuple[int, int], ...]
@@ -107,6 +108,21 @@ class Layout:
 
     def local_shape(self, rank: int) -> tuple[int, ...]:
         return tuple(b - a for a, b in self.box(rank))
+
+    @property
+    def model_group(self) -> Group:
+        """The ranks that share a batch block and split the rest: Pr consecutive ranks."""
+        return Group(self.grid[0], 1, self.size)
+
+    @property
+    def batch_group(self) -> Group:
+        """The ranks that hold the same model block and split the batch: every Pr-th rank."""
+        return Group(self.grid[1], self.grid[0], self.size)
+
+    @property
+    def world(self) -> Group:
+        """Every rank, as one group."""
+        return Group(self.size, 1, self.size)
 
     def replicated(self) -> Layout:
         """The same tensor on the same grid with the Pr split removed."""

@@ -36,6 +36,7 @@ import numpy as np
 
 from hpctrain.cost.collectives import allgather_time, exchange_time, reduce_scatter_time
 from hpctrain.cost.machine import Machine
+from hpctrain.cost.nodes import Group
 from hpctrain.layout.layout import BATCH_AXIS, Box, Layout, intersect, relative_slices
 from hpctrain.layout.partition import block_range
 
@@ -153,8 +154,8 @@ class AllGatherMove(Move):
         return BATCH_AXIS, tuple(block_range(n, src.size, first + i) for i in range(pr))
 
     def seconds(self, machine: Machine, itemsize: int) -> tuple[float, float]:
-        pr, block = self.dst.grid[0], self._blocks(itemsize)[1]
-        return allgather_time(machine, pr, block), reduce_scatter_time(machine, pr, block)
+        group, block = self.dst.model_group, self._blocks(itemsize)[1]
+        return allgather_time(machine, group, block), reduce_scatter_time(machine, group, block)
 
     def buffer_bytes(self, itemsize: int) -> float:
         return 2 * sum(self._blocks(itemsize))  # a contiguous copy, the receive buffer, result
@@ -212,7 +213,11 @@ class GeneralMove(Move):
     def seconds(self, machine: Machine, itemsize: int) -> tuple[float, float]:
         share, messages = _busiest_receiver((self.src.grid, self.src.split_axis),
                                             (self.dst.grid, self.dst.split_axis))
-        t = exchange_time(machine, self.src.size, messages, share * self._blocks(itemsize)[1])
+        # a rank's peers lie among the aligned max(Pr_src, Pr_dst) consecutive ranks around
+        # it (the batch blocks of the finer grid nest in those of the coarser)
+        peers = Group(max(self.src.grid[0], self.dst.grid[0]), 1, self.src.size)
+        t = exchange_time(machine, self.src.size, messages, share * self._blocks(itemsize)[1],
+                          peers)
         return t, t
 
     def buffer_bytes(self, itemsize: int) -> float:

@@ -91,7 +91,7 @@ class AvgPoolKind(PoolKind):
         if x.split_axis != HEIGHT_AXIS:
             return 0.0, 0.0
         n, c = largest_block(x)[:2]
-        t = allreduce_time(machine, x.grid[0], n * c * itemsize)
+        t = allreduce_time(machine, x.model_group, n * c * itemsize)
         return t, t
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],

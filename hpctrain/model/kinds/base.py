@@ -31,6 +31,7 @@ import numpy as np
 
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.memory import Footprint
+from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.partition import SplitError
@@ -128,9 +129,9 @@ class Kind:
         """Parameter entries one rank holds (the busiest)."""
         return 0
 
-    def gradient_ranks(self, inputs: tuple[Layout, ...], output: Layout) -> int:
-        """How many ranks a parameter gradient is summed over."""
-        return output.size
+    def gradient_group(self, inputs: tuple[Layout, ...], output: Layout) -> Group:
+        """The ranks a parameter gradient is summed over."""
+        return output.world
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
                   machine: Machine, itemsize: int) -> tuple[float, float]:
@@ -145,7 +146,7 @@ class Kind:
         params = self.local_parameters(spec, inputs, output)
         if not params:
             return 0.0
-        return allreduce_time(machine, self.gradient_ranks(inputs, output), params * itemsize)
+        return allreduce_time(machine, self.gradient_group(inputs, output), params * itemsize)
 
     def keeps_input(self, spec: LayerSpec) -> bool:
         """Whether the layer keeps its input array for the backward."""

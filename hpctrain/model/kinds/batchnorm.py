@@ -85,7 +85,7 @@ class BatchNormKind(Kind):
         one of 2·C/Pr (the sums that are also Δγ and Δβ), and a second over Pr for replicas."""
         x = inputs[0]
         channels = largest_block(x)[CHANNEL_AXIS] * itemsize
-        ranks = x.size if x.split_axis == HEIGHT_AXIS else x.grid[1]
+        ranks = x.world if x.split_axis == HEIGHT_AXIS else x.batch_group
         forward = 2 * allreduce_time(machine, ranks, channels)
         backward = allreduce_time(machine, ranks, 2 * channels)
         return forward, backward + self.gradient_sum_time(spec, inputs, output, machine,
@@ -99,7 +99,7 @@ class BatchNormKind(Kind):
         if x.split_axis is not None:
             return 0.0
         channels = largest_block(x)[CHANNEL_AXIS] * itemsize
-        return allreduce_time(machine, x.grid[0], 2 * channels)
+        return allreduce_time(machine, x.model_group, 2 * channels)
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:

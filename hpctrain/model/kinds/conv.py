@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.cost.memory import Footprint, larger
+from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.kernels.sliding import prefer_channels_last
 from hpctrain.layers.base import BuildContext, Layer
@@ -92,9 +93,9 @@ class ConvKind(WindowKind):
         per_out = inputs[0].shape[CHANNEL_AXIS] * o.kernel[0] * o.kernel[1] + (1 if o.bias else 0)
         return per_out * self.local_channels(spec, output)
 
-    def gradient_ranks(self, inputs: tuple[Layout, ...], output: Layout) -> int:
+    def gradient_group(self, inputs: tuple[Layout, ...], output: Layout) -> Group:
         """W is replicated on every rank in domain mode, on the Pc ranks of a model row else."""
-        return output.size if inputs[0].split_axis == HEIGHT_AXIS else output.grid[1]
+        return output.world if inputs[0].split_axis == HEIGHT_AXIS else output.batch_group
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:

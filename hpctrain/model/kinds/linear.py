@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.cost.memory import Footprint, larger
+from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import CHANNEL_AXIS, Layout, largest_block
@@ -77,8 +78,8 @@ class LinearKind(Kind):
         per_out = inputs[0].shape[CHANNEL_AXIS] + (1 if spec.options.bias else 0)
         return per_out * largest_block(output)[CHANNEL_AXIS]
 
-    def gradient_ranks(self, inputs: tuple[Layout, ...], output: Layout) -> int:
-        return output.grid[1]  # Wᵢ is replicated on the Pc ranks of a model row
+    def gradient_group(self, inputs: tuple[Layout, ...], output: Layout) -> Group:
+        return output.batch_group  # Wᵢ is replicated on the Pc ranks of a model row
 
     def keeps_input(self, spec: LayerSpec) -> bool:
         return True  # X for ΔW

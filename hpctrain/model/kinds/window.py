@@ -15,6 +15,7 @@ from typing import Any
 from hpctrain.cost.collectives import halo_time
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.memory import Footprint
+from hpctrain.cost.nodes import halo_crossings
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
@@ -84,9 +85,12 @@ def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: in
     row_bytes = n * c * w * itemsize
     received, sent = halo_row_counts(layout.shape[HEIGHT_AXIS], layout.grid[0],
                                      rows(spec.options), spec.name)
+    # with levels: whether the busiest rank's neighbour may be on another node
+    crossing = (halo_crossings(layout.grid[0], layout.size, machine.ranks_per_node)
+                if machine.levelled else 0)
 
     def busiest(counts: frozenset[tuple[int, int]]) -> float:
-        return max([0.0, *(sum(halo_time(machine, k * row_bytes) for k in pair)
+        return max([0.0, *(sum(halo_time(machine, k * row_bytes, crossing) for k in pair)
                            for pair in counts)])
 
     return busiest(received), busiest(sent)
