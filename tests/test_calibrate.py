@@ -7,6 +7,8 @@ import pytest
 
 from hpctrain.commands import calibrate as calibrate_command
 from hpctrain.commands.calibrate import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
     DEFAULTS,
     MIN_A,
     MIN_B,
@@ -313,3 +315,94 @@ def test_overlap_share_is_the_part_of_the_sum_hidden_by_the_gemms(monkeypatch):
     assert times(4e-3, 1e-3, 4e-3, 9e-3) == 0.0  # slower together: none hidden, not below 0
     assert times(4e-3, 1e-3, 4e-3, 3e-3) == 1.0  # faster than the GEMMs alone: at most all
     assert calibrate.measure_overlap(OneRank(), Backend(np, np.float32), 16, 3) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Levels: the node and the network between nodes
+
+
+@pytest.mark.parametrize("count,groups", [(1, []), (2, [2]), (3, [3]), (4, [2, 4]),
+                                          (6, [2, 3, 6]), (8, [2, 4, 8])])
+def test_level_sizes_are_every_divisor_and_the_whole(count, groups):
+    got = calibrate_command.level_sizes(count)
+    assert got["allgather"] == got["reduce_scatter"] == got["allreduce"] == groups
+    assert got["alltoall"] == ([count] if count > 1 else [])
+    assert got["halo"] == ([2] if count > 1 else [])
+
+
+def test_placement_problem_is_one_line_naming_the_fix():
+    from hpctrain.commands.calibrate import placement_problem
+
+    assert placement_problem(4, 2, True, True) == ""
+    for even, blocked, why in ((True, False, "not consecutive"),
+                               (False, True, "different numbers of ranks")):
+        message = placement_problem(2, 2, even, blocked)
+        assert why in message and "\n" not in message
+        assert "--distribution=block" in message and "-hosts a:R,b:R" in message
+
+
+@pytest.mark.parametrize("alone,together,ranks,want", [
+    (10e-6, 20e-6, 4, 2.0),   # half speed with 4 ranks: 2 NICs
+    (10e-6, 40e-6, 4, 1.0),   # a quarter: one NIC
+    (10e-6, 80e-6, 4, 1.0),   # slower still (noise): at least 1
+    (10e-6, 5e-6, 4, 4.0),    # faster together (noise): at most R
+    (10e-6, 10e-6, 1, 1.0),   # one rank per node: nothing shares
+    (0.0, 0.0, 4, 1.0),       # not measured
+])
+def test_nics_from_times_is_r_t1_over_tr_within_1_and_r(alone, together, ranks, want):
+    from hpctrain.commands.calibrate import nics_from_times
+
+    assert nics_from_times(alone, together, ranks) == pytest.approx(want)
+
+
+def settings_for(tmp_path):
+    return calibrate_command.Settings(tmp_path / "m.toml", "two", 65536, 4, 3, 512, "cpu")
+
+
+def measured(collective, p, fit, level="node"):
+    return Measured(collective, p, (64, 128), (1e-5, 2e-5), fit, 0.0, False, level)
+
+
+def test_build_machine_puts_node_fits_on_top_and_network_fits_under_network(tmp_path):
+    from hpctrain.commands.calibrate import Sharing, build_machine
+    from hpctrain.cost.machine import format_machine, parse_machine
+
+    node_halo, net_halo = Fit(2e-6, 1e-10), Fit(8e-6, 4e-10)
+    results = [measured("allreduce", 2, Fit(3e-6, 2e-10)), measured("halo", 2, node_halo),
+               measured("allreduce", 2, Fit(9e-6, 5e-10), "network"),
+               measured("halo", 2, net_halo, "network")]
+    sharing = Sharing(2, 65536, 10e-6, 15e-6)  # 2·10/15: 1.33 NICs
+    machine = build_machine(settings_for(tmp_path), results, 5e10, 1, 0.0, 2, sharing)
+    assert (machine.alpha, machine.beta, machine.ranks_per_node) == (2e-6, 1e-10, 2)
+    assert machine.fits == {"allreduce": {2: Fit(3e-6, 2e-10)}, "halo": {2: node_halo}}
+    net = machine.network
+    assert (net.alpha, net.beta, net.nics) == (8e-6, 4e-10, 1.33)
+    assert net.fits == {"allreduce": {2: Fit(9e-6, 5e-10)}, "halo": {2: net_halo}}
+    again = parse_machine(format_machine(machine), "two.toml")
+    assert again.levelled and again.network.nics == 1.33
+    assert again.network.link("allreduce", 2).alpha == pytest.approx(9e-6)
+    # one rank per node: nothing inside a node, placeholders on top, one NIC
+    machine = build_machine(settings_for(tmp_path), results[2:], 5e10, 1, 0.0, 1, Sharing(1))
+    assert (machine.alpha, machine.beta, machine.fits) == (DEFAULT_ALPHA, DEFAULT_BETA, {})
+    assert machine.network.nics == 1 and "not measured" in Sharing(1).describe()
+
+
+def test_one_node_profile_is_flat_with_its_ranks_per_node(tmp_path):
+    from hpctrain.commands.calibrate import build_machine
+    from hpctrain.cost.machine import format_machine
+
+    results = [measured("halo", 2, Fit(2e-6, 1e-10))]
+    machine = build_machine(settings_for(tmp_path), results, 5e10, 1, 0.0, 4, None)
+    assert machine.network is None and machine.ranks_per_node == 4
+    text = format_machine(machine)
+    assert "ranks_per_node = 4\n" in text and "[network]" not in text
+
+
+def test_table_has_a_level_column_when_the_network_was_measured():
+    fits = [measured("allgather", 2, Fit(1e-5, 1e-9)),
+            measured("allgather", 2, Fit(2e-5, 1e-9), "network")]
+    table = format_table(fits, 5e10, "cpu").splitlines()
+    assert table[0].split()[:2] == ["level", "collective"]
+    assert table[1].split()[:3] == ["node", "allgather", "2"]
+    assert table[2].split()[:4] == ["network", "allgather", "2", "20.00"]
+    assert "nodes (one rank on each) at the network level" in table[3]

@@ -1,39 +1,60 @@
 """``python -m hpctrain calibrate``: measure this machine's α–β constants and FLOP rate.
 
 Every rank takes part. For each collective the training code issues, on each communicator size it
-can meet at this world size, a sweep of log-spaced message sizes is timed and a line
-``t = a + b·n`` is fitted; ``a`` and ``b`` are then divided by the message and byte terms of the
-formula in :mod:`hpctrain.cost.collectives`, so the planner's prediction at a measured size is
-the fitted line itself:
+can meet, a sweep of log-spaced message sizes is timed and a line ``t = a + b·n`` is fitted; ``a``
+and ``b`` are then divided by the message and byte terms of the formula in
+:mod:`hpctrain.cost.collectives`, so the planner's prediction at a measured size is the fitted
+line itself:
 
-- allgather, on each Pr: ``Allgatherv`` of n/p bytes per rank;
+- allgather: ``Allgatherv`` of n/p bytes per rank;
   α⌈log₂p⌉ + β(p−1)/p·n, n = the gathered bytes.
-- reduce_scatter, on each Pr: ``Reduce_scatter`` of float32 with equal counts, ``MPI.SUM``;
+- reduce_scatter: ``Reduce_scatter`` of float32 with equal counts, ``MPI.SUM``;
   α⌈log₂p⌉ + β(p−1)/p·n, n = the bytes each rank contributes.
-- allreduce, on each Pc and on P: ``Allreduce`` in place of n bytes of float32;
-  2(α⌈log₂p⌉ + β(p−1)/p·n).
-- alltoall, on P: ``Alltoallv`` with equal counts to every other rank and none to itself;
+- allreduce: ``Allreduce`` in place of n bytes of float32; 2(α⌈log₂p⌉ + β(p−1)/p·n).
+- alltoall: ``Alltoallv`` with equal counts to every other rank and none to itself;
   α(p−1) + β·n, n = the bytes each rank receives.
-- halo, stored under p = 2: ``Isend``/``Irecv`` to both neighbours, then ``Waitall``;
-  α + β·n, n = the bytes of one message.
+- halo, stored under p = 2: ``Isend``/``Irecv`` to both neighbours on a non-periodic chain, then
+  ``Waitall``; interior ranks send to and receive from both neighbours at once, as a
+  domain-parallel layer does, and one such exchange is fitted as one message, α + β·n, n = the
+  bytes of one message (looked up with ``machine.link("halo", 2)``).
 
-Communicators are the real ones of every Pr×Pc factorisation of the world: all-gather and
-reduce-scatter on ``model_comm`` (size Pr), all-reduce on ``batch_comm`` (size Pc) and on the
-world, all-to-all on the world. All groups of a grid run at once, as in training, so contention
-between them is part of the measurement. The halo exchange runs on the model communicator of the
-P×1 grid (a non-periodic chain of every rank): interior ranks send to and receive from both
-neighbours at once, as a domain-parallel layer does, and the time of one such exchange is fitted
-as one message, stored under communicator size 2 (looked up with ``machine.link("halo", 2)``).
+The ranks must fill nodes in blocks, R on each (node n holds world ranks n·R … n·R + R − 1, as
+:mod:`hpctrain.cost.nodes` assumes); any other placement is refused on every rank at once. The
+profile records ``ranks_per_node`` = R and has one level or two:
+
+**One node** (R = P): the collectives run on the real sub-communicators of every Pr×Pc
+factorisation of the world: all-gather and reduce-scatter on ``model_comm`` (size Pr),
+all-reduce on ``batch_comm`` (size Pc) and on the world, all-to-all on the world, the halo on
+the model communicator of the P×1 grid (a chain of every rank). Fits are keyed by communicator
+size. There is no ``[network]``: calibrating on two nodes or more measures it.
+
+**Several nodes** (m = P/R ≥ 2), two levels:
+
+- *the node*, fits keyed by the ranks k of a node: all-gather, reduce-scatter and all-reduce on
+  the model communicators of the grids (k, P/k) for every k ≥ 2 dividing R (k consecutive ranks,
+  never crossing a node; every group of every node at once); all-to-all on the node's ranks
+  (keyed by R); the halo on the chain of the node's ranks (the model communicator of the grid
+  (R, P/R)). The profile's top-level ``alpha`` and ``beta`` are this halo fit.
+- *the network*, fits keyed by the number of nodes m′: the communicators of one rank per node
+  (``Split(color=node rank, key=node index)``), and for every m′ ≥ 2 dividing m their groups of
+  m′ consecutive nodes. Only local rank 0's groups run, so one rank per node talks alone; the
+  others wait at the barrier of every timing. All-gather, reduce-scatter and all-reduce on each
+  m′, all-to-all on the m nodes, the halo on the chain of the nodes (stored under 2). The
+  network's ``alpha`` and ``beta`` are this halo fit.
+- *NIC sharing*: the largest halo message between nodes is timed with one rank per node (t₁)
+  and with all R ranks of every node talking across at once, each on its own communicator of
+  one rank per node (t_R). ``nics`` = R·t₁/t_R within [1, R]: the ranks of a node that talk
+  across at full speed together (:mod:`hpctrain.cost.collectives` slows the bytes of s > nics
+  ranks by s/nics). With one rank per node it is 1, not measured.
 
 Past ``--max-bytes`` a second sweep, sizes doubling up to ``--far-bytes``, finds where a message
 outgrows the caches and the bandwidth falls (:func:`fit_knee`): the line is bent there to a
 second slope, stored as the fit's ``knee`` and ``far_beta``.
 
 Timing: two warm-up calls, a barrier, then ``repeats`` calls each timed with ``perf_counter``;
-each call's time is the maximum over all ranks and the median over calls is kept. The profile's
-top-level ``alpha`` and ``beta`` are the halo fit (one point-to-point message). On one rank
-nothing is sent, so there are no fits and the top level holds ``alpha`` = 1 µs and ``beta`` =
-1e-10 s/B (10 GB/s), placeholders that no plan on one rank ever multiplies by a message.
+each call's time is the maximum over all ranks and the median over calls is kept. On one rank,
+or with one rank per node, nothing is sent inside a node, so the top level holds ``alpha`` = 1 µs
+and ``beta`` = 1e-10 s/B (10 GB/s), placeholders that no plan ever multiplies by a message.
 ``flops`` is the median FLOP/s of one rank on a square float32 GEMM, all ranks computing at once
 (so cores shared by oversubscribed ranks count as shared). ``overlap`` is the share of a gradient
 bucket's all-reduce that moves while the ranks compute (:func:`measure_overlap`).
@@ -55,7 +76,15 @@ import numpy as np
 
 from hpctrain.commands.flags import add_threads_option
 from hpctrain.cost.collectives import terms
-from hpctrain.cost.machine import Fit, Machine, is_saved_profile, local_profile, save_machine
+from hpctrain.cost.machine import (
+    Fit,
+    Machine,
+    Network,
+    is_saved_profile,
+    local_profile,
+    save_machine,
+)
+from hpctrain.device.caches import evict_caches
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.io.files import can_create_in
 from hpctrain.io.units import bytes_from
@@ -230,6 +259,44 @@ def communicator_sizes(world_size: int) -> dict[str, list[int]]:
             "halo": [2] if world_size > 1 else []}
 
 
+def level_sizes(count: int) -> dict[str, list[int]]:
+    """The sizes each collective is measured on at one level of ``count`` ranks of a node (or
+    nodes of the machine), when the job spans several nodes.
+
+    All-gather, reduce-scatter and all-reduce on every k ≥ 2 dividing ``count`` (groups of k
+    consecutive ranks, or nodes, never straddling a node's edge), all-to-all on ``count``, the
+    halo keyed by 2. Example: 4 gives allgather [2, 4], reduce_scatter [2, 4], allreduce [2, 4],
+    alltoall [4], halo [2]; 1 (one rank per node) gives no sizes at all.
+    """
+    groups = [k for k, _ in factorisations(count) if k > 1]
+    return {"allgather": groups, "reduce_scatter": groups, "allreduce": groups,
+            "alltoall": [count] if count > 1 else [], "halo": [2] if count > 1 else []}
+
+
+def placement_problem(ranks_per_node: int, nodes: int, even: bool, blocked: bool) -> str:
+    """Why calibrate cannot measure levels on this placement (empty when it can): the ranks
+    must fill equal nodes in blocks, node n holding ranks n·R … n·R + R − 1."""
+    if even and blocked:
+        return ""
+    how = ("nodes hold different numbers of ranks" if not even
+           else "a node holds ranks that are not consecutive (round-robin placement?)")
+    return (f"calibrate needs ranks to fill nodes in blocks of R (node n holding ranks n*R to "
+            f"n*R+R-1), but on these {nodes} nodes {how}; launch with Slurm's "
+            f"--distribution=block or MPICH's mpiexec -hosts a:R,b:R")
+
+
+def nics_from_times(alone: float, together: float, ranks_per_node: int) -> float:
+    """How many ranks of a node talk across at full speed at once: R·t₁/t_R within [1, R].
+
+    ``alone`` (t₁) is a message's time with one rank per node talking, ``together`` (t_R) with
+    all R. ν NICs slow each of R ranks by max(1, R/ν), so t_R = t₁·R/ν when R > ν. Example: 4
+    ranks, 10 µs alone, 20 µs together: 2 NICs. 1 with one rank per node (nothing shares).
+    """
+    if ranks_per_node <= 1 or not (alone > 0 and together > 0):
+        return 1.0
+    return min(float(ranks_per_node), max(1.0, ranks_per_node * alone / together))
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line
 
@@ -346,11 +413,14 @@ def _unwritable(out: Path) -> str:
 # Measurement
 
 
-def _time_calls(world: Any, call: Callable[[], None], repeats: int, sync: Callable[[], None]
-                ) -> float:
+def _time_calls(world: Any, call: Callable[[], None], repeats: int, sync: Callable[[], None],
+                evict: Callable[[], None] | None = None) -> float:
     """Median over ``repeats`` calls of the slowest rank's time of one call, in seconds.
 
-    Every rank of ``world`` must call this together, each with its own ``call``.
+    Every rank of ``world`` must call this together, each with its own ``call``. ``evict``,
+    when given, runs before each call, untimed: the messages' sweeps evict the caches, as in
+    training every collective follows layers whose data pushed MPI's buffers out of them
+    (:mod:`hpctrain.device.caches`).
     """
     from mpi4py import MPI
 
@@ -360,6 +430,9 @@ def _time_calls(world: Any, call: Callable[[], None], repeats: int, sync: Callab
     world.Barrier()
     times = np.empty(repeats)
     for k in range(repeats):
+        if evict is not None:
+            evict()
+            world.Barrier()
         start = time.perf_counter()
         call()
         sync()
@@ -378,26 +451,23 @@ def _benchmark(collective: str, comm: Any, backend: Any, n_bytes: int
     from mpi4py import MPI
 
     xp, be, p = backend.xp, backend, comm.Get_size()
-    if collective == "allgather":  # n = the gathered bytes, n/p from each rank
-        count = max(1, round(n_bytes / (ITEM * p)))
-        x = xp.ones(count, np.float32)
+    if collective in ("allgather", "reduce_scatter"):
+        # through the training primitive (hpctrain.comm.collectives.AllGather), on activations
+        # split over channels, so that its transposes and buffers are part of the time:
+        # n = the gathered bytes (all-gather), the bytes each rank contributes (reduce-scatter)
+        from hpctrain.comm.collectives import AllGather
 
-        def call() -> None:
-            recv = be.empty_mpi((count * p,), np.float32)
-            comm.Allgatherv(be.to_mpi(x), [recv, [count] * p])
-            be.from_mpi(recv)
-
-        return ITEM * count * p, call
-    if collective == "reduce_scatter":  # n = the whole vector each rank contributes
-        count = max(1, round(n_bytes / (ITEM * p)))
-        x = xp.ones(count * p, np.float32)
-
-        def call() -> None:
-            recv = be.empty_mpi((count,), np.float32)
-            comm.Reduce_scatter(be.to_mpi(x), recv, [count] * p, MPI.SUM)
-            be.from_mpi(recv)
-
-        return ITEM * count * p, call
+        count = max(1, round(n_bytes / (ITEM * p)))  # entries of each rank's block
+        inner = 16 if count >= 128 else 1  # a 4x4 feature map
+        batch = 8 if count >= 8 * inner else 1
+        channels = max(1, count // (batch * inner))
+        primitive = AllGather(backend, comm, 1, tuple((k * channels, (k + 1) * channels)
+                                                      for k in range(p)))
+        if collective == "allgather":
+            x = xp.ones((batch, channels, inner), np.float32)
+            return ITEM * batch * channels * inner * p, lambda: primitive.forward(x)
+        x = xp.ones((batch, channels * p, inner), np.float32)
+        return ITEM * batch * channels * inner * p, lambda: primitive.backward(x)
     if collective == "allreduce":  # n = the vector summed in place
         count = max(1, round(n_bytes / ITEM))
         x = xp.zeros(count, np.float32)  # summed in place on every call: zeros stay finite
@@ -451,12 +521,20 @@ class Measured:
     fit: Fit
     residual: float
     floored: bool = False  # a or b hit its floor: the times did not grow along a line
+    level: str = "node"  # "node": p ranks (of one node, with levels); "network": p nodes
 
 
-def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, settings: Settings
-           ) -> Measured:
+def _idle() -> None:
+    """The call of a rank that waits while others are timed."""
+
+
+def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, settings: Settings,
+           level: str = "node", active: bool = True) -> Measured:
     """Time ``collective`` on ``comm`` (this rank's group of size ``p``) at every message size:
-    a line fitted to the sweep up to --max-bytes, bent at a knee to fit the sweep beyond."""
+    a line fitted to the sweep up to --max-bytes, bent at a knee to fit the sweep beyond.
+
+    Collective over ``world``; a rank that is not ``active`` only waits while the others are
+    timed (its group stays silent), and every rank returns the same result."""
     sizes, times = [], []
 
     def time_at(targets: list[int]) -> None:
@@ -465,7 +543,8 @@ def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, setting
             if n_bytes in sizes:  # rounding to whole elements per rank merged two sizes
                 continue
             sizes.append(n_bytes)
-            times.append(_time_calls(world, call, settings.repeats, backend.sync))
+            times.append(_time_calls(world, call if active else _idle, settings.repeats,
+                                     backend.sync, lambda: evict_caches(backend.device)))
             del call  # a large message's buffers go before the next are made
 
     time_at(message_sizes(settings.max_bytes, settings.sizes))
@@ -478,7 +557,7 @@ def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, setting
     return Measured(collective, p, tuple(sizes), tuple(times),
                     line_to_fit(collective, p, a, b, knee, slope),
                     worst_residual(sizes, times, a, b, knee, slope),
-                    bool(a == MIN_A or b == MIN_B))
+                    bool(a == MIN_A or b == MIN_B), level)
 
 
 def measure_flops(world: Any, backend: Any, size: int, repeats: int) -> float:
@@ -563,18 +642,135 @@ def measure(world: Any, backend: Any, settings: Settings) -> list[Measured]:
     return results
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """NIC sharing: one halo message of ``n_bytes`` between nodes, timed with one rank per node
+    talking (``alone``) and with all ``ranks_per_node`` of them (``together``)."""
+
+    ranks_per_node: int
+    n_bytes: int = 0
+    alone: float = 0.0
+    together: float = 0.0
+
+    @property
+    def nics(self) -> float:
+        """The profile's ``nics``, to two decimals."""
+        return round(nics_from_times(self.alone, self.together, self.ranks_per_node), 2)
+
+    def describe(self) -> str:
+        if self.ranks_per_node == 1:
+            return "nics: 1 (one rank per node: NIC sharing was not measured)"
+        return (f"nics: {self.nics:g} of {self.ranks_per_node} ranks per node talk across at "
+                f"full speed at once ({self.n_bytes} B between nodes: {self.alone * 1e6:.1f} us "
+                f"with one rank per node, {self.together * 1e6:.1f} us with all "
+                f"{self.ranks_per_node})")
+
+
+def measure_levels(world: Any, node: Any, backend: Any, settings: Settings
+                   ) -> tuple[list[Measured], Sharing]:
+    """Both levels of a job on several nodes (see the module's text): the fits inside a node,
+    keyed by ranks, and between nodes, keyed by nodes, and the NIC sharing.
+
+    ``node`` is this rank's node communicator (``Split_type(COMM_TYPE_SHARED)``): R ranks, the
+    nodes filled in blocks. Example: P = 4 on two nodes of 2: ranks 0, 1 on node 0 and 2, 3 on
+    node 1; the node level times groups {0, 1} and {2, 3} at once; the network level times
+    {0, 2} alone while 1 and 3 wait, then {0, 2} and {1, 3} together for the NIC sharing.
+    """
+    from hpctrain.comm.grid import GridSet
+
+    size, per_node = world.Get_size(), node.Get_size()
+    nodes, local, index = size // per_node, node.Get_rank(), world.Get_rank() // per_node
+    results = []
+    inside = level_sizes(per_node)
+    with GridSet(world) as grids:
+        for collective in ("allgather", "reduce_scatter", "allreduce"):
+            for k in inside[collective]:  # k consecutive ranks: model groups of the grid k×P/k
+                comm = grids.get((k, size // k)).model_comm
+                results.append(_sweep(collective, k, comm, world, backend, settings))
+        if per_node > 1:
+            results.append(_sweep("alltoall", per_node, node, world, backend, settings))
+            chain = grids.get((per_node, nodes)).model_comm  # the node's ranks, in order
+            results.append(_sweep("halo", 2, chain, world, backend, settings))
+    across = world.Split(color=local, key=index)  # one rank per node: R of them, m ranks each
+    between = level_sizes(nodes)
+    groups = {m: across if m == nodes else across.Split(color=index // m, key=index)
+              for m in between["allgather"]}
+    alone = local == 0  # one rank per node talks; the others wait
+    try:
+        for collective in ("allgather", "reduce_scatter", "allreduce"):
+            for m in between[collective]:
+                results.append(_sweep(collective, m, groups[m], world, backend, settings,
+                                      "network", alone))
+        results.append(_sweep("alltoall", nodes, across, world, backend, settings, "network",
+                              alone))
+        halo = _sweep("halo", 2, across, world, backend, settings, "network", alone)
+        results.append(halo)
+        sharing = Sharing(per_node)
+        if per_node > 1:
+            n_bytes, call = _benchmark("halo", across, backend, max(halo.sizes))
+            sharing = Sharing(per_node, n_bytes,
+                              _time_calls(world, call if alone else _idle, settings.repeats,
+                                          backend.sync),
+                              _time_calls(world, call, settings.repeats, backend.sync))
+    finally:
+        for comm in groups.values():
+            if comm is not across:
+                comm.Free()
+        across.Free()
+    return results, sharing
+
+
+def find_nodes(world: Any) -> Any:
+    """This rank's node communicator; :class:`CalibrateError` on every rank at once when the
+    ranks do not fill equal nodes in blocks (collective)."""
+    from mpi4py import MPI
+
+    from hpctrain.comm.nodes import placement
+
+    where = placement(world)
+    problem = placement_problem(where.ranks_per_node, where.nodes, where.even, where.blocked)
+    if problem:  # every rank learnt the same placement: all raise together
+        raise CalibrateError(problem)
+    return world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+
+
+def build_machine(settings: Settings, results: Sequence[Measured], flops: float, threads: int,
+                  overlap: float, ranks_per_node: int, sharing: Sharing | None) -> Machine:
+    """The profile: the node-level fits at the top, with the node's halo fit as ``alpha`` and
+    ``beta`` (placeholders when nothing moved inside a node); with ``sharing`` (a job on several
+    nodes) the network-level fits, halo fit and NICs as ``[network]``."""
+    fits: dict[str, dict[int, Fit]] = {}
+    net_fits: dict[str, dict[int, Fit]] = {}
+    for m in results:
+        (net_fits if m.level == "network" else fits).setdefault(m.collective, {})[m.p] = m.fit
+    halo = fits.get("halo", {}).get(2, Fit(DEFAULT_ALPHA, DEFAULT_BETA))
+    network = None
+    if sharing is not None:
+        link = net_fits["halo"][2]
+        network = Network(link.alpha, link.beta, sharing.nics, net_fits)
+    return Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits,
+                   threads=threads, overlap=round(overlap, 2), ranks_per_node=ranks_per_node,
+                   network=network)
+
+
 def format_table(results: Sequence[Measured], flops: float, device: str) -> str:
-    """The fits, one line per (collective, p), and the FLOP rate."""
-    lines = [f"{'collective':<15}{'p':>3}{'alpha (us)':>13}{'1/beta (GB/s)':>15}"
+    """The fits, one line per (collective, p), and the FLOP rate; with a level column when
+    some were measured between nodes."""
+    levels = any(m.level == "network" for m in results)
+    level = (lambda name: f"{name:<9}") if levels else (lambda name: "")
+    lines = [f"{level('level')}{'collective':<15}{'p':>3}{'alpha (us)':>13}{'1/beta (GB/s)':>15}"
              f"{'knee (MiB)':>12}{'past it (GB/s)':>16}{'worst resid':>13}"]
     for m in results:
         far = (f"{m.fit.knee / 2**20:>12.3g}{1 / m.fit.far_beta / 1e9:>16.3f}"
                if math.isfinite(m.fit.knee) else f"{'-':>12}{'-':>16}")
-        lines.append(f"{m.collective:<15}{m.p:>3}{m.fit.alpha * 1e6:>13.2f}"
+        lines.append(f"{level(m.level)}{m.collective:<15}{m.p:>3}{m.fit.alpha * 1e6:>13.2f}"
                      f"{1 / m.fit.beta / 1e9:>15.3f}{far}{m.residual:>13.1%}"
                      f"{' *' * m.floored}")
     if not results:
         lines.append("(one rank: no messages to time)")
+    if levels:
+        lines.append("p: ranks of one node at the node level, nodes (one rank on each) at the "
+                     "network level")
     if any(m.floored for m in results):
         lines.append("* alpha or beta held at its floor: the times did not follow a line "
                      "(a noisy machine?); rerun, or raise --repeats")
@@ -586,7 +782,7 @@ def run(argv: list[str], comm: Any) -> int:
     """Parse ``argv``, calibrate on every rank of ``comm``, write the profile from rank 0.
 
     Returns 0. Raises :class:`CalibrateError` (a :class:`~hpctrain.errors.UserError`) on every
-    rank for a bad option, before any message is timed.
+    rank for a bad option or ranks not placed in blocks, before any message is timed.
     """
     from hpctrain.comm.agree import on_root
     from hpctrain.device.backend import make_backend
@@ -600,23 +796,29 @@ def run(argv: list[str], comm: Any) -> int:
     problem = comm.bcast(_unwritable(settings.out) if rank == 0 else None, root=0)
     if problem:
         raise CalibrateError(problem)
+    node = find_nodes(comm)
+    per_node = node.Get_size()
+    nodes = size // per_node
     threads = configure_threads(comm, args.threads)  # the GEMM rate is per rank at these threads
     backend = make_backend(settings.device, "float32", comm)
     started = time.perf_counter()
-    results = measure(comm, backend, settings)
+    sharing: Sharing | None = None
+    try:
+        if nodes == 1:
+            results = measure(comm, backend, settings)
+        else:
+            results, sharing = measure_levels(comm, node, backend, settings)
+    finally:
+        node.Free()
     flops = measure_flops(comm, backend, settings.gemm_size, settings.repeats)
     overlap = measure_overlap(comm, backend, OVERLAP_GEMM_SIZE, settings.repeats)
     elapsed = time.perf_counter() - started
-    fits: dict[str, dict[int, Fit]] = {}
-    for m in results:
-        fits.setdefault(m.collective, {})[m.p] = m.fit
-    halo = fits.get("halo", {}).get(2, Fit(DEFAULT_ALPHA, DEFAULT_BETA))
-    machine = Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits,
-                      threads=threads.threads, overlap=round(overlap, 2))
+    machine = build_machine(settings, results, flops, threads.threads, overlap, per_node, sharing)
     command = " ".join(["python -m hpctrain calibrate", *argv])
     far = far_sizes(settings.max_bytes, settings.far_bytes)
     far_note = f", {len(far)} up to {far[-1]} B past a knee" if far else ""
-    comment = f"written by '{command}' on {size} processes\n"
+    where = f" ({nodes} nodes of {per_node})" if nodes > 1 else ""
+    comment = f"written by '{command}' on {size} processes{where}\n"
     comment += (f"on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                 f"{settings.sizes} sizes from {MIN_BYTES} B to {settings.max_bytes} B"
                 f"{far_note}, median of {settings.repeats} calls, GEMM {settings.gemm_size}")
@@ -625,9 +827,15 @@ def run(argv: list[str], comm: Any) -> int:
     if rank == 0:
         print(f"threads: {threads.describe()}")
         print(format_table(results, flops, settings.device))
+        if sharing is None:
+            print(f"one node ({per_node} rank{'s' if per_node > 1 else ''}): measured the node "
+                  f"level only; calibrate on 2 or more nodes to measure the network between "
+                  f"them")
+        else:
+            print(sharing.describe())
         print(f"overlap: {machine.overlap:.2f} of a gradient sum in flight moves while the "
               f"ranks compute (used with --overlap)")
-        print(f"calibrated {size} rank{'s' if size > 1 else ''} in {elapsed:.1f} s; wrote "
+        print(f"calibrated {size} rank{'s' if size > 1 else ''}{where} in {elapsed:.1f} s; wrote "
               f"{settings.out}", flush=True)
     comm.Barrier()  # on return the profile exists for every rank that shares rank 0's files
     return 0

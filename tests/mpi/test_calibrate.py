@@ -1,4 +1,5 @@
-"""calibrate on the whole world: a profile with a positive fit for every (collective, p)."""
+"""calibrate on the whole world: a profile with a positive fit for every (collective, p), on one
+node, and both levels on nodes simulated by splitting the world."""
 
 import os
 
@@ -35,7 +36,9 @@ def test_quick_calibration_writes_a_profile_every_rank_reads(comm, shared_dir):
                   for f in fits)
           and machine.flops > 0 and machine.device == DEVICE and machine.name == "test"
           and machine.threads >= 1  # the threads per rank the GEMM rate was measured with
-          and 0 <= machine.overlap <= 1)
+          and 0 <= machine.overlap <= 1
+          # mpiexec -n N here starts every rank on this one node: one level
+          and machine.ranks_per_node == comm.size and machine.network is None)
     if comm.size == 1:
         ok = ok and (machine.alpha, machine.beta, machine.overlap) == (DEFAULT_ALPHA,
                                                                         DEFAULT_BETA, 0)
@@ -49,3 +52,38 @@ def test_unwritable_out_is_refused_on_every_rank(comm, shared_dir):
     # rank 0's verdict is shared, so every rank raises together and none waits in a collective
     with pytest.raises(CalibrateError, match="is a directory"):
         calibrate_command.run(["--quick", "--out", str(shared_dir)], comm)
+
+
+def test_both_levels_on_nodes_made_by_splitting_the_world(comm, tmp_path):
+    """The world split into m "nodes" of R consecutive ranks (2 of 2 on four ranks, else one
+    rank per node): node fits keyed by k | R, network fits keyed by m' | m, nics in [1, R]."""
+    from hpctrain.commands.calibrate import Settings, build_machine, measure_levels
+    from hpctrain.device.backend import make_backend
+
+    size = comm.size
+    if size == 1:
+        pytest.skip("levels need two nodes")
+    per_node = 2 if size % 2 == 0 and size > 2 else 1
+    nodes = size // per_node
+    node = comm.Split(color=comm.rank // per_node, key=comm.rank)
+    settings = Settings(tmp_path / "m.toml", "split", 4096, 2, 2, 64, DEVICE)
+    try:
+        results, sharing = measure_levels(comm, node, make_backend(DEVICE, "float32", comm),
+                                          settings)
+    finally:
+        node.Free()
+    machine = build_machine(settings, results, 1e9, 1, 0.0, per_node, sharing)
+    net = machine.network
+    got_node = {(c, p) for c, sizes in machine.fits.items() for p in sizes}
+    got_net = {(c, p) for c, sizes in net.fits.items() for p in sizes}
+    want_node = ({(c, per_node) for c in ("allgather", "reduce_scatter", "allreduce",
+                                          "alltoall")} | {("halo", 2)}) if per_node > 1 else set()
+    want_net = {(c, nodes) for c in ("allgather", "reduce_scatter", "allreduce", "alltoall")}
+    want_net.add(("halo", 2))
+    ok = (got_node == want_node and got_net == want_net and 1 <= net.nics <= per_node
+          and (net.alpha, net.beta) == (net.fits["halo"][2].alpha, net.fits["halo"][2].beta)
+          and all(f.alpha > 0 and f.beta > 0 for sizes in net.fits.values()
+                  for f in sizes.values()))
+    if per_node == 1:
+        ok = ok and (machine.alpha, machine.beta) == (DEFAULT_ALPHA, DEFAULT_BETA)
+    assert all_agree(comm, ok), f"node {sorted(got_node)}, network {sorted(got_net)}, {net}"
