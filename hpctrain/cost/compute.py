@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.cost.work import Kernels, LocalWork
+from hpctrain.device.caches import evict_caches
 from hpctrain.errors import OutputError
 from hpctrain.io.files import replace_atomically
 
@@ -196,6 +197,7 @@ class MeasuredCompute:
         repeats = max(1, min(self.repeats, int(SAMPLE_BUDGET / max(warm, 1e-9))))
         samples = np.empty(repeats)
         for k in range(repeats):
+            evict_caches(self.backend.device)  # as a step leaves them (hpctrain.device.caches)
             if self.comm is not None:
                 self.comm.Barrier()
             start = time.perf_counter()

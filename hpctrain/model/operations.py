@@ -74,4 +74,5 @@ TIMED_MODULES = (
     *sorted({cls.__module__ for op in OPERATIONS.values() for cls in type(op).__mro__
              if cls.__module__.startswith("hpctrain.")}),
     "hpctrain.data.synthetic", "hpctrain.cost.compute", "hpctrain.cost.work",
+    "hpctrain.device.caches",
 )
