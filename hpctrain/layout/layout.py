@@ -111,12 +111,12 @@ class Layout:
 
     @property
     def model_group(self) -> Group:
-        """The ranks that share a batch block and split the rest: Pr consecutive ranks."""
+        """The Pr consecutive ranks that share a batch block and split the rest."""
         return Group(self.grid[0], 1, self.size)
 
     @property
     def batch_group(self) -> Group:
-        """The ranks that hold the same model block and split the batch: every Pr-th rank."""
+        """Every Pr-th rank, the ranks that hold the same model block and split the batch."""
         return Group(self.grid[1], self.grid[0], self.size)
 
     @property
