@@ -19,6 +19,12 @@ For each study (``strong``, ``weak``, ``domain``) three PNG files:
   samples than ranks) has no bar; beyond P = B its speedup is taken over the baseline on B
   ranks (dashed). Written only for files that have the ``pure_batch`` and ``weird_trick`` groups.
 
+For a file of ``simulate --levels``, per net ``levels_<net>.png``: the iteration time against P
+of the plan made on the levelled machine and of the plan made on its flat profile, both priced
+on the levelled machine (and, dashed, the flat plan's own prediction); beside it the flat plan's
+loss in per cent against P, each point labelled with the widest model group of the flat plan
+and of the levelled plan (``*``: wider than a node) and the segments that changed.
+
 The auto plan and its baselines are costed by hpctrain's implementation-faithful model, the
 grids' bars by the paper's equations; the legends say so. Reads the HDF5 file only; never
 imports MPI or hpctrain.
@@ -300,6 +306,50 @@ def plot_plans(group: h5py.Group, root: h5py.File, path: Path) -> Path:
     return path
 
 
+def plot_levels(group: h5py.Group, root: h5py.File, path: Path) -> Path:
+    """One net of the --levels study: iteration time of both plans on the levelled machine
+    against P, and the flat plan's loss against P."""
+    plt = _pyplot()
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    t = read_table(group)
+    procs = t["procs"]
+    fig, (time_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
+    time_ax.plot(procs, t["levelled_time"] * 1e3, "D-", color="black",
+                 label="levelled plan (planned with the levels)")
+    time_ax.plot(procs, t["flat_on_levelled_time"] * 1e3, "o-", color=BATCH_EDGE,
+                 label="flat plan (planned on the network's link everywhere)")
+    time_ax.plot(procs, t["flat_time"] * 1e3, "s--", color="0.55",
+                 label="flat plan, its own prediction (flat profile)")
+    time_ax.set_yscale("log")
+    time_ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1, 2, 5, 10, 20…
+    time_ax.yaxis.set_major_formatter(ScalarFormatter())  # 10, 100: not 10^1, 10^2
+    time_ax.yaxis.set_minor_formatter(NullFormatter())
+    time_ax.set_ylabel("ms per iteration")
+    time_ax.legend(fontsize=7)
+    loss_ax.plot(procs, t["loss"] * 100, "o-", color=BATCH_EDGE)
+    for k, p in enumerate(procs):
+        widths = [f"{t[f'{plan}_widest_model_group'][k]}"
+                  + ("*" if t[f"{plan}_model_group_crosses_nodes"][k] else "")
+                  for plan in ("flat", "levelled")]
+        loss_ax.annotate(f"{widths[0]}→{widths[1]}\n{t['segments_changed'][k]}/"
+                         f"{t['segments'][k]}", (p, t["loss"][k] * 100),
+                         textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6)
+    loss_ax.set_ylim(0, max(1.0, 1.3 * float(np.max(t["loss"])) * 100))
+    loss_ax.set_ylabel("flat plan's loss on the levelled machine, %")
+    loss_ax.set_title("labels: widest model group flat→levelled (* wider than a node); "
+                      "segments changed", fontsize=7)
+    for ax in (time_ax, loss_ax):
+        _procs_axis(ax, procs)
+    fig.suptitle(f"{group.attrs.get('net', group.name)} on {root.attrs.get('machine', '?')}: "
+                 f"flat against levelled planning, B = max({root.attrs.get('least_batch', '?')}, "
+                 f"P)\n{root.attrs.get('machine_levels', '')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
 def plot_simulation(h5_path: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw every study of ``h5_path`` into ``out_dir``; returns the PNG paths written."""
     out = Path(out_dir)
@@ -313,6 +363,8 @@ def plot_simulation(h5_path: str | Path, out_dir: str | Path) -> list[Path]:
             written.append(plot_speedup(root[name], root, out / f"{name}_speedup.png"))
             if all(plan in root[name] for plan in PLANS):  # files of older versions lack them
                 written.append(plot_plans(root[name], root, out / f"{name}_plans.png"))
+        for net, group in root.get("levels", {}).items():  # simulate --levels
+            written.append(plot_levels(group, root, out / f"levels_{net}.png"))
     return written
 
 
@@ -321,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Plot the output of 'python -m hpctrain simulate': per study, stacked "
                     "compute + communication bars per Pr x Pc grid, speedup over pure "
                     "batch parallelism, and the auto plan against pure batch and one weird "
-                    "trick.")
+                    "trick; for a file of 'simulate --levels', per net the plans made with and "
+                    "without the machine's levels.")
     parser.add_argument("h5", help="HDF5 file written by 'python -m hpctrain simulate'")
     parser.add_argument("--out", default="plots", help="directory for the PNG files "
                                                        "(default: %(default)s)")

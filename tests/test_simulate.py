@@ -21,7 +21,7 @@ from hpctrain.commands import simulate as simulate_command
 from hpctrain.commands.simulate import PLANS as SIM_PLANS
 from hpctrain.commands.simulate import ImplementationPlans, Settings
 from hpctrain.cost.compute import FlopModel
-from hpctrain.cost.machine import load_machine
+from hpctrain.cost.machine import load_machine, parse_machine
 from hpctrain.errors import OutputError, UserError
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import load_net
@@ -56,7 +56,7 @@ def test_help_names_every_option():
     text = simulate_command.build_parser().format_help()
     assert "python -m hpctrain simulate" in text
     for flag in ("--net", "--machine", "--images", "--out", "--plots", "--word-bytes",
-                 "--weak-batch-per-rank", "--overlap"):
+                 "--weak-batch-per-rank", "--overlap", "--levels"):
         assert flag in text
 
 
@@ -573,3 +573,147 @@ def test_plots_option_runs_the_checkouts_script(tmp_path, capsys, monkeypatch):
     with pytest.raises(OutputError, match="plot_simulation.py failed with status 4"):
         simulate_command.run(["--net", "mlp", "--out", str(out), "--plots", str(tmp_path)])
     assert out.is_file()
+
+
+# -- --levels: plans made with and without the machine's levels, priced on the levelled one ---
+
+# DGX-like nodes: 8 ranks on a 450 GB/s link, 8 NICs of 50 GB/s between nodes
+TWO_LEVELS = """name = "two-levels"
+alpha = 3e-6
+beta = 2.2222e-12
+flops = 1.5e14
+device = "gpu"
+ranks_per_node = 8
+
+[network]
+alpha = 8e-6
+beta = 2e-11
+nics = 8
+"""
+LEVELLED = parse_machine(TWO_LEVELS, "two-levels")
+LEVELS_COLUMNS = ("procs", "batch", "levelled_time", "flat_on_levelled_time", "flat_time", "loss",
+                  "segments", "segments_changed",
+                  *(f"{plan}_{key}" for plan in ("levelled", "flat")
+                    for key in ("widest_model_group", "model_group_crosses_nodes",
+                                "domain_halos_crossing", "plan", "summary",
+                                "planning_seconds")))
+
+
+@pytest.fixture(scope="module")
+def two_levels(tmp_path_factory):
+    path = tmp_path_factory.mktemp("machines") / "two-levels.toml"
+    path.write_text(TWO_LEVELS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_levels():
+    """AlexNet and ResNet-50 (branches: planned by elimination) on P = 8..64."""
+    return simulate_command.run_levels([NET, load_net("resnet50")], LEVELLED, 2048,
+                                       (8, 16, 32, 64))
+
+
+def choices(plan):
+    """{layer: 'mode RxC'} of a stored plan string."""
+    return dict(part.split("=") for part in plan.split(", "))
+
+
+def test_the_flat_plan_is_never_faster_on_the_levelled_machine(small_levels):
+    """The planner is exact on the levelled machine, and the flat plan is one of its
+    candidates."""
+    assert list(small_levels.tables) == ["alexnet", "resnet50"]
+    for t in small_levels.tables.values():
+        assert list(t["procs"]) == [8, 16, 32, 64] and set(t["batch"]) == {2048}
+        for k in range(len(t["procs"])):
+            assert t["flat_on_levelled_time"][k] >= t["levelled_time"][k] * (1 - 1e-12)
+            assert t["loss"][k] == pytest.approx(
+                t["flat_on_levelled_time"][k] / t["levelled_time"][k] - 1, abs=1e-12)
+            assert t["loss"][k] >= -1e-12
+            levelled, flat = choices(t["levelled_plan"][k]), choices(t["flat_plan"][k])
+            assert levelled.keys() == flat.keys() and len(levelled) == t["segments"][k]
+            assert t["segments_changed"][k] == sum(levelled[n] != flat[n] for n in levelled)
+            for plan, chosen in (("levelled", levelled), ("flat", flat)):
+                widest = max([int(c.split()[1].split("x")[0]) for c in chosen.values()
+                              if c.startswith("model")], default=1)
+                assert t[f"{plan}_widest_model_group"][k] == widest
+                assert t[f"{plan}_model_group_crosses_nodes"][k] == (widest > 8)
+    # the flat profile prices a model group of 16 as if every byte crossed one NIC: it keeps
+    # AlexNet's classifier on groups of 8 where the levelled plan takes 16, across two nodes
+    alexnet = small_levels.tables["alexnet"]
+    assert max(alexnet["loss"]) > 0.01
+    assert any(a > b for a, b in zip(alexnet["levelled_widest_model_group"],
+                                     alexnet["flat_widest_model_group"]))
+
+
+def test_the_times_are_the_planners_and_evaluates():
+    net, batch, procs = load_net("resnet50"), 2048, 32
+    got = simulate_command.compare_levels(net, LEVELLED, batch, procs).row()
+    flops = FlopModel(LEVELLED.flops)
+    model = CostModel(net, batch, procs, LEVELLED, flops)
+    flat = plan_network(CostModel(net, batch, procs, LEVELLED.flattened(), flops))
+    assert got["levelled_time"] == pytest.approx(plan_network(model).iteration_time, rel=1e-12)
+    assert got["flat_time"] == pytest.approx(flat.iteration_time, rel=1e-12)
+    on_levelled = evaluate(model, [flat.plans[head] for head in model.heads])
+    assert got["flat_on_levelled_time"] == pytest.approx(on_levelled.iteration_time, rel=1e-12)
+    assert LEVELLED.flattened().alpha == 8e-6  # the network's link, between every pair
+
+
+def test_on_a_flat_profile_the_loss_is_exactly_zero():
+    t = simulate_command.run_levels([NET], MACHINE, 2048, (8, 64)).tables["alexnet"]
+    assert list(t["loss"]) == [0.0, 0.0] and list(t["segments_changed"]) == [0, 0]
+    assert t["flat_plan"] == t["levelled_plan"] and t["flat_time"] == t["levelled_time"]
+    assert not any(t["levelled_model_group_crosses_nodes"])  # no nodes to cross
+
+
+def test_levels_writes_every_column(two_levels, tmp_path, capsys):
+    out = tmp_path / "levels.h5"
+    assert simulate_command.run(["--levels", "--machine", str(two_levels), "--net", "alexnet",
+                                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "loss %" in text and "alexnet" in text and f"wrote {out}" in text
+    with h5py.File(out, "r") as f:
+        assert list(f) == ["levels"] and list(f["levels"]) == ["alexnet"]
+        assert f.attrs["machine"] == "two-levels" and f.attrs["ranks_per_node"] == 8
+        assert f.attrs["least_batch"] == 2048 and "--levels" in f.attrs["command"]
+        group = f["levels/alexnet"]
+        assert set(group) == set(LEVELS_COLUMNS)
+        assert len({len(group[key]) for key in LEVELS_COLUMNS}) == 1
+        for key in ("levelled_time", "flat_on_levelled_time", "flat_time"):
+            assert group[key].attrs["units"] == "s"
+        assert group["loss"].attrs["units"] == "1"
+        t = table(group)
+    assert list(t["procs"]) == [2**k for k in range(3, 13)]
+    assert list(t["batch"]) == [max(2048, p) for p in t["procs"]]
+    assert np.all(t["flat_on_levelled_time"] >= t["levelled_time"] * (1 - 1e-12))
+    for plan in ("levelled", "flat"):  # halos cross nodes where Pr does not divide 8
+        assert list(t[f"{plan}_domain_halos_crossing"]) == [
+            sum(1 for c in choices(text).values()
+                if c.startswith("domain") and 8 % int(c.split()[1].split("x")[0]))
+            for text in t[f"{plan}_plan"]]
+    written = load_plotter()(out, tmp_path / "plots")
+    assert [p.name for p in written] == ["levels_alexnet.png"]
+    assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_levels_plans_three_nets_unless_told_one(two_levels, tmp_path, monkeypatch):
+    monkeypatch.setattr(simulate_command, "LEVELS_PROCS", (8, 16))
+    monkeypatch.chdir(tmp_path)
+    assert simulate_command.run(["--levels", "--machine", str(two_levels)]) == 0
+    with h5py.File(tmp_path / "runs" / "levels.h5", "r") as f:  # the default --out
+        assert list(f["levels"]) == ["alexnet", "inception_v3", "resnet50"]
+        assert f["levels"].attrs["nets"] == "alexnet,resnet50,inception_v3"
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "--levels needs a machine profile with levels"),
+    (["--machine", "gpu-like"], "gpu-like is flat: give --machine"),
+    (["--images", "5"], "--images belongs to the strong, weak and domain studies"),
+    (["--overlap"], "--overlap belongs to"),
+])
+def test_levels_refuses_in_one_line(two_levels, tmp_path, args, message):
+    if "--images" in args or "--overlap" in args:
+        args = [*args, "--machine", str(two_levels)]
+    with pytest.raises(UserError, match=re.escape(message)) as refused:
+        simulate_command.run(["--levels", *args, "--out", str(tmp_path / "levels.h5")])
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "levels.h5").exists()

@@ -47,6 +47,15 @@ stored as ``runnable`` false with NaN times and the reason as its plan. For each
 same model's time of the same layout is stored too (``impl_total_per_epoch``), with
 ``runnable`` saying whether hpctrain can execute the layout at all (the paper's equations ignore
 that 128 ranks cannot split 64 channels).
+
+``--levels`` runs a fourth study instead, of flat against levelled planning, on a machine
+profile with levels (:attr:`hpctrain.cost.machine.Machine.levelled`: the link inside a node and
+the network between nodes). For each net (AlexNet, ResNet-50 and Inception-v3, or ``--net``) and
+P = 8, 16, …, 4096 at B = max(``--strong-batch``, P), it plans twice: on the levelled profile,
+and on :meth:`~hpctrain.cost.machine.Machine.flattened` (the network's link between every pair
+of ranks, what a planner without levels sees); then it prices the flat plan on the levelled
+profile (:func:`compare_levels`). The flat plan is never predicted faster there than the
+levelled plan (the planner is exact); by how much it is slower is the ``loss``.
 """
 
 from __future__ import annotations
@@ -55,13 +64,14 @@ import argparse
 import math
 import shlex
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from hpctrain.cost.compute import FlopModel
-from hpctrain.cost.machine import Machine, load_machine
+from hpctrain.cost.machine import Machine, MachineError, available_machines, load_machine
 from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
 from hpctrain.io.locations import checkout_root
 from hpctrain.layout.partition import SplitError, factorisations
@@ -79,6 +89,7 @@ from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.pricing import CostModel
 from hpctrain.record import runlog
 
+STUDIES_OUT, LEVELS_OUT = "runs/simulation.h5", "runs/levels.h5"  # the default --out
 STRONG_PROCS = (8, 16, 32, 64, 128, 256, 512)
 WEAK_PROCS = STRONG_PROCS
 DOMAIN_PROCS = (512, 1024, 2048, 4096)
@@ -147,19 +158,23 @@ def build_parser() -> argparse.ArgumentParser:
                     "grid under the paper's equations (Gholami et al., SPAA 2018, Sec. 3): "
                     "strong scaling (B = 2048, P = 8..512), weak scaling (B = 16 P) and domain "
                     "parallelism beyond P = B (B = 512, P = 512..4096), with the planner's "
-                    "auto plan at every point. Pure cost model: no MPI, runs in seconds. "
-                    "Writes one HDF5 file; --plots also draws the figures.")
+                    "auto plan at every point. With --levels instead: plans made with and "
+                    "without the machine's levels (inside a node, between nodes), priced on "
+                    "the levelled machine, P = 8..4096. Pure cost model: no MPI, runs in "
+                    "seconds. Writes one HDF5 file; --plots also draws the figures.")
     add_net_options(parser, image_size=False)
     parser.add_argument("--machine", default="cori-knl",
                         help="machine profile by name or TOML path: alpha, beta and the FLOP "
-                             "rate of one rank (default: %(default)s, the paper's Table 1)")
+                             "rate of one rank (default: %(default)s, the paper's Table 1); "
+                             "--levels needs one with levels")
     parser.add_argument("--images", default="1200000",
                         help="images per epoch; an epoch is images/B iterations "
                              "(default: %(default)s, ImageNet)")
     parser.add_argument("--word-bytes", default="4",
                         help="bytes per activation and weight entry (default: %(default)s)")
     parser.add_argument("--strong-batch", default="2048",
-                        help="global batch of the strong-scaling study (default: %(default)s)")
+                        help="global batch of the strong-scaling study, and the least batch "
+                             "of the --levels study, B = max(this, P) (default: %(default)s)")
     parser.add_argument("--weak-batch-per-rank", default="16",
                         help="samples per rank in the weak-scaling study, B = this x P "
                              "(default: %(default)s)")
@@ -173,8 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "backward below it (the paper's rows count every sum, as its "
                              "equations do; cori-knl's share is 0: nothing hides until a "
                              "profile says so)")
-    parser.add_argument("--out", default="runs/simulation.h5",
-                        help="HDF5 file to write, atomically (default: %(default)s)")
+    parser.add_argument("--levels", action="store_true",
+                        help="instead of the three studies, compare plans made without the "
+                             "machine's levels (the network's link between every pair of "
+                             "ranks) with plans made with them, both priced on the levelled "
+                             "machine: per net (AlexNet, ResNet-50 and Inception-v3, or --net) "
+                             "and P = 8..4096 at B = max(--strong-batch, P); needs --machine "
+                             "with levels (ranks_per_node and [network])")
+    parser.add_argument("--out", default=None,
+                        help=f"HDF5 file to write, atomically (default: {STUDIES_OUT}; "
+                             f"{LEVELS_OUT} with --levels)")
     parser.add_argument("--plots", default=None, metavar="DIR",
                         help="also draw the PNG figures into DIR "
                              "(analysis/plot_simulation.py of a source checkout; needs "
@@ -587,10 +610,280 @@ def _summary(studies: list[Study]) -> str:
     return "\n".join(lines)
 
 
+# -- flat against levelled planning (--levels) ---------------------------------------------------
+
+LEVELS_PROCS = tuple(2**k for k in range(3, 13))  # 8, 16, …, 4096
+LEVELS_NETS = ("alexnet", "resnet50", "inception_v3")
+LEVELS_NOTE = ("per net and P: the plan of hpctrain.plan.planner.plan_network on the levelled "
+               "machine (levelled), the plan it makes on the machine flattened to the network's "
+               "link between every pair of ranks (flat), and the flat plan priced on the "
+               "levelled machine; the planner is exact, so the flat plan is never faster there "
+               "(loss >= 0)")
+#: every column of a net's group in the --levels file, with its units (or None) and what it holds
+LEVELS_COLUMNS: dict[str, tuple[str | None, str]] = {
+    "procs": (None, "P, the ranks"),
+    "batch": (None, "the global batch B = max(strong_batch, P)"),
+    "levelled_time": ("s", "iteration time of the levelled plan on the levelled machine"),
+    "flat_on_levelled_time": ("s", "iteration time of the flat plan on the levelled machine"),
+    "flat_time": ("s", "the flat plan's own prediction, on the flattened machine"),
+    "loss": ("1", "flat_on_levelled_time / levelled_time - 1"),
+    "segments": (None, "segments: a weighted layer and the layers that follow it"),
+    "segments_changed": (None, "segments whose mode or grid differ between the two plans"),
+    **{f"{plan}_{key}": (units, f"the {plan} plan's {what}") for plan in ("levelled", "flat")
+       for key, units, what in (
+           ("widest_model_group", None, "largest Pr of a model-parallel layer (1: none)"),
+           ("model_group_crosses_nodes", None, "widest model group > ranks_per_node"),
+           ("domain_halos_crossing", None, "domain-parallel layers whose halos cross nodes "
+                                           "(Pr > ranks_per_node, or Pr does not divide it)"),
+           ("plan", None, "every weighted layer's mode and grid"),
+           ("summary", None, "per kind and kernel, how many layers chose each mode and grid"),
+           ("planning_seconds", "s", "wall time of plan_network"))},
+}
+
+
+def widest_model_group(planned: PlannedNetwork) -> int:
+    """The largest Pr of a model-parallel layer of ``planned`` (1 when every layer splits the
+    batch or the image)."""
+    return max((plan.grid[0] for plan in planned.plans if plan.mode == "model"), default=1)
+
+
+def domain_halos_crossing(planned: PlannedNetwork, ranks_per_node: int) -> int:
+    """How many domain-parallel layers of ``planned`` exchange halos across nodes: a model
+    group of Pr consecutive ranks lies inside a node of R ranks only when Pr divides R
+    (:mod:`hpctrain.cost.nodes`); 0 on a flat profile (R = 0)."""
+    if not ranks_per_node:
+        return 0
+    return sum(1 for plan in planned.plans
+               if plan.mode == "domain" and ranks_per_node % plan.grid[0] != 0)
+
+
+@dataclass(frozen=True)
+class LevelsComparison:
+    """One (net, B, P) of the --levels study: the plan made on the levelled machine, the plan
+    made on its flattened profile, and the flat plan priced on the levelled machine."""
+
+    net: NetSpec
+    batch: int
+    procs: int
+    ranks_per_node: int
+    levelled: PlannedNetwork
+    flat: PlannedNetwork
+    flat_on_levelled: PlannedNetwork
+    planning_seconds: tuple[float, float]  # plan_network's wall time: levelled, flat
+
+    @property
+    def loss(self) -> float:
+        """How much slower the flat plan runs on the levelled machine than the levelled plan,
+        as a fraction."""
+        return self.flat_on_levelled.iteration_time / self.levelled.iteration_time - 1
+
+    def row(self) -> dict[str, object]:
+        """The values of :data:`LEVELS_COLUMNS`."""
+        pairs = [(a, b) for a, b in zip(self.levelled.plans, self.flat.plans, strict=True)
+                 if a.mode != "follow"]
+        row: dict[str, object] = {
+            "procs": self.procs, "batch": self.batch,
+            "levelled_time": self.levelled.iteration_time,
+            "flat_on_levelled_time": self.flat_on_levelled.iteration_time,
+            "flat_time": self.flat.iteration_time, "loss": self.loss,
+            "segments": len(pairs), "segments_changed": sum(a != b for a, b in pairs)}
+        for name, planned, seconds in (("levelled", self.levelled, self.planning_seconds[0]),
+                                       ("flat", self.flat, self.planning_seconds[1])):
+            widest = widest_model_group(planned)
+            row[f"{name}_widest_model_group"] = widest
+            row[f"{name}_model_group_crosses_nodes"] = bool(self.ranks_per_node
+                                                            and widest > self.ranks_per_node)
+            row[f"{name}_domain_halos_crossing"] = domain_halos_crossing(planned,
+                                                                         self.ranks_per_node)
+            row[f"{name}_plan"] = describe_plan(planned)
+            row[f"{name}_summary"] = summarise_plan(self.net, planned)
+            row[f"{name}_planning_seconds"] = seconds
+        return row
+
+
+def compare_levels(net: NetSpec, machine: Machine, batch: int, procs: int,
+                   word_bytes: int = 4) -> LevelsComparison:
+    """Plan ``net`` at (``batch``, ``procs``) on ``machine`` and on
+    :meth:`~hpctrain.cost.machine.Machine.flattened`, compute from the FLOP rate, and price the
+    flat plan's choice per segment on ``machine``. On a flat profile both plans are one plan,
+    and the loss is 0."""
+    flops = FlopModel(machine.flops)
+    model = CostModel(net, batch, procs, machine, flops, word_bytes)
+    start = time.perf_counter()
+    levelled = plan_network(model)
+    middle = time.perf_counter()
+    flat = plan_network(CostModel(net, batch, procs, machine.flattened(), flops, word_bytes))
+    seconds = (middle - start, time.perf_counter() - middle)
+    flat_on_levelled = evaluate(model, [flat.plans[head] for head in model.heads])
+    return LevelsComparison(net, batch, procs, machine.ranks_per_node, levelled, flat,
+                            flat_on_levelled, seconds)
+
+
+@dataclass
+class LevelsStudy:
+    """The --levels study: per net, one row of :data:`LEVELS_COLUMNS` per P."""
+
+    machine: Machine
+    least_batch: int
+    tables: dict[str, dict[str, list]] = field(default_factory=dict)
+    seconds: float = 0.0  # wall time of the whole study
+
+
+def run_levels(nets: list[NetSpec], machine: Machine, least_batch: int = 2048,
+               procs: tuple[int, ...] = LEVELS_PROCS, word_bytes: int = 4) -> LevelsStudy:
+    """:func:`compare_levels` for each of ``nets`` at each of ``procs``, with B = max(
+    ``least_batch``, P): the strong study's batch while it gives every rank a sample, then one
+    sample per rank, so that every layer can still split the batch over all P ranks."""
+    study = LevelsStudy(machine, least_batch)
+    start = time.perf_counter()
+    for net in nets:
+        table: dict[str, list] = {}
+        for p in procs:
+            row = compare_levels(net, machine, max(least_batch, p), p, word_bytes).row()
+            for key, value in row.items():
+                table.setdefault(key, []).append(value)
+        study.tables[net.name] = table
+    study.seconds = time.perf_counter() - start
+    return study
+
+
+def write_levels_hdf5(path: Path, study: LevelsStudy, attrs: dict[str, object]) -> None:
+    """Write the --levels study to ``path`` atomically: a group ``levels`` with one group per
+    net, one dataset per column of :data:`LEVELS_COLUMNS`."""
+
+    def fill(out) -> None:
+        out.attrs.update(attrs)
+        levels = out.create_group("levels")
+        levels.attrs["description"] = LEVELS_NOTE
+        levels.attrs["columns"] = "; ".join(f"{key}: {what}"
+                                            for key, (_, what) in LEVELS_COLUMNS.items())
+        levels.attrs["nets"] = ",".join(study.tables)
+        for name, table in study.tables.items():
+            group = levels.create_group(name)
+            group.attrs["net"] = name
+            _write_table(group, table)
+            for key, (units, _) in LEVELS_COLUMNS.items():
+                if units is not None:
+                    group[key].attrs["units"] = units
+
+    runlog.write_hdf5(path, fill)
+
+
+def _levels_attrs(study: LevelsStudy, word_bytes: int, argv: list[str]) -> dict[str, object]:
+    from hpctrain import __version__
+
+    m, net = study.machine, study.machine.network
+    return {"machine": m.name, "machine_levels": m.describe(), "flat_machine": m.flattened().name,
+            "ranks_per_node": m.ranks_per_node, "alpha": m.alpha, "beta": m.beta,
+            "network_alpha": net.alpha if net else m.alpha,
+            "network_beta": net.beta if net else m.beta, "nics": net.nics if net else 0.0,
+            "flops": m.flops, "word_bytes": word_bytes, "least_batch": study.least_batch,
+            "batch_rule": "B = max(least_batch, P)", "nets": ",".join(study.tables),
+            "hpctrain_version": __version__,
+            "command": shlex.join(["python", "-m", "hpctrain", "simulate", *argv]),
+            "compute_model": "FLOP model at the machine's rate, per largest local block, with "
+                             "the optimizer's update",
+            "description": LEVELS_NOTE}
+
+
+def _levels_summary(study: LevelsStudy) -> str:
+    m = study.machine
+    lines = [f"flat against levelled planning on {m.name} ({m.describe()}); B = max("
+             f"{study.least_batch}, P); * a model group wider than a node",
+             f"  {'net':<13s} {'P':>5s} {'B':>5s} {'levelled ms':>11s} {'flat plan ms':>12s} "
+             f"{'loss %':>7s} {'changed':>8s}  widest model group flat -> levelled"]
+    for name, t in study.tables.items():
+        for k in range(len(t["procs"])):
+            widths = [f"{t[f'{plan}_widest_model_group'][k]}"
+                      + ("*" if t[f"{plan}_model_group_crosses_nodes"][k] else "")
+                      for plan in ("flat", "levelled")]
+            lines.append(f"  {name:<13s} {t['procs'][k]:>5d} {t['batch'][k]:>5d} "
+                         f"{t['levelled_time'][k] * 1e3:>11.3f} "
+                         f"{t['flat_on_levelled_time'][k] * 1e3:>12.3f} "
+                         f"{t['loss'][k] * 100:>7.2f} "
+                         f"{t['segments_changed'][k]:>4d}/{t['segments'][k]:<3d}  "
+                         f"{widths[0]} -> {widths[1]}")
+    slowest = max((seconds, name, procs) for name, t in study.tables.items()
+                  for plan in ("levelled", "flat")
+                  for seconds, procs in zip(t[f"{plan}_planning_seconds"], t["procs"]))
+    lines.append(f"  planned {2 * sum(len(t['procs']) for t in study.tables.values())} times in "
+                 f"{study.seconds:.1f} s; slowest plan {slowest[0]:.2f} s ({slowest[1]}, "
+                 f"P = {slowest[2]})")
+    return "\n".join(lines)
+
+
+def _levelled_profiles() -> list[str]:
+    """The profiles with levels that --machine finds by name (those that read)."""
+    names = []
+    for name in available_machines():
+        try:
+            if load_machine(name).levelled:
+                names.append(name)
+        except MachineError:
+            continue
+    return names
+
+
+# the options given on the line, told from their defaults (see _parse)
+_TOLD = ("net", "out", "images", "weak_batch_per_rank", "domain_batch", "overlap")
+_NOT_FOR_LEVELS = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
+                   "domain_batch": "--domain-batch", "overlap": "--overlap"}
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, set[str]]:
+    """The options of ``argv``, and which of ``_TOLD`` the line gave: --levels plans three
+    nets unless --net names one, and refuses the other studies' options."""
+    parser = build_parser()
+    unset = object()
+    args = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(_TOLD, unset)))
+    given = {dest for dest in _TOLD if getattr(args, dest) is not unset}
+    for dest in _TOLD:
+        if dest not in given:
+            setattr(args, dest, parser.get_default(dest))
+    if args.out is None:
+        args.out = LEVELS_OUT if args.levels else STUDIES_OUT
+    return args, given
+
+
+def _run_levels(args: argparse.Namespace, given: set[str], argv: list[str]) -> int:
+    """The --levels study: refuse what it cannot do in one line, before any work; then plan,
+    write, summarise (and draw with --plots)."""
+    for dest, flag in _NOT_FOR_LEVELS.items():
+        if dest in given:
+            raise UserError(f"{flag} belongs to the strong, weak and domain studies; --levels "
+                            f"takes --net, --machine, --strong-batch, --word-bytes, --out and "
+                            f"--plots")
+    machine = load_machine(args.machine)
+    if not machine.levelled:
+        names = _levelled_profiles()
+        fix = (f"give --machine {names[0]}" if names else
+               "give --machine a profile with ranks_per_node and a [network] table")
+        raise UserError(f"--levels needs a machine profile with levels "
+                        f"({', '.join([*names, '…'])}); {machine.name} is flat: {fix}")
+    nets = [load_net(args.net)] if "net" in given else [load_net(n) for n in LEVELS_NETS]
+    least_batch = _positive_int(args.strong_batch, "--strong-batch")
+    word_bytes = _positive_int(args.word_bytes, "--word-bytes")
+    out = Path(args.out)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give a file path such as {out}/levels.h5")
+    script = _plotting_script() if args.plots is not None else None
+    study = run_levels(nets, machine, least_batch, LEVELS_PROCS, word_bytes)
+    write_levels_hdf5(out, study, _levels_attrs(study, word_bytes, argv))
+    print(_levels_summary(study))
+    print(f"wrote {out}")
+    sys.stdout.flush()
+    if script is not None:
+        _draw(script, out, args.plots)
+    return 0
+
+
 def run(argv: list[str]) -> int:
-    """Run the three studies, write the HDF5 file (and the plots with ``--plots``); 0 on
-    success. Bad options raise :class:`~hpctrain.errors.UserError`."""
-    args = build_parser().parse_args(argv)
+    """Run the three studies (the --levels study with ``--levels``), write the HDF5 file (and
+    the plots with ``--plots``); 0 on success. Bad options raise
+    :class:`~hpctrain.errors.UserError`."""
+    args, given = _parse(argv)
+    if args.levels:
+        return _run_levels(args, given, argv)
     settings = _settings(args)
     out = Path(args.out)
     if out.is_dir():
