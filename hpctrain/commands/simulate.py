@@ -863,17 +863,26 @@ def _run_levels(args: argparse.Namespace, given: set[str], argv: list[str]) -> i
     nets = [load_net(args.net)] if "net" in given else [load_net(n) for n in LEVELS_NETS]
     least_batch = _positive_int(args.strong_batch, "--strong-batch")
     word_bytes = _positive_int(args.word_bytes, "--word-bytes")
-    out = Path(args.out)
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory; give a file path such as {out}/levels.h5")
-    script = _plotting_script() if args.plots is not None else None
+    out, script = _outputs(args, "levels.h5")
     study = run_levels(nets, machine, least_batch, LEVELS_PROCS, word_bytes)
     write_levels_hdf5(out, study, _levels_attrs(study, word_bytes, argv))
-    print(_levels_summary(study))
-    print(f"wrote {out}")
-    sys.stdout.flush()
+    return _report(out, [_levels_summary(study)], script, args.plots)
+
+
+def _outputs(args: argparse.Namespace, example: str) -> tuple[Path, Path | None]:
+    """The HDF5 file to write and the plotting script (when --plots), checked before any
+    work."""
+    out = Path(args.out)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give a file path such as {out}/{example}")
+    return out, _plotting_script() if args.plots is not None else None
+
+
+def _report(out: Path, lines: list[str], script: Path | None, plots: str | None) -> int:
+    """Print the summary ``lines`` and where the file went, then draw the plots."""
+    print("\n".join([*lines, f"wrote {out}"]), flush=True)
     if script is not None:
-        _draw(script, out, args.plots)
+        _draw(script, out, plots)
     return 0
 
 
@@ -885,17 +894,8 @@ def run(argv: list[str]) -> int:
     if args.levels:
         return _run_levels(args, given, argv)
     settings = _settings(args)
-    out = Path(args.out)
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory; give a file path such as {out}/sim.h5")
-    script = _plotting_script() if args.plots is not None else None  # fail before the work
+    out, script = _outputs(args, "sim.h5")
     studies = run_studies(settings)
     write_hdf5(out, studies, _root_attrs(settings, argv))
-    if settings.overlap:
-        print(_overlap_line(settings.machine))
-    print(_summary(studies))
-    print(f"wrote {out}")
-    sys.stdout.flush()
-    if script is not None:
-        _draw(script, out, args.plots)
-    return 0
+    overlap = [_overlap_line(settings.machine)] if settings.overlap else []
+    return _report(out, [*overlap, _summary(studies)], script, args.plots)
