@@ -8,6 +8,7 @@ import pytest
 from hpctrain.plan.elimination import (
     Table,
     TooLarge,
+    _undominated,
     elimination_order,
     minimise,
     minimise_under_cap,
@@ -110,3 +111,25 @@ def test_a_densely_connected_graph_is_refused_before_any_work():
     tables = [Table((a, b), np.zeros((s, s))) for a in range(n) for b in range(a + 1, n)]
     with pytest.raises(TooLarge, match="entries"):
         minimise([s] * n, tables)
+
+
+def undominated_by_pairs(group, time, memory, moment):
+    """The definition: in (group, time, memory, moment) order, the labels that no label before
+    them in their group beats or equals in memory and moment."""
+    order = np.lexsort((moment, memory, time, group))
+    return np.array([i for k, i in enumerate(order)
+                     if not any(group[j] == group[i] and memory[j] <= memory[i]
+                                and moment[j] <= moment[i] for j in order[:k])], dtype=int)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_undominated_labels_are_those_of_the_definition(seed):
+    """Small value ranges make ties and dominance common; few or many distinct moments against
+    small or large groups take each of the two ways of finding them."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    group = rng.integers(0, int(rng.integers(1, 5)), n)
+    time, memory = (rng.integers(0, 6, n).astype(float) for _ in range(2))
+    moment = rng.integers(0, int(rng.integers(1, 12)), n).astype(float)
+    np.testing.assert_array_equal(_undominated(group, time, memory, moment),
+                                  undominated_by_pairs(group, time, memory, moment))

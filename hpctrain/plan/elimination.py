@@ -189,18 +189,55 @@ def _join(scope: tuple[int, ...], sizes: list[int], fronts: list[_Front], cap: f
 def _undominated(group: np.ndarray, time: np.ndarray, memory: np.ndarray,
                  moment: np.ndarray) -> np.ndarray:
     """Indices, sorted by (group, time, memory, moment), of the labels that no other label of
-    their group beats or equals in all three (of equal labels, one is kept)."""
+    their group beats or equals in all three (of equal labels, one is kept).
+
+    In that order a label can only be beaten by one before it: one of its group with no more
+    memory and no larger moment. Two exact ways find them, the cheaper for the labels at hand:
+    comparing each label with the one ``shift`` places before it, for every shift up to the
+    largest group (O(labels × group)); or, per distinct moment u, a running minimum of the
+    memory of the labels with moment ≤ u, read by the labels whose moment is u (O(labels ×
+    moments)). Fronts have few distinct moments (a moment is one layer's transient memory)
+    but, on a machine with levels, groups of thousands of labels.
+    """
     order = np.lexsort((moment, memory, time, group))
+    if order.size == 0:
+        return order
     group, memory, moment = group[order], memory[order], moment[order]
+    starts = np.r_[True, group[1:] != group[:-1]]
+    largest = int(np.diff(np.flatnonzero(np.r_[starts, True])).max(initial=1))
+    moments, moment_rank = np.unique(moment, return_inverse=True)
+    if moments.size < largest:
+        return order[~_beaten_by_running_minimum(np.cumsum(starts) - 1, memory, moment_rank,
+                                                 moments.size)]
     beaten = np.zeros(order.size, dtype=bool)
-    # a label can only be beaten by one before it in this order; a group of n labels needs
-    # n - 1 shifts (fronts are small: the bounds keep them so)
-    sizes = np.diff(np.flatnonzero(np.r_[True, group[1:] != group[:-1], True]))
-    for shift in range(1, int(sizes.max(initial=1))):
+    for shift in range(1, largest):
         same = group[shift:] == group[:-shift]
         beaten[shift:] |= (same & (memory[:-shift] <= memory[shift:])
                            & (moment[:-shift] <= moment[shift:]))
     return order[~beaten]
+
+
+def _beaten_by_running_minimum(group: np.ndarray, memory: np.ndarray, moment: np.ndarray,
+                               moments: int) -> np.ndarray:
+    """Which labels (sorted as in :func:`_undominated`; ``group`` numbered 0, 1, … in order,
+    ``moment`` a rank among ``moments``) an earlier label of their group beats.
+
+    Each label gets one integer key that orders groups backwards and memories forwards:
+    ``(last group − group)·M + memory rank``. A running minimum of the keys then never carries
+    a value from an earlier group into a later one's labels below that group's own keys, so
+    label i is beaten iff the minimum over the labels before it (with moment ≤ its own) is at
+    most its own key."""
+    ranks, memory_rank = np.unique(memory, return_inverse=True)
+    span = ranks.size
+    key = (int(group[-1]) - group).astype(np.int64) * span + memory_rank
+    beaten = np.zeros(group.size, dtype=bool)
+    never = np.iinfo(np.int64).max
+    for u in range(moments):
+        before = np.minimum.accumulate(np.where(moment <= u, key, never))
+        before = np.r_[never, before[:-1]]
+        here = moment == u
+        beaten[here] = before[here] <= key[here]
+    return beaten
 
 
 def minimise_under_cap(sizes: list[int], tables: list[Table], cap: float,
