@@ -58,10 +58,10 @@ test-mpi: install $(DIGITS)
 	  timeout $(TEST_TIMEOUT) $(MPIEXEC) $(MPIEXEC_FLAGS) -n $$n $(PY) -m mpi4py -m pytest -q tests/mpi; \
 	done
 
-# The job scripts in jobs/ under a real Slurm: a one-node cluster on this machine (needs root;
-# installs Debian's slurmctld, slurmd and munge when missing; leaves it up, and
-# `bash jobs/local-cluster.sh down` stops it), tiny sbatch sweeps, a SIGUSR1 requeue, and the
-# HDF5 logs checked. About 1-3 minutes.
+# The job scripts in jobs/ under a real Slurm: a cluster of two nodes on this machine (needs
+# root; installs Debian's slurmctld, slurmd and munge when missing; leaves it up, and
+# `bash jobs/local-cluster.sh down` stops it), tiny sbatch sweeps, a SIGUSR1 requeue,
+# calibrate and verify across both nodes, and the HDF5 logs checked. About 1-3 minutes.
 test-slurm: install
 	VENV=$(VENV) bash tests/slurm/run.sh
 

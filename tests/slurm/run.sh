@@ -13,7 +13,9 @@
 #   weak-scaling again  P = 2, 30 steps; SIGUSR1 to the batch shell after step 3 (as
 #                       --signal=B:USR1@120 would): checkpoint, requeue, resume, finish
 # and runs `srun -n 4 python -m hpctrain --grid auto` directly, on the calibrated profile
-# (--machine local). Then
+# (--machine local). On two nodes (the local cluster has two), `srun -N 2 --ntasks-per-node=2`
+# runs calibrate, which must find both levels, and verify under the plan made for that profile,
+# which must PASS with no placement warning. Then
 # tests/slurm/check_logs.py checks every HDF5 log: present, finished, on P processes, one row
 # per step, nothing else written. Exit status 0 when all is well; on any failure (or a job
 # taking longer than TEST_SLURM_JOB_TIMEOUT seconds, default 300) it prints squeue, the job
@@ -42,8 +44,8 @@ diagnose() {
     fi
     if [ -n "$out" ]; then echo "--- tail of $out"; tail -40 "$out" 2>&1 || true; fi
     local dir=${HPCTRAIN_SLURM_DIR:-/var/tmp/hpctrain-slurm} log
-    for log in slurmctld.log slurmd.log; do
-        [ -f "$dir/$log" ] && { echo "--- tail of $dir/$log"; tail -15 "$dir/$log"; }
+    for log in "$dir"/slurmctld.log "$dir"/slurmd-*.log; do
+        [ -f "$log" ] && { echo "--- tail of $log"; tail -15 "$log"; }
     done
     return 0
 }
@@ -170,6 +172,33 @@ timeout 300 srun -n 4 -t 5 python -m hpctrain --net alexnet --grid auto --image-
     --batch 16 --steps 3 --machine local --plan-file "$WORK/direct/auto.plan" \
     --log "$direct" >"$WORK/direct/srun.out" 2>&1 ||
     fail "srun -n 4 python -m hpctrain (exit $?)" "" "$WORK/direct/srun.out"
+
+nodes=$(sinfo -h -N -o %N | sort -u | wc -l)
+if [ "$nodes" -ge 2 ]; then
+    say "srun -N 2 --ntasks-per-node=2: calibrate finds two levels, verify passes on its plan"
+    two="$WORK/two-nodes"
+    mkdir -p "$two"
+    (cd "$two" && timeout 300 srun -N 2 --ntasks-per-node=2 -t 5 python -m hpctrain calibrate \
+        --quick --threads 1 --out "$two/profile.toml") >"$two/calibrate.out" 2>&1 ||
+        fail "srun -N 2 python -m hpctrain calibrate (exit $?)" "" "$two/calibrate.out"
+    "$VENV/bin/python" -c "
+import sys
+from hpctrain.cost.machine import load_machine
+m = load_machine(sys.argv[1])
+assert m.levelled and m.ranks_per_node == 2 and 2 in m.network.fits['allreduce'], m
+" "$two/profile.toml" || fail "calibrate on two nodes wrote no profile with levels" "" \
+        "$two/calibrate.out"
+    (cd "$two" && timeout 300 srun -N 2 --ntasks-per-node=2 -t 5 python -m hpctrain verify \
+        --net smallcnn --grid auto --batch 8 --threads 1 --machine "$two/profile.toml") \
+        >"$two/verify.out" 2>&1 || fail "srun -N 2 python -m hpctrain verify (exit $?)" "" \
+        "$two/verify.out"
+    grep -q PASS "$two/verify.out" || fail "verify on two nodes printed no PASS" "" \
+        "$two/verify.out"
+    ! grep -q "^warning" "$two/verify.out" ||
+        fail "verify on two nodes: the placement did not match the profile" "" "$two/verify.out"
+else
+    say "one node in the cluster: the two-node steps are skipped"
+fi
 
 say "checking the logs"
 specs=()
