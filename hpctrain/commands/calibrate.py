@@ -6,9 +6,10 @@ and ``b`` are then divided by the message and byte terms of the formula in
 :mod:`hpctrain.cost.collectives`, so the planner's prediction at a measured size is the fitted
 line itself:
 
-- allgather: ``Allgatherv`` of n/p bytes per rank;
-  α⌈log₂p⌉ + β(p−1)/p·n, n = the gathered bytes.
-- reduce_scatter: ``Reduce_scatter`` of float32 with equal counts, ``MPI.SUM``;
+- allgather: the training primitive's forward (:class:`hpctrain.comm.collectives.AllGather`,
+  an ``Allgatherv`` with its transposes and buffers) on activations split over channels, n/p
+  bytes per rank; α⌈log₂p⌉ + β(p−1)/p·n, n = the gathered bytes.
+- reduce_scatter: the same primitive's backward (its ``Reduce_scatter``);
   α⌈log₂p⌉ + β(p−1)/p·n, n = the bytes each rank contributes.
 - allreduce: ``Allreduce`` in place of n bytes of float32; 2(α⌈log₂p⌉ + β(p−1)/p·n).
 - alltoall: ``Alltoallv`` with equal counts to every other rank and none to itself;
@@ -51,7 +52,8 @@ Past ``--max-bytes`` a second sweep, sizes doubling up to ``--far-bytes``, finds
 outgrows the caches and the bandwidth falls (:func:`fit_knee`): the line is bent there to a
 second slope, stored as the fit's ``knee`` and ``far_beta``.
 
-Timing: two warm-up calls, a barrier, then ``repeats`` calls each timed with ``perf_counter``;
+Timing: two warm-up calls, a barrier, then ``repeats`` calls each timed with ``perf_counter``,
+the caches evicted before each (untimed: :mod:`hpctrain.device.caches`);
 each call's time is the maximum over all ranks and the median over calls is kept. On one rank,
 or with one rank per node, nothing is sent inside a node, so the top level holds ``alpha`` = 1 µs
 and ``beta`` = 1e-10 s/B (10 GB/s), placeholders that no plan ever multiplies by a message.
