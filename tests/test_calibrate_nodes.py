@@ -46,7 +46,12 @@ def test_two_nodes_of_two_give_both_levels(tmp_path):
         assert 2 in machine.fits[collective]  # 2 ranks of a node
     assert 1 <= net.nics <= 2
     assert (net.alpha, net.beta) == (net.fits["halo"][2].alpha, net.fits["halo"][2].beta)
+    # whole groups of 2 ranks on each of the 2 nodes: the world's all-reduce (the batch group
+    # of 1x4) and the model group of 4x1's all-gather and reduce-scatter
+    assert {c: set(s) for c, s in net.shapes.items()} == {
+        "allreduce": {(2, 2)}, "allgather": {(2, 2)}, "reduce_scatter": {(2, 2)}}
     lines = result.stdout.splitlines()
+    assert any(line.split()[:3] == ["shape", "allreduce", "2x2"] for line in lines)
     assert any(line.split()[:2] == ["network", "allreduce"] for line in lines)
     assert any(line.startswith("nics: ") for line in lines)
 

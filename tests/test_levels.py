@@ -140,6 +140,24 @@ def test_more_nics_share_less():
     assert cost.allreduce_time(slow, batch, 1e8) > 2 * cost.allreduce_time(fast, batch, 1e8)
 
 
+def test_a_shape_calibrate_measured_is_priced_by_its_own_fit():
+    """The world on 2 nodes of 2: measured whole, it is one collective on 4 ranks with the
+    shape's α and β (so is any group of 2 ranks on each of 2 nodes); any other shape is still
+    composed from the levels."""
+    measured = Fit(7e-6, 3e-10)
+    plain = levelled(2, 1)
+    shaped = Machine("shaped", plain.alpha, plain.beta, plain.flops, ranks_per_node=2,
+                     network=Network(plain.network.alpha, plain.network.beta, 1,
+                                     shapes={"allreduce": {(2, 2): measured}}))
+    n = 1e6
+    assert cost.allreduce_time(shaped, Group(4, 1, 4), n) == pytest.approx(
+        2 * 2 * 7e-6 + 2 * (3 / 4) * n * 3e-10, rel=1e-12)
+    assert cost.allgather_time(shaped, Group(4, 1, 4), n) == cost.allgather_time(
+        plain, Group(4, 1, 4), n)  # no all-gather measured: composed
+    assert cost.allreduce_time(shaped, Group(8, 1, 8), n) == cost.allreduce_time(
+        plain, Group(8, 1, 8), n)  # another shape: 2 ranks on each of 4 nodes
+
+
 def test_network_fits_are_looked_up_by_nodes():
     fit = Fit(3e-6, 4e-10)
     machine = levelled(1, 1, network=(1e-5, 1e-9))
@@ -157,7 +175,9 @@ def test_network_fits_are_looked_up_by_nodes():
 def test_a_levelled_profile_reads_back_what_was_written(tmp_path):
     machine = Machine("two", 1e-6, 2e-11, 5e12, "gpu", {"allgather": {4: Fit(2e-6, 3e-11)}},
                       ranks_per_node=4, network=Network(6e-6, 4e-11, 2.5, {
-                          "allreduce": {2: Fit(7e-6, 5e-11, 1e6, 9e-11)}}))
+                          "allreduce": {2: Fit(7e-6, 5e-11, 1e6, 9e-11)}},
+                          {"allreduce": {(4, 2): Fit(8e-6, 6e-11)},
+                           "allgather": {(2, 8): Fit(1e-5, 7e-11)}}))
     back = parse_machine(format_machine(machine, "a comment"), "two.toml")
     assert back.ranks_per_node == 4 and back.network == machine.network
     assert back.fits == machine.fits and back.levelled
@@ -173,6 +193,10 @@ def test_a_levelled_profile_reads_back_what_was_written(tmp_path):
     ("ranks_per_node = 2\nnetwork = 3\n", "network must be a table"),
     ("ranks_per_node = 2\n[network]\nalpha = 1e-6\nbeta = 1e-9\n[network.fits.scan]\n",
      "unknown collective"),
+    ('ranks_per_node = 2\n[network]\nalpha = 1e-6\nbeta = 1e-9\n[network.shapes.allreduce]\n'
+     '"2x1" = { alpha = 1e-6, beta = 1e-9 }\n', "a shape is KxM"),
+    ('ranks_per_node = 2\n[network]\nalpha = 1e-6\nbeta = 1e-9\n[network.shapes.halo]\n'
+     '"2x2" = { alpha = 1e-6, beta = 1e-9 }\n', "unknown collective"),
 ])
 def test_a_bad_levelled_profile_is_refused_in_one_line(text, message):
     head = 'name = "m"\nalpha = 1e-6\nbeta = 1e-10\nflops = 1e11\n'

@@ -523,7 +523,16 @@ class Measured:
     fit: Fit
     residual: float
     floored: bool = False  # a or b hit its floor: the times did not grow along a line
-    level: str = "node"  # "node": p ranks (of one node, with levels); "network": p nodes
+    # "node": p ranks (of one node, with levels); "network": p nodes, one rank on each;
+    # "shape": p ranks, per_node on each of p / per_node nodes
+    level: str = "node"
+    per_node: int = 1
+
+    @property
+    def where(self) -> str:
+        """The group, as the table shows it: p, or KxM for a shape."""
+        return f"{self.per_node}x{self.p // self.per_node}" if self.level == "shape" else str(
+            self.p)
 
 
 def _idle() -> None:
@@ -531,7 +540,7 @@ def _idle() -> None:
 
 
 def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, settings: Settings,
-           level: str = "node", active: bool = True) -> Measured:
+           level: str = "node", active: bool = True, per_node: int = 1) -> Measured:
     """Time ``collective`` on ``comm`` (this rank's group of size ``p``) at every message size:
     a line fitted to the sweep up to --max-bytes, bent at a knee to fit the sweep beyond.
 
@@ -559,7 +568,7 @@ def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, setting
     return Measured(collective, p, tuple(sizes), tuple(times),
                     line_to_fit(collective, p, a, b, knee, slope),
                     worst_residual(sizes, times, a, b, knee, slope),
-                    bool(a == MIN_A or b == MIN_B), level)
+                    bool(a == MIN_A or b == MIN_B), level, per_node)
 
 
 def measure_flops(world: Any, backend: Any, size: int, repeats: int) -> float:
@@ -719,7 +728,35 @@ def measure_levels(world: Any, node: Any, backend: Any, settings: Settings
             if comm is not across:
                 comm.Free()
         across.Free()
+    if per_node > 1:
+        results += _measure_shapes(world, per_node, backend, settings)
     return results, sharing
+
+
+def _measure_shapes(world: Any, per_node: int, backend: Any, settings: Settings
+                    ) -> list[Measured]:
+    """Whole groups with several ranks on each of several nodes, every group at once as
+    training runs them: the all-reduce of each batch group (Pr dividing R, Pr < R: R/Pr ranks
+    on each of the m nodes) and the all-gather and reduce-scatter of each model group wider
+    than a node (R·m′ consecutive ranks, m′ ≥ 2 dividing m). Whatever algorithm the MPI library
+    runs for these shapes, node-aware or not, is in the fit."""
+    from hpctrain.comm.grid import GridSet
+
+    size = world.Get_size()
+    nodes = size // per_node
+    results = []
+    with GridSet(world) as grids:
+        for pr in (pr for pr, _ in factorisations(per_node) if pr < per_node):
+            comm = grids.get((pr, size // pr)).batch_comm
+            k = per_node // pr
+            results.append(_sweep("allreduce", k * nodes, comm, world, backend, settings,
+                                  "shape", per_node=k))
+        for m in level_sizes(nodes)["allgather"]:
+            comm = grids.get((per_node * m, size // (per_node * m))).model_comm
+            for collective in ("allgather", "reduce_scatter"):
+                results.append(_sweep(collective, per_node * m, comm, world, backend, settings,
+                                      "shape", per_node=per_node))
+    return results
 
 
 def find_nodes(world: Any) -> Any:
@@ -743,13 +780,17 @@ def build_machine(settings: Settings, results: Sequence[Measured], flops: float,
     nodes) the network-level fits, halo fit and NICs as ``[network]``."""
     fits: dict[str, dict[int, Fit]] = {}
     net_fits: dict[str, dict[int, Fit]] = {}
+    shapes: dict[str, dict[tuple[int, int], Fit]] = {}
     for m in results:
-        (net_fits if m.level == "network" else fits).setdefault(m.collective, {})[m.p] = m.fit
+        if m.level == "shape":
+            shapes.setdefault(m.collective, {})[m.per_node, m.p // m.per_node] = m.fit
+        else:
+            (net_fits if m.level == "network" else fits).setdefault(m.collective, {})[m.p] = m.fit
     halo = fits.get("halo", {}).get(2, Fit(DEFAULT_ALPHA, DEFAULT_BETA))
     network = None
     if sharing is not None:
         link = net_fits["halo"][2]
-        network = Network(link.alpha, link.beta, sharing.nics, net_fits)
+        network = Network(link.alpha, link.beta, sharing.nics, net_fits, shapes)
     return Machine(settings.name, halo.alpha, halo.beta, flops, settings.device, fits,
                    threads=threads, overlap=round(overlap, 2), ranks_per_node=ranks_per_node,
                    network=network)
@@ -758,21 +799,23 @@ def build_machine(settings: Settings, results: Sequence[Measured], flops: float,
 def format_table(results: Sequence[Measured], flops: float, device: str) -> str:
     """The fits, one line per (collective, p), and the FLOP rate; with a level column when
     some were measured between nodes."""
-    levels = any(m.level == "network" for m in results)
+    levels = any(m.level != "node" for m in results)
     level = (lambda name: f"{name:<9}") if levels else (lambda name: "")
-    lines = [f"{level('level')}{'collective':<15}{'p':>3}{'alpha (us)':>13}{'1/beta (GB/s)':>15}"
-             f"{'knee (MiB)':>12}{'past it (GB/s)':>16}{'worst resid':>13}"]
+    width = max([3, *(len(m.where) for m in results)])
+    lines = [f"{level('level')}{'collective':<15}{'p':>{width}}{'alpha (us)':>13}"
+             f"{'1/beta (GB/s)':>15}{'knee (MiB)':>12}{'past it (GB/s)':>16}{'worst resid':>13}"]
     for m in results:
         far = (f"{m.fit.knee / 2**20:>12.3g}{1 / m.fit.far_beta / 1e9:>16.3f}"
                if math.isfinite(m.fit.knee) else f"{'-':>12}{'-':>16}")
-        lines.append(f"{level(m.level)}{m.collective:<15}{m.p:>3}{m.fit.alpha * 1e6:>13.2f}"
+        lines.append(f"{level(m.level)}{m.collective:<15}{m.where:>{width}}"
+                     f"{m.fit.alpha * 1e6:>13.2f}"
                      f"{1 / m.fit.beta / 1e9:>15.3f}{far}{m.residual:>13.1%}"
                      f"{' *' * m.floored}")
     if not results:
         lines.append("(one rank: no messages to time)")
     if levels:
         lines.append("p: ranks of one node at the node level, nodes (one rank on each) at the "
-                     "network level")
+                     "network level, KxM (K ranks on each of M nodes, whole groups) for a shape")
     if any(m.floored for m in results):
         lines.append("* alpha or beta held at its floor: the times did not follow a line "
                      "(a noisy machine?); rerun, or raise --repeats")

@@ -27,7 +27,10 @@ and NCCL run for it:
 
 Each step between nodes is priced on the network's link for m nodes, its bytes slowed by
 NIC sharing: when s ranks of a node talk across at once and the node has ν NICs, each moves at
-1/max(1, s/ν) of a NIC's rate.
+1/max(1, s/ν) of a NIC's rate. Where calibrate measured the collective on that very shape (k
+ranks on each of m nodes, every group at once: :meth:`hpctrain.cost.machine.Network.shape`),
+the measured fit prices it instead, as one collective on p = k·m ranks: what the MPI library
+really runs there, node-aware or not.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ def collective_time(machine: Machine, collective: str, group: Group | int, n: fl
     if where.inside_node:
         return _level_time(machine.link(collective, p), collective, p, n)
     k, nodes = where.per_node, where.nodes
+    if k > 1 and (measured := net.shape(collective, k, nodes)) is not None:
+        return _level_time(measured, collective, p, n)
     share = max(1.0, where.sharing / net.nics)
 
     def inside(step: str, size: float) -> float:

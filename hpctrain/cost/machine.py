@@ -37,6 +37,8 @@ share their bandwidth)::
     nics = 8
     [network.fits.allreduce]
     4 = { alpha = 9e-6, beta = 3.1e-11 }
+    [network.shapes.allreduce]   # groups of 8 ranks on each of 4 nodes, measured whole
+    "8x4" = { alpha = 4e-6, beta = 1.2e-11 }
 
 How the levels price a collective on a group that spans nodes:
 :mod:`hpctrain.cost.collectives`. A profile without ``[network]`` is flat: one link between
@@ -60,7 +62,9 @@ from hpctrain.io.textfile import existing_file, read_text, shipped_file
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
 KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits",
         "ranks_per_node", "network")
-NETWORK_KEYS = ("alpha", "beta", "nics", "fits")
+NETWORK_KEYS = ("alpha", "beta", "nics", "fits", "shapes")
+SHAPE_COLLECTIVES = ("allgather", "reduce_scatter", "allreduce")
+_SHAPE = re.compile(r"([0-9]{1,10})x([0-9]{1,10})", re.ASCII)
 FIT_KEYS = ("alpha", "beta", "knee", "far_beta")
 MAX_PROCS = 2**31 - 1  # an MPI communicator's size is a C int
 LEAST, MOST = 1e-30, 1e30
@@ -118,10 +122,18 @@ class Network:
     beta: float
     nics: float = 1.0
     fits: dict[str, dict[int, Fit]] = field(default_factory=dict)
+    # fits of whole groups of k ranks on each of m nodes, by (k, m), measured with every group
+    # of the pattern at once: what the MPI library really runs for that shape
+    shapes: dict[str, dict[tuple[int, int], Fit]] = field(default_factory=dict)
 
     def link(self, collective: str, nodes: int) -> Fit:
         """α and β for ``collective`` over ``nodes`` nodes, one rank on each."""
         return nearest_fit(self.fits, collective, nodes, Fit(self.alpha, self.beta))
+
+    def shape(self, collective: str, per_node: int, nodes: int) -> Fit | None:
+        """The fit measured for ``collective`` on groups of ``per_node`` ranks on each of
+        ``nodes`` nodes, if calibrate measured that shape."""
+        return self.shapes.get(collective, {}).get((per_node, nodes))
 
 
 @dataclass(frozen=True)
@@ -287,7 +299,26 @@ def _network(table: dict, where: str) -> Network:
         raise MachineError(f"{at}: 'nics' must be a number from 1 to {MAX_PROCS}, got "
                            f"{shown(nics)}")
     return Network(_positive(table, "alpha", at), _positive(table, "beta", at), float(nics),
-                   _fits(table, at))
+                   _fits(table, at), _shapes(table, at))
+
+
+def _shapes(table: dict, where: str) -> dict[str, dict[tuple[int, int], Fit]]:
+    """The network's ``shapes``: per collective, fits keyed \"KxM\" (K ranks on each of M
+    nodes, both at least 2)."""
+    shapes: dict[str, dict[tuple[int, int], Fit]] = {}
+    for collective, sizes in _table(table.get("shapes", {}), where, "shapes").items():
+        if collective not in SHAPE_COLLECTIVES:
+            raise MachineError(f"{where}: unknown collective {shown(collective)} under shapes; "
+                               f"known: {', '.join(SHAPE_COLLECTIVES)}")
+        for key, fit in _table(sizes, where, f"shapes.{collective}").items():
+            at = f"{where}, shapes.{collective}.{shown(key, 30, quoted=False)}"
+            found = _SHAPE.fullmatch(key)
+            if not found or not all(2 <= int(n) <= MAX_PROCS for n in found.groups()):
+                raise MachineError(f"{at}: a shape is KxM, K ranks on each of M nodes, both "
+                                   f"whole numbers from 2 to {MAX_PROCS}")
+            shape = (int(found[1]), int(found[2]))
+            shapes.setdefault(collective, {})[shape] = _fit(_table(fit, at, "a fit"), at)
+    return shapes
 
 
 def user_machines_dir() -> Path:
@@ -349,6 +380,12 @@ def format_machine(machine: Machine, comment: str = "") -> str:
                   f"{1 / net.beta / 1e9:.3g} GB/s)",
                   f"nics = {net.nics:.6g}  # ranks of a node that talk across at full speed"]
         lines += _format_fits(net.fits, "network.fits")
+        for collective in SHAPE_COLLECTIVES:
+            shapes = net.shapes.get(collective)
+            if shapes:
+                lines += ["", f"[network.shapes.{collective}]"]
+                lines += [f'"{k}x{m}" = {{ {_format_fit(f)} }}' for (k, m), f in
+                          sorted(shapes.items())]
     return "\n".join(lines) + "\n"
 
 

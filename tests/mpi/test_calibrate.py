@@ -84,6 +84,11 @@ def test_both_levels_on_nodes_made_by_splitting_the_world(comm, tmp_path):
           and (net.alpha, net.beta) == (net.fits["halo"][2].alpha, net.fits["halo"][2].beta)
           and all(f.alpha > 0 and f.beta > 0 for sizes in net.fits.values()
                   for f in sizes.values()))
+    got_shapes = {(c, s) for c, shapes in net.shapes.items() for s in shapes}
+    want_shapes = ({(c, (2, nodes)) for c in ("allreduce", "allgather", "reduce_scatter")}
+                   if per_node > 1 else set())
+    ok = ok and got_shapes == want_shapes
     if per_node == 1:
         ok = ok and (machine.alpha, machine.beta) == (DEFAULT_ALPHA, DEFAULT_BETA)
-    assert all_agree(comm, ok), f"node {sorted(got_node)}, network {sorted(got_net)}, {net}"
+    assert all_agree(comm, ok), (f"node {sorted(got_node)}, network {sorted(got_net)}, shapes "
+                                 f"{sorted(got_shapes)}, {net}")
