@@ -530,7 +530,7 @@ class Measured:
 
     @property
     def where(self) -> str:
-        """The group, as the table shows it: p, or KxM for a shape."""
+        """How the table shows the group (p, or KxM for a shape)."""
         return f"{self.per_node}x{self.p // self.per_node}" if self.level == "shape" else str(
             self.p)
 
