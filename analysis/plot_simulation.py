@@ -19,7 +19,8 @@ For each study (``strong``, ``weak``, ``domain``) three PNG files:
   samples than ranks) has no bar; beyond P = B its speedup is taken over the baseline on B
   ranks (dashed). Written only for files that have the ``pure_batch`` and ``weird_trick`` groups.
 
-For a file of ``simulate --levels``, per net ``levels_<net>.png``: the iteration time against P
+For a file of ``simulate --levels``, per net ``levels_<net>.png`` (and ``levels_domain_<net>.png``
+for the points with fewer samples than ranks): the iteration time against P
 of the plan made on the levelled machine and of the plan made on its flat profile, both priced
 on the levelled machine (and, dashed, the flat plan's own prediction); beside it the flat plan's
 loss in per cent against P, each point labelled with the widest model group of the flat plan
@@ -342,8 +343,8 @@ def plot_levels(group: h5py.Group, root: h5py.File, path: Path) -> Path:
     for ax in (time_ax, loss_ax):
         _procs_axis(ax, procs)
     fig.suptitle(f"{group.attrs.get('net', group.name)} on {root.attrs.get('machine', '?')}: "
-                 f"flat against levelled planning, B = max({root.attrs.get('least_batch', '?')}, "
-                 f"P)\n{root.attrs.get('machine_levels', '')}", fontsize=9)
+                 f"flat against levelled planning, {group.attrs.get('batch_rule', '')}"
+                 f"\n{root.attrs.get('machine_levels', '')}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -363,8 +364,9 @@ def plot_simulation(h5_path: str | Path, out_dir: str | Path) -> list[Path]:
             written.append(plot_speedup(root[name], root, out / f"{name}_speedup.png"))
             if all(plan in root[name] for plan in PLANS):  # files of older versions lack them
                 written.append(plot_plans(root[name], root, out / f"{name}_plans.png"))
-        for net, group in root.get("levels", {}).items():  # simulate --levels
-            written.append(plot_levels(group, root, out / f"levels_{net}.png"))
+        for study in ("levels", "levels_domain"):  # simulate --levels
+            for net, group in root.get(study, {}).items():
+                written.append(plot_levels(group, root, out / f"{study}_{net}.png"))
     return written
 
 

@@ -672,36 +672,50 @@ def test_levels_writes_every_column(two_levels, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "loss %" in text and "alexnet" in text and f"wrote {out}" in text
     with h5py.File(out, "r") as f:
-        assert list(f) == ["levels"] and list(f["levels"]) == ["alexnet"]
+        assert list(f) == ["levels", "levels_domain"] and list(f["levels"]) == ["alexnet"]
         assert f.attrs["machine"] == "two-levels" and f.attrs["ranks_per_node"] == 8
         assert f.attrs["least_batch"] == 2048 and "--levels" in f.attrs["command"]
-        group = f["levels/alexnet"]
-        assert set(group) == set(LEVELS_COLUMNS)
-        assert len({len(group[key]) for key in LEVELS_COLUMNS}) == 1
-        for key in ("levelled_time", "flat_on_levelled_time", "flat_time"):
-            assert group[key].attrs["units"] == "s"
-        assert group["loss"].attrs["units"] == "1"
-        t = table(group)
+        assert f.attrs["domain_batch"] == 512
+        tables = []
+        for study in ("levels", "levels_domain"):
+            group = f[f"{study}/alexnet"]
+            assert set(group) == set(LEVELS_COLUMNS)
+            assert len({len(group[key]) for key in LEVELS_COLUMNS}) == 1
+            for key in ("levelled_time", "flat_on_levelled_time", "flat_time"):
+                assert group[key].attrs["units"] == "s"
+            assert group["loss"].attrs["units"] == "1"
+            tables.append(table(group))
+    t, domain = tables
     assert list(t["procs"]) == [2**k for k in range(3, 13)]
     assert list(t["batch"]) == [max(2048, p) for p in t["procs"]]
-    assert np.all(t["flat_on_levelled_time"] >= t["levelled_time"] * (1 - 1e-12))
-    for plan in ("levelled", "flat"):  # halos cross nodes where Pr does not divide 8
-        assert list(t[f"{plan}_domain_halos_crossing"]) == [
-            sum(1 for c in choices(text).values()
-                if c.startswith("domain") and 8 % int(c.split()[1].split("x")[0]))
-            for text in t[f"{plan}_plan"]]
+    # fewer samples than ranks: B = --domain-batch at each P of the domain study above it
+    assert list(domain["procs"]) == [1024, 2048, 4096] and set(domain["batch"]) == {512}
+    for t in tables:
+        assert np.all(t["flat_on_levelled_time"] >= t["levelled_time"] * (1 - 1e-12))
+        for plan in ("levelled", "flat"):  # halos cross nodes where Pr does not divide 8
+            assert list(t[f"{plan}_domain_halos_crossing"]) == [
+                sum(1 for c in choices(text).values()
+                    if c.startswith("domain") and 8 % int(c.split()[1].split("x")[0]))
+                for text in t[f"{plan}_plan"]]
     written = load_plotter()(out, tmp_path / "plots")
-    assert [p.name for p in written] == ["levels_alexnet.png"]
-    assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in written] == ["levels_alexnet.png", "levels_domain_alexnet.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
 
 
 def test_levels_plans_three_nets_unless_told_one(two_levels, tmp_path, monkeypatch):
     monkeypatch.setattr(simulate_command, "LEVELS_PROCS", (8, 16))
+    monkeypatch.setattr(simulate_command, "DOMAIN_PROCS", (16,))
     monkeypatch.chdir(tmp_path)
     assert simulate_command.run(["--levels", "--machine", str(two_levels)]) == 0
+    monkeypatch.setattr(simulate_command, "DOMAIN_PROCS", (16,))
+    assert simulate_command.run(["--levels", "--machine", str(two_levels), "--domain-batch",
+                                 "8", "--out", "small.h5"]) == 0
     with h5py.File(tmp_path / "runs" / "levels.h5", "r") as f:  # the default --out
         assert list(f["levels"]) == ["alexnet", "inception_v3", "resnet50"]
         assert f["levels"].attrs["nets"] == "alexnet,resnet50,inception_v3"
+        assert "levels_domain" not in f  # no P of the domain study above 512
+    with h5py.File(tmp_path / "small.h5", "r") as f:
+        assert list(f["levels_domain/alexnet/batch"]) == [8]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -51,11 +51,12 @@ that 128 ranks cannot split 64 channels).
 ``--levels`` runs a fourth study instead, of flat against levelled planning, on a machine
 profile with levels (:attr:`hpctrain.cost.machine.Machine.levelled`: the link inside a node and
 the network between nodes). For each net (AlexNet, ResNet-50 and Inception-v3, or ``--net``) and
-P = 8, 16, …, 4096 at B = max(``--strong-batch``, P), it plans twice: on the levelled profile,
-and on :meth:`~hpctrain.cost.machine.Machine.flattened` (the network's link between every pair
-of ranks, what a planner without levels sees); then it prices the flat plan on the levelled
-profile (:func:`compare_levels`). The flat plan is never predicted faster there than the
-levelled plan (the planner is exact); by how much it is slower is the ``loss``.
+P = 8, 16, …, 4096 at B = max(``--strong-batch``, P), and at B = ``--domain-batch`` for the P of
+the domain study beyond it (fewer samples than ranks: images are split too), it plans twice: on
+the levelled profile, and on :meth:`~hpctrain.cost.machine.Machine.flattened` (the network's
+link between every pair of ranks, what a planner without levels sees); then it prices the flat
+plan on the levelled profile (:func:`compare_levels`). The flat plan is never predicted faster
+there than the levelled plan (the planner is exact); by how much it is slower is the ``loss``.
 """
 
 from __future__ import annotations
@@ -179,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="samples per rank in the weak-scaling study, B = this x P "
                              "(default: %(default)s)")
     parser.add_argument("--domain-batch", default="512",
-                        help="global batch of the domain study, P = 512..4096 "
-                             "(default: %(default)s)")
+                        help="global batch of the domain study, P = 512..4096, and of the "
+                             "--levels points with P > B (default: %(default)s)")
     parser.add_argument("--overlap", action="store_true",
                         help="cost the implementation model's plans (auto and the baselines) "
                              "with gradient sums in flight, as a run with --overlap: the "
@@ -633,8 +634,9 @@ LEVELS_COLUMNS: dict[str, tuple[str | None, str]] = {
        for key, units, what in (
            ("widest_model_group", None, "largest Pr of a model-parallel layer (1: none)"),
            ("model_group_crosses_nodes", None, "widest model group > ranks_per_node"),
-           ("domain_halos_crossing", None, "domain-parallel layers whose halos cross nodes "
-                                           "(Pr > ranks_per_node, or Pr does not divide it)"),
+           ("domain_halos_crossing", None, "domain-parallel layers with a window taller than "
+                                           "one row whose halos cross nodes (Pr > "
+                                           "ranks_per_node, or Pr does not divide it)"),
            ("plan", None, "every weighted layer's mode and grid"),
            ("summary", None, "per kind and kernel, how many layers chose each mode and grid"),
            ("planning_seconds", "s", "wall time of plan_network"))},
@@ -647,14 +649,16 @@ def widest_model_group(planned: PlannedNetwork) -> int:
     return max((plan.grid[0] for plan in planned.plans if plan.mode == "model"), default=1)
 
 
-def domain_halos_crossing(planned: PlannedNetwork, ranks_per_node: int) -> int:
-    """How many domain-parallel layers of ``planned`` exchange halos across nodes: a model
-    group of Pr consecutive ranks lies inside a node of R ranks only when Pr divides R
+def domain_halos_crossing(net: NetSpec, planned: PlannedNetwork, ranks_per_node: int) -> int:
+    """How many domain-parallel layers of ``planned`` exchange halos across nodes: a window
+    taller than one row (a 1×1 convolution split by rows needs no halo), on a model group of
+    Pr consecutive ranks, which lies inside a node of R ranks only when Pr divides R
     (:mod:`hpctrain.cost.nodes`); 0 on a flat profile (R = 0)."""
     if not ranks_per_node:
         return 0
-    return sum(1 for plan in planned.plans
-               if plan.mode == "domain" and ranks_per_node % plan.grid[0] != 0)
+    return sum(1 for spec, plan in zip(net.layers, planned.plans, strict=True)
+               if plan.mode == "domain" and ranks_per_node % plan.grid[0] != 0
+               and getattr(spec.options, "kernel", (1,))[0] > 1)
 
 
 @dataclass(frozen=True)
@@ -693,8 +697,8 @@ class LevelsComparison:
             row[f"{name}_widest_model_group"] = widest
             row[f"{name}_model_group_crosses_nodes"] = bool(self.ranks_per_node
                                                             and widest > self.ranks_per_node)
-            row[f"{name}_domain_halos_crossing"] = domain_halos_crossing(planned,
-                                                                         self.ranks_per_node)
+            row[f"{name}_domain_halos_crossing"] = domain_halos_crossing(
+                self.net, planned, self.ranks_per_node)
             row[f"{name}_plan"] = describe_plan(planned)
             row[f"{name}_summary"] = summarise_plan(self.net, planned)
             row[f"{name}_planning_seconds"] = seconds
@@ -727,24 +731,39 @@ class LevelsStudy:
     least_batch: int
     tables: dict[str, dict[str, list]] = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the whole study
+    domain_batch: int = 0  # 0: no points with P > B
+    domain_tables: dict[str, dict[str, list]] = field(default_factory=dict)  # B = domain_batch
 
 
 def run_levels(nets: list[NetSpec], machine: Machine, least_batch: int = 2048,
-               procs: tuple[int, ...] = LEVELS_PROCS, word_bytes: int = 4) -> LevelsStudy:
+               procs: tuple[int, ...] = LEVELS_PROCS, word_bytes: int = 4,
+               domain_batch: int = 0, domain_procs: tuple[int, ...] = DOMAIN_PROCS
+               ) -> LevelsStudy:
     """:func:`compare_levels` for each of ``nets`` at each of ``procs``, with B = max(
     ``least_batch``, P): the strong study's batch while it gives every rank a sample, then one
-    sample per rank, so that every layer can still split the batch over all P ranks."""
-    study = LevelsStudy(machine, least_batch)
+    sample per rank, so that every layer can still split the batch over all P ranks. With a
+    ``domain_batch``, also at B = ``domain_batch`` for each of ``domain_procs`` above it, where
+    a layer on P ranks must split its images (or channels) as well as the batch."""
+    study = LevelsStudy(machine, least_batch, domain_batch=domain_batch)
     start = time.perf_counter()
     for net in nets:
-        table: dict[str, list] = {}
-        for p in procs:
-            row = compare_levels(net, machine, max(least_batch, p), p, word_bytes).row()
-            for key, value in row.items():
-                table.setdefault(key, []).append(value)
-        study.tables[net.name] = table
+        study.tables[net.name] = _levels_table(net, machine, [(max(least_batch, p), p)
+                                                              for p in procs], word_bytes)
+        beyond = [(domain_batch, p) for p in domain_procs if domain_batch and p > domain_batch]
+        if beyond:
+            study.domain_tables[net.name] = _levels_table(net, machine, beyond, word_bytes)
     study.seconds = time.perf_counter() - start
     return study
+
+
+def _levels_table(net: NetSpec, machine: Machine, points: list[tuple[int, int]],
+                  word_bytes: int) -> dict[str, list]:
+    """The rows of :data:`LEVELS_COLUMNS` at each (B, P) of ``points``."""
+    table: dict[str, list] = {}
+    for batch, p in points:
+        for key, value in compare_levels(net, machine, batch, p, word_bytes).row().items():
+            table.setdefault(key, []).append(value)
+    return table
 
 
 def write_levels_hdf5(path: Path, study: LevelsStudy, attrs: dict[str, object]) -> None:
@@ -753,20 +772,30 @@ def write_levels_hdf5(path: Path, study: LevelsStudy, attrs: dict[str, object]) 
 
     def fill(out) -> None:
         out.attrs.update(attrs)
-        levels = out.create_group("levels")
-        levels.attrs["description"] = LEVELS_NOTE
-        levels.attrs["columns"] = "; ".join(f"{key}: {what}"
-                                            for key, (_, what) in LEVELS_COLUMNS.items())
-        levels.attrs["nets"] = ",".join(study.tables)
-        for name, table in study.tables.items():
-            group = levels.create_group(name)
-            group.attrs["net"] = name
-            _write_table(group, table)
-            for key, (units, _) in LEVELS_COLUMNS.items():
-                if units is not None:
-                    group[key].attrs["units"] = units
+        for name, tables, rule in (
+                ("levels", study.tables, f"B = max({study.least_batch}, P)"),
+                ("levels_domain", study.domain_tables, f"B = {study.domain_batch} < P")):
+            if tables:
+                _write_levels_group(out.create_group(name), tables, rule)
 
     runlog.write_hdf5(path, fill)
+
+
+def _write_levels_group(levels, tables: dict[str, dict[str, list]], rule: str) -> None:
+    """One group per net, one dataset per column of :data:`LEVELS_COLUMNS`."""
+    levels.attrs["description"] = LEVELS_NOTE
+    levels.attrs["columns"] = "; ".join(f"{key}: {what}"
+                                        for key, (_, what) in LEVELS_COLUMNS.items())
+    levels.attrs["nets"] = ",".join(tables)
+    levels.attrs["batch_rule"] = rule
+    for name, table in tables.items():
+        group = levels.create_group(name)
+        group.attrs["net"] = name
+        group.attrs["batch_rule"] = rule
+        _write_table(group, table)
+        for key, (units, _) in LEVELS_COLUMNS.items():
+            if units is not None:
+                group[key].attrs["units"] = units
 
 
 def _levels_attrs(study: LevelsStudy, word_bytes: int, argv: list[str]) -> dict[str, object]:
@@ -778,7 +807,9 @@ def _levels_attrs(study: LevelsStudy, word_bytes: int, argv: list[str]) -> dict[
             "network_alpha": net.alpha if net else m.alpha,
             "network_beta": net.beta if net else m.beta, "nics": net.nics if net else 0.0,
             "flops": m.flops, "word_bytes": word_bytes, "least_batch": study.least_batch,
-            "batch_rule": "B = max(least_batch, P)", "nets": ",".join(study.tables),
+            "domain_batch": study.domain_batch,
+            "batch_rule": "B = max(least_batch, P); levels_domain: B = domain_batch < P",
+            "nets": ",".join(study.tables),
             "hpctrain_version": __version__,
             "command": shlex.join(["python", "-m", "hpctrain", "simulate", *argv]),
             "compute_model": "FLOP model at the machine's rate, per largest local block, with "
@@ -789,24 +820,27 @@ def _levels_attrs(study: LevelsStudy, word_bytes: int, argv: list[str]) -> dict[
 def _levels_summary(study: LevelsStudy) -> str:
     m = study.machine
     lines = [f"flat against levelled planning on {m.name} ({m.describe()}); B = max("
-             f"{study.least_batch}, P); * a model group wider than a node",
+             f"{study.least_batch}, P), then B = {study.domain_batch} for P above it; * a model "
+             f"group wider than a node; halos: domain layers whose halos cross nodes",
              f"  {'net':<13s} {'P':>5s} {'B':>5s} {'levelled ms':>11s} {'flat plan ms':>12s} "
-             f"{'loss %':>7s} {'changed':>8s}  widest model group flat -> levelled"]
-    for name, t in study.tables.items():
+             f"{'loss %':>7s} {'changed':>8s}  widest model group flat -> levelled, halos"]
+    every = [*study.tables.items(), *study.domain_tables.items()]
+    for name, t in every:
         for k in range(len(t["procs"])):
             widths = [f"{t[f'{plan}_widest_model_group'][k]}"
                       + ("*" if t[f"{plan}_model_group_crosses_nodes"][k] else "")
                       for plan in ("flat", "levelled")]
+            halos = [t[f"{plan}_domain_halos_crossing"][k] for plan in ("flat", "levelled")]
             lines.append(f"  {name:<13s} {t['procs'][k]:>5d} {t['batch'][k]:>5d} "
                          f"{t['levelled_time'][k] * 1e3:>11.3f} "
                          f"{t['flat_on_levelled_time'][k] * 1e3:>12.3f} "
                          f"{t['loss'][k] * 100:>7.2f} "
                          f"{t['segments_changed'][k]:>4d}/{t['segments'][k]:<3d}  "
-                         f"{widths[0]} -> {widths[1]}")
-    slowest = max((seconds, name, procs) for name, t in study.tables.items()
+                         f"{widths[0]} -> {widths[1]}, {halos[0]} -> {halos[1]}")
+    slowest = max((seconds, name, procs) for name, t in every
                   for plan in ("levelled", "flat")
                   for seconds, procs in zip(t[f"{plan}_planning_seconds"], t["procs"]))
-    lines.append(f"  planned {2 * sum(len(t['procs']) for t in study.tables.values())} times in "
+    lines.append(f"  planned {2 * sum(len(t['procs']) for _, t in every)} times in "
                  f"{study.seconds:.1f} s; slowest plan {slowest[0]:.2f} s ({slowest[1]}, "
                  f"P = {slowest[2]})")
     return "\n".join(lines)
@@ -827,7 +861,7 @@ def _levelled_profiles() -> list[str]:
 # the options given on the line, told from their defaults (see _parse)
 _TOLD = ("net", "out", "images", "weak_batch_per_rank", "domain_batch", "overlap")
 _NOT_FOR_LEVELS = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
-                   "domain_batch": "--domain-batch", "overlap": "--overlap"}
+                   "overlap": "--overlap"}
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, set[str]]:
@@ -851,8 +885,8 @@ def _run_levels(args: argparse.Namespace, given: set[str], argv: list[str]) -> i
     for dest, flag in _NOT_FOR_LEVELS.items():
         if dest in given:
             raise UserError(f"{flag} belongs to the strong, weak and domain studies; --levels "
-                            f"takes --net, --machine, --strong-batch, --word-bytes, --out and "
-                            f"--plots")
+                            f"takes --net, --machine, --strong-batch, --domain-batch, "
+                            f"--word-bytes, --out and --plots")
     machine = load_machine(args.machine)
     if not machine.levelled:
         names = _levelled_profiles()
@@ -862,9 +896,11 @@ def _run_levels(args: argparse.Namespace, given: set[str], argv: list[str]) -> i
                         f"({', '.join([*names, '…'])}); {machine.name} is flat: {fix}")
     nets = [load_net(args.net)] if "net" in given else [load_net(n) for n in LEVELS_NETS]
     least_batch = _positive_int(args.strong_batch, "--strong-batch")
+    domain_batch = _positive_int(args.domain_batch, "--domain-batch")
     word_bytes = _positive_int(args.word_bytes, "--word-bytes")
     out, script = _outputs(args, "levels.h5")
-    study = run_levels(nets, machine, least_batch, LEVELS_PROCS, word_bytes)
+    study = run_levels(nets, machine, least_batch, LEVELS_PROCS, word_bytes, domain_batch,
+                       DOMAIN_PROCS)
     write_levels_hdf5(out, study, _levels_attrs(study, word_bytes, argv))
     return _report(out, [_levels_summary(study)], script, args.plots)
 
