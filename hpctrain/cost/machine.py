@@ -51,8 +51,10 @@ import json
 import math
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from hpctrain.errors import UserError, one_line, shown
 from hpctrain.io.files import replace_atomically
@@ -273,19 +275,31 @@ def parse_machine(text: str, source: str) -> Machine:
 
 
 def _fits(table: dict, where: str) -> dict[str, dict[int, Fit]]:
-    """The ``fits`` table of ``table`` (the profile's, or its network's)."""
-    fits: dict[str, dict[int, Fit]] = {}
-    for collective, sizes in _table(table.get("fits", {}), where, "fits").items():
-        if collective not in COLLECTIVES:
-            raise MachineError(f"{where}: unknown collective {shown(collective)} under [fits]; "
-                               f"known: {', '.join(COLLECTIVES)}")
-        for size, fit in _table(sizes, where, f"fits.{collective}").items():
-            at = f"{where}, fits.{collective}.{shown(size, 30, quoted=False)}"
-            if not _SIZE.fullmatch(size) or not 1 <= int(size) <= MAX_PROCS:
-                raise MachineError(f"{at}: communicator size must be a whole number from 1 to "
-                                   f"{MAX_PROCS}")
-            fits.setdefault(collective, {})[int(size)] = _fit(_table(fit, at, "a fit"), at)
-    return fits
+    """The ``fits`` table of ``table`` (the profile's, or its network's), keyed by size."""
+    return _fit_tables(table, "fits", COLLECTIVES, where, _size,
+                       f"communicator size must be a whole number from 1 to {MAX_PROCS}")
+
+
+def _size(key: str) -> int | None:
+    return int(key) if _SIZE.fullmatch(key) and 1 <= int(key) <= MAX_PROCS else None
+
+
+def _fit_tables(table: dict, name: str, known: tuple[str, ...], where: str,
+                parse_key: Callable[[str], Any], rule: str) -> dict[str, dict[Any, Fit]]:
+    """``table[name]``: per collective of ``known``, fits by the key ``parse_key`` reads (None:
+    refused, saying ``rule``)."""
+    found: dict[str, dict[Any, Fit]] = {}
+    for collective, entries in _table(table.get(name, {}), where, name).items():
+        if collective not in known:
+            raise MachineError(f"{where}: unknown collective {shown(collective)} under "
+                               f"[{name}]; known: {', '.join(known)}")
+        for key, fit in _table(entries, where, f"{name}.{collective}").items():
+            at = f"{where}, {name}.{collective}.{shown(key, 30, quoted=False)}"
+            parsed = parse_key(key)
+            if parsed is None:
+                raise MachineError(f"{at}: {rule}")
+            found.setdefault(collective, {})[parsed] = _fit(_table(fit, at, "a fit"), at)
+    return found
 
 
 def _network(table: dict, where: str) -> Network:
@@ -303,22 +317,18 @@ def _network(table: dict, where: str) -> Network:
 
 
 def _shapes(table: dict, where: str) -> dict[str, dict[tuple[int, int], Fit]]:
-    """The network's ``shapes``: per collective, fits keyed \"KxM\" (K ranks on each of M
+    """The network's ``shapes``: per collective, fits keyed "KxM" (K ranks on each of M
     nodes, both at least 2)."""
-    shapes: dict[str, dict[tuple[int, int], Fit]] = {}
-    for collective, sizes in _table(table.get("shapes", {}), where, "shapes").items():
-        if collective not in SHAPE_COLLECTIVES:
-            raise MachineError(f"{where}: unknown collective {shown(collective)} under shapes; "
-                               f"known: {', '.join(SHAPE_COLLECTIVES)}")
-        for key, fit in _table(sizes, where, f"shapes.{collective}").items():
-            at = f"{where}, shapes.{collective}.{shown(key, 30, quoted=False)}"
-            found = _SHAPE.fullmatch(key)
-            if not found or not all(2 <= int(n) <= MAX_PROCS for n in found.groups()):
-                raise MachineError(f"{at}: a shape is KxM, K ranks on each of M nodes, both "
-                                   f"whole numbers from 2 to {MAX_PROCS}")
-            shape = (int(found[1]), int(found[2]))
-            shapes.setdefault(collective, {})[shape] = _fit(_table(fit, at, "a fit"), at)
-    return shapes
+    return _fit_tables(table, "shapes", SHAPE_COLLECTIVES, where, _shape,
+                       f"a shape is KxM, K ranks on each of M nodes, both whole numbers from 2 "
+                       f"to {MAX_PROCS}")
+
+
+def _shape(key: str) -> tuple[int, int] | None:
+    found = _SHAPE.fullmatch(key)
+    if not found or not all(2 <= int(n) <= MAX_PROCS for n in found.groups()):
+        return None
+    return int(found[1]), int(found[2])
 
 
 def user_machines_dir() -> Path:
