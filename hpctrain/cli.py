@@ -14,6 +14,7 @@ from rank 0, which wrote, and exits with 3.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 
 from hpctrain.errors import EXIT_OUTPUT_ERROR, EXIT_USER_ERROR, OutputError, UserError
@@ -21,6 +22,9 @@ from hpctrain.errors import EXIT_OUTPUT_ERROR, EXIT_USER_ERROR, OutputError, Use
 # Commands whose runner takes the stop requests recorded since start-up (``stop=``) and stops
 # cleanly on SIGTERM or SIGUSR1; the others hand the handlers back, and a signal acts as usual.
 STOPS_CLEANLY = frozenset({"train"})
+# seconds a failed rank waits between printing why and aborting: the launcher forwards a rank's
+# output through its proxy, and MPICH's hydra drops what is still in flight when a rank aborts
+ABORT_GRACE = 0.5
 
 # Every command NAME is the module hpctrain.commands.NAME ('-' spelled '_'), with build_parser()
 # and run(argv[, comm, ...]); the value says whether it runs under MPI. Modules are imported only
@@ -98,5 +102,6 @@ def main(argv: list[str] | None = None, stop=None) -> int:
     except BaseException as err:
         detail = str(err) if isinstance(err, RuntimeError) else traceback.format_exc()
         print(f"hpctrain: rank {comm.Get_rank()} failed: {detail}", file=sys.stderr, flush=True)
+        time.sleep(ABORT_GRACE)
         comm.Abort(1)
         return 1
