@@ -106,6 +106,7 @@ bench: install $(BENCH_STAMP)
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain calibrate
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain compare-plans --net $(BENCH_NET) \
 	  --image-size $(BENCH_IMAGE) --batch 16 --steps 8 --log runs/compare-$(BENCH_NET).h5
+	$(PY) bench/predictions.py --procs 2
 	$(PY) bench/throughput.py --procs 1 2 4 --batch 16 --image-size $(BENCH_IMAGE) --steps 6
 	$(PY) bench/threads.py --procs 2 --net $(BENCH_NET) --image-size $(BENCH_IMAGE) --batch 16
 	$(PY) bench/memory.py --procs 2 --steps 3
