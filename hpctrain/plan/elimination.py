@@ -232,10 +232,16 @@ def _beaten_by_running_minimum(group: np.ndarray, memory: np.ndarray, moment: np
     key = (int(group[-1]) - group).astype(np.int64) * span + memory_rank
     beaten = np.zeros(group.size, dtype=bool)
     never = np.iinfo(np.int64).max
+    # the keys of the labels with moment ≤ u, the others never; grown one moment at a time
+    allowed = np.full(group.size, never)
+    before = np.empty(group.size + 1, dtype=np.int64)  # before[i]: the minimum over labels < i
+    before[0] = never
+    by_moment = np.argsort(moment, kind="stable")
+    bounds = np.searchsorted(moment[by_moment], np.arange(moments + 1))
     for u in range(moments):
-        before = np.minimum.accumulate(np.where(moment <= u, key, never))
-        before = np.r_[never, before[:-1]]
-        here = moment == u
+        here = by_moment[bounds[u]:bounds[u + 1]]
+        allowed[here] = key[here]
+        np.minimum.accumulate(allowed, out=before[1:])
         beaten[here] = before[here] <= key[here]
     return beaten
 
