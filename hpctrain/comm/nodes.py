@@ -10,6 +10,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hpctrain.cost.machine import Machine
 
+LAUNCH_IN_BLOCKS = "launch with Slurm's --distribution=block or MPICH's mpiexec -hosts a:R,b:R"
+
+
+def unblocked(even: bool, blocked: bool) -> str:
+    """What keeps ranks from filling equal nodes in blocks (empty when nothing does)."""
+    if not even:
+        return "nodes hold different numbers of ranks"
+    if not blocked:
+        return "a node holds ranks that are not consecutive (round-robin placement?)"
+    return ""
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -27,17 +38,22 @@ class Placement:
                 + ("" if self.even and self.blocked else ", not placed in blocks"))
 
 
-def placement(comm: Any) -> Placement:
-    """Where ``comm``'s ranks run (collective; three small all-reduces: O(log P))."""
+def placement(comm: Any, node: Any = None) -> Placement:
+    """Where ``comm``'s ranks run (collective; three small all-reduces: O(log P)). ``node``:
+    this rank's node communicator (``Split_type(COMM_TYPE_SHARED)``) when the caller keeps
+    one; else one is made and freed here."""
     from mpi4py import MPI
 
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    own = node is None
+    if own:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         size, local = node.Get_size(), node.Get_rank()
         # the node's lowest world rank, known to its members by a broadcast from local rank 0
         first = node.bcast(comm.Get_rank() if local == 0 else None, root=0)
     finally:
-        node.Free()
+        if own:
+            node.Free()
     fullest = comm.allreduce(size, op=MPI.MAX)
     even = comm.allreduce(size, op=MPI.MIN) == fullest
     blocked = bool(comm.allreduce(int(first == comm.Get_rank() - local
@@ -50,10 +66,10 @@ def placement_warning(where: Placement, ranks_per_node: int) -> str | None:
     """Why a profile with levels made for nodes of ``ranks_per_node`` ranks misprices this
     job's messages, or None when it fits (a job inside one node of at most that many ranks
     fits: none of its messages leaves the node, as priced)."""
-    if not (where.even and where.blocked):
-        return (f"the ranks do not fill nodes in blocks ({where.describe()}): the plan prices "
-                f"model groups as consecutive ranks on one node; launch with Slurm's "
-                f"--distribution=block or mpiexec -hosts a:R,b:R")
+    why = unblocked(where.even, where.blocked)
+    if why:
+        return (f"the ranks do not fill nodes in blocks ({where.describe()}: {why}): the plan "
+                f"prices model groups as consecutive ranks on one node; {LAUNCH_IN_BLOCKS}")
     if where.ranks_per_node != ranks_per_node and (where.nodes > 1
                                                    or where.ranks_per_node > ranks_per_node):
         return (f"the machine profile has {ranks_per_node} ranks per node but this job runs "

@@ -76,6 +76,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.comm.nodes import LAUNCH_IN_BLOCKS, unblocked
 from hpctrain.commands.flags import add_threads_option
 from hpctrain.cost.collectives import terms
 from hpctrain.cost.machine import (
@@ -278,13 +279,11 @@ def level_sizes(count: int) -> dict[str, list[int]]:
 def placement_problem(ranks_per_node: int, nodes: int, even: bool, blocked: bool) -> str:
     """Why calibrate cannot measure levels on this placement (empty when it can): the ranks
     must fill equal nodes in blocks, node n holding ranks n·R … n·R + R − 1."""
-    if even and blocked:
+    how = unblocked(even, blocked)
+    if not how:
         return ""
-    how = ("nodes hold different numbers of ranks" if not even
-           else "a node holds ranks that are not consecutive (round-robin placement?)")
     return (f"calibrate needs ranks to fill nodes in blocks of R (node n holding ranks n*R to "
-            f"n*R+R-1), but on these {nodes} nodes {how}; launch with Slurm's "
-            f"--distribution=block or MPICH's mpiexec -hosts a:R,b:R")
+            f"n*R+R-1), but on these {nodes} nodes {how}; {LAUNCH_IN_BLOCKS}")
 
 
 def nics_from_times(alone: float, together: float, ranks_per_node: int) -> float:
@@ -766,11 +765,13 @@ def find_nodes(world: Any) -> Any:
 
     from hpctrain.comm.nodes import placement
 
-    where = placement(world)
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    where = placement(world, node)
     problem = placement_problem(where.ranks_per_node, where.nodes, where.even, where.blocked)
     if problem:  # every rank learnt the same placement: all raise together
+        node.Free()
         raise CalibrateError(problem)
-    return world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    return node
 
 
 def build_machine(settings: Settings, results: Sequence[Measured], flops: float, threads: int,

@@ -73,6 +73,7 @@ import numpy as np
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine, MachineError, available_machines, load_machine
+from hpctrain.cost.nodes import Group, halo_crossings, span
 from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
 from hpctrain.io.locations import checkout_root
 from hpctrain.layout.partition import SplitError, factorisations
@@ -633,10 +634,9 @@ LEVELS_COLUMNS: dict[str, tuple[str | None, str]] = {
     **{f"{plan}_{key}": (units, f"the {plan} plan's {what}") for plan in ("levelled", "flat")
        for key, units, what in (
            ("widest_model_group", None, "largest Pr of a model-parallel layer (1: none)"),
-           ("model_group_crosses_nodes", None, "widest model group > ranks_per_node"),
+           ("model_group_crosses_nodes", None, "the widest model group spans nodes"),
            ("domain_halos_crossing", None, "domain-parallel layers with a window taller than "
-                                           "one row whose halos cross nodes (Pr > "
-                                           "ranks_per_node, or Pr does not divide it)"),
+                                           "one row whose halos cross nodes"),
            ("plan", None, "every weighted layer's mode and grid"),
            ("summary", None, "per kind and kernel, how many layers chose each mode and grid"),
            ("planning_seconds", "s", "wall time of plan_network"))},
@@ -651,14 +651,14 @@ def widest_model_group(planned: PlannedNetwork) -> int:
 
 def domain_halos_crossing(net: NetSpec, planned: PlannedNetwork, ranks_per_node: int) -> int:
     """How many domain-parallel layers of ``planned`` exchange halos across nodes: a window
-    taller than one row (a 1×1 convolution split by rows needs no halo), on a model group of
-    Pr consecutive ranks, which lies inside a node of R ranks only when Pr divides R
-    (:mod:`hpctrain.cost.nodes`); 0 on a flat profile (R = 0)."""
+    taller than one row (a 1×1 convolution split by rows needs no halo), on a chain of Pr
+    consecutive ranks that crosses a node's edge, as the cost model prices it
+    (:func:`hpctrain.cost.nodes.halo_crossings`); 0 on a flat profile (R = 0)."""
     if not ranks_per_node:
         return 0
     return sum(1 for spec, plan in zip(net.layers, planned.plans, strict=True)
-               if plan.mode == "domain" and ranks_per_node % plan.grid[0] != 0
-               and getattr(spec.options, "kernel", (1,))[0] > 1)
+               if plan.mode == "domain" and getattr(spec.options, "kernel", (1,))[0] > 1
+               and halo_crossings(plan.grid[0], math.prod(plan.grid), ranks_per_node))
 
 
 @dataclass(frozen=True)
@@ -695,8 +695,9 @@ class LevelsComparison:
                                        ("flat", self.flat, self.planning_seconds[1])):
             widest = widest_model_group(planned)
             row[f"{name}_widest_model_group"] = widest
-            row[f"{name}_model_group_crosses_nodes"] = bool(self.ranks_per_node
-                                                            and widest > self.ranks_per_node)
+            row[f"{name}_model_group_crosses_nodes"] = bool(
+                self.ranks_per_node
+                and not span(Group(widest, 1, self.procs), self.ranks_per_node).inside_node)
             row[f"{name}_domain_halos_crossing"] = domain_halos_crossing(
                 self.net, planned, self.ranks_per_node)
             row[f"{name}_plan"] = describe_plan(planned)

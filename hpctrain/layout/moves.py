@@ -253,24 +253,19 @@ def parts_overlapping(layout: Layout, axis: int, lo: int, hi: int) -> list[tuple
         n, parts = layout.shape[BATCH_AXIS], layout.grid[1]
         first = max(-(-(lo + 1) * parts // n) - 1, 0)
         last = min((hi * parts - 1) // n, parts - 1)
-        found = []
-        for k in range(first, last + 1):
-            a, b = block_range(n, parts, k)
-            a, b = max(a, lo), min(b, hi)
-            if a < b:
-                found.append((k, (a, b)))
-        return found
-    if axis == layout.split_axis:
-        ranges = layout.split_ranges
-        first = bisect_right(ranges, lo, key=lambda r: r[1])
-        last = bisect_left(ranges, hi, key=lambda r: r[0]) - 1
-        found = []
-        for k in range(first, last + 1):
-            a, b = max(ranges[k][0], lo), min(ranges[k][1], hi)
-            if a < b:
-                found.append((k, (a, b)))
-        return found
-    return [(0, (lo, hi))]
+        ranges = [block_range(n, parts, k) for k in range(first, last + 1)]
+    elif axis == layout.split_axis:
+        first = bisect_right(layout.split_ranges, lo, key=lambda r: r[1])
+        last = bisect_left(layout.split_ranges, hi, key=lambda r: r[0]) - 1
+        ranges = layout.split_ranges[first:last + 1]
+    else:
+        return [(0, (lo, hi))]
+    found = []
+    for k, (a, b) in enumerate(ranges, start=first):
+        a, b = max(a, lo), min(b, hi)
+        if a < b:
+            found.append((k, (a, b)))
+    return found
 
 
 def _empty(box: Box) -> bool:

@@ -28,7 +28,7 @@ adjoint, half the bytes of the all-reduce the paper counts).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -238,8 +238,7 @@ class CostModel(Segments):
         """Each layer's compute: its kernels' times (from ``times`` when they are known),
         plus the optimizer's in the backward."""
         if times is None:
-            times = self.compute.times(_distinct(w for c in costs for w in (c.work, c.update)
-                                                 if w))
+            times = self.compute.times(_distinct(_works(costs)))
         for cost in costs:
             if cost.work is not None:
                 cost.compute = times[cost.work]
@@ -319,12 +318,17 @@ class CostModel(Segments):
         todo = [(k, c) for k, found in enumerate(choices) for c in found
                 if (k, c) not in self._timed]
         costs = [self.segment_cost(k, c, timed=False) for k, c in todo]
-        works = [w for cost in costs for c in cost.layers for w in (c.work, c.update) if w]
+        works = [w for cost in costs for w in _works(cost.layers)]
         works += [LocalWork(INPUT, largest_block(self.input_layout(c))) for c in choices[0]]
         times = self.compute.times(_distinct(works))
         for key, cost in zip(todo, costs, strict=True):
             self._fill_compute(cost.layers, times)
             self._timed.add(key)
+
+
+def _works(costs: Iterable[LayerCost]) -> Iterator[LocalWork]:
+    """The kernels each layer's compute is timed from: its own, then its optimizer update."""
+    return (w for c in costs for w in (c.work, c.update) if w)
 
 
 def _distinct(works: Iterable[LocalWork]) -> list[LocalWork]:
