@@ -58,7 +58,7 @@ def test_write_then_inspect_round_trip(path):
     info = inspect_dataset(path)
     assert info == DatasetInfo(path, SHAPE, CLASSES, N, 9)
     with h5py.File(path, "r") as h5:
-        assert h5.attrs["format"] == "hpctrain-dataset" and h5.attrs["version"] == 1
+        assert h5.attrs["format"] == "hpctrain-dataset" and h5.attrs["version"] == 2
         assert h5.attrs["classes"] == CLASSES and h5.attrs["description"] == "random test data"
         images = h5["train/images"]
         assert images.dtype == np.float32 and h5["train/labels"].dtype == np.int64
@@ -141,7 +141,7 @@ def raw_file(path, attrs=True, **datasets):
     (True, {"train_images": np.zeros((2, 3)), "train_labels": [0, 1, 2]},
      "/train/labels has 3 entries but /train/images 2"),
     (True, {"train_images": np.zeros((2, 3, 4)), "train_labels": [0, 1]},
-     "/train/images has shape 2x3x4; it must be N x C x H x W or N x F"),
+     "/train/images has shape 2x3x4; it must be N x C x H x W, N x C x D x H x W or N x F"),
     (True, {"train_images": np.zeros((2, 3)), "train_labels": [0, 9]}, "holds 9, outside"),
     (True, {"train_images": np.zeros((2, 3)), "train_labels": [0, 1],
             "val_images": np.zeros((1, 4)), "val_labels": [0]}, "val samples are 4 but train"),

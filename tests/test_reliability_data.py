@@ -83,3 +83,21 @@ def test_a_warm_up_as_long_as_the_run_is_refused(tmp_path):
     refused(tmp_path, "--warmup-steps 100 must be fewer than the run's 6 steps", *RUN,
             "--steps", "6", "--warmup-steps", "100", "--log", "run.h5",
             outputs=(tmp_path / "run.h5",))
+
+
+def test_a_targets_dataset_for_a_classifier_is_refused_naming_the_fix(tmp_path):
+    rng = np.random.default_rng(0)
+    data = tmp_path / "targets.h5"
+    write_dataset(data, rng.random((64, 1, 8, 8)), targets=rng.uniform(-1, 1, (64, 4)))
+    refused(tmp_path, f"dataset '{data}' holds 4 real-valued targets per sample but the net "
+            f"classifies into 10 classes; use a net whose input line says targets=4", *RUN,
+            "--data", str(data), "--steps", "2")
+
+
+def test_a_labels_dataset_for_a_regression_is_refused_naming_the_fix(tmp_path):
+    net = tmp_path / "regress.net"
+    net.write_text("input channels=1 size=8 targets=4\nflatten\nlinear out=4\n")
+    data = small_digits(tmp_path / "labels.h5")
+    refused(tmp_path, f"dataset '{data}' holds class labels (10 classes) but the net regresses "
+            f"4 targets", "--net", str(net), "--batch", "32", "--data", str(data),
+            "--steps", "2")

@@ -1,21 +1,29 @@
-"""``python -m hpctrain convert``: write a dataset file (:mod:`hpctrain.data.dataset`) from arrays.
+"""The ``python -m hpctrain convert`` command, which writes a dataset file from arrays.
 
-Two forms, both without MPI::
+Four forms, all without MPI (the format is :mod:`hpctrain.data.dataset`)::
 
     python -m hpctrain convert --images X.npy --labels Y.npy --out data.h5 [--val-fraction 0.2]
+    python -m hpctrain convert --images V.npy --targets P.npy --out volumes.h5
     python -m hpctrain convert --digits --out inputs/digits.h5
+    python -m hpctrain convert --universe 256 --size 32 --out universe.h5
 
-Arrays come from ``.npy`` files or from ``.npz`` archives as ``file.npz:key``. Images (N, H, W)
-get a channel axis; (N, C, H, W) and (N, F) are kept. Without ``--val-images``,
-``--val-fraction`` holds out that share of the samples, picked by a permutation seeded with
-``--seed``. ``--digits`` writes scikit-learn's 1797 handwritten digits (8x8, 10 classes) scaled
-to [0, 1], with a seeded 80/20 train/val split.
+Arrays come from ``.npy`` files, memory-mapped and written one batch of samples at a time so
+that a set bigger than memory converts, or from ``.npz`` archives as ``file.npz:key`` (read
+whole). Images (N, H, W) get a channel axis; (N, C, H, W), (N, C, D, H, W) volumes and (N, F)
+are kept; with ``--volumes`` a 4-D array is (N, D, H, W) volumes and gets a channel axis.
+``--labels`` gives one integer class per sample, ``--targets`` one or more real values per
+sample, (N,) or (N, T), for a regression. Without ``--val-images``, ``--val-fraction`` holds out
+that share of the samples, picked by a permutation seeded with ``--seed``. ``--digits`` writes
+scikit-learn's 1797 handwritten digits (8x8, 10 classes) scaled to [0, 1], with a seeded 80/20
+train/val split. ``--universe N`` writes N synthetic cosmology-like volumes with their
+parameters as targets (:mod:`hpctrain.data.universe`), the last 20% held out.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,42 +34,73 @@ from hpctrain.data.dataset import (
     shape_text,
     write_dataset,
 )
+from hpctrain.data.universe import PARAMETERS, Universe, write_universe
 from hpctrain.errors import ArgumentParser
 from hpctrain.io.files import check_output
 from hpctrain.io.seeds import parse_seed
 
-DIGITS_VAL_FRACTION = 0.2
+DIGITS_VAL_FRACTION = UNIVERSE_VAL_FRACTION = 0.2
+UNIVERSE_DEFAULTS = {"size": 32, "channels": 4, "targets_count": len(PARAMETERS)}
+ARRAY_FLAGS = ("images", "labels", "targets", "val_images", "val_labels", "val_targets")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="python -m hpctrain convert",
-        description="Write an hpctrain dataset (HDF5: /train and optional /val images and "
-                    "labels) from .npy/.npz arrays, or from scikit-learn's handwritten digits. "
-                    "Runs without MPI.")
+        description="Write an hpctrain dataset (HDF5: /train and optional /val images with "
+                    "labels or targets) from .npy/.npz arrays, from scikit-learn's handwritten "
+                    "digits, or as synthetic cosmology-like volumes. Runs without MPI.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--images", metavar="FILE",
-                        help="training images: X.npy or X.npz:KEY, shaped (N, H, W), "
-                             "(N, C, H, W) or (N, F)")
+                        help="training samples: X.npy or X.npz:KEY, shaped (N, H, W), "
+                             "(N, C, H, W), (N, C, D, H, W) or (N, F); .npy files are "
+                             "memory-mapped and converted a batch of samples at a time")
     source.add_argument("--digits", action="store_true",
                         help="scikit-learn's handwritten digits (1797 8x8 images, 10 classes), "
                              "scaled to [0, 1] (needs scikit-learn)")
-    parser.add_argument("--labels", metavar="FILE",
-                        help="training labels: Y.npy or Y.npz:KEY, integers shaped (N,)")
+    source.add_argument("--universe", type=int, metavar="N",
+                        help="N synthetic cosmology-like volumes: 3-D Gaussian random fields "
+                             "with power spectrum A k^-n, whose parameters (slope, amplitude, "
+                             "cut-off, log-normal strength) are the targets; see --size, "
+                             "--channels, --targets-count")
+    answers = parser.add_mutually_exclusive_group()
+    answers.add_argument("--labels", metavar="FILE",
+                         help="training labels for a classifier: Y.npy or Y.npz:KEY, integers "
+                              "shaped (N,)")
+    answers.add_argument("--targets", metavar="FILE",
+                         help="training targets for a regression: Y.npy or Y.npz:KEY, finite "
+                              "real values shaped (N,) or (N, T)")
+    parser.add_argument("--volumes", action="store_true",
+                        help="the images are 3-D volumes: a 4-D array is (N, D, H, W) and gets "
+                             "a channel axis (5-D arrays are (N, C, D, H, W) without it)")
     parser.add_argument("--val-images", metavar="FILE", help="held-out images (optional)")
-    parser.add_argument("--val-labels", metavar="FILE", help="held-out labels (optional)")
-    parser.add_argument("--val-fraction", type=float, default=None,
+    parser.add_argument("--val-labels", metavar="FILE", help="held-out labels (with --labels)")
+    parser.add_argument("--val-targets", metavar="FILE",
+                        help="held-out targets (with --targets)")
+    parser.add_argument("--val-fraction", type=float, default=None, metavar="F",
                         help="hold out this share of the samples when no --val-images are "
-                             "given (default: 0 for arrays, 0.2 for --digits)")
+                             "given (default: 0 for arrays, 0.2 for --digits and --universe)")
     parser.add_argument("--seed", type=parse_seed, default=0,
-                        help="seed of the held-out permutation, in [0, 2**63) (default: 0)")
-    parser.add_argument("--classes", type=int, default=None,
+                        help="seed of the held-out permutation, or of the --universe samples, "
+                             "in [0, 2**63) (default: 0)")
+    parser.add_argument("--classes", type=int, default=None, metavar="K",
                         help="number of classes (default: largest label + 1)")
     parser.add_argument("--scale", type=_number, default=None, metavar="S",
                         help="multiply the images by S, a number or a fraction such as 1/255")
     parser.add_argument("--description", default=None,
                         help="where the data came from, stored in the file")
     parser.add_argument("--out", required=True, metavar="FILE", help="the dataset to write (.h5)")
+    universe = parser.add_argument_group("synthetic universes (with --universe)")
+    universe.add_argument("--size", type=int, default=None, metavar="S",
+                          help=f"voxels per side of each volume (default: "
+                               f"{UNIVERSE_DEFAULTS['size']})")
+    universe.add_argument("--channels", type=int, default=None, metavar="C",
+                          help=f"channels per volume, the field at C growth stages like "
+                               f"CosmoFlow's redshifts (default: {UNIVERSE_DEFAULTS['channels']})")
+    universe.add_argument("--targets-count", type=int, default=None, metavar="T",
+                          help=f"targets per volume: the first T of "
+                               f"{', '.join(p.name for p in PARAMETERS)} vary and are learned "
+                               f"(default: {UNIVERSE_DEFAULTS['targets_count']})")
     return parser
 
 
@@ -84,57 +123,105 @@ def run(argv: list[str]) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise DatasetError(f"--out {out} is a directory; give a file path such as {out}/data.h5")
-    inputs = [(f"--{flag.replace('_', '-')}", _array_file(getattr(args, flag)))
-              for flag in ("images", "labels", "val_images", "val_labels")
-              if getattr(args, flag) is not None]
+    inputs = [(_flag(name), _array_file(getattr(args, name)))
+              for name in ARRAY_FLAGS if getattr(args, name) is not None]
     check_output(out, "--out", is_dataset, "an hpctrain dataset", inputs)
     if args.val_fraction is not None and not 0 <= args.val_fraction < 1:
         raise DatasetError(f"--val-fraction {args.val_fraction} must be in [0, 1)")
+    if args.universe is None:
+        _refuse(args, tuple(UNIVERSE_DEFAULTS), "applies only to --universe")
+    if args.digits or args.universe is not None:
+        form = "--digits" if args.digits else "--universe"
+        _refuse(args, (*ARRAY_FLAGS[1:], "scale", "classes", "volumes"),
+                f"does not apply to {form}")
+    if args.universe is not None:
+        _write_universe(args, out)
+    else:
+        _write_arrays(args, out)
+    info = inspect_dataset(out)
+    answers = (f"{info.targets} targets" if info.targets else f"{info.classes} classes")
+    print(f"wrote {out}: {info.train_size} train / {info.val_size} val samples of shape "
+          f"{shape_text(info.sample_shape)}, {answers}")
+    return 0
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _refuse(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
+    """Refuse the first option of ``names`` given on the command line, saying ``why``."""
+    for name in names:
+        if getattr(args, name) not in (None, False):
+            raise DatasetError(f"{_flag(name)} {why}")
+
+
+def _write_universe(args: argparse.Namespace, out: Path) -> None:
+    """Write ``--universe N`` synthetic volumes to ``out``."""
+    chosen = {name: default if getattr(args, name) is None else getattr(args, name)
+              for name, default in UNIVERSE_DEFAULTS.items()}
+    universe = Universe(chosen["size"], chosen["channels"], chosen["targets_count"], args.seed)
+    fraction = UNIVERSE_VAL_FRACTION if args.val_fraction is None else args.val_fraction
+    write_universe(out, args.universe, universe, fraction, args.description)
+
+
+def _write_arrays(args: argparse.Namespace, out: Path) -> None:
+    """Write the arrays (``--images`` or ``--digits``) the options name to ``out``."""
+    regression = args.targets is not None
+    answer = "targets" if regression else "labels"
     if args.digits:
-        for flag in ("labels", "val_images", "val_labels", "scale", "classes"):
-            if getattr(args, flag) is not None:
-                raise DatasetError(f"--{flag.replace('_', '-')} does not apply to --digits")
-        images, labels, description = _digits()
+        images, answers, description = _digits()
         fraction = DIGITS_VAL_FRACTION if args.val_fraction is None else args.val_fraction
         if fraction > 0:
             description += (f"; seeded {1 - fraction:.0%}/{fraction:.0%} train/val split "
                             f"(--seed {args.seed})")
     else:
-        if args.labels is None:
-            raise DatasetError("--images needs --labels (one integer class per image)")
-        images, labels = _images(args.images, args.scale), _labels(args.labels)
+        if args.labels is None and not regression:
+            raise DatasetError("--images needs --labels (one integer class per image) or "
+                               "--targets (real values per image)")
+        if regression and args.classes is not None:
+            raise DatasetError("--classes applies to --labels; a targets dataset has as many "
+                               "targets as the --targets array has columns")
+        images = _images(args.images, args.scale, args.volumes)
+        answers = _targets(args.targets) if regression else _labels(args.labels)
         fraction = args.val_fraction or 0.0
-        description = f"converted from {args.images} and {args.labels}"
+        description = f"converted from {args.images} and {getattr(args, answer)}"
     if args.description is not None:
         description = args.description
 
-    val_images = val_labels = None
-    if args.val_images is not None or args.val_labels is not None:
-        if args.val_images is None or args.val_labels is None:
-            raise DatasetError("give both --val-images and --val-labels, or neither")
+    val_images = val_answers = None
+    other = "val_labels" if regression else "val_targets"
+    if getattr(args, other) is not None:
+        raise DatasetError(f"{_flag(other)} goes with {_flag(other[4:])}; give --val-{answer} "
+                           f"with --{answer}")
+    given = getattr(args, f"val_{answer}")
+    if args.val_images is not None or given is not None:
+        if args.val_images is None or given is None:
+            raise DatasetError(f"give both --val-images and --val-{answer}, or neither")
         if fraction > 0:
             raise DatasetError("--val-fraction splits the training arrays; it cannot be "
                                "combined with --val-images")
-        val_images, val_labels = _images(args.val_images, args.scale), _labels(args.val_labels)
+        val_images = _images(args.val_images, args.scale, args.volumes)
+        val_answers = _targets(given) if regression else _labels(given)
     elif fraction > 0:
-        if len(images) != len(labels):
-            raise DatasetError(f"{len(labels)} labels for {len(images)} images; give one label "
-                               f"per image")
+        if len(images) != len(answers):
+            raise DatasetError(f"{len(answers)} {answer} for {len(images)} images; give one "
+                               f"{'row of targets' if regression else 'label'} per image")
         train, val = split_indices(len(images), fraction, args.seed)
-        images, labels, val_images, val_labels = (
-            images[train], labels[train], images[val], labels[val])
+        images, answers, val_images, val_answers = (
+            _take(images, train), answers[train], _take(images, val), answers[val])
 
-    write_dataset(out, images, labels, args.classes, val_images, val_labels, description)
-    info = inspect_dataset(out)
-    print(f"wrote {out}: {info.train_size} train / {info.val_size} val samples of shape "
-          f"{shape_text(info.sample_shape)}, {info.classes} classes")
-    return 0
+    if regression:
+        write_dataset(out, images, None, None, val_images, None, description, targets=answers,
+                      val_targets=val_answers)
+    else:
+        write_dataset(out, images, answers, args.classes, val_images, val_answers, description)
 
 
 def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) sample indices: ``round(fraction * n)`` held out by a seeded permutation.
+    """The (train, val) sample indices, ``round(fraction * n)`` held out by a permutation.
 
-    Each part is sorted, so both keep the file's order.
+    The permutation is seeded with ``seed``; each part is sorted, so both keep the file's order.
     """
     n_val = round(fraction * n)
     if n_val < 1 or n_val >= n:
@@ -151,7 +238,10 @@ def _array_file(spec: str) -> Path:
 
 
 def load_array(spec: str, what: str) -> np.ndarray:
-    """The array in ``X.npy``, or array KEY of ``X.npz:KEY`` (the only one of ``X.npz``)."""
+    """The array in ``X.npy``, memory-mapped, or array KEY of ``X.npz:KEY``, read whole.
+
+    ``X.npz`` alone names the archive's only array.
+    """
     path, key = spec, None
     head, sep, tail = spec.rpartition(":")
     if sep and head.endswith(".npz"):
@@ -159,7 +249,8 @@ def load_array(spec: str, what: str) -> np.ndarray:
     if not Path(path).is_file():
         raise DatasetError(f"{what} file '{path}' does not exist")
     try:
-        loaded = np.load(path, allow_pickle=False)
+        # mmap_mode: a .npy file is read only where it is sliced; an .npz archive ignores it
+        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as err:
         raise DatasetError(f"{what} file '{path}' is not a readable .npy or .npz file "
                            f"({err})") from err
@@ -184,25 +275,64 @@ def load_array(spec: str, what: str) -> np.ndarray:
                                f"({err}); save it as a numeric array") from err
 
 
-def _images(spec: str, scale: float | None) -> np.ndarray:
-    """float32 images from ``spec``, (N, H, W) given a channel axis, multiplied by ``scale``."""
+class Samples:
+    """Samples of an array, read and made float32 only a slice at a time.
+
+    Rows ``rows`` of ``array`` (all when None), given a channel axis when ``channel``, and
+    multiplied by ``scale``. :func:`~hpctrain.data.dataset.write_dataset` slices it batch by
+    batch, so a memory-mapped ``.npy`` file is read a batch at a time, never whole.
+    """
+
+    def __init__(self, array: np.ndarray, scale: float | None, channel: bool,
+                 rows: np.ndarray | None = None) -> None:
+        self.array, self.scale, self.channel, self.rows = array, scale, channel, rows
+        n = len(array) if rows is None else len(rows)
+        self.shape = (n, *((1,) if channel else ()), *array.shape[1:])
+        self.dtype = np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def take(self, rows: np.ndarray) -> Samples:
+        """The samples ``rows`` of these, still unread."""
+        return Samples(self.array, self.scale, self.channel,
+                       rows if self.rows is None else self.rows[rows])
+
+    def __getitem__(self, where: slice) -> np.ndarray:
+        rows = where if self.rows is None else self.rows[where]
+        with np.errstate(over="ignore"):  # overflow becomes inf, which the writer refuses
+            x = np.asarray(self.array[rows], dtype=np.float32)
+            if self.scale is not None:
+                x = x * np.float32(self.scale)
+        return x[:, None] if self.channel else x
+
+
+def _take(images: Any, rows: np.ndarray) -> Any:
+    return images.take(rows) if isinstance(images, Samples) else images[rows]
+
+
+def _images(spec: str, scale: float | None, volumes: bool) -> Samples:
+    """The samples of ``spec``, read only when written, multiplied by ``scale``.
+
+    (N, H, W) images get a channel axis, and so do (N, D, H, W) volumes with ``volumes``.
+    """
     images = load_array(spec, "images")
     if not (np.issubdtype(images.dtype, np.floating) or np.issubdtype(images.dtype, np.integer)):
         raise DatasetError(f"images '{spec}' have dtype {images.dtype}; give real numbers")
-    if images.ndim == 3:
-        images = images[:, None]  # (N, H, W) -> (N, 1, H, W)
-    if images.ndim not in (2, 4):
+    if volumes and images.ndim not in (4, 5):
+        raise DatasetError(f"images '{spec}' have shape {images.shape}; with --volumes give "
+                           f"(N, D, H, W) or (N, C, D, H, W) volumes")
+    if images.ndim not in (2, 3, 4, 5):
         raise DatasetError(f"images '{spec}' have shape {images.shape}; give (N, H, W), "
-                           f"(N, C, H, W) or (N, F)")
-    images = images.astype(np.float32)
-    if scale is not None:
-        images *= np.float32(scale)
-    return images
+                           f"(N, C, H, W), (N, C, D, H, W) (or (N, D, H, W) with --volumes) or "
+                           f"(N, F)")
+    channel = images.ndim == 3 or (volumes and images.ndim == 4)
+    return Samples(images, scale, channel)
 
 
 def _labels(spec: str) -> np.ndarray:
     """int64 labels from ``spec``; whole-valued floats are accepted."""
-    labels = load_array(spec, "labels")
+    labels = np.asarray(load_array(spec, "labels"))
     if labels.ndim != 1:
         raise DatasetError(f"labels '{spec}' have shape {labels.shape}; give one integer per "
                            f"sample, shaped (N,)")
@@ -214,6 +344,28 @@ def _labels(spec: str) -> np.ndarray:
     elif not np.issubdtype(labels.dtype, np.integer):
         raise DatasetError(f"labels '{spec}' have dtype {labels.dtype}; give integer classes")
     return labels.astype(np.int64)
+
+
+def _targets(spec: str) -> np.ndarray:
+    """float32 (N, T) targets from ``spec``; (N,) becomes (N, 1)."""
+    targets = np.asarray(load_array(spec, "targets"))
+    if not (np.issubdtype(targets.dtype, np.floating)
+            or np.issubdtype(targets.dtype, np.integer)):
+        raise DatasetError(f"targets '{spec}' have dtype {targets.dtype}; give real numbers")
+    if targets.ndim == 1:
+        targets = targets[:, None]
+    if targets.ndim != 2 or targets.shape[1] == 0:
+        raise DatasetError(f"targets '{spec}' have shape {targets.shape}; give (N,) or (N, T) "
+                           f"real values, T >= 1")
+    with np.errstate(over="ignore"):
+        targets = targets.astype(np.float32)
+    finite = np.isfinite(targets).all(axis=1)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        raise DatasetError(f"targets '{spec}' hold NaN or infinite values (or values beyond "
+                           f"float32), first in sample {bad}; every target must be a finite "
+                           f"number")
+    return targets
 
 
 def _digits() -> tuple[np.ndarray, np.ndarray, str]:

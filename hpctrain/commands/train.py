@@ -77,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "spans of steps FIRST to LAST (from 1) into the --log file; draw "
                                "them with analysis/timeline.py (a PNG and a Chrome trace)")
     training.add_argument("--eval-every", type=int, default=None,
-                          help="held-out accuracy every N steps, when the dataset has a val split "
-                               "(default: every epoch, and always at the end)")
+                          help="held-out accuracy (mean squared error for a regression) every "
+                               "N steps, when the dataset has a val split (default: every "
+                               "epoch, and always at the end)")
     planning = parser.add_argument_group("planning")
     add_planning_options(planning)
     planning.add_argument("--plan-file", default=None,
@@ -219,11 +220,11 @@ def _dataset_net(args: argparse.Namespace, net: NetSpec) -> tuple[NetSpec, Datas
 
     info = inspect_dataset(args.data)
     shape = info.sample_shape
-    if (args.image_size is None and len(shape) == 3 == len(net.input_shape)
-            and shape[1] == shape[2] and shape != net.input_shape
+    if (args.image_size is None and len(shape) == len(net.input_shape) >= 3
+            and len(set(shape[1:])) == 1 and shape != net.input_shape
             and shape[0] == net.input_shape[0]):
-        net = net.with_image_size(shape[1])  # the dataset's images set the input size
-    check_fits(info, net.input_shape, net.classes, args.batch)
+        net = net.with_image_size(shape[1])  # the dataset's images (or volumes) set the size
+    check_fits(info, net.input_shape, net.classes, args.batch, regression=net.regression)
     return net, info
 
 

@@ -1,20 +1,34 @@
-"""Datasets on disk: the HDF5 format, its writer and checker, and a rank-local reader.
+"""Datasets on disk in HDF5, with their writer, their checker and a rank-local reader.
 
-Format (version 1), readable with plain h5py::
+Format (version 2), readable with plain h5py::
 
-    /train/images   float32 (N, C, H, W), or (N, F) for flat-input nets; chunked by sample
-    /train/labels   int64 (N,), each in [0, classes)
-    /val/images     optional held-out split, same sample shape as /train/images
-    /val/labels     optional, int64 (N_val,)
+    /train/images   float32 (N, *sample): a sample is (C, H, W) images, (C, D, H, W) volumes,
+                    or (F,) feature vectors for flat-input nets; chunked by sample or by slab
+    /train/labels   int64 (N,), each in [0, classes)          (a labels dataset), or
+    /train/targets  float32 (N, T), every value finite        (a targets dataset)
+    /val/...        optional held-out split: images, and labels or targets as in /train
     root attributes
         format        "hpctrain-dataset"
-        version       1
-        classes       number of classes K (int)
+        version       2 (version 1 files, which hold labels only, are read alike)
+        classes       number of classes K (int), in a labels dataset
+        targets       number of real-valued targets T (int), in a targets dataset
         description   where the data came from (str)
 
-A chunk holds one sample (a few when samples are tiny), so reading a random sample costs one
-chunk. ``python -m hpctrain convert`` writes this format from ``.npy``/``.npz`` arrays or from
-scikit-learn's handwritten digits (:mod:`hpctrain.commands.convert`).
+A labels dataset trains a classifier (softmax cross-entropy, a net whose input line says
+``classes=K``); a targets dataset trains a regression (mean squared error, ``targets=T``), such
+as CosmoFlow's four cosmological parameters per 3-D volume.
+
+Chunks (:func:`chunk_shape`): a sample under 16 KiB shares its chunk with the next few; a sample
+up to 1 MiB is one chunk; a bigger one is cut into slabs of about 1 MiB: all its channels (or
+one, when a plane of all channels is already bigger) and a few planes of its first spatial axis
+(depth D of a volume, rows H of an image). HDF5 reads whole chunks, so a rank that reads the
+depth slab d0..d1 of a 4 x 512^3 volume, chunked (1, 1, 1, 512, 512), reads only the chunks of
+its own planes, never the whole 2 GiB sample.
+
+``python -m hpctrain convert`` writes this format from ``.npy``/``.npz`` arrays, from
+scikit-learn's handwritten digits, or as synthetic Gaussian random fields
+(:mod:`hpctrain.commands.convert`, :mod:`hpctrain.data.universe`). :func:`write_batches` writes
+one batch of samples at a time, so a set bigger than memory is written in O(one batch).
 
 A net with flat input of F features reads a dataset of (C, H, W) samples with C·H·W = F
 flattened, in row-major order: the shipped ``mlp`` (64 features) trains on the 1×8×8 digits.
@@ -22,20 +36,23 @@ flattened, in row-major order: the shipped ``mlp`` (64 features) trains on the 1
 Reading (:class:`H5Data`): epoch e of the training split is the permutation
 ``numpy.random.default_rng([seed, e]).permutation(N)``, the same on every rank and for every
 number of processes; an epoch is ``N // batch`` batches (the remainder is dropped). Each rank
-reads only its own hyperslab of a batch: its samples, and only the channels, rows and columns
-(or features) of its block. The held-out split is read in order, unshuffled, in
-``ceil(N / batch)`` batches; the last is padded with zero images labelled -1.
+reads only its own hyperslab of a batch: its samples, and only the channels, depth planes, rows
+and columns (or features) of its block. The held-out split is read in order, unshuffled, in
+``ceil(N / batch)`` batches; the last is padded with zero images labelled -1 (targets: rows of
+NaN).
 
 Every block read is checked for NaN and Inf (one pass over the rank's own slab). The reader does
 not raise: the bad value may sit on one rank's slab only, so it notes the first bad sample in
 ``H5Data.nonfinite`` and the network raises on every rank at the loss all-reduce of that
-step (see :meth:`hpctrain.run.network.Network.loss`).
+step (see :meth:`hpctrain.run.network.Network.loss`). Targets are checked whole, when the file
+is inspected.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,9 +66,13 @@ from hpctrain.io.files import replace_atomically
 from hpctrain.io.seeds import check_seed
 from hpctrain.layout.layout import Box
 
-FORMAT, VERSION = "hpctrain-dataset", 1
+FORMAT, VERSION = "hpctrain-dataset", 2
+READABLE_VERSIONS = (1, 2)
 SPLITS = ("train", "val")
+SAMPLE_RANKS = (1, 3, 4)  # axes of a sample: (F,), (C, H, W) or (C, D, H, W)
 CHUNK_BYTES = 16 << 10  # samples smaller than this share a chunk
+SLAB_BYTES = 1 << 20  # samples bigger than this are chunked in slabs of about this size
+WRITE_BYTES = 64 << 20  # write_dataset hands this much of an array to the file at a time
 CONVERT = "python -m hpctrain convert"
 
 
@@ -67,38 +88,235 @@ def shape_text(shape: tuple[int, ...]) -> str:
 # --- writing -----------------------------------------------------------------------------------
 
 
-def write_dataset(path: str | Path, images: np.ndarray, labels: np.ndarray,
-                  classes: int | None = None, val_images: np.ndarray | None = None,
-                  val_labels: np.ndarray | None = None, description: str = "") -> None:
+def write_dataset(path: str | Path, images: Any, labels: Any = None, classes: int | None = None,
+                  val_images: Any = None, val_labels: Any = None, description: str = "", *,
+                  targets: Any = None, val_targets: Any = None) -> None:
     """Check the arrays and write them as a dataset file, atomically.
+
+    Give ``labels`` for a classifier's dataset, or ``targets`` for a regression's, not both.
+    The images are read one batch of samples at a time (about 64 MiB), so a NumPy memory map
+    (``numpy.load(..., mmap_mode="r")``) of a set bigger than memory can be written.
 
     Parameters
     ----------
     path : where to write; an existing file is replaced only once the new one is complete.
-    images : (N, C, H, W) or (N, F) training images, any real dtype; stored as float32.
+    images : (N, C, H, W), (N, C, D, H, W) or (N, F) training samples, any real dtype; stored
+        as float32. Any array with ``shape``, ``dtype`` and slicing along the first axis.
     labels : (N,) integer class labels in [0, classes).
     classes : number of classes; default max label (over both splits) + 1.
-    val_images, val_labels : an optional held-out split with the same sample shape.
+    val_images, val_labels, val_targets : an optional held-out split with the same sample shape
+        (and as many targets per sample).
     description : where the data came from, stored as an attribute.
+    targets : (N, T) real-valued targets, all finite; (N,) is one target per sample.
 
     Raises
     ------
     DatasetError
         Mismatched lengths or sample shapes, non-integer or out-of-range labels, non-finite
-        images.
+        images or targets, labels and targets both or neither.
     OutputError
         A file that cannot be written, or something at ``path`` hpctrain did not write.
     """
-    path = Path(path)
-    if (val_images is None) != (val_labels is None):
-        raise DatasetError("give both val_images and val_labels, or neither")
-    splits = {"train": _checked_split("train", images, labels)}
+    regression = targets is not None
+    if labels is None and not regression:
+        raise DatasetError("give labels (class indices) or targets (real values), one per sample")
+    if labels is not None and regression:
+        raise DatasetError("give labels or targets, not both: a dataset trains a classifier or "
+                           "a regression")
+    answer, val_answer, other = (("targets", val_targets, "val_labels") if regression
+                                 else ("labels", val_labels, "val_targets"))
+    if (val_labels if regression else val_targets) is not None:
+        raise DatasetError(f"{other} does not go with {answer}; give val_{answer}")
+    if (val_images is None) != (val_answer is None):
+        raise DatasetError(f"give both val_images and val_{answer}, or neither")
+    splits = {"train": _checked_split("train", images, targets if regression else labels,
+                                      regression)}
     if val_images is not None:
-        splits["val"] = _checked_split("val", val_images, val_labels)
-        if splits["val"][0].shape[1:] != splits["train"][0].shape[1:]:
-            raise DatasetError(
-                f"val samples have shape {shape_text(splits['val'][0].shape[1:])} but train "
-                f"samples {shape_text(splits['train'][0].shape[1:])}; both splits must match")
+        splits["val"] = _checked_split("val", val_images, val_answer, regression)
+        train_shape, val_shape = splits["train"][0].shape[1:], splits["val"][0].shape[1:]
+        if val_shape != train_shape:
+            raise DatasetError(f"val samples have shape {shape_text(val_shape)} but train "
+                               f"samples {shape_text(train_shape)}; both splits must match")
+    width = 0
+    if regression:
+        widths = {y.shape[1] for _, y in splits.values()}
+        if len(widths) > 1:
+            raise DatasetError(f"train samples have {splits['train'][1].shape[1]} targets but "
+                               f"val samples {splits['val'][1].shape[1]}; both splits must match")
+        width = widths.pop()
+    else:
+        classes = _checked_classes(splits, classes)
+    sample = tuple(splits["train"][0].shape[1:])
+    per_write = max(1, WRITE_BYTES // (4 * math.prod(sample)))
+
+    def batches() -> Iterable[tuple[str, Any, np.ndarray]]:
+        for name, (x, y) in splits.items():
+            for lo in range(0, len(y), per_write):
+                yield name, x[lo:lo + per_write], y[lo:lo + per_write]
+
+    write_batches(path, sample, {name: len(y) for name, (_, y) in splits.items()}, batches(),
+                  classes=classes, targets=width, description=description)
+
+
+def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mapping[str, int],
+                  batches: Iterable[tuple[str, Any, Any]], *, classes: int | None = None,
+                  targets: int = 0, description: str = "") -> None:
+    """Write a dataset file from batches of samples, holding one batch in memory at a time.
+
+    Parameters
+    ----------
+    path : where to write, atomically as :func:`write_dataset`.
+    sample_shape : (C, H, W), (C, D, H, W) or (F,).
+    sizes : samples per split, e.g. ``{"train": 800, "val": 200}``; "train" is required.
+    batches : ``(split, images, answers)`` triples that fill each split in order: images
+        ``(n, *sample_shape)``, and answers (n,) integer labels or, when ``targets`` > 0, (n, T)
+        real-valued targets. A generator that makes each batch when asked keeps memory to one
+        batch.
+    classes : number of classes of a labels dataset; default max label + 1.
+    targets : T, the targets per sample of a targets dataset; 0 for a labels dataset.
+    description : where the data came from, stored as an attribute.
+
+    Raises
+    ------
+    DatasetError
+        A batch of the wrong shape, a NaN or Inf (naming the split and sample), a label out of
+        range, or splits not filled exactly; the partly written file is removed.
+    """
+    sample_shape = tuple(int(n) for n in sample_shape)
+    if len(sample_shape) not in SAMPLE_RANKS or min(sample_shape) < 1:
+        raise DatasetError(f"samples of shape {shape_text(sample_shape)}; give (C, H, W) images, "
+                           f"(C, D, H, W) volumes or (F,) feature vectors")
+    if "train" not in sizes or set(sizes) - set(SPLITS):
+        raise DatasetError(f"splits {', '.join(sizes)}; give train and optionally val")
+    for name, size in sizes.items():
+        if size < 1:
+            raise DatasetError(f"the {name} split is empty; give at least one sample")
+    if targets < 0 or (targets and classes is not None):
+        raise DatasetError(f"targets {targets} with classes {classes}; a dataset holds labels "
+                           f"(classes=K) or T > 0 targets per sample")
+
+    def write(tmp: Path) -> None:
+        with h5py.File(tmp, "w") as h5:
+            h5.attrs["format"] = FORMAT
+            h5.attrs["version"] = VERSION
+            h5.attrs["description"] = description
+            if targets:
+                h5.attrs["targets"] = targets
+            stored: dict[str, tuple[h5py.Dataset, h5py.Dataset]] = {}
+            for name, size in sizes.items():
+                group = h5.create_group(name)
+                images = group.create_dataset("images", (size, *sample_shape), np.float32,
+                                              chunks=chunk_shape((size, *sample_shape)))
+                answers = (group.create_dataset("targets", (size, targets), np.float32)
+                           if targets else group.create_dataset("labels", (size,), np.int64))
+                stored[name] = images, answers
+            filled = dict.fromkeys(sizes, 0)
+            top = -1  # the largest label written
+            for name, x, y in batches:
+                start = filled[name]
+                x = _checked_images(name, x, start, sample_shape)
+                y = (_checked_targets(name, y, start, targets) if targets
+                     else _checked_labels(name, y, start, classes))
+                if len(y) != len(x):
+                    raise DatasetError(f"{name} batch from sample {start} has {len(x)} images "
+                                       f"but {len(y)} answers; give one per image")
+                if start + len(x) > sizes[name]:
+                    raise DatasetError(f"the {name} batches hold more than {sizes[name]} samples")
+                images, answers = stored[name]
+                images[start:start + len(x)] = x
+                answers[start:start + len(x)] = y
+                filled[name] += len(x)
+                if not targets and len(y):
+                    top = max(top, int(y.max()))
+            for name, size in sizes.items():
+                if filled[name] != size:
+                    raise DatasetError(f"the {name} batches hold {filled[name]} samples, not "
+                                       f"{size}")
+            if not targets:
+                h5.attrs["classes"] = top + 1 if classes is None else classes
+
+    replace_atomically(path, write, ours=is_dataset)
+
+
+def chunk_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The HDF5 chunk shape of an images dataset of ``shape``, which is ``(N, *sample)``.
+
+    HDF5 reads whole chunks, so the chunk decides what a rank's read of its block costs.
+
+    A sample under CHUNK_BYTES (16 KiB) shares its chunk with the next few; one up to SLAB_BYTES
+    (1 MiB) is one chunk; a bigger one is cut into slabs of about SLAB_BYTES: all its channels,
+    or one when a plane of all channels is already bigger, and as many planes of the first
+    spatial axis (depth D, or rows H of an image) as fit, at least one. Flat samples (F,) are
+    cut into runs of features.
+
+    >>> chunk_shape((100, 1, 8, 8)), chunk_shape((10, 3, 224, 224))
+    ((64, 1, 8, 8), (1, 3, 224, 224))
+    >>> chunk_shape((10, 4, 128, 128, 128)), chunk_shape((10, 4, 512, 512, 512))
+    ((1, 4, 4, 128, 128), (1, 1, 1, 512, 512))
+    """
+    sample = tuple(shape[1:])
+    sample_bytes = 4 * math.prod(sample)
+    if sample_bytes <= CHUNK_BYTES:
+        return (max(1, min(shape[0], CHUNK_BYTES // max(sample_bytes, 1))), *sample)
+    if sample_bytes <= SLAB_BYTES:
+        return (1, *sample)
+    if len(sample) == 1:
+        return (1, SLAB_BYTES // 4)
+    channels, planes, *rest = sample
+    plane_bytes = 4 * math.prod(rest)  # one plane of one channel
+    if channels * plane_bytes > SLAB_BYTES:
+        channels = 1
+    return (1, channels, max(1, min(planes, SLAB_BYTES // (channels * plane_bytes))), *rest)
+
+
+def is_dataset(path: str | Path) -> bool:
+    """Whether ``path`` is a dataset hpctrain wrote (its ``format`` attribute says so)."""
+    try:
+        with h5py.File(path, "r", locking=False) as h5:
+            return h5.attrs.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def _checked_split(name: str, images: Any, answers: Any,
+                   regression: bool) -> tuple[Any, np.ndarray]:
+    """One split's images and its int64 labels or float32 (N, T) targets, checked.
+
+    Raises a DatasetError naming the problem. The images are checked by shape and dtype only,
+    their values as they are written, batch by batch.
+    """
+    if not (hasattr(images, "shape") and hasattr(images, "dtype")):
+        images = np.asarray(images)
+    answers = np.asarray(answers)
+    if len(images.shape) - 1 not in SAMPLE_RANKS:
+        raise DatasetError(f"{name} images have shape {tuple(images.shape)}; give (N, C, H, W) "
+                           f"images, (N, C, D, H, W) volumes or (N, F) feature vectors")
+    what = "targets" if regression else "labels"
+    if regression and answers.ndim == 1:
+        answers = answers[:, None]  # one target per sample
+    if answers.ndim != (2 if regression else 1) or len(answers) != images.shape[0]:
+        one = "one row of targets, (N, T)," if regression else "one label"
+        raise DatasetError(f"{name} {what} have shape {answers.shape} but there are "
+                           f"{images.shape[0]} {name} images; give {one} per image")
+    if images.shape[0] == 0:
+        raise DatasetError(f"the {name} split is empty; give at least one sample")
+    if not _is_real(images.dtype):
+        raise DatasetError(f"{name} images have dtype {images.dtype}; give real numbers")
+    if regression:
+        if not _is_real(answers.dtype) or answers.shape[1] == 0:
+            raise DatasetError(f"{name} targets have dtype {answers.dtype} and shape "
+                               f"{answers.shape}; give real numbers, at least one per sample")
+        return images, _checked_targets(name, answers, 0, answers.shape[1])
+    if not np.issubdtype(answers.dtype, np.integer):
+        raise DatasetError(f"{name} labels have dtype {answers.dtype}; give integer class labels")
+    return images, answers.astype(np.int64)
+
+
+def _checked_classes(splits: Mapping[str, tuple[Any, np.ndarray]], classes: int | None) -> int:
+    """The class count of the labels of ``splits``, ``classes`` or else max label + 1.
+
+    Refuses negative labels, and labels not below the class count.
+    """
     for name, (_, y) in splits.items():
         if y.min() < 0:
             raise DatasetError(f"{name} label {int(y.min())} is negative; labels are class "
@@ -111,57 +329,60 @@ def write_dataset(path: str | Path, images: np.ndarray, labels: np.ndarray,
         if y.max() >= classes:
             raise DatasetError(f"{name} label {int(y.max())} is outside [0, {classes}); labels "
                                f"must be 0..{classes - 1} (or raise classes)")
-
-    def write(tmp: Path) -> None:
-        with h5py.File(tmp, "w") as h5:
-            h5.attrs["format"] = FORMAT
-            h5.attrs["version"] = VERSION
-            h5.attrs["classes"] = classes
-            h5.attrs["description"] = description
-            for name, (x, y) in splits.items():
-                group = h5.create_group(name)
-                group.create_dataset("images", data=x, chunks=_chunks(x.shape))
-                group.create_dataset("labels", data=y)
-
-    replace_atomically(path, write, ours=is_dataset)
+    return classes
 
 
-def is_dataset(path: str | Path) -> bool:
-    """Whether ``path`` is a dataset hpctrain wrote (its ``format`` attribute says so)."""
-    try:
-        with h5py.File(path, "r", locking=False) as h5:
-            return h5.attrs.get("format") == FORMAT
-    except (OSError, ValueError):
-        return False
+def _is_real(dtype: Any) -> bool:
+    return np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)
 
 
-def _checked_split(name: str, images: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(float32 images, int64 labels) of one split, or a DatasetError naming the problem."""
-    images, labels = np.asarray(images), np.asarray(labels)
-    if images.ndim not in (2, 4):
-        raise DatasetError(f"{name} images have shape {images.shape}; give (N, C, H, W) images "
-                           f"or (N, F) feature vectors")
-    if labels.ndim != 1 or len(labels) != len(images):
-        raise DatasetError(f"{name} labels have shape {labels.shape} but there are "
-                           f"{len(images)} {name} images; give one label per image")
-    if len(images) == 0:
-        raise DatasetError(f"the {name} split is empty; give at least one sample")
-    if not (np.issubdtype(images.dtype, np.floating) or np.issubdtype(images.dtype, np.integer)):
-        raise DatasetError(f"{name} images have dtype {images.dtype}; give real numbers")
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise DatasetError(f"{name} labels have dtype {labels.dtype}; give integer class labels")
+def _checked_images(name: str, images: Any, start: int,
+                    sample_shape: tuple[int, ...]) -> np.ndarray:
+    """A batch of images as float32, or a DatasetError naming the first bad sample."""
+    images = np.asarray(images)
+    if images.shape[1:] != sample_shape or not _is_real(images.dtype):
+        raise DatasetError(f"{name} batch from sample {start} has shape "
+                           f"{shape_text(images.shape)} and dtype {images.dtype}; give real "
+                           f"samples of shape {shape_text(sample_shape)}")
     with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
         x = np.ascontiguousarray(images, dtype=np.float32)
-    if not np.isfinite(x).all():  # after the cast: float64 beyond float32's range becomes inf
+    finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    if not finite.all():  # after the cast: float64 beyond float32's range becomes inf
+        bad = start + int(np.flatnonzero(~finite)[0])
         raise DatasetError(f"{name} images hold NaN or infinite values (or values beyond "
-                           f"float32); clean or rescale them")
-    return x, labels.astype(np.int64)
+                           f"float32), first in sample {bad}; clean or rescale them")
+    return x
 
 
-def _chunks(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """One sample per chunk, or as many tiny samples as fit in CHUNK_BYTES."""
-    sample_bytes = 4 * math.prod(shape[1:])
-    return (max(1, min(shape[0], CHUNK_BYTES // max(sample_bytes, 1))), *shape[1:])
+def _checked_targets(name: str, targets: Any, start: int, width: int) -> np.ndarray:
+    """A batch of (n, T) targets as float32, or a DatasetError naming the first bad sample."""
+    targets = np.asarray(targets)
+    if targets.ndim != 2 or targets.shape[1] != width or not _is_real(targets.dtype):
+        raise DatasetError(f"{name} targets from sample {start} have shape {targets.shape} and "
+                           f"dtype {targets.dtype}; give real numbers shaped (n, {width})")
+    with np.errstate(over="ignore"):
+        y = targets.astype(np.float32)
+    finite = np.isfinite(y).all(axis=1)
+    if not finite.all():
+        bad = start + int(np.flatnonzero(~finite)[0])
+        raise DatasetError(f"{name} targets of sample {bad} hold NaN or infinite values (or "
+                           f"values beyond float32); every target must be a finite number")
+    return y
+
+
+def _checked_labels(name: str, labels: Any, start: int, classes: int | None) -> np.ndarray:
+    """A batch of labels as int64, or a DatasetError naming the bad label."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise DatasetError(f"{name} labels from sample {start} have shape {labels.shape} and "
+                           f"dtype {labels.dtype}; give one integer class label per sample")
+    bad = (labels < 0) | (labels >= (classes if classes is not None else np.inf))
+    if bad.any():
+        value = int(labels[bad][0])
+        valid = f"0..{classes - 1}" if classes is not None else "0..K-1"
+        raise DatasetError(f"{name} label {value} is outside {valid}; labels are class "
+                           f"indices {valid}")
+    return labels.astype(np.int64)
 
 
 # --- checking ----------------------------------------------------------------------------------
@@ -169,19 +390,31 @@ def _chunks(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What a dataset file holds: per-sample shape, classes, and the size of each split."""
+    """What a dataset file holds, its sample shape, its labels or targets and its split sizes.
+
+    ``classes`` is the width of the net output the dataset trains, as in
+    :class:`~hpctrain.model.net.NetSpec`: K classes of a labels dataset, or T of a targets
+    dataset. ``targets`` is T for a targets dataset and 0 for a labels dataset.
+    """
 
     path: Path
     sample_shape: tuple[int, ...]
     classes: int
     train_size: int
     val_size: int  # 0 when the file has no held-out split
+    targets: int = 0
+
+    @property
+    def answers(self) -> str:
+        """The name of the dataset of what each sample is trained towards, labels or targets."""
+        return "targets" if self.targets else "labels"
 
 
 def inspect_dataset(path: str | Path) -> DatasetInfo:
     """Open ``path``, check it is a valid dataset file, and describe it.
 
-    Reads the attributes, the shapes and the labels (to check their range), never the images.
+    Reads the attributes, the shapes and the labels or targets (to check their range, or that
+    they are finite), never the images.
 
     Raises
     ------
@@ -209,8 +442,10 @@ def _open(path: str | Path) -> h5py.File:
 
 
 def _reason(err: OSError) -> str:
-    """HDF5's reason from an h5py error, e.g. 'truncated file: eof = 4768, …' or 'file
-    signature not found': the last parenthesised part of the message."""
+    """HDF5's reason from an h5py error, the last parenthesised part of its message.
+
+    For example 'truncated file: eof = 4768, …' or 'file signature not found'.
+    """
     match = re.search(r"\(([^()]*)\)\s*$", str(err))
     return match.group(1) if match else str(err)
 
@@ -224,6 +459,15 @@ def _describe(h5: h5py.File, path: Path) -> DatasetInfo:
                            f"rewrite it with {CONVERT}") from err
 
 
+def _count_attribute(h5: h5py.File, path: Path, name: str) -> int:
+    value = h5.attrs.get(name)
+    if not isinstance(value, int | np.integer) or value < 1:
+        shown = int(value) if isinstance(value, int | np.integer) else repr(value)
+        raise DatasetError(f"dataset '{path}' has {name} attribute {shown}; it must be a "
+                           f"positive integer")
+    return int(value)
+
+
 def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
     fmt = h5.attrs.get("format")
     if isinstance(fmt, bytes):
@@ -232,53 +476,87 @@ def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
         raise DatasetError(f"'{path}' is not an hpctrain dataset (no format attribute "
                            f"'{FORMAT}'); convert your data with {CONVERT}")
     version = h5.attrs.get("version")
-    if version != VERSION:
+    if version not in READABLE_VERSIONS:
         raise DatasetError(f"dataset '{path}' has format version {version}; this hpctrain reads "
-                           f"version {VERSION}; rewrite it with {CONVERT}")
-    classes = h5.attrs.get("classes")
-    if not isinstance(classes, int | np.integer) or classes < 1:
-        raise DatasetError(f"dataset '{path}' has classes attribute {classes!r}; it must be a "
-                           f"positive integer")
-    classes = int(classes)
+                           f"versions {' and '.join(map(str, READABLE_VERSIONS))}; rewrite it "
+                           f"with {CONVERT}")
+    if "targets" in h5.attrs:
+        width = targets = _count_attribute(h5, path, "targets")
+        answers, other = "targets", "labels"
+    else:
+        width, targets = _count_attribute(h5, path, "classes"), 0
+        answers, other = "labels", "targets"
     sizes, shapes = {}, {}
     for split in SPLITS:
         if split not in h5 and split == "val":
             sizes[split] = 0
             continue
-        missing = [f"/{split}/{k}" for k in ("images", "labels")
+        missing = [f"/{split}/{k}" for k in ("images", answers)
                    if not isinstance(h5.get(f"{split}/{k}"), h5py.Dataset)]
         if missing:
             raise DatasetError(f"dataset '{path}' lacks {' and '.join(missing)}; rewrite it "
                                f"with {CONVERT}")
-        images, labels = h5[f"{split}/images"], h5[f"{split}/labels"]
-        if images.ndim not in (2, 4):
+        if f"{split}/{other}" in h5:
+            attribute = "a targets" if targets else "no targets"
+            raise DatasetError(f"dataset '{path}' holds /{split}/{other} but has {attribute} "
+                               f"attribute; a dataset holds labels or targets, rewrite it with "
+                               f"{CONVERT}")
+        images = h5[f"{split}/images"]
+        if images.ndim - 1 not in SAMPLE_RANKS:
             raise DatasetError(f"dataset '{path}': /{split}/images has shape "
-                               f"{shape_text(images.shape)}; it must be N x C x H x W or N x F")
+                               f"{shape_text(images.shape)}; it must be N x C x H x W, "
+                               f"N x C x D x H x W or N x F")
         if not np.issubdtype(images.dtype, np.floating):
             raise DatasetError(f"dataset '{path}': /{split}/images has dtype {images.dtype}; "
                                f"it must be floating point (float32)")
-        if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-            raise DatasetError(f"dataset '{path}': /{split}/labels has shape "
-                               f"{shape_text(labels.shape)} and dtype {labels.dtype}; it must "
-                               f"be one integer per sample")
-        if len(labels) != len(images):
-            raise DatasetError(f"dataset '{path}': /{split}/labels has {len(labels)} entries "
+        check = _check_targets if targets else _check_labels
+        length = check(h5[f"{split}/{answers}"], path, split, width)
+        if length != len(images):
+            raise DatasetError(f"dataset '{path}': /{split}/{answers} has {length} entries "
                                f"but /{split}/images {len(images)}; they must match")
-        y = labels[()]
-        if y.size and (y.min() < 0 or y.max() >= classes):
-            bad = int(y[(y < 0) | (y >= classes)][0])
-            raise DatasetError(f"dataset '{path}': /{split}/labels holds {bad}, outside "
-                               f"[0, {classes}) for classes = {classes}")
         sizes[split], shapes[split] = len(images), tuple(images.shape[1:])
     if "val" in shapes and shapes["val"] != shapes["train"]:
         raise DatasetError(f"dataset '{path}': val samples are {shape_text(shapes['val'])} but "
                            f"train samples {shape_text(shapes['train'])}; they must match")
-    return DatasetInfo(path, shapes["train"], classes, sizes["train"], sizes["val"])
+    return DatasetInfo(path, shapes["train"], width, sizes["train"], sizes["val"], targets)
+
+
+def _check_labels(labels: h5py.Dataset, path: Path, split: str, classes: int) -> int:
+    """Refuse labels that are not one integer in [0, classes) per sample; their count."""
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise DatasetError(f"dataset '{path}': /{split}/labels has shape "
+                           f"{shape_text(labels.shape)} and dtype {labels.dtype}; it must "
+                           f"be one integer per sample")
+    y = labels[()]
+    if y.size and (y.min() < 0 or y.max() >= classes):
+        bad = int(y[(y < 0) | (y >= classes)][0])
+        raise DatasetError(f"dataset '{path}': /{split}/labels holds {bad}, outside "
+                           f"[0, {classes}) for classes = {classes}")
+    return len(y)
+
+
+def _check_targets(targets: h5py.Dataset, path: Path, split: str, width: int) -> int:
+    """Refuse targets that are not T finite reals per sample; their count."""
+    if (targets.ndim != 2 or targets.shape[1] != width
+            or not np.issubdtype(targets.dtype, np.floating)):
+        raise DatasetError(f"dataset '{path}': /{split}/targets has shape "
+                           f"{shape_text(targets.shape)} and dtype {targets.dtype}; it must be "
+                           f"N x {width} floating point (targets = {width})")
+    y = targets[()]
+    finite = np.isfinite(y).all(axis=1)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        value = "NaN" if np.isnan(y[bad]).any() else "Inf"
+        raise DatasetError(f"dataset '{path}': /{split}/targets sample {bad} holds {value}; "
+                           f"replace the value or drop the sample, then rewrite the file with "
+                           f"{CONVERT}")
+    return len(y)
 
 
 def feeds_flat(sample_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> bool:
-    """Whether samples of ``sample_shape`` feed a net of flat ``input_shape`` (F,) flattened:
-    (C, H, W) with C·H·W = F.
+    """Whether samples of ``sample_shape`` feed a net of flat ``input_shape`` (F,), flattened.
+
+    They do when the samples are (C, H, W) or (C, D, H, W) and hold F values.
 
     >>> feeds_flat((1, 8, 8), (64,)), feeds_flat((1, 8, 8), (1, 8, 8)), feeds_flat((3, 4), (10,))
     (True, False, False)
@@ -287,33 +565,48 @@ def feeds_flat(sample_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> b
             and math.prod(sample_shape) == input_shape[0])
 
 
-def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int,
-               batch: int) -> None:
-    """Refuse a dataset whose samples, classes or size do not fit a net and a batch.
+def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int, batch: int,
+               regression: bool = False) -> None:
+    """Refuse a dataset whose samples, answers or size do not fit a net and a batch.
 
     Samples fit when their shape is ``input_shape``, or when the net takes F flat features and
-    each sample holds F values (:func:`feeds_flat`; the reader flattens them).
+    each sample holds F values (:func:`feeds_flat`; the reader flattens them). A classifier
+    (``regression=False``, ``classes`` = K) needs a labels dataset of K classes; a regression
+    (``regression=True``, ``classes`` = T, the width of the net's output) a targets dataset of
+    T targets per sample.
 
     Raises
     ------
     DatasetError
-        The sample shape differs from ``input_shape`` (for images with the same channels and
-        square samples the message suggests ``--image-size``), the class counts differ, or
-        the training split holds fewer than ``batch`` samples.
+        The sample shape differs from ``input_shape`` (for images or volumes with the same
+        channels and equal spatial sides the message suggests ``--image-size``), labels where
+        the net wants targets or the reverse, the class or target counts differ, or the
+        training split holds fewer than ``batch`` samples.
     """
     sample, want = tuple(info.sample_shape), tuple(input_shape)
     if sample != want and not feeds_flat(sample, want):
         hint = "convert the data to the net's input shape or choose a net that takes it"
-        if len(sample) == 3 and len(want) == 3 and sample[0] == want[0] and sample[1] == sample[2]:
+        if (len(sample) == len(want) >= 3 and sample[0] == want[0]
+                and len(set(sample[1:])) == 1):
             hint = f"pass --image-size {sample[1]} to size the net's input to the data"
         elif len(want) == 1:
             hint = (f"a flat-input net reads samples of {math.prod(sample)} values; choose a "
                     f"net with features={math.prod(sample)}")
         raise DatasetError(f"dataset '{info.path}' holds samples of shape {shape_text(sample)} "
                            f"but the net takes {shape_text(want)}; {hint}")
+    if regression and not info.targets:
+        raise DatasetError(f"dataset '{info.path}' holds class labels ({info.classes} classes) "
+                           f"but the net regresses {classes} targets; use a targets dataset "
+                           f"({CONVERT} --targets) or a net whose input line says "
+                           f"classes={info.classes}")
+    if not regression and info.targets:
+        raise DatasetError(f"dataset '{info.path}' holds {info.targets} real-valued targets "
+                           f"per sample but the net classifies into {classes} classes; use a net "
+                           f"whose input line says targets={info.targets}")
     if info.classes != classes:
-        raise DatasetError(f"dataset '{info.path}' has {info.classes} classes but the net has "
-                           f"{classes}; use a net whose input line says classes={info.classes}")
+        what = "targets" if regression else "classes"
+        raise DatasetError(f"dataset '{info.path}' has {info.classes} {what} but the net has "
+                           f"{classes}; use a net whose input line says {what}={info.classes}")
     if info.train_size < batch:
         raise DatasetError(f"dataset '{info.path}' has {info.train_size} training samples, "
                            f"fewer than --batch {batch}; lower --batch")
@@ -323,13 +616,13 @@ def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int,
 
 
 def flat_cover(shape: tuple[int, ...], lo: int, hi: int) -> tuple[tuple[slice, ...], int]:
-    """The smallest hyperslab of a sample of ``shape`` that holds its flat (row-major) entries
-    ``lo`` to ``hi - 1``, and the flat index of the hyperslab's first entry.
+    """The smallest hyperslab of a sample of ``shape`` that holds its flat entries lo..hi-1.
 
-    The hyperslab fixes the leading indices the range shares, spans one axis, and takes the
-    axes after it whole. Worked example, shape (2, 8, 8), entries 70..89: both lie in channel
-    1 (entries 64..127), in its rows 0..3, so the hyperslab is [1:2, 0:4, 0:8], entries 64..95,
-    and the range is its flat entries 6..25:
+    Returns the hyperslab and the flat (row-major) index of its first entry. The hyperslab
+    fixes the leading indices the range shares, spans one axis, and takes the axes after it
+    whole. Worked example, shape (2, 8, 8), entries 70..89: both lie in channel 1 (entries
+    64..127), in its rows 0..3, so the hyperslab is [1:2, 0:4, 0:8], entries 64..95, and the
+    range is its flat entries 6..25:
 
     >>> flat_cover((2, 8, 8), 70, 90)
     ((slice(1, 2, None), slice(0, 4, None), slice(0, 8, None)), 64)
@@ -351,20 +644,27 @@ class H5Data:
     """Batches of a dataset file, each rank reading only its own block.
 
     Same interface as :class:`~hpctrain.data.synthetic.SyntheticData`: ``images(step, box)`` is
-    block ``box`` of batch ``step`` (batch axis relative to the batch, then C, H, W or F) and
-    ``labels(step, (lo, hi))`` the labels of samples lo..hi-1 of that batch.
+    block ``box`` of batch ``step`` (batch axis relative to the batch, then C, H, W; C, D, H, W;
+    or F) and ``labels(step, (lo, hi))`` the labels, or targets, of samples lo..hi-1 of that
+    batch (see :class:`~hpctrain.data.source.DataSource`).
 
     ``split="train"``: batch ``step`` is batch ``step % steps_per_epoch`` of epoch
     ``step // steps_per_epoch``, whose order is ``default_rng([seed, epoch]).permutation(N)``.
     ``split="val"``: batch k holds samples k·B .. (k+1)·B - 1 in file order; positions past N
-    are padding, with zero images and label -1. Worked example, N = 10, B = 4::
+    are padding, with zero images and label -1 (targets: a row of NaN). Worked example, N = 10,
+    B = 4::
 
         train: steps_per_epoch = 2; steps 0, 1 are epoch 0; step 2 starts epoch 1
         val:   batches = 3; batch 2 holds samples 8, 9 and two padding positions
 
-    ``flatten`` (see :func:`feeds_flat`): the file's (C, H, W) samples are given as (C·H·W,)
-    vectors, ``sample_shape`` says so, and ``box`` ranges over the flat features; each rank
-    still reads only the smallest hyperslab holding its features (:func:`flat_cover`).
+    A box is read as one HDF5 hyperslab per batch, so HDF5 reads only the chunks the box meets
+    (:func:`chunk_shape`): a rank holding depth planes d0..d1 of volumes chunked ``dc`` planes
+    deep reads chunk planes d0 // dc .. (d1 - 1) // dc of its own samples, never a whole
+    sample.
+
+    ``flatten`` (see :func:`feeds_flat`): the file's samples are given as flat vectors,
+    ``sample_shape`` says so, and ``box`` ranges over the flat features; each rank still reads
+    only the smallest hyperslab holding its features (:func:`flat_cover`).
 
     The file stays open read-only until :meth:`close` (or the end of a ``with`` block).
     ``info``, the file's :func:`inspect_dataset` already made (by rank 0), spares every reader
@@ -387,8 +687,9 @@ class H5Data:
         self._file = _open(self.path)
         try:
             info = info or _describe(self._file, self.path)
-            self.sample_shape, self.classes = info.sample_shape, info.classes
-            self._stored_shape = info.sample_shape  # (C, H, W) in the file
+            self.sample_shape, self.classes, self.targets = (
+                info.sample_shape, info.classes, info.targets)
+            self._stored_shape = info.sample_shape  # (C, H, W) or (C, D, H, W) in the file
             if flatten:
                 self.sample_shape = (math.prod(info.sample_shape),)
             self.size = info.train_size if split == "train" else info.val_size
@@ -402,7 +703,7 @@ class H5Data:
             self._file.close()
             raise
         self._images = self._file[f"{split}/images"]  # (N, *sample_shape)
-        self._labels = self._file[f"{split}/labels"]  # (N,)
+        self._answers = self._file[f"{split}/{info.answers}"]  # labels (N,) or targets (N, T)
         self.steps_per_epoch = self.size // batch  # train: whole batches per epoch
         self.batches = math.ceil(self.size / batch)  # val: batches incl. the padded last one
         self._epoch: tuple[int, np.ndarray] | None = None  # (epoch, its permutation)
@@ -424,7 +725,7 @@ class H5Data:
     def images(self, step: int, box: Box) -> Any:
         """Block ``box`` of the ``(B, *sample_shape)`` input of batch ``step``, on the device."""
         index = self.indices(step, box[0])
-        inner = tuple(slice(a, b) for a, b in box[1:])  # channels, rows, cols (or features)
+        inner = tuple(slice(a, b) for a, b in box[1:])  # channels, (depth,) rows, cols or features
         cut = None
         if self.sample_shape != self._stored_shape:  # flattened: read a cover, then cut
             (lo, hi), = box[1:]
@@ -451,13 +752,20 @@ class H5Data:
                 f"{CONVERT}")
 
     def labels(self, step: int, samples: tuple[int, int]) -> Any:
-        """int64 labels of positions lo..hi-1 of batch ``step``; -1 for val padding."""
+        """The answers of positions lo..hi-1 of batch ``step``, on the device.
+
+        A labels dataset gives int64 labels (n,), -1 for val padding; a targets dataset gives
+        (n, T) targets in the backend's dtype, a row of NaN for val padding.
+        """
         index = self.indices(step, samples)
-        labels = np.full(len(index), -1, np.int64)
+        if self.targets:
+            answers = np.full((len(index), self.targets), np.nan, self.backend.dtype)
+        else:
+            answers = np.full(len(index), -1, np.int64)
         real = np.flatnonzero(index >= 0)
         if real.size:
-            labels[real] = self._read(self._labels, index[real], ())
-        return self.backend.xp.asarray(labels)
+            answers[real] = self._read(self._answers, index[real], ())
+        return self.backend.xp.asarray(answers)
 
     @staticmethod
     def _read(dataset: h5py.Dataset, index: np.ndarray, inner: tuple[slice, ...]) -> np.ndarray:

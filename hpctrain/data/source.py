@@ -1,5 +1,7 @@
-"""What the network reads its batches from: a :class:`~hpctrain.data.source.DataSource`, and for
-held-out evaluation a :class:`~hpctrain.data.source.HeldOutSource`.
+"""The sources the network reads its batches from, for training and for held-out evaluation.
+
+Training reads a :class:`~hpctrain.data.source.DataSource`, held-out evaluation a
+:class:`~hpctrain.data.source.HeldOutSource`.
 
 A source gives any rank the block of any batch it asks for, from the batch's number and the
 block's global ranges alone, so each rank reads only its own block and the data are the same on
@@ -16,13 +18,16 @@ from hpctrain.layout.layout import Box
 
 
 class DataSource(Protocol):
-    """Batch ``step``'s images and labels, block by block.
+    """Batch ``step``'s images and labels (or targets), block by block.
 
     ``images(step, box)`` is block ``box`` of the ``(B, *sample_shape)`` input of batch ``step``:
-    the batch axis relative to the batch, then the sample's axes (C, H, W, or F features);
-    ``labels(step, (lo, hi))`` the labels of samples lo..hi-1 of that batch. ``nonfinite`` is
-    None until a block read holds NaN or Inf; then it says where, in one line (the network
-    then stops every rank with it; see :meth:`hpctrain.run.network.Network.loss`).
+    the batch axis relative to the batch, then the sample's axes (C, H, W; C, D, H, W for
+    volumes; or F features), e.g. ``((lo, hi), (c0, c1), (d0, d1), (h0, h1), (w0, w1))``.
+    ``labels(step, (lo, hi))`` gives what samples lo..hi-1 of that batch are trained towards:
+    for a classifier int64 labels, shape (n,); for a regression (mean squared error) float
+    targets in the backend's dtype, shape (n, T). ``nonfinite`` is None until a block read
+    holds NaN or Inf; then it says where, in one line (the network then stops every rank with
+    it; see :meth:`hpctrain.run.network.Network.loss`).
     """
 
     nonfinite: str | None
@@ -35,7 +40,10 @@ class DataSource(Protocol):
 
 
 class HeldOutSource(DataSource, Protocol):
-    """A held-out split, read in ``batches`` batches in order; positions past its end are
-    padding, labelled -1, and are not counted."""
+    """A held-out split, read in ``batches`` batches in order.
+
+    Positions past its end are padding and are not counted: their label is -1, or their row of
+    targets is all NaN (the network skips a row holding NaN).
+    """
 
     batches: int
