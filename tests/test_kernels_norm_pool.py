@@ -18,16 +18,11 @@ from hpctrain.kernels.pool import avgpool_backward, avgpool_forward
 rng = np.random.default_rng(1)
 
 
-def as_pair(v):
-    return (v, v) if isinstance(v, int) else v
-
-
 # ---- average pooling ------------------------------------------------------------------------
 
 def direct_avgpool(x, k, s, pads):
-    top, bottom, side = pads
-    (kh, kw), (sh, sw) = as_pair(k), as_pair(s)
-    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (side, side)))  # zeros, counted in the mean
+    (kh, kw), (sh, sw) = k, s
+    xp = np.pad(x, ((0, 0), (0, 0), *pads))  # zeros, counted in the mean
     ho, wo = (xp.shape[2] - kh) // sh + 1, (xp.shape[3] - kw) // sw + 1
     y = np.zeros(x.shape[:2] + (ho, wo))
     for p in range(ho):
@@ -36,9 +31,11 @@ def direct_avgpool(x, k, s, pads):
     return y
 
 
-POOLS = [(2, 2, (0, 0, 0)), (3, 2, (1, 1, 1)), (3, 1, (1, 0, 1)), ((1, 7), 1, (0, 0, 3)),
-         ((7, 1), 1, (3, 3, 0)), ((3, 1), (2, 1), (1, 0, 0)), ((2, 3), (3, 2), (0, 1, 1)),
-         ((3, 2), (1, 2), (2, 1, 1))]
+POOLS = [((2, 2), (2, 2), ((0, 0), (0, 0))), ((3, 3), (2, 2), ((1, 1), (1, 1))),
+         ((3, 3), (1, 1), ((1, 0), (1, 1))), ((1, 7), (1, 1), ((0, 0), (3, 3))),
+         ((7, 1), (1, 1), ((3, 3), (0, 0))), ((3, 1), (2, 1), ((1, 0), (0, 0))),
+         ((2, 3), (3, 2), ((0, 1), (1, 1))), ((3, 2), (1, 2), ((2, 1), (1, 1))),
+         ((2, 2), (1, 1), ((0, 1), (1, 0)))]
 
 
 @pytest.mark.parametrize("k,s,pads", POOLS)
@@ -50,9 +47,11 @@ def test_avgpool_forward_matches_direct(k, s, pads):
 
 def test_avgpool_counts_padding_in_the_divisor():
     x = np.ones((1, 1, 2, 2))
-    y, _ = avgpool_forward(np, x, 2, 2, (1, 1, 1))  # each 2x2 window holds one input and 3 pads
+    # each 2x2 window holds one input and 3 pads
+    y, _ = avgpool_forward(np, x, (2, 2), (2, 2), ((1, 1), (1, 1)))
     np.testing.assert_array_equal(y, np.full((1, 1, 2, 2), 0.25))
-    y, _ = avgpool_forward(np, x, (1, 3), 1, (0, 0, 1))  # 1x3 windows hold 2 inputs and 1 pad
+    # 1x3 windows hold 2 inputs and 1 pad
+    y, _ = avgpool_forward(np, x, (1, 3), (1, 1), ((0, 0), (1, 1)))
     np.testing.assert_array_equal(y, np.full((1, 1, 2, 2), 2 / 3))
 
 
@@ -68,7 +67,7 @@ def test_avgpool_backward_is_the_adjoint_of_forward(k, s, pads):
 
 def test_avgpool_keeps_float32_and_caches_no_input():
     x = rng.standard_normal((2, 2, 7, 6)).astype(np.float32)
-    y, cache = avgpool_forward(np, x, (3, 2), (2, 1), (1, 0, 1))
+    y, cache = avgpool_forward(np, x, (3, 2), (2, 1), ((1, 0), (1, 1)))
     assert y.dtype == np.float32
     assert avgpool_backward(np, np.ones_like(y), (3, 2), (2, 1), cache).dtype == np.float32
     assert not any(isinstance(v, np.ndarray) for v in vars(cache).values())

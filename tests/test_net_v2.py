@@ -127,8 +127,10 @@ use factor name=f k=7 p=3
 use factor k=3 p=1 out=6
 """)
     wide, tall = net.layers[0], net.layers[1]
-    assert (wide.name, wide.options.kernel, wide.options.pad) == ("f.conv1", (1, 7), (0, 3))
-    assert (tall.name, tall.options.kernel, tall.options.pad) == ("f.tall", (7, 7), (3, 3))
+    assert (wide.name, wide.options.kernel, wide.options.pad) == ("f.conv1", (1, 7),
+                                                                  ((0, 0), (3, 3)))
+    assert (tall.name, tall.options.kernel, tall.options.pad) == ("f.tall", (7, 7),
+                                                                  ((3, 3), (3, 3)))
     assert shape_of(net, "f.conv1") == (4, 8, 8)  # out: its default
     assert net.layers[2].options.kernel == (1, 3) and shape_of(net, "factor1.tall") == (6, 8, 8)
 
@@ -204,7 +206,7 @@ def test_avgpool_options_and_global_pooling():
     net = net_of("avgpool kernel=3 pad=1\navgpool kernel=2 stride=1\n")
     first, second, last = net.layers[0], net.layers[1], net.layers[2]
     assert first.options.kernel == (3, 3) and first.options.stride == (3, 3)  # default: kernel
-    assert first.options.pad == (1, 1)
+    assert first.options.pad == ((1, 1), (1, 1))
     assert shape_of(net, "avgpool1") == (2, 3, 3)
     assert second.options.stride == (1, 1) and shape_of(net, "avgpool2") == (2, 2, 2)
     assert last.options.kernel is None  # kernel=global
@@ -294,9 +296,10 @@ REFUSALS = [
     ("avgpool kernel=global with pad", "avgpool kernel=global pad=1\n",
      r"takes no stride or pad"),
     ("avgpool of a flat input", "flatten\navgpool kernel=global\n",
-     r"layer avgpool1 \(avgpool\) needs an image input, got shape \(128,\)"),
+     r"layer avgpool1 \(avgpool\) needs an image or volume input, got shape \(128,\)"),
     ("a window of three sizes", "conv out=2 kernel=1x2x3\n",
-     r"line 2: kernel='1x2x3' must be K or HxW, e.g. 3 or 1x7"),
+     r"layer conv1 gives kernel for 3 axes but its input has 2 spatial axes; give one size "
+     r"or HxW"),
     ("a window too large", "conv out=2 kernel=1x9\n",
      r"layer conv1 receives 8x8, too small for its window \(kernel 1x9"),
     ("batchnorm eps=0", "batchnorm eps=0\n", r"line 2: eps='?0'? must be in \[1e-300, 1\)"),
@@ -418,7 +421,8 @@ def test_version_1_shapes_are_unchanged():
         "linear2.weight": (10, 64), "linear2.bias": (10,)}
     square = parse_net("input channels=1 size=8 classes=2\nconv out=2 kernel=3 stride=2 pad=1\n"
                        "maxpool kernel=2\nflatten\nlinear out=2\n", "v1.net")
-    assert square.layers[0].options.kernel == (3, 3) and square.layers[0].options.pad == (1, 1)
+    assert square.layers[0].options.kernel == (3, 3)
+    assert square.layers[0].options.pad == ((1, 1), (1, 1))
     assert square.out_shapes[:2] == ((2, 4, 4), (2, 2, 2))
 
 

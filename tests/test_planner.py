@@ -153,7 +153,9 @@ def test_pooling_gathers_the_rows_where_a_split_would_leave_a_rank_empty():
 
 
 def test_too_many_processes_for_a_layer_is_a_clear_error():
-    model = model_of(load_net("mlp"), 2, 4096)
+    """smallcnn's convolutions have fewer channels and rows than 2048 model ranks; (an MLP
+    runs, its layers replicated over the model ranks)."""
+    model = model_of(load_net("smallcnn"), 2, 4096)
     with pytest.raises(PlannerError, match="raise --batch"):
         plan_network(model)
 
@@ -237,12 +239,13 @@ def test_a_refused_choice_names_the_segments_own_layer():
 
 def test_flop_model_counts_a_convolution():
     work = LocalWork(KINDS["conv"], (2, 3, 8, 8), out=4, kernel=(3, 3), stride=(1, 1),
-                     pads=(1, 1, 1))
+                     pads=((1, 1), (1, 1)))
     forward, backward = work.flops()
     assert forward == 2 * 2 * 4 * 8 * 8 * 3 * 9
     assert backward == 2 * forward
     assert math.isclose(FlopModel(1e9).times([work])[work][0], forward / 1e9)
-    first = LocalWork(KINDS["conv"], (2, 3, 8, 8), 4, (3, 3), (1, 1), (1, 1, 1), need_dx=False)
+    first = LocalWork(KINDS["conv"], (2, 3, 8, 8), 4, (3, 3), (1, 1), ((1, 1), (1, 1)),
+                      need_dx=False)
     assert first.flops()[1] == forward
 
 

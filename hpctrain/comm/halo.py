@@ -1,4 +1,5 @@
-"""Halo exchange for height-split window layers, by non-blocking point-to-point messages.
+"""Halo exchange for window layers split along their first spatial axis (an image's height, a
+volume's depth), by non-blocking point-to-point messages. A "row" is one plane of that axis.
 
 forward: each rank receives the rows above and below its block that its windows read.
 backward (the adjoint): the gradients of those halo rows go back to their owners and are added.
@@ -43,12 +44,12 @@ class HaloExchange:
     def _exchange(self, x: Any, to_above: Any, to_below: Any, rows_from_above: int,
                   rows_from_below: int) -> _InFlight:
         """Post receives of row blocks shaped like ``x`` and sends of ``to_above``/``to_below``."""
-        n, c, _, w = x.shape
+        n, c, _, *rest = x.shape
         requests, received, sent = [], [], []
         with self.backend.clock.comm():  # posting is cheap, but staging sends is not on a GPU
             for n_rows, peer, tag in ((rows_from_above, self.above, _DOWN),
                                       (rows_from_below, self.below, _UP)):
-                buf = self.backend.empty_mpi((n, c, n_rows, w), x.dtype) if n_rows else None
+                buf = self.backend.empty_mpi((n, c, n_rows, *rest), x.dtype) if n_rows else None
                 if buf is not None:
                     requests.append(self.comm.Irecv(buf, source=peer, tag=tag))
                 received.append(buf)
@@ -68,14 +69,14 @@ class HaloExchange:
                          for b in pending.received)
 
     def start(self, x: Any) -> _InFlight:
-        """Post the halo messages for X: (N, C, own rows, W)."""
+        """Post the halo messages for X: (N, C, own rows, …)."""
         p, h0 = self.plan, self.plan.own[0]
         return self._exchange(x, x[:, :, p.send_top[0] - h0:p.send_top[1] - h0],
                               x[:, :, p.send_bottom[0] - h0:p.send_bottom[1] - h0],
                               _n(p.recv_top), _n(p.recv_bottom))
 
     def finish(self, pending: _InFlight) -> Any:
-        """X_ext: (N, C, need rows, W) — top halo, the needed own rows, bottom halo."""
+        """X_ext: (N, C, need rows, …) — top halo, the needed own rows, bottom halo."""
         top, bottom = self._received(pending)
         p, (x, _) = self.plan, pending.keep
         lo, hi = max(p.need[0], p.own[0]), min(p.need[1], p.own[1])
@@ -91,12 +92,12 @@ class HaloExchange:
                               _n(p.send_top), _n(p.send_bottom))
 
     def finish_backward(self, pending: _InFlight) -> Any:
-        """dX: (N, C, own rows, W) — own rows of dX_ext plus the halo gradients sent back."""
+        """dX: (N, C, own rows, …) — own rows of dX_ext plus the halo gradients sent back."""
         from_above, from_below = self._received(pending)
         p, (dx_ext, _) = self.plan, pending.keep
         h0, h1 = p.own
-        n, c, _, w = dx_ext.shape
-        dx = self.backend.xp.zeros((n, c, h1 - h0, w), dtype=dx_ext.dtype)
+        n, c, _, *rest = dx_ext.shape
+        dx = self.backend.xp.zeros((n, c, h1 - h0, *rest), dtype=dx_ext.dtype)
         lo, hi = max(p.need[0], h0), min(p.need[1], h1)
         if hi > lo:
             start = _n(p.recv_top)

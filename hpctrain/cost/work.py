@@ -41,16 +41,17 @@ class LocalWork:
 
     ``x``: local input shape (with halo rows for a height split; the shard's shape for the
     update); ``out``: output channels or features held locally (conv, linear);
-    ``kernel``/``stride`` (height, width) and ``pads`` (top, bottom, side) for window layers;
-    ``need_dx``: whether the input gradient is computed (not for the first layer).
+    ``kernel``/``stride`` (one per spatial axis) and ``pads`` ((before, after) per spatial
+    axis) for window layers; ``need_dx``: whether the input gradient is computed (not for the
+    first layer).
     """
 
     op: Operation
     x: Shape
     out: int = 0
-    kernel: tuple[int, int] = (0, 0)
-    stride: tuple[int, int] = (1, 1)
-    pads: tuple[int, int, int] = (0, 0, 0)
+    kernel: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    pads: tuple[tuple[int, int], ...] = ()
     need_dx: bool = True
 
     def key(self) -> str:
@@ -62,9 +63,7 @@ class LocalWork:
         """Forward and backward floating-point operations, as the operation counts them."""
         return self.op.flops(self)
 
-    def out_rows(self) -> tuple[int, int]:
-        """Output height and width of a window kernel on ``x`` with ``pads``."""
-        top, bottom, side = self.pads
-        h, w = self.x[2], self.x[3]
-        return ((h + top + bottom - self.kernel[0]) // self.stride[0] + 1,
-                (w + 2 * side - self.kernel[1]) // self.stride[1] + 1)
+    def out_sizes(self) -> tuple[int, ...]:
+        """Output size along each spatial axis of a window kernel on ``x`` with ``pads``."""
+        return tuple((n + before + after - k) // s + 1 for n, k, s, (before, after)
+                     in zip(self.x[2:], self.kernel, self.stride, self.pads, strict=True))

@@ -1,4 +1,6 @@
-"""Element-wise layers: ReLU and dropout."""
+"""Element-wise layers: ReLU, leaky ReLU, tanh, scaling and dropout.
+
+Each backward reads the output Y (and dY), never the input, so a layer keeps only Y."""
 
 from __future__ import annotations
 
@@ -17,6 +19,34 @@ def relu_backward(xp: Any, y: Any, dy: Any) -> Any:
     numbers for a finite dY; a non-finite one, which only a diverged step makes, stays
     non-finite where the unit was off too."""
     return xp.multiply(dy, y > 0)
+
+
+def leaky_relu_forward(xp: Any, x: Any, slope: float) -> Any:
+    """x where x > 0, slope·x elsewhere (0 ≤ slope < 1)."""
+    return xp.where(x > 0, x, x * x.dtype.type(slope))
+
+
+def leaky_relu_backward(xp: Any, y: Any, dy: Any, slope: float) -> Any:
+    """dY where Y > 0, slope·dY elsewhere: for 0 ≤ slope the sign of Y is the sign of X
+    (and the kink at 0 takes the slope, as PyTorch does)."""
+    return xp.where(y > 0, dy, dy * dy.dtype.type(slope))
+
+
+def tanh_forward(xp: Any, x: Any) -> Any:
+    return xp.tanh(x)
+
+
+def tanh_backward(xp: Any, y: Any, dy: Any) -> Any:
+    """dY·(1 − Y²)."""
+    return dy * (1 - y * y)
+
+
+def scale_forward(xp: Any, x: Any, factor: float) -> Any:
+    return x * x.dtype.type(factor)
+
+
+def scale_backward(xp: Any, y: Any, dy: Any, factor: float) -> Any:
+    return dy * dy.dtype.type(factor)
 
 
 def dropout_mask(xp: Any, key: int, p: float, shape: tuple[int, ...],

@@ -1,123 +1,156 @@
-"""2-D convolution, NCHW, by im2col + GEMM, with separate top/bottom padding.
+"""Convolution over d spatial axes, (N, C, S1, …, Sd), by im2col + GEMM, with zero padding.
 
-Top and bottom padding differ for a row band of a height-split image: only the ranks at the image
-edges pad; the others read halo rows instead. Kernels and strides may be non-square.
+Images are d = 2, (N, C, H, W); volumes d = 3, (N, C, D, H, W); d = 1 works too. Each spatial
+axis has its own kernel size, stride and (before, after) padding
+(``Pads`` in :mod:`hpctrain.kernels.sliding`): the two sides differ for a band of a split axis (only
+the ranks at the edges pad; the others read halo entries instead) and for TensorFlow's ``same``
+padding of an even kernel (one more after than before).
 
 The im2col matrix (every window of the input, one row or column per output position) comes in
-one of two orders, the same numbers either way:
+one of two orders, the same numbers either way (K = K1·…·Kd entries in a window, P =
+P1·…·Pd output positions per sample, O output channels):
 
-- *channel-major*, (C·kh·kw, N·Ho·Wo), gathered from the NCHW input as it is;
-- *channels-last*, (N·Ho·Wo, kh·kw·C), gathered from an NHWC copy of the input.
+- *channel-major*, (C·K, N·P), gathered from the (N, C, S1, …, Sd) input as it is;
+- *channels-last*, (N·P, K·C), gathered from an (N, S1, …, Sd, C) copy of the input.
 
-Gathering the windows and scattering their gradients back (col2im, kh·kw strided adds) run as
-loops over contiguous stretches: an output row (Wo entries) channel-major, the C channels of a
-position channels-last. A stretch of a few entries costs NumPy its per-stretch overhead, so
-the order with the longer stretch wins: channels-last for the deep, small images late in a
-network (AlexNet's conv2–conv5 at 127²: 152 → 135 ms backward, 71 → 65 ms forward), channel-
-major for a first layer's 3 channels and for 1×1 kernels. The rule is
-:func:`~hpctrain.kernels.sliding.prefer_channels_last`.
+Gathering the windows and scattering their gradients back (col2im, K strided adds) run as
+loops over contiguous stretches: an output row along the last axis (Pd entries) channel-major,
+the C channels of a position channels-last. A stretch of a few entries costs NumPy its
+per-stretch overhead, so the order with the longer stretch wins: channels-last for the deep,
+small images late in a network (AlexNet's conv2–conv5 at 127²: 152 → 135 ms backward, 71 → 65
+ms forward), channel-major for a first layer's 3 channels, for 1×1 kernels and for volumes
+with fewer than eight channels per output row entry (CosmoFlow's 64³ and 32³ layers). The
+rule is :func:`~hpctrain.kernels.sliding.prefer_channels_last`.
+
+A volume's input gradient goes a slab of output planes at a time (:data:`SLAB_BYTES`), so that
+the column gradients of a slab are scattered back while they are still in cache: CosmoFlow's
+64³ layer's backward 80 → 59 ms. Images keep one GEMM for the whole batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import product
+from math import prod
 from typing import Any
 
 from hpctrain.kernels.sliding import (
+    Pads,
+    check_windows,
     padded,
-    pair,
     prefer_channels_last,
     unpadded,
     windows,
     windows_last,
 )
 
+SLAB_BYTES = 4 * 2**20
+"""The input gradient of a volume (d ≥ 3) goes a slab of output planes at a time, with about
+this many bytes of column gradients: they stay in cache between their GEMM and the col2im
+scatter, where the whole matrix would go out to memory and back. Measured, the backward of
+CosmoFlow's 64³ layer (16 → 32 channels, 2×2×2, batch 1, float32, one thread) by slab: 0.5
+MiB 63 ms, 4 MiB 59 ms, 16 MiB 74 ms, a sample at a time 80 ms; its 32³ layer (32 → 64)
+25, 25, 30, 28 ms; a 16³ layer at batch 4 (64 → 128), 8 MiB a sample: 43–46 ms whatever the
+slab (``python bench/conv3d.py --slabs``)."""
+
 
 @dataclass(frozen=True)
 class ConvCache:
-    cols: Any  # (C·kh·kw, N·Ho·Wo) channel-major, (N·Ho·Wo, kh·kw·C) channels-last
+    cols: Any  # (C·K, N·P) channel-major, (N·P, K·C) channels-last
     x_shape: tuple[int, ...]
-    pads: tuple[int, int, int]  # top, bottom, left=right
+    pads: Pads  # (before, after) per spatial axis
     channels_last: bool = False
 
 
-def conv2d_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: int | tuple[int, int],
-                   pads: tuple[int, int, int], channels_last: bool | None = None
-                   ) -> tuple[Any, ConvCache]:
-    """Y[n, o, p, q] = Σ_{c, a, e} W[o, c, a, e] · Xpad[n, c, p·sh + a, q·sw + e] + b[o].
+def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], pads: Pads,
+                 channels_last: bool | None = None) -> tuple[Any, ConvCache]:
+    """Y[n, o, p] = Σ_{c, a} W[o, c, a] · Xpad[n, c, p·s + a] + b[o], p and a d-tuples.
 
-    X: (N, C, H, W), W: (O, C, kh, kw) -> Y: (N, O, Ho, Wo), with Xpad the input padded by
-    ``pads`` = (top, bottom, left=right), ``stride`` an int or a (sh, sw) pair,
-    Ho = ⌊(H + top + bottom − kh)/sh⌋ + 1 and Wo = ⌊(W + 2·side − kw)/sw⌋ + 1.
+    X: (N, C, S1, …, Sd), W: (O, C, K1, …, Kd), b: (O,) or None -> Y: (N, O, P1, …, Pd)
+    (contiguous), with Xpad the input padded with zeros by ``pads`` ((before, after) per
+    spatial axis), ``stride`` a d-tuple and Pᵢ = ⌊(Sᵢ + beforeᵢ + afterᵢ − Kᵢ)/sᵢ⌋ + 1.
     ``channels_last``: the windows channels-last (True) or channel-major (False); by default
     :func:`~hpctrain.kernels.sliding.prefer_channels_last` chooses.
     """
-    sh, sw = pair(stride)
-    n, c, h, wd = x.shape
-    o, _, kh, kw = w.shape
-    top, bottom, side = pads
+    n, c, *size = x.shape
+    o, _, *kernel = w.shape
+    d = len(size)
+    check_windows(d, tuple(kernel), stride, pads)
+    kernel, stride = tuple(kernel), tuple(stride)
     if channels_last is None:
-        channels_last = prefer_channels_last(c, kh, kw, (wd + 2 * side - kw) // sw + 1)
+        before, after = pads[-1]
+        out_last = (size[-1] + before + after - kernel[-1]) // stride[-1] + 1
+        channels_last = prefer_channels_last(c, kernel, out_last)
     if channels_last:
-        x_last = xp.zeros((n, h + top + bottom, wd + 2 * side, c), dtype=x.dtype)
-        x_last[:, top:top + h, side:side + wd] = x.transpose(0, 2, 3, 1)
-        win = windows_last(xp, x_last, kh, kw, sh, sw)  # (N, Ho, Wo, kh, kw, C)
-        ho, wo = win.shape[1:3]
-        cols = win.reshape(n * ho * wo, kh * kw * c)
-        y = cols @ _weight_last(xp, w).T  # (N·Ho·Wo, O)
+        x_last = xp.zeros((n, *(m + before + after for m, (before, after) in zip(size, pads)), c),
+                          dtype=x.dtype)
+        x_last[_inside(size, pads)] = x.transpose(0, *range(2, 2 + d), 1)
+        win = windows_last(xp, x_last, kernel, stride)  # (N, P1, …, Pd, K1, …, Kd, C)
+        out = win.shape[1:1 + d]
+        cols = win.reshape(n * prod(out), prod(kernel) * c)
+        y = cols @ _weight_last(xp, w).T  # (N·P, O)
         if b is not None:
             y += b
-        y = y.reshape(n, ho, wo, o).transpose(0, 3, 1, 2)
+        y = y.reshape(n, *out, o).transpose(0, 1 + d, *range(1, 1 + d))
     else:
-        win = windows(xp, padded(xp, x, pads, 0.0), kh, kw, sh, sw)  # (N, C, kh, kw, Ho, Wo)
-        ho, wo = win.shape[4:]
-        cols = win.transpose(1, 2, 3, 0, 4, 5).reshape(c * kh * kw, n * ho * wo)
-        y = (w.reshape(o, -1) @ cols).reshape(o, n, ho, wo)
+        win = windows(xp, padded(xp, x, pads, 0.0), kernel, stride)  # (N, C, K…, P…)
+        out = win.shape[2 + d:]
+        cols = win.transpose(1, *range(2, 2 + d), 0, *range(2 + d, 2 + 2 * d)).reshape(
+            c * prod(kernel), n * prod(out))
+        y = (w.reshape(o, -1) @ cols).reshape(o, n, *out)
         if b is not None:
-            y += b.reshape(o, 1, 1, 1)
-        y = y.transpose(1, 0, 2, 3)
-    return xp.ascontiguousarray(y), ConvCache(cols, x.shape, pads, channels_last)
+            y += b.reshape(o, *(1,) * (1 + d))
+        y = y.transpose(1, 0, *range(2, 2 + d))
+    return xp.ascontiguousarray(y), ConvCache(cols, x.shape, tuple(map(tuple, pads)),
+                                              channels_last)
 
 
-def conv2d_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: int | tuple[int, int],
-                    need_dx: bool = True, dw_out: Any | None = None
-                    ) -> tuple[Any | None, Any, Any]:
-    """Gradients (dX, dW, db) of :func:`conv2d_forward` given dY: (N, O, Ho, Wo).
+def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, ...],
+                  need_dx: bool = True, dw_out: Any | None = None
+                  ) -> tuple[Any | None, Any, Any]:
+    """Gradients (dX, dW, db) of :func:`conv_forward` given dY: (N, O, P1, …, Pd).
 
-    dW = dY·colsᵀ (written into ``dw_out`` when given), db = Σ_{n, p, q} dY, and dX scatters
+    dW = dY·colsᵀ (written into ``dw_out`` when given), db = Σ_{n, p} dY, and dX scatters
     Wᵀ·dY back to each window position (the adjoint of the window gather), then drops the
-    padding. The windows are in the order the forward took them (``cache``).
+    padding; for a volume, a slab of output planes at a time (:data:`SLAB_BYTES`). The
+    windows are in the order the forward took them (``cache``).
     """
+    stride = tuple(stride)
     if cache.channels_last:
-        return _backward_last(xp, dy, w, cache, pair(stride), need_dx, dw_out)
-    sh, sw = pair(stride)
-    o, c, kh, kw = w.shape
-    n, _, ho, wo = dy.shape
-    dy_mat = dy.transpose(1, 0, 2, 3).reshape(o, n * ho * wo)
+        return _backward_last(xp, dy, w, cache, stride, need_dx, dw_out)
+    o, c, *kernel = w.shape
+    n, _, *out = dy.shape
+    d = len(out)
+    dy_mat = dy.transpose(1, 0, *range(2, 2 + d)).reshape(o, n * prod(out))
     dw_mat = None if dw_out is None else dw_out.reshape(o, -1)
     dw = xp.matmul(dy_mat, cache.cols.T, out=dw_mat).reshape(w.shape)
-    db = dy.sum(axis=(0, 2, 3))
+    db = dy.sum(axis=(0, *range(2, 2 + d)))
     if not need_dx:
         return None, dw, db
-    dcols = (w.reshape(o, -1).T @ dy_mat).reshape(c, kh, kw, n, ho, wo)
-    top, bottom, side = cache.pads
-    h, wd = cache.x_shape[2:]
-    dxp = xp.zeros((n, c, h + top + bottom, wd + 2 * side), dtype=dy.dtype)
-    for a in range(kh):
-        for e in range(kw):
-            dxp[:, :, a:a + sh * ho:sh, e:e + sw * wo:sw] += dcols[:, a, e].transpose(1, 0, 2, 3)
+    if d >= 3:
+        return _input_gradient_slabs(xp, dy, w, cache, stride), dw, db
+    dcols = (w.reshape(o, -1).T @ dy_mat).reshape(c, *kernel, n, *out)
+    size = cache.x_shape[2:]
+    dxp = xp.zeros((n, c, *(m + before + after for m, (before, after) in zip(size, cache.pads))),
+                   dtype=dy.dtype)
+    for corner in product(*map(range, kernel)):
+        dxp[(slice(None), slice(None), *_hits(corner, stride, out))] += \
+            dcols[(slice(None), *corner)].transpose(1, 0, *range(2, 2 + d))
     return unpadded(dxp, cache.pads), dw, db
 
 
-def _backward_last(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, int],
+def _backward_last(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, ...],
                    need_dx: bool, dw_out: Any | None) -> tuple[Any | None, Any, Any]:
-    """:func:`conv2d_backward` for windows taken channels-last: dY in NHWC rows, dW made in
-    (O, kh, kw, C) order and put back into (O, C, kh, kw), col2im into an NHWC gradient."""
-    sh, sw = stride
-    o, c, kh, kw = w.shape
-    n, _, ho, wo = dy.shape
-    dy_rows = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1)).reshape(n * ho * wo, o)
-    dw_last = (dy_rows.T @ cache.cols).reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
+    """:func:`conv_backward` for windows taken channels-last: dY in (N·P, O) rows, dW made in
+    (O, K1, …, Kd, C) order and put back into (O, C, K1, …, Kd), col2im into a channels-last
+    gradient."""
+    o, c, *kernel = w.shape
+    n, _, *out = dy.shape
+    d = len(out)
+    dy_rows = xp.ascontiguousarray(dy.transpose(0, *range(2, 2 + d), 1)).reshape(-1, o)
+    dw_last = (dy_rows.T @ cache.cols).reshape(o, *kernel, c).transpose(0, 1 + d,
+                                                                        *range(1, 1 + d))
     if dw_out is None:
         dw = xp.ascontiguousarray(dw_last)
     else:
@@ -126,18 +159,80 @@ def _backward_last(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int
     db = dy_rows.sum(axis=0)
     if not need_dx:
         return None, dw, db
-    dcols = (dy_rows @ _weight_last(xp, w)).reshape(n, ho, wo, kh, kw, c)
-    top, bottom, side = cache.pads
-    h, wd = cache.x_shape[2:]
-    dx_last = xp.zeros((n, h + top + bottom, wd + 2 * side, c), dtype=dy.dtype)
-    for a in range(kh):
-        for e in range(kw):
-            dx_last[:, a:a + sh * ho:sh, e:e + sw * wo:sw] += dcols[:, :, :, a, e]
-    dx = dx_last[:, top:top + h, side:side + wd].transpose(0, 3, 1, 2)
+    if d >= 3:
+        return _input_gradient_slabs(xp, dy, w, cache, stride), dw, db
+    dcols = (dy_rows @ _weight_last(xp, w)).reshape(n, *out, *kernel, c)
+    size = cache.x_shape[2:]
+    dx_last = xp.zeros((n, *(m + before + after for m, (before, after) in zip(size, cache.pads)),
+                        c), dtype=dy.dtype)
+    every_position = (slice(None),) * (1 + d)
+    for corner in product(*map(range, kernel)):
+        dx_last[(slice(None), *_hits(corner, stride, out))] += dcols[(*every_position, *corner)]
+    dx = dx_last[_inside(size, cache.pads)].transpose(0, 1 + d, *range(1, 1 + d))
     return xp.ascontiguousarray(dx), dw, db
 
 
+def _input_gradient_slabs(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, ...]
+                          ) -> Any:
+    """dX of a volume in either order of the windows, a slab of output planes at a time
+    (``_slabs``): each slab's column gradients, Wᵀ·dY, are scattered back (col2im) while
+    they are still in cache, where the whole matrix would go out to memory and back."""
+    o, c, *kernel = w.shape
+    n, _, *out = dy.shape
+    d = len(out)
+    size = cache.x_shape[2:]
+    full = tuple(m + before + after for m, (before, after) in zip(size, cache.pads, strict=True))
+    last = cache.channels_last
+    if last:
+        w_mat = _weight_last(xp, w)  # (O, K·C)
+        grad = xp.zeros((n, *full, c), dtype=dy.dtype)
+    else:
+        w_mat = w.reshape(o, -1).T  # (C·K, O)
+        grad = xp.zeros((n, c, *full), dtype=dy.dtype)
+    corners = list(product(*map(range, kernel)))
+    every_position = (slice(None),) * d
+    for i, planes in _slabs(n, out, c * prod(kernel) * dy.dtype.itemsize):
+        block = (planes.stop - planes.start, *out[1:])
+        dy_block = dy[i, :, planes].reshape(o, -1)  # (O, planes·P2·…·Pd), a view
+        shift = planes.start * stride[0]
+        if last:
+            dcols = (dy_block.T @ w_mat).reshape(*block, *kernel, c)
+            for corner in corners:
+                hits = _hits((corner[0] + shift, *corner[1:]), stride, block)
+                grad[(i, *hits)] += dcols[(*every_position, *corner)]
+        else:
+            dcols = (w_mat @ dy_block).reshape(c, *kernel, *block)
+            for corner in corners:
+                hits = _hits((corner[0] + shift, *corner[1:]), stride, block)
+                grad[(i, slice(None), *hits)] += dcols[(slice(None), *corner)]
+    if not last:
+        return unpadded(grad, cache.pads)
+    dx = grad[_inside(size, cache.pads)].transpose(0, 1 + d, *range(1, 1 + d))
+    return xp.ascontiguousarray(dx)
+
+
+def _slabs(n: int, out: Sequence[int], column_bytes: int) -> Iterator[tuple[int, slice]]:
+    """(sample, slab of output planes along the first spatial axis) pairs that cover every
+    output position, each slab's columns about :data:`SLAB_BYTES`, at least one plane."""
+    planes = max(1, SLAB_BYTES // (column_bytes * prod(out[1:])))
+    for i in range(n):
+        for start in range(0, out[0], planes):
+            yield i, slice(start, min(out[0], start + planes))
+
+
+def _hits(corner: Sequence[int], stride: Sequence[int], out: Sequence[int]) -> tuple[slice, ...]:
+    """The padded input entries that offset ``corner`` of every window reads: per axis
+    aᵢ, aᵢ + sᵢ, …, aᵢ + sᵢ·(Pᵢ − 1)."""
+    return tuple(slice(a, a + s * m, s) for a, s, m in zip(corner, stride, out, strict=True))
+
+
+def _inside(size: Sequence[int], pads: Pads) -> tuple[slice, ...]:
+    """The unpadded part of a padded channels-last (N, S1 + before + after, …, C) array."""
+    return (slice(None), *(slice(before, before + m) for m, (before, _) in zip(size, pads,
+                                                                              strict=True)))
+
+
 def _weight_last(xp: Any, w: Any) -> Any:
-    """W: (O, C, kh, kw) as the (O, kh·kw·C) matrix of channels-last windows."""
-    o = w.shape[0]
-    return xp.ascontiguousarray(w.transpose(0, 2, 3, 1)).reshape(o, -1)
+    """W: (O, C, K1, …, Kd) as the (O, K·C) matrix of channels-last windows."""
+    o, d = w.shape[0], w.ndim - 2
+    return xp.ascontiguousarray(w.transpose(0, *range(2, 2 + d), 1)).reshape(o, -1)

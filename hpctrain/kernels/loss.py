@@ -1,4 +1,8 @@
-"""Softmax cross-entropy."""
+"""The losses: softmax cross-entropy against class labels, mean squared error against targets.
+
+Each gives the loss summed over the samples given, a count of those right (the correct classes;
+none under regression) and the gradient of scale·loss with respect to the outputs.
+"""
 
 from __future__ import annotations
 
@@ -20,3 +24,22 @@ def softmax_cross_entropy(xp: Any, logits: Any, labels: Any, scale: float
     grad = exp / total
     grad[rows, labels] -= 1.0
     return loss_sum, correct, grad * scale
+
+
+def mean_squared_error(xp: Any, outputs: Any, targets: Any, scale: float
+                       ) -> tuple[Any, Any, Any]:
+    """Summed loss, 0, and d(scale·loss)/doutputs for outputs and targets: (N, T).
+
+    A sample's loss is the mean over its T targets of (y − t)², as Keras's and PyTorch's
+    ``mean_squared_error`` over a batch of one; the gradient is scale·2(y − t)/T.
+    """
+    error = outputs - targets
+    width = outputs.shape[1]
+    loss_sum = (error * error).sum() / width
+    return loss_sum, xp.zeros((), dtype=xp.int64), error * (2.0 * scale / width)
+
+
+def loss_function(regression: bool) -> Any:
+    """The loss of a net: :func:`mean_squared_error` under regression (``targets=``), else
+    :func:`softmax_cross_entropy`."""
+    return mean_squared_error if regression else softmax_cross_entropy

@@ -1,49 +1,55 @@
-"""Max- and average-pooling, NCHW, with separate top/bottom padding.
+"""Max- and average-pooling over d spatial axes, (N, C, S1, …, Sd), with padding.
 
-Top and bottom padding differ for a row band of a height-split image (see
-:mod:`hpctrain.kernels.conv`). Kernels and strides may be an int (square) or a (height, width) pair.
+Images are d = 2, (N, C, H, W); volumes d = 3, (N, C, D, H, W). Kernel sizes and strides are
+d-tuples, the padding a (before, after) pair per spatial axis
+(``Pads`` in :mod:`hpctrain.kernels.sliding`): the two sides differ for a band of a split axis (see
+:mod:`hpctrain.kernels.conv`) and for TensorFlow's ``same`` padding of an even kernel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
+from math import prod
 from typing import Any
 
-from hpctrain.kernels.sliding import padded, pair, position_dtype, unpadded, windows
+from hpctrain.kernels.sliding import Pads, check_windows, padded, position_dtype, unpadded, windows
 
 
 @dataclass(frozen=True)
 class PoolCache:
-    first: Any  # (N, C, Ho, Wo): position in window order (a·kw + e) of each window's maximum
+    first: Any  # (N, C, O1, …, Od): position in window order (row-major) of each maximum
     x_shape: tuple[int, ...]
-    pads: tuple[int, int, int]
+    pads: Pads
 
 
 @dataclass(frozen=True)
 class AvgPoolCache:
     x_shape: tuple[int, ...]  # the backward needs only shapes: average-pooling is linear
-    pads: tuple[int, int, int]
+    pads: Pads
 
 
-def maxpool_forward(xp: Any, x: Any, kernel: int | tuple[int, int], stride: int | tuple[int, int],
-                    pads: tuple[int, int, int]) -> tuple[Any, PoolCache]:
-    """Y[n, c, p, q] = max_{a < kh, e < kw} Xpad[n, c, p·sh + a, q·sw + e].
+def maxpool_forward(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
+                    pads: Pads) -> tuple[Any, PoolCache]:
+    """Y[n, c, p] = max_{a < K} Xpad[n, c, p·s + a], p and a d-tuples (a < K per axis).
 
-    Xpad is X padded by ``pads`` = (top, bottom, left=right) with −∞, so padding never wins.
-    A running maximum over the kh·kw strided views of X, each the size of Y: no copy of the
-    windows (kh·kw times Y). Beside it, the position of each window's first maximum (a strict
-    comparison keeps the earlier of equals), one byte per output for the usual kernels: all the
-    backward needs, where keeping the windows would keep the padded input alive.
+    Xpad is X padded by ``pads`` ((before, after) per spatial axis) with −∞, so padding never
+    wins. A running maximum over the K1·…·Kd strided views of X, each the size of Y: no copy of
+    the windows (K1·…·Kd times Y). Beside it, the position of each window's first maximum in
+    row-major window order (a strict comparison keeps the earlier of equals), one byte per
+    output for the usual kernels: all the backward needs, where keeping the windows would keep
+    the padded input alive.
     """
-    kh, kw = pair(kernel)
-    sh, sw = pair(stride)
-    win = windows(xp, padded(xp, x, pads, -xp.inf), kh, kw, sh, sw)
-    y = win[:, :, 0, 0].copy()
-    first = xp.zeros(y.shape, dtype=position_dtype(kh, kw))
+    check_windows(x.ndim - 2, kernel, stride, pads)
+    kernel, stride = tuple(kernel), tuple(stride)
+    win = windows(xp, padded(xp, x, pads, -xp.inf), kernel, stride)
+    corners = _corners(kernel)
+    y = win[corners[0]].copy()
+    first = xp.zeros(y.shape, dtype=position_dtype(kernel))
     higher = xp.empty(y.shape, dtype=bool)
     step = xp.empty_like(first)
-    for position in range(1, kh * kw):
-        candidate = win[:, :, position // kw, position % kw]
+    for position, corner in enumerate(corners[1:], start=1):
+        candidate = win[corner]
         xp.greater(candidate, y, out=higher)
         # first = position where higher, else first: three passes of plain arithmetic, several
         # times faster than a masked copy (wrapping uint8 arithmetic is still exact)
@@ -51,67 +57,80 @@ def maxpool_forward(xp: Any, x: Any, kernel: int | tuple[int, int], stride: int 
         step *= higher
         first += step
         xp.maximum(y, candidate, out=y)
-    return y, PoolCache(first, x.shape, pads)
+    return y, PoolCache(first, x.shape, tuple(map(tuple, pads)))
 
 
-def maxpool_backward(xp: Any, dy: Any, kernel: int | tuple[int, int],
-                     stride: int | tuple[int, int], cache: PoolCache) -> Any:
-    """dX: each dY entry goes to the position of its window's maximum — the first one in
+def maxpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
+                     cache: PoolCache) -> Any:
+    """dX, each dY entry sent to the position of its window's maximum — the first one in
     window order when several entries tie, so each dY entry is counted exactly once.
 
     One scatter-add (``bincount``) of dY to the flat index of each maximum in the padded input,
-    where adding window position by position would take kh·kw passes over strided views.
+    where adding window position by position would take K1·…·Kd passes over strided views.
     Overlapping windows may send several entries to one place: they are summed in float64,
     then rounded once.
     """
-    kh, kw = pair(kernel)
-    sh, sw = pair(stride)
-    n, c, ho, wo = dy.shape
-    top, bottom, side = cache.pads
-    h, w = cache.x_shape[2:]
-    hp, wp = h + top + bottom, w + 2 * side
-    # flat index ((n·C + c)·Hp + p·sh + a)·Wp + q·sw + e: the window's corner plus the offset
-    # of its maximum, looked up by position
-    offsets = xp.asarray([a * wp + e for a in range(kh) for e in range(kw)], dtype=xp.intp)
+    n, c, *out = dy.shape
+    d = len(out)
+    size = tuple(m + before + after for m, (before, after) in zip(cache.x_shape[2:], cache.pads,
+                                                                   strict=True))
+    # entries between neighbours along each padded spatial axis: (S2·…·Sd, …, Sd, 1)
+    steps = [prod(size[axis + 1:]) for axis in range(d)]
+    # flat index (n·C + c)·S + Σᵢ (pᵢ·sᵢ + aᵢ)·stepᵢ: the window's corner plus the offset of its
+    # maximum, looked up by position
+    offsets = xp.asarray([sum(a * step for a, step in zip(corner, steps, strict=True))
+                          for corner in product(*map(range, kernel))], dtype=xp.intp)
     flat = offsets.take(cache.first)
-    flat += (xp.arange(n * c) * (hp * wp)).reshape(n, c, 1, 1)  # broadcast: no full temporary
-    flat += (xp.arange(ho) * (sh * wp)).reshape(ho, 1) + xp.arange(wo) * sw
-    sums = xp.bincount(flat.reshape(-1), weights=dy.reshape(-1), minlength=n * c * hp * wp)
-    dxp = sums.astype(dy.dtype).reshape(n, c, hp, wp)
+    flat += (xp.arange(n * c) * prod(size)).reshape(n, c, *(1,) * d)  # broadcast, no temporary
+    corner_of_window = 0  # (O1, …, Od), one pass over the flat index to add it
+    for axis in range(d):
+        corner_of_window = corner_of_window + (
+            xp.arange(out[axis]) * (stride[axis] * steps[axis])).reshape(
+                out[axis], *(1,) * (d - 1 - axis))
+    flat += corner_of_window
+    sums = xp.bincount(flat.reshape(-1), weights=dy.reshape(-1), minlength=n * c * prod(size))
+    dxp = sums.astype(dy.dtype).reshape(n, c, *size)
     return unpadded(dxp, cache.pads)
 
 
-def avgpool_forward(xp: Any, x: Any, kernel: int | tuple[int, int], stride: int | tuple[int, int],
-                    pads: tuple[int, int, int]) -> tuple[Any, AvgPoolCache]:
-    """Y[n, c, p, q] = (1 / (kh·kw)) Σ_{a < kh, e < kw} Xpad[n, c, p·sh + a, q·sw + e].
+def avgpool_forward(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
+                    pads: Pads) -> tuple[Any, AvgPoolCache]:
+    """Y[n, c, p] = (1 / (K1·…·Kd)) Σ_{a < K} Xpad[n, c, p·s + a], p and a d-tuples.
 
-    Xpad is X padded by ``pads`` = (top, bottom, left=right) with zeros, and the padding IS
-    counted in the divisor: it is always kh·kw (PyTorch's default, ``count_include_pad=True``).
-    So a row band of a height-split image averages exactly as the whole image does. A running
-    sum over the kh·kw strided views of X, each the size of Y: no copy of the windows is made.
+    Xpad is X padded by ``pads`` ((before, after) per spatial axis) with zeros, and the padding
+    IS counted in the divisor: it is always K1·…·Kd (PyTorch's default,
+    ``count_include_pad=True``). So a band of a split axis averages exactly as the whole input
+    does. A running sum over the K1·…·Kd strided views of X, each the size of Y: no copy of
+    the windows is made.
     """
-    kh, kw = pair(kernel)
-    sh, sw = pair(stride)
-    win = windows(xp, padded(xp, x, pads, 0.0), kh, kw, sh, sw)
-    y = win[:, :, 0, 0].copy()
-    for position in range(1, kh * kw):
-        xp.add(y, win[:, :, position // kw, position % kw], out=y)
-    y /= kh * kw
-    return y, AvgPoolCache(x.shape, pads)
+    check_windows(x.ndim - 2, kernel, stride, pads)
+    kernel, stride = tuple(kernel), tuple(stride)
+    win = windows(xp, padded(xp, x, pads, 0.0), kernel, stride)
+    corners = _corners(kernel)
+    y = win[corners[0]].copy()
+    for corner in corners[1:]:
+        xp.add(y, win[corner], out=y)
+    y /= prod(kernel)
+    return y, AvgPoolCache(x.shape, tuple(map(tuple, pads)))
 
 
-def avgpool_backward(xp: Any, dy: Any, kernel: int | tuple[int, int],
-                     stride: int | tuple[int, int], cache: AvgPoolCache) -> Any:
-    """dX = the adjoint of :func:`avgpool_forward`: dY/(kh·kw) added to every position of each
-    window, then the padding dropped."""
-    kh, kw = pair(kernel)
-    sh, sw = pair(stride)
-    n, c, ho, wo = dy.shape
-    top, bottom, side = cache.pads
-    h, w = cache.x_shape[2:]
-    share = dy / (kh * kw)
-    dxp = xp.zeros((n, c, h + top + bottom, w + 2 * side), dtype=dy.dtype)
-    for a in range(kh):
-        for e in range(kw):
-            dxp[:, :, a:a + sh * ho:sh, e:e + sw * wo:sw] += share
+def avgpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
+                     cache: AvgPoolCache) -> Any:
+    """dX = the adjoint of :func:`avgpool_forward`: dY/(K1·…·Kd) added to every position of
+    each window, then the padding dropped."""
+    n, c, *out = dy.shape
+    size = (m + before + after for m, (before, after) in zip(cache.x_shape[2:], cache.pads,
+                                                              strict=True))
+    share = dy / prod(kernel)
+    dxp = xp.zeros((n, c, *size), dtype=dy.dtype)
+    for corner in product(*map(range, kernel)):
+        dxp[(slice(None), slice(None), *(slice(a, a + s * m, s) for a, s, m in
+                                         zip(corner, stride, out, strict=True)))] += share
     return unpadded(dxp, cache.pads)
+
+
+def _corners(kernel: tuple[int, ...]) -> list[tuple[Any, ...]]:
+    """Indices into a (N, C, K1, …, Kd, O1, …, Od) window view of each offset within the
+    window, in row-major window order: each picks an (N, C, O1, …, Od) strided view."""
+    every = (slice(None), slice(None))
+    return [(*every, *corner) for corner in product(*map(range, kernel))]

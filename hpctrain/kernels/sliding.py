@@ -1,80 +1,110 @@
-"""Shared helpers for sliding-window kernels (convolution and pooling)."""
+"""Shared helpers for sliding-window kernels (convolution and pooling) over d spatial axes.
+
+An input is X: (N, C, S1, …, Sd) — d = 2 for images (N, C, H, W), d = 3 for volumes
+(N, C, D, H, W). A window size and a stride are d-tuples, one entry per spatial axis, and the
+zero padding is a d-tuple of (before, after) pairs (:data:`Pads`): the two sides of an axis
+may differ, as TensorFlow's ``same`` padding does for an even kernel (one more after than
+before) and as a band of a split axis does (only the ranks at the edges pad).
+"""
 
 from __future__ import annotations
 
-from numbers import Integral
+from math import prod
 from typing import Any
 
+Pads = tuple[tuple[int, int], ...]
+"""Zero padding per spatial axis as (before, after) pairs, such as ((0, 1), (1, 1), (0, 1))."""
 
-def pair(value: int | tuple[int, int]) -> tuple[int, int]:
-    """``(value, value)`` for an int, else the ``(height, width)`` pair itself.
 
-    Lets a kernel size or stride be given as one int for the square case or as a pair.
+def out_size(n: int, k: int, s: int, before: int, after: int) -> int:
+    """The number of windows of size ``k`` at stride ``s`` along an axis of ``n`` entries
+    padded by ``before`` and ``after``: ⌊(n + before + after − k)/s⌋ + 1.
+
+    >>> out_size(64, 2, 1, 0, 1)  # TensorFlow's "same" for an even kernel
+    64
     """
-    if isinstance(value, Integral):  # NumPy integers too
-        return int(value), int(value)
-    if len(value) != 2:
-        raise ValueError(f"window size or stride {value!r}: give an int or a (height, width) pair")
-    height, width = value
-    return int(height), int(width)
+    return (n + before + after - k) // s + 1
 
 
-def position_dtype(kh: int, kw: int) -> Any:
-    """The integer type of a position in a kh×kw window: one byte for the usual kernels.
-    (Here, not beside max-pooling, so that the memory model may read it while planning.)"""
+def position_dtype(kernel: tuple[int, ...]) -> Any:
+    """The integer type of a position in a window of size ``kernel``, one byte for the usual
+    kernels. (Here, not beside max-pooling, so that the memory model may read it while
+    planning.)"""
     import numpy as np
 
-    return np.uint8 if kh * kw <= 256 else np.int32
+    return np.uint8 if prod(kernel) <= 256 else np.int32
 
 
-def prefer_channels_last(channels: int, kh: int, kw: int, out_width: int) -> bool:
-    """Whether a convolution takes its windows channels-last (see :mod:`hpctrain.kernels.conv`):
-    when a position's channels (the stretch channels-last) are at least twice an output row's
-    entries (the stretch channel-major), and the kernel is more than 1×1. (Here, beside
-    :func:`position_dtype`, so that the memory model may read it while planning.)
+def prefer_channels_last(channels: int, kernel: tuple[int, ...], out_last: int) -> bool:
+    """Whether a convolution takes its windows channels-last (see :mod:`hpctrain.kernels.conv`).
 
-    Fitted to measurements, forward plus backward at batch 4–16, channels-last ÷ channel-major:
-    C = 32, Wo = 14: 0.70; C = 64, Wo = 28: 0.94; C = 64, Wo = 56: 1.11; C = 8, Wo = 14: 1.36;
-    a 1×1 kernel, C = 256, Wo = 14: 1.13; AlexNet's conv1 (C = 3, 11×11, Wo = 31): 1.2."""
-    return kh * kw > 1 and channels >= 2 * out_width
+    Yes when a position's channels (the stretch channels-last) are at least twice an output
+    row's entries along the last axis, ``out_last`` (the stretch channel-major), eight times
+    for a volume (three or more spatial axes), and the kernel is more than one entry. (Here,
+    beside :func:`position_dtype`, so that the memory model may read it while planning.)
+
+    Fitted to measurements, forward plus backward at batch 4–16, channels-last ÷
+    channel-major: C = 32, Wo = 14: 0.70; C = 64, Wo = 28: 0.94; C = 64, Wo = 56: 1.11;
+    C = 8, Wo = 14: 1.36; a 1×1 kernel, C = 256, Wo = 14: 1.13; AlexNet's conv1 (C = 3,
+    11×11, Wo = 31): 1.2. Volumes, float32, one thread, stride 1, batch 1–16, by C/Wo
+    (``python bench/conv3d.py --orders``): a 2×2×2 kernel, C/Wo = 0.25 (CosmoFlow's 64³
+    layer): 1.66; 1 (its 32³ layer): 1.19–1.23; 4 (16³): 1.10–1.15; 16 (8³): 0.97; 64 (4³):
+    0.83. A 3×3×3 kernel, C/Wo = 0.06–0.5: 1.25–2.60; 2: 0.98; 8: 0.87; 32: 0.71.
+    """
+    return prod(kernel) > 1 and channels >= (8 if len(kernel) >= 3 else 2) * out_last
 
 
-def padded(xp: Any, x: Any, pads: tuple[int, int, int], value: float) -> Any:
-    """X: (N, C, H, W) padded by (top, bottom, left=right) with ``value``."""
-    top, bottom, side = pads
-    if top == bottom == side == 0:
+def padded(xp: Any, x: Any, pads: Pads, value: float) -> Any:
+    """A copy of X (N, C, S1, …, Sd) padded by ``pads`` (before, after per spatial axis)
+    with ``value``, or X itself when every pad is 0."""
+    if not any(before or after for before, after in pads):
         return x
-    return xp.pad(x, ((0, 0), (0, 0), (top, bottom), (side, side)), constant_values=value)
+    return xp.pad(x, ((0, 0), (0, 0), *pads), constant_values=value)
 
 
-def unpadded(x: Any, pads: tuple[int, int, int]) -> Any:
-    top, bottom, side = pads
-    h, w = x.shape[2:]
-    return x[:, :, top:h - bottom, side:w - side]
+def unpadded(x: Any, pads: Pads) -> Any:
+    """The view of a padded (N, C, S1 + before + after, …) array without its padding."""
+    return x[(slice(None), slice(None),
+              *(slice(before, n - after) for (before, after), n in zip(pads, x.shape[2:],
+                                                                       strict=True)))]
 
 
-def windows(xp: Any, x: Any, kh: int, kw: int, sh: int, sw: int) -> Any:
-    """Read-only view (N, C, kh, kw, Ho, Wo) of every kh×kw window of X: (N, C, H, W).
+def windows(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...]) -> Any:
+    """Read-only view (N, C, K1, …, Kd, O1, …, Od) of every window of X: (N, C, S1, …, Sd).
 
-    Window (p, q) starts at row p·sh and column q·sw, so Ho = ⌊(H − kh)/sh⌋ + 1 and
-    Wo = ⌊(W − kw)/sw⌋ + 1.
+    Window (p1, …, pd) starts at entry pᵢ·sᵢ of axis i, so Oᵢ = ⌊(Sᵢ − Kᵢ)/sᵢ⌋ + 1; for
+    images, (N, C, kh, kw, Ho, Wo).
     """
     x = xp.ascontiguousarray(x)
-    n, c, h, w = x.shape
-    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
-    step_n, step_c, step_h, step_w = x.strides  # bytes
+    steps = x.strides[2:]  # bytes
+    out = tuple((n - k) // s + 1 for n, k, s in zip(x.shape[2:], kernel, stride, strict=True))
     return xp.lib.stride_tricks.as_strided(
-        x, shape=(n, c, kh, kw, ho, wo),
-        strides=(step_n, step_c, step_h, step_w, step_h * sh, step_w * sw))
+        x, shape=(*x.shape[:2], *kernel, *out),
+        strides=(*x.strides[:2], *steps, *(step * s for step, s in zip(steps, stride,
+                                                                        strict=True))))
 
 
-def windows_last(xp: Any, x: Any, kh: int, kw: int, sh: int, sw: int) -> Any:
-    """Read-only view (N, Ho, Wo, kh, kw, C) of every kh×kw window of a contiguous
-    channels-last X: (N, H, W, C), as :func:`windows` takes them. A window's (kw, C) entries
-    lie together, so gathering it copies kh stretches of kw·C."""
-    n, h, w, c = x.shape
-    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
-    step_n, step_h, step_w, step_c = x.strides
+def windows_last(xp: Any, x_last: Any, kernel: tuple[int, ...], stride: tuple[int, ...]) -> Any:
+    """Read-only view (N, O1, …, Od, K1, …, Kd, C) of every window of a contiguous
+    channels-last X: (N, S1, …, Sd, C), as :func:`windows` takes them. A window's (Kd, C)
+    entries lie together, so gathering it copies K1·…·K(d−1) stretches of Kd·C."""
+    n, *size, c = x_last.shape
+    steps = x_last.strides[1:-1]
+    out = tuple((m - k) // s + 1 for m, k, s in zip(size, kernel, stride, strict=True))
     return xp.lib.stride_tricks.as_strided(
-        x, shape=(n, ho, wo, kh, kw, c),
-        strides=(step_n, step_h * sh, step_w * sw, step_h, step_w, step_c))
+        x_last, shape=(n, *out, *kernel, c),
+        strides=(x_last.strides[0], *(step * s for step, s in zip(steps, stride, strict=True)),
+                 *steps, x_last.strides[-1]))
+
+
+def check_windows(d: int, kernel: tuple[int, ...], stride: tuple[int, ...], pads: Pads) -> None:
+    """Raise a ValueError unless ``kernel``, ``stride`` and ``pads`` each give one entry per
+    spatial axis of a d-axis input, with windows of at least one entry and positive strides."""
+    for name, value in (("kernel", kernel), ("stride", stride), ("pads", pads)):
+        if not isinstance(value, tuple | list) or len(value) != d:
+            raise ValueError(f"{name} {value!r}: give one entry per spatial axis ({d})")
+    if min(kernel) < 1 or min(stride) < 1:
+        raise ValueError(f"kernel {kernel!r}, stride {stride!r}: every entry must be >= 1")
+    if any(not isinstance(pair, tuple | list) or len(pair) != 2 or min(pair) < 0
+           for pair in pads):
+        raise ValueError(f"pads {pads!r}: give a (before, after) pair >= 0 per spatial axis")

@@ -1,10 +1,10 @@
-"""Convolution in batch, model (1.5D) or domain mode."""
+"""Convolution of images or volumes in batch, model (1.5D) or domain mode."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+from hpctrain.kernels.conv import conv_backward, conv_forward
 from hpctrain.layers.base import Layer, weight_and_bias
 from hpctrain.layers.rows import WindowRows
 from hpctrain.layout.layout import HEIGHT_AXIS
@@ -13,8 +13,9 @@ if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
 
 
-class Conv2d(Layer):
-    """Y = W ⋆ X + b on a Pr×Pc grid.
+class Conv(Layer):
+    """Y = W ⋆ X + b on a Pr×Pc grid; shown for images, and the same for volumes with a depth
+    axis before H (the axis a domain split cuts is then the depth).
 
     batch/model (1.5D; batch is Pr = 1):
         W: (O/Pr, C, kh, kw), b: (O/Pr,) — output channels split over Pr, replicated over Pc.
@@ -42,14 +43,14 @@ class Conv2d(Layer):
             not domain, grid.rank, ctx.key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
 
-    def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
+    def _forward_rows(self, x: Any, pads: tuple[tuple[int, int], ...]) -> tuple[Any, Any]:
         b = self.bias.value if self.bias is not None else None
-        return conv2d_forward(self.backend.xp, x, self.weight.value, b, self.stride, pads)
+        return conv_forward(self.backend.xp, x, self.weight.value, b, self.stride, pads)
 
     def _backward_rows(self, dy: Any, cache: Any) -> Any:
         xp = self.backend.xp
         first = self.weight.grad is None
-        dx, dw, db = conv2d_backward(xp, dy, self.weight.value, cache, self.stride, self.need_dx,
+        dx, dw, db = conv_backward(xp, dy, self.weight.value, cache, self.stride, self.need_dx,
                                      self.weight.grad_buffer(xp) if first else None)
         # one band (no height split) gives the gradients whole; row bands add up
         if first:

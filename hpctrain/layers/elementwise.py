@@ -1,10 +1,12 @@
-"""Element-wise layers (ReLU, dropout) and flatten: they run on the layout that feeds them."""
+"""Element-wise layers (ReLU and the other pointwise functions, dropout) and flatten: they run on
+the layout that feeds them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.kernels.activations import dropout_mask, relu_backward, relu_forward
+from hpctrain.kernels.activations import dropout_mask
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.layers.base import Layer
 
@@ -14,19 +16,24 @@ if TYPE_CHECKING:
 DROPOUT_STREAM = 2
 
 
-class ReLU(Layer):
+class Pointwise(Layer):
+    """Y = f(X) entry by entry: ``function(xp, x) -> y`` and ``derivative(xp, y, dy) -> dx``,
+    which reads the output (see :mod:`hpctrain.kernels.activations`)."""
+
     mode = "follow"
 
-    def __init__(self, name: str, ctx: BuildContext) -> None:
+    def __init__(self, name: str, ctx: BuildContext, function: Callable[[Any, Any], Any],
+                 derivative: Callable[[Any, Any, Any], Any]) -> None:
         self.name, self.backend, self.params = name, ctx.backend, []
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
+        self.function, self.derivative = function, derivative
 
     def forward(self, x: Any, step: int) -> Any:
-        self.y = relu_forward(self.backend.xp, x)
+        self.y = self.function(self.backend.xp, x)
         return self.y
 
     def backward(self, dy: Any) -> Any:
-        return relu_backward(self.backend.xp, self.y, dy)
+        return self.derivative(self.backend.xp, self.y, dy)
 
 
 class Dropout(Layer):
@@ -53,7 +60,8 @@ class Dropout(Layer):
 
 
 class Flatten(Layer):
-    """(N, C, H, W) -> (N, C·H·W), C-major. A channel split becomes a feature split.
+    """(N, C, H, W) -> (N, C·H·W), C-major (and a volume's (N, C, D, H, W) likewise). A
+    channel split becomes a feature split.
 
     A height-split input cannot be flattened in place (its rows are not contiguous features), so
     flatten asks for the rows gathered first: its input layout drops the height split.

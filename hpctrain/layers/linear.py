@@ -1,4 +1,4 @@
-"""Fully connected layer in batch or model (1.5D) mode."""
+"""Fully connected layer in batch, model (1.5D) or replicated mode."""
 
 from __future__ import annotations
 
@@ -18,16 +18,21 @@ class Linear(Layer):
     X: (N/Pc, F_in) replicated over Pr;  Y: (N/Pc, F_out/Pr).
     Backward: ΔWᵢ = ΔYᵢᵀ X, summed over Pc by the network; ΔX = ΔYᵢ Wᵢ is a partial sum over
     Pr, summed by the adjoint of the all-gather that replicated X (a reduce-scatter).
+
+    Replicated mode: W and b whole on every rank, Y: (N/Pc, F_out) replicated over Pr. Its
+    gradient is held as partial sums over Pr (the rank with i = 0 holds the loss's), so ΔW and
+    ΔX are partial sums too: ΔW is summed over all P, ΔX as in model mode.
     """
 
     def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
         self.name, self.mode, self.backend = name, ctx.mode, ctx.backend
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         grid = ctx.grids.get(ctx.grid)
-        self.grad_comm = grid.batch_comm
+        split = self.out_layout.split_axis is not None
+        self.grad_comm = grid.batch_comm if split else grid.cart
         self.weight, self.bias = weight_and_bias(
             ctx.backend, name, (options.out, self.in_layout.shape[1]), options.bias, grid.shape,
-            True, grid.rank, ctx.key)
+            split, grid.rank, ctx.key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
 
     def forward(self, x: Any, step: int) -> Any:

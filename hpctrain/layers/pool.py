@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
 
 
-class Pool2d(Layer):
+class Pool(Layer):
     """Y = a reduction (max, mean) over each window; it acts per channel, so any channel split
     passes through.
 
@@ -34,7 +35,7 @@ class Pool2d(Layer):
         self.forward_kernel, self.backward_kernel = forward_kernel, backward_kernel
         self.rows = WindowRows.of(ctx.backend, ctx.grids, self.in_layout, options, name)
 
-    def _forward_rows(self, x: Any, pads: tuple[int, int, int]) -> tuple[Any, Any]:
+    def _forward_rows(self, x: Any, pads: tuple[tuple[int, int], ...]) -> tuple[Any, Any]:
         return self.forward_kernel(self.backend.xp, x, self.kernel, self.stride, pads)
 
     def _backward_rows(self, dy: Any, cache: Any) -> Any:
@@ -49,7 +50,8 @@ class Pool2d(Layer):
 
 
 class GlobalAvgPool(Layer):
-    """Y[n, c] = mean of X[n, c] over the whole image: (N, C, H, W) -> (N, C, 1, 1).
+    """Y[n, c] = mean of X[n, c] over the whole image: (N, C, H, W) -> (N, C, 1, 1), and over
+    the whole volume likewise.
 
     Under a height split each rank sums its rows and the partial sums are all-reduced over the
     Pr ranks of its batch group, so Y is replicated over them; the backward all-reduces the
@@ -62,15 +64,14 @@ class GlobalAvgPool(Layer):
     def __init__(self, name: str, ctx: BuildContext) -> None:
         self.name, self.backend, self.params = name, ctx.backend, []
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
-        _, _, h, w = self.in_layout.shape
-        self.scale = 1.0 / (h * w)  # every rank divides by the whole image
+        self.scale = 1.0 / math.prod(self.in_layout.shape[2:])  # every rank: the whole image
         self.comm = None
         if self.in_layout.split_axis == HEIGHT_AXIS:
             self.comm = ctx.grids.get(self.in_layout.grid).model_comm
 
     def forward(self, x: Any, step: int) -> Any:
         self.x_shape = x.shape
-        y = x.sum(axis=(2, 3), keepdims=True) * x.dtype.type(self.scale)
+        y = x.sum(axis=tuple(range(2, x.ndim)), keepdims=True) * x.dtype.type(self.scale)
         return y if self.comm is None else allreduce_sum(self.backend, self.comm, y)
 
     def backward(self, dy: Any) -> Any:

@@ -1,6 +1,7 @@
-"""Row bands for window layers (conv, pooling): the whole height, or a height split with halos.
+"""Row bands for window layers (conv, pooling): the whole first spatial axis, or a split of it
+with halos. "Rows" are the planes of that axis: an image's rows, a volume's depth slices.
 
-Without a height split there is one band: all output rows from the whole input. With a split
+Without a split there is one band: all output rows from the whole input. With a split
 (domain parallelism) the output rows are cut into up to three bands: the *interior*, whose
 windows read only owned rows and is computed while the halo messages travel, then the top and
 bottom bands, computed from the rows extended with the halos. Backward runs the boundary bands
@@ -19,8 +20,8 @@ from hpctrain.device.backend import Backend
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout
 from hpctrain.layout.partition import HaloPlan, Window, halo_plans
 
-# op_forward(x_rows, (pad_top, pad_bottom, pad_side)) -> (y_rows, cache)
-OpForward = Callable[[Any, tuple[int, int, int]], tuple[Any, Any]]
+# op_forward(x_rows, pads: (before, after) per spatial axis) -> (y_rows, cache)
+OpForward = Callable[[Any, tuple[tuple[int, int], ...]], tuple[Any, Any]]
 # op_backward(dy_rows, cache) -> dx_rows (or None); the op keeps its own parameter gradients
 OpBackward = Callable[[Any, Any], Any]
 
@@ -37,36 +38,40 @@ class WindowRows:
 
     Parameters
     ----------
-    window : the op's window along the height.
-    n_rows : input height (global).
-    side_pad : zero columns on the left and on the right (the width is never split).
+    window : the op's window along the first spatial axis.
+    n_rows : input size along it (global).
+    other_pads : (before, after) zero padding of each other spatial axis (never split).
     halo : the exchange for a height-split input, or None when the rank holds every row.
     plan : the halo plan of this rank (None without a split).
     """
 
-    def __init__(self, backend: Backend, window: Window, n_rows: int, side_pad: int,
-                 halo: HaloExchange | None = None, plan: HaloPlan | None = None) -> None:
-        self.backend, self.window, self.n_rows, self.side_pad = backend, window, n_rows, side_pad
+    def __init__(self, backend: Backend, window: Window, n_rows: int,
+                 other_pads: tuple[tuple[int, int], ...], halo: HaloExchange | None = None,
+                 plan: HaloPlan | None = None) -> None:
+        self.backend, self.window, self.n_rows = backend, window, n_rows
+        self.other_pads = other_pads
         self.halo, self.plan = halo, plan
         self.n_out = window.out_size(n_rows)
 
     @classmethod
     def of(cls, backend: Backend, grids: GridSet, layout: Layout, options: Any, name: str
            ) -> WindowRows:
-        """The rows of a window layer with ``options`` (kernel, stride, pad: height × width)
-        on ``layout``: with this rank's halo exchange when ``layout`` splits the height."""
-        window = Window(options.kernel[0], options.stride[0], options.pad[0])
-        h = layout.shape[HEIGHT_AXIS]
+        """The rows of a window layer with ``options`` (kernel, stride, pad: one per spatial
+        axis) on ``layout``: with this rank's halo exchange when ``layout`` splits the first
+        spatial axis."""
+        window = Window(options.kernel[0], options.stride[0], *options.pad[0])
+        h, others = layout.shape[HEIGHT_AXIS], options.pad[1:]
         if layout.split_axis != HEIGHT_AXIS:
-            return cls(backend, window, h, options.pad[1])
+            return cls(backend, window, h, others)
         grid = grids.get(layout.grid)
         plan_i = halo_plans(h, grid.pr, window, name)[grid.i]
         halo = HaloExchange(backend, grid.model_comm, plan_i)
-        return cls(backend, window, h, options.pad[1], halo, plan_i)
+        return cls(backend, window, h, others, halo, plan_i)
 
-    def _band(self, out_rows: tuple[int, int]) -> tuple[_Band, tuple[int, int, int]]:
+    def _band(self, out_rows: tuple[int, int]
+              ) -> tuple[_Band, tuple[tuple[int, int], ...]]:
         lo, hi = self.window.rows_needed(*out_rows)
-        pads = (max(0, -lo), max(0, hi - self.n_rows), self.side_pad)
+        pads = ((max(0, -lo), max(0, hi - self.n_rows)), *self.other_pads)
         return _Band(out_rows, (max(lo, 0), min(hi, self.n_rows))), pads
 
     def forward(self, x: Any, op: OpForward) -> tuple[Any, list[_Band]]:
@@ -105,8 +110,8 @@ class WindowRows:
         p = self.plan
         boundary = [b for b in bands if b.out_rows != p.interior]
         interior = [b for b in bands if b.out_rows == p.interior]
-        n, c, _, w = self.x_shape
-        dx_ext = self.backend.xp.zeros((n, c, p.need[1] - p.need[0], w), dtype=dy.dtype)
+        n, c, _, *rest = self.x_shape
+        dx_ext = self.backend.xp.zeros((n, c, p.need[1] - p.need[0], *rest), dtype=dy.dtype)
         pending = None
         for band in boundary + interior:
             if band in interior and need_dx:

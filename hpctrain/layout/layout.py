@@ -34,6 +34,12 @@ CHANNEL_AXIS = 1
 HEIGHT_AXIS = 2
 
 
+def first_axis_name(shape: tuple[int, ...]) -> str:
+    """What the first spatial axis of a tensor of global ``shape`` is called: a volume's
+    (N, C, D, H, W) depth, an image's height."""
+    return "depth" if len(shape) == 5 else "height"
+
+
 def grid_coords(rank: int, grid: tuple[int, int]) -> tuple[int, int]:
     """(i, j) of ``rank`` on a Pr×Pc grid: i = rank % Pr, j = rank // Pr."""
     pr, _ = grid
@@ -133,8 +139,8 @@ class Layout:
         if self.split_axis is None:
             split = "replicated" if pr > 1 else "whole"
         else:
-            split = {HEIGHT_AXIS: "height"}.get(self.split_axis, "channels"
-                                                if len(self.shape) == 4 else "features")
+            split = {HEIGHT_AXIS: first_axis_name(self.shape)}.get(self.split_axis, "channels"
+                                             if len(self.shape) >= 4 else "features")
             split += f"/{pr}"
         return f"{pr}x{pc} batch/{pc} {split}"
 

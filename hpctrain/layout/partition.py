@@ -110,19 +110,30 @@ def factorisations(p: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Window:
-    """A sliding window along one axis: kernel size, stride and zero padding on each side."""
+    """A sliding window along one axis: kernel size, stride, and zero padding before and after
+    (``after`` None: as much as before; TensorFlow's ``same`` for an even kernel pads one more
+    after)."""
 
     kernel: int
     stride: int = 1
     pad: int = 0
+    after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.after is None:  # one spelling per window: it keys caches
+            object.__setattr__(self, "after", self.pad)
 
     def out_size(self, n_in: int) -> int:
-        return (n_in + 2 * self.pad - self.kernel) // self.stride + 1
+        return (n_in + self.pad + self.after - self.kernel) // self.stride + 1
 
     def rows_needed(self, out_start: int, out_stop: int) -> tuple[int, int]:
         """Input rows that outputs [start, stop) read; beyond the image means padding."""
         first = out_start * self.stride - self.pad
         return first, (out_stop - 1) * self.stride - self.pad + self.kernel
+
+    def __str__(self) -> str:
+        pads = f"{self.pad}" if self.after == self.pad else f"{self.pad}+{self.after}"
+        return f"{self.kernel}/{self.stride}/{pads}"
 
 
 @dataclass(frozen=True)
@@ -155,8 +166,10 @@ def _needed_clipped(window: Window, out: tuple[int, int], n_in: int) -> tuple[in
     return max(lo, 0), min(hi, n_in), max(0, -lo), max(0, hi - n_in)
 
 
-def halo_plans(n_in: int, parts: int, window: Window, layer: str) -> tuple[HaloPlan, ...]:
-    """Halo plans for all ``parts`` row blocks of a height-``n_in`` input under ``window``.
+def halo_plans(n_in: int, parts: int, window: Window, layer: str, axis: str = "height"
+               ) -> tuple[HaloPlan, ...]:
+    """Halo plans for all ``parts`` row blocks of a height-``n_in`` input under ``window``
+    (``axis``: what a refusal calls the split axis, a volume's depth).
 
     Input rows and output rows are both block-split ``parts`` ways. A rank may take halo rows only
     from its direct neighbours; a window that would need rows two ranks away is refused, naming
@@ -164,7 +177,7 @@ def halo_plans(n_in: int, parts: int, window: Window, layer: str) -> tuple[HaloP
     """
     plans, refusal = _halo_plans(n_in, parts, window)
     if refusal:
-        raise SplitError(f"layer {layer}: {refusal}")
+        raise SplitError(f"layer {layer}: {refusal.format(axis=axis)}")
     return plans
 
 
@@ -195,8 +208,8 @@ def _halo_plans(n_in: int, parts: int, window: Window) -> tuple[tuple[HaloPlan, 
     layer ask for the same plans, for many layers of one shape, and they take O(parts)."""
     n_out = window.out_size(n_in)
     if n_out < 1:
-        return (), f"input height {n_in} is smaller than the window {window}"
-    for n, what in ((n_in, "input height"), (n_out, "output height")):
+        return (), f"input {{axis}} {n_in} is smaller than the window {window}"
+    for n, what in ((n_in, "input {axis}"), (n_out, "output {axis}")):
         if parts > n:
             return (), _empty_block(n, parts, what)
     own = block_ranges(n_in, parts)
@@ -211,8 +224,8 @@ def _halo_plans(n_in: int, parts: int, window: Window) -> tuple[tuple[HaloPlan, 
             if r1 > r0 and not (0 <= nb < parts and own[nb][0] <= r0 and r1 <= own[nb][1]):
                 held = own[nb][1] - own[nb][0] if 0 <= nb < parts else 0
                 return (), (f"row block {k} of {parts} needs {r1 - r0} halo rows from {side} "
-                            f"but that neighbour holds {held} (height {n_in} split {parts} "
-                            f"ways, window {window.kernel}/{window.stride}/{window.pad}); use "
+                            f"but that neighbour holds {held} ({{axis}} {n_in} split {parts} "
+                            f"ways, window {window}); use "
                             f"fewer row splits or a larger image")
         recvs.append((top, bottom))
     plans = []
@@ -231,7 +244,7 @@ def _interior_rows(window: Window, out: tuple[int, int], own: tuple[int, int], n
                    ) -> tuple[int, int]:
     """Output rows in ``out`` whose window lies in ``own`` or in the image's zero padding."""
     lo_ok = -window.pad if own[0] == 0 else own[0]
-    hi_ok = n_in + window.pad if own[1] == n_in else own[1]
+    hi_ok = n_in + window.after if own[1] == n_in else own[1]
     first = next((o for o in range(*out) if o * window.stride - window.pad >= lo_ok), out[1])
     last = first
     for o in range(first, out[1]):

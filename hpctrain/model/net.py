@@ -3,16 +3,17 @@
 A ``.net`` file is one layer per line, ``kind key=value ...``; ``#`` starts a comment. The first
 line is the input::
 
-    input channels=3 size=224 classes=1000     # an image net (or height=… width=…)
+    input channels=3 size=224 classes=1000     # an image net (size=HxW, or height=… width=…)
+    input channels=4 size=128x128x128 targets=4   # a volume net (or size=S depth=D)
     input features=784 classes=10              # a flat-input net (MLP)
 
 then the layers, each optionally named with ``name=`` and given its inputs with ``in=``:
 
-    conv      out=64 kernel=11 [stride=1] [pad=0] [bias=1]    # kernel, stride, pad: K or HxW
-    maxpool   kernel=3 [stride=kernel] [pad=0]
+    conv      out=64 kernel=11 [stride=1] [pad=0] [bias=1]    # kernel, stride: K, HxW, DxHxW
+    maxpool   kernel=3 [stride=kernel] [pad=0]                # pad: P, B+A per axis, or same
     avgpool   kernel=3 [stride=kernel] [pad=0]   |   avgpool kernel=global
     batchnorm [eps=1e-5] [momentum=0.1]
-    relu
+    relu  |  leakyrelu [slope=0.01]  |  tanh  |  scale factor=1.2
     dropout   [p=0.5]
     flatten
     linear    out=4096 [bias=1]
@@ -36,9 +37,12 @@ the last line's, which feeds the loss. Each kind's keys are in its module under
 Inside a block ``input`` is the block's input and ``in=`` names its own lines; an instance's name
 stands for its last line's output. A block uses only blocks defined before it.
 
-The loss (softmax cross-entropy over ``classes``) follows the last line, whose width must equal
-``classes``. Unnamed layers are called by kind and position among their kind in their block (or
-the file): conv1, conv2, … Version-1 files (a chain, square windows) read unchanged.
+The loss follows the last line: softmax cross-entropy over ``classes``, or with ``targets=T``
+instead the mean squared error against T real-valued targets; the last line's width must equal
+``classes`` (or T). A window's sizes given once hold for every spatial axis of its input, an
+image's two or a volume's three. Unnamed layers are called by kind and position among their
+kind in their block (or the file): conv1, conv2, … Version-1 files (a chain, square windows)
+read unchanged.
 
 Sizes are whole numbers up to 2**63 - 1; a key given twice, a second ``input`` line and a layer
 name used twice are refused, as is a file that is not UTF-8 text (see :mod:`hpctrain.io.textfile`).
@@ -56,9 +60,9 @@ from hpctrain.io.locations import shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import INPUT, LayerSpec, Shape
-from hpctrain.model.options import MAX_SIZE, NetError, integer
+from hpctrain.model.options import MAX_SIZE, NetError, integer, sizes
 
-INPUT_KEYS = ("channels", "size", "height", "width", "features", "classes")
+INPUT_KEYS = ("channels", "size", "depth", "height", "width", "features", "classes", "targets")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)
 _PARAMETER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)", re.ASCII)
 MAX_REPEAT = 10_000
@@ -75,9 +79,25 @@ class NetSpec:
     earlier ones, so file order is a topological order)."""
 
     name: str
-    input_shape: Shape  # per sample: (C, H, W) or (F,)
-    classes: int
+    input_shape: Shape  # per sample: (C, H, W), (C, D, H, W) or (F,)
+    classes: int  # the width of the output: classes, or targets under regression
     layers: tuple[LayerSpec, ...]
+    regression: bool = False  # the mean squared error against targets, not cross-entropy
+
+    def __post_init__(self) -> None:
+        # each layer made exact for its input (Kind.resolve), in file order, with its shape
+        net = f"net {shown(self.name, quoted=False)}"
+        shapes: list[Shape] = []
+        layers = []
+        for layer in self.layers:
+            ins = tuple(self.input_shape if name == INPUT else shapes[self.index[name]]
+                        for name in layer.inputs)
+            kind = KINDS[layer.kind]
+            layers.append(kind.resolve(layer, ins, net))
+            shapes.append(kind.out_shape(layers[-1], ins, net))
+            _check_size(f"{net}: layer {layer.name} gives shape {shapes[-1]}", shapes[-1])
+        object.__setattr__(self, "layers", tuple(layers))
+        object.__setattr__(self, "_shapes", tuple(shapes))
 
     @cached_property
     def index(self) -> dict[str, int]:
@@ -112,28 +132,27 @@ class NetSpec:
         return all(self.producers(k) == (k - 1,) for k in range(len(self.layers)))
 
     def with_image_size(self, size: int) -> NetSpec:
-        if len(self.input_shape) != 3:
+        """The net on images (or volumes) of ``size`` along every spatial axis."""
+        if len(self.input_shape) < 3:
             raise NetError(f"net {shown(self.name, quoted=False)} takes flat input; "
                            f"--image-size {size} does not apply")
         if not 1 <= size <= MAX_SIZE:
             raise NetError(f"--image-size {shown(size, 30)} must be from 1 to {MAX_SIZE}")
-        resized = NetSpec(self.name, (self.input_shape[0], size, size), self.classes, self.layers)
+        shape = (self.input_shape[0],) + (size,) * (len(self.input_shape) - 1)
+        resized = NetSpec(self.name, shape, self.classes, self.layers, self.regression)
         resized.out_shapes  # noqa: B018 - refuse a size some layer cannot take, naming it
         return resized
 
     @cached_property
     def out_shapes(self) -> tuple[Shape, ...]:
         """Per-sample output shape of every layer (refused, naming the layer, if unfit)."""
-        net = f"net {shown(self.name, quoted=False)}"
-        shapes: list[Shape] = []
-        for k, layer in enumerate(self.layers):
-            ins = tuple(self.input_shape if p < 0 else shapes[p] for p in self.producers(k))
-            shapes.append(KINDS[layer.kind].out_shape(layer, ins, net))
-            _check_size(f"{net}: layer {layer.name} gives shape {shapes[-1]}", shapes[-1])
+        shapes = self._shapes
         if shapes[-1] != (self.classes,):
-            raise NetError(f"{net}: the last layer gives shape {shapes[-1]} but the loss "
-                           f"needs ({self.classes},) (classes={self.classes})")
-        return tuple(shapes)
+            what = "targets" if self.regression else "classes"
+            raise NetError(f"net {shown(self.name, quoted=False)}: the last layer gives shape "
+                           f"{shapes[-1]} but the loss needs ({self.classes},) "
+                           f"({what}={self.classes})")
+        return shapes
 
     def in_shapes(self, k: int) -> tuple[Shape, ...]:
         """Per-sample shapes of the inputs of layer ``k``."""
@@ -430,15 +449,15 @@ def parse_net(text: str, name: str) -> NetSpec:
         where = f"{file}, line {top[0][0]}" if top else file
         got = f", got {shown(top[0][1][0])}" if top else ""
         raise NetError(f"{where}: the first line must be 'input channels=C size=S classes=K' "
-                       f"or 'input features=F classes=K'{got}")
+                       f"or 'input features=F classes=K' (targets=T for regression){got}")
     number, words = top[0]
-    input_shape, classes = _parse_input(_pairs(words[1:], f"{file}, line {number}"),
-                                        f"{file}, line {number}")
+    input_shape, classes, regression = _parse_input(_pairs(words[1:], f"{file}, line {number}"),
+                                                    f"{file}, line {number}")
     builder = _Builder(file, blocks)
     builder.emit(top[1:], _Scope("", INPUT), {}, None)
     if not builder.layers:
         raise NetError(f"{file}: no layers after the 'input' line")
-    spec = NetSpec(name, input_shape, classes, tuple(builder.layers))
+    spec = NetSpec(name, input_shape, classes, tuple(builder.layers), regression)
     _check_read(spec)
     spec.out_shapes  # noqa: B018 - every activation fits its layer, within bounds
     spec.param_shapes()  # every weight's size within bounds
@@ -456,34 +475,47 @@ def _check_read(net: NetSpec) -> None:
                            f"(the last line feeds the loss)")
 
 
-def _parse_input(texts: dict[str, str], where: str) -> tuple[Shape, int]:
+def _parse_input(texts: dict[str, str], where: str) -> tuple[Shape, int, bool]:
+    """(per-sample shape, output width, regression) of the ``input`` line."""
     for key in texts:
         if key not in INPUT_KEYS:
             raise NetError(f"{where}: input takes no {shown(key)}; it takes "
                            f"{', '.join(INPUT_KEYS)}")
+    size = texts.pop("size", None)
     args = {key: integer(key, value, where, low=-MAX_SIZE) for key, value in texts.items()}
-    if "classes" not in args:
-        raise NetError(f"{where}: input needs classes=…")
+    if ("classes" in args) == ("targets" in args):
+        raise NetError(f"{where}: input needs classes=… (cross-entropy) or targets=… (mean "
+                       f"squared error), one of them")
+    regression = "targets" in args
+    outputs = args.pop("targets" if regression else "classes")
     if "features" in args:
-        if len(args) > 2:
-            others = ", ".join(key for key in args if key not in ("features", "classes"))
+        if len(args) > 1 or size is not None:
+            others = ", ".join([*(["size"] if size is not None else []),
+                                *(key for key in args if key != "features")])
             raise NetError(f"{where}: input features=… takes no {others}; give features= "
                            f"for flat input or channels= and size= for images")
         shape: Shape = (args["features"],)
     else:
         if "channels" not in args:
             raise NetError(f"{where}: input needs features=… or channels=… size=…")
-        if "size" in args and ("height" in args or "width" in args):
+        if size is not None and ("height" in args or "width" in args):
             raise NetError(f"{where}: input takes size=… or height=… width=…, not both")
-        height = args.get("height", args.get("size"))
-        width = args.get("width", args.get("size"))
-        if height is None or width is None:
+        spatial = (sizes(-MAX_SIZE)("size", size, where) if size is not None
+                   else (args.get("height"), args.get("width")))
+        if len(spatial) == 1:
+            spatial = spatial * 2
+        if None in spatial:
             raise NetError(f"{where}: input needs size=… (or height=… and width=…)")
-        shape = (args["channels"], height, width)
-    if min(*shape, args["classes"]) < 1:
+        if "depth" in args:
+            if len(spatial) == 3:
+                raise NetError(f"{where}: input takes size=DxHxW or depth=…, not both")
+            spatial = (args["depth"], *spatial)
+        shape = (args["channels"], *spatial)
+    if min(*shape, outputs) < 1:
         raise NetError(f"{where}: input sizes must be positive, got "
-                       f"{' '.join(f'{k}={v}' for k, v in args.items())}")
-    return shape, args["classes"]
+                       f"{' '.join(f'{k}={v}' for k, v in texts.items())}"
+                       f"{'' if size is None else f' size={size}'}")
+    return shape, outputs, regression
 
 
 def available_nets() -> list[str]:

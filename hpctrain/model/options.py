@@ -74,17 +74,53 @@ def whole(low: int = 0) -> Callable[[str, str, str], int]:
     return lambda key, text, where: integer(key, text, where, low)
 
 
-def pair(low: int = 0) -> Callable[[str, str, str], tuple[int, int]]:
-    """A reader of ``K`` (the same along height and width) or ``HxW``, each at least ``low``."""
+def sizes(low: int = 0) -> Callable[[str, str, str], tuple[int, ...]]:
+    """A reader of ``K`` (the same along every spatial axis), ``HxW`` or ``DxHxW``, each at
+    least ``low``: one size, or one per axis (matched to the input by
+    :func:`spread`)."""
 
-    def read(key: str, text: str, where: str) -> tuple[int, int]:
+    def read(key: str, text: str, where: str) -> tuple[int, ...]:
         parts = text.split("x")
-        if len(parts) > 2:
-            raise NetError(f"{where}: {key}={shown(text)} must be K or HxW, e.g. 3 or 1x7")
-        values = tuple(integer(key, part, where, low) for part in parts)
-        return (values[0], values[-1])
+        if len(parts) > 3:
+            raise NetError(f"{where}: {key}={shown(text)} must be K, HxW or DxHxW, e.g. 3, "
+                           f"1x7 or 2x2x2")
+        return tuple(integer(key, part, where, low) for part in parts)
 
     return read
+
+
+SAME = "same"
+"""``pad=same``: TensorFlow's padding for stride 1, k − 1 zeros in all, the odd one after."""
+
+
+def pads(key: str, text: str, where: str) -> tuple[tuple[int, int], ...] | str:
+    """``P`` (P zeros on both sides), ``B+A`` (B before, A after), one per axis joined by
+    ``x`` (``0+1x1x1``), or ``same``: the (before, after) pairs, or :data:`SAME`."""
+    if text == SAME:
+        return SAME
+    parts = text.split("x")
+    if len(parts) > 3:
+        raise NetError(f"{where}: {key}={shown(text)} must be P, B+A (before+after) or one "
+                       f"per axis as HxW or DxHxW, e.g. 1, 0+1 or 0+1x0+1x0+1, or same")
+    found = []
+    for part in parts:
+        before, plus, after = part.partition("+")
+        values = (integer(key, before, where), integer(key, after, where)) if plus else (
+            integer(key, part, where),) * 2
+        found.append(values)
+    return tuple(found)
+
+
+def spread(values: tuple, axes: int, key: str, where: str, layer: str) -> tuple:
+    """``values`` given once for every axis, or once per axis, as one per each of the
+    ``axes`` spatial axes of a layer's input; refused naming the layer otherwise."""
+    if len(values) == axes:
+        return tuple(values)
+    if len(values) == 1:
+        return tuple(values) * axes
+    names = {1: "L", 2: "HxW", 3: "DxHxW"}.get(axes, f"{axes} sizes")
+    raise NetError(f"{where}: layer {layer} gives {key} for {len(values)} axes but its input "
+                   f"has {axes} spatial axes; give one size or {names}")
 
 
 def fraction(low: float, high: float, high_open: bool = True

@@ -59,10 +59,11 @@ def paper_layers(net: NetSpec) -> list[PaperLayer]:
             continue
         x, y = shapes[k], net.out_shapes[k]
         out = spec.options.out
-        if len(x) == 3:  # the paper's convolutions are square
-            kernel = spec.options.kernel[0]
+        if len(x) >= 3:  # a row is a plane of the first spatial axis: a volume's H x W
+            kernel = spec.options.kernel
             layers.append(PaperLayer(spec.name, "conv", math.prod(x), math.prod(y),
-                                     out * x[0] * kernel ** 2, kernel, x[2], x[0], y[2], y[0]))
+                                     out * x[0] * math.prod(kernel), kernel[0],
+                                     math.prod(x[2:]), x[0], math.prod(y[2:]), y[0]))
         else:
             layers.append(PaperLayer(spec.name, "linear", x[0], out, out * x[0]))
     return layers

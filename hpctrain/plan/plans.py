@@ -5,17 +5,21 @@ grid. The planner's candidates for a layer are plan entries too.
 
 - ``batch``: Pr = 1; weights replicated, batch split over all P.
 - ``model``: Pr splits output channels/features (1.5D), Pc the batch.
-- ``domain``: Pr splits the image height (halo exchange), Pc the batch (conv and pooling only).
+- ``domain``: Pr splits the image height, or a volume's depth (halo exchange), Pc the batch
+  (conv and pooling only).
+- ``replicated``: each of the Pr ranks computes the whole layer, Pc splits the batch (linear
+  only: a layer with fewer outputs than Pr, a regression head).
 - ``follow``: layers without weights (element-wise, batch norm, pooling, flatten, add, concat)
   run on the layout of their first input.
 
 Grid specs (``--grid``):
 
 - ``RxC``: every conv and linear layer in model mode on R×C (``1xP`` is pure batch).
-- ``conv=SPEC,fc=SPEC``: per kind; SPEC is ``RxC`` or ``domain:RxC``. Deep in a net the image
-  may be too short to cut into R row blocks (a ResNet's last stage at a small --image-size): a
-  convolution whose height cannot take ``domain:RxC`` runs ``model`` on the same grid instead,
-  and the plan printed at start-up shows it.
+- ``conv=SPEC,fc=SPEC``: per kind; SPEC is ``RxC``, ``domain:RxC`` (conv) or
+  ``replicated:RxC`` (fc). Deep in a net the image may be too short to cut into R row blocks (a
+  ResNet's last stage at a small --image-size): a convolution whose height cannot take
+  ``domain:RxC`` runs ``model`` on the same grid instead; a linear layer with fewer than R
+  outputs runs ``replicated``. The plan printed at start-up shows it.
 - a plan file path: one line per weighted layer, ``NAME MODE RxC`` (other lines may say
   ``NAME follow``); ``#`` comments. :func:`write_plan` writes this format.
 - a shipped plan's name (``hpctrain/inputs/plans/NAME.plan``), e.g. ``smallcnn-p4-mixed``.
@@ -40,7 +44,7 @@ from hpctrain.layout.partition import SplitError
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
 
-MODES = ("batch", "model", "domain", "follow")
+MODES = ("batch", "model", "domain", "replicated", "follow")
 MARKER = "# hpctrain plan"  #: the first line of every plan file hpctrain writes
 # the --grid keys (conv=, fc=) and the weighted kinds they plan
 KINDS_BY_GRID_KEY = {kind.grid_key: kind for kind in KINDS.values() if kind.grid_key}
@@ -60,7 +64,7 @@ class LayerPlan:
     grid: tuple[int, int] = (1, 1)
 
     def __post_init__(self) -> None:
-        if self.mode in ("model", "domain") and self.grid[0] == 1:
+        if self.mode in ("model", "domain", "replicated") and self.grid[0] == 1:
             object.__setattr__(self, "mode", "batch")  # Pr = 1 splits nothing but the batch
 
     def describe(self) -> str:
@@ -84,9 +88,9 @@ def _parse_grid(text: str, procs: int, where: str) -> tuple[int, int]:
 def _key_spec(text: str, key: str, procs: int) -> tuple[str, tuple[int, int]]:
     mode, _, grid = text.rpartition(":")
     mode = mode or "model"
-    if mode not in ("model", "domain"):
-        raise PlanError(f"--grid {key}={shown(text)}: unknown mode {shown(mode)}; use RxC or "
-                        f"domain:RxC")
+    if mode not in ("model", "domain", "replicated"):
+        raise PlanError(f"--grid {key}={shown(text)}: unknown mode {shown(mode)}; use RxC, "
+                        f"domain:RxC or replicated:RxC")
     if mode not in KINDS_BY_GRID_KEY[key].modes:
         raise PlanError(f"--grid {key}={shown(text)}: {KINDS_BY_GRID_KEY[key].name} layers "
                         f"cannot be {mode}-parallel; use {key}=RxC")
@@ -101,8 +105,8 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
                         "give RxC, conv=SPEC,fc=SPEC or a plan file")
     if _GRID.fullmatch(spec):
         grid = _parse_grid(spec, procs, "--grid")
-        return [LayerPlan("model", grid) if KINDS[l.kind].weighted else LayerPlan("follow")
-                for l in net.layers]
+        return [LayerPlan(_fitting("model", net, k, grid), grid) if KINDS[l.kind].weighted
+                else LayerPlan("follow") for k, l in enumerate(net.layers)]
     if "=" in spec:
         by_key: dict[str, tuple[str, tuple[int, int]]] = {}
         for part in spec.split(","):
@@ -124,9 +128,7 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
                                 f"(layer {layer.name}); add {key}=RxC")
             else:
                 mode, grid = by_key[key]
-                if mode == "domain" and not _domain_fits(net, k, grid):
-                    mode = "model"  # too few rows to cut R ways: see the module doc
-                plans.append(LayerPlan(mode, grid))
+                plans.append(LayerPlan(_fitting(mode, net, k, grid), grid))
         return plans
     path = existing_file(spec)
     if path is not None:
@@ -138,18 +140,23 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
     return read_plan(resource, net, procs)
 
 
-def _domain_fits(net: NetSpec, k: int, grid: tuple[int, int]) -> bool:
-    """Whether layer ``k``'s input and output heights can be cut over grid's Pr row blocks,
-    each window taking halo rows from direct neighbours only."""
+def _fitting(mode: str, net: NetSpec, k: int, grid: tuple[int, int]) -> str:
+    """``mode`` for layer ``k`` on ``grid``, or what runs where its sizes cannot take it: a
+    convolution whose height cannot be cut into Pr row blocks (each window taking halo rows
+    from direct neighbours only) runs ``model``; a linear layer with fewer outputs than Pr
+    runs ``replicated``."""
+    fallback = {"domain": "model", "model": "replicated"}.get(mode)
+    if grid[0] == 1 or fallback not in KINDS[net.layers[k].kind].modes:
+        return mode
     spec, kind = net.layers[k], KINDS[net.layers[k].kind]
     batch = grid[1]  # the batch does not matter here: the smallest that splits
     fed = (Layout((batch, *net.in_shapes(k)[0]), grid),)
-    inputs, output = kind.layouts(spec, fed, (batch, *net.out_shapes[k]), "domain", grid)
+    inputs, output = kind.layouts(spec, fed, (batch, *net.out_shapes[k]), mode, grid)
     try:
         kind.check(spec, inputs, output)
     except SplitError:
-        return False
-    return True
+        return fallback
+    return mode
 
 
 def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerPlan]:

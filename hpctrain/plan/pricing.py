@@ -303,13 +303,14 @@ class CostModel(Segments):
         """The loss: gathering the logits (replicated over Pr), and its memory: the logits and
         their gradient (kept through the backward), the softmax's temporaries, the gather."""
         target = last_out.replicated()
-        cost = LayerCost("loss", "softmax", "follow", last_out.grid)
+        loss = "mse" if self.net.regression else "softmax"
+        cost = LayerCost("loss", loss, "follow", last_out.grid)
         move, *moved = self.move_cost(last_out, target)
         cost.move, cost.redistribution = type(move), tuple(moved)
         logits = math.prod(largest_block(target)) * self.itemsize
         _, move = self.move_memory(last_out, target, len(self.net.layers) - 1)
         cost.resident = {"logits and their gradient": 2 * logits}
-        cost.transient = larger({"softmax": 3 * logits}, move)
+        cost.transient = larger({loss: 3 * logits}, move)
         return cost
 
     def prefetch(self, choices: list[list[LayerPlan]]) -> None:

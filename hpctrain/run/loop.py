@@ -130,7 +130,7 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
         network = Network(net, plan, config.batch, grids, backend, config.seed,
                           config.overlap)
         data = data or SyntheticData(backend, net.input_shape, net.classes, config.batch,
-                                     config.seed)
+                                     config.seed, regression=net.regression)
         optimizer = SGD(network.params, config.lr, config.momentum, config.weight_decay)
         first = 0
         if resume is not None:
@@ -157,7 +157,7 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
                      if config.checkpoint_dir is None else "")
             say(f"stopped by {result.stopped_by} after step {result.last_step}{saved}")
         if result.losses or not result.stopped_by:
-            _summarise(result, config, comm, say)
+            _summarise(result, config, comm, say, net.regression)
     return result
 
 
@@ -195,7 +195,8 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         step_seconds.append(seconds)
         summary = summary_over_ranks(times, seconds, comm)  # at rank 0, None elsewhere
         if rank == 0:
-            _report(step, loss, accuracy, lr, summary, config, start, first, log, say)
+            _report(step, loss, None if network.net.regression else accuracy, lr, summary,
+                    config, start, first, log, say)
         done = step + 1
         result.stopped_by, log_broken = stop.agreed_with(
             comm, log is not None and log.failure is not None)  # only rank 0 holds the log
@@ -237,19 +238,22 @@ def _stop_on_log_failure(log: RunLog, comm: MPI.Comm) -> None:
     on_root(comm, fail)
 
 
-def _report(step: int, loss: float, accuracy: float, lr: float, summary: RanksSummary,
+def _report(step: int, loss: float, accuracy: float | None, lr: float, summary: RanksSummary,
             config: TrainConfig, start: float, first: int, log: RunLog | None, say) -> None:
-    """Rank 0: the step's log row, and a progress line every ``print_every`` steps."""
+    """Rank 0: the step's log row, and a progress line every ``print_every`` steps; a
+    regression (``accuracy`` None) logs an accuracy of 0 and prints none."""
     seconds, comm_fraction = summary.seconds, summary.comm_fraction
     if log is not None:
-        log.step({"step": step + 1, "loss": loss, "accuracy": accuracy, "seconds": seconds,
+        log.step({"step": step + 1, "loss": loss, "accuracy": accuracy or 0.0,
+                  "seconds": seconds,
                   "images_per_second": config.batch / seconds, "lr": lr,
                   "comm_fraction": comm_fraction}, summary.largest, summary.mean)
     done = step + 1
     if done % config.print_every == 0 or done == config.steps:
         elapsed = time.perf_counter() - start
         eta = elapsed / (done - first) * (config.steps - done)
-        say(f"step {done:>5}/{config.steps}  loss {loss:8.4f}  acc {accuracy:6.1%}  "
+        score = "" if accuracy is None else f"acc {accuracy:6.1%}  "
+        say(f"step {done:>5}/{config.steps}  loss {loss:8.4f}  {score}"
             f"{config.batch / seconds:8.1f} images/s  {seconds * 1e3:8.1f} ms/step  "
             f"comm {comm_fraction:4.0%}  ETA {_duration(eta)}")
 
@@ -273,8 +277,12 @@ def _evaluate(network: Network, val_data: HeldOutSource, step: int, log: RunLog 
         loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, \
             count + batch_count
     loss, accuracy = loss_sum / max(count, 1), correct / max(count, 1)
-    say(f"validation after step {step}: loss {loss:.4f}, accuracy {accuracy:.2%} "
-        f"({correct}/{count})")
+    if network.net.regression:
+        say(f"validation after step {step}: mean squared error {loss:.4f} over {count} "
+            f"samples")
+    else:
+        say(f"validation after step {step}: loss {loss:.4f}, accuracy {accuracy:.2%} "
+            f"({correct}/{count})")
     if log is not None:
         log.validation(step, loss, accuracy)
     return step, loss, accuracy
@@ -295,7 +303,8 @@ def _checkpoint(network: Network, optimizer: SGD, config: TrainConfig, step: int
     return path
 
 
-def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say) -> None:
+def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
+               regression: bool = False) -> None:
     """Fill the result's per-layer summary and print the closing lines (collective)."""
     procs = comm.Get_size()
     steps = len(result.losses)
@@ -306,7 +315,9 @@ def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say) ->
     total = sum(result.step_seconds)
     say(f"done: {steps} steps in {total:.1f} s, {steps * config.batch / total:.1f} images/s, "
         f"final loss {result.losses[-1]:.4f}"
-        + (f", held-out accuracy {result.validation[-1][2]:.2%}" if result.validation else ""))
+        + ("" if not result.validation else
+           f", held-out mean squared error {result.validation[-1][1]:.4f}" if regression else
+           f", held-out accuracy {result.validation[-1][2]:.2%}"))
     steady = result.step_times[1:] or result.step_times
     typical = median_times(steady)
     result.layer_times = max_over_ranks(typical, comm)

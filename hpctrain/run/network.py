@@ -14,7 +14,7 @@ from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.kernels.counter_rng import stream_key
-from hpctrain.kernels.loss import softmax_cross_entropy
+from hpctrain.kernels.loss import loss_function
 from hpctrain.layers.base import BuildContext, Layer, Parameter
 from hpctrain.layout.layout import grid_coords
 from hpctrain.model.kinds import KINDS
@@ -80,6 +80,7 @@ class Network:
         # in each batch group the rank with i = 0 owns its samples' loss (see the class doc)
         self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
         self.gradient_sums = GradientReducer(backend, in_flight=overlap)
+        self.loss_function = loss_function(net.regression)
 
     @property
     def params(self) -> list[Parameter]:
@@ -198,16 +199,18 @@ class Network:
 
     def loss(self, logits: Any, labels: Any, times: StepTimes | None = None,
              data: DataSource | None = None) -> tuple[float, float, Any]:
-        """Mean loss and accuracy over the global batch, and dLoss/dlogits for this rank.
+        """Mean loss and accuracy over the global batch, and dLoss/dlogits for this rank
+        (the accuracy is 0 under regression).
 
-        ``labels`` are the labels of this rank's batch shard in ``loss_layout``. ``times`` gets
-        the softmax as the loss row's compute and the all-reduce of the totals as its comm.
+        ``labels`` are the labels (or targets) of this rank's batch shard in ``loss_layout``.
+        ``times`` gets the loss as the loss row's compute and the all-reduce of the totals as
+        its comm.
         ``data``, the source of the batch: whether any rank read NaN or Inf from it rides on
         the same all-reduce, and then every rank raises (see :meth:`refuse_nonfinite`).
         """
         xp = self.backend.xp
         with StepTimer(self.backend, times) as timer:
-            loss_sum, correct, grad = softmax_cross_entropy(xp, logits, labels, 1.0 / self.batch)
+            loss_sum, correct, grad = self.loss_function(xp, logits, labels, 1.0 / self.batch)
             if not self.owns_loss:  # a replica: the owner (i = 0) counts these samples
                 loss_sum, correct, grad = loss_sum * 0, correct * 0, grad * 0
             totals = xp.stack([xp.asarray(loss_sum, dtype=xp.float64),
@@ -236,8 +239,9 @@ class Network:
     def evaluate(self, data: HeldOutSource, batch: int) -> tuple[float, int, int]:
         """Summed loss, number correct and number of real samples in held-out batch ``batch``.
 
-        Dropout is off. ``data`` marks padding past the end of the split with label -1; those
-        samples are not counted. Collective; every rank gets the global totals.
+        Dropout is off. ``data`` marks padding past the end of the split with label -1 (or
+        targets of NaN); those samples are not counted. Collective; every rank gets the global
+        totals.
         """
         xp = self.backend.xp
         x = data.images(batch, self.input_box)
@@ -247,10 +251,11 @@ class Network:
         finally:
             self.set_training(True)
         labels = data.labels(batch, self.labels_box)
-        real = labels >= 0
+        # padding: label -1, or targets of NaN
+        real = ~xp.isnan(labels).any(axis=1) if self.net.regression else labels >= 0
         totals = xp.zeros(4, dtype=xp.float64)
         if self.owns_loss and bool(real.any()):
-            loss_sum, correct, _ = softmax_cross_entropy(xp, logits[real], labels[real], 1.0)
+            loss_sum, correct, _ = self.loss_function(xp, logits[real], labels[real], 1.0)
             totals[0], totals[1], totals[2] = loss_sum, correct, real.sum()
         totals[3] = _read_nonfinite(data)
         totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))

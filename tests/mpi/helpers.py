@@ -74,6 +74,7 @@ def make_layer(kind, options, fed, mode, grid, grids, backend, key=0):
     kind_of = KINDS[kind]
     spec = LayerSpec(f"{kind}T", kind, kind_of.parse({k: str(v) for k, v in options.items()},
                                                      "test"), ("input",))
+    spec = kind_of.resolve(spec, (fed.shape[1:],), "test")
     out_shape = (fed.shape[0], *kind_of.out_shape(spec, (fed.shape[1:],), "test"))
     inputs, output = kind_of.layouts(spec, (fed,), out_shape, mode, grid)
     kind_of.check(spec, inputs, output)

@@ -1,8 +1,9 @@
 """The layer kinds, one module each, and their registry.
 
-Adding a kind: write ``hpctrain/kinds/NAME.py`` defining a :class:`~hpctrain.model.kinds.base.Kind`
-subclass and ``KIND = NameKind()`` (read :mod:`hpctrain.model.kinds.relu` for the smallest, and
-:mod:`hpctrain.model.kinds.base` for the contract), then add the module to :data:`KINDS` below.
+Adding a kind: write ``hpctrain/model/kinds/NAME.py`` defining a
+:class:`~hpctrain.model.kinds.base.Kind` subclass and ``KIND = NameKind()`` (read
+:mod:`hpctrain.model.kinds.tanh` for the smallest, and :mod:`hpctrain.model.kinds.base` for the
+contract), then add the module to :data:`KINDS` below.
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ from hpctrain.model.kinds import (
     conv,
     dropout,
     flatten,
+    leakyrelu,
     linear,
     maxpool,
     relu,
+    scale,
+    tanh,
 )
 from hpctrain.model.kinds.base import Kind
 
 #: Every layer kind, by the name a net file gives it.
 KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
-    conv, linear, maxpool, avgpool, batchnorm, relu, dropout, flatten, add, concat)}
+    conv, linear, maxpool, avgpool, batchnorm, relu, leakyrelu, tanh, scale, dropout, flatten,
+    add, concat)}
 

@@ -1,6 +1,7 @@
-"""``avgpool kernel=K [stride=K] [pad=0]``: average pooling (``K`` or ``HxW``; zero padding
-counts in the divisor, as in PyTorch), or ``avgpool kernel=global``: the mean of each channel
-over the whole image, (C, H, W) -> (C, 1, 1)."""
+"""``avgpool kernel=K [stride=K] [pad=0]``: average pooling (``K``, ``HxW`` or ``DxHxW``; zero
+padding counts in the divisor, as in PyTorch), or ``avgpool kernel=global``: the mean of each
+channel over the whole image or volume, (C, H, W) -> (C, 1, 1) or (C, D, H, W) ->
+(C, 1, 1, 1)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
 from hpctrain.model.kinds.base import LayerSpec, Shape
 from hpctrain.model.kinds.window import POOL_KEYS, PoolKind, PoolOptions, padded_bytes
-from hpctrain.model.options import Key, NetError, pair
+from hpctrain.model.options import Key, NetError, sizes
 
 GLOBAL = "global"
 
 
-def _kernel(key: str, text: str, where: str) -> tuple[int, int] | None:
+def _kernel(key: str, text: str, where: str) -> tuple[int, ...] | None:
     """``global`` (None) or a window size."""
-    return None if text == GLOBAL else pair(1)(key, text, where)
+    return None if text == GLOBAL else sizes(1)(key, text, where)
 
 
 class AvgPoolKind(PoolKind):
@@ -45,10 +46,10 @@ class AvgPoolKind(PoolKind):
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
         if spec.options.kernel is not None:
             return super().out_shape(spec, shapes, where)
-        if len(shapes[0]) != 3:
-            raise NetError(f"{where}: layer {spec.name} (avgpool) needs an image input, got "
-                           f"shape {shapes[0]}")
-        return (shapes[0][0], 1, 1)
+        if len(shapes[0]) < 3:
+            raise NetError(f"{where}: layer {spec.name} (avgpool) needs an image or volume "
+                           f"input, got shape {shapes[0]}")
+        return (shapes[0][0],) + (1,) * (len(shapes[0]) - 1)
 
     def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
                 grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
@@ -70,17 +71,18 @@ class AvgPoolKind(PoolKind):
         return super().work(spec, inputs, output, need_dx)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
-        if work.kernel == (0, 0):  # global
+        if not work.kernel:  # global
             return float(math.prod(work.x)), float(math.prod(work.x))
         return super().flops(work)
 
     def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
                 ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
-        if work.kernel != (0, 0):
+        if work.kernel:
             return super().kernels(xp, work, dtype, random)
         x = random(work.x)
-        dy = xp.ones((*work.x[:2], 1, 1), dtype=dtype)
-        return (lambda: x.sum(axis=(2, 3), keepdims=True),
+        spatial = tuple(range(2, len(work.x)))
+        dy = xp.ones((*work.x[:2], *(1 for _ in spatial)), dtype=dtype)
+        return (lambda: x.sum(axis=spatial, keepdims=True),
                 lambda _: lambda: xp.broadcast_to(dy, work.x).copy())
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,

@@ -2,7 +2,8 @@
 
 A kind is one object that knows, for a layer of that kind:
 
-- its typed options (:attr:`Kind.keys`, read into the frozen dataclass :attr:`Kind.options`);
+- its typed options (:attr:`Kind.keys`, read into the frozen dataclass :attr:`Kind.options`,
+  made exact for its input's shape by :meth:`Kind.resolve`);
 - shape inference (:meth:`Kind.out_shape`) and its parameters and buffers, whole;
 - the layouts it takes and gives (:meth:`Kind.layouts`): a *weighted* kind is given a mode and
   a Pr×Pc grid by the plan; any other kind *follows* its first input's layout, and its other
@@ -73,6 +74,12 @@ class Kind:
     def parse(self, texts: dict[str, str], where: str) -> Any:
         """The typed options of a line's ``key=value`` texts (refused in one line)."""
         return self.options(**read_options(self.name, self.keys, texts, where))
+
+    def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
+        """The layer with its options made exact for inputs of per-sample ``shapes``: a window
+        given once for every axis, one per axis of an image or a volume. Called once, when the
+        net is made, before :meth:`out_shape`; the same layer again on the same shapes."""
+        return spec
 
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
         """Per-sample output shape from the inputs' (refused, naming the layer, if unfit)."""

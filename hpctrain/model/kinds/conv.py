@@ -1,8 +1,10 @@
-"""``conv out=O kernel=K [stride=1] [pad=0] [bias=1]``: 2-D convolution (K, stride and pad are
-``K`` or ``HxW``), in batch, model (1.5D) or domain mode."""
+"""``conv out=O kernel=K [stride=1] [pad=0] [bias=1]``: convolution of images or volumes
+(kernel and stride are ``K``, ``HxW`` or ``DxHxW``; pad is ``P``, ``B+A`` per axis, or
+``same``), in batch, model (1.5D) or domain mode."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +26,9 @@ from hpctrain.model.options import Key, flag, whole
 @dataclass(frozen=True)
 class ConvOptions:
     out: int
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    pad: tuple[int, int]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    pad: tuple[tuple[int, int], ...] | str  # (before, after) per axis; "same" in the file
     bias: bool
 
 
@@ -53,7 +55,7 @@ class ConvKind(WindowKind):
     def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
                 grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
         """batch/model: X replicated over Pr, Y split by output channels; domain: X and Y
-        split by height."""
+        split along the first spatial axis (height, or a volume's depth)."""
         in_shape = fed[0].shape
         if mode == "domain":
             return (Layout(in_shape, grid, HEIGHT_AXIS),), Layout(out_shape, grid, HEIGHT_AXIS)
@@ -66,14 +68,14 @@ class ConvKind(WindowKind):
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         n, c = work.x[:2]
-        ho, wo = work.out_rows()
-        forward = 2.0 * n * work.out * ho * wo * c * work.kernel[0] * work.kernel[1]
+        forward = (2.0 * n * work.out * math.prod(work.out_sizes()) * c
+                   * math.prod(work.kernel))
         return forward, forward * (2 if work.need_dx else 1)
 
     def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
                 ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
         # only timing runs the kernels: planning never loads them
-        from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+        from hpctrain.kernels.conv import conv_backward, conv_forward
 
         x = random(work.x)
         w = random((work.out, work.x[1], *work.kernel))
@@ -83,14 +85,14 @@ class ConvKind(WindowKind):
             y, cache = out
             dy = xp.ones_like(y)
             dw = xp.empty_like(w)  # kept across steps, as the layer's gradient is
-            return lambda: conv2d_backward(xp, dy, w, cache, work.stride, work.need_dx, dw)
+            return lambda: conv_backward(xp, dy, w, cache, work.stride, work.need_dx, dw)
 
-        return lambda: conv2d_forward(xp, x, w, b, work.stride, work.pads), backward_of
+        return lambda: conv_forward(xp, x, w, b, work.stride, work.pads), backward_of
 
     def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
                          ) -> int:
         o = spec.options
-        per_out = inputs[0].shape[CHANNEL_AXIS] * o.kernel[0] * o.kernel[1] + (1 if o.bias else 0)
+        per_out = inputs[0].shape[CHANNEL_AXIS] * math.prod(o.kernel) + (1 if o.bias else 0)
         return per_out * self.local_channels(spec, output)
 
     def gradient_group(self, inputs: tuple[Layout, ...], output: Layout) -> Group:
@@ -103,38 +105,38 @@ class ConvKind(WindowKind):
         Windows taken channels-last (:mod:`hpctrain.kernels.conv`) always copy the input, and
         turn the input gradient back to NCHW."""
         work, b = fp.work, fp.itemsize
-        n, c, h, w = work.x
-        ho, wo = work.out_rows()
-        cols = c * work.kernel[0] * work.kernel[1] * n * ho * wo * b
-        last = prefer_channels_last(c, *work.kernel, wo)
+        n, c = work.x[:2]
+        out = work.out_sizes()
+        cols = c * math.prod(work.kernel) * n * math.prod(out) * b
+        last = prefer_channels_last(c, work.kernel, out[-1])
         copy = padded_bytes(work, b) if last else padded_copy_bytes(fp)
-        y = n * work.out * ho * wo * b
+        y = n * work.out * math.prod(out) * b
         forward = {**fp.loose_input, "im2col workspace": cols, "padded input": copy,
                    "output and GEMM result": 2 * y}
         backward = {"output gradient and its transpose": 2 * y}
         if work.need_dx:
             backward.update({"im2col workspace": cols, "padded input gradient": copy})
             if last:
-                backward["input gradient, channel-major"] = n * c * h * w * b
+                backward["input gradient, channel-major"] = math.prod(work.x) * b
         return {"im2col columns": cols}, larger(forward, backward)
 
     def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
                    ) -> dict[str, np.ndarray]:
         """ΔW and Δb are sums over samples and positions of dY·X (windows) and dY: their
         magnitudes are the same sums of ``|dY|·|X|`` and ``|dY|``, by the kernel itself."""
-        from hpctrain.kernels.conv import conv2d_backward, conv2d_forward
+        from hpctrain.kernels.conv import conv_backward, conv_forward
 
         o = spec.options
         x = np.abs(xs[0])
         w = np.ones((o.out, x.shape[1], *o.kernel))  # any weight: only the windows are used
-        _, cache = conv2d_forward(np, x, w, None, o.stride, (o.pad[0], o.pad[0], o.pad[1]))
-        _, dw, db = conv2d_backward(np, np.abs(dy), w, cache, o.stride, need_dx=False)
+        _, cache = conv_forward(np, x, w, None, o.stride, o.pad)
+        _, dw, db = conv_backward(np, np.abs(dy), w, cache, o.stride, need_dx=False)
         return {"weight": dw, "bias": db} if o.bias else {"weight": dw}
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
-        from hpctrain.layers.conv import Conv2d  # needs MPI: only when run
+        from hpctrain.layers.conv import Conv  # needs MPI: only when run
 
-        return Conv2d(spec.name, spec.options, ctx)
+        return Conv(spec.name, spec.options, ctx)
 
 
 KIND = ConvKind()

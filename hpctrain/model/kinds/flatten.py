@@ -1,4 +1,5 @@
-"""``flatten``: (C, H, W) -> (C·H·W,), C-major; a channel split becomes a feature split."""
+"""``flatten``: (C, H, W) -> (C·H·W,), C-major (a volume likewise); a channel split becomes a
+feature split."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ class FlattenKind(Kind):
         """A height-split input cannot be flattened in place (its rows are not contiguous
         features): its rows are gathered first."""
         x = fed[0]
-        if len(x.shape) != 4:
+        if len(x.shape) < 4:  # (N, F): already flat
             return fed, Layout(out_shape, x.grid, x.split_axis, x.split_ranges)
         source = x.replicated() if x.split_axis == HEIGHT_AXIS else x
-        _, _, h, w = x.shape
+        per_channel = math.prod(x.shape[2:])
         ranges = None
         if source.split_axis == CHANNEL_AXIS:
-            ranges = tuple((lo * h * w, hi * h * w) for lo, hi in source.split_ranges)
+            ranges = tuple((lo * per_channel, hi * per_channel)
+                           for lo, hi in source.split_ranges)
         return (source,), Layout(out_shape, x.grid, CHANNEL_AXIS if ranges else None, ranges)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,

@@ -1,4 +1,5 @@
-"""``linear out=F [bias=1]``: a fully connected layer, in batch or model (1.5D) mode."""
+"""``linear out=F [bias=1]``: a fully connected layer, in batch, model (1.5D) or replicated
+mode."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class LinearKind(Kind):
     keys = {"out": Key(whole(1)), "bias": Key(flag, "1")}
     options = LinearOptions
     weighted = True
-    modes = ("model",)
+    modes = ("model", "replicated")
     grid_key = "fc"
 
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
@@ -45,12 +46,16 @@ class LinearKind(Kind):
 
     def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
                 grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
-        """X replicated over Pr, Y split by output features."""
-        return (Layout(fed[0].shape, grid),), Layout(out_shape, grid, CHANNEL_AXIS)
+        """X replicated over Pr; Y split by output features (model), or replicated too: each
+        of the Pr ranks computes the whole layer for its samples (replicated), which a layer
+        with fewer outputs than Pr needs (a regression head of 4 targets on 64 ranks)."""
+        split = None if mode == "replicated" else CHANNEL_AXIS
+        return (Layout(fed[0].shape, grid),), Layout(out_shape, grid, split)
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)
-        check_split(spec.options.out, output.grid[0], "output features", spec.name)
+        if output.split_axis == CHANNEL_AXIS:
+            check_split(spec.options.out, output.grid[0], "output features", spec.name)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
@@ -79,7 +84,9 @@ class LinearKind(Kind):
         return per_out * largest_block(output)[CHANNEL_AXIS]
 
     def gradient_group(self, inputs: tuple[Layout, ...], output: Layout) -> Group:
-        return output.batch_group  # Wᵢ is replicated on the Pc ranks of a model row
+        """Wᵢ is replicated on the Pc ranks of a model row; replicated, W is on every rank
+        (each replica's gradient a partial sum, as its output gradient is)."""
+        return output.world if output.split_axis is None else output.batch_group
 
     def keeps_input(self, spec: LayerSpec) -> bool:
         return True  # X for ΔW

@@ -1,12 +1,16 @@
 """What the window kinds (convolution, max and average pooling) share: kernel, stride and pad
-along height and width, and the height split with its halo rows.
+along each spatial axis of an image (height, width) or a volume (depth, height, width), and
+the split of the first spatial axis with its halo rows.
 
-A window's height is the axis a domain split cuts (:class:`~hpctrain.layout.partition.Window` and
-its halo plans); its width is never split and only pads both sides alike.
+The first spatial axis is the one a domain split cuts (:class:`~hpctrain.layout.partition.Window`
+and its halo plans); the others are never split and pad as the options say. A net file gives a
+window's sizes once for every axis or once per axis; :meth:`WindowKind.resolve` spreads them
+over the axes of the layer's input, so the options a layer holds have one entry per axis.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,55 +22,86 @@ from hpctrain.cost.memory import Footprint
 from hpctrain.cost.nodes import halo_crossings
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout, first_axis_name, largest_block
 from hpctrain.layout.partition import HaloPlan, SplitError, Window, halo_plans, halo_row_counts
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
-from hpctrain.model.options import Key, NetError, pair
+from hpctrain.model.options import SAME, Key, NetError, pads, sizes, spread
 
-WINDOW_KEYS = {"kernel": Key(pair(1)), "stride": Key(pair(1), "1"), "pad": Key(pair(0), "0")}
-# pooling: stride 0 (the default) means the kernel, filled in by PoolKind.parse
-POOL_KEYS = {**WINDOW_KEYS, "stride": Key(pair(0), "0")}
+WINDOW_KEYS = {"kernel": Key(sizes(1)), "stride": Key(sizes(1), "1"), "pad": Key(pads, "0")}
+# pooling: stride 0 (the default) means the kernel, filled in by PoolKind.resolve
+POOL_KEYS = {**WINDOW_KEYS, "stride": Key(sizes(0), "0")}
 
 
 def rows(o: Any) -> Window:
-    """The window along the height (the axis a domain split cuts) of options ``o``."""
-    return Window(o.kernel[0], o.stride[0], o.pad[0])
+    """The window along the first spatial axis (the one a domain split cuts) of options ``o``."""
+    return Window(o.kernel[0], o.stride[0], *o.pad[0])
+
+
+def windows_of(o: Any) -> list[Window]:
+    """The window along every spatial axis of options ``o``."""
+    return [Window(k, s, *p) for k, s, p in zip(o.kernel, o.stride, o.pad, strict=True)]
+
+
+def spread_window(spec: LayerSpec, shape: Shape, where: str) -> dict[str, tuple]:
+    """The kernel, stride and pad of ``spec`` with one entry per spatial axis of the
+    per-sample input ``shape``; ``pad=same`` made TensorFlow's padding for stride 1."""
+    o = spec.options
+    if len(shape) < 2:
+        raise NetError(f"{where}: layer {spec.name} ({spec.kind}) needs an image or volume "
+                       f"input, got shape {shape}")
+    axes = len(shape) - 1
+    kernel = spread(o.kernel, axes, "kernel", where, spec.name)
+    stride = spread(o.stride, axes, "stride", where, spec.name)
+    if o.pad == SAME:
+        if any(s != 1 for s in stride):
+            raise NetError(f"{where}: layer {spec.name}: pad=same needs stride=1; give the "
+                           f"padding as before+after, e.g. pad=0+1")
+        pad = tuple(((k - 1) // 2, k - 1 - (k - 1) // 2) for k in kernel)
+    else:
+        pad = spread(o.pad, axes, "pad", where, spec.name)
+    return {"kernel": kernel, "stride": stride, "pad": pad}
+
+
+def _sizes(values: tuple[int, ...]) -> str:
+    return "x".join(str(v) for v in values)
 
 
 def check_window(spec: LayerSpec, shape: Shape, where: str) -> Shape:
-    """(Ho, Wo) of a window layer on per-sample ``shape``, refused when too small."""
+    """The spatial output sizes of a window layer on per-sample ``shape``, refused when the
+    input is too small."""
     o = spec.options
-    if len(shape) != 3:
-        raise NetError(f"{where}: layer {spec.name} ({spec.kind}) needs an image input, got "
-                       f"shape {shape}")
-    h, w = (Window(o.kernel[a], o.stride[a], o.pad[a]).out_size(shape[1 + a]) for a in (0, 1))
-    if h < 1 or w < 1:
-        raise NetError(f"{where}: layer {spec.name} receives {shape[1]}x{shape[2]}, too small "
-                       f"for its window (kernel {o.kernel[0]}x{o.kernel[1]}, stride "
-                       f"{o.stride[0]}x{o.stride[1]}, pad {o.pad[0]}x{o.pad[1]}); use a larger "
-                       f"--image-size")
-    return h, w
+    if len(shape) != len(o.kernel) + 1:
+        raise NetError(f"{where}: layer {spec.name} ({spec.kind}) needs an input with "
+                       f"{len(o.kernel)} spatial axes, got shape {shape}")
+    out = tuple(w.out_size(n) for w, n in zip(windows_of(o), shape[1:], strict=True))
+    if min(out) < 1:
+        pad = "x".join(str(b) if b == a else f"{b}+{a}" for b, a in o.pad)
+        raise NetError(f"{where}: layer {spec.name} receives {_sizes(shape[1:])}, too small "
+                       f"for its window (kernel {_sizes(o.kernel)}, stride {_sizes(o.stride)}, "
+                       f"pad {pad}); use a larger --image-size")
+    return out
 
 
 def check_rows(spec: LayerSpec, layout: Layout) -> None:
     """Refuse a height split the layer's window cannot run on (a rank without rows, or one
     needing halo rows from beyond its neighbours), naming the layer and sizes."""
     if layout.split_axis == HEIGHT_AXIS:
-        halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], rows(spec.options), spec.name)
+        halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], rows(spec.options), spec.name,
+                   first_axis_name(layout.shape))
 
 
 def padded_bytes(work: LocalWork, itemsize: int) -> int:
     """Bytes of the work's input block with its padding (a padded copy, or its gradient)."""
-    n, c, h, w = work.x
-    top, bottom, side = work.pads
-    return n * c * (h + top + bottom) * (w + 2 * side) * itemsize
+    n, c, *extent = work.x
+    return n * c * math.prod(e + before + after for e, (before, after)
+                             in zip(extent, work.pads, strict=True)) * itemsize
 
 
 def padded_copy_bytes(fp: Footprint) -> int:
     """Bytes of the padded copy of the input a window kernel makes: none when nothing is
     padded and the rows are the rank's own (no halo to join)."""
-    top, bottom, side = fp.work.pads
-    return padded_bytes(fp.work, fp.itemsize) if top or bottom or side or fp.height_split else 0
+    padding = any(before or after for before, after in fp.work.pads)
+    return padded_bytes(fp.work, fp.itemsize) if padding or fp.height_split else 0
 
 
 def busiest_halo(name: str, window: Window, layout: Layout) -> HaloPlan:
@@ -81,8 +116,8 @@ def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: in
     sent back), at the busiest rank; zero without a height split."""
     if layout.split_axis != HEIGHT_AXIS:
         return 0.0, 0.0
-    n, c, _, w = largest_block(layout)
-    row_bytes = n * c * w * itemsize
+    n, c, _, *rest = largest_block(layout)
+    row_bytes = n * c * math.prod(rest) * itemsize  # one plane of the first spatial axis
     received, sent = halo_row_counts(layout.shape[HEIGHT_AXIS], layout.grid[0],
                                      rows(spec.options), spec.name)
     # with levels: whether the busiest rank's neighbour may be on another node
@@ -98,14 +133,15 @@ def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: in
 
 @dataclass(frozen=True)
 class PoolOptions:
-    kernel: tuple[int, int] | None  # None: the whole image (avgpool kernel=global)
-    stride: tuple[int, int]  # 0 in the file: the kernel
-    pad: tuple[int, int]
+    kernel: tuple[int, ...] | None  # None: the whole image (avgpool kernel=global)
+    stride: tuple[int, ...]  # 0 in the file: the kernel
+    pad: tuple[tuple[int, int], ...] | str  # (before, after) per axis; "same" in the file
 
 
 class WindowKind(Kind):
-    """A kind that slides a window over the image: its shape, the check of a height split, its
-    local work (rows plus halos under a height split) and the halo exchange it adds.
+    """A kind that slides a window over an image or volume: its shape, the check of a split of
+    the first spatial axis, its local work (rows plus halos under that split) and the halo
+    exchange it adds.
     Subclasses say how many channels come out (:meth:`out_channels`) and how many a rank's
     kernel makes (:meth:`local_channels`)."""
 
@@ -115,9 +151,13 @@ class WindowKind(Kind):
     def local_channels(self, spec: LayerSpec, output: Layout) -> int:
         return 0
 
+    def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
+        """The window's sizes one per spatial axis of the input."""
+        options = dataclasses.replace(spec.options, **spread_window(spec, shapes[0], where))
+        return dataclasses.replace(spec, options=options)
+
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
-        h, w = check_window(spec, shapes[0], where)
-        return (self.out_channels(spec, shapes[0][0]), h, w)
+        return (self.out_channels(spec, shapes[0][0]), *check_window(spec, shapes[0], where))
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)
@@ -125,15 +165,15 @@ class WindowKind(Kind):
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
-        """The busiest rank's window kernel: under a height split it reads its rows plus
-        halos and pads only at the image's edges."""
+        """The busiest rank's window kernel: under a split of the first spatial axis it reads
+        its rows plus halos and pads only at the image's edges."""
         o, x = spec.options, inputs[0]
         block = largest_block(x)
-        pads = (o.pad[0], o.pad[0], o.pad[1])
+        pads = o.pad
         if x.split_axis == HEIGHT_AXIS:
             p = busiest_halo(spec.name, rows(o), x)
-            block = (*block[:2], p.need[1] - p.need[0], block[3])
-            pads = (p.pad_top, p.pad_bottom, o.pad[1])
+            block = (*block[:2], p.need[1] - p.need[0], *block[3:])
+            pads = ((p.pad_top, p.pad_bottom), *o.pad[1:])
         return LocalWork(self, block, self.local_channels(spec, output), o.kernel,
                          o.stride, pads, need_dx)
 
@@ -156,16 +196,18 @@ class PoolKind(WindowKind):
     options = PoolOptions
 
     def pool_kernels(self) -> tuple[Callable, Callable]:
-        """(forward, backward) kernels, as :class:`~hpctrain.layers.pool.Pool2d` takes them;
+        """(forward, backward) kernels, as :class:`~hpctrain.layers.pool.Pool` takes them;
         imported when asked for, as only timing and training run them."""
         raise NotImplementedError
 
-    def parse(self, texts: dict[str, str], where: str) -> Any:
-        o = super().parse(texts, where)
-        if o.kernel is None:  # a window as large as the image (global average pooling)
-            return o
+    def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
+        """As for every window, and a stride of 0 made the kernel."""
+        if spec.options.kernel is None:  # a window as large as the image (global pooling)
+            return spec
+        spec = super().resolve(spec, shapes, where)
+        o = spec.options
         stride = tuple(s or k for s, k in zip(o.stride, o.kernel, strict=True))
-        return PoolOptions(o.kernel, stride, o.pad)
+        return dataclasses.replace(spec, options=dataclasses.replace(o, stride=stride))
 
     def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
                 grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
@@ -182,9 +224,8 @@ class PoolKind(WindowKind):
         return super().layouts(spec, fed, out_shape, mode, grid)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
-        ho, wo = work.out_rows()
-        return (float(work.x[0] * work.x[1] * ho * wo * work.kernel[0] * work.kernel[1]),
-                float(math.prod(work.x)))
+        return (float(work.x[0] * work.x[1] * math.prod(work.out_sizes())
+                      * math.prod(work.kernel)), float(math.prod(work.x)))
 
     def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
                 ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
@@ -199,6 +240,6 @@ class PoolKind(WindowKind):
         return lambda: forward_kernel(xp, x, work.kernel, work.stride, work.pads), backward_of
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
-        from hpctrain.layers.pool import Pool2d  # needs MPI: only when run
+        from hpctrain.layers.pool import Pool  # needs MPI: only when run
 
-        return Pool2d(spec.name, spec.options, ctx, *self.pool_kernels())
+        return Pool(spec.name, spec.options, ctx, *self.pool_kernels())
