@@ -1,6 +1,7 @@
-"""An independent reference: ResNet-18 and one InceptionA module written in plain PyTorch (no
-torchvision, no hpctrain code), in float64, trained from hpctrain's initial weights on the same
-batches, to compare with hpctrain step by step.
+"""An independent reference: ResNet-18, one InceptionA module and CosmoFlow written in plain
+PyTorch (no torchvision, no hpctrain code), in float64, trained from hpctrain's initial weights on
+the same batches, to compare with hpctrain step by step. The classifiers are trained on
+softmax cross-entropy, CosmoFlow (a regression) on the mean squared error.
 
 Import this module only after ``pytest.importorskip("torch")``: CI has no PyTorch.
 
@@ -13,6 +14,7 @@ whole on rank 0; :func:`torch_steps` runs the PyTorch model from those initial v
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from importlib.resources import files
 
@@ -216,6 +218,83 @@ def inception_net() -> NetSpec:
     return parse_net(text, "inception_a-test")
 
 
+# -- CosmoFlow, as the MLPerf HPC reference builds it (mlcommons/hpc, cosmoflow/models) -------
+
+COSMOFLOW_WIDTHS = (16, 32, 64, 128, 256)
+COSMOFLOW_SIZE = 32  # --image-size 32: 32^3 volumes, 1^3 after the five pools
+
+
+class CosmoFlow(nn.Module):
+    """Five blocks of a 2x2x2 conv with TensorFlow's ``same`` padding, LeakyReLU and a 2x2x2
+    max-pool; flatten (NCDHW, channel-major); dense 128 → 64 → T with LeakyReLU; 1.2·tanh.
+
+    ``pad`` is the (before, after) zeros on each spatial axis: TensorFlow's ``same`` for an even
+    kernel puts the one zero after. ``keras_flatten`` flattens channels-last, as the Keras
+    original does. ``pad``, ``slope``, ``scale`` and ``keras_flatten`` are arguments only so
+    that a test can check that getting one of them wrong is caught.
+    """
+
+    def __init__(self, channels: int, spatial: tuple[int, int, int], targets: int,
+                 pad: tuple[int, int] = (0, 1), slope: float = 0.3, scale: float = 1.2,
+                 keras_flatten: bool = False) -> None:
+        super().__init__()
+        self.pad, self.scale, self.keras_flatten = pad, scale, keras_flatten
+        widths = (channels, *COSMOFLOW_WIDTHS)
+        for k in range(1, len(widths)):
+            setattr(self, f"conv{k}", nn.Conv3d(widths[k - 1], widths[k], 2, bias=True))
+        self.act = nn.LeakyReLU(slope)
+        self.pool = nn.MaxPool3d(2)
+        left = math.prod(n // 2 ** len(COSMOFLOW_WIDTHS) for n in spatial)  # after the pools
+        self.fc1 = nn.Linear(COSMOFLOW_WIDTHS[-1] * left, 128)
+        self.fc2 = nn.Linear(128, 64)
+        self.fc3 = nn.Linear(64, targets)
+        self.tanh = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for k in range(1, len(COSMOFLOW_WIDTHS) + 1):
+            # F.pad lists (before, after) from the last axis back: W, H, then D
+            x = self.pool(self.act(getattr(self, f"conv{k}")(F.pad(x, self.pad * 3))))
+        x = torch.flatten(x.movedim(1, -1) if self.keras_flatten else x, 1)
+        x = self.act(self.fc2(self.act(self.fc1(x))))
+        return self.scale * self.tanh(self.fc3(x))
+
+
+def cosmoflow_names() -> NameMap:
+    """hpctrain's ``block3.conv1.weight`` is ``conv3.weight``, ``linear2.bias`` is
+    ``fc2.bias``."""
+    names = NameMap({}, {})
+    for k in range(1, len(COSMOFLOW_WIDTHS) + 1):
+        names.conv(f"block{k}.conv1", f"conv{k}", bias=True)
+    for k in range(1, 4):
+        names.params[f"linear{k}.weight"] = f"fc{k}.weight"
+        names.params[f"linear{k}.bias"] = f"fc{k}.bias"
+    return names
+
+
+def cosmoflow_net(size: int = COSMOFLOW_SIZE) -> NetSpec:
+    """The shipped cosmoflow.net itself, on ``size``^3 volumes."""
+    return load_net("cosmoflow", size)
+
+
+def cosmoflow_volume_net(depth: int, size: int) -> NetSpec:
+    """The shipped cosmoflow.net on ``depth``×``size``×``size`` volumes: its own lines after a
+    new ``input`` line. Unequal sides tell the depth from the other axes, and more than one
+    plane left after the pools makes the flatten order matter."""
+    shipped = (files("hpctrain") / "inputs" / "nets" / "cosmoflow.net").read_text("utf-8")
+    lines = shipped.splitlines()
+    at = next(k for k, line in enumerate(lines) if line.split()[:1] == ["input"])
+    targets = next(word for word in lines[at].split() if word.startswith("targets="))
+    lines[at] = f"input channels=4 depth={depth} size={size} {targets}"
+    return parse_net("\n".join(lines), f"cosmoflow-{depth}x{size}x{size}")
+
+
+def cosmoflow_model(net: NetSpec, **changes) -> CosmoFlow:
+    """The PyTorch CosmoFlow for ``net``'s input and targets; ``changes``: see
+    :class:`CosmoFlow`."""
+    channels, *spatial = net.input_shape
+    return CosmoFlow(channels, tuple(spatial), net.classes, **changes)
+
+
 # -- the compared models ---------------------------------------------------------------------
 
 TOLERANCE = 1e-9  # relative error of every tensor of every step
@@ -225,6 +304,7 @@ BATCH, STEPS = 4, 2  # two steps, so momentum is used
 MODELS = {
     "resnet18": (resnet18_net, lambda net: ResNet18(net.classes), resnet18_names),
     "inception_a": (inception_net, lambda net: InceptionNet(), inception_names),
+    "cosmoflow": (cosmoflow_net, cosmoflow_model, cosmoflow_names),
 }
 
 
@@ -232,8 +312,9 @@ MODELS = {
 
 @dataclass
 class StepResult:
-    """One step, whole: logits and loss of the batch, the gradients of the parameters, and the
-    parameters and buffers after the update. Keyed by hpctrain names."""
+    """One step, whole: logits (a regression's outputs) and loss of the batch, the gradients of
+    the parameters, and the parameters and buffers after the update. Keyed by hpctrain
+    names."""
 
     logits: np.ndarray
     loss: float
@@ -247,7 +328,8 @@ class Run:
     initial_params: dict[str, np.ndarray]
     initial_buffers: dict[str, np.ndarray]
     steps: list[StepResult]
-    batches: list[tuple[np.ndarray, np.ndarray]]  # (images, labels) of each step
+    batches: list[tuple[np.ndarray, np.ndarray]]  # (images, labels or targets) of each step
+    regression: bool = False  # the loss is the mean squared error, not cross-entropy
 
 
 def hpctrain_steps(net: NetSpec, plan: list[LayerPlan], comm: MPI.Comm, batch: int,
@@ -263,7 +345,8 @@ def hpctrain_steps(net: NetSpec, plan: list[LayerPlan], comm: MPI.Comm, batch: i
 
     with GridSet(comm) as grids:
         network = Network(net, plan, batch, grids, backend, SEED)
-        data = SyntheticData(backend, net.input_shape, net.classes, batch, SEED)
+        data = SyntheticData(backend, net.input_shape, net.classes, batch, SEED,
+                             regression=net.regression)
         optimizer = SGD(network.params, LR, MOMENTUM, WEIGHT_DECAY)
         initial_params = whole(network.params, "value")
         initial_buffers = whole(network.buffers, "value")
@@ -281,12 +364,13 @@ def hpctrain_steps(net: NetSpec, plan: list[LayerPlan], comm: MPI.Comm, batch: i
             if root:
                 everything = tuple((0, n) for n in (batch, *net.input_shape))
                 batches.append((data.images(step, everything), data.labels(step, (0, batch))))
-    return Run(initial_params, initial_buffers, results, batches) if root else None
+    return (Run(initial_params, initial_buffers, results, batches, net.regression) if root
+            else None)
 
 
 def torch_steps(model: nn.Module, names: NameMap, start: Run) -> list[StepResult]:
     """The PyTorch model, float64, from ``start``'s initial parameters and buffers, trained on
-    ``start``'s batches with torch.optim.SGD set to hpctrain's update
+    ``start``'s batches (on ``start``'s loss) with torch.optim.SGD set to hpctrain's update
     (g = ∇ + λw; v = μv + g, v = g at the first step; w −= lr·v: no dampening, no Nesterov)."""
     model = model.double().train()
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
@@ -304,7 +388,10 @@ def torch_steps(model: nn.Module, names: NameMap, start: Run) -> list[StepResult
     for images, labels in start.batches:
         optimizer.zero_grad(set_to_none=True)
         logits = model(torch.from_numpy(images))
-        loss = F.cross_entropy(logits, torch.from_numpy(labels), reduction="mean")
+        if start.regression:  # per sample the mean over the targets, then over the batch
+            loss = F.mse_loss(logits, torch.from_numpy(labels), reduction="mean")
+        else:
+            loss = F.cross_entropy(logits, torch.from_numpy(labels), reduction="mean")
         loss.backward()
         grads = {ours: params[theirs].grad.numpy().copy() for ours, theirs in names.params.items()}
         optimizer.step()
