@@ -110,6 +110,7 @@ bench: install $(BENCH_STAMP)
 	$(PY) bench/throughput.py --procs 1 2 4 --batch 16 --image-size $(BENCH_IMAGE) --steps 6
 	$(PY) bench/threads.py --procs 2 --net $(BENCH_NET) --image-size $(BENCH_IMAGE) --batch 16
 	$(PY) bench/memory.py --procs 2 --steps 3
+	$(PY) bench/conv3d.py --repeat 7
 
 # Plots. First the paper's study from the cost model for each of SIM_NETS (no MPI, seconds
 # each): runs/simulation/NET.h5 and its figures in PLOTS/simulation/NET/ (per study: grids,
@@ -126,6 +127,7 @@ plots: install
 	  $(PY) -m hpctrain simulate --net $$net --out runs/simulation/$$net.h5 \
 	    --plots $(PLOTS)/simulation/$$net; \
 	done
+	$(PY) -m hpctrain simulate --volumes --out runs/volumes.h5 --plots $(PLOTS)/volumes
 	$(MAKE) --no-print-directory timeline
 ifneq ($(wildcard $(LOGS)),)
 	$(PY) analysis/plot_logs.py $(LOGS) --out $(PLOTS)

@@ -19,6 +19,13 @@ For each study (``strong``, ``weak``, ``domain``) three PNG files:
   samples than ranks) has no bar; beyond P = B its speedup is taken over the baseline on B
   ranks (dashed). Written only for files that have the ``pure_batch`` and ``weird_trick`` groups.
 
+For a file of ``simulate --volumes``, per volume edge ``volumes_<net>_<edge>.png``: a row each
+for strong and weak scaling, with the iteration time (each point labelled with the auto plan's
+first layer, e.g. ``domain 8x64``), samples per second (and linear scaling from the least P
+where the auto plan runs) and peak memory per rank against P, for the auto plan under the
+memory cap and pure batch where it runs and fits; the cap is a line, pure batch's peak is drawn
+hollow where it is over the cap, and a P where no plan fits is shaded.
+
 For a file of ``simulate --levels``, per net ``levels_<net>.png`` (and ``levels_domain_<net>.png``
 for the points with fewer samples than ranks): the iteration time against P
 of the plan made on the levelled machine and of the plan made on its flat profile, both priced
@@ -351,6 +358,96 @@ def plot_levels(group: h5py.Group, root: h5py.File, path: Path) -> Path:
     return path
 
 
+VOLUME_PLANS = {"auto": ("auto plan under the memory cap", "black", "D-"),
+                "pure_batch": ("pure batch (where it runs and fits)", BATCH_EDGE, "s--")}
+GIB = 2.0**30
+
+
+def _plain(value: float, _position: object = None) -> str:
+    """A tick label without powers of ten: 0.1, 2.5, 100, 1,000,000."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:g}"
+
+
+def _drawn_range(ax) -> tuple[float, float]:
+    """The least and largest finite positive y of the lines drawn on ``ax`` (1, 1: none)."""
+    values = np.concatenate([np.asarray(line.get_ydata(), dtype=float)
+                             for line in ax.get_lines()] or [np.ones(1)])
+    values = values[np.isfinite(values) & (values > 0)]
+    return (float(values.min()), float(values.max())) if len(values) else (1.0, 1.0)
+
+
+def plot_volumes(group: h5py.Group, root: h5py.File, path: Path) -> Path:
+    """One volume edge of the --volumes study: a row per scaling rule (strong, weak), with
+    iteration time (the auto plan's first layer written at each point), samples per second and
+    peak memory per rank against P; the memory cap as a line, pure batch's peak drawn where it
+    is over the cap (hollow), P where no plan fits marked on the axis."""
+    plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    rules = [name for name in ("strong", "weak") if name in group]
+    cap = float(root.attrs.get("mem_per_rank", np.nan))
+    fig, axes = plt.subplots(len(rules), 3, figsize=(15, 4.3 * len(rules)), squeeze=False)
+    for row, rule in zip(axes, rules):
+        t = read_table(group[rule])
+        procs = t["procs"]
+        time_ax, rate_ax, memory_ax = row
+        for plan, (label, colour, style) in VOLUME_PLANS.items():
+            runs = t[f"{plan}_runnable"].astype(bool)
+            if not np.any(np.isfinite(t[f"{plan}_memory_per_rank"])):
+                continue  # it splits nowhere: nothing to draw
+            time_ax.plot(procs, t[f"{plan}_iteration_time"] * 1e3, style, color=colour,
+                         label=label)
+            rate_ax.plot(procs, t[f"{plan}_samples_per_second"], style, color=colour,
+                         label=label)
+            memory = t[f"{plan}_memory_per_rank"] / GIB
+            memory_ax.plot(procs[runs], memory[runs], style[0], color=colour, label=label)
+            over = ~runs & np.isfinite(memory)
+            if np.any(over):
+                memory_ax.plot(procs[over], memory[over], style[0], color=colour,
+                               markerfacecolor="none", label=f"{label}: over the cap")
+        auto = t["auto_runnable"].astype(bool)
+        for k in np.nonzero(auto)[0]:  # the first layer's grid, where the auto plan runs
+            time_ax.annotate(t["auto_first_layer"][k].replace(" ", "\n"),
+                             (procs[k], t["auto_iteration_time"][k] * 1e3),
+                             textcoords="offset points", xytext=(0, -8), ha="center",
+                             va="top", fontsize=6)  # below: pure batch is never faster
+        if np.any(auto):  # ideal scaling from the least P where the auto plan runs
+            first = np.nonzero(auto)[0][0]
+            ideal = t["auto_samples_per_second"][first] * procs / procs[first]
+            rate_ax.plot(procs[first:], ideal[first:], ":", color="0.5",
+                         label="ideal (linear in P)")
+        memory_ax.axhline(cap / GIB, color="tab:red", linewidth=1,
+                          label=f"cap {cap / GIB:g} GiB per rank")
+        time_ax.set_ylabel("ms per iteration")
+        rate_ax.set_ylabel("samples per second")
+        memory_ax.set_ylabel("peak memory per rank, GiB")
+        batch_rule = group[rule].attrs.get("batch_rule", "")
+        for ax, what in ((time_ax, "iteration time (labels: auto's first layer)"),
+                         (rate_ax, "throughput"), (memory_ax, "memory per rank")):
+            low, high = _drawn_range(ax)
+            if high > 4 * low:  # a wide range: log, labelled 10, 100 (not 10^1, 10^2)
+                ax.set_yscale("log")
+                ax.set_ylim(low / 1.6, high * 1.6)
+                ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1, 2, 5, 10…
+                ax.yaxis.set_major_formatter(FuncFormatter(_plain))
+                ax.yaxis.set_minor_formatter(NullFormatter())
+            else:  # a narrow one (weak scaling): linear from 0, so that it looks as flat as it is
+                ax.set_ylim(0, 1.25 * high)
+            for p in procs[~auto]:  # no plan fits, or none splits
+                ax.axvline(p, color="0.85", linewidth=6, zorder=0)
+            ax.set_title(f"{rule} scaling, {batch_rule}: {what}", fontsize=9)
+            _procs_axis(ax, procs)
+            ax.tick_params(axis="x", labelsize=7)
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{root.attrs.get('net', '?')} on {group.attrs.get('size', '?')}³ volumes, "
+                 f"{root.attrs.get('machine', '?')}: the auto plan under the memory cap "
+                 f"against pure batch (grey: P where no plan fits)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_simulation(h5_path: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw every study of ``h5_path`` into ``out_dir``; returns the PNG paths written."""
     out = Path(out_dir)
@@ -367,6 +464,8 @@ def plot_simulation(h5_path: str | Path, out_dir: str | Path) -> list[Path]:
         for study in ("levels", "levels_domain"):  # simulate --levels
             for net, group in root.get(study, {}).items():
                 written.append(plot_levels(group, root, out / f"{study}_{net}.png"))
+        for name, group in root.get("volumes", {}).items():  # simulate --volumes
+            written.append(plot_volumes(group, root, out / f"volumes_{name}.png"))
     return written
 
 
@@ -376,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                     "compute + communication bars per Pr x Pc grid, speedup over pure "
                     "batch parallelism, and the auto plan against pure batch and one weird "
                     "trick; for a file of 'simulate --levels', per net the plans made with and "
-                    "without the machine's levels.")
+                    "without the machine's levels; for 'simulate --volumes', per volume edge "
+                    "the auto plan under the memory cap against pure batch.")
     parser.add_argument("h5", help="HDF5 file written by 'python -m hpctrain simulate'")
     parser.add_argument("--out", default="plots", help="directory for the PNG files "
                                                        "(default: %(default)s)")

@@ -56,7 +56,8 @@ def test_help_names_every_option():
     text = simulate_command.build_parser().format_help()
     assert "python -m hpctrain simulate" in text
     for flag in ("--net", "--machine", "--images", "--out", "--plots", "--word-bytes",
-                 "--weak-batch-per-rank", "--overlap", "--levels"):
+                 "--weak-batch-per-rank", "--overlap", "--levels", "--volumes",
+                 "--mem-per-rank"):
         assert flag in text
 
 
@@ -731,3 +732,148 @@ def test_levels_refuses_in_one_line(two_levels, tmp_path, args, message):
         simulate_command.run(["--levels", *args, "--out", str(tmp_path / "levels.h5")])
     assert "\n" not in str(refused.value)
     assert not (tmp_path / "levels.h5").exists()
+
+
+# -- --volumes: CosmoFlow on 128³ and 512³ under a memory cap per rank ---------------------------
+
+GPU = load_machine("perlmutter-gpu")
+A100 = 40 * 2**30
+VOLUME_PROCS = (8, 16, 64, 128, 512)
+
+
+@pytest.fixture(scope="module")
+def volumes():
+    return simulate_command.run_volumes(load_net("cosmoflow"), GPU, (128, 512), VOLUME_PROCS,
+                                        64, A100)
+
+
+def test_volumes_points_follow_the_scaling_rules(volumes):
+    assert list(volumes.tables) == [(128, "strong"), (128, "weak"), (512, "strong"),
+                                    (512, "weak")]
+    for (size, scaling), t in volumes.tables.items():
+        assert list(t["procs"]) == list(VOLUME_PROCS)
+        per_sample = {128: 1, 512: 4}[size]
+        assert list(t["batch"]) == ([64] * 5 if scaling == "strong"
+                                    else [p // per_sample for p in VOLUME_PROCS])
+
+
+def test_volumes_pure_batch_runs_only_where_it_splits_and_fits(volumes):
+    for t in volumes.tables.values():
+        for k, (procs, batch) in enumerate(zip(t["procs"], t["batch"], strict=True)):
+            memory = t["pure_batch_memory_per_rank"][k]
+            runs = procs <= batch and memory <= A100
+            assert t["pure_batch_runnable"][k] == runs
+            assert math.isfinite(t["pure_batch_iteration_time"][k]) == runs
+            assert math.isnan(memory) == (procs > batch)  # over the cap: its peak is kept
+            if not runs:
+                assert t["pure_batch_plan"][k].startswith("none: ")
+                assert math.isnan(t["auto_speedup_over_batch"][k])
+    # a 512³ sample needs 75.6 GiB: pure batch fits nowhere; 128³ up to P = B = 64 it does
+    assert not any(volumes.tables[512, "strong"]["pure_batch_runnable"])
+    assert not any(volumes.tables[512, "weak"]["pure_batch_runnable"])
+    assert list(volumes.tables[128, "strong"]["pure_batch_runnable"]) == [True] * 3 + [False] * 2
+    assert all(volumes.tables[128, "weak"]["pure_batch_runnable"])
+
+
+def test_volumes_auto_at_512_splits_the_depth_within_the_cap(volumes):
+    for scaling in ("strong", "weak"):
+        t = volumes.tables[512, scaling]
+        for k, procs in enumerate(t["procs"]):
+            fits = scaling == "weak" or procs >= 2 * 64  # at least two ranks per sample
+            assert t["auto_runnable"][k] == fits
+            if fits:
+                mode, grid = t["auto_first_layer"][k].split()
+                assert mode == "domain" and int(grid.split("x")[0]) > 1
+                assert t["auto_memory_per_rank"][k] <= A100
+                assert t["auto_plan"][k].startswith(f"block1.conv1={mode} {grid}")
+            else:
+                assert t["auto_plan"][k].startswith("none: no plan fits in --mem-per-rank")
+    # one volume per node: the depth over the node's 4 ranks, about 18.5 GiB each at every P
+    weak = volumes.tables[512, "weak"]
+    assert all(first.startswith("domain 4x") for first in weak["auto_first_layer"])
+    assert max(weak["auto_memory_per_rank"]) / min(weak["auto_memory_per_rank"]) < 1.01
+
+
+def test_volumes_auto_is_never_slower_than_pure_batch(volumes):
+    """The planner is exact under the cap, and pure batch, where it fits, is a candidate."""
+    compared = 0
+    for t in volumes.tables.values():
+        for k in range(len(t["procs"])):
+            if t["pure_batch_runnable"][k]:
+                assert t["auto_runnable"][k]
+                assert t["auto_iteration_time"][k] <= t["pure_batch_iteration_time"][k] * (
+                    1 + 1e-12)
+                assert t["auto_speedup_over_batch"][k] == pytest.approx(
+                    t["pure_batch_iteration_time"][k] / t["auto_iteration_time"][k], rel=1e-12)
+                compared += 1
+    assert compared == 3 + 5
+
+
+def test_volumes_rates_speedups_and_the_planners_numbers(volumes):
+    strong = volumes.tables[128, "strong"]
+    times = strong["auto_iteration_time"]
+    assert times[0] > times[1] > times[2]  # P = 8 -> 16 -> 64 at B = 64
+    for plan in ("auto", "pure_batch"):
+        for t in volumes.tables.values():
+            ok = [k for k, runs in enumerate(t[f"{plan}_runnable"]) if runs]
+            for k in ok:
+                rate = t["batch"][k] / t[f"{plan}_iteration_time"][k]
+                assert t[f"{plan}_samples_per_second"][k] == pytest.approx(rate, rel=1e-12)
+                speedup = rate / t[f"{plan}_samples_per_second"][ok[0]]
+                assert t[f"{plan}_speedup"][k] == pytest.approx(speedup, rel=1e-12)
+                assert t[f"{plan}_efficiency"][k] == pytest.approx(
+                    speedup * t["procs"][ok[0]] / t["procs"][k], rel=1e-12)
+                assert t[f"{plan}_iteration_time"][k] == pytest.approx(
+                    t[f"{plan}_compute"][k] + t[f"{plan}_communication"][k], rel=1e-9)
+    # the stored auto plan is plan_network's under the cap, priced alike
+    t = volumes.tables[512, "strong"]
+    k = list(t["procs"]).index(512)
+    model = CostModel(load_net("cosmoflow", 512), 64, 512, GPU, FlopModel(GPU.flops))
+    planned = plan_network(model, A100)
+    assert t["auto_iteration_time"][k] == pytest.approx(planned.iteration_time, rel=1e-12)
+    assert t["auto_memory_per_rank"][k] == pytest.approx(planned.memory, rel=1e-12)
+
+
+def test_volumes_writes_its_file_and_plots(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(simulate_command, "VOLUMES_PROCS", (8, 128))
+    out = tmp_path / "volumes.h5"
+    assert simulate_command.run(["--volumes", "--out", str(out), "--plots",
+                                 str(tmp_path / "figs")]) == 0
+    text = capsys.readouterr().out
+    assert "perlmutter-gpu" in text and "at most 40 GiB per rank" in text
+    assert "512^3 strong (B = 64)" in text and "no plan fits" in text
+    with h5py.File(out, "r") as f:
+        assert f.attrs["machine"] == "perlmutter-gpu" and f.attrs["net"] == "cosmoflow"
+        assert f.attrs["mem_per_rank"] == A100 and "--volumes" in f.attrs["command"]
+        assert list(f["volumes"]) == ["cosmoflow_128", "cosmoflow_512"]
+        group = f["volumes/cosmoflow_512/weak"]
+        assert group.attrs["batch_rule"] == "B = P/4"
+        assert list(group["batch"][()]) == [2, 32]
+        for plan in ("auto", "pure_batch"):
+            for key in simulate_command.VOLUME_COLUMNS:
+                assert len(group[f"{plan}_{key}"]) == 2
+        assert group["auto_memory_per_rank"].attrs["units"] == "B"
+        assert group["auto_iteration_time"].attrs["units"] == "s"
+        assert group["auto_first_layer"].asstr()[0] == "domain 4x2"
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [
+        "volumes_cosmoflow_128.png", "volumes_cosmoflow_512.png"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--levels"], "--volumes and --levels are two studies"),
+    (["--images", "5"], "--images belongs to the strong, weak and domain studies; --volumes "
+                        "takes"),
+    (["--net", "alexnet"], "--volumes needs a net on volumes"),
+    (["--strong-batch", "0"], "--strong-batch 0"),
+])
+def test_volumes_refuses_in_one_line(tmp_path, args, message):
+    with pytest.raises(UserError, match=re.escape(message)) as refused:
+        simulate_command.run(["--volumes", *args, "--out", str(tmp_path / "v.h5")])
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "v.h5").exists()
+
+
+def test_mem_per_rank_belongs_to_volumes(tmp_path):
+    with pytest.raises(UserError, match="--mem-per-rank belongs to the --volumes study"):
+        simulate_command.run(["--mem-per-rank", "40G", "--out", str(tmp_path / "s.h5")])

@@ -57,6 +57,16 @@ the levelled profile, and on :meth:`~hpctrain.cost.machine.Machine.flattened` (t
 link between every pair of ranks, what a planner without levels sees); then it prices the flat
 plan on the levelled profile (:func:`compare_levels`). The flat plan is never predicted faster
 there than the levelled plan (the planner is exact); by how much it is slower is the ``loss``.
+
+``--volumes`` runs a fifth study instead, of a net on 3-D volumes under a memory cap per rank
+(``--mem-per-rank``, default 40 GiB, an A100 of the default ``--machine perlmutter-gpu``):
+CosmoFlow (or ``--net``) at 128³ and 512³, P = 8, 16, …, 4096, strong scaling at B =
+``--strong-batch`` (default 64 here) and weak scaling at B = P / :data:`WEAK_RANKS_PER_SAMPLE`
+(one volume per rank at 128³; one per node of 4 GPUs at 512³, where one volume needs 75.6 GiB,
+more than one GPU has). At each point the planner's plan under the cap (``auto``) and pure batch
+parallelism, which runs only where P ≤ B and its predicted peak fits the cap: per plan the
+iteration time, samples per second, speedup and efficiency over the least P where it runs,
+peak memory per rank and the first layer's mode and grid (:func:`volumes_table`).
 """
 
 from __future__ import annotations
@@ -152,7 +162,7 @@ class Settings:
 # -- command line -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from hpctrain.commands.flags import add_net_options
+    from hpctrain.commands.flags import add_net_options, parse_size
 
     parser = ArgumentParser(
         prog="python -m hpctrain simulate",
@@ -162,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "parallelism beyond P = B (B = 512, P = 512..4096), with the planner's "
                     "auto plan at every point. With --levels instead: plans made with and "
                     "without the machine's levels (inside a node, between nodes), priced on "
-                    "the levelled machine, P = 8..4096. Pure cost model: no MPI, runs in "
+                    "the levelled machine, P = 8..4096. With --volumes instead: CosmoFlow "
+                    "on 128^3 and 512^3 volumes, the auto plan under a memory cap per rank "
+                    "against pure batch, P = 8..4096. Pure cost model: no MPI, runs in "
                     "seconds. Writes one HDF5 file; --plots also draws the figures.")
     add_net_options(parser, image_size=False)
     parser.add_argument("--machine", default="cori-knl",
@@ -197,9 +209,21 @@ def build_parser() -> argparse.ArgumentParser:
                              "machine: per net (AlexNet, ResNet-50 and Inception-v3, or --net) "
                              "and P = 8..4096 at B = max(--strong-batch, P); needs --machine "
                              "with levels (ranks_per_node and [network])")
+    parser.add_argument("--volumes", action="store_true",
+                        help=f"instead of the three studies, the volumes study: {VOLUMES_NET} "
+                             f"(or --net, a volume net) on "
+                             f"{' and '.join(f'{s}^3' for s in VOLUME_SIZES)} volumes, P = "
+                             f"{VOLUMES_PROCS[0]}..{VOLUMES_PROCS[-1]}, strong scaling (B = "
+                             f"--strong-batch, default {VOLUMES_STRONG_BATCH} here) and weak "
+                             f"scaling (one volume per rank at 128^3, per 4 ranks at 512^3), "
+                             f"the auto plan under --mem-per-rank against pure batch where it "
+                             f"runs and fits (default --machine {VOLUMES_MACHINE})")
+    parser.add_argument("--mem-per-rank", type=parse_size, default=None,
+                        help="--volumes only: the cap on the predicted peak memory per rank, "
+                             "e.g. 40G (default: 40G, an A100 of perlmutter-gpu)")
     parser.add_argument("--out", default=None,
                         help=f"HDF5 file to write, atomically (default: {STUDIES_OUT}; "
-                             f"{LEVELS_OUT} with --levels)")
+                             f"{LEVELS_OUT} with --levels; {VOLUMES_OUT} with --volumes)")
     parser.add_argument("--plots", default=None, metavar="DIR",
                         help="also draw the PNG figures into DIR "
                              "(analysis/plot_simulation.py of a source checkout; needs "
@@ -283,7 +307,7 @@ def summarise_plan(net: NetSpec, planned: PlannedNetwork) -> str:
         if plan.mode == "follow":
             continue
         kernel = getattr(spec.options, "kernel", None)
-        group = spec.kind if kernel is None else f"{spec.kind} {kernel[0]}x{kernel[1]}"
+        group = spec.kind if kernel is None else f"{spec.kind} {'x'.join(map(str, kernel))}"
         chosen = counts.setdefault(group, {})
         chosen[plan.describe()] = chosen.get(plan.describe(), 0) + 1
     return "; ".join(f"{group}: " + ", ".join(f"{n} {what}" for what, n in sorted(
@@ -859,10 +883,272 @@ def _levelled_profiles() -> list[str]:
     return names
 
 
+# -- CosmoFlow on volumes (--volumes) -------------------------------------------------------------
+
+VOLUMES_OUT = "runs/volumes.h5"  # the default --out of --volumes
+VOLUMES_NET, VOLUMES_MACHINE = "cosmoflow", "perlmutter-gpu"  # its default --net and --machine
+VOLUMES_CAP = 40 * 2**30  # its default --mem-per-rank: an A100's 40 GB (perlmutter-gpu)
+VOLUMES_STRONG_BATCH = 64  # its default --strong-batch
+VOLUME_SIZES = (128, 512)  # the volumes' edge: CosmoFlow's own 128³ and the 512³ of its data
+VOLUMES_PROCS = tuple(2**k for k in range(3, 13))  # 8, 16, …, 4096
+#: the ranks per sample of weak scaling at each volume edge (B = P / this). One volume per rank
+#: where one fits a rank (128³, 1.2 GiB), else one volume per node of 4 GPUs (512³, 75.6 GiB;
+#: 18.5 GiB per rank with its depth split over the node)
+WEAK_RANKS_PER_SAMPLE = {128: 1, 512: 4}
+#: the plans of the --volumes study at every (B, P), and what each is
+VOLUME_PLANS = {
+    "auto": "the planner's plan under the memory cap (plan_network with mem_per_rank)",
+    "pure_batch": "every conv and linear layer batch parallel on 1xP; it runs only where "
+                  "P <= B and its predicted peak per rank is within the cap",
+}
+VOLUMES_NOTE = ("per volume edge, scaling rule and P: the auto plan under the memory cap per "
+                "rank, and pure batch parallelism where it runs and fits; predicted by the "
+                "implementation model with compute from the machine's FLOP rate")
+#: each plan's columns in a --volumes table (prefixed with the plan's name), with units
+VOLUME_COLUMNS: dict[str, tuple[str | None, str]] = {
+    "runnable": (None, "the plan runs: it splits and its peak per rank is within the cap"),
+    "iteration_time": ("s", "predicted time of one iteration (NaN where it does not run)"),
+    "compute": ("s", "of which compute"),
+    "communication": ("s", "of which communication inside layers and redistribution"),
+    "samples_per_second": ("1/s", "B / iteration_time"),
+    "speedup": ("1", "samples per second over those at the least P where the plan runs in "
+                     "this table (strong: the time ratio; weak: the scaled speedup)"),
+    "efficiency": ("1", "speedup x (that least P) / P"),
+    "memory_per_rank": ("B", "predicted peak bytes per rank, kept + the largest transient "
+                             "(also where over the cap; NaN where it does not split)"),
+    "first_layer": (None, "the first weighted layer's mode and grid"),
+    "plan": (None, "every weighted layer's mode and grid, or 'none: ' and why it does not run"),
+    "summary": (None, "per kind and kernel, how many layers chose each mode and grid"),
+}
+
+
+@dataclass(frozen=True)
+class VolumeOutcome:
+    """One plan at one (B, P) of the --volumes study: its predicted costs where it splits
+    (``planned``), and why it does not run (``why_not``: it does not split, no plan fits, or
+    its peak per rank is over the cap), empty where it runs."""
+
+    planned: PlannedNetwork | None
+    why_not: str = ""
+
+    @property
+    def runs(self) -> bool:
+        return self.planned is not None and not self.why_not
+
+
+def volume_outcome(model: CostModel, plan: str, cap: float) -> VolumeOutcome:
+    """The plan ``plan`` (a key of :data:`VOLUME_PLANS`) of ``model`` under ``cap`` bytes of
+    peak memory per rank."""
+    from hpctrain.io.units import format_bytes
+
+    if plan == "auto":
+        try:
+            return VolumeOutcome(plan_network(model, cap))
+        except PlannerError as err:
+            return VolumeOutcome(None, str(err))
+    found = cost_choices(model, BASELINES[plan](model.segment_kinds, model.procs))
+    if found.planned is None:
+        return VolumeOutcome(None, found.why_not)
+    if found.planned.memory > cap:
+        return VolumeOutcome(found.planned, f"needs {format_bytes(found.planned.memory)} per "
+                                            f"rank, over the cap of {format_bytes(cap)}")
+    return VolumeOutcome(found.planned)
+
+
+def first_layer(planned: PlannedNetwork) -> str:
+    """The first weighted layer's mode and grid, e.g. ``domain 8x8``."""
+    return next(plan.describe() for plan in planned.plans if plan.mode != "follow")
+
+
+def _volume_columns(net: NetSpec, outcome: VolumeOutcome, batch: int) -> dict[str, object]:
+    """One plan's columns of :data:`VOLUME_COLUMNS` at one P, but the speedups."""
+    planned, runs = outcome.planned, outcome.runs
+    totals = planned.totals() if planned is not None else {}
+    seconds = planned.iteration_time if runs else math.nan
+    return {
+        "runnable": runs, "iteration_time": seconds,
+        "compute": totals["compute"] if runs else math.nan,
+        "communication": totals["communication"] + totals["redistribution"] if runs
+        else math.nan,
+        "samples_per_second": batch / seconds,
+        "memory_per_rank": float(planned.memory) if planned is not None else math.nan,
+        "first_layer": first_layer(planned) if runs else "none",
+        "plan": describe_plan(planned) if runs else f"none: {outcome.why_not}",
+        "summary": summarise_plan(net, planned) if runs else "none"}
+
+
+def _add_speedups(table: dict[str, list], plan: str) -> None:
+    """``plan``'s speedup and efficiency at each P of ``table``, over the least P where it
+    runs (NaN everywhere if it runs nowhere)."""
+    procs, rates = table["procs"], table[f"{plan}_samples_per_second"]
+    runs = [k for k, ok in enumerate(table[f"{plan}_runnable"]) if ok]
+    first = runs[0] if runs else None
+    speedup = [rates[k] / rates[first] if first is not None else math.nan
+               for k in range(len(procs))]
+    table[f"{plan}_speedup"] = speedup
+    table[f"{plan}_efficiency"] = [s * procs[first] / p if first is not None else math.nan
+                                   for s, p in zip(speedup, procs, strict=True)]
+
+
+def volumes_table(net: NetSpec, machine: Machine, points: list[tuple[int, int]], cap: float,
+                  word_bytes: int = 4) -> dict[str, list]:
+    """The rows of the --volumes study at each (B, P) of ``points``: every plan of
+    :data:`VOLUME_PLANS` with its columns of :data:`VOLUME_COLUMNS`, and the auto plan's
+    speedup over pure batch (NaN where pure batch does not run)."""
+    flops = FlopModel(machine.flops)
+    table: dict[str, list] = {}
+    for batch, procs in points:
+        model = CostModel(net, batch, procs, machine, flops, word_bytes)
+        outcomes = {plan: volume_outcome(model, plan, cap) for plan in VOLUME_PLANS}
+        row: dict[str, object] = {"procs": procs, "batch": batch}
+        for plan, outcome in outcomes.items():
+            row.update({f"{plan}_{key}": value
+                        for key, value in _volume_columns(net, outcome, batch).items()})
+        auto, batch_plan = outcomes["auto"], outcomes["pure_batch"]
+        row["auto_speedup_over_batch"] = (
+            batch_plan.planned.iteration_time / auto.planned.iteration_time
+            if auto.runs and batch_plan.runs else math.nan)
+        for key, value in row.items():
+            table.setdefault(key, []).append(value)
+    for plan in VOLUME_PLANS:
+        _add_speedups(table, plan)
+    return table
+
+
+def volume_points(size: int, scaling: str, strong_batch: int,
+                  procs: tuple[int, ...] = VOLUMES_PROCS) -> list[tuple[int, int]]:
+    """(B, P) of each P of ``procs``: B = ``strong_batch`` (strong), or P over
+    :data:`WEAK_RANKS_PER_SAMPLE` of ``size`` (weak; at least 1)."""
+    if scaling == "strong":
+        return [(strong_batch, p) for p in procs]
+    per_sample = WEAK_RANKS_PER_SAMPLE.get(size, 1)
+    return [(max(1, p // per_sample), p) for p in procs]
+
+
+@dataclass
+class VolumesStudy:
+    """The --volumes study: one table per (volume edge, scaling)."""
+
+    net: NetSpec
+    machine: Machine
+    cap: float
+    strong_batch: int
+    tables: dict[tuple[int, str], dict[str, list]] = field(default_factory=dict)
+    seconds: float = 0.0  # wall time of the whole study
+
+
+def run_volumes(net: NetSpec, machine: Machine, sizes: tuple[int, ...] = VOLUME_SIZES,
+                procs: tuple[int, ...] = VOLUMES_PROCS, strong_batch: int = VOLUMES_STRONG_BATCH,
+                cap: float = VOLUMES_CAP, word_bytes: int = 4) -> VolumesStudy:
+    """:func:`volumes_table` of ``net`` on volumes of each edge of ``sizes``, strong and weak
+    (:func:`volume_points`), at each P of ``procs``, under ``cap`` bytes per rank."""
+    study = VolumesStudy(net, machine, cap, strong_batch)
+    start = time.perf_counter()
+    for size in sizes:
+        sized = net.with_image_size(size)
+        for scaling in ("strong", "weak"):
+            study.tables[size, scaling] = volumes_table(
+                sized, machine, volume_points(size, scaling, strong_batch, procs), cap,
+                word_bytes)
+    study.seconds = time.perf_counter() - start
+    return study
+
+
+def _volume_rule(study: VolumesStudy, size: int, scaling: str) -> str:
+    if scaling == "strong":
+        return f"B = {study.strong_batch}"
+    per_sample = WEAK_RANKS_PER_SAMPLE.get(size, 1)
+    return "B = P" if per_sample == 1 else f"B = P/{per_sample}"
+
+
+def write_volumes_hdf5(path: Path, study: VolumesStudy, attrs: dict[str, object]) -> None:
+    """Write the --volumes study to ``path`` atomically: a group ``volumes`` with one group
+    per volume edge (``<net>_<edge>``), and in it ``strong`` and ``weak``, one dataset per
+    column."""
+
+    def fill(out) -> None:
+        out.attrs.update(attrs)
+        volumes = out.create_group("volumes")
+        volumes.attrs["description"] = VOLUMES_NOTE
+        volumes.attrs["columns"] = "; ".join(
+            ["procs: P; batch: B; auto_speedup_over_batch: pure batch's iteration time over "
+             "auto's (NaN where pure batch does not run)"]
+            + [f"<plan>_{key}: {what}" for key, (_, what) in VOLUME_COLUMNS.items()])
+        volumes.attrs["plans"] = "; ".join(f"{plan}: {note}" for plan, note in
+                                           VOLUME_PLANS.items())
+        volumes.attrs["sizes"] = ",".join(str(size) for size in dict.fromkeys(
+            size for size, _ in study.tables))
+        for (size, scaling), table in study.tables.items():
+            name = f"{study.net.name}_{size}"
+            sized = volumes[name] if name in volumes else volumes.create_group(name)
+            sized.attrs["size"] = size
+            group = sized.create_group(scaling)
+            group.attrs["batch_rule"] = _volume_rule(study, size, scaling)
+            _write_table(group, table)
+            for plan in VOLUME_PLANS:
+                for key, (units, _) in VOLUME_COLUMNS.items():
+                    if units is not None:
+                        group[f"{plan}_{key}"].attrs["units"] = units
+            group["auto_speedup_over_batch"].attrs["units"] = "1"
+
+    runlog.write_hdf5(path, fill)
+
+
+def _volumes_attrs(study: VolumesStudy, word_bytes: int, argv: list[str]) -> dict[str, object]:
+    from hpctrain import __version__
+
+    m = study.machine
+    return {"net": study.net.name, "machine": m.name, "machine_levels": m.describe(),
+            "flops": m.flops, "word_bytes": word_bytes, "mem_per_rank": float(study.cap),
+            "strong_batch": study.strong_batch,
+            "weak_ranks_per_sample": ",".join(f"{size}:{n}"
+                                              for size, n in WEAK_RANKS_PER_SAMPLE.items()),
+            "hpctrain_version": __version__,
+            "command": shlex.join(["python", "-m", "hpctrain", "simulate", *argv]),
+            "compute_model": "FLOP model at the machine's rate, per largest local block, with "
+                             "the optimizer's update",
+            "description": VOLUMES_NOTE}
+
+
+def _volumes_summary(study: VolumesStudy) -> str:
+    from hpctrain.io.units import format_bytes
+
+    m = study.machine
+    lines = [f"{study.net.name} volumes on {m.name} ({m.describe()}), at most "
+             f"{format_bytes(study.cap)} per rank; ms per iteration, samples/s, peak memory "
+             f"per rank, the first layer's grid; pure batch where it runs and fits"]
+    for (size, scaling), t in study.tables.items():
+        lines.append(f"  {size}^3 {scaling} ({_volume_rule(study, size, scaling)}):")
+        for k, procs in enumerate(t["procs"]):
+            if t["auto_runnable"][k]:
+                auto = (f"auto {t['auto_iteration_time'][k] * 1e3:9.2f} ms "
+                        f"{t['auto_samples_per_second'][k]:>9,.0f}/s "
+                        f"{t['auto_memory_per_rank'][k] / 2**30:6.2f} GiB "
+                        f"{t['auto_first_layer'][k]:<15s}")
+            else:
+                why = "no plan fits" if "no plan fits" in t["auto_plan"][k] else "no plan"
+                auto = f"auto {why:<48s}"
+            if t["pure_batch_runnable"][k]:
+                batch = (f"batch {t['pure_batch_iteration_time'][k] * 1e3:9.2f} ms "
+                         f"({t['auto_speedup_over_batch'][k]:.2f}x)")
+            elif math.isfinite(t["pure_batch_memory_per_rank"][k]):
+                batch = (f"batch over the cap "
+                         f"({t['pure_batch_memory_per_rank'][k] / 2**30:.1f} GiB)")
+            else:
+                batch = "batch cannot run" + (" (P > B)" if procs > t["batch"][k] else "")
+            lines.append(f"    P={procs:<5d} B={t['batch'][k]:<5d} {auto} {batch}")
+    lines.append(f"  planned {sum(len(t['procs']) for t in study.tables.values())} points in "
+                 f"{study.seconds:.1f} s")
+    return "\n".join(lines)
+
+
 # the options given on the line, told from their defaults (see _parse)
-_TOLD = ("net", "out", "images", "weak_batch_per_rank", "domain_batch", "overlap")
+_TOLD = ("net", "out", "images", "weak_batch_per_rank", "domain_batch", "overlap", "machine",
+         "strong_batch", "mem_per_rank")
 _NOT_FOR_LEVELS = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
                    "overlap": "--overlap"}
+_NOT_FOR_VOLUMES = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
+                    "domain_batch": "--domain-batch", "overlap": "--overlap"}
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, set[str]]:
@@ -876,7 +1162,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, set[str]]:
         if dest not in given:
             setattr(args, dest, parser.get_default(dest))
     if args.out is None:
-        args.out = LEVELS_OUT if args.levels else STUDIES_OUT
+        args.out = (LEVELS_OUT if args.levels else VOLUMES_OUT if args.volumes
+                    else STUDIES_OUT)
     return args, given
 
 
@@ -906,6 +1193,32 @@ def _run_levels(args: argparse.Namespace, given: set[str], argv: list[str]) -> i
     return _report(out, [_levels_summary(study)], script, args.plots)
 
 
+def _run_volumes(args: argparse.Namespace, given: set[str], argv: list[str]) -> int:
+    """The --volumes study: refuse what it cannot do in one line, before any work; then plan,
+    write, summarise (and draw with --plots)."""
+    if args.levels:
+        raise UserError("--volumes and --levels are two studies; give one of them")
+    for dest, flag in _NOT_FOR_VOLUMES.items():
+        if dest in given:
+            raise UserError(f"{flag} belongs to the strong, weak and domain studies; --volumes "
+                            f"takes --net, --machine, --mem-per-rank, --strong-batch, "
+                            f"--word-bytes, --out and --plots")
+    net = load_net(args.net if "net" in given else VOLUMES_NET)
+    if len(net.input_shape) != 4:
+        raise UserError(f"--volumes needs a net on volumes (input size=DxHxW), such as "
+                        f"{VOLUMES_NET}; {net.name} takes input of shape {net.input_shape}")
+    machine = load_machine(args.machine if "machine" in given else VOLUMES_MACHINE)
+    cap = args.mem_per_rank if "mem_per_rank" in given else VOLUMES_CAP
+    strong_batch = (_positive_int(args.strong_batch, "--strong-batch")
+                    if "strong_batch" in given else VOLUMES_STRONG_BATCH)
+    word_bytes = _positive_int(args.word_bytes, "--word-bytes")
+    out, script = _outputs(args, "volumes.h5")
+    study = run_volumes(net, machine, VOLUME_SIZES, VOLUMES_PROCS, strong_batch, cap,
+                        word_bytes)
+    write_volumes_hdf5(out, study, _volumes_attrs(study, word_bytes, argv))
+    return _report(out, [_volumes_summary(study)], script, args.plots)
+
+
 def _outputs(args: argparse.Namespace, example: str) -> tuple[Path, Path | None]:
     """The HDF5 file to write and the plotting script (when --plots), checked before any
     work."""
@@ -924,10 +1237,15 @@ def _report(out: Path, lines: list[str], script: Path | None, plots: str | None)
 
 
 def run(argv: list[str]) -> int:
-    """Run the three studies (the --levels study with ``--levels``), write the HDF5 file (and
-    the plots with ``--plots``); 0 on success. Bad options raise
-    :class:`~hpctrain.errors.UserError`."""
+    """Run the three studies (the --levels study with ``--levels``, the --volumes study with
+    ``--volumes``), write the HDF5 file (and the plots with ``--plots``); 0 on success. Bad
+    options raise :class:`~hpctrain.errors.UserError`."""
     args, given = _parse(argv)
+    if args.volumes:
+        return _run_volumes(args, given, argv)
+    if "mem_per_rank" in given:
+        raise UserError("--mem-per-rank belongs to the --volumes study; the other studies "
+                        "plan without a memory cap")
     if args.levels:
         return _run_levels(args, given, argv)
     settings = _settings(args)
