@@ -18,19 +18,20 @@ DROPOUT_STREAM = 2
 
 class Pointwise(Layer):
     """Y = f(X) entry by entry: ``function(xp, x) -> y`` and ``derivative(xp, y, dy) -> dx``,
-    which reads the output (see :mod:`hpctrain.kernels.activations`)."""
+    which reads the output where ``keeps_output`` (see :mod:`hpctrain.kernels.activations`)."""
 
     mode = "follow"
 
     def __init__(self, name: str, ctx: BuildContext, function: Callable[[Any, Any], Any],
-                 derivative: Callable[[Any, Any, Any], Any]) -> None:
+                 derivative: Callable[[Any, Any, Any], Any], keeps_output: bool = True) -> None:
         self.name, self.backend, self.params = name, ctx.backend, []
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
-        self.function, self.derivative = function, derivative
+        self.function, self.derivative, self.keeps_output = function, derivative, keeps_output
 
     def forward(self, x: Any, step: int) -> Any:
-        self.y = self.function(self.backend.xp, x)
-        return self.y
+        y = self.function(self.backend.xp, x)
+        self.y = y if self.keeps_output else None  # not kept past the layers that read it
+        return y
 
     def backward(self, dy: Any) -> Any:
         return self.derivative(self.backend.xp, self.y, dy)

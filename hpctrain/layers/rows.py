@@ -17,7 +17,7 @@ from typing import Any
 from hpctrain.comm.grid import GridSet
 from hpctrain.comm.halo import ROW_AXIS, HaloExchange
 from hpctrain.device.backend import Backend
-from hpctrain.layout.layout import HEIGHT_AXIS, Layout
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout, first_axis_name
 from hpctrain.layout.partition import HaloPlan, Window, halo_plans
 
 # op_forward(x_rows, pads: (before, after) per spatial axis) -> (y_rows, cache)
@@ -64,7 +64,7 @@ class WindowRows:
         if layout.split_axis != HEIGHT_AXIS:
             return cls(backend, window, h, others)
         grid = grids.get(layout.grid)
-        plan_i = halo_plans(h, grid.pr, window, name)[grid.i]
+        plan_i = halo_plans(h, grid.pr, window, name, first_axis_name(layout.shape))[grid.i]
         halo = HaloExchange(backend, grid.model_comm, plan_i)
         return cls(backend, window, h, others, halo, plan_i)
 

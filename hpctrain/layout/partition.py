@@ -111,28 +111,28 @@ def factorisations(p: int) -> list[tuple[int, int]]:
 @dataclass(frozen=True)
 class Window:
     """A sliding window along one axis: kernel size, stride, and zero padding before and after
-    (``after`` None: as much as before; TensorFlow's ``same`` for an even kernel pads one more
+    (``after`` None: as much as ``before``; TensorFlow's ``same`` for an even kernel pads one more
     after)."""
 
     kernel: int
     stride: int = 1
-    pad: int = 0
+    before: int = 0
     after: int | None = None
 
     def __post_init__(self) -> None:
         if self.after is None:  # one spelling per window: it keys caches
-            object.__setattr__(self, "after", self.pad)
+            object.__setattr__(self, "after", self.before)
 
     def out_size(self, n_in: int) -> int:
-        return (n_in + self.pad + self.after - self.kernel) // self.stride + 1
+        return (n_in + self.before + self.after - self.kernel) // self.stride + 1
 
     def rows_needed(self, out_start: int, out_stop: int) -> tuple[int, int]:
         """Input rows that outputs [start, stop) read; beyond the image means padding."""
-        first = out_start * self.stride - self.pad
-        return first, (out_stop - 1) * self.stride - self.pad + self.kernel
+        first = out_start * self.stride - self.before
+        return first, (out_stop - 1) * self.stride - self.before + self.kernel
 
     def __str__(self) -> str:
-        pads = f"{self.pad}" if self.after == self.pad else f"{self.pad}+{self.after}"
+        pads = f"{self.before}" if self.after == self.before else f"{self.before}+{self.after}"
         return f"{self.kernel}/{self.stride}/{pads}"
 
 
@@ -181,12 +181,12 @@ def halo_plans(n_in: int, parts: int, window: Window, layer: str, axis: str = "h
     return plans
 
 
-def halo_row_counts(n_in: int, parts: int, window: Window, layer: str
+def halo_row_counts(n_in: int, parts: int, window: Window, layer: str, axis: str = "height"
                     ) -> tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int]]]:
     """The distinct (top, bottom) numbers of halo rows the ranks of :func:`halo_plans`
     receive, and those they send: a few, however many ranks, and all a halo exchange's cost
     depends on."""
-    halo_plans(n_in, parts, window, layer)  # refuses, naming the layer
+    halo_plans(n_in, parts, window, layer, axis)  # refuses, naming the layer
     return _halo_row_counts(n_in, parts, window)
 
 
@@ -226,7 +226,7 @@ def _halo_plans(n_in: int, parts: int, window: Window) -> tuple[tuple[HaloPlan, 
                 return (), (f"row block {k} of {parts} needs {r1 - r0} halo rows from {side} "
                             f"but that neighbour holds {held} ({{axis}} {n_in} split {parts} "
                             f"ways, window {window}); use "
-                            f"fewer row splits or a larger image")
+                            f"fewer splits of the {{axis}} or a larger input")
         recvs.append((top, bottom))
     plans = []
     for k in range(parts):
@@ -243,12 +243,12 @@ def _halo_plans(n_in: int, parts: int, window: Window) -> tuple[tuple[HaloPlan, 
 def _interior_rows(window: Window, out: tuple[int, int], own: tuple[int, int], n_in: int
                    ) -> tuple[int, int]:
     """Output rows in ``out`` whose window lies in ``own`` or in the image's zero padding."""
-    lo_ok = -window.pad if own[0] == 0 else own[0]
+    lo_ok = -window.before if own[0] == 0 else own[0]
     hi_ok = n_in + window.after if own[1] == n_in else own[1]
-    first = next((o for o in range(*out) if o * window.stride - window.pad >= lo_ok), out[1])
+    first = next((o for o in range(*out) if o * window.stride - window.before >= lo_ok), out[1])
     last = first
     for o in range(first, out[1]):
-        if o * window.stride - window.pad + window.kernel > hi_ok:
+        if o * window.stride - window.before + window.kernel > hi_ok:
             break
         last = o + 1
     return (first, last) if last > first else (out[0], out[0])

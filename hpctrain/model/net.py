@@ -93,7 +93,7 @@ class NetSpec:
             ins = tuple(self.input_shape if name == INPUT else shapes[self.index[name]]
                         for name in layer.inputs)
             kind = KINDS[layer.kind]
-            layers.append(kind.resolve(layer, ins, net))
+            layers.append(kind.resolve(layer, ins, layer.where or net))
             shapes.append(kind.out_shape(layers[-1], ins, net))
             _check_size(f"{net}: layer {layer.name} gives shape {shapes[-1]}", shapes[-1])
         object.__setattr__(self, "layers", tuple(layers))
@@ -140,7 +140,7 @@ class NetSpec:
             raise NetError(f"--image-size {shown(size, 30)} must be from 1 to {MAX_SIZE}")
         shape = (self.input_shape[0],) + (size,) * (len(self.input_shape) - 1)
         resized = NetSpec(self.name, shape, self.classes, self.layers, self.regression)
-        resized.out_shapes  # noqa: B018 - refuse a size some layer cannot take, naming it
+        resized.out_shapes  # noqa: B018 - the last layer's width still feeds the loss
         return resized
 
     @cached_property
@@ -199,7 +199,8 @@ class NetSpec:
         for k, layer in enumerate(self.layers):
             wiring = "" if self.producers(k) == (k - 1,) else f" in={','.join(layer.inputs)}"
             found.append(f"{layer.name} {layer.kind}{wiring}")
-        return found
+        # a regression's head has the shapes a classifier's might: the loss tells them apart
+        return [*found, "loss mean squared error"] if self.regression else found
 
 
 def _check_size(what: str, shape: Shape) -> None:
@@ -321,7 +322,7 @@ class _Builder:
         if len(self.layers) >= MAX_LAYERS:
             raise NetError(f"{where}: the net expands to more than {MAX_LAYERS} layers (nested "
                            f"repeat= multiply); use fewer or smaller repeats")
-        self.layers.append(LayerSpec(full, kind_name, options, inputs))
+        self.layers.append(LayerSpec(full, kind_name, options, inputs, where))
         return full
 
     def _use(self, texts: dict[str, str], scope: _Scope, previous: str, where: str,

@@ -93,21 +93,19 @@ SAME = "same"
 """``pad=same``: TensorFlow's padding for stride 1, k − 1 zeros in all, the odd one after."""
 
 
-def pads(key: str, text: str, where: str) -> tuple[tuple[int, int], ...] | str:
+def padding(key: str, text: str, where: str) -> tuple[tuple[int, int], ...] | str:
     """``P`` (P zeros on both sides), ``B+A`` (B before, A after), one per axis joined by
     ``x`` (``0+1x1x1``), or ``same``: the (before, after) pairs, or :data:`SAME`."""
     if text == SAME:
         return SAME
-    parts = text.split("x")
-    if len(parts) > 3:
-        raise NetError(f"{where}: {key}={shown(text)} must be P, B+A (before+after) or one "
-                       f"per axis as HxW or DxHxW, e.g. 1, 0+1 or 0+1x0+1x0+1, or same")
+    forms = "P, B+A (before+after) or one per axis as HxW or DxHxW, e.g. 1, 0+1 or 0+1x1x1, or same"
+    parts = [part.split("+") for part in text.split("x")]
+    if len(parts) > 3 or any(len(sides) > 2 or not all(sides) for sides in parts):
+        raise NetError(f"{where}: {key}={shown(text)} must be {forms}")
     found = []
-    for part in parts:
-        before, plus, after = part.partition("+")
-        values = (integer(key, before, where), integer(key, after, where)) if plus else (
-            integer(key, part, where),) * 2
-        found.append(values)
+    for sides in parts:
+        values = tuple(integer(key, side, where) for side in sides)
+        found.append(values if len(values) == 2 else values * 2)
     return tuple(found)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -48,12 +48,14 @@ INPUT = "input"  # the name by which ``in=`` refers to the net's (or a block's) 
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """One layer of a net: its name, kind, typed options and the names of its inputs."""
+    """One layer of a net: its name, kind, typed options and the names of its inputs; ``where``
+    is the file and line that made it, for refusals found after parsing (none in equality)."""
 
     name: str
     kind: str
     options: Any
     inputs: tuple[str, ...] = ()
+    where: str = field(default="", compare=False)
 
 
 class Kind:
@@ -77,8 +79,8 @@ class Kind:
 
     def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
         """The layer with its options made exact for inputs of per-sample ``shapes``: a window
-        given once for every axis, one per axis of an image or a volume. Called once, when the
-        net is made, before :meth:`out_shape`; the same layer again on the same shapes."""
+        given once for every axis, one per axis of an image or a volume. Called when a net is
+        made, before :meth:`out_shape`; a layer already resolved comes back the same."""
         return spec
 
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:

@@ -20,7 +20,7 @@ class PointwiseKind(Kind):
     (:meth:`functions`, from :mod:`hpctrain.kernels.activations`) and say what the backward
     allocates beyond the gradients (:meth:`scratch`)."""
 
-    keeps_output = True  # the derivative reads Y
+    keeps_output = True  # the derivative reads Y (scale's does not)
     timed: Any = None  # options the kernels are timed with: the time does not depend on them
 
     def functions(self, options: Any) -> tuple[Function, Derivative]:
@@ -39,11 +39,12 @@ class PointwiseKind(Kind):
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
-        return {"output": fp.y}, larger({**fp.loose_input, "output": fp.y},
+        kept = {"output": fp.y} if self.keeps_output else {}
+        return kept, larger({**fp.loose_input, "output": fp.y},
                                         {"output gradient": fp.y, "input gradient": fp.x,
                                          **self.scratch(fp)})
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.elementwise import Pointwise  # needs MPI: only when run
 
-        return Pointwise(spec.name, ctx, *self.functions(spec.options))
+        return Pointwise(spec.name, ctx, *self.functions(spec.options), self.keeps_output)

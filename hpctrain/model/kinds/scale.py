@@ -18,6 +18,7 @@ class ScaleKind(PointwiseKind):
     name = "scale"
     keys = {"factor": Key(number)}
     options = ScaleOptions
+    keeps_output = False  # F·dY needs no Y
     timed = ScaleOptions(1.0)
 
     def functions(self, options: ScaleOptions) -> tuple[Function, Derivative]:

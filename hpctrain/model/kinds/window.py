@@ -25,10 +25,10 @@ from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, first_axis_name, largest_block
 from hpctrain.layout.partition import HaloPlan, SplitError, Window, halo_plans, halo_row_counts
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
-from hpctrain.model.options import SAME, Key, NetError, pads, sizes, spread
+from hpctrain.model.options import SAME, Key, NetError, padding, sizes, spread
 
-WINDOW_KEYS = {"kernel": Key(sizes(1)), "stride": Key(sizes(1), "1"), "pad": Key(pads, "0")}
-# pooling: stride 0 (the default) means the kernel, filled in by PoolKind.resolve
+WINDOW_KEYS = {"kernel": Key(sizes(1)), "stride": Key(sizes(1), "1"), "pad": Key(padding, "0")}
+# pooling: stride 0 (the default) means the kernel, filled in by spread_window
 POOL_KEYS = {**WINDOW_KEYS, "stride": Key(sizes(0), "0")}
 
 
@@ -44,17 +44,20 @@ def windows_of(o: Any) -> list[Window]:
 
 def spread_window(spec: LayerSpec, shape: Shape, where: str) -> dict[str, tuple]:
     """The kernel, stride and pad of ``spec`` with one entry per spatial axis of the
-    per-sample input ``shape``; ``pad=same`` made TensorFlow's padding for stride 1."""
+    per-sample input ``shape``: a stride of 0 (a pool's default) made the kernel, ``pad=same``
+    TensorFlow's padding for stride 1."""
     o = spec.options
     if len(shape) < 2:
         raise NetError(f"{where}: layer {spec.name} ({spec.kind}) needs an image or volume "
                        f"input, got shape {shape}")
     axes = len(shape) - 1
     kernel = spread(o.kernel, axes, "kernel", where, spec.name)
-    stride = spread(o.stride, axes, "stride", where, spec.name)
+    stride = tuple(s or k for s, k in zip(spread(o.stride, axes, "stride", where, spec.name),
+                                          kernel, strict=True))  # a pool's 0: its kernel
     if o.pad == SAME:
         if any(s != 1 for s in stride):
-            raise NetError(f"{where}: layer {spec.name}: pad=same needs stride=1; give the "
+            raise NetError(f"{where}: layer {spec.name}: pad=same needs stride=1 (a pool's "
+                           f"stride is its kernel unless given); give stride=1, or the "
                            f"padding as before+after, e.g. pad=0+1")
         pad = tuple(((k - 1) // 2, k - 1 - (k - 1) // 2) for k in kernel)
     else:
@@ -106,7 +109,8 @@ def padded_copy_bytes(fp: Footprint) -> int:
 
 def busiest_halo(name: str, window: Window, layout: Layout) -> HaloPlan:
     """The halo plan of the rank with the most output rows (then the most rows read)."""
-    plans = halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], window, name)
+    plans = halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], window, name,
+                       first_axis_name(layout.shape))
     return max(plans, key=lambda q: (q.out[1] - q.out[0], q.need[1] - q.need[0]))
 
 
@@ -119,7 +123,8 @@ def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: in
     n, c, _, *rest = largest_block(layout)
     row_bytes = n * c * math.prod(rest) * itemsize  # one plane of the first spatial axis
     received, sent = halo_row_counts(layout.shape[HEIGHT_AXIS], layout.grid[0],
-                                     rows(spec.options), spec.name)
+                                     rows(spec.options), spec.name,
+                                     first_axis_name(layout.shape))
     # with levels: whether the busiest rank's neighbour may be on another node
     crossing = (halo_crossings(layout.grid[0], layout.size, machine.ranks_per_node)
                 if machine.levelled else 0)
@@ -201,13 +206,9 @@ class PoolKind(WindowKind):
         raise NotImplementedError
 
     def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
-        """As for every window, and a stride of 0 made the kernel."""
         if spec.options.kernel is None:  # a window as large as the image (global pooling)
             return spec
-        spec = super().resolve(spec, shapes, where)
-        o = spec.options
-        stride = tuple(s or k for s, k in zip(o.stride, o.kernel, strict=True))
-        return dataclasses.replace(spec, options=dataclasses.replace(o, stride=stride))
+        return super().resolve(spec, shapes, where)
 
     def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
                 grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
