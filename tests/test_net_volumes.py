@@ -128,3 +128,21 @@ def test_a_depth_split_too_fine_for_a_layer_is_refused_naming_it():
     with pytest.raises(SplitError, match=r"layer block5.conv1: input depth of size 2 cannot "
                                          r"be split 4 ways"):
         plan_layouts(net, plan, 4, 4)
+
+
+def test_a_regression_and_a_classifier_of_the_same_shapes_are_different_architectures():
+    """Checkpoints and run logs compare architectures: a 3-class head and a 3-target head
+    have the same parameters, but not the same loss."""
+    regression = parse_net(VOLUME, "v")
+    classifier = parse_net(VOLUME.replace("targets=3", "classes=3"), "v")
+    assert regression.param_shapes() == classifier.param_shapes()
+    assert regression.architecture() != classifier.architecture()
+    assert regression.architecture()[-1] == "loss mean squared error"
+
+
+def test_a_window_refused_when_the_net_is_made_names_its_line():
+    with pytest.raises(NetError, match=r"^v, line 4: layer conv2 gives kernel for 2 axes"):
+        parse_net(VOLUME.replace("kernel=2 pad=same", "kernel=2x2"), "v")
+    with pytest.raises(NetError, match=r"^v, line 3: layer maxpool1: pad=same needs stride=1 "
+                                       r"\(a pool's stride is its kernel unless given\)"):
+        parse_net(VOLUME.replace("maxpool kernel=2", "maxpool kernel=2 pad=same"), "v")
