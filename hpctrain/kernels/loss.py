@@ -6,6 +6,8 @@ none under regression) and the gradient of scale·loss with respect to the outpu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -39,7 +41,22 @@ def mean_squared_error(xp: Any, outputs: Any, targets: Any, scale: float
     return loss_sum, xp.zeros((), dtype=xp.int64), error * (2.0 * scale / width)
 
 
-def loss_function(regression: bool) -> Any:
-    """The loss of a net: :func:`mean_squared_error` under regression (``targets=``), else
-    :func:`softmax_cross_entropy`."""
-    return mean_squared_error if regression else softmax_cross_entropy
+@dataclass(frozen=True)
+class Loss:
+    """A net's loss: its name in a plan's loss row, its ``function(xp, outputs, answers,
+    scale)`` above, and whether it classifies (its count of correct answers is an accuracy).
+
+    A held-out split is padded to whole batches, with label -1 or a row of NaN targets:
+    :meth:`real` marks the answers that are not padding."""
+
+    name: str
+    function: Callable[[Any, Any, Any, float], tuple[Any, Any, Any]]
+    classifies: bool
+
+    def real(self, xp: Any, answers: Any) -> Any:
+        """Which of ``answers`` (labels (N,), or targets (N, T)) are a sample's."""
+        return answers >= 0 if self.classifies else ~xp.isnan(answers).any(axis=1)
+
+
+CROSS_ENTROPY = Loss("softmax", softmax_cross_entropy, classifies=True)
+MEAN_SQUARED_ERROR = Loss("mse", mean_squared_error, classifies=False)

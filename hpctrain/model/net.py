@@ -58,6 +58,7 @@ from functools import cached_property
 from hpctrain.errors import shown
 from hpctrain.io.locations import shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
+from hpctrain.kernels.loss import CROSS_ENTROPY, MEAN_SQUARED_ERROR, Loss
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import INPUT, LayerSpec, Shape
 from hpctrain.model.options import MAX_SIZE, NetError, integer, sizes
@@ -130,6 +131,12 @@ class NetSpec:
     def is_chain(self) -> bool:
         """Whether every layer reads exactly the one before it."""
         return all(self.producers(k) == (k - 1,) for k in range(len(self.layers)))
+
+    @property
+    def loss(self) -> Loss:
+        """The mean squared error under regression (``targets=``), else softmax
+        cross-entropy."""
+        return MEAN_SQUARED_ERROR if self.regression else CROSS_ENTROPY
 
     def with_image_size(self, size: int) -> NetSpec:
         """The net on images (or volumes) of ``size`` along every spatial axis."""

@@ -75,7 +75,8 @@ BASELINES = {"pure_batch": pure_batch, "weird_trick": weird_trick}
 def grid_spec(strategy: str, grid: tuple[int, int]) -> str:
     """``strategy`` on ``grid`` as a ``--grid`` value: ``RxC``, ``conv=1xP,fc=RxC`` or
     ``conv=domain:RxC,fc=RxC``. (Run so, a convolution too short to cut R ways runs ``model``
-    on the same grid instead; see :mod:`hpctrain.plan.plans`.)"""
+    on the same grid instead, and a linear layer narrower than R ``replicated``; see
+    :mod:`hpctrain.plan.plans`.)"""
     _check(strategy)
     pr, pc = grid
     rxc = f"{pr}x{pc}"

@@ -141,14 +141,14 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
 
 
 def _fitting(mode: str, net: NetSpec, k: int, grid: tuple[int, int]) -> str:
-    """``mode`` for layer ``k`` on ``grid``, or what runs where its sizes cannot take it: a
-    convolution whose height cannot be cut into Pr row blocks (each window taking halo rows
-    from direct neighbours only) runs ``model``; a linear layer with fewer outputs than Pr
-    runs ``replicated``."""
-    fallback = {"domain": "model", "model": "replicated"}.get(mode)
-    if grid[0] == 1 or fallback not in KINDS[net.layers[k].kind].modes:
-        return mode
+    """``mode`` for layer ``k`` on ``grid``, or its kind's fallback where its sizes cannot
+    take it (:attr:`~hpctrain.model.kinds.base.Kind.fallbacks`): a convolution whose height
+    cannot be cut into Pr row blocks (each window taking halo rows from direct neighbours
+    only) runs ``model``; a linear layer with fewer outputs than Pr runs ``replicated``."""
     spec, kind = net.layers[k], KINDS[net.layers[k].kind]
+    fallback = kind.fallbacks.get(mode)
+    if grid[0] == 1 or fallback is None:
+        return mode
     batch = grid[1]  # the batch does not matter here: the smallest that splits
     fed = (Layout((batch, *net.in_shapes(k)[0]), grid),)
     inputs, output = kind.layouts(spec, fed, (batch, *net.out_shapes[k]), mode, grid)

@@ -303,7 +303,7 @@ class CostModel(Segments):
         """The loss: gathering the logits (replicated over Pr), and its memory: the logits and
         their gradient (kept through the backward), the softmax's temporaries, the gather."""
         target = last_out.replicated()
-        loss = "mse" if self.net.regression else "softmax"
+        loss = self.net.loss.name
         cost = LayerCost("loss", loss, "follow", last_out.grid)
         move, *moved = self.move_cost(last_out, target)
         cost.move, cost.redistribution = type(move), tuple(moved)

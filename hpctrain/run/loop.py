@@ -157,7 +157,7 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
                      if config.checkpoint_dir is None else "")
             say(f"stopped by {result.stopped_by} after step {result.last_step}{saved}")
         if result.losses or not result.stopped_by:
-            _summarise(result, config, comm, say, net.regression)
+            _summarise(result, config, comm, say, net.loss.classifies)
     return result
 
 
@@ -195,7 +195,7 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         step_seconds.append(seconds)
         summary = summary_over_ranks(times, seconds, comm)  # at rank 0, None elsewhere
         if rank == 0:
-            _report(step, loss, None if network.net.regression else accuracy, lr, summary,
+            _report(step, loss, accuracy if network.net.loss.classifies else None, lr, summary,
                     config, start, first, log, say)
         done = step + 1
         result.stopped_by, log_broken = stop.agreed_with(
@@ -277,7 +277,7 @@ def _evaluate(network: Network, val_data: HeldOutSource, step: int, log: RunLog 
         loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, \
             count + batch_count
     loss, accuracy = loss_sum / max(count, 1), correct / max(count, 1)
-    if network.net.regression:
+    if not network.net.loss.classifies:
         say(f"validation after step {step}: mean squared error {loss:.4f} over {count} "
             f"samples")
     else:
@@ -304,7 +304,7 @@ def _checkpoint(network: Network, optimizer: SGD, config: TrainConfig, step: int
 
 
 def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
-               regression: bool = False) -> None:
+               classifies: bool = True) -> None:
     """Fill the result's per-layer summary and print the closing lines (collective)."""
     procs = comm.Get_size()
     steps = len(result.losses)
@@ -316,7 +316,7 @@ def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
     say(f"done: {steps} steps in {total:.1f} s, {steps * config.batch / total:.1f} images/s, "
         f"final loss {result.losses[-1]:.4f}"
         + ("" if not result.validation else
-           f", held-out mean squared error {result.validation[-1][1]:.4f}" if regression else
+           f", held-out mean squared error {result.validation[-1][1]:.4f}" if not classifies else
            f", held-out accuracy {result.validation[-1][2]:.2%}"))
     steady = result.step_times[1:] or result.step_times
     typical = median_times(steady)

@@ -14,7 +14,6 @@ from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.kernels.counter_rng import stream_key
-from hpctrain.kernels.loss import loss_function
 from hpctrain.layers.base import BuildContext, Layer, Parameter
 from hpctrain.layout.layout import grid_coords
 from hpctrain.model.kinds import KINDS
@@ -80,7 +79,6 @@ class Network:
         # in each batch group the rank with i = 0 owns its samples' loss (see the class doc)
         self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
         self.gradient_sums = GradientReducer(backend, in_flight=overlap)
-        self.loss_function = loss_function(net.regression)
 
     @property
     def params(self) -> list[Parameter]:
@@ -210,7 +208,8 @@ class Network:
         """
         xp = self.backend.xp
         with StepTimer(self.backend, times) as timer:
-            loss_sum, correct, grad = self.loss_function(xp, logits, labels, 1.0 / self.batch)
+            loss_sum, correct, grad = self.net.loss.function(xp, logits, labels,
+                                                             1.0 / self.batch)
             if not self.owns_loss:  # a replica: the owner (i = 0) counts these samples
                 loss_sum, correct, grad = loss_sum * 0, correct * 0, grad * 0
             totals = xp.stack([xp.asarray(loss_sum, dtype=xp.float64),
@@ -251,11 +250,10 @@ class Network:
         finally:
             self.set_training(True)
         labels = data.labels(batch, self.labels_box)
-        # padding: label -1, or targets of NaN
-        real = ~xp.isnan(labels).any(axis=1) if self.net.regression else labels >= 0
+        real = self.net.loss.real(xp, labels)
         totals = xp.zeros(4, dtype=xp.float64)
         if self.owns_loss and bool(real.any()):
-            loss_sum, correct, _ = self.loss_function(xp, logits[real], labels[real], 1.0)
+            loss_sum, correct, _ = self.net.loss.function(xp, logits[real], labels[real], 1.0)
             totals[0], totals[1], totals[2] = loss_sum, correct, real.sum()
         totals[3] = _read_nonfinite(data)
         totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))

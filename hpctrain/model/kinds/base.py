@@ -67,6 +67,8 @@ class Kind:
     weighted: ClassVar[bool] = False
     modes: ClassVar[tuple[str, ...]] = ()  # a weighted kind's modes besides batch
     grid_key: ClassVar[str] = ""  # the --grid key (conv=, fc=) of a weighted kind
+    # the mode a --grid spec's layer runs in where its sizes cannot take the mode asked
+    fallbacks: ClassVar[dict[str, str]] = {}
     many_inputs: ClassVar[bool] = False  # two or more inputs (add, concat)
     keeps_output: ClassVar[bool] = False  # the output array is kept for the backward
     pass_through: ClassVar[bool] = False  # the output is a view of the input

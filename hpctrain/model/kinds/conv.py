@@ -39,6 +39,7 @@ class ConvKind(WindowKind):
     weighted = True
     modes = ("model", "domain")
     grid_key = "conv"
+    fallbacks = {"domain": "model"}  # too few rows or planes to cut Pr ways
 
     def out_channels(self, spec: LayerSpec, channels: int) -> int:
         return spec.options.out

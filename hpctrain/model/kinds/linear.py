@@ -32,6 +32,7 @@ class LinearKind(Kind):
     weighted = True
     modes = ("model", "replicated")
     grid_key = "fc"
+    fallbacks = {"model": "replicated"}  # fewer outputs than Pr
 
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
         if len(shapes[0]) != 1:
