@@ -21,8 +21,9 @@ endif
 STAMP := $(VENV)/.installed-$(MPI)
 
 DIGITS := inputs/digits.h5
+UNIVERSE := runs/universe-32.h5
 
-.PHONY: install test test-serial test-mpi test-slurm run digits resdigits verify bench plots timeline docs lint clean
+.PHONY: install test test-serial test-mpi test-slurm run digits resdigits cosmoflow verify bench plots timeline docs lint clean
 
 install: $(STAMP)
 
@@ -44,6 +45,11 @@ test: test-serial test-mpi
 # scikit-learn's handwritten digits in the HDF5 dataset format (the test extras install it)
 $(DIGITS): $(STAMP)
 	$(PY) -m hpctrain convert --digits --out $@
+
+# 640 synthetic universes, 4 channels of 32^3, their 4 parameters as targets (80 MB)
+$(UNIVERSE): $(STAMP)
+	mkdir -p $(dir $@)
+	$(PY) -m hpctrain convert --universe 640 --size 32 --seed 0 --out $@
 
 # the examples in the docstrings (>>>) too
 test-serial: install $(DIGITS)
@@ -85,6 +91,12 @@ resdigits: install $(DIGITS)
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net resdigits --data $(DIGITS) \
 	  --grid resdigits-p4-mixed --batch 64 --epochs 4 --lr 0.1 \
 	  --lr-schedule cosine --print-every 50 --log runs/resdigits.h5
+
+# CosmoFlow on 32^3 universes under the auto plan (its first blocks split the depth), 4 ranks
+cosmoflow: install $(UNIVERSE)
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net cosmoflow --image-size 32 \
+	  --data $(UNIVERSE) --grid auto --batch 16 --epochs 8 --lr 0.05 --print-every 32 \
+	  --log runs/cosmoflow.h5
 
 verify: install
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain verify --net alexnet \
