@@ -824,8 +824,6 @@ def _write_levels_group(levels, tables: dict[str, dict[str, list]], rule: str) -
 
 
 def _levels_attrs(study: LevelsStudy, word_bytes: int, argv: list[str]) -> dict[str, object]:
-    from hpctrain import __version__
-
     m, net = study.machine, study.machine.network
     return {"machine": m.name, "machine_levels": m.describe(), "flat_machine": m.flattened().name,
             "ranks_per_node": m.ranks_per_node, "alpha": m.alpha, "beta": m.beta,
@@ -834,12 +832,19 @@ def _levels_attrs(study: LevelsStudy, word_bytes: int, argv: list[str]) -> dict[
             "flops": m.flops, "word_bytes": word_bytes, "least_batch": study.least_batch,
             "domain_batch": study.domain_batch,
             "batch_rule": "B = max(least_batch, P); levels_domain: B = domain_batch < P",
-            "nets": ",".join(study.tables),
-            "hpctrain_version": __version__,
+            "nets": ",".join(study.tables), **_planned_provenance(argv, LEVELS_NOTE)}
+
+
+def _planned_provenance(argv: list[str], description: str) -> dict[str, str]:
+    """What made a file of a study the planner prices by FLOP rate: the version, the command,
+    the compute model and the study's note."""
+    from hpctrain import __version__
+
+    return {"hpctrain_version": __version__,
             "command": shlex.join(["python", "-m", "hpctrain", "simulate", *argv]),
             "compute_model": "FLOP model at the machine's rate, per largest local block, with "
                              "the optimizer's update",
-            "description": LEVELS_NOTE}
+            "description": description}
 
 
 def _levels_summary(study: LevelsStudy) -> str:
@@ -1095,19 +1100,13 @@ def write_volumes_hdf5(path: Path, study: VolumesStudy, attrs: dict[str, object]
 
 
 def _volumes_attrs(study: VolumesStudy, word_bytes: int, argv: list[str]) -> dict[str, object]:
-    from hpctrain import __version__
-
     m = study.machine
     return {"net": study.net.name, "machine": m.name, "machine_levels": m.describe(),
             "flops": m.flops, "word_bytes": word_bytes, "mem_per_rank": float(study.cap),
             "strong_batch": study.strong_batch,
             "weak_ranks_per_sample": ",".join(f"{size}:{n}"
                                               for size, n in WEAK_RANKS_PER_SAMPLE.items()),
-            "hpctrain_version": __version__,
-            "command": shlex.join(["python", "-m", "hpctrain", "simulate", *argv]),
-            "compute_model": "FLOP model at the machine's rate, per largest local block, with "
-                             "the optimizer's update",
-            "description": VOLUMES_NOTE}
+            **_planned_provenance(argv, VOLUMES_NOTE)}
 
 
 def _volumes_summary(study: VolumesStudy) -> str:
