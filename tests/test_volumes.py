@@ -160,8 +160,8 @@ X = np.zeros((2, 1, 2, 2, 2), np.float32)
     ({"targets": 1}, {"train_images": X, "train_targets": [[0.5], [0.0]],
                       "val_images": X, "val_targets": [[-np.inf], [0.0]]},
      "/val/targets sample 0 holds Inf"),
-    ({"targets": 1, "version": 3}, {}, "has format version 3; this hpctrain reads versions 1 "
-                                       "and 2"),
+    ({"targets": 1, "version": 4}, {}, "has format version 4; this hpctrain reads versions 1, "
+                                       "2 and 3"),
     ({"classes": 2}, {"train_images": np.zeros((2, 1, 1, 2, 2, 2)), "train_labels": [0, 1]},
      "it must be N x C x H x W, N x C x D x H x W or N x F"),
 ])

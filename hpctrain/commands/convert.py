@@ -1,11 +1,12 @@
 """The ``python -m hpctrain convert`` command, which writes a dataset file from arrays.
 
-Four forms, all without MPI (the format is :mod:`hpctrain.data.dataset`)::
+Five forms, all without MPI (the format is :mod:`hpctrain.data.dataset`)::
 
     python -m hpctrain convert --images X.npy --labels Y.npy --out data.h5 [--val-fraction 0.2]
     python -m hpctrain convert --images V.npy --targets P.npy --out volumes.h5
     python -m hpctrain convert --digits --out inputs/digits.h5
     python -m hpctrain convert --universe 256 --size 32 --out universe.h5
+    python -m hpctrain convert --image-folder train/ --val-folder val/ --size 224 --out in.h5
 
 Arrays come from ``.npy`` files, memory-mapped and written one batch of samples at a time so
 that a set bigger than memory converts, or from ``.npz`` archives as ``file.npz:key`` (read
@@ -17,11 +18,17 @@ that share of the samples, picked by a permutation seeded with ``--seed``. ``--d
 scikit-learn's 1797 handwritten digits (8x8, 10 classes) scaled to [0, 1], with a seeded 80/20
 train/val split. ``--universe N`` writes N synthetic cosmology-like volumes with their
 parameters as targets (:mod:`hpctrain.data.universe`), the last 20% held out.
+``--image-folder DIR`` decodes a folder of image files, one sub-folder per class (ImageNet's
+``train/CLASS/*.JPEG``), into uint8 RGB (3, S, S) images with the training split's per-channel
+mean and std, on ``--workers`` processes (:mod:`hpctrain.data.folder`); the held-out split is
+``--val-folder`` (the same classes) or ``--val-fraction`` of the files. Files Pillow cannot
+read are listed and skipped, or with ``--strict`` refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,14 @@ from hpctrain.data.dataset import (
     shape_text,
     write_dataset,
 )
+from hpctrain.data.folder import (
+    ImageFiles,
+    available_cpus,
+    folder_classes,
+    folder_files,
+    require_pillow,
+    write_folder,
+)
 from hpctrain.data.universe import PARAMETERS, Universe, write_universe
 from hpctrain.errors import ArgumentParser
 from hpctrain.io.files import check_output
@@ -42,6 +57,7 @@ from hpctrain.io.seeds import parse_seed
 DIGITS_VAL_FRACTION = UNIVERSE_VAL_FRACTION = 0.2
 UNIVERSE_DEFAULTS = {"size": 32, "channels": 4, "targets_count": len(PARAMETERS)}
 ARRAY_FLAGS = ("images", "labels", "targets", "val_images", "val_labels", "val_targets")
+FOLDER_FLAGS = ("val_folder", "strict", "workers")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--digits", action="store_true",
                         help="scikit-learn's handwritten digits (1797 8x8 images, 10 classes), "
                              "scaled to [0, 1] (needs scikit-learn)")
+    source.add_argument("--image-folder", metavar="DIR",
+                        help="a folder of image files with one sub-folder per class (ImageNet's "
+                             "train/CLASS/*.JPEG; classes are the sorted sub-folder names), "
+                             "decoded with Pillow to RGB, the shorter side resized to --size and "
+                             "centre-cropped, stored as uint8 with the per-channel mean and std "
+                             "the reader normalises with (needs 'pip install hpctrain[images]')")
     source.add_argument("--universe", type=int, metavar="N",
                         help="N synthetic cosmology-like volumes: 3-D Gaussian random fields "
                              "with power spectrum A k^-n, whose parameters (slope, amplitude, "
@@ -78,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-targets", metavar="FILE",
                         help="held-out targets (with --targets)")
     parser.add_argument("--val-fraction", type=float, default=None, metavar="F",
-                        help="hold out this share of the samples when no --val-images are "
-                             "given (default: 0 for arrays, 0.2 for --digits and --universe)")
+                        help="hold out this share of the samples when no --val-images (or "
+                             "--val-folder) are given (default: 0 for arrays and image "
+                             "folders, 0.2 for --digits and --universe)")
     parser.add_argument("--seed", type=parse_seed, default=0,
                         help="seed of the held-out permutation, or of the --universe samples, "
                              "in [0, 2**63) (default: 0)")
@@ -90,10 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--description", default=None,
                         help="where the data came from, stored in the file")
     parser.add_argument("--out", required=True, metavar="FILE", help="the dataset to write (.h5)")
+    folder = parser.add_argument_group("image folders (with --image-folder)")
+    folder.add_argument("--val-folder", metavar="DIR",
+                        help="held-out images, laid out like --image-folder, with its classes "
+                             "(it may lack some)")
+    folder.add_argument("--strict", action="store_true",
+                        help="refuse a file that is not a readable image instead of listing and "
+                             "skipping it")
+    folder.add_argument("--workers", type=int, default=None, metavar="N",
+                        help=f"decoding processes (default: the CPUs this process may use, "
+                             f"here {available_cpus()})")
     universe = parser.add_argument_group("synthetic universes (with --universe)")
     universe.add_argument("--size", type=int, default=None, metavar="S",
                           help=f"voxels per side of each volume (default: "
-                               f"{UNIVERSE_DEFAULTS['size']})")
+                               f"{UNIVERSE_DEFAULTS['size']}); with --image-folder, the side "
+                               f"of the stored S x S images (required)")
     universe.add_argument("--channels", type=int, default=None, metavar="C",
                           help=f"channels per volume, the field at C growth stages like "
                                f"CosmoFlow's redshifts (default: {UNIVERSE_DEFAULTS['channels']})")
@@ -128,21 +162,67 @@ def run(argv: list[str]) -> int:
     check_output(out, "--out", is_dataset, "an hpctrain dataset", inputs)
     if args.val_fraction is not None and not 0 <= args.val_fraction < 1:
         raise DatasetError(f"--val-fraction {args.val_fraction} must be in [0, 1)")
+    if args.image_folder is None:
+        _refuse(args, FOLDER_FLAGS, "applies only to --image-folder")
     if args.universe is None:
-        _refuse(args, tuple(UNIVERSE_DEFAULTS), "applies only to --universe")
-    if args.digits or args.universe is not None:
-        form = "--digits" if args.digits else "--universe"
+        shared = ("size",) if args.image_folder is not None else ()  # the images' side
+        _refuse(args, tuple(n for n in UNIVERSE_DEFAULTS if n not in shared),
+                "applies only to --universe")
+    if args.digits or args.universe is not None or args.image_folder is not None:
+        form = ("--digits" if args.digits else "--universe" if args.universe is not None
+                else "--image-folder")
         _refuse(args, (*ARRAY_FLAGS[1:], "scale", "classes", "volumes"),
                 f"does not apply to {form}")
     if args.universe is not None:
         _write_universe(args, out)
+    elif args.image_folder is not None:
+        _write_folder(args, out)
     else:
         _write_arrays(args, out)
     info = inspect_dataset(out)
     answers = (f"{info.targets} targets" if info.targets else f"{info.classes} classes")
     print(f"wrote {out}: {info.train_size} train / {info.val_size} val samples of shape "
-          f"{shape_text(info.sample_shape)}, {answers}")
+          f"{shape_text(info.sample_shape)}, {answers}"
+          f"{f'; images {info.normalisation}' if info.mean is not None else ''}")
     return 0
+
+
+def _write_folder(args: argparse.Namespace, out: Path) -> None:
+    """Decode ``--image-folder`` (and ``--val-folder``) into ``out``; report skipped files."""
+    require_pillow()
+    if args.size is None:
+        raise DatasetError("--image-folder needs --size S, the side of the stored S x S images "
+                           "(e.g. --size 224)")
+    if args.size < 1:
+        raise DatasetError(f"--size {args.size} must be at least 1")
+    workers = available_cpus() if args.workers is None else args.workers
+    if workers < 1:
+        raise DatasetError(f"--workers {workers} must be at least 1")
+    if args.val_folder is not None and args.val_fraction:
+        raise DatasetError("--val-fraction splits --image-folder; it cannot be combined with "
+                           "--val-folder")
+    root = Path(args.image_folder)
+    classes = folder_classes(root, "--image-folder")
+    splits: dict[str, ImageFiles] = {"train": folder_files(root, classes, "--image-folder")}
+    if args.val_folder is not None:
+        splits["val"] = folder_files(Path(args.val_folder), classes, "--val-folder")
+    elif args.val_fraction:
+        train, val = split_indices(len(splits["train"].files), args.val_fraction, args.seed)
+        splits = {"train": splits["train"].take(train), "val": splits["train"].take(val)}
+    description = args.description or (
+        f"images of {root} ({len(classes)} classes: sub-folders "
+        f"{', '.join(classes[:3])}{', ...' if len(classes) > 3 else ''})"
+        f"{f' held out: {args.val_folder}' if args.val_folder else ''}; RGB, shorter side "
+        f"resized to {args.size} (bilinear, antialiased) and centre-cropped to "
+        f"{args.size}x{args.size}, uint8")
+    report = write_folder(out, splits, len(classes), args.size, workers=workers,
+                          strict=args.strict, description=description)
+    total = sum(report.written.values()) + len(report.bad)
+    rate = total / max(report.seconds, 1e-9)
+    print(f"decoded {total} files in {report.seconds:.1f} s ({rate:.0f} images/s) with "
+          f"{workers} worker{'s' * (workers > 1)}", file=sys.stderr)
+    if report.bad:
+        print(report.bad_text(), file=sys.stderr)
 
 
 def _flag(name: str) -> str:

@@ -1,18 +1,28 @@
 """Datasets on disk in HDF5, with their writer, their checker and a rank-local reader.
 
-Format (version 2), readable with plain h5py::
+Format (version 2, or 3 for uint8 images), readable with plain h5py::
 
     /train/images   float32 (N, *sample): a sample is (C, H, W) images, (C, D, H, W) volumes,
-                    or (F,) feature vectors for flat-input nets; chunked by sample or by slab
+                    or (F,) feature vectors for flat-input nets; chunked by sample or by slab;
+                    or uint8 (N, C, H, W) / (N, C, D, H, W) pixels 0..255 (version 3)
     /train/labels   int64 (N,), each in [0, classes)          (a labels dataset), or
     /train/targets  float32 (N, T), every value finite        (a targets dataset)
     /val/...        optional held-out split: images, and labels or targets as in /train
     root attributes
         format        "hpctrain-dataset"
-        version       2 (version 1 files, which hold labels only, are read alike)
+        version       2, or 3 when the images are uint8 (version 1 files, which hold labels
+                      only, are read alike)
         classes       number of classes K (int), in a labels dataset
         targets       number of real-valued targets T (int), in a targets dataset
         description   where the data came from (str)
+        mean, std     float64 (C,), only with uint8 images: the per-channel mean and standard
+                      deviation of the training split's pixels, over every sample and
+                      position, in stored pixel units [0, 255] (population std, ddof 0)
+
+uint8 images (``python -m hpctrain convert --image-folder``) are a quarter of the float32
+size; the reader gives the network ``(x - mean[c]) / std[c]`` in the backend's float dtype
+(a channel whose std is 0 is only centred). Version 2 readers refuse version 3 files by their
+version rather than misreading them; float32 files are still written as version 2.
 
 A labels dataset trains a classifier (softmax cross-entropy, a net whose input line says
 ``classes=K``); a targets dataset trains a regression (mean squared error, ``targets=T``), such
@@ -67,7 +77,9 @@ from hpctrain.io.seeds import check_seed
 from hpctrain.layout.layout import Box
 
 FORMAT, VERSION = "hpctrain-dataset", 2
-READABLE_VERSIONS = (1, 2)
+PIXELS_VERSION = 3  # files whose images are uint8 pixels, normalised by their mean and std
+READABLE_VERSIONS = (1, 2, 3)
+IMAGE_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8))  # what write_batches stores
 SPLITS = ("train", "val")
 SAMPLE_RANKS = (1, 3, 4)  # axes of a sample: (F,), (C, H, W) or (C, D, H, W)
 CHUNK_BYTES = 16 << 10  # samples smaller than this share a chunk
@@ -160,7 +172,8 @@ def write_dataset(path: str | Path, images: Any, labels: Any = None, classes: in
 
 def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mapping[str, int],
                   batches: Iterable[tuple[str, Any, Any]], *, classes: int | None = None,
-                  targets: int = 0, description: str = "") -> None:
+                  targets: int = 0, description: str = "", dtype: Any = np.float32,
+                  at_most: bool = False) -> None:
     """Write a dataset file from batches of samples, holding one batch in memory at a time.
 
     Parameters
@@ -175,12 +188,18 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
     classes : number of classes of a labels dataset; default max label + 1.
     targets : T, the targets per sample of a targets dataset; 0 for a labels dataset.
     description : where the data came from, stored as an attribute.
+    dtype : how the images are stored: float32 (any real batches, checked finite), or uint8
+        (batches must be uint8; (C, H, W) or (C, D, H, W) samples), whose training split's
+        per-channel mean and std are computed exactly as the batches pass and stored as the
+        ``mean`` and ``std`` attributes (version 3).
+    at_most : ``sizes`` are upper bounds: each split is cut to the samples its batches hold
+        (used when some inputs may turn out unreadable); otherwise they must be filled exactly.
 
     Raises
     ------
     DatasetError
         A batch of the wrong shape, a NaN or Inf (naming the split and sample), a label out of
-        range, or splits not filled exactly; the partly written file is removed.
+        range, or splits not filled exactly (or left empty); the partly written file is removed.
     """
     sample_shape = tuple(int(n) for n in sample_shape)
     if len(sample_shape) not in SAMPLE_RANKS or min(sample_shape) < 1:
@@ -194,27 +213,43 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
     if targets < 0 or (targets and classes is not None):
         raise DatasetError(f"targets {targets} with classes {classes}; a dataset holds labels "
                            f"(classes=K) or T > 0 targets per sample")
+    dtype = np.dtype(dtype)
+    if dtype not in IMAGE_DTYPES:
+        raise DatasetError(f"images stored as {dtype}; choose float32 or uint8")
+    pixels = dtype == np.uint8
+    if pixels and len(sample_shape) == 1:
+        raise DatasetError(f"uint8 samples of shape {shape_text(sample_shape)}; uint8 pixels "
+                           f"need (C, H, W) images or (C, D, H, W) volumes")
+    channels = sample_shape[0]
 
     def write(tmp: Path) -> None:
         with h5py.File(tmp, "w") as h5:
             h5.attrs["format"] = FORMAT
-            h5.attrs["version"] = VERSION
+            h5.attrs["version"] = PIXELS_VERSION if pixels else VERSION
             h5.attrs["description"] = description
             if targets:
                 h5.attrs["targets"] = targets
             stored: dict[str, tuple[h5py.Dataset, h5py.Dataset]] = {}
             for name, size in sizes.items():
                 group = h5.create_group(name)
-                images = group.create_dataset("images", (size, *sample_shape), np.float32,
-                                              chunks=chunk_shape((size, *sample_shape)))
-                answers = (group.create_dataset("targets", (size, targets), np.float32)
-                           if targets else group.create_dataset("labels", (size,), np.int64))
+                shape = (size, *sample_shape)
+                images = group.create_dataset(
+                    "images", shape, dtype, chunks=chunk_shape(shape, dtype.itemsize),
+                    maxshape=shape if at_most else None)
+                answers = (group.create_dataset("targets", (size, targets), np.float32,
+                                                maxshape=(size, targets) if at_most else None)
+                           if targets else
+                           group.create_dataset("labels", (size,), np.int64,
+                                                maxshape=(size,) if at_most else None))
                 stored[name] = images, answers
             filled = dict.fromkeys(sizes, 0)
             top = -1  # the largest label written
+            # exact integer sums of the training pixels and of their squares, per channel
+            pixel_sum, square_sum, pixel_count = [0] * channels, [0] * channels, 0
             for name, x, y in batches:
                 start = filled[name]
-                x = _checked_images(name, x, start, sample_shape)
+                x = (_checked_pixels(name, x, start, sample_shape) if pixels
+                     else _checked_images(name, x, start, sample_shape))
                 y = (_checked_targets(name, y, start, targets) if targets
                      else _checked_labels(name, y, start, classes))
                 if len(y) != len(x):
@@ -228,17 +263,43 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
                 filled[name] += len(x)
                 if not targets and len(y):
                     top = max(top, int(y.max()))
+                if pixels and name == "train" and len(x):
+                    by_channel = x.swapaxes(0, 1).reshape(channels, -1).astype(np.int64)
+                    for c in range(channels):  # int64: exact below 2**63 / 255**2 pixels
+                        pixel_sum[c] += int(by_channel[c].sum())
+                        square_sum[c] += int(np.dot(by_channel[c], by_channel[c]))
+                    pixel_count += by_channel.shape[1]
             for name, size in sizes.items():
-                if filled[name] != size:
+                if at_most and filled[name] == 0:
+                    raise DatasetError(f"the {name} split is empty; give at least one sample")
+                if at_most and filled[name] < size:
+                    for dataset in stored[name]:
+                        dataset.resize(filled[name], axis=0)
+                elif filled[name] != size:
                     raise DatasetError(f"the {name} batches hold {filled[name]} samples, not "
                                        f"{size}")
             if not targets:
                 h5.attrs["classes"] = top + 1 if classes is None else classes
+            if pixels:
+                mean, std = pixel_stats(pixel_sum, square_sum, pixel_count)
+                h5.attrs["mean"], h5.attrs["std"] = mean, std
 
     replace_atomically(path, write, ours=is_dataset)
 
 
-def chunk_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+def pixel_stats(pixel_sum: list[int], square_sum: list[int],
+                count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std (ddof 0), float64, from exact integer sums over ``count`` pixels.
+
+    The variance ``(count * Σx² - (Σx)²) / count²`` is formed in exact integers, so no
+    cancellation: e.g. sums [6], [14] over 3 pixels (1, 2, 3) give mean 2 and std sqrt(2/3).
+    """
+    mean = np.array([s / count for s in pixel_sum], np.float64)
+    var = [(count * q - s * s) / (count * count) for s, q in zip(pixel_sum, square_sum)]
+    return mean, np.sqrt(np.array(var, np.float64))
+
+
+def chunk_shape(shape: tuple[int, ...], itemsize: int = 4) -> tuple[int, ...]:
     """The HDF5 chunk shape of an images dataset of ``shape``, which is ``(N, *sample)``.
 
     HDF5 reads whole chunks, so the chunk decides what a rank's read of its block costs.
@@ -247,23 +308,25 @@ def chunk_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     (1 MiB) is one chunk; a bigger one is cut into slabs of about SLAB_BYTES: all its channels,
     or one when a plane of all channels is already bigger, and as many planes of the first
     spatial axis (depth D, or rows H of an image) as fit, at least one. Flat samples (F,) are
-    cut into runs of features.
+    cut into runs of features. ``itemsize`` is the bytes per value: 4 for float32, 1 for uint8.
 
     >>> chunk_shape((100, 1, 8, 8)), chunk_shape((10, 3, 224, 224))
     ((64, 1, 8, 8), (1, 3, 224, 224))
     >>> chunk_shape((10, 4, 128, 128, 128)), chunk_shape((10, 4, 512, 512, 512))
     ((1, 4, 4, 128, 128), (1, 1, 1, 512, 512))
+    >>> chunk_shape((100, 3, 32, 32), itemsize=1)
+    (5, 3, 32, 32)
     """
     sample = tuple(shape[1:])
-    sample_bytes = 4 * math.prod(sample)
+    sample_bytes = itemsize * math.prod(sample)
     if sample_bytes <= CHUNK_BYTES:
         return (max(1, min(shape[0], CHUNK_BYTES // max(sample_bytes, 1))), *sample)
     if sample_bytes <= SLAB_BYTES:
         return (1, *sample)
     if len(sample) == 1:
-        return (1, SLAB_BYTES // 4)
+        return (1, SLAB_BYTES // itemsize)
     channels, planes, *rest = sample
-    plane_bytes = 4 * math.prod(rest)  # one plane of one channel
+    plane_bytes = itemsize * math.prod(rest)  # one plane of one channel
     if channels * plane_bytes > SLAB_BYTES:
         channels = 1
     return (1, channels, max(1, min(planes, SLAB_BYTES // (channels * plane_bytes))), *rest)
@@ -354,6 +417,17 @@ def _checked_images(name: str, images: Any, start: int,
     return x
 
 
+def _checked_pixels(name: str, images: Any, start: int,
+                    sample_shape: tuple[int, ...]) -> np.ndarray:
+    """A batch of uint8 images as given, or a DatasetError naming its shape and dtype."""
+    images = np.asarray(images)
+    if images.shape[1:] != sample_shape or images.dtype != np.uint8:
+        raise DatasetError(f"{name} batch from sample {start} has shape "
+                           f"{shape_text(images.shape)} and dtype {images.dtype}; give uint8 "
+                           f"samples of shape {shape_text(sample_shape)}")
+    return np.ascontiguousarray(images)
+
+
 def _checked_targets(name: str, targets: Any, start: int, width: int) -> np.ndarray:
     """A batch of (n, T) targets as float32, or a DatasetError naming the first bad sample."""
     targets = np.asarray(targets)
@@ -394,7 +468,9 @@ class DatasetInfo:
 
     ``classes`` is the width of the net output the dataset trains, as in
     :class:`~hpctrain.model.net.NetSpec`: K classes of a labels dataset, or T of a targets
-    dataset. ``targets`` is T for a targets dataset and 0 for a labels dataset.
+    dataset. ``targets`` is T for a targets dataset and 0 for a labels dataset. ``dtype`` is how
+    the images are stored, "float32" or "uint8"; uint8 pixels come with the per-channel
+    ``mean`` and ``std`` (in pixel units) the reader normalises them with, None otherwise.
     """
 
     path: Path
@@ -403,6 +479,22 @@ class DatasetInfo:
     train_size: int
     val_size: int  # 0 when the file has no held-out split
     targets: int = 0
+    dtype: str = "float32"
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    @property
+    def normalisation(self) -> str:
+        """How the reader turns stored images into the network's input, in words.
+
+        'as stored (float32)', or for pixels e.g. 'uint8 pixels, (x - mean) / std per channel,
+        mean 124.1, 116.3, 103.5, std 58.4, 57.1, 57.4'.
+        """
+        if self.mean is None or self.std is None:
+            return f"as stored ({self.dtype})"
+        return (f"{self.dtype} pixels, (x - mean) / std per channel, mean "
+                f"{', '.join(f'{m:.1f}' for m in self.mean)}, std "
+                f"{', '.join(f'{s:.1f}' for s in self.std)}")
 
     @property
     def answers(self) -> str:
@@ -478,7 +570,8 @@ def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
     version = h5.attrs.get("version")
     if version not in READABLE_VERSIONS:
         raise DatasetError(f"dataset '{path}' has format version {version}; this hpctrain reads "
-                           f"versions {' and '.join(map(str, READABLE_VERSIONS))}; rewrite it "
+                           f"versions {', '.join(map(str, READABLE_VERSIONS[:-1]))} and "
+                           f"{READABLE_VERSIONS[-1]}; rewrite it "
                            f"with {CONVERT}")
     if "targets" in h5.attrs:
         width = targets = _count_attribute(h5, path, "targets")
@@ -486,7 +579,7 @@ def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
     else:
         width, targets = _count_attribute(h5, path, "classes"), 0
         answers, other = "labels", "targets"
-    sizes, shapes = {}, {}
+    sizes, shapes, dtypes = {}, {}, set()
     for split in SPLITS:
         if split not in h5 and split == "val":
             sizes[split] = 0
@@ -506,9 +599,12 @@ def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
             raise DatasetError(f"dataset '{path}': /{split}/images has shape "
                                f"{shape_text(images.shape)}; it must be N x C x H x W, "
                                f"N x C x D x H x W or N x F")
-        if not np.issubdtype(images.dtype, np.floating):
+        if not (np.issubdtype(images.dtype, np.floating)
+                or (images.dtype == np.uint8 and version == PIXELS_VERSION)):
             raise DatasetError(f"dataset '{path}': /{split}/images has dtype {images.dtype}; "
-                               f"it must be floating point (float32)")
+                               f"it must be floating point (float32), or uint8 in a version "
+                               f"{PIXELS_VERSION} file; rewrite it with {CONVERT}")
+        dtypes.add(str(images.dtype))
         check = _check_targets if targets else _check_labels
         length = check(h5[f"{split}/{answers}"], path, split, width)
         if length != len(images):
@@ -518,7 +614,33 @@ def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
     if "val" in shapes and shapes["val"] != shapes["train"]:
         raise DatasetError(f"dataset '{path}': val samples are {shape_text(shapes['val'])} but "
                            f"train samples {shape_text(shapes['train'])}; they must match")
-    return DatasetInfo(path, shapes["train"], width, sizes["train"], sizes["val"], targets)
+    if len(dtypes) > 1:
+        raise DatasetError(f"dataset '{path}': the splits' images have dtypes "
+                           f"{' and '.join(sorted(dtypes))}; they must match")
+    dtype = dtypes.pop()
+    if dtype != "uint8":
+        return DatasetInfo(path, shapes["train"], width, sizes["train"], sizes["val"], targets,
+                           dtype)
+    mean, std = (_stats_attribute(h5, path, name, shapes["train"]) for name in ("mean", "std"))
+    if min(std) < 0:
+        raise DatasetError(f"dataset '{path}' has a negative std attribute; rewrite it with "
+                           f"{CONVERT}")
+    return DatasetInfo(path, shapes["train"], width, sizes["train"], sizes["val"], targets,
+                       dtype, mean, std)
+
+
+def _stats_attribute(h5: h5py.File, path: Path, name: str,
+                     sample_shape: tuple[int, ...]) -> tuple[float, ...]:
+    """The per-channel ``mean`` or ``std`` attribute of a uint8 dataset, checked finite."""
+    channels = sample_shape[0]
+    value = np.asarray(h5.attrs.get(name, np.empty(0)))
+    if (value.shape != (channels,) or not np.issubdtype(value.dtype, np.floating)
+            or not np.isfinite(value).all()):
+        raise DatasetError(f"dataset '{path}' holds uint8 images but its {name} attribute is "
+                           f"{value.tolist() if value.size < 10 else value.shape}; it must be "
+                           f"{channels} finite numbers, one per channel; rewrite it with "
+                           f"{CONVERT}")
+    return tuple(float(v) for v in value)
 
 
 def _check_labels(labels: h5py.Dataset, path: Path, split: str, classes: int) -> int:
@@ -565,12 +687,26 @@ def feeds_flat(sample_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> b
             and math.prod(sample_shape) == input_shape[0])
 
 
+def crops_images(sample_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> bool:
+    """Whether a net of ``input_shape`` (C, h, w) reads windows of (C, H, W) images larger
+    than it: a 224² net on 256² images (random crops under ``--augment``, else the centre).
+
+    >>> crops_images((3, 256, 256), (3, 224, 224)), crops_images((3, 256, 256), (3, 256, 256))
+    (True, False)
+    """
+    return (len(sample_shape) == len(input_shape) == 3 and sample_shape[0] == input_shape[0]
+            and sample_shape != input_shape
+            and all(h <= s for h, s in zip(input_shape[1:], sample_shape[1:], strict=True)))
+
+
 def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int, batch: int,
                regression: bool = False) -> None:
     """Refuse a dataset whose samples, answers or size do not fit a net and a batch.
 
-    Samples fit when their shape is ``input_shape``, or when the net takes F flat features and
-    each sample holds F values (:func:`feeds_flat`; the reader flattens them). A classifier
+    Samples fit when their shape is ``input_shape``, when they are (C, H, W) images at least
+    as large as a (C, h, w) net's input (:func:`crops_images`: the net reads a window, see
+    :mod:`hpctrain.data.augment`), or when the net takes F flat features and each sample holds
+    F values (:func:`feeds_flat`; the reader flattens them). A classifier
     (``regression=False``, ``classes`` = K) needs a labels dataset of K classes; a regression
     (``regression=True``, ``classes`` = T, the width of the net's output) a targets dataset of
     T targets per sample.
@@ -584,7 +720,7 @@ def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int, ba
         training split holds fewer than ``batch`` samples.
     """
     sample, want = tuple(info.sample_shape), tuple(input_shape)
-    if sample != want and not feeds_flat(sample, want):
+    if sample != want and not feeds_flat(sample, want) and not crops_images(sample, want):
         hint = "convert the data to the net's input shape or choose a net that takes it"
         if (len(sample) == len(want) >= 3 and sample[0] == want[0]
                 and len(set(sample[1:])) == 1):
@@ -690,6 +826,11 @@ class H5Data:
             self.sample_shape, self.classes, self.targets = (
                 info.sample_shape, info.classes, info.targets)
             self._stored_shape = info.sample_shape  # (C, H, W) or (C, D, H, W) in the file
+            self._pixels = info.mean is not None and info.std is not None  # uint8, normalised
+            if self._pixels:  # per channel, in the network's dtype; std 0: centre only
+                std = np.asarray(info.std)
+                self._mean = np.asarray(info.mean).astype(backend.dtype)
+                self._std = np.where(std > 0, std, 1.0).astype(backend.dtype)
             if flatten:
                 self.sample_shape = (math.prod(info.sample_shape),)
             self.size = info.train_size if split == "train" else info.val_size
@@ -731,15 +872,30 @@ class H5Data:
             (lo, hi), = box[1:]
             inner, first = flat_cover(self._stored_shape, lo, hi)
             cut = slice(lo - first, hi - first)
-        block = np.zeros((len(index), *(s.stop - s.start for s in inner)), self._images.dtype)
+        dtype = self.backend.dtype if self._pixels else self._images.dtype
+        block = np.zeros((len(index), *(s.stop - s.start for s in inner)), dtype)
         real = np.flatnonzero(index >= 0)  # val padding stays zero
         if real.size:
-            block[real] = self._read(self._images, index[real], inner)
+            rows = self._read(self._images, index[real], inner)
+            block[real] = self._normalised(rows, inner[0]) if self._pixels else rows
         if cut is not None:
             block = block.reshape(len(index), -1)[:, cut]
-        if self.nonfinite is None and not np.isfinite(block).all():  # one pass over the slab
+        if (not self._pixels and self.nonfinite is None
+                and not np.isfinite(block).all()):  # one pass over the slab
             self.nonfinite = self._describe_nonfinite(block, index)
         return self.backend.xp.asarray(block.astype(self.backend.dtype, copy=False))
+
+    def _normalised(self, pixels: np.ndarray, channels: slice) -> np.ndarray:
+        """uint8 ``pixels`` (n, c, ...) of channels ``channels`` as ``(x - mean[c]) / std[c]``.
+
+        Element by element, so a rank's block equals the same block of the whole normalised
+        array, bit for bit.
+        """
+        shape = (1, -1) + (1,) * (pixels.ndim - 2)  # broadcast along the channel axis
+        x = pixels.astype(self.backend.dtype)
+        x -= self._mean[channels].reshape(shape)
+        x /= self._std[channels].reshape(shape)
+        return x
 
     def _describe_nonfinite(self, block: np.ndarray, index: np.ndarray) -> str:
         """The line naming the first sample of ``block`` (rows: samples ``index``) that holds
