@@ -22,8 +22,9 @@ STAMP := $(VENV)/.installed-$(MPI)
 
 DIGITS := inputs/digits.h5
 UNIVERSE := runs/universe-32.h5
+SHAPES := runs/shapes.h5
 
-.PHONY: install test test-serial test-mpi test-slurm run digits resdigits cosmoflow verify bench plots timeline docs lint clean
+.PHONY: install test test-serial test-mpi test-slurm run digits resdigits images cosmoflow verify bench plots timeline docs lint clean
 
 install: $(STAMP)
 
@@ -92,6 +93,17 @@ resdigits: install $(DIGITS)
 	  --grid resdigits-p4-mixed --batch 64 --epochs 4 --lr 0.1 \
 	  --lr-schedule cosine --print-every 50 --log runs/resdigits.h5
 
+# A folder of 1200 photographs of 4 shapes (JPEG and PNG, tests/shapes_folder.py) to a dataset
+$(SHAPES): $(STAMP)
+	$(PY) tests/shapes_folder.py runs/shapes --per-class 300
+	$(PY) -m hpctrain convert --image-folder runs/shapes --size 32 --val-fraction 0.2 --out $@
+
+# the shapes CNN on it with augmentation, its convolutions split by height, 4 ranks
+images: install $(SHAPES)
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net shapes --data $(SHAPES) \
+	  --grid conv=domain:2x2,fc=2x2 --augment standard --batch 32 --epochs 20 --lr 0.02 \
+	  --lr-schedule cosine --print-every 100 --log runs/images.h5
+
 # CosmoFlow on 32^3 universes under the auto plan (its first blocks split the depth), 4 ranks
 cosmoflow: install $(UNIVERSE)
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net cosmoflow --image-size 32 \
@@ -123,6 +135,7 @@ bench: install $(BENCH_STAMP)
 	$(PY) bench/threads.py --procs 2 --net $(BENCH_NET) --image-size $(BENCH_IMAGE) --batch 16
 	$(PY) bench/memory.py --procs 2 --steps 3
 	$(PY) bench/conv3d.py --repeat 7
+	$(PY) bench/prefetch.py --procs 2 --steps 12
 
 # Plots. First the paper's study from the cost model for each of SIM_NETS (no MPI, seconds
 # each): runs/simulation/NET.h5 and its figures in PLOTS/simulation/NET/ (per study: grids,

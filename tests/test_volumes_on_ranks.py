@@ -115,7 +115,7 @@ def test_a_volume_net_learns_the_synthetic_universes_split_by_depth(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     first = next(line for line in result.stdout.splitlines() if line.startswith("conv1 "))
     assert "domain" in first and "2x2" in first
-    held_out = float(result.stdout.split("held-out mean squared error ")[1].split()[0])
+    held_out = float(result.stdout.split("held-out mean squared error ")[1].split(",")[0])
     with h5py.File(tmp_path / "u.h5") as f:
         mean = f["train/targets"][:].mean(axis=0)
         baseline = float(((f["val/targets"][:] - mean) ** 2).mean())

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from hpctrain.comm.agree import agreed
 from hpctrain.commands.flags import add_overlap_option, add_planning_options, add_run_options
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
+from hpctrain.data.augment import AUGMENT_MODES
 from hpctrain.errors import ArgumentParser, OutputError, UserError
 from hpctrain.model.net import NetSpec, load_net
 from hpctrain.plan.plans import plan_text
@@ -54,6 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
                                "convert'); a dataset sets the image size unless --image-size is "
                                "given (default: %(default)s)")
     training.add_argument("--batch", type=int, default=32, help="global mini-batch (default: 32)")
+    training.add_argument("--augment", default="none", choices=AUGMENT_MODES,
+                          help="random per-sample augmentation of training images: flip "
+                               "(horizontal, probability 1/2), crop (a random HxW window of the "
+                               "image zero-padded by 4 pixels), standard (crop and flip) or none; "
+                               "drawn from --seed, the epoch and the sample, so every plan and "
+                               "number of processes trains on the same images; held-out data is "
+                               "never augmented (default: %(default)s)")
+    training.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
+                          help="read the next batch of --data in a background thread while "
+                               "each step computes; the log records the time a step waits for "
+                               "its data (default: on)")
     length = training.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, default=None,
                         help="train until this many steps are done (default: 10)")
@@ -319,17 +331,31 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
 
         data = open_data("train")
         val_data = open_data("val") if prepared.dataset.val_size else None
+    train_data = data
+    if args.augment != "none" or data is not None:
+        from hpctrain.data.augment import augment
+        from hpctrain.data.synthetic import SyntheticData
+
+        # a net smaller than the images reads windows: random ones under --augment, else and
+        # for the held-out split the centre
+        size = setup.net.input_shape[1:] if len(setup.net.input_shape) == 3 else None
+        train_data = augment(data or SyntheticData(setup.backend, setup.net.input_shape,
+                                                   setup.net.classes, args.batch, prepared.seed,
+                                                   regression=setup.net.regression),
+                             args.augment, prepared.seed, size=size)
+        if val_data is not None:
+            val_data = augment(val_data, "none", prepared.seed, size=size)
     config = TrainConfig(args.batch, prepared.steps, args.lr, args.momentum, args.weight_decay,
                          prepared.seed, args.print_every, prepared.schedule, prepared.eval_every,
                          Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                          args.checkpoint_every, args.keep_checkpoints, args.overlap,
-                         prepared.timeline)
+                         prepared.timeline, prefetch=args.prefetch)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,
                                               prepared.info.step if prepared.info else None))
     try:
-        result = train(setup.net, setup.plan, config, setup.backend, comm, data=data,
+        result = train(setup.net, setup.plan, config, setup.backend, comm, data=train_data,
                        val_data=val_data, log=log, resume=prepared.resume, stop=stop)
     except BaseException as err:
         if log is not None:

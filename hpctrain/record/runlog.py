@@ -20,6 +20,10 @@ Layout (units in each dataset's ``units`` attribute)::
     /steps/images_per_second  (n,)     batch / seconds
     /steps/lr                 (n,)     learning rate used
     /steps/comm_fraction      (n,)     communication seconds / step seconds, mean over ranks
+    /steps/data_wait_seconds  (n,)     time the step waited for its input block and labels
+                                       (the whole read, or with prefetching the wait for the
+                                       read ahead), the slowest rank
+    /steps/data_fraction      (n,)     data wait seconds / step seconds, mean over ranks
     /steps/layers/name        (L+1,)   the rows: layers, then "loss"
     /steps/layers/F/max       (n, L+1) field F of each row in each step, largest over ranks
     /steps/layers/F/mean      (n, L+1) the same, mean over ranks
@@ -86,7 +90,8 @@ from hpctrain.record.timing import COMM_FIELDS, RECORD_FIELDS, TIME_FIELDS, Step
 FORMAT = "hpctrain-log"  # the root attribute "format" of every log
 STEP_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1"),
                "seconds": ("f8", "s"), "images_per_second": ("f8", "1/s"), "lr": ("f8", "1"),
-               "comm_fraction": ("f8", "1")}
+               "comm_fraction": ("f8", "1"), "data_wait_seconds": ("f8", "s"),
+               "data_fraction": ("f8", "1")}
 VALIDATION_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1")}
 
 
@@ -260,6 +265,7 @@ class RunLog:
                     self._hold(self.path)
                     self.h5 = h5py.File(self.path, "a", locking=False)
                     self._truncate(resume_step)
+                    self._add_missing_series()
                     self._describe(attrs, resume_step)
                 else:
                     self._create_beside(attrs, planned)
@@ -350,6 +356,15 @@ class RunLog:
 
             self.h5[group].visititems(cut)
 
+    def _add_missing_series(self) -> None:
+        """A log written before a step series existed gets it, NaN for the rows already there."""
+        rows = self.h5["steps/step"].shape[0]
+        for name, (dtype, units) in STEP_SERIES.items():
+            if f"steps/{name}" not in self.h5:
+                self._series(f"steps/{name}", (), dtype, units)
+                self.h5[f"steps/{name}"].resize(rows, axis=0)
+                self.h5[f"steps/{name}"][:] = np.nan
+
     def _append(self, name: str, value: Any) -> None:
         ds = self.h5[name]
         ds.resize(ds.shape[0] + 1, axis=0)
@@ -367,12 +382,13 @@ class RunLog:
             self.failure = str(output_error(self.path, err))
 
     def step(self, values: dict[str, float], largest: np.ndarray, mean: np.ndarray) -> None:
-        """One row of every step series; ``largest`` and ``mean``: (rows, fields) arrays of
-        every field of :data:`~hpctrain.record.timing.RECORD_FIELDS` over the ranks (see
+        """One row of every step series (NaN for one ``values`` lacks); ``largest`` and
+        ``mean``: (rows, fields) arrays of every field of
+        :data:`~hpctrain.record.timing.RECORD_FIELDS` over the ranks (see
         :class:`~hpctrain.record.timing.RanksSummary`). A failed write sets ``failure``."""
         def write() -> None:
-            for name in STEP_SERIES:
-                self._append(f"steps/{name}", values[name])
+            for name in STEP_SERIES:  # a series not given (an older caller's) gets NaN
+                self._append(f"steps/{name}", values.get(name, np.nan))
             for k, name in enumerate(RECORD_FIELDS):
                 self._append(f"steps/layers/{name}/max", largest[:, k])
                 self._append(f"steps/layers/{name}/mean", mean[:, k])

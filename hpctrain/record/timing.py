@@ -14,7 +14,8 @@ pace) and :func:`format_table`. All times are in seconds; the table prints milli
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -88,13 +89,17 @@ class StepTimes:
 
     ``step`` is the wall time of the whole forward, loss and backward (data generation included,
     and the optimizer's updates when the network makes them during the backward, as training
-    does); what the rows do not cover is data and interpreter overhead.
+    does); what the rows do not cover is the data and interpreter overhead. ``data`` is the
+    part of the step spent waiting for the step's input block and labels: the whole read from
+    the source, or, when a :class:`~hpctrain.data.prefetch.Prefetched` source read them during
+    the step before, only the wait for that read to finish.
     """
 
     layers: list[LayerTimes]
     loss: LayerTimes = field(default_factory=lambda: LayerTimes(LOSS))
     step: float = 0.0
     spans: list[tuple[int, int, int, float, float]] | None = None  # a list: keep a timeline
+    data: float = 0.0  # seconds spent in the source's images() and labels()
 
     @classmethod
     def blank(cls, names: Sequence[str]) -> StepTimes:
@@ -106,28 +111,31 @@ class StepTimes:
         return [*self.layers, self.loss]
 
     def to_array(self) -> np.ndarray:
-        """Every number as one flat float64 array: the fields of each row in turn, then ``step``."""
+        """Every number as one flat float64 array: the fields of each row in turn, then ``step``
+        and ``data``."""
         values = [getattr(row, f) for row in self.rows for f in RECORD_FIELDS]
-        return np.array([*values, self.step], dtype=np.float64)
+        return np.array([*values, self.step, self.data], dtype=np.float64)
 
     def from_array(self, values: np.ndarray) -> StepTimes:
         """A record with this one's names and the times of ``values`` (as :meth:`to_array`)."""
         values = np.asarray(values, dtype=np.float64)
         width = len(RECORD_FIELDS)
-        if values.shape != (len(self.rows) * width + 1,):
+        if values.shape != (len(self.rows) * width + 2,):
             raise ValueError(f"{values.shape} values do not fit {len(self.rows)} rows of "
-                             f"{width} numbers and the step")
+                             f"{width} numbers, the step and the data wait")
         rows = [LayerTimes(row.name, *map(float, values[k * width:(k + 1) * width]))
                 for k, row in enumerate(self.rows)]
-        return StepTimes(rows[:-1], rows[-1], float(values[-1]))
+        return StepTimes(rows[:-1], rows[-1], float(values[-2]), data=float(values[-1]))
 
     def as_dict(self) -> dict[str, Any]:
-        """``{"layers": {name: {field: s}}, "loss": {field: s}, "step": s}`` in plain floats."""
+        """``{"layers": {name: {field: s}}, "loss": {field: s}, "step": s, "data": s}`` in plain
+        floats."""
         def row_dict(row: LayerTimes) -> dict[str, float]:
             return {f: float(getattr(row, f)) for f in RECORD_FIELDS}
 
         return {"layers": {row.name: row_dict(row) for row in self.layers},
-                "loss": row_dict(self.loss), "step": float(self.step)}
+                "loss": row_dict(self.loss), "step": float(self.step),
+                "data": float(self.data)}
 
 
 def median_times(steps: Sequence[StepTimes]) -> StepTimes:
@@ -160,13 +168,17 @@ class RanksSummary:
     ``largest`` and ``mean``: (rows, fields) arrays, each field of :data:`RECORD_FIELDS` of
     each row, the largest and the mean over ranks; ``seconds``: the slowest rank's step (it
     sets the pace); ``comm_fraction``: the mean over ranks of the share of its step each rank
-    spent communicating.
+    spent communicating; ``data_seconds``: the longest wait for the step's data over the ranks
+    (:attr:`StepTimes.data`); ``data_fraction``: the mean over ranks of the share of its step
+    each rank spent waiting for its data.
     """
 
     largest: np.ndarray
     mean: np.ndarray
     seconds: float
     comm_fraction: float
+    data_seconds: float = 0.0
+    data_fraction: float = 0.0
 
 
 def summary_over_ranks(times: StepTimes, seconds: float, comm: Any,
@@ -179,7 +191,8 @@ def summary_over_ranks(times: StepTimes, seconds: float, comm: Any,
     from mpi4py import MPI
 
     comm_seconds = sum(row.forward_comm + row.backward_comm for row in times.rows)
-    local = np.append(times.to_array(), [seconds, comm_seconds / seconds if seconds else 0.0])
+    shares = [comm_seconds / seconds, times.data / seconds] if seconds else [0.0, 0.0]
+    local = np.append(times.to_array(), [seconds, *shares])
     largest = np.empty_like(local) if comm.Get_rank() == root else None
     total = np.empty_like(local) if comm.Get_rank() == root else None
     comm.Reduce(local, largest, op=MPI.MAX, root=root)
@@ -192,7 +205,8 @@ def summary_over_ranks(times: StepTimes, seconds: float, comm: Any,
     def table(values: np.ndarray) -> np.ndarray:
         return values[:rows * width].reshape(rows, width)
 
-    return RanksSummary(table(largest), table(mean), float(largest[-2]), float(mean[-1]))
+    return RanksSummary(table(largest), table(mean), float(largest[-3]), float(mean[-2]),
+                        float(largest[-4]), float(mean[-1]))
 
 
 def max_over_ranks(times: StepTimes, comm: Any) -> StepTimes:
@@ -225,7 +239,8 @@ def format_table(times: StepTimes) -> str:
     table.append(line("total", sums))
     covered = sum(sums[:4])
     table.append(f"whole step {times.step * 1e3:.3f} ms; the rows add up to "
-                 f"{covered * 1e3:.3f} ms; comm includes redistribution")
+                 f"{covered * 1e3:.3f} ms; waiting for data {times.data * 1e3:.3f} ms; comm "
+                 f"includes redistribution")
     return "\n".join(table)
 
 
@@ -311,6 +326,23 @@ class StepTimer:
             row = self._row(key)
             row.backward_compute += max(wall - comm, 0.0)
             row.backward_layer_comm += comm
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Add the wall time of the ``with`` block, a read of the step's data, to ``data``.
+
+        Queued device work is waited for at both ends, so the read is charged only its own.
+        """
+        if self.times is None:
+            yield
+            return
+        self.backend.sync()
+        start = perf_counter()
+        try:
+            yield
+        finally:
+            self.backend.sync()
+            self.times.data += perf_counter() - start
 
     def finish_step(self) -> None:
         """Record the wall time since this timer was entered as the whole step."""

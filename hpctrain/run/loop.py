@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpctrain.comm.grid import GridSet
+from hpctrain.data.prefetch import Prefetched
 from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import Backend
@@ -73,6 +74,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     overlap: bool = False  # gradient sums in flight during the backward (hpctrain.comm.gradients)
     timeline: tuple[int, int] | None = None  # steps to record spans of (hpctrain.record.timeline)
+    prefetch: bool = True  # read a dataset's next batch during each step (hpctrain.data.prefetch)
 
     def lr_at(self, step: int) -> float:
         return self.schedule.lr(step) if self.schedule else self.lr
@@ -123,10 +125,20 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
     On SIGTERM or SIGUSR1 every rank stops after the same step, a checkpoint is written when
     ``config.checkpoint_dir`` is set, and the result says which signal stopped it (``stop``:
     requests already being recorded, e.g. since before planning).
+
+    With ``config.prefetch`` a source given (a dataset, augmented or not; training or
+    held-out) is read through :class:`~hpctrain.data.prefetch.Prefetched`: the next batch's
+    block is read (and augmented) by a background thread during each step, whose thread ends
+    with the run (the source itself stays open: its owner closes it).
     """
     rank, procs = comm.Get_rank(), comm.Get_size()
     say = out if rank == 0 else (lambda *_: None)
-    with GridSet(comm) as grids, (nullcontext(stop) if stop else StopRequests()) as stop:
+    with GridSet(comm) as grids, (nullcontext(stop) if stop else StopRequests()) as stop, \
+            ExitStack() as readers:
+        if config.prefetch and data is not None:  # a dataset, augmented or not
+            data = readers.enter_context(Prefetched(data))
+        if config.prefetch and val_data is not None:
+            val_data = readers.enter_context(Prefetched(val_data, cycle=val_data.batches))
         network = Network(net, plan, config.batch, grids, backend, config.seed,
                           config.overlap)
         data = data or SyntheticData(backend, net.input_shape, net.classes, config.batch,
@@ -247,7 +259,8 @@ def _report(step: int, loss: float, accuracy: float | None, lr: float, summary: 
         log.step({"step": step + 1, "loss": loss, "accuracy": accuracy or 0.0,
                   "seconds": seconds,
                   "images_per_second": config.batch / seconds, "lr": lr,
-                  "comm_fraction": comm_fraction}, summary.largest, summary.mean)
+                  "comm_fraction": comm_fraction, "data_wait_seconds": summary.data_seconds,
+                  "data_fraction": summary.data_fraction}, summary.largest, summary.mean)
     done = step + 1
     if done % config.print_every == 0 or done == config.steps:
         elapsed = time.perf_counter() - start
@@ -313,11 +326,15 @@ def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
         say(f"done: nothing to do, already at step {result.first_step} of {config.steps}")
         return
     total = sum(result.step_seconds)
+    # the share of its steps the slowest-fed rank spent waiting for data
+    data_share = comm.allreduce(sum(t.data for t in result.step_times) / total if total else 0.0,
+                                MPI.MAX)
     say(f"done: {steps} steps in {total:.1f} s, {steps * config.batch / total:.1f} images/s, "
         f"final loss {result.losses[-1]:.4f}"
         + ("" if not result.validation else
            f", held-out mean squared error {result.validation[-1][1]:.4f}" if not classifies else
-           f", held-out accuracy {result.validation[-1][2]:.2%}"))
+           f", held-out accuracy {result.validation[-1][2]:.2%}")
+        + f", waiting for data {data_share:.1%} of the time")
     steady = result.step_times[1:] or result.step_times
     typical = median_times(steady)
     result.layer_times = max_over_ranks(typical, comm)

@@ -182,14 +182,17 @@ class Network:
         Each rank reads only its own block of the batch. ``outputs``, ``input_grads`` and
         ``output_grads`` collect every layer's output, input gradient and output gradient (for
         verification). ``times`` (from
-        :meth:`step_times`) is filled with this rank's per-layer times and the whole step's.
+        :meth:`step_times`) is filled with this rank's per-layer times, the whole step's and the
+        time spent waiting for the step's data (``StepTimes.data``).
         ``update``: see :meth:`backward`; without it every summed gradient is left in
         ``Parameter.grad`` for an optimizer step after this one.
         """
         with StepTimer(self.backend, times) as timer:
-            x = data.images(step, self.input_box)
+            with timer.reading():
+                x = data.images(step, self.input_box)
             logits = self.forward(x, step, outputs, times)
-            labels = data.labels(step, self.labels_box)
+            with timer.reading():
+                labels = data.labels(step, self.labels_box)
             loss, accuracy, dlogits = self.loss(logits, labels, times, data)
             self.backward(dlogits, input_grads, times, update, output_grads)
             timer.finish_step()
