@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None, stop=None) -> int:
             return run(argv)
         except (UserError, OutputError) as err:
             return _say_error(err)
+        except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (outputs are renamed last)
+            print(f"hpctrain {command}: interrupted", file=sys.stderr)
+            return 130
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

@@ -178,3 +178,36 @@ def test_h5data_normalises_each_block_as_the_whole(folder, tmp_path):
         last = val.images(val.batches - 1, ((0, 8), (0, 3), (0, SIZE), (0, SIZE)))
         assert (last[val.size % 8 or 8:] == 0).all()
 
+
+
+def test_ctrl_c_stops_a_parallel_conversion_in_one_line_leaving_nothing(tmp_path):
+    """Ctrl-C raised inside a process pool's machinery could leave it waiting forever; it is
+    noted and raised between tasks, so the run stops at once, says so in one line (status
+    130) and leaves no output."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        folder = tmp_path / "big" / f"class{c}"
+        folder.mkdir(parents=True)
+        for k in range(1500):
+            Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(
+                folder / f"{k:04d}.png", compress_level=0)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "convert", "--image-folder", "big", "--size", "32",
+         "--workers", "2", "--out", "out.h5"], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while [p.name for p in tmp_path.iterdir()] == ["big"] and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the file is being written: the pool is decoding
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert err.replace("\r", "\n").strip().splitlines()[-1] == "hpctrain convert: interrupted"
+    assert [p.name for p in tmp_path.iterdir()] == ["big"]

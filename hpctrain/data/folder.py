@@ -19,10 +19,12 @@ held at a time. A file Pillow cannot decode is listed and skipped (or, ``strict`
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -124,6 +126,26 @@ def _decode_task(paths: Sequence[str], size: int) -> list[np.ndarray | str]:
 def _ignore_interrupt() -> None:
     """Worker set-up: Ctrl-C reaches the parent, which stops the pool."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _interrupted_between_tasks(pool: Any) -> Iterator[list[bool]]:
+    """While a pool runs, Ctrl-C is noted (the flag yielded) rather than raised: raised
+    anywhere inside the pool's machinery, it can leave its result thread waiting forever and
+    ``terminate`` hanging; :func:`_decoded` raises it between tasks instead."""
+    noted = [False]
+    if pool is None or threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        noted[0] = True
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def available_cpus() -> int:
@@ -233,11 +255,13 @@ def write_folder(out: Path, splits: dict[str, ImageFiles], classes: int, size: i
     report = FolderReport()
     meter = Progress(progress, sum(len(s.files) for s in splits.values()))
 
-    def batches(pool: Any) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    def batches(pool: Any, interrupted: list[bool]
+                ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
         for name, split in splits.items():
             images: list[np.ndarray] = []
             labels: list[int] = []
-            for start, paths, decoded in _decoded(pool, workers, split.files, size):
+            for start, paths, decoded in _decoded(pool, workers, split.files, size,
+                                                  interrupted):
                 meter.advance(len(decoded))
                 for k, (path, result) in enumerate(zip(paths, decoded)):
                     if isinstance(result, str):
@@ -262,9 +286,10 @@ def write_folder(out: Path, splits: dict[str, ImageFiles], classes: int, size: i
 
     pool = _pool(workers)
     try:
-        write_batches(out, (3, size, size), {n: len(s.files) for n, s in splits.items()},
-                      batches(pool), classes=classes, description=description,
-                      dtype=np.uint8, at_most=True)
+        with _interrupted_between_tasks(pool) as interrupted:
+            write_batches(out, (3, size, size), {n: len(s.files) for n, s in splits.items()},
+                          batches(pool, interrupted), classes=classes,
+                          description=description, dtype=np.uint8, at_most=True)
     except BaseException:
         meter.finish()
         raise
@@ -276,8 +301,8 @@ def write_folder(out: Path, splits: dict[str, ImageFiles], classes: int, size: i
     return report
 
 
-def _decoded(pool: Any, workers: int, files: list[Path],
-             size: int) -> Iterator[tuple[int, list[Path], list[np.ndarray | str]]]:
+def _decoded(pool: Any, workers: int, files: list[Path], size: int,
+             interrupted: list[bool]) -> Iterator[tuple[int, list[Path], list[np.ndarray | str]]]:
     """(start, paths, decoded images or reasons) per task of TASK_FILES files, in file order.
 
     ``start`` is the index of the task's first file. With a pool, at most TASKS_AHEAD tasks per
@@ -301,8 +326,11 @@ def _decoded(pool: Any, workers: int, files: list[Path],
         submit()
     while waiting:
         start, paths, result = waiting.popleft()
+        decoded = result.get()
+        if interrupted[0]:  # Ctrl-C, noted while the pool ran
+            raise KeyboardInterrupt
         submit()
-        yield start, paths, result.get()
+        yield start, paths, decoded
 
 
 def _pool(workers: int) -> Any:
