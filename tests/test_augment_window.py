@@ -60,3 +60,12 @@ def test_the_dataset_check_takes_nets_smaller_than_the_images():
         check_fits(info, (3, 288, 288), 10, 8)
     assert not crops_images((3, 256, 256), (1, 224, 224))
     assert not crops_images((4, 64, 64, 64), (4, 32, 32, 32))  # volumes: no windows
+
+
+def test_a_prefetcher_can_clear_the_note_of_a_dropped_read_through_augmentation():
+    source = synthetic(shape=SOURCE)
+    augmented = augment(source, "flip", SEED, 0)
+    source.nonfinite = "sample 3 holds NaN"
+    assert augmented.nonfinite == "sample 3 holds NaN"
+    augmented.nonfinite = None  # what Prefetched does when it drops a read-ahead
+    assert source.nonfinite is None

@@ -118,6 +118,10 @@ class Augmented:
     def nonfinite(self) -> str | None:
         return self.source.nonfinite
 
+    @nonfinite.setter
+    def nonfinite(self, note: str | None) -> None:  # a prefetcher drops a read-ahead's note
+        self.source.nonfinite = note
+
     @property
     def batches(self) -> int:
         """A held-out source's number of batches."""

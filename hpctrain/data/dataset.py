@@ -220,6 +220,9 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
     if pixels and len(sample_shape) == 1:
         raise DatasetError(f"uint8 samples of shape {shape_text(sample_shape)}; uint8 pixels "
                            f"need (C, H, W) images or (C, D, H, W) volumes")
+    if pixels and sizes.get("train", 0) < 1:
+        raise DatasetError("uint8 pixels are normalised by the training split's statistics; "
+                           "give a training split of at least one sample")
     channels = sample_shape[0]
 
     def write(tmp: Path) -> None:
@@ -264,11 +267,12 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
                 if not targets and len(y):
                     top = max(top, int(y.max()))
                 if pixels and name == "train" and len(x):
-                    by_channel = x.swapaxes(0, 1).reshape(channels, -1).astype(np.int64)
-                    for c in range(channels):  # int64: exact below 2**63 / 255**2 pixels
-                        pixel_sum[c] += int(by_channel[c].sum())
-                        square_sum[c] += int(np.dot(by_channel[c], by_channel[c]))
-                    pixel_count += by_channel.shape[1]
+                    values = np.arange(256, dtype=np.int64)
+                    for c in range(channels):  # a histogram per channel: exact, no wide copy
+                        counts = np.bincount(x[:, c].ravel(), minlength=256)
+                        pixel_sum[c] += int(counts @ values)
+                        square_sum[c] += int(counts @ (values * values))
+                    pixel_count += x[:, 0].size
             for name, size in sizes.items():
                 if at_most and filled[name] == 0:
                     raise DatasetError(f"the {name} split is empty; give at least one sample")

@@ -115,6 +115,8 @@ def decode(path: str, size: int) -> np.ndarray | str:
         box = ((width - side) / 2, (height - side) / 2, (width + side) / 2, (height + side) / 2)
         square = rgb.resize((size, size), Image.Resampling.BILINEAR, box=box)
         return np.asarray(square, np.uint8).transpose(2, 0, 1).copy()  # (H, W, 3) -> (3, H, W)
+    except MemoryError:
+        raise  # not the file's fault: stop the run
     except Exception as err:  # noqa: BLE001 -- any decoder failure marks the file unreadable
         return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
@@ -326,7 +328,13 @@ def _decoded(pool: Any, workers: int, files: list[Path], size: int,
         submit()
     while waiting:
         start, paths, result = waiting.popleft()
-        decoded = result.get()
+        while True:  # a task that never ends (a worker killed) must not hold Ctrl-C back
+            try:
+                decoded = result.get(timeout=0.5)
+                break
+            except multiprocessing.TimeoutError:
+                if interrupted[0]:
+                    raise KeyboardInterrupt from None
         if interrupted[0]:  # Ctrl-C, noted while the pool ran
             raise KeyboardInterrupt
         submit()

@@ -343,6 +343,8 @@ class StepTimer:
         finally:
             self.backend.sync()
             self.times.data += perf_counter() - start
+            # the next lap (the first layer's, or the loss's) starts after the read
+            self._wall, self._comm = perf_counter(), self.backend.clock.seconds
 
     def finish_step(self) -> None:
         """Record the wall time since this timer was entered as the whole step."""
