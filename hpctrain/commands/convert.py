@@ -38,7 +38,6 @@ from hpctrain.data.dataset import (
     DatasetError,
     inspect_dataset,
     is_dataset,
-    shape_text,
     write_dataset,
 )
 from hpctrain.data.folder import (
@@ -53,6 +52,7 @@ from hpctrain.data.universe import PARAMETERS, Universe, write_universe
 from hpctrain.errors import ArgumentParser
 from hpctrain.io.files import check_output
 from hpctrain.io.seeds import parse_seed
+from hpctrain.io.units import shape_text
 
 DIGITS_VAL_FRACTION = UNIVERSE_VAL_FRACTION = 0.2
 UNIVERSE_DEFAULTS = {"size": 32, "channels": 4, "targets_count": len(PARAMETERS)}

@@ -339,9 +339,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         # a net smaller than the images reads windows: random ones under --augment, else and
         # for the held-out split the centre
         size = setup.net.input_shape[1:] if len(setup.net.input_shape) == 3 else None
-        train_data = augment(data or SyntheticData(setup.backend, setup.net.input_shape,
-                                                   setup.net.classes, args.batch, prepared.seed,
-                                                   regression=setup.net.regression),
+        train_data = augment(data or SyntheticData.for_net(setup.backend, setup.net, args.batch,
+                                                           prepared.seed),
                              args.augment, prepared.seed, size=size)
         if val_data is not None:
             val_data = augment(val_data, "none", prepared.seed, size=size)

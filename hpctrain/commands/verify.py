@@ -106,8 +106,7 @@ def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, back
            seed: int = 0, tolerance: float = 1e-9, out=print) -> bool:
     """Compare the plan with one process; rank 0 prints a table. True on every rank if all pass."""
     comm = grids.world
-    data = SyntheticData(backend, net.input_shape, net.classes, batch, seed,
-                         regression=net.regression)
+    data = SyntheticData.for_net(backend, net, batch, seed)
     network = Network(net, plan, batch, grids, backend, seed)
     loss, states = run_step(network, data)
     ok = True

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hpctrain.kernels.sliding import out_size
+
 Shape = tuple[int, ...]
 # forward() and backward_of(what forward returned) -> backward(): a kernel pair to time
 Kernels = tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]
@@ -65,5 +67,5 @@ class LocalWork:
 
     def out_sizes(self) -> tuple[int, ...]:
         """Output size along each spatial axis of a window kernel on ``x`` with ``pads``."""
-        return tuple((n + before + after - k) // s + 1 for n, k, s, (before, after)
+        return tuple(out_size(n, k, s, before, after) for n, k, s, (before, after)
                      in zip(self.x[2:], self.kernel, self.stride, self.pads, strict=True))

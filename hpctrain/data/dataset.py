@@ -74,6 +74,7 @@ from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.io.files import replace_atomically
 from hpctrain.io.seeds import check_seed
+from hpctrain.io.units import shape_text
 from hpctrain.layout.layout import Box
 
 FORMAT, VERSION = "hpctrain-dataset", 2
@@ -90,11 +91,6 @@ CONVERT = "python -m hpctrain convert"
 
 class DatasetError(UserError):
     """A dataset file that cannot be read or does not fit the net; the message names the fix."""
-
-
-def shape_text(shape: tuple[int, ...]) -> str:
-    """(1, 8, 8) -> '1x8x8'."""
-    return "x".join(str(n) for n in shape)
 
 
 # --- writing -----------------------------------------------------------------------------------

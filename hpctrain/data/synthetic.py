@@ -40,6 +40,14 @@ class SyntheticData:
         self.regression = regression
         self.patterns = REGRESSION_PATTERNS if regression else classes
 
+    @classmethod
+    def for_net(cls, backend: Backend, net: Any, batch: int, seed: int = 0) -> SyntheticData:
+        """The stream a net trains on without a dataset: its input shape, its outputs
+        (classes, or targets under regression); ``net`` a
+        :class:`~hpctrain.model.net.NetSpec`."""
+        return cls(backend, net.input_shape, net.classes, batch, seed,
+                   regression=net.regression)
+
     def hidden(self, step: int, samples: tuple[int, int]) -> Any:
         """The int64 hidden pattern index in [0, patterns) of samples lo..hi-1 of batch ``step``."""
         xp = self.backend.xp

@@ -1,4 +1,5 @@
-"""Sizes as people write them: ``4194304``, ``64KiB``, ``512M``, ``1.5 GiB`` (K/M/G/T = 1024ⁿ)."""
+"""Sizes as people write them: ``4194304``, ``64KiB``, ``512M``, ``1.5 GiB`` (K/M/G/T = 1024ⁿ),
+and shapes: ``3x224x224``."""
 
 from __future__ import annotations
 
@@ -21,3 +22,8 @@ def format_bytes(size: float) -> str:
         if size >= 1024 ** power:
             return f"{size / 1024 ** power:.3g} {unit}"
     return f"{size:.0f} B"
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """(1, 8, 8) -> '1x8x8'."""
+    return "x".join(str(n) for n in shape)

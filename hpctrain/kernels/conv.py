@@ -38,6 +38,7 @@ from typing import Any
 from hpctrain.kernels.sliding import (
     Pads,
     check_windows,
+    out_size,
     padded,
     prefer_channels_last,
     unpadded,
@@ -80,8 +81,8 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...]
     kernel, stride = tuple(kernel), tuple(stride)
     if channels_last is None:
         before, after = pads[-1]
-        out_last = (size[-1] + before + after - kernel[-1]) // stride[-1] + 1
-        channels_last = prefer_channels_last(c, kernel, out_last)
+        channels_last = prefer_channels_last(
+            c, kernel, out_size(size[-1], kernel[-1], stride[-1], before, after))
     if channels_last:
         x_last = xp.zeros((n, *(m + before + after for m, (before, after) in zip(size, pads)), c),
                           dtype=x.dtype)

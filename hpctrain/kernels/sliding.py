@@ -77,7 +77,8 @@ def windows(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...]) -
     """
     x = xp.ascontiguousarray(x)
     steps = x.strides[2:]  # bytes
-    out = tuple((n - k) // s + 1 for n, k, s in zip(x.shape[2:], kernel, stride, strict=True))
+    out = tuple(out_size(n, k, s, 0, 0) for n, k, s in zip(x.shape[2:], kernel, stride,
+                                                              strict=True))
     return xp.lib.stride_tricks.as_strided(
         x, shape=(*x.shape[:2], *kernel, *out),
         strides=(*x.strides[:2], *steps, *(step * s for step, s in zip(steps, stride,
@@ -90,7 +91,7 @@ def windows_last(xp: Any, x_last: Any, kernel: tuple[int, ...], stride: tuple[in
     entries lie together, so gathering it copies K1·…·K(d−1) stretches of Kd·C."""
     n, *size, c = x_last.shape
     steps = x_last.strides[1:-1]
-    out = tuple((m - k) // s + 1 for m, k, s in zip(size, kernel, stride, strict=True))
+    out = tuple(out_size(m, k, s, 0, 0) for m, k, s in zip(size, kernel, stride, strict=True))
     return xp.lib.stride_tricks.as_strided(
         x_last, shape=(n, *out, *kernel, c),
         strides=(x_last.strides[0], *(step * s for step, s in zip(steps, stride, strict=True)),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hpctrain.errors import UserError
+from hpctrain.kernels.sliding import out_size
 
 
 class SplitError(UserError):
@@ -124,7 +125,7 @@ class Window:
             object.__setattr__(self, "after", self.before)
 
     def out_size(self, n_in: int) -> int:
-        return (n_in + self.before + self.after - self.kernel) // self.stride + 1
+        return out_size(n_in, self.kernel, self.stride, self.before, self.after)
 
     def rows_needed(self, out_start: int, out_stop: int) -> tuple[int, int]:
         """Input rows that outputs [start, stop) read; beyond the image means padding."""

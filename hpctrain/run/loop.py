@@ -141,8 +141,7 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
             val_data = readers.enter_context(Prefetched(val_data, cycle=val_data.batches))
         network = Network(net, plan, config.batch, grids, backend, config.seed,
                           config.overlap)
-        data = data or SyntheticData(backend, net.input_shape, net.classes, config.batch,
-                                     config.seed, regression=net.regression)
+        data = data or SyntheticData.for_net(backend, net, config.batch, config.seed)
         optimizer = SGD(network.params, config.lr, config.momentum, config.weight_decay)
         first = 0
         if resume is not None:

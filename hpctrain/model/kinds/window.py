@@ -21,6 +21,7 @@ from hpctrain.cost.machine import Machine
 from hpctrain.cost.memory import Footprint
 from hpctrain.cost.nodes import halo_crossings
 from hpctrain.cost.work import LocalWork
+from hpctrain.io.units import shape_text
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, first_axis_name, largest_block
 from hpctrain.layout.partition import HaloPlan, SplitError, Window, halo_plans, halo_row_counts
@@ -65,10 +66,6 @@ def spread_window(spec: LayerSpec, shape: Shape, where: str) -> dict[str, tuple]
     return {"kernel": kernel, "stride": stride, "pad": pad}
 
 
-def _sizes(values: tuple[int, ...]) -> str:
-    return "x".join(str(v) for v in values)
-
-
 def check_window(spec: LayerSpec, shape: Shape, where: str) -> Shape:
     """The spatial output sizes of a window layer on per-sample ``shape``, refused when the
     input is too small."""
@@ -79,9 +76,9 @@ def check_window(spec: LayerSpec, shape: Shape, where: str) -> Shape:
     out = tuple(w.out_size(n) for w, n in zip(windows_of(o), shape[1:], strict=True))
     if min(out) < 1:
         pad = "x".join(str(b) if b == a else f"{b}+{a}" for b, a in o.pad)
-        raise NetError(f"{where}: layer {spec.name} receives {_sizes(shape[1:])}, too small "
-                       f"for its window (kernel {_sizes(o.kernel)}, stride {_sizes(o.stride)}, "
-                       f"pad {pad}); use a larger --image-size")
+        raise NetError(f"{where}: layer {spec.name} receives {shape_text(shape[1:])}, too "
+                       f"small for its window (kernel {shape_text(o.kernel)}, stride "
+                       f"{shape_text(o.stride)}, pad {pad}); use a larger --image-size")
     return out
 
 
