@@ -118,7 +118,7 @@ def test_the_update_is_timed_as_the_optimizer_runs_it():
     work = LocalWork(UPDATE, (7000,))
     forward, backward_of = UPDATE.kernels(np, work, np.float32, random)
     step = backward_of(forward())
-    shard = Parameter("w", values.copy(), (7000,), (1, 1), False)
+    shard = Parameter("w", values.copy(), (7000,))
     shard.grad = np.ones(7000, np.float32)  # one array, overwritten in place, as the timed one
     optimizer = SGD([shard], 0.01, 0.9, 5e-4)
     for _ in range(3):

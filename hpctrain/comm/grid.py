@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mpi4py import MPI
 
 from hpctrain.errors import UserError
-from hpctrain.layout.layout import grid_coords
+from hpctrain.layout.layout import Layout, grid_coords
 
 
 class GridError(UserError):
@@ -63,16 +65,45 @@ class GridSet:
     def __init__(self, comm: MPI.Comm) -> None:
         self.world = comm
         self._grids: dict[tuple[int, int], ProcessGrid] = {}
+        self._comms: dict[tuple, MPI.Comm] = {}
 
     def get(self, shape: tuple[int, int]) -> ProcessGrid:
         if shape not in self._grids:
             self._grids[shape] = ProcessGrid(self.world, *shape)
         return self._grids[shape]
 
+    def over(self, layout: Layout, digits: Sequence[int]) -> MPI.Comm:
+        """The communicator of the ranks that differ from this one only in the coordinates of
+        ``layout``'s mesh ``digits`` (e.g. the ranks that split one axis between them), in world
+        order, which is the order of those coordinates. Made once per mesh and digits: a 1.5D
+        grid's own communicators where they are these, else a split of the world."""
+        digits = tuple(sorted(set(digits)))
+        mesh = layout.mesh
+        if not digits:
+            return MPI.COMM_SELF
+        if len(mesh) == 2:  # a Pr×Pc grid: (Pc, Pr)
+            grid = self.get((mesh[1], mesh[0]))
+            return {(0,): grid.batch_comm, (1,): grid.model_comm, (0, 1): grid.cart}[digits]
+        if len(digits) == len(mesh):
+            return self.world
+        key = (mesh, digits)
+        if key not in self._comms:
+            rank = self.world.Get_rank()
+            colour, weight = 0, 1
+            for k in range(len(mesh) - 1, -1, -1):
+                if k not in digits:
+                    colour += rank // weight % mesh[k] * weight
+                weight *= mesh[k]
+            self._comms[key] = self.world.Split(colour, rank)
+        return self._comms[key]
+
     def close(self) -> None:
         for grid in self._grids.values():
             grid.free()
         self._grids.clear()
+        for comm in self._comms.values():
+            comm.Free()
+        self._comms.clear()
 
     def __enter__(self) -> GridSet:
         return self

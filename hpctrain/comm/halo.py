@@ -1,5 +1,10 @@
-"""Halo exchange for window layers split along their first spatial axis (an image's height, a
-volume's depth), by non-blocking point-to-point messages. A "row" is one plane of that axis.
+"""Halo exchange for window layers split along a spatial axis (an image's height or width, a
+volume's depth, height or width), by non-blocking point-to-point messages. A "row" is one plane
+of that axis.
+
+Several split axes are exchanged one after the other, each on the array the ones before extended
+(see :mod:`hpctrain.layers.rows`): the planes sent along the second axis carry the halos received
+along the first, so edges and corners arrive with no message of their own.
 
 forward: each rank receives the rows above and below its block that its windows read.
 backward (the adjoint): the gradients of those halo rows go back to their owners and are added.
@@ -33,28 +38,35 @@ class _InFlight:
 
 
 class HaloExchange:
-    """Planned once from a :class:`~hpctrain.layout.partition.HaloPlan`; ``comm`` is the
-    model/domain communicator."""
+    """Planned once from a :class:`~hpctrain.layout.partition.HaloPlan`; ``comm`` holds the
+    ranks that split ``axis`` (of the arrays: 2 is the first spatial axis), in order."""
 
-    def __init__(self, backend: Backend, comm: MPI.Comm, plan: HaloPlan) -> None:
-        self.backend, self.comm, self.plan = backend, comm, plan
+    def __init__(self, backend: Backend, comm: MPI.Comm, plan: HaloPlan,
+                 axis: int = ROW_AXIS) -> None:
+        self.backend, self.comm, self.plan, self.axis = backend, comm, plan, axis
         rank = comm.Get_rank()
         self.above, self.below = rank - 1, rank + 1
+
+    def _rows(self, x: Any, lo: int, hi: int) -> Any:
+        """``x``'s planes [lo, hi) along the split axis."""
+        return x[(slice(None),) * self.axis + (slice(lo, hi),)]
+
+    def _shape(self, x: Any, n_rows: int) -> tuple[int, ...]:
+        return (*x.shape[:self.axis], n_rows, *x.shape[self.axis + 1:])
 
     def _exchange(self, x: Any, to_above: Any, to_below: Any, rows_from_above: int,
                   rows_from_below: int) -> _InFlight:
         """Post receives of row blocks shaped like ``x`` and sends of ``to_above``/``to_below``."""
-        n, c, _, *rest = x.shape
         requests, received, sent = [], [], []
         with self.backend.clock.comm():  # posting is cheap, but staging sends is not on a GPU
             for n_rows, peer, tag in ((rows_from_above, self.above, _DOWN),
                                       (rows_from_below, self.below, _UP)):
-                buf = self.backend.empty_mpi((n, c, n_rows, *rest), x.dtype) if n_rows else None
+                buf = self.backend.empty_mpi(self._shape(x, n_rows), x.dtype) if n_rows else None
                 if buf is not None:
                     requests.append(self.comm.Irecv(buf, source=peer, tag=tag))
                 received.append(buf)
             for rows, peer, tag in ((to_above, self.above, _UP), (to_below, self.below, _DOWN)):
-                if rows.shape[ROW_AXIS]:
+                if rows.shape[self.axis]:
                     buf = self.backend.to_mpi(rows)
                     self.backend.clock.sent(buf.nbytes)
                     requests.append(self.comm.Isend(buf, dest=peer, tag=tag))
@@ -71,8 +83,8 @@ class HaloExchange:
     def start(self, x: Any) -> _InFlight:
         """Post the halo messages for X: (N, C, own rows, …)."""
         p, h0 = self.plan, self.plan.own[0]
-        return self._exchange(x, x[:, :, p.send_top[0] - h0:p.send_top[1] - h0],
-                              x[:, :, p.send_bottom[0] - h0:p.send_bottom[1] - h0],
+        return self._exchange(x, self._rows(x, p.send_top[0] - h0, p.send_top[1] - h0),
+                              self._rows(x, p.send_bottom[0] - h0, p.send_bottom[1] - h0),
                               _n(p.recv_top), _n(p.recv_bottom))
 
     def finish(self, pending: _InFlight) -> Any:
@@ -80,15 +92,15 @@ class HaloExchange:
         top, bottom = self._received(pending)
         p, (x, _) = self.plan, pending.keep
         lo, hi = max(p.need[0], p.own[0]), min(p.need[1], p.own[1])
-        parts = [b for b in (top, x[:, :, max(lo - p.own[0], 0):max(hi - p.own[0], 0)], bottom)
-                 if b is not None]
-        return parts[0] if len(parts) == 1 else self.backend.xp.concatenate(parts, axis=ROW_AXIS)
+        own = self._rows(x, max(lo - p.own[0], 0), max(hi - p.own[0], 0))
+        parts = [b for b in (top, own, bottom) if b is not None]
+        return parts[0] if len(parts) == 1 else self.backend.xp.concatenate(parts, axis=self.axis)
 
     def start_backward(self, dx_ext: Any) -> _InFlight:
         """Send the gradients of the halo rows of dX_ext back to the ranks that own them."""
-        p, rows = self.plan, dx_ext.shape[ROW_AXIS]
-        return self._exchange(dx_ext, dx_ext[:, :, :_n(p.recv_top)],
-                              dx_ext[:, :, rows - _n(p.recv_bottom):],
+        p, rows = self.plan, dx_ext.shape[self.axis]
+        return self._exchange(dx_ext, self._rows(dx_ext, 0, _n(p.recv_top)),
+                              self._rows(dx_ext, rows - _n(p.recv_bottom), rows),
                               _n(p.send_top), _n(p.send_bottom))
 
     def finish_backward(self, pending: _InFlight) -> Any:
@@ -96,13 +108,12 @@ class HaloExchange:
         from_above, from_below = self._received(pending)
         p, (dx_ext, _) = self.plan, pending.keep
         h0, h1 = p.own
-        n, c, _, *rest = dx_ext.shape
-        dx = self.backend.xp.zeros((n, c, h1 - h0, *rest), dtype=dx_ext.dtype)
+        dx = self.backend.xp.zeros(self._shape(dx_ext, h1 - h0), dtype=dx_ext.dtype)
         lo, hi = max(p.need[0], h0), min(p.need[1], h1)
         if hi > lo:
             start = _n(p.recv_top)
-            dx[:, :, lo - h0:hi - h0] += dx_ext[:, :, start:start + hi - lo]
+            self._rows(dx, lo - h0, hi - h0)[...] += self._rows(dx_ext, start, start + hi - lo)
         for rows, grad in ((p.send_top, from_above), (p.send_bottom, from_below)):
             if grad is not None:
-                dx[:, :, rows[0] - h0:rows[1] - h0] += grad
+                self._rows(dx, rows[0] - h0, rows[1] - h0)[...] += grad
         return dx

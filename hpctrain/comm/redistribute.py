@@ -127,11 +127,12 @@ class _Slice:
 
 
 class _Gather:
-    """The all-gather over the target grid's model communicator, and its adjoint."""
+    """The all-gather over the ranks of the target's mesh digits that gather (a grid's model
+    communicator), and its adjoint."""
 
     def __init__(self, backend: Backend, grids: GridSet, move: AllGatherMove) -> None:
         axis, ranges = move.gathered(grids.world.Get_rank())
-        self.gather = AllGather(backend, grids.get(move.dst.grid).model_comm, axis, ranges)
+        self.gather = AllGather(backend, grids.over(move.dst, move.digits), axis, ranges)
 
     def forward(self, x: Any) -> Any:
         return self.gather.forward(x)

@@ -40,11 +40,20 @@ from hpctrain.record.timing import StepTimes
 
 def default_specs(procs: int) -> list[str]:
     """auto, then the strategies of :mod:`hpctrain.plan.baselines` as ``--grid`` values:
-    ``1.5d`` on every grid (1xP, every RxC), ``conv-batch`` and ``integrated`` for R > 1."""
+    ``1.5d`` on every grid (1xP, every RxC), ``conv-batch`` and ``integrated`` for R > 1; then
+    splits of the spatial axes beyond the 1.5D modes: the width cut R ways, and the height and
+    width cut a×b ways where R = a·b with a, b > 1 (the last as evenly as R allows)."""
     grids = factorisations(procs)
-    return ["auto", *(grid_spec("1.5d", g) for g in grids),
-            *(grid_spec("conv-batch", g) for g in grids[1:]),
-            *(grid_spec("integrated", g) for g in grids[1:])]
+    found = ["auto", *(grid_spec("1.5d", g) for g in grids),
+             *(grid_spec("conv-batch", g) for g in grids[1:]),
+             *(grid_spec("integrated", g) for g in grids[1:])]
+    for pr, pc in grids[1:]:
+        found.append(f"conv=n{pc}w{pr},fc={pr}x{pc}")
+        square = [(a, b) for a, b in factorisations(pr) if a > 1 and b > 1 and a <= b]
+        if square:
+            a, b = square[-1]
+            found.append(f"conv=n{pc}h{a}w{b},fc={pr}x{pc}")
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "plans alike (default: %(default)s)")
     parser.add_argument("--plan", action="append", default=None, dest="plans",
                         help="a --grid value to compare (repeat the flag); default: auto, every "
-                             "RxC, conv=1xP,fc=RxC and conv=domain:RxC,fc=RxC")
+                             "RxC, conv=1xP,fc=RxC, conv=domain:RxC,fc=RxC, and the width (or "
+                             "height and width) cut R ways, conv=nCwR,fc=RxC")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy or CuPy (default: %(default)s)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
@@ -123,7 +133,7 @@ def compare(args, comm) -> list[Outcome]:
     for spec in args.plans or default_specs(procs):
         try:
             plan = None if spec == "auto" else plan_from_spec(spec, net, procs)
-            plans.append((spec, predict(model, plan, args.mem_per_rank)))
+            plans.append((spec, predict(model, plan, args.mem_per_rank, space=args.space)))
         except SplitError as err:  # a plan this net cannot run here; the same on every rank
             if rank == 0:
                 print(f"{spec:<28} skipped: {err}", flush=True)

@@ -64,6 +64,7 @@ def add_overlap_option(parser: argparse.ArgumentParser) -> None:
 def add_planning_options(parser: argparse.ArgumentParser) -> None:
     """--machine, --mem-per-rank and --compute: the cost model behind --grid auto."""
     from hpctrain.cost.machine import available_machines
+    from hpctrain.plan.planner import SPACES
     from hpctrain.plan.pricing import COMPUTE_SOURCES
 
     parser.add_argument("--machine", default=None,
@@ -72,6 +73,12 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              f"(default: local when calibrated, else default)")
     parser.add_argument("--mem-per-rank", type=parse_size, default=None,
                         help="memory cap per rank for --grid auto, e.g. 2G (default: none)")
+    parser.add_argument("--space", choices=SPACES, default="grids",
+                        help="what --grid auto searches: grids, every weighted layer in batch, "
+                             "model or domain mode on a Pr x Pc grid (the 1.5D space); axes, "
+                             "also a degree for every axis of each layer's output (sample, "
+                             "channels, depth, height, width) and replicas, exactly, which "
+                             "takes longer at many ranks (default: grids)")
     parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
                         help="compute times for the cost model: measured on this device, or "
                              "FLOPs / the profile's rate; auto measures on this machine's own "

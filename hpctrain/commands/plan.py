@@ -65,7 +65,7 @@ def run(argv: list[str]) -> int:
         threads = configure_threads(None, args.threads)
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
                              threads=threads, overlap=args.overlap)
-    planned = plan_network(model, args.mem_per_rank)
+    planned = plan_network(model, args.mem_per_rank, space=args.space)
     print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
           f"{machine.name} ({machine.describe()}), compute {source}"
           + (f" with {threads.describe()}" if threads else ""))

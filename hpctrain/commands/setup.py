@@ -36,6 +36,7 @@ class SetupRequest:
     mem_per_rank: float | None = None
     overlap: bool = False
     plan_file: str | None = None
+    space: str = "grids"
 
     @classmethod
     def from_flags(cls, args: Any, dtype: str, overlap: bool = False,
@@ -43,7 +44,7 @@ class SetupRequest:
         """The request the shared flags (:func:`hpctrain.commands.flags.add_planning_options`,
         :func:`~hpctrain.commands.flags.add_run_options`, ``--batch``) give, in ``dtype``."""
         return cls(args.grid, args.batch, args.device, dtype, args.threads, args.machine,
-                   args.compute, args.mem_per_rank, overlap, plan_file)
+                   args.compute, args.mem_per_rank, overlap, plan_file, args.space)
 
 
 @dataclass
@@ -98,7 +99,7 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     check_placement(comm, machine)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
                              threads, request.overlap)
-    planned = predict_plan(model, plan, limit, source)
+    planned = predict_plan(model, plan, limit, source, request.space)
     if plan is None:  # rank 0 writes; a failed write stops every rank
         path = plan_file_path(request.plan_file, net, procs, request.batch)
         on_root(comm, lambda: write_plan_file(path, net, planned, procs, request.batch,

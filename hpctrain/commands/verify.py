@@ -115,10 +115,16 @@ def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, back
             serial = Network(net, serial_plan(plan), batch, serial_grids, backend, seed)
             serial_loss, reference = run_step(serial, data, magnitudes=True)
         width = max(10, *(len(layer.name) for layer in network.layers))
-        out(f"{'layer':<{width}} {'plan':<18} {'layout in -> out':<44} {'output':>9} {'dX':>9} "
-            f"{'dparams':>9} {'buffers':>9}")
+        described = [entry.describe() for entry in plan]
+        moved = [f"{layer.in_layout.describe()} -> {layer.out_layout.describe()}"
+                 for layer in network.layers]
+        plan_width = max(18, *map(len, described))
+        moved_width = max(44, *map(len, moved))
+        out(f"{'layer':<{width}} {'plan':<{plan_width}} {'layout in -> out':<{moved_width}} "
+            f"{'output':>9} {'dX':>9} {'dparams':>9} {'buffers':>9}")
         worst = relative_error(np.array([loss]), np.array([serial_loss]))
-        for layer, entry, got, want in zip(network.layers, plan, states, reference, strict=True):
+        for layer, entry, layouts, got, want in zip(network.layers, described, moved, states,
+                                                    reference, strict=True):
             errs = [relative_error(got.output, want.output)]
             errs.append(max(relative_error(g, w) for g, w in zip(
                 got.input_grads, want.input_grads, strict=True)) if got.input_grads else None)
@@ -126,8 +132,7 @@ def verify(net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet, back
             errs.append(_worst(got.buffers, want.buffers, want.magnitudes))
             worst = max([worst] + [e for e in errs if e is not None])
             cells = " ".join(f"{e:9.1e}" if e is not None else f"{'-':>9}" for e in errs)
-            layouts = f"{layer.in_layout.describe()} -> {layer.out_layout.describe()}"
-            out(f"{layer.name:<{width}} {entry.describe():<18} {layouts:<44} {cells}")
+            out(f"{layer.name:<{width}} {entry:<{plan_width}} {layouts:<{moved_width}} {cells}")
         ok = worst <= tolerance
         out(f"loss {loss:.12g} (serial {serial_loss:.12g}); largest relative error {worst:.2e} "
             f"{'<=' if ok else '>'} tolerance {tolerance:.0e}: {'PASS' if ok else 'FAIL'}")

@@ -101,15 +101,16 @@ def _by_rank(group: Group, per_node: int) -> Span:
 
 
 @lru_cache(maxsize=4096)
-def halo_crossings(parts: int, procs: int, per_node: int) -> int:
-    """For model groups of ``parts`` consecutive ranks (chains whose image rows exchange
-    halos with both neighbours), the most ranks of one node that send a halo to another node
-    at once: 0 when every chain lies inside a node, else 1 or 2 (a node's first and last
-    rank)."""
-    if parts <= 1 or per_node % parts == 0:
+def halo_crossings(parts: int, procs: int, per_node: int, stride: int = 1) -> int:
+    """For chains of ``parts`` ranks ``stride`` apart (by default consecutive: model groups,
+    whose image rows exchange halos with both neighbours), the most ranks of one node that send
+    a halo to another node at once: 0 when every chain lies inside a node, else 1 or 2 (a
+    node's first and last rank) for consecutive chains, up to every rank of a node for chains
+    of a larger stride."""
+    if parts <= 1 or per_node % (parts * stride) == 0:
         return 0
     crossing: dict[int, int] = {}
-    for ranks in Group(parts, 1, procs).members():
+    for ranks in Group(parts, stride, procs).members():
         for a, b in zip(ranks, ranks[1:]):
             if a // per_node != b // per_node:
                 crossing[a // per_node] = crossing.get(a // per_node, 0) + 1

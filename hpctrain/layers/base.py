@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.device.backend import Backend
 from hpctrain.kernels.counter_rng import stream_key, uniform_block
-from hpctrain.layout.layout import Box, Layout, grid_coords
+from hpctrain.layout.layout import CHANNEL_AXIS, Box, Layout
 from hpctrain.layout.partition import block_range
 
 if TYPE_CHECKING:
@@ -21,16 +21,17 @@ INIT_STREAM = 1
 class Parameter:
     """One rank's shard of a logical parameter tensor, with its gradient.
 
-    ``split`` says axis 0 (output channels/features) is cut over the Pr ranks of ``grid``;
-    otherwise every rank holds the whole tensor. The gradient is summed over the ranks holding the
-    same shard before the optimizer sees it, so every replica takes the same step.
+    ``sharded_by`` is the layout whose channel (or feature) blocks cut axis 0 (the output
+    channels): the rank holds the block of axis 0 it holds of that layout's channels. None, or
+    a layout that does not cut its channels: every rank holds the whole tensor. The gradient is
+    summed over the ranks holding the same shard before the optimizer sees it, so every replica
+    takes the same step.
     """
 
     name: str
     value: Any
     shape: tuple[int, ...]
-    grid: tuple[int, int]
-    split: bool
+    sharded_by: Layout | None = None
     grad: Any = None
     kept_grad: Any = field(default=None, repr=False)
 
@@ -49,15 +50,17 @@ class Parameter:
 
     def box(self, rank: int) -> Box:
         box = [(0, n) for n in self.shape]
-        if self.split:
-            box[0] = block_range(self.shape[0], self.grid[0], grid_coords(rank, self.grid)[0])
+        by = self.sharded_by
+        if by is not None and by.parts[CHANNEL_AXIS] > 1:
+            box[0] = block_range(self.shape[0], by.parts[CHANNEL_AXIS],
+                                 by.block_index(rank, CHANNEL_AXIS))
         return tuple(box)
 
 
-def init_parameter(backend: Backend, name: str, shape: tuple[int, ...], grid: tuple[int, int],
-                   split: bool, rank: int, key: int, bound: float) -> Parameter:
+def init_parameter(backend: Backend, name: str, shape: tuple[int, ...],
+                   sharded_by: Layout | None, rank: int, key: int, bound: float) -> Parameter:
     """Uniform(-bound, bound) entries drawn by global index: the same values on every grid."""
-    param = Parameter(name, None, shape, grid, split)
+    param = Parameter(name, None, shape, sharded_by)
     u = uniform_block(backend.xp, stream_key(key, INIT_STREAM), shape, param.box(rank),
                       backend.dtype)
     param.value = (u * 2 - 1) * backend.dtype(bound)
@@ -65,19 +68,20 @@ def init_parameter(backend: Backend, name: str, shape: tuple[int, ...], grid: tu
 
 
 def weight_and_bias(backend: Backend, name: str, weight_shape: tuple[int, ...], bias: bool,
-                    grid: tuple[int, int], split: bool, rank: int, key: int
+                    sharded_by: Layout | None, rank: int, key: int
                     ) -> tuple[Parameter, Parameter | None]:
     """A layer's weight, and its bias when asked, both U(±1/√fan_in) (the common default).
 
-    The output axis (axis 0) is split over Pr when ``split``; fan_in is the rest of the weight.
+    The output axis (axis 0) is cut as ``sharded_by`` cuts its channels; fan_in is the rest of
+    the weight.
     """
     fan_in = math.prod(weight_shape[1:])
     bound = 1.0 / math.sqrt(fan_in)
-    weight = init_parameter(backend, f"{name}.weight", weight_shape, grid, split, rank,
+    weight = init_parameter(backend, f"{name}.weight", weight_shape, sharded_by, rank,
                             stream_key(key, 0), bound)
     if not bias:
         return weight, None
-    return weight, init_parameter(backend, f"{name}.bias", weight_shape[:1], grid, split, rank,
+    return weight, init_parameter(backend, f"{name}.bias", weight_shape[:1], sharded_by, rank,
                                   stream_key(key, 1), bound)
 
 

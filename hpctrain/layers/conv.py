@@ -7,15 +7,21 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.kernels.conv import conv_backward, conv_forward
 from hpctrain.layers.base import Layer, weight_and_bias
 from hpctrain.layers.rows import WindowRows
-from hpctrain.layout.layout import HEIGHT_AXIS
+from hpctrain.layout.layout import shared_channel_digits
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
 
 
 class Conv(Layer):
-    """Y = W ⋆ X + b on a Pr×Pc grid; shown for images, and the same for volumes with a depth
-    axis before H (the axis a domain split cuts is then the depth).
+    """Y = W ⋆ X + b under any split of its output's samples, channels and spatial axes; shown
+    for the 1.5D grids of images, and the same for volumes with a depth axis before H (the axis
+    a domain split cuts is then the depth).
+
+    Any split: W: (O/c, C, k…) on the ranks holding output channel block i of c; X: the output's
+    spatial block plus halos (every channel); Y: its block. ΔW, Δb summed over every rank that
+    holds the same block of W; ΔX a partial sum over the c channel blocks, summed by the move's
+    adjoint; halo gradients go back to their owners, the split axes in reverse order.
 
     batch/model (1.5D; batch is Pr = 1):
         W: (O/Pr, C, kh, kw), b: (O/Pr,) — output channels split over Pr, replicated over Pc.
@@ -31,16 +37,14 @@ class Conv(Layer):
     def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
         self.name, self.mode, self.backend = name, ctx.mode, ctx.backend
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
-        grid = ctx.grids.get(ctx.grid)
-        c = self.in_layout.shape[1]
+        c, out = self.in_layout.shape[1], self.out_layout
         self.stride = options.stride
         self.rows = WindowRows.of(ctx.backend, ctx.grids, self.in_layout, options, name)
-        domain = self.in_layout.split_axis == HEIGHT_AXIS
-        # W is replicated on all P ranks in domain mode, Wᵢ on the Pc ranks of a model row else
-        self.grad_comm = grid.cart if domain else grid.batch_comm
+        # Wᵢ is on every rank that holds the same block of output channels
+        self.grad_comm = ctx.grids.over(out, shared_channel_digits(out))
         self.weight, self.bias = weight_and_bias(
-            ctx.backend, name, (options.out, c, *options.kernel), options.bias, grid.shape,
-            not domain, grid.rank, ctx.key)
+            ctx.backend, name, (options.out, c, *options.kernel), options.bias, out, ctx.rank,
+            ctx.key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
 
     def _forward_rows(self, x: Any, pads: tuple[tuple[int, int], ...]) -> tuple[Any, Any]:

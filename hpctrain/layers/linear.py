@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.kernels.linear import linear_backward, linear_forward
 from hpctrain.layers.base import Layer, weight_and_bias
+from hpctrain.layout.layout import shared_channel_digits
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
@@ -27,12 +28,12 @@ class Linear(Layer):
     def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
         self.name, self.mode, self.backend = name, ctx.mode, ctx.backend
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
-        grid = ctx.grids.get(ctx.grid)
-        split = self.out_layout.split_axis is not None
-        self.grad_comm = grid.batch_comm if split else grid.cart
+        out = self.out_layout
+        # Wᵢ is on every rank that holds the same block of output features
+        self.grad_comm = ctx.grids.over(out, shared_channel_digits(out))
         self.weight, self.bias = weight_and_bias(
-            ctx.backend, name, (options.out, self.in_layout.shape[1]), options.bias, grid.shape,
-            split, grid.rank, ctx.key)
+            ctx.backend, name, (options.out, self.in_layout.shape[1]), options.bias, out,
+            ctx.rank, ctx.key)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
 
     def forward(self, x: Any, step: int) -> Any:

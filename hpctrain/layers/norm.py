@@ -12,7 +12,7 @@ from hpctrain.kernels.norm import (
     batchnorm_inference_backward,
 )
 from hpctrain.layers.base import Layer, Parameter
-from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS
+from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
@@ -22,15 +22,15 @@ class BatchNorm(Layer):
     """Y = γ (X − μ) / √(σ² + ε) + β per channel, μ and σ² over the whole global batch (and
     the whole image), so every plan gives the serial numbers.
 
-    The statistics are summed over the ranks that hold other parts of the same channels:
-        channel split (model mode) or none (batch mode, where Pc = P; or replicated over Pr,
-        where the replicas hold the same values): the Pc ranks of the batch group; height split
-        (domain mode): all P ranks of the grid.
+    The statistics are summed over the ranks that hold other parts of the same channels: other
+    sample blocks and other spatial blocks, never a replica (it holds the same values). On the
+    1.5D grids: the Pc ranks of the batch group under a channel split (model mode) or none
+    (batch mode, or replicated over Pr); all P ranks under a height split (domain mode).
 
-    γ, β: (C/Pr,) sharded like a bias under a channel split, else whole on every rank. Their
-    gradients are complete after the backward's one all-reduce of [Σ ΔY, Σ ΔY·X̂]; replicated
-    over Pr, the gradient is a partial sum over the replicas, which the network sums over Pr.
-    Running mean and (unbiased) variance: (C/Pr,) buffers, updated in training with
+    γ, β: (C/c,) sharded like a bias when the channels are cut c ways, else whole on every
+    rank. Their gradients are complete after the backward's one all-reduce of [Σ ΔY, Σ ΔY·X̂];
+    replicated, the gradient is a partial sum over the replicas, which the network sums there.
+    Running mean and (unbiased) variance: (C/c,) buffers, updated in training with
     ``momentum`` (r ← (1 − m) r + m s, as PyTorch) and used in evaluation.
     """
 
@@ -42,11 +42,12 @@ class BatchNorm(Layer):
         self.eps, self.momentum = options.eps, options.momentum
         xp, dtype = ctx.backend.xp, ctx.backend.dtype
         layout = self.in_layout
-        grid = ctx.grids.get(layout.grid)
-        split = layout.split_axis == CHANNEL_AXIS
-        self.stats_comm = grid.cart if layout.split_axis == HEIGHT_AXIS else grid.batch_comm
-        # replicas over Pr hold partial gradients: the network sums them there
-        self.grad_comm = grid.model_comm if layout.split_axis is None else None
+        # the statistics of a channel block: over its samples and every spatial block
+        self.stats_comm = ctx.grids.over(layout, layout.digits_of(
+            a for a in range(len(layout.shape)) if a != CHANNEL_AXIS))
+        # replicas hold partial gradients: the network sums them there
+        replicas = layout.digits_of((REPLICAS,))
+        self.grad_comm = ctx.grids.over(layout, replicas) if replicas else None
         self.count = layout.shape[0]
         for n in layout.shape[2:]:
             self.count *= n
@@ -54,7 +55,7 @@ class BatchNorm(Layer):
         params = []
         for suffix, fill in (("gamma", 1.0), ("beta", 0.0), ("running_mean", 0.0),
                              ("running_var", 1.0)):
-            p = Parameter(f"{name}.{suffix}", None, (channels,), grid.shape, split)
+            p = Parameter(f"{name}.{suffix}", None, (channels,), layout)
             lo, hi = p.box(ctx.rank)[0]
             p.value = xp.full(hi - lo, fill, dtype=dtype)
             params.append(p)

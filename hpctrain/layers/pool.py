@@ -53,10 +53,11 @@ class GlobalAvgPool(Layer):
     """Y[n, c] = mean of X[n, c] over the whole image: (N, C, H, W) -> (N, C, 1, 1), and over
     the whole volume likewise.
 
-    Under a height split each rank sums its rows and the partial sums are all-reduced over the
-    Pr ranks of its batch group, so Y is replicated over them; the backward all-reduces the
-    gradient's partial sums the same way (the adjoint) and spreads it evenly over the rows.
-    Otherwise it is local, and a channel split passes through.
+    Under a split of the spatial axes each rank sums its block and the partial sums are
+    all-reduced over the ranks that split them (the Pr ranks of a batch group under a height
+    split), so Y is replicated over them; the backward all-reduces the gradient's partial sums
+    the same way (the adjoint) and spreads it evenly over the block. Otherwise it is local, and
+    a channel split passes through.
     """
 
     mode = "follow"
@@ -65,9 +66,9 @@ class GlobalAvgPool(Layer):
         self.name, self.backend, self.params = name, ctx.backend, []
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         self.scale = 1.0 / math.prod(self.in_layout.shape[2:])  # every rank: the whole image
-        self.comm = None
-        if self.in_layout.split_axis == HEIGHT_AXIS:
-            self.comm = ctx.grids.get(self.in_layout.grid).model_comm
+        x = self.in_layout
+        spatial = [a for a in x.cut_axes if a >= HEIGHT_AXIS]
+        self.comm = ctx.grids.over(x, x.digits_of(spatial)) if spatial else None
 
     def forward(self, x: Any, step: int) -> Any:
         self.x_shape = x.shape

@@ -1,5 +1,7 @@
 """Row bands for window layers (conv, pooling): the whole first spatial axis, or a split of it
-with halos. "Rows" are the planes of that axis: an image's rows, a volume's depth slices.
+with halos. "Rows" are the planes of that axis: an image's rows, a volume's depth slices. The
+other spatial axes, where split, are extended with their halos first, axis by axis (the last
+first), so the rows sent along the first axis carry every edge and corner.
 
 Without a split there is one band: all output rows from the whole input. With a split
 (domain parallelism) the output rows are cut into up to three bands: the *interior*, whose
@@ -17,7 +19,7 @@ from typing import Any
 from hpctrain.comm.grid import GridSet
 from hpctrain.comm.halo import ROW_AXIS, HaloExchange
 from hpctrain.device.backend import Backend
-from hpctrain.layout.layout import HEIGHT_AXIS, Layout, first_axis_name
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout, axis_name
 from hpctrain.layout.partition import HaloPlan, Window, halo_plans
 
 # op_forward(x_rows, pads: (before, after) per spatial axis) -> (y_rows, cache)
@@ -40,33 +42,59 @@ class WindowRows:
     ----------
     window : the op's window along the first spatial axis.
     n_rows : input size along it (global).
-    other_pads : (before, after) zero padding of each other spatial axis (never split).
+    other_pads : (before, after) zero padding of each other spatial axis: the image's padding
+        where that axis is whole, else the padding of this rank's block of it.
     halo : the exchange for a height-split input, or None when the rank holds every row.
     plan : the halo plan of this rank (None without a split).
+    extensions : the halo exchanges of the other split spatial axes, last axis first: the
+        input is extended by each in turn before the rows are run, and its gradient given back
+        through them in reverse (each the adjoint of its forward).
     """
 
     def __init__(self, backend: Backend, window: Window, n_rows: int,
                  other_pads: tuple[tuple[int, int], ...], halo: HaloExchange | None = None,
-                 plan: HaloPlan | None = None) -> None:
+                 plan: HaloPlan | None = None,
+                 extensions: tuple[HaloExchange, ...] = ()) -> None:
         self.backend, self.window, self.n_rows = backend, window, n_rows
         self.other_pads = other_pads
-        self.halo, self.plan = halo, plan
+        self.halo, self.plan, self.extensions = halo, plan, extensions
         self.n_out = window.out_size(n_rows)
 
     @classmethod
     def of(cls, backend: Backend, grids: GridSet, layout: Layout, options: Any, name: str
            ) -> WindowRows:
         """The rows of a window layer with ``options`` (kernel, stride, pad: one per spatial
-        axis) on ``layout``: with this rank's halo exchange when ``layout`` splits the first
-        spatial axis."""
-        window = Window(options.kernel[0], options.stride[0], *options.pad[0])
-        h, others = layout.shape[HEIGHT_AXIS], options.pad[1:]
-        if layout.split_axis != HEIGHT_AXIS:
-            return cls(backend, window, h, others)
-        grid = grids.get(layout.grid)
-        plan_i = halo_plans(h, grid.pr, window, name, first_axis_name(layout.shape))[grid.i]
-        halo = HaloExchange(backend, grid.model_comm, plan_i)
-        return cls(backend, window, h, others, halo, plan_i)
+        axis) on ``layout``: with this rank's halo exchange along every spatial axis ``layout``
+        cuts."""
+        rank = grids.world.Get_rank()
+        windows = [Window(k, s, *p) for k, s, p in zip(options.kernel, options.stride,
+                                                         options.pad, strict=True)]
+        pads = list(options.pad)
+        exchanges = {}
+        for axis in (a for a in layout.cut_axes if a >= HEIGHT_AXIS):
+            plans = halo_plans(layout.shape[axis], layout.parts[axis], windows[axis - 2], name,
+                               axis_name(layout.shape, axis))
+            plan = plans[layout.block_index(rank, axis)]
+            comm = grids.over(layout, layout.digits_of((axis,)))
+            exchanges[axis] = (HaloExchange(backend, comm, plan, axis), plan)
+            pads[axis - 2] = (plan.pad_top, plan.pad_bottom)
+        extensions = tuple(exchanges[a][0] for a in sorted(exchanges, reverse=True)
+                           if a > HEIGHT_AXIS)
+        h = layout.shape[HEIGHT_AXIS]
+        if HEIGHT_AXIS not in exchanges:
+            return cls(backend, windows[0], h, tuple(pads[1:]), extensions=extensions)
+        halo, plan = exchanges[HEIGHT_AXIS]
+        return cls(backend, windows[0], h, tuple(pads[1:]), halo, plan, extensions)
+
+    def _extend(self, x: Any) -> Any:
+        for exchange in self.extensions:
+            x = exchange.finish(exchange.start(x))
+        return x
+
+    def _give_back(self, dx: Any) -> Any:
+        for exchange in reversed(self.extensions):
+            dx = exchange.finish_backward(exchange.start_backward(dx))
+        return dx
 
     def _band(self, out_rows: tuple[int, int]
               ) -> tuple[_Band, tuple[tuple[int, int], ...]]:
@@ -76,6 +104,7 @@ class WindowRows:
 
     def forward(self, x: Any, op: OpForward) -> tuple[Any, list[_Band]]:
         """Y for the owned output rows, and the bands (with their caches) for ``backward``."""
+        x = self._extend(x)
         self.x_shape = x.shape
         if self.halo is None:
             band, pads = self._band((0, self.n_out))
@@ -105,6 +134,10 @@ class WindowRows:
 
     def backward(self, dy: Any, bands: list[_Band], op: OpBackward, need_dx: bool) -> Any:
         """dX for the owned input rows (None unless ``need_dx``; the op's parameter grads run)."""
+        dx = self._backward_rows(dy, bands, op, need_dx)
+        return self._give_back(dx) if need_dx else None
+
+    def _backward_rows(self, dy: Any, bands: list[_Band], op: OpBackward, need_dx: bool) -> Any:
         if self.halo is None:
             return op(dy, bands[0].cache)
         p = self.plan

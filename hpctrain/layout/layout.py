@@ -1,17 +1,32 @@
-"""Tensor layouts: how an activation of global shape (N, C, H, W) or (N, F) sits on P ranks.
+"""Tensor layouts: how an activation of global shape (N, C, H, W), (N, C, D, H, W) or (N, F) sits
+on P ranks.
 
-Every layer runs on a Pr×Pc grid. Rank r has grid coordinates ``i = r % Pr`` (model/domain
-index) and ``j = r // Pr`` (batch index): ranks that share a batch shard are consecutive, so the
-heavy model-parallel collectives stay within a node under block task placement. Worked example,
-ranks 0..5 on Pr×Pc = 2×3::
+A layout is one record for every split: the P ranks form a *mesh* of digits, slowest first,
+and each digit either cuts one axis of the tensor or holds replicas. A rank's coordinate on
+each digit comes from its number in mixed radix (the last digit varies fastest); the axis a
+digit cuts is split by the block rule of :mod:`hpctrain.layout.partition`, and where several
+digits cut one axis, their coordinates combine in mixed radix into one block index.
+
+A layer's split is a degree per axis of its output — sample, channels and each spatial axis —
+and a number of replicas (:class:`Split`); its mesh is, slowest first, the batch, the spatial
+axes in order, the channels, then the replicas. The batch varies slowest so that the ranks that
+share a sample block are consecutive (the heavy collectives stay inside a node under block task
+placement); the channels sit below the spatial axes so that a convolution's input, whose
+channels are whole, keeps on each rank the same spatial block as its output.
+
+The 1.5D grids are special cases. On a Pr×Pc grid the mesh is (Pc, Pr): rank r has grid
+coordinates ``i = r % Pr`` (model/domain index) and ``j = r // Pr`` (batch index). Worked
+example, ranks 0..5 on Pr×Pc = 2×3::
 
     rank   0  1  2  3  4  5
     i      0  1  0  1  0  1      model groups (size Pr): {0,1} {2,3} {4,5}
     j      0  0  1  1  2  2      batch groups (size Pc): {0,2,4} {1,3,5}
 
-The batch axis is always split over j with the block rule of :mod:`hpctrain.layout.partition`; one
-other axis may be split over i (channels/features for model parallelism, height for domain
-parallelism), and with no such axis the tensor is replicated over the Pr ranks of a batch group.
+*Batch* cuts only the sample axis; *model* also the channels (or features) over i; *domain*
+the first spatial axis over i; with nothing cut over i the tensor is replicated over the Pr
+ranks of a batch group. A split of height and width on 8 ranks, 2 sample blocks each cut 2×2,
+is the mesh (2, 2, 2) cutting axes (N, H, W): rank 5 = 1·4 + 0·2 + 1 holds sample block 1,
+height block 0 and width block 1.
 
 Gradients of a replicated activation are held as *partial sums*: the true gradient is the sum of
 the replicas' buffers. This makes every communication step an exact linear map whose backward is
@@ -20,9 +35,9 @@ its adjoint; e.g. the adjoint of an all-gather is a reduce-scatter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 from hpctrain.cost.nodes import Group
 from hpctrain.layout.partition import BlockRanges, block_range, block_ranges
@@ -32,12 +47,28 @@ Box = tuple[tuple[int, int], ...]
 BATCH_AXIS = 0
 CHANNEL_AXIS = 1
 HEIGHT_AXIS = 2
+REPLICAS = -1  # a mesh digit that cuts no axis: its ranks hold the same block
 
 
 def first_axis_name(shape: tuple[int, ...]) -> str:
     """What the first spatial axis of a tensor of global ``shape`` is called: a volume's
     (N, C, D, H, W) depth, an image's height."""
     return "depth" if len(shape) == 5 else "height"
+
+
+def axis_letters(ndim: int) -> str:
+    """The letter of each axis of a tensor of ``ndim`` axes, batch first: ``nc`` for (N, F),
+    ``nchw`` for an image, ``ncdhw`` for a volume (a spec's and a plan file's names)."""
+    return {2: "nc", 3: "ncw", 4: "nchw", 5: "ncdhw"}[ndim]
+
+
+def axis_name(shape: tuple[int, ...], axis: int) -> str:
+    """The name of ``axis`` of a tensor of global ``shape`` (``batch``, ``channels``, …)."""
+    if axis == BATCH_AXIS:
+        return "batch"
+    if axis == CHANNEL_AXIS:
+        return "channels" if len(shape) >= 3 else "features"
+    return {"d": "depth", "h": "height", "w": "width"}[axis_letters(len(shape))[axis]]
 
 
 def grid_coords(rank: int, grid: tuple[int, int]) -> tuple[int, int]:
@@ -47,73 +78,306 @@ def grid_coords(rank: int, grid: tuple[int, int]) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
+class Split:
+    """A layer's split: a degree for each axis of its output, batch first (``degrees``; the
+    channels, or a linear layer's features, second, then each spatial axis), and the number of
+    times its work is replicated. The product of all is the number of ranks.
+
+    Example: ``Split((2, 1, 2, 2))`` cuts an image layer's samples in 2, its height in 2 and its
+    width in 2 on 8 ranks; ``Split((2, 4), 2)`` cuts a linear layer's samples in 2 and its
+    features in 4, each block computed twice, on 16 ranks.
+    """
+
+    degrees: tuple[int, ...]
+    replicas: int = 1
+
+    @property
+    def procs(self) -> int:
+        return math.prod(self.degrees) * self.replicas
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The grid (Pr, Pc) of this split, Pr ranks sharing each of Pc sample blocks."""
+        return self.procs // self.degrees[0], self.degrees[0]
+
+    def mesh(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(digit sizes, the axis each cuts) of this split's output, slowest first: the batch,
+        the spatial axes in order, the channels, the replicas (see the module's text)."""
+        order = [BATCH_AXIS, *range(2, len(self.degrees)), CHANNEL_AXIS]
+        sizes = [self.degrees[a] for a in order] + [self.replicas]
+        return tuple(sizes), (*order, REPLICAS)
+
+    @property
+    def mode(self) -> str:
+        """The 1.5D mode this split is, or ``split``: ``batch`` cuts only the samples,
+        ``model`` also the channels, ``domain`` the first spatial axis, ``replicated``
+        replicates the work over the ranks that share a sample block."""
+        cut = [a for a, d in enumerate(self.degrees) if d > 1 and a != BATCH_AXIS]
+        if self.replicas > 1:
+            return "split" if cut else "replicated"
+        if not cut:
+            return "batch"
+        return {(CHANNEL_AXIS,): "model", (HEIGHT_AXIS,): "domain"}.get(tuple(cut), "split")
+
+    def text(self) -> str:
+        """``n=2,c=1,h=2,w=2`` (and ``,r=R`` for replicas): a plan file's form."""
+        letters = axis_letters(len(self.degrees))
+        words = [f"{letters[a]}={d}" for a, d in enumerate(self.degrees)]
+        return ",".join(words + ([f"r={self.replicas}"] if self.replicas > 1 else []))
+
+    @classmethod
+    def of_mode(cls, mode: str, grid: tuple[int, int], ndim: int) -> Split:
+        """The split a 1.5D ``mode`` on ``grid`` (Pr, Pc) gives an output of ``ndim`` axes."""
+        pr, pc = grid
+        degrees = [pc] + [1] * (ndim - 1)
+        if mode == "batch":
+            degrees[0] = pr * pc
+        elif mode in ("model", "domain"):
+            degrees[CHANNEL_AXIS if mode == "model" else HEIGHT_AXIS] = pr
+        elif mode == "replicated":
+            return cls(tuple(degrees), pr)
+        else:
+            raise ValueError(f"no split for mode {mode!r}")
+        return cls(tuple(degrees))
+
+
 class Layout:
-    """Where each rank's block of a global tensor lies.
+    """Where each rank's block of a global tensor lies (see the module's text).
+
+    Made as the 1.5D grids are, ``Layout(shape, (Pr, Pc), split_axis, split_ranges)``, or on any
+    mesh, ``Layout(shape, mesh=sizes, axes=cut)`` (:meth:`of_split` for a layer's
+    :class:`Split`).
 
     Parameters
     ----------
     shape : global shape, batch first.
-    grid : (Pr, Pc).
+    grid : (Pr, Pc): the batch cut Pc ways over the slow digit, ``split_axis`` (or nothing: the
+        Pr ranks replicate) cut Pr ways over the fast one.
     split_axis : the axis cut over the Pr model/domain ranks, or None when replicated over them.
-    split_ranges : the Pr ranges along ``split_axis``; block ranges by default (a
-        :class:`~hpctrain.layout.partition.BlockRanges`, which stores none of them). Explicit ranges
-        arise when flattening a channel-split (N, C, H, W) into (N, C·H·W).
+    split_ranges : the ranges of the one axis a single digit cuts; block ranges by default (a
+        :class:`~hpctrain.layout.partition.BlockRanges`, which stores none of them). Explicit
+        ranges arise when flattening a channel-split (N, C, H, W) into (N, C·H·W).
+    mesh, axes : the digit sizes, slowest first, and the axis each cuts (``REPLICAS``, -1:
+        none). Digits of size 1 are dropped and neighbours on the same axis merged, so that one
+        placement of blocks has one spelling.
 
-    The hash leaves ``split_ranges`` out (they follow from the other fields but for a
-    flattened split, and hashing them would cost O(Pr)), and is made once: layouts key the cost
-    model's tables, looked up many thousand times per plan.
+    Layouts are immutable; equal when every rank holds the same block. The hash leaves the
+    ranges out (they follow from the other fields but for a flattened split, and hashing them
+    would cost O(parts)), and is made once: layouts key the cost model's tables, looked up many
+    thousand times per plan.
     """
 
-    shape: tuple[int, ...]
-    grid: tuple[int, int]
-    split_axis: int | None = None
-    split_ranges: Sequence[tuple[int, int]] | None = None
+    __slots__ = ("shape", "mesh", "axes", "split_ranges", "_hash", "_largest", "_parts")
 
-    def __post_init__(self) -> None:
-        if self.grid[0] == 1:  # one model rank: the "split" holds everything
-            object.__setattr__(self, "split_axis", None)
-        if self.split_axis is not None and self.split_ranges is None:
-            ranges = block_ranges(self.shape[self.split_axis], self.grid[0])
-            object.__setattr__(self, "split_ranges", ranges)
-        if self.split_axis is None:
-            object.__setattr__(self, "split_ranges", None)
-        # of integers only (no split: -1), so that it is the same in every process and a
-        # pickled layout keeps a valid one
-        axis = -1 if self.split_axis is None else self.split_axis
-        object.__setattr__(self, "_hash", hash((self.shape, self.grid, axis)))
+    def __init__(self, shape: Sequence[int], grid: tuple[int, int] | None = None,
+                 split_axis: int | None = None,
+                 split_ranges: Sequence[tuple[int, int]] | None = None, *,
+                 mesh: Sequence[int] | None = None, axes: Sequence[int] | None = None) -> None:
+        shape = tuple(shape)
+        if mesh is None:
+            pr, pc = grid
+            mesh, axes = (pc, pr), (BATCH_AXIS, REPLICAS if split_axis is None else split_axis)
+        sizes, cut = _canonical(tuple(mesh), tuple(axes))
+        for axis in cut:
+            if axis != REPLICAS and not 0 <= axis < len(shape):
+                raise ValueError(f"a layout of shape {shape} has no axis {axis}")
+        set_ = object.__setattr__
+        set_(self, "shape", shape)
+        set_(self, "mesh", sizes)
+        set_(self, "axes", cut)
+        parts = [1] * len(shape)
+        for size, axis in zip(sizes, cut, strict=True):
+            if axis != REPLICAS:
+                parts[axis] *= size
+        set_(self, "_parts", tuple(parts))
+        set_(self, "split_ranges", self._ranges(split_ranges))
+        set_(self, "_largest", None)
+        set_(self, "_hash", hash((shape, sizes, cut)))
+
+    def _ranges(self, given: Sequence[tuple[int, int]] | None) -> Sequence | None:
+        """The ranges of the one axis one digit cuts (block ranges unless given), else None."""
+        cut = [a for a in self.axes if a not in (REPLICAS, BATCH_AXIS)]
+        if len(cut) != 1:
+            if given is not None and len(cut) > 1:
+                raise ValueError("explicit ranges need a layout that cuts one axis besides "
+                                 "the batch")
+            return None
+        n, parts = self.shape[cut[0]], self._parts[cut[0]]
+        if given is None:
+            return block_ranges(n, parts)
+        given = tuple(given)
+        if len(given) != parts:
+            raise ValueError(f"{len(given)} ranges for an axis cut {parts} ways")
+        return block_ranges(n, parts) if given == block_ranges(n, parts) else given
+
+    @classmethod
+    def of_split(cls, shape: tuple[int, ...], split: Split, cut: Iterable[int] | None = None
+                 ) -> Layout:
+        """The layout of a tensor of ``shape`` under ``split``, cutting only the axes in
+        ``cut`` (all by default); the digits of the others hold replicas. ``split`` has a degree
+        per axis of ``shape``."""
+        if len(split.degrees) != len(shape):
+            raise ValueError(f"split {split} has {len(split.degrees)} degrees for shape {shape}")
+        keep = set(range(len(shape)) if cut is None else cut) | {BATCH_AXIS}
+        sizes, axes = split.mesh()
+        return cls(shape, mesh=sizes, axes=tuple(a if a in keep else REPLICAS for a in axes))
+
+    # -- identity --------------------------------------------------------------------------
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("layouts are immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return (self._hash == other._hash and self.shape == other.shape
+                and self.mesh == other.mesh and self.axes == other.axes
+                and self.split_ranges == other.split_ranges)
 
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple:
+        ranges = self.split_ranges
+        if ranges is not None and not isinstance(ranges, BlockRanges):
+            ranges = tuple(ranges)
+        else:
+            ranges = None
+        return _rebuild, (self.shape, self.mesh, self.axes, ranges)
+
+    def __repr__(self) -> str:
+        return f"Layout({self.shape}, {self.describe()})"
+
+    # -- the mesh ----------------------------------------------------------------------------
+
     @property
     def size(self) -> int:
-        return self.grid[0] * self.grid[1]
+        return math.prod(self.mesh)
+
+    @property
+    def parts(self) -> tuple[int, ...]:
+        """How many blocks each axis is cut into, batch first."""
+        return self._parts
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The grid (Pr, Pc), Pr ranks sharing each of Pc sample blocks."""
+        pc = self._parts[BATCH_AXIS]
+        return self.size // pc, pc
+
+    @property
+    def replicas(self) -> int:
+        """How many ranks hold each block."""
+        return math.prod(s for s, a in zip(self.mesh, self.axes, strict=True) if a == REPLICAS)
+
+    @property
+    def cut_axes(self) -> tuple[int, ...]:
+        """The axes besides the batch that are cut, in order."""
+        return tuple(a for a in range(1, len(self.shape)) if self._parts[a] > 1)
+
+    @property
+    def split_axis(self) -> int | None:
+        """The one axis besides the batch that is cut, or None where none is (for the code
+        that knows only the 1.5D grids). A layout that cuts several raises."""
+        cut = self.cut_axes
+        if len(cut) > 1:
+            raise ValueError(f"layout {self.describe()} cuts several axes; ask cut_axes")
+        return cut[0] if cut else None
+
+    @property
+    def is_grid(self) -> bool:
+        """Whether this is a 1.5D layout, the batch over the slow digit of a Pr×Pc grid and at
+        most one other axis cut, over all Pr ranks of the fast one."""
+        rest = self.axes[1:] if self.axes[:1] == (BATCH_AXIS,) else self.axes
+        return len(rest) <= 1 and BATCH_AXIS not in rest
+
+    def coordinates(self, rank: int) -> tuple[int, ...]:
+        """``rank``'s coordinate on each digit of the mesh (the last varies fastest)."""
+        found = []
+        for size in reversed(self.mesh):
+            found.append(rank % size)
+            rank //= size
+        return tuple(reversed(found))
+
+    def block_index(self, rank: int, axis: int) -> int:
+        """Which of the ``parts[axis]`` blocks of ``axis`` ``rank`` holds."""
+        index = 0
+        for coordinate, size, cut in zip(self.coordinates(rank), self.mesh, self.axes,
+                                         strict=True):
+            if cut == axis:
+                index = index * size + coordinate
+        return index
 
     def box(self, rank: int) -> Box:
         """The global index ranges held by ``rank``, one (start, stop) per axis."""
-        i, j = grid_coords(rank, self.grid)
-        box = [(0, n) for n in self.shape]
-        box[BATCH_AXIS] = block_range(self.shape[BATCH_AXIS], self.grid[1], j)
-        if self.split_axis is not None:
-            box[self.split_axis] = self.split_ranges[i]
+        index = [0] * len(self.shape)
+        for coordinate, size, cut in zip(self.coordinates(rank), self.mesh, self.axes,
+                                         strict=True):
+            if cut != REPLICAS:
+                index[cut] = index[cut] * size + coordinate
+        box = []
+        for axis, (n, parts) in enumerate(zip(self.shape, self._parts, strict=True)):
+            if parts == 1:
+                box.append((0, n))
+            elif self.split_ranges is not None and axis != BATCH_AXIS:
+                box.append(tuple(self.split_ranges[index[axis]]))
+            else:
+                box.append(block_range(n, parts, index[axis]))
         return tuple(box)
 
-    @cached_property
+    @property
     def largest_block(self) -> tuple[int, ...]:
         """The largest local shape any rank holds (blocks differ by at most one along each
         cut). Made once: the cost model asks for it many times per layout."""
-        shape = list(self.shape)
-        shape[BATCH_AXIS] = -(-shape[BATCH_AXIS] // self.grid[1])
-        axis, ranges = self.split_axis, self.split_ranges
-        if axis is not None:
-            if isinstance(ranges, BlockRanges):  # O(1)
-                shape[axis] = ranges.largest()
-            else:  # explicit ranges (a flattened channel split)
+        if self._largest is None:
+            shape = [-(-n // parts) for n, parts in zip(self.shape, self._parts, strict=True)]
+            ranges = self.split_ranges
+            if ranges is not None and not isinstance(ranges, BlockRanges):
+                axis = self.cut_axes[0]
                 shape[axis] = max(hi - lo for lo, hi in ranges)
-        return tuple(shape)
+            object.__setattr__(self, "_largest", tuple(shape))
+        return self._largest
 
     def local_shape(self, rank: int) -> tuple[int, ...]:
         return tuple(b - a for a, b in self.box(rank))
+
+    # -- groups of ranks ---------------------------------------------------------------------
+
+    def digits_of(self, axes: Iterable[int]) -> tuple[int, ...]:
+        """The positions of the mesh digits that cut ``axes`` (``REPLICAS`` among them:
+        the replica digits)."""
+        wanted = set(axes)
+        return tuple(k for k, a in enumerate(self.axes) if a in wanted)
+
+    def group(self, axes: Iterable[int]) -> Group:
+        """The pattern of the groups of ranks that differ only in their blocks of ``axes``
+        (``REPLICAS`` for the replicas), for the cost model (:meth:`digit_group`)."""
+        return self.digit_group(self.digits_of(axes))
+
+    def digit_group(self, digits: Sequence[int]) -> Group:
+        """The pattern of the groups of ranks that differ only in the mesh ``digits``. Exact
+        where those digits are neighbours on the mesh (every 1.5D group); otherwise a pattern of
+        the same size whose stride is that of its fastest digit."""
+        size = math.prod(self.mesh[k] for k in digits)
+        if size == 1:
+            return Group(1, 1, self.size)
+        stride = math.prod(self.mesh[max(digits) + 1:])
+        return Group(size, stride, self.size)
+
+    def replica_index(self, rank: int) -> int:
+        """Which of the :attr:`replicas` copies of its block ``rank`` holds."""
+        return self.block_index(rank, REPLICAS)
+
+    def rank_of(self, blocks: Sequence[int], replica: int) -> int:
+        """The rank that holds block ``blocks[a]`` of each axis a, copy ``replica``: the
+        inverse of :meth:`block_index` and :meth:`replica_index`."""
+        index = [*blocks, replica]  # REPLICAS is -1: the last entry
+        rank = 0
+        for k, (size, cut) in enumerate(zip(self.mesh, self.axes, strict=True)):
+            below = math.prod(s for s, a in zip(self.mesh[k + 1:], self.axes[k + 1:],
+                                                strict=True) if a == cut)
+            rank = rank * size + index[cut] // below % size
+        return rank
 
     @property
     def model_group(self) -> Group:
@@ -130,19 +394,76 @@ class Layout:
         """Every rank, as one group."""
         return Group(self.size, 1, self.size)
 
+    # -- related layouts -------------------------------------------------------------------
+
     def replicated(self) -> Layout:
-        """The same tensor on the same grid with the Pr split removed."""
-        return Layout(self.shape, self.grid)
+        """The same tensor on the same mesh with every cut but the batch's made replicas."""
+        return self.without(self.cut_axes)
+
+    def without(self, axes: Iterable[int]) -> Layout:
+        """The same tensor on the same mesh, the digits that cut ``axes`` made replicas."""
+        drop = set(axes)
+        if not drop & set(self.axes):
+            return self
+        return Layout(self.shape, mesh=self.mesh,
+                      axes=tuple(REPLICAS if a in drop else a for a in self.axes))
+
+    def with_shape(self, shape: tuple[int, ...]) -> Layout:
+        """A tensor of another ``shape`` (as many axes) cut the same way; explicit ranges kept
+        while their axis keeps its length."""
+        if shape == self.shape:
+            return self
+        ranges = self.split_ranges
+        if ranges is not None and (isinstance(ranges, BlockRanges)
+                                   or shape[self.cut_axes[0]] != self.shape[self.cut_axes[0]]):
+            ranges = None
+        return Layout(shape, mesh=self.mesh, axes=self.axes, split_ranges=ranges)
 
     def describe(self) -> str:
         pr, pc = self.grid
-        if self.split_axis is None:
-            split = "replicated" if pr > 1 else "whole"
+        if self.is_grid:
+            axis = self.split_axis
+            if axis is None:
+                split = "replicated" if pr > 1 else "whole"
+            else:
+                split = {HEIGHT_AXIS: first_axis_name(self.shape)}.get(
+                    axis, "channels" if len(self.shape) >= 4 else "features")
+                split += f"/{pr}"
+            return f"{pr}x{pc} batch/{pc} {split}"
+        words = [f"{axis_name(self.shape, a)}/{self._parts[a]}" for a in self.cut_axes]
+        if self.replicas > 1:
+            words.append(f"replicated/{self.replicas}")
+        return f"{pr}x{pc} batch/{pc} " + " ".join(words)
+
+
+def _canonical(mesh: tuple[int, ...], axes: tuple[int, ...]
+               ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Digits of size 1 dropped, neighbours cutting the same axis (or both replicas) merged."""
+    if len(mesh) != len(axes):
+        raise ValueError(f"mesh {mesh} and axes {axes} differ in length")
+    sizes: list[int] = []
+    cut: list[int] = []
+    for size, axis in zip(mesh, axes, strict=True):
+        if size < 1:
+            raise ValueError(f"mesh {mesh} has a digit of size {size}")
+        if size == 1:
+            continue
+        if cut and cut[-1] == axis:
+            sizes[-1] *= size
         else:
-            split = {HEIGHT_AXIS: first_axis_name(self.shape)}.get(self.split_axis, "channels"
-                                             if len(self.shape) >= 4 else "features")
-            split += f"/{pr}"
-        return f"{pr}x{pc} batch/{pc} {split}"
+            sizes.append(size)
+            cut.append(axis)
+    return tuple(sizes), tuple(cut)
+
+
+def _rebuild(shape: tuple, mesh: tuple, axes: tuple, ranges: tuple | None) -> Layout:
+    return Layout(shape, mesh=mesh, axes=axes, split_ranges=ranges)
+
+
+def shared_channel_digits(layout: Layout) -> tuple[int, ...]:
+    """The digits of ``layout``'s mesh along which ranks hold the same channels: the ranks that
+    share a layer's weight block, whose gradients are summed (every digit but the channels')."""
+    return tuple(k for k, a in enumerate(layout.axes) if a != CHANNEL_AXIS)
 
 
 def largest_block(layout: Layout) -> tuple[int, ...]:

@@ -37,8 +37,15 @@ import numpy as np
 from hpctrain.cost.collectives import allgather_time, exchange_time, reduce_scatter_time
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.nodes import Group
-from hpctrain.layout.layout import BATCH_AXIS, Box, Layout, intersect, relative_slices
-from hpctrain.layout.partition import block_range
+from hpctrain.layout.layout import (
+    BATCH_AXIS,
+    REPLICAS,
+    Box,
+    Layout,
+    intersect,
+    relative_slices,
+)
+from hpctrain.layout.partition import BlockRanges, block_range, block_ranges
 
 Range = tuple[int, int]
 
@@ -115,7 +122,9 @@ class SliceMove(Move):
 
     @staticmethod
     def fits(src: Layout, dst: Layout) -> bool:
-        return src.split_axis is None and src.grid[0] % dst.grid[0] == 0
+        if src.is_grid and dst.is_grid:
+            return src.split_axis is None and src.grid[0] % dst.grid[0] == 0
+        return _cuts_more(src, dst)
 
     def slices(self, rank: int) -> tuple[slice, ...]:
         """The slices that pick ``rank``'s new block out of its old one."""
@@ -140,25 +149,64 @@ class AllGatherMove(Move):
 
     @staticmethod
     def fits(src: Layout, dst: Layout) -> bool:
-        return dst.split_axis is None and dst.grid[0] > 1 and (
-            (src.grid == dst.grid and src.split_axis is not None) or src.grid == (1, src.size))
+        if src.is_grid and dst.is_grid:
+            return dst.split_axis is None and dst.grid[0] > 1 and (
+                (src.grid == dst.grid and src.split_axis is not None)
+                or src.grid == (1, src.size))
+        return _gathered_digit(src, dst) is not None
+
+    @property
+    def digits(self) -> tuple[int, ...]:
+        """The digits of the target's mesh whose ranks gather together, the model group of a
+        grid or the one digit a mesh stops cutting."""
+        dst = self.dst
+        if not (self.src.is_grid and dst.is_grid):
+            return (_gathered_digit(self.src, dst),)
+        return dst.digits_of((REPLICAS,))
 
     def gathered(self, rank: int) -> tuple[int, tuple[Range, ...]]:
-        """(axis, ranges): ``rank``'s model group gathers along ``axis``, member k holding
+        """(axis, ranges): ``rank``'s group gathers along ``axis``, member k holding
         ``ranges[k]`` of it."""
-        src, pr = self.src, self.dst.grid[0]
-        if src.grid == self.dst.grid:
+        src, dst = self.src, self.dst
+        if not (src.is_grid and dst.is_grid):
+            axis = src.axes[_gathered_digit(src, dst)]
+            return axis, src.split_ranges or block_ranges(src.shape[axis], src.parts[axis])
+        pr = dst.grid[0]
+        if src.grid == dst.grid:
             return src.split_axis, src.split_ranges
         first = rank - rank % pr  # the group's ranks on 1×P: first … first + Pr − 1
         n = src.shape[BATCH_AXIS]
         return BATCH_AXIS, tuple(block_range(n, src.size, first + i) for i in range(pr))
 
     def seconds(self, machine: Machine, itemsize: int) -> tuple[float, float]:
-        group, block = self.dst.model_group, self._blocks(itemsize)[1]
+        group, block = self.dst.digit_group(self.digits), self._blocks(itemsize)[1]
         return allgather_time(machine, group, block), reduce_scatter_time(machine, group, block)
 
     def buffer_bytes(self, itemsize: int) -> float:
         return 2 * sum(self._blocks(itemsize))  # a contiguous copy, the receive buffer, result
+
+
+def _cuts_more(src: Layout, dst: Layout) -> bool:
+    """Whether ``dst`` is ``src`` on the same mesh with some replica digits made cuts: then
+    every rank's new block lies inside its old one."""
+    if src.mesh != dst.mesh or src.split_ranges != dst.split_ranges and src.cut_axes:
+        return False
+    return all(a == REPLICAS or a == b for a, b in zip(src.axes, dst.axes, strict=True))
+
+
+def _gathered_digit(src: Layout, dst: Layout) -> int | None:
+    """The one digit of a common mesh on which ``src`` cuts an axis (no other digit cuts it)
+    and ``dst`` holds replicas, every other digit alike; None when there is none."""
+    if src.mesh != dst.mesh:
+        return None
+    differ = [k for k, (a, b) in enumerate(zip(src.axes, dst.axes, strict=True)) if a != b]
+    if len(differ) != 1:
+        return None
+    k = differ[0]
+    axis = src.axes[k]
+    if dst.axes[k] != REPLICAS or axis in (REPLICAS, BATCH_AXIS) or src.axes.count(axis) != 1:
+        return None
+    return k
 
 
 @dataclass(frozen=True)
@@ -211,8 +259,11 @@ class GeneralMove(Move):
         return Exchange(tuple(sends), tuple(receives), tuple(local))
 
     def seconds(self, machine: Machine, itemsize: int) -> tuple[float, float]:
-        share, messages = _busiest_receiver((self.src.grid, self.src.split_axis),
-                                            (self.dst.grid, self.dst.split_axis))
+        if self.src.is_grid and self.dst.is_grid:
+            share, messages = _busiest_receiver((self.src.grid, self.src.split_axis),
+                                                (self.dst.grid, self.dst.split_axis))
+        else:
+            share, messages = _busiest_receiver_on_meshes(self.src, self.dst)
         # a rank's peers lie among the aligned max(Pr_src, Pr_dst) consecutive ranks around
         # it (the batch blocks of the finer grid nest in those of the coarser)
         peers = Group(max(self.src.grid[0], self.dst.grid[0]), 1, self.src.size)
@@ -242,26 +293,29 @@ def move_between(src: Layout, dst: Layout) -> Move:
 def parts_overlapping(layout: Layout, axis: int, lo: int, hi: int) -> list[tuple[int, Range]]:
     """The parts of ``layout``'s cut of ``axis`` that meet ``[lo, hi)``, each with that meet.
 
-    The batch axis is cut into Pc blocks by the block rule: block k meets ``[lo, hi)`` iff
-    ``k·n // Pc < hi`` and ``(k+1)·n // Pc > lo``, i.e. ``⌈(lo+1)·Pc / n⌉ − 1 ≤ k ≤
-    ⌊(hi·Pc − 1) / n⌋``. The split axis is cut by ``split_ranges``, which tile it in order, found
-    by bisection. Any other axis is one part, 0, holding everything. Empty meets are left out.
+    An axis cut into ``parts`` blocks by the block rule: block k meets ``[lo, hi)`` iff
+    ``k·n // parts < hi`` and ``(k+1)·n // parts > lo``, i.e. ``⌈(lo+1)·parts / n⌉ − 1 ≤ k ≤
+    ⌊(hi·parts − 1) / n⌋``. An axis cut by explicit ranges (a flattened split), which tile it in
+    order, is searched by bisection. An axis not cut is one part, 0, holding everything. Empty
+    meets are left out.
     """
     if hi <= lo:
         return []
-    if axis == BATCH_AXIS:
-        n, parts = layout.shape[BATCH_AXIS], layout.grid[1]
+    parts = layout.parts[axis]
+    if parts == 1:
+        return [(0, (lo, hi))]
+    ranges = layout.split_ranges if axis != BATCH_AXIS else None
+    if ranges is None or isinstance(ranges, BlockRanges):
+        n = layout.shape[axis]
         first = max(-(-(lo + 1) * parts // n) - 1, 0)
         last = min((hi * parts - 1) // n, parts - 1)
-        ranges = [block_range(n, parts, k) for k in range(first, last + 1)]
-    elif axis == layout.split_axis:
-        first = bisect_right(layout.split_ranges, lo, key=lambda r: r[1])
-        last = bisect_left(layout.split_ranges, hi, key=lambda r: r[0]) - 1
-        ranges = layout.split_ranges[first:last + 1]
+        found_ranges = [block_range(n, parts, k) for k in range(first, last + 1)]
     else:
-        return [(0, (lo, hi))]
+        first = bisect_right(ranges, lo, key=lambda r: r[1])
+        last = bisect_left(ranges, hi, key=lambda r: r[0]) - 1
+        found_ranges = ranges[first:last + 1]
     found = []
-    for k, (a, b) in enumerate(ranges, start=first):
+    for k, (a, b) in enumerate(found_ranges, start=first):
         a, b = max(a, lo), min(b, hi)
         if a < b:
             found.append((k, (a, b)))
@@ -272,56 +326,57 @@ def _empty(box: Box) -> bool:
     return any(hi <= lo for lo, hi in box)
 
 
-def _with(box: Box, axis: int, span: Range) -> Box:
-    return (*box[:axis], span, *box[axis + 1:])
+def _meets(layout: Layout, box: Box) -> list[tuple[tuple[int, ...], Box]]:
+    """The blocks of ``layout`` that meet ``box``, as (block index per axis, the meet)."""
+    found: list[tuple[tuple[int, ...], Box]] = [((), ())]
+    for axis, span in enumerate(box):
+        found = [((*index, k), (*meet, part)) for index, meet in found
+                 for k, part in parts_overlapping(layout, axis, *span)]
+    return found
 
 
 def _receives(src: Layout, dst: Layout, rank: int) -> list[tuple[int, Box]]:
-    """(sender, box) of every piece of ``rank``'s target block, its own pieces included."""
+    """(sender, box) of every piece of ``rank``'s target block, its own pieces included: each
+    from the copy of its source block whose replica index is ``rank``'s own (so ``rank``
+    itself where it holds that block)."""
     need = dst.box(rank)
     if _empty(need):
         return []
-    src_pr = src.grid[0]
-    axis = src.split_axis
-    pieces = []
-    for j, batch in parts_overlapping(src, BATCH_AXIS, *need[BATCH_AXIS]):
-        box = _with(need, BATCH_AXIS, batch)
-        if axis is None:  # replicated source: itself if it holds block j, else one replica
-            sender = rank if rank // src_pr == j else j * src_pr + rank % src_pr
-            pieces.append((sender, box))
-            continue
-        for i, span in parts_overlapping(src, axis, *need[axis]):
-            pieces.append((j * src_pr + i, _with(box, axis, span)))
-    return pieces
+    replica = src.replica_index(rank)
+    return [(src.rank_of(index, replica), box) for index, box in _meets(src, need)]
 
 
 def _sends(src: Layout, dst: Layout, rank: int) -> list[tuple[int, Box]]:
-    """(receiver, box) of every piece ``rank`` sends from its source block, to itself included.
-
-    A receiver whose target block meets this rank's block takes the piece from it unless the
-    block is replicated and the receiver chose another replica (:meth:`GeneralMove.exchange`):
-    then only receivers congruent to ``rank`` modulo ``Pr_src`` are kept, stepped through
-    directly.
-    """
+    """(receiver, box) of every piece ``rank`` sends from its source block, to itself included:
+    to every copy of each target block that meets it, whose holder's replica index on the
+    source is ``rank``'s (the choice of :func:`_receives`)."""
     have = src.box(rank)
     if _empty(have):
         return []
-    src_pr, (dst_pr, _) = src.grid[0], dst.grid
-    step = src_pr if src.split_axis is None else 1
-    axis = dst.split_axis
+    replica, copies = src.replica_index(rank), src.replicas
     pieces = []
-    for j, batch in parts_overlapping(dst, BATCH_AXIS, *have[BATCH_AXIS]):
-        box = _with(have, BATCH_AXIS, batch)
-        first = j * dst_pr
-        if axis is None:  # every replica of target block j needs the whole meet
-            start = first + (rank - first) % step
-            pieces += [(q, box) for q in range(start, first + dst_pr, step)]
-            continue
-        for i, span in parts_overlapping(dst, axis, *have[axis]):
-            q = first + i
-            if (q - rank) % step == 0:
-                pieces.append((q, _with(box, axis, span)))
+    for index, box in _meets(dst, have):
+        for copy in _congruent_copies(dst, index, src, replica, copies):
+            pieces.append((copy, box))
     return pieces
+
+
+def _congruent_copies(dst: Layout, index: tuple[int, ...], src: Layout, replica: int,
+                      copies: int) -> list[int]:
+    """The ranks that hold block ``index`` of ``dst`` and whose replica index on ``src`` is
+    ``replica``. On 1.5D grids the replica index is ``rank % Pr_src`` and the copies of a block
+    are consecutive ranks, so they are stepped through directly; otherwise every copy is
+    checked."""
+    n = dst.replicas
+    first = dst.rank_of(index, 0)
+    if n == 1:
+        return [first] if copies == 1 or src.replica_index(first) == replica else []
+    if src.is_grid and dst.is_grid:  # copies first … first + n − 1; replica index r % Pr_src
+        step = copies
+        start = first + (replica - first) % step if step > 1 else first
+        return list(range(start, first + n, step))
+    found = (dst.rank_of(index, c) for c in range(n))
+    return [q for q in found if copies == 1 or src.replica_index(q) == replica]
 
 
 @dataclass(frozen=True)
@@ -351,7 +406,7 @@ def transfer_pieces(src: Layout, dst: Layout) -> list[Piece]:
             box = intersect(block, need)
             if box is None:
                 continue
-            sender = receiver if receiver in holders else holders[receiver % len(holders)]
+            sender = holders[src.replica_index(receiver)]  # itself, if it holds it
             pieces.append(Piece(sender, receiver, box))
     return pieces
 
@@ -431,3 +486,66 @@ def _busiest_receiver_by_rank(src: tuple, dst: tuple) -> tuple[float, int]:
             d0 * s_parts + eps).astype(np.int64)
     messages -= (kept > eps).astype(np.int64)  # its own block needs no message
     return float(np.max(1 - kept)), int(np.max(messages))
+
+
+def _block_indices(layout: Layout, ranks: np.ndarray) -> list[np.ndarray]:
+    """Each rank's block index along every axis (:meth:`Layout.block_index`, vectorised)."""
+    index = [np.zeros(len(ranks), dtype=np.int64) for _ in layout.shape]
+    stride = layout.size
+    for size, axis in zip(layout.mesh, layout.axes, strict=True):
+        stride //= size
+        if axis != REPLICAS:
+            index[axis] = index[axis] * size + ranks // stride % size
+    return index
+
+
+def _bounds(layout: Layout, axis: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The [start, stop) of block ``index`` of ``axis``, per rank."""
+    n, parts = layout.shape[axis], layout.parts[axis]
+    ranges = layout.split_ranges if axis != BATCH_AXIS and parts > 1 else None
+    if ranges is not None and not isinstance(ranges, BlockRanges):
+        table = np.asarray(ranges, dtype=np.int64)
+        return table[index, 0], table[index, 1]
+    return index * n // parts, (index + 1) * n // parts
+
+
+def _parts_met(layout: Layout, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """How many blocks of ``layout``'s ``axis`` meet each [lo, hi) (non-empty)."""
+    n, parts = layout.shape[axis], layout.parts[axis]
+    if parts == 1:
+        return np.ones(len(lo), dtype=np.int64)
+    ranges = layout.split_ranges if axis != BATCH_AXIS else None
+    if ranges is not None and not isinstance(ranges, BlockRanges):
+        table = np.asarray(ranges, dtype=np.int64)
+        first = np.searchsorted(table[:, 1], lo, side="right")
+        last = np.searchsorted(table[:, 0], hi, side="left") - 1
+    elif parts > n:  # blocks of 0 or 1 entries: one non-empty block per entry
+        return hi - lo
+    else:
+        first = np.maximum(-(-(lo + 1) * parts // n) - 1, 0)
+        last = np.minimum((hi * parts - 1) // n, parts - 1)
+    return np.maximum(last - first + 1, 0)
+
+
+@lru_cache(maxsize=4096)
+def _busiest_receiver_on_meshes(src: Layout, dst: Layout) -> tuple[float, int]:
+    """:func:`_busiest_receiver` for layouts on any meshes, rank by rank in O(P) vector work:
+    each rank's share of its target block held by other ranks, and the source blocks it meets
+    other than its own, from the integer block bounds of every cut axis."""
+    ranks = np.arange(src.size, dtype=np.int64)
+    src_index, dst_index = _block_indices(src, ranks), _block_indices(dst, ranks)
+    kept = np.ones(len(ranks))
+    messages = np.ones(len(ranks), dtype=np.int64)
+    empty = np.zeros(len(ranks), dtype=bool)  # a target block with nothing in it
+    for axis in range(len(src.shape)):
+        if src.parts[axis] == 1 and dst.parts[axis] == 1:
+            continue
+        s0, s1 = _bounds(src, axis, src_index[axis])
+        d0, d1 = _bounds(dst, axis, dst_index[axis])
+        empty |= d1 <= d0
+        length = np.maximum(d1 - d0, 1)
+        kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / length
+        messages *= _parts_met(src, axis, d0, d1)
+    messages -= (kept > 0).astype(np.int64)  # its own block needs no message
+    share = np.where(empty, 0.0, 1 - kept)
+    return float(np.max(share)), int(np.max(np.where(empty, 0, messages)))

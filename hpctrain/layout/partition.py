@@ -109,6 +109,17 @@ def factorisations(p: int) -> list[tuple[int, int]]:
     return [(r, p // r) for r in low + [p // r for r in reversed(low) if r * r != p]]
 
 
+@lru_cache(maxsize=256)
+def ordered_factorisations(p: int, count: int) -> tuple[tuple[int, ...], ...]:
+    """Every way to write ``p`` as a product of ``count`` factors in order: the degrees of a
+    split of p ranks over ``count`` axes. 4 into 2 -> (1, 4), (2, 2), (4, 1); 4096 = 2¹² into 5
+    gives C(16, 4) = 1820."""
+    if count == 1:
+        return ((p,),)
+    return tuple((a, *rest) for a, b in factorisations(p)
+                 for rest in ordered_factorisations(b, count - 1))
+
+
 @dataclass(frozen=True)
 class Window:
     """A sliding window along one axis: kernel size, stride, and zero padding before and after

@@ -9,7 +9,7 @@ which layouts it takes (:meth:`hpctrain.model.kinds.base.Kind.layouts`):
   what it asks for;
 - the input batch is produced where its first weighted reader reads it: on the layout the first
   weighted layer of the net takes under its plan entry, carried over to the input's shape (its
-  grid, and its split of the height when it splits one). Layers without weights before it (a
+  mesh, and its split of the spatial axes where it splits them). Layers without weights before it (a
   batch norm of the input, say) run there too, and the weighted layer reads its input without
   a move. Example, 4 ranks: ``batchnorm`` then ``conv`` on 4×1 in model mode reads its input
   replicated over the 4 ranks, so the batch is produced replicated and the batch norm runs on
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpctrain.layout.layout import Layout
+from hpctrain.layout.layout import Layout, axis_name
 from hpctrain.layout.partition import check_split
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
@@ -50,7 +50,8 @@ def layer_layouts(net: NetSpec, k: int, fed: tuple[Layout, ...], entry: LayerPla
     spec = net.layers[k]
     kind = KINDS[spec.kind]
     out_shape = (batch, *net.out_shapes[k])
-    inputs, output = kind.layouts(spec, fed, out_shape, entry.mode, entry.grid)
+    split = entry.split_of(len(out_shape)) if kind.weighted else None
+    inputs, output = kind.layouts(spec, fed, out_shape, split)
     kind.check(spec, inputs, output)
     return LayerLayouts(inputs, output)
 
@@ -71,10 +72,13 @@ def input_layout_for(net: NetSpec, first: LayerPlan, batch: int, procs: int) -> 
         return source
     fed = tuple(Layout((batch, *shape), (1, procs)) for shape in net.in_shapes(k))
     read = layer_layouts(net, k, fed, first, batch).input
-    if read.split_axis is None:
-        return Layout(source.shape, read.grid)
-    check_split(source.shape[read.split_axis], read.grid[0], "input height", net.layers[k].name)
-    return Layout(source.shape, read.grid, read.split_axis)
+    if len(read.shape) != len(source.shape):  # e.g. a flatten before: the batch split alone
+        read = read.replicated()
+    produced = Layout(source.shape, mesh=read.mesh, axes=read.axes)
+    for axis in produced.cut_axes:
+        check_split(source.shape[axis], produced.parts[axis],
+                    f"input {axis_name(source.shape, axis)}", net.layers[k].name)
+    return produced
 
 
 def input_layout(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int) -> Layout:

@@ -210,10 +210,11 @@ def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = No
 
 def predict(model: CostModel, plan: list[LayerPlan] | None,
             mem_per_rank: float | None = None,
-            cap_source: str = "--mem-per-rank") -> PlannedNetwork:
-    """``plan`` with its predicted costs, or (``plan`` None) the plan the planner picks."""
+            cap_source: str = "--mem-per-rank", space: str = "grids") -> PlannedNetwork:
+    """``plan`` with its predicted costs, or (``plan`` None) the plan the planner picks over
+    ``space``."""
     if plan is None:
-        return plan_network(model, mem_per_rank, cap_source)
+        return plan_network(model, mem_per_rank, cap_source, space)
     return evaluate(model, choices_of(model, plan))
 
 
@@ -236,6 +237,9 @@ def _fits(model: CostModel, candidates: list[list[LayerPlan]], cap: float,
     base = 0.0
     kept = []
     for k, found in enumerate(candidates):
+        if not found:  # nothing of this space runs there (another space may)
+            raise PlannerError(f"layer {model.net.layers[model.heads[k]].name} has no plan "
+                               f"in this space")
         costs = {c: model.segment_cost(k, c, timed=False) for c in found}
         fitting = [c for c in found if base + costs[c].memory + costs[c].peak <= cap]
         if not fitting:
@@ -270,10 +274,24 @@ def _refuse(planned: PlannedNetwork, cap: float, cap_source: str) -> None:
                        f"processes, or raise --mem-per-rank if the memory is there")
 
 
+SPACES = ("axes", "grids")
+"""What the planner searches: ``axes``, a degree for every axis of each weighted layer's output
+(and replicas); ``grids``, the 1.5D modes on every Pr×Pc grid alone."""
+
+
 def plan_network(model: CostModel, mem_per_rank: float | None = None,
-                 cap_source: str = "--mem-per-rank") -> PlannedNetwork:
+                 cap_source: str = "--mem-per-rank", space: str = "grids") -> PlannedNetwork:
     """The plan of least predicted iteration time (under ``mem_per_rank`` bytes of peak memory
-    per rank, if given; ``cap_source`` says where the cap came from, for the refusal).
+    per rank, if given; ``cap_source`` says where the cap came from, for the refusal), over the
+    search ``space`` (:data:`SPACES`).
+
+    Over ``axes`` the 1.5D plans are searched first, exactly; their optimum t* bounds the rest.
+    A split c of segment s enters the search only if its own cost (compute, communication inside
+    its layers, and the input batch for the first segment) plus the least own cost of every
+    other segment does not exceed t*: every move and the loss cost time ≥ 0, so a plan through
+    any other split is slower than t*. The search over what is left is exact as before, so the
+    plan is the optimum over the whole space (a tie may keep the 1.5D plan). Under a memory cap
+    that no 1.5D plan fits, nothing bounds the rest and every split that fits on its own enters.
 
     Where gradient sums may hide behind the backward (``--overlap`` on a machine whose
     network moves data by itself), the time is no longer a sum over segments: how much of a
@@ -283,23 +301,72 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     second search's optimum is a lower bound on every plan's time (hiding never beats free),
     kept in ``lower_bound``, so the plan's distance from the best is known.
     """
+    if space not in SPACES:
+        raise ValueError(f"search space {space!r}; choose one of {', '.join(SPACES)}")
     candidates = [model.choices(k) for k in range(len(model.segments))]
+    wider = ([model.split_choices(k) for k in range(len(model.segments))]
+             if space == "axes" else [[] for _ in candidates])
     for k, found in enumerate(candidates):
-        if not found:  # not even batch-parallel: say why that fails
+        if not found and not wider[k]:  # not even batch-parallel: say why that fails
             try:
                 model.runnable_layouts(k, LayerPlan("batch", (1, model.procs)))
             except SplitError as err:
                 raise PlannerError(str(err)) from None
-    if mem_per_rank is not None:
-        candidates = _fits(model, candidates, mem_per_rank, cap_source)
-    counted = _search(model, candidates, mem_per_rank, cap_source, 0.0)
+
+    def best(free: float) -> PlannedNetwork:
+        """The optimum over the space with ``free`` of each gradient sum counted free."""
+        try:
+            grids = candidates
+            if mem_per_rank is not None:
+                grids = _fits(model, candidates, mem_per_rank, cap_source)
+            found = _search(model, grids, mem_per_rank, cap_source, free)
+        except PlannerError:
+            if not any(wider):
+                raise
+            found = None
+        if not any(wider):
+            return found
+        bound = math.inf if found is None else _time_with_free(
+            [*found.layers, found.loss, found.data], free)
+        widened = _bounded(model, candidates, wider, bound, free)
+        if widened == candidates and found is not None:
+            return found
+        if mem_per_rank is not None:
+            widened = _fits(model, widened, mem_per_rank, cap_source)
+        return _search(model, widened, mem_per_rank, cap_source, free)
+
+    counted = best(0.0)
     if not model.hidden_share:
         return counted
-    hopeful = _search(model, candidates, mem_per_rank, cap_source, model.hidden_share)
+    hopeful = best(model.hidden_share)
     best = min(counted, hopeful, key=lambda p: p.iteration_time)
     if counted.exact and hopeful.exact:
         best.lower_bound = hopeful.time_with_sums_hidden()
     return best
+
+
+def _bounded(model: CostModel, candidates: list[list[LayerPlan]],
+             wider: list[list[LayerPlan]], bound: float, free: float
+             ) -> list[list[LayerPlan]]:
+    """``candidates`` and the splits of ``wider`` that may beat ``bound`` (see
+    :func:`plan_network`): those whose own cost, with every other segment at its least, is
+    at most ``bound``."""
+    model.prefetch(wider)
+
+    def own(k: int, choice: LayerPlan) -> float:
+        time = _searched(model.segment_cost(k, choice), free)
+        if k == 0:  # the input batch, produced where the first segment reads it
+            time += model.input_cost(model.input_layout(choice)).total
+        return time
+
+    owns = [[own(k, c) for c in candidates[k] + wider[k]] for k in range(len(candidates))]
+    least = [min(found, default=math.inf) for found in owns]
+    others = sum(least)
+    slack = bound * (1 + 1e-9)  # sums in another order may differ in the last bits
+    return [candidates[k] + [c for c, t in zip(wider[k], owns[k][len(candidates[k]):],
+                                               strict=True)
+                             if t + others - least[k] <= slack]
+            for k in range(len(candidates))]
 
 
 def _searched(cost: SegmentCost, free: float) -> float:

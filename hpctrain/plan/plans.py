@@ -30,6 +30,7 @@ or for a layer already given, and words after the grid are refused, each in one 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from importlib.resources.abc import Traversable
@@ -39,12 +40,12 @@ from hpctrain.errors import UserError, shown
 from hpctrain.io.files import replace_atomically
 from hpctrain.io.locations import shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
-from hpctrain.layout.layout import Layout
+from hpctrain.layout.layout import Layout, Split, axis_letters
 from hpctrain.layout.partition import SplitError
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
 
-MODES = ("batch", "model", "domain", "replicated", "follow")
+MODES = ("batch", "model", "domain", "replicated", "split", "follow")
 MARKER = "# hpctrain plan"  #: the first line of every plan file hpctrain writes
 # the --grid keys (conv=, fc=) and the weighted kinds they plan
 KINDS_BY_GRID_KEY = {kind.grid_key: kind for kind in KINDS.values() if kind.grid_key}
@@ -57,18 +58,41 @@ class PlanError(UserError):
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """One layer's mode and Pr×Pc grid (``follow``: none of its own). A plan is a list of these,
-    one per layer in the net's order: the entry needs no name."""
+    """One layer's split: a 1.5D mode and Pr×Pc grid, or (mode ``split``) a degree for each
+    axis of its output (``follow``: none of its own). A plan is a list of these, one per layer
+    in the net's order: the entry needs no name.
+
+    A split that is one of the 1.5D modes is made that mode (``n=2,c=2`` on an image is
+    ``model 2x2``): the modes are names of special cases of the one split."""
 
     mode: str
     grid: tuple[int, int] = (1, 1)
+    split: Split | None = None  # mode split: the degrees
 
     def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if self.split is not None:
+            set_(self, "grid", self.split.grid)
+            set_(self, "mode", self.split.mode)
+            if self.mode != "split":
+                set_(self, "split", None)
         if self.mode in ("model", "domain", "replicated") and self.grid[0] == 1:
-            object.__setattr__(self, "mode", "batch")  # Pr = 1 splits nothing but the batch
+            set_(self, "mode", "batch")  # Pr = 1 splits nothing but the batch
+
+    def split_of(self, ndim: int) -> Split | None:
+        """The split of an output of ``ndim`` axes under this entry (None: ``follow``)."""
+        if self.mode == "follow":
+            return None
+        if self.split is not None:
+            return self.split
+        return Split.of_mode(self.mode, self.grid, ndim)
 
     def describe(self) -> str:
-        return "follow" if self.mode == "follow" else f"{self.mode} {self.grid[0]}x{self.grid[1]}"
+        if self.mode == "follow":
+            return "follow"
+        if self.split is not None:
+            return f"split {self.split.text()}"
+        return f"{self.mode} {self.grid[0]}x{self.grid[1]}"
 
 
 def _parse_grid(text: str, procs: int, where: str) -> tuple[int, int]:
@@ -85,12 +109,50 @@ def _parse_grid(text: str, procs: int, where: str) -> tuple[int, int]:
     return pr, pc
 
 
+_DEGREES = re.compile(r"(?:[a-z]=?[0-9]+,?)+", re.ASCII)
+_DEGREE = re.compile(r"([a-z])=?([0-9]+)", re.ASCII)
+
+
+def parse_split(text: str, ndim: int, procs: int, where: str, layer: str) -> Split:
+    """The split ``text`` gives a layer whose output has ``ndim`` axes: a degree per axis
+    letter, ``n2h2w2`` or ``n=2,c=1,h=2,w=2`` (``n`` batch, ``c`` channels or features, ``d``
+    ``h`` ``w`` the spatial axes, ``r`` replicas), an axis not named being 1 and ``n``, when
+    not named, what the others leave of ``procs``. Refused in one line, naming ``where``."""
+    letters = axis_letters(ndim)
+    if not _DEGREES.fullmatch(text):
+        raise PlanError(f"{where}: {shown(text)} is not a split; write a degree per axis, e.g. "
+                        f"n=2,h=2,w=2 (axes {', '.join(letters)}, and r for replicas)")
+    found: dict[str, int] = {}
+    for letter, digits in _DEGREE.findall(text):
+        if letter not in letters + "r":
+            raise PlanError(f"{where}: layer {layer} has no axis {shown(letter)}: its output "
+                            f"has axes {', '.join(letters)} (and r for replicas)")
+        if letter in found:
+            raise PlanError(f"{where}: axis {letter} is given twice in {shown(text)}")
+        if len(digits.lstrip("0")) > 12 or int(digits) < 1:
+            raise PlanError(f"{where}: degree {letter}={digits} must be from 1 to {procs}")
+        found[letter] = int(digits)
+    rest = math.prod(d for letter, d in found.items() if letter != "n")
+    if "n" not in found and procs % rest == 0:
+        found["n"] = procs // rest
+    degrees = tuple(found.get(letter, 1) for letter in letters)
+    split = Split(degrees, found.get("r", 1))
+    if split.procs != procs:
+        raise PlanError(f"{where}: split {split.text()} needs {split.procs} processes but "
+                        f"{procs} were launched; make the degrees multiply to {procs}")
+    return split
+
+
 def _key_spec(text: str, key: str, procs: int) -> tuple[str, tuple[int, int]]:
+    """(mode, grid) of a ``--grid KEY=`` value, or ("split", (0, 0)) for a split by axes,
+    which is read per layer (:func:`parse_split`)."""
+    if _DEGREES.fullmatch(text) and not _GRID.fullmatch(text):
+        return "split", (0, 0)
     mode, _, grid = text.rpartition(":")
     mode = mode or "model"
     if mode not in ("model", "domain", "replicated"):
         raise PlanError(f"--grid {key}={shown(text)}: unknown mode {shown(mode)}; use RxC, "
-                        f"domain:RxC or replicated:RxC")
+                        f"domain:RxC, replicated:RxC or a degree per axis such as n2h2w2")
     if mode not in KINDS_BY_GRID_KEY[key].modes:
         raise PlanError(f"--grid {key}={shown(text)}: {KINDS_BY_GRID_KEY[key].name} layers "
                         f"cannot be {mode}-parallel; use {key}=RxC")
@@ -105,10 +167,10 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
                         "give RxC, conv=SPEC,fc=SPEC or a plan file")
     if _GRID.fullmatch(spec):
         grid = _parse_grid(spec, procs, "--grid")
-        return [LayerPlan(_fitting("model", net, k, grid), grid) if KINDS[l.kind].weighted
+        return [_fitting(LayerPlan("model", grid), net, k) if KINDS[l.kind].weighted
                 else LayerPlan("follow") for k, l in enumerate(net.layers)]
     if "=" in spec:
-        by_key: dict[str, tuple[str, tuple[int, int]]] = {}
+        by_key: dict[str, tuple[str, tuple[int, int], str]] = {}
         for part in spec.split(","):
             key, _, value = part.partition("=")
             if key not in KINDS_BY_GRID_KEY:
@@ -117,7 +179,7 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
             if key in by_key:
                 raise PlanError(f"--grid {shown(spec)} gives {key}= twice; give each of conv= "
                                 f"and fc= once")
-            by_key[key] = _key_spec(value, key, procs)
+            by_key[key] = (*_key_spec(value, key, procs), value)
         plans = []
         for k, layer in enumerate(net.layers):
             key = KINDS[layer.kind].grid_key
@@ -127,8 +189,15 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
                 raise PlanError(f"--grid {shown(spec)} gives no grid for {key} layers "
                                 f"(layer {layer.name}); add {key}=RxC")
             else:
-                mode, grid = by_key[key]
-                plans.append(LayerPlan(_fitting(mode, net, k, grid), grid))
+                mode, grid, value = by_key[key]
+                if mode == "split":
+                    ndim = 1 + len(net.out_shapes[k])
+                    split = parse_split(value, ndim, procs, f"--grid {key}={shown(value)}",
+                                        layer.name)
+                    entry = LayerPlan(mode, split=split)
+                else:
+                    entry = LayerPlan(mode, grid)
+                plans.append(_fitting(entry, net, k))
         return plans
     path = existing_file(spec)
     if path is not None:
@@ -140,23 +209,26 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
     return read_plan(resource, net, procs)
 
 
-def _fitting(mode: str, net: NetSpec, k: int, grid: tuple[int, int]) -> str:
-    """``mode`` for layer ``k`` on ``grid``, or its kind's fallback where its sizes cannot
-    take it (:attr:`~hpctrain.model.kinds.base.Kind.fallbacks`): a convolution whose height
-    cannot be cut into Pr row blocks (each window taking halo rows from direct neighbours
-    only) runs ``model``; a linear layer with fewer outputs than Pr runs ``replicated``."""
+def _fitting(entry: LayerPlan, net: NetSpec, k: int) -> LayerPlan:
+    """``entry`` for layer ``k``, or its kind's fallback on the same grid where its sizes
+    cannot take it (:attr:`~hpctrain.model.kinds.base.Kind.fallbacks`): a convolution whose
+    height (or any spatial axis a split cuts) cannot be cut into its blocks (each window taking
+    halo rows from direct neighbours only) runs ``model``; a linear layer with fewer outputs
+    than Pr runs ``replicated``."""
     spec, kind = net.layers[k], KINDS[net.layers[k].kind]
-    fallback = kind.fallbacks.get(mode)
+    fallback = kind.fallbacks.get(entry.mode)
+    grid = entry.grid
     if grid[0] == 1 or fallback is None:
-        return mode
+        return entry
     batch = grid[1]  # the batch does not matter here: the smallest that splits
     fed = (Layout((batch, *net.in_shapes(k)[0]), grid),)
-    inputs, output = kind.layouts(spec, fed, (batch, *net.out_shapes[k]), mode, grid)
+    out_shape = (batch, *net.out_shapes[k])
+    inputs, output = kind.layouts(spec, fed, out_shape, entry.split_of(len(out_shape)))
     try:
         kind.check(spec, inputs, output)
     except SplitError:
-        return fallback
-    return mode
+        return LayerPlan(fallback, grid)
+    return entry
 
 
 def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerPlan]:
@@ -177,7 +249,8 @@ def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerP
         size = 2 if len(words) > 1 and words[1] == "follow" else 3
         if len(words) != size or words[1] not in MODES:
             raise PlanError(f"{where}: expected 'NAME MODE RxC' with MODE one of "
-                            f"{', '.join(MODES[:-1])}, or 'NAME follow', got {shown(raw.strip())}")
+                            f"{', '.join(MODES[:-2])}, 'NAME split n=…,c=…,h=…,w=…', or "
+                            f"'NAME follow', got {shown(raw.strip())}")
         layer, mode = words[0], words[1]
         if layer not in known:
             raise PlanError(f"{where}: layer {shown(layer)} is not in net "
@@ -187,6 +260,11 @@ def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerP
                             f"line")
         if mode == "follow":
             entries[layer] = LayerPlan(mode)
+            continue
+        if mode == "split":
+            k = next(k for k, l in enumerate(net.layers) if l.name == layer)
+            split = parse_split(words[2], 1 + len(net.out_shapes[k]), procs, where, layer)
+            entries[layer] = LayerPlan(mode, split=split)
             continue
         grid = _parse_grid(words[2], procs, where)
         if mode == "batch" and grid[0] != 1:
@@ -202,7 +280,8 @@ def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerP
         if not kind.weighted and entry.mode != "follow":
             raise PlanError(f"{name}: layer {layer.name} ({layer.kind}) follows the layer "
                             f"feeding it; write '{layer.name} follow'")
-        if entry.mode not in ("batch", "follow", *kind.modes):
+        if entry.mode not in ("batch", "follow", *kind.modes) and not (
+                kind.weighted and entry.mode == "split"):
             raise PlanError(f"{name}: layer {layer.name} ({layer.kind}) cannot be "
                             f"{entry.mode}-parallel; it takes batch or "
                             f"{' or '.join(kind.modes)}")

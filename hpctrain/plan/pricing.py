@@ -191,7 +191,7 @@ class CostModel(Segments):
         if self.keeps_input(index) and not kept_before:
             resident["input"] = x
         footprint = Footprint(x, y, work, b, {} if kept_before else {"input": x},
-                              layouts.input.split_axis == HEIGHT_AXIS)
+                              any(a >= HEIGHT_AXIS for a in layouts.input.cut_axes))
         kept, transient = KINDS[spec.kind].memory(spec, footprint)
         if len(self.net.consumers.get(index, ())) > 1:
             # a fork (a residual block's input, an Inception module's): the output lives until

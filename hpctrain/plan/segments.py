@@ -15,8 +15,8 @@ planner searches over each segment's candidates (:meth:`Segments.choices`).
 
 from __future__ import annotations
 
-from hpctrain.layout.layout import Layout
-from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.layout.layout import Layout, Split
+from hpctrain.layout.partition import SplitError, factorisations, ordered_factorisations
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import Kind
 from hpctrain.model.net import NetSpec
@@ -83,6 +83,24 @@ class Segments:
         found += [LayerPlan(mode, grid) for grid in factorisations(self.procs) if grid[0] > 1
                   for mode in kind.modes]
         return [c for c in found if self.segment_layouts(segment, c) is not None]
+
+    def split_choices(self, segment: int) -> list[LayerPlan]:
+        """Every split of the segment's weighted layer beyond :meth:`choices`: a degree for
+        each axis of its output (sample, channels, each spatial axis) and a number of replicas,
+        multiplying to P, that can run and is not one of the 1.5D modes."""
+        head = self.heads[segment]
+        ndim = 1 + len(self.net.out_shapes[head])
+        shape = (self.batch, *self.net.out_shapes[head])
+        known = set(self.choices(segment))
+        found = []
+        for degrees in ordered_factorisations(self.procs, ndim + 1):
+            if any(d > n for d, n in zip(degrees, shape)):
+                continue  # a rank would hold nothing of the output
+            choice = LayerPlan("split", split=Split(degrees[:-1], degrees[-1]))
+            if choice.mode == "split" and choice not in known and (
+                    self.segment_layouts(segment, choice) is not None):
+                found.append(choice)
+        return found
 
     def _layer_facts(self, index: int) -> tuple:
         """All that pricing layer ``index`` on given layouts reads of the net, its name aside:

@@ -68,15 +68,20 @@ def sum_gradients(backend, layer) -> None:
     sums.finish()
 
 
-def make_layer(kind, options, fed, mode, grid, grids, backend, key=0):
+def make_layer(kind, options, fed, mode, grid, grids, backend, key=0, split=None):
     """A layer of ``kind`` (options as in a net file) built through its kind, fed on ``fed``
-    (a weighted kind reads only its shape) in ``mode`` on ``grid``."""
+    (a weighted kind reads only its shape) in ``mode`` on ``grid``, or under ``split`` (a
+    :class:`~hpctrain.layout.layout.Split`)."""
+    from hpctrain.plan.plans import LayerPlan
+
     kind_of = KINDS[kind]
     spec = LayerSpec(f"{kind}T", kind, kind_of.parse({k: str(v) for k, v in options.items()},
                                                      "test"), ("input",))
     spec = kind_of.resolve(spec, (fed.shape[1:],), "test")
     out_shape = (fed.shape[0], *kind_of.out_shape(spec, (fed.shape[1:],), "test"))
-    inputs, output = kind_of.layouts(spec, (fed,), out_shape, mode, grid)
+    entry = LayerPlan(mode, grid, split) if split is not None else LayerPlan(mode, grid)
+    mode, grid = entry.mode, entry.grid
+    inputs, output = kind_of.layouts(spec, (fed,), out_shape, entry.split_of(len(out_shape)))
     kind_of.check(spec, inputs, output)
     context = BuildContext(mode, grid, inputs, output, grids, backend, key,
                            grids.world.Get_rank())

@@ -19,7 +19,7 @@ def _params(rank: int, sizes: list[tuple[int, ...]], seed: int) -> list[Paramete
     rng = np.random.default_rng([seed, rank])
     params = []
     for k, shape in enumerate(sizes):
-        p = Parameter(f"p{k}", np.zeros(shape), shape, (1, 1), False)
+        p = Parameter(f"p{k}", np.zeros(shape), shape)
         p.grad = rng.standard_normal(shape)
         params.append(p)
     return params

@@ -76,16 +76,46 @@ CASES = {  # name → (model of MODELS, plan for its net)
 }
 
 
+# several axes at once: on 4 ranks a volume's height × width and channels × depth, with the
+# layers too small for the split falling back to channels
+CASES.update({
+    "cosmoflow-conv=h2w2,fc=4x1": (
+        "cosmoflow", lambda net: plan_from_spec("conv=h2w2,fc=4x1", net, PROCS)),
+    "cosmoflow-conv=c2d2,fc=n2c2": (
+        "cosmoflow", lambda net: plan_from_spec("conv=c2d2,fc=n2c2", net, PROCS)),
+    "inception_a-conv=n1h2w2,fc=4x1": (
+        "inception_a", lambda net: plan_from_spec("conv=n1h2w2,fc=4x1", net, PROCS)),
+})
+
+# depth × height × width needs 8 ranks: run by tests/test_multiaxis_on_ranks.py
+CASES_ON_8 = {
+    "cosmoflow-conv=d2h2w2,fc=8x1": (
+        "cosmoflow", lambda net: plan_from_spec("conv=d2h2w2,fc=8x1", net, 8)),
+}
+
+
+@pytest.mark.parametrize("case", CASES_ON_8)
+def test_eight_ranks_split_in_depth_height_and_width_match_pytorch(comm, case):
+    if comm.Get_size() != 8:
+        pytest.skip(f"the plans are for 8 ranks; this run has {comm.Get_size()}")
+    _matches_pytorch(comm, case, *CASES_ON_8[case])
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_four_ranks_match_pytorch(comm, case):
     if comm.Get_size() != PROCS:
         pytest.skip(f"the plans are for {PROCS} ranks; this run has {comm.Get_size()}")
-    model, make_plan = CASES[case]
+    _matches_pytorch(comm, case, *CASES[case])
+
+
+def _matches_pytorch(comm, case, model, make_plan):
     make_net, make_model, make_names = MODELS[model]
     net = make_net()
     plan = make_plan(net)
     modes = {entry.mode for entry in plan} - {"follow"}
     assert modes == {"batch", "model", "domain"} or "conv=" in case, modes
+    if "conv=" in case and "domain" not in case:
+        assert "split" in modes, modes  # the multi-axis split is really used
     run = hpctrain_steps(net, plan, comm, BATCH, STEPS)
 
     def check() -> str:

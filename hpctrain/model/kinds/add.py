@@ -13,7 +13,7 @@ from typing import Any
 from hpctrain.cost.memory import Footprint
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import Layout
+from hpctrain.layout.layout import Layout, Split
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import NetError
 
@@ -30,8 +30,8 @@ class AddKind(Kind):
                                f"equal")
         return shapes[0]
 
-    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
-                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape,
+                split: Split | None) -> tuple[tuple[Layout, ...], Layout]:
         return (fed[0],) * len(fed), fed[0]
 
     def flops(self, work: LocalWork) -> tuple[float, float]:

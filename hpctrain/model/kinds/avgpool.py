@@ -14,9 +14,15 @@ from hpctrain.cost.machine import Machine
 from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.layout import Layout, Split, largest_block
 from hpctrain.model.kinds.base import LayerSpec, Shape
-from hpctrain.model.kinds.window import POOL_KEYS, PoolKind, PoolOptions, padded_bytes
+from hpctrain.model.kinds.window import (
+    POOL_KEYS,
+    PoolKind,
+    PoolOptions,
+    padded_bytes,
+    spatial_cuts,
+)
 from hpctrain.model.options import Key, NetError, sizes
 
 GLOBAL = "global"
@@ -51,14 +57,14 @@ class AvgPoolKind(PoolKind):
                            f"input, got shape {shapes[0]}")
         return (shapes[0][0],) + (1,) * (len(shapes[0]) - 1)
 
-    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
-                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
-        """Global pooling of a height split: the partial sums are all-reduced over Pr, so the
-        output is replicated over the Pr ranks."""
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape,
+                split: Split | None) -> tuple[tuple[Layout, ...], Layout]:
+        """Global pooling of a spatial split: the partial sums are all-reduced over the ranks
+        that split the spatial axes, so the output is replicated over them."""
         x = fed[0]
-        if spec.options.kernel is None and x.split_axis == HEIGHT_AXIS:
-            return fed, Layout(out_shape, x.grid)
-        return super().layouts(spec, fed, out_shape, mode, grid)
+        if spec.options.kernel is None:
+            return fed, x.without(spatial_cuts(x)).with_shape(out_shape)
+        return super().layouts(spec, fed, out_shape, split)
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         if spec.options.kernel is not None:
@@ -90,10 +96,11 @@ class AvgPoolKind(PoolKind):
         x = inputs[0]
         if spec.options.kernel is not None:
             return super().comm_time(spec, inputs, output, machine, itemsize)
-        if x.split_axis != HEIGHT_AXIS:
+        spatial = spatial_cuts(x)
+        if not spatial:
             return 0.0, 0.0
         n, c = largest_block(x)[:2]
-        t = allreduce_time(machine, x.model_group, n * c * itemsize)
+        t = allreduce_time(machine, x.group(spatial), n * c * itemsize)
         return t, t
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],

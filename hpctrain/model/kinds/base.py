@@ -5,8 +5,9 @@ A kind is one object that knows, for a layer of that kind:
 - its typed options (:attr:`Kind.keys`, read into the frozen dataclass :attr:`Kind.options`,
   made exact for its input's shape by :meth:`Kind.resolve`);
 - shape inference (:meth:`Kind.out_shape`) and its parameters and buffers, whole;
-- the layouts it takes and gives (:meth:`Kind.layouts`): a *weighted* kind is given a mode and
-  a Pr×Pc grid by the plan; any other kind *follows* its first input's layout, and its other
+- the layouts it takes and gives (:meth:`Kind.layouts`): a *weighted* kind is given a split
+  of its output by the plan (:class:`~hpctrain.layout.layout.Split`: a degree per axis, the
+  1.5D modes among them); any other kind *follows* its first input's layout, and its other
   inputs are moved to what it asks for;
 - whether a layout can run (:meth:`Kind.check`, naming the layer and the sizes);
 - its local work for the cost model and for compute timing (:meth:`Kind.work`,
@@ -34,7 +35,7 @@ from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.memory import Footprint
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
-from hpctrain.layout.layout import Layout, largest_block
+from hpctrain.layout.layout import Layout, Split, largest_block
 from hpctrain.layout.partition import SplitError
 from hpctrain.model.options import Key, read_options
 
@@ -99,14 +100,14 @@ class Kind:
 
     # -- layouts ----------------------------------------------------------------------------
 
-    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
-                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape,
+                split: Split | None) -> tuple[tuple[Layout, ...], Layout]:
         """(input layouts, output layout) given the producers' layouts ``fed`` and, for a
-        weighted kind, its mode and grid. ``out_shape`` includes the batch. Only the first
-        input's layout may decide them (a weighted kind reads only shapes): the others are moved
-        to what the kind asks, and the cost model passes them with their shapes alone."""
-        return fed, fed[0] if out_shape == fed[0].shape else Layout(
-            out_shape, fed[0].grid, fed[0].split_axis, fed[0].split_ranges)
+        weighted kind, its split (a degree per axis of its output; None for the rest).
+        ``out_shape`` includes the batch. Only the first input's layout may decide them (a
+        weighted kind reads only shapes): the others are moved to what the kind asks, and the
+        cost model passes them with their shapes alone."""
+        return fed, fed[0].with_shape(out_shape)
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         """Raise :class:`~hpctrain.layout.partition.SplitError` naming the layer and sizes when

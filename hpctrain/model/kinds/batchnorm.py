@@ -15,7 +15,7 @@ from hpctrain.cost.machine import Machine
 from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS, Layout, largest_block
 from hpctrain.layout.partition import SplitError, block_ranges
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import Key, fraction
@@ -25,6 +25,11 @@ from hpctrain.model.options import Key, fraction
 class BatchNormOptions:
     eps: float
     momentum: float
+
+
+def statistics_axes(x: Layout) -> tuple[int, ...]:
+    """The axes whose blocks share a channel's statistics: all but the channels."""
+    return tuple(a for a in range(len(x.shape)) if a != CHANNEL_AXIS)
 
 
 class BatchNormKind(Kind):
@@ -47,10 +52,11 @@ class BatchNormKind(Kind):
             raise SplitError(f"layer {spec.name}: batch norm over {values} value per channel "
                              f"(batch {x.shape[0]}, shape {x.shape[1:]}) has no variance; "
                              f"raise --batch")
-        if x.split_axis == CHANNEL_AXIS and x.split_ranges != block_ranges(
-                x.shape[CHANNEL_AXIS], x.grid[0]):
+        parts = x.parts[CHANNEL_AXIS]
+        if x.split_ranges is not None and CHANNEL_AXIS in x.cut_axes and x.split_ranges != (
+                block_ranges(x.shape[CHANNEL_AXIS], parts)):
             raise SplitError(f"layer {spec.name}: its {x.shape[CHANNEL_AXIS]} channels arrive "
-                             f"split unevenly over {x.grid[0]} ranks (after a flatten); put the "
+                             f"split unevenly over {parts} ranks (after a flatten); put the "
                              f"batchnorm before the flatten")
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
@@ -85,7 +91,7 @@ class BatchNormKind(Kind):
         one of 2·C/Pr (the sums that are also Δγ and Δβ), and a second over Pr for replicas."""
         x = inputs[0]
         channels = largest_block(x)[CHANNEL_AXIS] * itemsize
-        ranks = x.world if x.split_axis == HEIGHT_AXIS else x.batch_group
+        ranks = x.group(statistics_axes(x))
         forward = 2 * allreduce_time(machine, ranks, channels)
         backward = allreduce_time(machine, ranks, 2 * channels)
         return forward, backward + self.gradient_sum_time(spec, inputs, output, machine,
@@ -96,10 +102,10 @@ class BatchNormKind(Kind):
         """Δγ and Δβ summed over the Pr replicas (channels not split); the batch's sums are
         the statistics' own, which the backward needs at once."""
         x = inputs[0]
-        if x.split_axis is not None:
+        if x.replicas == 1:
             return 0.0
         channels = largest_block(x)[CHANNEL_AXIS] * itemsize
-        return allreduce_time(machine, x.model_group, 2 * channels)
+        return allreduce_time(machine, x.group((REPLICAS,)), 2 * channels)
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:

@@ -13,7 +13,7 @@ from typing import Any
 from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.layout import CHANNEL_AXIS, Layout, Split, largest_block
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import NetError
 
@@ -30,12 +30,12 @@ class ConcatKind(Kind):
                                f"channels must be equal")
         return (sum(shape[0] for shape in shapes), *shapes[0][1:])
 
-    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
-                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
-        first = fed[0]
-        split = HEIGHT_AXIS if first.split_axis == HEIGHT_AXIS else None
-        inputs = tuple(Layout(x.shape, first.grid, split) for x in fed)
-        return inputs, Layout(out_shape, first.grid, split)
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape,
+                split: Split | None) -> tuple[tuple[Layout, ...], Layout]:
+        """Every input on the first's spatial split, its channels whole: the channels are what
+        the inputs are joined along."""
+        first = fed[0].without((CHANNEL_AXIS,))
+        return tuple(first.with_shape(x.shape) for x in fed), first.with_shape(out_shape)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:

@@ -16,7 +16,14 @@ from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.kernels.sliding import prefer_channels_last
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.layout import (
+    CHANNEL_AXIS,
+    HEIGHT_AXIS,
+    Layout,
+    Split,
+    largest_block,
+    shared_channel_digits,
+)
 from hpctrain.layout.partition import check_split
 from hpctrain.model.kinds.base import LayerSpec, Shape
 from hpctrain.model.kinds.window import WINDOW_KEYS, WindowKind, padded_bytes, padded_copy_bytes
@@ -39,13 +46,14 @@ class ConvKind(WindowKind):
     weighted = True
     modes = ("model", "domain")
     grid_key = "conv"
-    fallbacks = {"domain": "model"}  # too few rows or planes to cut Pr ways
+    # too few rows or planes to cut Pr ways (or as a split asks)
+    fallbacks = {"domain": "model", "split": "model"}
 
     def out_channels(self, spec: LayerSpec, channels: int) -> int:
         return spec.options.out
 
     def local_channels(self, spec: LayerSpec, output: Layout) -> int:
-        """All O under a height split, O/Pr (the busiest rank's) under a channel split."""
+        """All O when the channels are whole, O/c (the busiest rank's) cut c ways."""
         return largest_block(output)[CHANNEL_AXIS]
 
     def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
@@ -53,19 +61,19 @@ class ConvKind(WindowKind):
         found = {"weight": (o.out, shapes[0][0], *o.kernel)}
         return {**found, "bias": (o.out,)} if o.bias else found
 
-    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
-                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
-        """batch/model: X replicated over Pr, Y split by output channels; domain: X and Y
-        split along the first spatial axis (height, or a volume's depth)."""
-        in_shape = fed[0].shape
-        if mode == "domain":
-            return (Layout(in_shape, grid, HEIGHT_AXIS),), Layout(out_shape, grid, HEIGHT_AXIS)
-        return (Layout(in_shape, grid),), Layout(out_shape, grid, CHANNEL_AXIS)
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape,
+                split: Split | None) -> tuple[tuple[Layout, ...], Layout]:
+        """Y cut as ``split`` says; X cut the same way along the batch and the spatial axes,
+        its channels whole (replicated over the ranks that split the output channels). On the
+        1.5D grids: batch/model, X replicated over Pr and Y split by output channels; domain,
+        X and Y split along the first spatial axis (height, or a volume's depth)."""
+        spatial = range(HEIGHT_AXIS, len(out_shape))
+        return ((Layout.of_split(fed[0].shape, split, spatial),),
+                Layout.of_split(out_shape, split))
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
-        super().check(spec, inputs, output)  # the batch, and a height split's rows
-        if inputs[0].split_axis != HEIGHT_AXIS:
-            check_split(spec.options.out, output.grid[0], "output channels", spec.name)
+        super().check(spec, inputs, output)  # the batch, and the spatial splits' rows
+        check_split(spec.options.out, output.parts[CHANNEL_AXIS], "output channels", spec.name)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         n, c = work.x[:2]
@@ -97,8 +105,9 @@ class ConvKind(WindowKind):
         return per_out * self.local_channels(spec, output)
 
     def gradient_group(self, inputs: tuple[Layout, ...], output: Layout) -> Group:
-        """W is replicated on every rank in domain mode, on the Pc ranks of a model row else."""
-        return output.world if inputs[0].split_axis == HEIGHT_AXIS else output.batch_group
+        """Wᵢ is on every rank that holds the same block of output channels: every rank in
+        domain mode, the Pc ranks of a model row in model mode."""
+        return output.digit_group(shared_channel_digits(output))
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:

@@ -13,7 +13,13 @@ from hpctrain.cost.memory import Footprint, larger
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import CHANNEL_AXIS, Layout, largest_block
+from hpctrain.layout.layout import (
+    CHANNEL_AXIS,
+    Layout,
+    Split,
+    largest_block,
+    shared_channel_digits,
+)
 from hpctrain.layout.partition import check_split
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import Key, NetError, flag, whole
@@ -32,7 +38,7 @@ class LinearKind(Kind):
     weighted = True
     modes = ("model", "replicated")
     grid_key = "fc"
-    fallbacks = {"model": "replicated"}  # fewer outputs than Pr
+    fallbacks = {"model": "replicated", "split": "replicated"}  # fewer outputs than Pr
 
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
         if len(shapes[0]) != 1:
@@ -45,18 +51,17 @@ class LinearKind(Kind):
         found = {"weight": (o.out, shapes[0][0])}
         return {**found, "bias": (o.out,)} if o.bias else found
 
-    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
-                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
-        """X replicated over Pr; Y split by output features (model), or replicated too: each
-        of the Pr ranks computes the whole layer for its samples (replicated), which a layer
-        with fewer outputs than Pr needs (a regression head of 4 targets on 64 ranks)."""
-        split = None if mode == "replicated" else CHANNEL_AXIS
-        return (Layout(fed[0].shape, grid),), Layout(out_shape, grid, split)
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape,
+                split: Split | None) -> tuple[tuple[Layout, ...], Layout]:
+        """X cut along the batch only, its features whole; Y split by output features as
+        ``split`` says (model), and replicated where it has replicas: each copy computes its
+        block for its samples (replicated), which a layer with fewer outputs than Pr needs (a
+        regression head of 4 targets on 64 ranks)."""
+        return (Layout.of_split(fed[0].shape, split, ()),), Layout.of_split(out_shape, split)
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)
-        if output.split_axis == CHANNEL_AXIS:
-            check_split(spec.options.out, output.grid[0], "output features", spec.name)
+        check_split(spec.options.out, output.parts[CHANNEL_AXIS], "output features", spec.name)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
@@ -87,7 +92,7 @@ class LinearKind(Kind):
     def gradient_group(self, inputs: tuple[Layout, ...], output: Layout) -> Group:
         """Wᵢ is replicated on the Pc ranks of a model row; replicated, W is on every rank
         (each replica's gradient a partial sum, as its output gradient is)."""
-        return output.world if output.split_axis is None else output.batch_group
+        return output.digit_group(shared_channel_digits(output))
 
     def keeps_input(self, spec: LayerSpec) -> bool:
         return True  # X for ΔW

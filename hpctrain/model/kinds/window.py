@@ -23,7 +23,7 @@ from hpctrain.cost.nodes import halo_crossings
 from hpctrain.cost.work import LocalWork
 from hpctrain.io.units import shape_text
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import HEIGHT_AXIS, Layout, first_axis_name, largest_block
+from hpctrain.layout.layout import HEIGHT_AXIS, Layout, Split, axis_name, largest_block
 from hpctrain.layout.partition import HaloPlan, SplitError, Window, halo_plans, halo_row_counts
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import SAME, Key, NetError, padding, sizes, spread
@@ -82,12 +82,23 @@ def check_window(spec: LayerSpec, shape: Shape, where: str) -> Shape:
     return out
 
 
+def spatial_cuts(layout: Layout) -> tuple[int, ...]:
+    """The spatial axes ``layout`` cuts (2 is the first), in order."""
+    return tuple(a for a in layout.cut_axes if a >= HEIGHT_AXIS)
+
+
+def axis_halo_plans(spec: LayerSpec, layout: Layout, axis: int) -> tuple[HaloPlan, ...]:
+    """The halo plans of the blocks of spatial ``axis`` of ``layout`` under the layer's window
+    along it (refused, naming the layer, the axis and the sizes, when they cannot be made)."""
+    return halo_plans(layout.shape[axis], layout.parts[axis], windows_of(spec.options)[axis - 2],
+                      spec.name, axis_name(layout.shape, axis))
+
+
 def check_rows(spec: LayerSpec, layout: Layout) -> None:
-    """Refuse a height split the layer's window cannot run on (a rank without rows, or one
-    needing halo rows from beyond its neighbours), naming the layer and sizes."""
-    if layout.split_axis == HEIGHT_AXIS:
-        halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], rows(spec.options), spec.name,
-                   first_axis_name(layout.shape))
+    """Refuse a split of the spatial axes the layer's window cannot run on (a rank without
+    rows, or one needing halo rows from beyond its neighbours), naming the layer and sizes."""
+    for axis in spatial_cuts(layout):
+        axis_halo_plans(spec, layout, axis)
 
 
 def padded_bytes(work: LocalWork, itemsize: int) -> int:
@@ -104,33 +115,45 @@ def padded_copy_bytes(fp: Footprint) -> int:
     return padded_bytes(fp.work, fp.itemsize) if padding or fp.height_split else 0
 
 
-def busiest_halo(name: str, window: Window, layout: Layout) -> HaloPlan:
-    """The halo plan of the rank with the most output rows (then the most rows read)."""
-    plans = halo_plans(layout.shape[HEIGHT_AXIS], layout.grid[0], window, name,
-                       first_axis_name(layout.shape))
+def busiest_halo(spec: LayerSpec, layout: Layout, axis: int) -> HaloPlan:
+    """The halo plan of the block of ``axis`` with the most output rows (then the most rows
+    read)."""
+    plans = axis_halo_plans(spec, layout, axis)
     return max(plans, key=lambda q: (q.out[1] - q.out[0], q.need[1] - q.need[0]))
 
 
 def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: int
                  ) -> tuple[float, float]:
-    """Halo exchange of a height-split window layer (forward: rows received; backward: rows
-    sent back), at the busiest rank; zero without a height split."""
-    if layout.split_axis != HEIGHT_AXIS:
-        return 0.0, 0.0
-    n, c, _, *rest = largest_block(layout)
-    row_bytes = n * c * math.prod(rest) * itemsize  # one plane of the first spatial axis
-    received, sent = halo_row_counts(layout.shape[HEIGHT_AXIS], layout.grid[0],
-                                     rows(spec.options), spec.name,
-                                     first_axis_name(layout.shape))
-    # with levels: whether the busiest rank's neighbour may be on another node
-    crossing = (halo_crossings(layout.grid[0], layout.size, machine.ranks_per_node)
-                if machine.levelled else 0)
+    """Halo exchange of a window layer whose spatial axes are split (forward: rows received;
+    backward: rows sent back), at the busiest rank; zero without a spatial split.
 
-    def busiest(counts: frozenset[tuple[int, int]]) -> float:
-        return max([0.0, *(sum(halo_time(machine, k * row_bytes, crossing) for k in pair)
-                           for pair in counts)])
+    The axes are exchanged one after the other, the last first, each on the block the ones
+    before extended: a plane of an axis counts the halos of the axes exchanged before it, which
+    is how edges and corners travel with no message of their own."""
+    block = list(largest_block(layout))
+    forward = backward = 0.0
+    for axis in sorted(spatial_cuts(layout), reverse=True):
+        plane = math.prod(block[:axis] + block[axis + 1:]) * itemsize
+        received, sent = halo_row_counts(layout.shape[axis], layout.parts[axis],
+                                         windows_of(spec.options)[axis - 2], spec.name,
+                                         axis_name(layout.shape, axis))
+        # with levels: whether the busiest rank's neighbour may be on another node
+        crossing = 0
+        if machine.levelled:
+            group = layout.group((axis,))
+            crossing = halo_crossings(group.size, layout.size, machine.ranks_per_node,
+                                      group.stride)
 
-    return busiest(received), busiest(sent)
+        def busiest(counts: frozenset[tuple[int, int]], plane: int = plane,
+                     crossing: int = crossing) -> float:
+            return max([0.0, *(sum(halo_time(machine, k * plane, crossing) for k in pair)
+                               for pair in counts)])
+
+        forward += busiest(received)
+        backward += busiest(sent)
+        p = busiest_halo(spec, layout, axis)
+        block[axis] = p.need[1] - p.need[0]
+    return forward, backward
 
 
 @dataclass(frozen=True)
@@ -170,14 +193,13 @@ class WindowKind(Kind):
         """The busiest rank's window kernel: under a split of the first spatial axis it reads
         its rows plus halos and pads only at the image's edges."""
         o, x = spec.options, inputs[0]
-        block = largest_block(x)
-        pads = o.pad
-        if x.split_axis == HEIGHT_AXIS:
-            p = busiest_halo(spec.name, rows(o), x)
-            block = (*block[:2], p.need[1] - p.need[0], *block[3:])
-            pads = ((p.pad_top, p.pad_bottom), *o.pad[1:])
-        return LocalWork(self, block, self.local_channels(spec, output), o.kernel,
-                         o.stride, pads, need_dx)
+        block, pads = list(largest_block(x)), list(o.pad)
+        for axis in spatial_cuts(x):
+            p = busiest_halo(spec, x, axis)
+            block[axis] = p.need[1] - p.need[0]
+            pads[axis - 2] = (p.pad_top, p.pad_bottom)
+        return LocalWork(self, tuple(block), self.local_channels(spec, output), o.kernel,
+                         o.stride, tuple(pads), need_dx)
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
                   machine: Machine, itemsize: int) -> tuple[float, float]:
@@ -207,19 +229,20 @@ class PoolKind(WindowKind):
             return spec
         return super().resolve(spec, shapes, where)
 
-    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape, mode: str,
-                grid: tuple[int, int]) -> tuple[tuple[Layout, ...], Layout]:
-        """The layout fed; a height split is recut into blocks of the output rows, or, where
-        the image is too short for that (a rank would get no rows, or need halo rows from
-        beyond its neighbours), gathered first: the input then drops the height split."""
+    def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape,
+                split: Split | None) -> tuple[tuple[Layout, ...], Layout]:
+        """The layout fed; split spatial axes are recut into blocks of the output rows, or,
+        where an axis is too short for that (a rank would get no rows, or need halo rows from
+        beyond its neighbours), gathered first: the input then drops that axis's split."""
         x = fed[0]
-        if x.split_axis == HEIGHT_AXIS:
+        short = []
+        for axis in spatial_cuts(x):
             try:
-                check_rows(spec, x)
+                axis_halo_plans(spec, x, axis)
             except SplitError:
-                return (x.replicated(),), Layout(out_shape, x.grid)
-            return fed, Layout(out_shape, x.grid, HEIGHT_AXIS)
-        return super().layouts(spec, fed, out_shape, mode, grid)
+                short.append(axis)
+        x = x.without(short)
+        return (x,), x.with_shape(out_shape)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         return (float(work.x[0] * work.x[1] * math.prod(work.out_sizes())
