@@ -93,3 +93,51 @@ def test_a_cap_no_grid_plan_fits_is_met_by_splitting_more_axes():
     assert planned.memory <= cap
     assert planned.iteration_time == pytest.approx(
         min(p.iteration_time for p in every if p.memory <= cap), rel=1e-12)
+
+
+def test_a_split_plan_goes_through_a_plan_file_and_the_table_shows_its_degrees(tmp_path):
+    from hpctrain.plan.plans import PlanError, plan_from_spec, read_plan, write_plan
+
+    net = parse_net(WIDE, "wide")
+    plan = plan_from_spec("conv=h2w2,fc=4x1", net, 4)
+    assert plan[0].describe() == "split n=1,c=1,h=2,w=2"
+    write_plan(tmp_path / "wide.plan", net, plan)
+    assert read_plan(tmp_path / "wide.plan", net, 4) == plan
+    text = format_plan(evaluate(model_of(WIDE, 2, 4, MACHINE), [plan[0], plan[2], plan[-1]]))
+    assert "split   n=1,c=1,h=2,w=2" in text
+    for bad, why in [("conv1 split n=1,h=2,w=3", "needs 6 processes"),
+                     ("conv1 split n=1,h=2,h=2", "axis h is given twice"),
+                     ("conv1 split n=1,d=4", "has no axis 'd'"),
+                     ("conv1 split h=two", "is not a split")]:
+        (tmp_path / "bad.plan").write_text(bad + "\n")
+        with pytest.raises(PlanError, match=why):
+            read_plan(tmp_path / "bad.plan", net, 4)
+    # a kind's spec applies to every layer of that kind, and n takes what the others leave
+    assert [p.split.degrees for p in plan_from_spec("conv=w2,fc=4x1", net, 4)
+            if p.split is not None] == [(2, 1, 1, 2), (2, 1, 1, 2)]
+
+
+@pytest.mark.parametrize("degrees", [(4, 1, 1), (2, 2, 1), (2, 2, 2), (1, 3, 2), (3, 1, 4)])
+@pytest.mark.parametrize("kernel,pad", [(2, "same"), (3, "1"), (5, "2")])
+def test_the_halo_the_cost_model_counts_is_the_surface_of_the_extended_block(degrees, kernel,
+                                                                             pad):
+    """Axis by axis, each exchange carrying what came before, a rank receives exactly its
+    block extended by the halos minus the block: edges and corners once, no more."""
+    import math
+
+    from hpctrain.layout.layout import Layout, Split
+    from hpctrain.model.kinds import KINDS
+    from hpctrain.model.kinds.window import busiest_halo, halo_axes
+
+    net = parse_net(f"input channels=2 size=24x20x28 targets=1\nconv out=2 kernel={kernel} "
+                    f"pad={pad}\nflatten\nlinear out=1\n", "vol")
+    spec = net.layers[0]
+    layout = Layout.of_split((1, 2, 24, 20, 28), Split((1, 1, *degrees)), cut=(2, 3, 4))
+    KINDS[spec.kind].check(spec, (layout,), layout)
+    counted = sum(plane * max(sum(pair) for pair in received)
+                  for _, plane, (received, _) in halo_axes(spec, layout))
+    extended = list(layout.largest_block)
+    for axis in layout.cut_axes:
+        p = busiest_halo(spec, layout, axis)
+        extended[axis] = p.need[1] - p.need[0]
+    assert counted == math.prod(extended) - math.prod(layout.largest_block)

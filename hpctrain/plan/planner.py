@@ -557,12 +557,16 @@ def _uniform_plan(model: CostModel, candidates: list[list[LayerPlan]],
 
 
 def format_plan(planned: PlannedNetwork) -> str:
-    """The plan as a table: per layer, mode and grid, predicted ms and memory per rank."""
+    """The plan as a table: per layer, mode and grid (a split's degree on every axis), predicted
+    ms and memory per rank."""
     header = (f"{'layer':<10} {'kind':<8} {'mode':<7} {'grid':<7} {'compute ms':>11} "
               f"{'comm ms':>9} {'redist ms':>10} {'fed by':<10} {'mem MiB':>9} {'+tmp MiB':>9}")
     rows = [header]
-    for c in [planned.data, *planned.layers, planned.loss]:
+    entries = [None, *planned.plans, None]
+    for c, entry in zip([planned.data, *planned.layers, planned.loss], entries, strict=True):
         grid = "" if c.mode == "follow" else f"{c.grid[0]}x{c.grid[1]}"  # weighted: never follow
+        if entry is not None and entry.split is not None:  # its degree on every axis
+            grid = entry.split.text()
         rows.append(f"{c.layer:<10} {c.kind:<8} {c.mode:<7} {grid:<7} "
                     f"{sum(c.compute) * 1e3:>11.3f} {sum(c.comm) * 1e3:>9.3f} "
                     f"{sum(c.redistribution) * 1e3:>10.3f} {c.move.method:<10} "

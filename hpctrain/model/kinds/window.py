@@ -130,13 +130,9 @@ def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: in
     The axes are exchanged one after the other, the last first, each on the block the ones
     before extended: a plane of an axis counts the halos of the axes exchanged before it, which
     is how edges and corners travel with no message of their own."""
-    block = list(largest_block(layout))
     forward = backward = 0.0
-    for axis in sorted(spatial_cuts(layout), reverse=True):
-        plane = math.prod(block[:axis] + block[axis + 1:]) * itemsize
-        received, sent = halo_row_counts(layout.shape[axis], layout.parts[axis],
-                                         windows_of(spec.options)[axis - 2], spec.name,
-                                         axis_name(layout.shape, axis))
+    for axis, plane, (received, sent) in halo_axes(spec, layout):
+        plane *= itemsize
         # with levels: whether the busiest rank's neighbour may be on another node
         crossing = 0
         if machine.levelled:
@@ -151,9 +147,26 @@ def halo_seconds(spec: LayerSpec, layout: Layout, machine: Machine, itemsize: in
 
         forward += busiest(received)
         backward += busiest(sent)
+    return forward, backward
+
+
+def halo_axes(spec: LayerSpec, layout: Layout
+              ) -> list[tuple[int, int, tuple[frozenset, frozenset]]]:
+    """Per split spatial axis, in the order exchanged (the last first): the axis, the entries
+    of one plane of it on the busiest rank's block as the axes before extended it, and the
+    (top, bottom) numbers of planes received and sent
+    (:func:`~hpctrain.layout.partition.halo_row_counts`)."""
+    block = list(largest_block(layout))
+    found = []
+    for axis in sorted(spatial_cuts(layout), reverse=True):
+        plane = math.prod(block[:axis] + block[axis + 1:])
+        counts = halo_row_counts(layout.shape[axis], layout.parts[axis],
+                                 windows_of(spec.options)[axis - 2], spec.name,
+                                 axis_name(layout.shape, axis))
+        found.append((axis, plane, counts))
         p = busiest_halo(spec, layout, axis)
         block[axis] = p.need[1] - p.need[0]
-    return forward, backward
+    return found
 
 
 @dataclass(frozen=True)
