@@ -210,3 +210,23 @@ def test_every_split_of_a_small_tensor_is_a_layout():
         assert layout.parts == degrees
         seen += 1
     assert seen == 20
+
+
+@pytest.mark.parametrize("p,seed", [(2, 0), (4, 1), (8, 2), (16, 3), (32, 4), (64, 5)])
+def test_the_busiest_receiver_of_even_power_of_two_meshes_in_closed_form(p, seed):
+    """Where every block is even and P a power of two the price is found from the bits of the
+    rank numbers alone; it is the one found rank by rank."""
+    from hpctrain.layout.moves import _busiest_receiver_by_mesh_rank, _busiest_receiver_of_bits
+
+    checked = 0
+    for src, dst in mesh_pairs(seed, p, 150, shape=(64, 32, 64, 64)):
+        closed = _busiest_receiver_of_bits(src, dst)
+        if any(n % layout.parts[a] for layout in (src, dst) for a, n in enumerate(src.shape)):
+            assert closed is None  # uneven blocks: rank by rank
+            continue
+        assert closed is not None, (src, dst)
+        share, messages = _busiest_receiver_by_mesh_rank(src, dst)
+        assert closed[0] == pytest.approx(share, abs=1e-15), (src, dst)
+        assert closed[1] == messages, (src, dst)
+        checked += 1
+    assert checked > 100

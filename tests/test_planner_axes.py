@@ -141,3 +141,18 @@ def test_the_halo_the_cost_model_counts_is_the_surface_of_the_extended_block(deg
         p = busiest_halo(spec, layout, axis)
         extended[axis] = p.need[1] - p.need[0]
     assert counted == math.prod(extended) - math.prod(layout.largest_block)
+
+
+def test_plan_prices_a_given_grid_and_holds_it_to_the_cap(capsys):
+    """``plan --grid`` prints the given plan's table (its degrees per axis) instead of
+    searching; under ``--mem-per-rank`` a plan that does not fit is refused."""
+    from hpctrain.commands import plan as plan_command
+    from hpctrain.cost.memory import MemoryRefused
+
+    common = ["--net", "cosmoflow", "--image-size", "32", "--batch", "2", "--procs", "8",
+              "--machine", "perlmutter-gpu", "--compute", "flops"]
+    assert plan_command.run([*common, "--grid", "conv=n2d2h2,fc=8x1"]) == 0
+    out = capsys.readouterr().out
+    assert "split   n=2,c=1,d=2,h=2,w=1" in out and "predicted iteration" in out
+    with pytest.raises(MemoryRefused, match="--mem-per-rank"):
+        plan_command.run([*common, "--grid", "conv=n2d2h2,fc=8x1", "--mem-per-rank", "1M"])

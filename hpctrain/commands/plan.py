@@ -28,6 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="training precision: bytes moved and kernels timed "
                              "(default: %(default)s)")
     parser.add_argument("--out", default=None, help="also write the plan file here")
+    parser.add_argument("--grid", default="auto",
+                        help="auto: search for the plan of least predicted time; or a --grid "
+                             "value of train (RxC, conv=SPEC,fc=SPEC, a degree per axis such as "
+                             "conv=h2w2, a plan file) to price that plan instead "
+                             "(default: auto)")
     add_threads_option(parser)
     add_planning_options(parser)
     add_overlap_option(parser)
@@ -42,8 +47,8 @@ def run(argv: list[str]) -> int:
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.io.textfile import existing_file
     from hpctrain.model.net import load_net
-    from hpctrain.plan.planner import format_plan, plan_network
-    from hpctrain.plan.plans import is_plan_file
+    from hpctrain.plan.planner import format_plan, plan_network, predict
+    from hpctrain.plan.plans import is_plan_file, plan_from_spec
     from hpctrain.plan.pricing import build_cost_model, compute_source
 
     args = build_parser().parse_args(argv)
@@ -51,6 +56,7 @@ def run(argv: list[str]) -> int:
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
     net = load_net(args.net, args.image_size)
+    given = None if args.grid.strip() == "auto" else plan_from_spec(args.grid, net, args.procs)
     if args.out:  # before the planner measures anything
         check_directory(Path(args.out).parent, "--out")
         check_output(Path(args.out), "--out", is_plan_file, "an hpctrain plan file",
@@ -65,7 +71,14 @@ def run(argv: list[str]) -> int:
         threads = configure_threads(None, args.threads)
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
                              threads=threads, overlap=args.overlap)
-    planned = plan_network(model, args.mem_per_rank, space=args.space)
+    if given is None:
+        planned = plan_network(model, args.mem_per_rank, space=args.space)
+    else:  # priced as given, and held to the cap as a run would be
+        from hpctrain.cost.memory import check_memory
+
+        planned = predict(model, given)
+        if args.mem_per_rank is not None:
+            check_memory(planned, args.mem_per_rank, "--mem-per-rank")
     print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
           f"{machine.name} ({machine.describe()}), compute {source}"
           + (f" with {threads.describe()}" if threads else ""))

@@ -527,8 +527,60 @@ def _parts_met(layout: Layout, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.
     return np.maximum(last - first + 1, 0)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)
 def _busiest_receiver_on_meshes(src: Layout, dst: Layout) -> tuple[float, int]:
+    """:func:`_busiest_receiver` for layouts on any meshes: in closed form where every block is
+    even and P a power of two (:func:`_busiest_receiver_of_bits`), else rank by rank."""
+    found = _busiest_receiver_of_bits(src, dst)
+    return found if found is not None else _busiest_receiver_by_mesh_rank(src, dst)
+
+
+def _axis_bits(layout: Layout) -> list[tuple[int, ...]] | None:
+    """Per axis, the bits of a rank's number that make its block index, most significant
+    first; None unless every digit is a power of two."""
+    if any(size & (size - 1) for size in layout.mesh):
+        return None
+    bits: list[tuple[int, ...]] = [() for _ in layout.shape]
+    low = 0
+    for size, axis in zip(reversed(layout.mesh), reversed(layout.axes), strict=True):
+        width = size.bit_length() - 1
+        if axis != REPLICAS:
+            bits[axis] = tuple(range(low + width - 1, low - 1, -1)) + bits[axis]
+        low += width
+    return bits
+
+
+def _busiest_receiver_of_bits(src: Layout, dst: Layout) -> tuple[float, int] | None:
+    """:func:`_busiest_receiver` in O(axes) where P is a power of two and every cut divides its
+    axis evenly (None otherwise).
+
+    A block index is then a field of the rank's bits. Along an axis cut into s source and
+    d target blocks, a rank keeps min(1, d/s) of its target block if the coarser cut's field is
+    the leading part of the finer one's (the same bits of the rank), and nothing at some rank
+    otherwise (those bits can differ); it meets max(1, s/d) source blocks. A rank keeps the
+    product over the axes, so the busiest keeps nothing unless every axis aligns."""
+    if any(src.split_ranges is not None and not isinstance(src.split_ranges, BlockRanges)
+           for src in (src, dst)):
+        return None
+    src_bits, dst_bits = _axis_bits(src), _axis_bits(dst)
+    if src_bits is None or dst_bits is None:
+        return None
+    kept, blocks, aligned = 1.0, 1, True
+    for axis, n in enumerate(src.shape):
+        s, d = src.parts[axis], dst.parts[axis]
+        if n % s or n % d:
+            return None  # uneven blocks: their sizes differ from rank to rank
+        coarse, fine = (dst_bits[axis], src_bits[axis]) if s >= d else (src_bits[axis],
+                                                                         dst_bits[axis])
+        aligned = aligned and fine[:len(coarse)] == coarse
+        kept *= min(1.0, d / s)
+        blocks *= max(1, s // d)
+    if not aligned:
+        return 1.0, blocks
+    return 1.0 - kept, blocks - 1
+
+
+def _busiest_receiver_by_mesh_rank(src: Layout, dst: Layout) -> tuple[float, int]:
     """:func:`_busiest_receiver` for layouts on any meshes, rank by rank in O(P) vector work:
     each rank's share of its target block held by other ranks, and the source blocks it meets
     other than its own, from the integer block bounds of every cut axis."""
