@@ -242,10 +242,8 @@ def _fits(model: CostModel, candidates: list[list[LayerPlan]], cap: float,
                                f"in this space")
         costs = {c: model.segment_cost(k, c, timed=False) for c in found}
         fitting = [c for c in found if base + costs[c].memory + costs[c].peak <= cap]
-        if not fitting:
-            smallest = min(found, key=lambda c: costs[c].memory + costs[c].peak)
-            _refuse_cap(model, cap, [smallest if j == k else candidates[j][0]
-                                     for j in range(len(candidates))], cap_source)
+        if not fitting:  # the leanest plan of all says what the cap would need
+            _refuse_cap(model, cap, _leanest(model, candidates), cap_source)
         kept.append(fitting)
         base += min(costs[c].memory for c in fitting)
     if base > cap:  # every segment at its least memory still does not fit
@@ -307,16 +305,15 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     wider = ([model.split_choices(k) for k in range(len(model.segments))]
              if space == "axes" else [[] for _ in candidates])
     for k, found in enumerate(candidates):
-        if not found and not wider[k]:  # not even batch-parallel: say why that fails
-            try:
-                model.runnable_layouts(k, LayerPlan("batch", (1, model.procs)))
-            except SplitError as err:
-                raise PlannerError(str(err)) from None
+        if not found and not wider[k]:
+            raise PlannerError(_no_choice(model, k, space))
 
     def best(free: float) -> PlannedNetwork:
         """The optimum over the space with ``free`` of each gradient sum counted free."""
         try:
             grids = candidates
+            if not all(grids):  # a layer no 1.5D mode splits: the splits alone may
+                raise PlannerError("a layer has no 1.5D plan")
             if mem_per_rank is not None:
                 grids = _fits(model, candidates, mem_per_rank, cap_source)
             found = _search(model, grids, mem_per_rank, cap_source, free)
@@ -343,6 +340,31 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     if counted.exact and hopeful.exact:
         best.lower_bound = hopeful.time_with_sums_hidden()
     return best
+
+
+def _no_choice(model: CostModel, segment: int, space: str) -> str:
+    """Why segment ``segment`` has no plan at all in ``space``: the reason each mode fails on
+    the grid with the most batch ranks the batch allows (the fewest ranks left to cut the
+    rest), and what would give it one."""
+    layer = model.net.layers[model.heads[segment]]
+    procs, batch = model.procs, model.batch
+    pc = max(c for _, c in factorisations(procs) if c <= batch)
+    tries = [LayerPlan("batch", (1, procs))]
+    if pc < procs:
+        tries += [LayerPlan(mode, (procs // pc, pc)) for mode in model.segment_kinds[
+            segment].modes]
+    reasons = []
+    for choice in tries:
+        try:
+            model.runnable_layouts(segment, choice)
+        except SplitError as err:
+            reasons.append(f"{choice.describe()}: {str(err).split(': ', 2)[-1]}")
+    advice = "raise --batch, or use fewer processes"
+    if space == "grids":
+        advice = "cut several axes at once with --space axes, " + advice
+    return (f"layer {layer.name} ({layer.kind}) has no plan on {procs} ranks at batch {batch} "
+            f"in any mode on any grid; with at most {pc} batch ranks, "
+            + "; ".join(reasons) + f". To run it: {advice}")
 
 
 def _bounded(model: CostModel, candidates: list[list[LayerPlan]],
