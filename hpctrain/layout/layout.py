@@ -426,8 +426,8 @@ class Layout:
             if axis is None:
                 split = "replicated" if pr > 1 else "whole"
             else:
-                split = {HEIGHT_AXIS: first_axis_name(self.shape)}.get(
-                    axis, "channels" if len(self.shape) >= 4 else "features")
+                split = ("channels" if len(self.shape) >= 4 else "features"
+                         ) if axis == CHANNEL_AXIS else axis_name(self.shape, axis)
                 split += f"/{pr}"
             return f"{pr}x{pc} batch/{pc} {split}"
         words = [f"{axis_name(self.shape, a)}/{self._parts[a]}" for a in self.cut_axes]
