@@ -370,25 +370,87 @@ def _no_choice(model: CostModel, segment: int, space: str) -> str:
 def _bounded(model: CostModel, candidates: list[list[LayerPlan]],
              wider: list[list[LayerPlan]], bound: float, free: float
              ) -> list[list[LayerPlan]]:
-    """``candidates`` and the splits of ``wider`` that may beat ``bound`` (see
-    :func:`plan_network`): those whose own cost, with every other segment at its least, is
-    at most ``bound``."""
+    """``candidates`` and the splits of ``wider`` that may beat ``bound``: those whose lower
+    bound (:func:`_lower_bounds`) is at most ``bound``."""
     model.prefetch(wider)
-
-    def own(k: int, choice: LayerPlan) -> float:
-        time = _searched(model.segment_cost(k, choice), free)
-        if k == 0:  # the input batch, produced where the first segment reads it
-            time += model.input_cost(model.input_layout(choice)).total
-        return time
-
-    owns = [[own(k, c) for c in candidates[k] + wider[k]] for k in range(len(candidates))]
-    least = [min(found, default=math.inf) for found in owns]
-    others = sum(least)
+    every = [found + more for found, more in zip(candidates, wider, strict=True)]
+    lower = _lower_bounds(model, every, [len(found) for found in candidates], free)
     slack = bound * (1 + 1e-9)  # sums in another order may differ in the last bits
-    return [candidates[k] + [c for c, t in zip(wider[k], owns[k][len(candidates[k]):],
-                                               strict=True)
-                             if t + others - least[k] <= slack]
+    return [candidates[k] + [c for i, c in enumerate(wider[k], start=len(candidates[k]))
+                             if lower[k][i] <= slack]
             for k in range(len(candidates))]
+
+
+def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], grids: list[int],
+                  free: float) -> list[list[float]]:
+    """For each segment's each candidate (``every[k]``, of which the first ``grids[k]`` are
+    the 1.5D ones), a time no plan that gives the segment that candidate can beat.
+
+    A plan's time is the segments' own costs (the first's with the input batch) plus the moves
+    of the joins plus the loss, all ≥ 0. Each segment's own cost is carried by one join it
+    feeds, so the time is a sum of one term per join, t(x_a, x_b) = own(x_a) + move(x_a, x_b),
+    plus the own costs no join carries. With x_b fixed, min over x_a of t is at least the
+    least of: min over the 1.5D x_a of t (priced: few of them), and min over the other x_a
+    of own(x_a) (their moves ≥ 0); with x_a fixed it is at least own(x_a). A candidate's bound
+    adds its own joins' terms so, every other join's least term over any choice, and every
+    other uncarried own cost's least. Pricing the 1.5D sources against every target costs a
+    few moves per candidate, where the search itself prices every pair."""
+    owner = {k: s for s, members in enumerate(model.segments) for k in members}
+    owns = []
+    for k, found in enumerate(every):
+        row = []
+        for choice in found:
+            time = _searched(model.segment_cost(k, choice), free)
+            if k == 0:  # the input batch, produced where the first segment reads it
+                time += model.input_cost(model.input_layout(choice)).total
+            row.append(time)
+        owns.append(row)
+    layouts = [[dict(zip(model.segments[k], model.runnable_layouts(k, c), strict=True))
+                for c in found] for k, found in enumerate(every)]
+    carried: set[int] = set()
+    terms = []  # (source segment, target segment, carries, source layouts, target layouts)
+    for k, e, p in model.joins:
+        a, b = (0 if p < 0 else owner[p]), owner[k]
+        carries = p >= 0 and a != b and a not in carried
+        if carries:
+            carried.add(a)
+        sources = ([model.input_layout(c) for c in every[0]] if p < 0
+                   else [where[p].output for where in layouts[a]])
+        targets = [where[k].inputs[e] for where in layouts[b]]
+        terms.append((a, b, carries, sources, targets))
+    # the loss's move and cost, and producing the batch where it is needed, are ≥ 0: left out
+    per_candidate = [[0.0] * len(found) for found in every]
+    fixed = 0.0  # what every candidate's bound adds: the least of the terms and costs apart
+    lows: list[tuple[int, int, list[float], list[float]]] = []
+    for a, b, carries, sources, targets in terms:
+
+        def move(i: int, j: int, sources: list = sources, targets: list = targets) -> float:
+            return sum(model.move_cost(sources[i], targets[j])[1:])
+
+        carry = owns[a] if carries else [0.0] * len(every[a])
+        if a == b:  # one segment's choice decides both ends
+            into = [carry[i] + move(i, i) for i in range(len(every[b]))]
+            lows.append((b, b, into, into))
+            continue
+        rest = min(carry[grids[a]:], default=math.inf)
+        into = [min([carry[i] + move(i, j) for i in range(grids[a])] + [rest])
+                for j in range(len(every[b]))]
+        lows.append((a, b, carry, into))
+    uncarried = [k for k in range(len(every)) if k not in carried]
+    for a, b, out_of, into in lows:
+        least = min(into)
+        fixed += least
+        for j, value in enumerate(into):
+            per_candidate[b][j] += value - least
+        if a != b:  # the source's own cost it carries, whatever it feeds
+            for i, value in enumerate(out_of):
+                per_candidate[a][i] += max(value, least) - least
+    for k in uncarried:
+        least = min(owns[k])
+        fixed += least
+        for i, value in enumerate(owns[k]):
+            per_candidate[k][i] += value - least
+    return [[fixed + extra for extra in row] for row in per_candidate]
 
 
 def _searched(cost: SegmentCost, free: float) -> float:
