@@ -23,12 +23,12 @@ from hpctrain.layout.moves import (
     IdentityMove,
     SliceMove,
     move_between,
-    transfer_pieces,
 )
 from hpctrain.layout.moves import (
     _busiest_receiver_on_meshes as busiest_on_meshes,
 )
 from hpctrain.layout.partition import factorisations
+from tests.test_moves import assert_each_rank_plans_its_share
 
 
 def random_mesh_layout(rng, shape, p):
@@ -151,18 +151,7 @@ def test_every_move_between_meshes_is_exact(p, seed):
                                                           dst.coordinates(rank), strict=True))
                     if k != digit)]
                 assert [src.box(q)[axis] for q in members] == list(ranges)
-        want = sorted((q.sender, q.receiver, q.box) for q in transfer_pieces(src, dst))
-        general = GeneralMove(src, dst)
-        sent, received = [], []
-        for rank in range(p):
-            part = general.exchange(rank)
-            sent += [(rank, q, box) for q, box in part.sends]
-            received += [(q, rank, box) for q, box in part.receives]
-            kept = [(rank, rank, box) for box in part.local]
-            sent += kept
-            received += kept
-        assert sorted(sent) == want, (src, dst)
-        assert sorted(received) == want, (src, dst)
+        want = assert_each_rank_plans_its_share(GeneralMove(src, dst), p)
         share, messages = busiest_on_meshes(src, dst)
         by_rank_share, by_rank_messages = 0.0, 0
         for rank in range(p):

@@ -103,24 +103,29 @@ def test_parts_overlapping_matches_brute_force():
         assert parts_overlapping(split, CHANNEL_AXIS, lo, hi) == want, (n, parts, lo, hi)
 
 
+def assert_each_rank_plans_its_share(move, p):
+    """Union over ranks of sends (and kept pieces) = union of receives = the global list."""
+    src, dst = move.src, move.dst
+    want = sorted((q.sender, q.receiver, q.box) for q in transfer_pieces(src, dst))
+    sent, received = [], []
+    for rank in range(p):
+        plan = move.exchange(rank)
+        sent += [(rank, q, box) for q, box in plan.sends]
+        received += [(q, rank, box) for q, box in plan.receives]
+        kept = [(rank, rank, box) for box in plan.local]
+        sent += kept
+        received += kept
+    assert sorted(sent) == want, (src, dst)
+    assert sorted(received) == want, (src, dst)
+    return want
+
+
 @pytest.mark.parametrize("p,seed", CASES)
 def test_each_rank_plans_exactly_its_share_of_the_global_pieces(p, seed):
-    """Union over ranks of sends (and kept pieces) = union of receives = the global list."""
     for src, dst in pairs(seed, p, 150):
         move = move_between(src, dst)
-        if not isinstance(move, GeneralMove):
-            continue
-        want = sorted((q.sender, q.receiver, q.box) for q in transfer_pieces(src, dst))
-        sent, received = [], []
-        for rank in range(p):
-            plan = move.exchange(rank)
-            sent += [(rank, q, box) for q, box in plan.sends]
-            received += [(q, rank, box) for q, box in plan.receives]
-            kept = [(rank, rank, box) for box in plan.local]
-            sent += kept
-            received += kept
-        assert sorted(sent) == want, (src, dst)
-        assert sorted(received) == want, (src, dst)
+        if isinstance(move, GeneralMove):
+            assert_each_rank_plans_its_share(move, p)
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 6])
