@@ -6,18 +6,33 @@ before any rank can block, so every rank exits with status 2 and rank 0 prints o
 fix. Anything else may have struck one rank only: that rank prints what happened and aborts the
 whole job, so no rank is left waiting in a collective.
 
-Exit status: 0 done (or stopped by a signal, with a checkpoint); 1 a crash on some rank; 2 bad
-input; 3 a result (checkpoint, log, plan file) could not be written — every rank learns it
-from rank 0, which wrote, and exits with 3.
+Exit status: 0 done (or stopped by a signal, with a checkpoint); 1 a crash on some rank, or a
+:class:`~hpctrain.errors.Failure` (one line: a lost worker process); 2 bad input; 3 a result
+(checkpoint, log, plan file) could not be written — every rank learns it from rank 0, which
+wrote, and exits with 3. A command without MPI stopped by Ctrl-C exits with 130, by SIGTERM
+with 143, each in one line, having removed what it had not finished.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Iterator
+from types import FrameType
 
-from hpctrain.errors import EXIT_OUTPUT_ERROR, EXIT_USER_ERROR, OutputError, UserError
+from hpctrain.errors import (
+    EXIT_FAILURE,
+    EXIT_OUTPUT_ERROR,
+    EXIT_USER_ERROR,
+    Failure,
+    OutputError,
+    Terminated,
+    UserError,
+)
 
 # Commands whose runner takes the stop requests recorded since start-up (``stop=``) and stops
 # cleanly on SIGTERM or SIGUSR1; the others hand the handlers back, and a signal acts as usual.
@@ -45,6 +60,26 @@ def command_module(command: str):
     from importlib import import_module
 
     return import_module(f"hpctrain.commands.{command.replace('-', '_')}")
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While a command without MPI runs, SIGTERM raises :class:`~hpctrain.errors.Terminated`
+    (a ``KeyboardInterrupt``), so it stops as Ctrl-C does: temporaries removed, one line. By
+    default SIGTERM would kill the process where it stands, leaving its temporary file and,
+    for ``convert``, its decoding workers writing tracebacks into a closed pipe."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: FrameType | None) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _say_error(err: UserError | OutputError) -> int:
@@ -84,9 +119,16 @@ def main(argv: list[str] | None = None, stop=None) -> int:
     run, under_mpi = command_module(command).run, COMMANDS[command]
     if not under_mpi:  # the cost model alone, or dataset conversion
         try:
-            return run(argv)
+            with _terminate_as_interrupt():
+                return run(argv)
         except (UserError, OutputError) as err:
             return _say_error(err)
+        except Failure as err:
+            print(f"hpctrain {command}: error: {err}", file=sys.stderr, flush=True)
+            return EXIT_FAILURE
+        except Terminated:  # SIGTERM: as Ctrl-C, with the status a kill by SIGTERM gives
+            print(f"hpctrain {command}: stopped by SIGTERM", file=sys.stderr)
+            return 128 + signal.SIGTERM
         except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (outputs are renamed last)
             print(f"hpctrain {command}: interrupted", file=sys.stderr)
             return 130

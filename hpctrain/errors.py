@@ -65,6 +65,19 @@ class OutputError(Exception):
     every rank together, and the message names the file and the operating system's reason."""
 
 
+class Failure(RuntimeError):
+    """A run that failed for a reason outside its input, such as a worker process lost to the
+    out-of-memory killer: one line naming what was lost, status 1 (not a traceback: it is no
+    bug of the code either)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's ``KeyboardInterrupt`` would be, so a command that has no
+    clean stop of its own (``convert``, ``plan``) removes what it had not finished alike; the
+    command line then exits with 128 + 15, as a process killed by SIGTERM does."""
+
+
+EXIT_FAILURE = 1  # a crash, or a Failure
 EXIT_USER_ERROR = 2  # bad input
 EXIT_OUTPUT_ERROR = 3  # a result could not be written
 

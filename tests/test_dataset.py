@@ -1,5 +1,6 @@
 """The dataset format, its checks, the rank-local reader and the converter (one process)."""
 
+import os
 import re
 
 import h5py
@@ -17,6 +18,7 @@ from hpctrain.data.dataset import (
     inspect_dataset,
     write_dataset,
 )
+from hpctrain.data.prefetch import Prefetched
 from hpctrain.device.backend import make_backend
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import box_size
@@ -289,6 +291,101 @@ def test_a_nan_or_inf_read_is_noted_with_its_sample_not_raised(path, backend):
         assert data.nonfinite is None
         data.images(1, ((0, 4), (0, 3), (0, 6), (0, 5)))
         assert "/val/images sample 6 holds Inf" in data.nonfinite
+
+
+def volumes(path, n=48):
+    """``n`` training samples of 1x64x64 float32, 16 KiB: one chunk each, so each sample's
+    bytes lie in the file apart from the others'."""
+    images, labels = random_split(n, (1, 64, 64))
+    write_dataset(path, images, labels, CLASSES)
+    return path
+
+
+def chunk_of(path, sample, split="train", name="images"):
+    """(byte offset, size) of the chunk that holds ``sample``."""
+    with h5py.File(path, "r") as h5:
+        dataset = h5[f"{split}/{name}"]
+        info = dataset.id.get_chunk_info_by_coord(
+            (sample // dataset.chunks[0] * dataset.chunks[0],) + (0,) * (dataset.ndim - 1))
+        return info.byte_offset, info.size
+
+
+def test_a_file_cut_short_while_read_names_the_first_sample_past_its_end(tmp_path, backend):
+    """HDF5 reads the part of a chunk past the end of a shortened file as zeros, with no
+    error; the reader compares the file's size with what each read needs."""
+    path = volumes(tmp_path / "v.h5")
+    cut = chunk_of(path, 30)[0]  # samples 0..29 stay whole
+    box = ((0, 8), (0, 1), (0, 64), (0, 64))
+    with h5py.File(path, "r") as h5:
+        whole = h5["train/images"][()]
+    with H5Data(backend, path, 8, SEED) as data:
+        np.testing.assert_array_equal(data.images(0, box), whole[data.indices(0, (0, 8))])
+        os.truncate(path, cut)
+        for step in range(data.steps_per_epoch):
+            index = data.indices(step, (0, 8))
+            block = data.images(step, box)
+            if index.max() < 30:  # every sample still whole: read as it is
+                assert data.nonfinite is None
+                np.testing.assert_array_equal(block, whole[index])
+                continue
+            past = min(i for i in index if i >= 30)  # the first the reader meets
+            assert not block.any()  # never the zeros HDF5 read as numbers
+            assert data.nonfinite.startswith(
+                f"dataset '{path}': /train/images sample {past} cannot be read (the file is "
+                f"{cut:,} bytes, cut short of the ")
+            assert "the file is damaged: rewrite it with python -m hpctrain convert" in (
+                data.nonfinite)
+            break
+        else:
+            pytest.fail("no batch met the cut")
+
+
+def test_a_changed_chunk_fails_its_checksum_and_is_named(tmp_path, backend):
+    path = volumes(tmp_path / "v.h5")
+    offset, _ = chunk_of(path, 17)
+    with open(path, "r+b") as f:  # one byte of sample 17 changed, as a disk or a copy may
+        f.seek(offset + 100)
+        byte = f.read(1)
+        f.seek(offset + 100)
+        f.write(bytes([byte[0] ^ 0x10]))
+    box = ((0, 8), (0, 1), (0, 64), (0, 64))
+    with H5Data(backend, path, 8, SEED) as data:
+        step = next(s for s in range(6) if 17 in data.indices(s, (0, 8)))
+        for s in range(step):
+            data.images(s, box)
+            assert data.nonfinite is None
+        block = data.images(step, box)
+        assert not block[data.indices(step, (0, 8)) == 17].any()  # never the changed numbers
+        assert data.nonfinite.startswith(f"dataset '{path}': /train/images sample 17 cannot be "
+                                         f"read (HDF5: ")
+        assert "a checksum does not match); the file is damaged" in data.nonfinite
+
+
+def test_changed_labels_are_named_and_stand_in_valid(tmp_path, backend):
+    path = volumes(tmp_path / "v.h5")
+    offset, _ = chunk_of(path, 0, name="labels")  # every label in one chunk
+    with open(path, "r+b") as f:
+        f.seek(offset + 8 * 5)
+        f.write(b"\x07")
+    with pytest.raises(DatasetError, match=r"not a readable HDF5 file \(.*filter"):
+        inspect_dataset(path)  # what opening checks
+    info = DatasetInfo(path, (1, 64, 64), CLASSES, 48, 0)  # as rank 0 found it before
+    with H5Data(backend, path, 8, SEED, info=info) as data, Prefetched(data) as ahead:
+        labels = ahead.labels(0, (0, 8))  # a read of labels alone, through the thread
+        assert labels.tolist() == [0] * 8
+        assert ahead.nonfinite.startswith(f"dataset '{path}': /train/labels sample ")
+
+
+def test_files_without_checksums_are_still_read(tmp_path, backend):
+    images, labels = random_split(10)
+    raw_file(tmp_path / "v1.h5", train_images=images, train_labels=labels)
+    with h5py.File(tmp_path / "v1.h5", "r") as h5:
+        assert not h5["train/images"].fletcher32
+    with H5Data(backend, tmp_path / "v1.h5", 5, SEED) as data:
+        box = ((0, 5), (0, 3), (0, 6), (0, 5))
+        np.testing.assert_array_equal(data.images(1, box), images[data.indices(1, (0, 5))])
+        np.testing.assert_array_equal(data.labels(1, (0, 5)), labels[data.indices(1, (0, 5))])
+        assert data.nonfinite is None
 
 
 def test_reader_refusals(tmp_path, path, backend):

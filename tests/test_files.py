@@ -17,6 +17,7 @@ from hpctrain.io.files import (
     check_output,
     new_file_mode,
     publish_exclusive,
+    remove_abandoned,
     remove_orphans,
     replace_atomically,
     rotate_aside,
@@ -156,6 +157,47 @@ def test_only_our_own_temporaries_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [*kept, ".step-00000002.h5.dir.tmp", ".step-00000003.h5.link.tmp", "precious"])
     assert target.read_text() == "a user's file\n"
+
+
+def test_only_abandoned_temporaries_of_ours_are_removed_beside_an_output(tmp_path):
+    """Beside an output in the user's directory: only files named as ours for that output,
+    empty or HDF5, regular, and held by no live writer."""
+    import fcntl
+
+    hdf5 = b"\x89HDF\r\n\x1a\n" + bytes(100)
+    abandoned = {".d.h5.abcd_123.tmp": b"", ".d.h5.k2j4x9aa.tmp": hdf5}
+    kept = {".d.h5.notesxyz.tmp": b"a user's notes\n", ".d.h5.short.tmp": b"",
+            ".d.h5.ABCDEFGH.tmp": b"", ".other.h5.abcdefgh.tmp": b"", "d.h5.abcdefgh.tmp": b"",
+            ".d.h5.livelive.tmp": hdf5}
+    for name, data in {**abandoned, **kept}.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / ".d.h5.dirdirdi.tmp").mkdir()
+    os.mkfifo(tmp_path / ".d.h5.fifofifo.tmp")
+    target = tmp_path / "precious"
+    target.write_text("a user's file\n")
+    (tmp_path / ".d.h5.linklink.tmp").symlink_to(target)
+    live = os.open(tmp_path / ".d.h5.livelive.tmp", os.O_RDWR)
+    try:
+        fcntl.flock(live, fcntl.LOCK_EX)  # as a run writing it now holds it
+        removed = remove_abandoned(tmp_path / "d.h5", b"\x89HDF\r\n\x1a\n")
+    finally:
+        os.close(live)
+    assert sorted(p.name for p in removed) == sorted(abandoned)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*kept, ".d.h5.dirdirdi.tmp", ".d.h5.fifofifo.tmp", ".d.h5.linklink.tmp", "precious"])
+    assert target.read_text() == "a user's file\n"
+
+
+def test_a_locked_write_holds_its_temporary_until_it_is_renamed(tmp_path):
+    seen = []
+
+    def write(tmp: Path) -> None:
+        tmp.write_bytes(b"\x89HDF\r\n\x1a\n")
+        seen.append(remove_abandoned(tmp_path / "d.h5", b"\x89HDF"))  # another run, now
+
+    replace_atomically(tmp_path / "d.h5", write, lock=True)
+    assert seen == [[]] and (tmp_path / "d.h5").read_bytes().startswith(b"\x89HDF")
+    assert [p.name for p in tmp_path.iterdir()] == ["d.h5"]
 
 
 # -- run logs ----------------------------------------------------------------------------------

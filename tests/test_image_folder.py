@@ -11,7 +11,7 @@ PIL = pytest.importorskip("PIL")
 from PIL import Image, ImageDraw  # noqa: E402
 
 from hpctrain.cli import main  # noqa: E402
-from hpctrain.data.dataset import H5Data, inspect_dataset  # noqa: E402
+from hpctrain.data.dataset import DatasetError, H5Data, inspect_dataset  # noqa: E402
 from hpctrain.data.folder import decode  # noqa: E402
 from hpctrain.device.backend import make_backend  # noqa: E402
 
@@ -211,3 +211,163 @@ def test_ctrl_c_stops_a_parallel_conversion_in_one_line_leaving_nothing(tmp_path
     assert process.returncode == 130, err
     assert err.replace("\r", "\n").strip().splitlines()[-1] == "hpctrain convert: interrupted"
     assert [p.name for p in tmp_path.iterdir()] == ["big"]
+
+
+def run_convert_with(tmp_path, code: str, *args: str, timeout: float = 30):
+    """``python -m hpctrain convert ARGS`` in a fresh interpreter that first runs ``code`` (a
+    stand-in for what the system does to the run, e.g. a worker that gets killed)."""
+    import subprocess
+    import sys
+
+    script = f"import sys\n{code}\nfrom hpctrain.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", script, "convert", *map(str, args)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+
+
+DIES_ON_A_SQUARE = """
+import os, signal
+import hpctrain.data.folder as folder
+decode_task = folder._decode_task
+def dying(paths, size):  # as the out-of-memory killer would, in the middle of the run
+    if any(p.endswith("005.jpg") and "square" in p for p in paths):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return decode_task(paths, size)
+folder._decode_task = dying
+"""
+
+
+def test_a_lost_worker_ends_the_run_in_one_line_leaving_nothing(folder, tmp_path):
+    """A worker killed with its task made the pool wait for that task forever."""
+    result = run_convert_with(tmp_path, DIES_ON_A_SQUARE, "--image-folder", folder, "--size",
+                              SIZE, "--workers", 2, "--out", tmp_path / "out" / "d.h5")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1, result.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        "hpctrain convert: error: a decoding worker process was lost (pid "), result.stderr
+    assert "killed by SIGKILL), perhaps to the out-of-memory killer; nothing was written" in (
+        lines[0])
+    assert list(tmp_path.iterdir()) == []  # nor the directory made for --out
+
+
+def test_a_class_folder_whose_name_is_not_utf8_is_a_class_shown_escaped(tmp_path, capsys):
+    """Such a name made the description attribute raise UnicodeEncodeError (a traceback)."""
+    root = tmp_path / "train"
+    make_folder(root, 2, seed=3)
+    import os
+
+    os.rename(root / "circle", os.fsencode(root) + b"/caf\xe9")  # Latin-1, not UTF-8
+    out = tmp_path / "d.h5"
+    assert convert("--image-folder", root, "--size", SIZE, "--out", out) == 0
+    info = inspect_dataset(out)
+    assert (info.classes, info.train_size) == (3, 6)
+    with h5py.File(out) as h5:
+        assert "sub-folders caf\\xe9, square, triangle" in h5.attrs["description"]
+
+
+def name_files(root, names):
+    """Files named ``names`` (not images) in the first class folder of ``root``."""
+    for name in names:
+        (root / "circle" / name).write_text("not an image\n")
+
+
+FORGED = "evil\nhpctrain: error: fake.txt"
+
+
+def test_file_names_are_shown_escaped_on_one_line(tmp_path, capsys):
+    """A line break in a name split the skipped-files line, and under --strict forged a
+    second error line."""
+    root = make_folder(tmp_path / "train", 2, seed=4)
+    name_files(root, [FORGED, "tab\there.txt"])
+    assert convert("--image-folder", root, "--size", SIZE, "--out", tmp_path / "d.h5") == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("skipped 2 unreadable files: ") and len(lines) == 2, lines
+    assert "circle/evil\\nhpctrain: error: fake.txt'" in lines[-1]
+    assert "circle/tab\\there.txt'" in lines[-1]
+    assert convert("--image-folder", root, "--size", SIZE, "--strict",
+                   "--out", tmp_path / "e.h5") == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "evil\\nhpctrain: error: fake.txt' is not a readable" in lines[0]
+
+
+def test_an_empty_class_folder_is_refused_unless_allowed(tmp_path, capsys):
+    root = make_folder(tmp_path / "train", 2, seed=5)
+    (root / "hexagon").mkdir()  # a download that failed
+    assert convert("--image-folder", root, "--size", SIZE, "--out", tmp_path / "d.h5") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"hpctrain: error: --image-folder {root} has 1 empty class sub-folder, "
+                   f"'hexagon': a class with no image; remove it, or pass --allow-empty to "
+                   f"keep such classes")
+    assert list(tmp_path.iterdir()) == [tmp_path / "train"]
+    assert convert("--image-folder", root, "--size", SIZE, "--allow-empty",
+                   "--out", tmp_path / "d.h5") == 0
+    assert inspect_dataset(tmp_path / "d.h5").classes == 4  # hexagon is class 1, unseen
+    assert convert("--digits", "--allow-empty", "--out", tmp_path / "e.h5") == 2
+    assert "--allow-empty applies only to --image-folder" in capsys.readouterr().err
+
+
+def test_a_refused_conversion_leaves_no_directory_it_made(folder, tmp_path, capsys):
+    out = tmp_path / "new" / "deeper" / "d.h5"
+    assert convert("--image-folder", folder, "--size", SIZE, "--strict", "--out", out) == 2
+    assert "is not a readable image" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()  # a directory that was there stays
+    assert convert("--image-folder", folder, "--size", SIZE, "--strict",
+                   "--out", tmp_path / "mine" / "sub" / "d.h5") == 2
+    assert [p.name for p in tmp_path.rglob("*")] == ["mine"]
+
+
+def test_size_and_workers_are_bounded_by_memory_and_cpus(folder, tmp_path, capsys,
+                                                         monkeypatch):
+    """--size 100000 raised MemoryError (or the kernel killed a worker); --workers 1000 forked
+    1000 processes for 20 files."""
+    from hpctrain.data import folder as folder_module
+    from hpctrain.data.folder import plan_pipeline
+
+    monkeypatch.setattr(folder_module, "available_bytes", lambda: float(16 << 30))
+    monkeypatch.setattr(folder_module, "available_cpus", lambda: 4)
+    assert convert("--image-folder", folder, "--size", 100000, "--out", tmp_path / "d.h5") == 2
+    assert capsys.readouterr().err == (
+        "hpctrain: error: --size 100000: one 100000 x 100000 image needs 27.9 GiB (3 bytes a "
+        "pixel), held about 6 times over while it is decoded and written, 168 GiB in all: "
+        "more than the 16 GiB of memory available; choose --size 30893 or less\n")
+    assert convert("--image-folder", folder, "--size", SIZE, "--workers", 1000,
+                   "--out", tmp_path / "d.h5") == 2
+    assert capsys.readouterr().err == (
+        "hpctrain: error: --workers 1000: this process may use 4 CPUs (its CPU affinity), so "
+        "more decoding processes only compete for them; give --workers 4 or fewer\n")
+    assert list(tmp_path.iterdir()) == []
+    assert plan_pipeline(30893, 1, 1).peak_bytes <= 16 << 30 < plan_pipeline(30894, 1, 1,
+                                                                              1e30).peak_bytes
+    assert plan_pipeline(SIZE, 20, None).workers == 2  # 2 tasks of 16 files: 2 workers
+    big = plan_pipeline(4096, 10_000, None)  # 48 MiB images: one per task and per write
+    assert (big.workers, big.task_files, big.write_images) == (4, 1, 1)
+    assert big.peak_bytes <= 16 << 30
+    # in 512 MiB: one task ahead, and 2 workers of 192 MiB (4 images) beside the writer's 96
+    assert plan_pipeline(4096, 10_000, None, available=512 << 20).workers == 2
+    with pytest.raises(DatasetError, match=r"--workers 4 with --size 4096: each worker holds "
+                                           r"about 192 MiB of 48 MiB images, and 4 need more "
+                                           r"than the 512 MiB of memory available; give "
+                                           r"--workers 2 or fewer"):
+        plan_pipeline(4096, 10_000, 4, available=512 << 20)
+
+
+def test_float_and_32_bit_integer_images_are_refused_naming_the_mode(tmp_path, capsys):
+    """uint8 conversion clipped them to black or white; 16-bit PNGs stay clipped as
+    torchvision does, as the docs say."""
+    root = make_folder(tmp_path / "train", 2, seed=6)
+    ramp = np.linspace(0, 1, 400, dtype=np.float32).reshape(20, 20)
+    Image.fromarray(ramp).save(root / "circle" / "float.tif")
+    Image.fromarray((ramp.astype(np.float64) * (2**31 - 1)).astype(np.int32)).save(
+        root / "square" / "int32.tif")
+    Image.fromarray((ramp * 65535).astype(np.uint16)).save(root / "triangle" / "deep.png")
+    assert convert("--image-folder", root, "--size", SIZE, "--out", tmp_path / "d.h5") == 0
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("skipped 2 unreadable files: ")
+    assert "circle/float.tif (mode F (32-bit floating-point pixels), which 8-bit storage " \
+           "would clip to black or white; convert it to 8 bits first)" in line
+    assert "square/int32.tif (mode I (32-bit integer pixels)" in line
+    assert inspect_dataset(tmp_path / "d.h5").train_size == 7  # the 16-bit PNG is kept
+    assert convert("--image-folder", root, "--size", SIZE, "--strict",
+                   "--out", tmp_path / "e.h5") == 2
+    assert "float.tif is not a readable image (mode F (32-bit floating-point" in (
+        capsys.readouterr().err)

@@ -3,6 +3,7 @@ ranks a NaN or Inf is named where it enters (file, split and sample, or tensor),
 values outside their rule are refused, each as one line and status 2 within seconds, with no
 change to any file that is not the run's own output."""
 
+import os
 from pathlib import Path
 
 import h5py
@@ -11,7 +12,7 @@ import pytest
 
 from hpctrain.data.dataset import write_dataset
 from tests.reliability import assert_refused, changed_outside, launch, snapshot
-from tests.test_training_app import mpiexec
+from tests.test_training_app import mpiexec, start, wait_for_step
 
 pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
 
@@ -101,3 +102,26 @@ def test_a_labels_dataset_for_a_regression_is_refused_naming_the_fix(tmp_path):
     refused(tmp_path, f"dataset '{data}' holds class labels (10 classes) but the net regresses "
             f"4 targets", "--net", str(net), "--batch", "32", "--data", str(data),
             "--steps", "2")
+
+
+def test_a_dataset_cut_short_during_training_stops_every_rank_naming_the_sample(tmp_path):
+    """The issue's case: HDF5 reads what lies past the end of a shortened file as zeros, so a
+    run went on to its end on zeros; now the first read that meets the cut stops every rank,
+    status 2, one line naming the file and the sample."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "big.h5"  # 100 chunks of 64 samples: most batches meet a cut half-way
+    write_dataset(data, rng.random((6400, 1, 8, 8)), rng.integers(0, 10, 6400), 10)
+    (tmp_path / "cache").mkdir()
+    process = start(2, *RUN, "--data", str(data), "--steps", "5000", "--print-every", "10",
+                    tmp_path=tmp_path)
+    try:
+        wait_for_step(process, 30)
+        os.truncate(data, data.stat().st_size // 2)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert process.returncode == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"hpctrain: error: dataset '{data}': /train/images sample "), err
+    assert "cut short of the" in lines[0] and "Traceback" not in err

@@ -200,3 +200,25 @@ def test_convert_help_names_the_universe_options():
     for flag in ("--universe N", "--size S", "--channels C", "--targets-count T", "--targets",
                  "--volumes", "--val-targets"):
         assert flag in text
+
+
+def test_a_volume_that_does_not_fit_in_memory_is_refused_in_one_line(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The issue's case: --size 2048 is inside the accepted range of sides, but one volume is
+    a 32 GiB field transformed whole; it failed with 'Unable to allocate 32.0 GiB' and a
+    traceback. The memory is pinned, so the case is the same on any machine."""
+    from hpctrain import cli
+    from hpctrain.data import universe as universe_module
+
+    monkeypatch.setattr(universe_module, "available_bytes", lambda: float(64 << 30))
+    out = tmp_path / "big" / "u.h5"
+    assert cli.main(["convert", "--universe", "1", "--size", "2048", "--val-fraction", "0",
+                     "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("hpctrain: error: --size 2048 with --channels 4: making one volume needs "
+                   "about 448 GiB (its 2048^3 field, 32 GiB in float32, held about 9 times over "
+                   "by its Fourier transforms, and 4 channels), more than the 64 GiB of memory "
+                   "available; choose --size 1070 or less\n")
+    assert list(tmp_path.iterdir()) == []
+    fits, beyond = Universe(1070), Universe(1071)  # what the line says fits, fits
+    assert fits.sample_bytes <= 64 << 30 < beyond.sample_bytes

@@ -22,7 +22,9 @@ parameters as targets (:mod:`hpctrain.data.universe`), the last 20% held out.
 ``train/CLASS/*.JPEG``), into uint8 RGB (3, S, S) images with the training split's per-channel
 mean and std, on ``--workers`` processes (:mod:`hpctrain.data.folder`); the held-out split is
 ``--val-folder`` (the same classes) or ``--val-fraction`` of the files. Files Pillow cannot
-read are listed and skipped, or with ``--strict`` refused.
+read are listed and skipped, or with ``--strict`` refused; an empty class sub-folder is refused
+unless ``--allow-empty``; ``--size`` and ``--workers`` are bounded by the memory and the CPUs
+this process may use (:func:`~hpctrain.data.folder.plan_pipeline`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.data.dataset import (
+    HDF5_SIGNATURE,
     DatasetError,
     inspect_dataset,
     is_dataset,
@@ -46,18 +49,19 @@ from hpctrain.data.folder import (
     folder_classes,
     folder_files,
     require_pillow,
+    shown_path,
     write_folder,
 )
 from hpctrain.data.universe import PARAMETERS, Universe, write_universe
 from hpctrain.errors import ArgumentParser
-from hpctrain.io.files import check_output
+from hpctrain.io.files import check_output, remove_abandoned
 from hpctrain.io.seeds import parse_seed
 from hpctrain.io.units import shape_text
 
 DIGITS_VAL_FRACTION = UNIVERSE_VAL_FRACTION = 0.2
 UNIVERSE_DEFAULTS = {"size": 32, "channels": 4, "targets_count": len(PARAMETERS)}
 ARRAY_FLAGS = ("images", "labels", "targets", "val_images", "val_labels", "val_targets")
-FOLDER_FLAGS = ("val_folder", "strict", "workers")
+FOLDER_FLAGS = ("val_folder", "strict", "workers", "allow_empty")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,8 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="refuse a file that is not a readable image instead of listing and "
                              "skipping it")
     folder.add_argument("--workers", type=int, default=None, metavar="N",
-                        help=f"decoding processes (default: the CPUs this process may use, "
-                             f"here {available_cpus()})")
+                        help=f"decoding processes, at most the CPUs this process may use "
+                             f"(default: all of them, here {available_cpus()}, as memory "
+                             f"allows)")
+    folder.add_argument("--allow-empty", action="store_true",
+                        help="keep a class sub-folder of --image-folder that holds no file, as "
+                             "a class with no training image (refused otherwise)")
     universe = parser.add_argument_group("synthetic universes (with --universe)")
     universe.add_argument("--size", type=int, default=None, metavar="S",
                           help=f"voxels per side of each volume (default: "
@@ -156,7 +164,8 @@ def run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     out = Path(args.out)
     if out.is_dir():
-        raise DatasetError(f"--out {out} is a directory; give a file path such as {out}/data.h5")
+        raise DatasetError(f"--out {shown_path(out)} is a directory; give a file path such as "
+                           f"{shown_path(out / 'data.h5')}")
     inputs = [(_flag(name), _array_file(getattr(args, name)))
               for name in ARRAY_FLAGS if getattr(args, name) is not None]
     check_output(out, "--out", is_dataset, "an hpctrain dataset", inputs)
@@ -173,6 +182,8 @@ def run(argv: list[str]) -> int:
                 else "--image-folder")
         _refuse(args, (*ARRAY_FLAGS[1:], "scale", "classes", "volumes"),
                 f"does not apply to {form}")
+    # what a run to this path killed while writing left beside it (never a live run's)
+    remove_abandoned(out, HDF5_SIGNATURE)
     if args.universe is not None:
         _write_universe(args, out)
     elif args.image_folder is not None:
@@ -181,7 +192,8 @@ def run(argv: list[str]) -> int:
         _write_arrays(args, out)
     info = inspect_dataset(out)
     answers = (f"{info.targets} targets" if info.targets else f"{info.classes} classes")
-    print(f"wrote {out}: {info.train_size} train / {info.val_size} val samples of shape "
+    print(f"wrote {shown_path(out)}: {info.train_size} train / {info.val_size} val samples of "
+          f"shape "
           f"{shape_text(info.sample_shape)}, {answers}"
           f"{f'; images {info.normalisation}' if info.mean is not None else ''}")
     return 0
@@ -195,15 +207,15 @@ def _write_folder(args: argparse.Namespace, out: Path) -> None:
                            "(e.g. --size 224)")
     if args.size < 1:
         raise DatasetError(f"--size {args.size} must be at least 1")
-    workers = available_cpus() if args.workers is None else args.workers
-    if workers < 1:
-        raise DatasetError(f"--workers {workers} must be at least 1")
+    if args.workers is not None and args.workers < 1:
+        raise DatasetError(f"--workers {args.workers} must be at least 1")
     if args.val_folder is not None and args.val_fraction:
         raise DatasetError("--val-fraction splits --image-folder; it cannot be combined with "
                            "--val-folder")
     root = Path(args.image_folder)
     classes = folder_classes(root, "--image-folder")
-    splits: dict[str, ImageFiles] = {"train": folder_files(root, classes, "--image-folder")}
+    splits: dict[str, ImageFiles] = {
+        "train": folder_files(root, classes, "--image-folder", args.allow_empty)}
     if args.val_folder is not None:
         splits["val"] = folder_files(Path(args.val_folder), classes, "--val-folder")
     elif args.val_fraction:
@@ -215,10 +227,11 @@ def _write_folder(args: argparse.Namespace, out: Path) -> None:
         f"{f' held out: {args.val_folder}' if args.val_folder else ''}; RGB, shorter side "
         f"resized to {args.size} (bilinear, antialiased) and centre-cropped to "
         f"{args.size}x{args.size}, uint8")
-    report = write_folder(out, splits, len(classes), args.size, workers=workers,
+    report = write_folder(out, splits, len(classes), args.size, workers=args.workers,
                           strict=args.strict, description=description)
     total = sum(report.written.values()) + len(report.bad)
     rate = total / max(report.seconds, 1e-9)
+    workers = report.workers
     print(f"decoded {total} files in {report.seconds:.1f} s ({rate:.0f} images/s) with "
           f"{workers} worker{'s' * (workers > 1)}", file=sys.stderr)
     if report.bad:

@@ -8,6 +8,8 @@ Format (version 2, or 3 for uint8 images), readable with plain h5py::
     /train/labels   int64 (N,), each in [0, classes)          (a labels dataset), or
     /train/targets  float32 (N, T), every value finite        (a targets dataset)
     /val/...        optional held-out split: images, and labels or targets as in /train
+                    (every chunk of these datasets carries a Fletcher-32 checksum; files
+                    written before, without, are read alike)
     root attributes
         format        "hpctrain-dataset"
         version       2, or 3 when the images are uint8 (version 1 files, which hold labels
@@ -55,12 +57,17 @@ Every block read is checked for NaN and Inf (one pass over the rank's own slab).
 not raise: the bad value may sit on one rank's slab only, so it notes the first bad sample in
 ``H5Data.nonfinite`` and the network raises on every rank at the loss all-reduce of that
 step (see :meth:`hpctrain.run.network.Network.loss`). Targets are checked whole, when the file
-is inspected.
+is inspected. A read that meets damage is noted there alike, naming the sample, and reads as
+zeros until every rank stops: a chunk whose Fletcher-32 checksum does not match (every chunk
+:func:`write_batches` writes has one; older files without are still read), or a chunk past the
+end of a file cut short since it was opened, which HDF5 itself would read as zeros.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -78,6 +85,7 @@ from hpctrain.io.units import shape_text
 from hpctrain.layout.layout import Box
 
 FORMAT, VERSION = "hpctrain-dataset", 2
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # the first bytes of an HDF5 file (no user block)
 PIXELS_VERSION = 3  # files whose images are uint8 pixels, normalised by their mean and std
 READABLE_VERSIONS = (1, 2, 3)
 IMAGE_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8))  # what write_batches stores
@@ -222,24 +230,29 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
     channels = sample_shape[0]
 
     def write(tmp: Path) -> None:
-        with h5py.File(tmp, "w") as h5:
+        # no HDF5 file lock: replace_atomically holds one of its own (lock=True below)
+        with h5py.File(tmp, "w", locking=False) as h5:
             h5.attrs["format"] = FORMAT
             h5.attrs["version"] = PIXELS_VERSION if pixels else VERSION
-            h5.attrs["description"] = description
+            h5.attrs["description"] = storable(description)
             if targets:
                 h5.attrs["targets"] = targets
             stored: dict[str, tuple[h5py.Dataset, h5py.Dataset]] = {}
             for name, size in sizes.items():
                 group = h5.create_group(name)
                 shape = (size, *sample_shape)
+                # Fletcher-32 on every chunk: HDF5 checks it on every read, so a flipped bit
+                # or a chunk overwritten later is an error, not wrong numbers
                 images = group.create_dataset(
                     "images", shape, dtype, chunks=chunk_shape(shape, dtype.itemsize),
-                    maxshape=shape if at_most else None)
+                    maxshape=shape if at_most else None, fletcher32=True)
                 answers = (group.create_dataset("targets", (size, targets), np.float32,
-                                                maxshape=(size, targets) if at_most else None)
+                                                maxshape=(size, targets) if at_most else None,
+                                                fletcher32=True)
                            if targets else
                            group.create_dataset("labels", (size,), np.int64,
-                                                maxshape=(size,) if at_most else None))
+                                                maxshape=(size,) if at_most else None,
+                                                fletcher32=True))
                 stored[name] = images, answers
             filled = dict.fromkeys(sizes, 0)
             top = -1  # the largest label written
@@ -284,7 +297,23 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
                 mean, std = pixel_stats(pixel_sum, square_sum, pixel_count)
                 h5.attrs["mean"], h5.attrs["std"] = mean, std
 
-    replace_atomically(path, write, ours=is_dataset)
+    # locked while written, so that the next run to ``path`` tells a temporary left by a killed
+    # run (remove_abandoned) from one still being written
+    replace_atomically(path, write, ours=is_dataset, lock=True)
+
+
+def storable(text: str) -> str:
+    """``text`` as an HDF5 string (UTF-8) can hold it: bytes that are not UTF-8, which Python
+    keeps as surrogate escapes (a file or folder name from a disk in another encoding), are
+    written as ``\\xNN``.
+
+    >>> storable("caf\\udce9/x")
+    'caf\\\\xe9/x'
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that no file name gave
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def pixel_stats(pixel_sum: list[int], square_sum: list[int],
@@ -806,9 +835,9 @@ class H5Data:
     ``info``, the file's :func:`inspect_dataset` already made (by rank 0), spares every reader
     on every rank checking it again, which reads every label.
 
-    ``nonfinite`` is None until a block read holds NaN or Inf; then it names the file, the split
-    and the first such sample by its index in the split, e.g. ``dataset 'd.h5': /train/images
-    sample 1234 holds NaN; …``.
+    ``nonfinite`` is None until a block read holds NaN or Inf, or meets a damaged part of the
+    file (``_checked_read``); then it names the file, the split and the first such sample
+    by its index in the split, e.g. ``dataset 'd.h5': /train/images sample 1234 holds NaN; …``.
     """
 
     def __init__(self, backend: Backend, path: str | Path, batch: int, seed: int = 0,
@@ -822,6 +851,10 @@ class H5Data:
             backend, Path(path), batch, check_seed(seed), split)
         self._file = _open(self.path)
         try:
+            # the file's size now, to see it cut short while it is read (:meth:`_cut_short`);
+            # None where the driver has no single file descriptor
+            self._handle: int | None = _descriptor(self._file)
+            self._opened_bytes = os.fstat(self._handle).st_size if self._handle is not None else 0
             info = info or _describe(self._file, self.path)
             self.sample_shape, self.classes, self.targets = (
                 info.sample_shape, info.classes, info.targets)
@@ -875,12 +908,12 @@ class H5Data:
         dtype = self.backend.dtype if self._pixels else self._images.dtype
         block = np.zeros((len(index), *(s.stop - s.start for s in inner)), dtype)
         real = np.flatnonzero(index >= 0)  # val padding stays zero
-        if real.size:
-            rows = self._read(self._images, index[real], inner)
+        rows = self._checked_read(self._images, index[real], inner) if real.size else None
+        if rows is not None:
             block[real] = self._normalised(rows, inner[0]) if self._pixels else rows
         if cut is not None:
             block = block.reshape(len(index), -1)[:, cut]
-        if (not self._pixels and self.nonfinite is None
+        if (rows is not None and not self._pixels and self.nonfinite is None
                 and not np.isfinite(block).all()):  # one pass over the slab
             self.nonfinite = self._describe_nonfinite(block, index)
         return self.backend.xp.asarray(block.astype(self.backend.dtype, copy=False))
@@ -919,35 +952,138 @@ class H5Data:
         else:
             answers = np.full(len(index), -1, np.int64)
         real = np.flatnonzero(index >= 0)
-        if real.size:
-            answers[real] = self._read(self._answers, index[real], ())
+        rows = self._checked_read(self._answers, index[real], ()) if real.size else None
+        if rows is not None:
+            answers[real] = rows
+        elif real.size:  # damaged, and noted: valid stand-ins until every rank stops
+            answers[real] = 0
         return self.backend.xp.asarray(answers)
+
+    def _checked_read(self, dataset: h5py.Dataset, index: np.ndarray,
+                      inner: tuple[slice, ...]) -> np.ndarray | None:
+        """``dataset[index, *inner]`` (:meth:`_read`), or None when the file is damaged there.
+
+        Two checks, as neither alone sees every damage: HDF5 reads the part of a chunk past
+        the end of a file cut short as zeros, with no error (and zeros pass a Fletcher-32
+        checksum), so the file's size is compared with what the chunks read need whenever it
+        has shrunk since it was opened; a chunk whose bytes changed fails its checksum (files
+        written since checksums were added) and HDF5 raises. Damage does not raise here: it
+        may strike one rank only, so it is noted in ``nonfinite`` (the first sample it struck,
+        in one line) and rides on the step's loss all-reduce, which stops every rank.
+        """
+        why = self._cut_short(dataset, index, inner)
+        if why is None:
+            try:
+                return self._read(dataset, index, inner)
+            except OSError as err:
+                sample = self._first_unreadable(dataset, index, inner)
+                why = (sample, f"HDF5: {_reason(err)}"
+                               f"{'; a checksum does not match' if _is_checksum(err) else ''}")
+        if self.nonfinite is None:
+            sample, reason = why
+            self.nonfinite = (f"dataset '{self.path}': {dataset.name} sample {sample} cannot be "
+                              f"read ({reason}); the file is damaged: rewrite it with "
+                              f"{CONVERT}, or copy it again")
+        return None
+
+    def _cut_short(self, dataset: h5py.Dataset, index: np.ndarray,
+                   inner: tuple[slice, ...]) -> tuple[int, str] | None:
+        """(the first sample of ``index`` whose bytes lie past the end of the file, why), or
+        None: when the file has not shrunk since it was opened (one ``fstat``), or when every
+        chunk this read needs is still within it."""
+        if self._handle is None:
+            return None
+        size = os.fstat(self._handle).st_size
+        if size >= self._opened_bytes:
+            return None
+        for sample in np.sort(index):
+            try:
+                past = _stored_end(dataset, int(sample), inner) > size
+            except (OSError, RuntimeError):  # its chunk index itself is past the end
+                past = True
+            if past:
+                return int(sample), (f"the file is {size:,} bytes, cut short of the "
+                                     f"{self._opened_bytes:,} it had when opened")
+        return None
+
+    @classmethod
+    def _first_unreadable(cls, dataset: h5py.Dataset, index: np.ndarray,
+                          inner: tuple[slice, ...]) -> int:
+        """The first sample of ``index`` (by index) whose part ``inner`` HDF5 cannot read; the
+        first of all when each reads alone (the damage was passing)."""
+        for sample in np.sort(index):
+            try:
+                cls._read(dataset, np.array([sample]), inner)
+            except OSError:
+                return int(sample)
+        return int(np.min(index))
 
     @staticmethod
     def _read(dataset: h5py.Dataset, index: np.ndarray, inner: tuple[slice, ...]) -> np.ndarray:
         """``dataset[index, *inner]`` reading only that hyperslab, rows in ``index`` order.
 
         h5py fancy indexing wants increasing indices: read in sorted order, then put the rows
-        back where the batch wants them. Consecutive indices (val) read as one slice.
+        back where the batch wants them. Consecutive indices (val) read as one slice. HDF5's
+        errors (``OSError``) pass through.
         """
-        try:
-            if index[-1] - index[0] == len(index) - 1 and (np.diff(index) == 1).all():
-                return dataset[(slice(int(index[0]), int(index[-1]) + 1), *inner)]
-            order = np.argsort(index)
-            rows = dataset[(index[order], *inner)]  # row k is sample index[order[k]]
-        except OSError as err:
-            # not a UserError: a damaged chunk may strike one rank only, so the job aborts
-            raise RuntimeError(f"reading {dataset.name} of dataset '{dataset.file.filename}' "
-                               f"failed ({_reason(err)}); the file is damaged") from err
+        if index[-1] - index[0] == len(index) - 1 and (np.diff(index) == 1).all():
+            return dataset[(slice(int(index[0]), int(index[-1]) + 1), *inner)]
+        order = np.argsort(index)
+        rows = dataset[(index[order], *inner)]  # row k is sample index[order[k]]
         out = np.empty_like(rows)
         out[order] = rows
         return out
 
     def close(self) -> None:
         self._file.close()
+        self._handle = None
+
 
     def __enter__(self) -> H5Data:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _descriptor(h5: h5py.File) -> int | None:
+    """The operating system's descriptor of an open file (HDF5's default sec2 driver), or
+    None for a driver that has no single one."""
+    if h5.driver != "sec2":
+        return None
+    return int(h5.id.get_vfd_handle())
+
+
+def _stored_end(dataset: h5py.Dataset, sample: int, inner: tuple[slice, ...]) -> int:
+    """The byte just past the last byte of the file that part ``inner`` of ``sample`` of
+    ``dataset`` is stored in: the end of its last chunk (chunked), or of the sample (contiguous);
+    0 when nothing is stored (compact, or chunks never written, which read as the fill value).
+
+    Worked example: (N, 2, 8) float32 chunked (1, 1, 8), sample 3, channels 0..1: chunks
+    (3, 0, 0) and (3, 1, 0), 32 bytes each; the end is the later one's offset + 32.
+    """
+    layout = dataset.id.get_create_plist().get_layout()
+    if layout == h5py.h5d.CONTIGUOUS:
+        offset = dataset.id.get_offset()
+        row = dataset.dtype.itemsize * math.prod(dataset.shape[1:])
+        return 0 if offset is None else offset + (sample + 1) * row
+    if layout != h5py.h5d.CHUNKED:
+        return 0
+    chunk = dataset.chunks
+    axes = [range(sample // chunk[0] * chunk[0], sample + 1, chunk[0])]
+    for cut, size, n in zip(inner, chunk[1:], dataset.shape[1:], strict=False):
+        first, stop = cut.start or 0, n if cut.stop is None else cut.stop
+        axes.append(range(first // size * size, stop, size))
+    axes += [range(0, n, size) for size, n in
+             zip(chunk[1 + len(inner):], dataset.shape[1 + len(inner):], strict=True)]
+    end = 0
+    for coord in itertools.product(*axes):
+        info = dataset.id.get_chunk_info_by_coord(coord)
+        if info.byte_offset is not None:
+            end = max(end, info.byte_offset + info.size)
+    return end
+
+
+def _is_checksum(err: OSError) -> bool:
+    """Whether HDF5's error is a filter's failure, which for our files is Fletcher-32's."""
+    return "filter returned failure" in str(err)

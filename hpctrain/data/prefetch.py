@@ -22,10 +22,10 @@ On a GPU the thread makes its device copies on the stream and device the network
 they are ordered before every kernel that reads them and memory handed back to CuPy's pool
 is reused in order; only the host read overlaps the step's kernels.
 
-An error raised by a read (a damaged file's ``RuntimeError``, a ``UserError``) is raised,
-unchanged, by the call that asks for that block, as the wrapped source would raise it;
-``nonfinite`` (a NaN or Inf noted by the reader) becomes set when the block that held it is
-handed out, as without prefetching.
+An error raised by a read (a ``UserError``) is raised, unchanged, by the call that asks for
+that block, as the wrapped source would raise it; ``nonfinite`` (a NaN or Inf, or a damaged
+part of the file, noted by the reader) becomes set when the block or the labels that held it
+are handed out, as without prefetching.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class _Read:
         self.step, self.box, self.samples = step, box, samples
         self.nonfinite_before = nonfinite_before  # the source's note before this read
         self.nonfinite_after: str | None = None
+        self.labels_note: str | None = None  # the note the labels' read made (a damaged file)
         self.results: dict[str, tuple[Any, BaseException | None]] = {}
         self.done = threading.Event()
 
@@ -184,8 +185,10 @@ class Prefetched:
         if part == _IMAGES:
             self._served = read if _LABELS in read.results else None
             self.nonfinite = self.nonfinite or read.nonfinite_after
-        elif read is self._served:
-            self._served = None
+        else:  # a labels-only read's note is handed out with the labels it struck
+            self.nonfinite = self.nonfinite or read.labels_note
+            if read is self._served:
+                self._served = None
         value, error = read.results[part]
         if error is not None:
             raise error
@@ -235,8 +238,10 @@ class Prefetched:
                 read.results[_IMAGES] = (None, err)
                 return
         if read.samples is not None:
+            before = self.source.nonfinite
             try:
                 read.results[_LABELS] = (self.source.labels(read.step, read.samples), None)
+                read.labels_note = None if before else self.source.nonfinite
             except BaseException as err:
                 read.results[_LABELS] = (None, err)
 

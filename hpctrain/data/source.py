@@ -26,8 +26,8 @@ class DataSource(Protocol):
     ``labels(step, (lo, hi))`` gives what samples lo..hi-1 of that batch are trained towards:
     for a classifier int64 labels, shape (n,); for a regression (mean squared error) float
     targets in the backend's dtype, shape (n, T). ``nonfinite`` is None until a block read
-    holds NaN or Inf; then it says where, in one line (the network then stops every rank with
-    it; see :meth:`hpctrain.run.network.Network.loss`).
+    holds NaN or Inf, or meets a damaged file; then it says where, in one line (the network
+    then stops every rank with it; see :meth:`hpctrain.run.network.Network.loss`).
     """
 
     nonfinite: str | None

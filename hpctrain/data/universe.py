@@ -39,10 +39,17 @@ from pathlib import Path
 
 import numpy as np
 
+from hpctrain.cost.memory import available_bytes
 from hpctrain.data.dataset import DatasetError, write_batches
 from hpctrain.io.seeds import check_seed
+from hpctrain.io.units import format_bytes
 
 MIN_SIZE, MAX_SIZE = 4, 2048  # voxels per side
+# float32 S^3 fields held at once while a sample is made: the noise, its Fourier transform
+# and the filtered one (complex, half the modes), the wavenumbers, the field and the
+# temporaries of the transforms; measured at 8.6 (tracemalloc, S = 64 and 128)
+FIELD_COPIES = 9
+CHANNEL_COPIES = 1.25  # per channel: the channel, and the writer's finite check (1 byte)
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,42 @@ class Universe:
                                     self.channels)
         targets = [p.target(values[p.name]) for p in PARAMETERS[:self.targets]]
         return volume, np.asarray(targets, np.float32)
+
+    @property
+    def sample_bytes(self) -> int:
+        """The memory making one sample takes at its peak (see FIELD_COPIES), in bytes.
+
+        >>> format_bytes(Universe(size=2048, channels=4).sample_bytes)
+        '448 GiB'
+        """
+        return round(4 * self.size ** 3 * (FIELD_COPIES + CHANNEL_COPIES * self.channels))
+
+    def check_memory(self, available: float | None = None) -> None:
+        """Refuse a size whose one sample does not fit in ``available`` bytes (default:
+        MemAvailable, :func:`~hpctrain.cost.memory.available_bytes`), naming what it needs and
+        the largest size that fits: a sample is one field, made whole by FFTs.
+
+        Raises
+        ------
+        DatasetError
+            One sample needs more than ``available``.
+        """
+        available = available_bytes() if available is None else available
+        if self.sample_bytes <= available:
+            return
+        per_voxel = 4 * (FIELD_COPIES + CHANNEL_COPIES * self.channels)
+        fits = int((available / per_voxel) ** (1 / 3))
+        while fits > 0 and fits ** 3 * per_voxel > available:  # floating point's cube root
+            fits -= 1
+        field = format_bytes(4 * self.size ** 3)
+        hint = (f"choose --size {fits} or less" if fits >= MIN_SIZE else
+                "fewer --channels, or a machine with more memory")
+        raise DatasetError(f"--size {self.size} with --channels {self.channels}: making one "
+                           f"volume needs about {format_bytes(self.sample_bytes)} (its "
+                           f"{self.size}^3 field, {field} in float32, held about "
+                           f"{FIELD_COPIES} times over by its Fourier transforms, and "
+                           f"{self.channels} channel{'s' * (self.channels > 1)}), more than the "
+                           f"{format_bytes(available)} of memory available; {hint}")
 
     def describe(self, samples: int) -> str:
         """What a set of ``samples`` of these universes is, for the dataset's description."""
@@ -225,7 +268,8 @@ def write_universe(path: str | Path, samples: int, universe: Universe,
     Raises
     ------
     DatasetError
-        Fewer than one sample, or a fraction that leaves a split empty.
+        Fewer than one sample, a fraction that leaves a split empty, or a sample that does not
+        fit in memory (:meth:`Universe.check_memory`).
     OutputError
         As :func:`hpctrain.data.dataset.write_dataset`.
     """
@@ -237,6 +281,7 @@ def write_universe(path: str | Path, samples: int, universe: Universe,
     if val_fraction > 0 and not 1 <= held_out < samples:
         raise DatasetError(f"--val-fraction {val_fraction} of {samples} samples leaves an empty "
                            f"split; choose a fraction that keeps both splits non-empty")
+    universe.check_memory()
     train = samples - held_out
     sizes = {"train": train} | ({"val": held_out} if held_out else {})
 

@@ -15,13 +15,18 @@ datasets):
   never half of one, and two jobs never write to one file.
 - New files get the permissions the umask allows (``0o666 & ~umask``), as ``open`` would give.
 - Temporaries left by a crash are removed where the run owns the directory (a checkpoint
-  directory: :func:`remove_orphans`), and only regular files named like ours.
+  directory: :func:`remove_orphans`), and only regular files named like ours. Beside an output
+  in a directory the user owns (``convert --out``), the next run to that path removes only
+  the temporaries of its own name that no live run holds (:func:`remove_abandoned`): their
+  writer held a lock on them (``replace_atomically(..., lock=True)``), which the system
+  drops when the writer dies, however it dies.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import stat
@@ -138,12 +143,24 @@ def can_create_in(directory: Path) -> bool:
 
 def temporary_beside(path: Path) -> Path:
     """A new empty file ``.NAME.XXXXXXXX.tmp`` in ``path``'s directory, mode per the umask."""
+    tmp, fd = _temporary(path, lock=False)
+    os.close(fd)
+    return tmp
+
+
+def _temporary(path: Path, lock: bool) -> tuple[Path, int]:
+    """:func:`temporary_beside`, and its open descriptor, under an exclusive ``flock`` when
+    ``lock``: taken at once, so :func:`remove_abandoned` never sees it unheld."""
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if lock:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.fchmod(fd, new_file_mode())  # mkstemp makes 0600
-    finally:
+    except OSError:
         os.close(fd)
-    return Path(name)
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name), fd
 
 
 def _refuse_to_replace(path: Path, ours: Callable[[Path], bool] | None) -> None:
@@ -156,7 +173,8 @@ def _refuse_to_replace(path: Path, ours: Callable[[Path], bool] | None) -> None:
 
 
 def replace_atomically(path: Path, write: Callable[[Path], None],
-                       ours: Callable[[Path], bool] | None = None) -> None:
+                       ours: Callable[[Path], bool] | None = None, *,
+                       lock: bool = False) -> None:
     """Run ``write(tmp)`` on a fresh file in ``path``'s directory, then rename it to ``path``.
 
     The rename is atomic, so readers and crashes see the old file or the new one, never half
@@ -167,24 +185,69 @@ def replace_atomically(path: Path, write: Callable[[Path], None],
     :class:`~hpctrain.errors.OutputError` and is left as it is. A write that fails (disk full, no
     permission) raises :class:`~hpctrain.errors.OutputError` too, naming ``path`` and the reason
     (:func:`output_error`).
+
+    With ``lock``, the temporary is held under an exclusive ``flock`` while it is written, so
+    that :func:`remove_abandoned` tells it from one a killed run left; ``write`` must then not
+    lock the file itself (h5py: ``locking=False``).
     """
     path = Path(path)
+    made: list[Path] = []
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        made = make_directories(path.parent)
         _refuse_to_replace(path, ours)
-        tmp = temporary_beside(path)
+        tmp, held = _temporary(path, lock)
     except OSError as err:
+        remove_directories(made)
         raise output_error(path, err) from None
+    except BaseException:
+        remove_directories(made)
+        raise
+    if not lock:
+        os.close(held)
+    done = False
     try:
         write(tmp)
         _sync(tmp)
         _refuse_to_replace(path, ours)  # again: the write may have taken hours
         os.replace(tmp, path)
+        done = True
         _sync(path.parent)
     except OSError as err:
         raise output_error(path, err) from None
     finally:
         tmp.unlink(missing_ok=True)
+        if lock:
+            os.close(held)  # the lock goes with it
+        if not done:  # refused, failed or stopped: the directories made for it go too
+            remove_directories(made)
+
+
+def make_directories(directory: Path) -> list[Path]:
+    """Make ``directory`` and its missing parents; the ones this call made, innermost first
+    (one made meanwhile by another process is not counted), for :func:`remove_directories`."""
+    missing = []
+    part = Path(directory)
+    while what_is(part) == "nothing" and part != part.parent:
+        missing.append(part)
+        part = part.parent
+    made = []
+    for part in reversed(missing):
+        try:
+            os.mkdir(part)
+        except FileExistsError:
+            continue
+        made.append(part)
+    return made[::-1]
+
+
+def remove_directories(made: Iterable[Path]) -> None:
+    """Remove the directories :func:`make_directories` made, innermost first, each only while
+    it is empty (another run may have put a file there meanwhile)."""
+    for part in made:
+        try:
+            os.rmdir(part)
+        except OSError:
+            return
 
 
 def publish_exclusive(tmp: Path, path: Path) -> None:
@@ -255,6 +318,47 @@ def remove_orphans(directory: Path, names: str) -> list[Path]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))
+    return removed
+
+
+def remove_abandoned(path: Path, signature: bytes = b"") -> list[Path]:
+    """Remove the temporaries that runs killed while writing ``path`` left beside it; the
+    paths removed.
+
+    Only what is ours beyond doubt: a regular file (not a link) of this user, named exactly as
+    :func:`temporary_beside` names them for ``path`` (``.NAME.`` and eight of ``mkstemp``'s
+    letters, digits or ``_``, then ``.tmp``), empty or starting with ``signature`` (an HDF5
+    file's, for a dataset), and that no live run holds: its writer held an exclusive ``flock``
+    on it (``replace_atomically(..., lock=True)``), which the system drops when the writer
+    dies. A file that cannot be opened or locked is left as it is.
+    """
+    path = Path(path)
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp$")
+    removed = []
+    try:
+        entries = [e for e in os.scandir(path.parent) if pattern.match(e.name)]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            fd = os.open(entry.path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # a link, a FIFO nobody writes, or not ours to open
+            continue
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            if info.st_size and os.pread(fd, len(signature), 0) != signature:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its writer lives
+            if not os.path.samestat(info, os.stat(entry.path, follow_symlinks=False)):
+                continue  # replaced since it was opened
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
     return removed
 
 

@@ -273,8 +273,8 @@ def _refuse(planned: PlannedNetwork, cap: float, cap_source: str) -> None:
 
 
 SPACES = ("axes", "grids")
-"""What the planner searches: ``axes``, a degree for every axis of each weighted layer's output
-(and replicas); ``grids``, the 1.5D modes on every Pr×Pc grid alone."""
+"""The spaces the planner searches, ``axes`` (a degree for every axis of each weighted layer's
+output, and replicas) and ``grids`` (the 1.5D modes on every Pr×Pc grid alone)."""
 
 
 def plan_network(model: CostModel, mem_per_rank: float | None = None,

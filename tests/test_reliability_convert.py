@@ -1,0 +1,86 @@
+"""The reliability of ``convert`` as a user runs it, in a process of its own: signals and killed
+runs leave nothing behind, a lost worker ends the run, and what it refuses is one line."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+
+SLOW_DECODING = """
+import time
+import hpctrain.data.folder as folder
+decode_task = folder._decode_task
+def slow(paths, size):  # a big photograph per task: the run lasts until the signal comes
+    time.sleep(2)
+    return decode_task(paths, size)
+folder._decode_task = slow
+"""
+
+
+def start_convert(cwd: Path, *args: object, code: str = "") -> subprocess.Popen:
+    """``python -m hpctrain convert ARGS`` started in ``cwd``, after ``code`` (a stand-in for
+    a slow machine) when given."""
+    script = f"import sys\n{code}\nfrom hpctrain.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", script, "convert", *map(str, args)],
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_temporary(directory: Path, name: str, timeout: float = 20) -> Path:
+    """The temporary ``.NAME.*.tmp`` once it appears: the run is writing."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = list(directory.glob(f".{name}.*.tmp"))
+        if found:
+            return found[0]
+        time.sleep(0.005)
+    raise AssertionError(f"no temporary for {name} appeared in {timeout} s")
+
+
+def test_sigterm_stops_a_parallel_conversion_as_ctrl_c_does(tmp_path):
+    """SIGTERM killed the run where it stood (status 143): a temporary left beside --out, and
+    the workers writing a BrokenPipeError traceback each into the closed pipe."""
+    from tests.test_image_folder import make_folder
+
+    make_folder(tmp_path / "train", 12, seed=2)
+    process = start_convert(tmp_path, "--image-folder", "train", "--size", 16, "--workers", 2,
+                            "--out", "out.h5", code=SLOW_DECODING)
+    wait_for_temporary(tmp_path, "out.h5")
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=20)
+    time.sleep(0.3)  # a worker left alive would write its traceback now
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["hpctrain convert: stopped by SIGTERM"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train"]
+
+
+def test_sigterm_stops_a_conversion_in_one_process_leaving_nothing(tmp_path):
+    process = start_convert(tmp_path, "--universe", 3000, "--size", 16, "--channels", 2,
+                            "--out", "u.h5")
+    wait_for_temporary(tmp_path, "u.h5")
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=20)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["hpctrain convert: stopped by SIGTERM"], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_temporary_of_a_killed_run_is_removed_by_the_next_run_to_that_path(tmp_path):
+    process = start_convert(tmp_path, "--universe", 3000, "--size", 16, "--channels", 2,
+                            "--out", "u.h5")
+    left = wait_for_temporary(tmp_path, "u.h5")
+    process.kill()  # SIGKILL: nothing of the run's own can remove it
+    process.communicate(timeout=20)
+    assert left.exists()
+    user = tmp_path / ".u.h5.mynotes1.tmp"  # named like ours, but a user's text
+    user.write_text("a user's notes\n")
+    again = start_convert(tmp_path, "--universe", 8, "--size", 8, "--out", "u.h5")
+    _, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".u.h5.mynotes1.tmp", "u.h5"]
+    with h5py.File(tmp_path / "u.h5", "r") as h5:
+        assert len(h5["train/images"]) == 6
