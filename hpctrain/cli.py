@@ -32,6 +32,7 @@ from hpctrain.errors import (
     OutputError,
     Terminated,
     UserError,
+    write_line,
 )
 
 # Commands whose runner takes the stop requests recorded since start-up (``stop=``) and stops
@@ -83,7 +84,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def _say_error(err: UserError | OutputError) -> int:
-    print(f"hpctrain: error: {err}", file=sys.stderr, flush=True)
+    write_line(f"hpctrain: error: {err}")
     return EXIT_OUTPUT_ERROR if isinstance(err, OutputError) else EXIT_USER_ERROR
 
 
@@ -124,13 +125,13 @@ def main(argv: list[str] | None = None, stop=None) -> int:
         except (UserError, OutputError) as err:
             return _say_error(err)
         except Failure as err:
-            print(f"hpctrain {command}: error: {err}", file=sys.stderr, flush=True)
+            write_line(f"hpctrain {command}: error: {err}")
             return EXIT_FAILURE
         except Terminated:  # SIGTERM: as Ctrl-C, with the status a kill by SIGTERM gives
-            print(f"hpctrain {command}: stopped by SIGTERM", file=sys.stderr)
+            write_line(f"hpctrain {command}: stopped by SIGTERM")
             return 128 + signal.SIGTERM
         except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (outputs are renamed last)
-            print(f"hpctrain {command}: interrupted", file=sys.stderr)
+            write_line(f"hpctrain {command}: interrupted")
             return 130
     from mpi4py import MPI
 
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None, stop=None) -> int:
         raise
     except BaseException as err:
         detail = str(err) if isinstance(err, RuntimeError) else traceback.format_exc()
-        print(f"hpctrain: rank {comm.Get_rank()} failed: {detail}", file=sys.stderr, flush=True)
+        write_line(f"hpctrain: rank {comm.Get_rank()} failed: {detail}")
         time.sleep(ABORT_GRACE)
         comm.Abort(1)
         return 1

@@ -10,11 +10,16 @@ escapes line breaks and control characters, so that a 10 MB token or a binary fi
 one short line.
 An :class:`OutputError` is a result that could not be written (disk full, permission taken
 away): rank 0 writes, then tells every rank, so each exits with status 3.
+
+A failure line reaches the user through :func:`write_line`: the line and its newline in one
+write, so that the launcher, which merges every rank's output, cannot put another rank's line
+between them.
 """
 
 import argparse
+import sys
 from pathlib import PurePath
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 SHOWN_LIMIT = 80  # characters of a user's value echoed in a message
 
@@ -58,6 +63,21 @@ def one_line(message: str, limit: int = 200) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit - 1]}… ({len(text):,} characters)"
+
+
+def write_line(text: str, stream: TextIO | None = None) -> None:
+    """``text`` and its newline written to ``stream`` (default: stderr) in one write, flushed.
+
+    ``print`` writes the text and its end apart; under ``PYTHONUNBUFFERED=1`` (as batch
+    scripts and containers often set) each is a write of its own, and the launcher, reading
+    every rank's output as it comes, may put another rank's line between them ("…the file is
+    damagedhpctrain: rank 1 failed…"). One write of the whole line, which the stream hands to
+    the file in one system call, arrives whole. Trailing line breaks of ``text`` (a traceback's)
+    are dropped, so the line ends with exactly one.
+    """
+    stream = sys.stderr if stream is None else stream
+    stream.write(text.rstrip("\n") + "\n")
+    stream.flush()
 
 
 class OutputError(Exception):

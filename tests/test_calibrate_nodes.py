@@ -86,3 +86,62 @@ def test_round_robin_placement_is_refused_on_every_rank_in_one_line(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("hpctrain: error: calibrate needs ranks to "
                                                      "fill nodes in blocks")
     assert "--distribution=block" in errors[0] and not (tmp_path / "m.toml").exists()
+
+
+PROGRESS_SCRIPT = """import os, sys, time
+from pathlib import Path
+import hpctrain.commands.calibrate as calibrate
+from hpctrain.cli import main
+go, timed = Path(sys.argv[1]), calibrate._time_calls
+
+def waiting(world, *args, **kwargs):
+    # every timing waits until the test has read rank 0's first progress line: it reaches the
+    # test while the job runs only if it was flushed
+    deadline = time.monotonic() + 8
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("no progress line reached the test within 8 s")
+        time.sleep(0.01)
+    world.Barrier()
+    return 1e-4  # instant: the phases, not the times, are under test
+
+calibrate._time_calls = waiting
+sys.exit(main(sys.argv[2:]))
+"""
+
+PHASES = ["4 ranks (2 nodes of 2)", "inside a node: allgather", "inside a node: reduce_scatter",
+          "inside a node: allreduce", "inside a node: alltoall and halo",
+          "between nodes: allgather", "between nodes: reduce_scatter", "between nodes: allreduce",
+          "between nodes: alltoall and halo", "between nodes: NIC sharing",
+          "whole groups across nodes", "FLOP rate", "overlap"]
+
+
+def test_rank_0_says_each_phase_as_it_starts_flushed(tmp_path):
+    """On two nodes calibrate runs for minutes: rank 0 prints a line per phase while it runs
+    (each timing here waits until the first line has reached the test), once, before the
+    table."""
+    go = tmp_path / "go"
+    buffered = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}  # as a batch job's
+    job = subprocess.Popen([mpiexec(), *on_hosts("nodeA:2,nodeB:2", 4), sys.executable, "-c",
+                            PROGRESS_SCRIPT, str(go), "calibrate", "--quick", "--out",
+                            str(tmp_path / "m.toml")], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=buffered, cwd=tmp_path)
+    try:
+        lines = []
+        for line in job.stdout:
+            lines.append(line)
+            if line.startswith("calibrate: "):
+                go.touch()
+                break
+        lines += job.stdout.readlines()  # (communicate would lose what the loop buffered)
+        errors = job.stderr.read()
+        job.wait(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 0, errors
+    progress = [line for line in lines if line.startswith("calibrate: ")]
+    assert len(progress) == len(PHASES), "".join(lines)
+    for line, phase in zip(progress, PHASES, strict=True):
+        assert re.fullmatch(r"calibrate: \[\d+ s\] .+\n", line) and phase in line, line
+    assert lines.index(progress[-1]) < next(k for k, line in enumerate(lines)
+                                            if line.startswith("threads: "))

@@ -1,11 +1,16 @@
 """The command line as a user meets it: help, a short run, and one-line errors (one process)."""
 
+import io
 import os
 import subprocess
 import sys
+import textwrap
+from types import SimpleNamespace
 
 import pytest
 
+from hpctrain import cli
+from hpctrain.errors import Failure, OutputError, Terminated, UserError
 from tests.test_training_app import mpiexec
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -143,3 +148,80 @@ def test_memory_sizes_parse_with_binary_units():
     assert parse_size("1000") == 1000
     with pytest.raises(argparse.ArgumentTypeError, match="'2Q' is not a memory size"):
         parse_size("2Q")
+
+
+class Writes(io.RawIOBase):
+    """The file under a stderr built as ``python -u`` (or ``PYTHONUNBUFFERED=1``) builds it: a
+    text layer writing through to an unbuffered file. Keeps each write it is handed: under a
+    launcher each is read on its own, and another rank's output may come between two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.writes.append(bytes(data))
+        return len(data)
+
+
+@pytest.mark.parametrize("error,line", [
+    (UserError("dataset 'd.h5': the file is damaged"),
+     "hpctrain: error: dataset 'd.h5': the file is damaged"),
+    (OutputError("cannot write 'p.plan': disk full"),
+     "hpctrain: error: cannot write 'p.plan': disk full"),
+    (Failure("a decoding worker process was lost"),
+     "hpctrain plan: error: a decoding worker process was lost"),
+    (Terminated(), "hpctrain plan: stopped by SIGTERM"),
+    (KeyboardInterrupt(), "hpctrain plan: interrupted"),
+])
+def test_each_failure_line_is_one_write_ending_with_its_newline(monkeypatch, error, line):
+    file = Writes()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(file, encoding="utf-8",
+                                                        write_through=True))
+
+    def run(argv):
+        raise error
+
+    monkeypatch.setattr(cli, "command_module", lambda command: SimpleNamespace(run=run))
+    assert cli.main(["plan"]) != 0
+    assert file.writes == [f"{line}\n".encode()]
+
+
+@pytest.mark.parametrize("error,end", [("RuntimeError", "rank 0 failed: disk vanished\n"),
+                                       ("ValueError", "ValueError: disk vanished\n")])
+def test_a_rank_failure_is_one_write_ending_with_one_newline(tmp_path, error, end):
+    """The line of a rank that fails alone (a RuntimeError's text, or any other error's
+    traceback, which ends with a line break of its own) is one write, then the job is
+    aborted."""
+    script = tmp_path / "fail.py"
+    script.write_text(textwrap.dedent(f"""
+        import io, os, sys
+        from types import SimpleNamespace
+
+        class Marked(io.RawIOBase):  # each write of stderr, followed by a mark
+            def writable(self):
+                return True
+
+            def write(self, data):
+                os.write(2, bytes(data) + b"<write>")
+                return len(data)
+
+        sys.stderr = io.TextIOWrapper(Marked(), encoding="utf-8", write_through=True)
+        from hpctrain import cli
+
+        def run(argv, comm):
+            raise {error}("disk vanished")
+
+        cli.command_module = lambda command: SimpleNamespace(run=run)
+        sys.exit(cli.main(["--net", "mlp"]))
+        """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=60, env=ENV)
+    assert result.returncode != 0
+    writes = result.stderr.split("<write>")[:-1]  # (the last part: what MPI_Abort printed)
+    ours = [w for w in writes if "rank 0 failed" in w]
+    assert len(ours) == 1 and ours[0].startswith("hpctrain: rank 0 failed: "), result.stderr
+    assert ours[0].endswith(end) and all(w.strip() for w in writes), result.stderr

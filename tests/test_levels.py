@@ -205,6 +205,26 @@ def test_a_bad_levelled_profile_is_refused_in_one_line(text, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("table,first,second", [
+    ("network.shapes.allreduce", '"8x2"', '"08x2"'),
+    ("network.shapes.allgather", '"2x2"', '"2x002"'),
+    ("network.fits.allreduce", "4", '"04"'),
+    ("fits.halo", "2", "002"),
+])
+def test_two_keys_naming_one_group_are_refused_naming_the_file_and_both(table, first, second):
+    """TOML sees two keys; read as one group, the later fit would silently replace the
+    earlier."""
+    text = ('name = "m"\nalpha = 1e-6\nbeta = 1e-10\nflops = 1e11\nranks_per_node = 2\n'
+            '[network]\nalpha = 1e-6\nbeta = 1e-9\n'
+            f"[{table}]\n{first} = {{ alpha = 1e-6, beta = 1e-9 }}\n"
+            f"{second} = {{ alpha = 2e-6, beta = 2e-9 }}\n")
+    with pytest.raises(MachineError) as err:
+        parse_machine(text, "two-nodes.toml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("two-nodes.toml")
+    assert f"'{first.strip(chr(34))}'" in message and f"'{second.strip(chr(34))}'" in message
+
+
 def test_the_flattened_machine_is_the_network_everywhere():
     machine = levelled(8, 4)
     flat = machine.flattened()

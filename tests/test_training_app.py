@@ -316,6 +316,19 @@ BAD_INPUT = {
 }
 
 
+def test_an_augment_the_net_cannot_take_is_refused_before_any_planning(tmp_path):
+    """``--augment flip`` on the flat-input mlp is refused with the other flags: no plan, no
+    kernel timed (which took 9-15 s with an empty cache before the refusal came)."""
+    result = launch(2, "--net", "mlp", "--augment", "flip", "--grid", "auto", "--steps", "2",
+                    tmp_path=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""  # no "threads:" line and no plan: nothing was set up
+    assert not (tmp_path / "cache").exists()  # no compute time measured
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpctrain: error: --net mlp: --augment flip")
+    assert "(64,)" in lines[0] and "--augment none" in lines[0]
+
+
 @pytest.mark.parametrize("case", list(BAD_INPUT))
 def test_bad_input_is_one_line_from_rank_0_and_every_rank_exits(tmp_path, case):
     procs, args, message = BAD_INPUT[case]

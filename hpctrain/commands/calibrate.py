@@ -60,6 +60,9 @@ and ``beta`` = 1e-10 s/B (10 GB/s), placeholders that no plan ever multiplies by
 ``flops`` is the median FLOP/s of one rank on a square float32 GEMM, all ranks computing at once
 (so cores shared by oversubscribed ranks count as shared). ``overlap`` is the share of a gradient
 bucket's all-reduce that moves while the ranks compute (:func:`measure_overlap`).
+
+Rank 0 prints a line, flushed, as each phase starts (:class:`Progress`): on two nodes of
+oversubscribed ranks the whole takes minutes, and the table comes only at the end.
 """
 
 from __future__ import annotations
@@ -538,6 +541,32 @@ def _idle() -> None:
     """The call of a rank that waits while others are timed."""
 
 
+class Progress:
+    """Rank 0's line as each phase of the measurement starts, flushed at once, with the
+    seconds since the start: on two nodes of oversubscribed ranks calibrate takes minutes, and
+    a job that prints nothing until its end cannot be told from one that hangs.
+
+    Example: ``calibrate: [12 s] between nodes: allreduce on groups of 2 nodes``.
+    """
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.started = rank, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        """Say that ``phase`` starts (rank 0 alone; the others are silent)."""
+        if self.rank == 0:
+            print(f"calibrate: [{time.perf_counter() - self.started:.0f} s] {phase}", flush=True)
+
+
+def _silent(phase: str) -> None:
+    """No progress lines: :func:`measure` and :func:`measure_levels` called from code."""
+
+
+def _ranks(sizes: Sequence[int], unit: str = "ranks") -> str:
+    """``[2, 4]`` as 'groups of 2, 4 ranks': how a progress line names the sizes timed."""
+    return f"groups of {', '.join(map(str, sizes))} {unit}"
+
+
 def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, settings: Settings,
            level: str = "node", active: bool = True, per_node: int = 1) -> Measured:
     """Time ``collective`` on ``comm`` (this rank's group of size ``p``) at every message size:
@@ -629,8 +658,10 @@ def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
     return min(1.0, max(0.0, (sum_time + compute_time - both_time) / sum_time))
 
 
-def measure(world: Any, backend: Any, settings: Settings) -> list[Measured]:
-    """Every (collective, p) of :func:`communicator_sizes`, on the real sub-communicators."""
+def measure(world: Any, backend: Any, settings: Settings,
+            progress: Callable[[str], None] = _silent) -> list[Measured]:
+    """Every (collective, p) of :func:`communicator_sizes`, on the real sub-communicators;
+    ``progress`` is told as each collective starts (see :class:`Progress`)."""
     from hpctrain.comm.grid import GridSet
 
     size = world.Get_size()
@@ -638,15 +669,22 @@ def measure(world: Any, backend: Any, settings: Settings) -> list[Measured]:
     results = []
     with GridSet(world) as grids:
         for collective in ("allgather", "reduce_scatter"):
+            if wanted[collective]:
+                progress(f"{collective} on {_ranks(wanted[collective])}")
             for pr in wanted[collective]:
                 comm = grids.get((pr, size // pr)).model_comm
                 results.append(_sweep(collective, pr, comm, world, backend, settings))
+        if wanted["allreduce"]:
+            progress(f"allreduce on {_ranks(wanted['allreduce'])}")
         for pc in wanted["allreduce"]:
             comm = world if pc == size else grids.get((size // pc, pc)).batch_comm
             results.append(_sweep("allreduce", pc, comm, world, backend, settings))
+        if wanted["alltoall"]:
+            progress(f"alltoall on {_ranks(wanted['alltoall'])}")
         for p in wanted["alltoall"]:
             results.append(_sweep("alltoall", p, world, world, backend, settings))
         if wanted["halo"]:
+            progress(f"halo messages on a chain of {size} ranks")
             chain = grids.get((size, 1)).model_comm
             results.append(_sweep("halo", 2, chain, world, backend, settings))
     return results
@@ -676,10 +714,12 @@ class Sharing:
                 f"{self.ranks_per_node})")
 
 
-def measure_levels(world: Any, node: Any, backend: Any, settings: Settings
+def measure_levels(world: Any, node: Any, backend: Any, settings: Settings,
+                   progress: Callable[[str], None] = _silent
                    ) -> tuple[list[Measured], Sharing]:
     """Both levels of a job on several nodes (see the module's text): the fits inside a node,
-    keyed by ranks, and between nodes, keyed by nodes, and the NIC sharing.
+    keyed by ranks, and between nodes, keyed by nodes, and the NIC sharing; ``progress`` is
+    told as each collective of each level starts (see :class:`Progress`).
 
     ``node`` is this rank's node communicator (``Split_type(COMM_TYPE_SHARED)``): R ranks, the
     nodes filled in blocks. Example: P = 4 on two nodes of 2: ranks 0, 1 on node 0 and 2, 3 on
@@ -694,10 +734,13 @@ def measure_levels(world: Any, node: Any, backend: Any, settings: Settings
     inside = level_sizes(per_node)
     with GridSet(world) as grids:
         for collective in ("allgather", "reduce_scatter", "allreduce"):
+            if inside[collective]:
+                progress(f"inside a node: {collective} on {_ranks(inside[collective])}")
             for k in inside[collective]:  # k consecutive ranks: model groups of the grid k×P/k
                 comm = grids.get((k, size // k)).model_comm
                 results.append(_sweep(collective, k, comm, world, backend, settings))
         if per_node > 1:
+            progress(f"inside a node: alltoall and halo messages on {per_node} ranks")
             results.append(_sweep("alltoall", per_node, node, world, backend, settings))
             chain = grids.get((per_node, nodes)).model_comm  # the node's ranks, in order
             results.append(_sweep("halo", 2, chain, world, backend, settings))
@@ -708,15 +751,19 @@ def measure_levels(world: Any, node: Any, backend: Any, settings: Settings
     alone = local == 0  # one rank per node talks; the others wait
     try:
         for collective in ("allgather", "reduce_scatter", "allreduce"):
+            progress(f"between nodes: {collective} on {_ranks(between[collective], 'nodes')}")
             for m in between[collective]:
                 results.append(_sweep(collective, m, groups[m], world, backend, settings,
                                       "network", alone))
+        progress(f"between nodes: alltoall and halo messages on {nodes} nodes")
         results.append(_sweep("alltoall", nodes, across, world, backend, settings, "network",
                               alone))
         halo = _sweep("halo", 2, across, world, backend, settings, "network", alone)
         results.append(halo)
         sharing = Sharing(per_node)
         if per_node > 1:
+            progress(f"between nodes: NIC sharing, 1 then {per_node} ranks of each node "
+                     f"talking across")
             n_bytes, call = _benchmark("halo", across, backend, max(halo.sizes))
             sharing = Sharing(per_node, n_bytes,
                               _time_calls(world, call if alone else _idle, settings.repeats,
@@ -728,12 +775,12 @@ def measure_levels(world: Any, node: Any, backend: Any, settings: Settings
                 comm.Free()
         across.Free()
     if per_node > 1:
-        results += _measure_shapes(world, per_node, backend, settings)
+        results += _measure_shapes(world, per_node, backend, settings, progress)
     return results, sharing
 
 
-def _measure_shapes(world: Any, per_node: int, backend: Any, settings: Settings
-                    ) -> list[Measured]:
+def _measure_shapes(world: Any, per_node: int, backend: Any, settings: Settings,
+                    progress: Callable[[str], None] = _silent) -> list[Measured]:
     """Whole groups with several ranks on each of several nodes, every group at once as
     training runs them: the all-reduce of each batch group (Pr dividing R, Pr < R: R/Pr ranks
     on each of the m nodes) and the all-gather and reduce-scatter of each model group wider
@@ -744,6 +791,8 @@ def _measure_shapes(world: Any, per_node: int, backend: Any, settings: Settings
     size = world.Get_size()
     nodes = size // per_node
     results = []
+    progress(f"whole groups across nodes: allreduce, allgather and reduce_scatter on "
+             f"groups of several ranks on each of {nodes} nodes")
     with GridSet(world) as grids:
         for pr in (pr for pr, _ in factorisations(per_node) if pr < per_node):
             comm = grids.get((pr, size // pr)).batch_comm
@@ -848,22 +897,29 @@ def run(argv: list[str], comm: Any) -> int:
     threads = configure_threads(comm, args.threads)  # the GEMM rate is per rank at these threads
     backend = make_backend(settings.device, "float32", comm)
     started = time.perf_counter()
+    progress = Progress(rank)
+    where = f" ({nodes} nodes of {per_node})" if nodes > 1 else ""
+    progress(f"{size} ranks{where}: each collective timed at {settings.sizes} message sizes up "
+             f"to {settings.max_bytes} B, median of {settings.repeats} calls" if size > 1 else
+             "1 rank: no messages to time")
     sharing: Sharing | None = None
     try:
         if nodes == 1:
-            results = measure(comm, backend, settings)
+            results = measure(comm, backend, settings, progress)
         else:
-            results, sharing = measure_levels(comm, node, backend, settings)
+            results, sharing = measure_levels(comm, node, backend, settings, progress)
     finally:
         node.Free()
+    progress(f"FLOP rate: float32 GEMM of {settings.gemm_size}x{settings.gemm_size}")
     flops = measure_flops(comm, backend, settings.gemm_size, settings.repeats)
+    if size > 1:
+        progress("overlap: a gradient sum in flight beside GEMMs")
     overlap = measure_overlap(comm, backend, OVERLAP_GEMM_SIZE, settings.repeats)
     elapsed = time.perf_counter() - started
     machine = build_machine(settings, results, flops, threads.threads, overlap, per_node, sharing)
     command = " ".join(["python -m hpctrain calibrate", *argv])
     far = far_sizes(settings.max_bytes, settings.far_bytes)
     far_note = f", {len(far)} up to {far[-1]} B past a knee" if far else ""
-    where = f" ({nodes} nodes of {per_node})" if nodes > 1 else ""
     comment = f"written by '{command}' on {size} processes{where}\n"
     comment += (f"on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                 f"{settings.sizes} sizes from {MIN_BYTES} B to {settings.max_bytes} B"

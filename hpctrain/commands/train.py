@@ -17,7 +17,7 @@ from hpctrain.comm.agree import agreed
 from hpctrain.commands.flags import add_overlap_option, add_planning_options, add_run_options
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
 from hpctrain.data.augment import AUGMENT_MODES
-from hpctrain.errors import ArgumentParser, OutputError, UserError
+from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
 from hpctrain.model.net import NetSpec, load_net
 from hpctrain.plan.plans import plan_text
 from hpctrain.record.timeline import parse_window
@@ -156,6 +156,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         raise UserError("--checkpoint-every needs --checkpoint-dir DIR")
     SGD.check(args.lr, args.momentum, args.weight_decay)
     net, dataset = _dataset_net(args, load_net(args.net, args.image_size))
+    _check_augment(args.augment, net, dataset, args.batch)
     epoch = dataset.train_size // args.batch if dataset else None
     if args.epochs is not None:
         if epoch is None:
@@ -238,6 +239,41 @@ def _dataset_net(args: argparse.Namespace, net: NetSpec) -> tuple[NetSpec, Datas
         net = net.with_image_size(shape[1])  # the dataset's images (or volumes) set the size
     check_fits(info, net.input_shape, net.classes, args.batch, regression=net.regression)
     return net, info
+
+
+@dataclass(frozen=True)
+class _SourceShape:
+    """The training source as the checks of :class:`~hpctrain.data.augment.Augmented` see it:
+    the shape of its samples and its batch, nothing to read."""
+
+    sample_shape: tuple[int, ...]
+    batch: int
+
+
+def _check_augment(mode: str, net: NetSpec, dataset: DatasetInfo | None, batch: int) -> None:
+    """Refuse an ``--augment`` that cannot apply to what ``net`` reads (``--net mlp --augment
+    flip``: flat samples, no image to flip) before any planning or kernel timing, as every
+    other flag is.
+
+    The run wraps its source in :func:`~hpctrain.data.augment.augment` only after planning;
+    the same call on a stand-in of the source's shape makes the same checks now, so the rules
+    stay in one place.
+    """
+    from hpctrain.data.augment import augment
+
+    if mode == "none" and dataset is None:  # synthetic data of the net's own shape, as it is
+        return
+    shape = net.input_shape
+    if dataset is not None:
+        from hpctrain.data.dataset import feeds_flat
+
+        if not feeds_flat(dataset.sample_shape, net.input_shape):  # flattened: the net's shape
+            shape = dataset.sample_shape
+    size = net.input_shape[1:] if len(net.input_shape) == 3 else None  # as the run passes it
+    try:
+        augment(_SourceShape(tuple(shape), batch), mode, seed=0, size=size)
+    except UserError as err:
+        raise UserError(f"--net {shown(net.name, quoted=False)}: {err}") from None
 
 
 def _resume_from(args: argparse.Namespace, net: NetSpec

@@ -227,8 +227,10 @@ def parse_machine(text: str, source: str) -> Machine:
 
     Refused, each in one line: text that is not TOML, a key the format does not have, a value
     of the wrong type (a table where a number belongs), a number outside [:data:`LEAST`,
-    :data:`MOST`] (NaN, inf, 0), an unknown collective and a communicator size that is not a
-    whole number from 1 to 2**31 - 1 (an MPI communicator's size is a C int).
+    :data:`MOST`] (NaN, inf, 0), an unknown collective, a communicator size that is not a
+    whole number from 1 to 2**31 - 1 (an MPI communicator's size is a C int), and two keys of
+    one collective that name the same size or shape (``2`` and ``02``, ``"8x2"`` and
+    ``"08x2"``), naming the file and both keys.
     """
     where = shown(source, quoted=False)
     try:
@@ -287,17 +289,27 @@ def _size(key: str) -> int | None:
 def _fit_tables(table: dict, name: str, known: tuple[str, ...], where: str,
                 parse_key: Callable[[str], Any], rule: str) -> dict[str, dict[Any, Fit]]:
     """``table[name]``: per collective of ``known``, fits by the key ``parse_key`` reads (None:
-    refused, saying ``rule``)."""
+    refused, saying ``rule``).
+
+    Two keys that read as one (``"8x2"`` and ``"08x2"``, ``8`` and ``"08"``) are refused, naming
+    both: TOML sees two keys, and keeping either fit would drop the other without a word.
+    """
     found: dict[str, dict[Any, Fit]] = {}
     for collective, entries in _table(table.get(name, {}), where, name).items():
         if collective not in known:
             raise MachineError(f"{where}: unknown collective {shown(collective)} under "
                                f"[{name}]; known: {', '.join(known)}")
+        written: dict[Any, str] = {}  # parsed key -> the key as the file writes it
         for key, fit in _table(entries, where, f"{name}.{collective}").items():
             at = f"{where}, {name}.{collective}.{shown(key, 30, quoted=False)}"
             parsed = parse_key(key)
             if parsed is None:
                 raise MachineError(f"{at}: {rule}")
+            if parsed in written:
+                raise MachineError(f"{where}, {name}.{collective}: keys "
+                                   f"{shown(written[parsed], 30)} and {shown(key, 30)} name "
+                                   f"the same group; keep one of them")
+            written[parsed] = key
             found.setdefault(collective, {})[parsed] = _fit(_table(fit, at, "a fit"), at)
     return found
 

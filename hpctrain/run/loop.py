@@ -42,7 +42,7 @@ from hpctrain.record.timing import (
     over_ranks,
     summary_over_ranks,
 )
-from hpctrain.run.network import Network
+from hpctrain.run.network import Network, Overflow
 from hpctrain.run.optimizer import SGD
 from hpctrain.run.schedule import Schedule
 from hpctrain.run.signals import StopRequests
@@ -52,7 +52,8 @@ BEFORE_TRAINING = "before training; nothing was trained or saved"  # after "stop
 
 class TrainingError(UserError):
     """Training cannot go on: a non-finite loss (the same all-reduced value on every rank) from
-    finite inputs; a NaN or Inf read from the data is refused before, naming the sample."""
+    finite inputs, or, in a run's first step, any value that overflowed; a NaN or Inf read from
+    the data is refused before, naming the sample."""
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,14 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         if window is not None:
             window.begin(step, times)
         lr = config.lr_at(step)
+        # before the first update (step 0, not a resumed run's first) an overflow is the net's,
+        # not the rate's: that step alone is watched, to name what overflowed
+        watch = Overflow(backend.xp) if step == 0 else None
         # each layer is updated as soon as its gradient's sum arrives, during the backward
         loss, accuracy = network.train_step(data, step, times=times,
-                                            update=partial(optimizer.step, lr))
+                                            update=partial(optimizer.step, lr), watch=watch)
+        if watch is not None:
+            _refuse_first_overflow(network.net, loss, watch.over_ranks(comm), config.steps)
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at step {step + 1} (of {config.steps}); "
                                 f"lower --lr (now {lr:g})")
@@ -228,6 +234,38 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
     if window is not None and window.recorded:  # stopped inside the window
         _write_timeline(window, log)
     return result
+
+
+def _refuse_first_overflow(net: NetSpec, loss: float, where: tuple[int | None, int | None],
+                           steps: int) -> None:
+    """Raise :class:`TrainingError` on every rank when the first step of a run overflowed:
+    its loss is not finite, or ``where`` (the first layer whose output, and the first from the
+    loss down whose gradients, held NaN or Inf, over every rank) names a layer.
+
+    No update has happened before it, so the learning rate cannot be the cause: the message
+    names what overflowed and points at the net's values (an option such as ``scale
+    factor=1e38``, the initial weights) instead of ``--lr``. ``loss`` and ``where`` are the
+    same on every rank (all-reduced), so every rank raises together.
+    """
+    forward, backward = where
+    if math.isfinite(loss) and forward is None and backward is None:
+        return
+
+    def layer(k: int) -> str:
+        spec = net.layers[k]
+        return f"layer '{spec.name}' ({spec.kind}, {spec.where})"
+
+    if forward is not None:
+        what = (f"the output of {layer(forward)} holds NaN or Inf in the forward pass (loss "
+                f"{loss:.3g}); check the values of the net up to that layer")
+    elif not math.isfinite(loss):
+        what = f"the loss became {loss} from finite outputs of every layer; check the net's values"
+    else:
+        what = (f"the gradients of {layer(backward)} hold NaN or Inf in the backward pass "
+                f"(loss {loss:.3g}); check the net's values")
+    raise TrainingError(f"step 1 (of {steps}) overflowed before any update, so --lr is not the "
+                        f"cause: {what} (its layers' options, e.g. a scale factor) and the range "
+                        f"of the data")
 
 
 def _write_timeline(window: TimelineWindow, log: RunLog | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.comm.agree import agreed
@@ -21,6 +22,56 @@ from hpctrain.model.net import NetSpec
 from hpctrain.plan.placement import input_layout, move_pairs, plan_layouts
 from hpctrain.plan.plans import LayerPlan, PlanError
 from hpctrain.record.timing import IN_FLIGHT, LOSS, StepTimer, StepTimes
+
+
+@dataclass
+class Overflow:
+    """Where the values of one step stopped being finite on this rank: the first layer whose
+    output holds NaN or Inf in the forward, and the first layer, from the loss down, whose
+    gradients (the one reaching its output, its parameters', its input's) do in the backward.
+
+    Pass one to :meth:`Network.train_step` to have it filled. Each check is a pass over an
+    array (and, on a GPU, a wait for it), so the training loop watches only its first step:
+    there no update has happened yet, and a value that overflows says the net (an option such
+    as a scale factor, its initial weights), not the learning rate, is the cause.
+    """
+
+    xp: Any
+    forward: int | None = None  # the layer's index, or None: every output finite
+    backward: int | None = None
+
+    def see_output(self, k: int, y: Any) -> None:
+        """Layer ``k`` made ``y`` in the forward."""
+        if self.forward is None and not _finite(self.xp, [y]):
+            self.forward = k
+
+    def see_gradients(self, k: int, arrays: list) -> None:
+        """Layer ``k``'s gradients in the backward (None entries, and lists of one per input,
+        allowed)."""
+        if self.backward is None and not _finite(self.xp, arrays):
+            self.backward = k
+
+    def over_ranks(self, comm: Any) -> tuple[int | None, int | None]:
+        """(first forward layer, first backward layer) over every rank of ``comm``: the lowest
+        index in the forward, the highest in the backward, which runs from the loss down.
+        Collective."""
+        from mpi4py import MPI
+
+        none = 2**31 - 1  # a C int's largest: no layer
+        first = comm.allreduce(none if self.forward is None else self.forward, op=MPI.MIN)
+        last = comm.allreduce(-1 if self.backward is None else self.backward, op=MPI.MAX)
+        return (None if first == none else first), (None if last < 0 else last)
+
+
+def _finite(xp: Any, arrays: list) -> bool:
+    """Whether every entry of every array of ``arrays`` (nested lists, None skipped) is finite."""
+    for a in arrays:
+        if isinstance(a, list | tuple):
+            if not _finite(xp, list(a)):
+                return False
+        elif a is not None and not bool(xp.isfinite(a).all()):
+            return False
+    return True
 
 
 class Network:
@@ -100,11 +151,12 @@ class Network:
         return StepTimes.blank([layer.name for layer in self.layers])
 
     def forward(self, x: Any, step: int, trace: list | None = None,
-                times: StepTimes | None = None) -> Any:
+                times: StepTimes | None = None, watch: Overflow | None = None) -> Any:
         """Logits on ``loss_layout`` from X on ``input_layout``; ``trace`` collects each output.
 
         ``times`` (from :meth:`step_times`) is filled with each move's and layer's forward time.
-        An output is let go once every layer reading it has run.
+        An output is let go once every layer reading it has run. ``watch`` is told of each
+        output (see :class:`Overflow`).
         """
         outputs: dict[int, Any] = {-1: x}
         with StepTimer(self.backend, times) as timer:
@@ -117,6 +169,8 @@ class Network:
                     del outputs[p]
                 y = layer.forward(xs if len(xs) > 1 else xs[0], step)
                 timer.forward_layer(k)
+                if watch is not None:
+                    watch.see_output(k, y)
                 outputs[k] = y
                 if trace is not None:
                     trace.append(y)
@@ -127,7 +181,7 @@ class Network:
     def backward(self, dlogits: Any, trace: list | None = None,
                  times: StepTimes | None = None,
                  update: Callable[[list[Parameter]], None] | None = None,
-                 output_grads: list | None = None) -> None:
+                 output_grads: list | None = None, watch: Overflow | None = None) -> None:
         """Parameter gradients from dLoss/dlogits, summed over the ranks that share each
         shard; ``trace`` collects each layer's input gradient (a list of one per input for a
         layer of several inputs), ``output_grads`` the gradient that reached each layer's
@@ -137,7 +191,8 @@ class Network:
         them; ``update(params)`` (the optimizer) runs for each group as soon as its sum has
         arrived, during the backward or while the last sums are awaited at its end. ``times``
         (from :meth:`step_times`) is filled with each layer's and move's backward time; the
-        first layer's also holds that final wait, and the updates made then.
+        first layer's also holds that final wait, and the updates made then. ``watch`` is told
+        of each layer's gradients before their sums start (see :class:`Overflow`).
         """
         grads: dict[int, Any] = {}
         sums = self.gradient_sums
@@ -152,6 +207,8 @@ class Network:
                 if output_grads is not None:
                     output_grads.insert(0, dy)
                 dxs = layer.backward(dy)
+                if watch is not None:  # before the sums, which may then be in flight
+                    watch.see_gradients(k, [dy, *(p.grad for p in layer.params), dxs])
                 if layer.params:
                     sums.add(layer.grad_comm, layer.params, k)
                 sums.progress()  # between kernels: MPI moves the sums on only when called
@@ -176,7 +233,8 @@ class Network:
     def train_step(self, data: DataSource, step: int, outputs: list | None = None,
                    input_grads: list | None = None, times: StepTimes | None = None,
                    update: Callable[[list[Parameter]], None] | None = None,
-                   output_grads: list | None = None) -> tuple[float, float]:
+                   output_grads: list | None = None,
+                   watch: Overflow | None = None) -> tuple[float, float]:
         """Forward, loss and backward on batch ``step`` of ``data``: (mean loss, accuracy).
 
         Each rank reads only its own block of the batch. ``outputs``, ``input_grads`` and
@@ -185,16 +243,17 @@ class Network:
         :meth:`step_times`) is filled with this rank's per-layer times, the whole step's and the
         time spent waiting for the step's data (``StepTimes.data``).
         ``update``: see :meth:`backward`; without it every summed gradient is left in
-        ``Parameter.grad`` for an optimizer step after this one.
+        ``Parameter.grad`` for an optimizer step after this one. ``watch``: see
+        :class:`Overflow`.
         """
         with StepTimer(self.backend, times) as timer:
             with timer.reading():
                 x = data.images(step, self.input_box)
-            logits = self.forward(x, step, outputs, times)
+            logits = self.forward(x, step, outputs, times, watch)
             with timer.reading():
                 labels = data.labels(step, self.labels_box)
             loss, accuracy, dlogits = self.loss(logits, labels, times, data)
-            self.backward(dlogits, input_grads, times, update, output_grads)
+            self.backward(dlogits, input_grads, times, update, output_grads, watch)
             timer.finish_step()
         return loss, accuracy
 
