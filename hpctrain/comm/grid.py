@@ -89,12 +89,7 @@ class GridSet:
         key = (mesh, digits)
         if key not in self._comms:
             rank = self.world.Get_rank()
-            colour, weight = 0, 1
-            for k in range(len(mesh) - 1, -1, -1):
-                if k not in digits:
-                    colour += rank // weight % mesh[k] * weight
-                weight *= mesh[k]
-            self._comms[key] = self.world.Split(colour, rank)
+            self._comms[key] = self.world.Split(layout.group_key(rank, digits), rank)
         return self._comms[key]
 
     def close(self) -> None:

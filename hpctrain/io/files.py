@@ -196,11 +196,10 @@ def replace_atomically(path: Path, write: Callable[[Path], None],
         made = make_directories(path.parent)
         _refuse_to_replace(path, ours)
         tmp, held = _temporary(path, lock)
-    except OSError as err:
+    except BaseException as err:
         remove_directories(made)
-        raise output_error(path, err) from None
-    except BaseException:
-        remove_directories(made)
+        if isinstance(err, OSError):
+            raise output_error(path, err) from None
         raise
     if not lock:
         os.close(held)

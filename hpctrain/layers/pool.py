@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.layers.base import Layer
 from hpctrain.layers.rows import WindowRows
-from hpctrain.layout.layout import HEIGHT_AXIS
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
@@ -67,8 +66,7 @@ class GlobalAvgPool(Layer):
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         self.scale = 1.0 / math.prod(self.in_layout.shape[2:])  # every rank: the whole image
         x = self.in_layout
-        spatial = [a for a in x.cut_axes if a >= HEIGHT_AXIS]
-        self.comm = ctx.grids.over(x, x.digits_of(spatial)) if spatial else None
+        self.comm = ctx.grids.over(x, x.digits_of(x.spatial_cuts)) if x.spatial_cuts else None
 
     def forward(self, x: Any, step: int) -> Any:
         self.x_shape = x.shape

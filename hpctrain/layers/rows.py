@@ -71,7 +71,7 @@ class WindowRows:
                                                          options.pad, strict=True)]
         pads = list(options.pad)
         exchanges = {}
-        for axis in (a for a in layout.cut_axes if a >= HEIGHT_AXIS):
+        for axis in layout.spatial_cuts:
             plans = halo_plans(layout.shape[axis], layout.parts[axis], windows[axis - 2], name,
                                axis_name(layout.shape, axis))
             plan = plans[layout.block_index(rank, axis)]

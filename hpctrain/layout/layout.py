@@ -50,12 +50,6 @@ HEIGHT_AXIS = 2
 REPLICAS = -1  # a mesh digit that cuts no axis: its ranks hold the same block
 
 
-def first_axis_name(shape: tuple[int, ...]) -> str:
-    """What the first spatial axis of a tensor of global ``shape`` is called: a volume's
-    (N, C, D, H, W) depth, an image's height."""
-    return "depth" if len(shape) == 5 else "height"
-
-
 def axis_letters(ndim: int) -> str:
     """The letter of each axis of a tensor of ``ndim`` axes, batch first: ``nc`` for (N, F),
     ``nchw`` for an image, ``ncdhw`` for a volume (a spec's and a plan file's names)."""
@@ -276,6 +270,12 @@ class Layout:
         return tuple(a for a in range(1, len(self.shape)) if self._parts[a] > 1)
 
     @property
+    def spatial_cuts(self) -> tuple[int, ...]:
+        """The spatial axes that are cut (2 is the first), in order: where a window layer
+        exchanges halos."""
+        return tuple(a for a in self.cut_axes if a >= HEIGHT_AXIS)
+
+    @property
     def split_axis(self) -> int | None:
         """The one axis besides the batch that is cut, or None where none is (for the code
         that knows only the 1.5D grids). A layout that cuts several raises."""
@@ -363,6 +363,23 @@ class Layout:
             return Group(1, 1, self.size)
         stride = math.prod(self.mesh[max(digits) + 1:])
         return Group(size, stride, self.size)
+
+    def group_key(self, rank: int, digits: Iterable[int]) -> int:
+        """The same number for ``rank`` and every rank that differs from it only in the
+        coordinates of the mesh ``digits``: ``rank`` with those coordinates set to 0 (the
+        colour of their communicator). On the mesh (2, 2, 2), digit 1 pairs rank 5 with rank 7:
+
+        >>> layout = Layout((4, 3, 8, 8), mesh=(2, 2, 2), axes=(0, 2, 3))
+        >>> layout.group_key(5, (1,)), layout.group_key(7, (1,))
+        (5, 5)
+        """
+        digits = set(digits)
+        key, weight = 0, 1
+        for k in range(len(self.mesh) - 1, -1, -1):
+            if k not in digits:
+                key += rank // weight % self.mesh[k] * weight
+            weight *= self.mesh[k]
+        return key
 
     def replica_index(self, rank: int) -> int:
         """Which of the :attr:`replicas` copies of its block ``rank`` holds."""

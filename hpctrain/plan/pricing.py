@@ -44,7 +44,7 @@ from hpctrain.cost.compute import (
 from hpctrain.cost.machine import Machine, local_profile
 from hpctrain.cost.memory import PARAMETER_COPIES, RANDOM_BYTES, Footprint, larger
 from hpctrain.cost.work import LocalWork
-from hpctrain.layout.layout import HEIGHT_AXIS, Layout, largest_block
+from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.moves import IdentityMove, Move, move_between
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
@@ -191,7 +191,7 @@ class CostModel(Segments):
         if self.keeps_input(index) and not kept_before:
             resident["input"] = x
         footprint = Footprint(x, y, work, b, {} if kept_before else {"input": x},
-                              any(a >= HEIGHT_AXIS for a in layouts.input.cut_axes))
+                              bool(layouts.input.spatial_cuts))
         kept, transient = KINDS[spec.kind].memory(spec, footprint)
         if len(self.net.consumers.get(index, ())) > 1:
             # a fork (a residual block's input, an Inception module's): the output lives until

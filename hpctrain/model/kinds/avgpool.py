@@ -21,7 +21,6 @@ from hpctrain.model.kinds.window import (
     PoolKind,
     PoolOptions,
     padded_bytes,
-    spatial_cuts,
 )
 from hpctrain.model.options import Key, NetError, sizes
 
@@ -63,7 +62,7 @@ class AvgPoolKind(PoolKind):
         that split the spatial axes, so the output is replicated over them."""
         x = fed[0]
         if spec.options.kernel is None:
-            return fed, x.without(spatial_cuts(x)).with_shape(out_shape)
+            return fed, x.without(x.spatial_cuts).with_shape(out_shape)
         return super().layouts(spec, fed, out_shape, split)
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
@@ -96,7 +95,7 @@ class AvgPoolKind(PoolKind):
         x = inputs[0]
         if spec.options.kernel is not None:
             return super().comm_time(spec, inputs, output, machine, itemsize)
-        spatial = spatial_cuts(x)
+        spatial = x.spatial_cuts
         if not spatial:
             return 0.0, 0.0
         n, c = largest_block(x)[:2]

@@ -23,7 +23,7 @@ from hpctrain.cost.nodes import halo_crossings
 from hpctrain.cost.work import LocalWork
 from hpctrain.io.units import shape_text
 from hpctrain.layers.base import BuildContext, Layer
-from hpctrain.layout.layout import HEIGHT_AXIS, Layout, Split, axis_name, largest_block
+from hpctrain.layout.layout import Layout, Split, axis_name, largest_block
 from hpctrain.layout.partition import HaloPlan, SplitError, Window, halo_plans, halo_row_counts
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import SAME, Key, NetError, padding, sizes, spread
@@ -82,11 +82,6 @@ def check_window(spec: LayerSpec, shape: Shape, where: str) -> Shape:
     return out
 
 
-def spatial_cuts(layout: Layout) -> tuple[int, ...]:
-    """The spatial axes ``layout`` cuts (2 is the first), in order."""
-    return tuple(a for a in layout.cut_axes if a >= HEIGHT_AXIS)
-
-
 def axis_halo_plans(spec: LayerSpec, layout: Layout, axis: int) -> tuple[HaloPlan, ...]:
     """The halo plans of the blocks of spatial ``axis`` of ``layout`` under the layer's window
     along it (refused, naming the layer, the axis and the sizes, when they cannot be made)."""
@@ -97,7 +92,7 @@ def axis_halo_plans(spec: LayerSpec, layout: Layout, axis: int) -> tuple[HaloPla
 def check_rows(spec: LayerSpec, layout: Layout) -> None:
     """Refuse a split of the spatial axes the layer's window cannot run on (a rank without
     rows, or one needing halo rows from beyond its neighbours), naming the layer and sizes."""
-    for axis in spatial_cuts(layout):
+    for axis in layout.spatial_cuts:
         axis_halo_plans(spec, layout, axis)
 
 
@@ -158,7 +153,7 @@ def halo_axes(spec: LayerSpec, layout: Layout
     (:func:`~hpctrain.layout.partition.halo_row_counts`)."""
     block = list(largest_block(layout))
     found = []
-    for axis in sorted(spatial_cuts(layout), reverse=True):
+    for axis in sorted(layout.spatial_cuts, reverse=True):
         plane = math.prod(block[:axis] + block[axis + 1:])
         counts = halo_row_counts(layout.shape[axis], layout.parts[axis],
                                  windows_of(spec.options)[axis - 2], spec.name,
@@ -207,7 +202,7 @@ class WindowKind(Kind):
         its rows plus halos and pads only at the image's edges."""
         o, x = spec.options, inputs[0]
         block, pads = list(largest_block(x)), list(o.pad)
-        for axis in spatial_cuts(x):
+        for axis in x.spatial_cuts:
             p = busiest_halo(spec, x, axis)
             block[axis] = p.need[1] - p.need[0]
             pads[axis - 2] = (p.pad_top, p.pad_bottom)
@@ -249,7 +244,7 @@ class PoolKind(WindowKind):
         beyond its neighbours), gathered first: the input then drops that axis's split."""
         x = fed[0]
         short = []
-        for axis in spatial_cuts(x):
+        for axis in x.spatial_cuts:
             try:
                 axis_halo_plans(spec, x, axis)
             except SplitError:
