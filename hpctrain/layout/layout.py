@@ -271,7 +271,7 @@ class Layout:
 
     @property
     def spatial_cuts(self) -> tuple[int, ...]:
-        """The spatial axes that are cut (2 is the first), in order: where a window layer
+        """The spatial axes that are cut, in order (2 is the first), along which a window layer
         exchanges halos."""
         return tuple(a for a in self.cut_axes if a >= HEIGHT_AXIS)
 
