@@ -41,8 +41,9 @@ def model_of(text, batch, procs, machine):
     return CostModel(parse_net(text, "t"), batch, procs, machine, FlopModel(machine.flops))
 
 
-def every_plan(model):
-    options = [model.choices(k) + model.split_choices(k) for k in range(len(model.segments))]
+def every_plan(model, space="axes"):
+    options = [model.choices(k) + model.split_choices(k, space)
+               for k in range(len(model.segments))]
     return [evaluate(model, list(combo)) for combo in itertools.product(*options)]
 
 
@@ -63,6 +64,85 @@ def test_the_plan_over_every_axis_is_the_brute_force_optimum(text, batch, procs,
         assert capped.memory <= cap
         assert capped.iteration_time == pytest.approx(
             min(p.iteration_time for p in every if p.memory <= cap), rel=1e-12)
+
+
+BRANCHED = """# a residual block: the add joins two segments that are not consecutive
+input channels=2 size=16 classes=3
+conv name=stem out=4 kernel=3 pad=1
+relu name=stem_relu
+conv name=a out=4 kernel=3 pad=1
+batchnorm name=a_bn
+add in=a_bn,stem_relu
+relu
+avgpool kernel=global
+flatten
+linear out=3
+"""
+
+
+@pytest.mark.parametrize("text,batch,procs,machine", [
+    (NET, 4, 4, MACHINE), (WIDE, 1, 8, MACHINE), (WIDE, 2, 4, SLOW_NET),
+    (BRANCHED, 2, 4, MACHINE), (BRANCHED, 1, 8, SLOW_NET)])
+def test_the_balanced_plan_is_the_brute_force_optimum_of_its_space(text, batch, procs, machine):
+    """Over the balanced splits the planner is exact too, on chains and on a net with a
+    branch; the space lies between the grids and every split, and so does its optimum."""
+    from hpctrain.plan.segments import balanced_degrees, whole_degrees
+
+    model = model_of(text, batch, procs, machine)
+    best = min(p.iteration_time for p in every_plan(model, "balanced"))
+    planned = plan_network(model, space="balanced")
+    assert planned.iteration_time == pytest.approx(best, rel=1e-12)
+    assert planned.iteration_time <= plan_network(model).iteration_time * (1 + 1e-12)
+    assert planned.iteration_time >= plan_network(model, space="axes").iteration_time * (
+        1 - 1e-12)
+    for k in range(len(model.segments)):
+        shape = (batch, *model.net.out_shapes[model.heads[k]])
+        assert set(balanced_degrees(procs, shape)) <= set(whole_degrees(procs, shape))
+        for choice in model.split_choices(k, "balanced"):
+            n, c, *spatial = choice.split.degrees
+            assert batch % n == 0 and shape[1] % c == 0
+            assert all(size % d == 0 for size, d in zip(shape[2:], spatial))
+            assert spatial == sorted(spatial, reverse=True) and (
+                not spatial or spatial[0] <= 2 * spatial[-1])
+            assert choice.split.replicas == 1 or not spatial
+
+
+def test_balanced_degrees_give_one_spatial_split_per_number_of_spatial_ranks():
+    from hpctrain.plan.segments import balanced_degrees
+
+    found = balanced_degrees(64, (64, 64, 32, 32, 32))
+    assert (4, 2, 2, 2, 2, 1) in found and (1, 1, 4, 4, 4, 1) in found
+    assert (1, 1, 8, 4, 2, 1) not in found and (1, 1, 2, 4, 2, 1) not in found
+    spatial = {}
+    for n, c, *cut, r in found:
+        spatial.setdefault(64 // (n * c), set()).add(tuple(cut))
+    assert all(len(cuts) == 1 for cuts in spatial.values())
+    assert len(found) == 28  # C(6 + 2, 2): n, c and the spatial ranks
+    assert (2, 8, 4) in balanced_degrees(64, (4, 16))  # linear: replicas, no spatial axes
+    assert (2, 8, 4) not in balanced_degrees(64, (4, 10))  # 8 does not divide 10
+    assert not [d for d in balanced_degrees(8, (3, 6, 7, 7)) if d[0] > 1 or d[2] > 1]
+
+
+def test_the_whole_space_is_refused_where_it_is_too_large_naming_the_balanced_one():
+    """At many ranks every split of every layer is too many pairs to price: refused at once,
+    before any is priced, with the sizes and the balanced space named; that one answers."""
+    import time
+
+    from hpctrain.model.net import load_net
+
+    model = CostModel(load_net("resnet50"), 4096, 4096, MACHINE, FlopModel(MACHINE.flops))
+    started = time.perf_counter()
+    with pytest.raises(PlannerError, match=r"--space axes: .* 4096 ranks .* pairs of them to "
+                                           r"price.*use --space balanced"):
+        plan_network(model, space="axes")
+    assert time.perf_counter() - started < 30  # counted, not priced (a loose bound)
+    # two 64×64 images of 2 channels on 512 ranks: no 1.5D plan, a balanced one
+    wide = CostModel(parse_net(WIDE, "wide"), 2, 512, MACHINE, FlopModel(MACHINE.flops))
+    with pytest.raises(PlannerError, match="--space balanced"):
+        plan_network(wide)
+    balanced = plan_network(wide, space="balanced")
+    assert balanced.exact and balanced.plans[0].split.degrees[2:] in ((16, 16), (16, 8),
+                                                                       (32, 16))
 
 
 def test_large_images_of_one_sample_are_cut_in_height_and_width():

@@ -28,7 +28,7 @@ def test_a_layer_no_mode_can_split_is_named_with_each_modes_reason():
     assert "layer conv1 (conv) has no plan on 64 ranks at batch 2" in message
     assert "model 32x2: output channels of size 4 cannot be split 32 ways" in message
     assert "domain 32x2: input height of size 8 cannot be split 32 ways" in message
-    assert "--space axes" in message and "raise --batch" in message
+    assert "--space balanced" in message and "raise --batch" in message
     # and over every axis the same layer has a plan: 2 x 4 x 8 (channels, height, width)
     planned = plan_network(model, space="axes")
     assert planned.plans[0].mode == "split"

@@ -74,11 +74,13 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mem-per-rank", type=parse_size, default=None,
                         help="memory cap per rank for --grid auto, e.g. 2G (default: none)")
     parser.add_argument("--space", choices=SPACES, default="grids",
-                        help="what --grid auto searches: grids, every weighted layer in batch, "
-                             "model or domain mode on a Pr x Pc grid (the 1.5D space); axes, "
-                             "also a degree for every axis of each layer's output (sample, "
-                             "channels, depth, height, width) and replicas, exactly, which "
-                             "takes longer at many ranks (default: grids)")
+                        help="what --grid auto searches, exactly: grids, every weighted layer "
+                             "in batch, model or domain mode on a Pr x Pc grid (the 1.5D "
+                             "space); balanced, also a degree for several axes of each layer's "
+                             "output at once (sample, channels, depth, height, width) where "
+                             "every cut is even and the spatial degrees are within a factor of "
+                             "2 (seconds at 4096 ranks); axes, every split of every axis and "
+                             "replicas (up to a few hundred ranks) (default: grids)")
     parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
                         help="compute times for the cost model: measured on this device, or "
                              "FLOPs / the profile's rate; auto measures on this machine's own "

@@ -501,9 +501,15 @@ def _block_indices(layout: Layout, ranks: np.ndarray) -> list[np.ndarray]:
 
 def _bounds(layout: Layout, axis: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The [start, stop) of block ``index`` of ``axis``, per rank."""
-    n, parts = layout.shape[axis], layout.parts[axis]
-    ranges = layout.split_ranges if axis != BATCH_AXIS and parts > 1 else None
-    if ranges is not None and not isinstance(ranges, BlockRanges):
+    return _axis_bounds(layout.shape[axis], layout.parts[axis], _explicit_ranges(layout, axis),
+                        index)
+
+
+def _axis_bounds(n: int, parts: int, ranges: tuple | None, index: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The [start, stop) of block ``index`` of an axis of length ``n`` cut into ``parts`` by
+    the block rule, or by explicit ``ranges``."""
+    if ranges is not None:
         table = np.asarray(ranges, dtype=np.int64)
         return table[index, 0], table[index, 1]
     return index * n // parts, (index + 1) * n // parts
@@ -511,11 +517,16 @@ def _bounds(layout: Layout, axis: int, index: np.ndarray) -> tuple[np.ndarray, n
 
 def _parts_met(layout: Layout, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """How many blocks of ``layout``'s ``axis`` meet each [lo, hi) (non-empty)."""
-    n, parts = layout.shape[axis], layout.parts[axis]
+    return _axis_parts_met(layout.shape[axis], layout.parts[axis],
+                           _explicit_ranges(layout, axis), lo, hi)
+
+
+def _axis_parts_met(n: int, parts: int, ranges: tuple | None, lo: np.ndarray, hi: np.ndarray
+                    ) -> np.ndarray:
+    """How many blocks of an axis (as :func:`_axis_bounds`) meet each [lo, hi) (non-empty)."""
     if parts == 1:
         return np.ones(len(lo), dtype=np.int64)
-    ranges = layout.split_ranges if axis != BATCH_AXIS else None
-    if ranges is not None and not isinstance(ranges, BlockRanges):
+    if ranges is not None:
         table = np.asarray(ranges, dtype=np.int64)
         first = np.searchsorted(table[:, 1], lo, side="right")
         last = np.searchsorted(table[:, 0], hi, side="left") - 1
@@ -529,12 +540,14 @@ def _parts_met(layout: Layout, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.
 
 @lru_cache(maxsize=65536)
 def _busiest_receiver_on_meshes(src: Layout, dst: Layout) -> tuple[float, int]:
-    """:func:`_busiest_receiver` for layouts on any meshes: in closed form where every block is
-    even and P a power of two (:func:`_busiest_receiver_of_bits`), else rank by rank."""
+    """:func:`_busiest_receiver` for layouts on any meshes: from the bits of the rank numbers
+    where every digit is a power of two (:func:`_busiest_receiver_of_bits`), else rank by
+    rank."""
     found = _busiest_receiver_of_bits(src, dst)
     return found if found is not None else _busiest_receiver_by_mesh_rank(src, dst)
 
 
+@lru_cache(maxsize=65536)
 def _axis_bits(layout: Layout) -> list[tuple[int, ...]] | None:
     """Per axis, the bits of a rank's number that make its block index, most significant
     first; None unless every digit is a power of two."""
@@ -550,34 +563,148 @@ def _axis_bits(layout: Layout) -> list[tuple[int, ...]] | None:
     return bits
 
 
-def _busiest_receiver_of_bits(src: Layout, dst: Layout) -> tuple[float, int] | None:
-    """:func:`_busiest_receiver` in O(axes) where P is a power of two and every cut divides its
-    axis evenly (None otherwise).
-
-    A block index is then a field of the rank's bits. Along an axis cut into s source and
-    d target blocks, a rank keeps min(1, d/s) of its target block if the coarser cut's field is
-    the leading part of the finer one's (the same bits of the rank), and nothing at some rank
-    otherwise (those bits can differ); it meets max(1, s/d) source blocks. A rank keeps the
-    product over the axes, so the busiest keeps nothing unless every axis aligns."""
-    if any(src.split_ranges is not None and not isinstance(src.split_ranges, BlockRanges)
-           for src in (src, dst)):
+def _explicit_ranges(layout: Layout, axis: int) -> tuple[tuple[int, int], ...] | None:
+    """The explicit block ranges of ``axis`` (a flattened split's), None for the block rule."""
+    ranges = layout.split_ranges if axis != BATCH_AXIS and layout.parts[axis] > 1 else None
+    if ranges is None or isinstance(ranges, BlockRanges):
         return None
+    return tuple(tuple(r) for r in ranges)
+
+
+def _busiest_receiver_of_bits(src: Layout, dst: Layout) -> tuple[float, int] | None:
+    """:func:`_busiest_receiver` where every digit of both meshes is a power of two (None
+    otherwise), in work that grows with the bits uneven axes share, not with P.
+
+    A rank's block index along an axis is then a field of its bits, in the source and in the
+    target. What a rank keeps of its target block is a product over the axes, and so is the
+    number of source blocks it meets.
+
+    Along an axis both cut evenly into s source and d target blocks, every rank meets
+    max(1, s/d) source blocks, and keeps min(1, d/s) of its target block where the coarser
+    cut's field equals the leading part of the finer one's, nothing elsewhere: where those
+    fields are the same bits of the rank, always; where a pair of bits differs, at the ranks
+    whose two bits differ. Such a rank keeps nothing, and where one of the two bits is free
+    of what the other axes' target blocks read, it does so at a rank meeting the most blocks.
+
+    The uneven axes are enumerated: axes whose fields share no bit vary independently, so the
+    busiest rank is found per group of axes that share bits (enumerating only that group's
+    bits) and the groups' extremes multiply. A group is priced once for every move that has
+    it, wherever its bits sit in the rank."""
     src_bits, dst_bits = _axis_bits(src), _axis_bits(dst)
     if src_bits is None or dst_bits is None:
         return None
-    kept, blocks, aligned = 1.0, 1, True
-    for axis, n in enumerate(src.shape):
-        s, d = src.parts[axis], dst.parts[axis]
-        if n % s or n % d:
-            return None  # uneven blocks: their sizes differ from rank to rank
-        coarse, fine = (dst_bits[axis], src_bits[axis]) if s >= d else (src_bits[axis],
-                                                                         dst_bits[axis])
-        aligned = aligned and fine[:len(coarse)] == coarse
-        kept *= min(1.0, d / s)
-        blocks *= max(1, s // d)
-    if not aligned:
-        return 1.0, blocks
-    return 1.0 - kept, blocks - 1
+    cut = [a for a in range(len(src.shape)) if src.parts[a] > 1 or dst.parts[a] > 1]
+    even = [a for a in cut if _is_even(src, dst, a)]
+    if any(dst.parts[a] > src.shape[a] for a in cut):
+        even = []  # some target blocks are empty: every axis is enumerated
+    uneven = [a for a in cut if a not in even]
+    kept = math.prod(min(1.0, dst.parts[a] / src.parts[a]) for a in even)
+    differ = []  # pairs of bits whose values decide whether an even axis keeps anything
+    for a in even:
+        coarse, fine = sorted((src_bits[a], dst_bits[a]), key=len)
+        differ += [(f, c) for f, c in zip(fine, coarse) if f != c]
+    met = math.prod(max(1, src.parts[a] // dst.parts[a]) for a in even)
+    if differ:
+        read = {b for a in uneven for b in dst_bits[a]}  # what the blocks met depend on
+        if any(f not in read or c not in read for f, c in differ):
+            summaries = _group_summaries(src, dst, uneven, src_bits, dst_bits)
+            return 1.0, met * math.prod(most for _, most, _, _ in summaries)
+        uneven, kept, met = cut, 1.0, 1  # entangled: every axis enumerated
+    summaries = _group_summaries(src, dst, uneven, src_bits, dst_bits)
+    if any(least is None for least, *_ in summaries):
+        return 0.0, 0  # some axis has an empty target block at every rank
+    kept *= math.prod(least for least, *_ in summaries)
+    every = [most for _, most, _, _ in summaries]
+    keeping = [most for _, _, most, _ in summaries]
+    messages = 0  # a rank that keeps part of its block needs no message for that part
+    if all(most >= 0 for most in keeping):
+        messages = met * math.prod(keeping) - 1
+    for g, (*_, dropping) in enumerate(summaries):  # ranks that keep nothing, by a group
+        if dropping >= 0:
+            messages = max(messages, met * dropping * math.prod(every[:g] + every[g + 1:]))
+    return 1.0 - kept, messages
+
+
+def _group_summaries(src: Layout, dst: Layout, axes: list[int],
+                     src_bits: list[tuple[int, ...]], dst_bits: list[tuple[int, ...]]
+                     ) -> list[tuple]:
+    """:func:`_group_extremes` of each group of ``axes`` that share bits of the rank."""
+    groups: list[tuple[set[int], list[int]]] = []  # (bits, axes) of axes that share bits
+    for axis in axes:
+        bits, members = set(src_bits[axis]) | set(dst_bits[axis]), [axis]
+        for group in [g for g in groups if g[0] & bits]:
+            groups.remove(group)
+            bits |= group[0]
+            members = group[1] + members
+        groups.append((bits, sorted(members)))
+    summaries = []
+    for bits, members in sorted(groups, key=lambda g: g[1]):
+        place = {bit: i for i, bit in enumerate(sorted(bits))}  # the group's own numbering
+        summaries.append(_group_extremes(len(bits), tuple(
+            (*_axis_key(src, dst, a), tuple(place[b] for b in src_bits[a]),
+             tuple(place[b] for b in dst_bits[a])) for a in members)))
+    return summaries
+
+
+def _is_even(src: Layout, dst: Layout, axis: int) -> bool:
+    """Whether both cuts of ``axis`` are by the block rule into blocks of one size."""
+    n = src.shape[axis]
+    return (n % src.parts[axis] == 0 and n % dst.parts[axis] == 0
+            and _explicit_ranges(src, axis) is None and _explicit_ranges(dst, axis) is None)
+
+
+def _axis_key(src: Layout, dst: Layout, axis: int) -> tuple:
+    """(length, source parts, target parts, source ranges, target ranges) of ``axis``, the
+    length the least that gives the same blocks in proportion where both cuts are even (what
+    a rank keeps is a share, and the blocks it meets a count: both unchanged by scaling the
+    axis), so that moves of tensors alike but for their size share one entry."""
+    n, s, d = src.shape[axis], src.parts[axis], dst.parts[axis]
+    s_ranges, d_ranges = _explicit_ranges(src, axis), _explicit_ranges(dst, axis)
+    if _is_even(src, dst, axis):
+        n = math.lcm(s, d)
+    return n, s, d, s_ranges, d_ranges
+
+
+@lru_cache(maxsize=65536)
+def _group_extremes(width: int, axes: tuple) -> tuple:
+    """Over the ranks' values of ``width`` bits and the ``axes`` they index, each (length,
+    source parts, target parts, source ranges, target ranges, source bits, target bits):
+    among the ranks whose target block is not empty, (the least share of it a rank keeps, the
+    most source blocks met, the most met where something is kept, the most met where nothing
+    is); None, -1, -1, -1 where every target block is empty. Share and blocks met are the
+    products over the axes, as :func:`_busiest_receiver_by_mesh_rank` forms them."""
+    values = np.arange(1 << width, dtype=np.int64)
+    kept = np.ones(len(values))
+    met = np.ones(len(values), dtype=np.int64)
+    empty = np.zeros(len(values), dtype=bool)
+
+    def index(bits: tuple[int, ...]) -> np.ndarray:
+        found = np.zeros(len(values), dtype=np.int64)
+        start = 0
+        while start < len(bits):  # most significant first, a run of descending bits at once
+            stop = start + 1
+            while stop < len(bits) and bits[stop] == bits[stop - 1] - 1:
+                stop += 1
+            run = stop - start
+            found = (found << run) | (values >> bits[stop - 1] & ((1 << run) - 1))
+            start = stop
+        return found
+
+    for n, s_parts, d_parts, s_ranges, d_ranges, s_bits, d_bits in axes:
+        s0, s1 = _axis_bounds(n, s_parts, s_ranges, index(s_bits))
+        d0, d1 = _axis_bounds(n, d_parts, d_ranges, index(d_bits))
+        empty |= d1 <= d0
+        kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / np.maximum(
+            d1 - d0, 1)
+        met *= _axis_parts_met(n, s_parts, s_ranges, d0, d1)
+    full = ~empty
+    if not full.any():
+        return None, -1, -1, -1
+
+    def most(where: np.ndarray) -> int:
+        return int(met[where].max()) if where.any() else -1
+
+    return float(kept[full].min()), most(full), most(full & (kept > 0)), most(full & (kept == 0))
 
 
 def _busiest_receiver_by_mesh_rank(src: Layout, dst: Layout) -> tuple[float, int]:

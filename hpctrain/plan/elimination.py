@@ -80,6 +80,12 @@ def elimination_order(sizes: list[int], scopes: list[tuple[int, ...]]
     return order
 
 
+def largest_table(sizes: list[int], scopes: list[tuple[int, ...]]) -> int:
+    """Entries of the largest table eliminating in :func:`elimination_order` makes."""
+    return max((math.prod(sizes[v] for v in (*rest, variable))
+                for variable, rest in elimination_order(sizes, scopes)), default=0)
+
+
 def _checked_order(sizes: list[int], tables: list[Table], max_entries: float
                    ) -> list[tuple[int, tuple[int, ...]]]:
     """:func:`elimination_order`, refused (:class:`TooLarge`) before any work when it would
@@ -93,7 +99,11 @@ def _checked_order(sizes: list[int], tables: list[Table], max_entries: float
     return order
 
 
-def minimise(sizes: list[int], tables: list[Table], max_entries: float = 1e7
+MAX_ENTRIES = 1e7
+"""The largest table exact elimination makes (80 MB of float64)."""
+
+
+def minimise(sizes: list[int], tables: list[Table], max_entries: float = MAX_ENTRIES
              ) -> tuple[float, list[int]]:
     """(least total cost, the choice of each variable reaching it) over ``sizes[v]`` choices of
     each variable v, the total being the sum of every table at the choices.
@@ -247,7 +257,7 @@ def _beaten_by_running_minimum(group: np.ndarray, memory: np.ndarray, moment: np
 
 
 def minimise_under_cap(sizes: list[int], tables: list[Table], cap: float,
-                       bound: float = math.inf, max_entries: float = 1e7
+                       bound: float = math.inf, max_entries: float = MAX_ENTRIES
                        ) -> tuple[float, list[int]] | None:
     """(least total time, the choice of each variable reaching it) among the choices whose
     total memory (every table's ``memory`` summed, plus the largest ``moment``) is at most

@@ -40,7 +40,14 @@ from hpctrain.layout.layout import Layout
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import strategy_plan
-from hpctrain.plan.elimination import Table, TooLarge, minimise, minimise_under_cap
+from hpctrain.plan.elimination import (
+    MAX_ENTRIES,
+    Table,
+    TooLarge,
+    largest_table,
+    minimise,
+    minimise_under_cap,
+)
 from hpctrain.plan.placement import LayerLayouts
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost
@@ -272,9 +279,16 @@ def _refuse(planned: PlannedNetwork, cap: float, cap_source: str) -> None:
                        f"processes, or raise --mem-per-rank if the memory is there")
 
 
-SPACES = ("axes", "grids")
-"""The spaces the planner searches, ``axes`` (a degree for every axis of each weighted layer's
-output, and replicas) and ``grids`` (the 1.5D modes on every Pr×Pc grid alone)."""
+SPACES = ("grids", "balanced", "axes")
+"""The spaces the planner searches: ``grids`` (the 1.5D modes on every Pr×Pc grid alone),
+``balanced`` (those and the balanced splits of every axis,
+:func:`~hpctrain.plan.segments.balanced_degrees`) and ``axes`` (those and every split: a degree
+for every axis of each weighted layer's output, and replicas)."""
+
+WHOLE_SPACE_PAIRS = 6_000_000
+"""The most pairs of choices at the two ends of the net's joins that ``--space axes`` takes on
+(about 10 µs each to price, a few seconds per million on one core); beyond, the whole space
+would take minutes to hours and the planner refuses it, naming ``balanced``."""
 
 
 def plan_network(model: CostModel, mem_per_rank: float | None = None,
@@ -302,8 +316,13 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     if space not in SPACES:
         raise ValueError(f"search space {space!r}; choose one of {', '.join(SPACES)}")
     candidates = [model.choices(k) for k in range(len(model.segments))]
-    wider = ([model.split_choices(k) for k in range(len(model.segments))]
-             if space == "axes" else [[] for _ in candidates])
+    if space == "axes":
+        _refuse_whole_space_if_too_many_pairs(model, candidates)
+    wider = ([model.split_choices(k, space) for k in range(len(model.segments))]
+             if space != "grids" else [[] for _ in candidates])
+    if space != "grids":
+        _refuse_space_if_too_large(model, [a + b for a, b in zip(candidates, wider,
+                                                                 strict=True)], space)
     for k, found in enumerate(candidates):
         if not found and not wider[k]:
             raise PlannerError(_no_choice(model, k, space))
@@ -342,6 +361,55 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     return best
 
 
+def _joined_segments(model: CostModel) -> list[tuple[int, int]]:
+    """(source segment, target segment) of every join between two segments."""
+    owner = {k: s for s, members in enumerate(model.segments) for k in members}
+    return [(owner[p], owner[k]) for k, _, p in model.joins if p >= 0 and owner[p] != owner[k]]
+
+
+def _refuse_whole_space_if_too_many_pairs(model: CostModel, grids: list[list[LayerPlan]]
+                                          ) -> None:
+    """Refuse ``--space axes`` where its search would price more than
+    :data:`WHOLE_SPACE_PAIRS` pairs of choices, counted from the splits' degrees alone
+    (before any is laid out or priced)."""
+    from hpctrain.plan.segments import whole_degrees
+
+    count = [len(found) + len(whole_degrees(model.procs, (model.batch, *model.net.out_shapes[
+        model.heads[k]]))) for k, found in enumerate(grids)]
+    pairs = sum(count[a] * count[b] for a, b in _joined_segments(model))
+    if pairs > WHOLE_SPACE_PAIRS:
+        _refuse_space(model, "axes", sum(count), f"{pairs:.1e} pairs of them to price")
+
+
+def _refuse_space_if_too_large(model: CostModel, choices: list[list[LayerPlan]], space: str
+                               ) -> None:
+    """Refuse ``space`` where exact elimination over ``choices`` would need a larger table
+    than it makes (:data:`~hpctrain.plan.elimination.MAX_ENTRIES`): known before any pricing."""
+    if model.net.is_chain():
+        return  # dynamic programming: no table beyond pairs
+    sizes = [len(found) for found in choices]
+    table = largest_table(sizes, [*_joined_segments(model), *((s,) for s in range(len(sizes)))])
+    if table > MAX_ENTRIES:
+        _refuse_space(model, space, sum(sizes), f"a table of {table:.1e} of their "
+                                                 f"combinations to search")
+
+
+def _refuse_space(model: CostModel, space: str, choices: int, size: str) -> None:
+    from hpctrain.plan.segments import balanced_degrees
+
+    instead = "--space grids"
+    if space == "axes":
+        balanced = sum(len(model.choices(k)) + len(balanced_degrees(
+            model.procs, (model.batch, *model.net.out_shapes[model.heads[k]])))
+            for k in range(len(model.segments)))
+        instead = (f"--space balanced (at most {balanced:,} choices: even blocks, spatial "
+                   f"degrees within a factor of 2, searched exactly) or " + instead)
+    raise PlannerError(
+        f"--space {space}: the splits of every layer of {model.net.name} on {model.procs} "
+        f"ranks are {choices:,} choices and {size}, more than an exact search takes on; use "
+        f"{instead}, or price a plan of your own with --grid")
+
+
 def _no_choice(model: CostModel, segment: int, space: str) -> str:
     """Why segment ``segment`` has no plan at all in ``space``: the reason each mode fails on
     the grid with the most batch ranks the batch allows (the fewest ranks left to cut the
@@ -361,7 +429,7 @@ def _no_choice(model: CostModel, segment: int, space: str) -> str:
             reasons.append(f"{choice.describe()}: {str(err).split(': ', 2)[-1]}")
     advice = "raise --batch, or use fewer processes"
     if space == "grids":
-        advice = "cut several axes at once with --space axes, " + advice
+        advice = "cut several axes at once with --space balanced, " + advice
     return (f"layer {layer.name} ({layer.kind}) has no plan on {procs} ranks at batch {batch} "
             f"in any mode on any grid; with at most {pc} batch ranks, "
             + "; ".join(reasons) + f". To run it: {advice}")
@@ -432,9 +500,7 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], grids: list[in
             into = [carry[i] + move(i, i) for i in range(len(every[b]))]
             lows.append((b, b, into, into))
             continue
-        rest = min(carry[grids[a]:], default=math.inf)
-        into = [min([carry[i] + move(i, j) for i in range(grids[a])] + [rest])
-                for j in range(len(every[b]))]
+        into = _least_into(carry, sources, targets, model)
         lows.append((a, b, carry, into))
     uncarried = [k for k in range(len(every)) if k not in carried]
     for a, b, out_of, into in lows:
@@ -451,6 +517,28 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], grids: list[in
         for i, value in enumerate(owns[k]):
             per_candidate[k][i] += value - least
     return [[fixed + extra for extra in row] for row in per_candidate]
+
+
+def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout],
+                model: CostModel) -> list[float]:
+    """For each target, the least over every source i of carry[i] + the move from
+    ``sources[i]`` into it, exactly: sources in order of their carry, stopping at the first
+    whose carry alone is no less than the least found (a move costs ≥ 0). Each source layout
+    enters at its least carry; each target layout is priced once."""
+    cheapest: dict[Layout, float] = {}
+    for held, source in sorted(zip(carry, sources, strict=True), key=lambda item: item[0]):
+        cheapest.setdefault(source, held)
+    found: dict[Layout, float] = {}
+    for target in targets:
+        if target in found:
+            continue
+        least = math.inf
+        for source, held in cheapest.items():
+            if held >= least:
+                break
+            least = min(least, held + sum(model.move_cost(source, target)[1:]))
+        found[target] = least
+    return [found[target] for target in targets]
 
 
 def _searched(cost: SegmentCost, free: float) -> float:
@@ -576,16 +664,29 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
 
     def move_table(source_of: list[Layout], a: int | None, k: int, e: int) -> None:
         """The move into input ``e`` of layer ``k`` from ``source_of[choice of a]`` (a None:
-        one fixed source)."""
+        one fixed source). Many choices share a layout at one end (a convolution's input is
+        its channels whole, whatever it cuts them into), so each distinct pair is priced
+        once and the table gathered from those prices."""
         b = owner[k]
         targets = [where[k].inputs[e] for where in layouts[b]]
-        moves = [[_move(model, src, dst, k, weighed) for dst in targets] for src in source_of]
+        (src_of, srcs), (dst_of, dsts) = _distinct_layouts(source_of), _distinct_layouts(targets)
+        if a == b:  # one segment's choice decides both ends
+            pairs = sorted(set(zip(src_of, dst_of)))
+            priced = dict(zip(pairs, _move_fields(model, [(srcs[i], dsts[j]) for i, j in pairs],
+                                                  k, weighed), strict=True))
+            fields = [np.array([priced[pair][f] for pair in zip(src_of, dst_of)])
+                      for f in range(3)]
+            tables.append(Table((b,), *(fields if weighed else fields[:1])))
+            return
+        grid = _move_fields(model, [(src, dst) for src in srcs for dst in dsts], k, weighed)
+        fields = [np.array([priced[f] for priced in grid]).reshape(len(srcs), len(dsts))
+                  for f in range(3)]
+        rows = np.asarray(src_of)[:1] if a is None else np.asarray(src_of)
+        chosen = [field[np.ix_(rows, dst_of)] for field in fields]
         if a is None:
-            tables.append(table((b,), moves[0]))
-        elif a == b:
-            tables.append(table((b,), [moves[i][i] for i in range(len(moves))]))
-        else:
-            tables.append(table((a, b), moves))
+            chosen = [field[0] for field in chosen]
+        variables = (b,) if a is None else (a, b)
+        tables.append(Table(variables, *(chosen if weighed else chosen[:1])))
 
     for k, e, p in model.joins:
         if p < 0:
@@ -596,6 +697,20 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
     tables.append(table((last,), [model.loss_cost(where[len(net.layers) - 1].output)
                                   for where in layouts[last]]))
     return tables
+
+
+def _distinct_layouts(layouts: list[Layout]) -> tuple[list[int], list[Layout]]:
+    """(each entry's index among the distinct layouts, the distinct layouts in first order)."""
+    index: dict[Layout, int] = {}
+    return [index.setdefault(layout, len(index)) for layout in layouts], list(index)
+
+
+def _move_fields(model: CostModel, pairs: list[tuple[Layout, Layout]], index: int,
+                 weighed: bool) -> list[tuple[float, float, float]]:
+    """(seconds, bytes kept, bytes for a moment) of each move of ``pairs`` into layer
+    ``index``, as :func:`_move` prices it."""
+    return [(m.total, m.memory, m.peak) for m in (_move(model, src, dst, index, weighed)
+                                                  for src, dst in pairs)]
 
 
 @dataclass(frozen=True)

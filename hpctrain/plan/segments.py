@@ -84,18 +84,17 @@ class Segments:
                   for mode in kind.modes]
         return [c for c in found if self.segment_layouts(segment, c) is not None]
 
-    def split_choices(self, segment: int) -> list[LayerPlan]:
-        """Every split of the segment's weighted layer beyond :meth:`choices`: a degree for
-        each axis of its output (sample, channels, each spatial axis) and a number of replicas,
-        multiplying to P, that can run and is not one of the 1.5D modes."""
+    def split_choices(self, segment: int, space: str = "axes") -> list[LayerPlan]:
+        """The splits of the segment's weighted layer beyond :meth:`choices`, each a degree for
+        every axis of its output (sample, channels, each spatial axis) and a number of
+        replicas, multiplying to P, that can run and is not one of the 1.5D modes: every such
+        split (``space`` "axes"), or only the balanced ones (:func:`balanced_degrees`)."""
         head = self.heads[segment]
-        ndim = 1 + len(self.net.out_shapes[head])
         shape = (self.batch, *self.net.out_shapes[head])
+        degrees_of = whole_degrees if space == "axes" else balanced_degrees
         known = set(self.choices(segment))
         found = []
-        for degrees in ordered_factorisations(self.procs, ndim + 1):
-            if any(d > n for d, n in zip(degrees, shape)):
-                continue  # a rank would hold nothing of the output
+        for degrees in degrees_of(self.procs, shape):
             choice = LayerPlan("split", split=Split(degrees[:-1], degrees[-1]))
             if choice.mode == "split" and choice not in known and (
                     self.segment_layouts(segment, choice) is not None):
@@ -177,3 +176,32 @@ class Segments:
         """Where the input batch is produced when the first segment takes ``first``: the
         network's rule (:func:`hpctrain.plan.placement.input_layout_for`)."""
         return input_layout_for(self.net, first, self.batch, self.procs)
+
+
+def whole_degrees(procs: int, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every (degree per axis of ``shape``, replicas) multiplying to ``procs`` that leaves no
+    rank without a part of the tensor."""
+    return [degrees for degrees in ordered_factorisations(procs, len(shape) + 1)
+            if all(d <= n for d, n in zip(degrees, shape))]
+
+
+def balanced_degrees(procs: int, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The splits of :func:`whole_degrees` that are *balanced*: every cut divides its axis
+    (even blocks), the spatial degrees do not grow along the axes and the largest is at most
+    twice the smallest (the block's surface, which the halos cross, near its least for the
+    ranks it takes), and replicas only on a tensor without spatial axes (a linear layer's, as
+    the 1.5D ``replicated`` mode). For P = 2ᵏ that leaves one spatial split per number of
+    spatial ranks: C(k + 2, 2) splits at most, against C(k + m + 1, m + 1) for m + 2 axes."""
+    spatial = len(shape) - 2
+    found = []
+    for n, c, rest in ordered_factorisations(procs, 3):
+        if shape[0] % n or shape[1] % c:
+            continue
+        if spatial <= 0:
+            found.append((n, c, rest))
+            continue
+        for cut in ordered_factorisations(rest, spatial):
+            if (list(cut) == sorted(cut, reverse=True) and cut[0] <= 2 * cut[-1]
+                    and all(size % d == 0 for d, size in zip(cut, shape[2:]))):
+                found.append((n, c, *cut, 1))
+    return found
