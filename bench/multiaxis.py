@@ -1,9 +1,11 @@
 """Single-axis against multi-axis plans, from the cost model (no MPI): for CosmoFlow at 128³
 and 512³ and ResNet-50, at P = 8 … 4096, the 1.5D planner's best plan (a split of one axis
-besides the batch per layer) against the best of a family of multi-axis plans — every
-convolution cut n × (d·h·w) with the spatial degrees as even as powers of two allow, for every
-n that divides P, and the linear layers model-parallel or replicated — each priced as given.
-Time per iteration and peak memory per rank, under a memory cap per rank:
+besides the batch per layer), the planner's best over the balanced multi-axis splits
+(``--space balanced``: every layer any n × c × balanced d·h·w, exactly) with the seconds its
+search took, and the best of a fixed family of multi-axis plans — every convolution cut
+n × (d·h·w) with the spatial degrees as even as powers of two allow, for every n that divides
+P, and the linear layers model-parallel or replicated (LBANN's layout, one for the whole net),
+each priced as given. Time per iteration and peak memory per rank, under a memory cap per rank:
 
     python bench/multiaxis.py [--plot plots/multiaxis.png]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 
 from hpctrain.cost.machine import load_machine
 from hpctrain.layout.partition import SplitError, factorisations
@@ -68,8 +71,8 @@ def main() -> None:
     parser.add_argument("--plot", default=None, help="draw iteration time against P here")
     args = parser.parse_args()
     rows = []
-    print(f"{'case':<22} {'P':>5} {'1.5D ms':>9} {'1.5D GiB':>9} {'multi-axis ms':>14} "
-          f"{'GiB':>6}  multi-axis plan")
+    print(f"{'case':<22} {'P':>5} {'1.5D ms':>9} {'1.5D GiB':>9} {'balanced ms':>12} "
+          f"{'GiB':>6} {'search s':>9} {'family ms':>10} {'GiB':>6}  family plan")
     for label, name, size, batch, machine_name, cap_gib in CASES:
         net = load_net(name, size)
         machine = load_machine(machine_name)
@@ -83,15 +86,24 @@ def main() -> None:
                 grid_ms = grid.iteration_time * 1e3
             except (PlannerError, SplitError):
                 grid_cells, grid_ms = f"{'no plan':>9} {'':>9}", math.nan
+            started = time.perf_counter()
+            try:
+                balanced = plan_network(model, cap, space="balanced")
+                balanced_ms = balanced.iteration_time * 1e3
+                balanced_cells = (f"{balanced_ms:>12.2f} {balanced.memory / 2**30:>6.2f} "
+                                  f"{time.perf_counter() - started:>9.2f}")
+            except (PlannerError, SplitError):
+                balanced_cells, balanced_ms = f"{'no plan':>12} {'':>6} {'':>9}", math.nan
             found = best_given(model, net, multi_axis_specs(procs, batch, letters), cap)
             if found is None:
-                multi_cells, multi_ms, spec = f"{'no plan':>14} {'':>6}", math.nan, ""
+                multi_cells, multi_ms, spec = f"{'no plan':>10} {'':>6}", math.nan, ""
             else:
                 spec, planned = found
                 multi_ms = planned.iteration_time * 1e3
-                multi_cells = f"{multi_ms:>14.2f} {planned.memory / 2**30:>6.2f}"
-            print(f"{label:<22} {procs:>5} {grid_cells} {multi_cells}  {spec}", flush=True)
-            rows.append((label, procs, grid_ms, multi_ms))
+                multi_cells = f"{multi_ms:>10.2f} {planned.memory / 2**30:>6.2f}"
+            print(f"{label:<22} {procs:>5} {grid_cells} {balanced_cells} {multi_cells}  {spec}",
+                  flush=True)
+            rows.append((label, procs, grid_ms, balanced_ms, multi_ms))
     if args.plot:
         import matplotlib
 
@@ -102,7 +114,8 @@ def main() -> None:
         for ax, (label, *_rest) in zip(axes, CASES, strict=True):
             mine = [r for r in rows if r[0] == label]
             ax.loglog([r[1] for r in mine], [r[2] for r in mine], "o-", label="1.5D planner")
-            ax.loglog([r[1] for r in mine], [r[3] for r in mine], "s--", label="multi-axis")
+            ax.loglog([r[1] for r in mine], [r[3] for r in mine], "s-", label="balanced planner")
+            ax.loglog([r[1] for r in mine], [r[4] for r in mine], "^--", label="n x dhw family")
             ax.set_title(label, fontsize=9)
             ax.set_xlabel("P")
             ax.set_ylabel("predicted ms / iteration")

@@ -114,7 +114,7 @@ def test_balanced_degrees_give_one_spatial_split_per_number_of_spatial_ranks():
     assert (4, 2, 2, 2, 2, 1) in found and (1, 1, 4, 4, 4, 1) in found
     assert (1, 1, 8, 4, 2, 1) not in found and (1, 1, 2, 4, 2, 1) not in found
     spatial = {}
-    for n, c, *cut, r in found:
+    for n, c, *cut, _ in found:
         spatial.setdefault(64 // (n * c), set()).add(tuple(cut))
     assert all(len(cuts) == 1 for cuts in spatial.values())
     assert len(found) == 28  # C(6 + 2, 2): n, c and the spatial ranks
