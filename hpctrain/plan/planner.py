@@ -297,13 +297,13 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     per rank, if given; ``cap_source`` says where the cap came from, for the refusal), over the
     search ``space`` (:data:`SPACES`).
 
-    Over ``axes`` the 1.5D plans are searched first, exactly; their optimum t* bounds the rest.
-    A split c of segment s enters the search only if its own cost (compute, communication inside
-    its layers, and the input batch for the first segment) plus the least own cost of every
-    other segment does not exceed t*: every move and the loss cost time ≥ 0, so a plan through
-    any other split is slower than t*. The search over what is left is exact as before, so the
-    plan is the optimum over the whole space (a tie may keep the 1.5D plan). Under a memory cap
-    that no 1.5D plan fits, nothing bounds the rest and every split that fits on its own enters.
+    Over ``balanced`` or ``axes`` the 1.5D plans are searched first, exactly; their optimum t*
+    bounds the rest. A split c of segment s enters the search only if a lower bound on every
+    plan through it (:func:`_lower_bounds`) does not exceed t*. The search over what is left is
+    exact as before, so the plan is the optimum over the space (a tie may keep the 1.5D plan).
+    Under a memory cap that no 1.5D plan fits, nothing bounds the rest and every split that
+    fits on its own enters. A space whose search would price too many pairs or build too large
+    a table is refused before anything is priced, naming a smaller one.
 
     Where gradient sums may hide behind the backward (``--overlap`` on a machine whose
     network moves data by itself), the time is no longer a sum over segments: how much of a
@@ -442,27 +442,25 @@ def _bounded(model: CostModel, candidates: list[list[LayerPlan]],
     bound (:func:`_lower_bounds`) is at most ``bound``."""
     model.prefetch(wider)
     every = [found + more for found, more in zip(candidates, wider, strict=True)]
-    lower = _lower_bounds(model, every, [len(found) for found in candidates], free)
+    lower = _lower_bounds(model, every, free)
     slack = bound * (1 + 1e-9)  # sums in another order may differ in the last bits
     return [candidates[k] + [c for i, c in enumerate(wider[k], start=len(candidates[k]))
                              if lower[k][i] <= slack]
             for k in range(len(candidates))]
 
 
-def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], grids: list[int],
-                  free: float) -> list[list[float]]:
-    """For each segment's each candidate (``every[k]``, of which the first ``grids[k]`` are
-    the 1.5D ones), a time no plan that gives the segment that candidate can beat.
+def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
+                  ) -> list[list[float]]:
+    """For each segment's each candidate (``every[k]``), a time no plan that gives the segment
+    that candidate can beat.
 
     A plan's time is the segments' own costs (the first's with the input batch) plus the moves
     of the joins plus the loss, all ≥ 0. Each segment's own cost is carried by one join it
     feeds, so the time is a sum of one term per join, t(x_a, x_b) = own(x_a) + move(x_a, x_b),
-    plus the own costs no join carries. With x_b fixed, min over x_a of t is at least the
-    least of: min over the 1.5D x_a of t (priced: few of them), and min over the other x_a
-    of own(x_a) (their moves ≥ 0); with x_a fixed it is at least own(x_a). A candidate's bound
-    adds its own joins' terms so, every other join's least term over any choice, and every
-    other uncarried own cost's least. Pricing the 1.5D sources against every target costs a
-    few moves per candidate, where the search itself prices every pair."""
+    plus the own costs no join carries. With x_b fixed, min over x_a of t is found exactly
+    (:func:`_least_into`: the sources in order of own cost, most never priced); with x_a fixed
+    it is at least own(x_a). A candidate's bound adds its own joins' terms so, every other
+    join's least term over any choice, and every other uncarried own cost's least."""
     owner = {k: s for s, members in enumerate(model.segments) for k in members}
     owns = []
     for k, found in enumerate(every):
