@@ -73,7 +73,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -349,6 +349,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="a rough profile in seconds: fewer, smaller sizes and repeats "
                              "(explicit options still win)")
+    parser.add_argument("--from-log", nargs="+", default=None, metavar="LOG",
+                        help="measure nothing: refit the profile --machine to the per-layer "
+                             "times of these run logs (train --log, compare-plans --log), "
+                             "compute per layer kind and the links' alpha and beta by least "
+                             "squares, and write it to --out")
+    parser.add_argument("--machine", default=None,
+                        help="with --from-log, the profile to refit: a name or a .toml path "
+                             "(default: local when calibrated, else default)")
     add_threads_option(parser)
     return parser
 
@@ -884,6 +892,11 @@ def run(argv: list[str], comm: Any) -> int:
     from hpctrain.device.threads import configure_threads
 
     args = build_parser().parse_args(argv)
+    if args.from_log:
+        return refit_from_logs(args, argv, comm)
+    if args.machine is not None:
+        raise CalibrateError("--machine names the profile to refit with --from-log; a "
+                             "calibration measures its own")
     settings = _settings(args)
     rank, size = comm.Get_rank(), comm.Get_size()
     # only rank 0 writes, so only its view of the file system counts; share its verdict so every
@@ -940,4 +953,44 @@ def run(argv: list[str], comm: Any) -> int:
         print(f"calibrated {size} rank{'s' if size > 1 else ''}{where} in {elapsed:.1f} s; wrote "
               f"{settings.out}", flush=True)
     comm.Barrier()  # on return the profile exists for every rank that shares rank 0's files
+    return 0
+
+
+def refit_from_logs(args: argparse.Namespace, argv: list[str], comm: Any) -> int:
+    """``calibrate --from-log``: the profile ``--machine`` refitted to the logs' per-layer
+    times, written to ``--out`` by rank 0; what changed, printed."""
+    from hpctrain.comm.agree import on_root
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.cost.refit import errors, refit
+    from hpctrain.record.measured import read_measured_plans
+
+    out = Path(args.out)
+    problem = comm.bcast(_unwritable(out) if comm.Get_rank() == 0 else None, root=0)
+    if problem:
+        raise CalibrateError(problem)
+    machine = load_machine(args.machine)
+    plans = [p for path in args.from_log for p in read_measured_plans(Path(path))]
+    names = ", ".join(Path(path).name for path in args.from_log)
+    fitted, step_fit, found = refit(plans, machine, f"the per-layer times of {len(plans)} "
+                                                    f"measured plans ({names})")
+    fitted = replace(fitted, name=args.name)
+    command = " ".join(["python -m hpctrain calibrate", *argv])
+    comment = (f"written by '{command}' at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+               f"{machine.name} refitted to {len(plans)} measured plans")
+    on_root(comm, lambda: save_machine(fitted, out, comment))
+    if comm.Get_rank() == 0:
+        before, after = errors(found, machine), errors(found, machine, step_fit)
+        print(f"refitted {machine.name} to {step_fit.layers} layer times of {len(plans)} "
+              f"plans ({names})")
+        x = step_fit.links
+        print(f"links: alpha x {x[0]:.3g}, beta x {x[1]:.3g} inside a node"
+              + (f"; alpha x {x[2]:.3g}, beta x {x[3]:.3g} between nodes"
+                 if machine.levelled else ""))
+        for kind, (f, b) in sorted(step_fit.compute.items()):
+            print(f"compute of {kind}: forward x {f:.3g}, backward x {b:.3g}")
+        print(f"iteration prediction error of these plans: median {np.median(np.abs(before)):.1%}"
+              f" before, {np.median(np.abs(after)):.1%} after (fitted on them: validate on "
+              f"others with compare-plans)")
+        print(f"wrote {out}", flush=True)
+    comm.Barrier()
     return 0

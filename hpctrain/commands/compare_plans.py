@@ -28,6 +28,7 @@ from hpctrain.commands.flags import (
     add_planning_options,
     add_threads_option,
 )
+from hpctrain.cost.machine import Machine
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec, load_net
@@ -107,7 +108,9 @@ def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm) -> Outcome:
     return Outcome("", planned, result.iteration, result.layer_times, result.fastest_rank_times)
 
 
-def compare(args, comm) -> list[Outcome]:
+def compare(args, comm) -> tuple[list[Outcome], NetSpec, Machine]:
+    """Every plan's outcome (its median round), with the net and the profile that predicted
+    them."""
     from hpctrain.comm.agree import agreed
     from hpctrain.comm.nodes import check_placement
     from hpctrain.cost.machine import load_machine
@@ -147,7 +150,7 @@ def compare(args, comm) -> list[Outcome]:
                 print(f"{spec:<28} round {k + 1}: predicted {planned.iteration_time * 1e3:9.2f} "
                       f"ms  measured {outcome.measured_iteration * 1e3:9.2f} ms  "
                       f"({outcome.error:+.1%})", flush=True)
-    return [median_round(runs) for runs in rounds]
+    return [median_round(runs) for runs in rounds], net, machine
 
 
 def median_round(runs: list[Outcome]) -> Outcome:
@@ -169,6 +172,11 @@ def report(outcomes: list[Outcome]) -> str:
     errors = [abs(o.error) for o in outcomes]
     lines.append(f"iteration prediction error: median {np.median(errors):.1%}, largest "
                  f"{max(errors):.1%} over {len(outcomes)} plans (each its median round)")
+    if len(outcomes) > 2:
+        rho = spearman([o.planned.iteration_time for o in outcomes],
+                       [o.measured_iteration for o in outcomes])
+        lines.append(f"predicted order against measured: Spearman rank correlation {rho:+.2f} "
+                     f"(1: the same order)")
     auto = next((o for o in outcomes if o.spec == "auto"), None)
     if auto is None:
         return "\n".join(lines)
@@ -177,6 +185,26 @@ def report(outcomes: list[Outcome]) -> str:
                  f"({order[0].spec})")
     lines.append(layer_comm_table(auto))
     return "\n".join(lines)
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation of ``a`` and ``b``: the correlation of their ranks, tied
+    values sharing the mean of their ranks (0 where either has all values equal)."""
+
+    def ranks(values: list[float]) -> np.ndarray:
+        values = np.asarray(values, dtype=float)
+        order = np.argsort(values, kind="stable")
+        found = np.empty(len(values))
+        found[order] = np.arange(len(values), dtype=float)
+        for value in np.unique(values):  # ties: the mean of the ranks they span
+            same = values == value
+            found[same] = found[same].mean()
+        return found
+
+    x, y = ranks(a), ranks(b)
+    x, y = x - x.mean(), y - y.mean()
+    scale = math.sqrt(float(x @ x) * float(y @ y))
+    return float(x @ y) / scale if scale > 0 else 0.0
 
 
 def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
@@ -204,19 +232,29 @@ def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
     return "\n".join(lines)
 
 
-def write_log(path: Path, outcomes: list[Outcome], args, procs: int) -> None:
+def write_log(path: Path, outcomes: list[Outcome], args, procs: int, net: NetSpec,
+              machine: Machine) -> None:
+    """Every plan's predicted and measured per-layer times, with what ``calibrate
+    --from-log`` needs to price them again: the net and its input, the plan as a plan file,
+    the profile."""
+    from hpctrain.cost.machine import format_machine
+    from hpctrain.plan.plans import plan_text
     from hpctrain.record.runlog import write_hdf5, write_timings
 
     def fill(h5) -> None:
         h5.attrs["processes"] = procs
         h5.attrs["net"] = args.net
+        h5.attrs["input_shape"] = list(net.input_shape)
         h5.attrs["batch"] = args.batch
+        h5.attrs["dtype"] = args.dtype
         h5.attrs["steps"] = args.steps
         h5.attrs["rounds"] = args.rounds
+        h5.attrs["machine_profile"] = format_machine(machine)
         for k, o in enumerate(outcomes):
             group = h5.create_group(f"plans/{k:02d}")
             group.attrs["spec"] = o.spec
             group.attrs["plan"] = "\n".join(p.describe() for p in o.planned.plans)
+            group.attrs["plan_file"] = plan_text(net, o.planned.plans)
             write_timings(group, o.planned, o.layer_times, o.fastest_rank, o.measured_iteration)
 
     write_hdf5(path, fill)
@@ -226,12 +264,12 @@ def run(argv: list[str], comm) -> int:
     args = build_parser().parse_args(argv)
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
-    outcomes = compare(args, comm)
+    outcomes, net, machine = compare(args, comm)
     if not outcomes:
         raise UserError("no plan could run; check --batch and the process count")
     if comm.Get_rank() == 0:
         print(report(outcomes), flush=True)
         if args.log:
-            write_log(Path(args.log), outcomes, args, comm.Get_size())
+            write_log(Path(args.log), outcomes, args, comm.Get_size(), net, machine)
             print(f"timings written to {args.log}")
     return 0

@@ -63,7 +63,10 @@ from hpctrain.io.textfile import existing_file, read_text, shipped_file
 
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
 KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits",
-        "ranks_per_node", "network")
+        "ranks_per_node", "network", "compute_scale", "sources")
+SOURCE_KEYS = ("links", "compute")
+"""What a profile's ``sources`` table may say where it came from: its α and β (``links``) and
+its compute (``compute``)."""
 NETWORK_KEYS = ("alpha", "beta", "nics", "fits", "shapes")
 SHAPE_COLLECTIVES = ("allgather", "reduce_scatter", "allreduce")
 _SHAPE = re.compile(r"([0-9]{1,10})x([0-9]{1,10})", re.ASCII)
@@ -156,6 +159,10 @@ class Machine:
     overlap: float = 0.0
     ranks_per_node: int = 0  # 0: not known (a flat profile)
     network: Network | None = None  # None: flat, every pair of ranks on the link above
+    # per layer kind, (forward, backward) factors on the compute times the cost model takes
+    # from kernels or FLOPs, fitted to training steps (hpctrain.cost.stepfit); 1 where absent
+    compute_scale: dict[str, tuple[float, float]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # SOURCE_KEYS: where each came from
 
     def link(self, collective: str, procs: int) -> Fit:
         """α and β for ``collective`` on a communicator of ``procs`` ranks (inside one node,
@@ -208,6 +215,28 @@ def _table(value: object, where: str, what: str) -> dict:
     if not isinstance(value, dict):
         raise MachineError(f"{where}: {what} must be a table, got {shown(value)}")
     return value
+
+
+def scaled_links(machine: Machine, inside: tuple[float, float],
+                 between: tuple[float, float] = (1.0, 1.0)) -> Machine:
+    """``machine`` with every α of the links inside a node multiplied by ``inside[0]`` and
+    every β (far ones too) by ``inside[1]``, and the network's by ``between``. The cost model's
+    communication times are linear in these four groups of constants, which is what fitting
+    them to measured times rests on (:mod:`hpctrain.cost.stepfit`)."""
+
+    def fit(f: Fit, by: tuple[float, float]) -> Fit:
+        return Fit(f.alpha * by[0], f.beta * by[1], f.knee, f.far_beta * by[1])
+
+    def fits(table: dict, by: tuple[float, float]) -> dict:
+        return {c: {k: fit(f, by) for k, f in sizes.items()} for c, sizes in table.items()}
+
+    network = machine.network
+    if network is not None:
+        network = replace(network, alpha=network.alpha * between[0],
+                          beta=network.beta * between[1], fits=fits(network.fits, between),
+                          shapes=fits(network.shapes, between))
+    return replace(machine, alpha=machine.alpha * inside[0], beta=machine.beta * inside[1],
+                   fits=fits(machine.fits, inside), network=network)
 
 
 def _fit(table: dict, at: str) -> Fit:
@@ -273,7 +302,31 @@ def parse_machine(text: str, source: str) -> Machine:
         network = _network(_table(table["network"], where, "network"), where)
     return Machine(name, _positive(table, "alpha", where), _positive(table, "beta", where),
                    _positive(table, "flops", where), device, _fits(table, where), source,
-                   threads, float(overlap), ranks_per_node, network)
+                   threads, float(overlap), ranks_per_node, network,
+                   _compute_scale(table, where), _sources(table, where))
+
+
+def _compute_scale(table: dict, where: str) -> dict[str, tuple[float, float]]:
+    """``compute_scale``: per layer kind, [forward, backward] positive factors."""
+    found = {}
+    for kind, pair in _table(table.get("compute_scale", {}), where, "compute_scale").items():
+        at = f"{where}, compute_scale.{shown(kind, 30, quoted=False)}"
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise MachineError(f"{at}: give [forward, backward] factors, got {shown(pair)}")
+        found[kind] = tuple(_positive({"factor": v}, "factor", at) for v in pair)
+    return found
+
+
+def _sources(table: dict, where: str) -> dict[str, str]:
+    found = _table(table.get("sources", {}), where, "sources")
+    for key, text in found.items():
+        if key not in SOURCE_KEYS:
+            raise MachineError(f"{where}: unknown key {shown(key)} under [sources]; it takes "
+                               f"{', '.join(SOURCE_KEYS)}")
+        if not (isinstance(text, str) and text.isprintable() and len(text) <= 1000):
+            raise MachineError(f"{where}: sources.{key} must be a line of text, got "
+                               f"{shown(text)}")
+    return dict(found)
 
 
 def _fits(table: dict, where: str) -> dict[str, dict[int, Fit]]:
@@ -395,6 +448,14 @@ def format_machine(machine: Machine, comment: str = "") -> str:
     if machine.ranks_per_node:
         lines.append(f"ranks_per_node = {machine.ranks_per_node}")
     lines += _format_fits(machine.fits, "fits")
+    if machine.compute_scale:
+        lines += ["", "[compute_scale]  # per layer kind, [forward, backward] factors on the "
+                      "kernels' times"]
+        lines += [f"{json.dumps(kind)} = [{f:.6g}, {b:.6g}]"
+                  for kind, (f, b) in sorted(machine.compute_scale.items())]
+    if machine.sources:
+        lines += ["", "[sources]  # where the constants came from"]
+        lines += [f"{key} = {json.dumps(text)}" for key, text in machine.sources.items()]
     net = machine.network
     if net is not None:
         lines += ["", "[network]", f"alpha = {net.alpha:.6g}  # s per message between nodes",

@@ -236,7 +236,7 @@ class CostModel(Segments):
     def _fill_compute(self, costs: list[LayerCost],
                       times: dict[LocalWork, tuple[float, float]] | None = None) -> None:
         """Each layer's compute: its kernels' times (from ``times`` when they are known),
-        plus the optimizer's in the backward."""
+        plus the optimizer's in the backward, times the profile's factor for its kind."""
         if times is None:
             times = self.compute.times(_distinct(_works(costs)))
         for cost in costs:
@@ -244,6 +244,9 @@ class CostModel(Segments):
                 cost.compute = times[cost.work]
             if cost.update is not None:
                 cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
+            scale = self.machine.compute_scale.get(cost.kind)
+            if scale is not None:  # fitted to training steps of this machine
+                cost.compute = (cost.compute[0] * scale[0], cost.compute[1] * scale[1])
 
     def layer_cost(self, index: int, mode: str, layouts: LayerLayouts,
                    fed: Layout | None) -> LayerCost:

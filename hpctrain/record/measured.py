@@ -1,0 +1,121 @@
+"""The measured plans a log holds, read back: what was run (net, batch, processes, plan, the
+profile that predicted it) and its per-layer times, predicted and measured.
+
+A training run's log (``train --log``) holds one plan, timed at the end of the run; a
+``compare-plans --log`` holds one per plan compared. Both write the per-layer times with
+:func:`~hpctrain.record.runlog.write_timings`; this reads them, for refitting a profile to
+the runs a user already has (``calibrate --from-log``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpctrain.cost.machine import Machine, MachineError, parse_machine
+from hpctrain.errors import UserError, shown
+from hpctrain.model.net import NetSpec, load_net
+from hpctrain.plan.plans import LayerPlan, read_plan
+from hpctrain.record.timing import TIME_FIELDS
+
+
+class LogError(UserError):
+    """A log that does not hold what a refit needs."""
+
+
+@dataclass
+class MeasuredPlan:
+    """One plan as run and timed: rows are the net's layers, then the loss."""
+
+    source: str  # the log, and the plan's place in it
+    net: NetSpec
+    batch: int
+    procs: int
+    itemsize: int
+    plans: list[LayerPlan]
+    profile: Machine | None  # the profile that predicted it, when the log says
+    predicted: dict[str, np.ndarray]
+    measured: dict[str, np.ndarray]  # the slowest rank's
+    fastest_rank: dict[str, np.ndarray]
+    iteration: tuple[float, float]  # (predicted, measured) seconds per step
+
+
+def read_measured_plans(path: Path) -> list[MeasuredPlan]:
+    """Every timed plan of the log at ``path``; refused in one line, naming the log and what
+    it lacks, where it holds none."""
+    import h5py
+
+    where = shown(str(path), quoted=False)
+    try:
+        h5 = h5py.File(path, "r")
+    except OSError as err:
+        raise LogError(f"{where}: not a readable HDF5 log ({err})") from None
+    with h5:
+        attrs = dict(h5.attrs)
+        groups = ([(f"{where}, plan {key}", h5["plans"][key]) for key in sorted(h5["plans"])]
+                  if "plans" in h5 else [(where, h5)])
+        found = []
+        for source, group in groups:
+            if "layers" not in group or "measured_fastest_rank" not in group["layers"]:
+                raise LogError(f"{source}: no per-layer timings (/layers): the run did not "
+                               f"finish; refit from logs of runs that did")
+            plan_text = group.attrs.get("plan_file", group.attrs.get("plan"))
+            iteration = group["iteration"].attrs if "iteration" in group else {}
+            if "measured" not in iteration or "predicted" not in iteration:
+                raise LogError(f"{source}: no iteration times (/iteration); refit from a log "
+                               f"hpctrain wrote")
+            found.append(_measured(source, attrs, plan_text, group["layers"],
+                                   (float(iteration["predicted"]),
+                                    float(iteration["measured"]))))
+    if not found:
+        raise LogError(f"{where}: holds no timed plan")
+    return found
+
+
+def _measured(source: str, attrs: dict, plan_text: str | None, layers,
+              iteration: tuple[float, float]) -> MeasuredPlan:
+    for key in ("net", "batch", "processes"):
+        if key not in attrs:
+            raise LogError(f"{source}: the attribute {key!r} is missing; refit from a log "
+                           f"hpctrain wrote")
+    net = _net(source, attrs)
+    procs, batch = int(attrs["processes"]), int(attrs["batch"])
+    if plan_text is None:
+        raise LogError(f"{source}: no plan text; refit from a log hpctrain wrote")
+    with tempfile.TemporaryDirectory() as folder:  # the plan-file reader takes a path
+        path = Path(folder) / "run.plan"
+        path.write_text(str(plan_text))
+        plans = read_plan(path, net, procs)
+    profile = None
+    if "machine_profile" in attrs:
+        try:
+            profile = parse_machine(str(attrs["machine_profile"]), source)
+        except MachineError:
+            profile = None  # an older profile format: the refit does without it
+    itemsize = 8 if str(attrs.get("dtype", "float32")) == "float64" else 4
+    fields = {kind: {f: np.asarray(layers[kind][f][:], dtype=float) for f in TIME_FIELDS}
+              for kind in ("predicted", "measured", "measured_fastest_rank")}
+    rows = len(net.layers) + 1
+    if any(len(v) != rows for values in fields.values() for v in values.values()):
+        raise LogError(f"{source}: per-layer timings of another net ({rows} rows expected)")
+    return MeasuredPlan(source, net, batch, procs, itemsize, plans, profile,
+                        fields["predicted"], fields["measured"],
+                        fields["measured_fastest_rank"], iteration)
+
+
+def _net(source: str, attrs: dict) -> NetSpec:
+    """The net the log ran, at the input size it ran (a dataset may have set it)."""
+    config = json.loads(attrs["config"]) if "config" in attrs else {}
+    try:
+        net = load_net(str(attrs["net"]), config.get("image_size"))
+    except UserError as err:
+        raise LogError(f"{source}: its net {attrs['net']!r} cannot be loaded here ({err})"
+                       ) from None
+    shape = tuple(int(n) for n in attrs.get("input_shape", ()))
+    if shape and shape != tuple(net.input_shape):
+        net = net.with_image_size(shape[-1])
+    return net

@@ -1,0 +1,213 @@
+"""Fitting the cost model's constants to training steps: known constants are recovered from
+synthetic layer times, exactly; a log of other plans refits a profile, read back from HDF5;
+the profile keeps the factors and says where they came from."""
+
+import itertools
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hpctrain.cost.compute import FlopModel
+from hpctrain.cost.machine import format_machine, load_machine, parse_machine, scaled_links
+from hpctrain.cost.stepfit import (
+    COLUMNS,
+    communication_columns,
+    fit,
+    nonnegative_least_squares,
+    samples_of_run,
+)
+from hpctrain.model.net import load_net
+from hpctrain.plan.planner import choices_of, evaluate
+from hpctrain.plan.plans import plan_from_spec, plan_text
+from hpctrain.plan.pricing import CostModel
+
+TRUE_COMPUTE = {"conv": (1.3, 0.8), "linear": (0.6, 1.7), "relu": (2.0, 2.5),
+                "maxpool": (0.9, 1.1), "dropout": (1.5, 0.7)}
+TRUE_LINKS = (3.0, 0.4, 2.0, 1.5)
+SPECS = ("1x4", "4x1", "2x2", "conv=1x4,fc=4x1", "conv=domain:2x2,fc=2x2")
+PROCS = 4  # two nodes of 2 ranks: every group of links carries some messages
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_nonnegative_least_squares_is_the_best_over_every_subset(seed):
+    """The active set's answer equals the best unconstrained least squares over every subset
+    of the columns whose entries are all ≥ 0 (the exact non-negative optimum)."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(30, 5))
+    b = a @ rng.normal(size=5) + rng.normal(scale=0.5, size=30)
+    found = np.array(nonnegative_least_squares(a, b))
+    assert (found >= 0).all()
+    best = np.sum(b ** 2)
+    for size in range(1, 6):
+        for subset in itertools.combinations(range(5), size):
+            x = np.linalg.lstsq(a[:, subset], b, rcond=None)[0]
+            if (x >= 0).all():
+                best = min(best, np.sum((a[:, subset] @ x - b) ** 2))
+    assert np.sum((a @ found - b) ** 2) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_column_no_row_uses_keeps_factor_one():
+    a = np.array([[1.0, 0.0], [2.0, 0.0]])
+    assert nonnegative_least_squares(a, np.array([2.0, 4.0])) == pytest.approx([2.0, 1.0])
+
+
+def measured_runs(machine, procs=PROCS, batch=8):
+    """For each plan of SPECS on smallcnn: (plans, base compute (rows, 2), columns (rows, 2,
+    4), measured (rows, 2)) with the measured times made from TRUE_COMPUTE and TRUE_LINKS."""
+    net = load_net("smallcnn")
+    kinds = [layer.kind for layer in net.layers] + [net.loss.name]
+
+    def model_of(links):
+        return CostModel(net, batch, procs, links, FlopModel(links.flops))
+
+    runs = []
+    for spec in SPECS:
+        plans = plan_from_spec(spec, net, procs)
+        model = model_of(machine)
+        planned = evaluate(model, choices_of(model, plans))
+        base = np.array([c.compute for c in [*planned.layers, planned.loss]])
+        columns = communication_columns(model_of, plans, machine)
+        factors = np.array([TRUE_COMPUTE.get(k, (1.0, 1.0)) for k in kinds])
+        measured = base * factors + columns @ np.array(TRUE_LINKS)
+        runs.append((net, plans, kinds, base, columns, measured, planned))
+    return runs
+
+
+def levelled_machine():
+    """The dgx-h100 profile on 2 ranks per node."""
+    from dataclasses import replace
+
+    return replace(load_machine("dgx-h100"), ranks_per_node=2)
+
+
+def test_known_constants_are_recovered_from_synthetic_layer_times():
+    """Layer times made from known factors on compute per kind and on the four groups of
+    links: the fit finds those factors (to rounding)."""
+    machine = levelled_machine()
+    runs = measured_runs(machine)
+    samples = [s for _, _, kinds, base, columns, measured, _ in runs
+               for s in samples_of_run(kinds, base, columns, measured)]
+    found = fit(samples, plans=len(runs))
+    assert found.links == pytest.approx(TRUE_LINKS, rel=1e-6)
+    for kind, factors in TRUE_COMPUTE.items():
+        assert found.compute[kind] == pytest.approx(factors, rel=1e-6), kind
+    # the columns are the model's communication, linear in the four groups
+    _, plans, _, _, columns, _, planned = runs[2]
+    comm = [sum(c.comm) + sum(c.redistribution) for c in [*planned.layers, planned.loss]]
+    assert columns.sum(axis=(1, 2)) == pytest.approx(comm, rel=1e-9)
+    scaled = scaled_links(machine, TRUE_LINKS[:2], TRUE_LINKS[2:])
+    model = CostModel(runs[2][0], 8, PROCS, scaled, FlopModel(machine.flops))
+    again = evaluate(model, choices_of(model, plans), timed=False)
+    assert [sum(c.comm) + sum(c.redistribution) for c in [*again.layers, again.loss]] == (
+        pytest.approx(list(columns.sum(axis=1) @ np.array(TRUE_LINKS)), rel=1e-9))
+
+
+def write_log(path, machine, runs, procs=PROCS, batch=8):
+    """A compare-plans log of ``runs`` (as measured_runs makes them), its layout as
+    :func:`hpctrain.commands.compare_plans.write_log` writes it."""
+    import h5py
+
+    with h5py.File(path, "w") as h5:
+        h5.attrs.update({"processes": procs, "net": "smallcnn", "batch": batch,
+                         "dtype": "float32", "machine_profile": format_machine(machine),
+                         "input_shape": list(runs[0][0].input_shape)})
+        for k, (net, plans, _, base, columns, measured, planned) in enumerate(runs):
+            group = h5.create_group(f"plans/{k:02d}")
+            group.attrs["plan_file"] = plan_text(net, plans)
+            comm = columns.sum(axis=2)
+            for source, (compute, talk) in {
+                    "predicted": (base, comm),
+                    "measured": (measured - columns @ np.array(TRUE_LINKS),
+                                 columns @ np.array(TRUE_LINKS)),
+                    "measured_fastest_rank": (measured - columns @ np.array(TRUE_LINKS),
+                                              columns @ np.array(TRUE_LINKS))}.items():
+                for d, direction in enumerate(("forward", "backward")):
+                    layers = group.create_group(f"layers/{source}") if d == 0 else (
+                        group[f"layers/{source}"])
+                    layers[f"{direction}_compute"] = compute[:, d]
+                    layers[f"{direction}_layer_comm"] = talk[:, d]
+                    layers[f"{direction}_redistribution"] = np.zeros(len(compute))
+            rest = planned.iteration_time - base.sum() - comm.sum()
+            group.create_group("iteration").attrs.update(
+                {"predicted": planned.iteration_time, "measured": measured.sum() + rest})
+
+
+def test_a_log_of_other_plans_refits_the_profile(tmp_path):
+    """Plans measured under known factors, written as a log and read back: the refitted
+    profile carries those factors (its links scaled, compute per kind) and its sources, goes
+    through TOML and back, and predicts the logged iterations exactly."""
+    from hpctrain.cost.refit import errors, refit
+    from hpctrain.record.measured import read_measured_plans
+
+    machine = levelled_machine()
+    runs = measured_runs(machine)
+    write_log(tmp_path / "runs.h5", machine, runs)
+    plans = read_measured_plans(tmp_path / "runs.h5")
+    assert len(plans) == len(SPECS) and plans[1].plans == runs[1][1]
+    fitted, step_fit, found = refit(plans, machine, "4 plans of smallcnn")
+    assert step_fit.links == pytest.approx(TRUE_LINKS, rel=1e-6)
+    assert fitted.alpha == pytest.approx(machine.alpha * TRUE_LINKS[0])
+    assert fitted.network.beta == pytest.approx(machine.network.beta * TRUE_LINKS[3])
+    assert fitted.compute_scale["conv"] == pytest.approx(TRUE_COMPUTE["conv"], rel=1e-6)
+    assert "4 plans of smallcnn" in fitted.sources["links"]
+    assert max(abs(e) for e in errors(found, machine, step_fit)) < 1e-9
+    assert max(abs(e) for e in errors(found, machine)) > 0.05  # the profile before was off
+    again = parse_machine(format_machine(fitted), "fitted.toml")
+    for kind, factors in fitted.compute_scale.items():
+        assert again.compute_scale[kind] == pytest.approx(factors, rel=1e-5)
+    assert again.sources == fitted.sources
+    # a refit of the refitted profile from the same times changes nothing
+    _, twice, _ = refit(plans, again, "again")
+    assert twice.links == pytest.approx((1, 1, 1, 1), rel=1e-4)
+
+
+def test_the_compute_scale_multiplies_the_model_s_compute_per_kind():
+    from dataclasses import replace
+
+    net = load_net("smallcnn")
+    machine = load_machine("default")
+    plans = plan_from_spec("1x2", net, 2)
+    base = CostModel(net, 8, 2, machine, FlopModel(machine.flops))
+    scaled_machine = replace(machine, compute_scale={"conv": (2.0, 3.0)})
+    scaled = CostModel(net, 8, 2, scaled_machine, FlopModel(machine.flops))
+    one, two = (evaluate(m, choices_of(m, plans)) for m in (base, scaled))
+    for a, b in zip(one.layers, two.layers, strict=True):
+        factor = (2.0, 3.0) if a.kind == "conv" else (1.0, 1.0)
+        assert b.compute == pytest.approx(tuple(c * f for c, f in zip(a.compute, factor)))
+
+
+def test_a_profile_refuses_a_malformed_compute_scale_or_source():
+    from hpctrain.cost.machine import MachineError
+
+    head = 'name = "x"\nalpha = 1e-6\nbeta = 1e-9\nflops = 1e10\n'
+    for bad, why in [("[compute_scale]\nconv = [1.0]\n", r"\[forward, backward\]"),
+                     ("[compute_scale]\nconv = [1.0, -2]\n", "positive|from"),
+                     ("[sources]\nweather = \"sunny\"\n", "unknown key"),
+                     ("[sources]\nlinks = 3\n", "a line of text")]:
+        with pytest.raises(MachineError, match=why):
+            parse_machine(head + bad, "bad.toml")
+
+
+def test_calibrate_from_log_writes_the_refitted_profile(tmp_path):
+    """The command: refits --machine to the log, writes --out, says what changed."""
+    machine = levelled_machine()
+    from hpctrain.cost.machine import save_machine
+
+    save_machine(machine, tmp_path / "start.toml")
+    write_log(tmp_path / "runs.h5", machine, measured_runs(machine))
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "calibrate", "--from-log", str(tmp_path / "runs.h5"),
+         "--machine", str(tmp_path / "start.toml"), "--out", str(tmp_path / "fitted.toml")],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "alpha x 3, beta x 0.4 inside a node" in done.stdout
+    assert "after" in done.stdout and "0.0% after" in done.stdout
+    fitted = load_machine(str(tmp_path / "fitted.toml"))
+    assert fitted.compute_scale["linear"] == pytest.approx(TRUE_COMPUTE["linear"], rel=1e-4)
+    missing = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "calibrate", "--from-log", str(tmp_path / "no.h5"),
+         "--out", str(tmp_path / "x.toml")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "no.h5" in missing.stderr + missing.stdout
+    assert len(COLUMNS) == 4
