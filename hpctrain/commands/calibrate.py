@@ -81,6 +81,7 @@ import numpy as np
 
 from hpctrain.comm.nodes import LAUNCH_IN_BLOCKS, unblocked
 from hpctrain.commands.flags import add_threads_option
+from hpctrain.commands.probes import PROBE_NETS, fit_to_probe_steps, parse_probe_nets
 from hpctrain.cost.collectives import terms
 from hpctrain.cost.machine import (
     Fit,
@@ -90,6 +91,8 @@ from hpctrain.cost.machine import (
     local_profile,
     save_machine,
 )
+from hpctrain.cost.refit import PricedPlan
+from hpctrain.cost.stepfit import StepFit
 from hpctrain.device.caches import evict_caches
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.io.files import can_create_in
@@ -349,6 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="a rough profile in seconds: fewer, smaller sizes and repeats "
                              "(explicit options still win)")
+    parser.add_argument("--probe-nets", default=None, metavar="NETS",
+                        help="after the collectives and the GEMM, train a few steps of every "
+                             "plan compare-plans compares on these nets (NAME[:IMAGE_SIZE],...) "
+                             "and fit the profile to their per-layer times; none to skip "
+                             f"(default: {PROBE_NETS}, none with --quick)")
     parser.add_argument("--from-log", nargs="+", default=None, metavar="LOG",
                         help="measure nothing: refit the profile --machine to the per-layer "
                              "times of these run logs (train --log, compare-plans --log), "
@@ -898,6 +906,8 @@ def run(argv: list[str], comm: Any) -> int:
         raise CalibrateError("--machine names the profile to refit with --from-log; a "
                              "calibration measures its own")
     settings = _settings(args)
+    probes = parse_probe_nets(args.probe_nets if args.probe_nets is not None else
+                              "none" if args.quick else PROBE_NETS)
     rank, size = comm.Get_rank(), comm.Get_size()
     # only rank 0 writes, so only its view of the file system counts; share its verdict so every
     # rank raises the same error together
@@ -928,8 +938,8 @@ def run(argv: list[str], comm: Any) -> int:
     if size > 1:
         progress("overlap: a gradient sum in flight beside GEMMs")
     overlap = measure_overlap(comm, backend, OVERLAP_GEMM_SIZE, settings.repeats)
-    elapsed = time.perf_counter() - started
     machine = build_machine(settings, results, flops, threads.threads, overlap, per_node, sharing)
+    machine_measured = machine
     command = " ".join(["python -m hpctrain calibrate", *argv])
     far = far_sizes(settings.max_bytes, settings.far_bytes)
     far_note = f", {len(far)} up to {far[-1]} B past a knee" if far else ""
@@ -939,6 +949,14 @@ def run(argv: list[str], comm: Any) -> int:
                 f"{far_note}, median of {settings.repeats} calls, GEMM {settings.gemm_size}")
     # rank 0 writes; a failed write (OutputError) is raised on every rank
     on_root(comm, lambda: save_machine(machine, settings.out, comment))
+    stepped = None
+    if probes:  # the profile just written predicts the probe plans it is fitted to
+        stepped = fit_to_probe_steps(settings.out, machine, probes, settings.device,
+                                     args.threads, comm, progress)
+        on_root(comm, lambda: save_machine(stepped[0], settings.out, comment + (
+            f"\nthen fitted to the training steps of {stepped[1].plans} probe plans")))
+        machine = stepped[0]
+    elapsed = time.perf_counter() - started
     if rank == 0:
         print(f"threads: {threads.describe()}")
         print(format_table(results, flops, settings.device))
@@ -950,6 +968,9 @@ def run(argv: list[str], comm: Any) -> int:
             print(sharing.describe())
         print(f"overlap: {machine.overlap:.2f} of a gradient sum in flight moves while the "
               f"ranks compute (used with --overlap)")
+        if stepped is not None:
+            print(describe_fit(stepped[1], stepped[2], before=machine_measured,
+                               what="the probe plans"))
         print(f"calibrated {size} rank{'s' if size > 1 else ''}{where} in {elapsed:.1f} s; wrote "
               f"{settings.out}", flush=True)
     comm.Barrier()  # on return the profile exists for every rank that shares rank 0's files
@@ -961,7 +982,7 @@ def refit_from_logs(args: argparse.Namespace, argv: list[str], comm: Any) -> int
     times, written to ``--out`` by rank 0; what changed, printed."""
     from hpctrain.comm.agree import on_root
     from hpctrain.cost.machine import load_machine
-    from hpctrain.cost.refit import errors, refit
+    from hpctrain.cost.refit import refit
     from hpctrain.record.measured import read_measured_plans
 
     out = Path(args.out)
@@ -979,18 +1000,28 @@ def refit_from_logs(args: argparse.Namespace, argv: list[str], comm: Any) -> int
                f"{machine.name} refitted to {len(plans)} measured plans")
     on_root(comm, lambda: save_machine(fitted, out, comment))
     if comm.Get_rank() == 0:
-        before, after = errors(found, machine), errors(found, machine, step_fit)
         print(f"refitted {machine.name} to {step_fit.layers} layer times of {len(plans)} "
               f"plans ({names})")
-        x = step_fit.links
-        print(f"links: alpha x {x[0]:.3g}, beta x {x[1]:.3g} inside a node"
-              + (f"; alpha x {x[2]:.3g}, beta x {x[3]:.3g} between nodes"
-                 if machine.levelled else ""))
-        for kind, (f, b) in sorted(step_fit.compute.items()):
-            print(f"compute of {kind}: forward x {f:.3g}, backward x {b:.3g}")
-        print(f"iteration prediction error of these plans: median {np.median(np.abs(before)):.1%}"
-              f" before, {np.median(np.abs(after)):.1%} after (fitted on them: validate on "
-              f"others with compare-plans)")
+        print(describe_fit(step_fit, found, machine, "these plans"))
         print(f"wrote {out}", flush=True)
     comm.Barrier()
     return 0
+
+
+def describe_fit(step_fit: StepFit, found: list[PricedPlan], before: Machine, what: str) -> str:
+    """What a fit to training steps changed, and the iteration errors of the plans fitted
+    (on ``before``, then fitted), in lines."""
+    from hpctrain.cost.refit import errors
+
+    x = step_fit.links
+    lines = [f"fitted to {step_fit.layers} layer times of {step_fit.plans} plans: alpha x "
+             f"{x[0]:.3g}, beta x {x[1]:.3g} inside a node"
+             + (f"; alpha x {x[2]:.3g}, beta x {x[3]:.3g} between nodes"
+                if before.levelled else "")]
+    lines += [f"compute of {kind}: forward x {f:.3g}, backward x {b:.3g}"
+              for kind, (f, b) in sorted(step_fit.compute.items())]
+    was, now = np.abs(errors(found, before)), np.abs(errors(found, before, step_fit))
+    lines.append(f"iteration prediction error of {what}: median {np.median(was):.1%} before, "
+                 f"{np.median(now):.1%} after (fitted on them: validate on other nets with "
+                 f"compare-plans)")
+    return "\n".join(lines)

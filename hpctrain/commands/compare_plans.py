@@ -108,9 +108,9 @@ def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm) -> Outcome:
     return Outcome("", planned, result.iteration, result.layer_times, result.fastest_rank_times)
 
 
-def compare(args, comm) -> tuple[list[Outcome], NetSpec, Machine]:
+def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Machine]:
     """Every plan's outcome (its median round), with the net and the profile that predicted
-    them."""
+    them; ``quiet``: no line per plan and round."""
     from hpctrain.comm.agree import agreed
     from hpctrain.comm.nodes import check_placement
     from hpctrain.cost.machine import load_machine
@@ -125,7 +125,7 @@ def compare(args, comm) -> tuple[list[Outcome], NetSpec, Machine]:
         raise UserError(f"--rounds {args.rounds} must be between 1 and 100")
     procs, rank = comm.Get_size(), comm.Get_rank()
     threads = configure_threads(comm, args.threads)
-    if rank == 0:
+    if rank == 0 and not quiet:
         print(f"threads: {threads.describe()}", flush=True)
     backend = make_backend(args.device, args.dtype, comm)
     machine = agreed(comm, lambda: load_machine(args.machine))
@@ -138,7 +138,7 @@ def compare(args, comm) -> tuple[list[Outcome], NetSpec, Machine]:
             plan = None if spec == "auto" else plan_from_spec(spec, net, procs)
             plans.append((spec, predict(model, plan, args.mem_per_rank, space=args.space)))
         except SplitError as err:  # a plan this net cannot run here; the same on every rank
-            if rank == 0:
+            if rank == 0 and not quiet:
                 print(f"{spec:<28} skipped: {err}", flush=True)
     rounds: list[list[Outcome]] = [[] for _ in plans]
     for k in range(args.rounds):
@@ -146,7 +146,7 @@ def compare(args, comm) -> tuple[list[Outcome], NetSpec, Machine]:
             outcome = _run(net, planned, args, backend, comm)
             outcome.spec = spec
             runs.append(outcome)
-            if rank == 0:
+            if rank == 0 and not quiet:
                 print(f"{spec:<28} round {k + 1}: predicted {planned.iteration_time * 1e3:9.2f} "
                       f"ms  measured {outcome.measured_iteration * 1e3:9.2f} ms  "
                       f"({outcome.error:+.1%})", flush=True)

@@ -119,3 +119,15 @@ def _net(source: str, attrs: dict) -> NetSpec:
     if shape and shape != tuple(net.input_shape):
         net = net.with_image_size(shape[-1])
     return net
+
+
+def measured_plan(source: str, net: NetSpec, batch: int, procs: int, itemsize: int,
+                  profile: Machine, planned, slowest, fastest, iteration: float
+                  ) -> MeasuredPlan:
+    """A plan just run in this process (``planned``, its per-layer times on the slowest and
+    the fastest rank, its measured iteration), as a log would give it back."""
+    from hpctrain.record.runlog import measured_fields, predicted_fields
+
+    return MeasuredPlan(source, net, batch, procs, itemsize, list(planned.plans), profile,
+                        predicted_fields(planned), measured_fields(slowest),
+                        measured_fields(fastest), (planned.iteration_time, iteration))

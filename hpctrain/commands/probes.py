@@ -1,0 +1,64 @@
+"""Training steps of a few probe plans, timed layer by layer, to fit a fresh profile to.
+
+``calibrate`` measures every collective and a GEMM alone, then (unless ``--quick``) trains a
+few steps of each plan ``compare-plans`` would compare, on small probe nets, under the profile
+it just wrote, and refits that profile to the per-layer times (:mod:`hpctrain.cost.refit`):
+what a training step really does on this machine, with this launch, fitted by least squares.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from hpctrain.cost.machine import Machine
+from hpctrain.cost.refit import PricedPlan, refit
+from hpctrain.cost.stepfit import StepFit
+from hpctrain.errors import UserError
+
+PROBE_NETS = "smallcnn:32,alexnet:64"
+"""The probe nets by default, ``NAME:IMAGE_SIZE``: a small CNN, and AlexNet's large kernels,
+strides, pools and wide linear layers at an image size that runs in seconds."""
+PROBE_BATCH = 16
+PROBE_STEPS = 4  # the first is a warm-up, as in compare-plans
+
+
+def parse_probe_nets(text: str) -> list[tuple[str, int | None]]:
+    """``NAME[:SIZE],…`` as (name, image size or None); ``none``: no probes."""
+    if text.strip() == "none":
+        return []
+    found = []
+    for item in text.split(","):
+        name, _, size = item.strip().partition(":")
+        if not name or (size and not size.isdigit()):
+            raise UserError(f"--probe-nets: {item!r} is not NAME or NAME:IMAGE_SIZE (for "
+                            f"example {PROBE_NETS}); or give none")
+        found.append((name, int(size) if size else None))
+    return found
+
+
+def fit_to_probe_steps(profile: Path, machine: Machine, nets: list[tuple[str, int | None]],
+                       device: str, threads: int | None, comm: Any, say
+                       ) -> tuple[Machine, StepFit, list[PricedPlan]]:
+    """``machine`` (saved at ``profile``) refitted to a few training steps of every plan
+    compare-plans compares, on each of ``nets``; collective over ``comm``."""
+    from hpctrain.commands.compare_plans import compare
+    from hpctrain.record.measured import measured_plan
+
+    measured = []
+    for name, size in nets:
+        args = Namespace(net=name, image_size=size, batch=PROBE_BATCH, steps=PROBE_STEPS,
+                         rounds=1, plans=None, device=device, dtype="float32", log=None,
+                         threads=threads, overlap=False, machine=str(profile),
+                         mem_per_rank=None, space="grids", compute="measured")
+        say(f"probe steps: {name}{f' {size}' if size else ''}, every plan compare-plans "
+            f"compares, {PROBE_STEPS} steps each")
+        outcomes, net, _ = compare(args, comm, quiet=True)
+        procs = comm.Get_size()
+        measured += [measured_plan(f"{name} {o.spec}", net, PROBE_BATCH, procs, 4, machine,
+                                   o.planned, o.layer_times, o.fastest_rank,
+                                   o.measured_iteration) for o in outcomes]
+    names = ", ".join(f"{n}{f' {s}' if s else ''}" for n, s in nets)
+    return refit(measured, machine, f"the per-layer times of {len(measured)} probe plans of "
+                                    f"{names} on {comm.Get_size()} ranks")
