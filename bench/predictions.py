@@ -58,8 +58,8 @@ def summary(log: Path, micro: Path) -> dict[str, object]:
 
     from hpctrain.commands.compare_plans import spearman
     from hpctrain.cost.machine import load_machine
-    from hpctrain.cost.refit import priced
     from hpctrain.record.measured import read_measured_plans
+    from hpctrain.record.refit import priced
 
     with h5py.File(log, "r") as f:
         specs = [g.attrs["spec"] for _, g in sorted(f["plans"].items())]

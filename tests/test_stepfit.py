@@ -11,17 +11,17 @@ import pytest
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import format_machine, load_machine, parse_machine, scaled_links
-from hpctrain.cost.stepfit import (
+from hpctrain.model.net import load_net
+from hpctrain.plan.planner import choices_of, evaluate
+from hpctrain.plan.plans import plan_from_spec, plan_text
+from hpctrain.plan.pricing import CostModel
+from hpctrain.plan.stepfit import (
     COLUMNS,
     communication_columns,
     fit,
     nonnegative_least_squares,
     samples_of_run,
 )
-from hpctrain.model.net import load_net
-from hpctrain.plan.planner import choices_of, evaluate
-from hpctrain.plan.plans import plan_from_spec, plan_text
-from hpctrain.plan.pricing import CostModel
 
 TRUE_COMPUTE = {"conv": (1.3, 0.8), "linear": (0.6, 1.7), "relu": (2.0, 2.5),
                 "maxpool": (0.9, 1.1), "dropout": (1.5, 0.7)}
@@ -138,8 +138,8 @@ def test_a_log_of_other_plans_refits_the_profile(tmp_path):
     """Plans measured under known factors, written as a log and read back: the refitted
     profile carries those factors (its links scaled, compute per kind) and its sources, goes
     through TOML and back, and predicts the logged iterations exactly."""
-    from hpctrain.cost.refit import errors, refit
     from hpctrain.record.measured import read_measured_plans
+    from hpctrain.record.refit import errors, refit
 
     machine = levelled_machine()
     runs = measured_runs(machine)

@@ -91,13 +91,13 @@ from hpctrain.cost.machine import (
     local_profile,
     save_machine,
 )
-from hpctrain.cost.refit import PricedPlan
-from hpctrain.cost.stepfit import StepFit
 from hpctrain.device.caches import evict_caches
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.io.files import can_create_in
 from hpctrain.io.units import bytes_from
 from hpctrain.layout.partition import factorisations
+from hpctrain.plan.stepfit import StepFit
+from hpctrain.record.refit import PricedPlan
 
 DEFAULT_ALPHA = 1e-6  # s per message: the top level on one rank, where nothing is sent
 DEFAULT_BETA = 1e-10  # s per byte (10 GB/s), likewise
@@ -982,8 +982,8 @@ def refit_from_logs(args: argparse.Namespace, argv: list[str], comm: Any) -> int
     times, written to ``--out`` by rank 0; what changed, printed."""
     from hpctrain.comm.agree import on_root
     from hpctrain.cost.machine import load_machine
-    from hpctrain.cost.refit import refit
     from hpctrain.record.measured import read_measured_plans
+    from hpctrain.record.refit import refit
 
     out = Path(args.out)
     problem = comm.bcast(_unwritable(out) if comm.Get_rank() == 0 else None, root=0)
@@ -1011,7 +1011,7 @@ def refit_from_logs(args: argparse.Namespace, argv: list[str], comm: Any) -> int
 def describe_fit(step_fit: StepFit, found: list[PricedPlan], before: Machine, what: str) -> str:
     """What a fit to training steps changed, and the iteration errors of the plans fitted
     (on ``before``, then fitted), in lines."""
-    from hpctrain.cost.refit import errors
+    from hpctrain.record.refit import errors
 
     x = step_fit.links
     lines = [f"fitted to {step_fit.layers} layer times of {step_fit.plans} plans: alpha x "

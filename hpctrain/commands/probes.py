@@ -2,7 +2,7 @@
 
 ``calibrate`` measures every collective and a GEMM alone, then (unless ``--quick``) trains a
 few steps of each plan ``compare-plans`` would compare, on small probe nets, under the profile
-it just wrote, and refits that profile to the per-layer times (:mod:`hpctrain.cost.refit`):
+it just wrote, and refits that profile to the per-layer times (:mod:`hpctrain.record.refit`):
 what a training step really does on this machine, with this launch, fitted by least squares.
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.cost.machine import Machine
-from hpctrain.cost.refit import PricedPlan, refit
-from hpctrain.cost.stepfit import StepFit
 from hpctrain.errors import UserError
+from hpctrain.plan.stepfit import StepFit
+from hpctrain.record.refit import PricedPlan, refit
 
 PROBE_NETS = "smallcnn:32,alexnet:64"
 """The probe nets by default, ``NAME:IMAGE_SIZE``: a small CNN, and AlexNet's large kernels,

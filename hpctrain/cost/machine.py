@@ -160,7 +160,7 @@ class Machine:
     ranks_per_node: int = 0  # 0: not known (a flat profile)
     network: Network | None = None  # None: flat, every pair of ranks on the link above
     # per layer kind, (forward, backward) factors on the compute times the cost model takes
-    # from kernels or FLOPs, fitted to training steps (hpctrain.cost.stepfit); 1 where absent
+    # from kernels or FLOPs, fitted to training steps (hpctrain.plan.stepfit); 1 where absent
     compute_scale: dict[str, tuple[float, float]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)  # SOURCE_KEYS: where each came from
 
@@ -222,7 +222,7 @@ def scaled_links(machine: Machine, inside: tuple[float, float],
     """``machine`` with every α of the links inside a node multiplied by ``inside[0]`` and
     every β (far ones too) by ``inside[1]``, and the network's by ``between``. The cost model's
     communication times are linear in these four groups of constants, which is what fitting
-    them to measured times rests on (:mod:`hpctrain.cost.stepfit`)."""
+    them to measured times rests on (:mod:`hpctrain.plan.stepfit`)."""
 
     def fit(f: Fit, by: tuple[float, float]) -> Fit:
         return Fit(f.alpha * by[0], f.beta * by[1], f.knee, f.far_beta * by[1])

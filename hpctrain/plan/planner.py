@@ -280,8 +280,8 @@ def _refuse(planned: PlannedNetwork, cap: float, cap_source: str) -> None:
 
 
 SPACES = ("grids", "balanced", "axes")
-"""The spaces the planner searches: ``grids`` (the 1.5D modes on every Pr×Pc grid alone),
-``balanced`` (those and the balanced splits of every axis,
+"""What the planner can search, smallest first. ``grids`` (the 1.5D modes on every Pr×Pc grid
+alone), ``balanced`` (those and the balanced splits of every axis,
 :func:`~hpctrain.plan.segments.balanced_degrees`) and ``axes`` (those and every split: a degree
 for every axis of each weighted layer's output, and replicas)."""
 
@@ -299,7 +299,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
 
     Over ``balanced`` or ``axes`` the 1.5D plans are searched first, exactly; their optimum t*
     bounds the rest. A split c of segment s enters the search only if a lower bound on every
-    plan through it (:func:`_lower_bounds`) does not exceed t*. The search over what is left is
+    plan through it (``_lower_bounds``) does not exceed t*. The search over what is left is
     exact as before, so the plan is the optimum over the space (a tie may keep the 1.5D plan).
     Under a memory cap that no 1.5D plan fits, nothing bounds the rest and every split that
     fits on its own enters. A space whose search would price too many pairs or build too large

@@ -1,4 +1,4 @@
-"""A profile refitted to measured plans (:mod:`hpctrain.cost.stepfit` on the plans of logs).
+"""A profile refitted to measured plans (:mod:`hpctrain.plan.stepfit` on the plans of logs).
 
 Each measured plan is priced again on the profile being refitted: its communication as the
 four columns of that profile's links, its compute as the run predicted it before any compute
@@ -15,7 +15,7 @@ import numpy as np
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine
-from hpctrain.cost.stepfit import LayerSample, StepFit, communication_columns, fit, samples_of_run
+from hpctrain.plan.stepfit import LayerSample, StepFit, communication_columns, fit, samples_of_run
 from hpctrain.record.measured import MeasuredPlan
 from hpctrain.record.runlog import communication
 

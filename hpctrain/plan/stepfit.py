@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 COLUMNS = ("alpha inside a node", "beta inside a node", "alpha between nodes",
            "beta between nodes")
+"""The four groups of a profile's link constants the communication times are linear in."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,10 @@ def fit(samples: Sequence[LayerSample], plans: int = 1) -> StepFit:
 
 
 def nonnegative_least_squares(matrix: np.ndarray, measured: np.ndarray) -> list[float]:
-    """x ≥ 0 minimising |matrix·x − measured|² (Lawson and Hanson's active set: add the
-    column whose gradient most wants to grow, solve on the active ones, step back to the
-    boundary where one would go negative, repeat). A column all zero gets 1: nothing the runs
-    did says otherwise."""
+    """x ≥ 0 minimising the squared norm of matrix·x − measured (Lawson and Hanson's active
+    set: add the column whose gradient most wants to grow, solve on the active ones, step back
+    to the boundary where one would go negative, repeat). A column all zero gets 1: nothing
+    the runs did says otherwise."""
     used = np.any(matrix != 0, axis=0)
     norms = np.linalg.norm(matrix[:, used], axis=0)
     a = matrix[:, used] / norms  # unit columns: seconds per message and per byte differ by 10⁴
