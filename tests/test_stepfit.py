@@ -48,6 +48,16 @@ def test_nonnegative_least_squares_is_the_best_over_every_subset(seed):
     assert np.sum((a @ found - b) ** 2) == pytest.approx(best, rel=1e-9)
 
 
+def test_a_floor_holds_a_factor_the_times_would_drive_below_it():
+    """Times that a second column explains better alone: its partner is held at the floor,
+    the floor's share taken off before the rest is fitted."""
+    a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    b = a @ np.array([-0.5, 2.0])
+    x = nonnegative_least_squares(a, b, floor=0.05)
+    assert x[0] == pytest.approx(0.05)
+    assert x[1] == pytest.approx(np.linalg.lstsq(a[:, 1:], b - 0.05 * a[:, 0], rcond=None)[0][0])
+
+
 def test_a_column_no_row_uses_keeps_factor_one():
     a = np.array([[1.0, 0.0], [2.0, 0.0]])
     assert nonnegative_least_squares(a, np.array([2.0, 4.0])) == pytest.approx([2.0, 1.0])

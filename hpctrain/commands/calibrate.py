@@ -96,7 +96,7 @@ from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.io.files import can_create_in
 from hpctrain.io.units import bytes_from
 from hpctrain.layout.partition import factorisations
-from hpctrain.plan.stepfit import StepFit
+from hpctrain.plan.stepfit import FLOOR, StepFit
 from hpctrain.record.refit import PricedPlan
 
 DEFAULT_ALPHA = 1e-6  # s per message: the top level on one rank, where nothing is sent
@@ -1017,7 +1017,9 @@ def describe_fit(step_fit: StepFit, found: list[PricedPlan], before: Machine, wh
     lines = [f"fitted to {step_fit.layers} layer times of {step_fit.plans} plans: alpha x "
              f"{x[0]:.3g}, beta x {x[1]:.3g} inside a node"
              + (f"; alpha x {x[2]:.3g}, beta x {x[3]:.3g} between nodes"
-                if before.levelled else "")]
+                if before.levelled else "")
+             + (f" (x {FLOOR:g}: the least a fit gives, where the steps measured too little to "
+                f"tell)" if FLOOR in x else "")]
     lines += [f"compute of {kind}: forward x {f:.3g}, backward x {b:.3g}"
               for kind, (f, b) in sorted(step_fit.compute.items())]
     was, now = np.abs(errors(found, before)), np.abs(errors(found, before, step_fit))

@@ -39,6 +39,11 @@ from hpctrain.plan.plans import LayerPlan
 if TYPE_CHECKING:
     from hpctrain.plan.pricing import CostModel
 
+FLOOR = 0.05
+"""The least factor a fit gives a constant: steps may find a kernel or a message several times
+cheaper than it timed alone (warm caches, work overlapped), but not free; a factor at this floor
+says the runs measured too little of it to tell."""
+
 COLUMNS = ("alpha inside a node", "beta inside a node", "alpha between nodes",
            "beta between nodes")
 """The four groups of a profile's link constants the communication times are linear in."""
@@ -111,7 +116,8 @@ def fit(samples: Sequence[LayerSample], plans: int = 1) -> StepFit:
         if s.predicted > 0:
             matrix[i, keys.index((s.kind, s.backward))] = s.predicted
         matrix[i, len(keys):] = s.columns
-    factors = nonnegative_least_squares(matrix, np.array([s.measured for s in samples]))
+    factors = nonnegative_least_squares(matrix, np.array([s.measured for s in samples]),
+                                        FLOOR)
     compute: dict[str, list[float]] = {}
     for (kind, backward), factor in zip(keys, factors, strict=False):
         compute.setdefault(kind, [1.0, 1.0])[int(backward)] = factor
@@ -119,11 +125,15 @@ def fit(samples: Sequence[LayerSample], plans: int = 1) -> StepFit:
                    tuple(factors[len(keys):]), len(samples), plans)
 
 
-def nonnegative_least_squares(matrix: np.ndarray, measured: np.ndarray) -> list[float]:
-    """x ≥ 0 minimising the squared norm of matrix·x − measured (Lawson and Hanson's active
-    set: add the column whose gradient most wants to grow, solve on the active ones, step back
-    to the boundary where one would go negative, repeat). A column all zero gets 1: nothing
-    the runs did says otherwise."""
+def nonnegative_least_squares(matrix: np.ndarray, measured: np.ndarray, floor: float = 0.0
+                              ) -> list[float]:
+    """x ≥ ``floor`` minimising the squared norm of matrix·x − measured (for y = x − floor ≥ 0,
+    Lawson and Hanson's active set: add the column whose gradient most wants to grow, solve on
+    the active ones, step back to the boundary where one would go negative, repeat). A column
+    all zero gets 1: nothing the runs did says otherwise."""
+    if floor:
+        found = nonnegative_least_squares(matrix, measured - matrix.sum(axis=1) * floor)
+        return [x + floor if np.any(matrix[:, k] != 0) else 1.0 for k, x in enumerate(found)]
     used = np.any(matrix != 0, axis=0)
     norms = np.linalg.norm(matrix[:, used], axis=0)
     a = matrix[:, used] / norms  # unit columns: seconds per message and per byte differ by 10⁴
