@@ -7,7 +7,9 @@ time it computed and the time it spent in communication, on the slowest rank. Th
 the profile's constants to those times by least squares, all at once:
 
 - **compute**, per layer kind and direction: a factor on the times the model takes from the
-  kernels (or FLOPs);
+  kernels (or FLOPs); a kind the runs never ran takes its class's
+  (:func:`~hpctrain.model.kinds.compute_class`: matrix products, or memory-bound kernels), the
+  mean of that class's factors weighted by their time;
 - **communication**: every time the model prices is linear in four groups of constants — the
   α and the β of the links inside a node, and of the network between nodes
   (:func:`~hpctrain.cost.machine.scaled_links`) — so a layer's predicted communication is
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpctrain.cost.machine import Machine, scaled_links
+from hpctrain.model.kinds import compute_class
 from hpctrain.plan.plans import LayerPlan
 
 if TYPE_CHECKING:
@@ -121,6 +124,19 @@ def fit(samples: Sequence[LayerSample], plans: int = 1) -> StepFit:
     compute: dict[str, list[float]] = {}
     for (kind, backward), factor in zip(keys, factors, strict=False):
         compute.setdefault(kind, [1.0, 1.0])[int(backward)] = factor
+    # a kind the runs never ran takes its class's factor: the mean of its class's kinds',
+    # weighted by their predicted time (as their pooled least squares would)
+    weights: dict[tuple[str, bool], float] = {}
+    for s in samples:
+        weights[s.kind, s.backward] = weights.get((s.kind, s.backward), 0.0) + s.predicted
+    for group in sorted({compute_class(kind) for kind, _ in keys}):
+        pair = []
+        for backward in (False, True):
+            mine = [(compute[k][int(b)], w) for (k, b), w in weights.items()
+                    if b == backward and k in compute and compute_class(k) == group and w > 0]
+            total = sum(w for _, w in mine)
+            pair.append(sum(f * w for f, w in mine) / total if total else 1.0)
+        compute[group] = pair
     return StepFit({k: (f, b) for k, (f, b) in compute.items()},
                    tuple(factors[len(keys):]), len(samples), plans)
 

@@ -30,3 +30,12 @@ KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
     conv, linear, maxpool, avgpool, batchnorm, relu, leakyrelu, tanh, scale, dropout, flatten,
     add, concat)}
 
+
+
+def compute_class(kind: str) -> str:
+    """``(gemm)`` for a kind whose kernels are matrix products (the weighted kinds the
+    planner splits: convolution, linear), ``(memory)`` for the rest, bound by memory traffic
+    (element-wise, pooling, normalisation, the loss): what a kind's compute time scales like
+    from one machine, or one timing rule, to another."""
+    found = KINDS.get(kind)
+    return "(gemm)" if found is not None and found.grid_key else "(memory)"
