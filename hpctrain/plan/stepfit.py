@@ -43,9 +43,9 @@ if TYPE_CHECKING:
     from hpctrain.plan.pricing import CostModel
 
 FLOOR = 0.05
-"""The least factor a fit gives a constant: steps may find a kernel or a message several times
-cheaper than it timed alone (warm caches, work overlapped), but not free; a factor at this floor
-says the runs measured too little of it to tell."""
+"""No fitted factor is below this. Steps may find a kernel or a message several times cheaper
+than it timed alone (warm caches, work overlapped), but not free; a factor at this floor says
+the runs measured too little of it to tell."""
 
 COLUMNS = ("alpha inside a node", "beta inside a node", "alpha between nodes",
            "beta between nodes")
