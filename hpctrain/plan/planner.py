@@ -374,8 +374,8 @@ def _refuse_whole_space_if_too_many_pairs(model: CostModel, grids: list[list[Lay
     (before any is laid out or priced)."""
     from hpctrain.plan.segments import whole_degrees
 
-    count = [len(found) + len(whole_degrees(model.procs, (model.batch, *model.net.out_shapes[
-        model.heads[k]]))) for k, found in enumerate(grids)]
+    count = [len(found) + len(whole_degrees(model.procs, model.output_shape(k)))
+             for k, found in enumerate(grids)]
     pairs = sum(count[a] * count[b] for a, b in _joined_segments(model))
     if pairs > WHOLE_SPACE_PAIRS:
         _refuse_space(model, "axes", sum(count), f"{pairs:.1e} pairs of them to price")
@@ -399,9 +399,9 @@ def _refuse_space(model: CostModel, space: str, choices: int, size: str) -> None
 
     instead = "--space grids"
     if space == "axes":
-        balanced = sum(len(model.choices(k)) + len(balanced_degrees(
-            model.procs, (model.batch, *model.net.out_shapes[model.heads[k]])))
-            for k in range(len(model.segments)))
+        balanced = sum(len(model.choices(k)) + len(balanced_degrees(model.procs,
+                                                                     model.output_shape(k)))
+                       for k in range(len(model.segments)))
         instead = (f"--space balanced (at most {balanced:,} choices: even blocks, spatial "
                    f"degrees within a factor of 2, searched exactly) or " + instead)
     raise PlannerError(

@@ -238,10 +238,16 @@ def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerP
     the net lacks, a layer given twice, a ``batch`` grid with R > 1, a weighted layer without
     a grid and a mode the layer cannot take.
     """
-    name = shown(str(path), quoted=False)
+    return parse_plan(read_text(path, PlanError, "plan file"), str(path), net, procs)
+
+
+def parse_plan(text: str, source: str, net: NetSpec, procs: int) -> list[LayerPlan]:
+    """The plan in plan-file ``text`` read from ``source`` (a path, or where else the text was
+    kept, for messages); refused as :func:`read_plan` says."""
+    name = shown(source, quoted=False)
     known = {l.name for l in net.layers}
     entries: dict[str, LayerPlan] = {}
-    for number, raw in enumerate(read_text(path, PlanError, "plan file").splitlines(), start=1):
+    for number, raw in enumerate(text.splitlines(), start=1):
         words = raw.split("#", 1)[0].split()
         if not words:
             continue

@@ -89,8 +89,7 @@ class Segments:
         every axis of its output (sample, channels, each spatial axis) and a number of
         replicas, multiplying to P, that can run and is not one of the 1.5D modes: every such
         split (``space`` "axes"), or only the balanced ones (:func:`balanced_degrees`)."""
-        head = self.heads[segment]
-        shape = (self.batch, *self.net.out_shapes[head])
+        shape = self.output_shape(segment)
         degrees_of = whole_degrees if space == "axes" else balanced_degrees
         known = set(self.choices(segment))
         found = []
@@ -100,6 +99,11 @@ class Segments:
                     self.segment_layouts(segment, choice) is not None):
                 found.append(choice)
         return found
+
+    def output_shape(self, segment: int) -> tuple[int, ...]:
+        """The whole output of the segment's weighted layer, the batch first: what its splits
+        cut."""
+        return (self.batch, *self.net.out_shapes[self.heads[segment]])
 
     def _layer_facts(self, index: int) -> tuple:
         """All that pricing layer ``index`` on given layouts reads of the net, its name aside:

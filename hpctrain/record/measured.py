@@ -10,7 +10,6 @@ the runs a user already has (``calibrate --from-log``).
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 from hpctrain.cost.machine import Machine, MachineError, parse_machine
 from hpctrain.errors import UserError, shown
 from hpctrain.model.net import NetSpec, load_net
-from hpctrain.plan.plans import LayerPlan, read_plan
+from hpctrain.plan.plans import LayerPlan, parse_plan
 from hpctrain.record.timing import TIME_FIELDS
 
 
@@ -86,10 +85,7 @@ def _measured(source: str, attrs: dict, plan_text: str | None, layers,
     procs, batch = int(attrs["processes"]), int(attrs["batch"])
     if plan_text is None:
         raise LogError(f"{source}: no plan text; refit from a log hpctrain wrote")
-    with tempfile.TemporaryDirectory() as folder:  # the plan-file reader takes a path
-        path = Path(folder) / "run.plan"
-        path.write_text(str(plan_text))
-        plans = read_plan(path, net, procs)
+    plans = parse_plan(str(plan_text), source, net, procs)
     profile = None
     if "machine_profile" in attrs:
         try:

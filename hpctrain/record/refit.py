@@ -15,7 +15,7 @@ import numpy as np
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine
-from hpctrain.model.kinds import compute_class
+from hpctrain.model.kinds import compute_factors
 from hpctrain.plan.stepfit import LayerSample, StepFit, communication_columns, fit, samples_of_run
 from hpctrain.record.measured import MeasuredPlan
 from hpctrain.record.runlog import communication
@@ -42,8 +42,7 @@ class PricedPlan:
             links = step_fit.links
         total = self.rest
         for s in self.samples:
-            factors = scale.get(s.kind, scale.get(compute_class(s.kind), (1.0, 1.0)))
-            total += s.predicted * factors[int(s.backward)]
+            total += s.predicted * compute_factors(scale, s.kind)[int(s.backward)]
             total += float(np.dot(s.columns, links))
         return total
 
@@ -61,8 +60,7 @@ def priced(plan: MeasuredPlan, machine: Machine) -> PricedPlan:
     before = plan.profile.compute_scale if plan.profile is not None else {}
     recorded = np.stack([plan.predicted["forward_compute"], plan.predicted["backward_compute"]],
                         axis=1)
-    base = recorded / np.array([before.get(kind, before.get(compute_class(kind), (1.0, 1.0)))
-                                for kind in kinds])
+    base = recorded / np.array([compute_factors(before, kind) for kind in kinds])
     measured = np.stack([sum(plan.measured[f] for f in DIRECTION_FIELDS[d]) for d in (0, 1)],
                         axis=1)
     samples = samples_of_run(kinds, base, columns, measured)

@@ -39,3 +39,9 @@ def compute_class(kind: str) -> str:
     from one machine, or one timing rule, to another."""
     found = KINDS.get(kind)
     return "(gemm)" if found is not None and found.grid_key else "(memory)"
+
+
+def compute_factors(scales: dict[str, tuple[float, float]], kind: str) -> tuple[float, float]:
+    """The (forward, backward) factors a profile's ``compute_scale`` gives a layer of
+    ``kind``: its own, else its class's (:func:`compute_class`), else none (1, 1)."""
+    return scales.get(kind, scales.get(compute_class(kind), (1.0, 1.0)))
