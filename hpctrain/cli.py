@@ -83,6 +83,17 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _caused_by(err: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``err`` or an exception it was raised while handling is a ``kind``."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, kind):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def _say_error(err: UserError | OutputError) -> int:
     write_line(f"hpctrain: error: {err}")
     return EXIT_OUTPUT_ERROR if isinstance(err, OutputError) else EXIT_USER_ERROR
@@ -133,6 +144,13 @@ def main(argv: list[str] | None = None, stop=None) -> int:
         except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (outputs are renamed last)
             write_line(f"hpctrain {command}: interrupted")
             return 130
+        except Exception as err:
+            if not _caused_by(err, Terminated):
+                raise
+            # SIGTERM raised inside a library's callback (h5py writing an attribute), which
+            # reported it as an error of its own: still the stop SIGTERM asked for
+            write_line(f"hpctrain {command}: stopped by SIGTERM")
+            return 128 + signal.SIGTERM
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

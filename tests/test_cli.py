@@ -225,3 +225,19 @@ def test_a_rank_failure_is_one_write_ending_with_one_newline(tmp_path, error, en
     ours = [w for w in writes if "rank 0 failed" in w]
     assert len(ours) == 1 and ours[0].startswith("hpctrain: rank 0 failed: "), result.stderr
     assert ours[0].endswith(end) and all(w.strip() for w in writes), result.stderr
+
+
+def test_a_sigterm_a_library_reported_as_its_own_error_is_still_a_sigterm():
+    """h5py turns an exception raised inside its attribute write into a TypeError of its own,
+    raised while handling it: the stop is still recognised by the chain."""
+    from hpctrain.cli import _caused_by
+    from hpctrain.errors import Terminated
+
+    try:
+        try:
+            raise Terminated
+        except Terminated:
+            raise TypeError("operation not defined for data type class")  # noqa: B904
+    except TypeError as err:
+        assert _caused_by(err, Terminated)
+    assert not _caused_by(ValueError("x"), Terminated)
