@@ -1,6 +1,7 @@
 """Fixtures shared by the serial and the MPI tests."""
 
 import os
+import sys
 import tempfile
 
 import h5py
@@ -42,3 +43,19 @@ def reads(monkeypatch):
 
     monkeypatch.setattr(h5py.Dataset, "__getitem__", recording)
     return log
+
+
+@pytest.fixture
+def standin_cupy(monkeypatch):
+    """The strict CuPy stand-in of :mod:`tests.gpu_standin` as ``cupy``, for this test only,
+    its counters zeroed and MPI taken as not CUDA-aware (set ``cuda_aware_mpi`` and
+    HPCTRAIN_CUDA_AWARE_MPI together to change that)."""
+    from tests import gpu_standin
+
+    monkeypatch.setitem(sys.modules, "cupy", gpu_standin)
+    monkeypatch.delenv("HPCTRAIN_CUDA_AWARE_MPI", raising=False)
+    gpu_standin.counters.reset()
+    gpu_standin.counters.cuda_aware_mpi = False
+    gpu_standin.counters.devices, gpu_standin.counters.current_device = 1, 0
+    yield gpu_standin
+    gpu_standin.counters.reset()

@@ -13,6 +13,8 @@ from itertools import product
 from math import prod
 from typing import Any
 
+import numpy as np
+
 from hpctrain.kernels.sliding import Pads, check_windows, padded, position_dtype, unpadded, windows
 
 
@@ -65,8 +67,10 @@ def maxpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[in
     """dX, each dY entry sent to the position of its window's maximum — the first one in
     window order when several entries tie, so each dY entry is counted exactly once.
 
-    One scatter-add (``bincount``) of dY to the flat index of each maximum in the padded input,
-    where adding window position by position would take K1·…·Kd passes over strided views.
+    One scatter-add (``bincount``; on CuPy ``add.at``, as CuPy's ``bincount`` waits for the
+    device to read its input's largest entry) of dY to the flat index of each maximum in the
+    padded input, where adding window position by position would take K1·…·Kd passes over
+    strided views.
     Overlapping windows may send several entries to one place: they are summed in float64,
     then rounded once.
     """
@@ -77,10 +81,12 @@ def maxpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[in
     # entries between neighbours along each padded spatial axis: (S2·…·Sd, …, Sd, 1)
     steps = [prod(size[axis + 1:]) for axis in range(d)]
     # flat index (n·C + c)·S + Σᵢ (pᵢ·sᵢ + aᵢ)·stepᵢ: the window's corner plus the offset of its
-    # maximum, looked up by position
-    offsets = xp.asarray([sum(a * step for a, step in zip(corner, steps, strict=True))
-                          for corner in product(*map(range, kernel))], dtype=xp.intp)
-    flat = offsets.take(cache.first)
+    # maximum, looked up by position (the offsets made where dY is: no host copy in the step)
+    offsets = 0
+    for axis in range(d):
+        offsets = offsets + (xp.arange(kernel[axis], dtype=xp.intp) * steps[axis]).reshape(
+            kernel[axis], *(1,) * (d - 1 - axis))
+    flat = offsets.reshape(-1).take(cache.first)
     flat += (xp.arange(n * c) * prod(size)).reshape(n, c, *(1,) * d)  # broadcast, no temporary
     corner_of_window = 0  # (O1, …, Od), one pass over the flat index to add it
     for axis in range(d):
@@ -88,7 +94,11 @@ def maxpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[in
             xp.arange(out[axis]) * (stride[axis] * steps[axis])).reshape(
                 out[axis], *(1,) * (d - 1 - axis))
     flat += corner_of_window
-    sums = xp.bincount(flat.reshape(-1), weights=dy.reshape(-1), minlength=n * c * prod(size))
+    if xp is np:
+        sums = np.bincount(flat.reshape(-1), weights=dy.reshape(-1), minlength=n * c * prod(size))
+    else:
+        sums = xp.zeros(n * c * prod(size), dtype=xp.float64)
+        xp.add.at(sums, flat.reshape(-1), dy.reshape(-1).astype(xp.float64))
     dxp = sums.astype(dy.dtype).reshape(n, c, *size)
     return unpadded(dxp, cache.pads)
 

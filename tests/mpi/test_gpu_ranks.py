@@ -1,0 +1,94 @@
+"""The ``--device gpu`` path on the launched ranks, through the strict CuPy stand-in
+(:mod:`tests.gpu_standin`): ``verify`` of five nets under batch, model and domain plans, with
+MPI staged through the host and CUDA-aware; and what a training step sends through the host.
+
+Every rank computes on stand-in device arrays, which refuse any implicit trip to the host, so a
+collective, a halo exchange or a move that handed MPI a device array without the backend's
+staging (or handed it host data where the MPI is CUDA-aware) fails here as it would on a GPU.
+"""
+
+import pytest
+from mpi4py import MPI
+
+from hpctrain.commands import train as train_command
+from hpctrain.commands import verify as verify_command
+from tests.gpu_standin import TO_HOST
+from tests.mpi.helpers import all_agree
+
+# (net, image size, plans): small enough for 4 oversubscribed ranks
+CASES = [("smallcnn", 8, ("1x{p}", "conv=domain:{p}x1,fc={p}x1")),
+         ("alexnet", 64, ("conv=1x{p},fc={p}x1",)),
+         ("resnet18", 32, ("conv=domain:{p}x1,fc=1x{p}",)),
+         ("inception_v3", 75, ("1x{p}",)),
+         ("cosmoflow", 32, ("conv=domain:{p}x1,fc={p}x1",))]
+
+
+@pytest.fixture(params=[False, True], ids=["staged-mpi", "cuda-aware-mpi"])
+def mpi_reads(request, standin_cupy, monkeypatch):
+    """The stand-in, with MPI staged through host memory or reading device memory."""
+    if request.param:
+        monkeypatch.setenv("HPCTRAIN_CUDA_AWARE_MPI", "1")
+    standin_cupy.counters.cuda_aware_mpi = request.param
+    return standin_cupy
+
+
+@pytest.mark.parametrize(("net", "size", "plans"), CASES, ids=[c[0] for c in CASES])
+def test_verify_on_the_gpu_path_passes_on_every_plan(mpi_reads, net, size, plans, tmp_path,
+                                                     monkeypatch, capsys):
+    comm = MPI.COMM_WORLD
+    p = comm.Get_size()
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    for plan in plans:
+        argv = ["--net", net, "--image-size", str(size), "--device", "gpu", "--batch",
+                str(2 * p), "--threads", "1", "--grid", plan.format(p=p)]
+        assert all_agree(comm, verify_command.run(argv, comm) == 0)
+    # the layers ran on device arrays: their results reached the host by explicit copies
+    assert all_agree(comm, mpi_reads.counters.events[TO_HOST] > 0)
+
+
+# per training step on rank 0 of 2 (smallcnn 16x16, batch 8): waits for the device, copies to
+# the host and to the device, with bytes; MPI staged through the host, then CUDA-aware
+BUDGET_TWO_RANKS = {
+    "1x2": ({"sync": 41, "to_host": 6, "to_device": 6, "to_host_bytes": 546392,
+             "to_device_bytes": 546376},
+            {"sync": 46, "to_host": 1, "to_device": 1, "to_host_bytes": 24,
+             "to_device_bytes": 8}),
+    "conv=domain:2x1,fc=2x1": ({"sync": 75, "to_host": 13, "to_device": 13,
+                                "to_host_bytes": 138000, "to_device_bytes": 137984},
+                               {"sync": 87, "to_host": 1, "to_device": 1, "to_host_bytes": 24,
+                                "to_device_bytes": 8})}
+
+
+def per_step(standin, argv, comm):
+    """This rank's events per training step: a 4-step run less a 2-step one, halved."""
+    found = []
+    for steps in (2, 4):
+        standin.counters.reset()
+        assert all_agree(comm, train_command.run([*argv, "--steps", str(steps)], comm) == 0)
+        found.append(standin.counters.snapshot())
+    return {k: (found[1][k] - found[0][k]) // 2 for k in found[0] if not k.startswith("scalar")}
+
+
+@pytest.mark.parametrize("grid", ["1x{p}", "conv=domain:{p}x1,fc={p}x1"])
+def test_a_step_copies_each_message_through_the_host_only_where_mpi_is_staged(
+        standin_cupy, grid, tmp_path, monkeypatch, capsys):
+    """Staged, every message a step sends goes out through the host and comes back; CUDA-aware,
+    the step copies what it copies on one rank (the loss totals out, the non-finite flag in).
+    On two ranks both are held to their measured budget."""
+    comm = MPI.COMM_WORLD
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    p = comm.Get_size()
+    argv = ["--net", "smallcnn", "--image-size", "16", "--batch", "8", "--device", "gpu",
+            "--compute", "flops", "--threads", "1", "--print-every", "100",
+            "--grid", grid.format(p=p)]
+    counts = []
+    for aware in (False, True):
+        standin_cupy.counters.cuda_aware_mpi = aware
+        monkeypatch.setenv("HPCTRAIN_CUDA_AWARE_MPI", "1" if aware else "0")
+        counts.append(per_step(standin_cupy, argv, comm))
+    staged, aware = counts
+    assert all_agree(comm, (aware["to_host"], aware["to_device"]) == (1, 1))
+    if p > 1:
+        assert all_agree(comm, staged["to_host"] > 1 and staged["to_device"] > 1)
+    if p == 2 and comm.Get_rank() == 0:
+        assert (staged, aware) == BUDGET_TWO_RANKS[grid.format(p=p)]
