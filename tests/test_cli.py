@@ -54,6 +54,13 @@ def test_verify_passes_on_one_process():
     (["--timeline", "2:1", "--log", "x.h5"], "FIRST <= LAST"),
     (["--timeline", "1:2"], "--timeline 1:2 needs --log"),
     (["--timeline", "4:12", "--log", "x.h5"], "ends after the last step (10)"),
+    (["--replan-after", "3"], "--replan-after 3 plans again as --grid auto does; give --grid"),
+    (["--grid", "auto", "--replan-after", "1"], "--replan-after 1 must be from 2"),
+    (["--grid", "auto", "--replan-after", "10"], "to 9, below the last step (10)"),
+    (["--grid", "auto", "--replan-after", "3"], "give --checkpoint-dir DIR"),
+    (["--replan-threshold", "0.2"], "give --replan-after K too"),
+    (["--grid", "auto", "--replan-after", "3", "--checkpoint-dir", "ck", "--replan-threshold",
+      "-1"], "--replan-threshold -1.0 must be a fraction"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(args, message):
     result = hpctrain(*args)

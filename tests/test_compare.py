@@ -1,6 +1,5 @@
 """compare-plans' choices that need no MPI: the median round and its option checks."""
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,11 +10,40 @@ from hpctrain.errors import UserError
 from tests.test_calibrate import OneRank
 
 
-def test_each_plan_keeps_its_median_round():
-    runs = [SimpleNamespace(measured_iteration=t) for t in (0.5, 0.2, 0.3)]
-    assert median_round(runs) is runs[2]
-    assert median_round(runs[:2]) is runs[1]  # of two, the faster
-    assert median_round(runs[:1]) is runs[0]
+def test_each_plan_keeps_its_median_round_and_every_round_time():
+    from hpctrain.commands.compare_plans import Outcome
+
+    runs = [Outcome(f"round {k}", None, t, None, None) for k, t in enumerate((0.5, 0.2, 0.3))]
+    assert median_round(runs).spec == "round 2"
+    assert median_round(runs).rounds == (0.5, 0.2, 0.3)
+    assert median_round(runs).spread == (0.2, 0.5)
+    assert median_round(runs[:2]).spec == "round 1"  # of two, the faster
+    assert median_round(runs[:1]).spread == (0.5, 0.5)
+
+
+def test_plans_whose_rounds_overlap_rank_as_predicted():
+    from hpctrain.commands.compare_plans import ranks_within_noise, spearman
+
+    measured = [1.00, 1.02, 1.50, 2.00]
+    predicted = [1.1, 1.0, 1.6, 1.9]  # swaps the first two, which noise cannot tell apart
+    apart = [(m, m) for m in measured]
+    overlapping = [(0.95, 1.05), (0.98, 1.08), (1.45, 1.55), (1.9, 2.1)]
+    assert ranks_within_noise(predicted, measured, apart) == [0, 1, 2, 3]
+    assert ranks_within_noise(predicted, measured, overlapping) == [1, 0, 2, 3]
+    assert spearman(predicted, measured) == pytest.approx(0.8)
+    assert spearman(predicted, ranks_within_noise(predicted, measured, overlapping)) == 1.0
+    # a swap the measurements do tell apart still counts against the prediction
+    wrong = [1.0, 1.1, 2.0, 1.9]
+    assert spearman(wrong, ranks_within_noise(wrong, measured, overlapping)) == \
+        pytest.approx(0.8)
+    # a group holds plans whose rounds all overlap: the third reaches the second's rounds but
+    # not the first's, so it starts a group of its own and the first two keep their order
+    chain = [(0.9, 1.01), (1.0, 1.2), (1.15, 1.6), (1.9, 2.1)]
+    assert ranks_within_noise([3, 2, 1, 4], measured, chain) == [1, 0, 2, 3]
+    everywhere = [(0.9, 1.6), (1.0, 1.1), (1.15, 1.6), (1.9, 2.1)]
+    assert ranks_within_noise([3, 2, 1, 4], measured, everywhere) == [1, 0, 2, 3]  # 3 ≁ 2
+    wide = [(0.9, 1.6), (1.0, 1.6), (1.15, 1.6), (1.9, 2.1)]
+    assert ranks_within_noise([3, 2, 1, 4], measured, wide) == [2, 1, 0, 3]
 
 
 @pytest.mark.parametrize("rounds", ["0", "101"])

@@ -221,3 +221,117 @@ def test_calibrate_from_log_writes_the_refitted_profile(tmp_path):
          "--out", str(tmp_path / "x.toml")], capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and "no.h5" in missing.stderr + missing.stdout
     assert len(COLUMNS) == 4
+
+
+BEYOND = {"conv": (0.9, 1.1), "relu": (1.4, 0.6)}  # the factors of work beyond the cache
+
+
+def synthetic_with_a_cache(halving="relu"):
+    """Samples of every SPECS plan whose work beyond a cache of the returned bytes ran with
+    the BEYOND factors; with the machine and the runs. The cache halves the sizes of the
+    ReLUs' work (``halving`` "relu"), or the predicted compute ("compute")."""
+    machine = levelled_machine()
+    runs = measured_runs(machine, batch=64)
+    touched = []
+    for net, plans, _, _, _, _, _ in runs:
+        model = CostModel(net, 64, PROCS, machine, FlopModel(machine.flops))
+        planned = evaluate(model, choices_of(model, plans), timed=False)
+        touched.append([c.work.touched_elements() * 4 if c.work else 0
+                        for c in [*planned.layers, planned.loss]])
+    work = sorted((t, float(sum(b)) if halving == "compute" else 1.0)
+                  for row, run in zip(touched, runs, strict=True)
+                  for t, b, kind in zip(row, run[3], run[2], strict=True)
+                  if halving == "compute" or kind == "relu")
+    halves = np.cumsum([b for _, b in work]) >= sum(b for _, b in work) / 2
+    cache = work[int(np.argmax(halves))][0]
+    samples = []
+    for (_, _, kinds, base, columns, _, _), row in zip(runs, touched, strict=True):
+        factors = np.array([BEYOND.get(k, (1.0, 1.0)) if t > cache else
+                            TRUE_COMPUTE.get(k, (1.0, 1.0)) for k, t in zip(kinds, row,
+                                                                           strict=True)])
+        measured = base * factors + columns @ np.array(TRUE_LINKS)
+        samples += samples_of_run(kinds, base, columns, measured, row)
+    return samples, cache, machine, runs, touched
+
+
+def test_factors_inside_and_beyond_the_cache_are_fitted_apart():
+    """Layer times made with one set of factors for work within the cache and another for
+    work beyond it: the fit finds both, a kind it saw only inside takes its class's factor
+    beyond, and the profile it writes prices each layer by its size."""
+    from hpctrain.model.kinds import BEYOND_CACHE, compute_factors
+
+    samples, cache, machine, runs, touched = synthetic_with_a_cache()
+    for kind in ("conv", "relu"):
+        assert {s.touched > cache for s in samples if s.kind == kind} == {False, True}, kind
+    found = fit(samples, len(runs), cache_bytes=cache)
+    assert found.links == pytest.approx(TRUE_LINKS, rel=1e-6)
+    assert found.compute["conv"] == pytest.approx(TRUE_COMPUTE["conv"], rel=1e-6)
+    for kind, factors in BEYOND.items():
+        assert found.compute[kind + BEYOND_CACHE] == pytest.approx(factors, rel=1e-6)
+    # a kind that ran inside the cache only takes, beyond it, its class's factor there
+    fitted = found.applied_to(machine, "synthetic")
+    assert fitted.cache_bytes == cache
+    inside_only = {s.kind for s in samples} - {s.kind for s in samples if s.touched > cache}
+    assert "dropout" in inside_only and "dropout" + BEYOND_CACHE not in fitted.compute_scale
+    assert compute_factors(fitted.compute_scale, "dropout", True) == pytest.approx(
+        fitted.compute_scale["(memory)" + BEYOND_CACHE])
+    assert compute_factors(fitted.compute_scale, "dropout") == pytest.approx(
+        TRUE_COMPUTE["dropout"], rel=1e-6)
+    # the fitted profile prices every layer with the factor of its size
+    model = CostModel(runs[0][0], 64, PROCS, fitted, FlopModel(machine.flops))
+    plans, kinds, base = runs[0][1], runs[0][2], runs[0][3]
+    priced = evaluate(model, choices_of(model, plans))
+    for cost, kind, size, b in zip([*priced.layers, priced.loss], kinds, touched[0], base,
+                                   strict=True):
+        if kind in ("conv", "relu"):
+            want = (BEYOND if size > cache else TRUE_COMPUTE)[kind]
+            assert cost.compute == pytest.approx(tuple(b * np.array(want)), rel=1e-6), kind
+
+
+def test_the_size_past_which_work_leaves_the_cache_is_fitted_too():
+    """Not told the cache: the split that fits best classes every sample as the true one
+    does, and finds the factors; times with one set of factors keep one set."""
+    from hpctrain.plan.stepfit import fit_cache_bytes
+
+    samples, cache, _, runs, _ = synthetic_with_a_cache("compute")
+    found = fit_cache_bytes(samples, len(runs))
+    assert found.cache_bytes > 0
+    assert [s.touched > found.cache_bytes for s in samples] == [s.touched > cache
+                                                                for s in samples]
+    assert found.links == pytest.approx(TRUE_LINKS, rel=1e-6)
+    same = [replace_measured(s, s.predicted * TRUE_COMPUTE.get(s.kind, (1, 1))[s.backward]
+                             + float(np.dot(s.columns, TRUE_LINKS))) for s in samples]
+    assert fit_cache_bytes(same, len(runs)).cache_bytes == 0
+
+
+def replace_measured(sample, measured):
+    from dataclasses import replace
+
+    return replace(sample, measured=measured)
+
+
+def test_a_convolution_touches_its_input_output_weights_and_columns():
+    from hpctrain.cost.work import LocalWork
+    from hpctrain.model.kinds import KINDS
+
+    conv = LocalWork(KINDS["conv"], (2, 3, 8, 8), 4, (3, 3), (1, 1), ((1, 1), (1, 1)))
+    windows = 2 * 8 * 8  # output positions
+    assert conv.touched_elements() == (2 * 3 * 64 + windows * 4 + 2 * 4 * 3 * 9
+                                       + windows * 3 * 9)
+    relu = LocalWork(KINDS["relu"], (2, 3, 8, 8))
+    assert relu.touched_elements() == 2 * 2 * 3 * 64
+    linear = LocalWork(KINDS["linear"], (2, 10), 5)
+    assert linear.touched_elements() == 20 + 10 + 2 * 50
+
+
+def test_a_profile_keeps_the_size_past_which_work_leaves_the_cache():
+    from dataclasses import replace
+
+    from hpctrain.cost.machine import MachineError
+
+    machine = replace(load_machine("default"), cache_bytes=16 << 20)
+    assert parse_machine(format_machine(machine), "x.toml").cache_bytes == 16 << 20
+    head = 'name = "x"\nalpha = 1e-6\nbeta = 1e-9\nflops = 1e10\n'
+    for bad, shown in (("-1", "-1"), ("1.5", "1.5"), ('"big"', "'big'"), ("true", "True")):
+        with pytest.raises(MachineError, match=f"'cache_bytes' must be .*got {shown}"):
+            parse_machine(head + f"cache_bytes = {bad}\n", "bad.toml")

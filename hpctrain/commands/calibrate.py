@@ -1011,6 +1011,7 @@ def refit_from_logs(args: argparse.Namespace, argv: list[str], comm: Any) -> int
 def describe_fit(step_fit: StepFit, found: list[PricedPlan], before: Machine, what: str) -> str:
     """What a fit to training steps changed, and the iteration errors of the plans fitted
     (on ``before``, then fitted), in lines."""
+    from hpctrain.model.kinds import BEYOND_CACHE
     from hpctrain.record.refit import errors
 
     x = step_fit.links
@@ -1020,6 +1021,10 @@ def describe_fit(step_fit: StepFit, found: list[PricedPlan], before: Machine, wh
                 if before.levelled else "")
              + (f" (x {FLOOR:g}: the least a fit gives, where the steps measured too little to "
                 f"tell)" if FLOOR in x else "")]
+    lines.append(f"work touching more than {step_fit.cache_bytes / 2**20:.3g} MiB per rank ran "
+                 f"as from memory: its factors are fitted apart ('{BEYOND_CACHE.strip()}')"
+                 if step_fit.cache_bytes else "one set of compute factors fits work of every "
+                                              "size")
     lines += [f"compute of {kind}: forward x {f:.3g}, backward x {b:.3g}"
               for kind, (f, b) in sorted(step_fit.compute.items())]
     was, now = np.abs(errors(found, before)), np.abs(errors(found, before, step_fit))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -93,10 +93,17 @@ class Outcome:
     measured_iteration: float
     layer_times: StepTimes  # the slowest rank's
     fastest_rank: StepTimes  # the fastest rank's
+    rounds: tuple[float, ...] = ()  # the iteration of every round, s
 
     @property
     def error(self) -> float:
         return self.planned.iteration_time / self.measured_iteration - 1
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The fastest and the slowest round (the median round alone when not known)."""
+        found = self.rounds or (self.measured_iteration,)
+        return min(found), max(found)
 
 
 def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm) -> Outcome:
@@ -154,8 +161,10 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
 
 
 def median_round(runs: list[Outcome]) -> Outcome:
-    """The round whose iteration time is the median (the lower middle one of an even count)."""
-    return sorted(runs, key=lambda o: o.measured_iteration)[(len(runs) - 1) // 2]
+    """The round whose iteration time is the median (the lower middle one of an even count),
+    with every round's time."""
+    found = sorted(runs, key=lambda o: o.measured_iteration)[(len(runs) - 1) // 2]
+    return replace(found, rounds=tuple(o.measured_iteration for o in runs))
 
 
 def report(outcomes: list[Outcome]) -> str:
@@ -173,10 +182,14 @@ def report(outcomes: list[Outcome]) -> str:
     lines.append(f"iteration prediction error: median {np.median(errors):.1%}, largest "
                  f"{max(errors):.1%} over {len(outcomes)} plans (each its median round)")
     if len(outcomes) > 2:
-        rho = spearman([o.planned.iteration_time for o in outcomes],
-                       [o.measured_iteration for o in outcomes])
+        predicted = [o.planned.iteration_time for o in outcomes]
+        measured = [o.measured_iteration for o in outcomes]
+        rho = spearman(predicted, measured)
+        within = spearman(predicted, ranks_within_noise(predicted, measured,
+                                                        [o.spread for o in outcomes]))
         lines.append(f"predicted order against measured: Spearman rank correlation {rho:+.2f} "
-                     f"(1: the same order)")
+                     f"(1: the same order); {within:+.2f} with plans whose rounds overlap "
+                     f"taken as tied")
     auto = next((o for o in outcomes if o.spec == "auto"), None)
     if auto is None:
         return "\n".join(lines)
@@ -205,6 +218,36 @@ def spearman(a: list[float], b: list[float]) -> float:
     x, y = x - x.mean(), y - y.mean()
     scale = math.sqrt(float(x @ x) * float(y @ y))
     return float(x @ y) / scale if scale > 0 else 0.0
+
+
+def ranks_within_noise(predicted: list[float], measured: list[float],
+                       spreads: list[tuple[float, float]]) -> list[float]:
+    """The measured ranks, with plans that noise cannot tell apart ranked as predicted.
+
+    Plans taken in measured order form groups: a plan joins the group before it when its
+    rounds overlap those of every plan in the group (its fastest round is no faster than the
+    slowest of each), so the machine measured no order among any two of them. Each group keeps
+    its place and ranks its plans by ``predicted``. Spearman's correlation of ``predicted``
+    with these ranks is 1 when the prediction orders every pair the measurements tell apart,
+    and a pair whose rounds overlap only through a third plan still counts."""
+    order = sorted(range(len(measured)), key=lambda i: measured[i])
+    groups: list[list[int]] = []
+    reach = -math.inf  # the slowest round every member of the last group reaches
+    for i in order:
+        low, high = spreads[i]
+        if groups and low <= reach:
+            groups[-1].append(i)
+            reach = min(reach, high)
+        else:
+            groups.append([i])
+            reach = high
+    found = [0.0] * len(measured)
+    place = 0
+    for group in groups:
+        for i in sorted(group, key=lambda i: predicted[i]):
+            found[i] = float(place)
+            place += 1
+    return found
 
 
 def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
@@ -256,6 +299,7 @@ def write_log(path: Path, outcomes: list[Outcome], args, procs: int, net: NetSpe
             group.attrs["plan"] = "\n".join(p.describe() for p in o.planned.plans)
             group.attrs["plan_file"] = plan_text(net, o.planned.plans)
             write_timings(group, o.planned, o.layer_times, o.fastest_rank, o.measured_iteration)
+            group["iteration"].attrs["rounds"] = list(o.rounds)
 
     write_hdf5(path, fill)
 

@@ -17,9 +17,11 @@ from hpctrain.errors import UserError
 from hpctrain.plan.stepfit import StepFit
 from hpctrain.record.refit import PricedPlan, refit
 
-PROBE_NETS = "smallcnn:32,alexnet:64"
-"""The probe nets by default, ``NAME:IMAGE_SIZE``: a small CNN, and AlexNet's large kernels,
-strides, pools and wide linear layers at an image size that runs in seconds."""
+PROBE_NETS = "smallcnn:32,alexnet:64,smallcnn:192"
+"""The probe nets by default, as ``NAME:IMAGE_SIZE``. A small CNN, AlexNet's large kernels,
+strides, pools and wide linear layers at an image size that runs in seconds, and the small CNN
+again on images whose layers no longer fit a rank's share of the cache (their factors are
+fitted apart: :data:`~hpctrain.model.kinds.BEYOND_CACHE`)."""
 PROBE_BATCH = 16
 PROBE_STEPS = 4  # the first is a warm-up, as in compare-plans
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ from hpctrain.record.timeline import parse_window
 
 if TYPE_CHECKING:  # the readers import h5py and MPI: only when a command runs
     from hpctrain.data.dataset import DatasetInfo
+    from hpctrain.plan.planner import PlannedNetwork
     from hpctrain.record.runlog import RunLog
     from hpctrain.run.checkpoint import CheckpointInfo
     from hpctrain.run.loop import TrainConfig, TrainResult
@@ -97,6 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--plan-file", default=None,
                           help="where --grid auto writes its plan, which --grid accepts "
                                "(default: runs/NET-pP-bB.plan)")
+    planning.add_argument("--replan-after", type=int, default=None, metavar="K",
+                          help="with --grid auto: after K steps compare the measured step "
+                               "with the prediction; where they differ by more than "
+                               "--replan-threshold, refit the profile to those steps' "
+                               "per-layer times, plan again, and switch plans at that step "
+                               "(through its checkpoint: needs --checkpoint-dir) when the new "
+                               "one is predicted at least 5%% faster; the log says what changed "
+                               "and why (default: never)")
+    planning.add_argument("--replan-threshold", type=float, default=None, metavar="FRACTION",
+                          help="the prediction error past which --replan-after refits "
+                               "(default: 0.1)")
     planning.add_argument("--plan-only", action="store_true",
                           help="print the plan with its predicted times (and write the plan file "
                                "for --grid auto), then exit without training")
@@ -165,6 +177,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         steps = max(1, int(args.epochs * epoch + 0.5))
     else:
         steps = args.steps or 10
+    _check_replan(args, steps)
     timeline = None if args.timeline is None else parse_window(args.timeline)
     if timeline is not None:
         if not args.log:
@@ -182,6 +195,28 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     seed = info.seed if info else (0 if args.seed is None else args.seed)
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
     return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline)
+
+
+def _check_replan(args: argparse.Namespace, steps: int) -> None:
+    """``--replan-after`` and ``--replan-threshold`` with what they need."""
+    if args.replan_threshold is not None and args.replan_after is None:
+        raise UserError("--replan-threshold is the error past which --replan-after K refits; "
+                        "give --replan-after K too")
+    if args.replan_after is None:
+        return
+    if not (args.grid and args.grid.strip() == "auto"):
+        raise UserError(f"--replan-after {args.replan_after} plans again as --grid auto does; "
+                        f"give --grid auto")
+    if not 2 <= args.replan_after < steps:
+        raise UserError(f"--replan-after {args.replan_after} must be from 2 (the first step "
+                        f"is a warm-up) to {steps - 1}, below the last step ({steps})")
+    if not args.checkpoint_dir:
+        raise UserError(f"--replan-after {args.replan_after} switches plans through the "
+                        f"checkpoint of that step; give --checkpoint-dir DIR")
+    threshold = args.replan_threshold
+    if threshold is not None and not 0 <= threshold < 10:
+        raise UserError(f"--replan-threshold {threshold} must be a fraction from 0 (always "
+                        f"refit) to below 10")
 
 
 def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int,
@@ -389,9 +424,21 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,
                                               prepared.info.step if prepared.info else None))
+    planned = setup.planned
+    first = prepared.info.step if prepared.info else 0
+    replan_at = args.replan_after if args.replan_after and first < args.replan_after else None
+    if args.replan_after and replan_at is None and rank == 0:
+        print(f"--replan-after {args.replan_after}: the run resumes at step {first}, past it; "
+              f"the plan is kept", flush=True)
     try:
-        result = train(setup.net, setup.plan, config, setup.backend, comm, data=train_data,
+        run_to = replace(config, steps=replan_at) if replan_at else config
+        result = train(setup.net, setup.plan, run_to, setup.backend, comm, data=train_data,
                        val_data=val_data, log=log, resume=prepared.resume, stop=stop)
+        if replan_at and result.losses and not result.stopped_by:
+            planned = _replan(args, request, setup, replan_at, result, comm, log)
+            result = train(setup.net, planned.plans, config, setup.backend, comm,
+                           data=train_data, val_data=val_data, log=log,
+                           resume=result.checkpoint, stop=stop)
     except BaseException as err:
         if log is not None:
             with contextlib.suppress(OutputError):  # the error that stopped it comes first
@@ -402,7 +449,6 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
             if reader is not None:
                 reader.close()
     if rank == 0 and result.losses:
-        planned = setup.planned
         error = planned.iteration_time / result.iteration - 1
         print(f"iteration: predicted {planned.iteration_time * 1e3:.1f} ms, measured "
               f"{result.iteration * 1e3:.1f} ms ({error:+.1%})", flush=True)
@@ -411,15 +457,46 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         # the peak is a high-water mark: kernels timed while planning count in it too
         timed = (f"; includes {setup.kernels_timed} kernels timed while planning"
                  if setup.kernels_timed else "")
+        memory = planned.memory if planned is not setup.planned else setup.memory
         print(f"peak memory per rank: {peak / 2**20:.1f} MiB measured, "
-              f"{setup.memory / 2**20:.1f} MiB predicted ({setup.memory / peak - 1:+.1%}; "
+              f"{memory / 2**20:.1f} MiB predicted ({memory / peak - 1:+.1%}; "
               f"resident set above the interpreter's{timed})", flush=True)
     if args.log:
-        on_root(comm, lambda: _finish_log(log, result, setup))
+        on_root(comm, lambda: _finish_log(log, result, planned))
     return 0
 
 
-def _finish_log(log: RunLog, result: TrainResult, setup: Setup) -> None:
+def _replan(args: argparse.Namespace, request: SetupRequest, setup: Setup, step: int,
+            result: TrainResult, comm, log: RunLog | None) -> PlannedNetwork:
+    """The plan to go on with after ``step`` (:mod:`hpctrain.commands.replan`), said on rank
+    0 and in the log (collective)."""
+    from hpctrain.comm.agree import on_root
+    from hpctrain.commands.replan import REPLAN_THRESHOLD, decide
+    from hpctrain.commands.setup import plan_file_path, write_plan_file
+    from hpctrain.cost.machine import format_machine
+    from hpctrain.plan.planner import format_plan
+
+    threshold = REPLAN_THRESHOLD if args.replan_threshold is None else args.replan_threshold
+    decision = decide(setup, request, step, result, threshold, comm)
+    if comm.Get_rank() == 0:
+        print(f"replan: {decision.reason}", flush=True)
+        if decision.switched:
+            print(format_plan(decision.planned), flush=True)
+    if decision.switched:  # the plan file says what runs (hpctrain wrote it at set-up)
+        procs = comm.Get_size()
+        path = plan_file_path(args.plan_file, setup.net, procs, args.batch)
+        on_root(comm, lambda: write_plan_file(path, setup.net, decision.planned, procs,
+                                              args.batch, decision.machine.name))
+    if args.log:  # collective: every rank knows whether there is a log
+        changed = {"plan": plan_text(setup.net, decision.planned.plans),
+                   "predicted_iteration": decision.planned.iteration_time,
+                   "machine_profile": format_machine(decision.machine)}
+        on_root(comm, lambda: log.replanned(decision.reason, *(
+            (decision.planned, changed) if decision.refitted else (None, {}))))
+    return decision.planned
+
+
+def _finish_log(log: RunLog, result: TrainResult, planned: PlannedNetwork) -> None:
     """Rank 0: the log's final status and summary; :class:`~hpctrain.errors.OutputError` when any of
     its writes failed."""
     status = (f"stopped by {result.stopped_by} after step {result.last_step}"
@@ -429,7 +506,7 @@ def _finish_log(log: RunLog, result: TrainResult, setup: Setup) -> None:
         from hpctrain.record.runlog import write_timings
 
         def summary(h5) -> None:
-            write_timings(h5, setup.planned, result.layer_times, result.fastest_rank_times,
+            write_timings(h5, planned, result.layer_times, result.fastest_rank_times,
                           result.iteration)
 
     log.finish(status, summary)

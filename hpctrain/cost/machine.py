@@ -63,7 +63,7 @@ from hpctrain.io.textfile import existing_file, read_text, shipped_file
 
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
 KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits",
-        "ranks_per_node", "network", "compute_scale", "sources")
+        "ranks_per_node", "network", "compute_scale", "cache_bytes", "sources")
 SOURCE_KEYS = ("links", "compute")
 """What a profile's ``sources`` table may say where it came from: its α and β (``links``) and
 its compute (``compute``)."""
@@ -162,6 +162,10 @@ class Machine:
     # per layer kind, (forward, backward) factors on the compute times the cost model takes
     # from kernels or FLOPs, fitted to training steps (hpctrain.plan.stepfit); 1 where absent
     compute_scale: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # the bytes a layer's work may touch on a rank and still run as from cache in a training
+    # step, fitted with compute_scale (hpctrain.plan.stepfit.fit_cache_bytes); larger work
+    # takes the factors beyond the cache (hpctrain.model.kinds.BEYOND_CACHE); 0: one set
+    cache_bytes: int = 0
     sources: dict[str, str] = field(default_factory=dict)  # SOURCE_KEYS: where each came from
 
     def link(self, collective: str, procs: int) -> Fit:
@@ -294,6 +298,11 @@ def parse_machine(text: str, source: str) -> Machine:
             or not 0 <= ranks_per_node <= MAX_PROCS):
         raise MachineError(f"{where}: 'ranks_per_node' must be a whole number from 1 to "
                            f"{MAX_PROCS}, got {shown(ranks_per_node)}")
+    cache_bytes = table.get("cache_bytes", 0)
+    if (not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool)
+            or not 0 <= cache_bytes <= 2**50):
+        raise MachineError(f"{where}: 'cache_bytes' must be a whole number of bytes from 0 to "
+                           f"2**50, got {shown(cache_bytes)}")
     network = None
     if "network" in table:
         if not ranks_per_node:
@@ -303,7 +312,7 @@ def parse_machine(text: str, source: str) -> Machine:
     return Machine(name, _positive(table, "alpha", where), _positive(table, "beta", where),
                    _positive(table, "flops", where), device, _fits(table, where), source,
                    threads, float(overlap), ranks_per_node, network,
-                   _compute_scale(table, where), _sources(table, where))
+                   _compute_scale(table, where), cache_bytes, _sources(table, where))
 
 
 def _compute_scale(table: dict, where: str) -> dict[str, tuple[float, float]]:
@@ -447,6 +456,9 @@ def format_machine(machine: Machine, comment: str = "") -> str:
         lines.append(f"overlap = {machine.overlap:.3g}  # share of gradient sums hidden")
     if machine.ranks_per_node:
         lines.append(f"ranks_per_node = {machine.ranks_per_node}")
+    if machine.cache_bytes:
+        lines.append(f"cache_bytes = {machine.cache_bytes}  # work touching more runs as from "
+                     f"memory ({machine.cache_bytes / 2**20:.3g} MiB)")
     lines += _format_fits(machine.fits, "fits")
     if machine.compute_scale:
         lines += ["", "[compute_scale]  # per layer kind, [forward, backward] factors on the "

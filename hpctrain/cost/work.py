@@ -10,6 +10,7 @@ compute models (:mod:`hpctrain.cost.compute`) count or time it through that, wha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,6 +65,18 @@ class LocalWork:
     def flops(self) -> tuple[float, float]:
         """Forward and backward floating-point operations, as the operation counts them."""
         return self.op.flops(self)
+
+    def touched_elements(self) -> int:
+        """Elements the work reads and writes once each: its input, its output and, for a
+        weighted operation, its weights, and a convolution's im2col columns (every window of
+        its input): whether they fit a rank's share of the cache decides how fast a training
+        step runs it (:data:`~hpctrain.model.kinds.BEYOND_CACHE`)."""
+        batch, channels = (self.x[0], self.x[1]) if len(self.x) > 1 else (1, self.x[0])
+        positions = batch * math.prod(self.out_sizes() if self.kernel else self.x[2:])
+        window = channels * math.prod(self.kernel)
+        weights = self.out * window
+        columns = positions * window if self.out and self.kernel else 0
+        return math.prod(self.x) + positions * (self.out or channels) + 2 * weights + columns
 
     def out_sizes(self) -> tuple[int, ...]:
         """Output size along each spatial axis of a window kernel on ``x`` with ``pads``."""

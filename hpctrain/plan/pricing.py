@@ -46,7 +46,7 @@ from hpctrain.cost.memory import PARAMETER_COPIES, RANDOM_BYTES, Footprint, larg
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.moves import IdentityMove, Move, move_between
-from hpctrain.model.kinds import KINDS, compute_factors
+from hpctrain.model.kinds import KINDS, beyond_cache, compute_factors
 from hpctrain.model.net import NetSpec
 from hpctrain.model.operations import INPUT, TIMED_MODULES, UPDATE
 from hpctrain.plan.placement import LayerLayouts
@@ -237,7 +237,8 @@ class CostModel(Segments):
                       times: dict[LocalWork, tuple[float, float]] | None = None) -> None:
         """Each layer's compute: its kernels' times (from ``times`` when they are known),
         plus the optimizer's in the backward, times the profile's factor for its kind (else
-        for its class of kinds: :func:`~hpctrain.model.kinds.compute_factors`)."""
+        for its class of kinds: :func:`~hpctrain.model.kinds.compute_factors`), fitted to work
+        of its size: within a rank's share of the cache or beyond it."""
         if times is None:
             times = self.compute.times(_distinct(_works(costs)))
         for cost in costs:
@@ -246,7 +247,9 @@ class CostModel(Segments):
             if cost.update is not None:
                 cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
             if self.machine.compute_scale:  # fitted to training steps of this machine
-                scale = compute_factors(self.machine.compute_scale, cost.kind)
+                touched = cost.work.touched_elements() * self.itemsize if cost.work else 0
+                scale = compute_factors(self.machine.compute_scale, cost.kind,
+                                        beyond_cache(touched, self.machine.cache_bytes))
                 cost.compute = (cost.compute[0] * scale[0], cost.compute[1] * scale[1])
 
     def layer_cost(self, index: int, mode: str, layouts: LayerLayouts,

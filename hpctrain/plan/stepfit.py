@@ -6,10 +6,11 @@ alone, another's a third slower. Every run already records, per layer, step and 
 time it computed and the time it spent in communication, on the slowest rank. This module fits
 the profile's constants to those times by least squares, all at once:
 
-- **compute**, per layer kind and direction: a factor on the times the model takes from the
-  kernels (or FLOPs); a kind the runs never ran takes its class's
-  (:func:`~hpctrain.model.kinds.compute_class`: matrix products, or memory-bound kernels), the
-  mean of that class's factors weighted by their time;
+- **compute**, per layer kind, direction and size of work (within the cache or beyond it:
+  :data:`~hpctrain.model.kinds.BEYOND_CACHE`, the size fitted by :func:`fit_cache_bytes`): a
+  factor on the times the model takes from the kernels (or FLOPs); a kind the runs never ran
+  takes its class's (:func:`~hpctrain.model.kinds.compute_class`: matrix products, or
+  memory-bound kernels) for its size, the mean of that class's factors weighted by their time;
 - **communication**: every time the model prices is linear in four groups of constants — the
   α and the β of the links inside a node, and of the network between nodes
   (:func:`~hpctrain.cost.machine.scaled_links`) — so a layer's predicted communication is
@@ -17,18 +18,21 @@ the profile's constants to those times by least squares, all at once:
   rest at zero.
 
 Each row is one layer and direction of one measured plan: its measured compute plus
-communication ≈ factor(kind, direction) × predicted compute + Σ xₖ·columnₖ. The slowest rank's
-whole time per layer, waiting included, is what adds up to the step: fitted so, the factors
-make the model's sum over layers the step the runs measured (a communication's wait for a slow
-rank lands on the links' factors, as it does on the step). The least squares are of absolute
-times, so the layers that make the step weigh most, and non-negative (Lawson and Hanson's
-active set), so no factor turns a cost into a gain.
+communication ≈ factor(kind, size, direction) × predicted compute + Σ xₖ·columnₖ. The slowest
+rank's whole time per layer, waiting included, is what adds up to the step: fitted so, the
+factors make the model's sum over layers the step the runs measured (a communication's wait for
+a slow rank lands on the links' factors, as it does on the step). The least squares are of
+absolute times, each row's square times a weight (the refit gives each plan's rows the inverse
+square of its step, so every plan counts alike: :func:`hpctrain.record.refit.refit`), so within
+a plan the layers that make the step weigh most; and non-negative (Lawson and Hanson's active
+set), so no factor turns a cost into a gain.
 
 The fitted profile says where each constant came from (its ``sources``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -36,7 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpctrain.cost.machine import Machine, scaled_links
-from hpctrain.model.kinds import compute_class
+from hpctrain.model.kinds import BEYOND_CACHE, beyond_cache, compute_class
 from hpctrain.plan.plans import LayerPlan
 
 if TYPE_CHECKING:
@@ -51,6 +55,14 @@ COLUMNS = ("alpha inside a node", "beta inside a node", "alpha between nodes",
            "beta between nodes")
 """The four groups of a profile's link constants the communication times are linear in."""
 
+CACHE_CANDIDATES = 32
+"""The most splits :func:`fit_cache_bytes` tries, spread over the sizes, each one fit."""
+SPLIT_GAIN = 0.1
+"""The share of the squared error without a split that a split must remove to be kept."""
+CLASS_SHARE = 0.1
+"""The least share of the predicted compute either side of a split must hold. A split that
+sets a few layers apart would fit their noise, not a cache."""
+
 
 @dataclass(frozen=True)
 class LayerSample:
@@ -61,6 +73,7 @@ class LayerSample:
     predicted: float  # compute, s, before any compute_scale
     columns: tuple[float, float, float, float]  # communication per unit of each COLUMNS group
     measured: float  # compute and communication, the slowest rank's
+    touched: float = 0.0  # bytes its work reads and writes (LocalWork.touched_elements)
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,7 @@ class StepFit:
     links: tuple[float, float, float, float]
     layers: int  # samples fitted
     plans: int  # measured plans they came from
+    cache_bytes: int = 0  # work touching more takes the factors beyond the cache; 0: none
 
     def applied_to(self, machine: Machine, source: str) -> Machine:
         """``machine`` with these factors on its links and, as its compute scale, these
@@ -87,7 +101,8 @@ class StepFit:
                                if machine.levelled else "")
                             + f" fitted to {source}")
         sources["compute"] = (f"kernels or FLOPs times factors per kind fitted to {source}")
-        return replace(fitted, compute_scale=scale, sources=sources)
+        return replace(fitted, compute_scale=scale, sources=sources,
+                       cache_bytes=self.cache_bytes)
 
 
 def communication_columns(model_of: Callable[[Machine], CostModel], plans: list[LayerPlan],
@@ -108,37 +123,94 @@ def communication_columns(model_of: Callable[[Machine], CostModel], plans: list[
     return np.transpose(np.array(columns), (1, 2, 0))
 
 
-def fit(samples: Sequence[LayerSample], plans: int = 1) -> StepFit:
-    """The factors that fit ``samples`` best (see the module's text); 1 for a kind and
-    direction with no predicted compute, and for a group of links no layer uses."""
+def fit(samples: Sequence[LayerSample], plans: int = 1,
+        weights: Sequence[float] | None = None, cache_bytes: int = 0) -> StepFit:
+    """The factors that fit ``samples`` best (see the module's text), each sample's squared
+    error times its weight in ``weights`` (None: all 1), work touching more than
+    ``cache_bytes`` (0: none) with factors of its own; 1 for a kind and direction with no
+    predicted compute, and for a group of links no layer uses."""
     if not samples:
         raise ValueError("no layer times to fit")
-    keys = sorted({(s.kind, s.backward) for s in samples if s.predicted > 0})
+    keys = sorted({(_scale_key(s, cache_bytes), s.backward) for s in samples if s.predicted > 0})
+    index = {key: k for k, key in enumerate(keys)}
     matrix = np.zeros((len(samples), len(keys) + len(COLUMNS)))
     for i, s in enumerate(samples):
         if s.predicted > 0:
-            matrix[i, keys.index((s.kind, s.backward))] = s.predicted
+            matrix[i, index[_scale_key(s, cache_bytes), s.backward]] = s.predicted
         matrix[i, len(keys):] = s.columns
-    factors = nonnegative_least_squares(matrix, np.array([s.measured for s in samples]),
-                                        FLOOR)
+    root = np.sqrt(np.ones(len(samples)) if weights is None else np.asarray(weights, float))
+    factors = nonnegative_least_squares(matrix * root[:, None],
+                                        np.array([s.measured for s in samples]) * root, FLOOR)
     compute: dict[str, list[float]] = {}
-    for (kind, backward), factor in zip(keys, factors, strict=False):
-        compute.setdefault(kind, [1.0, 1.0])[int(backward)] = factor
-    # a kind the runs never ran takes its class's factor: the mean of its class's kinds',
-    # weighted by their predicted time (as their pooled least squares would)
-    weights: dict[tuple[str, bool], float] = {}
+    for (key, backward), factor in zip(keys, factors, strict=False):
+        compute.setdefault(key, [1.0, 1.0])[int(backward)] = factor
+    # a kind the runs never ran takes its class's factor (of work its size): the mean of its
+    # class's kinds', weighted by their predicted time (as their pooled least squares would)
+    weights_of: dict[tuple[str, bool], float] = {}
+    classes: dict[str, str] = {}
     for s in samples:
-        weights[s.kind, s.backward] = weights.get((s.kind, s.backward), 0.0) + s.predicted
-    for group in sorted({compute_class(kind) for kind, _ in keys}):
+        key = _scale_key(s, cache_bytes)
+        weights_of[key, s.backward] = weights_of.get((key, s.backward), 0.0) + s.predicted
+        classes[key] = compute_class(s.kind) + key[len(s.kind):]  # the same size suffix
+    for group in sorted({classes[key] for key, _ in keys}):
         pair = []
         for backward in (False, True):
-            mine = [(compute[k][int(b)], w) for (k, b), w in weights.items()
-                    if b == backward and k in compute and compute_class(k) == group and w > 0]
+            mine = [(compute[k][int(b)], w) for (k, b), w in weights_of.items()
+                    if b == backward and k in compute and classes[k] == group and w > 0]
             total = sum(w for _, w in mine)
             pair.append(sum(f * w for f, w in mine) / total if total else 1.0)
         compute[group] = pair
     return StepFit({k: (f, b) for k, (f, b) in compute.items()},
-                   tuple(factors[len(keys):]), len(samples), plans)
+                   tuple(factors[len(keys):]), len(samples), plans, cache_bytes)
+
+
+def fit_cache_bytes(samples: Sequence[LayerSample], plans: int = 1,
+                    weights: Sequence[float] | None = None) -> StepFit:
+    """:func:`fit` with the ``cache_bytes`` that fits ``samples`` best, or none.
+
+    Where a step stops finding a layer's data in cache is the machine's (its cache, and who
+    else uses it: a virtual machine may report a host's 480 MiB), so it is fitted too: every
+    split between two sizes of work the samples hold (at their geometric middle, at most
+    :data:`CACHE_CANDIDATES` of them) that leaves each side at least :data:`CLASS_SHARE` of
+    the predicted compute, and none; the least weighted squared error wins, a split only when
+    it removes :data:`SPLIT_GAIN` of the error without one."""
+    weight = np.ones(len(samples)) if weights is None else np.asarray(weights, float)
+    timed = [(s.touched, s.predicted * w) for s, w in zip(samples, weight, strict=True)
+             if s.predicted > 0 and s.touched > 0]
+    sizes = np.array(sorted({t for t, _ in timed}))
+    total = sum(p for _, p in timed)
+    below = np.array([sum(p for t, p in timed if t <= size) for size in sizes])
+    eligible = [k for k in range(len(sizes) - 1)
+                if CLASS_SHARE * total <= below[k] <= (1 - CLASS_SHARE) * total]
+    if len(eligible) > CACHE_CANDIDATES:
+        eligible = [eligible[round(i)] for i in
+                    np.linspace(0, len(eligible) - 1, CACHE_CANDIDATES)]
+    best = fit(samples, plans, weights)
+    scale = float(np.dot(weight, [s.measured ** 2 for s in samples]))
+    # a split must earn its second set of factors: a tenth of the error without one
+    least = (1 - SPLIT_GAIN) * _residual(samples, weight, best) - 1e-20 * scale
+    for k in eligible:
+        candidate = fit(samples, plans, weights, int(math.sqrt(sizes[k] * sizes[k + 1])))
+        error = _residual(samples, weight, candidate)
+        if error < least:
+            best, least = candidate, error
+    return best
+
+
+def _residual(samples: Sequence[LayerSample], weights: np.ndarray, step_fit: StepFit) -> float:
+    """The weighted sum of squared errors of ``step_fit`` on ``samples``."""
+    total = 0.0
+    for s, w in zip(samples, weights, strict=True):
+        factor = (step_fit.compute[_scale_key(s, step_fit.cache_bytes)][int(s.backward)]
+                  if s.predicted > 0 else 0.0)
+        error = s.predicted * factor + float(np.dot(s.columns, step_fit.links)) - s.measured
+        total += w * error * error
+    return total
+
+
+def _scale_key(sample: LayerSample, cache_bytes: int) -> str:
+    """The ``compute_scale`` key ``sample`` is fitted under: its kind, for its size."""
+    return sample.kind + (BEYOND_CACHE if beyond_cache(sample.touched, cache_bytes) else "")
 
 
 def nonnegative_least_squares(matrix: np.ndarray, measured: np.ndarray, floor: float = 0.0
@@ -178,10 +250,15 @@ def nonnegative_least_squares(matrix: np.ndarray, measured: np.ndarray, floor: f
 
 
 def samples_of_run(kinds: Iterable[str], predicted_compute: np.ndarray, columns: np.ndarray,
-                   measured: np.ndarray) -> list[LayerSample]:
+                   measured: np.ndarray, touched: Iterable[float] | None = None
+                   ) -> list[LayerSample]:
     """The samples of one measured plan: per row (each layer, then the loss) and direction,
-    its kind, predicted compute ((rows, 2)), communication columns ((rows, 2, 4)) and
-    measured compute and communication ((rows, 2))."""
-    return [LayerSample(kind, bool(d), float(p[d]), tuple(float(v) for v in c[d]), float(m[d]))
-            for kind, p, c, m in zip(kinds, predicted_compute, columns, measured, strict=True)
+    its kind, predicted compute ((rows, 2)), communication columns ((rows, 2, 4)), measured
+    compute and communication ((rows, 2)) and the bytes its work touches (None: not known)."""
+    kinds = list(kinds)
+    sizes = [0.0] * len(kinds) if touched is None else list(touched)
+    return [LayerSample(kind, bool(d), float(p[d]), tuple(float(v) for v in c[d]), float(m[d]),
+                        float(size))
+            for kind, p, c, m, size in zip(kinds, predicted_compute, columns, measured, sizes,
+                                           strict=True)
             for d in (0, 1)]

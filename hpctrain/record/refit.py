@@ -9,14 +9,21 @@ profile the run itself was predicted with.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine
-from hpctrain.model.kinds import compute_factors
-from hpctrain.plan.stepfit import LayerSample, StepFit, communication_columns, fit, samples_of_run
+from hpctrain.model.kinds import beyond_cache, compute_factors
+from hpctrain.plan.stepfit import (
+    LayerSample,
+    StepFit,
+    communication_columns,
+    fit,
+    fit_cache_bytes,
+    samples_of_run,
+)
 from hpctrain.record.measured import MeasuredPlan
 from hpctrain.record.runlog import communication
 
@@ -36,19 +43,23 @@ class PricedPlan:
     def predicted(self, machine: Machine, step_fit: StepFit | None = None) -> float:
         """The iteration predicted on ``machine``, with ``step_fit``'s factors when given."""
         scale = dict(machine.compute_scale)
-        links = (1.0, 1.0, 1.0, 1.0)
+        links, cache = (1.0, 1.0, 1.0, 1.0), machine.cache_bytes
         if step_fit is not None:
             scale.update(step_fit.compute)
-            links = step_fit.links
+            links, cache = step_fit.links, step_fit.cache_bytes
         total = self.rest
         for s in self.samples:
-            total += s.predicted * compute_factors(scale, s.kind)[int(s.backward)]
+            beyond = beyond_cache(s.touched, cache)
+            total += s.predicted * compute_factors(scale, s.kind, beyond)[int(s.backward)]
             total += float(np.dot(s.columns, links))
         return total
 
 
-def priced(plan: MeasuredPlan, machine: Machine) -> PricedPlan:
-    """``plan``'s samples priced on ``machine`` (see the module's text)."""
+def priced(plan: MeasuredPlan, machine: Machine, apart: bool = False) -> PricedPlan:
+    """``plan``'s samples priced on ``machine`` (see the module's text); ``apart``: each
+    layer and direction as two samples, its compute against the measured compute and its
+    communication against the measured communication and redistribution."""
+    from hpctrain.plan.planner import choices_of, evaluate
     from hpctrain.plan.pricing import CostModel
 
     def model_of(links: Machine) -> CostModel:
@@ -57,23 +68,49 @@ def priced(plan: MeasuredPlan, machine: Machine) -> PricedPlan:
 
     columns = communication_columns(model_of, plan.plans, machine)
     kinds = [layer.kind for layer in plan.net.layers] + [plan.net.loss.name]
-    before = plan.profile.compute_scale if plan.profile is not None else {}
+    model = model_of(machine)
+    planned = evaluate(model, choices_of(model, plan.plans), timed=False)
+    works = [c.work for c in [*planned.layers, planned.loss]]
+    then = plan.profile if plan.profile is not None else Machine("none", 1.0, 1.0, 1.0)
     recorded = np.stack([plan.predicted["forward_compute"], plan.predicted["backward_compute"]],
                         axis=1)
-    base = recorded / np.array([compute_factors(before, kind) for kind in kinds])
+    touched = [w.touched_elements() * plan.itemsize if w is not None else 0 for w in works]
+    base = recorded / np.array([compute_factors(then.compute_scale, kind, beyond_cache(
+        size, then.cache_bytes)) for kind, size in zip(kinds, touched, strict=True)])
     measured = np.stack([sum(plan.measured[f] for f in DIRECTION_FIELDS[d]) for d in (0, 1)],
                         axis=1)
-    samples = samples_of_run(kinds, base, columns, measured)
+    samples = samples_of_run(kinds, base, columns, measured, touched)
+    if apart:
+        compute = np.stack([plan.measured["forward_compute"], plan.measured["backward_compute"]],
+                           axis=1).ravel()  # in the samples' order: each row, both directions
+        samples = [part for whole, spent in zip(samples, compute, strict=True) for part in (
+            replace(whole, columns=(0.0,) * len(whole.columns), measured=float(spent)),
+            replace(whole, predicted=0.0, measured=whole.measured - float(spent)))]
     rows = float(recorded.sum() + communication(plan.predicted).sum())
     return PricedPlan(plan, samples, plan.iteration[0] - rows)
 
 
-def refit(plans: list[MeasuredPlan], machine: Machine, source: str
-          ) -> tuple[Machine, StepFit, list[PricedPlan]]:
+def refit(plans: list[MeasuredPlan], machine: Machine, source: str, apart: bool = False,
+          cache_bytes: int | None = None) -> tuple[Machine, StepFit, list[PricedPlan]]:
     """``machine`` refitted to ``plans`` (``source`` names them in the profile), the fit, and
-    each plan priced (to compare its iteration before and after)."""
-    found = [priced(p, machine) for p in plans]
-    step_fit = fit([s for p in found for s in p.samples], plans=len(plans))
+    each plan priced (to compare its iteration before and after).
+
+    ``apart``: the compute factors fitted to the measured compute and the links' to the
+    measured communication (:func:`priced`), not both to their sum. Plans of different
+    layouts tell the two apart in their sums; one plan cannot, as each of its layers computes
+    and sends together (fitted to their sums, a 30 % slower machine came out as convolutions
+    7 % faster and links 7.6 times slower per byte).
+
+    ``cache_bytes``: the size past which work takes the factors beyond the cache, fitted
+    with them when None (:func:`~hpctrain.plan.stepfit.fit_cache_bytes`)."""
+    found = [priced(p, machine, apart) for p in plans]
+    # each plan weighs the same, whatever its step: its rows' squared errors over its
+    # iteration's square (fitted on absolute times, the long steps of one probe pulled the
+    # links' factors to fit themselves and the short plans' errors doubled)
+    weights = [p.plan.iteration[1] ** -2 for p in found for _ in p.samples]
+    samples = [s for p in found for s in p.samples]
+    step_fit = (fit_cache_bytes(samples, len(plans), weights) if cache_bytes is None else
+                fit(samples, len(plans), weights, cache_bytes))
     return step_fit.applied_to(machine, source), step_fit, found
 
 

@@ -318,14 +318,7 @@ class RunLog:
 
     def _create(self, planned: PlannedNetwork) -> None:
         h5 = self.h5
-        names = [c.layer for c in planned.layers]
-        h5.create_dataset("plan/layer", data=np.array(names, dtype="S"))
-        h5.create_dataset("plan/mode", data=np.array([p.mode for p in planned.plans], dtype="S"))
-        grids = [p.grid if p.mode != "follow" else (0, 0) for p in planned.plans]
-        h5.create_dataset("plan/grid", data=np.array(grids, dtype="i8"))
-        for name, values in predicted_fields(planned).items():
-            h5.create_dataset(f"plan/predicted/{name}", data=values).attrs["units"] = "s"
-        h5["plan"].attrs["rows"] = "predicted/*: layers in network order, then loss"
+        self._write_plan(planned)
         for name, (dtype, units) in STEP_SERIES.items():
             self._series(f"steps/{name}", (), dtype, units)
         h5.create_dataset("steps/layers/name", data=np.array(self.rows, dtype="S"))
@@ -335,6 +328,18 @@ class RunLog:
                 self._series(f"steps/layers/{name}/{stat}", (len(self.rows),), "f8", units)
         for name, (dtype, units) in VALIDATION_SERIES.items():
             self._series(f"validation/{name}", (), dtype, units)
+
+    def _write_plan(self, planned: PlannedNetwork) -> None:
+        """``/plan``: every layer's mode and grid, and its predicted times."""
+        h5 = self.h5
+        names = [c.layer for c in planned.layers]
+        h5.create_dataset("plan/layer", data=np.array(names, dtype="S"))
+        h5.create_dataset("plan/mode", data=np.array([p.mode for p in planned.plans], dtype="S"))
+        grids = [p.grid if p.mode != "follow" else (0, 0) for p in planned.plans]
+        h5.create_dataset("plan/grid", data=np.array(grids, dtype="i8"))
+        for name, values in predicted_fields(planned).items():
+            h5.create_dataset(f"plan/predicted/{name}", data=values).attrs["units"] = "s"
+        h5["plan"].attrs["rows"] = "predicted/*: layers in network order, then loss"
 
     def _series(self, name: str, row_shape: tuple[int, ...], dtype: str, units: str) -> None:
         """An empty dataset that grows by one row at a time."""
@@ -422,6 +427,30 @@ class RunLog:
             group["rows"] = self.h5["steps/layers/name"]  # the same names: a hard link
             group.attrs["phases"] = ",".join(PHASES)
             group.attrs["categories"] = ",".join(CATEGORIES)
+            self.h5.flush()
+
+        self._write(write)
+
+    def replanned(self, reason: str, planned: PlannedNetwork | None,
+                  attrs: dict[str, Any]) -> None:
+        """The run checked its plan against its first steps (``train --replan-after``):
+        ``reason`` goes to the root's ``replanned``. With ``planned`` (the plan going on,
+        predicted on the refitted profile) it becomes ``/plan``, and ``attrs`` replace the
+        root's (the plan, its prediction, the profile); the first plan stays as
+        ``/first_plan`` and the values replaced under ``first_`` names. A failed write sets
+        ``failure``."""
+        def write() -> None:
+            if planned is not None:
+                if "first_plan" in self.h5:  # a resumed run that had replanned already
+                    del self.h5["plan"]
+                else:
+                    self.h5.move("plan", "first_plan")
+                self._write_plan(planned)
+                for key, value in attrs.items():
+                    if key in self.h5.attrs:
+                        self.h5.attrs[f"first_{key}"] = self.h5.attrs[key]
+                    self.h5.attrs[key] = value
+            self.h5.attrs["replanned"] = reason
             self.h5.flush()
 
         self._write(write)

@@ -90,3 +90,49 @@ def test_compare_plans_runs_each_plan_and_logs_it(comm, monkeypatch):
     # every compute time was timed in this run: none was read from or written to the cache
     ok &= not (where / "compute-times.json").exists()
     assert all_agree(comm, ok)
+
+
+def test_replan_switches_plans_at_a_step_boundary_with_the_same_numbers(comm, monkeypatch):
+    """--replan-after 3 with a decision that always switches (to domain-parallel
+    convolutions): the run goes on from the checkpoint of step 3 under the new plan, its
+    losses those of the run that kept its plan, and the log says what changed."""
+    from hpctrain.commands import replan
+    from hpctrain.plan.planner import predict
+    from hpctrain.plan.plans import plan_from_spec, plan_text
+
+    where = shared_dir(comm)
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(where))
+    p = comm.Get_size()
+    other = f"conv=domain:{p}x1,fc={p}x1"
+
+    def switch(setup, request, step, result, threshold, comm):
+        model = build_cost_model(setup.net, request.batch, p, setup.machine, "flops")
+        planned = predict(model, plan_from_spec(other, setup.net, p))
+        return replan.Replan(step, True, True, f"after step {step}: {other} (test)", planned,
+                             setup.machine)
+
+    monkeypatch.setattr(replan, "decide", switch)
+    common = ["--net", "smallcnn", "--grid", "auto", "--steps", "6", "--batch", "8",
+              "--dtype", "float64", "--machine", "default", "--compute", "flops",
+              "--print-every", "3"]
+    kept, switched = where / "kept.h5", where / "switched.h5"
+    codes = [train_command.run([*common, "--plan-file", str(where / "a.plan"), "--log",
+                                str(kept)], comm),
+             train_command.run([*common, "--plan-file", str(where / "b.plan"), "--log",
+                                str(switched), "--replan-after", "3", "--checkpoint-dir",
+                                str(where / "checkpoints")], comm)]
+    comm.Barrier()
+    ok = codes == [0, 0]
+    if comm.Get_rank() == 0:
+        net = load_net("smallcnn")
+        with h5py.File(kept) as a, h5py.File(switched) as b:
+            ok &= a["steps/loss"].shape == (6,) and b["steps/loss"].shape == (6,)
+            ok &= bool(np.allclose(a["steps/loss"][:], b["steps/loss"][:], rtol=1e-9, atol=0))
+            ok &= b.attrs["replanned"] == f"after step 3: {other} (test)"
+            ok &= b.attrs["plan"] == plan_text(net, plan_from_spec(other, net, p))
+            ok &= b.attrs["first_plan"] == a.attrs["plan"] and "first_plan" in b
+            ok &= "replanned" not in a.attrs
+        ok &= sorted(f.name for f in (where / "checkpoints").iterdir()) == [
+            "step-00000003.h5", "step-00000006.h5"]
+        ok &= read_plan(where / "b.plan", net, p) == plan_from_spec(other, net, p)
+    assert all_agree(comm, ok)

@@ -41,7 +41,30 @@ def compute_class(kind: str) -> str:
     return "(gemm)" if found is not None and found.grid_key else "(memory)"
 
 
-def compute_factors(scales: dict[str, tuple[float, float]], kind: str) -> tuple[float, float]:
+BEYOND_CACHE = " beyond cache"
+"""Appended to a kind (or class) in a profile's ``compute_scale``, it names the factors for
+work that touches more than the profile's ``cache_bytes`` (:func:`beyond_cache`). Inside a training step
+a layer finds what fits the cache where the layer before left it, and runs several times faster
+than its kernels timed after an eviction; what does not fit comes from memory either way. One
+factor per kind cannot hold both (fitted on small nets, it under-predicted a 3-D net of large
+activations by 30 %), so the two are fitted apart, and so is the size between them
+(:func:`hpctrain.plan.stepfit.fit_cache_bytes`)."""
+
+
+def beyond_cache(touched: float, cache_bytes: int) -> bool:
+    """Whether work touching ``touched`` bytes takes the factors beyond the cache
+    (``cache_bytes`` 0: no work does)."""
+    return bool(cache_bytes) and touched > cache_bytes
+
+
+def compute_factors(scales: dict[str, tuple[float, float]], kind: str,
+                    beyond_cache: bool = False) -> tuple[float, float]:
     """The (forward, backward) factors a profile's ``compute_scale`` gives a layer of
-    ``kind``: its own, else its class's (:func:`compute_class`), else none (1, 1)."""
-    return scales.get(kind, scales.get(compute_class(kind), (1.0, 1.0)))
+    ``kind``: its own, else its class's (:func:`compute_class`), else none (1, 1). Work
+    ``beyond_cache`` takes the factors fitted to such work (:data:`BEYOND_CACHE`) the same
+    way, else none: a kernel timed after an eviction is what work larger than the cache sees."""
+    if beyond_cache:
+        kind, cls = kind + BEYOND_CACHE, compute_class(kind) + BEYOND_CACHE
+    else:
+        cls = compute_class(kind)
+    return scales.get(kind, scales.get(cls, (1.0, 1.0)))

@@ -1,0 +1,97 @@
+"""``train --grid auto --replan-after K``: the plan checked against the run's own first steps.
+
+The planner's choice is only as good as the profile's predictions, and a profile calibrated
+elsewhere (another machine, another launch, microbenchmarks alone) may be off by a third. After
+K steps the run compares its measured iteration with the prediction. Where they differ by more
+than ``--replan-threshold``, it refits the profile to those steps' per-layer times (as
+``calibrate --from-log`` would, but the compute and the communication apart, which one plan's
+sums cannot tell apart: :func:`hpctrain.record.refit.refit`), plans again under the
+refitted profile, and prices the plan running on it too. It switches when the new plan is
+predicted faster by at least :data:`REPLAN_GAIN`: less is within a step's run-to-run noise,
+and a switch costs a checkpoint written and read.
+
+The switch happens at a step boundary through the checkpoint of step K in ``--checkpoint-dir``
+(:mod:`hpctrain.run.checkpoint`): it holds whole tensors, which any plan reads its blocks of,
+and the data and dropout masks are keyed by the step, so the run goes on with the numbers the
+first plan would have computed, up to floating-point order. It happens once per run; the log
+says what changed and why (:meth:`~hpctrain.record.runlog.RunLog.replanned`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.commands.setup import Setup, SetupRequest
+from hpctrain.cost.machine import Machine
+from hpctrain.plan.planner import PlannedNetwork
+
+REPLAN_GAIN = 0.05
+"""The least predicted gain, as a share of the running plan's predicted step, for which the
+run switches plans (the same plan's step varies by 5-10 % from run to run on a shared node)."""
+REPLAN_THRESHOLD = 0.10
+"""The default ``--replan-threshold``, the prediction error past which the run refits."""
+
+
+@dataclass(frozen=True)
+class Replan:
+    """What the run does after step ``step``: go on with ``planned`` (a new plan when
+    ``switched``), predicted on ``machine``; ``reason`` says why, in a line."""
+
+    step: int
+    switched: bool
+    refitted: bool
+    reason: str
+    planned: PlannedNetwork
+    machine: Machine
+
+
+def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshold: float,
+           comm: Any) -> Replan:
+    """The plan to go on with after ``step`` steps that measured ``result`` (a
+    :class:`~hpctrain.run.loop.TrainResult`: its per-layer times, the same on every rank);
+    collective over ``comm``, the same on every rank."""
+    import numpy as np
+
+    from hpctrain.cost.memory import memory_limit
+    from hpctrain.plan.planner import predict
+    from hpctrain.plan.pricing import build_cost_model
+    from hpctrain.record.measured import measured_plan
+    from hpctrain.record.refit import refit
+
+    planned, procs = setup.planned, comm.Get_size()
+    error = planned.iteration_time / result.iteration - 1
+    seen = (f"after step {step}: measured {result.iteration * 1e3:.1f} ms per step, predicted "
+            f"{planned.iteration_time * 1e3:.1f} ms ({error:+.1%})")
+    if abs(error) <= threshold:
+        return Replan(step, False, False, f"{seen}, within --replan-threshold {threshold:.0%}: "
+                                          f"plan kept", planned, setup.machine)
+    steps = f"step{'s' if len(result.losses) > 2 else ''} {_timed_steps(result)}"
+    measured = measured_plan(f"{steps} of this run", setup.net, request.batch, procs,
+                             np.dtype(request.dtype).itemsize, setup.machine, planned,
+                             result.layer_times, result.fastest_rank_times, result.iteration)
+    fitted, _, _ = refit([measured], setup.machine,
+                         f"the per-layer times of {steps} of this run", apart=True,
+                         cache_bytes=setup.machine.cache_bytes)
+    model = build_cost_model(setup.net, request.batch, procs, fitted, request.compute,
+                             setup.backend, comm, setup.threads, request.overlap)
+    limit, source = memory_limit(comm, request.mem_per_rank, setup.threads.ranks_on_node)
+    running = predict(model, planned.plans)
+    best = predict(model, None, limit, source, request.space)
+    gain = 1 - best.iteration_time / running.iteration_time
+    refitted = (f"{seen}; refitted to {steps}, the plan running is predicted "
+                f"{running.iteration_time * 1e3:.1f} ms")
+    if best.plans == planned.plans or gain < REPLAN_GAIN:
+        why = ("and is the planner's choice again" if best.plans == planned.plans else
+               f"and the planner's choice {best.iteration_time * 1e3:.1f} ms ({gain:.1%} "
+               f"faster, under the {REPLAN_GAIN:.0%} a switch needs)")
+        return Replan(step, False, True, f"{refitted}, {why}: plan kept", running, fitted)
+    return Replan(step, True, True, f"{refitted}, the planner's choice "
+                                    f"{best.iteration_time * 1e3:.1f} ms ({gain:.1%} faster): "
+                                    f"switched to it", best, fitted)
+
+
+def _timed_steps(result: Any) -> str:
+    """The steps the per-layer times are the median of (all but the run's first)."""
+    first = result.first_step + (2 if len(result.losses) > 1 else 1)
+    return f"{first}-{result.last_step}" if first < result.last_step else str(first)
