@@ -66,7 +66,7 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
     if abs(error) <= threshold:
         return Replan(step, False, False, f"{seen}, within --replan-threshold {threshold:.0%}: "
                                           f"plan kept", planned, setup.machine)
-    steps = f"step{'s' if len(result.losses) > 2 else ''} {_timed_steps(result)}"
+    steps = _timed_steps(result)
     measured = measured_plan(f"{steps} of this run", setup.net, request.batch, procs,
                              np.dtype(request.dtype).itemsize, setup.machine, planned,
                              result.layer_times, result.fastest_rank_times, result.iteration)
@@ -92,6 +92,6 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
 
 
 def _timed_steps(result: Any) -> str:
-    """The steps the per-layer times are the median of (all but the run's first)."""
+    """The steps the per-layer times are the median of (all but the run's first), in words."""
     first = result.first_step + (2 if len(result.losses) > 1 else 1)
-    return f"{first}-{result.last_step}" if first < result.last_step else str(first)
+    return f"steps {first}-{result.last_step}" if first < result.last_step else f"step {first}"

@@ -284,25 +284,16 @@ def parse_machine(text: str, source: str) -> Machine:
     device = table.get("device", "cpu")
     if device not in ("cpu", "gpu"):
         raise MachineError(f"{where}: device {shown(device)} must be \"cpu\" or \"gpu\"")
-    threads = table.get("threads", 0)
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
-        raise MachineError(f"{where}: 'threads' must be a whole number >= 0, got "
-                           f"{shown(threads)}")
+    threads = _whole_number(table, "threads", where, None, "a whole number >= 0")
     overlap = table.get("overlap", 0.0)
     if (not isinstance(overlap, (int, float)) or isinstance(overlap, bool)
             or not 0.0 <= overlap <= 1.0):
         raise MachineError(f"{where}: 'overlap' must be a number from 0 to 1, got "
                            f"{shown(overlap)}")
-    ranks_per_node = table.get("ranks_per_node", 0)
-    if (not isinstance(ranks_per_node, int) or isinstance(ranks_per_node, bool)
-            or not 0 <= ranks_per_node <= MAX_PROCS):
-        raise MachineError(f"{where}: 'ranks_per_node' must be a whole number from 1 to "
-                           f"{MAX_PROCS}, got {shown(ranks_per_node)}")
-    cache_bytes = table.get("cache_bytes", 0)
-    if (not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool)
-            or not 0 <= cache_bytes <= 2**50):
-        raise MachineError(f"{where}: 'cache_bytes' must be a whole number of bytes from 0 to "
-                           f"2**50, got {shown(cache_bytes)}")
+    ranks_per_node = _whole_number(table, "ranks_per_node", where, MAX_PROCS,
+                                   f"a whole number from 1 to {MAX_PROCS}")
+    cache_bytes = _whole_number(table, "cache_bytes", where, 2**50,
+                                "a whole number of bytes from 0 to 2**50")
     network = None
     if "network" in table:
         if not ranks_per_node:
@@ -313,6 +304,16 @@ def parse_machine(text: str, source: str) -> Machine:
                    _positive(table, "flops", where), device, _fits(table, where), source,
                    threads, float(overlap), ranks_per_node, network,
                    _compute_scale(table, where), cache_bytes, _sources(table, where))
+
+
+def _whole_number(table: dict, key: str, where: str, most: int | None, wording: str) -> int:
+    """``table[key]`` (0 when absent): an integer from 0 to ``most`` (None: no bound), else
+    refused in one line that says it must be ``wording``."""
+    value = table.get(key, 0)
+    if (not isinstance(value, int) or isinstance(value, bool) or value < 0
+            or (most is not None and value > most)):
+        raise MachineError(f"{where}: {key!r} must be {wording}, got {shown(value)}")
+    return value
 
 
 def _compute_scale(table: dict, where: str) -> dict[str, tuple[float, float]]:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpctrain.cost.machine import Machine, scaled_links
-from hpctrain.model.kinds import BEYOND_CACHE, beyond_cache, compute_class
+from hpctrain.model.kinds import beyond_cache, compute_class, scale_key
 from hpctrain.plan.plans import LayerPlan
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ def fit(samples: Sequence[LayerSample], plans: int = 1,
     for s in samples:
         key = _scale_key(s, cache_bytes)
         weights_of[key, s.backward] = weights_of.get((key, s.backward), 0.0) + s.predicted
-        classes[key] = compute_class(s.kind) + key[len(s.kind):]  # the same size suffix
+        classes[key] = scale_key(compute_class(s.kind), beyond_cache(s.touched, cache_bytes))
     for group in sorted({classes[key] for key, _ in keys}):
         pair = []
         for backward in (False, True):
@@ -210,7 +210,7 @@ def _residual(samples: Sequence[LayerSample], weights: np.ndarray, step_fit: Ste
 
 def _scale_key(sample: LayerSample, cache_bytes: int) -> str:
     """The ``compute_scale`` key ``sample`` is fitted under: its kind, for its size."""
-    return sample.kind + (BEYOND_CACHE if beyond_cache(sample.touched, cache_bytes) else "")
+    return scale_key(sample.kind, beyond_cache(sample.touched, cache_bytes))
 
 
 def nonnegative_least_squares(matrix: np.ndarray, measured: np.ndarray, floor: float = 0.0

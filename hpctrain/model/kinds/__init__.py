@@ -43,12 +43,12 @@ def compute_class(kind: str) -> str:
 
 BEYOND_CACHE = " beyond cache"
 """Appended to a kind (or class) in a profile's ``compute_scale``, it names the factors for
-work that touches more than the profile's ``cache_bytes`` (:func:`beyond_cache`). Inside a training step
-a layer finds what fits the cache where the layer before left it, and runs several times faster
-than its kernels timed after an eviction; what does not fit comes from memory either way. One
-factor per kind cannot hold both (fitted on small nets, it under-predicted a 3-D net of large
-activations by 30 %), so the two are fitted apart, and so is the size between them
-(:func:`hpctrain.plan.stepfit.fit_cache_bytes`)."""
+work that touches more than the profile's ``cache_bytes`` (:func:`beyond_cache`). Inside a
+training step a layer finds what fits the cache where the layer before left it, and runs
+several times faster than its kernels timed after an eviction; what does not fit comes from
+memory either way. One factor per kind cannot hold both (fitted on small nets, it
+under-predicted a 3-D net of large activations by 30 %), so the two are fitted apart, and so is
+the size between them (:func:`hpctrain.plan.stepfit.fit_cache_bytes`)."""
 
 
 def beyond_cache(touched: float, cache_bytes: int) -> bool:
@@ -57,14 +57,17 @@ def beyond_cache(touched: float, cache_bytes: int) -> bool:
     return bool(cache_bytes) and touched > cache_bytes
 
 
+def scale_key(name: str, beyond_cache: bool) -> str:
+    """The ``compute_scale`` key of a kind or class ``name`` for work within the cache, or
+    beyond it (:data:`BEYOND_CACHE`)."""
+    return name + BEYOND_CACHE if beyond_cache else name
+
+
 def compute_factors(scales: dict[str, tuple[float, float]], kind: str,
                     beyond_cache: bool = False) -> tuple[float, float]:
     """The (forward, backward) factors a profile's ``compute_scale`` gives a layer of
     ``kind``: its own, else its class's (:func:`compute_class`), else none (1, 1). Work
     ``beyond_cache`` takes the factors fitted to such work (:data:`BEYOND_CACHE`) the same
     way, else none: a kernel timed after an eviction is what work larger than the cache sees."""
-    if beyond_cache:
-        kind, cls = kind + BEYOND_CACHE, compute_class(kind) + BEYOND_CACHE
-    else:
-        cls = compute_class(kind)
-    return scales.get(kind, scales.get(cls, (1.0, 1.0)))
+    own, cls = scale_key(kind, beyond_cache), scale_key(compute_class(kind), beyond_cache)
+    return scales.get(own, scales.get(cls, (1.0, 1.0)))
