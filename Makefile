@@ -127,6 +127,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: install $(BENCH_STAMP)
 	$(PY) bench/planning.py --repeat 5
 	$(PY) bench/moves.py
+	$(PY) bench/input_splits.py
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain calibrate
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain compare-plans --net $(BENCH_NET) \
 	  --image-size $(BENCH_IMAGE) --batch 16 --steps 8 --log runs/compare-$(BENCH_NET).h5

@@ -14,8 +14,9 @@ gpu`` path can be run and its host traffic counted on a machine without a GPU:
   synchronisation. :func:`asarray` and :func:`array` of host data are host-to-device copies.
 - A scalar read (``float(a)``, ``int(a)``, ``bool(a)``, ``a.item()``, ``a.tolist()``, formatting)
   is a synchronisation and a device-to-host copy of what it reads.
-- ``cuda.get_current_stream().synchronize()`` and ``cuda.get_current_device().synchronize()``
-  are synchronisations.
+- ``cuda.get_current_stream().synchronize()`` and ``cuda.Device().synchronize()`` (the
+  current device) are synchronisations. Only names CuPy has are offered: a call CuPy
+  lacks (``cuda.get_current_device``, say) fails here as it would on a GPU.
 
 Every such event is added to :data:`counters` with the place in hpctrain that caused it, so a
 test can assert a budget per training step and name the line that broke it.
@@ -419,7 +420,6 @@ def _properties(device: int) -> dict[str, Any]:
 cuda = SimpleNamespace(
     Device=Device,
     Stream=Stream,
-    get_current_device=lambda: Device(),
     get_current_stream=lambda: _STREAM,
     runtime=SimpleNamespace(getDeviceCount=_device_count, getDeviceProperties=_properties,
                             CUDARuntimeError=CUDARuntimeError),

@@ -1,4 +1,5 @@
-"""An independent reference: ResNet-18, one InceptionA module and CosmoFlow written in plain
+"""An independent reference: ResNet-18, one InceptionA module, CosmoFlow, an MLP and a small CNN
+written in plain
 PyTorch (no torchvision, no hpctrain code), in float64, trained from hpctrain's initial weights on
 the same batches, to compare with hpctrain step by step. The classifiers are trained on
 softmax cross-entropy, CosmoFlow (a regression) on the mean squared error.
@@ -32,6 +33,7 @@ from hpctrain.model.net import NetSpec, load_net, parse_net
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.run.network import Network
 from hpctrain.run.optimizer import SGD
+from tests.test_input_splits import MLP
 
 # hyper-parameters of the compared update: momentum and weight decay both matter
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 1e-2
@@ -295,6 +297,53 @@ def cosmoflow_model(net: NetSpec, **changes) -> CosmoFlow:
     return CosmoFlow(channels, tuple(spatial), net.classes, **changes)
 
 
+# -- an MLP and a small CNN, for plans that split the reduction (input features, channels) --
+
+SMALL_CNN_NET = """input channels=4 size=7 classes=5
+conv out=6 kernel=3 pad=1
+relu
+conv out=10 kernel=3 pad=1
+relu
+maxpool kernel=2
+flatten
+linear out=14
+relu
+linear out=5
+"""
+
+
+class TorchMLP(nn.Module):
+    """The net ``MLP`` of tests/test_input_splits.py: 12 → 20 → 9 → 6, with ReLUs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(12, 20), nn.Linear(20, 9), nn.Linear(9, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(4, 6, 3, padding=1), nn.Conv2d(6, 10, 3, padding=1)
+        self.fc1, self.fc2 = nn.Linear(10 * 3 * 3, 14), nn.Linear(14, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def layer_names(convs: int, linears: int) -> NameMap:
+    """hpctrain's ``conv2.bias`` is ``conv2.bias``, its ``linear1.weight`` is ``fc1.weight``."""
+    names = NameMap({}, {})
+    for k in range(1, convs + 1):
+        names.conv(f"conv{k}", f"conv{k}", bias=True)
+    for k in range(1, linears + 1):
+        names.conv(f"linear{k}", f"fc{k}", bias=True)
+    return names
+
+
 # -- the compared models ---------------------------------------------------------------------
 
 TOLERANCE = 1e-9  # relative error of every tensor of every step
@@ -305,6 +354,10 @@ MODELS = {
     "resnet18": (resnet18_net, lambda net: ResNet18(net.classes), resnet18_names),
     "inception_a": (inception_net, lambda net: InceptionNet(), inception_names),
     "cosmoflow": (cosmoflow_net, cosmoflow_model, cosmoflow_names),
+    "mlp": (lambda: parse_net(MLP, "mlp"), lambda net: TorchMLP(),
+            lambda: layer_names(0, 3)),
+    "small_cnn": (lambda: parse_net(SMALL_CNN_NET, "small_cnn"), lambda net: SmallCNN(),
+                  lambda: layer_names(2, 2)),
 }
 
 

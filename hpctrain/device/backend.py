@@ -65,7 +65,7 @@ class Backend:
     def sync(self) -> None:
         """Wait for queued device work, so timers measure it."""
         if self.device == "gpu":
-            self.xp.cuda.get_current_device().synchronize()
+            self.xp.cuda.Device().synchronize()  # the current device
 
 
 def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None) -> Backend:

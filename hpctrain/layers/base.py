@@ -10,6 +10,7 @@ from hpctrain.device.backend import Backend
 from hpctrain.kernels.counter_rng import stream_key, uniform_block
 from hpctrain.layout.layout import CHANNEL_AXIS, Box, Layout
 from hpctrain.layout.partition import block_range
+from hpctrain.layout.reduction import InputSplit
 
 if TYPE_CHECKING:
     from hpctrain.comm.grid import GridSet  # imports MPI: planning builds no layer
@@ -23,9 +24,10 @@ class Parameter:
 
     ``sharded_by`` is the layout whose channel (or feature) blocks cut axis 0 (the output
     channels): the rank holds the block of axis 0 it holds of that layout's channels. None, or
-    a layout that does not cut its channels: every rank holds the whole tensor. The gradient is
-    summed over the ranks holding the same shard before the optimizer sees it, so every replica
-    takes the same step.
+    a layout that does not cut its channels: every rank holds the whole tensor. ``layout``, when
+    given, is the parameter's own layout instead (a weight cut along its input channels too:
+    :class:`~hpctrain.layout.reduction.InputSplit`). The gradient is summed over the ranks
+    holding the same shard before the optimizer sees it, so every replica takes the same step.
     """
 
     name: str
@@ -34,6 +36,7 @@ class Parameter:
     sharded_by: Layout | None = None
     grad: Any = None
     kept_grad: Any = field(default=None, repr=False)
+    layout: Layout | None = None
 
     def grad_buffer(self, xp: Any) -> Any:
         """An array of the value's shape that this parameter keeps for its gradient to be
@@ -49,6 +52,8 @@ class Parameter:
         return self.kept_grad
 
     def box(self, rank: int) -> Box:
+        if self.layout is not None:
+            return self.layout.box(rank)
         box = [(0, n) for n in self.shape]
         by = self.sharded_by
         if by is not None and by.parts[CHANNEL_AXIS] > 1:
@@ -58,9 +63,10 @@ class Parameter:
 
 
 def init_parameter(backend: Backend, name: str, shape: tuple[int, ...],
-                   sharded_by: Layout | None, rank: int, key: int, bound: float) -> Parameter:
+                   sharded_by: Layout | None, rank: int, key: int, bound: float,
+                   layout: Layout | None = None) -> Parameter:
     """Uniform(-bound, bound) entries drawn by global index: the same values on every grid."""
-    param = Parameter(name, None, shape, sharded_by)
+    param = Parameter(name, None, shape, sharded_by, layout=layout)
     u = uniform_block(backend.xp, stream_key(key, INIT_STREAM), shape, param.box(rank),
                       backend.dtype)
     param.value = (u * 2 - 1) * backend.dtype(bound)
@@ -68,21 +74,21 @@ def init_parameter(backend: Backend, name: str, shape: tuple[int, ...],
 
 
 def weight_and_bias(backend: Backend, name: str, weight_shape: tuple[int, ...], bias: bool,
-                    sharded_by: Layout | None, rank: int, key: int
-                    ) -> tuple[Parameter, Parameter | None]:
+                    sharded_by: Layout | None, rank: int, key: int,
+                    split: InputSplit | None = None) -> tuple[Parameter, Parameter | None]:
     """A layer's weight, and its bias when asked, both U(±1/√fan_in) (the common default).
 
     The output axis (axis 0) is cut as ``sharded_by`` cuts its channels; fan_in is the rest of
-    the weight.
+    the weight. Under an input split both are cut as its ``weight`` and ``bias`` layouts say.
     """
     fan_in = math.prod(weight_shape[1:])
     bound = 1.0 / math.sqrt(fan_in)
     weight = init_parameter(backend, f"{name}.weight", weight_shape, sharded_by, rank,
-                            stream_key(key, 0), bound)
+                            stream_key(key, 0), bound, split and split.weight)
     if not bias:
         return weight, None
     return weight, init_parameter(backend, f"{name}.bias", weight_shape[:1], sharded_by, rank,
-                                  stream_key(key, 1), bound)
+                                  stream_key(key, 1), bound, split and split.bias)
 
 
 @dataclass
@@ -137,6 +143,11 @@ class Layer:
     @property
     def in_layouts(self) -> tuple[Layout, ...]:
         return (self.in_layout,)
+
+    def gradient_groups(self) -> list[tuple[Any, list[Parameter]]]:
+        """(communicator, parameters) of each group of gradients summed over the same ranks:
+        all of them over ``grad_comm`` unless the layer says otherwise."""
+        return [(self.grad_comm, self.params)] if self.params else []
 
     def forward(self, x: Any, step: int) -> Any:
         raise NotImplementedError

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.kernels.conv import conv_backward, conv_forward
-from hpctrain.layers.base import Layer, weight_and_bias
+from hpctrain.layers.base import Layer, Parameter, weight_and_bias
+from hpctrain.layers.partial import InputSum
 from hpctrain.layers.rows import WindowRows
 from hpctrain.layout.layout import shared_channel_digits
+from hpctrain.layout.reduction import InputSplit
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
@@ -32,6 +34,10 @@ class Conv(Layer):
         W: (O, C, kh, kw), b: (O,) on every rank.
         X: (N/Pc, C, H/Pr, W) plus halo rows from the neighbours;  Y: (N/Pc, O, Ho/Pr, Wo).
         ΔW, Δb summed over all P (by the network); halo gradients go back to their owners.
+    input split (``i=`` or ``s=``):
+        W: (O/c, C/q, k…) and X's channels cut q ways; W ⋆ X is a partial sum, completed over
+        the q ranks by :class:`~hpctrain.layers.partial.InputSum` before b is added; ΔX stays
+        cut as X is.
     """
 
     def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
@@ -40,15 +46,24 @@ class Conv(Layer):
         c, out = self.in_layout.shape[1], self.out_layout
         self.stride = options.stride
         self.rows = WindowRows.of(ctx.backend, ctx.grids, self.in_layout, options, name)
+        shape = (options.out, c, *options.kernel)
+        split = InputSplit.of(self.in_layout, out, shape)
+        self.sum = None if split is None else InputSum(ctx.backend, ctx.grids, split, ctx.rank)
         # Wᵢ is on every rank that holds the same block of output channels
         self.grad_comm = ctx.grids.over(out, shared_channel_digits(out))
         self.weight, self.bias = weight_and_bias(
-            ctx.backend, name, (options.out, c, *options.kernel), options.bias, out, ctx.rank,
-            ctx.key)
+            ctx.backend, name, shape, options.bias, out, ctx.rank, ctx.key, split)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
+        # the bias the kernel adds (under an input split, the sum adds it once, after)
+        self.kernel_bias = self.bias if self.sum is None else None
+
+    def gradient_groups(self) -> list[tuple[Any, list[Parameter]]]:
+        if self.sum is None:
+            return super().gradient_groups()
+        return self.sum.gradient_groups(self.weight, self.bias)
 
     def _forward_rows(self, x: Any, pads: tuple[tuple[int, int], ...]) -> tuple[Any, Any]:
-        b = self.bias.value if self.bias is not None else None
+        b = self.kernel_bias.value if self.kernel_bias is not None else None
         return conv_forward(self.backend.xp, x, self.weight.value, b, self.stride, pads)
 
     def _backward_rows(self, dy: Any, cache: Any) -> Any:
@@ -61,15 +76,17 @@ class Conv(Layer):
             self.weight.grad = dw
         else:
             self.weight.grad += dw  # the kept buffer the first band wrote
-        if self.bias is not None:
+        if self.kernel_bias is not None:
             self.bias.grad = db if self.bias.grad is None else self.bias.grad + db
         return dx
 
     def forward(self, x: Any, step: int) -> Any:
         y, self.bands = self.rows.forward(x, self._forward_rows)
-        return y
+        return y if self.sum is None else self.sum.forward(y, self.bias)
 
     def backward(self, dy: Any) -> Any:
         for p in self.params:
             p.grad = None
+        if self.sum is not None:
+            dy = self.sum.backward(dy, self.bias)
         return self.rows.backward(dy, self.bands, self._backward_rows, self.need_dx)

@@ -48,6 +48,8 @@ BATCH_AXIS = 0
 CHANNEL_AXIS = 1
 HEIGHT_AXIS = 2
 REPLICAS = -1  # a mesh digit that cuts no axis: its ranks hold the same block
+# a split's digit that cuts a weighted layer's input channels: its ranks hold parts of one sum
+REDUCTION = -2
 
 
 def axis_letters(ndim: int) -> str:
@@ -74,20 +76,47 @@ def grid_coords(rank: int, grid: tuple[int, int]) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Split:
     """A layer's split: a degree for each axis of its output, batch first (``degrees``; the
-    channels, or a linear layer's features, second, then each spatial axis), and the number of
-    times its work is replicated. The product of all is the number of ranks.
+    channels, or a linear layer's features, second, then each spatial axis), the number of
+    times its work is replicated, and, for a conv or linear layer, the degree of its *input*
+    channels (or features): the reduction its output sums over. The product of all is the
+    number of ranks.
 
     Example: ``Split((2, 1, 2, 2))`` cuts an image layer's samples in 2, its height in 2 and its
     width in 2 on 8 ranks; ``Split((2, 4), 2)`` cuts a linear layer's samples in 2 and its
-    features in 4, each block computed twice, on 16 ranks.
+    features in 4, each block computed twice, on 16 ranks; ``Split((1, 4), inputs=8)`` gives
+    each of 32 ranks a 2-D block of a linear layer's weight, a quarter of its outputs by an
+    eighth of its inputs.
+
+    Input splits (the reduction): each rank multiplies its slice of the input channels by its
+    block of the weight, a *partial* output; the ``inputs`` ranks that share an output block
+    sum it inside the layer, by an all-reduce (the output is then replicated over them) or, with
+    ``scatter``, a reduce-scatter that leaves each of them a part of the block's channels. No
+    other layer sees a partial sum. On the mesh the input digit sits next to the channels',
+    inside it (varying faster) unless ``inputs_outer``; a reduce-scatter needs it inside, so
+    that each rank's part lies in its own block. Consecutive linear layers whose input and
+    output digits swap (``c=4,i=8`` then ``i=4,c=8``) hand on with no move at all: the second
+    reads its input cut exactly as the first's sum leaves it.
     """
 
     degrees: tuple[int, ...]
     replicas: int = 1
+    inputs: int = 1
+    inputs_outer: bool = False
+    scatter: bool = False
+
+    def __post_init__(self) -> None:
+        if self.inputs < 1:
+            raise ValueError(f"a split of the input channels {self.inputs} ways")
+        if self.inputs == 1 or self.degrees[CHANNEL_AXIS] == 1:  # one order: one spelling
+            object.__setattr__(self, "inputs_outer", False)
+        if self.inputs == 1:
+            object.__setattr__(self, "scatter", False)
+        if self.scatter and self.inputs_outer:
+            raise ValueError("a reduce-scatter needs the input digit inside the channels'")
 
     @property
     def procs(self) -> int:
-        return math.prod(self.degrees) * self.replicas
+        return math.prod(self.degrees) * self.replicas * self.inputs
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -96,10 +125,16 @@ class Split:
 
     def mesh(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(digit sizes, the axis each cuts) of this split's output, slowest first: the batch,
-        the spatial axes in order, the channels, the replicas (see the module's text)."""
-        order = [BATCH_AXIS, *range(2, len(self.degrees)), CHANNEL_AXIS]
-        sizes = [self.degrees[a] for a in order] + [self.replicas]
-        return tuple(sizes), (*order, REPLICAS)
+        the spatial axes in order, the channels and the input channels (``REDUCTION``, the
+        order :attr:`inputs_outer` says), the replicas (see the module's text)."""
+        channels = [CHANNEL_AXIS, REDUCTION]
+        if self.inputs_outer:
+            channels.reverse()
+        order = [BATCH_AXIS, *range(2, len(self.degrees))]
+        sizes = ([self.degrees[a] for a in order]
+                 + [self.inputs if a == REDUCTION else self.degrees[a] for a in channels]
+                 + [self.replicas])
+        return tuple(sizes), (*order, *channels, REPLICAS)
 
     @property
     def mode(self) -> str:
@@ -107,6 +142,8 @@ class Split:
         ``model`` also the channels, ``domain`` the first spatial axis, ``replicated``
         replicates the work over the ranks that share a sample block."""
         cut = [a for a, d in enumerate(self.degrees) if d > 1 and a != BATCH_AXIS]
+        if self.inputs > 1:
+            return "split"
         if self.replicas > 1:
             return "split" if cut else "replicated"
         if not cut:
@@ -114,9 +151,14 @@ class Split:
         return {(CHANNEL_AXIS,): "model", (HEIGHT_AXIS,): "domain"}.get(tuple(cut), "split")
 
     def text(self) -> str:
-        """``n=2,c=1,h=2,w=2`` (and ``,r=R`` for replicas): a plan file's form."""
+        """``n=2,c=1,h=2,w=2`` (and ``,r=R`` for replicas): a plan file's form. An input split
+        is ``i=Q`` next to ``c``, before it when its digit is the outer one, or ``s=Q`` when
+        its sum is a reduce-scatter: ``n=2,c=4,i=8``, ``n=2,i=8,c=4``, ``n=2,c=4,s=8``."""
         letters = axis_letters(len(self.degrees))
         words = [f"{letters[a]}={d}" for a, d in enumerate(self.degrees)]
+        if self.inputs > 1:
+            words.insert(CHANNEL_AXIS + (0 if self.inputs_outer else 1),
+                         f"{'s' if self.scatter else 'i'}={self.inputs}")
         return ",".join(words + ([f"r={self.replicas}"] if self.replicas > 1 else []))
 
     @classmethod
@@ -205,16 +247,18 @@ class Layout:
         return block_ranges(n, parts) if given == block_ranges(n, parts) else given
 
     @classmethod
-    def of_split(cls, shape: tuple[int, ...], split: Split, cut: Iterable[int] | None = None
-                 ) -> Layout:
+    def of_split(cls, shape: tuple[int, ...], split: Split, cut: Iterable[int] | None = None,
+                 reduction: int = REPLICAS) -> Layout:
         """The layout of a tensor of ``shape`` under ``split``, cutting only the axes in
-        ``cut`` (all by default); the digits of the others hold replicas. ``split`` has a degree
-        per axis of ``shape``."""
+        ``cut`` (all by default); the digits of the others hold replicas. The input-channel
+        digit cuts ``reduction`` (the channels of a layer's input, or of an output its sum
+        scatters) or holds replicas. ``split`` has a degree per axis of ``shape``."""
         if len(split.degrees) != len(shape):
             raise ValueError(f"split {split} has {len(split.degrees)} degrees for shape {shape}")
         keep = set(range(len(shape)) if cut is None else cut) | {BATCH_AXIS}
         sizes, axes = split.mesh()
-        return cls(shape, mesh=sizes, axes=tuple(a if a in keep else REPLICAS for a in axes))
+        return cls(shape, mesh=sizes, axes=tuple(
+            reduction if a == REDUCTION else a if a in keep else REPLICAS for a in axes))
 
     # -- identity --------------------------------------------------------------------------
 

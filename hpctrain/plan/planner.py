@@ -372,9 +372,7 @@ def _refuse_whole_space_if_too_many_pairs(model: CostModel, grids: list[list[Lay
     """Refuse ``--space axes`` where its search would price more than
     :data:`WHOLE_SPACE_PAIRS` pairs of choices, counted from the splits' degrees alone
     (before any is laid out or priced)."""
-    from hpctrain.plan.segments import whole_degrees
-
-    count = [len(found) + len(whole_degrees(model.procs, model.output_shape(k)))
+    count = [len(found) + len(model.candidate_splits(k, "axes"))
              for k, found in enumerate(grids)]
     pairs = sum(count[a] * count[b] for a, b in _joined_segments(model))
     if pairs > WHOLE_SPACE_PAIRS:

@@ -117,26 +117,43 @@ def parse_split(text: str, ndim: int, procs: int, where: str, layer: str) -> Spl
     """The split ``text`` gives a layer whose output has ``ndim`` axes: a degree per axis
     letter, ``n2h2w2`` or ``n=2,c=1,h=2,w=2`` (``n`` batch, ``c`` channels or features, ``d``
     ``h`` ``w`` the spatial axes, ``r`` replicas), an axis not named being 1 and ``n``, when
-    not named, what the others leave of ``procs``. Refused in one line, naming ``where``."""
+    not named, what the others leave of ``procs``. A conv or linear layer may also split its
+    input channels: ``i=Q`` summed by an all-reduce, ``s=Q`` by a reduce-scatter into the
+    output's channels; ``i`` written before ``c`` puts its digit outside the channels'
+    (:class:`~hpctrain.layout.layout.Split`). Refused in one line, naming ``where``."""
     letters = axis_letters(ndim)
     if not _DEGREES.fullmatch(text):
         raise PlanError(f"{where}: {shown(text)} is not a split; write a degree per axis, e.g. "
-                        f"n=2,h=2,w=2 (axes {', '.join(letters)}, and r for replicas)")
+                        f"n=2,h=2,w=2 (axes {', '.join(letters)}, r for replicas, i or s for "
+                        f"input channels)")
     found: dict[str, int] = {}
     for letter, digits in _DEGREE.findall(text):
-        if letter not in letters + "r":
+        if letter not in letters + "ris":
             raise PlanError(f"{where}: layer {layer} has no axis {shown(letter)}: its output "
-                            f"has axes {', '.join(letters)} (and r for replicas)")
+                            f"has axes {', '.join(letters)} (and r for replicas, i or s for "
+                            f"input channels)")
         if letter in found:
             raise PlanError(f"{where}: axis {letter} is given twice in {shown(text)}")
         if len(digits.lstrip("0")) > 12 or int(digits) < 1:
             raise PlanError(f"{where}: degree {letter}={digits} must be from 1 to {procs}")
         found[letter] = int(digits)
+    if "i" in found and "s" in found:
+        raise PlanError(f"{where}: {shown(text)} gives both i= and s=; the input channels are "
+                        f"summed one way: i= (all-reduce) or s= (reduce-scatter)")
+    order = list(found)
+    inputs_letter = "s" if "s" in found else "i"
+    outer = "c" in found and inputs_letter in found and (
+        order.index(inputs_letter) < order.index("c"))
+    if outer and inputs_letter == "s" and found["c"] > 1:
+        raise PlanError(f"{where}: s={found['s']} before c= in {shown(text)}: a reduce-scatter "
+                        f"leaves each rank part of its own channels, so its digit is the inner "
+                        f"one; write c= before s=, or use i=")
     rest = math.prod(d for letter, d in found.items() if letter != "n")
     if "n" not in found and procs % rest == 0:
         found["n"] = procs // rest
     degrees = tuple(found.get(letter, 1) for letter in letters)
-    split = Split(degrees, found.get("r", 1))
+    split = Split(degrees, found.get("r", 1), found.get(inputs_letter, 1), outer,
+                  inputs_letter == "s")
     if split.procs != procs:
         raise PlanError(f"{where}: split {split.text()} needs {split.procs} processes but "
                         f"{procs} were launched; make the degrees multiply to {procs}")

@@ -19,6 +19,7 @@ from hpctrain.layout.layout import Layout, Split
 from hpctrain.layout.partition import SplitError, factorisations, ordered_factorisations
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import Kind
+from hpctrain.model.kinds.weighted import SplitsInputs
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.placement import LayerLayouts, input_layout_for, layer_layouts
 from hpctrain.plan.plans import LayerPlan
@@ -85,20 +86,30 @@ class Segments:
         return [c for c in found if self.segment_layouts(segment, c) is not None]
 
     def split_choices(self, segment: int, space: str = "axes") -> list[LayerPlan]:
-        """The splits of the segment's weighted layer beyond :meth:`choices`, each a degree for
-        every axis of its output (sample, channels, each spatial axis) and a number of
-        replicas, multiplying to P, that can run and is not one of the 1.5D modes: every such
-        split (``space`` "axes"), or only the balanced ones (:func:`balanced_degrees`)."""
-        shape = self.output_shape(segment)
-        degrees_of = whole_degrees if space == "axes" else balanced_degrees
+        """The splits of the segment's weighted layer beyond :meth:`choices` (those of
+        :meth:`candidate_splits`) that can run and are not one of the 1.5D modes."""
         known = set(self.choices(segment))
         found = []
-        for degrees in degrees_of(self.procs, shape):
-            choice = LayerPlan("split", split=Split(degrees[:-1], degrees[-1]))
+        for split in self.candidate_splits(segment, space):
+            choice = LayerPlan("split", split=split)
             if choice.mode == "split" and choice not in known and (
                     self.segment_layouts(segment, choice) is not None):
                 found.append(choice)
         return found
+
+    def candidate_splits(self, segment: int, space: str = "axes") -> list[Split]:
+        """The splits of ``space`` for the segment's weighted layer, from its sizes alone
+        (none laid out): a degree for every axis of its output (sample, channels, each spatial
+        axis) and a number of replicas, multiplying to P, every such split (``space`` "axes")
+        or only the balanced ones (:func:`balanced_degrees`); and for a conv or linear layer
+        the splits of its input channels too (:func:`input_splits`)."""
+        shape = self.output_shape(segment)
+        degrees_of = whole_degrees if space == "axes" else balanced_degrees
+        splits = [Split(degrees[:-1], degrees[-1]) for degrees in degrees_of(self.procs, shape)]
+        head = self.heads[segment]
+        if isinstance(KINDS[self.net.layers[head].kind], SplitsInputs):
+            splits += input_splits(self.procs, shape, self.net.in_shapes(head)[0][0], space)
+        return splits
 
     def output_shape(self, segment: int) -> tuple[int, ...]:
         """The whole output of the segment's weighted layer, the batch first: what its splits
@@ -208,4 +219,36 @@ def balanced_degrees(procs: int, shape: tuple[int, ...]) -> list[tuple[int, ...]
             if (list(cut) == sorted(cut, reverse=True) and cut[0] <= 2 * cut[-1]
                     and all(size % d == 0 for d, size in zip(cut, shape[2:]))):
                 found.append((n, c, *cut, 1))
+    return found
+
+
+def input_splits(procs: int, shape: tuple[int, ...], channels: int, space: str) -> list[Split]:
+    """The splits of a conv or linear layer's input ``channels`` (a reduction, summed in the
+    layer) on ``procs`` ranks, its output of ``shape``: each summed by an all-reduce with the
+    input digit inside the channels' and outside it (the two orders alternate down a chain),
+    and by a reduce-scatter. ``space`` "axes": with every whole split of the output's axes;
+    "balanced": with the samples and channels alone, every cut even, and for a convolution
+    (``shape`` with spatial axes) with the samples alone: the channel parallelism of Dryden et
+    al. (SC'19), its output channels cut only by a reduce-scatter. Cutting a convolution's
+    input and output channels both, in two orders, would add some 200 choices per layer at
+    4096 ranks, each with an input layout of its own to price moves into, for layers that a
+    spatial or output split already serves."""
+    found = []
+    image = len(shape) > 2
+    if space == "axes":  # (degree per output axis, input degree)
+        cuts = [(degrees[:-1], degrees[-1])
+                for degrees in ordered_factorisations(procs, len(shape) + 1)
+                if all(d <= n for d, n in zip(degrees, shape)) and 1 < degrees[-1] <= channels]
+    else:
+        cuts = [((n, c, *[1] * (len(shape) - 2)), i)
+                for n, c, i in ordered_factorisations(procs, 3)
+                if i > 1 and not (shape[0] % n or shape[1] % c or channels % i)
+                and not (image and c > 1)]
+    for degrees, inputs in cuts:
+        found.append(Split(degrees, 1, inputs))
+        if degrees[1] > 1:
+            found.append(Split(degrees, 1, inputs, inputs_outer=True))
+        even = space == "axes" or shape[1] % (degrees[1] * inputs) == 0
+        if even and degrees[1] * inputs <= shape[1]:
+            found.append(Split(degrees, 1, inputs, scatter=True))
     return found

@@ -209,8 +209,8 @@ class Network:
                 dxs = layer.backward(dy)
                 if watch is not None:  # before the sums, which may then be in flight
                     watch.see_gradients(k, [dy, *(p.grad for p in layer.params), dxs])
-                if layer.params:
-                    sums.add(layer.grad_comm, layer.params, k)
+                for comm, params in layer.gradient_groups():
+                    sums.add(comm, params, k)
                 sums.progress()  # between kernels: MPI moves the sums on only when called
                 if k == 0:
                     sums.finish()

@@ -61,6 +61,19 @@ class Run:
                 for t, p in zip(tensors, self.network.params)]
 
 
+def saved_and_resumed(comm, net, first_plan, then, path, state):
+    """Two steps under ``first_plan``, saved to ``path``, then resumed under ``then`` for steps
+    2 and 3: their losses, and ``state(run)`` after them."""
+    with GridSet(comm) as grids:
+        first = Run(net, first_plan, grids)
+        first.train(range(2))
+        first.save(path, 2)
+    with GridSet(comm) as grids:
+        run = Run(net, then, grids)
+        run.load(path)
+        return run.train(range(2, 4)), state(run)
+
+
 def straight_run(comm, plan, steps=4):
     with GridSet(comm) as grids:
         run = Run(NET, plan, grids)
@@ -134,6 +147,22 @@ def test_resume_on_another_plan_and_another_p(comm, shared_dir):
     for k in range(len(params)):
         check_close(comm, serial and serial[1][k], reference and reference[1][k],
                     f"param {k} on one process", 1e-9)
+
+
+def test_weight_blocks_of_an_input_split_save_and_resume_under_another_plan(comm, shared_dir):
+    """Saved under input splits (each rank an out × in block of the weights, the bias added
+    after the sum), resumed under a 1.5D plan, and the other way round: the losses and
+    parameters of four straight steps on one process."""
+    p = comm.Get_size()
+    split = plan_from_spec(f"conv=i{p},fc=s{p}" if p > 1 else "1x1", NET, p)
+    reference = serial_reference(comm)
+    want = reference and reference[0][2:]
+    for first_plan, then in ((split, mixed_plans(p)[0]), (mixed_plans(p)[0], split)):
+        losses, params = saved_and_resumed(comm, NET, first_plan, then,
+                                           shared_dir / "step-2.h5", Run.gathered)
+        check_close(comm, np.array(losses), want and np.array(want), "losses", 1e-9)
+        for k, got in enumerate(params):
+            check_close(comm, got, reference and reference[1][k], f"param {k}", 1e-9)
 
 
 def test_the_file_holds_whole_tensors(comm, shared_dir):
@@ -300,15 +329,8 @@ def test_batch_norm_statistics_resume_on_another_plan_and_another_p(comm, shared
         with GridSet(MPI.COMM_SELF) as grids:
             run = Run(net, serial_plan(first_plan), grids)
             reference = run.train(range(4)), state(run)
-    path = shared_dir / "resdigits-step-2.h5"
-    with GridSet(comm) as grids:
-        first = Run(net, first_plan, grids)
-        first.train(range(2))
-        first.save(path, 2)
-    with GridSet(comm) as grids:
-        run = Run(net, other_plan, grids)
-        run.load(path)
-        losses, tensors = run.train(range(2, 4)), state(run)
+    losses, tensors = saved_and_resumed(comm, net, first_plan, other_plan,
+                                        shared_dir / "resdigits-step-2.h5", state)
     check_close(comm, np.array(losses), reference and np.array(reference[0][2:]),
                 "losses on another plan", 1e-9)
     for k, got in enumerate(tensors):

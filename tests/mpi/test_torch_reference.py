@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hpctrain.plan.plans import LayerPlan, plan_from_spec  # noqa: E402
+from hpctrain.plan.plans import LayerPlan, parse_plan, plan_from_spec  # noqa: E402
 from tests.torch_reference import (  # noqa: E402
     BATCH,
     MODELS,
@@ -87,6 +87,21 @@ CASES.update({
         "inception_a", lambda net: plan_from_spec("conv=n1h2w2,fc=4x1", net, PROCS)),
 })
 
+# the reduction split too: out × in weight blocks whose digits alternate down the chain (column
+# then row, and back), an input split alone summed by a reduce-scatter, and input channels with
+# the samples and the height
+ALTERNATING_MLP = "linear1 split c=2,i=2\nlinear2 split i=2,c=2\nlinear3 split c=2,s=2\n"
+ALTERNATING_CNN = ("conv1 split n=2,c=2\nconv2 split h=2,i=2\nlinear1 split c=2,i=2\n"
+                   "linear2 split i=2,c=2\n")
+CASES.update({
+    "mlp-alternating": ("mlp", lambda net: parse_plan(ALTERNATING_MLP, "t", net, PROCS)),
+    "mlp-fc=s4": ("mlp", lambda net: plan_from_spec("fc=s4", net, PROCS)),
+    "small_cnn-alternating": (
+        "small_cnn", lambda net: parse_plan(ALTERNATING_CNN, "t", net, PROCS)),
+    "small_cnn-conv=n2i2,fc=n2s2": (
+        "small_cnn", lambda net: plan_from_spec("conv=n2i2,fc=n2s2", net, PROCS)),
+})
+
 # depth × height × width needs 8 ranks: run by tests/test_multiaxis_on_ranks.py
 CASES_ON_8 = {
     "cosmoflow-conv=d2h2w2,fc=8x1": (
@@ -113,9 +128,12 @@ def _matches_pytorch(comm, case, model, make_plan):
     net = make_net()
     plan = make_plan(net)
     modes = {entry.mode for entry in plan} - {"follow"}
-    assert modes == {"batch", "model", "domain"} or "conv=" in case, modes
-    if "conv=" in case and "domain" not in case:
+    reduction = model in ("mlp", "small_cnn")
+    assert modes == {"batch", "model", "domain"} or "conv=" in case or reduction, modes
+    if ("conv=" in case and "domain" not in case) or reduction:
         assert "split" in modes, modes  # the multi-axis split is really used
+    if reduction:  # and the input features or channels are split
+        assert any(e.split is not None and e.split.inputs > 1 for e in plan), plan
     run = hpctrain_steps(net, plan, comm, BATCH, STEPS)
 
     def check() -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import (
     CHANNEL_AXIS,
     HEIGHT_AXIS,
+    REPLICAS,
     Layout,
     Split,
     largest_block,
@@ -26,6 +27,7 @@ from hpctrain.layout.layout import (
 )
 from hpctrain.layout.partition import check_split
 from hpctrain.model.kinds.base import LayerSpec, Shape
+from hpctrain.model.kinds.weighted import SplitsInputs
 from hpctrain.model.kinds.window import WINDOW_KEYS, WindowKind, padded_bytes, padded_copy_bytes
 from hpctrain.model.options import Key, flag, whole
 
@@ -39,7 +41,7 @@ class ConvOptions:
     bias: bool
 
 
-class ConvKind(WindowKind):
+class ConvKind(SplitsInputs, WindowKind):
     name = "conv"
     keys = {"out": Key(whole(1)), **WINDOW_KEYS, "bias": Key(flag, "1")}
     options = ConvOptions
@@ -66,14 +68,26 @@ class ConvKind(WindowKind):
         """Y cut as ``split`` says; X cut the same way along the batch and the spatial axes,
         its channels whole (replicated over the ranks that split the output channels). On the
         1.5D grids: batch/model, X replicated over Pr and Y split by output channels; domain,
-        X and Y split along the first spatial axis (height, or a volume's depth)."""
+        X and Y split along the first spatial axis (height, or a volume's depth). An input
+        split cuts X's channels too, and leaves Y replicated over the ranks that sum it, or cut
+        further by a reduce-scatter."""
         spatial = range(HEIGHT_AXIS, len(out_shape))
-        return ((Layout.of_split(fed[0].shape, split, spatial),),
-                Layout.of_split(out_shape, split))
+        summed = CHANNEL_AXIS if split.scatter else REPLICAS
+        return ((Layout.of_split(fed[0].shape, split, spatial, CHANNEL_AXIS),),
+                Layout.of_split(out_shape, split, reduction=summed))
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)  # the batch, and the spatial splits' rows
         check_split(spec.options.out, output.parts[CHANNEL_AXIS], "output channels", spec.name)
+        check_split(inputs[0].shape[CHANNEL_AXIS], inputs[0].parts[CHANNEL_AXIS],
+                    "input channels", spec.name)
+
+    def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+             need_dx: bool) -> LocalWork:
+        """The window kernel (:meth:`~hpctrain.model.kinds.window.WindowKind.work`) over the
+        busiest rank's input channels, giving the rows of the weight it holds."""
+        work = super().work(spec, inputs, output, need_dx)
+        return replace(work, out=self.output_rows(spec, inputs, output))
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         n, c = work.x[:2]
@@ -100,6 +114,9 @@ class ConvKind(WindowKind):
 
     def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
                          ) -> int:
+        split = self.split_parameters(spec, inputs, output)
+        if split is not None:
+            return split
         o = spec.options
         per_out = inputs[0].shape[CHANNEL_AXIS] * math.prod(o.kernel) + (1 if o.bias else 0)
         return per_out * self.local_channels(spec, output)

@@ -15,13 +15,15 @@ from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import (
     CHANNEL_AXIS,
+    REPLICAS,
     Layout,
     Split,
     largest_block,
     shared_channel_digits,
 )
 from hpctrain.layout.partition import check_split
-from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
+from hpctrain.model.kinds.base import LayerSpec, Shape
+from hpctrain.model.kinds.weighted import SplitsInputs
 from hpctrain.model.options import Key, NetError, flag, whole
 
 
@@ -31,7 +33,7 @@ class LinearOptions:
     bias: bool
 
 
-class LinearKind(Kind):
+class LinearKind(SplitsInputs):
     name = "linear"
     keys = {"out": Key(whole(1)), "bias": Key(flag, "1")}
     options = LinearOptions
@@ -56,16 +58,21 @@ class LinearKind(Kind):
         """X cut along the batch only, its features whole; Y split by output features as
         ``split`` says (model), and replicated where it has replicas: each copy computes its
         block for its samples (replicated), which a layer with fewer outputs than Pr needs (a
-        regression head of 4 targets on 64 ranks)."""
-        return (Layout.of_split(fed[0].shape, split, ()),), Layout.of_split(out_shape, split)
+        regression head of 4 targets on 64 ranks). An input split cuts X's features too, and
+        leaves Y replicated over the ranks that sum it, or cut further by a reduce-scatter."""
+        summed = CHANNEL_AXIS if split.scatter else REPLICAS
+        return ((Layout.of_split(fed[0].shape, split, (), CHANNEL_AXIS),),
+                Layout.of_split(out_shape, split, reduction=summed))
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)
         check_split(spec.options.out, output.parts[CHANNEL_AXIS], "output features", spec.name)
+        check_split(inputs[0].shape[CHANNEL_AXIS], inputs[0].parts[CHANNEL_AXIS],
+                    "input features", spec.name)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
-        out = largest_block(output)[CHANNEL_AXIS]  # F_out/Pr, the busiest rank's
+        out = self.output_rows(spec, inputs, output)  # F_out/Pr, the busiest rank's
         return LocalWork(self, largest_block(inputs[0]), out, need_dx=need_dx)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
@@ -86,6 +93,9 @@ class LinearKind(Kind):
 
     def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
                          ) -> int:
+        split = self.split_parameters(spec, inputs, output)
+        if split is not None:
+            return split
         per_out = inputs[0].shape[CHANNEL_AXIS] + (1 if spec.options.bias else 0)
         return per_out * largest_block(output)[CHANNEL_AXIS]
 
@@ -99,9 +109,11 @@ class LinearKind(Kind):
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
-        backward = {"output gradient": fp.y,
-                    "input gradient": fp.x if fp.work.need_dx else 0}
-        return {}, larger({"input": fp.x, "output": fp.y}, backward)
+        """The output (under an input split its rows before the sum, which a reduce-scatter then
+        cuts) and, backward, its gradient (gathered back to those rows) and the input's."""
+        y = max(fp.y, fp.work.x[0] * fp.work.out * fp.itemsize)
+        backward = {"output gradient": y, "input gradient": fp.x if fp.work.need_dx else 0}
+        return {}, larger({"input": fp.x, "output": y}, backward)
 
     def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
                    ) -> dict[str, np.ndarray]:
