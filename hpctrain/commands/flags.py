@@ -79,8 +79,10 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              "space); balanced, also a degree for several axes of each layer's "
                              "output at once (sample, channels, depth, height, width) where "
                              "every cut is even and the spatial degrees are within a factor of "
-                             "2 (seconds at 4096 ranks); axes, every split of every axis and "
-                             "replicas (up to a few hundred ranks) (default: grids)")
+                             "2, and splits of a layer's input channels or features, summed in "
+                             "the layer (seconds at 4096 ranks); axes, every split of every "
+                             "axis, replicas and input channels (up to a few hundred ranks) "
+                             "(default: grids)")
     parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
                         help="compute times for the cost model: measured on this device, or "
                              "FLOPs / the profile's rate; auto measures on this machine's own "
@@ -94,7 +96,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grid", default=None,
                         help="auto (the planner picks each layer's mode and grid), RxC (every "
                              "layer on R model x C batch ranks), conv=SPEC,fc=SPEC with SPEC = "
-                             "RxC or domain:RxC, or a plan file (default: 1xP, pure batch)")
+                             "RxC, domain:RxC or a degree per axis (n2h2w2; i2 or s2 splits "
+                             "the input channels), or a plan file (default: 1xP, pure batch)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy on the CPU or CuPy on a GPU; each rank uses GPU "
                              "local_rank %% n_gpus (default: %(default)s)")
