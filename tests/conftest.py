@@ -57,5 +57,6 @@ def standin_cupy(monkeypatch):
     gpu_standin.counters.reset()
     gpu_standin.counters.cuda_aware_mpi = False
     gpu_standin.counters.devices, gpu_standin.counters.current_device = 1, 0
+    gpu_standin.get_default_memory_pool().free_all_blocks()  # as a fresh process's pool
     yield gpu_standin
     gpu_standin.counters.reset()

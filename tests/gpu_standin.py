@@ -19,7 +19,10 @@ gpu`` path can be run and its host traffic counted on a machine without a GPU:
   lacks (``cuda.get_current_device``, say) fails here as it would on a GPU.
 
 Every such event is added to :data:`counters` with the place in hpctrain that caused it, so a
-test can assert a budget per training step and name the line that broke it.
+test can assert a budget per training step and name the line that broke it. The counters also
+hold the bytes of device buffers alive and their largest sum, which
+``get_default_memory_pool().total_bytes()`` answers as CuPy's pool does (it keeps freed blocks,
+so it holds the high-water mark).
 
 A device array reaches MPI only through ``__cuda_array_interface__``, which the stand-in offers
 only while :data:`counters` says the MPI library is CUDA-aware: without it, a device array
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import builtins
 import sys
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +68,9 @@ class Counters:
     cuda_aware_mpi: bool = False
     devices: int = 1
     current_device: int = 0
+    live_bytes: int = 0  # device arrays alive now, each buffer once (views not counted)
+    peak_bytes: int = 0  # their largest sum: what CuPy's pool holds, as it keeps freed blocks
+    live: set = field(default_factory=set)  # ids of the buffers alive
 
     def reset(self) -> None:
         self.events.clear()
@@ -82,6 +89,43 @@ class Counters:
 
 
 counters = Counters()
+
+
+def _allocated(host: np.ndarray) -> None:
+    """Count a new device buffer (not a view, nor a buffer already wrapped) until it is
+    freed."""
+    if not isinstance(host, np.ndarray) or host.base is not None or id(host) in counters.live:
+        return
+    counters.live.add(id(host))
+    counters.live_bytes += host.nbytes
+    counters.peak_bytes = builtins.max(counters.peak_bytes, counters.live_bytes)
+    weakref.finalize(host, _freed, id(host), host.nbytes)
+
+
+def _freed(key: int, nbytes: int) -> None:
+    counters.live.discard(key)
+    counters.live_bytes -= nbytes
+
+
+class MemoryPool:
+    """CuPy's pool of device memory: it keeps freed blocks for reuse, so what it holds is the
+    high-water mark of the arrays."""
+
+    def used_bytes(self) -> int:
+        return counters.live_bytes
+
+    def total_bytes(self) -> int:
+        return counters.peak_bytes
+
+    def free_all_blocks(self) -> None:
+        counters.peak_bytes = counters.live_bytes
+
+
+_POOL = MemoryPool()
+
+
+def get_default_memory_pool() -> MemoryPool:
+    return _POOL
 
 
 def _caller() -> str:
@@ -181,6 +225,7 @@ class ndarray:  # CuPy's name for its array type
 
     def __init__(self, host: np.ndarray) -> None:
         self._host = host
+        _allocated(host)
 
     # what CuPy forbids
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:

@@ -77,3 +77,15 @@ def test_a_dataset_read_ahead_evaluated_and_resumed_on_the_gpu(standin_cupy, cac
     assert resumed == whole[2:]
     on_cpu = train([*argv[:-2], "--device", "cpu"], monkeypatch)
     assert on_cpu == whole
+
+
+def test_a_gpu_run_measures_its_peak_in_device_memory(standin_cupy, cache, monkeypatch, capsys):
+    """On a GPU the host's resident set says nothing of the arrays: the measured peak is what
+    CuPy's pool holds, its high-water mark, and it comes near the prediction."""
+    train([*COMMON, "--steps", "2", "--image-size", "32", "--device", "gpu"], monkeypatch)
+    line = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("peak memory per rank"))
+    assert "device memory CuPy's pool holds" in line, line
+    measured, predicted = (float(word) for word in line.split() if word.replace(".", "").isdigit())
+    assert standin_cupy.counters.peak_bytes / 2**20 == pytest.approx(measured, abs=0.05)
+    assert 0.5 < predicted / measured < 2, line

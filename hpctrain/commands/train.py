@@ -452,7 +452,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         error = planned.iteration_time / result.iteration - 1
         print(f"iteration: predicted {planned.iteration_time * 1e3:.1f} ms, measured "
               f"{result.iteration * 1e3:.1f} ms ({error:+.1%})", flush=True)
-    peak = measured_peak(comm, baseline)  # collective: every rank reports its own
+    # collective: every rank reports its own
+    peak, measured = measured_peak(comm, baseline, setup.backend.device_memory_held())
     if rank == 0 and result.losses:
         # the peak is a high-water mark: kernels timed while planning count in it too
         timed = (f"; includes {setup.kernels_timed} kernels timed while planning"
@@ -460,7 +461,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         memory = planned.memory if planned is not setup.planned else setup.memory
         print(f"peak memory per rank: {peak / 2**20:.1f} MiB measured, "
               f"{memory / 2**20:.1f} MiB predicted ({memory / peak - 1:+.1%}; "
-              f"resident set above the interpreter's{timed})", flush=True)
+              f"{measured}{timed})", flush=True)
     if args.log:
         on_root(comm, lambda: _finish_log(log, result, planned))
     return 0

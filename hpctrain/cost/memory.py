@@ -130,9 +130,17 @@ def baseline_bytes() -> float:
     return resident_bytes()
 
 
-def measured_peak(comm: Any, baseline: float) -> float:
-    """The largest, over the ranks of ``comm``, of the peak resident set above ``baseline``
-    (collective)."""
+def measured_peak(comm: Any, baseline: float, device_held: float | None = None
+                  ) -> tuple[float, str]:
+    """The largest, over the ranks of ``comm``, of what a rank's arrays took at their peak,
+    and what was measured (collective). On the CPU: the peak resident set above ``baseline``.
+    On a GPU, ``device_held``: the device memory CuPy's pool holds, which keeps every block it
+    allocated for reuse, so its size is the high-water mark of the arrays (the host's resident
+    set says nothing of the device's arrays)."""
     from mpi4py import MPI
 
-    return comm.allreduce(peak_resident_bytes() - baseline, op=MPI.MAX)
+    if device_held is not None:
+        return (comm.allreduce(device_held, op=MPI.MAX),
+                "device memory CuPy's pool holds, its high-water mark")
+    return (comm.allreduce(peak_resident_bytes() - baseline, op=MPI.MAX),
+            "resident set above the interpreter's")

@@ -62,6 +62,12 @@ class Backend:
     def to_numpy(self, a: Any) -> np.ndarray:
         return self.xp.asnumpy(a) if self.device == "gpu" else np.asarray(a)
 
+    def device_memory_held(self) -> float | None:
+        """Bytes of device memory CuPy's default pool holds (None on the CPU)."""
+        if self.device != "gpu":
+            return None
+        return float(self.xp.get_default_memory_pool().total_bytes())
+
     def sync(self) -> None:
         """Wait for queued device work, so timers measure it."""
         if self.device == "gpu":
