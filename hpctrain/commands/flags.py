@@ -81,7 +81,7 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              "every cut is even and the spatial degrees are within a factor of "
                              "2, and splits of a layer's input channels or features, summed in "
                              "the layer (seconds at 4096 ranks); axes, every split of every "
-                             "axis, replicas and input channels (up to a few hundred ranks) "
+                             "axis, replicas and input channels (small nets on tens of ranks) "
                              "(default: grids)")
     parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
                         help="compute times for the cost model: measured on this device, or "
