@@ -35,10 +35,10 @@ REPLAN_THRESHOLD = 0.10
 
 @dataclass(frozen=True)
 class Replan:
-    """What the run does after step ``step``: go on with ``planned`` (a new plan when
-    ``switched``), predicted on ``machine``; ``reason`` says why, in a line."""
+    """What the run does after its check: go on with ``planned`` (a new plan when
+    ``switched``), predicted on ``machine``; ``reason`` says why (and after which step), in a
+    line."""
 
-    step: int
     switched: bool
     refitted: bool
     reason: str
@@ -64,7 +64,7 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
     seen = (f"after step {step}: measured {result.iteration * 1e3:.1f} ms per step, predicted "
             f"{planned.iteration_time * 1e3:.1f} ms ({error:+.1%})")
     if abs(error) <= threshold:
-        return Replan(step, False, False, f"{seen}, within --replan-threshold {threshold:.0%}: "
+        return Replan(False, False, f"{seen}, within --replan-threshold {threshold:.0%}: "
                                           f"plan kept", planned, setup.machine)
     steps = _timed_steps(result)
     measured = measured_plan(f"{steps} of this run", setup.net, request.batch, procs,
@@ -85,8 +85,8 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
         why = ("and is the planner's choice again" if best.plans == planned.plans else
                f"and the planner's choice {best.iteration_time * 1e3:.1f} ms ({gain:.1%} "
                f"faster, under the {REPLAN_GAIN:.0%} a switch needs)")
-        return Replan(step, False, True, f"{refitted}, {why}: plan kept", running, fitted)
-    return Replan(step, True, True, f"{refitted}, the planner's choice "
+        return Replan(False, True, f"{refitted}, {why}: plan kept", running, fitted)
+    return Replan(True, True, f"{refitted}, the planner's choice "
                                     f"{best.iteration_time * 1e3:.1f} ms ({gain:.1%} faster): "
                                     f"switched to it", best, fitted)
 

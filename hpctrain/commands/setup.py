@@ -61,6 +61,16 @@ class Setup:
     kernels_timed: int = 0  # kernels timed while planning (their arrays count in the peak)
 
 
+def write_auto_plan(request: SetupRequest, net: NetSpec, planned: PlannedNetwork,
+                    machine_name: str, comm: Any) -> None:
+    """Write the plan ``--grid auto`` chose to its plan file (``--plan-file``, or its default
+    name): rank 0 writes, and a failed write stops every rank. Collective."""
+    procs = comm.Get_size()
+    path = plan_file_path(request.plan_file, net, procs, request.batch)
+    on_root(comm, lambda: write_plan_file(path, net, planned, procs, request.batch,
+                                          machine_name))
+
+
 def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True) -> Setup:
     """Threads, backend and the plan of ``net`` for ``request.grid`` (collective over ``comm``).
 
@@ -100,10 +110,8 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
                              threads, request.overlap)
     planned = predict_plan(model, plan, limit, source, request.space)
-    if plan is None:  # rank 0 writes; a failed write stops every rank
-        path = plan_file_path(request.plan_file, net, procs, request.batch)
-        on_root(comm, lambda: write_plan_file(path, net, planned, procs, request.batch,
-                                              model.machine.name))
+    if plan is None:
+        write_auto_plan(request, net, planned, model.machine.name, comm)
     return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory,
                  getattr(model.compute, "timed", 0))
 

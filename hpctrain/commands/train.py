@@ -473,7 +473,7 @@ def _replan(args: argparse.Namespace, request: SetupRequest, setup: Setup, step:
     0 and in the log (collective)."""
     from hpctrain.comm.agree import on_root
     from hpctrain.commands.replan import REPLAN_THRESHOLD, decide
-    from hpctrain.commands.setup import plan_file_path, write_plan_file
+    from hpctrain.commands.setup import write_auto_plan
     from hpctrain.cost.machine import format_machine
     from hpctrain.plan.planner import format_plan
 
@@ -484,10 +484,7 @@ def _replan(args: argparse.Namespace, request: SetupRequest, setup: Setup, step:
         if decision.switched:
             print(format_plan(decision.planned), flush=True)
     if decision.switched:  # the plan file says what runs (hpctrain wrote it at set-up)
-        procs = comm.Get_size()
-        path = plan_file_path(args.plan_file, setup.net, procs, args.batch)
-        on_root(comm, lambda: write_plan_file(path, setup.net, decision.planned, procs,
-                                              args.batch, decision.machine.name))
+        write_auto_plan(request, setup.net, decision.planned, decision.machine.name, comm)
     if args.log:  # collective: every rank knows whether there is a log
         changed = {"plan": plan_text(setup.net, decision.planned.plans),
                    "predicted_iteration": decision.planned.iteration_time,

@@ -5,17 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.kernels.conv import conv_backward, conv_forward
-from hpctrain.layers.base import Layer, Parameter, weight_and_bias
-from hpctrain.layers.partial import InputSum
+from hpctrain.layers.base import weight_and_bias
+from hpctrain.layers.partial import InputSplitLayer
 from hpctrain.layers.rows import WindowRows
 from hpctrain.layout.layout import shared_channel_digits
-from hpctrain.layout.reduction import InputSplit
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
 
 
-class Conv(Layer):
+class Conv(InputSplitLayer):
     """Y = W ⋆ X + b under any split of its output's samples, channels and spatial axes; shown
     for the 1.5D grids of images, and the same for volumes with a depth axis before H (the axis
     a domain split cuts is then the depth).
@@ -47,8 +46,7 @@ class Conv(Layer):
         self.stride = options.stride
         self.rows = WindowRows.of(ctx.backend, ctx.grids, self.in_layout, options, name)
         shape = (options.out, c, *options.kernel)
-        split = InputSplit.of(self.in_layout, out, shape)
-        self.sum = None if split is None else InputSum(ctx.backend, ctx.grids, split, ctx.rank)
+        split = self.input_split(ctx, shape)
         # Wᵢ is on every rank that holds the same block of output channels
         self.grad_comm = ctx.grids.over(out, shared_channel_digits(out))
         self.weight, self.bias = weight_and_bias(
@@ -56,11 +54,6 @@ class Conv(Layer):
         self.params = [p for p in (self.weight, self.bias) if p is not None]
         # the bias the kernel adds (under an input split, the sum adds it once, after)
         self.kernel_bias = self.bias if self.sum is None else None
-
-    def gradient_groups(self) -> list[tuple[Any, list[Parameter]]]:
-        if self.sum is None:
-            return super().gradient_groups()
-        return self.sum.gradient_groups(self.weight, self.bias)
 
     def _forward_rows(self, x: Any, pads: tuple[tuple[int, int], ...]) -> tuple[Any, Any]:
         b = self.kernel_bias.value if self.kernel_bias is not None else None

@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.kernels.linear import linear_backward, linear_forward
-from hpctrain.layers.base import Layer, Parameter, weight_and_bias
-from hpctrain.layers.partial import InputSum
+from hpctrain.layers.base import weight_and_bias
+from hpctrain.layers.partial import InputSplitLayer
 from hpctrain.layout.layout import shared_channel_digits
-from hpctrain.layout.reduction import InputSplit
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
 
 
-class Linear(Layer):
+class Linear(InputSplitLayer):
     """Y = X Wᵀ + b with W split by output features over Pr (the paper's Fig. 5).
 
     W: (F_out/Pr, F_in), b: (F_out/Pr,) — replicated over Pc.
@@ -36,18 +35,12 @@ class Linear(Layer):
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         out = self.out_layout
         shape = (options.out, self.in_layout.shape[1])
-        split = InputSplit.of(self.in_layout, out, shape)
-        self.sum = None if split is None else InputSum(ctx.backend, ctx.grids, split, ctx.rank)
+        split = self.input_split(ctx, shape)
         # Wᵢ is on every rank that holds the same block of output features
         self.grad_comm = ctx.grids.over(out, shared_channel_digits(out))
         self.weight, self.bias = weight_and_bias(
             ctx.backend, name, shape, options.bias, out, ctx.rank, ctx.key, split)
         self.params = [p for p in (self.weight, self.bias) if p is not None]
-
-    def gradient_groups(self) -> list[tuple[Any, list[Parameter]]]:
-        if self.sum is None:
-            return super().gradient_groups()
-        return self.sum.gradient_groups(self.weight, self.bias)
 
     def forward(self, x: Any, step: int) -> Any:
         self.x = x

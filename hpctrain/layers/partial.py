@@ -16,7 +16,7 @@ from typing import Any
 from hpctrain.comm.collectives import AllGather, allreduce_sum
 from hpctrain.comm.grid import GridSet
 from hpctrain.device.backend import Backend
-from hpctrain.layers.base import Parameter
+from hpctrain.layers.base import BuildContext, Layer, Parameter
 from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS
 from hpctrain.layout.partition import block_range
 from hpctrain.layout.reduction import InputSplit
@@ -68,3 +68,24 @@ class InputSum:
         ranks holding its own."""
         groups = [(self.weight_comm, [weight])]
         return groups + [(self.bias_comm, [bias])] if bias is not None else groups
+
+
+class InputSplitLayer(Layer):
+    """A conv or linear layer, whose input channels may be split: its :class:`InputSum` (None
+    where they are whole), and its gradients summed over the groups that sum says."""
+
+    sum: InputSum | None = None
+    weight: Parameter
+    bias: Parameter | None
+
+    def input_split(self, ctx: BuildContext, weight_shape: tuple[int, ...]
+                    ) -> InputSplit | None:
+        """The layer's input split on its layouts, its sum made (None: channels whole)."""
+        split = InputSplit.of(self.in_layout, self.out_layout, weight_shape)
+        self.sum = None if split is None else InputSum(ctx.backend, ctx.grids, split, ctx.rank)
+        return split
+
+    def gradient_groups(self) -> list[tuple[Any, list[Parameter]]]:
+        if self.sum is None:
+            return super().gradient_groups()
+        return self.sum.gradient_groups(self.weight, self.bias)

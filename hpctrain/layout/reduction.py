@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hpctrain.cost.collectives import allgather_time, allreduce_time, reduce_scatter_time
 from hpctrain.cost.machine import Machine
@@ -80,7 +81,7 @@ def common_mesh(a: Layout, b: Layout) -> tuple[tuple[int, ...], tuple[int, ...],
 class InputSplit:
     """How a conv or linear layer read on ``x`` and giving ``y`` splits its input channels.
 
-    ``parts``: how many ranks hold parts of each sum (q). ``scatter``: the sum is a
+    ``x``: the input's layout, its channels cut over the ranks of a sum. ``scatter``: the sum is a
     reduce-scatter into the output's channels (else an all-reduce). ``weight``, ``bias``:
     layouts of the whole weight (output channels first, input channels second) and bias on
     the same ranks, from which each rank's block (``box``) and the ranks that share it
@@ -88,33 +89,23 @@ class InputSplit:
     channels cut as the weight's rows.
     """
 
-    parts: int
+    x: Layout
     scatter: bool
     weight: Layout
     bias: Layout
     partial: Layout
-    x: Layout
 
-    @classmethod
-    def of(cls, x: Layout, y: Layout, weight_shape: tuple[int, ...]) -> InputSplit | None:
+    @staticmethod
+    def of(x: Layout, y: Layout, weight_shape: tuple[int, ...]) -> InputSplit | None:
         """The input split of a layer reading ``x`` and giving ``y`` with a weight of
-        ``weight_shape``; None where its input channels are whole."""
-        parts = x.parts[CHANNEL_AXIS]
-        if parts == 1:
-            return None
-        sizes, in_x, in_y = common_mesh(x, y)
-        pairs = list(zip(in_x, in_y, strict=True))
-        # the digits of the weight's rows: they cut the output's channels, not the input's
-        rows = [ay == CHANNEL_AXIS and ax != CHANNEL_AXIS for ax, ay in pairs]
-        scatter = any(ax == CHANNEL_AXIS and ay == CHANNEL_AXIS for ax, ay in pairs)
-        weight_axes = tuple(0 if row else 1 if ax == CHANNEL_AXIS else REPLICAS
-                            for row, ax in zip(rows, in_x, strict=True))
-        partial_axes = tuple(CHANNEL_AXIS if row else REPLICAS if ax == CHANNEL_AXIS else ay
-                             for row, ax, ay in zip(rows, in_x, in_y, strict=True))
-        bias_axes = tuple(0 if axis == CHANNEL_AXIS else REPLICAS for axis in y.axes)
-        return cls(parts, scatter, Layout(weight_shape, mesh=sizes, axes=weight_axes),
-                   Layout(weight_shape[:1], mesh=y.mesh, axes=bias_axes),
-                   Layout(y.shape, mesh=sizes, axes=partial_axes), x)
+        ``weight_shape``; None where its input channels are whole. Made once per layouts:
+        the cost model asks for it several times for every layer it prices."""
+        return None if x.parts[CHANNEL_AXIS] == 1 else _input_split(x, y, weight_shape)
+
+    @property
+    def parts(self) -> int:
+        """How many ranks hold parts of each sum (q)."""
+        return self.x.parts[CHANNEL_AXIS]
 
     # -- groups of ranks ---------------------------------------------------------------------
 
@@ -166,3 +157,21 @@ class InputSplit:
         if bias_entries:
             seconds += allreduce_time(machine, self.bias_group, bias_entries * itemsize)
         return seconds
+
+
+@lru_cache(maxsize=4096)
+def _input_split(x: Layout, y: Layout, weight_shape: tuple[int, ...]) -> InputSplit:
+    """:meth:`InputSplit.of` where ``x`` cuts its channels."""
+    sizes, in_x, in_y = common_mesh(x, y)
+    pairs = list(zip(in_x, in_y, strict=True))
+    # the digits of the weight's rows: they cut the output's channels, not the input's
+    rows = [ay == CHANNEL_AXIS and ax != CHANNEL_AXIS for ax, ay in pairs]
+    scatter = any(ax == CHANNEL_AXIS and ay == CHANNEL_AXIS for ax, ay in pairs)
+    weight_axes = tuple(0 if row else 1 if ax == CHANNEL_AXIS else REPLICAS
+                        for row, ax in zip(rows, in_x, strict=True))
+    partial_axes = tuple(CHANNEL_AXIS if row else REPLICAS if ax == CHANNEL_AXIS else ay
+                         for row, ax, ay in zip(rows, in_x, in_y, strict=True))
+    bias_axes = tuple(0 if axis == CHANNEL_AXIS else REPLICAS for axis in y.axes)
+    return InputSplit(x, scatter, Layout(weight_shape, mesh=sizes, axes=weight_axes),
+                      Layout(weight_shape[:1], mesh=y.mesh, axes=bias_axes),
+                      Layout(y.shape, mesh=sizes, axes=partial_axes))

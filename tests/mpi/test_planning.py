@@ -108,7 +108,7 @@ def test_replan_switches_plans_at_a_step_boundary_with_the_same_numbers(comm, mo
     def switch(setup, request, step, result, threshold, comm):
         model = build_cost_model(setup.net, request.batch, p, setup.machine, "flops")
         planned = predict(model, plan_from_spec(other, setup.net, p))
-        return replan.Replan(step, True, True, f"after step {step}: {other} (test)", planned,
+        return replan.Replan(True, True, f"after step {step}: {other} (test)", planned,
                              setup.machine)
 
     monkeypatch.setattr(replan, "decide", switch)

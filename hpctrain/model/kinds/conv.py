@@ -19,7 +19,6 @@ from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import (
     CHANNEL_AXIS,
     HEIGHT_AXIS,
-    REPLICAS,
     Layout,
     Split,
     largest_block,
@@ -71,16 +70,11 @@ class ConvKind(SplitsInputs, WindowKind):
         X and Y split along the first spatial axis (height, or a volume's depth). An input
         split cuts X's channels too, and leaves Y replicated over the ranks that sum it, or cut
         further by a reduce-scatter."""
-        spatial = range(HEIGHT_AXIS, len(out_shape))
-        summed = CHANNEL_AXIS if split.scatter else REPLICAS
-        return ((Layout.of_split(fed[0].shape, split, spatial, CHANNEL_AXIS),),
-                Layout.of_split(out_shape, split, reduction=summed))
+        return self.split_layouts(fed, out_shape, split, range(HEIGHT_AXIS, len(out_shape)))
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)  # the batch, and the spatial splits' rows
         check_split(spec.options.out, output.parts[CHANNEL_AXIS], "output channels", spec.name)
-        check_split(inputs[0].shape[CHANNEL_AXIS], inputs[0].parts[CHANNEL_AXIS],
-                    "input channels", spec.name)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:

@@ -15,7 +15,6 @@ from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import (
     CHANNEL_AXIS,
-    REPLICAS,
     Layout,
     Split,
     largest_block,
@@ -60,15 +59,11 @@ class LinearKind(SplitsInputs):
         block for its samples (replicated), which a layer with fewer outputs than Pr needs (a
         regression head of 4 targets on 64 ranks). An input split cuts X's features too, and
         leaves Y replicated over the ranks that sum it, or cut further by a reduce-scatter."""
-        summed = CHANNEL_AXIS if split.scatter else REPLICAS
-        return ((Layout.of_split(fed[0].shape, split, (), CHANNEL_AXIS),),
-                Layout.of_split(out_shape, split, reduction=summed))
+        return self.split_layouts(fed, out_shape, split, ())
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)
         check_split(spec.options.out, output.parts[CHANNEL_AXIS], "output features", spec.name)
-        check_split(inputs[0].shape[CHANNEL_AXIS], inputs[0].parts[CHANNEL_AXIS],
-                    "input features", spec.name)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:

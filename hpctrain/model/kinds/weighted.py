@@ -4,15 +4,33 @@ rank holds (:mod:`hpctrain.layout.reduction`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from hpctrain.cost.machine import Machine
-from hpctrain.layout.layout import CHANNEL_AXIS, Layout, largest_block
+from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS, Layout, Split, axis_name, largest_block
+from hpctrain.layout.partition import check_split
 from hpctrain.layout.reduction import InputSplit
-from hpctrain.model.kinds.base import Kind, LayerSpec
+from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 
 
 class SplitsInputs(Kind):
     """A kind whose layers may split their input channels (``i=`` or ``s=`` in a split): mixed
     in before the kind's own base, so that its prices include the sum."""
+
+    def split_layouts(self, fed: tuple[Layout, ...], out_shape: Shape, split: Split,
+                      cut: Iterable[int]) -> tuple[tuple[Layout, ...], Layout]:
+        """X cut as ``split`` cuts the output along the batch and the axes in ``cut``, and
+        along its channels by the input digit; Y cut as ``split`` says, replicated over the
+        ranks that sum it, or cut further by a reduce-scatter."""
+        summed = CHANNEL_AXIS if split.scatter else REPLICAS
+        return ((Layout.of_split(fed[0].shape, split, cut, CHANNEL_AXIS),),
+                Layout.of_split(out_shape, split, reduction=summed))
+
+    def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
+        super().check(spec, inputs, output)
+        x = inputs[0]
+        check_split(x.shape[CHANNEL_AXIS], x.parts[CHANNEL_AXIS],
+                    f"input {axis_name(x.shape, CHANNEL_AXIS)}", spec.name)
 
     def input_split(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
                     ) -> InputSplit | None:
