@@ -1,17 +1,28 @@
-"""AlexNet training throughput: hpctrain against PyTorch on this machine, measured in one run.
+"""Training throughput: hpctrain against PyTorch on this machine, measured in one run.
 
-For each P: hpctrain under --grid auto and under pure batch (1xP), against plain PyTorch (P = 1)
-or PyTorch DistributedDataParallel over gloo (P > 1), with the same network, global batch and
-one thread per process. Also: the training step's achieved FLOP/s against this machine's GEMM
-peak, and each layer's gradient all-reduce against a raw mpi4py Allreduce of the same size.
-At P = 1 also the step against its roofline: the convolutions' FLOP/s against the GEMM peak,
-the fully connected layers' bytes (weights, their gradients and the optimizer's update, all
-memory-bound at a small batch) against the measured memory bandwidth, and the whole step's
-time at those two limits against its measured time.
+``--net alexnet`` (the default). For each P: hpctrain under --grid auto and under pure batch
+(1xP), against plain PyTorch (P = 1) or PyTorch DistributedDataParallel over gloo (P > 1), with
+the same network, global batch and one thread per process. Also: the training step's achieved
+FLOP/s against this machine's GEMM peak, and each layer's gradient all-reduce against a raw
+mpi4py Allreduce of the same size. At P = 1 also the step against its roofline: the
+convolutions' FLOP/s against the GEMM peak, the fully connected layers' bytes (weights, their
+gradients and the optimizer's update, all memory-bound at a small batch) against the measured
+memory bandwidth, and the whole step's time at those two limits against its measured time.
+
+``--net resnet18``: ResNet-18 with batch norm over each rank's own samples on both sides
+(hpctrain's ``--bn-group rank``, DDP's default per-process BatchNorm2d). For each P: hpctrain
+under pure batch (1xP) and --grid auto, each with its predicted iteration, against plain PyTorch
+(P = 1) or DDP over gloo (P > 1), and hpctrain's time over PyTorch's.
+
+Both nets, both sides: float32, SGD with the same rate, momentum and weight decay, the same
+global batch and image size, synthetic data, one thread per process, the first ``--warmup`` steps
+dropped, a step's time the slowest rank's, the median over the other steps; the runs follow one
+another in one invocation. The PyTorch side is bench/ddp_reference.py.
 Prints the table and writes it, with every number behind it, to ``--out`` (JSON) and beside it
 (``.txt``).
 
     python bench/throughput.py --procs 1 2 4 --batch 16 --image-size 127 --steps 6
+    python bench/throughput.py --net resnet18 --procs 1 2 --batch 16 --image-size 32 --steps 12
 """
 
 from __future__ import annotations
@@ -138,22 +149,47 @@ def roofline(measured: dict[str, float], work: dict[str, LayerWork], step_second
             "ideal_seconds": ideal, "step_of_roofline": ideal / step_seconds}
 
 
-def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path) -> dict:
-    log = where / f"hpctrain-p{procs}-{grid.replace('x', 'by')}.h5"
+@dataclass(frozen=True)
+class NetCase:
+    """A compared net: its defaults here and the hpctrain flags that match PyTorch's model."""
+
+    image_size: int
+    steps: int
+    warmup: int
+    out: str
+    hpctrain_flags: tuple[str, ...] = ()
+
+
+NETS = {
+    "alexnet": NetCase(127, 6, 1, "runs/bench/throughput.json"),
+    # batch norm over each rank's samples, as DDP's BatchNorm2d (the only grouping it has)
+    "resnet18": NetCase(32, 12, 2, "runs/bench/throughput-resnet18.json", ("--bn-group", "rank")),
+}
+# the update on both sides: hpctrain's defaults, passed explicitly to each
+LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 5e-4
+
+
+def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path,
+                 name: str = "") -> dict:
+    log = where / f"hpctrain-{args.net}-p{procs}-{grid.replace('x', 'by')}{name}.h5"
     log.unlink(missing_ok=True)
-    run([MPIEXEC, "-n", str(procs), PY, "-m", "hpctrain", "--net", "alexnet", "--image-size",
+    run([MPIEXEC, "-n", str(procs), PY, "-m", "hpctrain", "--net", args.net, "--image-size",
          str(args.image_size), "--batch", str(args.batch), "--steps", str(args.steps), "--grid",
-         grid, "--print-every", str(args.steps), "--log", str(log), "--plan-file",
-         str(where / f"p{procs}.plan")])
+         grid, "--dtype", "float32", "--lr", str(LR), "--momentum", str(MOMENTUM),
+         "--weight-decay", str(WEIGHT_DECAY), *NETS[args.net].hpctrain_flags,
+         "--print-every", str(args.steps), "--log", str(log), "--plan-file",
+         str(where / f"{args.net}-p{procs}.plan")])
     with h5py.File(log) as h5:
-        seconds = h5["steps/seconds"][1:]
+        seconds = h5["steps/seconds"][args.warmup:]
         names = [n.decode() for n in h5["layers/name"][:]]
         modes = [m.decode() for m in h5["plan/mode"][:]]
         compute = sum(h5[f"layers/measured/{f}"][:]
                       for f in ("forward_compute", "backward_compute"))
         layer_comm = h5["layers/measured_fastest_rank/backward_layer_comm"][:]
-        sent = np.median(h5["steps/layers/bytes_sent/max"][1:], axis=0)
+        sent = np.median(h5["steps/layers/bytes_sent/max"][args.warmup:], axis=0)
+        predicted = float(h5["iteration"].attrs["predicted"])
     return {"grid": grid, "log": str(log), "step_seconds": float(np.median(seconds)),
+            "predicted_seconds": predicted,
             "compute_seconds": float(compute.sum()),
             "layer_compute_seconds": dict(zip(names, map(float, compute))),
             "pure_batch": set(modes) <= {"batch", "follow"},
@@ -162,11 +198,33 @@ def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path) -
                        if mode == "batch" and t > 0}}
 
 
-def torch_run(procs: int, args: argparse.Namespace, where: Path) -> dict:
-    out = where / f"torch-p{procs}.json"
-    run([PY, str(HERE / "torch_alexnet.py"), "--procs", str(procs), "--batch", str(args.batch),
-         "--image-size", str(args.image_size), "--steps", str(args.steps), "--out", str(out)])
+def torch_run(procs: int, args: argparse.Namespace, where: Path, name: str = "") -> dict:
+    out = where / f"torch-{args.net}-p{procs}{name}.json"
+    run([PY, str(HERE / "ddp_reference.py"), "--net", args.net, "--procs", str(procs),
+         "--batch", str(args.batch), "--image-size", str(args.image_size), "--steps",
+         str(args.steps), "--warmup", str(args.warmup), "--lr", str(LR), "--momentum",
+         str(MOMENTUM), "--weight-decay", str(WEIGHT_DECAY), "--out", str(out)])
     return json.loads(out.read_text())
+
+
+def measure(procs: int, args: argparse.Namespace, where: Path) -> dict:
+    """hpctrain under --grid auto and (P > 1) 1xP, then PyTorch, one after the other, that
+    ``args.rounds`` times. Each configuration's result is its run with the median step over the
+    rounds (the lower middle one for an even count), with every round's step beside it: on a
+    shared machine another job's burst then spoils one round of one side, not the ratio."""
+    grids = ["auto"] + ([f"1x{procs}"] if procs > 1 else [])
+    names = [f"-round{k + 1}" if args.rounds > 1 else "" for k in range(args.rounds)]
+    rounds = [({g: hpctrain_run(procs, g, args, where, name) for g in grids},
+               torch_run(procs, args, where, name)) for name in names]
+
+    def middle(runs: list[dict]) -> dict:
+        steps = [r["step_seconds"] for r in runs]
+        chosen = runs[steps.index(statistics.median_low(steps))]
+        return {**chosen, "rounds_step_seconds": steps}
+
+    return {"procs": procs, "hpctrain": {g: middle([ours[g] for ours, _ in rounds])
+                                         for g in grids},
+            "torch": middle([theirs for _, theirs in rounds])}
 
 
 def raw_allreduce(procs: int, sizes: list[int], where: Path) -> dict[int, float]:
@@ -176,19 +234,62 @@ def raw_allreduce(procs: int, sizes: list[int], where: Path) -> dict[int, float]
     return {int(k): v for k, v in json.loads(out.read_text())["allreduce_seconds"].items()}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--net", choices=sorted(NETS), default="alexnet",
+                        help="alexnet (with the roofline and the all-reduce check) or resnet18 "
+                        "(batch norm over each rank's samples) (default: alexnet)")
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--batch", type=int, default=16, help="global batch (default: 16)")
-    parser.add_argument("--image-size", type=int, default=127, help="(default: 127)")
-    parser.add_argument("--steps", type=int, default=6,
-                        help="steps per run, the first a warm-up (default: 6)")
-    parser.add_argument("--out", default="runs/bench/throughput.json")
+    parser.add_argument("--image-size", type=int,
+                        help="(default: 127 for alexnet, 32 for resnet18)")
+    parser.add_argument("--steps", type=int,
+                        help="steps per run, the warm-up included (default: 6 for alexnet, 12 "
+                        "for resnet18)")
+    parser.add_argument("--warmup", type=int,
+                        help="first steps of each run left out of its median (default: 1 for "
+                        "alexnet, 2 for resnet18)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every configuration this many times, in turn, and keep the "
+                        "median (default: 1)")
+    parser.add_argument("--out", help="JSON file (default: runs/bench/throughput.json for "
+                        "alexnet, runs/bench/throughput-resnet18.json for resnet18)")
     args = parser.parse_args()
-    out = Path(args.out)
-    where = out.parent
-    where.mkdir(parents=True, exist_ok=True)
+    case = NETS[args.net]
+    for name in ("image_size", "steps", "warmup", "out"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(case, name))
+    if not 0 <= args.warmup < args.steps:
+        parser.error(f"--warmup {args.warmup}: must be at least 0 and below --steps "
+                     f"{args.steps}")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: must be at least 1")
+    if args.batch < max(args.procs):
+        parser.error(f"--batch {args.batch}: needs a sample for each of --procs "
+                     f"{max(args.procs)}")
+    return args
 
+
+def write(table: str, out: Path, record: dict) -> None:
+    print(table)
+    out.write_text(json.dumps(record, indent=1))
+    out.with_suffix(".txt").write_text(table + "\n")
+    print(f"written: {out} and {out.with_suffix('.txt')}")
+
+
+def main() -> None:
+    args = parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.net == "alexnet":
+        alexnet(args, out)
+    else:
+        resnet(args, out)
+
+
+def alexnet(args: argparse.Namespace, out: Path) -> None:
+    """Throughput, FLOP/s against the GEMM peak, the P = 1 roofline and the all-reduces."""
+    where = out.parent
     work = layer_work(args.image_size, args.batch)
     # GEMM FLOPs of a whole step (pooling and element-wise work is under 1 % and not GEMM)
     flops = sum(w.flops for w in work.values())
@@ -202,17 +303,15 @@ def main() -> None:
     before = limits()
     rows = []
     for procs in args.procs:
-        grids = ["auto"] + ([f"1x{procs}"] if procs > 1 else [])
-        ours = {g: hpctrain_run(procs, g, args, where) for g in grids}
-        theirs = torch_run(procs, args, where)
-        batch_run = ours[grids[-1]]
+        row = measure(procs, args, where)
+        ours = row["hpctrain"]
+        batch_run = ours[f"1x{procs}" if procs > 1 else "auto"]
         raw = raw_allreduce(procs, sorted({int(v["bytes"]) for v in
                                            batch_run["layers"].values()}), where) \
             if procs > 1 and batch_run["layers"] else {}
         efficiency = {name: raw[int(v["bytes"])] / v["allreduce_seconds"]
                       for name, v in batch_run["layers"].items()}
-        rows.append({"procs": procs, "hpctrain": ours, "torch": theirs,
-                     "collective_efficiency": efficiency})
+        rows.append({**row, "collective_efficiency": efficiency})
     peak, bandwidth = map(max, zip(before, limits(), strict=True))
     for row in rows:
         if row["procs"] == 1:
@@ -256,14 +355,49 @@ def main() -> None:
                 f"limit {r['fc_limit_seconds'] * 1e3:.1f} ms = {r['fc_of_limit']:.1%}; step at "
                 f"those limits {r['ideal_seconds'] * 1e3:.1f} ms = "
                 f"{r['step_of_roofline']:.1%} of the measured step (target >= 60%)")
-    table = "\n".join(lines)
-    print(table)
-    out.write_text(json.dumps({"image_size": args.image_size, "batch": args.batch,
-                               "steps": args.steps, "gemm_peak": peak, "step_flops": flops,
-                               "memory_bandwidth": bandwidth,
-                               "rows": rows}, indent=1))
-    out.with_suffix(".txt").write_text(table + "\n")
-    print(f"written: {out} and {out.with_suffix('.txt')}")
+    write("\n".join(lines), out, {
+        "net": args.net, "image_size": args.image_size, "batch": args.batch,
+        "steps": args.steps, "warmup": args.warmup, "gemm_peak": peak, "step_flops": flops,
+        "memory_bandwidth": bandwidth, "rows": rows})
+
+
+def spread(result: dict) -> str:
+    """Each round's step, in milliseconds: '102.6 110.3 187.5'."""
+    return " ".join(f"{t * 1e3:.1f}" for t in result["rounds_step_seconds"])
+
+
+def resnet(args: argparse.Namespace, out: Path) -> None:
+    """Measured steps of hpctrain (1xP and auto) and PyTorch, and hpctrain's predictions."""
+    rows = [measure(procs, args, out.parent) for procs in args.procs]
+    lines = [f"ResNet-18 {args.image_size}x{args.image_size}, global batch {args.batch}, "
+             f"float32, SGD (lr {LR}, momentum {MOMENTUM}, weight decay {WEIGHT_DECAY}), batch "
+             f"norm over each rank's samples (hpctrain --bn-group rank, DDP's BatchNorm2d), "
+             f"1 thread per process; step: the slowest rank's, median of steps "
+             f"{args.warmup + 1}-{args.steps}",
+             f"{'P':>2} {'1xP ms':>8} {'predicted':>9} {'auto ms':>8} {'predicted':>9} "
+             f"{'auto plan':>9} {'torch ms':>8} {'reference':>9} {'1xP/torch':>9} "
+             f"{'auto/torch':>10}"]
+    for row in rows:
+        procs, ours, theirs = row["procs"], row["hpctrain"], row["torch"]
+        auto, batch = ours["auto"], ours.get(f"1x{procs}", ours["auto"])
+        torch_s = theirs["step_seconds"]
+        lines.append(
+            f"{procs:>2} {batch['step_seconds'] * 1e3:8.1f} "
+            f"{batch['predicted_seconds'] * 1e3:9.1f} {auto['step_seconds'] * 1e3:8.1f} "
+            f"{auto['predicted_seconds'] * 1e3:9.1f} "
+            f"{'batch' if auto['pure_batch'] else 'mixed':>9} {torch_s * 1e3:8.1f} "
+            f"{theirs['reference']:>9} {batch['step_seconds'] / torch_s:9.2f} "
+            f"{auto['step_seconds'] / torch_s:10.2f}")
+        if args.rounds > 1:
+            lines.append(f"{'':>2} rounds, ms: 1xP {spread(batch)}; auto {spread(auto)}; "
+                         f"torch {spread(theirs)}")
+    lines.append("ratios < 1: hpctrain faster (time of hpctrain / time of PyTorch); predicted: "
+                 "hpctrain's iteration time for that run, as its log records it "
+                 "(/iteration predicted); at P = 1 the 1xP columns are the auto run")
+    write("\n".join(lines), out, {
+        "net": args.net, "image_size": args.image_size, "batch": args.batch,
+        "steps": args.steps, "warmup": args.warmup, "bn_group": "rank",
+        "lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,12 @@ import math
 
 import pytest
 
-from hpctrain.cost.collectives import allgather_time, allreduce_time, reduce_scatter_time
+from hpctrain.cost.collectives import (
+    allgather_time,
+    allreduce_time,
+    gradient_sum_seconds,
+    reduce_scatter_time,
+)
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine
 from hpctrain.layout.layout import CHANNEL_AXIS, Layout, Split
@@ -144,7 +149,13 @@ def test_an_input_split_is_priced_as_its_sum_and_its_blocks():
     # each weight block on one rank; the bias added after the sum, so its gradient (made from
     # the partial output gradient) is summed over the 2 ranks of the sum
     assert split.weight_group.size == 1 and split.bias_group.size == 2
-    assert grads == pytest.approx(allreduce_time(MACHINE, split.bias_group, 5 * 8))
+    assert grads == pytest.approx(gradient_sum_seconds(MACHINE, split.bias_group, 5 * 8))
+    # as one part of a bucket: its bytes in full, its share of the bucket's latency
+    alone = allreduce_time(MACHINE, split.bias_group, 5 * 8)
+    latency = allreduce_time(MACHINE, split.bias_group, 1)
+    share = 5 * 8 / MACHINE.bucket_bytes
+    assert grads == pytest.approx(alone - latency + share * latency)
+    assert grads < alone / 100
 
 
 def test_a_reduce_scatter_is_priced_with_its_adjoint_gather():

@@ -346,16 +346,14 @@ def test_inception_v3_on_32_ranks_is_planned_as_the_published_planners_found(mac
 @pytest.mark.parametrize("machine", ["cori-knl", "gpu-like"])
 def test_resnet50_on_16_ranks_is_data_parallel_but_the_classifier(machine):
     """FlexFlow and OptCNN find ResNet on 16 GPUs best data-parallel except the last fully
-    connected layer; on cori-knl every convolution is batch-parallel and the classifier
-    model-parallel, on the GPU-like profile (more compute per byte) two of the last 3x3
-    convolutions also split their channels."""
+    connected layer; so does the planner on both profiles: every convolution batch-parallel
+    and the classifier model-parallel."""
     net = load_net("resnet50")
     chosen = plan_network(model_of(net, 512, 16, load_machine(machine))).plans
     split = [l.name for l, p in zip(net.layers, chosen, strict=True)
              if p.mode != "batch" and p.mode != "follow"]
     assert split[-1] == "fc"
-    assert all(name.startswith("layer4") for name in split[:-1])
-    assert len(split) == (1 if machine == "cori-knl" else 3)
+    assert split == ["fc"]
 
 
 def channel_by_events(layers):

@@ -877,3 +877,43 @@ def test_volumes_refuses_in_one_line(tmp_path, args, message):
 def test_mem_per_rank_belongs_to_volumes(tmp_path):
     with pytest.raises(UserError, match="--mem-per-rank belongs to the --volumes study"):
         simulate_command.run(["--mem-per-rank", "40G", "--out", str(tmp_path / "s.h5")])
+
+
+# -- the --ddp study --------------------------------------------------------------------------
+
+def test_the_ddp_study_prices_ddp_and_auto_under_the_same_terms(tmp_path, capsys):
+    """ResNet-18 on dgx-h100: a table per batch-norm choice, P = 8..4096; the auto plan never
+    slower than DDP's; DDP's step is pure batch with statistics per rank (no batch-norm
+    communication in the forward) and its sums in flight (some hidden)."""
+    from hpctrain.plan.ddp import against_ddp, ddp_faithful, ddp_model
+
+    out = tmp_path / "ddp.h5"
+    assert simulate_command.run(["--ddp", "--net", "resnet18", "--machine", "dgx-h100",
+                                 "--out", str(out)]) == 0
+    assert "auto against the DDP-faithful step" in capsys.readouterr().out
+    with h5py.File(out) as h5:
+        groups = h5["ddp"]["dgx-h100"]
+        assert sorted(groups) == ["resnet18_global", "resnet18_rank"]
+        for name in groups:
+            t = groups[name]
+            assert list(t["procs"][:]) == [2**k for k in range(3, 13)]
+            assert np.all(t["auto_time"][:] <= t["ddp_time"][:] * (1 + 1e-12))
+            assert np.all(t["speedup"][:] >= 1 - 1e-12)
+            assert np.all(t["ddp_hidden"][:] > 0)
+        rank, every = groups["resnet18_rank"], groups["resnet18_global"]
+        assert np.all(rank["ddp_time"][:] < every["ddp_time"][:])  # no statistics sums
+    machine, net = load_machine("dgx-h100"), load_net("resnet18")
+    model = ddp_model(net, machine, 2048, 64)
+    ddp = ddp_faithful(model)
+    assert {p.describe() for p in ddp.plans if p.mode != "follow"} == {"batch 1x64"}
+    assert all(c.comm[0] == 0 for c in ddp.layers if c.kind == "batchnorm")
+    assert ddp.hidden_sums() > 0 and model.machine.bucket_bytes == 25 * 2**20
+    found = against_ddp(net, machine, 2048, 64)
+    assert found.ddp.iteration_time == pytest.approx(ddp.iteration_time)
+
+
+def test_the_ddp_study_refuses_what_it_does_not_take(tmp_path):
+    with pytest.raises(UserError, match="--overlap does not apply to --ddp"):
+        simulate_command.run(["--ddp", "--overlap", "--out", str(tmp_path / "d.h5")])
+    with pytest.raises(UserError, match="three studies"):
+        simulate_command.run(["--ddp", "--levels", "--out", str(tmp_path / "d.h5")])

@@ -1,32 +1,33 @@
-"""Parameter gradients summed in flight: buckets of non-blocking all-reduces during backward.
+"""Parameter gradients summed in buckets during the backward: one all-reduce for many layers.
 
 A layer's weight (and bias) gradient is summed over the ranks that hold the same shard: the
 batch communicator (Pc ranks), or every rank in domain mode. Nothing downstream in the backward
-reads those sums (only the optimizer does), so each layer hands its gradients over as soon as its
-backward has made them and goes on to the next layer while they travel.
+reads those sums (only the optimizer does), so gradients need not be summed one layer at a
+time: they are packed into a *bucket* per communicator, and a bucket is summed by one
+all-reduce once it holds ``bucket_bytes`` (the machine profile's ``bucket_bytes``, 25 MiB by
+default, as PyTorch's DistributedDataParallel); whatever is left goes at the end of the
+backward. At scale an all-reduce of a layer's gradients is mostly latency (2·⌈log₂ P⌉
+messages), so a ResNet-50 pays it 4 times instead of 54.
 
-Gradients are packed into a *bucket* per communicator, and a bucket is sent (one
-``Iallreduce``) once it holds :data:`BUCKET_BYTES`; whatever is left goes at the end of the
-backward. Between layers the network calls :meth:`GradientReducer.progress`: a
-``Test`` on each request in flight is what makes MPICH move a large message on (without an
-asynchronous progress thread, a request that nobody tests advances only inside other MPI
-calls). When a bucket's sum arrives its parameters get their gradient (views of the bucket) and
+Whether the sums travel in flight is a choice (``in_flight``, ``--overlap``): a full bucket
+starts a non-blocking ``Iallreduce`` and the backward goes on; between layers the network calls
+:meth:`GradientReducer.progress`, whose ``Test`` on each request in flight is what makes MPICH
+move a large message on (without an asynchronous progress thread, a request nobody tests
+advances only inside other MPI calls). Overlap pays only where the MPI library moves data while
+the ranks compute — a network card that progresses messages on its own, or a spare core for
+MPICH's progress thread (``MPICH_ASYNC_PROGRESS=1``). Where the ranks' own cores do the copying
+(shared memory, every core computing), the sums cost the same CPU time either way, MPICH's
+``Iallreduce`` is slower than its ``Allreduce`` within a node, and a ``Test`` between layers
+moves a large message on by one protocol step only. Without ``in_flight`` a full bucket is
+summed by one blocking ``Allreduce`` at once.
+
+When a bucket's sum arrives its parameters get their gradient (views of the bucket) and
 ``on_reduced`` runs for them: the optimizer, which so updates a layer as soon as its sum is
-known.
-
-Whether the sums travel in flight is a choice (``in_flight``): overlap pays only where the MPI
-library moves data while the ranks compute — a network card that progresses messages on its own,
-or a spare core for MPICH's progress thread (``MPICH_ASYNC_PROGRESS=1``). Where the ranks' own
-cores do the copying (shared memory, every core computing), the sums cost the same CPU time
-either way, MPICH's ``Iallreduce`` is slower than its ``Allreduce`` within a node, and a
-``Test`` between layers moves a large message on by one protocol step only, so most of it
-travels at the end of the backward. Without ``in_flight`` each layer's gradients are summed by
-one blocking ``Allreduce`` as soon as its backward has made them, and the optimizer updates it
-at once.
-
-Every rank of a communicator adds the same layers in the same order (every rank runs the same
-plan), so the buckets, and the order their collectives start in, agree across it, as MPI
-requires. The bucket buffers are kept from step to step: the same buckets come every step.
+known. Every rank of a communicator adds the same layers in the same order (every rank runs the
+same plan), so the buckets, and the order their collectives start in, agree across it, as MPI
+requires; buckets of different communicators are summed in the order they were opened, the
+same on every rank, so blocking sums on overlapping communicators cannot wait on each other.
+The bucket buffers are kept from step to step: the same buckets come every step.
 """
 
 from __future__ import annotations
@@ -39,15 +40,8 @@ from typing import Any
 from mpi4py import MPI
 
 from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.device.backend import Backend
-
-BUCKET_BYTES = 1 << 20
-"""Bytes of gradients a bucket collects before its all-reduce starts. An all-reduce of n bytes
-costs about α + β·n; at 1 MiB β·n is 17 times α over shared memory here (α ≈ 13 µs, 1/β ≈
-4.7 GB/s, calibrated) and 87 times on Cori (α = 2 µs, 1/β = 6 GB/s), so latency costs a few per
-cent at most, while the last bucket of a backward, whose sum nothing can hide, takes about a
-quarter of a millisecond. Larger buckets would start the first sum later and leave more of it
-exposed at the end."""
 
 
 @dataclass
@@ -70,8 +64,10 @@ class GradientReducer:
     Parameters
     ----------
     backend : arrays and how they reach MPI.
-    bucket_bytes : see :data:`BUCKET_BYTES`.
-    in_flight : non-blocking sums in buckets (True), or one blocking all-reduce per layer.
+    bucket_bytes : bytes a bucket collects before it is summed
+        (:data:`~hpctrain.cost.machine.BUCKET_BYTES` by default; 0: every layer's gradients
+        alone, as soon as they are made).
+    in_flight : non-blocking sums (True), or one blocking all-reduce per bucket.
 
     Per step: :meth:`add` as each layer's gradients are ready, :meth:`progress` between
     layers, :meth:`finish` at the end of the backward; after it every parameter added holds its
@@ -83,7 +79,7 @@ class GradientReducer:
     def __init__(self, backend: Backend, bucket_bytes: int = BUCKET_BYTES,
                  in_flight: bool = True) -> None:
         self.backend, self.in_flight = backend, in_flight
-        self.bucket_bytes = bucket_bytes if in_flight else 0
+        self.bucket_bytes = bucket_bytes
         self._open: dict[int, Bucket] = {}  # by id of the communicator, in order of first use
         self._in_flight: list[Bucket] = []
         self._buffers: list[Any] = []  # the buffer of the k-th bucket packed in a step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from mpi4py import MPI
 
@@ -90,6 +91,19 @@ class GridSet:
         if key not in self._comms:
             rank = self.world.Get_rank()
             self._comms[key] = self.world.Split(layout.group_key(rank, digits), rank)
+        return self._comms[key]
+
+    def split(self, layout: Layout, digits: Sequence[int], tag: Any, colour: int) -> MPI.Comm:
+        """The ranks of :meth:`over` ``(layout, digits)`` that give the same ``colour``, in world
+        order; ``tag`` names the rule the colours follow (the same on every rank, e.g. a
+        batch-norm layer's number of statistics groups). Made once per mesh, digits and tag,
+        by a split of that communicator: every rank of it asks in the same order."""
+        parent = self.over(layout, digits)
+        # the axes too: a mesh drops digits of one rank, so two layouts cut along different
+        # axes may share one
+        key = (layout.mesh, layout.axes, tuple(sorted(set(digits))), tag)
+        if key not in self._comms:
+            self._comms[key] = parent.Split(colour, parent.Get_rank())
         return self._comms[key]
 
     def close(self) -> None:

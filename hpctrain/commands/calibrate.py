@@ -110,6 +110,7 @@ QUICK = {"max_bytes": 64 * 1024, "sizes": 4, "repeats": 3, "gemm_size": 512, "fa
 DEFAULTS = {"max_bytes": 4 * 1024 * 1024, "sizes": 8, "repeats": 10, "gemm_size": 1024,
             "far_bytes": 64 * 1024 * 1024}
 OVERLAP_GEMM_SIZE = 256  # short GEMMs, so that Test comes often, as between layers
+OVERLAP_PROBE_BYTES = 1 << 20  # a bucket's sum large enough that its bytes, not α, dominate
 GPU_GEMM_SIZE = 4096  # a GPU needs a larger GEMM than a CPU core to reach its sustained rate
 class CalibrateError(UserError):
     """A calibrate option with a value that cannot be used."""
@@ -632,7 +633,7 @@ def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
     """The share of an all-reduce's time that moves while the ranks compute, as training overlaps
     it (``--overlap``): the profile's ``overlap``.
 
-    One bucket of the gradient reducer (:data:`~hpctrain.comm.gradients.BUCKET_BYTES`) on the
+    A bucket of gradients (1 MiB, ``OVERLAP_PROBE_BYTES``) on the
     world, three ways: ``Iallreduce`` then ``Wait`` (t_c); k GEMMs of ``size``², k chosen so
     they take about t_c (t_g); and the ``Iallreduce`` started, the GEMMs each followed by a
     ``Test``, as the reducer tests between layers, then ``Wait`` (t_b). The share is
@@ -641,12 +642,10 @@ def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
     """
     from mpi4py import MPI
 
-    from hpctrain.comm.gradients import BUCKET_BYTES
-
     if world.Get_size() == 1:
         return 0.0
     xp = backend.xp
-    buffer = xp.ones(BUCKET_BYTES // ITEM, np.float32)
+    buffer = xp.ones(OVERLAP_PROBE_BYTES // ITEM, np.float32)
     a = xp.ones((size, size), np.float32)
     b = xp.full((size, size), 0.5, np.float32)
 

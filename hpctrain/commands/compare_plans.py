@@ -27,11 +27,12 @@ from hpctrain.commands.flags import (
     add_overlap_option,
     add_planning_options,
     add_threads_option,
+    load_net_for,
 )
-from hpctrain.cost.machine import Machine
+from hpctrain.cost.machine import Machine, sums_in_flight
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.layout.partition import SplitError, factorisations
-from hpctrain.model.net import NetSpec, load_net
+from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import grid_spec
 from hpctrain.plan.planner import PlannedNetwork, predict
 from hpctrain.plan.plans import plan_from_spec
@@ -106,11 +107,12 @@ class Outcome:
         return min(found), max(found)
 
 
-def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm) -> Outcome:
+def _run(net: NetSpec, planned: PlannedNetwork, args, backend, comm, machine: Machine
+         ) -> Outcome:
     from hpctrain.run.loop import TrainConfig, train
 
     config = TrainConfig(args.batch, args.steps, 0.001, 0.9, 5e-4, 0, args.steps,
-                         overlap=args.overlap)
+                         overlap=args.overlap, bucket_bytes=machine.bucket_bytes)
     result = train(net, planned.plans, config, backend, comm, out=lambda *_: None)
     return Outcome("", planned, result.iteration, result.layer_times, result.fastest_rank_times)
 
@@ -125,7 +127,7 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
     from hpctrain.device.threads import configure_threads
     from hpctrain.plan.pricing import build_cost_model
 
-    net = agreed(comm, lambda: load_net(args.net, args.image_size))
+    net = agreed(comm, lambda: load_net_for(args, comm.Get_size()))
     if args.steps < 2:
         raise UserError(f"--steps {args.steps} must be at least 2 (the first is a warm-up)")
     if not 1 <= args.rounds <= 100:
@@ -137,6 +139,7 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
     backend = make_backend(args.device, args.dtype, comm)
     machine = agreed(comm, lambda: load_machine(args.machine))
     check_placement(comm, machine)
+    args.overlap = sums_in_flight(args.overlap, machine)  # resolved: on or off from here
     model = build_cost_model(net, args.batch, procs, machine, args.compute, backend, comm,
                              threads, args.overlap, cached=False)
     plans = []
@@ -150,7 +153,7 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
     rounds: list[list[Outcome]] = [[] for _ in plans]
     for k in range(args.rounds):
         for (spec, planned), runs in zip(plans, rounds, strict=True):
-            outcome = _run(net, planned, args, backend, comm)
+            outcome = _run(net, planned, args, backend, comm, machine)
             outcome.spec = spec
             runs.append(outcome)
             if rank == 0 and not quiet:

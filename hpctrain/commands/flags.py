@@ -37,6 +37,36 @@ def add_net_options(parser: argparse.ArgumentParser, image_size: bool = True) ->
     if image_size:
         parser.add_argument("--image-size", type=int, default=None,
                             help="input height and width, overriding the net's")
+    parser.add_argument("--bn-group", type=statistics_group, default="global",
+                        help="which samples each batch norm takes its statistics over, unless "
+                             "its line in the net file says (group=): global, the whole "
+                             "mini-batch, as one process (exact under every plan); rank, each "
+                             "rank's share of the batch, as PyTorch DDP; or K, the shares of K "
+                             "ranks, as MLPerf's bn group (a divisor of P). The same groups of "
+                             "samples under every plan, so verify compares with one process "
+                             "computing them (default: %(default)s)")
+
+
+def statistics_group(text: str) -> str | int:
+    """``--bn-group``: global, rank or a positive number of ranks."""
+    if text in ("global", "rank"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not global, rank or a number of ranks "
+                                         f"such as 8")
+    return value
+
+
+def load_net_for(args: argparse.Namespace, procs: int):
+    """The net that ``--net``, ``--image-size`` and ``--bn-group`` name, on ``procs`` ranks."""
+    from hpctrain.model.net import load_net
+
+    net = load_net(args.net, getattr(args, "image_size", None))
+    return net.with_statistics(args.bn_group, procs)
 
 
 def add_threads_option(parser: argparse.ArgumentParser) -> None:
@@ -50,15 +80,17 @@ def add_threads_option(parser: argparse.ArgumentParser) -> None:
 
 def add_overlap_option(parser: argparse.ArgumentParser) -> None:
     """--overlap: gradient sums in flight during the backward (see hpctrain.comm.gradients)."""
-    parser.add_argument("--overlap", action="store_true",
-                        help="sum parameter gradients with non-blocking all-reduces in 1 MiB "
-                             "buckets while the backward goes on; pays where the network "
-                             "moves data by itself (RDMA) or a core is spare for "
-                             "MPICH_ASYNC_PROGRESS=1; the same numbers either way; the "
-                             "planner then counts as hidden the share of the sums that the "
-                             "machine profile's 'overlap' says the network moves by itself "
-                             "(default: one blocking all-reduce per layer as soon as it is "
-                             "ready)")
+    parser.add_argument("--overlap", nargs="?", const="on", default="auto",
+                        choices=("auto", "on", "off"),
+                        help="on (or the bare flag): sum parameter gradients with non-blocking "
+                             "all-reduces, a bucket (the machine profile's bucket_bytes, 25 MiB "
+                             "by default) as soon as it is full, while the backward goes on; "
+                             "pays where the network moves data by itself (RDMA) or a core is "
+                             "spare for MPICH_ASYNC_PROGRESS=1; the planner counts as hidden "
+                             "the share of the sums that the profile's 'overlap' says. off: "
+                             "one blocking all-reduce per bucket. auto: on where the machine "
+                             "profile's overlap is above 0 (the GPU clusters' profiles), else "
+                             "off. The same numbers either way (default: %(default)s)")
 
 
 def add_planning_options(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from hpctrain.commands.flags import (
     add_overlap_option,
     add_planning_options,
     add_threads_option,
+    load_net_for,
 )
 from hpctrain.errors import ArgumentParser, UserError
 
@@ -42,11 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv: list[str]) -> int:
     import numpy as np
 
-    from hpctrain.cost.machine import load_machine
+    from hpctrain.cost.machine import load_machine, sums_in_flight
     from hpctrain.device.backend import DTYPES, Backend
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.io.textfile import existing_file
-    from hpctrain.model.net import load_net
     from hpctrain.plan.planner import format_plan, plan_network, predict
     from hpctrain.plan.plans import is_plan_file, plan_from_spec
     from hpctrain.plan.pricing import build_cost_model, compute_source
@@ -55,7 +55,7 @@ def run(argv: list[str]) -> int:
     for flag in ("procs", "batch"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
-    net = load_net(args.net, args.image_size)
+    net = load_net_for(args, args.procs)
     given = None if args.grid.strip() == "auto" else plan_from_spec(args.grid, net, args.procs)
     if args.out:  # before the planner measures anything
         check_directory(Path(args.out).parent, "--out")
@@ -70,7 +70,7 @@ def run(argv: list[str]) -> int:
 
         threads = configure_threads(None, args.threads)
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
-                             threads=threads, overlap=args.overlap)
+                             threads=threads, overlap=sums_in_flight(args.overlap, machine))
     if given is None:
         planned = plan_network(model, args.mem_per_rank, space=args.space)
     else:  # priced as given, and held to the cap as a run would be

@@ -53,7 +53,8 @@ def fit_to_probe_steps(profile: Path, machine: Machine, nets: list[tuple[str, in
         args = Namespace(net=name, image_size=size, batch=PROBE_BATCH, steps=PROBE_STEPS,
                          rounds=1, plans=None, device=device, dtype="float32", log=None,
                          threads=threads, overlap=False, machine=str(profile),
-                         mem_per_rank=None, space="grids", compute="measured")
+                         mem_per_rank=None, space="grids", compute="measured",
+                         bn_group="global")
         say(f"probe steps: {name}{f' {size}' if size else ''}, every plan compare-plans "
             f"compares, {PROBE_STEPS} steps each")
         outcomes, net, _ = compare(args, comm, quiet=True)

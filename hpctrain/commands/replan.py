@@ -74,7 +74,7 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
                          f"the per-layer times of {steps} of this run", apart=True,
                          cache_bytes=setup.machine.cache_bytes)
     model = build_cost_model(setup.net, request.batch, procs, fitted, request.compute,
-                             setup.backend, comm, setup.threads, request.overlap)
+                             setup.backend, comm, setup.threads, setup.overlap)
     limit, source = memory_limit(comm, request.mem_per_rank, setup.threads.ranks_on_node)
     running = predict(model, planned.plans)
     best = predict(model, None, limit, source, request.space)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.comm.agree import agreed, on_root
-from hpctrain.cost.machine import Machine
+from hpctrain.cost.machine import Machine, sums_in_flight
 from hpctrain.device.backend import Backend
 from hpctrain.device.threads import ThreadChoice, configure_threads
 from hpctrain.model.net import NetSpec
@@ -22,8 +22,9 @@ class SetupRequest:
     """What a command asks :func:`set_up` for, from its flags (each flag's help says more).
 
     ``grid``: the ``--grid`` value (None: pure batch, 1×P); ``plan_file``: where ``--grid auto``
-    writes its plan (None: ``runs/NET-pP-bB.plan``); ``overlap``: gradient sums in flight, as
-    the run will do (``--overlap``), which the planner prices.
+    writes its plan (None: ``runs/NET-pP-bB.plan``); ``overlap``: gradient sums in flight
+    (``--overlap``: auto, on or off; :func:`~hpctrain.cost.machine.sums_in_flight`), which the
+    planner prices and the run does.
     """
 
     grid: str | None
@@ -34,12 +35,12 @@ class SetupRequest:
     machine: str | None = None
     compute: str = "auto"
     mem_per_rank: float | None = None
-    overlap: bool = False
+    overlap: str | bool = "auto"
     plan_file: str | None = None
     space: str = "grids"
 
     @classmethod
-    def from_flags(cls, args: Any, dtype: str, overlap: bool = False,
+    def from_flags(cls, args: Any, dtype: str, overlap: str | bool = "auto",
                    plan_file: str | None = None) -> SetupRequest:
         """The request the shared flags (:func:`hpctrain.commands.flags.add_planning_options`,
         :func:`~hpctrain.commands.flags.add_run_options`, ``--batch``) give, in ``dtype``."""
@@ -59,6 +60,7 @@ class Setup:
     machine: Machine | None = None  # the cost model's machine profile, when it predicted
     memory: float = 0.0  # predicted peak bytes per rank (checked against what it may use)
     kernels_timed: int = 0  # kernels timed while planning (their arrays count in the peak)
+    overlap: bool = False  # the gradient sums go in flight (the request's, resolved)
 
 
 def write_auto_plan(request: SetupRequest, net: NetSpec, planned: PlannedNetwork,
@@ -99,7 +101,8 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
         memory = fixed.memory
     backend = make_backend(request.device, request.dtype, comm)
     if plan is not None and not predict:
-        return Setup(net, plan, backend, threads, memory=memory)
+        return Setup(net, plan, backend, threads, memory=memory,
+                     overlap=sums_in_flight(request.overlap, None))
     from hpctrain.comm.nodes import check_placement
     from hpctrain.cost.machine import load_machine
     from hpctrain.plan.planner import predict as predict_plan
@@ -107,13 +110,14 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
 
     machine = agreed(comm, lambda: load_machine(request.machine))
     check_placement(comm, machine)
+    overlap = sums_in_flight(request.overlap, machine)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
-                             threads, request.overlap)
+                             threads, overlap)
     planned = predict_plan(model, plan, limit, source, request.space)
     if plan is None:
         write_auto_plan(request, net, planned, model.machine.name, comm)
     return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory,
-                 getattr(model.compute, "timed", 0))
+                 getattr(model.compute, "timed", 0), overlap)
 
 
 def plan_file_path(plan_file: str | None, net: NetSpec, procs: int, batch: int) -> Path:

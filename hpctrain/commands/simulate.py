@@ -67,6 +67,16 @@ more than one GPU has). At each point the planner's plan under the cap (``auto``
 parallelism, which runs only where P ≤ B and its predicted peak fits the cap: per plan the
 iteration time, samples per second, speedup and efficiency over the least P where it runs,
 peak memory per rank and the first layer's mode and grid (:func:`volumes_table`).
+
+``--ddp`` runs a sixth study instead: hpctrain's auto plan against the step users would run
+otherwise, PyTorch's DistributedDataParallel, as the cost model prices it
+(:mod:`hpctrain.plan.ddp`: pure batch, statistics per rank, 25 MiB gradient buckets in flight
+with the profile's overlap share hidden). Per machine profile (dgx-h100 and perlmutter-gpu, or
+``--machine``), net (ResNet-50, Inception-v3 and CosmoFlow, or ``--net``) and batch-norm choice
+(per rank, as DDP; global, hpctrain's exact default; one for a net without batch norm), at P =
+8, 16, …, 4096 and B = max(``--strong-batch``, P): DDP's step and the auto plan under the same
+terms. The auto plan is never predicted slower (DDP's plan is in its space); where it is
+faster, by how much and with which plan is the study's answer. Memory is not capped.
 """
 
 from __future__ import annotations
@@ -89,6 +99,7 @@ from hpctrain.io.locations import checkout_root
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec, load_net
 from hpctrain.plan.baselines import BASELINES, strategy_plan
+from hpctrain.plan.ddp import against_ddp
 from hpctrain.plan.paper import strategy_comm
 from hpctrain.plan.planner import (
     PlannedNetwork,
@@ -157,6 +168,7 @@ class Settings:
     weak_batch_per_rank: int
     domain_batch: int
     overlap: bool = False  # the implementation model's plans with gradient sums in flight
+    bn_group: str | int = "global"  # batch norm's statistics groups (--bn-group)
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -218,12 +230,21 @@ def build_parser() -> argparse.ArgumentParser:
                              f"scaling (one volume per rank at 128^3, per 4 ranks at 512^3), "
                              f"the auto plan under --mem-per-rank against pure batch where it "
                              f"runs and fits (default --machine {VOLUMES_MACHINE})")
+    parser.add_argument("--ddp", action="store_true",
+                        help="instead of the three studies, the auto plan against the "
+                             "DDP-faithful step (pure batch, statistics per rank, 25 MiB "
+                             "gradient buckets in flight with the profile's overlap), each "
+                             "batch-norm choice (rank, global) priced alike: ResNet-50, "
+                             "Inception-v3 and CosmoFlow (or --net) on dgx-h100 and "
+                             "perlmutter-gpu (or --machine), P = 8..4096 at B = "
+                             "max(--strong-batch, P)")
     parser.add_argument("--mem-per-rank", type=parse_size, default=None,
                         help="--volumes only: the cap on the predicted peak memory per rank, "
                              "e.g. 40G (default: 40G, an A100 of perlmutter-gpu)")
     parser.add_argument("--out", default=None,
                         help=f"HDF5 file to write, atomically (default: {STUDIES_OUT}; "
-                             f"{LEVELS_OUT} with --levels; {VOLUMES_OUT} with --volumes)")
+                             f"{LEVELS_OUT} with --levels; {VOLUMES_OUT} with --volumes; "
+                             f"{DDP_OUT} with --ddp)")
     parser.add_argument("--plots", default=None, metavar="DIR",
                         help="also draw the PNG figures into DIR "
                              "(analysis/plot_simulation.py of a source checkout; needs "
@@ -249,7 +270,8 @@ def _settings(args: argparse.Namespace) -> Settings:
                     _positive_int(args.word_bytes, "--word-bytes"),
                     _positive_int(args.strong_batch, "--strong-batch"),
                     _positive_int(args.weak_batch_per_rank, "--weak-batch-per-rank"),
-                    _positive_int(args.domain_batch, "--domain-batch"), args.overlap)
+                    _positive_int(args.domain_batch, "--domain-batch"), args.overlap,
+                    args.bn_group)
 
 
 # -- the model pieces ---------------------------------------------------------------------------
@@ -328,7 +350,8 @@ class ImplementationPlans:
     def model(self, batch: int, procs: int) -> CostModel:
         if (batch, procs) not in self.models:
             s = self.settings
-            self.models[batch, procs] = CostModel(s.net, batch, procs, s.machine, self.flops,
+            net = s.net.with_statistics(s.bn_group, procs)
+            self.models[batch, procs] = CostModel(net, batch, procs, s.machine, self.flops,
                                                   s.word_bytes, s.overlap)
         return self.models[batch, procs]
 
@@ -549,6 +572,7 @@ def _root_attrs(settings: Settings, argv: list[str]) -> dict[str, object]:
             "domain_batch": settings.domain_batch, "hpctrain_version": __version__,
             "overlap": settings.overlap,
             "overlap_share": m.overlap if settings.overlap else 0.0,
+            "bn_group": str(settings.bn_group),
             "command": shlex.join(["python", "-m", "hpctrain", "simulate", *argv]),
             "compute_model": "paper rows: whole-batch forward+backward FLOPs of one iteration "
                              "/ P / flops x images/B (perfect scaling, no optimizer update); "
@@ -1141,13 +1165,124 @@ def _volumes_summary(study: VolumesStudy) -> str:
     return "\n".join(lines)
 
 
+# -- the --ddp study ---------------------------------------------------------------------------
+
+DDP_OUT = "runs/ddp.h5"  # the default --out of --ddp
+DDP_NETS = ("resnet50", "inception_v3", "cosmoflow")
+DDP_MACHINES = ("dgx-h100", "perlmutter-gpu")
+DDP_PROCS = tuple(2**k for k in range(3, 13))  # 8, 16, …, 4096
+DDP_STATISTICS = ("rank", "global")
+DDP_NOTE = ("per machine, net and batch-norm statistics (rank: each rank's share of the batch, "
+            "as DDP; global: the whole mini-batch), and P: the DDP-faithful step (every "
+            "weighted layer batch parallel on 1xP, 25 MiB gradient buckets in flight, the "
+            "profile's overlap share hidden) and the auto plan of hpctrain.plan.planner."
+            "plan_network under the same terms, both priced by the implementation-faithful "
+            "model at the profile's FLOP rate")
+DDP_COLUMNS = ("procs: P; batch: B; ddp_time, auto_time: predicted iteration (s); speedup: "
+               "ddp_time / auto_time; <plan>_comm: communication inside layers and moves "
+               "(s, before hiding); <plan>_hidden: gradient sums hidden behind the backward "
+               "(s); auto_plan, auto_summary: the auto plan's modes and grids")
+
+
+@dataclass
+class DdpStudy:
+    """The --ddp study: one table per (machine, net, statistics)."""
+
+    least_batch: int
+    word_bytes: int
+    tables: dict[tuple[str, str, str], dict[str, list]] = field(default_factory=dict)
+    machines: dict[str, Machine] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def has_batch_norm(net: NetSpec) -> bool:
+    return any(layer.kind == "batchnorm" for layer in net.layers)
+
+
+def ddp_row(net: NetSpec, machine: Machine, batch: int, procs: int, statistics: str,
+            word_bytes: int = 4) -> dict[str, object]:
+    """One row of the study: the DDP-faithful step and the auto plan at (B, P)."""
+    found = against_ddp(net, machine, batch, procs, statistics, word_bytes)
+    row: dict[str, object] = {"procs": procs, "batch": batch,
+                              "ddp_time": found.ddp.iteration_time,
+                              "auto_time": found.auto.iteration_time,
+                              "speedup": found.speedup}
+    for name, planned in (("ddp", found.ddp), ("auto", found.auto)):
+        totals = planned.totals()
+        row[f"{name}_comm"] = totals["communication"] + totals["redistribution"]
+        row[f"{name}_hidden"] = planned.hidden_sums()
+    row["auto_plan"] = describe_plan(found.auto)
+    row["auto_summary"] = summarise_plan(net, found.auto)
+    return row
+
+
+def run_ddp_study(nets: list[NetSpec], machines: list[Machine], least_batch: int = 2048,
+                  procs: tuple[int, ...] = DDP_PROCS, word_bytes: int = 4) -> DdpStudy:
+    """:func:`ddp_row` for every machine, net, batch-norm choice and P, B = max(least, P)."""
+    study = DdpStudy(least_batch, word_bytes)
+    start = time.perf_counter()
+    for machine in machines:
+        study.machines[machine.name] = machine
+        for net in nets:
+            for statistics in DDP_STATISTICS if has_batch_norm(net) else DDP_STATISTICS[:1]:
+                table: dict[str, list] = {}
+                for p in procs:
+                    row = ddp_row(net, machine, max(least_batch, p), p, statistics,
+                                  word_bytes)
+                    for key, value in row.items():
+                        table.setdefault(key, []).append(value)
+                study.tables[machine.name, net.name, statistics] = table
+    study.seconds = time.perf_counter() - start
+    return study
+
+
+def write_ddp_hdf5(path: Path, study: DdpStudy, attrs: dict[str, object]) -> None:
+    """Write the study to ``path`` atomically: ``ddp/<machine>/<net>_<statistics>``, one
+    dataset per column."""
+    def fill(out) -> None:
+        out.attrs.update(attrs)
+        top = out.create_group("ddp")
+        top.attrs["description"] = DDP_NOTE
+        top.attrs["columns"] = DDP_COLUMNS
+        for (machine, net, statistics), table in study.tables.items():
+            where = top.require_group(machine)
+            where.attrs["machine_levels"] = study.machines[machine].describe()
+            where.attrs["overlap"] = study.machines[machine].overlap
+            group = where.create_group(f"{net}_{statistics}")
+            group.attrs.update({"net": net, "statistics": statistics,
+                                "batch_rule": f"B = max({study.least_batch}, P)"})
+            _write_table(group, table)
+            for key in ("ddp_time", "auto_time", "ddp_comm", "auto_comm", "ddp_hidden",
+                        "auto_hidden"):
+                group[key].attrs["units"] = "s"
+            group["speedup"].attrs["units"] = "1"
+
+    runlog.write_hdf5(path, fill)
+
+
+def ddp_summary(study: DdpStudy) -> str:
+    lines = [f"auto against the DDP-faithful step (pure batch, 25 MiB buckets in flight), same "
+             f"batch-norm statistics; B = max({study.least_batch}, P); times in ms"]
+    for (machine, net, statistics), t in study.tables.items():
+        share = study.machines[machine].overlap
+        lines.append(f"  {machine} (overlap {share:g}), {net}, statistics {statistics}")
+        for k in range(len(t["procs"])):
+            lines.append(f"    P={t['procs'][k]:<5d} B={t['batch'][k]:<5d} "
+                         f"DDP {t['ddp_time'][k] * 1e3:9.3f}  auto {t['auto_time'][k] * 1e3:9.3f}"
+                         f"  x{t['speedup'][k]:.3f}  {t['auto_summary'][k]}")
+    lines.append(f"  priced {sum(len(t['procs']) for t in study.tables.values())} points in "
+                 f"{study.seconds:.1f} s")
+    return "\n".join(lines)
+
+
 # the options given on the line, told from their defaults (see _parse)
 _TOLD = ("net", "out", "images", "weak_batch_per_rank", "domain_batch", "overlap", "machine",
-         "strong_batch", "mem_per_rank")
+         "strong_batch", "mem_per_rank", "bn_group")
 _NOT_FOR_LEVELS = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
-                   "overlap": "--overlap"}
+                   "overlap": "--overlap", "bn_group": "--bn-group"}
 _NOT_FOR_VOLUMES = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
-                    "domain_batch": "--domain-batch", "overlap": "--overlap"}
+                    "domain_batch": "--domain-batch", "overlap": "--overlap",
+                    "bn_group": "--bn-group"}
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, set[str]]:
@@ -1162,18 +1297,24 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, set[str]]:
             setattr(args, dest, parser.get_default(dest))
     if args.out is None:
         args.out = (LEVELS_OUT if args.levels else VOLUMES_OUT if args.volumes
-                    else STUDIES_OUT)
+                    else DDP_OUT if args.ddp else STUDIES_OUT)
     return args, given
+
+
+def _refuse_given(given: set[str], options: dict[str, str], why: str) -> None:
+    """Refuse in one line (``why``, naming the ``{flag}``) the first of ``options`` (dest →
+    flag) the line gave."""
+    for dest, flag in options.items():
+        if dest in given:
+            raise UserError(why.format(flag=flag))
 
 
 def _run_levels(args: argparse.Namespace, given: set[str], argv: list[str]) -> int:
     """The --levels study: refuse what it cannot do in one line, before any work; then plan,
     write, summarise (and draw with --plots)."""
-    for dest, flag in _NOT_FOR_LEVELS.items():
-        if dest in given:
-            raise UserError(f"{flag} belongs to the strong, weak and domain studies; --levels "
-                            f"takes --net, --machine, --strong-batch, --domain-batch, "
-                            f"--word-bytes, --out and --plots")
+    _refuse_given(given, _NOT_FOR_LEVELS, "{flag} belongs to the strong, weak and domain "
+                  "studies; --levels takes --net, --machine, --strong-batch, --domain-batch, "
+                  "--word-bytes, --out and --plots")
     machine = load_machine(args.machine)
     if not machine.levelled:
         names = _levelled_profiles()
@@ -1197,11 +1338,9 @@ def _run_volumes(args: argparse.Namespace, given: set[str], argv: list[str]) -> 
     write, summarise (and draw with --plots)."""
     if args.levels:
         raise UserError("--volumes and --levels are two studies; give one of them")
-    for dest, flag in _NOT_FOR_VOLUMES.items():
-        if dest in given:
-            raise UserError(f"{flag} belongs to the strong, weak and domain studies; --volumes "
-                            f"takes --net, --machine, --mem-per-rank, --strong-batch, "
-                            f"--word-bytes, --out and --plots")
+    _refuse_given(given, _NOT_FOR_VOLUMES, "{flag} belongs to the strong, weak and domain "
+                  "studies; --volumes takes --net, --machine, --mem-per-rank, --strong-batch, "
+                  "--word-bytes, --out and --plots")
     net = load_net(args.net if "net" in given else VOLUMES_NET)
     if len(net.input_shape) != 4:
         raise UserError(f"--volumes needs a net on volumes (input size=DxHxW), such as "
@@ -1216,6 +1355,33 @@ def _run_volumes(args: argparse.Namespace, given: set[str], argv: list[str]) -> 
                         word_bytes)
     write_volumes_hdf5(out, study, _volumes_attrs(study, word_bytes, argv))
     return _report(out, [_volumes_summary(study)], script, args.plots)
+
+
+_NOT_FOR_DDP = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
+                "domain_batch": "--domain-batch", "overlap": "--overlap",
+                "mem_per_rank": "--mem-per-rank", "bn_group": "--bn-group"}
+
+
+def _run_ddp(args: argparse.Namespace, given: set[str], argv: list[str]) -> int:
+    """The --ddp study: refuse what it cannot do in one line, before any work; then price,
+    write and summarise."""
+    if args.levels or args.volumes:
+        raise UserError("--ddp, --levels and --volumes are three studies; give one of them")
+    _refuse_given(given, _NOT_FOR_DDP, "{flag} does not apply to --ddp, which prices both "
+                  "batch-norm choices with sums in flight; it takes --net, --machine, "
+                  "--strong-batch, --word-bytes and --out")
+    nets = [load_net(args.net)] if "net" in given else [load_net(n) for n in DDP_NETS]
+    machines = ([load_machine(args.machine)] if "machine" in given
+                else [load_machine(name) for name in DDP_MACHINES])
+    if args.plots is not None:
+        raise UserError("--plots draws the other studies' figures; --ddp prints its table")
+    out, _ = _outputs(args, "ddp.h5")
+    study = run_ddp_study(nets, machines, _positive_int(args.strong_batch, "--strong-batch"),
+                          word_bytes=_positive_int(args.word_bytes, "--word-bytes"))
+    write_ddp_hdf5(out, study, {"word_bytes": study.word_bytes,
+                                "least_batch": study.least_batch,
+                                **_planned_provenance(argv, "see ddp.description")})
+    return _report(out, [ddp_summary(study)], None, None)
 
 
 def _outputs(args: argparse.Namespace, example: str) -> tuple[Path, Path | None]:
@@ -1240,6 +1406,8 @@ def run(argv: list[str]) -> int:
     ``--volumes``), write the HDF5 file (and the plots with ``--plots``); 0 on success. Bad
     options raise :class:`~hpctrain.errors.UserError`."""
     args, given = _parse(argv)
+    if args.ddp:
+        return _run_ddp(args, given, argv)
     if args.volumes:
         return _run_volumes(args, given, argv)
     if "mem_per_rank" in given:

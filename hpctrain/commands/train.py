@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from hpctrain.comm.agree import agreed
 from hpctrain.commands.flags import add_overlap_option, add_planning_options, add_run_options
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
+from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.augment import AUGMENT_MODES
 from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
 from hpctrain.model.net import NetSpec, load_net
@@ -168,6 +169,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         raise UserError("--checkpoint-every needs --checkpoint-dir DIR")
     SGD.check(args.lr, args.momentum, args.weight_decay)
     net, dataset = _dataset_net(args, load_net(args.net, args.image_size))
+    net = net.with_statistics(args.bn_group, procs)
     _check_augment(args.augment, net, dataset, args.batch)
     epoch = dataset.train_size // args.batch if dataset else None
     if args.epochs is not None:
@@ -418,8 +420,10 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     config = TrainConfig(args.batch, prepared.steps, args.lr, args.momentum, args.weight_decay,
                          prepared.seed, args.print_every, prepared.schedule, prepared.eval_every,
                          Path(args.checkpoint_dir) if args.checkpoint_dir else None,
-                         args.checkpoint_every, args.keep_checkpoints, args.overlap,
-                         prepared.timeline, prefetch=args.prefetch)
+                         args.checkpoint_every, args.keep_checkpoints, setup.overlap,
+                         bucket_bytes=(setup.machine.bucket_bytes if setup.machine
+                                       else BUCKET_BYTES),
+                         timeline=prepared.timeline, prefetch=args.prefetch)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,

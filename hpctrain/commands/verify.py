@@ -63,6 +63,7 @@ def run_step(network: Network, data: SyntheticData, step: int = 0, magnitudes: b
     grads: list = []
     output_grads: list | None = [] if magnitudes else None
     loss, _ = network.train_step(data, step, outputs, grads, output_grads=output_grads)
+    network.settle_buffers()
     states = []
     for layer, y, dx in zip(network.layers, outputs, grads, strict=True):
         states.append(_gather_layer(be, comm, layer, y, dx))
@@ -158,15 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str], comm) -> int:
     from hpctrain.comm.agree import agreed
+    from hpctrain.commands.flags import load_net_for
     from hpctrain.commands.setup import SetupRequest, set_up
-    from hpctrain.model.net import load_net
 
     args = build_parser().parse_args(argv)
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN would fail every plan
         raise UserError(f"--tolerance {args.tolerance:g} must be a finite number >= 0, e.g. 1e-9")
-    net = agreed(comm, lambda: load_net(args.net, args.image_size))
+    net = agreed(comm, lambda: load_net_for(args, comm.Get_size()))
     request = SetupRequest.from_flags(args, "float64")
     setup = set_up(request, net, comm, predict=False)
     with GridSet(comm) as grids:

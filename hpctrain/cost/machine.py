@@ -13,6 +13,8 @@ by path::
     threads = 1           # threads per rank when flops was measured (optional; 0: unknown)
     overlap = 0.0         # share of gradient sums in flight that hides behind compute
                           # (optional; 0: communication moves only inside MPI calls)
+    bucket_bytes = 26214400  # gradients summed together in one all-reduce (optional;
+                             # default 25 MiB, PyTorch DDP's bucket_cap_mb)
 
     # optional: fitted constants per collective and communicator size, written by calibrate;
     # past knee bytes (of the β term) each byte costs far_beta (optional, both or neither)
@@ -62,8 +64,13 @@ from hpctrain.io.locations import config_dir, shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
 
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
-KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "fits",
-        "ranks_per_node", "network", "compute_scale", "cache_bytes", "sources")
+KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "bucket_bytes",
+        "fits", "ranks_per_node", "network", "compute_scale", "cache_bytes", "sources")
+BUCKET_BYTES = 25 * 2**20
+"""How many gradient bytes one all-reduce sums unless the profile says otherwise, as PyTorch
+DistributedDataParallel's default bucket (``bucket_cap_mb=25``). A bucket's latency is paid
+once for all the layers in it; a larger bucket pays it fewer times but, with the sums in flight
+(``--overlap``), starts the first sum later and leaves more of the last one exposed."""
 SOURCE_KEYS = ("links", "compute")
 """What a profile's ``sources`` table may say where it came from: its α and β (``links``) and
 its compute (``compute``)."""
@@ -167,6 +174,7 @@ class Machine:
     # takes the factors beyond the cache (hpctrain.model.kinds.BEYOND_CACHE); 0: one set
     cache_bytes: int = 0
     sources: dict[str, str] = field(default_factory=dict)  # SOURCE_KEYS: where each came from
+    bucket_bytes: int = BUCKET_BYTES  # gradients summed together (hpctrain.comm.gradients)
 
     def link(self, collective: str, procs: int) -> Fit:
         """α and β for ``collective`` on a communicator of ``procs`` ranks (inside one node,
@@ -294,6 +302,9 @@ def parse_machine(text: str, source: str) -> Machine:
                                    f"a whole number from 1 to {MAX_PROCS}")
     cache_bytes = _whole_number(table, "cache_bytes", where, 2**50,
                                 "a whole number of bytes from 0 to 2**50")
+    bucket_bytes = (_whole_number(table, "bucket_bytes", where, 2**50,
+                                  "a whole number of bytes from 0 to 2**50")
+                    if "bucket_bytes" in table else BUCKET_BYTES)
     network = None
     if "network" in table:
         if not ranks_per_node:
@@ -303,7 +314,8 @@ def parse_machine(text: str, source: str) -> Machine:
     return Machine(name, _positive(table, "alpha", where), _positive(table, "beta", where),
                    _positive(table, "flops", where), device, _fits(table, where), source,
                    threads, float(overlap), ranks_per_node, network,
-                   _compute_scale(table, where), cache_bytes, _sources(table, where))
+                   _compute_scale(table, where), cache_bytes, _sources(table, where),
+                   bucket_bytes)
 
 
 def _whole_number(table: dict, key: str, where: str, most: int | None, wording: str) -> int:
@@ -444,6 +456,18 @@ def load_machine(name_or_path: str | None = None) -> Machine:
                        f"of {', '.join(available_machines())}")
 
 
+def sums_in_flight(choice: str | bool, machine: Machine | None) -> bool:
+    """Whether a run's gradient sums go in flight (``--overlap``): ``on`` or ``off`` as told;
+    ``auto``, where ``machine`` says part of a sum moves while the ranks compute (its
+    ``overlap`` above 0: the network progresses messages by itself); else, or with no profile,
+    not."""
+    if isinstance(choice, bool):
+        return choice
+    if choice == "auto":
+        return machine is not None and machine.overlap > 0
+    return choice == "on"
+
+
 def format_machine(machine: Machine, comment: str = "") -> str:
     """The TOML text of ``machine`` (what :func:`parse_machine` reads back)."""
     lines = [f"# {line}" for line in comment.splitlines()]
@@ -455,6 +479,8 @@ def format_machine(machine: Machine, comment: str = "") -> str:
         lines.append(f"threads = {machine.threads}  # threads per rank when measured")
     if machine.overlap:
         lines.append(f"overlap = {machine.overlap:.3g}  # share of gradient sums hidden")
+    if machine.bucket_bytes != BUCKET_BYTES:
+        lines.append(f"bucket_bytes = {machine.bucket_bytes}  # gradients summed together")
     if machine.ranks_per_node:
         lines.append(f"ranks_per_node = {machine.ranks_per_node}")
     if machine.cache_bytes:

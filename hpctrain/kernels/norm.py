@@ -3,8 +3,12 @@
 A distributed layer may hold only part of each channel's values — some samples (batch split) or
 some rows (height split). Its kernels compute per-channel local sums and pass them to ``reduce``,
 which sums an array over the ranks that hold the other parts of the same channels (the identity
-on one process); ``count`` is the global number of values per channel. The statistics, and so
-the outputs and gradients, are then exactly those of the whole batch.
+on one process); ``counts`` is the global number of values per channel. The statistics, and so
+the outputs and gradients, are then exactly those of the whole batch — or of each group of
+samples, where the statistics are kept per group ("ghost" batch norm,
+:mod:`hpctrain.layout.statistics`): a rank then sums (k, C) arrays, one row per group it holds.
+Each direction sends one message: the forward's two sums together, the backward's two sums
+together.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ Reduce = Callable[[Any], Any]
 @dataclass(frozen=True)
 class BatchNormCache:
     x_hat: Any  # like X: the normalised input
-    inv_std: Any  # (C,): 1/sqrt(var + eps)
+    inv_std: Any  # (k, C): 1/sqrt(var + eps) of each group
     gamma: Any  # (C,), in the dtype of X
+    groups: Any = None  # the local samples of each group (None: one)
 
 
 def channel_axes(x: Any) -> tuple[int, ...]:
@@ -38,44 +43,111 @@ def channel_sums(xp: Any, x: Any) -> Any:
     return x.sum(axis=channel_axes(x))
 
 
-def batchnorm_forward(xp: Any, x: Any, gamma: Any, beta: Any, eps: float, count: int,
-                      reduce: Reduce) -> tuple[Any, BatchNormCache, Any, Any]:
-    """Y = γ·x̂ + β with x̂ = (X − μ)/sqrt(σ² + ε), statistics per channel over all other axes.
+Groups = tuple[tuple[int, int], ...] | None
+"""The local samples of each statistics group a rank holds, as (start, stop) along X's first
+axis (:mod:`hpctrain.layout.statistics`); None: one group, every local sample."""
 
-    X: (N, C, H, W) or (N, C); γ, β: (C,). With m = ``count`` values per channel over all ranks,
-    μ = (1/m) Σ X and the biased σ² = (1/m) Σ (X − μ)², each sum taken locally and then over the
-    ranks by ``reduce``. Two passes (mean first, then squared deviations) rather than
-    E[X²] − μ², which cancels catastrophically when ``|μ| ≫ σ``.
 
-    Returns (Y, cache, μ, σ²): the caller updates its running statistics from μ and σ²
-    (PyTorch keeps the unbiased σ²·m/(m − 1) there).
+def group_sums(xp: Any, x: Any, groups: Groups) -> Any:
+    """S[g, c] = Σ of X over group g's samples and every spatial position: shape (k, C)."""
+    if groups is None or len(groups) == 1:
+        a, b = (0, x.shape[0]) if groups is None else groups[0]
+        part = x if (a, b) == (0, x.shape[0]) else x[a:b]
+        return channel_sums(xp, part)[None]
+    per_sample = x.sum(axis=tuple(range(2, x.ndim))) if x.ndim > 2 else x  # (N, C)
+    size = groups[0][1] - groups[0][0]
+    if all(b - a == size for a, b in groups) and groups[-1][1] == x.shape[0]:
+        return per_sample.reshape(len(groups), size, x.shape[1]).sum(axis=1)
+    return xp.stack([per_sample[a:b].sum(axis=0) for a, b in groups])
+
+
+def per_group(xp: Any, v: Any, x: Any, groups: Groups) -> Any:
+    """A (k, C) array of per-group values shaped to broadcast over X: each sample gets its
+    group's row, (N, C, 1, 1) or (1, C, 1, 1) for one group."""
+    if v.shape[0] == 1:
+        return per_channel(v[0], x)
+    size = groups[0][1] - groups[0][0]
+    if all(b - a == size for a, b in groups):
+        rows = v.repeat(size, axis=0)
+    else:
+        rows = xp.concatenate([v[g:g + 1].repeat(b - a, axis=0)
+                               for g, (a, b) in enumerate(groups)])
+    return rows.reshape(rows.shape + (1,) * (x.ndim - 2))
+
+
+def batchnorm_forward(xp: Any, x: Any, gamma: Any, beta: Any, eps: float, counts: Any,
+                      reduce: Reduce, shift: Any = None, groups: Groups = None
+                      ) -> tuple[Any, BatchNormCache, Any, Any]:
+    """Y = γ·x̂ + β with x̂ = (X − μ)/sqrt(σ² + ε), statistics per channel of each group of
+    samples over all other axes.
+
+    X: (N, C, H, W) or (N, C); γ, β: (C,). ``groups``: the local samples of each statistics
+    group (None: one); ``counts``: each group's number of values per channel over all ranks,
+    shape (k, 1) (or a number for one group). μ = (1/m) Σ X and the biased σ² = (1/m) Σ (X − μ)²
+    over a group's m values.
+
+    Without a ``shift``, two ``reduce`` calls: Σ X, then Σ (X − μ)², exact whatever the mean.
+    With one, K (the same on every rank of a group: the running mean), one ``reduce`` of the
+    stacked local sums [Σ X, Σ (X − μ_l)² + n_l (μ_l − K)²] (μ_l, n_l: the local mean and
+    count): Chan's pairwise combination, Σ (X − μ)² = Σ over ranks of that second sum, minus
+    m (μ − K)². Within a rank the squares are of deviations from its own mean; the sum and the
+    difference cancel as (μ − K)² against σ², a few units of the last place once K tracks μ
+    within a few σ (a layer's running mean, after its first step).
+
+    Returns (Y, cache, μ, σ²), μ and σ² of shape (k, C): the caller updates its running
+    statistics from them (PyTorch keeps the unbiased σ²·m/(m − 1) there).
     """
     gamma = gamma.astype(x.dtype, copy=False)
-    mean = reduce(channel_sums(xp, x)) / count
-    centred = x - per_channel(mean, x)
-    var = reduce(channel_sums(xp, centred * centred)) / count
+    sums = group_sums(xp, x, groups)
+    if shift is None:  # two messages: the mean, then the squares of deviations from it
+        mean = reduce(sums) / counts
+        deviation = x - per_group(xp, mean, x, groups)
+        var = reduce(group_sums(xp, deviation * deviation, groups)) / counts
+    else:
+        spatial = 1
+        for n in x.shape[2:]:
+            spatial *= n
+        sizes = [x.shape[0]] if groups is None else [b - a for a, b in groups]
+        local_counts = xp.asarray([[n * spatial] for n in sizes], dtype=x.dtype)  # (k, 1)
+        local_mean = sums / local_counts
+        deviation = x - per_group(xp, local_mean, x, groups)
+        squares = group_sums(xp, deviation * deviation, groups)
+        shift = shift.astype(x.dtype, copy=False)[None]
+        offset = local_mean - shift
+        total = reduce(xp.stack([sums, squares + local_counts * offset * offset]))
+        mean = total[0] / counts
+        offset = mean - shift
+        var = xp.maximum(total[1] / counts - offset * offset, 0)
+        deviation = deviation - per_group(xp, mean - local_mean, x, groups)
     inv_std = 1 / xp.sqrt(var + eps)
-    x_hat = centred * per_channel(inv_std, x)
+    x_hat = deviation * per_group(xp, inv_std, x, groups)
     y = per_channel(gamma, x) * x_hat + per_channel(beta.astype(x.dtype, copy=False), x)
-    return y, BatchNormCache(x_hat, inv_std, gamma), mean, var
+    return y, BatchNormCache(x_hat, inv_std, gamma, groups), mean, var
 
 
-def batchnorm_backward(xp: Any, dy: Any, cache: BatchNormCache, count: int, reduce: Reduce
+def batchnorm_backward(xp: Any, dy: Any, cache: BatchNormCache, counts: Any, reduce: Reduce
                        ) -> tuple[Any, Any, Any]:
-    """Gradients (dX, dγ, dβ) of :func:`batchnorm_forward` given dY (shaped like X).
+    """The input gradient of :func:`batchnorm_forward` given dY (shaped like X), and the sums
+    [Σ dY, Σ dY·x̂] per group, (2, k, C): this rank's, and over the group's ranks.
 
-    dβ = Σ dY and dγ = Σ dY·x̂, each over all values of the channel on every rank (one ``reduce``
-    of the stacked (2, C) local sums), and
+    Within each group: dβ_g = Σ dY and dγ_g = Σ dY·x̂ over all the group's values on every
+    rank (one ``reduce`` of the stacked local sums), and
 
-        dX = γ·(1/sqrt(σ² + ε))·(dY − dβ/m − x̂·dγ/m),  m = ``count``.
+        dX = γ·(1/sqrt(σ² + ε))·(dY − dβ_g/m − x̂·dγ_g/m),  m = the group's count.
 
-    dX, dγ and dβ are linear in dY, so dY may arrive as partial sums over replicas.
+    The parameters' gradients are dβ = Σ_g dβ_g and dγ = Σ_g dγ_g: with one group, the summed
+    sums; with several, the caller sums its local ones over every rank. All of it is linear
+    in dY, so dY may arrive as partial sums over replicas.
     """
-    local = xp.stack([channel_sums(xp, dy), channel_sums(xp, dy * cache.x_hat)])  # (2, C)
-    dbeta, dgamma = reduce(local)
-    mean_dy, mean_dy_x_hat = per_channel(dbeta / count, dy), per_channel(dgamma / count, dy)
-    dx = per_channel(cache.gamma * cache.inv_std, dy) * (dy - mean_dy - cache.x_hat * mean_dy_x_hat)
-    return dx, dgamma, dbeta
+    groups = cache.groups
+    local = xp.stack([group_sums(xp, dy, groups), group_sums(xp, dy * cache.x_hat, groups)])
+    total = reduce(local)
+    dbeta, dgamma = total
+    mean_dy = per_group(xp, dbeta / counts, dy, groups)
+    mean_dy_x_hat = per_group(xp, dgamma / counts, dy, groups)
+    dx = (per_channel(cache.gamma, dy) * per_group(xp, cache.inv_std, dy, groups)
+          * (dy - mean_dy - cache.x_hat * mean_dy_x_hat))
+    return dx, local, total
 
 
 def batchnorm_inference(xp: Any, x: Any, gamma: Any, beta: Any, eps: float, running_mean: Any,

@@ -149,6 +149,10 @@ class Layer:
         all of them over ``grad_comm`` unless the layer says otherwise."""
         return [(self.grad_comm, self.params)] if self.params else []
 
+    def settle(self) -> None:
+        """Make the buffers every rank holds agree before anything reads them (batch norm's
+        running statistics over groups of samples); collective over the layer's ranks."""
+
     def forward(self, x: Any, step: int) -> Any:
         raise NotImplementedError
 

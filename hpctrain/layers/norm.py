@@ -1,4 +1,5 @@
-"""Batch normalisation with statistics over the whole global batch, on any layout."""
+"""Batch normalisation with statistics over the whole global batch or over groups of its
+samples, on any layout."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hpctrain.kernels.norm import (
 )
 from hpctrain.layers.base import Layer, Parameter
 from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS
+from hpctrain.layout.statistics import held_groups
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
@@ -20,18 +22,28 @@ if TYPE_CHECKING:
 
 class BatchNorm(Layer):
     """Y = γ (X − μ) / √(σ² + ε) + β per channel, μ and σ² over the whole global batch (and
-    the whole image), so every plan gives the serial numbers.
+    the whole image), so every plan gives the serial numbers; or over each group of samples
+    (``options.groups`` of them, :mod:`hpctrain.layout.statistics`), which every plan and one
+    process compute alike too.
 
-    The statistics are summed over the ranks that hold other parts of the same channels: other
-    sample blocks and other spatial blocks, never a replica (it holds the same values). On the
-    1.5D grids: the Pc ranks of the batch group under a channel split (model mode) or none
-    (batch mode, or replicated over Pr); all P ranks under a height split (domain mode).
+    The statistics are summed over the ranks that hold other parts of the same channels of the
+    same group: other sample blocks of the group and other spatial blocks, never a replica (it
+    holds the same values). On the 1.5D grids with global statistics: the Pc ranks of the batch
+    group under a channel split (model mode) or none (batch mode, or replicated over Pr); all P
+    ranks under a height split (domain mode). With a group per rank's samples, batch mode sums
+    nothing.
 
     γ, β: (C/c,) sharded like a bias when the channels are cut c ways, else whole on every
-    rank. Their gradients are complete after the backward's one all-reduce of [Σ ΔY, Σ ΔY·X̂];
-    replicated, the gradient is a partial sum over the replicas, which the network sums there.
+    rank. With global statistics their gradients are complete after the backward's one
+    all-reduce of [Σ ΔY, Σ ΔY·X̂]; replicated, the gradient is a partial sum over the replicas,
+    which the network sums there. With groups, each rank's own sums are summed by the network
+    over every rank of the channel block, as every other parameter gradient is.
+
     Running mean and (unbiased) variance: (C/c,) buffers, updated in training with
-    ``momentum`` (r ← (1 − m) r + m s, as PyTorch) and used in evaluation.
+    ``momentum`` (r ← (1 − m) r + m s, as PyTorch) from the mean over the groups of each group's
+    statistic. A rank sees only its own groups, so it keeps their mean, and :meth:`settle`
+    averages the ranks' buffers (the update is linear, so averaging once equals averaging every
+    step) before anything reads them.
     """
 
     mode = "follow"
@@ -42,15 +54,34 @@ class BatchNorm(Layer):
         self.eps, self.momentum = options.eps, options.momentum
         xp, dtype = ctx.backend.xp, ctx.backend.dtype
         layout = self.in_layout
-        # the statistics of a channel block: over its samples and every spatial block
-        self.stats_comm = ctx.grids.over(layout, layout.digits_of(
-            a for a in range(len(layout.shape)) if a != CHANNEL_AXIS))
-        # replicas hold partial gradients: the network sums them there
+        statistics = layout.digits_of(a for a in range(len(layout.shape)) if a != CHANNEL_AXIS)
         replicas = layout.digits_of((REPLICAS,))
-        self.grad_comm = ctx.grids.over(layout, replicas) if replicas else None
-        self.count = layout.shape[0]
+        # every rank holding other values of this channel block: other samples, other places
+        self.block_comm = ctx.grids.over(layout, statistics)
+        spatial = 1
         for n in layout.shape[2:]:
-            self.count *= n
+            spatial *= n
+        batch, groups = layout.shape[0], options.groups
+        lo, hi = layout.box(ctx.rank)[0]
+        held = held_groups(batch, groups, lo, hi)
+        self.groups = held.ranges if groups > 1 else None
+        self.counts = xp.asarray([[size * spatial] for size in held.sizes], dtype=dtype)
+        self.unbiased = xp.asarray([[m / (m - 1) if m > 1 else 1.0]
+                                    for m in (size * spatial for size in held.sizes)],
+                                   dtype=dtype)
+        # this rank's weight in the mean over groups of the running statistics (see settle)
+        self.share = 1.0
+        self.grouped = groups > 1
+        if not self.grouped:
+            self.stats_comm = self.block_comm
+            self.grad_comm = ctx.grids.over(layout, replicas) if replicas else None
+        else:
+            # the ranks of this rank's groups: those of the channel block whose samples start
+            # in the same group
+            self.stats_comm = ctx.grids.split(layout, statistics, ("statistics", batch, groups),
+                                              held.first)
+            self.grad_comm = ctx.grids.over(layout, statistics + replicas)
+            self.share = len(held.sizes) / (groups * self.stats_comm.Get_size())
         channels = layout.shape[CHANNEL_AXIS]
         params = []
         for suffix, fill in (("gamma", 1.0), ("beta", 0.0), ("running_mean", 0.0),
@@ -62,9 +93,20 @@ class BatchNorm(Layer):
         self.gamma, self.beta, self.running_mean, self.running_var = params
         self.params = [self.gamma, self.beta]
         self.buffers = [self.running_mean, self.running_var]
+        self.shifted = False  # the running mean has seen a batch (see forward)
 
     def _reduce(self, a: Any) -> Any:
         return allreduce_sum(self.backend, self.stats_comm, self.backend.xp.ascontiguousarray(a))
+
+    def settle(self) -> None:
+        """Make every rank's running statistics the mean over all groups (collective over the
+        channel block's ranks; nothing to do under global statistics)."""
+        if not self.grouped:
+            return
+        xp = self.backend.xp
+        both = xp.stack([self.running_mean.value, self.running_var.value]) * self.share
+        self.running_mean.value, self.running_var.value = allreduce_sum(
+            self.backend, self.block_comm, xp.ascontiguousarray(both))
 
     def forward(self, x: Any, step: int) -> Any:
         xp = self.backend.xp
@@ -72,19 +114,28 @@ class BatchNorm(Layer):
             self.cache = None
             return batchnorm_inference(xp, x, self.gamma.value, self.beta.value, self.eps,
                                        self.running_mean.value, self.running_var.value)
-        y, self.cache, mean, var = batchnorm_forward(xp, x, self.gamma.value, self.beta.value,
-                                                     self.eps, self.count, self._reduce)
-        unbiased = var * (self.count / (self.count - 1)) if self.count > 1 else var
+        # one message for both sums, shifted by the running mean, once that has seen a batch:
+        # before, two (the mean, then the squares), which need no shift
+        shift = self.running_mean.value if self.shifted else None
+        y, self.cache, mean, var = batchnorm_forward(
+            xp, x, self.gamma.value, self.beta.value, self.eps, self.counts, self._reduce,
+            shift, self.groups)
+        self.shifted = True
+        unbiased = var * self.unbiased
         m = self.momentum
-        self.running_mean.value = (1 - m) * self.running_mean.value + m * mean
-        self.running_var.value = (1 - m) * self.running_var.value + m * unbiased
+        self.running_mean.value = (1 - m) * self.running_mean.value + m * mean.mean(axis=0)
+        self.running_var.value = (1 - m) * self.running_var.value + m * unbiased.mean(axis=0)
         return y
 
     def backward(self, dy: Any) -> Any:
         if self.cache is None:  # evaluation mode: a fixed affine map
             return batchnorm_inference_backward(dy, self.gamma.value, self.eps,
                                                 self.running_var.value)
-        dx, dgamma, dbeta = batchnorm_backward(self.backend.xp, dy, self.cache, self.count,
-                                               self._reduce)
-        self.gamma.grad, self.beta.grad = dgamma, dbeta
+        # the sum is made in place: with groups this rank's own sums are kept apart first
+        reduce = (lambda a: self._reduce(a.copy())) if self.grouped else self._reduce
+        dx, local, total = batchnorm_backward(self.backend.xp, dy, self.cache, self.counts,
+                                              reduce)
+        # one group: the group's sums are the whole gradient; several: this rank's part
+        sums = (total if self.groups is None else local).sum(axis=1)
+        self.beta.grad, self.gamma.grad = sums[0], sums[1]
         return dx if self.need_dx else None

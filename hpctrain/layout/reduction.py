@@ -34,7 +34,12 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from hpctrain.cost.collectives import allgather_time, allreduce_time, reduce_scatter_time
+from hpctrain.cost.collectives import (
+    allgather_time,
+    allreduce_time,
+    gradient_sum_seconds,
+    reduce_scatter_time,
+)
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.nodes import Group
 from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS, Layout
@@ -153,9 +158,9 @@ class InputSplit:
         """Seconds of the parameter gradients' sums: the weight's over its group, the bias's
         over its own."""
         weight, bias_entries = self.local_parameters(bias)
-        seconds = allreduce_time(machine, self.weight_group, weight * itemsize)
+        seconds = gradient_sum_seconds(machine, self.weight_group, weight * itemsize)
         if bias_entries:
-            seconds += allreduce_time(machine, self.bias_group, bias_entries * itemsize)
+            seconds += gradient_sum_seconds(machine, self.bias_group, bias_entries * itemsize)
         return seconds
 
 

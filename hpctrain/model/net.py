@@ -52,13 +52,15 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from hpctrain.errors import shown
 from hpctrain.io.locations import shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
 from hpctrain.kernels.loss import CROSS_ENTROPY, MEAN_SQUARED_ERROR, Loss
+from hpctrain.layout.partition import SplitError
+from hpctrain.layout.statistics import groups_for
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import INPUT, LayerSpec, Shape
 from hpctrain.model.options import MAX_SIZE, NetError, integer, sizes
@@ -149,6 +151,24 @@ class NetSpec:
         resized = NetSpec(self.name, shape, self.classes, self.layers, self.regression)
         resized.out_shapes  # noqa: B018 - the last layer's width still feeds the loss
         return resized
+
+    def with_statistics(self, choice: str | int, procs: int) -> NetSpec:
+        """The net on ``procs`` ranks with each batch norm's statistics groups made a number of
+        sample groups (:func:`~hpctrain.layout.statistics.groups_for`): its own ``group=``
+        where the net file gives one, else ``choice`` (``--bn-group``)."""
+        layers = []
+        for spec in self.layers:
+            options = spec.options
+            if spec.kind == "batchnorm":
+                picked = choice if options.group is None else options.group
+                try:
+                    groups = groups_for(picked, procs, f"layer {spec.name}")
+                except SplitError as err:
+                    raise NetError(str(err)) from None
+                spec = replace(spec, options=replace(options, groups=groups))
+            layers.append(spec)
+        return NetSpec(self.name, self.input_shape, self.classes, tuple(layers),
+                       self.regression)
 
     @cached_property
     def out_shapes(self) -> tuple[Shape, ...]:

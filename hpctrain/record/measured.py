@@ -81,8 +81,8 @@ def _measured(source: str, attrs: dict, plan_text: str | None, layers,
         if key not in attrs:
             raise LogError(f"{source}: the attribute {key!r} is missing; refit from a log "
                            f"hpctrain wrote")
-    net = _net(source, attrs)
     procs, batch = int(attrs["processes"]), int(attrs["batch"])
+    net = _net(source, attrs, procs)
     if plan_text is None:
         raise LogError(f"{source}: no plan text; refit from a log hpctrain wrote")
     plans = parse_plan(str(plan_text), source, net, procs)
@@ -103,11 +103,13 @@ def _measured(source: str, attrs: dict, plan_text: str | None, layers,
                         fields["measured_fastest_rank"], iteration)
 
 
-def _net(source: str, attrs: dict) -> NetSpec:
-    """The net the log ran, at the input size it ran (a dataset may have set it)."""
+def _net(source: str, attrs: dict, procs: int) -> NetSpec:
+    """The net the log ran, at the input size it ran (a dataset may have set it), with the
+    batch-norm statistics groups it ran on its ``procs`` ranks."""
     config = json.loads(attrs["config"]) if "config" in attrs else {}
     try:
         net = load_net(str(attrs["net"]), config.get("image_size"))
+        net = net.with_statistics(config.get("bn_group", "global"), procs)
     except UserError as err:
         raise LogError(f"{source}: its net {attrs['net']!r} cannot be loaded here ({err})"
                        ) from None

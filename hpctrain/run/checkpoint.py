@@ -110,6 +110,7 @@ def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
     """
     path = Path(path)
     rank = comm.Get_rank()
+    network.settle_buffers()  # running statistics over groups: every rank the same
     tensors = _gathered_tensors(network, optimizer, comm)  # one collective per item
     failure = None
     if rank == 0:

@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpctrain.comm.grid import GridSet
+from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.prefetch import Prefetched
 from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.data.synthetic import SyntheticData
@@ -74,6 +75,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: only at the end and on a stop signal
     keep_checkpoints: int = 2
     overlap: bool = False  # gradient sums in flight during the backward (hpctrain.comm.gradients)
+    bucket_bytes: int = BUCKET_BYTES  # gradients summed together (the machine profile's)
     timeline: tuple[int, int] | None = None  # steps to record spans of (hpctrain.record.timeline)
     prefetch: bool = True  # read a dataset's next batch during each step (hpctrain.data.prefetch)
 
@@ -141,7 +143,7 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
         if config.prefetch and val_data is not None:
             val_data = readers.enter_context(Prefetched(val_data, cycle=val_data.batches))
         network = Network(net, plan, config.batch, grids, backend, config.seed,
-                          config.overlap)
+                          config.overlap, config.bucket_bytes)
         data = data or SyntheticData.for_net(backend, net, config.batch, config.seed)
         optimizer = SGD(network.params, config.lr, config.momentum, config.weight_decay)
         first = 0

@@ -11,6 +11,7 @@ from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.comm.gradients import GradientReducer
 from hpctrain.comm.grid import GridSet
 from hpctrain.comm.redistribute import Redistribute
+from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
@@ -80,8 +81,8 @@ class Network:
     Every edge whose producer and consumer layouts differ gets a
     :class:`~hpctrain.comm.redistribute.Redistribute`, which moves activations forward and gradients
     back. A tensor read by several layers gets the sum of the gradients that come back. Parameter
-    gradients are summed over the ranks holding the same shard as soon as each layer's backward
-    has made them; with ``overlap``, in flight while the backward goes on
+    gradients are summed over the ranks holding the same shard in buckets of ``bucket_bytes``;
+    with ``overlap``, in flight while the backward goes on
     (:class:`~hpctrain.comm.gradients.GradientReducer`).
     After the last layer the logits are replicated over the
     last grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples,
@@ -94,7 +95,8 @@ class Network:
     """
 
     def __init__(self, net: NetSpec, plan: list[LayerPlan], batch: int, grids: GridSet,
-                 backend: Backend, seed: int = 0, overlap: bool = False) -> None:
+                 backend: Backend, seed: int = 0, overlap: bool = False,
+                 bucket_bytes: int = BUCKET_BYTES) -> None:
         if len(plan) != len(net.layers):
             raise PlanError(f"plan has {len(plan)} entries but net {net.name} has "
                             f"{len(net.layers)} layers")
@@ -129,7 +131,7 @@ class Network:
         self.labels_box = self.loss_layout.box(self.rank)[0]  # the samples of its loss
         # in each batch group the rank with i = 0 owns its samples' loss (see the class doc)
         self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
-        self.gradient_sums = GradientReducer(backend, in_flight=overlap)
+        self.gradient_sums = GradientReducer(backend, bucket_bytes, in_flight=overlap)
 
     @property
     def params(self) -> list[Parameter]:
@@ -142,9 +144,17 @@ class Network:
 
     def set_training(self, training: bool) -> None:
         """Training (dropout on, batch statistics) or evaluation (dropout off, running
-        statistics)."""
+        statistics, settled first). Collective when it turns evaluation on."""
+        if not training:
+            self.settle_buffers()
         for layer in self.layers:
             layer.training = training
+
+    def settle_buffers(self) -> None:
+        """Make every rank's buffers agree (:meth:`~hpctrain.layers.base.Layer.settle`), as a
+        checkpoint, an evaluation or a comparison reads them. Collective."""
+        for layer in self.layers:
+            layer.settle()
 
     def step_times(self) -> StepTimes:
         """A blank timing record for one step of this network (one row per layer)."""

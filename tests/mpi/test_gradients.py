@@ -1,5 +1,5 @@
-"""Gradient sums in flight: buckets of non-blocking all-reduces equal blocking ones, and
-updating each layer as its sum arrives trains bit for bit as an optimizer step after."""
+"""Gradient sums in buckets, blocking or in flight, equal one blocking all-reduce per layer,
+and updating each layer as its sum arrives trains bit for bit as an optimizer step after."""
 
 from functools import partial
 
@@ -26,7 +26,7 @@ def _params(rank: int, sizes: list[tuple[int, ...]], seed: int) -> list[Paramete
 
 
 @pytest.mark.parametrize("bucket_bytes,in_flight", [(1, True), (200, True), (1 << 20, True),
-                                                    (1 << 20, False)])
+                                                    (0, False), (200, False), (1 << 20, False)])
 def test_sums_in_buckets_equal_blocking_all_reduces(bucket_bytes, in_flight):
     """Layers on two communicators (the world and halves of it), added in turn with progress
     between: every gradient ends as the blocking all-reduce's sum, and every parameter is

@@ -32,17 +32,17 @@ CYCLE = (("domain", (2, 2)), ("model", (2, 2)), ("domain", (4, 1)), ("model", (4
          ("batch", (1, 4)), ("model", (2, 2)))
 
 
-def mixed_plan(net, offset=0):
-    """Each conv and linear layer takes the next entry of :data:`CYCLE`, starting at
-    ``offset``; a domain entry is passed over where the layer's output has fewer than two rows
-    per rank (and always for linear layers). Other layers follow their input."""
+def mixed_plan(net, offset=0, cycle=CYCLE):
+    """Each conv and linear layer takes the next entry of ``cycle``, starting at ``offset``; a
+    domain entry is passed over where the layer's output has fewer than two rows per rank (and
+    always for linear layers). Other layers follow their input."""
     plan, k = [], offset
     for layer, shape in zip(net.layers, net.out_shapes, strict=True):
         if layer.kind not in ("conv", "linear"):
             plan.append(LayerPlan("follow"))
             continue
         while True:
-            mode, grid = CYCLE[k % len(CYCLE)]
+            mode, grid = cycle[k % len(cycle)]
             k += 1
             if mode != "domain" or (layer.kind == "conv" and shape[1] >= 2 * grid[0]):
                 break

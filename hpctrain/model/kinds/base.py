@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from hpctrain.cost.collectives import allreduce_time
+from hpctrain.cost.collectives import gradient_sum_seconds
 from hpctrain.cost.memory import Footprint
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
@@ -158,7 +158,8 @@ class Kind:
         params = self.local_parameters(spec, inputs, output)
         if not params:
             return 0.0
-        return allreduce_time(machine, self.gradient_group(inputs, output), params * itemsize)
+        return gradient_sum_seconds(machine, self.gradient_group(inputs, output),
+                                    params * itemsize)
 
     def keeps_input(self, spec: LayerSpec) -> bool:
         """Whether the layer keeps its input array for the backward."""

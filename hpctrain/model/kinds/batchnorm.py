@@ -1,5 +1,12 @@
-"""``batchnorm [eps=1e-5] [momentum=0.1]``: batch normalisation over the whole global batch,
-with running statistics for evaluation, on the layout that feeds it."""
+"""``batchnorm [eps=1e-5] [momentum=0.1] [group=global|rank|K]``: batch normalisation with
+statistics over the whole global batch or over groups of its samples, with running statistics
+for evaluation, on the layout that feeds it.
+
+``group``: over which samples a channel's mean and variance are taken (see
+:mod:`hpctrain.layout.statistics`): ``global``, the whole mini-batch (every plan computes what
+one process computes); ``rank``, each rank's share of the batch, as PyTorch's
+DistributedDataParallel does; ``K``, the shares of K ranks, as MLPerf's "bn group". Without it,
+the run's ``--bn-group`` decides (global unless told otherwise)."""
 
 from __future__ import annotations
 
@@ -10,21 +17,43 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.cost.collectives import allreduce_time
+from hpctrain.cost.collectives import allreduce_time, gradient_sum_seconds
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.memory import Footprint, larger
+from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
+from hpctrain.errors import shown
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS, Layout, largest_block
 from hpctrain.layout.partition import SplitError, block_ranges
+from hpctrain.layout.statistics import GLOBAL, PER_RANK, check_nesting, sharing_blocks
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
-from hpctrain.model.options import Key, fraction
+from hpctrain.model.options import Key, NetError, fraction, integer
 
 
 @dataclass(frozen=True)
 class BatchNormOptions:
     eps: float
     momentum: float
+    group: str | int | None  # as written: global, rank, K ranks; None: the run's --bn-group
+    groups: int = 1  # sample groups, once the ranks are known (NetSpec.with_statistics)
+
+
+def statistics_group(key: str, text: str, where: str) -> str | int | None:
+    """``group=global``, ``rank`` or a number of ranks K; the default, the run's choice."""
+    if text in (GLOBAL, PER_RANK):
+        return text
+    if text == RUN_CHOICE:
+        return None
+    try:
+        return integer(key, text, where, 1)
+    except NetError:
+        raise NetError(f"{where}: {key}={shown(text)} must be global, rank or a number of "
+                       f"ranks such as 8") from None
+
+
+RUN_CHOICE = "--bn-group"
+"""The default of ``group=``: whatever the run's ``--bn-group`` says."""
 
 
 def statistics_axes(x: Layout) -> tuple[int, ...]:
@@ -32,10 +61,29 @@ def statistics_axes(x: Layout) -> tuple[int, ...]:
     return tuple(a for a in range(len(x.shape)) if a != CHANNEL_AXIS)
 
 
+def statistics_ranks(x: Layout, groups: int) -> Group:
+    """The pattern of the groups of ranks that sum one statistics group's sums: every rank of
+    the channel block under global statistics; under groups, the sample blocks sharing a group
+    times the spatial blocks, as the fastest of those digits lays them out."""
+    axes = statistics_axes(x)
+    if groups == 1:
+        return x.group(axes)
+    sharing = sharing_blocks(x.shape[0], groups, x.parts[0])
+    if sharing == x.parts[0]:
+        return x.group(axes)
+    spatial = [a for a in axes if a != 0]
+    if sharing == 1:
+        return x.group(spatial)
+    digits = x.digits_of(axes)
+    size = sharing * math.prod(x.parts[a] for a in spatial)
+    return Group(size, math.prod(x.mesh[max(digits) + 1:]), x.size)
+
+
 class BatchNormKind(Kind):
     name = "batchnorm"
     keys = {"eps": Key(fraction(1e-300, 1.0), "1e-5"),
-            "momentum": Key(fraction(0.0, 1.0, high_open=False), "0.1")}
+            "momentum": Key(fraction(0.0, 1.0, high_open=False), "0.1"),
+            "group": Key(statistics_group, RUN_CHOICE)}
     options = BatchNormOptions
 
     def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
@@ -47,11 +95,14 @@ class BatchNormKind(Kind):
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)
         x = inputs[0]
-        values = x.shape[0] * math.prod(x.shape[2:])
+        groups = spec.options.groups
+        values = x.shape[0] // groups * math.prod(x.shape[2:])
         if values < 2:
-            raise SplitError(f"layer {spec.name}: batch norm over {values} value per channel "
-                             f"(batch {x.shape[0]}, shape {x.shape[1:]}) has no variance; "
-                             f"raise --batch")
+            among = f" in each of {groups} groups" if groups > 1 else ""
+            raise SplitError(f"layer {spec.name}: batch norm over {values} value per channel"
+                             f"{among} (batch {x.shape[0]}, shape {x.shape[1:]}) has no "
+                             f"variance; raise --batch")
+        check_nesting(x.shape[0], groups, x.parts[0], spec.name)
         parts = x.parts[CHANNEL_AXIS]
         if x.split_ranges is not None and CHANNEL_AXIS in x.cut_axes and x.split_ranges != (
                 block_ranges(x.shape[CHANNEL_AXIS], parts)):
@@ -71,7 +122,7 @@ class BatchNormKind(Kind):
         x = random(work.x)
         gamma, beta = xp.ones(work.x[1], dtype=dtype), xp.zeros(work.x[1], dtype=dtype)
         dy = xp.ones_like(x)
-        count = math.prod(work.x) // work.x[1]
+        count = math.prod(work.x) // work.x[1]  # the local values as one group
 
         def same(a: Any) -> Any:
             return a
@@ -79,7 +130,9 @@ class BatchNormKind(Kind):
         def backward_of(out: Any) -> Callable[[], Any]:
             return lambda: batchnorm_backward(xp, dy, out[1], count, same)
 
-        return lambda: batchnorm_forward(xp, x, gamma, beta, 1e-5, count, same), backward_of
+        shift = xp.zeros(work.x[1], dtype=dtype)  # a training step's: one message, shifted
+        return (lambda: batchnorm_forward(xp, x, gamma, beta, 1e-5, count, same, shift),
+                backward_of)
 
     def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
                          ) -> int:
@@ -87,25 +140,28 @@ class BatchNormKind(Kind):
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
                   machine: Machine, itemsize: int) -> tuple[float, float]:
-        """Forward: the mean and the variance, each one all-reduce of C/Pr entries; backward:
-        one of 2·C/Pr (the sums that are also Δγ and Δβ), and a second over Pr for replicas."""
+        """One all-reduce each way over the ranks of a statistics group: forward the two sums
+        of the mean and the variance, backward the two of the input gradient (2·C/c entries
+        per group held); then Δγ and Δβ summed over the other groups and the replicas."""
         x = inputs[0]
-        channels = largest_block(x)[CHANNEL_AXIS] * itemsize
-        ranks = x.group(statistics_axes(x))
-        forward = 2 * allreduce_time(machine, ranks, channels)
-        backward = allreduce_time(machine, ranks, 2 * channels)
-        return forward, backward + self.gradient_sum_time(spec, inputs, output, machine,
-                                                          itemsize)
+        held = max(1, -(-spec.options.groups // x.parts[0]))  # groups in a sample block
+        message = 2 * held * largest_block(x)[CHANNEL_AXIS] * itemsize
+        ranks = statistics_ranks(x, spec.options.groups)
+        both = allreduce_time(machine, ranks, message)
+        return both, both + self.gradient_sum_time(spec, inputs, output, machine, itemsize)
 
     def gradient_sum_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
                           machine: Machine, itemsize: int) -> float:
-        """Δγ and Δβ summed over the Pr replicas (channels not split); the batch's sums are
-        the statistics' own, which the backward needs at once."""
+        """Δγ and Δβ summed over the ranks that hold other parts of them: the replicas under
+        global statistics (the batch's sums are the statistics' own, which the backward needs
+        at once); under groups, every other rank of the channel block too."""
         x = inputs[0]
-        if x.replicas == 1:
+        axes = (REPLICAS,) if spec.options.groups == 1 else (*statistics_axes(x), REPLICAS)
+        ranks = x.group(axes)
+        if ranks.size == 1:
             return 0.0
         channels = largest_block(x)[CHANNEL_AXIS] * itemsize
-        return allreduce_time(machine, x.group((REPLICAS,)), 2 * channels)
+        return gradient_sum_seconds(machine, ranks, 2 * channels)
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
