@@ -116,7 +116,8 @@ verify: install
 
 # The planner's targets: plans at P = 4096 in well under a second; then, on NP ranks, a fresh
 # calibration and every plan trained a few steps, predicted against measured; then AlexNet
-# throughput against PyTorch and DDP (bench/throughput.py; table in runs/bench/throughput.txt).
+# throughput against PyTorch and DDP (bench/throughput.py; table in runs/bench/throughput.txt),
+# and ResNet-18 with batch norm per rank against DDP, measured and predicted.
 BENCH_NET ?= alexnet
 BENCH_IMAGE ?= 127
 BENCH_STAMP := $(VENV)/.installed-bench
@@ -133,6 +134,10 @@ bench: install $(BENCH_STAMP)
 	  --image-size $(BENCH_IMAGE) --batch 16 --steps 8 --log runs/compare-$(BENCH_NET).h5
 	$(PY) bench/predictions.py --procs 2
 	$(PY) bench/throughput.py --procs 1 2 4 --batch 16 --image-size $(BENCH_IMAGE) --steps 6
+	$(PY) bench/throughput.py --net resnet18 --procs 1 2 --rounds 3
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) -m hpctrain compare-plans --net resnet18 \
+	  --image-size 32 --batch 16 --steps 8 --rounds 3 --threads 1 --bn-group rank \
+	  --log runs/compare-resnet18-rank.h5
 	$(PY) bench/threads.py --procs 2 --net $(BENCH_NET) --image-size $(BENCH_IMAGE) --batch 16
 	$(PY) bench/memory.py --procs 2 --steps 3
 	$(PY) bench/conv3d.py --repeat 7

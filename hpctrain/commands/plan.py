@@ -69,8 +69,9 @@ def run(argv: list[str]) -> int:
         from hpctrain.device.threads import configure_threads
 
         threads = configure_threads(None, args.threads)
+    overlap = sums_in_flight(args.overlap, machine)
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
-                             threads=threads, overlap=sums_in_flight(args.overlap, machine))
+                             threads=threads, overlap=overlap)
     if given is None:
         planned = plan_network(model, args.mem_per_rank, space=args.space)
     else:  # priced as given, and held to the cap as a run would be
@@ -82,6 +83,9 @@ def run(argv: list[str]) -> int:
     print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
           f"{machine.name} ({machine.describe()}), compute {source}"
           + (f" with {threads.describe()}" if threads else ""))
+    print(f"batch-norm statistics: {args.bn_group}; gradient sums in "
+          f"{machine.bucket_bytes / 2**20:g} MiB buckets, "
+          + (f"in flight ({machine.overlap:g} of each may hide)" if overlap else "blocking"))
     print(format_plan(planned))
     if args.out:
         from hpctrain.commands.setup import write_plan_file  # its MPI helpers: only to write a file
