@@ -71,8 +71,7 @@ class BatchNorm(Layer):
                                    dtype=dtype)
         # this rank's weight in the mean over groups of the running statistics (see settle)
         self.share = 1.0
-        self.grouped = groups > 1
-        if not self.grouped:
+        if self.groups is None:
             self.stats_comm = self.block_comm
             self.grad_comm = ctx.grids.over(layout, replicas) if replicas else None
         else:
@@ -101,7 +100,7 @@ class BatchNorm(Layer):
     def settle(self) -> None:
         """Make every rank's running statistics the mean over all groups (collective over the
         channel block's ranks; nothing to do under global statistics)."""
-        if not self.grouped:
+        if self.groups is None:
             return
         xp = self.backend.xp
         both = xp.stack([self.running_mean.value, self.running_var.value]) * self.share
@@ -132,7 +131,7 @@ class BatchNorm(Layer):
             return batchnorm_inference_backward(dy, self.gamma.value, self.eps,
                                                 self.running_var.value)
         # the sum is made in place: with groups this rank's own sums are kept apart first
-        reduce = (lambda a: self._reduce(a.copy())) if self.grouped else self._reduce
+        reduce = self._reduce if self.groups is None else (lambda a: self._reduce(a.copy()))
         dx, local, total = batchnorm_backward(self.backend.xp, dy, self.cache, self.counts,
                                               reduce)
         # one group: the group's sums are the whole gradient; several: this rank's part
