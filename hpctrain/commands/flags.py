@@ -137,3 +137,19 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="seed of weights, data order, dropout: an integer in [0, 2**63) "
                              "(default: 0, or the checkpoint's when resuming)")
     add_threads_option(parser)
+
+
+def add_precision_option(parser: argparse.ArgumentParser, default: str = "auto") -> None:
+    """--precision: storage, master weights and products (:mod:`hpctrain.device.precision`)."""
+    from hpctrain.device.precision import RUN_PRECISIONS
+
+    parser.add_argument("--precision", choices=RUN_PRECISIONS, default=default,
+                        help="fp32: float32, strict products; tf32: float32 storage, products "
+                             "on tensor cores (inputs rounded to 10 bits of mantissa); bf16 or "
+                             "fp16: activations, weights and gradients (and their sums) in 16 "
+                             "bits, float32 master weights and optimizer state, float32 sums "
+                             "inside products, batch-norm statistics and the loss; fp16 with "
+                             "dynamic loss scaling; fp64: float64 throughout. auto: tf32 on a "
+                             "GPU (as PyTorch's cuDNN convolutions by default), fp32 on the "
+                             "CPU. float32 and float64 are read as fp32 and fp64 "
+                             "(default: %(default)s)")

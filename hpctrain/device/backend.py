@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.device.clock import CommClock
+from hpctrain.device.precision import Precision, precision_of_dtype, resolve_precision
 from hpctrain.errors import UserError
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
@@ -23,6 +24,11 @@ class Backend:
     staged through host memory around each MPI call (the PyPI ``mpich`` wheel is not CUDA-aware;
     set ``HPCTRAIN_CUDA_AWARE_MPI=1`` with an MPI that is).
 
+    ``precision`` (:mod:`hpctrain.device.precision`) says what ``dtype`` is for: the dtype of
+    activations, the weights' copy the kernels use, gradients and messages. Under a mixed
+    precision (bf16, fp16) master weights and optimizer state are in ``precision.master``.
+    Left out, it is the plain precision of ``dtype``.
+
     ``clock`` adds up the seconds every communication primitive spends moving data (while
     enabled; see :class:`~hpctrain.device.clock.CommClock`). It is the one mutable part: the backend
     reaches every primitive, so the primitives need no other handle to report their time.
@@ -33,8 +39,11 @@ class Backend:
     device: str = "cpu"
     cuda_aware: bool = False
     clock: CommClock = field(default_factory=CommClock, compare=False, repr=False)
+    precision: Precision | None = None
 
     def __post_init__(self) -> None:
+        if self.precision is None:
+            object.__setattr__(self, "precision", precision_of_dtype(self.dtype))
         if self.device == "gpu":  # time the movement, not the kernels queued before it
             self.clock.sync = self.sync
 
@@ -75,17 +84,18 @@ class Backend:
 
 
 def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None) -> Backend:
-    """Backend for ``device`` ('cpu' or 'gpu') and ``dtype``; on GPU bind GPU local_rank % n_gpus.
+    """Backend for ``device`` ('cpu' or 'gpu') and ``dtype``, a precision name of
+    :mod:`hpctrain.device.precision` (auto, fp32, tf32, bf16, fp16, fp64; float32 and float64
+    are fp32 and fp64); on GPU bind GPU local_rank % n_gpus.
 
     The local rank is this process's rank among those on the same node, found with
     ``Split_type(COMM_TYPE_SHARED)`` so it works under any launcher.
     """
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if device == "cpu":
-        return Backend(np, DTYPES[dtype], "cpu")
-    if device != "gpu":
+    if device not in ("cpu", "gpu"):
         raise UserError(f"unknown device {device!r}; choose cpu or gpu")
+    precision = resolve_precision(dtype, device)
+    if device == "cpu":
+        return Backend(np, precision.storage, "cpu", precision=precision)
     try:
         import cupy
     except ImportError as err:
@@ -108,4 +118,4 @@ def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None) 
         node.Free()
     cupy.cuda.Device(local_rank % n_gpus).use()
     cuda_aware = os.environ.get("HPCTRAIN_CUDA_AWARE_MPI", "0") == "1"
-    return Backend(cupy, DTYPES[dtype], "gpu", cuda_aware)
+    return Backend(cupy, precision.storage, "gpu", cuda_aware, precision=precision)

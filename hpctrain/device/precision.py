@@ -1,0 +1,112 @@
+"""Numerical precision of a run: the dtype arrays are stored and sent in, the dtype of the master
+weights and optimizer state, and whether products may use tensor cores.
+
+=========  ==========================  =============  ==============  ===============
+name       activations, weights' copy  master weights  products        loss scaling
+           used by kernels, gradients, and optimizer   (accumulate in
+           messages                    state           fp32 or fp64)
+=========  ==========================  =============  ==============  ===============
+``fp64``   float64                     (the same)      float64         no
+``fp32``   float32                     (the same)      strict float32  no
+``tf32``   float32                     (the same)      TF32 inputs     no
+``bf16``   bfloat16                    float32         bf16 inputs     no
+``fp16``   float16                     float32         fp16 inputs     dynamic
+=========  ==========================  =============  ==============  ===============
+
+Under ``bf16`` and ``fp16`` a kernel reads and writes 16-bit arrays but accumulates in float32
+(a product's sums, batch norm's statistics, the loss); the optimizer updates float32 master
+weights with float32 momentum and copies them into the 16-bit weights the kernels use, as
+PyTorch's mixed precision (autocast with an fp32 model) does. fp16's range is narrow (largest
+65504, smallest normal 6e-5), so its loss is multiplied by a scale that falls on an overflow and
+grows after a run of clean steps (:mod:`hpctrain.run.loss_scale`).
+
+``tf32`` rounds the inputs of products to TF32 (10 bits of mantissa, float32's range), as
+NVIDIA's tensor cores read float32: on a GPU the libraries do it; on the CPU the inputs are
+rounded before a float32 product, so the CPU computes the same kind of numbers, slowly.
+
+On a GPU the default is ``tf32``: float32 storage with convolutions on tensor cores is what
+PyTorch does unless told otherwise (``torch.backends.cudnn.allow_tf32`` is on by default), and
+mixed precision is asked for (``bf16``, the common choice on Ampere and later; ``fp16`` with
+loss scaling for older GPUs). On the CPU the default is ``fp32``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hpctrain.errors import UserError
+
+try:  # NumPy has no bfloat16; ml_dtypes (a dependency) gives NumPy and CuPy one
+    from ml_dtypes import bfloat16
+except ImportError:  # pragma: no cover - the package installs it
+    bfloat16 = None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a precision name means for storage, master weights and products (module doc)."""
+
+    name: str
+    storage: Any  # NumPy dtype class: arrays between kernels, gradients, messages
+    master: Any  # NumPy dtype class: master weights and optimizer state
+    tensor_cores: bool = False  # products read their inputs at reduced precision
+    loss_scaling: bool = False  # dynamic loss scaling (fp16)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one stored (and sent) value."""
+        return np.dtype(self.storage).itemsize
+
+    @property
+    def master_itemsize(self) -> int:
+        """Bytes of one master weight, or one entry of the optimizer's state."""
+        return np.dtype(self.master).itemsize
+
+    @property
+    def mixed(self) -> bool:
+        """Whether kernels use a 16-bit copy of float32 master weights."""
+        return np.dtype(self.storage) != np.dtype(self.master)
+
+    @property
+    def accumulate(self) -> Any:
+        """The dtype sums inside a kernel are made in: the master's."""
+        return self.master
+
+
+PRECISIONS = {
+    "fp64": Precision("fp64", np.float64, np.float64),
+    "fp32": Precision("fp32", np.float32, np.float32),
+    "tf32": Precision("tf32", np.float32, np.float32, tensor_cores=True),
+    "bf16": Precision("bf16", bfloat16, np.float32, tensor_cores=True),
+    "fp16": Precision("fp16", np.float16, np.float32, tensor_cores=True, loss_scaling=True),
+}
+"""Every precision by name."""
+
+RUN_PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp64", "float32", "float64")
+"""What ``--precision`` takes (auto: tf32 on a GPU, fp32 on the CPU)."""
+
+_DTYPE_NAMES = {"float32": "fp32", "float64": "fp64"}  # the older --dtype spelling
+
+
+def resolve_precision(name: str, device: str = "cpu") -> Precision:
+    """The :class:`Precision` of ``--precision NAME`` on ``device``: auto is tf32 on a GPU and
+    fp32 on the CPU; 'float32' and 'float64' are read as fp32 and fp64."""
+    name = _DTYPE_NAMES.get(name, name)
+    if name == "auto":
+        name = "tf32" if device == "gpu" else "fp32"
+    if name not in PRECISIONS:
+        raise UserError(f"unknown precision {name!r}; choose one of {', '.join(RUN_PRECISIONS)}")
+    if name == "bf16" and bfloat16 is None:
+        raise UserError("--precision bf16 needs the ml_dtypes package: pip install ml_dtypes")
+    return PRECISIONS[name]
+
+
+def precision_of_dtype(dtype: Any) -> Precision:
+    """The plain precision whose storage is ``dtype`` (float32 → fp32, float64 → fp64, …)."""
+    for p in ("fp32", "fp64", "bf16", "fp16"):
+        if PRECISIONS[p].storage is not None and np.dtype(PRECISIONS[p].storage) == np.dtype(dtype):
+            return PRECISIONS[p]
+    raise ValueError(f"no precision stores {dtype}")
