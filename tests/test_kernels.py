@@ -166,7 +166,7 @@ def test_maxpool_ties_send_each_gradient_to_the_first_maximum_once():
 
 def test_linear():
     x, w, b = rng.standard_normal((5, 4)), rng.standard_normal((3, 4)), rng.standard_normal(3)
-    y = linear_forward(x, w, b)
+    y = linear_forward(np, x, w, b)
     np.testing.assert_allclose(y, x @ w.T + b)
     dy = rng.standard_normal(y.shape)
     dx, dw, db = linear_backward(np, x, w, dy)

@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.comm.agree import agreed
-from hpctrain.commands.flags import add_overlap_option, add_planning_options, add_run_options
+from hpctrain.commands.flags import (
+    add_overlap_option,
+    add_planning_options,
+    add_precision_option,
+    add_run_options,
+)
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
 from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.augment import AUGMENT_MODES
@@ -22,6 +27,7 @@ from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
 from hpctrain.model.net import NetSpec, load_net
 from hpctrain.plan.plans import plan_text
 from hpctrain.record.timeline import parse_window
+from hpctrain.run.loss_scale import GROWTH_INTERVAL, INITIAL_SCALE
 
 if TYPE_CHECKING:  # the readers import h5py and MPI: only when a command runs
     from hpctrain.data.dataset import DatasetInfo
@@ -83,8 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
     training.add_argument("--weight-decay", type=float, default=5e-4,
                           help="L2 weight decay (default: 5e-4)")
-    training.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                          help="compute precision (default: %(default)s)")
+    add_precision_option(training)
+    training.add_argument("--dtype", dest="precision", choices=("float32", "float64"),
+                          default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # older spelling
+    training.add_argument("--loss-scale", type=float, default=INITIAL_SCALE, metavar="S",
+                          help="--precision fp16: the first loss scale; it halves on each "
+                               "overflowed step (skipped on every rank) and doubles after "
+                               f"{GROWTH_INTERVAL} clean steps (default: 2**16)")
     add_overlap_option(training)
     training.add_argument("--timeline", default=None, metavar="FIRST:LAST",
                           help="record every rank's compute, communication and redistribution "
@@ -384,7 +395,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     prepared = agreed(comm, lambda: _prepare(args, comm.Get_size()))
     if _stopped_before_training(stop, comm):  # skip planning, which may measure for a while
         return 0
-    request = SetupRequest.from_flags(args, args.dtype, args.overlap, args.plan_file)
+    request = SetupRequest.from_flags(args, args.precision, args.overlap, args.plan_file)
     setup = set_up(request, prepared.net, comm)
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)
@@ -423,7 +434,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
                          args.checkpoint_every, args.keep_checkpoints, setup.overlap,
                          bucket_bytes=(setup.machine.bucket_bytes if setup.machine
                                        else BUCKET_BYTES),
-                         timeline=prepared.timeline, prefetch=args.prefetch)
+                         timeline=prepared.timeline, prefetch=args.prefetch,
+                         loss_scale=args.loss_scale)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,
@@ -520,6 +532,7 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
     """Rank 0's run log, with everything needed to know what ran where."""
     import shlex
 
+    import numpy as np
     from mpi4py import MPI
 
     import hpctrain
@@ -540,7 +553,8 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
         "layers": "\n".join(setup.net.architecture()),
         "input_shape": list(setup.net.input_shape),
         "batch": args.batch,
-        "dtype": args.dtype,
+        "dtype": np.dtype(setup.backend.dtype).name,
+        "precision": setup.backend.precision.name,
         "device": args.device,
         "threads_per_rank": setup.threads.threads,
         "threads": setup.threads.describe(),

@@ -104,6 +104,31 @@ def resolve_precision(name: str, device: str = "cpu") -> Precision:
     return PRECISIONS[name]
 
 
+_TENSOR_PRODUCTS = False  # float32 products read TF32 inputs (the backend's precision says)
+
+
+def tensor_products(on: bool, xp: Any = np) -> None:
+    """Let float32 products use tensor cores (TF32) or not, for this process
+    (:func:`hpctrain.kernels.products.matmul` reads it); on a GPU also set CuPy's cuBLAS
+    compute type for float32, a setting of the process as this one is."""
+    global _TENSOR_PRODUCTS
+    _TENSOR_PRODUCTS = bool(on)
+    if xp is np:
+        return
+    try:  # CuPy's setting of cuBLAS's compute type (CUPY_TF32=1 at import does the same)
+        from cupy._core import _routines_linalg as linalg
+
+        linalg.set_compute_type(xp.float32, linalg.COMPUTE_TYPE_TF32 if on
+                                else linalg.COMPUTE_TYPE_DEFAULT)
+    except (ImportError, AttributeError):  # a CuPy without it, or the test stand-in
+        pass
+
+
+def tensor_products_on() -> bool:
+    """Whether float32 products read their inputs at TF32 (:func:`tensor_products`)."""
+    return _TENSOR_PRODUCTS
+
+
 def precision_of_dtype(dtype: Any) -> Precision:
     """The plain precision whose storage is ``dtype`` (float32 → fp32, float64 → fp64, …)."""
     for p in ("fp32", "fp64", "bf16", "fp16"):

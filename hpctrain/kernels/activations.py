@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from hpctrain.kernels.counter_rng import uniform_block
 
 
@@ -56,5 +58,7 @@ def dropout_mask(xp: Any, key: int, p: float, shape: tuple[int, ...],
     Entry (n, ...) is kept with probability 1 - p, decided by the counter RNG at its global
     index, so sample n gets the same mask on every grid; kept entries are scaled by 1/(1 - p).
     """
-    keep = uniform_block(xp, key, shape, box, dtype) >= p
+    # drawn in float32 at least: a 16-bit draw would keep too coarse a fraction
+    draw = dtype if np.dtype(dtype).itemsize >= 4 else np.float32
+    keep = uniform_block(xp, key, shape, box, draw) >= p
     return keep.astype(dtype) * dtype(1.0 / (1.0 - p))

@@ -35,6 +35,7 @@ from itertools import product
 from math import prod
 from typing import Any
 
+from hpctrain.kernels.products import matmul, narrow, widen
 from hpctrain.kernels.sliding import (
     Pads,
     check_windows,
@@ -73,7 +74,14 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...]
     spatial axis), ``stride`` a d-tuple and Pᵢ = ⌊(Sᵢ + beforeᵢ + afterᵢ − Kᵢ)/sᵢ⌋ + 1.
     ``channels_last``: the windows channels-last (True) or channel-major (False); by default
     :func:`~hpctrain.kernels.sliding.prefer_channels_last` chooses.
+
+    16-bit X and W (bfloat16, float16) are multiplied, and their windows kept, in float32; Y
+    comes back in X's dtype (a tensor core's sums are float32 too).
     """
+    if narrow(x.dtype):
+        y, cache = conv_forward(xp, widen(x), widen(w), None if b is None else widen(b), stride,
+                                pads, channels_last)
+        return y.astype(x.dtype), cache
     n, c, *size = x.shape
     o, _, *kernel = w.shape
     d = len(size)
@@ -90,7 +98,7 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...]
         win = windows_last(xp, x_last, kernel, stride)  # (N, P1, …, Pd, K1, …, Kd, C)
         out = win.shape[1:1 + d]
         cols = win.reshape(n * prod(out), prod(kernel) * c)
-        y = cols @ _weight_last(xp, w).T  # (N·P, O)
+        y = matmul(xp, cols, _weight_last(xp, w).T)  # (N·P, O)
         if b is not None:
             y += b
         y = y.reshape(n, *out, o).transpose(0, 1 + d, *range(1, 1 + d))
@@ -99,7 +107,7 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...]
         out = win.shape[2 + d:]
         cols = win.transpose(1, *range(2, 2 + d), 0, *range(2 + d, 2 + 2 * d)).reshape(
             c * prod(kernel), n * prod(out))
-        y = (w.reshape(o, -1) @ cols).reshape(o, n, *out)
+        y = matmul(xp, w.reshape(o, -1), cols).reshape(o, n, *out)
         if b is not None:
             y += b.reshape(o, *(1,) * (1 + d))
         y = y.transpose(1, 0, *range(2, 2 + d))
@@ -115,8 +123,17 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
     dW = dY·colsᵀ (written into ``dw_out`` when given), db = Σ_{n, p} dY, and dX scatters
     Wᵀ·dY back to each window position (the adjoint of the window gather), then drops the
     padding; for a volume, a slab of output planes at a time (:data:`SLAB_BYTES`). The
-    windows are in the order the forward took them (``cache``).
+    windows are in the order the forward took them (``cache``). A 16-bit dY is summed in
+    float32 and the gradients come back in its dtype.
     """
+    if narrow(dy.dtype):
+        dx, dw, db = conv_backward(xp, widen(dy), widen(w), cache, stride, need_dx)
+        if dw_out is not None:
+            dw_out[...] = dw
+            dw = dw_out
+        else:
+            dw = dw.astype(dy.dtype)
+        return (None if dx is None else dx.astype(dy.dtype)), dw, db.astype(dy.dtype)
     stride = tuple(stride)
     if cache.channels_last:
         return _backward_last(xp, dy, w, cache, stride, need_dx, dw_out)
@@ -125,13 +142,13 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
     d = len(out)
     dy_mat = dy.transpose(1, 0, *range(2, 2 + d)).reshape(o, n * prod(out))
     dw_mat = None if dw_out is None else dw_out.reshape(o, -1)
-    dw = xp.matmul(dy_mat, cache.cols.T, out=dw_mat).reshape(w.shape)
+    dw = matmul(xp, dy_mat, cache.cols.T, out=dw_mat).reshape(w.shape)
     db = dy.sum(axis=(0, *range(2, 2 + d)))
     if not need_dx:
         return None, dw, db
     if d >= 3:
         return _input_gradient_slabs(xp, dy, w, cache, stride), dw, db
-    dcols = (w.reshape(o, -1).T @ dy_mat).reshape(c, *kernel, n, *out)
+    dcols = matmul(xp, w.reshape(o, -1).T, dy_mat).reshape(c, *kernel, n, *out)
     size = cache.x_shape[2:]
     dxp = xp.zeros((n, c, *(m + before + after for m, (before, after) in zip(size, cache.pads))),
                    dtype=dy.dtype)
@@ -150,7 +167,7 @@ def _backward_last(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int
     n, _, *out = dy.shape
     d = len(out)
     dy_rows = xp.ascontiguousarray(dy.transpose(0, *range(2, 2 + d), 1)).reshape(-1, o)
-    dw_last = (dy_rows.T @ cache.cols).reshape(o, *kernel, c).transpose(0, 1 + d,
+    dw_last = matmul(xp, dy_rows.T, cache.cols).reshape(o, *kernel, c).transpose(0, 1 + d,
                                                                         *range(1, 1 + d))
     if dw_out is None:
         dw = xp.ascontiguousarray(dw_last)
@@ -162,7 +179,7 @@ def _backward_last(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int
         return None, dw, db
     if d >= 3:
         return _input_gradient_slabs(xp, dy, w, cache, stride), dw, db
-    dcols = (dy_rows @ _weight_last(xp, w)).reshape(n, *out, *kernel, c)
+    dcols = matmul(xp, dy_rows, _weight_last(xp, w)).reshape(n, *out, *kernel, c)
     size = cache.x_shape[2:]
     dx_last = xp.zeros((n, *(m + before + after for m, (before, after) in zip(size, cache.pads)),
                         c), dtype=dy.dtype)
@@ -197,12 +214,12 @@ def _input_gradient_slabs(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tu
         dy_block = dy[i, :, planes].reshape(o, -1)  # (O, planes·P2·…·Pd), a view
         shift = planes.start * stride[0]
         if last:
-            dcols = (dy_block.T @ w_mat).reshape(*block, *kernel, c)
+            dcols = matmul(xp, dy_block.T, w_mat).reshape(*block, *kernel, c)
             for corner in corners:
                 hits = _hits((corner[0] + shift, *corner[1:]), stride, block)
                 grad[(i, *hits)] += dcols[(*every_position, *corner)]
         else:
-            dcols = (w_mat @ dy_block).reshape(c, *kernel, *block)
+            dcols = matmul(xp, w_mat, dy_block).reshape(c, *kernel, *block)
             for corner in corners:
                 hits = _hits((corner[0] + shift, *corner[1:]), stride, block)
                 grad[(i, slice(None), *hits)] += dcols[(slice(None), *corner)]

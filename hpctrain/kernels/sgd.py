@@ -8,6 +8,7 @@ Element-wise, so a shard's update is the serial one restricted to the shard. The
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,8 @@ class Scratch:
 
 
 def sgd_update(xp: Any, w: Any, g: Any, v: Any | None, lr: float, momentum: float,
-               weight_decay: float, scratch: Scratch) -> Any | None:
+               weight_decay: float, scratch: Scratch, unscale: float = 1.0,
+               copy: Any = None) -> Any | None:
     """Update ``w`` in place from its gradient ``g`` and velocity ``v``; the velocity to keep.
 
     ``v`` is None before the first step with momentum: μ·0 + g is g, so the first velocity is
@@ -49,9 +51,20 @@ def sgd_update(xp: Any, w: Any, g: Any, v: Any | None, lr: float, momentum: floa
     times. On the CPU it goes a block of :data:`CPU_BLOCK` entries at a time instead, every
     operation on a block while the block is in cache, so each array crosses the memory bus about
     once (the numbers are the same: every entry sees the same operations in the same order). On
-    a GPU whole arrays, since each operation is a kernel launch.
+    a GPU whole arrays, since each operation is a kernel launch — or, on CuPy with momentum,
+    one fused kernel for the whole update (:func:`_fused_update`).
+
+    ``g`` may be 16-bit with ``w`` the float32 master weights: it is widened first, and
+    multiplied by ``unscale`` (1 / fp16's loss scale); ``copy``, when given, receives the
+    updated ``w`` rounded to its dtype (the kernels' 16-bit weights).
     """
     first = bool(momentum) and v is None
+    if momentum and xp is not np and hasattr(xp, "ElementwiseKernel") and _fused_runs(xp):
+        return _fused_update(xp, w, g, v, lr, momentum, weight_decay, unscale, copy)
+    if g.dtype != w.dtype:
+        g = g.astype(w.dtype)
+    if unscale != 1.0:
+        g *= w.dtype.type(unscale)
     if first:
         v = xp.empty_like(w)
     velocity = v if momentum else None
@@ -60,6 +73,58 @@ def sgd_update(xp: Any, w: Any, g: Any, v: Any | None, lr: float, momentum: floa
         if temporary is None or temporary.shape != wb.shape:  # the first and the last block
             temporary = scratch.like(xp, wb)
         _update(xp, wb, gb, vb, temporary, lr, momentum, weight_decay, first)
+    if copy is not None:
+        copy[...] = w
+    return v
+
+
+@cache
+def _fused_runs(xp: Any) -> bool:
+    """Whether the fused update compiles and runs here (tried once on a tiny shard; else the
+    operations run one at a time, as said once)."""
+    try:
+        from hpctrain.device.precision import bfloat16
+
+        w, g = xp.ones(4, np.float32), xp.ones(4, np.float32)
+        for narrow in (np.float16, bfloat16):  # the 16-bit copies
+            _fused_update(xp, w, g, None, 0.1, 0.9, 0.0, 1.0, xp.empty(4, narrow))
+        xp.cuda.get_current_stream().synchronize()
+    except Exception as err:  # a compiler's or driver's error: any of them means "not here"
+        print(f"SGD: the fused GPU update does not run ({type(err).__name__}: "
+              f"{str(err).splitlines()[0] if str(err) else ''}); one operation at a time "
+              f"instead", flush=True)
+        return False
+    return True
+
+
+@cache
+def _fused_kernels(xp: Any) -> tuple[Any, Any]:
+    """The update as one CuPy kernel: without and with the 16-bit copy of the weights."""
+    body = ("W grad = (W)g * unscale + decay * w;"
+            "v = first ? grad : momentum * v + grad;"
+            "w = w - lr * v;")
+    params = "G g, W lr, W momentum, W decay, W unscale, bool first"
+    return (xp.ElementwiseKernel(params, "W w, W v", body, "hpctrain_sgd"),
+            xp.ElementwiseKernel(params, "W w, W v, C copy", body + "copy = (C)w;",
+                                 "hpctrain_sgd_copy"))
+
+
+def _fused_update(xp: Any, w: Any, g: Any, v: Any | None, lr: float, momentum: float,
+                  weight_decay: float, unscale: float, copy: Any) -> Any:
+    """:func:`sgd_update` with momentum on CuPy: one kernel reads g, w and v and writes w, v
+    (and the 16-bit copy), where the operations one at a time would launch six or more. A
+    parameter shard is often small (a bias, a batch norm's γ), so the launches, not the bytes,
+    are what a step's update costs there."""
+    first = v is None
+    if first:
+        v = xp.empty_like(w)
+    plain, with_copy = _fused_kernels(xp)
+    t = w.dtype.type
+    args = (g, t(lr), t(momentum), t(weight_decay), t(unscale), first)
+    if copy is None:
+        plain(*args, w, v)
+    else:
+        with_copy(*args, w, v, copy)
     return v
 
 

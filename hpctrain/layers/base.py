@@ -28,6 +28,11 @@ class Parameter:
     given, is the parameter's own layout instead (a weight cut along its input channels too:
     :class:`~hpctrain.layout.reduction.InputSplit`). The gradient is summed over the ranks
     holding the same shard before the optimizer sees it, so every replica takes the same step.
+
+    Under a mixed precision (bf16, fp16: :mod:`hpctrain.device.precision`) ``value`` is the
+    16-bit copy the kernels read and ``master`` the float32 weights the optimizer updates and
+    checkpoints keep; ``grad`` is 16-bit, as it is made and summed. Otherwise ``master`` is
+    None and ``value`` is both.
     """
 
     name: str
@@ -37,6 +42,18 @@ class Parameter:
     grad: Any = None
     kept_grad: Any = field(default=None, repr=False)
     layout: Layout | None = None
+    master: Any = field(default=None, repr=False)
+
+    @property
+    def weights(self) -> Any:
+        """The parameter at full precision: the master weights, or the value itself."""
+        return self.value if self.master is None else self.master
+
+    def set_weights(self, a: Any) -> None:
+        """Overwrite the parameter (master and the kernels' copy) with ``a``, in place."""
+        if self.master is not None:
+            self.master[...] = a
+        self.value[...] = a
 
     def grad_buffer(self, xp: Any) -> Any:
         """An array of the value's shape that this parameter keeps for its gradient to be
@@ -65,11 +82,16 @@ class Parameter:
 def init_parameter(backend: Backend, name: str, shape: tuple[int, ...],
                    sharded_by: Layout | None, rank: int, key: int, bound: float,
                    layout: Layout | None = None) -> Parameter:
-    """Uniform(-bound, bound) entries drawn by global index: the same values on every grid."""
+    """Uniform(-bound, bound) entries drawn by global index: the same values on every grid.
+
+    Drawn at the master precision; under a mixed one the kernels' copy is rounded from it."""
     param = Parameter(name, None, shape, sharded_by, layout=layout)
+    precision = backend.precision
     u = uniform_block(backend.xp, stream_key(key, INIT_STREAM), shape, param.box(rank),
-                      backend.dtype)
-    param.value = (u * 2 - 1) * backend.dtype(bound)
+                      precision.master)
+    param.value = (u * 2 - 1) * precision.master(bound)
+    if precision.mixed:
+        param.master, param.value = param.value, param.value.astype(precision.storage)
     return param
 
 

@@ -45,8 +45,9 @@ class Linear(InputSplitLayer):
     def forward(self, x: Any, step: int) -> Any:
         self.x = x
         if self.sum is not None:
-            return self.sum.forward(linear_forward(x, self.weight.value, None), self.bias)
-        return linear_forward(x, self.weight.value,
+            return self.sum.forward(linear_forward(self.backend.xp, x, self.weight.value, None),
+                                    self.bias)
+        return linear_forward(self.backend.xp, x, self.weight.value,
                               None if self.bias is None else self.bias.value)
 
     def backward(self, dy: Any) -> Any:

@@ -6,12 +6,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.kernels.fused_norm import (
+    FusedCache,
+    fused_available,
+    fused_batchnorm_backward,
+    fused_batchnorm_forward,
+)
 from hpctrain.kernels.norm import (
     batchnorm_backward,
     batchnorm_forward,
     batchnorm_inference,
     batchnorm_inference_backward,
 )
+from hpctrain.kernels.products import widen
 from hpctrain.layers.base import Layer, Parameter
 from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS
 from hpctrain.layout.statistics import held_groups
@@ -44,6 +51,11 @@ class BatchNorm(Layer):
     statistic. A rank sees only its own groups, so it keeps their mean, and :meth:`settle`
     averages the ranks' buffers (the update is linear, so averaging once equals averaging every
     step) before anything reads them.
+
+    Under a 16-bit precision the statistics, the normalisation and the sums are made in
+    float32 (the master dtype) from the widened input, and Y and ΔX are rounded back to 16 bits;
+    the running statistics are float32; γ and β are parameters like any other (a 16-bit copy
+    of float32 master values).
     """
 
     mode = "follow"
@@ -52,7 +64,8 @@ class BatchNorm(Layer):
         self.name, self.backend = name, ctx.backend
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         self.eps, self.momentum = options.eps, options.momentum
-        xp, dtype = ctx.backend.xp, ctx.backend.dtype
+        xp, precision = ctx.backend.xp, ctx.backend.precision
+        dtype = precision.accumulate  # statistics, counts and running buffers
         layout = self.in_layout
         statistics = layout.digits_of(a for a in range(len(layout.shape)) if a != CHANNEL_AXIS)
         replicas = layout.digits_of((REPLICAS,))
@@ -88,6 +101,8 @@ class BatchNorm(Layer):
             p = Parameter(f"{name}.{suffix}", None, (channels,), layout)
             lo, hi = p.box(ctx.rank)[0]
             p.value = xp.full(hi - lo, fill, dtype=dtype)
+            if precision.mixed and suffix in ("gamma", "beta"):
+                p.master, p.value = p.value, p.value.astype(precision.storage)
             params.append(p)
         self.gamma, self.beta, self.running_mean, self.running_var = params
         self.params = [self.gamma, self.beta]
@@ -108,33 +123,62 @@ class BatchNorm(Layer):
             self.backend, self.block_comm, xp.ascontiguousarray(both))
 
     def forward(self, x: Any, step: int) -> Any:
-        xp = self.backend.xp
+        xp, storage = self.backend.xp, x.dtype
+        if self.training and self._fused(x):
+            shift = self.running_mean.value if self.shifted else None
+            y, self.cache, mean, var = fused_batchnorm_forward(
+                xp, x, self.gamma.weights, self.beta.weights, self.eps, self.counts,
+                self._reduce, shift)
+            self._update_running(mean, var)
+            return y
+        x = widen(x)
         if not self.training:
             self.cache = None
-            return batchnorm_inference(xp, x, self.gamma.value, self.beta.value, self.eps,
-                                       self.running_mean.value, self.running_var.value)
+            return batchnorm_inference(xp, x, self.gamma.weights, self.beta.weights, self.eps,
+                                       self.running_mean.value,
+                                       self.running_var.value).astype(storage, copy=False)
         # one message for both sums, shifted by the running mean, once that has seen a batch:
         # before, two (the mean, then the squares), which need no shift
         shift = self.running_mean.value if self.shifted else None
         y, self.cache, mean, var = batchnorm_forward(
-            xp, x, self.gamma.value, self.beta.value, self.eps, self.counts, self._reduce,
+            xp, x, self.gamma.weights, self.beta.weights, self.eps, self.counts, self._reduce,
             shift, self.groups)
+        self._update_running(mean, var)
+        return y.astype(storage, copy=False)
+
+    def _fused(self, x: Any) -> bool:
+        """Whether the fused GPU kernels take this step (:mod:`hpctrain.kernels.fused_norm`):
+        on CuPy, one statistics group, a float32 or 16-bit input (float64 stays exact)."""
+        return (self.groups is None and x.dtype.itemsize <= 4
+                and fused_available(self.backend.xp, x.dtype))
+
+    def _update_running(self, mean: Any, var: Any) -> None:
+        """r ← (1 − m) r + m s for the mean over groups of each group's statistics."""
         self.shifted = True
         unbiased = var * self.unbiased
         m = self.momentum
         self.running_mean.value = (1 - m) * self.running_mean.value + m * mean.mean(axis=0)
         self.running_var.value = (1 - m) * self.running_var.value + m * unbiased.mean(axis=0)
-        return y
 
     def backward(self, dy: Any) -> Any:
+        if isinstance(self.cache, FusedCache):
+            dx, _, total = fused_batchnorm_backward(self.backend.xp, dy, self.cache,
+                                                    self.counts, self._reduce)
+            sums = total.sum(axis=1).astype(self.gamma.value.dtype, copy=False)
+            self.beta.grad, self.gamma.grad = sums[0], sums[1]
+            return dx if self.need_dx else None
+        storage = dy.dtype
+        dy = widen(dy)
         if self.cache is None:  # evaluation mode: a fixed affine map
-            return batchnorm_inference_backward(dy, self.gamma.value, self.eps,
-                                                self.running_var.value)
+            return batchnorm_inference_backward(dy, self.gamma.weights, self.eps,
+                                                self.running_var.value).astype(storage,
+                                                                               copy=False)
         # the sum is made in place: with groups this rank's own sums are kept apart first
         reduce = self._reduce if self.groups is None else (lambda a: self._reduce(a.copy()))
         dx, local, total = batchnorm_backward(self.backend.xp, dy, self.cache, self.counts,
                                               reduce)
         # one group: the group's sums are the whole gradient; several: this rank's part
         sums = (total if self.groups is None else local).sum(axis=1)
+        sums = sums.astype(self.gamma.value.dtype, copy=False)  # summed with the others
         self.beta.grad, self.gamma.grad = sums[0], sums[1]
-        return dx if self.need_dx else None
+        return dx.astype(storage, copy=False) if self.need_dx else None

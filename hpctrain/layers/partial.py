@@ -16,6 +16,7 @@ from typing import Any
 from hpctrain.comm.collectives import AllGather, allreduce_sum
 from hpctrain.comm.grid import GridSet
 from hpctrain.device.backend import Backend
+from hpctrain.kernels.products import total
 from hpctrain.layers.base import BuildContext, Layer, Parameter
 from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS
 from hpctrain.layout.partition import block_range
@@ -57,7 +58,7 @@ class InputSum:
         """The gradient of the partial block from the output's, ``dy`` (not written into);
         ``bias.grad`` set on the way."""
         if bias is not None:
-            bias.grad = dy.sum(axis=tuple(a for a in range(dy.ndim) if a != CHANNEL_AXIS))
+            bias.grad = total(dy, axis=tuple(a for a in range(dy.ndim) if a != CHANNEL_AXIS))
         if self.scatter is not None:
             return self.scatter.forward(dy)
         return allreduce_sum(self.backend, self.comm, dy.copy())

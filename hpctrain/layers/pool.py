@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.kernels.products import widen
 from hpctrain.layers.base import Layer
 from hpctrain.layers.rows import WindowRows
 
@@ -70,7 +71,8 @@ class GlobalAvgPool(Layer):
 
     def forward(self, x: Any, step: int) -> Any:
         self.x_shape = x.shape
-        y = x.sum(axis=tuple(range(2, x.ndim)), keepdims=True) * x.dtype.type(self.scale)
+        y = (widen(x).sum(axis=tuple(range(2, x.ndim)), keepdims=True) * self.scale).astype(
+            x.dtype, copy=False)  # a 16-bit image summed in float32
         return y if self.comm is None else allreduce_sum(self.backend, self.comm, y)
 
     def backward(self, dy: Any) -> Any:

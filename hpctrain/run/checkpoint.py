@@ -5,10 +5,10 @@ tensor, and read by every rank, each reading only its own block. Nothing in the 
 the plan that wrote it: save on 4 ranks with conv=domain:2x2, resume on 6 ranks with 3x2, or on
 one process. Layout (plain HDF5; ``h5py.File(path)["params/conv1.weight"][...]`` reads a tensor)::
 
-    /params/<name>     the parameter <name> (e.g. conv1.weight, fc1.bias), whole, training dtype
-    /momentum/<name>   the SGD velocity of <name>, whole, training dtype; zeros when the optimizer
+    /params/<name>     the parameter <name> (e.g. conv1.weight, fc1.bias), whole, master dtype
+    /momentum/<name>   the SGD velocity of <name>, whole, master dtype; zeros when the optimizer
                        has not stepped yet (the first step then computes μ·0 + g, exactly g)
-    /buffers/<name>    state kept but not trained (e.g. bn1.running_mean), whole, training
+    /buffers/<name>    state kept but not trained (e.g. bn1.running_mean), whole, master
                        dtype; only for nets that have some
     /                  attrs:
         format   "hpctrain-checkpoint"         version  1
@@ -17,7 +17,10 @@ one process. Layout (plain HDF5; ``h5py.File(path)["params/conv1.weight"][...]``
                                                than the line before): what a resume
                                                compares, with the tensors' shapes
         step     steps completed: training resumes at batch ``step``
-        seed     the run's seed                dtype    the training dtype ("float32"/"float64")
+        seed     the run's seed                dtype    the master dtype ("float32"/"float64")
+        precision  the run's --precision (fp32, tf32, bf16, fp16, fp64): informational; the
+                 master weights are float32 under bf16 and fp16, so a run resumes under any
+                 precision
         plan     the plan that wrote it, in plan-file format (informational: any plan may load it)
         state    JSON of the caller's extra state (config, schedule, ...): plain values only
 
@@ -141,7 +144,8 @@ def _header(network: Network, step: int, state: dict[str, Any], seed: int) -> di
     return {"format": FORMAT, "version": VERSION, "net": network.net.name,
             "layers": network.net.architecture(), "step": int(step), "seed": int(seed),
             "plan": plan_text(network.net, network.plan) + "\n",
-            "dtype": np.dtype(network.backend.dtype).name, "state": json.dumps(state)}
+            "dtype": np.dtype(network.backend.precision.master).name,
+            "precision": network.backend.precision.name, "state": json.dumps(state)}
 
 
 def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm
@@ -152,7 +156,8 @@ def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm
     it (the others send nothing), so rank 0 receives exactly one copy of the tensor.
     """
     backend, rank = network.backend, comm.Get_rank()
-    nothing = backend.xp.empty(0, backend.dtype)
+    master = backend.precision.master  # the weights at full precision, whatever the kernels use
+    nothing = backend.xp.empty(0, master)
 
     def gathered(tensor: Parameter, locals_: dict[str, Any]
                  ) -> Iterator[tuple[str, np.ndarray | None]]:
@@ -160,13 +165,13 @@ def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm
         sends = box_of(rank) == tensor.box(rank)
         for group, local in locals_.items():
             whole = gather_to_root(backend, comm, local if sends else nothing, tensor.shape,
-                                   box_of, "copy", dtype=backend.dtype)  # no float64 detour
+                                   box_of, "copy", dtype=master)  # no float64 detour
             yield f"{group}/{tensor.name}", whole
 
     for param, velocity in zip(network.params, optimizer.velocity, strict=True):
         if velocity is None:  # not stepped yet: μ·0 + g == g, so zeros change nothing
-            velocity = backend.xp.zeros_like(param.value)
-        yield from gathered(param, {"params": param.value, "momentum": velocity})
+            velocity = backend.xp.zeros_like(param.weights)
+        yield from gathered(param, {"params": param.weights, "momentum": velocity})
     for buffer in network.buffers:
         yield from gathered(buffer, {"buffers": buffer.value})
 
@@ -232,7 +237,7 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointI
     ``info.seed`` and resume at batch ``info.step``.
     """
     path = Path(path)
-    xp, dtype = network.backend.xp, network.backend.dtype
+    xp, dtype = network.backend.xp, network.backend.precision.master
     rank = network.grids.world.Get_rank()
     failure, info = None, None
     try:
@@ -246,7 +251,7 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointI
                 return xp.asarray(block.astype(dtype, copy=False))
 
             for k, param in enumerate(network.params):
-                param.value[...] = read("params", param)
+                param.set_weights(read("params", param))
                 optimizer.velocity[k] = read("momentum", param)
             for buffer in network.buffers:
                 buffer.value[...] = read("buffers", buffer)

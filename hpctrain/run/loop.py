@@ -43,6 +43,7 @@ from hpctrain.record.timing import (
     over_ranks,
     summary_over_ranks,
 )
+from hpctrain.run.loss_scale import INITIAL_SCALE, LossScale
 from hpctrain.run.network import Network, Overflow
 from hpctrain.run.optimizer import SGD
 from hpctrain.run.schedule import Schedule
@@ -78,6 +79,7 @@ class TrainConfig:
     bucket_bytes: int = BUCKET_BYTES  # gradients summed together (the machine profile's)
     timeline: tuple[int, int] | None = None  # steps to record spans of (hpctrain.record.timeline)
     prefetch: bool = True  # read a dataset's next batch during each step (hpctrain.data.prefetch)
+    loss_scale: float = INITIAL_SCALE  # fp16's first loss scale (hpctrain.run.loss_scale)
 
     def lr_at(self, step: int) -> float:
         return self.schedule.lr(step) if self.schedule else self.lr
@@ -102,6 +104,7 @@ class TrainResult:
     stopped_by: str | None = None  # the signal that stopped the run early
     validation: list[tuple[int, float, float]] = field(default_factory=list)  # step, loss, acc
     checkpoint: Path | None = None  # the last checkpoint written
+    loss_scale: LossScale | None = None  # fp16's loss scale, and the steps it skipped
 
     @property
     def last_step(self) -> int:
@@ -146,19 +149,24 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
                           config.overlap, config.bucket_bytes)
         data = data or SyntheticData.for_net(backend, net, config.batch, config.seed)
         optimizer = SGD(network.params, config.lr, config.momentum, config.weight_decay)
+        scaler = LossScale(config.loss_scale) if backend.precision.loss_scaling else None
         first = 0
         if resume is not None:
             from hpctrain.run.checkpoint import load_checkpoint
 
-            first = load_checkpoint(resume, network, optimizer).step
+            info = load_checkpoint(resume, network, optimizer)
+            first = info.step
+            if scaler is not None and "loss_scale" in info.state:  # an fp16 run's
+                scaler.scale = float(info.state["loss_scale"])
             say(f"resumed from {resume} at step {first}")
         say(f"hpctrain: {net.name}, {net.parameter_count() / 1e6:.1f} M parameters, input "
             f"{'x'.join(map(str, net.input_shape))}, batch {config.batch}, {procs} processes, "
-            f"{backend.device} {backend.xp.dtype(backend.dtype).name}")
+            f"{backend.device} {backend.xp.dtype(backend.dtype).name}"
+            f"{_precision_words(backend)}")
         # a diverging run overflows; the loss check in the loop names the step instead
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             result = _loop(network, optimizer, data, val_data, config, first, comm, log, stop,
-                           say)
+                           say, scaler)
             if val_data is not None and result.losses and not result.stopped_by and (
                     not result.validation or result.validation[-1][0] != result.last_step):
                 result.validation.append(_evaluate(network, val_data, result.last_step, log,
@@ -177,13 +185,19 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
 
 def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutSource | None,
           config: TrainConfig, first: int, comm: MPI.Comm, log: RunLog | None,
-          stop: StopRequests, say) -> TrainResult:
-    """Steps ``first`` .. ``config.steps - 1``, or until every rank agrees to stop."""
+          stop: StopRequests, say, scaler: LossScale | None = None) -> TrainResult:
+    """Steps ``first`` .. ``config.steps - 1``, or until every rank agrees to stop.
+
+    With a loss ``scaler`` (fp16) no layer is updated during the backward: once every
+    gradient is summed, the ranks agree whether any overflowed, and then all update (from the
+    gradients divided by the scale) or all skip the step (:mod:`hpctrain.run.loss_scale`).
+    """
     backend, rank = network.backend, comm.Get_rank()
     losses: list[float] = []
     step_times: list[StepTimes] = []
     step_seconds: list[float] = []
-    result = TrainResult(losses, None, step_times, None, step_seconds, 0.0, first)
+    result = TrainResult(losses, None, step_times, None, step_seconds, 0.0, first,
+                         loss_scale=scaler)
     result.stopped_by = stop.agreed(comm)  # asked to stop while planning: train nothing
     last = first if result.stopped_by else config.steps
     window = TimelineWindow(config.timeline, comm, backend) if config.timeline else None
@@ -197,11 +211,24 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         # before the first update (step 0, not a resumed run's first) an overflow is the net's,
         # not the rate's: that step alone is watched, to name what overflowed
         watch = Overflow(backend.xp) if step == 0 else None
-        # each layer is updated as soon as its gradient's sum arrives, during the backward
-        loss, accuracy = network.train_step(data, step, times=times,
-                                            update=partial(optimizer.step, lr), watch=watch)
+        scale = 1.0 if scaler is None else scaler.scale
+        # each layer is updated as soon as its gradient's sum arrives, during the backward;
+        # under loss scaling only once every rank knows no gradient overflowed
+        loss, accuracy = network.train_step(
+            data, step, times=times, update=None if scaler else partial(optimizer.step, lr),
+            watch=watch, loss_scale=scale)
         if watch is not None:
-            _refuse_first_overflow(network.net, loss, watch.over_ranks(comm), config.steps)
+            forward, backward = watch.over_ranks(comm)
+            if scaler is not None:  # an overflowed gradient lowers the scale instead
+                backward = None
+            _refuse_first_overflow(network.net, loss, (forward, backward), config.steps)
+        skipped = False
+        if scaler is not None:
+            skipped = scaler.overflowed(backend.xp, [p.grad for p in network.params], comm,
+                                        backend)
+            if not skipped:
+                optimizer.step(lr, unscale=1.0 / scale)
+            scaler.update(skipped, step + 1)
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at step {step + 1} (of {config.steps}); "
                                 f"lower --lr (now {lr:g})")
@@ -215,7 +242,7 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         summary = summary_over_ranks(times, seconds, comm)  # at rank 0, None elsewhere
         if rank == 0:
             _report(step, loss, accuracy if network.net.loss.classifies else None, lr, summary,
-                    config, start, first, log, say)
+                    config, start, first, log, say, scale, skipped)
         done = step + 1
         result.stopped_by, log_broken = stop.agreed_with(
             comm, log is not None and log.failure is not None)  # only rank 0 holds the log
@@ -227,7 +254,7 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         if config.checkpoint_dir is not None and (
                 done == config.steps or result.stopped_by
                 or (config.checkpoint_every and done % config.checkpoint_every == 0)):
-            result.checkpoint = _checkpoint(network, optimizer, config, done, comm, say)
+            result.checkpoint = _checkpoint(network, optimizer, config, done, comm, say, scaler)
         if window is not None and window.done:
             _write_timeline(window, log)
             window = None
@@ -270,6 +297,26 @@ def _refuse_first_overflow(net: NetSpec, loss: float, where: tuple[int | None, i
                         f"of the data")
 
 
+def _precision_words(backend: Backend) -> str:
+    """', bf16 (float32 master weights)' and the like; nothing for a plain precision."""
+    precision = backend.precision
+    if precision.mixed:
+        extra = ", loss scaling" if precision.loss_scaling else ""
+        return f", {precision.name} ({np.dtype(precision.master).name} master weights{extra})"
+    return ", tf32 products" if precision.name == "tf32" else ""
+
+
+def _skipped_words(scaler: LossScale | None) -> str:
+    """', loss scale 512 (2 updates skipped for overflow: steps 1, 2)' under fp16."""
+    if scaler is None:
+        return ""
+    steps = scaler.skipped
+    shown = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
+    skipped = (f" ({len(steps)} update{'s' if len(steps) != 1 else ''} skipped for overflow: "
+               f"step{'s' if len(steps) != 1 else ''} {shown})" if steps else "")
+    return f", loss scale {scaler.scale:g}{skipped}"
+
+
 def _write_timeline(window: TimelineWindow, log: RunLog | None) -> None:
     """Gather the window's spans to rank 0 and write them to the log. Collective."""
     spans = window.gather()
@@ -290,24 +337,29 @@ def _stop_on_log_failure(log: RunLog, comm: MPI.Comm) -> None:
 
 
 def _report(step: int, loss: float, accuracy: float | None, lr: float, summary: RanksSummary,
-            config: TrainConfig, start: float, first: int, log: RunLog | None, say) -> None:
+            config: TrainConfig, start: float, first: int, log: RunLog | None, say,
+            loss_scale: float = 1.0, skipped: bool = False) -> None:
     """Rank 0: the step's log row, and a progress line every ``print_every`` steps; a
-    regression (``accuracy`` None) logs an accuracy of 0 and prints none."""
+    regression (``accuracy`` None) logs an accuracy of 0 and prints none. ``loss_scale`` and
+    ``skipped``: fp16's scale that step, and whether its update was skipped."""
     seconds, comm_fraction = summary.seconds, summary.comm_fraction
     if log is not None:
         log.step({"step": step + 1, "loss": loss, "accuracy": accuracy or 0.0,
                   "seconds": seconds,
                   "images_per_second": config.batch / seconds, "lr": lr,
                   "comm_fraction": comm_fraction, "data_wait_seconds": summary.data_seconds,
-                  "data_fraction": summary.data_fraction}, summary.largest, summary.mean)
+                  "data_fraction": summary.data_fraction, "loss_scale": loss_scale,
+                  "skipped": int(skipped)}, summary.largest, summary.mean)
     done = step + 1
     if done % config.print_every == 0 or done == config.steps:
         elapsed = time.perf_counter() - start
         eta = elapsed / (done - first) * (config.steps - done)
         score = "" if accuracy is None else f"acc {accuracy:6.1%}  "
+        scaled = "" if loss_scale == 1.0 else f"  scale {loss_scale:g}"
         say(f"step {done:>5}/{config.steps}  loss {loss:8.4f}  {score}"
             f"{config.batch / seconds:8.1f} images/s  {seconds * 1e3:8.1f} ms/step  "
-            f"comm {comm_fraction:4.0%}  ETA {_duration(eta)}")
+            f"comm {comm_fraction:4.0%}  ETA {_duration(eta)}{scaled}"
+            f"{'  (overflow: update skipped)' if skipped else ''}")
 
 
 def _duration(seconds: float) -> str:
@@ -341,13 +393,16 @@ def _evaluate(network: Network, val_data: HeldOutSource, step: int, log: RunLog 
 
 
 def _checkpoint(network: Network, optimizer: SGD, config: TrainConfig, step: int,
-                comm: MPI.Comm, say) -> Path:
-    """Write the checkpoint of ``step`` (collective) and drop all but the newest few."""
+                comm: MPI.Comm, say, scaler: LossScale | None = None) -> Path:
+    """Write the checkpoint of ``step`` (collective) and drop all but the newest few; an fp16
+    run's loss scale goes in its state, for a resume to start from."""
     from hpctrain.run.checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 
     path = checkpoint_path(config.checkpoint_dir, step)
     state = {"batch": config.batch, "lr": config.lr, "momentum": config.momentum,
              "weight_decay": config.weight_decay}
+    if scaler is not None:
+        state["loss_scale"] = scaler.scale
     save_checkpoint(path, network, optimizer, step, state, comm, seed=config.seed)
     if comm.Get_rank() == 0:
         prune_checkpoints(config.checkpoint_dir, config.keep_checkpoints)
@@ -373,7 +428,8 @@ def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
         + ("" if not result.validation else
            f", held-out mean squared error {result.validation[-1][1]:.4f}" if not classifies else
            f", held-out accuracy {result.validation[-1][2]:.2%}")
-        + f", waiting for data {data_share:.1%} of the time")
+        + f", waiting for data {data_share:.1%} of the time"
+        + _skipped_words(result.loss_scale))
     steady = result.step_times[1:] or result.step_times
     typical = median_times(steady)
     result.layer_times = max_over_ranks(typical, comm)

@@ -16,6 +16,7 @@ from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.kernels.counter_rng import stream_key
+from hpctrain.kernels.products import widen
 from hpctrain.layers.base import BuildContext, Layer, Parameter
 from hpctrain.layout.layout import grid_coords
 from hpctrain.model.kinds import KINDS
@@ -244,7 +245,8 @@ class Network:
                    input_grads: list | None = None, times: StepTimes | None = None,
                    update: Callable[[list[Parameter]], None] | None = None,
                    output_grads: list | None = None,
-                   watch: Overflow | None = None) -> tuple[float, float]:
+                   watch: Overflow | None = None,
+                   loss_scale: float = 1.0) -> tuple[float, float]:
         """Forward, loss and backward on batch ``step`` of ``data``: (mean loss, accuracy).
 
         Each rank reads only its own block of the batch. ``outputs``, ``input_grads`` and
@@ -254,7 +256,8 @@ class Network:
         time spent waiting for the step's data (``StepTimes.data``).
         ``update``: see :meth:`backward`; without it every summed gradient is left in
         ``Parameter.grad`` for an optimizer step after this one. ``watch``: see
-        :class:`Overflow`.
+        :class:`Overflow`. ``loss_scale``: what the loss is multiplied by before the backward
+        (fp16's loss scaling): every gradient comes out that many times larger.
         """
         with StepTimer(self.backend, times) as timer:
             with timer.reading():
@@ -262,13 +265,13 @@ class Network:
             logits = self.forward(x, step, outputs, times, watch)
             with timer.reading():
                 labels = data.labels(step, self.labels_box)
-            loss, accuracy, dlogits = self.loss(logits, labels, times, data)
+            loss, accuracy, dlogits = self.loss(logits, labels, times, data, loss_scale)
             self.backward(dlogits, input_grads, times, update, output_grads, watch)
             timer.finish_step()
         return loss, accuracy
 
     def loss(self, logits: Any, labels: Any, times: StepTimes | None = None,
-             data: DataSource | None = None) -> tuple[float, float, Any]:
+             data: DataSource | None = None, scale: float = 1.0) -> tuple[float, float, Any]:
         """Mean loss and accuracy over the global batch, and dLoss/dlogits for this rank
         (the accuracy is 0 under regression).
 
@@ -277,11 +280,16 @@ class Network:
         its comm.
         ``data``, the source of the batch: whether any rank read NaN or Inf from it rides on
         the same all-reduce, and then every rank raises (see :meth:`refuse_nonfinite`).
+        ``scale`` multiplies the gradient (not the loss returned): fp16's loss scale.
+
+        16-bit logits are widened: the loss and its gradient are made in float32, and the
+        gradient is scaled before it is rounded to 16 bits, so small gradients survive.
         """
         xp = self.backend.xp
         with StepTimer(self.backend, times) as timer:
-            loss_sum, correct, grad = self.net.loss.function(xp, logits, labels,
-                                                             1.0 / self.batch)
+            loss_sum, correct, grad = self.net.loss.function(xp, widen(logits), labels,
+                                                             scale / self.batch)
+            grad = grad.astype(logits.dtype, copy=False)
             if not self.owns_loss:  # a replica: the owner (i = 0) counts these samples
                 loss_sum, correct, grad = loss_sum * 0, correct * 0, grad * 0
             totals = xp.stack([xp.asarray(loss_sum, dtype=xp.float64),
@@ -325,7 +333,8 @@ class Network:
         real = self.net.loss.real(xp, labels)
         totals = xp.zeros(4, dtype=xp.float64)
         if self.owns_loss and bool(real.any()):
-            loss_sum, correct, _ = self.net.loss.function(xp, logits[real], labels[real], 1.0)
+            loss_sum, correct, _ = self.net.loss.function(xp, widen(logits[real]),
+                                                          labels[real], 1.0)
             totals[0], totals[1], totals[2] = loss_sum, correct, real.sum()
         totals[3] = _read_nonfinite(data)
         totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))

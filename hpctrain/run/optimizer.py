@@ -13,7 +13,11 @@ from hpctrain.layers.base import Parameter
 
 class SGD:
     """v ← μ·v + (g + λ·w);  w ← w − lr·v.  Element-wise, so shards give the serial result
-    (:func:`~hpctrain.kernels.sgd.sgd_update`)."""
+    (:func:`~hpctrain.kernels.sgd.sgd_update`).
+
+    Under a mixed precision the update is made on the float32 master weights with a float32
+    velocity, from the 16-bit gradient widened (and divided by the loss scale), and the
+    kernels' 16-bit copy (``Parameter.value``) is then rounded from the master."""
 
     def __init__(self, params: list[Parameter], lr: float, momentum: float = 0.9,
                  weight_decay: float = 0.0) -> None:
@@ -33,15 +37,18 @@ class SGD:
         if not weight_decay >= 0:
             raise UserError(f"--weight-decay {weight_decay} must be non-negative")
 
-    def step(self, lr: float | None = None, params: list[Parameter] | None = None) -> None:
-        """One update of every shard (or of ``params``, some of them), in place. The gradient
-        buffers are overwritten; they are rebuilt by the next backward."""
+    def step(self, lr: float | None = None, params: list[Parameter] | None = None,
+             unscale: float = 1.0) -> None:
+        """One update of every shard (or of ``params``, some of them), in place, from the
+        gradients times ``unscale`` (1 / the loss scale). The gradient buffers are overwritten;
+        they are rebuilt by the next backward."""
         lr = self.lr if lr is None else lr
         for p in self.params if params is None else params:
             k = self._index[id(p)]
-            self.velocity[k] = sgd_update(_array_module(p.value), p.value, p.grad,
+            self.velocity[k] = sgd_update(_array_module(p.weights), p.weights, p.grad,
                                           self.velocity[k], lr, self.momentum,
-                                          self.weight_decay, self._scratch)
+                                          self.weight_decay, self._scratch, unscale,
+                                          copy=None if p.master is None else p.value)
 
 
 def _array_module(a: Any) -> Any:

@@ -83,7 +83,7 @@ class LinearKind(SplitsInputs):
         b = xp.zeros(work.out, dtype=dtype)
         dy = xp.ones((work.x[0], work.out), dtype=dtype)
         dw = xp.empty_like(w)  # kept across steps, as the layer's gradient is
-        return (lambda: linear_forward(x, w, b),
+        return (lambda: linear_forward(xp, x, w, b),
                 lambda _: lambda: linear_backward(xp, x, w, dy, work.need_dx, dw))
 
     def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
