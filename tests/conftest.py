@@ -60,3 +60,14 @@ def standin_cupy(monkeypatch):
     gpu_standin.get_default_memory_pool().free_all_blocks()  # as a fresh process's pool
     yield gpu_standin
     gpu_standin.counters.reset()
+
+
+@pytest.fixture
+def standin_nccl(standin_cupy, monkeypatch):
+    """The CuPy stand-in with the NCCL stand-in of :mod:`tests.nccl_standin` as its
+    ``cuda.nccl``, for this test only: ``--collectives auto`` then picks NCCL on the GPU path
+    (under :func:`standin_cupy` alone CuPy has no NCCL, and auto picks MPI)."""
+    from tests import nccl_standin
+
+    nccl_standin.install(monkeypatch, standin_cupy)
+    return standin_cupy

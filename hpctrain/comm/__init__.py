@@ -1,1 +1,2 @@
-"""The only place that moves data with MPI: each primitive's backward is its forward's adjoint."""
+"""The only place that moves data between ranks (MPI, or NCCL on GPUs): each primitive's backward
+is its forward's adjoint."""

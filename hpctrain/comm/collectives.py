@@ -1,16 +1,16 @@
 """Collectives along one axis of a tensor, as forward/adjoint pairs.
 
-Each call's data movement (the MPI call, with the transposes and host staging around it) is
-timed by the backend's comm clock.
+Each call's data movement (the MPI or NCCL call, with the transposes and host staging around
+it) is timed by the backend's comm clock; the group of :mod:`hpctrain.comm.transport` runs it.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from mpi4py import MPI
 
+from hpctrain.comm.transport import group_of
 from hpctrain.device.backend import Backend
 
 
@@ -33,40 +33,29 @@ class AllGather:
         self.rank = comm.Get_rank()
         self.lengths = [hi - lo for lo, hi in ranges]
         self.total = sum(self.lengths)
+        self.group = group_of(backend, comm)  # under NCCL, its communicator made now
 
     def forward(self, x: Any) -> Any:
         if self.comm.Get_size() == 1:
             return x
         xp, be = self.backend.xp, self.backend
         with be.clock.comm():
-            xt = _front(xp, x, self.axis)
-            inner = math.prod(xt.shape[1:])
-            recv = be.empty_mpi((self.total, *xt.shape[1:]), xt.dtype)
-            counts = [n * inner for n in self.lengths]
-            be.clock.sent(xt.nbytes)
-            self.comm.Allgatherv(be.to_mpi(xt), [recv, counts])
-            return xp.ascontiguousarray(xp.moveaxis(be.from_mpi(recv), 0, self.axis))
+            gathered = self.group.allgather(_front(xp, x, self.axis), self.lengths)
+            return xp.ascontiguousarray(xp.moveaxis(gathered, 0, self.axis))
 
     def backward(self, dy: Any) -> Any:
         if self.comm.Get_size() == 1:
             return dy
         xp, be = self.backend.xp, self.backend
         with be.clock.comm():
-            dyt = _front(xp, dy, self.axis)
-            inner = math.prod(dyt.shape[1:])
-            recv = be.empty_mpi((self.lengths[self.rank], *dyt.shape[1:]), dyt.dtype)
-            be.clock.sent(dyt.nbytes)
-            self.comm.Reduce_scatter(be.to_mpi(dyt), recv, [n * inner for n in self.lengths],
-                                     MPI.SUM)
-            return xp.ascontiguousarray(xp.moveaxis(be.from_mpi(recv), 0, self.axis))
+            own = self.group.reduce_scatter(_front(xp, dy, self.axis), self.lengths)
+            return xp.ascontiguousarray(xp.moveaxis(own, 0, self.axis))
 
 
 def allreduce_sum(backend: Backend, comm: MPI.Comm, a: Any) -> Any:
-    """Σ over ``comm`` of ``a`` (returns ``a`` itself when the communicator has one rank)."""
+    """Σ over ``comm`` of ``a`` (returns ``a`` itself when the communicator has one rank), in
+    ``a``'s dtype: a 16-bit float is summed in float32 and rounded back at each addition."""
     if comm.Get_size() == 1:
         return a
     with backend.clock.comm():
-        buf = backend.to_mpi(a)
-        backend.clock.sent(buf.nbytes)
-        comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
-        return backend.from_mpi(buf)
+        return group_of(backend, comm).allreduce(a)

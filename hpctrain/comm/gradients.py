@@ -28,6 +28,12 @@ same plan), so the buckets, and the order their collectives start in, agree acro
 requires; buckets of different communicators are summed in the order they were opened, the
 same on every rank, so blocking sums on overlapping communicators cannot wait on each other.
 The bucket buffers are kept from step to step: the same buckets come every step.
+
+Under NCCL (:mod:`hpctrain.comm.transport`) a bucket's sum is queued on the compute stream
+behind the backward's kernels, as NCCL users do: it has arrived, as far as the host is
+concerned, once queued, and the update that reads it is queued after it. A bucket holds
+gradients of one dtype; over MPI a 16-bit bucket is summed with the float32-accumulating
+operation of :func:`~hpctrain.comm.transport.sum_op`.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Any
 from mpi4py import MPI
 
 from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.comm.transport import group_of, wait_any
 from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.device.backend import Backend
 
@@ -52,8 +59,7 @@ class Bucket:
     params: list[Any] = field(default_factory=list)
     arrays: list[Any] = field(default_factory=list)  # each parameter's unreduced gradient
     nbytes: int = 0
-    sent: Any = None  # what MPI sums in place (a host copy when MPI cannot read the device)
-    request: Any = None
+    pending: Any = None  # the sum in flight (:class:`~hpctrain.comm.transport.Pending`)
     label: int = 0  # the first layer whose gradients it holds (for a timeline)
     sent_at: float = 0.0
 
@@ -80,7 +86,8 @@ class GradientReducer:
                  in_flight: bool = True) -> None:
         self.backend, self.in_flight = backend, in_flight
         self.bucket_bytes = bucket_bytes
-        self._open: dict[int, Bucket] = {}  # by id of the communicator, in order of first use
+        # by id of the communicator and dtype, in order of first use
+        self._open: dict[tuple[int, Any], Bucket] = {}
         self._in_flight: list[Bucket] = []
         self._buffers: list[Any] = []  # the buffer of the k-th bucket packed in a step
         self._next_buffer = 0
@@ -100,19 +107,23 @@ class GradientReducer:
         if comm is None or comm.Get_size() == 1:
             self._reduced(params)
             return
-        bucket = self._open.get(id(comm))
-        if bucket is None:
-            bucket = self._open[id(comm)] = Bucket(comm, label=label)
-        bucket.params += params
-        bucket.arrays += [p.grad for p in params]
-        bucket.nbytes += sum(p.grad.nbytes for p in params)
-        if bucket.nbytes >= self.bucket_bytes:
-            self._send(self._open.pop(id(comm)))
+        # a bucket holds one dtype (under mixed precision a layer may hold gradients of two)
+        for dtype in dict.fromkeys(p.grad.dtype for p in params):
+            key = (id(comm), dtype)
+            bucket = self._open.get(key)
+            if bucket is None:
+                bucket = self._open[key] = Bucket(comm, label=label)
+            same = [p for p in params if p.grad.dtype == dtype]
+            bucket.params += same
+            bucket.arrays += [p.grad for p in same]
+            bucket.nbytes += sum(p.grad.nbytes for p in same)
+            if bucket.nbytes >= self.bucket_bytes:
+                self._send(self._open.pop(key))
 
     def progress(self) -> None:
         """Let the sums in flight advance, and hand over those that have arrived."""
         if self._in_flight:
-            done = [b for b in self._in_flight if b.request.Test()]
+            done = [b for b in self._in_flight if b.pending.test()]
             for bucket in done:
                 self._in_flight.remove(bucket)
                 self._unpack(bucket)
@@ -124,7 +135,7 @@ class GradientReducer:
         self._open.clear()
         while self._in_flight:
             with self.backend.clock.comm():  # the wait; the update that follows is compute
-                index = MPI.Request.Waitany([b.request for b in self._in_flight])
+                index = wait_any([b.pending for b in self._in_flight])
             self._unpack(self._in_flight.pop(index))
 
     def _send(self, bucket: Bucket) -> None:
@@ -137,9 +148,7 @@ class GradientReducer:
             if not self.in_flight:  # (its own clock block nests: counted once)
                 summed = allreduce_sum(self.backend, bucket.comm, flat)
             else:
-                bucket.sent = self.backend.to_mpi(flat)
-                self.backend.clock.sent(bucket.sent.nbytes)
-                bucket.request = bucket.comm.Iallreduce(MPI.IN_PLACE, bucket.sent, MPI.SUM)
+                bucket.pending = group_of(self.backend, bucket.comm).start_allreduce(flat)
         if not self.in_flight:
             self._spread(bucket.params, summed)
             return
@@ -162,7 +171,8 @@ class GradientReducer:
         """A bucket sent in flight has arrived."""
         if self.flights is not None:
             self.flights.append((bucket.label, bucket.sent_at, time.perf_counter()))
-        self._spread(bucket.params, self.backend.from_mpi(bucket.sent))
+        self._spread(bucket.params, bucket.pending.wait())
+        bucket.pending = None
 
     def _spread(self, params: list[Any], summed: Any) -> None:
         """Each parameter's gradient, a view of the bucket's sum, handed over."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from hpctrain.comm.transport import release
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import Layout, grid_coords
 
@@ -51,6 +52,7 @@ class ProcessGrid:
     def free(self) -> None:
         for comm in (self.model_comm, self.batch_comm, self.cart):
             if comm != MPI.COMM_NULL:
+                release(comm)  # its NCCL communicator first, if one was made
                 comm.Free()
 
     def __repr__(self) -> str:
@@ -58,7 +60,9 @@ class ProcessGrid:
 
 
 class GridSet:
-    """Builds each distinct grid once over one communicator and frees them all on ``close``.
+    """Builds each distinct grid once over one communicator and frees them all on ``close``,
+    with the NCCL communicators made for them (:mod:`hpctrain.comm.transport`); the one of the
+    communicator it was given lives as long as the process.
 
     Layers on different grids coexist: they ask the set for ``(Pr, Pc)`` and share the grid.
     """
@@ -111,6 +115,7 @@ class GridSet:
             grid.free()
         self._grids.clear()
         for comm in self._comms.values():
+            release(comm)
             comm.Free()
         self._comms.clear()
 

@@ -17,13 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
+from hpctrain.comm.transport import Pending, group_of
 from hpctrain.device.backend import Backend
 from hpctrain.layout.partition import HaloPlan
 
 ROW_AXIS = 2
-_DOWN, _UP = 11, 12  # tags: rows travelling to the rank below / above
+_HALO_TAG = 11
 
 
 def _n(rows: tuple[int, int]) -> int:
@@ -32,9 +34,9 @@ def _n(rows: tuple[int, int]) -> int:
 
 @dataclass
 class _InFlight:
-    requests: list[MPI.Request]
-    received: list[Any | None]  # from above, from below
-    keep: tuple  # the arrays the layer handed in, and the send buffers, alive until the wait
+    pending: Pending  # the messages, both ways
+    shapes: list[tuple[int, ...] | None]  # of the blocks from above and from below
+    keep: Any  # the array the layer handed in
 
 
 class HaloExchange:
@@ -46,6 +48,7 @@ class HaloExchange:
         self.backend, self.comm, self.plan, self.axis = backend, comm, plan, axis
         rank = comm.Get_rank()
         self.above, self.below = rank - 1, rank + 1
+        self.group = group_of(backend, comm)  # under NCCL, its communicator made now
 
     def _rows(self, x: Any, lo: int, hi: int) -> Any:
         """``x``'s planes [lo, hi) along the split axis."""
@@ -56,29 +59,48 @@ class HaloExchange:
 
     def _exchange(self, x: Any, to_above: Any, to_below: Any, rows_from_above: int,
                   rows_from_below: int) -> _InFlight:
-        """Post receives of row blocks shaped like ``x`` and sends of ``to_above``/``to_below``."""
-        requests, received, sent = [], [], []
-        with self.backend.clock.comm():  # posting is cheap, but staging sends is not on a GPU
-            for n_rows, peer, tag in ((rows_from_above, self.above, _DOWN),
-                                      (rows_from_below, self.below, _UP)):
-                buf = self.backend.empty_mpi(self._shape(x, n_rows), x.dtype) if n_rows else None
-                if buf is not None:
-                    requests.append(self.comm.Irecv(buf, source=peer, tag=tag))
-                received.append(buf)
-            for rows, peer, tag in ((to_above, self.above, _UP), (to_below, self.below, _DOWN)):
-                if rows.shape[self.axis]:
-                    buf = self.backend.to_mpi(rows)
-                    self.backend.clock.sent(buf.nbytes)
-                    requests.append(self.comm.Isend(buf, dest=peer, tag=tag))
-                    sent.append(buf)
-        return _InFlight(requests, received, (x, sent))
+        """Post receives of row blocks shaped like ``x`` and sends of ``to_above``/``to_below``,
+        each way packed into one flat buffer (a stretch per neighbour)."""
+        xp = self.backend.xp
+        with self.backend.clock.comm():  # posting is cheap, but packing and staging are not
+            receives, shapes, end = [], [], 0
+            for n_rows, peer in ((rows_from_above, self.above), (rows_from_below, self.below)):
+                shape = self._shape(x, n_rows) if n_rows else None
+                if shape is not None:
+                    size = int(np.prod(shape, dtype=np.int64))
+                    receives.append((peer, end, end + size))
+                    end += size
+                shapes.append(shape)
+            blocks = [(peer, rows) for rows, peer in ((to_above, self.above),
+                                                      (to_below, self.below))
+                      if rows.shape[self.axis]]
+            sends, start = [], 0
+            for peer, rows in blocks:
+                sends.append((peer, start, start + rows.size))
+                start += rows.size
+            if len(blocks) > 1:
+                send = xp.concatenate([rows.ravel() for _, rows in blocks])
+            elif blocks:
+                send = xp.ascontiguousarray(blocks[0][1]).reshape(-1)
+            else:
+                send = xp.empty(0, dtype=x.dtype)
+            # one tag for both directions: each pair exchanges at most one message each way
+            pending = self.group.start_exchange(send, sends, end, receives, _HALO_TAG)
+        return _InFlight(pending, shapes, x)
 
     def _received(self, pending: _InFlight) -> tuple[Any | None, Any | None]:
         # timed: the wait left exposed after the interior rows were computed
         with self.backend.clock.comm():
-            MPI.Request.Waitall(pending.requests)
-            return tuple(None if b is None else self.backend.from_mpi(b)
-                         for b in pending.received)
+            flat = pending.pending.wait()
+            blocks, start = [], 0
+            for shape in pending.shapes:
+                if shape is None:
+                    blocks.append(None)
+                    continue
+                size = int(np.prod(shape, dtype=np.int64))
+                blocks.append(flat[start:start + size].reshape(shape))
+                start += size
+            return tuple(blocks)
 
     def start(self, x: Any) -> _InFlight:
         """Post the halo messages for X: (N, C, own rows, …)."""
@@ -90,7 +112,7 @@ class HaloExchange:
     def finish(self, pending: _InFlight) -> Any:
         """X_ext: (N, C, need rows, …) — top halo, the needed own rows, bottom halo."""
         top, bottom = self._received(pending)
-        p, (x, _) = self.plan, pending.keep
+        p, x = self.plan, pending.keep
         lo, hi = max(p.need[0], p.own[0]), min(p.need[1], p.own[1])
         own = self._rows(x, max(lo - p.own[0], 0), max(hi - p.own[0], 0))
         parts = [b for b in (top, own, bottom) if b is not None]
@@ -106,7 +128,7 @@ class HaloExchange:
     def finish_backward(self, pending: _InFlight) -> Any:
         """dX: (N, C, own rows, …) — own rows of dX_ext plus the halo gradients sent back."""
         from_above, from_below = self._received(pending)
-        p, (dx_ext, _) = self.plan, pending.keep
+        p, dx_ext = self.plan, pending.keep
         h0, h1 = p.own
         dx = self.backend.xp.zeros(self._shape(dx_ext, h1 - h0), dtype=dx_ext.dtype)
         lo, hi = max(p.need[0], h0), min(p.need[1], h1)

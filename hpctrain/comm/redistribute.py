@@ -8,9 +8,10 @@ the two layouts; each method has its transfer here, which runs it (see
 - slice: forward takes a slice of the local block, backward pads the gradient with zeros.
 - all-gather: forward ``Allgatherv`` over the target grid's model communicator, backward its
   adjoint ``Reduce_scatter``.
-- general: forward each piece goes point to point (``Isend``/``Irecv``, then ``Waitall``)
-  from its one sender to its receiver on the world communicator, only between ranks that share
-  data; backward the same pieces travel in reverse and are added into the sources.
+- general: forward each piece goes point to point (``Isend``/``Irecv``, then ``Waitall``; under
+  NCCL, sends and receives in one group call) from its one sender to its receiver on the world
+  communicator, only between ranks that share data; backward the same pieces travel in reverse
+  and are added into the sources.
 
 The all-gather and the general exchange report their time and bytes to the backend's comm
 clock; identity and slice move nothing between ranks and report none.
@@ -21,10 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mpi4py import MPI
-
 from hpctrain.comm.collectives import AllGather
 from hpctrain.comm.grid import GridSet
+from hpctrain.comm.transport import group_of
 from hpctrain.device.backend import Backend
 from hpctrain.layout.layout import Box, Layout, box_size, relative_slices
 from hpctrain.layout.moves import (
@@ -146,6 +146,7 @@ class _Exchange:
 
     def __init__(self, backend: Backend, grids: GridSet, move: GeneralMove) -> None:
         self.backend, self.comm = backend, grids.world
+        self.group = group_of(backend, self.comm)  # under NCCL, its communicator made now
         rank = self.comm.Get_rank()
         src_box, dst_box = move.src.box(rank), move.dst.box(rank)
         self.src_shape = move.src.local_shape(rank)
@@ -178,20 +179,15 @@ class _Exchange:
         with be.clock.comm():  # packing, the messages and unpacking
             # one receive and one send buffer, a contiguous stretch per peer: one staging copy
             # each way on a GPU, however many pieces
-            recv_buf = be.empty_mpi((route.recv_total,), a.dtype)
-            requests = [self.comm.Irecv(recv_buf[lo:hi], source=peer, tag=_PIECE_TAG)
-                        for peer, lo, hi, _, _ in route.receives]
             send_buf = be.xp.empty(route.send_total, dtype=a.dtype)
             for _, lo, hi, where in route.sends:
                 send_buf[lo:hi] = a[where].ravel()
-            send_buf = be.to_mpi(send_buf)
-            be.clock.sent(send_buf.nbytes)
-            requests += [self.comm.Isend(send_buf[lo:hi], dest=peer, tag=_PIECE_TAG)
-                         for peer, lo, hi, _ in route.sends]
+            pending = self.group.start_exchange(
+                send_buf, [(peer, lo, hi) for peer, lo, hi, _ in route.sends], route.recv_total,
+                [(peer, lo, hi) for peer, lo, hi, _, _ in route.receives], _PIECE_TAG)
             for source, target in route.local:  # while the messages travel
                 put(target, a[source])
-            MPI.Request.Waitall(requests)
-            recv_buf = be.from_mpi(recv_buf)
+            recv_buf = pending.wait()
             for _, lo, hi, where, shape in route.receives:
                 put(where, recv_buf[lo:hi].reshape(shape))
 

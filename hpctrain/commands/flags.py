@@ -123,7 +123,7 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """What every command that runs a network under a plan takes: the net, the grid, the
-    device, the seed and the threads per rank."""
+    device and how its arrays move, the seed and the threads per rank."""
     add_net_options(parser)
     parser.add_argument("--grid", default=None,
                         help="auto (the planner picks each layer's mode and grid), RxC (every "
@@ -133,6 +133,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy on the CPU or CuPy on a GPU; each rank uses GPU "
                              "local_rank %% n_gpus (default: %(default)s)")
+    parser.add_argument("--collectives", choices=("auto", "nccl", "mpi"), default="auto",
+                        help="how the ranks' arrays move on a GPU: nccl (device memory, on the "
+                             "compute stream), or mpi (through host memory, or device memory "
+                             "with HPCTRAIN_CUDA_AWARE_MPI=1); auto: nccl where CuPy has NCCL, "
+                             "else mpi; the CPU always uses mpi (default: %(default)s)")
     parser.add_argument("--seed", type=parse_seed, default=None,
                         help="seed of weights, data order, dropout: an integer in [0, 2**63) "
                              "(default: 0, or the checkpoint's when resuming)")

@@ -30,7 +30,7 @@ class SetupRequest:
     grid: str | None
     batch: int
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "fp32"  # a precision name (hpctrain.device.precision; float32 is fp32)
     threads: int | None = None
     machine: str | None = None
     compute: str = "auto"
@@ -38,6 +38,7 @@ class SetupRequest:
     overlap: str | bool = "auto"
     plan_file: str | None = None
     space: str = "grids"
+    collectives: str = "auto"  # --collectives: auto, nccl or mpi (hpctrain.comm.transport)
 
     @classmethod
     def from_flags(cls, args: Any, dtype: str, overlap: str | bool = "auto",
@@ -45,7 +46,8 @@ class SetupRequest:
         """The request the shared flags (:func:`hpctrain.commands.flags.add_planning_options`,
         :func:`~hpctrain.commands.flags.add_run_options`, ``--batch``) give, in ``dtype``."""
         return cls(args.grid, args.batch, args.device, dtype, args.threads, args.machine,
-                   args.compute, args.mem_per_rank, overlap, plan_file, args.space)
+                   args.compute, args.mem_per_rank, overlap, plan_file, args.space,
+                   args.collectives)
 
 
 @dataclass
@@ -81,10 +83,9 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     otherwise the given plan's memory is checked, then it is costed when ``predict``. Nothing
     is timed or allocated before the memory check.
     """
-    import numpy as np
-
     from hpctrain.cost.memory import check_memory, memory_limit
     from hpctrain.device.backend import make_backend
+    from hpctrain.device.precision import resolve_precision
     from hpctrain.plan.planner import plan_memory
 
     threads = configure_threads(comm, request.threads)
@@ -93,13 +94,13 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     plan = None if spec.strip() == "auto" else agreed(
         comm, lambda: plan_from_spec(spec, net, procs))
     limit, source = memory_limit(comm, request.mem_per_rank, threads.ranks_on_node)
-    itemsize = np.dtype(request.dtype).itemsize
+    precision = resolve_precision(request.dtype, request.device)
     memory = 0.0
     if plan is not None:
-        fixed = plan_memory(net, plan, request.batch, procs, itemsize)
+        fixed = plan_memory(net, plan, request.batch, procs, precision)
         check_memory(fixed, limit, source)
         memory = fixed.memory
-    backend = make_backend(request.device, request.dtype, comm)
+    backend = make_backend(request.device, request.dtype, comm, request.collectives)
     if plan is not None and not predict:
         return Setup(net, plan, backend, threads, memory=memory,
                      overlap=sums_in_flight(request.overlap, None))
@@ -132,5 +133,6 @@ def write_plan_file(path: str | Path, net: NetSpec, planned: PlannedNetwork, pro
 
     write_plan(Path(path), net, planned.plans,
                f"hpctrain plan: net {net.name}, {procs} processes, batch {batch}, machine "
-               f"{machine}\npredicted iteration {planned.iteration_time * 1e3:.3f} ms")
+               f"{machine}, precision {planned.precision.name}\npredicted iteration "
+               f"{planned.iteration_time * 1e3:.3f} ms")
     print(f"plan written to {path} (use it with --grid {path})", flush=True)
