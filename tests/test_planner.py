@@ -168,8 +168,8 @@ def test_too_many_processes_for_a_layer_is_a_clear_error():
 def test_general_move_volume_is_the_busiest_receiver(procs, shape):
     """With sizes that divide evenly, the model's busiest receiver gets the bytes and the
     messages of the exact pieces: in closed form on 2^k ranks, rank by rank on others."""
-    model = model_of(load_net("smallcnn"), 16, procs, Machine("bytes", 1e-30, 1.0, 1e9),
-                     itemsize=1)
+    # 1/4 s per byte: 1 s per float32 entry
+    model = model_of(load_net("smallcnn"), 16, procs, Machine("bytes", 1e-30, 0.25, 1e9))
     latency = model_of(load_net("smallcnn"), 16, procs, Machine("messages", 1.0, 1e-30, 1e9))
     layouts = [Layout(shape, g, a) for g in factorisations(procs) for a in (None, 1, 2)]
     for src in layouts:

@@ -22,6 +22,7 @@ from hpctrain.commands.simulate import PLANS as SIM_PLANS
 from hpctrain.commands.simulate import ImplementationPlans, Settings
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import load_machine, parse_machine
+from hpctrain.device.precision import PRECISIONS
 from hpctrain.errors import OutputError, UserError
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import load_net
@@ -55,17 +56,19 @@ def table(group):
 def test_help_names_every_option():
     text = simulate_command.build_parser().format_help()
     assert "python -m hpctrain simulate" in text
-    for flag in ("--net", "--machine", "--images", "--out", "--plots", "--word-bytes",
+    for flag in ("--net", "--machine", "--images", "--out", "--plots", "--precision",
                  "--weak-batch-per-rank", "--overlap", "--levels", "--volumes",
                  "--mem-per-rank"):
         assert flag in text
 
 
 def test_layout_and_attributes(sim):
-    for key in ("net", "machine", "alpha", "beta", "flops", "images", "word_bytes", "command"):
+    for key in ("net", "machine", "alpha", "beta", "flops", "images", "word_bytes", "precision",
+                "command"):
         assert key in sim.attrs
     assert sim.attrs["net"] == "alexnet" and sim.attrs["machine"] == "cori-knl"
     assert sim.attrs["images"] == IMAGES and sim.attrs["word_bytes"] == 4
+    assert sim.attrs["precision"] == "fp32"
     for name in STUDIES:
         group = sim[name]
         lengths = {len(group[k]) for k in ROW_KEYS}
@@ -382,7 +385,7 @@ def test_resnet_auto_plan_wins_where_it_should(sim_resnet):
 def test_inception_auto_beats_the_baselines():
     """Inception-v3 (concatenated branches) at two points, without the whole study."""
     net = load_net("inception_v3")
-    settings = Settings(net, MACHINE, IMAGES, 4, 2048, 16, 512)
+    settings = Settings(net, MACHINE, IMAGES, PRECISIONS["fp32"], 2048, 16, 512)
     impl = ImplementationPlans(settings, FlopModel(MACHINE.flops))
     assert tuple(SIM_PLANS) == PLANS
     for batch, procs in ((2048, 512), (512, 512)):
@@ -502,7 +505,7 @@ def test_runs_without_mpi(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--images", "0"], "--images 0"),
     (["--images", "many"], "--images 'many'"),
-    (["--word-bytes", "-4"], "--word-bytes -4"),
+    (["--precision", "fp8"], "--precision: invalid choice: 'fp8'"),
     (["--weak-batch-per-rank", "2.5"], "--weak-batch-per-rank 2.5"),
     (["--net", "resnet"], "unknown net 'resnet'"),
     (["--machine", "nowhere"], "unknown machine 'nowhere'"),

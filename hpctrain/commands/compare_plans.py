@@ -26,6 +26,7 @@ from hpctrain.commands.flags import (
     add_net_options,
     add_overlap_option,
     add_planning_options,
+    add_precision_option,
     add_threads_option,
     load_net_for,
 )
@@ -78,8 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "height and width) cut R ways, conv=nCwR,fc=RxC")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy or CuPy (default: %(default)s)")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                        help="compute precision (default: %(default)s)")
+    add_precision_option(parser)
     parser.add_argument("--log", default=None, help="write every plan's timings to this HDF5")
     add_threads_option(parser)
     add_overlap_option(parser)
@@ -136,7 +136,8 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
     threads = configure_threads(comm, args.threads)
     if rank == 0 and not quiet:
         print(f"threads: {threads.describe()}", flush=True)
-    backend = make_backend(args.device, args.dtype, comm)
+    backend = make_backend(args.device, args.precision, comm)
+    args.precision = backend.precision.name  # resolved: auto is tf32 on a GPU, fp32 on the CPU
     machine = agreed(comm, lambda: load_machine(args.machine))
     check_placement(comm, machine)
     args.overlap = sums_in_flight(args.overlap, machine)  # resolved: on or off from here
@@ -284,6 +285,7 @@ def write_log(path: Path, outcomes: list[Outcome], args, procs: int, net: NetSpe
     --from-log`` needs to price them again: the net and its input, the plan as a plan file,
     the profile."""
     from hpctrain.cost.machine import format_machine
+    from hpctrain.device.precision import PRECISIONS
     from hpctrain.plan.plans import plan_text
     from hpctrain.record.runlog import write_hdf5, write_timings
 
@@ -292,7 +294,8 @@ def write_log(path: Path, outcomes: list[Outcome], args, procs: int, net: NetSpe
         h5.attrs["net"] = args.net
         h5.attrs["input_shape"] = list(net.input_shape)
         h5.attrs["batch"] = args.batch
-        h5.attrs["dtype"] = args.dtype
+        h5.attrs["precision"] = args.precision
+        h5.attrs["dtype"] = np.dtype(PRECISIONS[args.precision].storage).name
         h5.attrs["steps"] = args.steps
         h5.attrs["rounds"] = args.rounds
         h5.attrs["machine_profile"] = format_machine(machine)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpctrain.commands.flags import (
     add_net_options,
@@ -14,6 +15,10 @@ from hpctrain.commands.flags import (
     load_net_for,
 )
 from hpctrain.errors import ArgumentParser, UserError
+
+if TYPE_CHECKING:
+    from hpctrain.cost.machine import Machine
+    from hpctrain.device.precision import Precision
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,9 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_net_options(parser)
     parser.add_argument("--procs", type=int, required=True, help="number of processes P")
     parser.add_argument("--batch", type=int, required=True, help="global mini-batch B")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                        help="training precision: bytes moved and kernels timed "
-                             "(default: %(default)s)")
+    add_planning_precision(parser)
     parser.add_argument("--out", default=None, help="also write the plan file here")
     parser.add_argument("--grid", default="auto",
                         help="auto: search for the plan of least predicted time; or a --grid "
@@ -40,14 +43,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_planning_precision(parser: argparse.ArgumentParser, default: str = "auto") -> None:
+    """--precision for a command that plans without running: what the bytes are priced in and
+    the FLOP rate compute is priced at (:mod:`hpctrain.device.precision`)."""
+    from hpctrain.device.precision import RUN_PRECISIONS
+
+    parser.add_argument("--precision", choices=RUN_PRECISIONS, default=default,
+                        help="the precision the run trains in, as train's --precision: "
+                             "activations, their moves and halos, partial sums and gradients "
+                             "(and their sums, buckets included) priced at its storage size "
+                             "(fp64 8 bytes; fp32 and tf32 4; bf16 and fp16 2), batch-norm "
+                             "statistics at 4 bytes (8 under fp64), master weights (bf16, "
+                             "fp16) and momentum at 4; --compute flops at the profile's rate "
+                             "for it (flops_tf32, flops_bf16, flops_fp16; flops when it has "
+                             "none); measured compute timed in it. auto: tf32 for a GPU "
+                             "profile (device = \"gpu\"), fp32 otherwise, as train picks on "
+                             "that device; float32 and float64 are fp32 and fp64 "
+                             "(default: %(default)s)")
+
+
+def planning_precision(name: str, machine: Machine) -> Precision:
+    """The precision ``--precision name`` means when planning for ``machine``: auto is what a
+    run on the profile's device picks (tf32 on a GPU, fp32 on the CPU)."""
+    from hpctrain.device.precision import resolve_precision
+
+    return resolve_precision(name, machine.device)
+
+
 def run(argv: list[str]) -> int:
     import numpy as np
 
     from hpctrain.cost.machine import load_machine, sums_in_flight
-    from hpctrain.device.backend import DTYPES, Backend
+    from hpctrain.device.backend import Backend
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.io.textfile import existing_file
-    from hpctrain.plan.planner import format_plan, plan_network, predict
+    from hpctrain.plan.planner import describe_precision, format_plan, plan_network, predict
     from hpctrain.plan.plans import is_plan_file, plan_from_spec
     from hpctrain.plan.pricing import build_cost_model, compute_source
 
@@ -62,7 +92,8 @@ def run(argv: list[str]) -> int:
         check_output(Path(args.out), "--out", is_plan_file, "an hpctrain plan file",
                      [("--net", net_file)] if (net_file := existing_file(args.net)) else [])
     machine = load_machine(args.machine)
-    backend = Backend(np, DTYPES[args.dtype])
+    precision = planning_precision(args.precision, machine)
+    backend = Backend(np, precision.storage, precision=precision)
     source = compute_source(machine, args.compute)
     threads = None
     if source == "measured":  # the thread set-up matters only to kernels timed here
@@ -83,6 +114,9 @@ def run(argv: list[str]) -> int:
     print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
           f"{machine.name} ({machine.describe()}), compute {source}"
           + (f" with {threads.describe()}" if threads else ""))
+    print(describe_precision(precision) + (
+        f"; compute at {machine.flops_for(precision.name) / 1e12:.4g} TFLOP/s per rank"
+        if source == "flops" else ""))
     print(f"batch-norm statistics: {args.bn_group}; gradient sums in "
           f"{machine.bucket_bytes / 2**20:g} MiB buckets, "
           + (f"in flight ({machine.overlap:g} of each may hide)" if overlap else "blocking"))

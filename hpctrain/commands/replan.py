@@ -51,8 +51,6 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
     """The plan to go on with after ``step`` steps that measured ``result`` (a
     :class:`~hpctrain.run.loop.TrainResult`: its per-layer times, the same on every rank);
     collective over ``comm``, the same on every rank."""
-    import numpy as np
-
     from hpctrain.cost.memory import memory_limit
     from hpctrain.plan.planner import predict
     from hpctrain.plan.pricing import build_cost_model
@@ -68,7 +66,7 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
                                           f"plan kept", planned, setup.machine)
     steps = _timed_steps(result)
     measured = measured_plan(f"{steps} of this run", setup.net, request.batch, procs,
-                             np.dtype(request.dtype).itemsize, setup.machine, planned,
+                             setup.backend.precision, setup.machine, planned,
                              result.layer_times, result.fastest_rank_times, result.iteration)
     fitted, _, _ = refit([measured], setup.machine,
                          f"the per-layer times of {steps} of this run", apart=True,

@@ -94,6 +94,7 @@ import numpy as np
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine, MachineError, available_machines, load_machine
 from hpctrain.cost.nodes import Group, halo_crossings, span
+from hpctrain.device.precision import PRECISIONS, Precision, resolve_precision
 from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
 from hpctrain.io.locations import checkout_root
 from hpctrain.layout.partition import SplitError, factorisations
@@ -163,18 +164,24 @@ class Settings:
     net: NetSpec
     machine: Machine
     images: int
-    word_bytes: int
+    precision: Precision  # what messages and buffers are priced in (--precision)
     strong_batch: int
     weak_batch_per_rank: int
     domain_batch: int
     overlap: bool = False  # the implementation model's plans with gradient sums in flight
     bn_group: str | int = "global"  # batch norm's statistics groups (--bn-group)
 
+    @property
+    def word_bytes(self) -> int:
+        """Bytes of one activation or weight entry, the paper's word: the storage size."""
+        return self.precision.itemsize
+
 
 # -- command line -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
     from hpctrain.commands.flags import add_net_options, parse_size
+    from hpctrain.commands.plan import add_planning_precision
 
     parser = ArgumentParser(
         prog="python -m hpctrain simulate",
@@ -196,8 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", default="1200000",
                         help="images per epoch; an epoch is images/B iterations "
                              "(default: %(default)s, ImageNet)")
-    parser.add_argument("--word-bytes", default="4",
-                        help="bytes per activation and weight entry (default: %(default)s)")
+    add_planning_precision(parser, default="fp32")  # the paper's 4-byte word
     parser.add_argument("--strong-batch", default="2048",
                         help="global batch of the strong-scaling study, and the least batch "
                              "of the --levels study, B = max(this, P) (default: %(default)s)")
@@ -265,9 +271,9 @@ def _positive_int(text: str, flag: str) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return Settings(load_net(args.net), load_machine(args.machine),
-                    _positive_int(args.images, "--images"),
-                    _positive_int(args.word_bytes, "--word-bytes"),
+    machine = load_machine(args.machine)
+    return Settings(load_net(args.net), machine, _positive_int(args.images, "--images"),
+                    resolve_precision(args.precision, machine.device),
                     _positive_int(args.strong_batch, "--strong-batch"),
                     _positive_int(args.weak_batch_per_rank, "--weak-batch-per-rank"),
                     _positive_int(args.domain_batch, "--domain-batch"), args.overlap,
@@ -352,7 +358,7 @@ class ImplementationPlans:
             s = self.settings
             net = s.net.with_statistics(s.bn_group, procs)
             self.models[batch, procs] = CostModel(net, batch, procs, s.machine, self.flops,
-                                                  s.word_bytes, s.overlap)
+                                                  s.precision, s.overlap)
         return self.models[batch, procs]
 
     def cost(self, batch: int, procs: int, choices: list[LayerPlan]) -> Outcome:
@@ -489,7 +495,8 @@ def _add_baseline_limits(study: Study, settings: Settings, compute: _Compute,
 
 def run_studies(settings: Settings) -> list[Study]:
     """The strong, weak and domain studies of ``settings``."""
-    flops = FlopModel(settings.machine.flops)  # one instance: its rate is all it holds
+    # one instance: its rate is all it holds
+    flops = FlopModel(settings.machine.flops_for(settings.precision.name))
     compute = _Compute(settings.net, flops)
     impl = ImplementationPlans(settings, flops)
     b, per_rank, bd = settings.strong_batch, settings.weak_batch_per_rank, settings.domain_batch
@@ -567,6 +574,8 @@ def _root_attrs(settings: Settings, argv: list[str]) -> dict[str, object]:
     m = settings.machine
     return {"net": settings.net.name, "machine": m.name, "alpha": m.alpha, "beta": m.beta,
             "flops": m.flops, "images": settings.images, "word_bytes": settings.word_bytes,
+            "precision": settings.precision.name,
+            "precision_flops": m.flops_for(settings.precision.name),
             "strong_batch": settings.strong_batch,
             "weak_batch_per_rank": settings.weak_batch_per_rank,
             "domain_batch": settings.domain_batch, "hpctrain_version": __version__,
@@ -755,17 +764,17 @@ class LevelsComparison:
 
 
 def compare_levels(net: NetSpec, machine: Machine, batch: int, procs: int,
-                   word_bytes: int = 4) -> LevelsComparison:
+                   precision: Precision = PRECISIONS["fp32"]) -> LevelsComparison:
     """Plan ``net`` at (``batch``, ``procs``) on ``machine`` and on
     :meth:`~hpctrain.cost.machine.Machine.flattened`, compute from the FLOP rate, and price the
     flat plan's choice per segment on ``machine``. On a flat profile both plans are one plan,
     and the loss is 0."""
-    flops = FlopModel(machine.flops)
-    model = CostModel(net, batch, procs, machine, flops, word_bytes)
+    flops = FlopModel(machine.flops_for(precision.name))
+    model = CostModel(net, batch, procs, machine, flops, precision)
     start = time.perf_counter()
     levelled = plan_network(model)
     middle = time.perf_counter()
-    flat = plan_network(CostModel(net, batch, procs, machine.flattened(), flops, word_bytes))
+    flat = plan_network(CostModel(net, batch, procs, machine.flattened(), flops, precision))
     seconds = (middle - start, time.perf_counter() - middle)
     flat_on_levelled = evaluate(model, [flat.plans[head] for head in model.heads])
     return LevelsComparison(net, batch, procs, machine.ranks_per_node, levelled, flat,
@@ -785,8 +794,9 @@ class LevelsStudy:
 
 
 def run_levels(nets: list[NetSpec], machine: Machine, least_batch: int = 2048,
-               procs: tuple[int, ...] = LEVELS_PROCS, word_bytes: int = 4,
-               domain_batch: int = 0, domain_procs: tuple[int, ...] = DOMAIN_PROCS
+               procs: tuple[int, ...] = LEVELS_PROCS,
+               precision: Precision = PRECISIONS["fp32"], domain_batch: int = 0,
+               domain_procs: tuple[int, ...] = DOMAIN_PROCS
                ) -> LevelsStudy:
     """:func:`compare_levels` for each of ``nets`` at each of ``procs``, with B = max(
     ``least_batch``, P): the strong study's batch while it gives every rank a sample, then one
@@ -797,20 +807,20 @@ def run_levels(nets: list[NetSpec], machine: Machine, least_batch: int = 2048,
     start = time.perf_counter()
     for net in nets:
         study.tables[net.name] = _levels_table(net, machine, [(max(least_batch, p), p)
-                                                              for p in procs], word_bytes)
+                                                              for p in procs], precision)
         beyond = [(domain_batch, p) for p in domain_procs if domain_batch and p > domain_batch]
         if beyond:
-            study.domain_tables[net.name] = _levels_table(net, machine, beyond, word_bytes)
+            study.domain_tables[net.name] = _levels_table(net, machine, beyond, precision)
     study.seconds = time.perf_counter() - start
     return study
 
 
 def _levels_table(net: NetSpec, machine: Machine, points: list[tuple[int, int]],
-                  word_bytes: int) -> dict[str, list]:
+                  precision: Precision) -> dict[str, list]:
     """The rows of :data:`LEVELS_COLUMNS` at each (B, P) of ``points``."""
     table: dict[str, list] = {}
     for batch, p in points:
-        for key, value in compare_levels(net, machine, batch, p, word_bytes).row().items():
+        for key, value in compare_levels(net, machine, batch, p, precision).row().items():
             table.setdefault(key, []).append(value)
     return table
 
@@ -847,13 +857,15 @@ def _write_levels_group(levels, tables: dict[str, dict[str, list]], rule: str) -
                 group[key].attrs["units"] = units
 
 
-def _levels_attrs(study: LevelsStudy, word_bytes: int, argv: list[str]) -> dict[str, object]:
+def _levels_attrs(study: LevelsStudy, precision: Precision, argv: list[str]
+                  ) -> dict[str, object]:
     m, net = study.machine, study.machine.network
     return {"machine": m.name, "machine_levels": m.describe(), "flat_machine": m.flattened().name,
             "ranks_per_node": m.ranks_per_node, "alpha": m.alpha, "beta": m.beta,
             "network_alpha": net.alpha if net else m.alpha,
             "network_beta": net.beta if net else m.beta, "nics": net.nics if net else 0.0,
-            "flops": m.flops, "word_bytes": word_bytes, "least_batch": study.least_batch,
+            "flops": m.flops, "word_bytes": precision.itemsize, "precision": precision.name,
+            "least_batch": study.least_batch,
             "domain_batch": study.domain_batch,
             "batch_rule": "B = max(least_batch, P); levels_domain: B = domain_batch < P",
             "nets": ",".join(study.tables), **_planned_provenance(argv, LEVELS_NOTE)}
@@ -1020,14 +1032,14 @@ def _add_speedups(table: dict[str, list], plan: str) -> None:
 
 
 def volumes_table(net: NetSpec, machine: Machine, points: list[tuple[int, int]], cap: float,
-                  word_bytes: int = 4) -> dict[str, list]:
+                  precision: Precision = PRECISIONS["fp32"]) -> dict[str, list]:
     """The rows of the --volumes study at each (B, P) of ``points``: every plan of
     :data:`VOLUME_PLANS` with its columns of :data:`VOLUME_COLUMNS`, and the auto plan's
     speedup over pure batch (NaN where pure batch does not run)."""
-    flops = FlopModel(machine.flops)
+    flops = FlopModel(machine.flops_for(precision.name))
     table: dict[str, list] = {}
     for batch, procs in points:
-        model = CostModel(net, batch, procs, machine, flops, word_bytes)
+        model = CostModel(net, batch, procs, machine, flops, precision)
         outcomes = {plan: volume_outcome(model, plan, cap) for plan in VOLUME_PLANS}
         row: dict[str, object] = {"procs": procs, "batch": batch}
         for plan, outcome in outcomes.items():
@@ -1068,7 +1080,8 @@ class VolumesStudy:
 
 def run_volumes(net: NetSpec, machine: Machine, sizes: tuple[int, ...] = VOLUME_SIZES,
                 procs: tuple[int, ...] = VOLUMES_PROCS, strong_batch: int = VOLUMES_STRONG_BATCH,
-                cap: float = VOLUMES_CAP, word_bytes: int = 4) -> VolumesStudy:
+                cap: float = VOLUMES_CAP, precision: Precision = PRECISIONS["fp32"]
+                ) -> VolumesStudy:
     """:func:`volumes_table` of ``net`` on volumes of each edge of ``sizes``, strong and weak
     (:func:`volume_points`), at each P of ``procs``, under ``cap`` bytes per rank."""
     study = VolumesStudy(net, machine, cap, strong_batch)
@@ -1078,7 +1091,7 @@ def run_volumes(net: NetSpec, machine: Machine, sizes: tuple[int, ...] = VOLUME_
         for scaling in ("strong", "weak"):
             study.tables[size, scaling] = volumes_table(
                 sized, machine, volume_points(size, scaling, strong_batch, procs), cap,
-                word_bytes)
+                precision)
     study.seconds = time.perf_counter() - start
     return study
 
@@ -1123,10 +1136,12 @@ def write_volumes_hdf5(path: Path, study: VolumesStudy, attrs: dict[str, object]
     runlog.write_hdf5(path, fill)
 
 
-def _volumes_attrs(study: VolumesStudy, word_bytes: int, argv: list[str]) -> dict[str, object]:
+def _volumes_attrs(study: VolumesStudy, precision: Precision, argv: list[str]
+                   ) -> dict[str, object]:
     m = study.machine
     return {"net": study.net.name, "machine": m.name, "machine_levels": m.describe(),
-            "flops": m.flops, "word_bytes": word_bytes, "mem_per_rank": float(study.cap),
+            "flops": m.flops, "word_bytes": precision.itemsize, "precision": precision.name,
+            "mem_per_rank": float(study.cap),
             "strong_batch": study.strong_batch,
             "weak_ranks_per_sample": ",".join(f"{size}:{n}"
                                               for size, n in WEAK_RANKS_PER_SAMPLE.items()),
@@ -1189,9 +1204,10 @@ class DdpStudy:
     """The --ddp study: one table per (machine, net, statistics)."""
 
     least_batch: int
-    word_bytes: int
+    precision: str  # --precision: auto is resolved per machine (precisions)
     tables: dict[tuple[str, str, str], dict[str, list]] = field(default_factory=dict)
     machines: dict[str, Machine] = field(default_factory=dict)
+    precisions: dict[str, Precision] = field(default_factory=dict)  # by machine
     seconds: float = 0.0
 
 
@@ -1200,9 +1216,9 @@ def has_batch_norm(net: NetSpec) -> bool:
 
 
 def ddp_row(net: NetSpec, machine: Machine, batch: int, procs: int, statistics: str,
-            word_bytes: int = 4) -> dict[str, object]:
+            precision: Precision = PRECISIONS["fp32"]) -> dict[str, object]:
     """One row of the study: the DDP-faithful step and the auto plan at (B, P)."""
-    found = against_ddp(net, machine, batch, procs, statistics, word_bytes)
+    found = against_ddp(net, machine, batch, procs, statistics, precision)
     row: dict[str, object] = {"procs": procs, "batch": batch,
                               "ddp_time": found.ddp.iteration_time,
                               "auto_time": found.auto.iteration_time,
@@ -1217,18 +1233,19 @@ def ddp_row(net: NetSpec, machine: Machine, batch: int, procs: int, statistics: 
 
 
 def run_ddp_study(nets: list[NetSpec], machines: list[Machine], least_batch: int = 2048,
-                  procs: tuple[int, ...] = DDP_PROCS, word_bytes: int = 4) -> DdpStudy:
-    """:func:`ddp_row` for every machine, net, batch-norm choice and P, B = max(least, P)."""
-    study = DdpStudy(least_batch, word_bytes)
+                  procs: tuple[int, ...] = DDP_PROCS, precision: str = "fp32") -> DdpStudy:
+    """:func:`ddp_row` for every machine, net, batch-norm choice and P, B = max(least, P), in
+    the precision named ``precision`` (auto: as a run on each machine's device picks)."""
+    study = DdpStudy(least_batch, precision)
     start = time.perf_counter()
     for machine in machines:
         study.machines[machine.name] = machine
+        chosen = study.precisions[machine.name] = resolve_precision(precision, machine.device)
         for net in nets:
             for statistics in DDP_STATISTICS if has_batch_norm(net) else DDP_STATISTICS[:1]:
                 table: dict[str, list] = {}
                 for p in procs:
-                    row = ddp_row(net, machine, max(least_batch, p), p, statistics,
-                                  word_bytes)
+                    row = ddp_row(net, machine, max(least_batch, p), p, statistics, chosen)
                     for key, value in row.items():
                         table.setdefault(key, []).append(value)
                 study.tables[machine.name, net.name, statistics] = table
@@ -1248,6 +1265,7 @@ def write_ddp_hdf5(path: Path, study: DdpStudy, attrs: dict[str, object]) -> Non
             where = top.require_group(machine)
             where.attrs["machine_levels"] = study.machines[machine].describe()
             where.attrs["overlap"] = study.machines[machine].overlap
+            where.attrs["precision"] = study.precisions[machine].name
             group = where.create_group(f"{net}_{statistics}")
             group.attrs.update({"net": net, "statistics": statistics,
                                 "batch_rule": f"B = max({study.least_batch}, P)"})
@@ -1314,7 +1332,7 @@ def _run_levels(args: argparse.Namespace, given: set[str], argv: list[str]) -> i
     write, summarise (and draw with --plots)."""
     _refuse_given(given, _NOT_FOR_LEVELS, "{flag} belongs to the strong, weak and domain "
                   "studies; --levels takes --net, --machine, --strong-batch, --domain-batch, "
-                  "--word-bytes, --out and --plots")
+                  "--precision, --out and --plots")
     machine = load_machine(args.machine)
     if not machine.levelled:
         names = _levelled_profiles()
@@ -1325,11 +1343,11 @@ def _run_levels(args: argparse.Namespace, given: set[str], argv: list[str]) -> i
     nets = [load_net(args.net)] if "net" in given else [load_net(n) for n in LEVELS_NETS]
     least_batch = _positive_int(args.strong_batch, "--strong-batch")
     domain_batch = _positive_int(args.domain_batch, "--domain-batch")
-    word_bytes = _positive_int(args.word_bytes, "--word-bytes")
+    precision = resolve_precision(args.precision, machine.device)
     out, script = _outputs(args, "levels.h5")
-    study = run_levels(nets, machine, least_batch, LEVELS_PROCS, word_bytes, domain_batch,
+    study = run_levels(nets, machine, least_batch, LEVELS_PROCS, precision, domain_batch,
                        DOMAIN_PROCS)
-    write_levels_hdf5(out, study, _levels_attrs(study, word_bytes, argv))
+    write_levels_hdf5(out, study, _levels_attrs(study, precision, argv))
     return _report(out, [_levels_summary(study)], script, args.plots)
 
 
@@ -1340,7 +1358,7 @@ def _run_volumes(args: argparse.Namespace, given: set[str], argv: list[str]) -> 
         raise UserError("--volumes and --levels are two studies; give one of them")
     _refuse_given(given, _NOT_FOR_VOLUMES, "{flag} belongs to the strong, weak and domain "
                   "studies; --volumes takes --net, --machine, --mem-per-rank, --strong-batch, "
-                  "--word-bytes, --out and --plots")
+                  "--precision, --out and --plots")
     net = load_net(args.net if "net" in given else VOLUMES_NET)
     if len(net.input_shape) != 4:
         raise UserError(f"--volumes needs a net on volumes (input size=DxHxW), such as "
@@ -1349,11 +1367,11 @@ def _run_volumes(args: argparse.Namespace, given: set[str], argv: list[str]) -> 
     cap = args.mem_per_rank if "mem_per_rank" in given else VOLUMES_CAP
     strong_batch = (_positive_int(args.strong_batch, "--strong-batch")
                     if "strong_batch" in given else VOLUMES_STRONG_BATCH)
-    word_bytes = _positive_int(args.word_bytes, "--word-bytes")
+    precision = resolve_precision(args.precision, machine.device)
     out, script = _outputs(args, "volumes.h5")
     study = run_volumes(net, machine, VOLUME_SIZES, VOLUMES_PROCS, strong_batch, cap,
-                        word_bytes)
-    write_volumes_hdf5(out, study, _volumes_attrs(study, word_bytes, argv))
+                        precision)
+    write_volumes_hdf5(out, study, _volumes_attrs(study, precision, argv))
     return _report(out, [_volumes_summary(study)], script, args.plots)
 
 
@@ -1369,7 +1387,7 @@ def _run_ddp(args: argparse.Namespace, given: set[str], argv: list[str]) -> int:
         raise UserError("--ddp, --levels and --volumes are three studies; give one of them")
     _refuse_given(given, _NOT_FOR_DDP, "{flag} does not apply to --ddp, which prices both "
                   "batch-norm choices with sums in flight; it takes --net, --machine, "
-                  "--strong-batch, --word-bytes and --out")
+                  "--strong-batch, --precision and --out")
     nets = [load_net(args.net)] if "net" in given else [load_net(n) for n in DDP_NETS]
     machines = ([load_machine(args.machine)] if "machine" in given
                 else [load_machine(name) for name in DDP_MACHINES])
@@ -1377,8 +1395,8 @@ def _run_ddp(args: argparse.Namespace, given: set[str], argv: list[str]) -> int:
         raise UserError("--plots draws the other studies' figures; --ddp prints its table")
     out, _ = _outputs(args, "ddp.h5")
     study = run_ddp_study(nets, machines, _positive_int(args.strong_batch, "--strong-batch"),
-                          word_bytes=_positive_int(args.word_bytes, "--word-bytes"))
-    write_ddp_hdf5(out, study, {"word_bytes": study.word_bytes,
+                          precision=args.precision)
+    write_ddp_hdf5(out, study, {"precision": study.precision,
                                 "least_batch": study.least_batch,
                                 **_planned_provenance(argv, "see ddp.description")})
     return _report(out, [ddp_summary(study)], None, None)

@@ -103,10 +103,21 @@ class TimingContext:
 
 def timing_context(backend: Any, threads: int, ranks_on_node: int, blas: str,
                    code: str) -> TimingContext:
-    """The conditions of timing on ``backend`` (its device and dtype) under ``threads`` per
-    rank, ``ranks_on_node`` ranks per node and the BLAS ``blas``, of the code ``code``."""
-    return TimingContext(device_name(backend), np.dtype(backend.dtype).name, threads,
-                         ranks_on_node, blas, code)
+    """The conditions of timing on ``backend`` (its device and precision) under ``threads``
+    per rank, ``ranks_on_node`` ranks per node and the BLAS ``blas``, of the code ``code``."""
+    return TimingContext(device_name(backend), timed_dtype(backend), threads, ranks_on_node,
+                         blas, code)
+
+
+def timed_dtype(backend: Any) -> str:
+    """The dtype part of a timing's key: the storage dtype's name ('float32', 'float64') for a
+    plain precision, else the dtype and the precision ('float32 tf32', 'bfloat16 bf16'): tf32
+    stores float32 as fp32 does, but its products run on tensor cores."""
+    name = np.dtype(backend.dtype).name
+    precision = getattr(backend, "precision", None)
+    if precision is None or precision.name in ("fp32", "fp64"):
+        return name
+    return f"{name} {precision.name}"
 
 
 def default_cache_path() -> Path:

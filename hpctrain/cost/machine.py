@@ -8,7 +8,10 @@ by path::
     name = "cori-knl"
     alpha = 2e-6          # seconds per message (latency)
     beta = 1.6667e-10     # seconds per byte (1/β = 6 GB/s)
-    flops = 1.0e12        # sustained FLOP/s of one rank, for the FLOP-rate compute model
+    flops = 1.0e12        # sustained FLOP/s of one rank, for the FLOP-rate compute model:
+                          # fp32's, and any precision's without a rate of its own
+    flops_bf16 = 4.9e14   # optional (a GPU's): the rate under --precision bf16; likewise
+                          # flops_tf32 and flops_fp16 (products on tensor cores)
     device = "cpu"        # where compute times may be measured (optional)
     threads = 1           # threads per rank when flops was measured (optional; 0: unknown)
     overlap = 0.0         # share of gradient sums in flight that hides behind compute
@@ -64,8 +67,11 @@ from hpctrain.io.locations import config_dir, shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
 
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce", "alltoall", "halo")
-KEYS = ("name", "alpha", "beta", "flops", "device", "threads", "overlap", "bucket_bytes",
-        "fits", "ranks_per_node", "network", "compute_scale", "cache_bytes", "sources")
+PRECISION_FLOPS = ("tf32", "bf16", "fp16")
+"""Precisions a profile may give a FLOP rate of their own (``flops_tf32``, …)."""
+KEYS = ("name", "alpha", "beta", "flops", *(f"flops_{p}" for p in PRECISION_FLOPS), "device",
+        "threads", "overlap", "bucket_bytes", "fits", "ranks_per_node", "network",
+        "compute_scale", "cache_bytes", "sources")
 BUCKET_BYTES = 25 * 2**20
 """How many gradient bytes one all-reduce sums unless the profile says otherwise, as PyTorch
 DistributedDataParallel's default bucket (``bucket_cap_mb=25``). A bucket's latency is paid
@@ -175,6 +181,13 @@ class Machine:
     cache_bytes: int = 0
     sources: dict[str, str] = field(default_factory=dict)  # SOURCE_KEYS: where each came from
     bucket_bytes: int = BUCKET_BYTES  # gradients summed together (hpctrain.comm.gradients)
+    # FLOP/s of one rank under a precision of PRECISION_FLOPS, by its name; absent: flops
+    precision_flops: dict[str, float] = field(default_factory=dict)
+
+    def flops_for(self, precision: str) -> float:
+        """The FLOP rate of one rank under the precision named ``precision`` (fp32, tf32,
+        bf16, …): its own rate when the profile gives one, else ``flops``."""
+        return self.precision_flops.get(precision, self.flops)
 
     def link(self, collective: str, procs: int) -> Fit:
         """α and β for ``collective`` on a communicator of ``procs`` ranks (inside one node,
@@ -315,7 +328,8 @@ def parse_machine(text: str, source: str) -> Machine:
                    _positive(table, "flops", where), device, _fits(table, where), source,
                    threads, float(overlap), ranks_per_node, network,
                    _compute_scale(table, where), cache_bytes, _sources(table, where),
-                   bucket_bytes)
+                   bucket_bytes, {p: _positive(table, f"flops_{p}", where)
+                                  for p in PRECISION_FLOPS if f"flops_{p}" in table})
 
 
 def _whole_number(table: dict, key: str, where: str, most: int | None, wording: str) -> int:
@@ -475,6 +489,8 @@ def format_machine(machine: Machine, comment: str = "") -> str:
               f"beta = {machine.beta:.6g}  # s per byte (1/beta = {1 / machine.beta / 1e9:.3g} "
               f"GB/s)", f"flops = {machine.flops:.6g}  # FLOP/s of one rank",
               f'device = "{machine.device}"']
+    lines += [f"flops_{p} = {machine.precision_flops[p]:.6g}  # FLOP/s of one rank under {p}"
+              for p in PRECISION_FLOPS if p in machine.precision_flops]
     if machine.threads:
         lines.append(f"threads = {machine.threads}  # threads per rank when measured")
     if machine.overlap:

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.cost.work import LocalWork
+from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.errors import UserError
 from hpctrain.io.units import format_bytes
 
-# what a parameter shard costs on every rank: its value, its gradient (the gradient all-reduce's
-# flat buffer when there is one), the optimizer's momentum and its scratch buffer
-PARAMETER_COPIES = ("parameters", "gradients", "momentum", "optimizer scratch")
 BOOL_BYTES = 1  # a mask entry
+# Bytes of one entry of batch norm's statistics messages: they are summed and sent in the
+# master dtype, float32 under every precision but fp64 (whose 8 bytes are its storage size)
+STATISTICS_BYTES = 4
 # Bytes per entry the counter RNG holds while it draws a block (uint64 indices and mixing
 # temporaries, float64 before the cast), the block itself included: measured with tracemalloc on
 # SyntheticData.images and dropout_mask (36.5 and 32.0).
@@ -49,6 +50,39 @@ class Footprint:
     itemsize: int
     loose_input: dict[str, float]
     height_split: bool
+
+
+def parameter_bytes(entries: int, precision: Precision) -> dict[str, float]:
+    """What a parameter shard of ``entries`` values costs on every rank, by name: the weights
+    the kernels use and their gradient (the gradient all-reduce's flat buffer when there is
+    one) in the storage dtype, the optimizer's momentum and scratch buffer in the master dtype,
+    and under a mixed precision (bf16, fp16) the master weights.
+
+    >>> from hpctrain.device.precision import PRECISIONS
+    >>> sorted(parameter_bytes(10, PRECISIONS["bf16"]).items())  # doctest: +NORMALIZE_WHITESPACE
+    [('gradients', 20), ('master weights', 40), ('momentum', 40), ('optimizer scratch', 40),
+     ('parameters', 20)]
+    """
+    stored, master = entries * precision.itemsize, entries * precision.master_itemsize
+    parts = {"parameters": stored}
+    if precision.mixed:
+        parts["master weights"] = master
+    parts |= {"gradients": stored, "momentum": master, "optimizer scratch": master}
+    return parts
+
+
+def precision_of(value: Precision | int) -> Precision:
+    """``value`` when it is a :class:`~hpctrain.device.precision.Precision`; a number of bytes
+    per stored value is read as the precision that stores values of that size (8: fp64, 4:
+    fp32, 2: bf16, whose bytes are fp16's too), as a run log written before precisions
+    recorded only its dtype."""
+    if isinstance(value, Precision):
+        return value
+    sizes = {p.itemsize: p for p in (PRECISIONS["bf16"], PRECISIONS["fp32"], PRECISIONS["fp64"])}
+    if value not in sizes:
+        raise ValueError(f"no precision stores {value}-byte values; give one of "
+                         f"{', '.join(PRECISIONS)}")
+    return sizes[value]
 
 
 def larger(*phases: dict[str, float]) -> dict[str, float]:

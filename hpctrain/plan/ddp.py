@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import BUCKET_BYTES, Machine
+from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import pure_batch
 from hpctrain.plan.planner import PlannedNetwork, evaluate, plan_network
@@ -53,12 +54,14 @@ def ddp_terms(net: NetSpec, machine: Machine, procs: int, statistics: str | int
 
 
 def ddp_model(net: NetSpec, machine: Machine, batch: int, procs: int,
-              statistics: str | int = DDP_STATISTICS, word_bytes: int = 4) -> CostModel:
-    """The cost model of a run under DDP's terms: gradient sums in flight in DDP's buckets,
-    compute from the profile's FLOP rate."""
+              statistics: str | int = DDP_STATISTICS,
+              precision: Precision = PRECISIONS["fp32"]) -> CostModel:
+    """The cost model of a run in ``precision`` under DDP's terms: gradient sums in flight in
+    DDP's buckets (of bytes: twice as many 16-bit gradients fill one), compute from the
+    profile's FLOP rate for the precision."""
     net, machine = ddp_terms(net, machine, procs, statistics)
-    return CostModel(net, batch, procs, machine, FlopModel(machine.flops), word_bytes,
-                     overlap=True)
+    return CostModel(net, batch, procs, machine, FlopModel(machine.flops_for(precision.name)),
+                     precision, overlap=True)
 
 
 def ddp_faithful(model: CostModel) -> PlannedNetwork:
@@ -68,9 +71,9 @@ def ddp_faithful(model: CostModel) -> PlannedNetwork:
 
 
 def against_ddp(net: NetSpec, machine: Machine, batch: int, procs: int,
-                statistics: str | int = DDP_STATISTICS, word_bytes: int = 4
-                ) -> DdpComparison:
-    """DDP's step and hpctrain's auto plan, both priced with batch-norm groups ``statistics``,
-    DDP's buckets and the profile's overlap."""
-    model = ddp_model(net, machine, batch, procs, statistics, word_bytes)
+                statistics: str | int = DDP_STATISTICS,
+                precision: Precision = PRECISIONS["fp32"]) -> DdpComparison:
+    """DDP's step and hpctrain's auto plan, both priced in ``precision`` with batch-norm groups
+    ``statistics``, DDP's buckets and the profile's overlap."""
+    model = ddp_model(net, machine, batch, procs, statistics, precision)
     return DdpComparison(ddp_faithful(model), plan_network(model))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hpctrain.cost.memory import larger
+from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import Layout
 from hpctrain.layout.partition import SplitError, factorisations
@@ -69,6 +70,7 @@ class PlannedNetwork:
     hidden_share: float = 0.0  # the cost model's: see :meth:`hidden_sums`
     # with sums that may hide: no plan is predicted faster than this (see plan_network)
     lower_bound: float | None = None
+    precision: Precision = PRECISIONS["fp32"]  # the cost model's: what the bytes were priced in
 
     @property
     def iteration_time(self) -> float:
@@ -185,7 +187,7 @@ def evaluate(model: CostModel, choices: list[LayerPlan], timed: bool = True) -> 
               for k in range(len(net.layers))]
     loss = model.loss_cost(layouts[len(net.layers) - 1].output)
     return PlannedNetwork(_layer_plans(model, choices), layers, loss, data,
-                          hidden_share=model.hidden_share)
+                          hidden_share=model.hidden_share, precision=model.precision)
 
 
 def _layer_plans(model: CostModel, choices: list[LayerPlan]) -> list[LayerPlan]:
@@ -226,14 +228,14 @@ def predict(model: CostModel, plan: list[LayerPlan] | None,
 
 
 def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
-                itemsize: int = 4) -> PlannedNetwork:
-    """``plan``'s memory per rank (and its moves), arithmetic only: no kernel is timed, so it
-    is safe at any size. Its times are zero."""
+                precision: Precision = PRECISIONS["fp32"]) -> PlannedNetwork:
+    """``plan``'s memory per rank (and its moves) in ``precision``, arithmetic only: no kernel
+    is timed, so it is safe at any size. Its times are zero."""
     from hpctrain.cost.compute import FlopModel
     from hpctrain.cost.machine import Machine
 
     model = CostModel(net, batch, procs, Machine("memory", 0.0, 0.0, 1.0), FlopModel(1.0),
-                      itemsize)
+                      precision)
     return evaluate(model, choices_of(model, plan), timed=False)
 
 
@@ -749,6 +751,19 @@ def _uniform_plan(model: CostModel, candidates: list[list[LayerPlan]],
     if not fitting:
         _refuse(min(planned, key=lambda p: p.memory), mem_per_rank, cap_source)
     return min(fitting, key=lambda p: p.iteration_time)
+
+
+def describe_precision(precision: Precision) -> str:
+    """What the model prices under ``precision``, in a line: 'precision bf16: 2-byte activations
+    and gradients, float32 master weights'."""
+    master = np.dtype(precision.master).name
+    text = (f"precision {precision.name}: {precision.itemsize}-byte activations and gradients, "
+            + (f"{master} master weights" if precision.mixed else f"{master} weights"))
+    if precision.tensor_cores and not precision.mixed:
+        text += ", products in TF32"
+    if precision.loss_scaling:
+        text += ", dynamic loss scaling"
+    return text
 
 
 def format_plan(planned: PlannedNetwork) -> str:

@@ -13,6 +13,11 @@ those are consecutive segments. Per layer the model counts, forward and backward
   (:meth:`hpctrain.model.kinds.base.Kind.comm_time`): ΔW all-reduced over Pc (over all P in
   domain mode, where W is replicated everywhere), halo rows exchanged with both neighbours
   (domain conv and pooling), batch norm's statistics;
+- the bytes of every message and buffer by the run's precision
+  (:mod:`hpctrain.device.precision`): activations, their moves and halos, partial sums,
+  parameter gradients and their sums in the storage dtype (2 bytes under bf16 and fp16, so a
+  bucket of ``bucket_bytes`` holds twice as many gradients); master weights, momentum and the
+  optimizer's scratch in the master dtype (float32);
 - redistribution into the layer, priced by the move's own method
   (:func:`hpctrain.layout.moves.move_between`), the one the code runs: all-gather forward and
   its adjoint reduce-scatter backward when a model group's blocks tile the needed block, nothing
@@ -42,8 +47,15 @@ from hpctrain.cost.compute import (
     timing_context,
 )
 from hpctrain.cost.machine import Machine, local_profile
-from hpctrain.cost.memory import PARAMETER_COPIES, RANDOM_BYTES, Footprint, larger
+from hpctrain.cost.memory import (
+    RANDOM_BYTES,
+    Footprint,
+    larger,
+    parameter_bytes,
+    precision_of,
+)
 from hpctrain.cost.work import LocalWork
+from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.moves import IdentityMove, Move, move_between
 from hpctrain.model.kinds import KINDS, beyond_cache, compute_factors
@@ -146,14 +158,19 @@ class CostModel(Segments):
     ----------
     machine : α–β constants (see :mod:`hpctrain.cost.machine`).
     compute : an object with ``times(works) -> {work: (forward s, backward s)}``.
-    itemsize : bytes per activation and weight entry (4 for float32).
+    precision : the run's :class:`~hpctrain.device.precision.Precision` (fp32 when left
+        out): the bytes of activations, messages and gradients (its storage dtype) and of
+        master weights and optimizer state (its master dtype). A number of bytes per value
+        (what a run log without a precision gives) is read by
+        :func:`~hpctrain.cost.memory.precision_of`.
     overlap : the run puts gradient sums in flight (``--overlap``).
     """
 
     def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
-                 itemsize: int = 4, overlap: bool = False) -> None:
+                 precision: Precision = PRECISIONS["fp32"], overlap: bool = False) -> None:
         super().__init__(net, batch, procs)
-        self.machine, self.compute, self.itemsize = machine, compute, itemsize
+        self.machine, self.compute = machine, compute
+        self.precision = precision_of(precision)
         # the share of the gradient sums' time that can hide behind the backward: the
         # machine's, when the run puts them in flight (--overlap); none otherwise
         self.hidden_share = machine.overlap if overlap else 0.0
@@ -161,6 +178,12 @@ class CostModel(Segments):
         self._timed: set[tuple[int, LayerPlan]] = set()  # segments whose compute is filled in
         self._moves: dict[tuple[Layout, Layout], tuple[Move, float, float]] = {}
         self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one stored value: an activation, a weight the kernels use, a gradient, an
+        entry of any message but batch norm's statistics."""
+        return self.precision.itemsize
 
     def move_cost(self, src: Layout, dst: Layout) -> tuple[Move, float, float]:
         """(the move, forward s, backward s) of redistributing ``src`` into ``dst``. Made once
@@ -187,7 +210,7 @@ class CostModel(Segments):
         x = math.prod(largest_block(layouts.input)) * b
         y = math.prod(largest_block(layouts.output)) * b
         kept_before = self.kept_upstream(index) and not fresh_input
-        resident = {what: params * b for what in PARAMETER_COPIES} if params else {}
+        resident = parameter_bytes(params, self.precision) if params else {}
         if self.keeps_input(index) and not kept_before:
             resident["input"] = x
         footprint = Footprint(x, y, work, b, {} if kept_before else {"input": x},
@@ -368,13 +391,14 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     (the :class:`~hpctrain.device.threads.ThreadChoice` in force; None: decided and applied here by
     :func:`~hpctrain.device.threads.configure_threads`, as every command does before planning);
     under MPI every rank of ``comm`` times the same kernels at once, as the ranks of a node
-    will when training.
+    will when training. Bytes are priced in the backend's precision (fp32 when None), FLOP-rate
+    compute at the profile's rate for it (:meth:`~hpctrain.cost.machine.Machine.flops_for`).
     """
 
-    itemsize = 4 if backend is None else np.dtype(backend.dtype).itemsize
+    precision = PRECISIONS["fp32"] if backend is None else backend.precision
     if compute_source(machine, source) == "flops":
-        return CostModel(net, batch, procs, machine, FlopModel(machine.flops), itemsize,
-                         overlap)
+        return CostModel(net, batch, procs, machine,
+                         FlopModel(machine.flops_for(precision.name)), precision, overlap)
     if backend is None:
         from hpctrain.device.backend import Backend
 
@@ -386,4 +410,4 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas,
                              code_version(TIMED_MODULES))
     compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None)
-    return CostModel(net, batch, procs, machine, compute, itemsize, overlap)
+    return CostModel(net, batch, procs, machine, compute, precision, overlap)

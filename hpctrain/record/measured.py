@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.cost.machine import Machine, MachineError, parse_machine
+from hpctrain.cost.memory import precision_of
+from hpctrain.device.precision import Precision, resolve_precision
 from hpctrain.errors import UserError, shown
 from hpctrain.model.net import NetSpec, load_net
 from hpctrain.plan.plans import LayerPlan, parse_plan
@@ -34,13 +36,18 @@ class MeasuredPlan:
     net: NetSpec
     batch: int
     procs: int
-    itemsize: int
+    precision: Precision  # what the run stored and sent its values in
     plans: list[LayerPlan]
     profile: Machine | None  # the profile that predicted it, when the log says
     predicted: dict[str, np.ndarray]
     measured: dict[str, np.ndarray]  # the slowest rank's
     fastest_rank: dict[str, np.ndarray]
     iteration: tuple[float, float]  # (predicted, measured) seconds per step
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one stored value (an activation, a gradient, a message's entry)."""
+        return self.precision.itemsize
 
 
 def read_measured_plans(path: Path) -> list[MeasuredPlan]:
@@ -92,15 +99,27 @@ def _measured(source: str, attrs: dict, plan_text: str | None, layers,
             profile = parse_machine(str(attrs["machine_profile"]), source)
         except MachineError:
             profile = None  # an older profile format: the refit does without it
-    itemsize = 8 if str(attrs.get("dtype", "float32")) == "float64" else 4
+    precision = _precision(source, attrs)
     fields = {kind: {f: np.asarray(layers[kind][f][:], dtype=float) for f in TIME_FIELDS}
               for kind in ("predicted", "measured", "measured_fastest_rank")}
     rows = len(net.layers) + 1
     if any(len(v) != rows for values in fields.values() for v in values.values()):
         raise LogError(f"{source}: per-layer timings of another net ({rows} rows expected)")
-    return MeasuredPlan(source, net, batch, procs, itemsize, plans, profile,
+    return MeasuredPlan(source, net, batch, procs, precision, plans, profile,
                         fields["predicted"], fields["measured"],
                         fields["measured_fastest_rank"], iteration)
+
+
+def _precision(source: str, attrs: dict) -> Precision:
+    """The precision the log's run used: its 'precision' attribute, else its 'dtype' (a
+    precision name, or the storage dtype's: float32, float64, bfloat16, float16; float32 when
+    absent)."""
+    name = str(attrs.get("precision", attrs.get("dtype", "float32")))
+    name = {"bfloat16": "bf16", "float16": "fp16"}.get(name, name)
+    try:
+        return resolve_precision(name, str(attrs.get("device", "cpu")))
+    except UserError as err:
+        raise LogError(f"{source}: {err}") from None
 
 
 def _net(source: str, attrs: dict, procs: int) -> NetSpec:
@@ -119,13 +138,15 @@ def _net(source: str, attrs: dict, procs: int) -> NetSpec:
     return net
 
 
-def measured_plan(source: str, net: NetSpec, batch: int, procs: int, itemsize: int,
-                  profile: Machine, planned, slowest, fastest, iteration: float
-                  ) -> MeasuredPlan:
-    """A plan just run in this process (``planned``, its per-layer times on the slowest and
-    the fastest rank, its measured iteration), as a log would give it back."""
+def measured_plan(source: str, net: NetSpec, batch: int, procs: int,
+                  precision: Precision | int, profile: Machine, planned, slowest, fastest,
+                  iteration: float) -> MeasuredPlan:
+    """A plan just run in this process in ``precision`` (a number: bytes per value, see
+    :func:`~hpctrain.cost.memory.precision_of`), with its per-layer times on the slowest and
+    the fastest rank and its measured iteration, as a log would give it back."""
     from hpctrain.record.runlog import measured_fields, predicted_fields
 
-    return MeasuredPlan(source, net, batch, procs, itemsize, list(planned.plans), profile,
-                        predicted_fields(planned), measured_fields(slowest),
-                        measured_fields(fastest), (planned.iteration_time, iteration))
+    return MeasuredPlan(source, net, batch, procs, precision_of(precision),
+                        list(planned.plans), profile, predicted_fields(planned),
+                        measured_fields(slowest), measured_fields(fastest),
+                        (planned.iteration_time, iteration))

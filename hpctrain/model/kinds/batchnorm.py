@@ -19,7 +19,7 @@ import numpy as np
 
 from hpctrain.cost.collectives import allreduce_time, gradient_sum_seconds
 from hpctrain.cost.machine import Machine
-from hpctrain.cost.memory import Footprint, larger
+from hpctrain.cost.memory import STATISTICS_BYTES, Footprint, larger
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.errors import shown
@@ -145,7 +145,8 @@ class BatchNormKind(Kind):
         per group held); then Δγ and Δβ summed over the other groups and the replicas."""
         x = inputs[0]
         held = max(1, -(-spec.options.groups // x.parts[0]))  # groups in a sample block
-        message = 2 * held * largest_block(x)[CHANNEL_AXIS] * itemsize
+        # the sums are made and sent in the master dtype: float32 (float64 under fp64)
+        message = 2 * held * largest_block(x)[CHANNEL_AXIS] * max(itemsize, STATISTICS_BYTES)
         ranks = statistics_ranks(x, spec.options.groups)
         both = allreduce_time(machine, ranks, message)
         return both, both + self.gradient_sum_time(spec, inputs, output, machine, itemsize)
