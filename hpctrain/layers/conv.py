@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.kernels import cudnn_conv
 from hpctrain.kernels.conv import conv_backward, conv_forward
 from hpctrain.layers.base import weight_and_bias
 from hpctrain.layers.partial import InputSplitLayer
@@ -54,16 +56,57 @@ class Conv(InputSplitLayer):
         self.params = [p for p in (self.weight, self.bias) if p is not None]
         # the bias the kernel adds (under an input split, the sum adds it once, after)
         self.kernel_bias = self.bias if self.sum is None else None
+        self.rank = ctx.rank
+        # on a GPU (CuPy arrays) the convolutions run as cuDNN graphs, built for the whole
+        # local block now and for each other band shape on first use; im2col where cuDNN
+        # cannot, or everywhere with HPCTRAIN_CONV=im2col
+        self.use_cudnn = (getattr(ctx.backend.xp, "__name__", "") == "cupy"
+                          and os.environ.get("HPCTRAIN_CONV", "cudnn") != "im2col"
+                          and self._cudnn_ready())
+
+    def _cudnn_ready(self) -> bool:
+        """Whether this layer may use cuDNN graphs: cuDNN loads, and (without a spatial
+        split, whose bands are built on first use) cuDNN accepts the whole local block."""
+        reason = cudnn_conv.unavailable()
+        if reason is not None:
+            _say_once(self.rank, f"convolutions use im2col: {reason}")
+            return False
+        if self.in_layout.spatial_cuts:
+            return True
+        # the one band: every row, padded as WindowRows pads it (the rows the windows read)
+        rows = self.rows
+        lo, hi = rows.window.rows_needed(0, rows.n_out)
+        pads = ((max(0, -lo), max(0, hi - rows.n_rows)), *rows.other_pads)
+        key = cudnn_conv.key_of(self.in_layout.local_shape(self.rank), self.weight.value.shape,
+                                self.stride, pads, self.backend.dtype, self.backend.precision)
+        try:
+            cudnn_conv.graphs_for(key)
+        except cudnn_conv.ConvRefused as refused:
+            _say_once(self.rank, f"{self.name}: im2col convolution: {refused}")
+            return False
+        return True
 
     def _forward_rows(self, x: Any, pads: tuple[tuple[int, int], ...]) -> tuple[Any, Any]:
         b = self.kernel_bias.value if self.kernel_bias is not None else None
+        if self.use_cudnn:
+            try:
+                return cudnn_conv.cudnn_conv_forward(x, self.weight.value, b, self.stride, pads,
+                                                     self.backend.precision)
+            except cudnn_conv.ConvRefused as refused:  # this band's shape: im2col from now on
+                _say_once(self.rank, f"{self.name}: im2col convolution: {refused}", everywhere=True)
         return conv_forward(self.backend.xp, x, self.weight.value, b, self.stride, pads)
 
     def _backward_rows(self, dy: Any, cache: Any) -> Any:
         xp = self.backend.xp
         first = self.weight.grad is None
-        dx, dw, db = conv_backward(xp, dy, self.weight.value, cache, self.stride, self.need_dx,
-                                     self.weight.grad_buffer(xp) if first else None)
+        dw_out = self.weight.grad_buffer(xp) if first else None
+        if isinstance(cache, cudnn_conv.CudnnCache):  # the forward ran this band on cuDNN
+            dx, dw, db = cudnn_conv.cudnn_conv_backward(dy, self.weight.value, cache,
+                                                        self.need_dx, dw_out,
+                                                        self.kernel_bias is not None)
+        else:
+            dx, dw, db = conv_backward(xp, dy, self.weight.value, cache, self.stride,
+                                         self.need_dx, dw_out)
         # one band (no height split) gives the gradients whole; row bands add up
         if first:
             self.weight.grad = dw
@@ -83,3 +126,15 @@ class Conv(InputSplitLayer):
         if self.sum is not None:
             dy = self.sum.backward(dy, self.bias)
         return self.rows.backward(dy, self.bands, self._backward_rows, self.need_dx)
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(rank: int, line: str, everywhere: bool = False) -> None:
+    """Print ``line`` once per process: on rank 0 only for what every rank finds alike (set-up),
+    on any rank, named, for what only some ranks meet (a band's shape)."""
+    if line in _SAID or not (everywhere or rank == 0):
+        return
+    _SAID.add(line)
+    print(line if rank == 0 and not everywhere else f"rank {rank}: {line}", flush=True)
