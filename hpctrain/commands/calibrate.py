@@ -80,7 +80,11 @@ from typing import Any
 import numpy as np
 
 from hpctrain.comm.nodes import LAUNCH_IN_BLOCKS, unblocked
-from hpctrain.commands.flags import add_threads_option
+from hpctrain.commands.flags import (
+    add_collectives_option,
+    add_precision_option,
+    add_threads_option,
+)
 from hpctrain.commands.probes import PROBE_NETS, fit_to_probe_steps, parse_probe_nets
 from hpctrain.cost.collectives import terms
 from hpctrain.cost.machine import (
@@ -347,9 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{DEFAULTS['gemm_size']} on cpu, {GPU_GEMM_SIZE} on gpu, "
                              f"{QUICK['gemm_size']} with --quick)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                        help="where the buffers and the GEMM live; on gpu, messages are staged "
-                             "through host memory exactly as in training unless "
-                             "HPCTRAIN_CUDA_AWARE_MPI=1 (default: %(default)s)")
+                        help="where the buffers and the GEMM live; on gpu, messages move as "
+                             "--collectives says, exactly as in training (NCCL, or MPI staged "
+                             "through host memory unless HPCTRAIN_CUDA_AWARE_MPI=1), and the "
+                             "GEMM rate is also timed in tf32, bf16 and fp16 for the "
+                             "profile's flops_tf32, flops_bf16 and flops_fp16; --precision is "
+                             "what the probe nets train in (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="a rough profile in seconds: fewer, smaller sizes and repeats "
                              "(explicit options still win)")
@@ -366,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--machine", default=None,
                         help="with --from-log, the profile to refit: a name or a .toml path "
                              "(default: local when calibrated, else default)")
+    add_collectives_option(parser)
+    add_precision_option(parser)
     add_threads_option(parser)
     return parser
 
@@ -466,12 +475,13 @@ def _benchmark(collective: str, comm: Any, backend: Any, n_bytes: int
                ) -> tuple[int, Callable[[], None]]:
     """The message size as the cost model counts it, and one call of ``collective`` on ``comm``.
 
-    Buffers go through ``backend.to_mpi``/``empty_mpi``/``from_mpi`` on every call, as in the
-    training primitives, so host staging on a GPU is part of the time.
+    Every call goes through the transport training uses (:mod:`hpctrain.comm.transport`): on a
+    GPU, NCCL on the device, or MPI with its host staging (or CUDA-aware), as ``--collectives``
+    says, so what is timed is what a step pays.
     """
-    from mpi4py import MPI
+    from hpctrain.comm.transport import group_of
 
-    xp, be, p = backend.xp, backend, comm.Get_size()
+    xp, p = backend.xp, comm.Get_size()
     if collective in ("allgather", "reduce_scatter"):
         # through the training primitive (hpctrain.comm.collectives.AllGather), on activations
         # split over channels, so that its transposes and buffers are part of the time:
@@ -489,43 +499,34 @@ def _benchmark(collective: str, comm: Any, backend: Any, n_bytes: int
             return ITEM * batch * channels * inner * p, lambda: primitive.forward(x)
         x = xp.ones((batch, channels * p, inner), np.float32)
         return ITEM * batch * channels * inner * p, lambda: primitive.backward(x)
+    group = group_of(backend, comm)  # MPI, staged or CUDA-aware, or NCCL (--collectives)
     if collective == "allreduce":  # n = the vector summed in place
         count = max(1, round(n_bytes / ITEM))
         x = xp.zeros(count, np.float32)  # summed in place on every call: zeros stay finite
-
-        def call() -> None:
-            buf = be.to_mpi(x)
-            comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
-            be.from_mpi(buf)
-
-        return ITEM * count, call
+        return ITEM * count, lambda: group.allreduce(x)
     if collective == "alltoall":  # n = the bytes each rank receives, from every other rank
         count = max(1, round(n_bytes / (ITEM * (p - 1))))
         me = comm.Get_rank()
         counts = [0 if r == me else count for r in range(p)]
         displs = [sum(counts[:r]) for r in range(p)]
         x = xp.ones(count * (p - 1), np.float32)
+        # every other rank's stretch, as the general move of a redistribution sends them
+        stretches = [(r, displs[r], displs[r] + counts[r]) for r in range(p) if r != me]
 
         def call() -> None:
-            recv = be.empty_mpi((count * (p - 1),), np.float32)
-            comm.Alltoallv([be.to_mpi(x), (counts, displs)], [recv, (counts, displs)])
-            be.from_mpi(recv)
+            group.start_exchange(x, stretches, count * (p - 1), stretches, 20).wait()
 
         return ITEM * count * (p - 1), call
     if collective == "halo":  # n = one message; interior ranks exchange with both neighbours
         count = max(1, round(n_bytes / ITEM))
         me = comm.Get_rank()
         peers = [r for r in (me - 1, me + 1) if 0 <= r < p]
-        x = xp.ones(count, np.float32)
+        # one message of ``count`` entries to each neighbour, and one from each
+        x = xp.ones(count * len(peers), np.float32)
+        stretches = [(r, k * count, (k + 1) * count) for k, r in enumerate(peers)]
 
         def call() -> None:
-            recvs = [be.empty_mpi((count,), np.float32) for _ in peers]
-            requests = [comm.Irecv(buf, source=r, tag=21) for buf, r in zip(recvs, peers)]
-            sends = [be.to_mpi(x) for _ in peers]
-            requests += [comm.Isend(buf, dest=r, tag=21) for buf, r in zip(sends, peers)]
-            MPI.Request.Waitall(requests)
-            for buf in recvs:
-                be.from_mpi(buf)
+            group.start_exchange(x, stretches, count * len(peers), stretches, 21).wait()
 
         return ITEM * count, call
     raise ValueError(f"unknown collective {collective!r}")
@@ -616,17 +617,37 @@ def _sweep(collective: str, p: int, comm: Any, world: Any, backend: Any, setting
                     bool(a == MIN_A or b == MIN_B), level, per_node)
 
 
-def measure_flops(world: Any, backend: Any, size: int, repeats: int) -> float:
-    """FLOP/s of one rank on a ``size × size`` float32 GEMM, all ranks at once (2·size³ per
-    call)."""
-    xp = backend.xp
-    a = xp.ones((size, size), np.float32)
-    b = xp.full((size, size), 0.5, np.float32)
+def measure_flops(world: Any, backend: Any, size: int, repeats: int,
+                  precision: str = "fp32") -> float:
+    """FLOP/s of one rank on a ``size × size`` GEMM in ``precision`` (fp32: strict float32;
+    tf32: float32 on tensor cores; bf16, fp16: 16-bit inputs, float32 sums), all ranks at
+    once (2·size³ per call), through the product training uses
+    (:func:`hpctrain.kernels.products.matmul`)."""
+    from hpctrain.device.precision import PRECISIONS, tensor_products, tensor_products_on
+    from hpctrain.kernels.products import matmul
 
-    def call() -> None:
-        a @ b
+    xp, dtype = backend.xp, PRECISIONS[precision].storage
+    a = xp.ones((size, size), dtype)
+    b = xp.full((size, size), 0.5, dtype)
+    before = tensor_products_on()
+    tensor_products(precision == "tf32", xp)
+    try:
+        return 2.0 * size**3 / _time_calls(world, lambda: matmul(xp, a, b), repeats,
+                                           backend.sync)
+    finally:
+        tensor_products(before, xp)
 
-    return 2.0 * size**3 / _time_calls(world, call, repeats, backend.sync)
+
+def measure_precision_flops(world: Any, backend: Any, size: int, repeats: int
+                            ) -> dict[str, float]:
+    """The profile's ``flops_tf32``, ``flops_bf16`` and ``flops_fp16`` on a GPU, by name:
+    :func:`measure_flops` in each. Nothing on the CPU, which has no tensor cores: there a
+    16-bit product is widened to float32 and the planner prices it at ``flops``."""
+    if backend.device != "gpu":
+        return {}
+    from hpctrain.cost.machine import PRECISION_FLOPS
+
+    return {p: measure_flops(world, backend, size, repeats, p) for p in PRECISION_FLOPS}
 
 
 def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
@@ -639,12 +660,18 @@ def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
     ``Test``, as the reducer tests between layers, then ``Wait`` (t_b). The share is
     (t_c + t_g − t_b) / t_c, within [0, 1]: 0 where the sum moves only inside MPI calls, 1
     where it moves entirely during the GEMMs. 0 on one rank, where nothing is sent.
+
+    The sum goes through the transport training uses (:mod:`hpctrain.comm.transport`): on a
+    GPU under NCCL it is queued on the compute stream behind the GEMMs, so what hides is what
+    NCCL hides there.
     """
     from mpi4py import MPI
 
+    from hpctrain.comm.transport import group_of
+
     if world.Get_size() == 1:
         return 0.0
-    xp = backend.xp
+    xp, group = backend.xp, group_of(backend, world)
     buffer = xp.ones(OVERLAP_PROBE_BYTES // ITEM, np.float32)
     a = xp.ones((size, size), np.float32)
     b = xp.full((size, size), 0.5, np.float32)
@@ -654,19 +681,19 @@ def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
             a @ b
             backend.sync()
             if request is not None:
-                request.Test()
+                request.test()
 
     def alone() -> None:
-        world.Iallreduce(MPI.IN_PLACE, buffer, MPI.SUM).Wait()
+        group.start_allreduce(buffer).wait()
 
     sum_time = _time_calls(world, alone, repeats, backend.sync)
     gemm_time = _time_calls(world, lambda: gemms(1), repeats, backend.sync)
     count = world.allreduce(max(1, round(sum_time / gemm_time)), op=MPI.MAX)
 
     def overlapped() -> None:
-        request = world.Iallreduce(MPI.IN_PLACE, buffer, MPI.SUM)
+        request = group.start_allreduce(buffer)
         gemms(count, request)
-        request.Wait()
+        request.wait()
 
     compute_time = _time_calls(world, lambda: gemms(count), repeats, backend.sync)
     both_time = _time_calls(world, overlapped, repeats, backend.sync)
@@ -861,9 +888,10 @@ def build_machine(settings: Settings, results: Sequence[Measured], flops: float,
                    network=network)
 
 
-def format_table(results: Sequence[Measured], flops: float, device: str) -> str:
-    """The fits, one line per (collective, p), and the FLOP rate; with a level column when
-    some were measured between nodes."""
+def format_table(results: Sequence[Measured], flops: float, device: str,
+                 precision_flops: dict[str, float] | None = None) -> str:
+    """The fits, one line per (collective, p), and the FLOP rates (float32, and on a GPU each
+    tensor-core precision's); with a level column when some were measured between nodes."""
     levels = any(m.level != "node" for m in results)
     level = (lambda name: f"{name:<9}") if levels else (lambda name: "")
     width = max([3, *(len(m.where) for m in results)])
@@ -885,6 +913,8 @@ def format_table(results: Sequence[Measured], flops: float, device: str) -> str:
         lines.append("* alpha or beta held at its floor: the times did not follow a line "
                      "(a noisy machine?); rerun, or raise --repeats")
     lines.append(f"flops: {flops / 1e9:.1f} GFLOP/s per rank (float32 GEMM, {device})")
+    lines += [f"flops_{name}: {rate / 1e9:.1f} GFLOP/s per rank ({name} GEMM, {device})"
+              for name, rate in (precision_flops or {}).items()]
     return "\n".join(lines)
 
 
@@ -917,7 +947,7 @@ def run(argv: list[str], comm: Any) -> int:
     per_node = node.Get_size()
     nodes = size // per_node
     threads = configure_threads(comm, args.threads)  # the GEMM rate is per rank at these threads
-    backend = make_backend(settings.device, "float32", comm)
+    backend = make_backend(settings.device, "fp32", comm, args.collectives)
     started = time.perf_counter()
     progress = Progress(rank)
     where = f" ({nodes} nodes of {per_node})" if nodes > 1 else ""
@@ -934,10 +964,15 @@ def run(argv: list[str], comm: Any) -> int:
         node.Free()
     progress(f"FLOP rate: float32 GEMM of {settings.gemm_size}x{settings.gemm_size}")
     flops = measure_flops(comm, backend, settings.gemm_size, settings.repeats)
+    if settings.device == "gpu":
+        progress("FLOP rates on tensor cores: tf32, bf16 and fp16 GEMMs")
+    precision_flops = measure_precision_flops(comm, backend, settings.gemm_size,
+                                              settings.repeats)
     if size > 1:
         progress("overlap: a gradient sum in flight beside GEMMs")
     overlap = measure_overlap(comm, backend, OVERLAP_GEMM_SIZE, settings.repeats)
-    machine = build_machine(settings, results, flops, threads.threads, overlap, per_node, sharing)
+    machine = replace(build_machine(settings, results, flops, threads.threads, overlap, per_node,
+                                    sharing), precision_flops=precision_flops)
     machine_measured = machine
     command = " ".join(["python -m hpctrain calibrate", *argv])
     far = far_sizes(settings.max_bytes, settings.far_bytes)
@@ -951,14 +986,15 @@ def run(argv: list[str], comm: Any) -> int:
     stepped = None
     if probes:  # the profile just written predicts the probe plans it is fitted to
         stepped = fit_to_probe_steps(settings.out, machine, probes, settings.device,
-                                     args.threads, comm, progress)
+                                     args.threads, comm, progress, args.precision,
+                                     args.collectives)
         on_root(comm, lambda: save_machine(stepped[0], settings.out, comment + (
             f"\nthen fitted to the training steps of {stepped[1].plans} probe plans")))
         machine = stepped[0]
     elapsed = time.perf_counter() - started
     if rank == 0:
         print(f"threads: {threads.describe()}")
-        print(format_table(results, flops, settings.device))
+        print(format_table(results, flops, settings.device, precision_flops))
         if sharing is None:
             print(f"one node ({per_node} rank{'s' if per_node > 1 else ''}): measured the node "
                   f"level only; calibrate on 2 or more nodes to measure the network between "

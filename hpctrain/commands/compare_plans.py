@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.commands.flags import (
+    add_collectives_option,
     add_net_options,
     add_overlap_option,
     add_planning_options,
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "height and width) cut R ways, conv=nCwR,fc=RxC")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy or CuPy (default: %(default)s)")
+    add_collectives_option(parser)
     add_precision_option(parser)
     parser.add_argument("--log", default=None, help="write every plan's timings to this HDF5")
     add_threads_option(parser)
@@ -136,7 +138,8 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
     threads = configure_threads(comm, args.threads)
     if rank == 0 and not quiet:
         print(f"threads: {threads.describe()}", flush=True)
-    backend = make_backend(args.device, args.precision, comm)
+    backend = make_backend(args.device, args.precision, comm,
+                           getattr(args, "collectives", "auto"))
     args.precision = backend.precision.name  # resolved: auto is tf32 on a GPU, fp32 on the CPU
     machine = agreed(comm, lambda: load_machine(args.machine))
     check_placement(comm, machine)

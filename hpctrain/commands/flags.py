@@ -133,15 +133,20 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy on the CPU or CuPy on a GPU; each rank uses GPU "
                              "local_rank %% n_gpus (default: %(default)s)")
+    add_collectives_option(parser)
+    parser.add_argument("--seed", type=parse_seed, default=None,
+                        help="seed of weights, data order, dropout: an integer in [0, 2**63) "
+                             "(default: 0, or the checkpoint's when resuming)")
+    add_threads_option(parser)
+
+
+def add_collectives_option(parser: argparse.ArgumentParser) -> None:
+    """--collectives: how arrays move between ranks on a GPU (:mod:`hpctrain.comm.transport`)."""
     parser.add_argument("--collectives", choices=("auto", "nccl", "mpi"), default="auto",
                         help="how the ranks' arrays move on a GPU: nccl (device memory, on the "
                              "compute stream), or mpi (through host memory, or device memory "
                              "with HPCTRAIN_CUDA_AWARE_MPI=1); auto: nccl where CuPy has NCCL, "
                              "else mpi; the CPU always uses mpi (default: %(default)s)")
-    parser.add_argument("--seed", type=parse_seed, default=None,
-                        help="seed of weights, data order, dropout: an integer in [0, 2**63) "
-                             "(default: 0, or the checkpoint's when resuming)")
-    add_threads_option(parser)
 
 
 def add_precision_option(parser: argparse.ArgumentParser, default: str = "auto") -> None:

@@ -41,17 +41,21 @@ def parse_probe_nets(text: str) -> list[tuple[str, int | None]]:
 
 
 def fit_to_probe_steps(profile: Path, machine: Machine, nets: list[tuple[str, int | None]],
-                       device: str, threads: int | None, comm: Any, say
+                       device: str, threads: int | None, comm: Any, say,
+                       precision: str = "fp32", collectives: str = "auto"
                        ) -> tuple[Machine, StepFit, list[PricedPlan]]:
     """``machine`` (saved at ``profile``) refitted to a few training steps of every plan
-    compare-plans compares, on each of ``nets``; collective over ``comm``."""
+    compare-plans compares, on each of ``nets``, trained in ``precision`` with
+    ``collectives``; collective over ``comm``."""
     from hpctrain.commands.compare_plans import compare
+    from hpctrain.device.precision import resolve_precision
     from hpctrain.record.measured import measured_plan
 
     measured = []
     for name, size in nets:
         args = Namespace(net=name, image_size=size, batch=PROBE_BATCH, steps=PROBE_STEPS,
-                         rounds=1, plans=None, device=device, dtype="float32", log=None,
+                         rounds=1, plans=None, device=device, precision=precision,
+                         collectives=collectives, log=None,
                          threads=threads, overlap=False, machine=str(profile),
                          mem_per_rank=None, space="grids", compute="measured",
                          bn_group="global")
@@ -59,7 +63,8 @@ def fit_to_probe_steps(profile: Path, machine: Machine, nets: list[tuple[str, in
             f"compares, {PROBE_STEPS} steps each")
         outcomes, net, _ = compare(args, comm, quiet=True)
         procs = comm.Get_size()
-        measured += [measured_plan(f"{name} {o.spec}", net, PROBE_BATCH, procs, 4, machine,
+        measured += [measured_plan(f"{name} {o.spec}", net, PROBE_BATCH, procs,
+                                   resolve_precision(precision, device).itemsize, machine,
                                    o.planned, o.layer_times, o.fastest_rank,
                                    o.measured_iteration) for o in outcomes]
     names = ", ".join(f"{n}{f' {s}' if s else ''}" for n, s in nets)

@@ -131,7 +131,9 @@ def _random(xp: Any, rng: np.random.Generator, shape: tuple[int, ...], dtype: An
     random values is repeated to fill the shape (drawing every value took a third of the
     timing of a plan)."""
     size = math.prod(shape)
-    block = rng.random(min(size, 1 << 16), dtype=np.dtype(dtype).type) - 0.5
+    # drawn in float32 (or float64) and rounded: NumPy draws no 16-bit floats
+    draw = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    block = (rng.random(min(size, 1 << 16), dtype=draw) - 0.5).astype(dtype)
     return xp.asarray(np.resize(block, size).reshape(shape))
 
 

@@ -92,3 +92,23 @@ def test_both_levels_on_nodes_made_by_splitting_the_world(comm, tmp_path):
         ok = ok and (machine.alpha, machine.beta) == (DEFAULT_ALPHA, DEFAULT_BETA)
     assert all_agree(comm, ok), (f"node {sorted(got_node)}, network {sorted(got_net)}, shapes "
                                  f"{sorted(got_shapes)}, {net}")
+
+
+@pytest.mark.parametrize("collectives", ["nccl", "mpi"])
+def test_a_gpu_calibration_times_the_transport_training_uses_and_each_precisions_rate(
+        standin_nccl, comm, shared_dir, collectives, monkeypatch, capsys):
+    """On the GPU path (the CuPy and NCCL stand-ins) every message goes through the transport
+    --collectives names, as in training: under NCCL no byte of a message reaches the host; and
+    the GEMM rate is timed in tf32, bf16 and fp16 too, for the profile's per-precision rates."""
+    from tests.gpu_standin import TO_HOST
+
+    out = shared_dir / f"gpu-{collectives}.toml"
+    standin_nccl.counters.reset()
+    assert all_agree(comm, calibrate_command.run(
+        ["--quick", "--sizes", "2", "--repeats", "1", "--gemm-size", "32", "--device", "gpu",
+         "--collectives", collectives, "--out", str(out)], comm) == 0)
+    machine = load_machine(str(out))
+    assert all_agree(comm, set(machine.precision_flops) == {"tf32", "bf16", "fp16"})
+    assert all_agree(comm, min(machine.precision_flops.values()) > 0)
+    staged = standin_nccl.counters.bytes[TO_HOST] > 1024  # each message's bytes, staged
+    assert all_agree(comm, staged == (collectives == "mpi" and comm.Get_size() > 1))
