@@ -296,6 +296,9 @@ def compare(name: str, precision: str, args: argparse.Namespace) -> dict:
         try:
             result["hpctrain_seconds"], result["hpctrain_steps"] = median_step(
                 ours.step, ours.sync, args.steps, args.warmup)
+            result["hpctrain_peak_bytes"] = device_peak_bytes(args.device, "hpctrain")
+            result["predicted_peak_bytes"] = predicted_peak_bytes(net, batch, precision,
+                                                                  args.device)
         finally:
             ours.close()
         del ours
@@ -307,6 +310,7 @@ def compare(name: str, precision: str, args: argparse.Namespace) -> dict:
         step, sync, model = torch_step_fn(net, precision, batch, args.device, args.torch_layout)
         result["torch_seconds"], result["torch_steps"] = median_step(step, sync, args.steps,
                                                                      args.warmup)
+        result["torch_peak_bytes"] = device_peak_bytes(args.device, "torch")
         del step, model
     except Exception as err:
         result["torch_error"] = f"{type(err).__name__}: {err}"
@@ -315,6 +319,31 @@ def compare(name: str, precision: str, args: argparse.Namespace) -> dict:
     if "hpctrain_seconds" in result and "torch_seconds" in result:
         result["ratio"] = result["hpctrain_seconds"] / result["torch_seconds"]
     return result
+
+
+def device_peak_bytes(device: str, side: str) -> float | None:
+    """The device memory one side's run held at its peak: CuPy's pool (which keeps freed
+    blocks, so it holds its high-water mark; emptied before each run) or PyTorch's
+    ``max_memory_allocated`` (reset before each run); None on the CPU."""
+    if device != "gpu":
+        return None
+    if side == "hpctrain":
+        import cupy
+
+        return float(cupy.get_default_memory_pool().total_bytes())
+    import torch
+
+    return float(torch.cuda.max_memory_allocated())
+
+
+def predicted_peak_bytes(net: Any, batch: int, precision: str, device: str) -> float:
+    """hpctrain's memory model's peak per rank for the one-rank plan in ``precision``."""
+    from hpctrain.device.precision import resolve_precision
+    from hpctrain.plan.planner import plan_memory
+    from hpctrain.plan.plans import LayerPlan
+
+    plan = [LayerPlan("batch", (1, 1)) for _ in net.layers]
+    return plan_memory(net, plan, batch, 1, resolve_precision(precision, device)).memory
 
 
 def free_device_memory(device: str) -> None:
@@ -334,6 +363,8 @@ def free_device_memory(device: str) -> None:
         import torch
 
         torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
     except ImportError:
         pass
 
@@ -380,6 +411,11 @@ def print_row(r: dict) -> None:
     print(f"{r['net']:>10} {r['precision']:>5} {r['batch']:>5} {ms('hpctrain_seconds')} "
           f"{ms('torch_seconds')} {ratio} {rate('hpctrain_seconds')} {rate('torch_seconds')}",
           flush=True)
+    if r.get("hpctrain_peak_bytes"):
+        torch_peak = r.get("torch_peak_bytes")
+        print(f"{'':>10} peak device memory: hpctrain {r['hpctrain_peak_bytes'] / 2**30:.2f} GiB "
+              f"(predicted {r['predicted_peak_bytes'] / 2**30:.2f}), PyTorch "
+              f"{torch_peak / 2**30 if torch_peak else float('nan'):.2f} GiB", flush=True)
     for side in ("hpctrain", "torch"):
         if f"{side}_error" in r:
             print(f"{'':>10} {side} failed: {r[side + '_error'][:300]}", flush=True)
