@@ -336,3 +336,30 @@ def test_batch_norm_statistics_resume_on_another_plan_and_another_p(comm, shared
     for k, got in enumerate(tensors):
         check_close(comm, got, reference and reference[1][k], f"tensor {k}", 1e-9)
     assert len(tensors) == len(net.param_shapes()) + len(net.buffer_shapes()) > 0
+
+
+def test_a_bf16_run_resumes_in_fp32_under_another_plan_from_its_master_weights(comm,
+                                                                              shared_dir):
+    """A bf16 run saves its float32 master weights and momentum; an fp32 run under another plan
+    loads exactly those (not their 16-bit copy) and goes on as an fp32 run saved there would."""
+    plans = mixed_plans(comm.Get_size())
+    path = shared_dir / "bf16.h5"
+    with GridSet(comm) as grids:
+        first = Run(NET, plans[0], grids, dtype="bf16")
+        first.train(range(2))
+        first.save(path, 2)
+        masters = [gather_to_root(first.backend, comm, p.master, p.shape, p.box, "copy")
+                   for p in first.network.params]
+    with h5py.File(path, "r") as h5:
+        assert h5.attrs["precision"] == "bf16"
+        saved = [h5[f"params/{p.name}"][...] for p in first.network.params]
+    if comm.Get_rank() == 0:  # the 16-bit copy rounds: the master weights are what was saved
+        assert all(np.array_equal(m.astype(np.float32), s) for m, s in zip(masters, saved))
+    with GridSet(comm) as grids:
+        resumed = Run(NET, plans[-1], grids, dtype="fp32")
+        resumed.load(path)
+        loaded = resumed.gathered()
+        losses = resumed.train(range(2, 4))
+    if comm.Get_rank() == 0:
+        assert all(np.array_equal(a, s) for a, s in zip(loaded, saved))
+    assert all(np.isfinite(losses))
