@@ -70,6 +70,15 @@ def planning_precision(name: str, machine: Machine) -> Precision:
     return resolve_precision(name, machine.device)
 
 
+def terminal_width() -> int | None:
+    """The columns of the terminal the plan is printed on, or None when standard output is a
+    file or a pipe: a table written there keeps every layer name whole, however wide."""
+    import shutil
+    import sys
+
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
 def run(argv: list[str]) -> int:
     import numpy as np
 
@@ -77,7 +86,13 @@ def run(argv: list[str]) -> int:
     from hpctrain.device.backend import Backend
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.io.textfile import existing_file
-    from hpctrain.plan.planner import describe_precision, format_plan, plan_network, predict
+    from hpctrain.plan.planner import (
+        describe_precision,
+        format_plan,
+        plan_network,
+        predict,
+        wrap_line,
+    )
     from hpctrain.plan.plans import is_plan_file, plan_from_spec
     from hpctrain.plan.pricing import build_cost_model, compute_source
 
@@ -111,16 +126,18 @@ def run(argv: list[str]) -> int:
         planned = predict(model, given)
         if args.mem_per_rank is not None:
             check_memory(planned, args.mem_per_rank, "--mem-per-rank")
-    print(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, machine "
-          f"{machine.name} ({machine.describe()}), compute {source}"
-          + (f" with {threads.describe()}" if threads else ""))
-    print(describe_precision(precision) + (
+    width = terminal_width()
+    print(wrap_line(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, "
+                    f"machine {machine.name} ({machine.describe()}), compute {source}"
+                    + (f" with {threads.describe()}" if threads else ""), width))
+    print(wrap_line(describe_precision(precision) + (
         f"; compute at {machine.flops_for(precision.name) / 1e12:.4g} TFLOP/s per rank"
-        if source == "flops" else ""))
-    print(f"batch-norm statistics: {args.bn_group}; gradient sums in "
-          f"{machine.bucket_bytes / 2**20:g} MiB buckets, "
-          + (f"in flight ({machine.overlap:g} of each may hide)" if overlap else "blocking"))
-    print(format_plan(planned))
+        if source == "flops" else ""), width))
+    print(wrap_line(f"batch-norm statistics: {args.bn_group}; gradient sums in "
+                    f"{machine.bucket_bytes / 2**20:g} MiB buckets, "
+                    + (f"in flight ({machine.overlap:g} of each may hide)" if overlap
+                       else "blocking"), width))
+    print(format_plan(planned, width))
     if args.out:
         from hpctrain.commands.setup import write_plan_file  # its MPI helpers: only to write a file
 

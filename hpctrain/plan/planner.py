@@ -30,6 +30,7 @@ of more than 10⁷ entries gets the fastest plan with every weighted layer on on
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -766,34 +767,84 @@ def describe_precision(precision: Precision) -> str:
     return text
 
 
-def format_plan(planned: PlannedNetwork) -> str:
-    """The plan as a table: per layer, mode and grid (a split's degree on every axis), predicted
-    ms and memory per rank."""
-    header = (f"{'layer':<10} {'kind':<8} {'mode':<7} {'grid':<7} {'compute ms':>11} "
-              f"{'comm ms':>9} {'redist ms':>10} {'fed by':<10} {'mem MiB':>9} {'+tmp MiB':>9}")
-    rows = [header]
+# (name, unit, alignment) of each column of format_plan's table
+_PLAN_COLUMNS = (("", "layer", "<"), ("", "kind", "<"), ("", "mode", "<"), ("", "grid", "<"),
+                 ("compute", "ms", ">"), ("comm", "ms", ">"), ("redist", "ms", ">"),
+                 ("", "fed by", "<"), ("mem", "MiB", ">"), ("+tmp", "MiB", ">"))
+_COLUMN_GAP = "  "
+_SHORTEST_NAME = 16  # a layer name is cut to fit a width, and no shorter than this
+
+
+def grid_text(plan: LayerPlan | None, cost: LayerCost) -> str:
+    """A layer's grid as the table shows it: ``2x4`` (Pr×Pc), a split's degree on every axis
+    ``n8 c16 d4 h4 w2`` (its input split ``i2`` or ``s2`` and replicas ``r2`` too: a plan
+    file's ``n=8,c=16,…`` without the punctuation), or nothing for a layer that follows."""
+    if plan is not None and plan.split is not None:
+        return plan.split.text().replace("=", "").replace(",", " ")
+    return "" if cost.mode == "follow" else f"{cost.grid[0]}x{cost.grid[1]}"
+
+
+def _shorten(name: str, width: int) -> str:
+    """``name`` in at most ``width`` characters: its middle cut to an ellipsis, so that both
+    the block (``Mixed_6b.``) and the layer in it (``….conv``) stay readable."""
+    if len(name) <= width:
+        return name
+    head = width // 2  # of the width - 1 characters kept, the larger half from the start
+    return name[:head] + "…" + name[len(name) - (width - 1 - head):]
+
+
+def _table(cells: list[list[str]], width: int | None) -> list[str]:
+    """``cells`` (two header rows, then one row a layer) as lines whose columns each take their
+    widest entry and start at the same offset on every line. Wider than ``width``, the layer
+    names are cut (:func:`_shorten`) to fit it if that leaves them ``_SHORTEST_NAME``
+    characters; otherwise the lines are left whole, wider than ``width``, and a terminal
+    wraps them: names are cut only where that makes the table fit."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(_PLAN_COLUMNS))]
+    total = sum(widths) + len(_COLUMN_GAP) * (len(widths) - 1)
+    over = 0 if width is None else total - width
+    if 0 < over <= widths[0] - _SHORTEST_NAME:
+        widths[0] -= over
+        cells = [[_shorten(row[0], widths[0]), *row[1:]] for row in cells]
+    return [_COLUMN_GAP.join(f"{cell:{align}{w}}" for cell, (_, _, align), w
+                             in zip(row, _PLAN_COLUMNS, widths, strict=True)).rstrip()
+            for row in cells]
+
+
+def format_plan(planned: PlannedNetwork, width: int | None = None) -> str:
+    """The plan as a table: per layer, mode and grid (:func:`grid_text`), predicted ms and
+    memory per rank, then the totals. Each column is as wide as its widest entry and starts at
+    the same offset on every line. Given the terminal's ``width``, a table wider than it has
+    the middle of its longest layer names cut to an ellipsis where that makes it fit, names
+    kept to 16 characters at least (where it does not, the lines stay whole and the terminal
+    wraps them), and the prose below is wrapped at ``width`` (:func:`wrap_line`)."""
+    cells = [[name for name, _, _ in _PLAN_COLUMNS], [unit for _, unit, _ in _PLAN_COLUMNS]]
     entries = [None, *planned.plans, None]
     for c, entry in zip([planned.data, *planned.layers, planned.loss], entries, strict=True):
-        grid = "" if c.mode == "follow" else f"{c.grid[0]}x{c.grid[1]}"  # weighted: never follow
-        if entry is not None and entry.split is not None:  # its degree on every axis
-            grid = entry.split.text()
-        rows.append(f"{c.layer:<10} {c.kind:<8} {c.mode:<7} {grid:<7} "
-                    f"{sum(c.compute) * 1e3:>11.3f} {sum(c.comm) * 1e3:>9.3f} "
-                    f"{sum(c.redistribution) * 1e3:>10.3f} {c.move.method:<10} "
-                    f"{c.memory / 2**20:>9.1f} {c.peak / 2**20:>9.1f}")
+        cells.append([c.layer, c.kind, c.mode, grid_text(entry, c),
+                      f"{sum(c.compute) * 1e3:.3f}", f"{sum(c.comm) * 1e3:.3f}",
+                      f"{sum(c.redistribution) * 1e3:.3f}", c.move.method,
+                      f"{c.memory / 2**20:.1f}", f"{c.peak / 2**20:.1f}"])
+    rows = _table(cells, width)
+    notes = []
     t = planned.totals()
     hidden = planned.hidden_sums()
-    rows.append(f"predicted iteration {planned.iteration_time * 1e3:.3f} ms = compute "
-                f"{t['compute'] * 1e3:.3f} + communication {t['communication'] * 1e3:.3f} + "
-                f"redistribution {t['redistribution'] * 1e3:.3f}"
-                + (f" - gradient sums hidden {hidden * 1e3:.3f}" if hidden else "")
-                + f"; peak memory {planned.memory / 2**20:.1f} MiB per rank (kept + the "
-                  "largest +tmp)")
+    notes.append(f"predicted iteration {planned.iteration_time * 1e3:.3f} ms = compute "
+                 f"{t['compute'] * 1e3:.3f} + communication {t['communication'] * 1e3:.3f} + "
+                 f"redistribution {t['redistribution'] * 1e3:.3f}"
+                 + (f" - gradient sums hidden {hidden * 1e3:.3f}" if hidden else "")
+                 + f"; peak memory {planned.memory / 2**20:.1f} MiB per rank (kept + the "
+                   "largest +tmp)")
     if planned.lower_bound is not None:
-        rows.append(f"no plan is predicted faster than {planned.lower_bound * 1e3:.3f} ms "
-                    f"(every gradient sum hidden as far as the machine allows): this one is "
-                    f"within {planned.iteration_time / planned.lower_bound - 1:.1%} of the best")
+        notes.append(f"no plan is predicted faster than {planned.lower_bound * 1e3:.3f} ms "
+                     f"(every gradient sum hidden as far as the machine allows): this one is "
+                     f"within {planned.iteration_time / planned.lower_bound - 1:.1%} of the best")
     if not planned.exact:
-        rows.append("not exact: the net is too densely connected to search every layer's "
-                    "grid; every weighted layer is on one grid")
-    return "\n".join(rows)
+        notes.append("not exact: the net is too densely connected to search every layer's "
+                     "grid; every weighted layer is on one grid")
+    return "\n".join(rows + [wrap_line(note, width) for note in notes])
+
+
+def wrap_line(line: str, width: int | None) -> str:
+    """A line of prose broken between words to lines of at most ``width`` characters (as it
+    is when ``width`` is None), so that a terminal does not break it inside a number."""
+    return line if width is None else textwrap.fill(line, width, break_on_hyphens=False)
