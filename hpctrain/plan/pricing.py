@@ -58,7 +58,7 @@ from hpctrain.cost.work import LocalWork
 from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.moves import IdentityMove, Move, move_between
-from hpctrain.model.kinds import KINDS, beyond_cache, compute_factors
+from hpctrain.model.kinds import KINDS, compute_factors_for
 from hpctrain.model.net import NetSpec
 from hpctrain.model.operations import INPUT, TIMED_MODULES, UPDATE
 from hpctrain.plan.placement import LayerLayouts
@@ -271,8 +271,8 @@ class CostModel(Segments):
                 cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
             if self.machine.compute_scale:  # fitted to training steps of this machine
                 touched = cost.work.touched_elements() * self.itemsize if cost.work else 0
-                scale = compute_factors(self.machine.compute_scale, cost.kind,
-                                        beyond_cache(touched, self.machine.cache_bytes))
+                scale = compute_factors_for(self.machine.compute_scale, cost.kind, touched,
+                                            self.machine.cache_bytes)
                 cost.compute = (cost.compute[0] * scale[0], cost.compute[1] * scale[1])
 
     def layer_cost(self, index: int, mode: str, layouts: LayerLayouts,

@@ -15,7 +15,7 @@ import numpy as np
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine
-from hpctrain.model.kinds import beyond_cache, compute_factors
+from hpctrain.model.kinds import compute_factors_for
 from hpctrain.plan.stepfit import (
     LayerSample,
     StepFit,
@@ -49,8 +49,8 @@ class PricedPlan:
             links, cache = step_fit.links, step_fit.cache_bytes
         total = self.rest
         for s in self.samples:
-            beyond = beyond_cache(s.touched, cache)
-            total += s.predicted * compute_factors(scale, s.kind, beyond)[int(s.backward)]
+            factors = compute_factors_for(scale, s.kind, s.touched, cache)
+            total += s.predicted * factors[int(s.backward)]
             total += float(np.dot(s.columns, links))
         return total
 
@@ -75,8 +75,9 @@ def priced(plan: MeasuredPlan, machine: Machine, apart: bool = False) -> PricedP
     recorded = np.stack([plan.predicted["forward_compute"], plan.predicted["backward_compute"]],
                         axis=1)
     touched = [w.touched_elements() * plan.itemsize if w is not None else 0 for w in works]
-    base = recorded / np.array([compute_factors(then.compute_scale, kind, beyond_cache(
-        size, then.cache_bytes)) for kind, size in zip(kinds, touched, strict=True)])
+    base = recorded / np.array([compute_factors_for(then.compute_scale, kind, size,
+                                                    then.cache_bytes)
+                                for kind, size in zip(kinds, touched, strict=True)])
     measured = np.stack([sum(plan.measured[f] for f in DIRECTION_FIELDS[d]) for d in (0, 1)],
                         axis=1)
     samples = samples_of_run(kinds, base, columns, measured, touched)

@@ -71,3 +71,10 @@ def compute_factors(scales: dict[str, tuple[float, float]], kind: str,
     way, else none: a kernel timed after an eviction is what work larger than the cache sees."""
     own, cls = scale_key(kind, beyond_cache), scale_key(compute_class(kind), beyond_cache)
     return scales.get(own, scales.get(cls, (1.0, 1.0)))
+
+
+def compute_factors_for(scales: dict[str, tuple[float, float]], kind: str, touched: float,
+                        cache_bytes: int) -> tuple[float, float]:
+    """:func:`compute_factors` for work of ``kind`` touching ``touched`` bytes, on a profile
+    whose work beyond ``cache_bytes`` takes factors of its own (:func:`beyond_cache`)."""
+    return compute_factors(scales, kind, beyond_cache(touched, cache_bytes))
