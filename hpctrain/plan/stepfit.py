@@ -44,6 +44,7 @@ from hpctrain.model.kinds import beyond_cache, compute_class, scale_key
 from hpctrain.plan.plans import LayerPlan
 
 if TYPE_CHECKING:
+    from hpctrain.plan.planner import PlannedNetwork
     from hpctrain.plan.pricing import CostModel
 
 FLOOR = 0.05
@@ -111,15 +112,27 @@ def communication_columns(model_of: Callable[[Machine], CostModel], plans: list[
     redistribution, forward and backward, with one :data:`COLUMNS` group of ``machine``'s
     constants kept and the others zero. ``model_of(machine)`` builds the cost model of the
     measured run on a profile."""
+    return columns_of(evaluated_per_column(model_of, plans, machine))
+
+
+def evaluated_per_column(model_of: Callable[[Machine], CostModel], plans: list[LayerPlan],
+                         machine: Machine) -> list[PlannedNetwork]:
+    """``plans`` evaluated, untimed, once for each :data:`COLUMNS` group: on ``machine`` with
+    that group of its constants kept and the others zero (what :func:`columns_of` reads)."""
     from hpctrain.plan.planner import choices_of, evaluate
 
-    columns = []
+    evaluated = []
     for keep in range(len(COLUMNS)):
         factors = [1.0 if k == keep else 0.0 for k in range(len(COLUMNS))]
         model = model_of(scaled_links(machine, tuple(factors[:2]), tuple(factors[2:])))
-        planned = evaluate(model, choices_of(model, plans), timed=False)
-        columns.append([[c.comm[d] + c.redistribution[d] for d in (0, 1)]
-                        for c in [*planned.layers, planned.loss]])
+        evaluated.append(evaluate(model, choices_of(model, plans), timed=False))
+    return evaluated
+
+
+def columns_of(evaluated: Sequence[PlannedNetwork]) -> np.ndarray:
+    """:func:`communication_columns` of the evaluations :func:`evaluated_per_column` made."""
+    columns = [[[c.comm[d] + c.redistribution[d] for d in (0, 1)]
+                for c in [*planned.layers, planned.loss]] for planned in evaluated]
     return np.transpose(np.array(columns), (1, 2, 0))
 
 

@@ -19,7 +19,8 @@ from hpctrain.model.kinds import compute_factors_for
 from hpctrain.plan.stepfit import (
     LayerSample,
     StepFit,
-    communication_columns,
+    columns_of,
+    evaluated_per_column,
     fit,
     fit_cache_bytes,
     samples_of_run,
@@ -59,18 +60,17 @@ def priced(plan: MeasuredPlan, machine: Machine, apart: bool = False) -> PricedP
     """``plan``'s samples priced on ``machine`` (see the module's text); ``apart``: each
     layer and direction as two samples, its compute against the measured compute and its
     communication against the measured communication and redistribution."""
-    from hpctrain.plan.planner import choices_of, evaluate
     from hpctrain.plan.pricing import CostModel
 
     def model_of(links: Machine) -> CostModel:
         return CostModel(plan.net, plan.batch, plan.procs, links, FlopModel(links.flops),
                          plan.itemsize)
 
-    columns = communication_columns(model_of, plan.plans, machine)
+    evaluated = evaluated_per_column(model_of, plan.plans, machine)
+    columns = columns_of(evaluated)
     kinds = [layer.kind for layer in plan.net.layers] + [plan.net.loss.name]
-    model = model_of(machine)
-    planned = evaluate(model, choices_of(model, plan.plans), timed=False)
-    works = [c.work for c in [*planned.layers, planned.loss]]
+    # each layer's local work is the plan's, whatever the links: any of the evaluations has it
+    works = [c.work for c in [*evaluated[0].layers, evaluated[0].loss]]
     then = plan.profile if plan.profile is not None else Machine("none", 1.0, 1.0, 1.0)
     recorded = np.stack([plan.predicted["forward_compute"], plan.predicted["backward_compute"]],
                         axis=1)
