@@ -142,18 +142,36 @@ def fit(samples: Sequence[LayerSample], plans: int = 1,
     error times its weight in ``weights`` (None: all 1), work touching more than
     ``cache_bytes`` (0: none) with factors of its own; 1 for a kind and direction with no
     predicted compute, and for a group of links no layer uses."""
+    return _fit(samples, plans, weights, cache_bytes)[0]
+
+
+def _fit(samples: Sequence[LayerSample], plans: int, weights: Sequence[float] | None,
+         cache_bytes: int) -> tuple[StepFit, float]:
+    """:func:`fit`, and the weighted sum of its squared errors on ``samples``."""
     if not samples:
         raise ValueError("no layer times to fit")
-    keys = sorted({(_scale_key(s, cache_bytes), s.backward) for s in samples if s.predicted > 0})
+    sample_keys = [_scale_key(s, cache_bytes) for s in samples]
+    keys = sorted({(key, s.backward) for s, key in zip(samples, sample_keys, strict=True)
+                   if s.predicted > 0})
     index = {key: k for k, key in enumerate(keys)}
+    # each sample's column of compute factors (None: it predicts no compute)
+    column = [index[key, s.backward] if s.predicted > 0 else None
+              for s, key in zip(samples, sample_keys, strict=True)]
     matrix = np.zeros((len(samples), len(keys) + len(COLUMNS)))
     for i, s in enumerate(samples):
-        if s.predicted > 0:
-            matrix[i, index[_scale_key(s, cache_bytes), s.backward]] = s.predicted
+        if column[i] is not None:
+            matrix[i, column[i]] = s.predicted
         matrix[i, len(keys):] = s.columns
-    root = np.sqrt(np.ones(len(samples)) if weights is None else np.asarray(weights, float))
+    weight = np.ones(len(samples)) if weights is None else np.asarray(weights, float)
+    root = np.sqrt(weight)
     factors = nonnegative_least_squares(matrix * root[:, None],
                                         np.array([s.measured for s in samples]) * root, FLOOR)
+    links = tuple(factors[len(keys):])
+    residual = 0.0  # the weighted sum of squared errors, sample by sample
+    for i, s in enumerate(samples):
+        factor = factors[column[i]] if column[i] is not None else 0.0
+        error = s.predicted * factor + float(np.dot(s.columns, links)) - s.measured
+        residual += weight[i] * error * error
     compute: dict[str, list[float]] = {}
     for (key, backward), factor in zip(keys, factors, strict=False):
         compute.setdefault(key, [1.0, 1.0])[int(backward)] = factor
@@ -161,8 +179,7 @@ def fit(samples: Sequence[LayerSample], plans: int = 1,
     # class's kinds', weighted by their predicted time (as their pooled least squares would)
     weights_of: dict[tuple[str, bool], float] = {}
     classes: dict[str, str] = {}
-    for s in samples:
-        key = _scale_key(s, cache_bytes)
+    for s, key in zip(samples, sample_keys, strict=True):
         weights_of[key, s.backward] = weights_of.get((key, s.backward), 0.0) + s.predicted
         classes[key] = scale_key(compute_class(s.kind), beyond_cache(s.touched, cache_bytes))
     for group in sorted({classes[key] for key, _ in keys}):
@@ -173,8 +190,8 @@ def fit(samples: Sequence[LayerSample], plans: int = 1,
             total = sum(w for _, w in mine)
             pair.append(sum(f * w for f, w in mine) / total if total else 1.0)
         compute[group] = pair
-    return StepFit({k: (f, b) for k, (f, b) in compute.items()},
-                   tuple(factors[len(keys):]), len(samples), plans, cache_bytes)
+    return StepFit({k: (f, b) for k, (f, b) in compute.items()}, links, len(samples), plans,
+                   cache_bytes), float(residual)
 
 
 def fit_cache_bytes(samples: Sequence[LayerSample], plans: int = 1,
@@ -198,27 +215,16 @@ def fit_cache_bytes(samples: Sequence[LayerSample], plans: int = 1,
     if len(eligible) > CACHE_CANDIDATES:
         eligible = [eligible[round(i)] for i in
                     np.linspace(0, len(eligible) - 1, CACHE_CANDIDATES)]
-    best = fit(samples, plans, weights)
+    best, error = _fit(samples, plans, weights, 0)
     scale = float(np.dot(weight, [s.measured ** 2 for s in samples]))
     # a split must earn its second set of factors: a tenth of the error without one
-    least = (1 - SPLIT_GAIN) * _residual(samples, weight, best) - 1e-20 * scale
+    least = (1 - SPLIT_GAIN) * error - 1e-20 * scale
     for k in eligible:
-        candidate = fit(samples, plans, weights, int(math.sqrt(sizes[k] * sizes[k + 1])))
-        error = _residual(samples, weight, candidate)
+        candidate, error = _fit(samples, plans, weights,
+                                int(math.sqrt(sizes[k] * sizes[k + 1])))
         if error < least:
             best, least = candidate, error
     return best
-
-
-def _residual(samples: Sequence[LayerSample], weights: np.ndarray, step_fit: StepFit) -> float:
-    """The weighted sum of squared errors of ``step_fit`` on ``samples``."""
-    total = 0.0
-    for s, w in zip(samples, weights, strict=True):
-        factor = (step_fit.compute[_scale_key(s, step_fit.cache_bytes)][int(s.backward)]
-                  if s.predicted > 0 else 0.0)
-        error = s.predicted * factor + float(np.dot(s.columns, step_fit.links)) - s.measured
-        total += w * error * error
-    return total
 
 
 def _scale_key(sample: LayerSample, cache_bytes: int) -> str:
