@@ -5,29 +5,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.commands import calibrate as calibrate_command
-from hpctrain.commands.calibrate import (
+from hpctrain.comm import benchmarks
+from hpctrain.comm.benchmarks import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
-    DEFAULTS,
-    MIN_A,
-    MIN_B,
     MIN_BYTES,
-    QUICK,
-    CalibrateError,
     Measured,
     communicator_sizes,
     far_sizes,
+    message_sizes,
+)
+from hpctrain.commands import calibrate as calibrate_command
+from hpctrain.commands.calibrate import DEFAULTS, QUICK, CalibrateError, format_table, parse_bytes
+from hpctrain.cost import collectives as cost
+from hpctrain.cost.fits import (
+    MIN_A,
+    MIN_B,
     fit_collective,
     fit_knee,
     fit_line,
-    format_table,
     line_to_fit,
-    message_sizes,
-    parse_bytes,
     worst_residual,
 )
-from hpctrain.cost import collectives as cost
 from hpctrain.cost.machine import COLLECTIVES, Fit, Machine, local_profile
 from hpctrain.errors import UserError
 from hpctrain.layout.partition import factorisations
@@ -295,7 +294,6 @@ def test_far_bytes_is_checked_against_max_bytes():
 
 
 def test_overlap_share_is_the_part_of_the_sum_hidden_by_the_gemms(monkeypatch):
-    from hpctrain.commands import calibrate
     from hpctrain.device.backend import Backend
 
     class TwoRanks(OneRank):
@@ -307,14 +305,14 @@ def test_overlap_share_is_the_part_of_the_sum_hidden_by_the_gemms(monkeypatch):
 
     def times(sum_alone, one_gemm, gemms, both):
         answers = iter([sum_alone, one_gemm, gemms, both])
-        monkeypatch.setattr(calibrate, "_time_calls", lambda *args: next(answers))
-        return calibrate.measure_overlap(TwoRanks(), Backend(np, np.float32), 16, 3)
+        monkeypatch.setattr(benchmarks, "time_calls", lambda *args: next(answers))
+        return benchmarks.measure_overlap(TwoRanks(), Backend(np, np.float32), 16, 3)
 
     # a 4 ms sum beside 4 ms of GEMMs, 5 ms together: 3 of its 4 ms moved during them
     assert times(4e-3, 1e-3, 4e-3, 5e-3) == pytest.approx(0.75)
     assert times(4e-3, 1e-3, 4e-3, 9e-3) == 0.0  # slower together: none hidden, not below 0
     assert times(4e-3, 1e-3, 4e-3, 3e-3) == 1.0  # faster than the GEMMs alone: at most all
-    assert calibrate.measure_overlap(OneRank(), Backend(np, np.float32), 16, 3) == 0.0
+    assert benchmarks.measure_overlap(OneRank(), Backend(np, np.float32), 16, 3) == 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +322,7 @@ def test_overlap_share_is_the_part_of_the_sum_hidden_by_the_gemms(monkeypatch):
 @pytest.mark.parametrize("count,groups", [(1, []), (2, [2]), (3, [3]), (4, [2, 4]),
                                           (6, [2, 3, 6]), (8, [2, 4, 8])])
 def test_level_sizes_are_every_divisor_and_the_whole(count, groups):
-    got = calibrate_command.level_sizes(count)
+    got = benchmarks.level_sizes(count)
     assert got["allgather"] == got["reduce_scatter"] == got["allreduce"] == groups
     assert got["alltoall"] == ([count] if count > 1 else [])
     assert got["halo"] == ([2] if count > 1 else [])
@@ -350,21 +348,17 @@ def test_placement_problem_is_one_line_naming_the_fix():
     (0.0, 0.0, 4, 1.0),       # not measured
 ])
 def test_nics_from_times_is_r_t1_over_tr_within_1_and_r(alone, together, ranks, want):
-    from hpctrain.commands.calibrate import nics_from_times
+    from hpctrain.comm.benchmarks import nics_from_times
 
     assert nics_from_times(alone, together, ranks) == pytest.approx(want)
-
-
-def settings_for(tmp_path):
-    return calibrate_command.Settings(tmp_path / "m.toml", "two", 65536, 4, 3, 512, "cpu")
 
 
 def measured(collective, p, fit, level="node"):
     return Measured(collective, p, (64, 128), (1e-5, 2e-5), fit, 0.0, False, level)
 
 
-def test_build_machine_puts_node_fits_on_top_and_network_fits_under_network(tmp_path):
-    from hpctrain.commands.calibrate import Sharing, build_machine
+def test_build_machine_puts_node_fits_on_top_and_network_fits_under_network():
+    from hpctrain.comm.benchmarks import Sharing, build_machine
     from hpctrain.cost.machine import format_machine, parse_machine
 
     node_halo, net_halo = Fit(2e-6, 1e-10), Fit(8e-6, 4e-10)
@@ -372,7 +366,7 @@ def test_build_machine_puts_node_fits_on_top_and_network_fits_under_network(tmp_
                measured("allreduce", 2, Fit(9e-6, 5e-10), "network"),
                measured("halo", 2, net_halo, "network")]
     sharing = Sharing(2, 65536, 10e-6, 15e-6)  # 2·10/15: 1.33 NICs
-    machine = build_machine(settings_for(tmp_path), results, 5e10, 1, 0.0, 2, sharing)
+    machine = build_machine("two", "cpu", results, 5e10, 1, 0.0, 2, sharing)
     assert (machine.alpha, machine.beta, machine.ranks_per_node) == (2e-6, 1e-10, 2)
     assert machine.fits == {"allreduce": {2: Fit(3e-6, 2e-10)}, "halo": {2: node_halo}}
     net = machine.network
@@ -382,17 +376,17 @@ def test_build_machine_puts_node_fits_on_top_and_network_fits_under_network(tmp_
     assert again.levelled and again.network.nics == 1.33
     assert again.network.link("allreduce", 2).alpha == pytest.approx(9e-6)
     # one rank per node: nothing inside a node, placeholders on top, one NIC
-    machine = build_machine(settings_for(tmp_path), results[2:], 5e10, 1, 0.0, 1, Sharing(1))
+    machine = build_machine("two", "cpu", results[2:], 5e10, 1, 0.0, 1, Sharing(1))
     assert (machine.alpha, machine.beta, machine.fits) == (DEFAULT_ALPHA, DEFAULT_BETA, {})
     assert machine.network.nics == 1 and "not measured" in Sharing(1).describe()
 
 
-def test_one_node_profile_is_flat_with_its_ranks_per_node(tmp_path):
-    from hpctrain.commands.calibrate import build_machine
+def test_one_node_profile_is_flat_with_its_ranks_per_node():
+    from hpctrain.comm.benchmarks import build_machine
     from hpctrain.cost.machine import format_machine
 
     results = [measured("halo", 2, Fit(2e-6, 1e-10))]
-    machine = build_machine(settings_for(tmp_path), results, 5e10, 1, 0.0, 4, None)
+    machine = build_machine("two", "cpu", results, 5e10, 1, 0.0, 4, None)
     assert machine.network is None and machine.ranks_per_node == 4
     text = format_machine(machine)
     assert "ranks_per_node = 4\n" in text and "[network]" not in text

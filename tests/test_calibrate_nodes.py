@@ -90,9 +90,9 @@ def test_round_robin_placement_is_refused_on_every_rank_in_one_line(tmp_path):
 
 PROGRESS_SCRIPT = """import os, sys, time
 from pathlib import Path
-import hpctrain.commands.calibrate as calibrate
+import hpctrain.comm.benchmarks as benchmarks
 from hpctrain.cli import main
-go, timed = Path(sys.argv[1]), calibrate._time_calls
+go, timed = Path(sys.argv[1]), benchmarks.time_calls
 
 def waiting(world, *args, **kwargs):
     # every timing waits until the test has read rank 0's first progress line: it reaches the
@@ -105,7 +105,7 @@ def waiting(world, *args, **kwargs):
     world.Barrier()
     return 1e-4  # instant: the phases, not the times, are under test
 
-calibrate._time_calls = waiting
+benchmarks.time_calls = waiting
 sys.exit(main(sys.argv[2:]))
 """
 

@@ -18,8 +18,6 @@ import numpy as np
 import pytest
 
 from hpctrain.commands import simulate as simulate_command
-from hpctrain.commands.simulate import PLANS as SIM_PLANS
-from hpctrain.commands.simulate import ImplementationPlans, Settings
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import load_machine, parse_machine
 from hpctrain.device.precision import PRECISIONS
@@ -30,6 +28,11 @@ from hpctrain.plan.paper import strategy_comm
 from hpctrain.plan.planner import evaluate, plan_network
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.pricing import CostModel
+from hpctrain.study import levels as levels_study
+from hpctrain.study import paper
+from hpctrain.study import volumes as volumes_study
+from hpctrain.study.paper import PLANS as SIM_PLANS
+from hpctrain.study.paper import ImplementationPlans, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 NET = load_net("alexnet")
@@ -521,17 +524,15 @@ def test_out_must_not_be_a_directory(tmp_path):
         simulate_command.run(["--out", str(tmp_path)])
 
 
-@pytest.mark.parametrize("target", ["run_studies", "_write_table"])
+@pytest.mark.parametrize("target", ["run_studies", "write_table"])
 def test_a_failure_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, target):
-    import hpctrain.commands.simulate as simulate
-
     out = tmp_path / "sim.h5"
     out.write_bytes(b"the previous results")
 
     def fail(*args, **kwargs):
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(simulate, target, fail)
+    monkeypatch.setattr(paper, target, fail)
     with pytest.raises(RuntimeError, match="injected"):
         simulate_command.run(["--out", str(out)])
     assert out.read_bytes() == b"the previous results"
@@ -539,17 +540,16 @@ def test_a_failure_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, t
 
 
 def test_a_point_without_a_plan_keeps_its_rows(tmp_path, monkeypatch):
-    import hpctrain.commands.simulate as simulate
     from hpctrain.plan.planner import PlannerError
 
-    real = simulate.plan_network
+    real = paper.plan_network
 
     def plan_unless_4096(model):
         if model.procs == 4096:
             raise PlannerError("layer fc8 cannot be split on 4096 processes")
         return real(model)
 
-    monkeypatch.setattr(simulate, "plan_network", plan_unless_4096)
+    monkeypatch.setattr(paper, "plan_network", plan_unless_4096)
     out = tmp_path / "sim.h5"
     assert simulate_command.run(["--net", "mlp", "--out", str(out)]) == 0
     with h5py.File(out, "r") as f:
@@ -613,7 +613,7 @@ def two_levels(tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_levels():
     """AlexNet and ResNet-50 (branches: planned by elimination) on P = 8..64."""
-    return simulate_command.run_levels([NET, load_net("resnet50")], LEVELLED, 2048,
+    return levels_study.run_levels([NET, load_net("resnet50")], LEVELLED, 2048,
                                        (8, 16, 32, 64))
 
 
@@ -651,7 +651,7 @@ def test_the_flat_plan_is_never_faster_on_the_levelled_machine(small_levels):
 
 def test_the_times_are_the_planners_and_evaluates():
     net, batch, procs = load_net("resnet50"), 2048, 32
-    got = simulate_command.compare_levels(net, LEVELLED, batch, procs).row()
+    got = levels_study.compare_levels(net, LEVELLED, batch, procs).row()
     flops = FlopModel(LEVELLED.flops)
     model = CostModel(net, batch, procs, LEVELLED, flops)
     flat = plan_network(CostModel(net, batch, procs, LEVELLED.flattened(), flops))
@@ -663,7 +663,7 @@ def test_the_times_are_the_planners_and_evaluates():
 
 
 def test_on_a_flat_profile_the_loss_is_exactly_zero():
-    t = simulate_command.run_levels([NET], MACHINE, 2048, (8, 64)).tables["alexnet"]
+    t = levels_study.run_levels([NET], MACHINE, 2048, (8, 64)).tables["alexnet"]
     assert list(t["loss"]) == [0.0, 0.0] and list(t["segments_changed"]) == [0, 0]
     assert t["flat_plan"] == t["levelled_plan"] and t["flat_time"] == t["levelled_time"]
     assert not any(t["levelled_model_group_crosses_nodes"])  # no nodes to cross
@@ -707,11 +707,11 @@ def test_levels_writes_every_column(two_levels, tmp_path, capsys):
 
 
 def test_levels_plans_three_nets_unless_told_one(two_levels, tmp_path, monkeypatch):
-    monkeypatch.setattr(simulate_command, "LEVELS_PROCS", (8, 16))
-    monkeypatch.setattr(simulate_command, "DOMAIN_PROCS", (16,))
+    monkeypatch.setattr(levels_study, "LEVELS_PROCS", (8, 16))
+    monkeypatch.setattr(paper, "DOMAIN_PROCS", (16,))
     monkeypatch.chdir(tmp_path)
     assert simulate_command.run(["--levels", "--machine", str(two_levels)]) == 0
-    monkeypatch.setattr(simulate_command, "DOMAIN_PROCS", (16,))
+    monkeypatch.setattr(paper, "DOMAIN_PROCS", (16,))
     assert simulate_command.run(["--levels", "--machine", str(two_levels), "--domain-batch",
                                  "8", "--out", "small.h5"]) == 0
     with h5py.File(tmp_path / "runs" / "levels.h5", "r") as f:  # the default --out
@@ -746,7 +746,7 @@ VOLUME_PROCS = (8, 16, 64, 128, 512)
 
 @pytest.fixture(scope="module")
 def volumes():
-    return simulate_command.run_volumes(load_net("cosmoflow"), GPU, (128, 512), VOLUME_PROCS,
+    return volumes_study.run_volumes(load_net("cosmoflow"), GPU, (128, 512), VOLUME_PROCS,
                                         64, A100)
 
 
@@ -839,7 +839,7 @@ def test_volumes_rates_speedups_and_the_planners_numbers(volumes):
 
 def test_volumes_writes_its_file_and_plots(tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
-    monkeypatch.setattr(simulate_command, "VOLUMES_PROCS", (8, 128))
+    monkeypatch.setattr(volumes_study, "VOLUMES_PROCS", (8, 128))
     out = tmp_path / "volumes.h5"
     assert simulate_command.run(["--volumes", "--out", str(out), "--plots",
                                  str(tmp_path / "figs")]) == 0
@@ -854,7 +854,7 @@ def test_volumes_writes_its_file_and_plots(tmp_path, capsys, monkeypatch):
         assert group.attrs["batch_rule"] == "B = P/4"
         assert list(group["batch"][()]) == [2, 32]
         for plan in ("auto", "pure_batch"):
-            for key in simulate_command.VOLUME_COLUMNS:
+            for key in volumes_study.VOLUME_COLUMNS:
                 assert len(group[f"{plan}_{key}"]) == 2
         assert group["auto_memory_per_rank"].attrs["units"] == "B"
         assert group["auto_iteration_time"].attrs["units"] == "s"

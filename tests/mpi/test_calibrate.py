@@ -5,8 +5,9 @@ import os
 
 import pytest
 
+from hpctrain.comm.benchmarks import DEFAULT_ALPHA, DEFAULT_BETA
 from hpctrain.commands import calibrate as calibrate_command
-from hpctrain.commands.calibrate import DEFAULT_ALPHA, DEFAULT_BETA, CalibrateError
+from hpctrain.commands.calibrate import CalibrateError
 from hpctrain.cost.machine import load_machine
 from hpctrain.layout.partition import factorisations
 from tests.mpi.helpers import all_agree
@@ -54,10 +55,10 @@ def test_unwritable_out_is_refused_on_every_rank(comm, shared_dir):
         calibrate_command.run(["--quick", "--out", str(shared_dir)], comm)
 
 
-def test_both_levels_on_nodes_made_by_splitting_the_world(comm, tmp_path):
+def test_both_levels_on_nodes_made_by_splitting_the_world(comm):
     """The world split into m "nodes" of R consecutive ranks (2 of 2 on four ranks, else one
     rank per node): node fits keyed by k | R, network fits keyed by m' | m, nics in [1, R]."""
-    from hpctrain.commands.calibrate import Settings, build_machine, measure_levels
+    from hpctrain.comm.benchmarks import Sweep, build_machine, measure_levels
     from hpctrain.device.backend import make_backend
 
     size = comm.size
@@ -66,13 +67,13 @@ def test_both_levels_on_nodes_made_by_splitting_the_world(comm, tmp_path):
     per_node = 2 if size % 2 == 0 and size > 2 else 1
     nodes = size // per_node
     node = comm.Split(color=comm.rank // per_node, key=comm.rank)
-    settings = Settings(tmp_path / "m.toml", "split", 4096, 2, 2, 64, DEVICE)
+    sweep = Sweep(4096, 2, 2)
     try:
         results, sharing = measure_levels(comm, node, make_backend(DEVICE, "float32", comm),
-                                          settings)
+                                          sweep)
     finally:
         node.Free()
-    machine = build_machine(settings, results, 1e9, 1, 0.0, per_node, sharing)
+    machine = build_machine("split", DEVICE, results, 1e9, 1, 0.0, per_node, sharing)
     net = machine.network
     got_node = {(c, p) for c, sizes in machine.fits.items() for p in sizes}
     got_net = {(c, p) for c, sizes in net.fits.items() for p in sizes}
