@@ -8,6 +8,7 @@ d-tuples, the padding a (before, after) pair per spatial axis
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
 from math import prod
@@ -82,18 +83,11 @@ def maxpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[in
     steps = [prod(size[axis + 1:]) for axis in range(d)]
     # flat index (n·C + c)·S + Σᵢ (pᵢ·sᵢ + aᵢ)·stepᵢ: the window's corner plus the offset of its
     # maximum, looked up by position (the offsets made where dY is: no host copy in the step)
-    offsets = 0
-    for axis in range(d):
-        offsets = offsets + (xp.arange(kernel[axis], dtype=xp.intp) * steps[axis]).reshape(
-            kernel[axis], *(1,) * (d - 1 - axis))
+    offsets = _flat_grid(xp, kernel, steps)
     flat = offsets.reshape(-1).take(cache.first)
     flat += (xp.arange(n * c) * prod(size)).reshape(n, c, *(1,) * d)  # broadcast, no temporary
-    corner_of_window = 0  # (O1, …, Od), one pass over the flat index to add it
-    for axis in range(d):
-        corner_of_window = corner_of_window + (
-            xp.arange(out[axis]) * (stride[axis] * steps[axis])).reshape(
-                out[axis], *(1,) * (d - 1 - axis))
-    flat += corner_of_window
+    # each window's corner, (O1, …, Od): one pass over the flat index to add it
+    flat += _flat_grid(xp, out, [s * step for s, step in zip(stride, steps, strict=True)])
     if xp is np:
         sums = np.bincount(flat.reshape(-1), weights=dy.reshape(-1), minlength=n * c * prod(size))
     else:
@@ -101,6 +95,18 @@ def maxpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[in
         xp.add.at(sums, flat.reshape(-1), dy.reshape(-1).astype(xp.float64))
     dxp = sums.astype(dy.dtype).reshape(n, c, *size)
     return unpadded(dxp, cache.pads)
+
+
+def _flat_grid(xp: Any, counts: Sequence[int], spacings: Sequence[int]) -> Any:
+    """Σᵢ aᵢ·spacingᵢ for every a with aᵢ < countsᵢ, as an integer array of shape
+    (counts1, …, countsd): the flat index of each point of a grid of d axes, from its first.
+    For counts (2, 3) and spacings (10, 1): [[0, 1, 2], [10, 11, 12]]."""
+    d = len(counts)
+    grid = 0
+    for axis, (count, spacing) in enumerate(zip(counts, spacings, strict=True)):
+        grid = grid + (xp.arange(count, dtype=xp.intp) * spacing).reshape(
+            count, *(1,) * (d - 1 - axis))
+    return grid
 
 
 def avgpool_forward(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
