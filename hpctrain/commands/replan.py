@@ -47,11 +47,15 @@ class Replan:
 
 
 def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshold: float,
-           comm: Any) -> Replan:
+           comm: Any, limit: tuple[float, str] | None = None) -> Replan:
     """The plan to go on with after ``step`` steps that measured ``result`` (a
     :class:`~hpctrain.run.loop.TrainResult`: its per-layer times, the same on every rank);
-    collective over ``comm``, the same on every rank."""
-    from hpctrain.cost.memory import memory_limit
+    collective over ``comm``, the same on every rank.
+
+    ``limit`` is the (bytes, where they come from) a rank may use that the run was planned
+    under (:func:`~hpctrain.cost.memory.memory_limit`, agreed at set-up), and the new plan is
+    held to it too. None: agreed again here, over ``comm``, which costs an all-reduce and reads
+    the node's free memory while the running plan's arrays hold part of it."""
     from hpctrain.plan.planner import predict
     from hpctrain.plan.pricing import build_cost_model
     from hpctrain.record.measured import measured_plan
@@ -73,9 +77,13 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
                          cache_bytes=setup.machine.cache_bytes)
     model = build_cost_model(setup.net, request.batch, procs, fitted, request.compute,
                              setup.backend, comm, setup.threads, setup.overlap)
-    limit, source = memory_limit(comm, request.mem_per_rank, setup.threads.ranks_on_node)
+    if limit is None:
+        from hpctrain.cost.memory import memory_limit
+
+        limit = memory_limit(comm, request.mem_per_rank, setup.threads.ranks_on_node)
+    cap, source = limit
     running = predict(model, planned.plans)
-    best = predict(model, None, limit, source, request.space)
+    best = predict(model, None, cap, source, request.space)
     gain = 1 - best.iteration_time / running.iteration_time
     refitted = (f"{seen}; refitted to {steps}, the plan running is predicted "
                 f"{running.iteration_time * 1e3:.1f} ms")
