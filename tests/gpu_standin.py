@@ -17,6 +17,14 @@ gpu`` path can be run and its host traffic counted on a machine without a GPU:
 - ``cuda.get_current_stream().synchronize()`` and ``cuda.Device().synchronize()`` (the
   current device) are synchronisations. Only names CuPy has are offered: a call CuPy
   lacks (``cuda.get_current_device``, say) fails here as it would on a GPU.
+- ``cuda.Event()`` records the host clock when it is recorded (everything here is computed at
+  once, so that is when the device reaches it) and ``cuda.get_elapsed_time(start, end)`` gives
+  the milliseconds between two; ``event.synchronize()`` is a synchronisation. As on a GPU, the
+  elapsed time of an event not recorded, or not yet known to be done, is refused: the host must
+  have waited for it (any wait after its record) or seen ``event.done``.
+- ``a.data.ptr`` is the address of an array's first element, unique to its buffer while the
+  buffer lives (a view's is offset by its byte offset), and :func:`buffer_at` finds the device
+  memory at an address, as a library handed raw pointers (NCCL) would.
 
 Every such event is added to :data:`counters` with the place in hpctrain that caused it, so a
 test can assert a budget per training step and name the line that broke it. The counters also
@@ -32,11 +40,13 @@ handed to mpi4py fails, as it would (far less clearly) on a GPU with an MPI that
 from __future__ import annotations
 
 import builtins
+import itertools
 import sys
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import perf_counter
 from types import SimpleNamespace
 from typing import Any
 
@@ -71,6 +81,7 @@ class Counters:
     live_bytes: int = 0  # device arrays alive now, each buffer once (views not counted)
     peak_bytes: int = 0  # their largest sum: what CuPy's pool holds, as it keeps freed blocks
     live: set = field(default_factory=set)  # ids of the buffers alive
+    waited: int = 0  # the tick of the last wait: every event recorded before it is done
 
     def reset(self) -> None:
         self.events.clear()
@@ -143,7 +154,12 @@ def _caller() -> str:
     return outside or "?"
 
 
+_TICKS = itertools.count(1)  # orders event records and waits
+
+
 def _count(kind: str, nbytes: int = 0) -> None:
+    if kind in (SYNC, TO_HOST, SCALAR):  # the host has caught up with the stream
+        counters.waited = next(_TICKS)
     counters.events[kind] += 1
     counters.bytes[kind] += int(nbytes)
     counters.places[kind, _caller()] += 1
@@ -247,6 +263,12 @@ class ndarray:  # CuPy's name for its array type
                 "data": (host.ctypes.data, not host.flags.writeable),
                 "strides": None if host.flags.c_contiguous else host.strides, "version": 2}
 
+    @property
+    def data(self) -> MemoryPointer:
+        """The device pointer of the first element (CuPy's ``MemoryPointer``); its buffer
+        can then be found by :func:`buffer_at`."""
+        return MemoryPointer(_register(self._host), counters.current_device)
+
     # attributes that need no device work
     shape = property(lambda self: self._host.shape)
     dtype = property(lambda self: self._host.dtype)
@@ -312,6 +334,55 @@ class ndarray:  # CuPy's name for its array type
             return _device_function(getattr(self._host, name))
         raise AttributeError(f"the CuPy stand-in's ndarray has no {name!r}; add it if CuPy's "
                              f"has it")
+
+
+class MemoryPointer:
+    """An address in device memory: ``ptr`` (an int), as CuPy's ``a.data`` gives."""
+
+    __slots__ = ("ptr", "device_id")
+
+    def __init__(self, ptr: int, device_id: int) -> None:
+        self.ptr, self.device_id = ptr, device_id
+
+    def __int__(self) -> int:
+        return self.ptr
+
+
+# the buffers whose address has been asked for: id of the owning NumPy array -> its weakref
+_BUFFERS: dict[int, weakref.ref] = {}
+
+
+def _register(host: np.ndarray) -> int:
+    """The address of ``host``'s first element, its buffer (the array that owns the memory)
+    now findable by :func:`buffer_at` while it lives."""
+    owner = host
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    key = id(owner)
+    if key not in _BUFFERS:
+        _BUFFERS[key] = weakref.ref(owner, lambda _, key=key: _BUFFERS.pop(key, None))
+    return host.ctypes.data
+
+
+def buffer_at(ptr: int, nbytes: int | None = None) -> ndarray:
+    """The device memory at address ``ptr`` (from ``a.data.ptr``, possibly offset), as a 1-d
+    ``uint8`` device array sharing it: ``nbytes`` long, or to the end of its buffer. Writes to
+    it are writes to the array it belongs to. An address in no live buffer, or a range past the
+    buffer's end, raises ``ValueError`` (on a GPU, an illegal memory access)."""
+    for ref in list(_BUFFERS.values()):
+        owner = ref()
+        if owner is None:
+            continue
+        start = owner.ctypes.data
+        if start <= ptr < start + builtins.max(owner.nbytes, 1):
+            raw = owner.reshape(-1, order="A").view(np.uint8)  # an owner is contiguous
+            offset = ptr - start
+            end = owner.nbytes if nbytes is None else offset + int(nbytes)
+            if end > owner.nbytes:
+                raise ValueError(f"{nbytes} bytes at {ptr:#x} run past the end of its buffer "
+                                 f"({owner.nbytes - offset} bytes left)")
+            return ndarray(raw[offset:end])
+    raise ValueError(f"no live device buffer holds address {ptr:#x}")
 
 
 def _index(index: Any) -> Any:
@@ -431,6 +502,51 @@ class Stream:
 _STREAM = Stream()
 
 
+class Event:
+    """A CUDA event: :meth:`record` it on the stream, and the device marks the moment it has
+    run everything queued before it. Here that is the host clock at the record."""
+
+    def __init__(self, block: bool = False, disable_timing: bool = False,
+                 interprocess: bool = False) -> None:
+        self.timing = not disable_timing
+        self._tick = 0  # 0: never recorded
+        self._seen_done = -1  # the record whose completion ``done`` reported
+        self._time = 0.0
+
+    def record(self, stream: Stream | None = None) -> None:
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"record on a stream, not {type(stream).__name__}")
+        self._tick = next(_TICKS)
+        self._time = perf_counter()
+
+    def synchronize(self) -> None:
+        """Wait for the device to reach the event."""
+        _count(SYNC)
+
+    @property
+    def done(self) -> bool:
+        """Whether the device has reached the event (a query, not a wait): always, here."""
+        self._seen_done = self._tick
+        return True
+
+    def _known_done(self) -> bool:
+        return self._tick < counters.waited or self._seen_done == self._tick
+
+
+def get_elapsed_time(start_event: Event, end_event: Event) -> float:
+    """Milliseconds from ``start_event`` to ``end_event``, both recorded and done."""
+    for event in (start_event, end_event):
+        if not event._tick:
+            raise CUDARuntimeError("cudaErrorInvalidResourceHandle: an event never recorded")
+        if not event.timing:
+            raise CUDARuntimeError("cudaErrorInvalidResourceHandle: an event made with "
+                                   "disable_timing=True")
+        if not event._known_done():
+            raise CUDARuntimeError("cudaErrorNotReady: the host has not waited for the event "
+                                   "(synchronize it, or a later one) since it was recorded")
+    return (end_event._time - start_event._time) * 1e3
+
+
 class Device:
     def __init__(self, device: int | None = None) -> None:
         self.id = counters.current_device if device is None else int(device)
@@ -464,7 +580,10 @@ def _properties(device: int) -> dict[str, Any]:
 
 cuda = SimpleNamespace(
     Device=Device,
+    Event=Event,
+    MemoryPointer=MemoryPointer,
     Stream=Stream,
+    get_elapsed_time=get_elapsed_time,
     get_current_stream=lambda: _STREAM,
     runtime=SimpleNamespace(getDeviceCount=_device_count, getDeviceProperties=_properties,
                             CUDARuntimeError=CUDARuntimeError),

@@ -81,3 +81,53 @@ def test_the_device_and_its_count(standin_cupy):
     with cuda.Device(1):
         assert cuda.Device().id == 1
     assert cuda.Device().id == 0
+
+
+def test_events_time_the_stream_and_give_their_times_only_once_waited_for(standin_cupy):
+    cp, counters = standin_cupy, standin_cupy.counters
+    start, end, never = cp.cuda.Event(), cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    cp.zeros(4).sum()
+    end.record(cp.cuda.get_current_stream())
+    assert counters.waits() == 0  # recording waits for nothing
+    with pytest.raises(cp.cuda.runtime.CUDARuntimeError, match="NotReady"):
+        cp.cuda.get_elapsed_time(start, end)  # not known to be done: the host has not waited
+    end.synchronize()
+    assert counters.events[SYNC] == 1
+    assert cp.cuda.get_elapsed_time(start, end) >= 0.0  # milliseconds; start is done too
+    with pytest.raises(cp.cuda.runtime.CUDARuntimeError, match="InvalidResourceHandle"):
+        cp.cuda.get_elapsed_time(start, never)
+    end.record()  # recorded again: its new time is not known until a wait, or a query
+    with pytest.raises(cp.cuda.runtime.CUDARuntimeError, match="NotReady"):
+        cp.cuda.get_elapsed_time(start, end)
+    assert end.done and cp.cuda.get_elapsed_time(start, end) >= 0.0
+    end.record()
+    cp.asnumpy(cp.zeros(1))  # any wait for the stream
+    assert cp.cuda.get_elapsed_time(start, end) >= 0.0
+    untimed = cp.cuda.Event(disable_timing=True)
+    untimed.record()
+    untimed.synchronize()
+    with pytest.raises(cp.cuda.runtime.CUDARuntimeError, match="disable_timing"):
+        cp.cuda.get_elapsed_time(start, untimed)
+
+
+def test_a_pointer_finds_the_memory_of_its_buffer(standin_cupy):
+    cp = standin_cupy
+    a, b = cp.arange(6, dtype=cp.float32), cp.zeros((2, 3), dtype=cp.float64)
+    assert isinstance(a.data.ptr, int) and a.data.ptr != b.data.ptr
+    assert a.data.ptr == a.data.ptr  # stable while the buffer lives
+    assert a[2:].data.ptr == a.data.ptr + 8  # a view: offset by its byte offset
+    assert b[1].data.ptr == b.data.ptr + 24
+    found = cp.buffer_at(a[2:].data.ptr, 8)
+    assert isinstance(found, cp.ndarray) and found.dtype == np.uint8 and found.shape == (8,)
+    assert cp.asnumpy(found.view(cp.float32)).tolist() == [2.0, 3.0]
+    cp.buffer_at(b.data.ptr)[:8] = cp.asarray(np.ones(1, np.float64)).view(cp.uint8)
+    assert float(b[0, 0]) == 1.0  # writes reach the array
+    assert cp.buffer_at(b.data.ptr).shape == (48,)  # to the end of the buffer
+    with pytest.raises(ValueError, match="past the end"):
+        cp.buffer_at(a.data.ptr, 25)
+    gone = cp.zeros(1000).data.ptr  # the buffer is freed at once
+    with pytest.raises(ValueError, match="no live device buffer"):
+        cp.buffer_at(gone)
+    with pytest.raises(ValueError, match="no live device buffer"):
+        cp.buffer_at(np.zeros(3).ctypes.data)  # host memory

@@ -6,7 +6,9 @@ them). A :class:`StepTimer`
 reads it together with ``perf_counter`` at each layer boundary of a step, so each layer's time
 splits into compute (its wall time less the communication inside it) and its own communication
 (ΔW all-reduce, halo exchange), and each redistribution feeding a layer is timed on its own.
-These are the per-layer quantities the planner predicts, measured in real steps.
+These are the per-layer quantities the planner predicts, measured in real steps. On a GPU the
+boundaries are device events instead, read once at the end of the step (see :class:`StepTimer`),
+so timing adds no wait for the device inside a step.
 
 Summaries: :func:`median_times` over steps, :func:`max_over_ranks` (the slowest rank sets the
 pace) and :func:`format_table`. All times are in seconds; the table prints milliseconds.
@@ -25,6 +27,7 @@ import numpy as np
 if TYPE_CHECKING:
     from hpctrain.comm.redistribute import Redistribute
     from hpctrain.device.backend import Backend
+    from hpctrain.device.clock import CommClock, DeviceEvents
 
 LOSS = "loss"  #: the key of the loss row in a StepTimer
 
@@ -100,6 +103,8 @@ class StepTimes:
     step: float = 0.0
     spans: list[tuple[int, int, int, float, float]] | None = None  # a list: keep a timeline
     data: float = 0.0  # seconds spent in the source's images() and labels()
+    # on a GPU, while a step is timed: the parts its device events bound, not yet read
+    pending: DeviceLaps | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def blank(cls, names: Sequence[str]) -> StepTimes:
@@ -136,6 +141,25 @@ class StepTimes:
         return {"layers": {row.name: row_dict(row) for row in self.layers},
                 "loss": row_dict(self.loss), "step": float(self.step),
                 "data": float(self.data)}
+
+
+@dataclass
+class DeviceLaps:
+    """The parts of one step bounded by device events (indices into ``events``), read at the
+    step's end.
+
+    ``laps``: (row key, phase, category, start, end, comm blocks) of each part, the blocks the
+    (start, end) pairs the comm clock marked inside it; ``reads``: (start, end) of each read
+    of the step's data; ``origin``: the event recorded when the step's first timer was entered,
+    at ``host_origin`` (``perf_counter`` seconds), which places a timeline's spans.
+    """
+
+    events: DeviceEvents
+    origin: int
+    host_origin: float
+    laps: list[tuple[int | str, int, int, int, int, list[tuple[int, int]]]] = field(
+        default_factory=list)
+    reads: list[tuple[int, int]] = field(default_factory=list)
 
 
 def median_times(steps: Sequence[StepTimes]) -> StepTimes:
@@ -249,8 +273,23 @@ class StepTimer:
 
     Use as a context manager around the timed code (it enables the backend's comm clock, and
     restores it after), and call the method for each part just after the part has run: each
-    reading covers the time since the previous one. On a GPU every reading first waits for the
-    queued device work (``backend.sync``), so each part is charged its own kernels.
+    reading covers the time since the previous one. Timers nest (a step's, then its forward's,
+    loss's and backward's) and fill the same record.
+
+    On the CPU each reading is ``perf_counter`` and the comm clock's seconds. On a GPU (the
+    comm clock has device events) waiting for the device at every reading would stop the host
+    from queuing the next layer's kernels while the device runs this one; so each reading
+    records an event on the stream instead, and the events are read once: in
+    :meth:`finish_step`, after one wait for the last, or when the step's outermost timer exits.
+    Each part is then the device's time between its two boundaries: its own kernels, any
+    kernels queued before it that were still running when it began, and any time the device sat
+    idle waiting for the host to queue the part's work (the Python cost of a layer too small to
+    keep the device busy). The communication inside a part is the device's time between the
+    events the comm clock records around each block: where MPI is staged through the host the
+    copy out waits for the stream, so that is the movement itself; a collective queued on the
+    stream (NCCL) is timed as the device runs it. A timeline's spans are placed on the host's
+    clock from the event recorded as the step's first timer is entered, taken to be reached then
+    (the device has caught up at the end of the step before).
 
     Parameters
     ----------
@@ -260,42 +299,107 @@ class StepTimer:
 
     def __init__(self, backend: Backend, times: StepTimes | None) -> None:
         self.backend, self.times = backend, times
+        self._owner = False  # whether this timer began the record's device laps
 
     def __enter__(self) -> StepTimer:
         if self.times is not None:
             clock = self.backend.clock
             self._was_enabled, clock.enabled = clock.enabled, True
-            self.backend.sync()
-            self._start = self._wall = perf_counter()
-            self._comm = clock.seconds
+            if clock.events is not None:
+                self._enter_on_device(clock, clock.events)
+            else:
+                self.backend.sync()
+                self._start = self._wall = perf_counter()
+                self._comm = clock.seconds
             self._bytes = clock.bytes_sent
             if clock.intervals:  # comm before this timer belongs to no span of it
                 clock.intervals.clear()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self.times is not None:
-            self.backend.clock.enabled = self._was_enabled
+    def _enter_on_device(self, clock: CommClock, events: DeviceEvents) -> None:
+        self._owner = self.times.pending is None
+        if self._owner:  # the step's first timer: its events start afresh
+            events.clear()
+        self._start = perf_counter()
+        self._mark = events.record()
+        if self._owner:
+            self.times.pending = DeviceLaps(events, self._mark, self._start)
+        clock.marks.clear()  # comm before this timer belongs to no part of it
 
-    def _lap(self, key: int | str, phase: int, category: int) -> tuple[float, float]:
-        """Wall and comm-clock seconds since the previous reading; the bytes sent since then
-        are added to row ``key``. With a timeline, the part is one span of ``category`` and,
-        for a layer (``COMPUTE``), each communication inside it one more."""
-        self.backend.sync()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if self.times is not None:
+            clock = self.backend.clock
+            clock.enabled = self._was_enabled
+            if self._owner:
+                if exc_type is None and (self.times.pending.laps or self.times.pending.reads):
+                    clock.events.wait()
+                    self._resolve()
+                self.times.pending = None
+                clock.events.clear()
+                clock.marks.clear()
+
+    def _lap(self, key: int | str, phase: int, category: int) -> None:
+        """Charge row ``key`` the part since the previous reading (or, on a GPU, note it for the
+        step's end), and the bytes sent since then."""
         clock = self.backend.clock
-        wall, comm = perf_counter(), clock.seconds
-        lap = (wall - self._wall, comm - self._comm)
         self._row(key).bytes_sent += clock.bytes_sent - self._bytes
+        self._bytes = clock.bytes_sent
+        if clock.events is not None:
+            end = clock.events.record()
+            self.times.pending.laps.append((key, phase, category, self._mark, end, clock.marks))
+            clock.marks = []
+            self._mark = end
+            return
+        self.backend.sync()
+        wall, comm = perf_counter(), clock.seconds
+        self._charge(key, phase, category, wall - self._wall, comm - self._comm, self._wall,
+                     wall, clock.intervals or ())
+        if self.times.spans is not None and clock.intervals:
+            clock.intervals.clear()
+        self._wall, self._comm = wall, comm
+
+    def _charge(self, key: int | str, phase: int, category: int, wall: float, comm: float,
+                start: float, end: float, intervals: Sequence[tuple[float, float]]) -> None:
+        """Add a part of ``wall`` seconds, ``comm`` of them communication, to row ``key``: all
+        of it to the redistribution, or the comm to the layer's comm and the rest to its
+        compute. With a timeline, the part is one span (``start``, ``end``) of ``category`` and,
+        for a layer (``COMPUTE``), each communication inside it (``intervals``) one more."""
+        row = self._row(key)
+        if category == REDISTRIBUTION:
+            if phase == 0:
+                row.forward_redistribution += wall
+            else:
+                row.backward_redistribution += wall
+        elif phase == 0:
+            row.forward_compute += max(wall - comm, 0.0)  # never below 0 by rounding
+            row.forward_layer_comm += comm
+        else:
+            row.backward_compute += max(wall - comm, 0.0)
+            row.backward_layer_comm += comm
         spans = self.times.spans
         if spans is not None:
-            row = len(self.times.layers) if key == LOSS else key
-            spans.append((row, phase, category, self._wall, wall))
-            if clock.intervals:
-                if category == COMPUTE:
-                    spans += [(row, phase, COMMUNICATION, *i) for i in clock.intervals]
-                clock.intervals.clear()
-        self._wall, self._comm, self._bytes = wall, comm, clock.bytes_sent
-        return lap
+            index = len(self.times.layers) if key == LOSS else key
+            spans.append((index, phase, category, start, end))
+            if category == COMPUTE:
+                spans += [(index, phase, COMMUNICATION, *i) for i in intervals]
+
+    def _resolve(self) -> None:
+        """Charge every part noted since the events were last read (call after their wait):
+        each its device time, the comm blocks inside it its comm."""
+        pending, clock = self.times.pending, self.backend.clock
+        seconds = pending.events.seconds()
+        shift = pending.host_origin - seconds[pending.origin]  # device seconds to perf_counter
+        timeline = self.times.spans is not None
+        for key, phase, category, start, end, blocks in pending.laps:
+            comm = sum(seconds[e] - seconds[s] for s, e in blocks)
+            clock.seconds += comm
+            intervals = [(seconds[s] + shift, seconds[e] + shift) for s, e in blocks
+                         ] if timeline else []
+            self._charge(key, phase, category, seconds[end] - seconds[start], comm,
+                         seconds[start] + shift, seconds[end] + shift, intervals)
+        for start, end in pending.reads:
+            self.times.data += seconds[end] - seconds[start]
+        pending.laps, pending.reads = [], []
 
     def _row(self, key: int | str) -> LayerTimes:
         return self.times.loss if key == LOSS else self.times.layers[key]
@@ -304,37 +408,44 @@ class StepTimer:
         """``move`` (feeding row ``key``) has just run forward; a move that moves nothing (the
         identity) is not timed."""
         if self.times is not None and move.move.moves_data:
-            self._row(key).forward_redistribution += self._lap(key, 0, REDISTRIBUTION)[0]
+            self._lap(key, 0, REDISTRIBUTION)
 
     def backward_move(self, key: int | str, move: Redistribute) -> None:
         """``move`` (feeding row ``key``) has just run backward."""
         if self.times is not None and move.move.moves_data:
-            self._row(key).backward_redistribution += self._lap(key, 1, REDISTRIBUTION)[0]
+            self._lap(key, 1, REDISTRIBUTION)
 
     def forward_layer(self, key: int | str) -> None:
         """Row ``key``'s forward has just run: its wall time less comm is compute."""
         if self.times is not None:
-            wall, comm = self._lap(key, 0, COMPUTE)
-            row = self._row(key)
-            row.forward_compute += max(wall - comm, 0.0)  # never below 0 by rounding
-            row.forward_layer_comm += comm
+            self._lap(key, 0, COMPUTE)
 
     def backward_layer(self, key: int | str) -> None:
         """Row ``key``'s backward has just run."""
         if self.times is not None:
-            wall, comm = self._lap(key, 1, COMPUTE)
-            row = self._row(key)
-            row.backward_compute += max(wall - comm, 0.0)
-            row.backward_layer_comm += comm
+            self._lap(key, 1, COMPUTE)
 
     @contextmanager
     def reading(self) -> Iterator[None]:
-        """Add the wall time of the ``with`` block, a read of the step's data, to ``data``.
+        """Add the time of the ``with`` block, a read of the step's data, to ``data``.
 
-        Queued device work is waited for at both ends, so the read is charged only its own.
+        On the CPU, queued device work is waited for at both ends, so the read is charged only
+        its own. On a GPU the read is bounded by events: what it adds is the time the device
+        spent waiting for it (and for its copy to the device), none where the read overlapped
+        kernels queued before it.
         """
         if self.times is None:
             yield
+            return
+        clock = self.backend.clock
+        if clock.events is not None:
+            start = clock.events.record()
+            try:
+                yield
+            finally:
+                self._mark = clock.events.record()  # the next part starts after the read
+                self.times.pending.reads.append((start, self._mark))
+                clock.marks.clear()
             return
         self.backend.sync()
         start = perf_counter()
@@ -347,7 +458,16 @@ class StepTimer:
             self._wall, self._comm = perf_counter(), self.backend.clock.seconds
 
     def finish_step(self) -> None:
-        """Record the wall time since this timer was entered as the whole step."""
+        """Record the wall time since this timer was entered as the whole step; on a GPU, wait
+        once, for an event recorded now (after everything the step queued), and read every
+        part's time."""
         if self.times is not None:
-            self.backend.sync()
+            events = self.backend.clock.events
+            if events is None:
+                self.backend.sync()
+            else:
+                events.record()  # the step's end: in no part
+                events.wait()
             self.times.step += perf_counter() - self._start
+            if events is not None:
+                self._resolve()

@@ -3,8 +3,8 @@ evaluation, checkpoints, a step-by-step log, and a clean stop on SIGTERM or SIGU
 
 Every step is timed per layer (:mod:`hpctrain.record.timing`); at the end rank 0 prints the median
 over the steps after the first (which pays one-off allocation and warm-up), the largest over ranks.
-Timing costs a few clock reads per layer on the CPU; on a GPU each reading waits for the device,
-which removes some overlap of kernels with the host.
+Timing costs a few clock reads per layer on the CPU; on a GPU one device event per reading,
+read once at the end of the step (one wait).
 
 Rank 0 alone prints and writes the log; the others are silent unless something fails.
 """
@@ -124,7 +124,7 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
     """Train from step 0 (or the step of checkpoint ``resume``) to ``config.steps``.
 
     Collective over ``comm``. ``data`` gives the training batches (default: synthetic data of
-    ``config.seed``); ``val_data`` (an :class:`~hpctrain.data.dataset.H5Data` of the held-out split)
+    ``config.seed``); ``val_data`` (an :class:`~hpctrain.data.dataset_reader.H5Data` of split val)
     is evaluated every ``config.eval_every`` steps and at the end. ``log`` is rank 0's
     :class:`~hpctrain.record.runlog.RunLog` (None elsewhere, or for no log). After the progress
     lines and the "done:" line, rank 0 prints the per-layer time table (see :class:`TrainResult`).
