@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from hpctrain.data.augment import AUGMENT_MODES, Augmented, augment
-from hpctrain.data.dataset import H5Data, write_dataset
+from hpctrain.data.dataset_reader import H5Data
+from hpctrain.data.dataset_writer import write_dataset
 from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import make_backend
 from hpctrain.errors import UserError

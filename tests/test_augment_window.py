@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from hpctrain.data.augment import Augmented, augment
-from hpctrain.data.dataset import DatasetInfo, check_fits, crops_images
+from hpctrain.data.dataset_fit import check_fits, crops_images
+from hpctrain.data.dataset_format import DatasetInfo
 from hpctrain.errors import UserError
 from tests.test_augment import SEED, random_box, synthetic
 

@@ -8,16 +8,10 @@ import numpy as np
 import pytest
 
 from hpctrain.commands import convert as convert_command
-from hpctrain.data.dataset import (
-    DatasetError,
-    DatasetInfo,
-    H5Data,
-    check_fits,
-    feeds_flat,
-    flat_cover,
-    inspect_dataset,
-    write_dataset,
-)
+from hpctrain.data.dataset_fit import check_fits, feeds_flat
+from hpctrain.data.dataset_format import DatasetError, DatasetInfo, inspect_dataset
+from hpctrain.data.dataset_reader import H5Data, flat_cover
+from hpctrain.data.dataset_writer import write_dataset
 from hpctrain.data.prefetch import Prefetched
 from hpctrain.device.backend import make_backend
 from hpctrain.errors import UserError

@@ -11,7 +11,8 @@ PIL = pytest.importorskip("PIL")
 from PIL import Image, ImageDraw  # noqa: E402
 
 from hpctrain.cli import main  # noqa: E402
-from hpctrain.data.dataset import DatasetError, H5Data, inspect_dataset  # noqa: E402
+from hpctrain.data.dataset_format import DatasetError, inspect_dataset  # noqa: E402
+from hpctrain.data.dataset_reader import H5Data  # noqa: E402
 from hpctrain.data.folder import decode  # noqa: E402
 from hpctrain.device.backend import make_backend  # noqa: E402
 

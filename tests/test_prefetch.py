@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.data.dataset import H5Data, write_dataset
+from hpctrain.data.dataset_reader import H5Data
+from hpctrain.data.dataset_writer import write_dataset
 from hpctrain.data.prefetch import Prefetched
 from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import make_backend

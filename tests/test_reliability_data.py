@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpctrain.data.dataset import write_dataset
+from hpctrain.data.dataset_writer import write_dataset
 from tests.reliability import assert_refused, changed_outside, launch, snapshot
 from tests.test_training_app import mpiexec, start, wait_for_step
 

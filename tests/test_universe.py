@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from hpctrain.commands import convert as convert_command
-from hpctrain.data.dataset import DatasetError, DatasetInfo, H5Data, inspect_dataset
+from hpctrain.data.dataset_format import DatasetError, DatasetInfo, inspect_dataset
+from hpctrain.data.dataset_reader import H5Data
 from hpctrain.data.universe import (
     PARAMETERS,
     Universe,

@@ -10,17 +10,11 @@ import numpy as np
 import pytest
 
 from hpctrain.commands import convert as convert_command
-from hpctrain.data import dataset
-from hpctrain.data.dataset import (
-    DatasetError,
-    DatasetInfo,
-    H5Data,
-    check_fits,
-    chunk_shape,
-    inspect_dataset,
-    write_batches,
-    write_dataset,
-)
+from hpctrain.data import dataset_format, dataset_reader, dataset_writer
+from hpctrain.data.dataset_fit import check_fits
+from hpctrain.data.dataset_format import DatasetError, DatasetInfo, chunk_shape, inspect_dataset
+from hpctrain.data.dataset_reader import H5Data
+from hpctrain.data.dataset_writer import write_batches, write_dataset
 from hpctrain.device.backend import make_backend
 from hpctrain.errors import UserError
 
@@ -212,7 +206,7 @@ def test_chunks_are_slabs_of_big_samples(shape, chunks):
     assert got == chunks
     chunk_bytes = 4 * math.prod(got)
     one_plane = 4 * math.prod(got[3:]) * got[1] if len(got) > 2 else 0
-    assert chunk_bytes <= max(dataset.SLAB_BYTES, one_plane)
+    assert chunk_bytes <= max(dataset_format.SLAB_BYTES, one_plane)
     if len(shape) == 5 and shape[2] >= 128:
         assert got[2] <= shape[2] // 32  # the depth of a chunk is small beside D
 
@@ -246,7 +240,7 @@ def counted(monkeypatch):
         opened.append((raw, h5))
         return h5
 
-    monkeypatch.setattr(dataset, "_open", open_counted)
+    monkeypatch.setattr(dataset_reader, "open_dataset", open_counted)
     yield opened
     for raw, h5 in opened:  # h5py before the file under it
         h5.close()
@@ -268,7 +262,7 @@ def touched_chunks(chunks, samples, box):
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_a_rank_reads_only_the_chunks_of_its_depth_slab(tmp_path, monkeypatch, backend, counted,
                                                         ranks):
-    monkeypatch.setattr(dataset, "SLAB_BYTES", 64 << 10)  # small chunks for a small test file
+    monkeypatch.setattr(dataset_format, "SLAB_BYTES", 64 << 10)  # small chunks, small test file
     shape, batch = (2, 32, 32, 32), 3  # 256 KiB samples, chunked (1, 2, 8, 32, 32): 64 KiB
     images, targets = volumes(8, shape, 2)
     write_dataset(tmp_path / "slabs.h5", images, targets=targets)
@@ -364,7 +358,7 @@ def test_convert_reads_a_npy_file_a_batch_at_a_time(tmp_path, monkeypatch, capsy
     np.save(tmp_path / "vv.npy", images[:3] * 2)
     np.save(tmp_path / "vt.npy", targets[:3])
     assert isinstance(convert_command.load_array(f"{tmp_path}/v.npy", "images"), np.memmap)
-    monkeypatch.setattr(dataset, "WRITE_BYTES", 2 * images[0].nbytes)  # two samples at a time
+    monkeypatch.setattr(dataset_writer, "WRITE_BYTES", 2 * images[0].nbytes)  # two samples a write
     sliced = []
     original = convert_command.Samples.__getitem__
 

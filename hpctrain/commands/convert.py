@@ -1,6 +1,6 @@
 """The ``python -m hpctrain convert`` command, which writes a dataset file from arrays.
 
-Five forms, all without MPI (the format is :mod:`hpctrain.data.dataset`)::
+Five forms, all without MPI (the format is :mod:`hpctrain.data.dataset_format`)::
 
     python -m hpctrain convert --images X.npy --labels Y.npy --out data.h5 [--val-fraction 0.2]
     python -m hpctrain convert --images V.npy --targets P.npy --out volumes.h5
@@ -36,13 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.data.dataset import (
+from hpctrain.data.dataset_format import (
     HDF5_SIGNATURE,
     DatasetError,
     inspect_dataset,
     is_dataset,
-    write_dataset,
 )
+from hpctrain.data.dataset_writer import write_dataset
 from hpctrain.data.folder import (
     ImageFiles,
     available_cpus,
@@ -159,7 +159,7 @@ def _number(text: str) -> float:
 def run(argv: list[str]) -> int:
     """Write the dataset the options describe and print one line saying what; 0 on success.
 
-    Bad input raises :class:`~hpctrain.data.dataset.DatasetError` (a ``UserError``).
+    Bad input raises :class:`~hpctrain.data.dataset_format.DatasetError` (a ``UserError``).
     """
     args = build_parser().parse_args(argv)
     out = Path(args.out)
@@ -372,7 +372,7 @@ class Samples:
     """Samples of an array, read and made float32 only a slice at a time.
 
     Rows ``rows`` of ``array`` (all when None), given a channel axis when ``channel``, and
-    multiplied by ``scale``. :func:`~hpctrain.data.dataset.write_dataset` slices it batch by
+    multiplied by ``scale``. :func:`~hpctrain.data.dataset_writer.write_dataset` slices it batch by
     batch, so a memory-mapped ``.npy`` file is read a batch at a time, never whole.
     """
 

@@ -30,7 +30,7 @@ from hpctrain.record.timeline import parse_window
 from hpctrain.run.loss_scale import GROWTH_INTERVAL, INITIAL_SCALE
 
 if TYPE_CHECKING:  # the readers import h5py and MPI: only when a command runs
-    from hpctrain.data.dataset import DatasetInfo
+    from hpctrain.data.dataset_format import DatasetInfo
     from hpctrain.plan.planner import PlannedNetwork
     from hpctrain.record.runlog import RunLog
     from hpctrain.run.checkpoint import CheckpointInfo
@@ -277,7 +277,8 @@ def _dataset_net(args: argparse.Namespace, net: NetSpec) -> tuple[NetSpec, Datas
     net takes (C, H, W) samples of as many values, flattened (``--net mlp`` on the digits)."""
     if args.data == "synthetic":
         return net, None
-    from hpctrain.data.dataset import check_fits, inspect_dataset
+    from hpctrain.data.dataset_fit import check_fits
+    from hpctrain.data.dataset_format import inspect_dataset
 
     info = inspect_dataset(args.data)
     shape = info.sample_shape
@@ -313,7 +314,7 @@ def _check_augment(mode: str, net: NetSpec, dataset: DatasetInfo | None, batch: 
         return
     shape = net.input_shape
     if dataset is not None:
-        from hpctrain.data.dataset import feeds_flat
+        from hpctrain.data.dataset_fit import feeds_flat
 
         if not feeds_flat(dataset.sample_shape, net.input_shape):  # flattened: the net's shape
             shape = dataset.sample_shape
@@ -404,7 +405,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         return 0
     data = val_data = None
     if prepared.dataset is not None:
-        from hpctrain.data.dataset import H5Data, feeds_flat
+        from hpctrain.data.dataset_fit import feeds_flat
+        from hpctrain.data.dataset_reader import H5Data
 
         flatten = feeds_flat(prepared.dataset.sample_shape, setup.net.input_shape)
 

@@ -14,7 +14,7 @@ Each sample gets its own draws from the counter-based generator
 
 A sample's identity is its index in the dataset, with the epoch ``step // steps_per_epoch``,
 when the source says where its samples come from (``indices`` and ``steps_per_epoch``, as
-:class:`~hpctrain.data.dataset.H5Data`'s training split does); otherwise it is the sample's
+:class:`~hpctrain.data.dataset_reader.H5Data`'s training split does); otherwise it is the sample's
 number in the stream, ``step * batch + position``, with epoch 0 (as for
 :class:`~hpctrain.data.synthetic.SyntheticData`). The draws never depend on the rank, the
 position of the sample in a rank's block or the number of processes, so every plan trains on

@@ -9,7 +9,7 @@ side) resized to S x S with Pillow's antialiased bilinear filter: the shorter si
 then centre-cropped to S x S, in one resampling. A JPEG is first decoded at the smallest DCT
 scale that keeps both sides at least S (``Image.draft``), which makes big photos several times
 faster to decode. Samples are stored as uint8 (3, S, S) in
-the format of :mod:`hpctrain.data.dataset` (version 3, with the training split's per-channel
+the format of :mod:`hpctrain.data.dataset_format` (version 3, with the training split's per-channel
 mean and std).
 
 Decoding runs on worker processes, each with a pipe of its own (``_Workers``); results
@@ -40,7 +40,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from hpctrain.cost.memory import available_bytes
-from hpctrain.data.dataset import DatasetError, write_batches
+from hpctrain.data.dataset_format import DatasetError
+from hpctrain.data.dataset_writer import write_batches
 from hpctrain.errors import Failure, Terminated, one_line, shown
 from hpctrain.io.units import format_bytes
 
@@ -379,7 +380,7 @@ def write_folder(out: Path, splits: dict[str, ImageFiles], classes: int, size: i
     Parameters
     ----------
     out : the dataset file, written beside and renamed as every dataset
-        (:func:`~hpctrain.data.dataset.write_batches`).
+        (:func:`~hpctrain.data.dataset_writer.write_batches`).
     splits : the files of each split and their labels, in the order to store them.
     classes : K, the number of classes.
     size : S, the side of the stored (3, S, S) images.

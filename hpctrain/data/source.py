@@ -7,7 +7,7 @@ A source gives any rank the block of any batch it asks for, from the batch's num
 block's global ranges alone, so each rank reads only its own block and the data are the same on
 every grid and every number of ranks. Two sources implement it: synthetic data
 (:class:`~hpctrain.data.synthetic.SyntheticData`) and an HDF5 dataset
-(:class:`~hpctrain.data.dataset.H5Data`).
+(:class:`~hpctrain.data.dataset_reader.H5Data`).
 """
 
 from __future__ import annotations

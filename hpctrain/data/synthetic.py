@@ -27,7 +27,7 @@ class SyntheticData:
     draws only its own block (its samples, and its rows or depth planes when the input is
     split): the data are the same on every grid and every number of ranks. Its values are
     always finite, so ``nonfinite`` (the readers' note of a NaN or Inf read, see
-    :class:`~hpctrain.data.dataset.H5Data`) stays None.
+    :class:`~hpctrain.data.dataset_reader.H5Data`) stays None.
     """
 
     nonfinite: str | None = None

@@ -25,7 +25,7 @@ made alone, on any rank, and is the same whoever makes it:
 Every target shows in the field: the slope in how the power falls with k, the amplitude in the
 variance, the cut-off in the lack of small-scale power, and the strength in the skewness, which
 grows from channel to channel. :func:`write_universe` writes a set as a dataset file
-(:mod:`hpctrain.data.dataset`), one sample at a time; ``python -m hpctrain convert --universe
+(:mod:`hpctrain.data.dataset_format`), one sample at a time; ``python -m hpctrain convert --universe
 N`` is its command line.
 """
 
@@ -40,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.cost.memory import available_bytes
-from hpctrain.data.dataset import DatasetError, write_batches
+from hpctrain.data.dataset_format import DatasetError
+from hpctrain.data.dataset_writer import write_batches
 from hpctrain.io.seeds import check_seed
 from hpctrain.io.units import format_bytes
 
@@ -271,7 +272,7 @@ def write_universe(path: str | Path, samples: int, universe: Universe,
         Fewer than one sample, a fraction that leaves a split empty, or a sample that does not
         fit in memory (:meth:`Universe.check_memory`).
     OutputError
-        As :func:`hpctrain.data.dataset.write_dataset`.
+        As :func:`hpctrain.data.dataset_writer.write_dataset`.
     """
     if samples < 1:
         raise DatasetError(f"--universe {samples} must be at least 1 sample")

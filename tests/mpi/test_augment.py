@@ -12,7 +12,8 @@ from mpi4py import MPI
 from hpctrain.comm.grid import GridSet
 from hpctrain.commands.verify import serial_plan
 from hpctrain.data.augment import augment
-from hpctrain.data.dataset import H5Data, write_dataset
+from hpctrain.data.dataset_reader import H5Data
+from hpctrain.data.dataset_writer import write_dataset
 from hpctrain.layout.layout import HEIGHT_AXIS
 from hpctrain.model.net import load_net
 from hpctrain.plan.plans import LayerPlan
