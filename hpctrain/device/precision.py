@@ -1,17 +1,12 @@
 """Numerical precision of a run: the dtype arrays are stored and sent in, the dtype of the master
 weights and optimizer state, and whether products may use tensor cores.
 
-=========  ==========================  =============  ==============  ===============
-name       activations, weights' copy  master weights  products        loss scaling
-           used by kernels, gradients, and optimizer   (accumulate in
-           messages                    state           fp32 or fp64)
-=========  ==========================  =============  ==============  ===============
-``fp64``   float64                     (the same)      float64         no
-``fp32``   float32                     (the same)      strict float32  no
-``tf32``   float32                     (the same)      TF32 inputs     no
-``bf16``   bfloat16                    float32         bf16 inputs     no
-``fp16``   float16                     float32         fp16 inputs     dynamic
-=========  ==========================  =============  ==============  ===============
+- ``fp64``: float64 throughout.
+- ``fp32``: float32 throughout, strict float32 products.
+- ``tf32``: float32 storage; products read their inputs at TF32.
+- ``bf16``: bfloat16 activations, kernel weights, gradients and messages; float32 master
+  weights and optimizer state; products of bf16 inputs with float32 sums.
+- ``fp16``: as bf16 with float16, and dynamic loss scaling.
 
 Under ``bf16`` and ``fp16`` a kernel reads and writes 16-bit arrays but accumulates in float32
 (a product's sums, batch norm's statistics, the loss); the optimizer updates float32 master
@@ -72,7 +67,7 @@ class Precision:
 
     @property
     def accumulate(self) -> Any:
-        """The dtype sums inside a kernel are made in: the master's."""
+        """The dtype that sums inside a kernel are made in (the master's)."""
         return self.master
 
 

@@ -108,7 +108,9 @@ def batchnorm_forward(xp: Any, x: Any, gamma: Any, beta: Any, eps: float, counts
         for n in x.shape[2:]:
             spatial *= n
         sizes = [x.shape[0]] if groups is None else [b - a for a, b in groups]
-        local_counts = xp.asarray([[n * spatial] for n in sizes], dtype=x.dtype)  # (k, 1)
+        # (k, 1); one group's count as a number: no host-to-device copy per forward
+        local_counts = (x.dtype.type(sizes[0] * spatial) if len(sizes) == 1 else
+                        xp.asarray([[n * spatial] for n in sizes], dtype=x.dtype))
         local_mean = sums / local_counts
         deviation = x - per_group(xp, local_mean, x, groups)
         squares = group_sums(xp, deviation * deviation, groups)

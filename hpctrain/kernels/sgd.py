@@ -52,7 +52,7 @@ def sgd_update(xp: Any, w: Any, g: Any, v: Any | None, lr: float, momentum: floa
     operation on a block while the block is in cache, so each array crosses the memory bus about
     once (the numbers are the same: every entry sees the same operations in the same order). On
     a GPU whole arrays, since each operation is a kernel launch — or, on CuPy with momentum,
-    one fused kernel for the whole update (:func:`_fused_update`).
+    one fused kernel for the whole update (``_fused_update``).
 
     ``g`` may be 16-bit with ``w`` the float32 master weights: it is widened first, and
     multiplied by ``unscale`` (1 / fp16's loss scale); ``copy``, when given, receives the

@@ -46,7 +46,7 @@ class Parameter:
 
     @property
     def weights(self) -> Any:
-        """The parameter at full precision: the master weights, or the value itself."""
+        """The parameter at full precision (the master weights, or the value itself)."""
         return self.value if self.master is None else self.master
 
     def set_weights(self, a: Any) -> None:

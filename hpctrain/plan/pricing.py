@@ -181,8 +181,8 @@ class CostModel(Segments):
 
     @property
     def itemsize(self) -> int:
-        """Bytes of one stored value: an activation, a weight the kernels use, a gradient, an
-        entry of any message but batch norm's statistics."""
+        """The bytes of one stored value (an activation, a weight the kernels use, a gradient,
+        an entry of any message but batch norm's statistics)."""
         return self.precision.itemsize
 
     def move_cost(self, src: Layout, dst: Layout) -> tuple[Move, float, float]:

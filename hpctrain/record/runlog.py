@@ -95,6 +95,7 @@ STEP_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1")
                "skipped": ("i8", "1")}
 """Each step's row. ``loss_scale``: what the step's loss was multiplied by (1 but under fp16's
 loss scaling); ``skipped``: 1 where the update was skipped (its gradients overflowed)."""
+STEP_DEFAULTS = {"loss_scale": 1.0, "skipped": 0}  # for a caller that gives neither
 VALIDATION_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1")}
 
 
@@ -395,8 +396,8 @@ class RunLog:
         :data:`~hpctrain.record.timing.RECORD_FIELDS` over the ranks (see
         :class:`~hpctrain.record.timing.RanksSummary`). A failed write sets ``failure``."""
         def write() -> None:
-            for name in STEP_SERIES:  # a series not given (an older caller's) gets NaN
-                self._append(f"steps/{name}", values.get(name, np.nan))
+            for name in STEP_SERIES:  # a series not given (an older caller's): NaN, or default
+                self._append(f"steps/{name}", values.get(name, STEP_DEFAULTS.get(name, np.nan)))
             for k, name in enumerate(RECORD_FIELDS):
                 self._append(f"steps/layers/{name}/max", largest[:, k])
                 self._append(f"steps/layers/{name}/mean", mean[:, k])
