@@ -63,6 +63,8 @@ class Setup:
     memory: float = 0.0  # predicted peak bytes per rank (checked against what it may use)
     kernels_timed: int = 0  # kernels timed while planning (their arrays count in the peak)
     overlap: bool = False  # the gradient sums go in flight (the request's, resolved)
+    # the bytes a rank may use and where that figure comes from, agreed once at set-up
+    limit: tuple[float, str] | None = None
 
 
 def write_auto_plan(request: SetupRequest, net: NetSpec, planned: PlannedNetwork,
@@ -103,7 +105,7 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     backend = make_backend(request.device, request.dtype, comm, request.collectives)
     if plan is not None and not predict:
         return Setup(net, plan, backend, threads, memory=memory,
-                     overlap=sums_in_flight(request.overlap, None))
+                     overlap=sums_in_flight(request.overlap, None), limit=(limit, source))
     from hpctrain.comm.nodes import check_placement
     from hpctrain.cost.machine import load_machine
     from hpctrain.plan.planner import predict as predict_plan
@@ -118,7 +120,7 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     if plan is None:
         write_auto_plan(request, net, planned, model.machine.name, comm)
     return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory,
-                 getattr(model.compute, "timed", 0), overlap)
+                 getattr(model.compute, "timed", 0), overlap, (limit, source))
 
 
 def plan_file_path(plan_file: str | None, net: NetSpec, procs: int, batch: int) -> Path:

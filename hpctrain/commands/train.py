@@ -496,7 +496,9 @@ def _replan(args: argparse.Namespace, request: SetupRequest, setup: Setup, step:
     from hpctrain.plan.planner import format_plan
 
     threshold = REPLAN_THRESHOLD if args.replan_threshold is None else args.replan_threshold
-    decision = decide(setup, request, step, result, threshold, comm)
+    # the limit set-up agreed: agreeing it again would re-read the node's free memory while the
+    # running plan's arrays hold part of it
+    decision = decide(setup, request, step, result, threshold, comm, setup.limit)
     if comm.Get_rank() == 0:
         print(f"replan: {decision.reason}", flush=True)
         if decision.switched:

@@ -105,7 +105,10 @@ def test_replan_switches_plans_at_a_step_boundary_with_the_same_numbers(comm, mo
     p = comm.Get_size()
     other = f"conv=domain:{p}x1,fc={p}x1"
 
-    def switch(setup, request, step, result, threshold, comm):
+    limits = []
+
+    def switch(setup, request, step, result, threshold, comm, limit=None):
+        limits.append(limit)  # the run's own, agreed at set-up: not agreed again
         model = build_cost_model(setup.net, request.batch, p, setup.machine, "flops")
         planned = predict(model, plan_from_spec(other, setup.net, p))
         return replan.Replan(True, True, f"after step {step}: {other} (test)", planned,
@@ -135,4 +138,5 @@ def test_replan_switches_plans_at_a_step_boundary_with_the_same_numbers(comm, mo
         ok &= sorted(f.name for f in (where / "checkpoints").iterdir()) == [
             "step-00000003.h5", "step-00000006.h5"]
         ok &= read_plan(where / "b.plan", net, p) == plan_from_spec(other, net, p)
+    ok &= len(limits) == 1 and limits[0] is not None and limits[0][0] > 0
     assert all_agree(comm, ok)
