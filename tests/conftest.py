@@ -71,3 +71,16 @@ def standin_nccl(standin_cupy, monkeypatch):
 
     nccl_standin.install(monkeypatch, standin_cupy)
     return standin_cupy
+
+
+@pytest.fixture
+def real_cupy():
+    """CuPy on a real GPU, for the tests of kernels the stand-in cannot run (fused CuPy
+    kernels); skipped where CuPy or a GPU is missing."""
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no GPU")
+    return cupy

@@ -79,13 +79,9 @@ def test_numpy_and_a_stand_in_take_the_generic_kernels(standin_cupy):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shift_given", [False, True], ids=["first-step", "shifted"])
-def test_the_real_gpu_kernels_compute_the_generic_batch_norm(monkeypatch, shift_given, dtype):
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no GPU")
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no GPU")
+def test_the_real_gpu_kernels_compute_the_generic_batch_norm(real_cupy, monkeypatch, shift_given,
+                                                             dtype):
+    cupy = real_cupy
     from hpctrain.device.precision import bfloat16
 
     compare(cupy, fused._kernels, monkeypatch, shift_given,
