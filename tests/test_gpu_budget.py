@@ -52,3 +52,18 @@ def test_a_training_step_copies_and_waits_within_its_budget(standin_cupy, cuda_a
     events, nbytes, places = per_step(standin_cupy)
     # on one rank every collective returns at once, so how MPI reads memory changes nothing
     assert (events, nbytes) == (PER_STEP, PER_STEP_BYTES), places
+
+
+# bf16 keeps fp32's budget (its loss totals are float64 as ever); fp16 adds the overflow flag:
+# one number read to the host a step, which every rank must agree on before any update
+PRECISION_BUDGET = {"bf16": (PER_STEP, PER_STEP_BYTES),
+                    "fp16": ({**PER_STEP, TO_HOST: 2}, {**PER_STEP_BYTES, TO_HOST: 25})}
+
+
+@pytest.mark.parametrize("precision", sorted(PRECISION_BUDGET))
+def test_each_precision_keeps_the_step_within_its_budget(standin_cupy, precision, tmp_path,
+                                                         monkeypatch, capsys):
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("tests.test_gpu_budget.ARGV", [*ARGV, "--precision", precision])
+    events, nbytes, places = per_step(standin_cupy)
+    assert (events, nbytes) == PRECISION_BUDGET[precision], places
