@@ -175,7 +175,7 @@ def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path,
     log.unlink(missing_ok=True)
     run([MPIEXEC, "-n", str(procs), PY, "-m", "hpctrain", "--net", args.net, "--image-size",
          str(args.image_size), "--batch", str(args.batch), "--steps", str(args.steps), "--grid",
-         grid, "--dtype", "float32", "--lr", str(LR), "--momentum", str(MOMENTUM),
+         grid, "--precision", "fp32", "--lr", str(LR), "--momentum", str(MOMENTUM),
          "--weight-decay", str(WEIGHT_DECAY), *NETS[args.net].hpctrain_flags,
          "--print-every", str(args.steps), "--log", str(log), "--plan-file",
          str(where / f"{args.net}-p{procs}.plan")])

@@ -7,16 +7,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import hpctrain.device.clock as clock_module
 import hpctrain.record.timing as timing
-import hpctrain.run.loop
-from hpctrain.commands import train as train_command
 from hpctrain.device.clock import CommClock, DeviceEvents
 from hpctrain.layout.moves import AllGatherMove, IdentityMove
 from hpctrain.record.timing import LOSS, StepTimer, StepTimes
 from tests.gpu_standin import SYNC
+from tests.test_gpu_training import trained
 from tests.test_timing import FakeTime
 
 
@@ -148,18 +146,9 @@ def test_a_step_abandoned_by_an_error_leaves_its_events_unread(fake_time, standi
 def test_a_gpu_training_step_fills_every_layer_time(standin_cupy, tmp_path, monkeypatch,
                                                     capsys):
     monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "cache"))
-    results = []
-    original = hpctrain.run.loop.train
-
-    def recording(*args, **kwargs):
-        results.append(original(*args, **kwargs))
-        return results[-1]
-
-    monkeypatch.setattr(hpctrain.run.loop, "train", recording)
     argv = ["--net", "smallcnn", "--image-size", "16", "--batch", "4", "--device", "gpu",
             "--compute", "flops", "--threads", "1", "--print-every", "100", "--steps", "3"]
-    assert train_command.run(argv, MPI.COMM_WORLD) == 0
-    (result,) = results
+    result = trained(argv, monkeypatch)
     assert len(result.step_times) == 3
     for times, seconds in zip(result.step_times, result.step_seconds, strict=True):
         assert times.pending is None

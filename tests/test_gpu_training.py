@@ -18,6 +18,11 @@ COMMON = ["--net", "smallcnn", "--batch", "4", "--compute", "flops", "--threads"
 
 def train(argv, monkeypatch):
     """Run the train command in this process; the losses of its steps."""
+    return trained(argv, monkeypatch).losses
+
+
+def trained(argv, monkeypatch):
+    """Run the train command in this process; what its training loop returned."""
     results = []
     original = hpctrain.run.loop.train
 
@@ -28,7 +33,7 @@ def train(argv, monkeypatch):
     monkeypatch.setattr(hpctrain.run.loop, "train", recording)
     assert train_command.run(argv, MPI.COMM_WORLD) == 0
     (result,) = results
-    return result.losses
+    return result
 
 
 @pytest.fixture

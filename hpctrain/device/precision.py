@@ -65,11 +65,6 @@ class Precision:
         """Whether kernels use a 16-bit copy of float32 master weights."""
         return np.dtype(self.storage) != np.dtype(self.master)
 
-    @property
-    def accumulate(self) -> Any:
-        """The dtype that sums inside a kernel are made in (the master's)."""
-        return self.master
-
 
 PRECISIONS = {
     "fp64": Precision("fp64", np.float64, np.float64),

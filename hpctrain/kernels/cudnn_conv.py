@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.kernels.products import total
+
 Pads = tuple[tuple[int, int], ...]
 
 _CUDNN_TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "float16": "HALF",
@@ -397,10 +399,8 @@ def cudnn_conv_backward(dy: Any, w: Any, cache: CudnnCache, need_dx: bool = True
         dy_run[graphs.crop] = dy
     _run(graphs.weight_grad, cache.x, dy_run, dw)
     db = None
-    if need_db:  # summed in the accumulation dtype (16-bit dY is widened first)
-        accumulate = cupy.float64 if dy.dtype == cupy.float64 else cupy.float32
-        wide = dy if dy.dtype == accumulate else dy.astype(accumulate)
-        db = wide.sum(axis=(0, *range(2, dy.ndim))).astype(dy.dtype, copy=False)
+    if need_db:  # a 16-bit dY summed in float32
+        db = total(dy, axis=(0, *range(2, dy.ndim)))
     if not need_dx:
         return None, dw, db
     dx = cupy.empty(graphs.key.x_shape, dtype=dy.dtype)

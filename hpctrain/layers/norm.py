@@ -65,7 +65,7 @@ class BatchNorm(Layer):
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         self.eps, self.momentum = options.eps, options.momentum
         xp, precision = ctx.backend.xp, ctx.backend.precision
-        dtype = precision.accumulate  # statistics, counts and running buffers
+        dtype = precision.master  # statistics, counts and running buffers: summed at full width
         layout = self.in_layout
         statistics = layout.digits_of(a for a in range(len(layout.shape)) if a != CHANNEL_AXIS)
         replicas = layout.digits_of((REPLICAS,))

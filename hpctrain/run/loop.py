@@ -224,8 +224,7 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
             _refuse_first_overflow(network.net, loss, (forward, backward), config.steps)
         skipped = False
         if scaler is not None:
-            skipped = scaler.overflowed(backend.xp, [p.grad for p in network.params], comm,
-                                        backend)
+            skipped = scaler.overflowed([p.grad for p in network.params], comm, backend)
             if not skipped:
                 optimizer.step(lr, unscale=1.0 / scale)
             scaler.update(skipped, step + 1)

@@ -15,7 +15,7 @@ Gradients are checked after their sums, so ranks holding the same shard see the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -36,7 +36,7 @@ class LossScale:
     backoff: float = 0.5
     growth: float = 2.0
     clean: int = 0  # clean steps since the last change
-    skipped: list[int] | None = None
+    skipped: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.scale > 0:
@@ -44,15 +44,13 @@ class LossScale:
         if self.growth_interval < 1:
             raise UserError(f"the loss scale's growth interval {self.growth_interval} must be "
                             f"at least 1")
-        if self.skipped is None:
-            self.skipped = []
 
-    def overflowed(self, xp: Any, grads: list[Any], comm: Any, backend: Any) -> bool:
+    def overflowed(self, grads: list[Any], comm: Any, backend: Any) -> bool:
         """Whether any gradient in ``grads`` on any rank of ``comm`` holds Inf or NaN.
         Collective: one device-to-host read of one number, one all-reduce."""
         from mpi4py import MPI
 
-        count = None
+        xp, count = backend.xp, None
         for g in grads:
             if g is None:
                 continue

@@ -13,26 +13,19 @@ from hpctrain.comm.grid import GridSet
 from hpctrain.comm.halo import HaloExchange
 from hpctrain.comm.redistribute import Redistribute
 from hpctrain.comm.transport import NcclGroup, group_of
-from hpctrain.commands import verify as verify_command
 from hpctrain.device.backend import make_backend
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.layout.partition import Window, block_ranges, halo_plans
 from tests.mpi.helpers import all_agree, block, global_random, host
-from tests.mpi.test_gpu_ranks import CASES, per_step
+from tests.mpi.test_gpu_ranks import CASES, per_step, verify_every_plan
 
 
 @pytest.mark.parametrize(("net", "size", "plans"), CASES, ids=[c[0] for c in CASES])
 def test_verify_under_nccl_passes_on_every_plan(standin_nccl, net, size, plans, tmp_path,
                                                 monkeypatch, capsys):
-    comm = MPI.COMM_WORLD
-    p = comm.Get_size()
-    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "cache"))
-    for plan in plans:
-        argv = ["--net", net, "--image-size", str(size), "--device", "gpu", "--batch",
-                str(2 * p), "--threads", "1", "--grid", plan.format(p=p),
-                "--collectives", "nccl"]
-        assert all_agree(comm, verify_command.run(argv, comm) == 0)
+    verify_every_plan(MPI.COMM_WORLD, net, size, plans, tmp_path, monkeypatch,
+                      "--collectives", "nccl")
 
 
 @pytest.mark.parametrize(("grid", "precision"), [("1x{p}", "fp32"),

@@ -36,14 +36,20 @@ def mpi_reads(request, standin_cupy, monkeypatch):
 def test_verify_on_the_gpu_path_passes_on_every_plan(mpi_reads, net, size, plans, tmp_path,
                                                      monkeypatch, capsys):
     comm = MPI.COMM_WORLD
+    verify_every_plan(comm, net, size, plans, tmp_path, monkeypatch)
+    # the layers ran on device arrays: their results reached the host by explicit copies
+    assert all_agree(comm, mpi_reads.counters.events[TO_HOST] > 0)
+
+
+def verify_every_plan(comm, net, size, plans, tmp_path, monkeypatch, *flags):
+    """``verify --device gpu`` of ``net`` under each of ``plans`` (with ``flags``) passes on
+    every rank."""
     p = comm.Get_size()
     monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     for plan in plans:
         argv = ["--net", net, "--image-size", str(size), "--device", "gpu", "--batch",
-                str(2 * p), "--threads", "1", "--grid", plan.format(p=p)]
+                str(2 * p), "--threads", "1", "--grid", plan.format(p=p), *flags]
         assert all_agree(comm, verify_command.run(argv, comm) == 0)
-    # the layers ran on device arrays: their results reached the host by explicit copies
-    assert all_agree(comm, mpi_reads.counters.events[TO_HOST] > 0)
 
 
 # per training step on rank 0 of 2 (smallcnn 16x16, batch 8): waits for the device, copies to
