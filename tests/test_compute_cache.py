@@ -20,9 +20,9 @@ def counting(compute: MeasuredCompute) -> list:
     calls = []
     timed = compute._time
 
-    def count(fn):
+    def count(fn, *args):
         calls.append(fn)
-        return timed(fn)
+        return timed(fn, *args)
 
     compute._time = count
     return calls
@@ -55,6 +55,47 @@ def test_a_timing_is_reused_under_the_same_conditions_only(tmp_path):
     other.times([WORK])
     assert len(calls) == 2  # other threads per rank: timed afresh, never borrowed
     assert len(json.loads(cache.read_text())) == 2
+
+
+def test_a_timing_evicts_what_a_step_keeps_and_is_kept_under_that_state(tmp_path, monkeypatch):
+    # A step that keeps 3 MiB on a rank leaves its kernels' data in a larger cache: their
+    # timings evict 1.5x that, not the whole cache, and are never reused for a larger step.
+    from hpctrain.cost import compute
+    from hpctrain.device.caches import eviction_bytes
+
+    written = []
+    monkeypatch.setattr(compute, "evict_caches", lambda device, nbytes: written.append(nbytes))
+    monkeypatch.setattr("hpctrain.device.caches.last_level_cache_bytes", lambda: 64 << 20)
+    cache = tmp_path / "times.json"
+    backend = Backend(np, np.float32)
+    context = timing_context(backend, 1, 1, "blas", CODE)
+    small = MeasuredCompute(backend, context=context, cache=cache, repeats=2)
+    small.times([WORK], step_bytes=3 << 20)
+    assert set(written) == {3 * (3 << 20) // 2}
+    written.clear()
+    large = MeasuredCompute(backend, context=context, cache=cache, repeats=2)
+    calls = counting(large)
+    large.times([WORK], step_bytes=1 << 40)  # far beyond the cache: all of it
+    assert len(calls) == 2 and set(written) == {3 * (64 << 20) // 2}
+    assert len(json.loads(cache.read_text())) == 2  # one entry per cache state
+    assert eviction_bytes(None) == 3 * (64 << 20) // 2  # a step not known: all of it
+
+
+@pytest.mark.parametrize("name", ["smallcnn", "resdigits"])  # a chain, a graph with batch norm
+def test_the_step_a_plan_keeps_is_the_serial_memory_over_the_ranks(name):
+    from hpctrain.cost.compute import FlopModel
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.planner import plan_network
+    from hpctrain.plan.pricing import CostModel
+
+    net, machine = load_net(name), load_machine("default")
+    for procs in (1, 2, 4):
+        model = CostModel(net, 16, procs, machine, FlopModel(1e9))
+        one = plan_network(CostModel(net, 16, 1, machine, FlopModel(1e9)))
+        kept = sum(c.memory for c in [one.data, *one.layers, one.loss])
+        assert model.step_bytes == pytest.approx(kept / procs)
+        assert plan_network(model).memory >= model.step_bytes  # a lower bound, never above
 
 
 def test_timings_of_other_code_are_dropped_when_the_cache_is_rewritten(tmp_path):

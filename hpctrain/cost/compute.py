@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.cost.work import Kernels, LocalWork
-from hpctrain.device.caches import evict_caches
+from hpctrain.device.caches import evict_caches, eviction_bytes
 from hpctrain.errors import OutputError
 from hpctrain.io.files import replace_atomically
 
@@ -48,7 +48,8 @@ class FlopModel:
     def __init__(self, flops_per_second: float) -> None:
         self.rate = flops_per_second
 
-    def times(self, works: Sequence[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
+    def times(self, works: Sequence[LocalWork], step_bytes: float | None = None
+              ) -> dict[LocalWork, tuple[float, float]]:
         return {w: tuple(f / self.rate for f in w.flops()) for w in works}
 
 
@@ -182,7 +183,7 @@ class MeasuredCompute:
         if comm is not None:  # one view of the cache, so every rank times the same kernels
             self.known = comm.bcast(self.known, root=0)
 
-    def _time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
+    def _time(self, fn: Callable[[], Any], evict: int | None = None) -> tuple[float, Any]:
         """Seconds of ``fn`` on the slowest rank, every rank running it at the same moment
         (the mean over samples of each sample's slowest rank), and what the last warm-up returned.
 
@@ -210,7 +211,7 @@ class MeasuredCompute:
         repeats = max(1, min(self.repeats, int(SAMPLE_BUDGET / max(warm, 1e-9))))
         samples = np.empty(repeats)
         for k in range(repeats):
-            evict_caches(self.backend.device)  # as a step leaves them (hpctrain.device.caches)
+            evict_caches(self.backend.device, evict)  # as a step leaves them (device.caches)
             if self.comm is not None:
                 self.comm.Barrier()
             start = time.perf_counter()
@@ -221,20 +222,27 @@ class MeasuredCompute:
             self.comm.Allreduce(MPI.IN_PLACE, samples, MPI.MAX)
         return float(samples.mean()), output
 
-    def times(self, works: Sequence[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
-        todo = sorted({w for w in works if self.prefix + w.key() not in self.known},
+    def times(self, works: Sequence[LocalWork], step_bytes: float | None = None
+              ) -> dict[LocalWork, tuple[float, float]]:
+        """Forward and backward seconds of each of ``works``, in a training step that keeps
+        ``step_bytes`` on each rank (None: more than the caches hold): what a step touches
+        between two calls of a kernel decides whether they find its data in cache
+        (:func:`~hpctrain.device.caches.eviction_bytes`)."""
+        evict = eviction_bytes(step_bytes) if self.backend.device == "cpu" else 0
+        prefix = f"{self.prefix}evict {evict}|"  # a timing holds the cache state it saw
+        todo = sorted({w for w in works if prefix + w.key() not in self.known},
                       key=LocalWork.key)
         if todo:
             rng = np.random.default_rng(0)
             self.timed += len(todo)
             for work in todo:
                 forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
-                forward_seconds, output = self._time(forward)
-                backward_seconds, _ = self._time(backward_of(output))
+                forward_seconds, output = self._time(forward, evict)
+                backward_seconds, _ = self._time(backward_of(output), evict)
                 # already the slowest rank's, the same on every rank (see _time)
-                self.known[self.prefix + work.key()] = [forward_seconds, backward_seconds]
+                self.known[prefix + work.key()] = [forward_seconds, backward_seconds]
             self._save()
-        return {w: tuple(self.known[self.prefix + w.key()]) for w in works}
+        return {w: tuple(self.known[prefix + w.key()]) for w in works}
 
     def _save(self) -> None:
         if self.cache is None or (self.comm is not None and self.comm.Get_rank() != 0):
