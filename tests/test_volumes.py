@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpctrain.commands import convert as convert_command
-from hpctrain.data import dataset_format, dataset_reader, dataset_writer
+from hpctrain.data import arrays, dataset_format, dataset_reader, dataset_writer
 from hpctrain.data.dataset_fit import check_fits
 from hpctrain.data.dataset_format import DatasetError, DatasetInfo, chunk_shape, inspect_dataset
 from hpctrain.data.dataset_reader import H5Data
@@ -357,17 +357,17 @@ def test_convert_reads_a_npy_file_a_batch_at_a_time(tmp_path, monkeypatch, capsy
     np.save(tmp_path / "t.npy", targets)
     np.save(tmp_path / "vv.npy", images[:3] * 2)
     np.save(tmp_path / "vt.npy", targets[:3])
-    assert isinstance(convert_command.load_array(f"{tmp_path}/v.npy", "images"), np.memmap)
+    assert isinstance(arrays.load_array(f"{tmp_path}/v.npy", "images"), np.memmap)
     monkeypatch.setattr(dataset_writer, "WRITE_BYTES", 2 * images[0].nbytes)  # two samples a write
     sliced = []
-    original = convert_command.Samples.__getitem__
+    original = arrays.Samples.__getitem__
 
     def spy(self, where):
         out = original(self, where)
         sliced.append(len(out))
         return out
 
-    monkeypatch.setattr(convert_command.Samples, "__getitem__", spy)
+    monkeypatch.setattr(arrays.Samples, "__getitem__", spy)
     convert_command.run(["--images", f"{tmp_path}/v.npy", "--targets", f"{tmp_path}/t.npy",
                          "--val-images", f"{tmp_path}/vv.npy", "--val-targets",
                          f"{tmp_path}/vt.npy", "--scale", "1/2", "--out", f"{tmp_path}/o.h5"])

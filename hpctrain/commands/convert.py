@@ -10,8 +10,9 @@ Five forms, all without MPI (the format is :mod:`hpctrain.data.dataset_format`):
 
 Arrays come from ``.npy`` files, memory-mapped and written one batch of samples at a time so
 that a set bigger than memory converts, or from ``.npz`` archives as ``file.npz:key`` (read
-whole). Images (N, H, W) get a channel axis; (N, C, H, W), (N, C, D, H, W) volumes and (N, F)
-are kept; with ``--volumes`` a 4-D array is (N, D, H, W) volumes and gets a channel axis.
+whole; :mod:`hpctrain.data.arrays`). Images (N, H, W) get a channel axis; (N, C, H, W),
+(N, C, D, H, W) volumes and (N, F) are kept; with ``--volumes`` a 4-D array is (N, D, H, W)
+volumes and gets a channel axis.
 ``--labels`` gives one integer class per sample, ``--targets`` one or more real values per
 sample, (N,) or (N, T), for a regression. Without ``--val-images``, ``--val-fraction`` holds out
 that share of the samples, picked by a permutation seeded with ``--seed``. ``--digits`` writes
@@ -32,10 +33,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
+from hpctrain.data.arrays import (
+    array_file,
+    load_digits,
+    load_images,
+    load_labels,
+    load_targets,
+    split_indices,
+    take_rows,
+)
 from hpctrain.data.dataset_format import (
     HDF5_SIGNATURE,
     DatasetError,
@@ -166,7 +173,7 @@ def run(argv: list[str]) -> int:
     if out.is_dir():
         raise DatasetError(f"--out {shown_path(out)} is a directory; give a file path such as "
                            f"{shown_path(out / 'data.h5')}")
-    inputs = [(_flag(name), _array_file(getattr(args, name)))
+    inputs = [(_flag(name), array_file(getattr(args, name)))
               for name in ARRAY_FLAGS if getattr(args, name) is not None]
     check_output(out, "--out", is_dataset, "an hpctrain dataset", inputs)
     if args.val_fraction is not None and not 0 <= args.val_fraction < 1:
@@ -263,7 +270,7 @@ def _write_arrays(args: argparse.Namespace, out: Path) -> None:
     regression = args.targets is not None
     answer = "targets" if regression else "labels"
     if args.digits:
-        images, answers, description = _digits()
+        images, answers, description = load_digits()
         fraction = DIGITS_VAL_FRACTION if args.val_fraction is None else args.val_fraction
         if fraction > 0:
             description += (f"; seeded {1 - fraction:.0%}/{fraction:.0%} train/val split "
@@ -275,8 +282,8 @@ def _write_arrays(args: argparse.Namespace, out: Path) -> None:
         if regression and args.classes is not None:
             raise DatasetError("--classes applies to --labels; a targets dataset has as many "
                                "targets as the --targets array has columns")
-        images = _images(args.images, args.scale, args.volumes)
-        answers = _targets(args.targets) if regression else _labels(args.labels)
+        images = load_images(args.images, args.scale, args.volumes)
+        answers = load_targets(args.targets) if regression else load_labels(args.labels)
         fraction = args.val_fraction or 0.0
         description = f"converted from {args.images} and {getattr(args, answer)}"
     if args.description is not None:
@@ -294,183 +301,18 @@ def _write_arrays(args: argparse.Namespace, out: Path) -> None:
         if fraction > 0:
             raise DatasetError("--val-fraction splits the training arrays; it cannot be "
                                "combined with --val-images")
-        val_images = _images(args.val_images, args.scale, args.volumes)
-        val_answers = _targets(given) if regression else _labels(given)
+        val_images = load_images(args.val_images, args.scale, args.volumes)
+        val_answers = load_targets(given) if regression else load_labels(given)
     elif fraction > 0:
         if len(images) != len(answers):
             raise DatasetError(f"{len(answers)} {answer} for {len(images)} images; give one "
                                f"{'row of targets' if regression else 'label'} per image")
         train, val = split_indices(len(images), fraction, args.seed)
         images, answers, val_images, val_answers = (
-            _take(images, train), answers[train], _take(images, val), answers[val])
+            take_rows(images, train), answers[train], take_rows(images, val), answers[val])
 
     if regression:
         write_dataset(out, images, None, None, val_images, None, description, targets=answers,
                       val_targets=val_answers)
     else:
         write_dataset(out, images, answers, args.classes, val_images, val_answers, description)
-
-
-def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The (train, val) sample indices, ``round(fraction * n)`` held out by a permutation.
-
-    The permutation is seeded with ``seed``; each part is sorted, so both keep the file's order.
-    """
-    n_val = round(fraction * n)
-    if n_val < 1 or n_val >= n:
-        raise DatasetError(f"--val-fraction {fraction} of {n} samples leaves an empty split; "
-                           f"choose a fraction that keeps both splits non-empty")
-    order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[n_val:]), np.sort(order[:n_val])
-
-
-def _array_file(spec: str) -> Path:
-    """The file of an array spec: ``X.npy``, or ``X.npz`` of ``X.npz:KEY``."""
-    head, sep, _ = spec.rpartition(":")
-    return Path(head if sep and head.endswith(".npz") else spec)
-
-
-def load_array(spec: str, what: str) -> np.ndarray:
-    """The array in ``X.npy``, memory-mapped, or array KEY of ``X.npz:KEY``, read whole.
-
-    ``X.npz`` alone names the archive's only array.
-    """
-    path, key = spec, None
-    head, sep, tail = spec.rpartition(":")
-    if sep and head.endswith(".npz"):
-        path, key = head, tail
-    if not Path(path).is_file():
-        raise DatasetError(f"{what} file '{path}' does not exist")
-    try:
-        # mmap_mode: a .npy file is read only where it is sliced; an .npz archive ignores it
-        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise DatasetError(f"{what} file '{path}' is not a readable .npy or .npz file "
-                           f"({err})") from err
-    if isinstance(loaded, np.ndarray):
-        if key is not None:
-            raise DatasetError(f"{what} file '{path}' is a .npy file; drop ':{key}'")
-        return loaded
-    with loaded:
-        keys = list(loaded.keys())
-        if key is None and len(keys) == 1:
-            key = keys[0]
-        if key is None:
-            raise DatasetError(f"{what} file '{path}' holds arrays {', '.join(keys)}; pick one "
-                               f"with {path}:KEY")
-        if key not in keys:
-            raise DatasetError(f"{what} file '{path}' has no array '{key}'; it has "
-                               f"{', '.join(keys) or 'none'}")
-        try:
-            return loaded[key]
-        except ValueError as err:  # an object array, which needs pickle
-            raise DatasetError(f"{what} array '{spec}' cannot be read without pickle "
-                               f"({err}); save it as a numeric array") from err
-
-
-class Samples:
-    """Samples of an array, read and made float32 only a slice at a time.
-
-    Rows ``rows`` of ``array`` (all when None), given a channel axis when ``channel``, and
-    multiplied by ``scale``. :func:`~hpctrain.data.dataset_writer.write_dataset` slices it batch by
-    batch, so a memory-mapped ``.npy`` file is read a batch at a time, never whole.
-    """
-
-    def __init__(self, array: np.ndarray, scale: float | None, channel: bool,
-                 rows: np.ndarray | None = None) -> None:
-        self.array, self.scale, self.channel, self.rows = array, scale, channel, rows
-        n = len(array) if rows is None else len(rows)
-        self.shape = (n, *((1,) if channel else ()), *array.shape[1:])
-        self.dtype = np.dtype(np.float32)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def take(self, rows: np.ndarray) -> Samples:
-        """The samples ``rows`` of these, still unread."""
-        return Samples(self.array, self.scale, self.channel,
-                       rows if self.rows is None else self.rows[rows])
-
-    def __getitem__(self, where: slice) -> np.ndarray:
-        rows = where if self.rows is None else self.rows[where]
-        with np.errstate(over="ignore"):  # overflow becomes inf, which the writer refuses
-            x = np.asarray(self.array[rows], dtype=np.float32)
-            if self.scale is not None:
-                x = x * np.float32(self.scale)
-        return x[:, None] if self.channel else x
-
-
-def _take(images: Any, rows: np.ndarray) -> Any:
-    return images.take(rows) if isinstance(images, Samples) else images[rows]
-
-
-def _images(spec: str, scale: float | None, volumes: bool) -> Samples:
-    """The samples of ``spec``, read only when written, multiplied by ``scale``.
-
-    (N, H, W) images get a channel axis, and so do (N, D, H, W) volumes with ``volumes``.
-    """
-    images = load_array(spec, "images")
-    if not (np.issubdtype(images.dtype, np.floating) or np.issubdtype(images.dtype, np.integer)):
-        raise DatasetError(f"images '{spec}' have dtype {images.dtype}; give real numbers")
-    if volumes and images.ndim not in (4, 5):
-        raise DatasetError(f"images '{spec}' have shape {images.shape}; with --volumes give "
-                           f"(N, D, H, W) or (N, C, D, H, W) volumes")
-    if images.ndim not in (2, 3, 4, 5):
-        raise DatasetError(f"images '{spec}' have shape {images.shape}; give (N, H, W), "
-                           f"(N, C, H, W), (N, C, D, H, W) (or (N, D, H, W) with --volumes) or "
-                           f"(N, F)")
-    channel = images.ndim == 3 or (volumes and images.ndim == 4)
-    return Samples(images, scale, channel)
-
-
-def _labels(spec: str) -> np.ndarray:
-    """int64 labels from ``spec``; whole-valued floats are accepted."""
-    labels = np.asarray(load_array(spec, "labels"))
-    if labels.ndim != 1:
-        raise DatasetError(f"labels '{spec}' have shape {labels.shape}; give one integer per "
-                           f"sample, shaped (N,)")
-    if np.issubdtype(labels.dtype, np.floating):
-        if not (np.isfinite(labels).all() and (labels == np.round(labels)).all()):
-            raise DatasetError(f"labels '{spec}' are not whole numbers; give class indices "
-                               f"0..K-1")
-        labels = labels.astype(np.int64)
-    elif not np.issubdtype(labels.dtype, np.integer):
-        raise DatasetError(f"labels '{spec}' have dtype {labels.dtype}; give integer classes")
-    return labels.astype(np.int64)
-
-
-def _targets(spec: str) -> np.ndarray:
-    """float32 (N, T) targets from ``spec``; (N,) becomes (N, 1)."""
-    targets = np.asarray(load_array(spec, "targets"))
-    if not (np.issubdtype(targets.dtype, np.floating)
-            or np.issubdtype(targets.dtype, np.integer)):
-        raise DatasetError(f"targets '{spec}' have dtype {targets.dtype}; give real numbers")
-    if targets.ndim == 1:
-        targets = targets[:, None]
-    if targets.ndim != 2 or targets.shape[1] == 0:
-        raise DatasetError(f"targets '{spec}' have shape {targets.shape}; give (N,) or (N, T) "
-                           f"real values, T >= 1")
-    with np.errstate(over="ignore"):
-        targets = targets.astype(np.float32)
-    finite = np.isfinite(targets).all(axis=1)
-    if not finite.all():
-        bad = int(np.flatnonzero(~finite)[0])
-        raise DatasetError(f"targets '{spec}' hold NaN or infinite values (or values beyond "
-                           f"float32), first in sample {bad}; every target must be a finite "
-                           f"number")
-    return targets
-
-
-def _digits() -> tuple[np.ndarray, np.ndarray, str]:
-    """scikit-learn's digits: (1797, 1, 8, 8) float32 in [0, 1], int64 labels, a description."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as err:
-        raise DatasetError("--digits needs scikit-learn; install it with 'pip install "
-                           "scikit-learn' (it is in hpctrain's test extras)") from err
-    digits = load_digits()  # bundled with scikit-learn: no download
-    images = (digits.images / 16.0).astype(np.float32)[:, None]  # pixel values are 0..16
-    description = ("handwritten digits from scikit-learn (sklearn.datasets.load_digits, the UCI "
-                   "ML optical recognition of handwritten digits test set): 8x8 images, "
-                   "0..16 scaled to [0, 1], classes 0-9")
-    return images, digits.target.astype(np.int64), description

@@ -20,11 +20,16 @@ says what changed and why (:meth:`~hpctrain.record.runlog.RunLog.replanned`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctrain.commands.setup import Setup, SetupRequest
-from hpctrain.cost.machine import Machine
-from hpctrain.plan.planner import PlannedNetwork
+from hpctrain.comm.agree import on_root
+from hpctrain.commands.setup import Setup, SetupRequest, write_auto_plan
+from hpctrain.cost.machine import Machine, format_machine
+from hpctrain.plan.planner import PlannedNetwork, format_plan
+from hpctrain.plan.plans import plan_text
+
+if TYPE_CHECKING:
+    from hpctrain.record.runlog import RunLog
 
 REPLAN_GAIN = 0.05
 """The least predicted gain, as a share of the running plan's predicted step, for which the
@@ -95,6 +100,34 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
     return Replan(True, True, f"{refitted}, the planner's choice "
                                     f"{best.iteration_time * 1e3:.1f} ms ({gain:.1%} faster): "
                                     f"switched to it", best, fitted)
+
+
+def replan_after_step(request: SetupRequest, setup: Setup, step: int, result: Any,
+                      threshold: float | None, comm: Any, log: RunLog | None,
+                      logged: bool) -> PlannedNetwork:
+    """The plan to go on with after ``step``, said on rank 0 and in the log (collective).
+
+    :func:`decide` chooses it, under ``threshold`` (``--replan-threshold``; None for
+    :data:`REPLAN_THRESHOLD`); a new plan is printed and written to the plan file. ``logged``
+    says on every rank whether the run has a log, ``log`` is rank 0's.
+    """
+    threshold = REPLAN_THRESHOLD if threshold is None else threshold
+    # the limit set-up agreed: agreeing it again would re-read the node's free memory while the
+    # running plan's arrays hold part of it
+    decision = decide(setup, request, step, result, threshold, comm, setup.limit)
+    if comm.Get_rank() == 0:
+        print(f"replan: {decision.reason}", flush=True)
+        if decision.switched:
+            print(format_plan(decision.planned), flush=True)
+    if decision.switched:  # the plan file says what runs (hpctrain wrote it at set-up)
+        write_auto_plan(request, setup.net, decision.planned, decision.machine.name, comm)
+    if logged:  # collective: every rank knows whether there is a log
+        changed = {"plan": plan_text(setup.net, decision.planned.plans),
+                   "predicted_iteration": decision.planned.iteration_time,
+                   "machine_profile": format_machine(decision.machine)}
+        on_root(comm, lambda: log.replanned(decision.reason, *(
+            (decision.planned, changed) if decision.refitted else (None, {}))))
+    return decision.planned
 
 
 def _timed_steps(result: Any) -> str:

@@ -22,10 +22,9 @@ from hpctrain.commands.flags import (
 )
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
 from hpctrain.cost.machine import BUCKET_BYTES
-from hpctrain.data.augment import AUGMENT_MODES
-from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
+from hpctrain.data.augment import AUGMENT_MODES, check_augment
+from hpctrain.errors import ArgumentParser, OutputError, UserError
 from hpctrain.model.net import NetSpec, load_net
-from hpctrain.plan.plans import plan_text
 from hpctrain.record.timeline import parse_window
 from hpctrain.run.loss_scale import GROWTH_INTERVAL, INITIAL_SCALE
 
@@ -146,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "--checkpoint-dir and starts afresh when there is none")
     return parser
 
+
 @dataclass
 class Prepared:
     """What rank 0 reads and checks before anything collective (see
@@ -164,6 +164,7 @@ class Prepared:
 
 def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     """Every check of the options and the files they name, before planning (rank 0)."""
+    from hpctrain.run.checkpoint import resume_from
     from hpctrain.run.optimizer import SGD
     from hpctrain.run.schedule import parse_schedule
 
@@ -181,7 +182,8 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     SGD.check(args.lr, args.momentum, args.weight_decay)
     net, dataset = _dataset_net(args, load_net(args.net, args.image_size))
     net = net.with_statistics(args.bn_group, procs)
-    _check_augment(args.augment, net, dataset, args.batch)
+    check_augment(args.augment, net.name, net.input_shape,
+                  dataset.sample_shape if dataset else None, args.batch)
     epoch = dataset.train_size // args.batch if dataset else None
     if args.epochs is not None:
         if epoch is None:
@@ -203,7 +205,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         raise UserError(f"--eval-every {args.eval_every} needs a dataset with a held-out split "
                         f"(/val); --data {args.data} has none")
     schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
-    resume, info = _resume_from(args, net)
+    resume, info = resume_from(args.resume, args.checkpoint_dir, args.seed, args.batch, net)
     _check_writable(args, net, procs, resume)
     seed = info.seed if info else (0 if args.seed is None else args.seed)
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
@@ -277,91 +279,16 @@ def _dataset_net(args: argparse.Namespace, net: NetSpec) -> tuple[NetSpec, Datas
     net takes (C, H, W) samples of as many values, flattened (``--net mlp`` on the digits)."""
     if args.data == "synthetic":
         return net, None
-    from hpctrain.data.dataset_fit import check_fits
+    from hpctrain.data.dataset_fit import check_fits, dataset_image_size
     from hpctrain.data.dataset_format import inspect_dataset
 
     info = inspect_dataset(args.data)
-    shape = info.sample_shape
-    if (args.image_size is None and len(shape) == len(net.input_shape) >= 3
-            and len(set(shape[1:])) == 1 and shape != net.input_shape
-            and shape[0] == net.input_shape[0]):
-        net = net.with_image_size(shape[1])  # the dataset's images (or volumes) set the size
+    size = dataset_image_size(info.sample_shape, net.input_shape)
+    if args.image_size is None and size is not None:
+        net = net.with_image_size(size)  # the dataset's images (or volumes) set the size
     check_fits(info, net.input_shape, net.classes, args.batch, regression=net.regression)
     return net, info
 
-
-@dataclass(frozen=True)
-class _SourceShape:
-    """The training source as the checks of :class:`~hpctrain.data.augment.Augmented` see it:
-    the shape of its samples and its batch, nothing to read."""
-
-    sample_shape: tuple[int, ...]
-    batch: int
-
-
-def _check_augment(mode: str, net: NetSpec, dataset: DatasetInfo | None, batch: int) -> None:
-    """Refuse an ``--augment`` that cannot apply to what ``net`` reads (``--net mlp --augment
-    flip``: flat samples, no image to flip) before any planning or kernel timing, as every
-    other flag is.
-
-    The run wraps its source in :func:`~hpctrain.data.augment.augment` only after planning;
-    the same call on a stand-in of the source's shape makes the same checks now, so the rules
-    stay in one place.
-    """
-    from hpctrain.data.augment import augment
-
-    if mode == "none" and dataset is None:  # synthetic data of the net's own shape, as it is
-        return
-    shape = net.input_shape
-    if dataset is not None:
-        from hpctrain.data.dataset_fit import feeds_flat
-
-        if not feeds_flat(dataset.sample_shape, net.input_shape):  # flattened: the net's shape
-            shape = dataset.sample_shape
-    size = net.input_shape[1:] if len(net.input_shape) == 3 else None  # as the run passes it
-    try:
-        augment(_SourceShape(tuple(shape), batch), mode, seed=0, size=size)
-    except UserError as err:
-        raise UserError(f"--net {shown(net.name, quoted=False)}: {err}") from None
-
-
-def _resume_from(args: argparse.Namespace, net: NetSpec
-                 ) -> tuple[Path | None, CheckpointInfo | None]:
-    """The checkpoint to resume from and what it says, or (None, None) to start afresh.
-
-    Refuses a --checkpoint-dir holding checkpoints of another trajectory: newer than the one
-    resumed, or any at all for a fresh run (keeping the newest few would delete them, and a
-    later bare --resume would pick the wrong one).
-    """
-    from hpctrain.run.checkpoint import (
-        latest_checkpoint,
-        read_checkpoint_info,
-        resolve_resume,
-        step_of,
-    )
-
-    newest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
-    path = info = None
-    if args.resume == "latest" and not args.checkpoint_dir:
-        raise UserError("bare --resume takes the newest checkpoint in --checkpoint-dir; give "
-                        "--checkpoint-dir DIR or --resume PATH")
-    if args.resume is not None:
-        path = newest if args.resume == "latest" else resolve_resume(args.resume)
-    if path is not None:
-        info = read_checkpoint_info(path, net)
-        if args.seed is not None and args.seed != info.seed:
-            raise UserError(f"checkpoint {path} was written with --seed {info.seed}, not "
-                            f"{args.seed}; drop --seed or pass --seed {info.seed}")
-        batch = info.state.get("batch", args.batch)
-        if batch != args.batch:
-            raise UserError(f"checkpoint {path} was written with --batch {batch}; resume with "
-                            f"--batch {batch} (what step N reads depends on it)")
-    step = info.step if info else -1
-    if newest is not None and step_of(newest) > step:
-        what = f"is newer than step {step} resumed" if info else "belongs to another run"
-        raise UserError(f"--checkpoint-dir {args.checkpoint_dir} holds {newest.name}, which "
-                        f"{what}; resume from it (--resume), or use an empty directory")
-    return path, info
 
 def run(argv: list[str], comm, stop=None) -> int:
     """The training command; ``stop``: StopRequests already recording (since start-up), else
@@ -387,9 +314,11 @@ def _stopped_before_training(stop, comm) -> bool:
 
 def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int:
     from hpctrain.comm.agree import on_root
+    from hpctrain.commands.replan import replan_after_step
     from hpctrain.cost.memory import baseline_bytes, measured_peak
     from hpctrain.plan.planner import format_plan
     from hpctrain.run.loop import TrainConfig, train
+    from hpctrain.run.sources import open_sources
 
     rank = comm.Get_rank()
     baseline = baseline_bytes()  # the interpreter and its libraries, before any array of ours
@@ -403,33 +332,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         print(format_plan(setup.planned), flush=True)
     if args.plan_only:
         return 0
-    data = val_data = None
-    if prepared.dataset is not None:
-        from hpctrain.data.dataset_fit import feeds_flat
-        from hpctrain.data.dataset_reader import H5Data
-
-        flatten = feeds_flat(prepared.dataset.sample_shape, setup.net.input_shape)
-
-        def open_data(split: str):
-            return agreed(comm, lambda: H5Data(setup.backend, args.data, args.batch,
-                                               prepared.seed, split, prepared.dataset, flatten),
-                          everywhere=True)
-
-        data = open_data("train")
-        val_data = open_data("val") if prepared.dataset.val_size else None
-    train_data = data
-    if args.augment != "none" or data is not None:
-        from hpctrain.data.augment import augment
-        from hpctrain.data.synthetic import SyntheticData
-
-        # a net smaller than the images reads windows: random ones under --augment, else and
-        # for the held-out split the centre
-        size = setup.net.input_shape[1:] if len(setup.net.input_shape) == 3 else None
-        train_data = augment(data or SyntheticData.for_net(setup.backend, setup.net, args.batch,
-                                                           prepared.seed),
-                             args.augment, prepared.seed, size=size)
-        if val_data is not None:
-            val_data = augment(val_data, "none", prepared.seed, size=size)
+    sources = open_sources(comm, setup.backend, setup.net, args.batch, prepared.seed,
+                           args.augment, args.data, prepared.dataset)
     config = TrainConfig(args.batch, prepared.steps, args.lr, args.momentum, args.weight_decay,
                          prepared.seed, args.print_every, prepared.schedule, prepared.eval_every,
                          Path(args.checkpoint_dir) if args.checkpoint_dir else None,
@@ -450,12 +354,13 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
               f"the plan is kept", flush=True)
     try:
         run_to = replace(config, steps=replan_at) if replan_at else config
-        result = train(setup.net, setup.plan, run_to, setup.backend, comm, data=train_data,
-                       val_data=val_data, log=log, resume=prepared.resume, stop=stop)
+        result = train(setup.net, setup.plan, run_to, setup.backend, comm, data=sources.train,
+                       val_data=sources.val, log=log, resume=prepared.resume, stop=stop)
         if replan_at and result.losses and not result.stopped_by:
-            planned = _replan(args, request, setup, replan_at, result, comm, log)
+            planned = replan_after_step(request, setup, replan_at, result,
+                                        args.replan_threshold, comm, log, bool(args.log))
             result = train(setup.net, planned.plans, config, setup.backend, comm,
-                           data=train_data, val_data=val_data, log=log,
+                           data=sources.train, val_data=sources.val, log=log,
                            resume=result.checkpoint, stop=stop)
     except BaseException as err:
         if log is not None:
@@ -463,9 +368,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
                 log.finish(f"failed: {err}")
         raise
     finally:
-        for reader in (data, val_data):
-            if reader is not None:
-                reader.close()
+        sources.close()
     if rank == 0 and result.losses:
         error = planned.iteration_time / result.iteration - 1
         print(f"iteration: predicted {planned.iteration_time * 1e3:.1f} ms, measured "
@@ -485,90 +388,22 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     return 0
 
 
-def _replan(args: argparse.Namespace, request: SetupRequest, setup: Setup, step: int,
-            result: TrainResult, comm, log: RunLog | None) -> PlannedNetwork:
-    """The plan to go on with after ``step`` (:mod:`hpctrain.commands.replan`), said on rank
-    0 and in the log (collective)."""
-    from hpctrain.comm.agree import on_root
-    from hpctrain.commands.replan import REPLAN_THRESHOLD, decide
-    from hpctrain.commands.setup import write_auto_plan
-    from hpctrain.cost.machine import format_machine
-    from hpctrain.plan.planner import format_plan
-
-    threshold = REPLAN_THRESHOLD if args.replan_threshold is None else args.replan_threshold
-    # the limit set-up agreed: agreeing it again would re-read the node's free memory while the
-    # running plan's arrays hold part of it
-    decision = decide(setup, request, step, result, threshold, comm, setup.limit)
-    if comm.Get_rank() == 0:
-        print(f"replan: {decision.reason}", flush=True)
-        if decision.switched:
-            print(format_plan(decision.planned), flush=True)
-    if decision.switched:  # the plan file says what runs (hpctrain wrote it at set-up)
-        write_auto_plan(request, setup.net, decision.planned, decision.machine.name, comm)
-    if args.log:  # collective: every rank knows whether there is a log
-        changed = {"plan": plan_text(setup.net, decision.planned.plans),
-                   "predicted_iteration": decision.planned.iteration_time,
-                   "machine_profile": format_machine(decision.machine)}
-        on_root(comm, lambda: log.replanned(decision.reason, *(
-            (decision.planned, changed) if decision.refitted else (None, {}))))
-    return decision.planned
-
-
 def _finish_log(log: RunLog, result: TrainResult, planned: PlannedNetwork) -> None:
     """Rank 0: the log's final status and summary; :class:`~hpctrain.errors.OutputError` when any of
     its writes failed."""
-    status = (f"stopped by {result.stopped_by} after step {result.last_step}"
-              if result.stopped_by else f"finished at step {result.last_step}")
-    summary = None
-    if result.losses:
-        from hpctrain.record.runlog import write_timings
-
-        def summary(h5) -> None:
-            write_timings(h5, planned, result.layer_times, result.fastest_rank_times,
-                          result.iteration)
-
-    log.finish(status, summary)
+    result.finish_log(log, planned)
     print(f"log written to {log.path}", flush=True)
 
 
 def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: int,
               config: TrainConfig, resume_step: int | None) -> RunLog:
     """Rank 0's run log, with everything needed to know what ran where."""
-    import shlex
-
-    import numpy as np
-    from mpi4py import MPI
-
-    import hpctrain
-    from hpctrain.cost.machine import format_machine
-    from hpctrain.record.runlog import RunLog, git_commit
+    from hpctrain.record.runlog import RunLog, run_attributes
 
     options = dict(vars(args), steps=config.steps, seed=config.seed,
                    eval_every=config.eval_every, learning_rate=config.schedule.describe())
-    attrs = {
-        "command": shlex.join(["python", "-m", "hpctrain", *argv]),
-        "config": options,
-        "version": hpctrain.__version__,
-        "git_commit": git_commit(),
-        "mpi_library": MPI.Get_library_version().strip(),
-        "mpi_version": "{}.{}".format(*MPI.Get_version()),
-        "processes": procs,
-        "net": setup.net.name,
-        "layers": "\n".join(setup.net.architecture()),
-        "input_shape": list(setup.net.input_shape),
-        "batch": args.batch,
-        "dtype": np.dtype(setup.backend.dtype).name,
-        "precision": setup.backend.precision.name,
-        "device": args.device,
-        "threads_per_rank": setup.threads.threads,
-        "threads": setup.threads.describe(),
-        "ranks_per_node": setup.threads.ranks_on_node,
-        "data": args.data,
-        "machine": setup.machine.name,
-        "machine_profile": format_machine(setup.machine),
-        "plan": plan_text(setup.net, setup.plan),
-        "predicted_iteration": setup.planned.iteration_time,
-    }
+    attrs = run_attributes(["python", "-m", "hpctrain", *argv], options, procs, setup.net,
+                           setup.plan, setup.planned, setup.backend, setup.threads, setup.machine)
     rows = [layer.name for layer in setup.net.layers] + ["loss"]
     log = RunLog(Path(args.log), attrs, setup.planned, rows, resume_step)
     if log.rotated is not None:

@@ -36,6 +36,7 @@ window (``none``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,62 @@ def augment(source: DataSource, mode: str, seed: int, pad: int = 4,
     if mode == "none" and size in (None, tuple(getattr(source, "sample_shape", ()))[1:]):
         return source
     return Augmented(source, mode, seed, pad, batch, size)
+
+
+def window_size(input_shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """The (h, w) window of each image that a net of ``input_shape`` reads, as :func:`augment`'s
+    ``size``; None for a net that does not take (C, h, w) images.
+
+    >>> window_size((3, 224, 224)), window_size((64,)), window_size((4, 32, 32, 32))
+    ((224, 224), None, None)
+    """
+    return (input_shape[1], input_shape[2]) if len(input_shape) == 3 else None
+
+
+@dataclass(frozen=True)
+class _SourceShape:
+    """The training source as the checks of :class:`Augmented` see it: the shape of its samples
+    and its batch, nothing to read."""
+
+    sample_shape: tuple[int, ...]
+    batch: int
+
+
+def check_augment(mode: str, net_name: str, input_shape: tuple[int, ...],
+                  sample_shape: tuple[int, ...] | None, batch: int) -> None:
+    """Refuse an ``--augment`` mode that cannot apply to what a net reads, before any planning
+    or kernel timing, as every other flag is.
+
+    ``--net mlp --augment flip`` is refused: flat samples, no image to flip. A run wraps its
+    source in :func:`augment` only after planning; the same call on a stand-in of the source's
+    shape makes the same checks now, so the rules stay in one place.
+
+    Parameters
+    ----------
+    mode : the ``--augment`` mode.
+    net_name : the net's name, for the message.
+    input_shape : what the net reads per sample.
+    sample_shape : the dataset's samples, or None for synthetic data of the net's own shape.
+    batch : the global batch.
+
+    Raises
+    ------
+    UserError
+        What :func:`augment` refuses, prefixed with the net: samples that are not (C, H, W)
+        images, or a net input that cannot be cut from them.
+    """
+    if mode == "none" and sample_shape is None:  # synthetic data of the net's own shape, as it is
+        return
+    shape = input_shape
+    if sample_shape is not None:
+        from hpctrain.data.dataset_fit import feeds_flat  # h5py: only when a command runs
+
+        if not feeds_flat(sample_shape, input_shape):  # flattened: the net's shape
+            shape = sample_shape
+    try:
+        augment(_SourceShape(tuple(shape), batch), mode, seed=0, size=window_size(input_shape))
+    except UserError as err:
+        raise UserError(f"--net {shown(net_name, quoted=False)}: {err}") from None
 
 
 class Augmented:

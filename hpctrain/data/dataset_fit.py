@@ -37,6 +37,24 @@ def crops_images(sample_shape: tuple[int, ...], input_shape: tuple[int, ...]) ->
             and all(h <= s for h, s in zip(input_shape[1:], sample_shape[1:], strict=True)))
 
 
+def dataset_image_size(sample_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> int | None:
+    """The side along every spatial axis that a dataset's samples give a net's input, or None
+    when they leave it as it is.
+
+    Images (or volumes) with the net's channels, as many axes and equal spatial sides set the
+    size of a net that takes another (a run without ``--image-size`` resizes the net to them).
+
+    >>> dataset_image_size((3, 32, 32), (3, 224, 224)), dataset_image_size((1, 8, 8), (64,))
+    (32, None)
+    >>> dataset_image_size((3, 32, 24), (3, 224, 224)), dataset_image_size((1, 8, 8), (1, 8, 8))
+    (None, None)
+    """
+    if (len(sample_shape) == len(input_shape) >= 3 and len(set(sample_shape[1:])) == 1
+            and sample_shape != input_shape and sample_shape[0] == input_shape[0]):
+        return sample_shape[1]
+    return None
+
+
 def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int, batch: int,
                regression: bool = False) -> None:
     """Refuse a dataset whose samples, answers or size do not fit a net and a batch.

@@ -65,14 +65,17 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import subprocess
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import hpctrain
+from hpctrain.cost.machine import Machine, format_machine
 from hpctrain.errors import OutputError, UserError
 from hpctrain.io.files import (
     check_output,
@@ -85,7 +88,14 @@ from hpctrain.io.files import (
 )
 from hpctrain.io.locations import checkout_root
 from hpctrain.plan.planner import PlannedNetwork
+from hpctrain.plan.plans import plan_text
 from hpctrain.record.timing import COMM_FIELDS, RECORD_FIELDS, TIME_FIELDS, StepTimes
+
+if TYPE_CHECKING:
+    from hpctrain.device.backend import Backend
+    from hpctrain.device.threads import ThreadChoice
+    from hpctrain.model.net import NetSpec
+    from hpctrain.plan.plans import LayerPlan
 
 FORMAT = "hpctrain-log"  # the root attribute "format" of every log
 STEP_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1"),
@@ -162,6 +172,49 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def run_attributes(command: list[str], options: dict[str, Any], processes: int, net: NetSpec,
+                   plan: list[LayerPlan], planned: PlannedNetwork, backend: Backend,
+                   threads: ThreadChoice, machine: Machine) -> dict[str, Any]:
+    """The root attributes of a run's log that say what ran where (see the module doc).
+
+    Parameters
+    ----------
+    command : the command line, from ``python`` on.
+    options : every option by name, stored as JSON in ``config``; its ``batch``, ``device`` and
+        ``data`` are attributes of their own too.
+    processes : the number of ranks.
+    net, plan, planned : the net, its plan and the plan's predictions.
+    backend, threads, machine : where it runs: the arrays' dtype and precision, the threads per
+        rank, the machine profile the plan was priced on.
+    """
+    from mpi4py import MPI  # only when a run starts: not on importing the log's readers
+
+    return {
+        "command": shlex.join(command),
+        "config": options,
+        "version": hpctrain.__version__,
+        "git_commit": git_commit(),
+        "mpi_library": MPI.Get_library_version().strip(),
+        "mpi_version": "{}.{}".format(*MPI.Get_version()),
+        "processes": processes,
+        "net": net.name,
+        "layers": "\n".join(net.architecture()),
+        "input_shape": list(net.input_shape),
+        "batch": options["batch"],
+        "dtype": np.dtype(backend.dtype).name,
+        "precision": backend.precision.name,
+        "device": options["device"],
+        "threads_per_rank": threads.threads,
+        "threads": threads.describe(),
+        "ranks_per_node": threads.ranks_on_node,
+        "data": options["data"],
+        "machine": machine.name,
+        "machine_profile": format_machine(machine),
+        "plan": plan_text(net, plan),
+        "predicted_iteration": planned.iteration_time,
+    }
 
 
 def is_run_log(path: Path) -> bool:

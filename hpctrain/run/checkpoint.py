@@ -414,3 +414,48 @@ def resolve_resume(path_or_dir: Path) -> Path:
         raise CheckpointError(f"checkpoint {path} does not exist; give a checkpoint file or a "
                               f"directory of step-*.h5 files")
     return path
+
+
+def resume_from(resume: str | None, checkpoint_dir: str | None, seed: int | None, batch: int,
+                net: NetSpec) -> tuple[Path | None, CheckpointInfo | None]:
+    """The checkpoint a run resumes from and what it says, or (None, None) to start afresh.
+
+    Parameters
+    ----------
+    resume : ``--resume``: a checkpoint file or directory, "latest" (the newest in
+        ``checkpoint_dir``, or a fresh start when there is none), or None for a fresh run.
+    checkpoint_dir : ``--checkpoint-dir``, where the run writes its checkpoints, or None.
+    seed : ``--seed``, or None to take the checkpoint's.
+    batch : ``--batch``, which must be the checkpoint's.
+    net : the net the checkpoint must hold.
+
+    Raises
+    ------
+    UserError
+        A bare ``--resume`` without a directory, a seed or batch other than the checkpoint's,
+        or a ``checkpoint_dir`` holding checkpoints of another trajectory: newer than the one
+        resumed, or any at all for a fresh run (keeping the newest few would delete them, and
+        a later bare ``--resume`` would pick the wrong one).
+    """
+    newest = latest_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None
+    path = info = None
+    if resume == "latest" and not checkpoint_dir:
+        raise UserError("bare --resume takes the newest checkpoint in --checkpoint-dir; give "
+                        "--checkpoint-dir DIR or --resume PATH")
+    if resume is not None:
+        path = newest if resume == "latest" else resolve_resume(Path(resume))
+    if path is not None:
+        info = read_checkpoint_info(path, net)
+        if seed is not None and seed != info.seed:
+            raise UserError(f"checkpoint {path} was written with --seed {info.seed}, not "
+                            f"{seed}; drop --seed or pass --seed {info.seed}")
+        written = info.state.get("batch", batch)
+        if written != batch:
+            raise UserError(f"checkpoint {path} was written with --batch {written}; resume with "
+                            f"--batch {written} (what step N reads depends on it)")
+    step = info.step if info else -1
+    if newest is not None and step_of(newest) > step:
+        what = f"is newer than step {step} resumed" if info else "belongs to another run"
+        raise UserError(f"--checkpoint-dir {checkpoint_dir} holds {newest.name}, which "
+                        f"{what}; resume from it (--resume), or use an empty directory")
+    return path, info

@@ -31,8 +31,9 @@ from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.model.net import NetSpec
+from hpctrain.plan.planner import PlannedNetwork
 from hpctrain.plan.plans import LayerPlan
-from hpctrain.record.runlog import RunLog
+from hpctrain.record.runlog import RunLog, write_timings
 from hpctrain.record.timeline import TimelineWindow
 from hpctrain.record.timing import (
     RanksSummary,
@@ -110,6 +111,25 @@ class TrainResult:
     def last_step(self) -> int:
         """The number of steps completed, counting those before a resume."""
         return self.first_step + len(self.losses)
+
+    def finish_log(self, log: RunLog, planned: PlannedNetwork) -> None:
+        """Close rank 0's ``log`` with its final status, how this run ended, and, when a step
+        ran, the measured per-layer times beside ``planned``'s predictions.
+
+        Raises
+        ------
+        OutputError
+            This or an earlier write of the log failed.
+        """
+        status = (f"stopped by {self.stopped_by} after step {self.last_step}"
+                  if self.stopped_by else f"finished at step {self.last_step}")
+        summary = None
+        if self.losses:
+            def summary(h5: Any) -> None:
+                write_timings(h5, planned, self.layer_times, self.fastest_rank_times,
+                              self.iteration)
+
+        log.finish(status, summary)
 
 
 def print_now(*args: Any) -> None:
