@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.data.dataset_format import DatasetError
+from hpctrain.data.dataset_format import DatasetError, as_finite_float32
 
 
 def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -200,11 +200,8 @@ def load_targets(spec: str) -> np.ndarray:
     if targets.ndim != 2 or targets.shape[1] == 0:
         raise DatasetError(f"targets '{spec}' have shape {targets.shape}; give (N,) or (N, T) "
                            f"real values, T >= 1")
-    with np.errstate(over="ignore"):
-        targets = targets.astype(np.float32)
-    finite = np.isfinite(targets).all(axis=1)
-    if not finite.all():
-        bad = int(np.flatnonzero(~finite)[0])
+    targets, bad = as_finite_float32(targets)
+    if bad is not None:
         raise DatasetError(f"targets '{spec}' hold NaN or infinite values (or values beyond "
                            f"float32), first in sample {bad}; every target must be a finite "
                            f"number")

@@ -72,6 +72,19 @@ class DatasetError(UserError):
     """A dataset file that cannot be read or does not fit the net; the message names the fix."""
 
 
+def as_finite_float32(targets: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """(``targets`` as float32, the first row holding NaN or an infinity after the cast, else
+    None): a value beyond float32's range becomes infinite, so it is caught too.
+
+    >>> as_finite_float32(np.array([[1.0], [1e39]]))[1]
+    1
+    """
+    with np.errstate(over="ignore"):
+        values = targets.astype(np.float32)
+    finite = np.isfinite(values).all(axis=1)
+    return values, None if finite.all() else int(np.flatnonzero(~finite)[0])
+
+
 def chunk_shape(shape: tuple[int, ...], itemsize: int = 4) -> tuple[int, ...]:
     """The HDF5 chunk shape of an images dataset of ``shape``, which is ``(N, *sample)``.
 

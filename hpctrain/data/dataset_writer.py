@@ -26,6 +26,7 @@ from hpctrain.data.dataset_format import (
     SPLITS,
     VERSION,
     DatasetError,
+    as_finite_float32,
     chunk_shape,
     is_dataset,
 )
@@ -352,11 +353,9 @@ def _checked_targets(name: str, targets: Any, start: int, width: int) -> np.ndar
     if targets.ndim != 2 or targets.shape[1] != width or not _is_real(targets.dtype):
         raise DatasetError(f"{name} targets from sample {start} have shape {targets.shape} and "
                            f"dtype {targets.dtype}; give real numbers shaped (n, {width})")
-    with np.errstate(over="ignore"):
-        y = targets.astype(np.float32)
-    finite = np.isfinite(y).all(axis=1)
-    if not finite.all():
-        bad = start + int(np.flatnonzero(~finite)[0])
+    y, bad = as_finite_float32(targets)
+    if bad is not None:
+        bad += start
         raise DatasetError(f"{name} targets of sample {bad} hold NaN or infinite values (or "
                            f"values beyond float32); every target must be a finite number")
     return y
