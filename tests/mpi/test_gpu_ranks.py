@@ -45,6 +45,9 @@ def verify_every_plan(comm, net, size, plans, tmp_path, monkeypatch, *flags):
     """``verify --device gpu`` of ``net`` under each of ``plans`` (with ``flags``) passes on
     every rank."""
     p = comm.Get_size()
+    if p == 1:  # every plan is 1x1: no message to stage or send, nothing beyond one process
+        pytest.skip("one rank sends no message: tests/test_gpu_verify.py checks the GPU path "
+                    "of one process")
     monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     for plan in plans:
         argv = ["--net", net, "--image-size", str(size), "--device", "gpu", "--batch",
