@@ -20,9 +20,9 @@ def counting(compute: MeasuredCompute) -> list:
     calls = []
     timed = compute._time
 
-    def count(fn, *args):
+    def count(fn):
         calls.append(fn)
-        return timed(fn, *args)
+        return timed(fn)
 
     compute._time = count
     return calls
@@ -69,13 +69,14 @@ def test_a_timing_evicts_what_a_step_keeps_and_is_kept_under_that_state(tmp_path
     cache = tmp_path / "times.json"
     backend = Backend(np, np.float32)
     context = timing_context(backend, 1, 1, "blas", CODE)
-    small = MeasuredCompute(backend, context=context, cache=cache, repeats=2)
-    small.times([WORK], step_bytes=3 << 20)
+    small = MeasuredCompute(backend, context=context, cache=cache, repeats=2, step_bytes=3 << 20)
+    small.times([WORK])
     assert set(written) == {3 * (3 << 20) // 2}
     written.clear()
-    large = MeasuredCompute(backend, context=context, cache=cache, repeats=2)
+    # far beyond the cache: all of it
+    large = MeasuredCompute(backend, context=context, cache=cache, repeats=2, step_bytes=1 << 40)
     calls = counting(large)
-    large.times([WORK], step_bytes=1 << 40)  # far beyond the cache: all of it
+    large.times([WORK])
     assert len(calls) == 2 and set(written) == {3 * (64 << 20) // 2}
     assert len(json.loads(cache.read_text())) == 2  # one entry per cache state
     assert eviction_bytes(None) == 3 * (64 << 20) // 2  # a step not known: all of it
@@ -87,15 +88,16 @@ def test_the_step_a_plan_keeps_is_the_serial_memory_over_the_ranks(name):
     from hpctrain.cost.machine import load_machine
     from hpctrain.model.net import load_net
     from hpctrain.plan.planner import plan_network
-    from hpctrain.plan.pricing import CostModel
+    from hpctrain.plan.pricing import CostModel, step_bytes
 
     net, machine = load_net(name), load_machine("default")
     for procs in (1, 2, 4):
         model = CostModel(net, 16, procs, machine, FlopModel(1e9))
         one = plan_network(CostModel(net, 16, 1, machine, FlopModel(1e9)))
         kept = sum(c.memory for c in [one.data, *one.layers, one.loss])
-        assert model.step_bytes == pytest.approx(kept / procs)
-        assert plan_network(model).memory >= model.step_bytes  # a lower bound, never above
+        least = step_bytes(net, 16, procs, machine)
+        assert least == pytest.approx(kept / procs)
+        assert plan_network(model).memory >= least  # a lower bound, never above
 
 
 def test_timings_of_other_code_are_dropped_when_the_cache_is_rewritten(tmp_path):

@@ -48,8 +48,7 @@ class FlopModel:
     def __init__(self, flops_per_second: float) -> None:
         self.rate = flops_per_second
 
-    def times(self, works: Sequence[LocalWork], step_bytes: float | None = None
-              ) -> dict[LocalWork, tuple[float, float]]:
+    def times(self, works: Sequence[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
         return {w: tuple(f / self.rate for f in w.flops()) for w in works}
 
 
@@ -169,13 +168,20 @@ class MeasuredCompute:
         no conditions (the timings are for this object alone, with no cache).
     cache : the JSON cache file; None for no cache. Entries timed by other hpctrain code than
         ``context``'s are dropped when it is rewritten.
+    step_bytes : what a training step keeps on each rank (None: more than the caches hold):
+        what a step touches between two calls of a kernel decides whether they find its data
+        in cache, so each sample evicts as much (:func:`~hpctrain.device.caches.eviction_bytes`),
+        and the amount is part of every key.
     """
 
     def __init__(self, backend: Any, comm: Any = None, context: TimingContext | None = None,
-                 cache: Path | None = None, repeats: int = 5) -> None:
+                 cache: Path | None = None, repeats: int = 5,
+                 step_bytes: float | None = None) -> None:
         self.backend, self.comm, self.repeats = backend, comm, repeats
         self.context, self.cache = context, cache if context is not None else None
-        self.prefix = f"{context.key()}|" if context is not None else "|"
+        self.evict = eviction_bytes(step_bytes) if backend.device == "cpu" else 0
+        conditions = f"{context.key()}|" if context is not None else "|"
+        self.prefix = f"{conditions}evict {self.evict}|"  # a timing holds the cache state it saw
         self.timed = 0  # kernels timed by this object (not found in the cache)
         self.known: dict[str, list[float]] = {}
         if comm is None or comm.Get_rank() == 0:
@@ -183,7 +189,7 @@ class MeasuredCompute:
         if comm is not None:  # one view of the cache, so every rank times the same kernels
             self.known = comm.bcast(self.known, root=0)
 
-    def _time(self, fn: Callable[[], Any], evict: int | None = None) -> tuple[float, Any]:
+    def _time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
         """Seconds of ``fn`` on the slowest rank, every rank running it at the same moment
         (the mean over samples of each sample's slowest rank), and what the last warm-up returned.
 
@@ -211,7 +217,7 @@ class MeasuredCompute:
         repeats = max(1, min(self.repeats, int(SAMPLE_BUDGET / max(warm, 1e-9))))
         samples = np.empty(repeats)
         for k in range(repeats):
-            evict_caches(self.backend.device, evict)  # as a step leaves them (device.caches)
+            evict_caches(self.backend.device, self.evict)  # as a step leaves them
             if self.comm is not None:
                 self.comm.Barrier()
             start = time.perf_counter()
@@ -222,27 +228,20 @@ class MeasuredCompute:
             self.comm.Allreduce(MPI.IN_PLACE, samples, MPI.MAX)
         return float(samples.mean()), output
 
-    def times(self, works: Sequence[LocalWork], step_bytes: float | None = None
-              ) -> dict[LocalWork, tuple[float, float]]:
-        """Forward and backward seconds of each of ``works``, in a training step that keeps
-        ``step_bytes`` on each rank (None: more than the caches hold): what a step touches
-        between two calls of a kernel decides whether they find its data in cache
-        (:func:`~hpctrain.device.caches.eviction_bytes`)."""
-        evict = eviction_bytes(step_bytes) if self.backend.device == "cpu" else 0
-        prefix = f"{self.prefix}evict {evict}|"  # a timing holds the cache state it saw
-        todo = sorted({w for w in works if prefix + w.key() not in self.known},
+    def times(self, works: Sequence[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
+        todo = sorted({w for w in works if self.prefix + w.key() not in self.known},
                       key=LocalWork.key)
         if todo:
             rng = np.random.default_rng(0)
             self.timed += len(todo)
             for work in todo:
                 forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
-                forward_seconds, output = self._time(forward, evict)
-                backward_seconds, _ = self._time(backward_of(output), evict)
+                forward_seconds, output = self._time(forward)
+                backward_seconds, _ = self._time(backward_of(output))
                 # already the slowest rank's, the same on every rank (see _time)
-                self.known[prefix + work.key()] = [forward_seconds, backward_seconds]
+                self.known[self.prefix + work.key()] = [forward_seconds, backward_seconds]
             self._save()
-        return {w: tuple(self.known[prefix + w.key()]) for w in works}
+        return {w: tuple(self.known[self.prefix + w.key()]) for w in works}
 
     def _save(self) -> None:
         if self.cache is None or (self.comm is not None and self.comm.Get_rank() != 0):

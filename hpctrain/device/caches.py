@@ -11,10 +11,9 @@ Timings therefore evict before each timed call (outside the timed region).
 
 But only as much as a step pushes through: a step whose data fits the cache finds its kernels'
 data there, as a timing in a tight loop does. A rank evicts 1.5x the bytes one step keeps on
-it, up to 1.5x the whole cache. On
-a host whose last-level cache holds 480 MiB, writing 1.5x of it before every sample made the
-planning of a 1 MiB net take a minute, all of it in eviction, and timed its kernels colder than
-its training steps run them.
+it, up to 1.5x the whole cache. On a host whose last-level cache holds 480 MiB, writing 1.5x of
+it before every sample made the planning of a 1 MiB net take a minute, all of it in eviction,
+and timed its kernels colder than its training steps run them.
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -158,8 +157,7 @@ class CostModel(Segments):
     Parameters
     ----------
     machine : α–β constants (see :mod:`hpctrain.cost.machine`).
-    compute : an object with ``times(works, step_bytes) -> {work: (forward s, backward s)}``
-        (``step_bytes``: :attr:`step_bytes`).
+    compute : an object with ``times(works) -> {work: (forward s, backward s)}``.
     precision : the run's :class:`~hpctrain.device.precision.Precision` (fp32 when left
         out): the bytes of activations, messages and gradients (its storage dtype) and of
         master weights and optimizer state (its master dtype). A number of bytes per value
@@ -180,21 +178,6 @@ class CostModel(Segments):
         self._timed: set[tuple[int, LayerPlan]] = set()  # segments whose compute is filled in
         self._moves: dict[tuple[Layout, Layout], tuple[Move, float, float]] = {}
         self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
-
-    @cached_property
-    def step_bytes(self) -> float:
-        """The fewest bytes a step can keep on a rank, what one process keeps for the whole
-        batch over P (under any plan the P ranks hold all of it at least once). What a step
-        touches between two calls of a kernel decides whether the kernel finds its data in
-        cache, so its timing evicts as much (:func:`~hpctrain.device.caches.eviction_bytes`);
-        the same for every plan of the net, so that plans are timed alike."""
-        one = CostModel(self.net, self.batch, 1, self.machine, None, self.precision)
-        whole = LayerPlan("batch", (1, 1))
-        segments = [one.segment_cost(k, whole, timed=False) for k in range(len(one.heads))]
-        kept = sum(segment.memory for segment in segments)
-        kept += one.input_cost(one.input_layout(whole), timed=False).memory
-        kept += one.loss_cost(segments[-1].out_layout).memory
-        return kept / self.procs
 
     @property
     def itemsize(self) -> int:
@@ -280,7 +263,7 @@ class CostModel(Segments):
         for its class of kinds: :func:`~hpctrain.model.kinds.compute_factors`), fitted to work
         of its size: within a rank's share of the cache or beyond it."""
         if times is None:
-            times = self.compute.times(_distinct(_works(costs)), self.step_bytes)
+            times = self.compute.times(_distinct(_works(costs)))
         for cost in costs:
             if cost.work is not None:
                 cost.compute = times[cost.work]
@@ -343,7 +326,7 @@ class CostModel(Segments):
         cost = LayerCost("input", "data", "follow", first_in.grid, work=work)
         cost.resident, cost.transient = self.data_memory(first_in)
         if timed:
-            cost.compute = self.compute.times([work], self.step_bytes)[work]
+            cost.compute = self.compute.times([work])[work]
         return cost
 
     def loss_cost(self, last_out: Layout) -> LayerCost:
@@ -368,7 +351,7 @@ class CostModel(Segments):
         costs = [self.segment_cost(k, c, timed=False) for k, c in todo]
         works = [w for cost in costs for w in _works(cost.layers)]
         works += [LocalWork(INPUT, largest_block(self.input_layout(c))) for c in choices[0]]
-        times = self.compute.times(_distinct(works), self.step_bytes)
+        times = self.compute.times(_distinct(works))
         for key, cost in zip(todo, costs, strict=True):
             self._fill_compute(cost.layers, times)
             self._timed.add(key)
@@ -426,5 +409,21 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
         threads = configure_threads(comm)
     context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas,
                              code_version(TIMED_MODULES))
-    compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None)
+    compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None,
+                              step_bytes=step_bytes(net, batch, procs, machine, precision))
     return CostModel(net, batch, procs, machine, compute, precision, overlap)
+
+
+def step_bytes(net: NetSpec, batch: int, procs: int, machine: Machine,
+               precision: Precision = PRECISIONS["fp32"]) -> float:
+    """The fewest bytes a step of ``net`` can keep on each of ``procs`` ranks, what one
+    process keeps for the whole ``batch`` over P (under any plan the P ranks hold all of it at
+    least once): the same for every plan of the net, so that measured kernels of all plans are
+    timed from one cache state (:class:`~hpctrain.cost.compute.MeasuredCompute`)."""
+    one = CostModel(net, batch, 1, machine, None, precision)
+    whole = LayerPlan("batch", (1, 1))
+    segments = [one.segment_cost(k, whole, timed=False) for k in range(len(one.heads))]
+    kept = sum(segment.memory for segment in segments)
+    kept += one.input_cost(one.input_layout(whole), timed=False).memory
+    kept += one.loss_cost(segments[-1].out_layout).memory
+    return kept / procs
