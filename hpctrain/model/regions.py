@@ -68,25 +68,25 @@ def post_dominators(count: int, readers: Mapping[int, Sequence[int]]) -> list[in
     ipdom = [count] * count
     for k in range(count - 1, -1, -1):
         if readers.get(k):
-            ipdom[k] = _meet_all(ipdom, readers[k], count)
+            ipdom[k] = _meet_all(ipdom, readers[k])
     return ipdom
 
 
-def _meet_all(ipdom: list[int], nodes: Sequence[int], exit_: int) -> int:
+def _meet_all(ipdom: list[int], nodes: Sequence[int]) -> int:
     """The first node all of ``nodes`` pass through on every way out."""
     meet = nodes[0]
     for other in nodes[1:]:
-        meet = _meet(ipdom, meet, other, exit_)
+        meet = _meet(ipdom, meet, other)
     return meet
 
 
-def _meet(ipdom: list[int], a: int, b: int, exit_: int) -> int:
+def _meet(ipdom: list[int], a: int, b: int) -> int:
     """The first layer both ``a`` and ``b`` pass through on every way out."""
-    while a != b:
+    while a != b:  # the lower one is never the exit, which lies after every layer
         if a < b:
-            a = ipdom[a] if a < exit_ else exit_
+            a = ipdom[a]
         else:
-            b = ipdom[b] if b < exit_ else exit_
+            b = ipdom[b]
     return a
 
 
@@ -100,7 +100,7 @@ def fork_join_regions(net: NetSpec) -> list[Region]:
     for fork in [INPUT, *range(exit_)]:
         if len(readers.get(fork, ())) < 2:
             continue
-        join = _meet_all(ipdom, readers[fork], exit_)
+        join = _meet_all(ipdom, readers[fork])
         if join == exit_:  # the paths never meet in one layer
             continue
         inside = _inside(net, fork, join)
