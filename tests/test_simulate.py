@@ -920,3 +920,34 @@ def test_the_ddp_study_refuses_what_it_does_not_take(tmp_path):
         simulate_command.run(["--ddp", "--overlap", "--out", str(tmp_path / "d.h5")])
     with pytest.raises(UserError, match="three studies"):
         simulate_command.run(["--ddp", "--levels", "--out", str(tmp_path / "d.h5")])
+
+
+# -- the --side-by-side study ------------------------------------------------------------------
+
+def test_the_side_by_side_study_plans_with_and_without_groups(tmp_path, capsys):
+    """resdigits (one block with a convolution on its shortcut) on dgx-h100: a table per
+    batch-norm choice, P = 4..4096; the plan that may use groups never slower than the one
+    that may not; FlexFlow's case written beside."""
+    out = tmp_path / "side.h5"
+    assert simulate_command.run(["--side-by-side", "--net", "resdigits", "--machine",
+                                 "dgx-h100", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "branches allowed on groups" in printed and "FlexFlow's case" in printed
+    with h5py.File(out) as h5:
+        groups = h5["side_by_side"]["dgx-h100"]
+        assert sorted(groups) == ["resdigits_global", "resdigits_rank"]
+        for name in groups:
+            t = groups[name]
+            assert list(t["procs"][:]) == [4**k for k in range(1, 7)]
+            assert np.all(t["groups_time"][:] <= t["serial_time"][:] * (1 + 1e-12))
+            assert np.all(t["gain"][:] >= -1e-12)
+            assert np.all((t["regions_on_groups"][:] == 0) == (t["side_by_side"][:] == 0))
+        flexflow = h5["side_by_side"]["flexflow"].attrs
+        assert flexflow["procs"] == 4 and flexflow["auto_time"] <= flexflow["data_parallel_time"]
+
+
+def test_the_side_by_side_study_refuses_what_it_does_not_take(tmp_path):
+    with pytest.raises(UserError, match="--overlap does not apply to --side-by-side"):
+        simulate_command.run(["--side-by-side", "--overlap", "--out", str(tmp_path / "s.h5")])
+    with pytest.raises(UserError, match="four studies"):
+        simulate_command.run(["--side-by-side", "--ddp", "--out", str(tmp_path / "s.h5")])

@@ -65,12 +65,36 @@ class GridSet:
     communicator it was given lives as long as the process.
 
     Layers on different grids coexist: they ask the set for ``(Pr, Pc)`` and share the grid.
+
+    A layout on a group of ranks (:mod:`hpctrain.layout.layout`) gets its communicators from the
+    set of that group (:meth:`group`), as if the group were the world: only its ranks take part.
     """
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.world = comm
         self._grids: dict[tuple[int, int], ProcessGrid] = {}
         self._comms: dict[tuple, MPI.Comm] = {}
+        self._groups: dict[tuple[int, int], GridSet] = {}
+
+    def group(self, first: int, size: int) -> GridSet:
+        """The set of the ranks ``first … first + size − 1`` of the world, made on first use by
+        ``Create_group``, collective over those ranks alone (each makes its groups in the order
+        it first meets them, the net's, the same on all)."""
+        key = (first, size)
+        if key not in self._groups:
+            ranks = self.world.Get_group().Range_incl([(first, first + size - 1, 1)])
+            try:
+                comm = self.world.Create_group(ranks, tag=first * 65536 % 32749 + size)
+            finally:
+                ranks.Free()
+            self._groups[key] = GridSet(comm)
+        return self._groups[key]
+
+    def _of(self, layout: Layout) -> tuple[GridSet, Layout]:
+        """The set whose world is ``layout``'s ranks, and the layout on it."""
+        if not layout.on_group:
+            return self, layout
+        return self.group(layout.first, layout.size), layout.local()
 
     def get(self, shape: tuple[int, int]) -> ProcessGrid:
         if shape not in self._grids:
@@ -82,6 +106,9 @@ class GridSet:
         ``layout``'s mesh ``digits`` (e.g. the ranks that split one axis between them), in world
         order, which is the order of those coordinates. Made once per mesh and digits: a 1.5D
         grid's own communicators where they are these, else a split of the world."""
+        if layout.on_group:
+            grids, local = self._of(layout)
+            return grids.over(local, digits)
         digits = tuple(sorted(set(digits)))
         mesh = layout.mesh
         if not digits:
@@ -102,6 +129,9 @@ class GridSet:
         order; ``tag`` names the rule the colours follow (the same on every rank, e.g. a
         batch-norm layer's number of statistics groups). Made once per mesh, digits and tag,
         by a split of that communicator: every rank of it asks in the same order."""
+        if layout.on_group:
+            grids, local = self._of(layout)
+            return grids.split(local, digits, tag, colour)
         parent = self.over(layout, digits)
         # the axes too: a mesh drops digits of one rank, so two layouts cut along different
         # axes may share one
@@ -111,6 +141,11 @@ class GridSet:
         return self._comms[key]
 
     def close(self) -> None:
+        for grids in self._groups.values():
+            grids.close()
+            release(grids.world)
+            grids.world.Free()
+        self._groups.clear()
         for grid in self._grids.values():
             grid.free()
         self._grids.clear()

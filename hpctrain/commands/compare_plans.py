@@ -150,7 +150,8 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
     for spec in args.plans or default_specs(procs):
         try:
             plan = None if spec == "auto" else plan_from_spec(spec, net, procs)
-            plans.append((spec, predict(model, plan, args.mem_per_rank, space=args.space)))
+            plans.append((spec, predict(model, plan, args.mem_per_rank, space=args.space,
+                                        groups=args.branches == "auto")))
         except SplitError as err:  # a plan this net cannot run here; the same on every rank
             if rank == 0 and not quiet:
                 print(f"{spec:<28} skipped: {err}", flush=True)

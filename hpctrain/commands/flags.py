@@ -115,6 +115,13 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              "the layer (seconds at 4096 ranks); axes, every split of every "
                              "axis, replicas and input channels (small nets on tens of ranks) "
                              "(default: grids)")
+    parser.add_argument("--branches", choices=("auto", "serial"), default="auto",
+                        help="how --grid auto may run the branches of a fork-join region (an "
+                             "Inception module, a ResNet block with a convolution on its "
+                             "shortcut): auto, on every rank one after another or side by side "
+                             "on disjoint groups of ranks, whichever is predicted faster "
+                             "(searched over the grids space, without --mem-per-rank); serial, "
+                             "always on every rank (default: auto)")
     parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
                         help="compute times for the cost model: measured on this device, or "
                              "FLOPs / the profile's rate; auto measures on this machine's own "

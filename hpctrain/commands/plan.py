@@ -119,7 +119,8 @@ def run(argv: list[str]) -> int:
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
                              threads=threads, overlap=overlap)
     if given is None:
-        planned = plan_network(model, args.mem_per_rank, space=args.space)
+        planned = plan_network(model, args.mem_per_rank, space=args.space,
+                               groups=args.branches == "auto")
     else:  # priced as given, and held to the cap as a run would be
         from hpctrain.cost.memory import check_memory
 

@@ -88,7 +88,7 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
         limit = memory_limit(comm, request.mem_per_rank, setup.threads.ranks_on_node)
     cap, source = limit
     running = predict(model, planned.plans)
-    best = predict(model, None, cap, source, request.space)
+    best = predict(model, None, cap, source, request.space, request.branches == "auto")
     gain = 1 - best.iteration_time / running.iteration_time
     refitted = (f"{seen}; refitted to {steps}, the plan running is predicted "
                 f"{running.iteration_time * 1e3:.1f} ms")

@@ -39,6 +39,7 @@ class SetupRequest:
     plan_file: str | None = None
     space: str = "grids"
     collectives: str = "auto"  # --collectives: auto, nccl or mpi (hpctrain.comm.transport)
+    branches: str = "auto"  # --branches: regions on groups of ranks (auto) or not (serial)
 
     @classmethod
     def from_flags(cls, args: Any, dtype: str, overlap: str | bool = "auto",
@@ -47,7 +48,7 @@ class SetupRequest:
         :func:`~hpctrain.commands.flags.add_run_options`, ``--batch``) give, in ``dtype``."""
         return cls(args.grid, args.batch, args.device, dtype, args.threads, args.machine,
                    args.compute, args.mem_per_rank, overlap, plan_file, args.space,
-                   args.collectives)
+                   args.collectives, getattr(args, "branches", "auto"))
 
 
 @dataclass
@@ -116,7 +117,8 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     overlap = sums_in_flight(request.overlap, machine)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
                              threads, overlap)
-    planned = predict_plan(model, plan, limit, source, request.space)
+    planned = predict_plan(model, plan, limit, source, request.space,
+                           request.branches == "auto")
     if plan is None:
         write_auto_plan(request, net, planned, model.machine.name, comm)
     return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory,

@@ -5,9 +5,10 @@ by default the paper's Section 3, strong, weak and domain scaling with the plann
 baselines at every point (:mod:`hpctrain.study.paper`); ``--levels``, plans made with and without
 the machine's levels (:mod:`hpctrain.study.levels`); ``--volumes``, a net on 3-D volumes under a
 memory cap per rank (:mod:`hpctrain.study.volumes`); ``--ddp``, the auto plan against PyTorch
-DDP's step (:mod:`hpctrain.study.ddp`). This module checks the flags, refusing in one line
-before any work what a study does not take, runs the study, writes its file, prints its summary
-and, with ``--plots``, draws the figures.
+DDP's step (:mod:`hpctrain.study.ddp`); ``--side-by-side``, the auto plan with and without
+regions on groups of ranks (:mod:`hpctrain.study.branches`). This module checks the flags,
+refusing in one line before any work what a study does not take, runs the study, writes its
+file, prints its summary and, with ``--plots``, draws the figures.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from hpctrain.device.precision import resolve_precision
 from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
 from hpctrain.io.locations import checkout_root
 from hpctrain.model.net import load_net
-from hpctrain.study import ddp, levels, paper, volumes
+from hpctrain.study import branches, ddp, levels, paper, volumes
 from hpctrain.study.records import planned_provenance
 
 # the default --out of each study
 STUDIES_OUT, LEVELS_OUT = "runs/simulation.h5", "runs/levels.h5"
 VOLUMES_OUT, DDP_OUT = "runs/volumes.h5", "runs/ddp.h5"
+SIDE_OUT = "runs/side_by_side.h5"
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -99,13 +101,22 @@ def build_parser() -> argparse.ArgumentParser:
                              "Inception-v3 and CosmoFlow (or --net) on dgx-h100 and "
                              "perlmutter-gpu (or --machine), P = 8..4096 at B = "
                              "max(--strong-batch, P)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="instead of the three studies, the auto plan with every branch on "
+                             "every rank against the auto plan that may run a fork-join "
+                             "region's branches side by side on groups of ranks, both "
+                             "batch-norm choices (global, rank): Inception-v3 and ResNet-50 "
+                             "(or --net) on dgx-h100 and perlmutter-gpu (or --machine), P = "
+                             f"4..4096 at B = max(--strong-batch, P) (default "
+                             f"{branches.SIDE_BATCH} here); and FlexFlow's case, Inception-v3 "
+                             "on the 4 GPUs of one node against data parallelism")
     parser.add_argument("--mem-per-rank", type=parse_size, default=None,
                         help="--volumes only: the cap on the predicted peak memory per rank, "
                              "e.g. 40G (default: 40G, an A100 of perlmutter-gpu)")
     parser.add_argument("--out", default=None,
                         help=f"HDF5 file to write, atomically (default: {STUDIES_OUT}; "
                              f"{LEVELS_OUT} with --levels; {VOLUMES_OUT} with --volumes; "
-                             f"{DDP_OUT} with --ddp)")
+                             f"{DDP_OUT} with --ddp; {SIDE_OUT} with --side-by-side)")
     parser.add_argument("--plots", default=None, metavar="DIR",
                         help="also draw the PNG figures into DIR "
                              "(analysis/plot_simulation.py of a source checkout; needs "
@@ -201,7 +212,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, set[str]]:
             setattr(args, dest, parser.get_default(dest))
     if args.out is None:
         args.out = (LEVELS_OUT if args.levels else VOLUMES_OUT if args.volumes
-                    else DDP_OUT if args.ddp else STUDIES_OUT)
+                    else DDP_OUT if args.ddp else SIDE_OUT if args.side_by_side
+                    else STUDIES_OUT)
     return args, given
 
 
@@ -289,6 +301,32 @@ def _run_ddp(args: argparse.Namespace, given: set[str], argv: list[str]) -> int:
     return _report(out, [ddp.ddp_summary(study)], None, None)
 
 
+def _run_side_by_side(args: argparse.Namespace, given: set[str], argv: list[str]) -> int:
+    """The --side-by-side study: refuse what it cannot do in one line, before any work; then
+    plan, write and summarise."""
+    if args.levels or args.volumes or args.ddp:
+        raise UserError("--side-by-side, --ddp, --levels and --volumes are four studies; give "
+                        "one of them")
+    _refuse_given(given, _NOT_FOR_DDP, "{flag} does not apply to --side-by-side, which plans "
+                  "both batch-norm choices with sums in flight; it takes --net, --machine, "
+                  "--strong-batch, --precision and --out")
+    if args.plots is not None:
+        raise UserError("--plots draws the other studies' figures; --side-by-side prints its "
+                        "table")
+    nets = ([load_net(args.net)] if "net" in given
+            else [load_net(n) for n in branches.SIDE_NETS])
+    machines = ([load_machine(args.machine)] if "machine" in given
+                else [load_machine(name) for name in branches.SIDE_MACHINES])
+    least = (_positive_int(args.strong_batch, "--strong-batch") if "strong_batch" in given
+             else branches.SIDE_BATCH)
+    out, _ = _outputs(args, "side_by_side.h5")
+    study = branches.run_side_study(nets, machines, least, precision=args.precision)
+    branches.write_side_hdf5(out, study, {
+        "precision": study.precision, "least_batch": study.least_batch,
+        **planned_provenance(argv, "see side_by_side.description")})
+    return _report(out, [branches.side_summary(study)], None, None)
+
+
 def _outputs(args: argparse.Namespace, example: str) -> tuple[Path, Path | None]:
     """The HDF5 file to write and the plotting script (when --plots), checked before any
     work."""
@@ -311,6 +349,8 @@ def run(argv: list[str]) -> int:
     ``--volumes``), write the HDF5 file (and the plots with ``--plots``); 0 on success. Bad
     options raise :class:`~hpctrain.errors.UserError`."""
     args, given = _parse(argv)
+    if args.side_by_side:
+        return _run_side_by_side(args, given, argv)
     if args.ddp:
         return _run_ddp(args, given, argv)
     if args.volumes:

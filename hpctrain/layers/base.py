@@ -71,8 +71,10 @@ class Parameter:
     def box(self, rank: int) -> Box:
         if self.layout is not None:
             return self.layout.box(rank)
-        box = [(0, n) for n in self.shape]
         by = self.sharded_by
+        if by is not None and not by.holds(rank):  # a layer on a group: nothing outside it
+            return tuple((0, 0) for _ in self.shape)
+        box = [(0, n) for n in self.shape]
         if by is not None and by.parts[CHANNEL_AXIS] > 1:
             box[0] = block_range(self.shape[0], by.parts[CHANNEL_AXIS],
                                  by.block_index(rank, CHANNEL_AXIS))
@@ -196,3 +198,32 @@ class Join(Layer):
     @property
     def in_layouts(self) -> tuple[Layout, ...]:
         return self.inputs
+
+
+class Absent(Layer):
+    """A layer that runs on a group of ranks this rank is not in: it is never run, and it holds
+    an empty block of each of the layer's parameters and buffers, by the same names in the same
+    order as the ranks that run it, so that every rank lists the same tensors for a gather, a
+    checkpoint or the optimizer (whose update of an empty block does nothing)."""
+
+    mode = "follow"
+
+    def __init__(self, name: str, inputs: tuple[Layout, ...], output: Layout,
+                 params: dict[str, tuple[int, ...]], buffers: dict[str, tuple[int, ...]],
+                 backend: Backend) -> None:
+        self.name, self.inputs, self.in_layout, self.out_layout = name, inputs, inputs[0], output
+        xp, precision = backend.xp, backend.precision
+
+        def empty(suffix: str, shape: tuple[int, ...], dtype: Any) -> Parameter:
+            value = xp.zeros((0,) * len(shape), dtype=dtype)
+            return Parameter(f"{name}.{suffix}", value, shape, output, grad=value)
+
+        self.params = [empty(s, shape, precision.master) for s, shape in params.items()]
+        self.buffers = [empty(s, shape, precision.master) for s, shape in buffers.items()]
+
+    @property
+    def in_layouts(self) -> tuple[Layout, ...]:
+        return self.inputs
+
+    def gradient_groups(self) -> list[tuple[Any, list[Parameter]]]:
+        return []

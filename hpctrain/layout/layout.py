@@ -28,6 +28,13 @@ ranks of a batch group. A split of height and width on 8 ranks, 2 sample blocks 
 is the mesh (2, 2, 2) cutting axes (N, H, W): rank 5 = 1·4 + 0·2 + 1 holds sample block 1,
 height block 0 and width block 1.
 
+A layer may run on a *group* of ranks, a block ``first … first + size − 1`` of the P ranks of
+the world (``first`` and ``procs``): its mesh then numbers the group's ranks from 0, and the
+ranks outside it hold nothing (an empty box). On 8 ranks, ``Layout((8, 4), (2, 2), 1, first=4,
+procs=8)`` is a 2×2 grid of the features on ranks 4…7: rank 5 holds batch block 0 and feature
+block 1, ranks 0…3 nothing. Everything else about the layout (its cuts, its communicators) is
+the group's, as if the group were the world.
+
 Gradients of a replicated activation are held as *partial sums*: the true gradient is the sum of
 the replicas' buffers. This makes every communication step an exact linear map whose backward is
 its adjoint; e.g. the adjoint of an all-gather is a reduce-scatter.
@@ -203,12 +210,14 @@ class Layout:
     thousand times per plan.
     """
 
-    __slots__ = ("shape", "mesh", "axes", "split_ranges", "_hash", "_largest", "_parts")
+    __slots__ = ("shape", "mesh", "axes", "split_ranges", "first", "procs", "_hash", "_largest",
+                 "_parts")
 
     def __init__(self, shape: Sequence[int], grid: tuple[int, int] | None = None,
                  split_axis: int | None = None,
                  split_ranges: Sequence[tuple[int, int]] | None = None, *,
-                 mesh: Sequence[int] | None = None, axes: Sequence[int] | None = None) -> None:
+                 mesh: Sequence[int] | None = None, axes: Sequence[int] | None = None,
+                 first: int = 0, procs: int | None = None) -> None:
         shape = tuple(shape)
         if mesh is None:
             pr, pc = grid
@@ -227,8 +236,17 @@ class Layout:
                 parts[axis] *= size
         set_(self, "_parts", tuple(parts))
         set_(self, "split_ranges", self._ranges(split_ranges))
+        size = math.prod(sizes)
+        procs = size if procs is None else procs
+        if first < 0 or first + size > procs:
+            raise ValueError(f"a group of {size} ranks from rank {first} does not fit in "
+                             f"{procs} ranks")
+        set_(self, "first", first)
+        set_(self, "procs", procs)
         set_(self, "_largest", None)
-        set_(self, "_hash", hash((shape, sizes, cut)))
+        # the world's layouts hash as they always have: a group is the exception
+        set_(self, "_hash", hash((shape, sizes, cut)) if size == procs
+             else hash((shape, sizes, cut, first, procs)))
 
     def _ranges(self, given: Sequence[tuple[int, int]] | None) -> Sequence | None:
         """The ranges of the one axis one digit cuts (block ranges unless given), else None."""
@@ -260,6 +278,36 @@ class Layout:
         return cls(shape, mesh=sizes, axes=tuple(
             reduction if a == REDUCTION else a if a in keep else REPLICAS for a in axes))
 
+    def on_ranks(self, first: int, procs: int) -> Layout:
+        """This layout moved onto the ranks ``first …`` of a world of ``procs`` ranks (the
+        module's text): the same cuts, held by the group's ranks in the same order."""
+        if (first, procs) == (self.first, self.procs):
+            return self
+        return Layout(self.shape, mesh=self.mesh, axes=self.axes,
+                      split_ranges=self._given_ranges(), first=first, procs=procs)
+
+    def local(self) -> Layout:
+        """This layout on its own group as the whole world (ranks numbered from 0)."""
+        return self.on_ranks(0, self.size)
+
+    @property
+    def on_group(self) -> bool:
+        """Whether the layout lies on a group of ranks smaller than the world."""
+        return self.size != self.procs
+
+    @property
+    def ranks(self) -> range:
+        """The world ranks that hold its blocks."""
+        return range(self.first, self.first + self.size)
+
+    def holds(self, rank: int) -> bool:
+        """Whether world rank ``rank`` holds a block (it is in the layout's group)."""
+        return self.first <= rank < self.first + self.size
+
+    def _given_ranges(self) -> Sequence | None:
+        ranges = self.split_ranges
+        return None if ranges is None or isinstance(ranges, BlockRanges) else ranges
+
     # -- identity --------------------------------------------------------------------------
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -270,6 +318,7 @@ class Layout:
             return NotImplemented
         return (self._hash == other._hash and self.shape == other.shape
                 and self.mesh == other.mesh and self.axes == other.axes
+                and self.first == other.first and self.procs == other.procs
                 and self.split_ranges == other.split_ranges)
 
     def __hash__(self) -> int:
@@ -281,7 +330,7 @@ class Layout:
             ranges = tuple(ranges)
         else:
             ranges = None
-        return _rebuild, (self.shape, self.mesh, self.axes, ranges)
+        return _rebuild, (self.shape, self.mesh, self.axes, ranges, self.first, self.procs)
 
     def __repr__(self) -> str:
         return f"Layout({self.shape}, {self.describe()})"
@@ -336,7 +385,11 @@ class Layout:
         return len(rest) <= 1 and BATCH_AXIS not in rest
 
     def coordinates(self, rank: int) -> tuple[int, ...]:
-        """``rank``'s coordinate on each digit of the mesh (the last varies fastest)."""
+        """``rank``'s coordinate on each digit of the mesh (the last varies fastest). A world
+        rank outside the group takes the coordinates of its place in the group's pattern
+        repeated over the world (``(rank − first) mod size``): a move between groups picks its
+        senders by them (:mod:`hpctrain.layout.moves`)."""
+        rank = (rank - self.first) % self.size
         found = []
         for size in reversed(self.mesh):
             found.append(rank % size)
@@ -353,7 +406,10 @@ class Layout:
         return index
 
     def box(self, rank: int) -> Box:
-        """The global index ranges held by ``rank``, one (start, stop) per axis."""
+        """The global index ranges held by ``rank``, one (start, stop) per axis; (0, 0) on
+        every axis for a rank outside the layout's group, which holds nothing."""
+        if not self.holds(rank):
+            return tuple((0, 0) for _ in self.shape)
         index = [0] * len(self.shape)
         for coordinate, size, cut in zip(self.coordinates(rank), self.mesh, self.axes,
                                          strict=True):
@@ -430,7 +486,7 @@ class Layout:
         return self.block_index(rank, REPLICAS)
 
     def rank_of(self, blocks: Sequence[int], replica: int) -> int:
-        """The rank that holds block ``blocks[a]`` of each axis a, copy ``replica``: the
+        """The world rank that holds block ``blocks[a]`` of each axis a, copy ``replica``: the
         inverse of :meth:`block_index` and :meth:`replica_index`."""
         index = [*blocks, replica]  # REPLICAS is -1: the last entry
         rank = 0
@@ -438,7 +494,7 @@ class Layout:
             below = math.prod(s for s, a in zip(self.mesh[k + 1:], self.axes[k + 1:],
                                                 strict=True) if a == cut)
             rank = rank * size + index[cut] // below % size
-        return rank
+        return self.first + rank
 
     @property
     def model_group(self) -> Group:
@@ -467,7 +523,8 @@ class Layout:
         if not drop & set(self.axes):
             return self
         return Layout(self.shape, mesh=self.mesh,
-                      axes=tuple(REPLICAS if a in drop else a for a in self.axes))
+                      axes=tuple(REPLICAS if a in drop else a for a in self.axes),
+                      first=self.first, procs=self.procs)
 
     def with_shape(self, shape: tuple[int, ...]) -> Layout:
         """A tensor of another ``shape`` (as many axes) cut the same way; explicit ranges kept
@@ -478,9 +535,17 @@ class Layout:
         if ranges is not None and (isinstance(ranges, BlockRanges)
                                    or shape[self.cut_axes[0]] != self.shape[self.cut_axes[0]]):
             ranges = None
-        return Layout(shape, mesh=self.mesh, axes=self.axes, split_ranges=ranges)
+        return Layout(shape, mesh=self.mesh, axes=self.axes, split_ranges=ranges,
+                      first=self.first, procs=self.procs)
 
     def describe(self) -> str:
+        """``PrxPc batch/Pc`` and the cuts, and ``on ranks A-B`` for a group."""
+        words = self._describe_cuts()
+        if self.on_group:
+            words += f" on ranks {self.first}-{self.first + self.size - 1}"
+        return words
+
+    def _describe_cuts(self) -> str:
         pr, pc = self.grid
         if self.is_grid:
             axis = self.split_axis
@@ -517,8 +582,9 @@ def _canonical(mesh: tuple[int, ...], axes: tuple[int, ...]
     return tuple(sizes), tuple(cut)
 
 
-def _rebuild(shape: tuple, mesh: tuple, axes: tuple, ranges: tuple | None) -> Layout:
-    return Layout(shape, mesh=mesh, axes=axes, split_ranges=ranges)
+def _rebuild(shape: tuple, mesh: tuple, axes: tuple, ranges: tuple | None, first: int = 0,
+             procs: int | None = None) -> Layout:
+    return Layout(shape, mesh=mesh, axes=axes, split_ranges=ranges, first=first, procs=procs)
 
 
 def shared_channel_digits(layout: Layout) -> tuple[int, ...]:

@@ -53,9 +53,14 @@ Range = tuple[int, int]
 def _check_pair(src: Layout, dst: Layout) -> None:
     if src.shape != dst.shape:
         raise ValueError(f"cannot redistribute shape {src.shape} into {dst.shape}")
-    if src.size != dst.size:
-        raise ValueError(f"cannot redistribute from {src.size} ranks to {dst.size}; a move "
-                         f"keeps the number of ranks")
+    if src.procs != dst.procs:
+        raise ValueError(f"cannot redistribute from a world of {src.procs} ranks to one of "
+                         f"{dst.procs}; a move keeps the world")
+
+
+def same_ranks(src: Layout, dst: Layout) -> bool:
+    """Whether the two layouts lie on the same ranks (the world, or one group)."""
+    return src.first == dst.first and src.size == dst.size
 
 
 class Move:
@@ -174,7 +179,8 @@ class AllGatherMove(Move):
         pr = dst.grid[0]
         if src.grid == dst.grid:
             return src.split_axis, src.split_ranges
-        first = rank - rank % pr  # the group's ranks on 1×P: first … first + Pr − 1
+        local = rank - dst.first
+        first = local - local % pr  # the group's ranks on 1×P: first … first + Pr − 1
         n = src.shape[BATCH_AXIS]
         return BATCH_AXIS, tuple(block_range(n, src.size, first + i) for i in range(pr))
 
@@ -259,6 +265,9 @@ class GeneralMove(Move):
         return Exchange(tuple(sends), tuple(receives), tuple(local))
 
     def seconds(self, machine: Machine, itemsize: int) -> tuple[float, float]:
+        if not same_ranks(self.src, self.dst):
+            t = _between_groups_time(self.src, self.dst, machine, itemsize)
+            return t, t
         if self.src.is_grid and self.dst.is_grid:
             share, messages = _busiest_receiver((self.src.grid, self.src.split_axis),
                                                 (self.dst.grid, self.dst.split_axis))
@@ -287,6 +296,8 @@ def move_between(src: Layout, dst: Layout) -> Move:
     replicated → 4×1 channel split is a slice; 4×1 channel split → 1×4 is general.
     """
     _check_pair(src, dst)
+    if not same_ranks(src, dst):  # between groups (or a group and the world): point to point
+        return GeneralMove(src, dst)
     return next(method(src, dst) for method in METHODS if method.fits(src, dst))
 
 
@@ -371,9 +382,9 @@ def _congruent_copies(dst: Layout, index: tuple[int, ...], src: Layout, replica:
     first = dst.rank_of(index, 0)
     if n == 1:
         return [first] if copies == 1 or src.replica_index(first) == replica else []
-    if src.is_grid and dst.is_grid:  # copies first … first + n − 1; replica index r % Pr_src
-        step = copies
-        start = first + (replica - first) % step if step > 1 else first
+    if src.is_grid and dst.is_grid:  # copies first … first + n − 1; r ≡ src.first + replica
+        step = copies                   # (mod Pr_src) at the ranks of replica index ``replica``
+        start = first + (src.first + replica - first) % step if step > 1 else first
         return list(range(start, first + n, step))
     found = (dst.rank_of(index, c) for c in range(n))
     return [q for q in found if copies == 1 or src.replica_index(q) == replica]
@@ -397,10 +408,10 @@ def transfer_pieces(src: Layout, dst: Layout) -> list[Piece]:
     """
     _check_pair(src, dst)
     owners: dict[Box, list[int]] = {}
-    for rank in range(src.size):
+    for rank in src.ranks:
         owners.setdefault(src.box(rank), []).append(rank)
     pieces = []
-    for receiver in range(dst.size):
+    for receiver in dst.ranks:
         need = dst.box(receiver)
         for block, holders in owners.items():
             box = intersect(block, need)
@@ -728,3 +739,49 @@ def _busiest_receiver_by_mesh_rank(src: Layout, dst: Layout) -> tuple[float, int
     messages -= (kept > 0).astype(np.int64)  # its own block needs no message
     share = np.where(empty, 0.0, 1 - kept)
     return float(np.max(share)), int(np.max(np.where(empty, 0, messages)))
+
+
+def _between_groups_time(src: Layout, dst: Layout, machine: Machine, itemsize: int) -> float:
+    """A general move between layouts on different ranks (a group and another, or the world),
+    at the busier of its busiest receiver and its busiest sender, rank by rank over the two
+    groups (O(ranks) vector work; the planner prices such a move once per pair of layouts).
+
+    A receiver keeps what it holds of its target block where it is in the source's group too,
+    and takes the rest, one message per other source block it meets. A sender sends its block,
+    less what it keeps, to each of the target's copies of every block it meets that pick it
+    (one copy in ``src.replicas`` of them, as :meth:`GeneralMove.exchange` chooses)."""
+    share, messages = _busiest_between(src, dst)
+    sent, sends = _busiest_between(dst, src)
+    copies = -(-dst.replicas // src.replicas)
+    source, target = (math.prod(layout.largest_block) * itemsize for layout in (src, dst))
+    received, sent_bytes = share * target, sent * source * copies
+    lo = min(src.first, dst.first)
+    hi = max(src.first + src.size, dst.first + dst.size)
+    peers = Group(hi - lo, 1, src.procs)
+    return exchange_time(machine, src.procs, max(messages, sends * copies),
+                         max(received, sent_bytes), peers)
+
+
+@lru_cache(maxsize=65536)
+def _busiest_between(src: Layout, dst: Layout) -> tuple[float, int]:
+    """Over the ranks of ``dst``'s group: the largest share of its block a rank does not hold
+    in ``src`` (it is outside ``src``'s group, or holds another block there), and the most
+    blocks of ``src`` other than its own that a rank's block meets."""
+    ranks = np.arange(dst.first, dst.first + dst.size, dtype=np.int64)
+    inside = (ranks >= src.first) & (ranks < src.first + src.size)
+    src_index = _block_indices(src, (ranks - src.first) % src.size)
+    dst_index = _block_indices(dst, ranks - dst.first)
+    kept = inside.astype(float)
+    met = np.ones(len(ranks), dtype=np.int64)
+    empty = np.zeros(len(ranks), dtype=bool)
+    for axis in range(len(dst.shape)):
+        d0, d1 = _bounds(dst, axis, dst_index[axis])
+        empty |= d1 <= d0
+        if src.parts[axis] > 1:
+            s0, s1 = _bounds(src, axis, src_index[axis])
+            kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / np.maximum(
+                d1 - d0, 1)
+        met *= _parts_met(src, axis, d0, d1)
+    met -= (kept > 0).astype(np.int64)
+    share = np.where(empty, 0.0, 1 - kept)
+    return float(np.max(share)), int(np.max(np.where(empty, 0, met)))

@@ -50,9 +50,11 @@ from hpctrain.plan.elimination import (
     minimise,
     minimise_under_cap,
 )
-from hpctrain.plan.placement import LayerLayouts
-from hpctrain.plan.plans import LayerPlan
+from hpctrain.plan.grouped import GroupedSpace
+from hpctrain.plan.placement import LayerLayouts, input_layout, plan_layouts, schedule
+from hpctrain.plan.plans import LayerPlan, ranks_text
 from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost
+from hpctrain.plan.side_by_side import critical_path
 
 
 class PlannerError(UserError):
@@ -72,12 +74,17 @@ class PlannedNetwork:
     # with sums that may hide: no plan is predicted faster than this (see plan_network)
     lower_bound: float | None = None
     precision: Precision = PRECISIONS["fp32"]  # the cost model's: what the bytes were priced in
+    # layers on groups of ranks: the seconds their running side by side takes off the sum of
+    # every step (:mod:`hpctrain.plan.side_by_side`), and which layers they are
+    side_by_side: float = 0.0
+    on_groups: frozenset[int] = frozenset()
 
     @property
     def iteration_time(self) -> float:
-        """Every layer's time, less the gradient sums that hide behind the backward."""
+        """Every layer's time, less what groups of ranks running side by side save and the
+        gradient sums that hide behind the backward."""
         every = [*self.layers, self.loss, self.data]
-        return sum(layer.total for layer in every) - self.hidden_sums()
+        return sum(layer.total for layer in every) - self.side_by_side - self.hidden_sums()
 
     def hidden_sums(self) -> float:
         """Seconds of gradient sums hidden behind the backward's compute, with sums in flight.
@@ -88,19 +95,26 @@ class PlannedNetwork:
         ends, Q, is waited for, the rest was hidden:
         Q ← max(0, Q − b_j) + g_j over the layers from the last to the first, and the hidden
         time is the machine's share of Σ g_j − Q (share 0: every sum on the critical path,
-        as where the ranks' own cores move the data)."""
+        as where the ranks' own cores move the data). The sums of layers on groups of ranks
+        are all counted: only the layers on every rank take part."""
         if not self.hidden_share:
             return 0.0
         queued = 0.0
-        for c in reversed(self.layers):
+        layers = self._on_every_rank()
+        for c in reversed(layers):
             queued = max(0.0, queued - (c.compute[1] + c.comm[1] - c.grad_sum)) + c.grad_sum
             queued = max(0.0, queued - c.redistribution[1])  # the move below this layer
-        return self.hidden_share * (sum(c.grad_sum for c in self.layers) - queued)
+        return self.hidden_share * (sum(c.grad_sum for c in layers) - queued)
+
+    def _on_every_rank(self) -> list[LayerCost]:
+        return [c for k, c in enumerate(self.layers) if k not in self.on_groups]
 
     def time_with_sums_hidden(self) -> float:
-        """The iteration time if the machine's share of every gradient sum were hidden: never
-        more than :attr:`iteration_time`."""
-        return _time_with_free([*self.layers, self.loss, self.data], self.hidden_share)
+        """The iteration time if the machine's share of every gradient sum (of the layers on
+        every rank) were hidden: never more than :attr:`iteration_time`."""
+        free = _time_with_free([*self._on_every_rank(), self.loss, self.data], self.hidden_share)
+        grouped = sum(c.total for k, c in enumerate(self.layers) if k in self.on_groups)
+        return free + grouped - self.side_by_side
 
     @property
     def memory(self) -> float:
@@ -191,6 +205,64 @@ def evaluate(model: CostModel, choices: list[LayerPlan], timed: bool = True) -> 
                           hidden_share=model.hidden_share, precision=model.precision)
 
 
+def evaluate_plan(model: CostModel, plan: list[LayerPlan], timed: bool = True
+                  ) -> PlannedNetwork:
+    """Predicted costs of the per-layer ``plan`` (:func:`evaluate`, or for a plan that puts
+    layers on groups of ranks :func:`evaluate_placed`)."""
+    if any(entry.ranks is not None for entry in plan):
+        return evaluate_placed(model, plan, timed)
+    return evaluate(model, choices_of(model, plan), timed)
+
+
+def evaluate_placed(model: CostModel, plan: list[LayerPlan], timed: bool = True
+                    ) -> PlannedNetwork:
+    """Predicted costs of the per-layer ``plan`` from the layouts the network runs on
+    (:func:`~hpctrain.plan.placement.plan_layouts`), layer by layer, each layer with the moves
+    into it; the time the critical path of the schedule's steps on their ranks
+    (:mod:`hpctrain.plan.side_by_side`). Any plan, with or without groups of ranks: without,
+    the same costs as :func:`evaluate`."""
+    net, procs = model.net, model.procs
+    layouts = plan_layouts(net, plan, model.batch, procs)
+    source = input_layout(net, plan, model.batch, procs)
+
+    def fed(k: int) -> list[Layout]:
+        return [source if p < 0 else layouts[p].output for p in net.producers(k)]
+
+    costs = []
+    for k, (entry, where) in enumerate(zip(plan, layouts, strict=True)):
+        sources = fed(k)
+        cost = model.layer_cost(k, entry.mode, where, sources[0])
+        if len(sources) > 1:
+            cost = _fed(model, k, cost, list(zip(sources[1:], where.inputs[1:], strict=True)))
+        costs.append(cost)
+    if timed:
+        model.time_layers(costs)
+    data, loss = model.input_cost(source, timed), model.loss_cost(layouts[-1].output)
+    steps = []
+    for step in schedule(net, layouts, source):
+        k = step.layer
+        if step.input is None:
+            c = costs[k]
+            steps.append((_blocks(layouts[k].output), c.compute[0] + c.comm[0],
+                          c.compute[1] + c.comm[1]))
+        else:
+            src, dst = fed(k)[step.input], layouts[k].inputs[step.input]
+            _, forward, backward = model.move_cost(src, dst)
+            steps.append((_blocks(src) + _blocks(dst), forward, backward))
+    every = sum(f + b for _, f, b in steps)
+    forward, backward = critical_path(steps, procs)
+    on_groups = frozenset(k for k, where in enumerate(layouts) if where.output.on_group)
+    return PlannedNetwork(list(plan), costs, loss, data, hidden_share=model.hidden_share,
+                          precision=model.precision,
+                          side_by_side=max(0.0, every - forward - backward),
+                          on_groups=on_groups)
+
+
+def _blocks(layout: Layout) -> tuple[tuple[int, int], ...]:
+    """The block of ranks ``layout`` lies on, as :func:`critical_path` takes it."""
+    return ((layout.first, layout.size),)
+
+
 def _layer_plans(model: CostModel, choices: list[LayerPlan]) -> list[LayerPlan]:
     by_layer = dict(zip(model.heads, choices, strict=True))
     return [by_layer.get(k, LayerPlan("follow")) for k in range(len(model.net.layers))]
@@ -220,12 +292,13 @@ def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = No
 
 def predict(model: CostModel, plan: list[LayerPlan] | None,
             mem_per_rank: float | None = None,
-            cap_source: str = "--mem-per-rank", space: str = "grids") -> PlannedNetwork:
+            cap_source: str = "--mem-per-rank", space: str = "grids", groups: bool = False
+            ) -> PlannedNetwork:
     """``plan`` with its predicted costs, or (``plan`` None) the plan the planner picks over
-    ``space``."""
+    ``space`` (and with ``groups``, regions on groups of ranks: :func:`plan_network`)."""
     if plan is None:
-        return plan_network(model, mem_per_rank, cap_source, space)
-    return evaluate(model, choices_of(model, plan))
+        return plan_network(model, mem_per_rank, cap_source, space, groups)
+    return evaluate_plan(model, plan)
 
 
 def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
@@ -237,7 +310,7 @@ def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
 
     model = CostModel(net, batch, procs, Machine("memory", 0.0, 0.0, 1.0), FlopModel(1.0),
                       precision)
-    return evaluate(model, choices_of(model, plan), timed=False)
+    return evaluate_plan(model, plan, timed=False)
 
 
 def _fits(model: CostModel, candidates: list[list[LayerPlan]], cap: float,
@@ -295,7 +368,8 @@ would take minutes to hours and the planner refuses it, naming ``balanced``."""
 
 
 def plan_network(model: CostModel, mem_per_rank: float | None = None,
-                 cap_source: str = "--mem-per-rank", space: str = "grids") -> PlannedNetwork:
+                 cap_source: str = "--mem-per-rank", space: str = "grids",
+                 groups: bool = False) -> PlannedNetwork:
     """The plan of least predicted iteration time (under ``mem_per_rank`` bytes of peak memory
     per rank, if given; ``cap_source`` says where the cap came from, for the refusal), over the
     search ``space`` (:data:`SPACES`).
@@ -315,6 +389,11 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     found is priced as executed (:meth:`PlannedNetwork.hidden_sums`) and the faster kept; the
     second search's optimum is a lower bound on every plan's time (hiding never beats free),
     kept in ``lower_bound``, so the plan's distance from the best is known.
+
+    With ``groups`` the search also weighs running each qualifying fork–join region's branches
+    side by side on groups of ranks (:mod:`hpctrain.plan.grouped`), exactly with the rest, over
+    the 1.5D grids without a memory cap (elsewhere it is not searched: the bounds that prune the
+    wider spaces and the memory labels know nothing of groups).
     """
     if space not in SPACES:
         raise ValueError(f"search space {space!r}; choose one of {', '.join(SPACES)}")
@@ -338,7 +417,8 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
                 raise PlannerError("a layer has no 1.5D plan")
             if mem_per_rank is not None:
                 grids = _fits(model, candidates, mem_per_rank, cap_source)
-            found = _search(model, grids, mem_per_rank, cap_source, free)
+            found = _search(model, grids, mem_per_rank, cap_source, free,
+                            groups and space == "grids" and mem_per_rank is None)
         except PlannerError:
             if not any(wider):
                 raise
@@ -546,10 +626,13 @@ def _searched(cost: SegmentCost, free: float) -> float:
 
 
 def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: float | None,
-            cap_source: str, free: float) -> PlannedNetwork:
+            cap_source: str, free: float, groups: bool = False) -> PlannedNetwork:
     """The plan least in time with ``free`` of every gradient sum counted free (0: the
-    predicted time itself), exactly (see the module's docstring)."""
+    predicted time itself), exactly (see the module's docstring); with ``groups``, regions on
+    groups of ranks among the plans (:func:`_grouped_plan`)."""
     if not model.net.is_chain():
+        if groups:
+            return _grouped_plan(model, candidates, free)
         return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free)
     model.prefetch(candidates)
     fronts: list[dict[LayerPlan, list[_Label]]] = []
@@ -632,15 +715,40 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[LayerPlan]],
     return known  # nothing beats it
 
 
+def _grouped_plan(model: CostModel, candidates: list[list[LayerPlan]], free: float
+                  ) -> PlannedNetwork:
+    """The plan of least predicted time of a net with branches where regions may run on groups
+    of ranks: one exact elimination over every segment's choices on every rank and the values
+    :class:`~hpctrain.plan.grouped.GroupedSpace` adds (a region on groups or not, its inside
+    planned on the groups). Without a region that qualifies, :func:`_exact_graph_plan`."""
+    model.prefetch(candidates)
+    space = GroupedSpace(model, candidates, free)
+    if not any(space.extra):
+        return _exact_graph_plan(model, candidates, None, "", free)
+    tables = _plan_tables(model, candidates, False, free, space)
+    try:
+        _, chosen = minimise([space.size(s) for s in range(len(candidates))], tables)
+    except TooLarge:
+        return _exact_graph_plan(model, candidates, None, "", free)
+    plan = space.plan_of(chosen)
+    if any(entry.ranks is not None for entry in plan):
+        return evaluate_placed(model, plan)
+    return evaluate(model, [plan[head] for head in model.heads])
+
+
 def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: bool,
-                 free: float = 0.0) -> list[Table]:
+                 free: float = 0.0, space: GroupedSpace | None = None) -> list[Table]:
     """The tables whose sum over the segments' choices is :func:`evaluate`'s predicted time
     (with ``free`` of every gradient sum counted free) and, ``weighed``, its memory (kept
-    bytes summed, the largest transient counted)."""
+    bytes summed, the largest transient counted). With ``space``, over its values too (not
+    weighed): a segment with no part in a move (inside a region on groups, which prices its
+    moves itself) adds nothing to it, and the tables that keep the values consistent join."""
     net, segments = model.net, model.segments
     owner = {k: s for s, members in enumerate(segments) for k in members}
     layouts = [[dict(zip(members, model.runnable_layouts(s, c), strict=True))
                 for c in candidates[s]] for s, members in enumerate(segments)]
+    if space is not None:
+        layouts = [found + space.layouts[s] for s, found in enumerate(layouts)]
     tables = []
 
     def table(variables: tuple[int, ...], costs: object) -> Table:
@@ -656,8 +764,11 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
         return Table(variables, field("total"), field("memory"), field("peak"))
 
     for s, found in enumerate(candidates):
-        tables.append(table((s,), [_MoveCost(_searched(cost, free), cost.memory, cost.peak)
-                                   for cost in (model.segment_cost(s, c) for c in found)]))
+        own = [_MoveCost(_searched(cost, free), cost.memory, cost.peak)
+               for cost in (model.segment_cost(s, c) for c in found)]
+        if space is not None:
+            own += [_MoveCost(seconds, 0.0, 0.0) for seconds in space.own[s]]
+        tables.append(table((s,), own))
     sources = [model.input_layout(c) for c in candidates[0]]  # where the batch is produced
     tables.append(table((0,), [model.input_cost(src) for src in sources]))
 
@@ -667,7 +778,7 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
         its channels whole, whatever it cuts them into), so each distinct pair is priced
         once and the table gathered from those prices."""
         b = owner[k]
-        targets = [where[k].inputs[e] for where in layouts[b]]
+        targets = [where[k].inputs[e] if k in where else None for where in layouts[b]]
         (src_of, srcs), (dst_of, dsts) = _distinct_layouts(source_of), _distinct_layouts(targets)
         if a == b:  # one segment's choice decides both ends
             pairs = sorted(set(zip(src_of, dst_of)))
@@ -691,25 +802,34 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
         if p < 0:
             move_table(sources, 0 if len(set(sources)) > 1 else None, k, e)
         else:
-            move_table([where[p].output for where in layouts[owner[p]]], owner[p], k, e)
+            move_table([where[p].output if p in where else None
+                        for where in layouts[owner[p]]], owner[p], k, e)
     last = owner[len(net.layers) - 1]
     tables.append(table((last,), [model.loss_cost(where[len(net.layers) - 1].output)
                                   for where in layouts[last]]))
-    return tables
+    return tables + (space.tables if space is not None else [])
 
 
-def _distinct_layouts(layouts: list[Layout]) -> tuple[list[int], list[Layout]]:
+def _distinct_layouts(layouts: list[Layout | None]
+                      ) -> tuple[list[int], list[Layout | None]]:
     """(each entry's index among the distinct layouts, the distinct layouts in first order)."""
-    index: dict[Layout, int] = {}
+    index: dict[Layout | None, int] = {}
     return [index.setdefault(layout, len(index)) for layout in layouts], list(index)
 
 
-def _move_fields(model: CostModel, pairs: list[tuple[Layout, Layout]], index: int,
-                 weighed: bool) -> list[tuple[float, float, float]]:
+def _move_fields(model: CostModel, pairs: list[tuple[Layout | None, Layout | None]],
+                 index: int, weighed: bool) -> list[tuple[float, float, float]]:
     """(seconds, bytes kept, bytes for a moment) of each move of ``pairs`` into layer
-    ``index``, as :func:`_move` prices it."""
-    return [(m.total, m.memory, m.peak) for m in (_move(model, src, dst, index, weighed)
-                                                  for src, dst in pairs)]
+    ``index``, as :func:`_move` prices it; nothing where an end is None (a segment with no
+    part in it)."""
+    found = []
+    for src, dst in pairs:
+        if src is None or dst is None:
+            found.append((0.0, 0.0, 0.0))
+            continue
+        move = _move(model, src, dst, index, weighed)
+        found.append((move.total, move.memory, move.peak))
+    return found
 
 
 @dataclass(frozen=True)
@@ -779,9 +899,10 @@ def grid_text(plan: LayerPlan | None, cost: LayerCost) -> str:
     """A layer's grid as the table shows it: ``2x4`` (Pr×Pc), a split's degree on every axis
     ``n8 c16 d4 h4 w2`` (its input split ``i2`` or ``s2`` and replicas ``r2`` too: a plan
     file's ``n=8,c=16,…`` without the punctuation), or nothing for a layer that follows."""
+    on = f" {ranks_text(plan.ranks)}" if plan is not None and plan.ranks is not None else ""
     if plan is not None and plan.split is not None:
-        return plan.split.text().replace("=", "").replace(",", " ")
-    return "" if cost.mode == "follow" else f"{cost.grid[0]}x{cost.grid[1]}"
+        return plan.split.text().replace("=", "").replace(",", " ") + on
+    return "" if cost.mode == "follow" else f"{cost.grid[0]}x{cost.grid[1]}{on}"
 
 
 def _shorten(name: str, width: int) -> str:
@@ -831,6 +952,8 @@ def format_plan(planned: PlannedNetwork, width: int | None = None) -> str:
     notes.append(f"predicted iteration {planned.iteration_time * 1e3:.3f} ms = compute "
                  f"{t['compute'] * 1e3:.3f} + communication {t['communication'] * 1e3:.3f} + "
                  f"redistribution {t['redistribution'] * 1e3:.3f}"
+                 + (f" - groups side by side {planned.side_by_side * 1e3:.3f}"
+                    if planned.on_groups else "")
                  + (f" - gradient sums hidden {hidden * 1e3:.3f}" if hidden else "")
                  + f"; peak memory {planned.memory / 2**20:.1f} MiB per rank (kept + the "
                    "largest +tmp)")

@@ -21,7 +21,10 @@ Grid specs (``--grid``):
   ``domain:RxC`` runs ``model`` on the same grid instead; a linear layer with fewer than R
   outputs runs ``replicated``. The plan printed at start-up shows it.
 - a plan file path: one line per weighted layer, ``NAME MODE RxC`` (other lines may say
-  ``NAME follow``); ``#`` comments. :func:`write_plan` writes this format.
+  ``NAME follow``); ``#`` comments. :func:`write_plan` writes this format. A weighted layer may
+  run on a group of ranks, a block of the P: ``NAME MODE RxC ranks A-B`` with R·C = B − A + 1
+  (the layers without weights after it follow it there); the ranks outside hold nothing of it
+  (see :mod:`hpctrain.plan.placement` for where the layers that join groups run).
 - a shipped plan's name (``hpctrain/inputs/plans/NAME.plan``), e.g. ``smallcnn-p4-mixed``.
 
 Nothing odd passes silently: a kind given twice in a spec, a plan line for a layer the net lacks
@@ -68,6 +71,7 @@ class LayerPlan:
     mode: str
     grid: tuple[int, int] = (1, 1)
     split: Split | None = None  # mode split: the degrees
+    ranks: tuple[int, int] | None = None  # (first, size) of its group; None: every rank
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -91,21 +95,54 @@ class LayerPlan:
         if self.mode == "follow":
             return "follow"
         if self.split is not None:
-            return f"split {self.split.text()}"
-        return f"{self.mode} {self.grid[0]}x{self.grid[1]}"
+            text = f"split {self.split.text()}"
+        else:
+            text = f"{self.mode} {self.grid[0]}x{self.grid[1]}"
+        return text + (f" {ranks_text(self.ranks)}" if self.ranks is not None else "")
+
+    def on_ranks(self, ranks: tuple[int, int] | None) -> LayerPlan:
+        """This entry on the group ``ranks`` (first, size), or on every rank for None."""
+        return LayerPlan(self.mode, self.grid, self.split, ranks)
 
 
-def _parse_grid(text: str, procs: int, where: str) -> tuple[int, int]:
+def ranks_text(ranks: tuple[int, int]) -> str:
+    """``ranks A-B``: a plan file's words for the group (first, size)."""
+    first, size = ranks
+    return f"ranks {first}-{first + size - 1}"
+
+
+_RANKS = re.compile(r"([0-9]{1,12})-([0-9]{1,12})", re.ASCII)
+
+
+def parse_ranks(text: str, procs: int, where: str, layer: str) -> tuple[int, int] | None:
+    """(first, size) of the group ``A-B`` names, or None when it is every rank; refused in one
+    line naming ``where`` and the layer."""
+    match = _RANKS.fullmatch(text)
+    if not match:
+        raise PlanError(f"{where}: layer {layer}: {shown(text)} is not a block of ranks; write "
+                        f"ranks A-B, e.g. ranks 0-{max(procs // 2 - 1, 0)}")
+    first, last = int(match.group(1)), int(match.group(2))
+    if last < first or last >= procs:
+        raise PlanError(f"{where}: layer {layer}: ranks {first}-{last} are not a block of the "
+                        f"ranks 0-{procs - 1} launched; write A-B with A <= B <= {procs - 1}")
+    return None if (first, last) == (0, procs - 1) else (first, last - first + 1)
+
+
+def _parse_grid(text: str, procs: int, where: str, room: str = "") -> tuple[int, int]:
+    """The grid ``RxC`` of ``procs`` ranks, those launched or (``room``, e.g. "ranks 0-3
+    are 4") a group's."""
+    have = room or f"{procs} were launched"
     match = _GRID.fullmatch(text.strip())
     if not match:
         raise PlanError(f"{where}: {shown(text)} is not a grid; write RxC, e.g. 2x2")
     if max(len(group.lstrip("0")) for group in match.groups()) > 12:  # int() takes < 4300
         raise PlanError(f"{where}: grid {shown(text)} needs far more than the {procs} processes "
-                        f"launched; choose R and C with R*C = {procs}")
+                        f"{'launched' if not room else 'of ' + room.rsplit(' are ', 1)[0]}; "
+                        f"choose R and C with R*C = {procs}")
     pr, pc = int(match.group(1)), int(match.group(2))
     if pr < 1 or pc < 1 or pr * pc != procs:
-        raise PlanError(f"{where}: grid {pr}x{pc} needs {pr * pc} processes but {procs} were "
-                        f"launched; choose R and C with R*C = {procs}")
+        raise PlanError(f"{where}: grid {pr}x{pc} needs {pr * pc} processes but {have}; "
+                        f"choose R and C with R*C = {procs}")
     return pr, pc
 
 
@@ -113,7 +150,8 @@ _DEGREES = re.compile(r"(?:[a-z]=?[0-9]+,?)+", re.ASCII)
 _DEGREE = re.compile(r"([a-z])=?([0-9]+)", re.ASCII)
 
 
-def parse_split(text: str, ndim: int, procs: int, where: str, layer: str) -> Split:
+def parse_split(text: str, ndim: int, procs: int, where: str, layer: str, room: str = ""
+                ) -> Split:
     """The split ``text`` gives a layer whose output has ``ndim`` axes: a degree per axis
     letter, ``n2h2w2`` or ``n=2,c=1,h=2,w=2`` (``n`` batch, ``c`` channels or features, ``d``
     ``h`` ``w`` the spatial axes, ``r`` replicas), an axis not named being 1 and ``n``, when
@@ -156,7 +194,8 @@ def parse_split(text: str, ndim: int, procs: int, where: str, layer: str) -> Spl
                   inputs_letter == "s")
     if split.procs != procs:
         raise PlanError(f"{where}: split {split.text()} needs {split.procs} processes but "
-                        f"{procs} were launched; make the degrees multiply to {procs}")
+                        f"{room or f'{procs} were launched'}; make the degrees multiply to "
+                        f"{procs}")
     return split
 
 
@@ -270,10 +309,13 @@ def parse_plan(text: str, source: str, net: NetSpec, procs: int) -> list[LayerPl
             continue
         where = f"{name}, line {number}"
         size = 2 if len(words) > 1 and words[1] == "follow" else 3
+        if size == 3 and len(words) == 5 and words[3] == "ranks":
+            size = 5
         if len(words) != size or words[1] not in MODES:
             raise PlanError(f"{where}: expected 'NAME MODE RxC' with MODE one of "
-                            f"{', '.join(MODES[:-2])}, 'NAME split n=…,c=…,h=…,w=…', or "
-                            f"'NAME follow', got {shown(raw.strip())}")
+                            f"{', '.join(MODES[:-2])}, 'NAME split n=…,c=…', either + "
+                            f"'ranks A-B' for a group, or 'NAME follow', got "
+                            f"{shown(raw.strip())}")
         layer, mode = words[0], words[1]
         if layer not in known:
             raise PlanError(f"{where}: layer {shown(layer)} is not in net "
@@ -284,16 +326,21 @@ def parse_plan(text: str, source: str, net: NetSpec, procs: int) -> list[LayerPl
         if mode == "follow":
             entries[layer] = LayerPlan(mode)
             continue
+        ranks = parse_ranks(words[4], procs, where, layer) if size == 5 else None
+        group, room = procs, ""
+        if ranks is not None:
+            group, room = ranks[1], f"{ranks_text(ranks)} are {ranks[1]}"
         if mode == "split":
             k = next(k for k, l in enumerate(net.layers) if l.name == layer)
-            split = parse_split(words[2], 1 + len(net.out_shapes[k]), procs, where, layer)
-            entries[layer] = LayerPlan(mode, split=split)
+            split = parse_split(words[2], 1 + len(net.out_shapes[k]), group, where, layer,
+                                room)
+            entries[layer] = LayerPlan(mode, split=split, ranks=ranks)
             continue
-        grid = _parse_grid(words[2], procs, where)
+        grid = _parse_grid(words[2], group, where, room)
         if mode == "batch" and grid[0] != 1:
-            raise PlanError(f"{where}: mode batch splits only the batch, so its grid is 1x{procs}"
+            raise PlanError(f"{where}: mode batch splits only the batch, so its grid is 1x{group}"
                             f", not {grid[0]}x{grid[1]}; or use model {grid[0]}x{grid[1]}")
-        entries[layer] = LayerPlan(mode, grid)
+        entries[layer] = LayerPlan(mode, grid, ranks=ranks)
     plans = []
     for layer in net.layers:
         entry = entries.get(layer.name, LayerPlan("follow"))

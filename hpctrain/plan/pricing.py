@@ -256,6 +256,11 @@ class CostModel(Segments):
             self._timed.add(key)
         return self._segments[key]
 
+    def time_layers(self, costs: list[LayerCost]) -> None:
+        """Fill in the compute of ``costs`` (layer costs made untimed, e.g. by
+        :meth:`layer_cost`), their kernels timed in one batch."""
+        self._fill_compute(costs)
+
     def _fill_compute(self, costs: list[LayerCost],
                       times: dict[LocalWork, tuple[float, float]] | None = None) -> None:
         """Each layer's compute: its kernels' times (from ``times`` when they are known),

@@ -119,13 +119,13 @@ def evaluated_per_column(model_of: Callable[[Machine], CostModel], plans: list[L
                          machine: Machine) -> list[PlannedNetwork]:
     """``plans`` evaluated, untimed, once for each :data:`COLUMNS` group: on ``machine`` with
     that group of its constants kept and the others zero (what :func:`columns_of` reads)."""
-    from hpctrain.plan.planner import choices_of, evaluate
+    from hpctrain.plan.planner import evaluate_plan
 
     evaluated = []
     for keep in range(len(COLUMNS)):
         factors = [1.0 if k == keep else 0.0 for k in range(len(COLUMNS))]
         model = model_of(scaled_links(machine, tuple(factors[:2]), tuple(factors[2:])))
-        evaluated.append(evaluate(model, choices_of(model, plans), timed=False))
+        evaluated.append(evaluate_plan(model, plans, timed=False))
     return evaluated
 
 

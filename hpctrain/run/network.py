@@ -11,17 +11,18 @@ from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.comm.gradients import GradientReducer
 from hpctrain.comm.grid import GridSet
 from hpctrain.comm.redistribute import Redistribute
+from hpctrain.comm.transport import group_of
 from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.kernels.products import widen
-from hpctrain.layers.base import BuildContext, Layer, Parameter
-from hpctrain.layout.layout import grid_coords
+from hpctrain.layers.base import Absent, BuildContext, Layer, Parameter
+from hpctrain.layout.layout import Layout, grid_coords
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
-from hpctrain.plan.placement import input_layout, move_pairs, plan_layouts
+from hpctrain.plan.placement import input_layout, move_pairs, plan_layouts, schedule
 from hpctrain.plan.plans import LayerPlan, PlanError
 from hpctrain.record.timing import IN_FLIGHT, LOSS, StepTimer, StepTimes
 
@@ -89,6 +90,12 @@ class Network:
     last grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples,
     so each sample's loss (and gradient) is counted exactly once.
 
+    Groups of ranks: a layer whose layouts lie on a group this rank is not in is an
+    :class:`~hpctrain.layers.base.Absent` here, and the moves this rank neither sends nor
+    receives in are skipped; every rank runs the steps it takes part in in the one order of
+    :func:`~hpctrain.plan.placement.schedule` (forward; the backward reversed), which is what
+    keeps concurrent groups free of deadlock.
+
     Timing: pass a record from :meth:`step_times` as ``times`` to :meth:`train_step` (or to
     :meth:`forward`, :meth:`loss` and :meth:`backward`) and it is filled with each layer's
     compute, its own communication and the redistributions feeding it, forward and backward.
@@ -109,30 +116,59 @@ class Network:
         # very moves that run
         self.input_layout = input_layout(net, plan, batch, procs)
         layouts = plan_layouts(net, plan, batch, procs)
+        if any(where.output.on_group for where in layouts):
+            group_of(backend, grids.world)  # under NCCL made by every rank, before any skips
         self.layers: list[Layer] = []
         for k, (spec, entry, where) in enumerate(zip(net.layers, plan, layouts, strict=True)):
-            context = BuildContext(entry.mode, entry.grid, where.inputs, where.output, grids,
-                                   backend, stream_key(seed, k), self.rank)
-            layer = KINDS[spec.kind].build(spec, context)
+            if where.output.holds(self.rank):
+                context = BuildContext(entry.mode, entry.grid, where.inputs, where.output,
+                                       grids, backend, stream_key(seed, k), self.rank)
+                layer = KINDS[spec.kind].build(spec, context)
+            else:
+                kind, shapes = KINDS[spec.kind], net.in_shapes(k)
+                layer = Absent(spec.name, where.inputs, where.output,
+                               kind.param_shapes(spec, shapes), kind.buffer_shapes(spec, shapes),
+                               backend)
             layer.need_dx = net.reads_layers(k)  # nobody reads the input batch's gradient
             self.layers.append(layer)
         *feeding, (last, self.loss_layout) = move_pairs(net, layouts, self.input_layout)
-        moves = iter(Redistribute(backend, grids, src, dst) for src, dst in feeding)
-        # moves[k][e] feeds input e of layers[k]
-        self.moves = [[next(moves) for _ in spec.inputs] for spec in net.layers]
+        # moves[k][e] feeds input e of layers[k]; None where this rank takes no part in it
+        pairs = iter(feeding)
+        self.moves = [[self._move(*next(pairs)) for _ in spec.inputs] for spec in net.layers]
         self.to_loss = Redistribute(backend, grids, last, self.loss_layout)
-        # (move, producer) per input of each layer, and the outputs free after each layer:
-        # those it is the last reader of
+        self.order = schedule(net, layouts, self.input_layout)
+        # (move, producer) per input of each layer, and the outputs free after each step: those
+        # whose last reader it is, in the schedule's order
         self.feeds = [list(zip(self.moves[k], net.producers(k), strict=True))
                       for k in range(len(net.layers))]
-        self.frees: list[list[int]] = [[] for _ in net.layers]
-        for p, readers in net.consumers.items():
-            self.frees[readers[-1]].append(p)
+        last_read: dict[int, int] = {}
+        for i, step in enumerate(self.order):
+            if step.input is not None:
+                last_read[net.producers(step.layer)[step.input]] = i
+        self.frees: list[list[int]] = [[] for _ in self.order]
+        for p, i in last_read.items():
+            self.frees[i].append(p)
         self.input_box = self.input_layout.box(self.rank)  # this rank's block of each batch
         self.labels_box = self.loss_layout.box(self.rank)[0]  # the samples of its loss
         # in each batch group the rank with i = 0 owns its samples' loss (see the class doc)
         self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
         self.gradient_sums = GradientReducer(backend, bucket_bytes, in_flight=overlap)
+
+    def _move(self, src: Layout, dst: Layout) -> Redistribute | None:
+        """The redistribution from ``src`` to ``dst``, or None where this rank holds a block of
+        neither (it takes no part)."""
+        if not (src.holds(self.rank) or dst.holds(self.rank)):
+            return None
+        return Redistribute(self.backend, self.grids, src, dst)
+
+    def _held(self, k: int) -> bool:
+        """Whether this rank runs layer ``k`` (it is in the layer's group)."""
+        return self.layers[k].out_layout.holds(self.rank)
+
+    def _nothing(self, layout: Layout, like: Any) -> Any:
+        """This rank's empty block of ``layout`` (it is outside the layout's group), in the
+        dtype of ``like``."""
+        return self.backend.xp.zeros(layout.local_shape(self.rank), dtype=like.dtype)
 
     @property
     def params(self) -> list[Parameter]:
@@ -170,23 +206,35 @@ class Network:
         output (see :class:`Overflow`).
         """
         outputs: dict[int, Any] = {-1: x}
+        moved: dict[tuple[int, int], Any] = {}  # the inputs of layers not yet run
+        traced: dict[int, Any] = {}
         with StepTimer(self.backend, times) as timer:
-            for k, layer in enumerate(self.layers):
-                xs = []
-                for move, p in self.feeds[k]:
-                    xs.append(move.forward(outputs[p]))
-                    timer.forward_move(k, move)
-                for p in self.frees[k]:
-                    del outputs[p]
-                y = layer.forward(xs if len(xs) > 1 else xs[0], step)
-                timer.forward_layer(k)
-                if watch is not None:
-                    watch.see_output(k, y)
-                outputs[k] = y
-                if trace is not None:
-                    trace.append(y)
+            for i, op in enumerate(self.order):
+                k = op.layer
+                if op.input is not None:
+                    move, p = self.feeds[k][op.input]
+                    if move is not None:
+                        src = outputs[p] if p in outputs else self._nothing(move.src, x)
+                        y = move.forward(src)
+                        if self._held(k):
+                            moved[k, op.input] = y
+                        timer.forward_move(k, move)
+                elif self._held(k):
+                    xs = [moved.pop((k, e)) for e in range(len(self.feeds[k]))]
+                    y = self.layers[k].forward(xs if len(xs) > 1 else xs[0], step)
+                    timer.forward_layer(k)
+                    if watch is not None:
+                        watch.see_output(k, y)
+                    outputs[k] = y
+                if op.input is None and trace is not None:
+                    traced[k] = outputs[k] if k in outputs else self._nothing(
+                        self.layers[k].out_layout, x)
+                for p in self.frees[i]:
+                    outputs.pop(p, None)
             logits = self.to_loss.forward(outputs[len(self.layers) - 1])
             timer.forward_move(LOSS, self.to_loss)
+        if trace is not None:
+            trace.extend(traced[k] for k in range(len(self.layers)))
         return logits
 
     def backward(self, dlogits: Any, trace: list | None = None,
@@ -210,13 +258,27 @@ class Network:
         sums.start(update)
         timeline = times is not None and times.spans is not None
         sums.flights = [] if timeline else None
+        input_grads: dict[tuple[int, int], Any] = {}  # of layers run, for their moves
+        traced: dict[int, Any] = {}
+        reached: dict[int, Any] = {}
         with StepTimer(self.backend, times) as timer:
             grads[len(self.layers) - 1] = self.to_loss.backward(dlogits)
             timer.backward_move(LOSS, self.to_loss)
-            for k in reversed(range(len(self.layers))):
-                layer, dy = self.layers[k], grads.pop(k)
-                if output_grads is not None:
-                    output_grads.insert(0, dy)
+            for op in reversed(self.order):
+                k = op.layer
+                if op.input is not None:
+                    self._move_back(k, op.input, input_grads, grads, dlogits, timer)
+                    continue
+                layer = self.layers[k]
+                if not self._held(k):
+                    if trace is not None:
+                        traced[k] = [self._nothing(x, dlogits) for x in layer.in_layouts]
+                        if len(traced[k]) == 1:
+                            traced[k] = traced[k][0]
+                    reached[k] = self._nothing(layer.out_layout, dlogits)
+                    continue
+                dy = grads.pop(k)
+                reached[k] = dy
                 dxs = layer.backward(dy)
                 if watch is not None:  # before the sums, which may then be in flight
                     watch.see_gradients(k, [dy, *(p.grad for p in layer.params), dxs])
@@ -227,19 +289,36 @@ class Network:
                     sums.finish()
                 timer.backward_layer(k)
                 if trace is not None:
-                    trace.insert(0, dxs)
-                if len(self.feeds[k]) == 1:
-                    dxs = [dxs]
-                for (move, p), dx in zip(self.feeds[k], dxs, strict=True):
-                    if dx is None or p < 0:
-                        continue
-                    dy = move.backward(dx)
-                    sums.progress()
-                    timer.backward_move(k, move)
-                    grads[p] = dy if p not in grads else grads[p] + dy
+                    traced[k] = dxs
+                for e, dx in enumerate(dxs if len(self.feeds[k]) > 1 else [dxs]):
+                    input_grads[k, e] = dx
+            if not self._held(0):
+                sums.finish()
+        if trace is not None:
+            trace[:0] = [traced[k] for k in range(len(self.layers))]
+        if output_grads is not None:
+            output_grads[:0] = [reached[k] for k in range(len(self.layers))]
         if timeline:
             times.spans += [(row, 1, IN_FLIGHT, sent, arrived)
                             for row, sent, arrived in sums.flights]
+
+    def _move_back(self, k: int, e: int, input_grads: dict, grads: dict, like: Any,
+                   timer: StepTimer) -> None:
+        """The backward of the move into input ``e`` of layer ``k``: the gradient layer ``k``
+        left for it (nothing where this rank is outside the layer's group) back to the
+        producer's layout, added into the producer's output gradient where this rank runs the
+        producer."""
+        move, p = self.feeds[k][e]
+        dx = input_grads.pop((k, e), None)
+        if move is None or p < 0 or (dx is None and self._held(k)):
+            return  # no part in it, the input batch, or an input nobody needs the gradient of
+        if dx is None:
+            dx = self._nothing(move.dst, like)
+        dy = move.backward(dx)
+        self.gradient_sums.progress()
+        timer.backward_move(k, move)
+        if self._held(p):
+            grads[p] = dy if p not in grads else grads[p] + dy
 
     def train_step(self, data: DataSource, step: int, outputs: list | None = None,
                    input_grads: list | None = None, times: StepTimes | None = None,

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.cost.machine import Machine
-from hpctrain.device.precision import PRECISIONS, Precision, resolve_precision
+from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.ddp import against_ddp
 from hpctrain.record import runlog
 from hpctrain.study.outcome import describe_plan, summarise_plan
-from hpctrain.study.records import write_table
+from hpctrain.study.records import sweep, write_sweep
 
 DDP_NETS = ("resnet50", "inception_v3", "cosmoflow")
 DDP_MACHINES = ("dgx-h100", "perlmutter-gpu")
@@ -80,17 +80,7 @@ def run_ddp_study(nets: list[NetSpec], machines: list[Machine], least_batch: int
     the precision named ``precision`` (auto: as a run on each machine's device picks)."""
     study = DdpStudy(least_batch, precision)
     start = time.perf_counter()
-    for machine in machines:
-        study.machines[machine.name] = machine
-        chosen = study.precisions[machine.name] = resolve_precision(precision, machine.device)
-        for net in nets:
-            for statistics in DDP_STATISTICS if has_batch_norm(net) else DDP_STATISTICS[:1]:
-                table: dict[str, list] = {}
-                for p in procs:
-                    row = ddp_row(net, machine, max(least_batch, p), p, statistics, chosen)
-                    for key, value in row.items():
-                        table.setdefault(key, []).append(value)
-                study.tables[machine.name, net.name, statistics] = table
+    sweep(study, nets, machines, DDP_STATISTICS, procs, least_batch, precision, ddp_row)
     study.seconds = time.perf_counter() - start
     return study
 
@@ -100,22 +90,9 @@ def write_ddp_hdf5(path: Path, study: DdpStudy, attrs: dict[str, object]) -> Non
     dataset per column."""
     def fill(out) -> None:
         out.attrs.update(attrs)
-        top = out.create_group("ddp")
-        top.attrs["description"] = DDP_NOTE
-        top.attrs["columns"] = DDP_COLUMNS
-        for (machine, net, statistics), table in study.tables.items():
-            where = top.require_group(machine)
-            where.attrs["machine_levels"] = study.machines[machine].describe()
-            where.attrs["overlap"] = study.machines[machine].overlap
-            where.attrs["precision"] = study.precisions[machine].name
-            group = where.create_group(f"{net}_{statistics}")
-            group.attrs.update({"net": net, "statistics": statistics,
-                                "batch_rule": f"B = max({study.least_batch}, P)"})
-            write_table(group, table)
-            for key in ("ddp_time", "auto_time", "ddp_comm", "auto_comm", "ddp_hidden",
-                        "auto_hidden"):
-                group[key].attrs["units"] = "s"
-            group["speedup"].attrs["units"] = "1"
+        seconds = ("ddp_time", "auto_time", "ddp_comm", "auto_comm", "ddp_hidden", "auto_hidden")
+        write_sweep(out, "ddp", study, DDP_NOTE, DDP_COLUMNS,
+                    {**dict.fromkeys(seconds, "s"), "speedup": "1"})
 
     runlog.write_hdf5(path, fill)
 

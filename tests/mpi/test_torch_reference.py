@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from hpctrain.plan.plans import LayerPlan, parse_plan, plan_from_spec  # noqa: E402
+from tests.grouped_plans import grouped_plan  # noqa: E402
 from tests.torch_reference import (  # noqa: E402
     BATCH,
     MODELS,
@@ -102,6 +103,14 @@ CASES.update({
         "small_cnn", lambda net: plan_from_spec("conv=n2i2,fc=n2s2", net, PROCS)),
 })
 
+# branches side by side on groups of ranks: a ResNet block's main path and its shortcut, an
+# InceptionA module's four branches (each on a rank of its own, every other layer model-parallel)
+CASES.update({
+    "resnet18-groups": ("resnet18", lambda net: grouped_plan(net, PROCS, BATCH)),
+    "inception_a-groups": ("inception_a", lambda net: grouped_plan(
+        net, PROCS, BATCH, offset=1, world=LayerPlan("model", (2, 2)))),
+})
+
 # depth × height × width needs 8 ranks: run by tests/test_multiaxis_on_ranks.py
 CASES_ON_8 = {
     "cosmoflow-conv=d2h2w2,fc=8x1": (
@@ -129,7 +138,10 @@ def _matches_pytorch(comm, case, model, make_plan):
     plan = make_plan(net)
     modes = {entry.mode for entry in plan} - {"follow"}
     reduction = model in ("mlp", "small_cnn")
-    assert modes == {"batch", "model", "domain"} or "conv=" in case or reduction, modes
+    assert modes == {"batch", "model", "domain"} or "conv=" in case or reduction or (
+        "groups" in case), modes
+    if "groups" in case:  # branches really run on groups
+        assert len({entry.ranks for entry in plan} - {None}) >= 2, plan
     if ("conv=" in case and "domain" not in case) or reduction:
         assert "split" in modes, modes  # the multi-axis split is really used
     if reduction:  # and the input features or channels are split

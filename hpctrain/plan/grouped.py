@@ -1,0 +1,465 @@
+"""Regions on groups of ranks: the planner's option, beside running every branch on every rank
+one after another, of running a fork–join region's branches side by side on disjoint groups.
+
+The space, stated:
+
+- A region qualifies when its fork is a layer (not the input batch), at least two of its
+  branches hold weights, it lies inside no other qualifying region, and its join's first input
+  comes from inside it. On P ranks its m weighted branches take min(m, P) groups, the blocks of
+  :func:`blocks` (contiguous, as even as they come); branch b takes group b mod min(m, P), so
+  with more branches than ranks a group runs several, one after another.
+- On its group a branch's weighted layers take the 1.5D grids of the group's ranks
+  (:meth:`~hpctrain.plan.segments.Segments.choices` on g ranks). Each branch takes, exactly (by
+  variable elimination over its own segments), the choices that make its own time least: its
+  layers, the moves between them, the move into it from the fork and the move out of it into the
+  join.
+- The join and the layers after it run on the fork's ranks and layout
+  (:mod:`hpctrain.plan.placement`); the layers of a branch without weights (an Inception module's
+  pooling) stay there too.
+
+Such a region costs what the schedule's critical path makes of it
+(:mod:`hpctrain.plan.side_by_side`): every rank moves the fork out to each group, the groups
+run their branches at once (the slowest group's forward, then its backward, counts), and every
+rank takes the join's inputs back. The planner (:mod:`hpctrain.plan.planner`) weighs this against
+the region run on every rank, exactly, over every segment's choices at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hpctrain.layout.layout import Layout
+from hpctrain.layout.partition import SplitError, factorisations
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.regions import Region, fork_join_regions
+from hpctrain.plan.elimination import Table, minimise
+from hpctrain.plan.placement import LayerLayouts, layer_layouts
+from hpctrain.plan.plans import LayerPlan
+from hpctrain.plan.pricing import CostModel, LayerCost
+
+
+def blocks(procs: int, count: int) -> list[tuple[int, int]]:
+    """``min(count, procs)`` blocks (first, size) of consecutive ranks tiling ``procs``, as even
+    as they come: 3 ranks in 2 blocks are 0-1 and 2."""
+    count = min(count, procs)
+    bounds = [procs * b // count for b in range(count + 1)]
+    return [(bounds[b], bounds[b + 1] - bounds[b]) for b in range(count)]
+
+
+@dataclass(frozen=True)
+class GroupedRegion:
+    """A region that qualifies (the module's text), in the terms of the segments: the segment
+    whose choice lays out the fork (``fork_segment``), the one holding the join (``carrier``:
+    its layers from the join on run on the fork's layout), the segments whose heads are inside
+    (``inside``, the carrier among them), and per weighted branch its segments and group."""
+
+    region: Region
+    fork_segment: int
+    carrier: int
+    inside: tuple[int, ...]
+    branches: tuple[tuple[int, ...], ...]
+    groups: tuple[tuple[int, int], ...]  # per branch, (first, size)
+
+    @property
+    def join(self) -> int:
+        return self.region.join
+
+
+def grouped_regions(model: CostModel) -> list[GroupedRegion]:
+    """Every region of ``model``'s net that qualifies for groups (the module's text), by fork in
+    net order; none on one rank."""
+    net = model.net
+    if model.procs < 2:
+        return []
+    owner = {k: s for s, members in enumerate(model.segments) for k in members}
+    found: list[GroupedRegion] = []
+    taken: set[int] = set()
+    for region in fork_join_regions(net):
+        weighted = [b for b in region.branches if any(KINDS[net.layers[k].kind].weighted
+                                                      for k in b)]
+        first = net.producers(region.join)[0]
+        if (region.fork < 0 or len(weighted) < 2 or taken & set(region.inside)
+                or first not in region.inside):
+            continue
+        inside = tuple(sorted({owner[k] for k in region.inside
+                               if KINDS[net.layers[k].kind].weighted}))
+        carrier = owner[first]
+        if carrier not in inside:
+            continue
+        per_branch = blocks(model.procs, len(weighted))
+        found.append(GroupedRegion(
+            region, owner[region.fork], carrier, inside,
+            tuple(tuple(sorted({owner[k] for k in b if KINDS[net.layers[k].kind].weighted}))
+                  for b in weighted),
+            tuple(per_branch[b % len(per_branch)] for b in range(len(weighted)))))
+        taken |= set(region.inside)
+    return found
+
+
+def group_choices(model: CostModel, segment: int, group: tuple[int, int]) -> list[LayerPlan]:
+    """The 1.5D choices of the segment's weighted layer on the ranks of ``group``."""
+    first, size = group
+    kind = KINDS[model.net.layers[model.heads[segment]].kind]
+    found = [LayerPlan("batch", (1, size), ranks=(first, size))]
+    found += [LayerPlan(mode, grid, ranks=(first, size)) for grid in factorisations(size)
+              if grid[0] > 1 for mode in kind.modes]
+    return found
+
+
+@dataclass
+class RegionPrices:
+    """What running one region on groups costs for each layout of its fork: the seconds and the
+    plan of every weighted layer inside (see :func:`region_cost`). Made once per region and fork
+    layout."""
+
+    model: CostModel
+    grouped: GroupedRegion
+    _branches: dict = field(default_factory=dict)  # branch → its _Branch, or None
+    _costs: dict = field(default_factory=dict)  # (segment, choice) → (layouts, costs) or None
+
+    def pre_join(self, segment: int, choice: LayerPlan
+                 ) -> tuple[dict[int, LayerLayouts], list[LayerCost]] | None:
+        """The layouts and timed costs of the segment's layers inside the region under
+        ``choice`` (each fed by the one before it in the segment); None when it cannot run."""
+        key = (segment, choice)
+        if key in self._costs:
+            return self._costs[key]
+        model, net = self.model, self.model.net
+        inside = set(self.grouped.region.inside)
+        layouts: dict[int, LayerLayouts] = {}
+        costs: list[LayerCost] = []
+        try:
+            for k in model.segments[segment]:
+                if k not in inside:
+                    break
+                first = net.producers(k)[0]
+                fed = tuple(layouts[p].output if e == 0 and p in layouts
+                            else Layout((model.batch, *_shape(net, p)), (1, model.procs))
+                            for e, p in enumerate(net.producers(k)))
+                layouts[k] = layer_layouts(net, k, fed, choice, model.batch)
+                mode = choice.mode if k == model.heads[segment] else "follow"
+                costs.append(model.layer_cost(k, mode, layouts[k], layouts[first].output
+                                              if first in layouts else None))
+        except SplitError:
+            self._costs[key] = None
+            return None
+        model.time_layers(costs)
+        self._costs[key] = (layouts, costs)
+        return self._costs[key]
+
+    def _branch_tables(self, b: int) -> _Branch | None:
+        """What branch ``b`` costs whatever the fork's layout: its segments' choices on its
+        group, their own tables and the tables of the moves between them (made once)."""
+        if b in self._branches:
+            return self._branches[b]
+        model, net, grouped = self.model, self.model.net, self.grouped
+        segments = grouped.branches[b]
+        choices = [[c for c in group_choices(model, s, grouped.groups[b])
+                    if self.pre_join(s, c) is not None] for s in segments]
+        if not all(choices):
+            self._branches[b] = None
+            return None
+        laid = [[self.pre_join(s, c)[0] for c in found] for s, found in zip(
+            segments, choices, strict=True)]
+        variable = {s: i for i, s in enumerate(segments)}
+        owner = {k: variable[s] for s in segments for k in laid[variable[s]][0]}
+        parts = [[_split(self.pre_join(s, c)[1])[:2] for c in choices[i]]
+                 for i, s in enumerate(segments)]
+        tables = [Table((i,), np.array([f + w for f, w in rows]))
+                  for i, rows in enumerate(parts)]
+        inner, into, out = [], [], []  # moves between its segments, into it, out of it
+        for k, e, p in _edges(net, grouped.join, set(owner)):
+            if k == grouped.join:
+                out.append((owner[p], e, [where[p].output for where in laid[owner[p]]]))
+            elif p not in owner:
+                into.append((owner[k], p, [where[k].inputs[e] for where in laid[owner[k]]]))
+            else:
+                a, c = owner[p], owner[k]
+                moves = [[model.move_cost(x[p].output, y[k].inputs[e]) for y in laid[c]]
+                         for x in laid[a]]
+                tables.append(Table((a, c), np.array([[f + w for _, f, w in row]
+                                                      for row in moves])))
+                inner.append((a, c, moves))
+        self._branches[b] = _Branch(segments, choices, parts, tables, inner, into, out)
+        return self._branches[b]
+
+    def branch(self, b: int, outside: Callable[[int], Layout], join_inputs: dict[int, Layout]
+               ) -> tuple[float, float, float, dict[int, LayerPlan]] | None:
+        """Branch ``b`` on its group, its own time least: (forward seconds, backward seconds of
+        its layers and the moves between them, seconds of the moves into it and out of it, the
+        choice of each of its segments); None when no choice runs. ``outside(p)`` is the layout
+        of a layer p outside the branch that feeds it (the fork, a pooling beside it),
+        ``join_inputs[e]`` where the join reads its input e."""
+        found = self._branch_tables(b)
+        if found is None:
+            return None
+        model = self.model
+        tables = list(found.tables)
+        moved = []  # per move into or out of it: its seconds under each choice of its segment
+        for i, p, targets in found.into:
+            moved.append((i, [sum(model.move_cost(outside(p), dst)[1:]) for dst in targets]))
+        for i, e, sources in found.out:
+            moved.append((i, [sum(model.move_cost(src, join_inputs[e])[1:]) for src in sources]))
+        tables += [Table((i,), np.array(prices)) for i, prices in moved]
+        _, chosen = minimise([len(c) for c in found.choices], tables)
+        forward = sum(found.parts[i][chosen[i]][0] for i in range(len(chosen)))
+        backward = sum(found.parts[i][chosen[i]][1] for i in range(len(chosen)))
+        for a, c, moves in found.inner:
+            _, f, w = moves[chosen[a]][chosen[c]]
+            forward, backward = forward + f, backward + w
+        seconds = sum(prices[chosen[i]] for i, prices in moved)
+        plan = {model.heads[s]: found.choices[i][chosen[i]]
+                for i, s in enumerate(found.segments)}
+        return forward, backward, seconds, plan
+
+
+@dataclass(frozen=True)
+class _Branch:
+    """A branch's part of :meth:`RegionPrices.branch` that the fork's layout does not change:
+    its segments and their choices, (forward, backward) of each choice's own layers, the
+    tables of its segments' own seconds and of the moves between them, those moves (segment
+    indices, the move's (method, forward, backward) per pair of choices), and per move into it
+    (its segment, the producer, the target under each choice) and out of it (its segment, the
+    join's input, the source under each choice)."""
+
+    segments: tuple[int, ...]
+    choices: list[list[LayerPlan]]
+    parts: list[list[tuple[float, float]]]
+    tables: list[Table]
+    inner: list[tuple[int, int, list]]
+    into: list[tuple[int, int, list[Layout]]]
+    out: list[tuple[int, int, list[Layout]]]
+
+
+def region_cost(prices: RegionPrices, outside: Callable[[int], Layout],
+                join_inputs: dict[int, Layout]) -> tuple[float, dict[int, LayerPlan]] | None:
+    """The seconds a region on groups adds to the step beyond what its fork's and its carrier's
+    layers on the fork's layout cost, and the choice of every weighted layer inside; None when
+    some branch cannot run on its group. The moves into and out of the groups add up (every
+    rank takes part in each), the groups' branches run at once: the slowest group's forward
+    and the slowest group's backward count."""
+    grouped, model = prices.grouped, prices.model
+    forward: dict[tuple[int, int], float] = {}
+    backward: dict[tuple[int, int], float] = {}
+    moves, plan = 0.0, {}
+    branched = {k for branch in grouped.region.branches for k in branch}
+    for e, p in enumerate(model.net.producers(grouped.join)):  # the join's inputs from beside
+        if p not in branched or not _in_weighted_branch(model, grouped, p):
+            moves += sum(model.move_cost(outside(p), join_inputs[e])[1:])
+    for b, group in enumerate(grouped.groups):
+        found = prices.branch(b, outside, join_inputs)
+        if found is None:
+            return None
+        f, w, m, chosen = found
+        forward[group] = forward.get(group, 0.0) + f
+        backward[group] = backward.get(group, 0.0) + w
+        moves += m
+        plan.update(chosen)
+    return moves + max(forward.values()) + max(backward.values()), plan
+
+
+def _in_weighted_branch(model: CostModel, grouped: GroupedRegion, k: int) -> bool:
+    """Whether layer ``k`` belongs to one of the region's branches that run on groups: it is
+    laid out by one of their segments."""
+    segments = {s for branch in grouped.branches for s in branch}
+    return any(k in model.segments[s] for s in segments)
+
+
+def _split(costs: list[LayerCost]) -> tuple[float, float, float]:
+    """(forward, backward, total) of the layers' compute, communication and moves inside."""
+    forward = sum(c.compute[0] + c.comm[0] + c.redistribution[0] for c in costs)
+    backward = sum(c.compute[1] + c.comm[1] + c.redistribution[1] for c in costs)
+    return forward, backward, forward + backward
+
+
+def _edges(net, join: int, members: set[int]) -> list[tuple[int, int, int]]:
+    """(layer, input, producer) of every edge into the branch's ``members`` from outside them
+    or between its segments (the first input of a member fed by the member before it in its
+    segment is priced with the segment), and from them into the join."""
+    found = []
+    for k in sorted(members | {join}):
+        for e, p in enumerate(net.producers(k)):
+            if k == join:
+                if p in members:
+                    found.append((k, e, p))
+            elif e > 0 or p not in members or KINDS[net.layers[k].kind].weighted:
+                found.append((k, e, p))
+    return found
+
+
+def _shape(net, p: int) -> tuple[int, ...]:
+    return net.input_shape if p < 0 else net.out_shapes[p]
+
+
+@dataclass(frozen=True)
+class Off:
+    """The value of a segment inside ``region`` when that region runs on groups: it has no
+    choice of its own (the region prices and plans it)."""
+
+    region: int
+
+
+@dataclass(frozen=True)
+class OnGroups:
+    """The value of a region's carrier when the region runs on groups, what it reads from the
+    fork's segment laid out the ``layout``-th way of those that segment's values give."""
+
+    region: int
+    layout: int
+
+
+class GroupedSpace:
+    """The planner's variables extended by the regions on groups: per segment, values beyond
+    its candidates (:class:`Off` inside a region, :class:`OnGroups` for a carrier), their
+    layouts and own seconds, and the tables that keep a plan consistent (a region is on groups
+    wholly or not at all, its carrier agrees with its fork).
+
+    ``candidates[s]`` are segment s's choices on every rank; value ``len(candidates[s]) + j``
+    is ``extra[s][j]``. A carrier takes one :class:`OnGroups` value per distinct layout of
+    what its region reads from the fork's segment (the fork, a pooling beside the branches),
+    not one per value of that segment: the region costs the same under values that agree.
+    ``layouts[s][j]`` gives, for an extra value, the layouts of the segment's layers that run
+    on the fork's layout (the join and after, for a carrier; none for :class:`Off`),
+    ``own[s][j]`` its seconds (a carrier's: the region's, beyond its fork's segment, and its
+    layers from the join on)."""
+
+    def __init__(self, model: CostModel, candidates: list[list[LayerPlan]], free: float = 0.0
+                 ) -> None:
+        self.model, self.candidates = model, candidates
+        self.regions = grouped_regions(model)
+        count = len(model.segments)
+        self.extra: list[list[object]] = [[] for _ in range(count)]
+        self.layouts: list[list[dict[int, LayerLayouts]]] = [[] for _ in range(count)]
+        self.own: list[list[float]] = [[] for _ in range(count)]
+        self.tables: list[Table] = []
+        self._plans: dict[tuple[int, int], dict[int, LayerPlan]] = {}
+        off: set[int] = set()  # segments inside a region searched, its carrier's aside
+        for r, grouped in enumerate(self.regions):
+            if (grouped.fork_segment in off | set(grouped.inside) or 0 in grouped.inside
+                    or set(grouped.inside) & off):
+                continue  # laid out inside another region, or reading the input: not searched
+            off |= set(grouped.inside) - {grouped.carrier}
+            self._add(r, grouped, free)
+
+    def size(self, segment: int) -> int:
+        return len(self.candidates[segment]) + len(self.extra[segment])
+
+    def value(self, segment: int, index: int) -> object:
+        known = len(self.candidates[segment])
+        return (self.candidates[segment][index] if index < known
+                else self.extra[segment][index - known])
+
+    def value_layouts(self, segment: int, index: int) -> dict[int, LayerLayouts]:
+        known = len(self.candidates[segment])
+        if index < known:
+            model = self.model
+            choice = self.candidates[segment][index]
+            return dict(zip(model.segments[segment], model.runnable_layouts(segment, choice),
+                            strict=True))
+        return self.layouts[segment][index - known]
+
+    def _add(self, r: int, grouped: GroupedRegion, free: float) -> None:
+        model = self.model
+        prices = RegionPrices(model, grouped)
+        fork_segment, carrier, join = grouped.fork_segment, grouped.carrier, grouped.region.join
+        members = model.segments[carrier]
+        after = members[members.index(join):] if join in members else []
+        inf = np.inf
+        for s in grouped.inside:
+            if s != carrier:
+                self.extra[s].append(Off(r))
+                self.layouts[s].append({})
+                self.own[s].append(0.0)
+        start, forks = self.size(carrier), self.size(fork_segment)
+        feeding = sorted({p for branch in grouped.region.branches for k in (*branch, join)
+                          for p in model.net.producers(k)
+                          if p >= 0 and p in model.segments[fork_segment]})
+        # one value per distinct layout of what the region reads from the fork's segment
+        keys: dict[tuple, int] = {}
+        key_of = []
+        for i in range(forks):
+            where = self.value_layouts(fork_segment, i)
+            if grouped.region.fork not in where:
+                key_of.append(None)
+                continue
+            key = tuple(where[p].output for p in feeding)
+            if key not in keys:
+                keys[key] = len(keys)
+                found = self._on_groups(prices, where, where[grouped.region.fork].output,
+                                        after, free)
+                self.extra[carrier].append(OnGroups(r, keys[key]))
+                self.layouts[carrier].append(found[0] if found else {})
+                self.own[carrier].append(found[1] if found else inf)
+                if found:
+                    self._plans[r, keys[key]] = found[2]
+            key_of.append(keys[key])
+        # the carrier's value for a layout of the fork needs the fork's segment to give it
+        agree = np.full((forks, self.size(carrier)), inf)
+        agree[:, :start] = 0.0
+        for i, j in enumerate(key_of):
+            if j is not None:
+                agree[i, start + j] = 0.0
+        self.tables.append(Table((fork_segment, carrier), agree))
+        forks = len(keys)
+        for s in grouped.inside:  # every segment inside off exactly when the region is on groups
+            if s == carrier:
+                continue
+            off = self.size(s) - 1
+            both = np.zeros((self.size(s), self.size(carrier)))
+            on_groups = np.zeros(self.size(carrier), dtype=bool)
+            on_groups[start:start + forks] = True
+            both[off, ~on_groups] = inf
+            both[:off, on_groups] = inf
+            self.tables.append(Table((s, carrier), both))
+
+    def _on_groups(self, prices: RegionPrices, where: dict[int, LayerLayouts], fork: Layout,
+                   after: list[int], free: float
+                   ) -> tuple[dict[int, LayerLayouts], float, dict[int, LayerPlan]] | None:
+        """For the fork on ``fork`` (its segment's layers on ``where``): the layouts of the
+        carrier's layers from the join on, the seconds of the region on groups and of those
+        layers, and the plan of the weighted layers inside; None when it cannot run."""
+        model, net = self.model, self.model.net
+        join = prices.grouped.region.join
+        laid: dict[int, LayerLayouts] = {}
+        costs = []
+        try:
+            for k in after:
+                first = net.producers(k)[0]
+                fed0 = (fork.with_shape((model.batch, *_shape(net, first))) if k == join
+                        else laid[first].output)
+                fed = (fed0, *(Layout((model.batch, *_shape(net, p)), (1, model.procs))
+                               for p in net.producers(k)[1:]))
+                laid[k] = layer_layouts(net, k, fed, LayerPlan("follow"), model.batch)
+                costs.append(model.layer_cost(k, "follow", laid[k],
+                                              None if k == join else laid[first].output))
+        except SplitError:
+            return None
+        if join not in laid:
+            return None
+        model.time_layers(costs)
+
+        def outside(p: int) -> Layout:
+            return where[p].output
+
+        inputs = dict(enumerate(laid[join].inputs))
+        found = region_cost(prices, outside, inputs)
+        if found is None:
+            return None
+        seconds, plan = found
+        return laid, seconds + sum(c.total - free * c.grad_sum for c in costs), plan
+
+    def plan_of(self, chosen: list[int]) -> list[LayerPlan]:
+        """The per-layer plan of one value per segment."""
+        model = self.model
+        plan = [LayerPlan("follow") for _ in model.net.layers]
+        for s, index in enumerate(chosen):
+            value = self.value(s, index)
+            if isinstance(value, LayerPlan):
+                plan[model.heads[s]] = value
+            elif isinstance(value, OnGroups):
+                for head, entry in self._plans[value.region, value.layout].items():
+                    plan[head] = entry
+        return plan

@@ -1,0 +1,175 @@
+"""The planner's regions on groups of ranks against brute force: over every plan of the space
+:mod:`hpctrain.plan.grouped` states (each segment's 1.5D grids on every rank; each qualifying
+region on every rank or on its groups, each branch there with the choices that make its own time
+least, found here by enumeration too), priced layer by layer as the network runs them
+(:func:`~hpctrain.plan.planner.evaluate_placed`), the least time is the planner's."""
+
+import itertools
+
+import pytest
+
+from hpctrain.cost.compute import FlopModel
+from hpctrain.cost.machine import Machine, load_machine
+from hpctrain.layout.partition import SplitError
+from hpctrain.model.net import load_net, parse_net
+from hpctrain.plan.grouped import GroupedSpace, group_choices, grouped_regions
+from hpctrain.plan.placement import plan_layouts
+from hpctrain.plan.planner import evaluate_placed, plan_network
+from hpctrain.plan.plans import LayerPlan
+from hpctrain.plan.pricing import CostModel
+
+# one region, two branches of three convolutions with batch norm: on groups when the
+# latency of the sums dominates
+DEEP = parse_net("""
+input channels=3 size=6 classes=5
+conv name=stem out=4 kernel=3 pad=1
+conv name=a1 out=4 kernel=3 pad=1 bias=0
+batchnorm
+relu
+conv name=a2 out=4 kernel=3 pad=1 bias=0
+batchnorm
+relu
+conv name=a3 out=4 kernel=3 pad=1 bias=0
+batchnorm name=an
+conv name=b1 in=stem out=4 kernel=1 bias=0
+batchnorm
+relu
+conv name=b2 out=4 kernel=3 pad=1 bias=0
+batchnorm
+relu
+conv name=b3 out=4 kernel=1 bias=0
+batchnorm name=bn
+add name=sum in=an,bn
+flatten
+linear name=fc out=5
+""", "deep")
+
+# two regions in a row, a concat of a 1x1 conv and a two-conv branch, then a residual block
+# with a convolution on its shortcut
+TWO = parse_net("""
+input channels=3 size=8 classes=5
+conv name=stem out=4 kernel=3 pad=1
+conv name=a out=4 kernel=1 bias=0
+batchnorm name=an
+conv name=b1 in=stem out=2 kernel=1
+relu name=b1r
+conv name=b2 out=4 kernel=3 pad=1
+concat name=cat in=an,b2
+relu name=r
+conv name=c out=8 kernel=3 pad=1 bias=0
+batchnorm name=cn
+conv name=d in=r out=8 kernel=1
+add name=sum in=cn,d
+flatten
+linear name=fc out=5
+""", "two")
+
+LATENCY = Machine("latency", 2e-4, 1e-11, 1e12)  # sums cost their latency, little else
+
+
+def brute_force(model):
+    """The least predicted time over the stated space, by enumeration."""
+    net, heads = model.net, model.heads
+    candidates = [model.choices(s) for s in range(len(model.segments))]
+    regions = GroupedSpace(model, candidates).regions
+    best = float("inf")
+    for modes in itertools.product([False, True], repeat=len(regions)):
+        grouped = [r for r, on in zip(regions, modes, strict=True) if on]
+        fixed = {s for r in grouped for s in r.inside}
+        free = [s for s in range(len(candidates)) if s not in fixed]
+        for combo in itertools.product(*[candidates[s] for s in free]):
+            plan = [LayerPlan("follow") for _ in net.layers]
+            for s, choice in zip(free, combo, strict=True):
+                plan[heads[s]] = choice
+            for r in grouped:
+                for b, segments in enumerate(r.branches):
+                    for s in segments:
+                        plan[heads[s]] = group_choices(model, s, r.groups[b])[0]
+            try:
+                for r in grouped:
+                    for b, segments in enumerate(r.branches):
+                        least, pick = _best_branch(model, plan, r, b)
+                        for s, choice in zip(segments, pick, strict=True):
+                            plan[heads[s]] = choice
+                best = min(best, evaluate_placed(model, plan).iteration_time)
+            except SplitError:
+                continue
+    return best
+
+
+def _best_branch(model, plan, region, b):
+    """(own time, choices) of branch ``b`` of ``region`` whose own time is least."""
+    segments = region.branches[b]
+    found = []
+    for pick in itertools.product(*[group_choices(model, s, region.groups[b])
+                                     for s in segments]):
+        trial = list(plan)
+        for s, choice in zip(segments, pick, strict=True):
+            trial[model.heads[s]] = choice
+        try:
+            found.append((_branch_time(model, trial, region, b), pick))
+        except SplitError:
+            continue
+    if not found:
+        raise SplitError("no choice runs")
+    return min(found, key=lambda item: item[0])
+
+
+def _branch_time(model, plan, region, b):
+    """Branch ``b``'s own time: its layers, the moves between them, into it and out of it."""
+    net = model.net
+    layouts = plan_layouts(net, plan, model.batch, model.procs)
+    members = {k for s in region.branches[b] for k in model.segments[s]
+               if k in region.region.inside}
+    seconds = 0.0
+    for k in members:
+        cost = model.layer_cost(k, plan[k].mode, layouts[k], None)
+        model.time_layers([cost])
+        seconds += sum(cost.compute) + sum(cost.comm)
+        for e, p in enumerate(net.producers(k)):
+            seconds += sum(model.move_cost(layouts[p].output, layouts[k].inputs[e])[1:])
+    join = region.region.join
+    for e, p in enumerate(net.producers(join)):
+        if p in members:
+            seconds += sum(model.move_cost(layouts[p].output, layouts[join].inputs[e])[1:])
+    return seconds
+
+
+@pytest.mark.parametrize("net,machine,procs", [
+    (DEEP, LATENCY, 2), (DEEP, LATENCY, 3), (TWO, LATENCY, 2),
+    (TWO, "gpu-like", 3)])
+def test_the_planner_finds_the_least_plan_with_regions_on_groups(net, machine, procs):
+    machine = load_machine(machine) if isinstance(machine, str) else machine
+
+    def model():
+        return CostModel(net, 8, procs, machine, FlopModel(machine.flops))
+
+    planned = plan_network(model(), groups=True)
+    assert planned.iteration_time == pytest.approx(brute_force(model()), rel=1e-9)
+    if net is DEEP and machine is LATENCY:  # where it pays, the plan has groups
+        assert planned.on_groups and planned.side_by_side > 0
+        assert planned.iteration_time < plan_network(model()).iteration_time
+
+
+def test_the_regions_that_qualify():
+    def regions(name, procs=4):
+        net = load_net(name, {"inception_v3": 75}.get(name, 64))
+        model = CostModel(net, 8, procs, load_machine("dgx-h100"), FlopModel(1e13))
+        return grouped_regions(model)
+
+    inception = regions("inception_v3")
+    assert len(inception) == 11  # every module; 7b's and 7c's inner pairs lie inside them
+    assert [len(r.branches) for r in inception] == [4, 4, 4, 2, 4, 4, 4, 4, 2, 4, 4]
+    assert inception[0].groups == ((0, 1), (1, 1), (2, 1), (3, 1))
+    assert regions("inception_v3", 2)[0].groups == ((0, 1), (1, 1), (0, 1), (1, 1))
+    resnet = regions("resnet50")  # the blocks with a convolution on the shortcut
+    assert len(resnet) == 4 and all(len(r.branches) == 2 for r in resnet)
+    assert regions("alexnet") == [] and regions("resnet50", 1) == []
+
+
+def test_a_net_without_branches_plans_as_without_groups():
+    net = load_net("alexnet")
+    machine = load_machine("dgx-h100")
+    for procs in (4, 64):
+        models = [CostModel(net, 256, procs, machine, FlopModel(machine.flops)) for _ in "ab"]
+        assert plan_network(models[0], groups=True) == plan_network(models[1])
