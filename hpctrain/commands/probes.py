@@ -57,7 +57,7 @@ def fit_to_probe_steps(profile: Path, machine: Machine, nets: list[tuple[str, in
                          rounds=1, plans=None, device=device, precision=precision,
                          collectives=collectives, log=None,
                          threads=threads, overlap=False, machine=str(profile),
-                         mem_per_rank=None, space="grids", compute="measured",
+                         mem_per_rank=None, space="grids", branches="auto", compute="measured",
                          bn_group="global")
         say(f"probe steps: {name}{f' {size}' if size else ''}, every plan compare-plans "
             f"compares, {PROBE_STEPS} steps each")

@@ -24,6 +24,7 @@ from hpctrain.run.checkpoint import (
 )
 from hpctrain.run.network import Network
 from hpctrain.run.optimizer import SGD
+from tests.grouped_plans import grouped_plan
 from tests.mpi.helpers import all_agree, check_close, raises_everywhere
 from tests.mpi.test_training import BATCH, NET, mixed_plans
 
@@ -363,3 +364,33 @@ def test_a_bf16_run_resumes_in_fp32_under_another_plan_from_its_master_weights(c
     if comm.Get_rank() == 0:
         assert all(np.array_equal(a, s) for a, s in zip(loaded, saved))
     assert all(np.isfinite(losses))
+
+
+def test_branches_on_groups_save_and_resume_under_another_plan(comm, shared_dir):
+    """resdigits with its downsampling block's main path and shortcut on different groups of
+    ranks (each rank holding the other group's tensors as empty blocks): saved under it and
+    resumed on every rank, and the other way round, exactly as on one process."""
+    net, procs = load_net("resdigits"), comm.Get_size()
+    if procs == 1:
+        return  # groups need two ranks
+    grouped = grouped_plan(net, procs, BATCH)
+    assert any(entry.ranks for entry in grouped)
+    other = plan_from_spec(f"1x{procs}", net, procs)
+
+    def state(run):
+        tensors = [(p.value, p) for p in run.network.params + run.network.buffers]
+        return [gather_to_root(run.backend, run.comm, t, p.shape, p.box, "copy")
+                for t, p in tensors]
+
+    reference = None
+    if comm.Get_rank() == 0:
+        with GridSet(MPI.COMM_SELF) as grids:
+            run = Run(net, serial_plan(other), grids)
+            reference = run.train(range(4)), state(run)
+    for first_plan, then in ((grouped, other), (other, grouped)):
+        losses, tensors = saved_and_resumed(comm, net, first_plan, then,
+                                            shared_dir / "grouped-step-2.h5", state)
+        check_close(comm, np.array(losses), reference and np.array(reference[0][2:]),
+                    "losses", 1e-9)
+        for k, got in enumerate(tensors):
+            check_close(comm, got, reference and reference[1][k], f"tensor {k}", 1e-9)
