@@ -169,19 +169,28 @@ def median_times(steps: Sequence[StepTimes]) -> StepTimes:
     return steps[0].from_array(np.median([s.to_array() for s in steps], axis=0))
 
 
-def over_ranks(times: StepTimes, comm: Any, op: str = "max") -> StepTimes:
+def over_ranks(times: StepTimes, comm: Any, op: str = "max",
+               runs: list[bool] | None = None) -> StepTimes:
     """The largest (``op="max"``) or smallest (``"min"``) value over the ranks of ``comm`` of
     every field: one ``Allreduce``. Collective: every rank passes a record of the same network.
 
     The largest is what a synchronous step pays: the slowest rank sets the pace. The smallest
     communication time is what the last rank to arrive at a collective sees: the transfer
-    itself, without the wait for late ranks that an α–β model does not describe.
+    itself, without the wait for late ranks that an α–β model does not describe. ``runs``
+    says, per layer row, whether this rank runs the layer (one on a group of ranks it is not
+    in: its zeros count in neither extreme).
     """
     from mpi4py import MPI
 
     local = times.to_array()
+    width = len(RECORD_FIELDS)
+    if runs is not None and op == "min":
+        for k, running in enumerate(runs):
+            if not running:
+                local[k * width:(k + 1) * width] = np.inf
     reduced = np.empty_like(local)
     comm.Allreduce(local, reduced, op={"max": MPI.MAX, "min": MPI.MIN}[op])
+    reduced[np.isinf(reduced)] = 0.0
     return times.from_array(reduced)
 
 

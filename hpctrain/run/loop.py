@@ -199,7 +199,8 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
                      if config.checkpoint_dir is None else "")
             say(f"stopped by {result.stopped_by} after step {result.last_step}{saved}")
         if result.losses or not result.stopped_by:
-            _summarise(result, config, comm, say, net.loss.classifies)
+            _summarise(result, config, comm, say, net.loss.classifies,
+                       [layer.out_layout.holds(comm.Get_rank()) for layer in network.layers])
     return result
 
 
@@ -430,8 +431,9 @@ def _checkpoint(network: Network, optimizer: SGD, config: TrainConfig, step: int
 
 
 def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
-               classifies: bool = True) -> None:
-    """Fill the result's per-layer summary and print the closing lines (collective)."""
+               classifies: bool = True, runs: list[bool] | None = None) -> None:
+    """Fill the result's per-layer summary and print the closing lines (collective). ``runs``:
+    per layer, whether this rank runs it (see :func:`~hpctrain.record.timing.over_ranks`)."""
     procs = comm.Get_size()
     steps = len(result.losses)
     if steps == 0:
@@ -452,7 +454,7 @@ def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
     steady = result.step_times[1:] or result.step_times
     typical = median_times(steady)
     result.layer_times = max_over_ranks(typical, comm)
-    result.fastest_rank_times = over_ranks(typical, comm, "min")
+    result.fastest_rank_times = over_ranks(typical, comm, "min", runs)
     which = {1: "step 1", 2: "step 2"}.get(steps, f"steps 2-{steps}")
     say(f"per-layer time (ms): median over {which} of this run, then the largest over {procs} "
         f"processes, entry by entry")

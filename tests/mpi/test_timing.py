@@ -19,6 +19,7 @@ from hpctrain.record.timing import (
     StepTimes,
     max_over_ranks,
     median_times,
+    over_ranks,
     summary_over_ranks,
 )
 from hpctrain.run.loop import TrainConfig, TrainResult, train
@@ -166,6 +167,23 @@ def test_max_over_ranks_is_the_largest_of_every_field(comm):
     every = np.array(comm.allgather(mine.to_array()))
     assert all_agree(comm, np.array_equal(largest.to_array(), every.max(axis=0)))
     assert all_agree(comm, [row.name for row in largest.rows] == ["conv1", "fc1", "loss"])
+
+
+def test_the_fastest_rank_leaves_out_the_ranks_that_do_not_run_a_layer(comm):
+    """A layer on a group of ranks: the others record zeros for it, which count in neither
+    extreme; a layer nobody here runs reads 0."""
+    rank, procs = comm.Get_rank(), comm.Get_size()
+    template = StepTimes.blank(["branch", "everywhere"])
+    n, width = template.to_array().size, len(RECORD_FIELDS)
+    values = np.full(n, 1.0 + rank)
+    runs = [rank == procs - 1, True]  # the branch on the last rank alone
+    if not runs[0]:
+        values[:width] = 0.0
+    least = over_ranks(template.from_array(values), comm, "min", runs).to_array()
+    ok = np.all(least[:width] == procs) and np.all(least[width:2 * width] == 1.0)
+    assert all_agree(comm, bool(ok))
+    nobody = over_ranks(template.from_array(values), comm, "min", [False, True]).to_array()
+    assert all_agree(comm, bool(np.all(nobody[:width] == 0.0)))
 
 
 def test_train_prints_the_table_and_returns_the_summary(comm):
