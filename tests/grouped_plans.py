@@ -44,11 +44,12 @@ def grouped_plan(net, procs, batch, offset=0, world=None):
     for _ in range(len(plan)):  # a split the sizes cannot take: the group's batch split
         try:
             plan_layouts(net, plan, batch, procs)
-            break
+            return plan
         except SplitError as err:
-            bad = next(j for j, spec in enumerate(net.layers) if f"layer {spec.name}" in str(err)
-                       or f"layer {spec.name}:" in str(err))
+            named = [j for j, spec in enumerate(net.layers)
+                     if KINDS[spec.kind].weighted and f"layer {spec.name}" in str(err)]
+            bad = max(named, key=lambda j: len(net.layers[j].name))  # the longest name named
             ranks = plan[bad].ranks
-            size = ranks[1] if ranks else procs
-            plan[bad] = LayerPlan("batch", (1, size), ranks=ranks)
+            plan[bad] = LayerPlan("batch", (1, ranks[1] if ranks else procs), ranks=ranks)
+    plan_layouts(net, plan, batch, procs)  # raises if still no plan runs
     return plan

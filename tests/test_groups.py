@@ -101,10 +101,10 @@ def test_a_move_between_groups_is_priced_at_its_busiest_receiver(p):
 
 def test_plan_files_give_groups_and_read_back():
     plan = grouped_plan(BRANCHES_NET, 4, 8, offset=1)
-    # three branches on 4 ranks: blocks of 1, 1 and 2 ranks
-    assert {e.ranks for e in plan} == {None, (0, 1), (1, 1), (2, 2)}
+    # three branches on 4 ranks: aligned blocks of 2, 1 and 1 ranks
+    assert {e.ranks for e in plan} == {None, (0, 2), (2, 1), (3, 1)}
     assert parse_plan(plan_text(BRANCHES_NET, plan), "p", BRANCHES_NET, 4) == plan
-    assert "c1 domain 2x1 ranks 2-3" in plan_text(BRANCHES_NET, plan).splitlines()
+    assert "a1 domain 2x1 ranks 0-1" in plan_text(BRANCHES_NET, plan).splitlines()
     assert parse_ranks("0-3", 4, "p", "stem") is None  # every rank of 4: no group
 
 
@@ -160,10 +160,10 @@ def test_plans_that_cannot_run_on_their_groups_are_refused_naming_the_layer():
             LayerPlan("batch", (1, 4))]
     with pytest.raises(PlanError, match="layer c reads layers on different groups"):
         plan_layouts(net, plan, 8, 4)
-    # nested groups are allowed: a region on 0-1 and 2-3, another on 0-0 and 1-3
+    # nested groups are allowed: a region on 0-1, 2-2 and 3-3, another on 0-0, 2-3 and 3-3
     nested = _with(world, f1=LayerPlan("batch", (1, 1), ranks=(0, 1)),
                    f2=LayerPlan("batch", (1, 1), ranks=(0, 1)),
-                   g1=LayerPlan("batch", (1, 3), ranks=(1, 3)))
+                   g1=LayerPlan("batch", (1, 2), ranks=(2, 2)))
     plan_layouts(BRANCHES_NET, nested, 8, 4)
 
 
@@ -236,7 +236,7 @@ def test_plan_tables_show_each_layers_group_and_what_running_side_by_side_saves(
     plan = grouped_plan(BRANCHES_NET, 4, 8)
     planned = evaluate_placed(model, plan)
     text = format_plan(planned)
-    assert "ranks 0-0" in text and "ranks 2-3" in text and "groups side by side" in text
+    assert "ranks 0-1" in text and "ranks 3-3" in text and "groups side by side" in text
     total = sum(c.total for c in [*planned.layers, planned.loss, planned.data])
     assert 0 < planned.side_by_side < total
     assert planned.iteration_time == pytest.approx(total - planned.side_by_side)

@@ -6,8 +6,8 @@ The space, stated:
 - A region qualifies when its fork is a layer (not the input batch), at least two of its
   branches hold weights, it lies inside no other qualifying region, and its join's first input
   comes from inside it. On P ranks its m weighted branches take min(m, P) groups, the blocks of
-  :func:`blocks` (contiguous, as even as they come); branch b takes group b mod min(m, P), so
-  with more branches than ranks a group runs several, one after another.
+  :func:`blocks` (contiguous, aligned to the nodes where P allows); branch b takes group
+  b mod min(m, P), so with more branches than ranks a group runs several, one after another.
 - On its group a branch's weighted layers take the 1.5D grids of the group's ranks
   (:meth:`~hpctrain.plan.segments.Segments.choices` on g ranks). Each branch takes, exactly (by
   variable elimination over its own segments), the choices that make its own time least: its
@@ -42,11 +42,22 @@ from hpctrain.plan.pricing import CostModel, LayerCost
 
 
 def blocks(procs: int, count: int) -> list[tuple[int, int]]:
-    """``min(count, procs)`` blocks (first, size) of consecutive ranks tiling ``procs``, as even
-    as they come: 3 ranks in 2 blocks are 0-1 and 2."""
+    """``min(count, procs)`` blocks (first, size) of consecutive ranks tiling ``procs``.
+
+    Where the next power of two q ≥ the count divides ``procs``, the blocks are made of
+    aligned pieces of P/q ranks, the first blocks two pieces and the rest one: 3 blocks of 64
+    ranks are 0-31, 32-47 and 48-63. On nodes of R ranks (P and R powers of two) a block then
+    lies inside one node or on whole nodes, never across a node's edge. Otherwise they are as
+    even as they come: 3 ranks in 2 blocks are 0 and 1-2."""
     count = min(count, procs)
-    bounds = [procs * b // count for b in range(count + 1)]
-    return [(bounds[b], bounds[b + 1] - bounds[b]) for b in range(count)]
+    pieces = 1 << (count - 1).bit_length()
+    if procs % pieces == 0:
+        piece = procs // pieces
+        sizes = [2 * piece] * (pieces - count) + [piece] * (2 * count - pieces)
+    else:
+        sizes = [procs * (b + 1) // count - procs * b // count for b in range(count)]
+    firsts = [sum(sizes[:b]) for b in range(count)]
+    return list(zip(firsts, sizes, strict=True))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 gradient and running statistic of one step (``check_plan``, as for the graph kinds).
 
 Plans put the weighted branches of each fork–join region on disjoint blocks of ranks
-(:func:`tests.grouped_plans.grouped_plan`): on 3 ranks two branches take 2 ranks and 1 (uneven
+(:func:`tests.grouped_plans.grouped_plan`): on 3 ranks two branches take 1 rank and 2 (uneven
 groups); with more branches than ranks a group runs several. Inside a group each weighted layer
 cycles through the 1.5D modes on the group's grids; the layers outside the regions run batch- or
 model-parallel on every rank, so the forks and joins move between layouts on different ranks.
