@@ -173,3 +173,15 @@ def test_a_net_without_branches_plans_as_without_groups():
     for procs in (4, 64):
         models = [CostModel(net, 256, procs, machine, FlopModel(machine.flops)) for _ in "ab"]
         assert plan_network(models[0], groups=True) == plan_network(models[1])
+
+
+def test_under_a_memory_cap_groups_are_kept_when_the_fastest_plan_with_them_fits():
+    def model():
+        return CostModel(DEEP, 8, 2, LATENCY, FlopModel(LATENCY.flops))
+
+    free = plan_network(model(), groups=True)
+    assert free.on_groups
+    assert plan_network(model(), free.memory, groups=True).plans == free.plans
+    tight = plan_network(model(), free.memory * (1 - 1e-9), groups=True)
+    assert not tight.on_groups and tight.memory < free.memory
+    assert tight.plans == plan_network(model(), free.memory * (1 - 1e-9)).plans

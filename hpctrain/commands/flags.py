@@ -120,7 +120,8 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              "Inception module, a ResNet block with a convolution on its "
                              "shortcut): auto, on every rank one after another or side by side "
                              "on disjoint groups of ranks, whichever is predicted faster "
-                             "(searched over the grids space, without --mem-per-rank); serial, "
+                             "(searched over the grids space; under a memory cap, kept when "
+                             "the fastest plan with groups fits it); serial, "
                              "always on every rank (default: auto)")
     parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
                         help="compute times for the cost model: measured on this device, or "

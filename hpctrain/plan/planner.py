@@ -392,8 +392,10 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
 
     With ``groups`` the search also weighs running each qualifying fork–join region's branches
     side by side on groups of ranks (:mod:`hpctrain.plan.grouped`), exactly with the rest, over
-    the 1.5D grids without a memory cap (elsewhere it is not searched: the bounds that prune the
-    wider spaces and the memory labels know nothing of groups).
+    the 1.5D grids (not the wider spaces: the bounds that prune them know nothing of groups).
+    Under a memory cap the fastest plan with groups is kept when it fits the cap, which makes it
+    the optimum under the cap too; when it does not, every branch runs on every rank (the
+    memory labels know nothing of groups either).
     """
     if space not in SPACES:
         raise ValueError(f"search space {space!r}; choose one of {', '.join(SPACES)}")
@@ -418,7 +420,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
             if mem_per_rank is not None:
                 grids = _fits(model, candidates, mem_per_rank, cap_source)
             found = _search(model, grids, mem_per_rank, cap_source, free,
-                            groups and space == "grids" and mem_per_rank is None)
+                            groups and space == "grids")
         except PlannerError:
             if not any(wider):
                 raise
@@ -629,10 +631,14 @@ def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: f
             cap_source: str, free: float, groups: bool = False) -> PlannedNetwork:
     """The plan least in time with ``free`` of every gradient sum counted free (0: the
     predicted time itself), exactly (see the module's docstring); with ``groups``, regions on
-    groups of ranks among the plans (:func:`_grouped_plan`)."""
+    groups of ranks among the plans (:func:`_grouped_plan`). Under a memory cap the fastest
+    plan with groups is taken when it fits (then nothing under the cap beats it); otherwise
+    every branch runs on every rank."""
     if not model.net.is_chain():
         if groups:
-            return _grouped_plan(model, candidates, free)
+            grouped = _grouped_plan(model, candidates, free)
+            if mem_per_rank is None or grouped.memory <= mem_per_rank:
+                return grouped
         return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free)
     model.prefetch(candidates)
     fronts: list[dict[LayerPlan, list[_Label]]] = []
