@@ -39,7 +39,7 @@ SIDE_NOTE = ("per machine, net, batch-norm statistics (global: the whole mini-ba
              "rank's share, as DDP) and P: the auto plan of hpctrain.plan.planner.plan_network "
              "with every branch on every rank (serial) and with fork-join regions allowed on "
              "groups of ranks (groups), both exact over the 1.5D grids, priced at the profile's "
-             "FLOP rate")
+             "FLOP rate for the precision")
 SIDE_COLUMNS = ("procs: P; batch: B; serial_time, groups_time: predicted iteration (s); gain: "
                 "serial_time / groups_time - 1; regions_on_groups: regions whose branches run "
                 "on groups; side_by_side: what running them at once saves (s); "
@@ -72,9 +72,10 @@ def regions_on_groups(planned: PlannedNetwork, net: NetSpec) -> int:
 def side_row(net: NetSpec, machine: Machine, batch: int, procs: int,
              precision: Precision = PRECISIONS["fp32"]) -> dict[str, object]:
     """One row of the study: both auto plans at (B, P)."""
+    rate = FlopModel(machine.flops_for(precision.name))
+
     def model() -> CostModel:
-        return CostModel(net, batch, procs, machine, FlopModel(machine.flops), precision,
-                         overlap=True)
+        return CostModel(net, batch, procs, machine, rate, precision, overlap=True)
 
     start = time.perf_counter()
     serial = plan_network(model())
@@ -92,13 +93,15 @@ def side_row(net: NetSpec, machine: Machine, batch: int, procs: int,
 def flexflow_case(precision: str = "fp32") -> dict[str, object]:
     """Inception-v3 on the 4 GPUs of one node (``gpu-like``), 64 images per GPU as FlexFlow's
     Section 8 trains it: the auto plan (branches may go on groups) against data parallelism,
-    statistics per rank as their data-parallel baseline keeps them."""
+    statistics per rank as their data-parallel baseline keeps them, at the profile's FLOP rate
+    for the precision named ``precision``."""
     machine = load_machine("gpu-like")
     chosen = resolve_precision(precision, machine.device)
     net = load_net("inception_v3").with_statistics("rank", 4)
-    model = CostModel(net, 256, 4, machine, FlopModel(machine.flops), chosen, overlap=True)
+    rate = FlopModel(machine.flops_for(chosen.name))
+    model = CostModel(net, 256, 4, machine, rate, chosen, overlap=True)
     auto = plan_network(model, groups=True)
-    data = evaluate(CostModel(net, 256, 4, machine, FlopModel(machine.flops), chosen,
+    data = evaluate(CostModel(net, 256, 4, machine, rate, chosen,
                               overlap=True), pure_batch(model.segment_kinds, 4))
     return {"machine": machine.name, "batch": 256, "procs": 4,
             "data_parallel_time": data.iteration_time, "auto_time": auto.iteration_time,
