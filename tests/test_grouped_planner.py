@@ -185,3 +185,26 @@ def test_under_a_memory_cap_groups_are_kept_when_the_fastest_plan_with_them_fits
     tight = plan_network(model(), free.memory * (1 - 1e-9), groups=True)
     assert not tight.on_groups and tight.memory < free.memory
     assert tight.plans == plan_network(model(), free.memory * (1 - 1e-9)).plans
+
+
+def test_regions_whose_layers_interleave_with_others_do_not_qualify():
+    """Two towers from the input, each with a region, written interleaved: on groups their
+    steps would share the groups' clocks and the regions' times would not add up, so neither
+    qualifies; the same regions written one after the other do."""
+    def towers(order):
+        lines = {"t1": "conv name=t1 out=4 kernel=1", "t2": "conv name=t2 in=input out=4 kernel=1",
+                 "a1": "conv name=a1 in=t1 out=4 kernel=3 pad=1",
+                 "b1": "conv name=b1 in=t1 out=4 kernel=1",
+                 "a2": "conv name=a2 in=a1 out=4 kernel=1",
+                 "s1": "add name=s1 in=a2,b1",
+                 "c1": "conv name=c1 in=t2 out=4 kernel=3 pad=1",
+                 "d1": "conv name=d1 in=t2 out=4 kernel=1",
+                 "d2": "conv name=d2 in=d1 out=4 kernel=1",
+                 "s2": "add name=s2 in=c1,d2"}
+        body = "\n".join(lines[name] for name in order.split())
+        net = parse_net(f"input channels=2 size=5 classes=3\n{body}\nconcat name=cat in=s1,s2\n"
+                        f"flatten\nlinear name=fc out=3\n", "towers")
+        return grouped_regions(CostModel(net, 8, 4, LATENCY, FlopModel(LATENCY.flops)))
+
+    assert towers("t1 t2 a1 c1 b1 d1 a2 d2 s1 s2") == []
+    assert [r.region.join for r in towers("t1 a1 b1 a2 s1 t2 c1 d1 d2 s2")] == [4, 9]

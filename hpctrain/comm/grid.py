@@ -84,7 +84,9 @@ class GridSet:
         if key not in self._groups:
             ranks = self.world.Get_group().Range_incl([(first, first + size - 1, 1)])
             try:
-                comm = self.world.Create_group(ranks, tag=first * 65536 % 32749 + size)
+                # a tag of its own per group (within the 32767 MPI guarantees): ranks make
+                # the groups they share in one order, and the tag keeps their set-ups apart
+                comm = self.world.Create_group(ranks, tag=(first * 181 + size) % 32768)
             finally:
                 ranks.Free()
             self._groups[key] = GridSet(comm)

@@ -213,10 +213,16 @@ class Absent(Layer):
                  backend: Backend) -> None:
         self.name, self.inputs, self.in_layout, self.out_layout = name, inputs, inputs[0], output
         xp, precision = backend.xp, backend.precision
+        # a weight cut along its input channels has a layout of its own, as the layer makes it:
+        # every rank must find the same blocks of it on the others
+        split = (InputSplit.of(inputs[0], output, params["weight"]) if "weight" in params
+                 else None)
+        own = {"weight": split.weight, "bias": split.bias} if split is not None else {}
 
         def empty(suffix: str, shape: tuple[int, ...], dtype: Any) -> Parameter:
             value = xp.zeros((0,) * len(shape), dtype=dtype)
-            return Parameter(f"{name}.{suffix}", value, shape, output, grad=value)
+            return Parameter(f"{name}.{suffix}", value, shape, output, grad=value,
+                             layout=own.get(suffix))
 
         self.params = [empty(s, shape, precision.master) for s, shape in params.items()]
         self.buffers = [empty(s, shape, precision.master) for s, shape in buffers.items()]

@@ -177,6 +177,7 @@ def _input_split(x: Layout, y: Layout, weight_shape: tuple[int, ...]) -> InputSp
     partial_axes = tuple(CHANNEL_AXIS if row else REPLICAS if ax == CHANNEL_AXIS else ay
                          for row, ax, ay in zip(rows, in_x, in_y, strict=True))
     bias_axes = tuple(0 if axis == CHANNEL_AXIS else REPLICAS for axis in y.axes)
-    return InputSplit(x, scatter, Layout(weight_shape, mesh=sizes, axes=weight_axes),
-                      Layout(weight_shape[:1], mesh=y.mesh, axes=bias_axes),
-                      Layout(y.shape, mesh=sizes, axes=partial_axes))
+    where = {"first": y.first, "procs": y.procs}  # on the layer's ranks (a group, or all)
+    return InputSplit(x, scatter, Layout(weight_shape, mesh=sizes, axes=weight_axes, **where),
+                      Layout(weight_shape[:1], mesh=y.mesh, axes=bias_axes, **where),
+                      Layout(y.shape, mesh=sizes, axes=partial_axes, **where))

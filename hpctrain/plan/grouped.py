@@ -4,10 +4,13 @@ one after another, of running a fork–join region's branches side by side on di
 The space, stated:
 
 - A region qualifies when its fork is a layer (not the input batch), at least two of its
-  branches hold weights, it lies inside no other qualifying region, and its join's first input
-  comes from inside it. On P ranks its m weighted branches take min(m, P) groups, the blocks of
-  :func:`blocks` (contiguous, aligned to the nodes where P allows); branch b takes group
-  b mod min(m, P), so with more branches than ranks a group runs several, one after another.
+  branches hold weights, it lies inside no other qualifying region, its join's first input
+  comes from inside it, and its layers are all the net's layers between its fork and its join
+  (no other branch's layers interleave with them in net order, so the schedule runs one region
+  at a time and the regions' times add up). On P ranks its m weighted branches take
+  min(m, P) groups, the blocks of :func:`blocks` (contiguous, aligned to the nodes where P
+  allows); branch b takes group b mod min(m, P), so with more branches than ranks a group runs
+  several, one after another.
 - On its group a branch's weighted layers take the 1.5D grids of the group's ranks
   (:meth:`~hpctrain.plan.segments.Segments.choices` on g ranks). Each branch takes, exactly (by
   variable elimination over its own segments), the choices that make its own time least: its
@@ -93,7 +96,8 @@ def grouped_regions(model: CostModel) -> list[GroupedRegion]:
                                                       for k in b)]
         first = net.producers(region.join)[0]
         if (region.fork < 0 or len(weighted) < 2 or taken & set(region.inside)
-                or first not in region.inside):
+                or first not in region.inside
+                or len(region.inside) != region.join - region.fork - 1):
             continue
         inside = tuple(sorted({owner[k] for k in region.inside
                                if KINDS[net.layers[k].kind].weighted}))

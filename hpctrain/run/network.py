@@ -166,8 +166,8 @@ class Network:
         return self.layers[k].out_layout.holds(self.rank)
 
     def _nothing(self, layout: Layout, like: Any) -> Any:
-        """This rank's empty block of ``layout`` (it is outside the layout's group), in the
-        dtype of ``like``."""
+        """Zeros in this rank's block of ``layout`` (an empty block outside the layout's group),
+        in the dtype of ``like``."""
         return self.backend.xp.zeros(layout.local_shape(self.rank), dtype=like.dtype)
 
     @property
@@ -310,9 +310,9 @@ class Network:
         producer."""
         move, p = self.feeds[k][e]
         dx = input_grads.pop((k, e), None)
-        if move is None or p < 0 or (dx is None and self._held(k)):
-            return  # no part in it, the input batch, or an input nobody needs the gradient of
-        if dx is None:
+        if move is None or p < 0:
+            return  # no part in it, or the input batch
+        if dx is None:  # outside the layer's group (an empty block), or no gradient: zeros
             dx = self._nothing(move.dst, like)
         dy = move.backward(dx)
         self.gradient_sums.progress()

@@ -99,6 +99,51 @@ def test_groups_take_input_splits_and_several_axes(comm, backend):
     check_plan(comm, backend, BRANCHES_NET, plan)
 
 
+# branches that end flattened (the join concatenates features), so a flatten runs on a group
+FLAT_NET = parse_net("""
+input channels=2 size=5 classes=3
+conv name=stem out=4 kernel=3 pad=1
+conv name=a1 out=3 kernel=3 pad=1 bias=0
+batchnorm name=an
+flatten name=af
+conv name=b1 in=stem out=2 kernel=1
+flatten name=bf
+concat name=cat in=af,bf
+linear name=fc out=3
+""", "flat")
+
+
+def test_groups_from_any_rank_take_input_splits_and_flatten(comm, backend):
+    """Input-channel splits and a flatten on a group that does not start at rank 0."""
+    if comm.Get_size() != 4:
+        pytest.skip("the plans name 4 ranks")
+    plan = parse_plan("""
+        stem batch 1x4
+        a1 split n=1,c=1,i=2 ranks 2-3
+        b1 split n=1,i=2 ranks 0-1
+        fc split n=2,i=2
+    """, "t", FLAT_NET, 4)
+    check_plan(comm, backend, FLAT_NET, plan)
+    mirrored = parse_plan("""
+        stem split n=2,c=2
+        a1 split n=1,c=1,i=2 ranks 2-3
+        b1 model 2x1 ranks 0-1
+        b2 split n=1,h=2,w=1 ranks 0-1
+        c1 batch 1x1 ranks 1-1
+        c2 batch 1x1 ranks 1-1
+        c3 batch 1x1 ranks 1-1
+        e1 model 2x2
+        f1 split n=1,i=2 ranks 2-3
+        g1 batch 1x1 ranks 0-0
+        g2 batch 1x1 ranks 0-0
+        h1 batch 1x1 ranks 1-1
+        f2 model 2x1 ranks 2-3
+        g3 batch 1x1 ranks 0-0
+        fc split n=2,i=2
+    """, "t", BRANCHES_NET, 4)
+    check_plan(comm, backend, BRANCHES_NET, mirrored)
+
+
 def test_resnet_shortcut_and_main_path_on_different_groups(comm, backend):
     procs = comm.Get_size()
     if procs not in (2, 3):

@@ -33,7 +33,8 @@ class FlattenKind(Kind):
             ranges = tuple((lo * per_channel, hi * per_channel)
                            for lo, hi in source.split_ranges)
         axes = tuple(CHANNEL_AXIS if a == CHANNEL_AXIS else a for a in source.axes)
-        return (source,), Layout(out_shape, mesh=source.mesh, axes=axes, split_ranges=ranges)
+        return (source,), Layout(out_shape, mesh=source.mesh, axes=axes, split_ranges=ranges,
+                                 first=source.first, procs=source.procs)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork | None:
