@@ -320,22 +320,8 @@ def test_batch_norm_statistics_resume_on_another_plan_and_another_p(comm, shared
     first_plan = plan_from_spec(f"{procs}x1", net, procs)
     other_plan = plan_from_spec(f"conv=domain:{procs}x1,fc=1x{procs}", net, procs)
 
-    def state(run):
-        tensors = [(p.value, p) for p in run.network.params + run.network.buffers]
-        return [gather_to_root(run.backend, run.comm, t, p.shape, p.box, "copy")
-                for t, p in tensors]
-
-    reference = None
-    if comm.Get_rank() == 0:
-        with GridSet(MPI.COMM_SELF) as grids:
-            run = Run(net, serial_plan(first_plan), grids)
-            reference = run.train(range(4)), state(run)
-    losses, tensors = saved_and_resumed(comm, net, first_plan, other_plan,
-                                        shared_dir / "resdigits-step-2.h5", state)
-    check_close(comm, np.array(losses), reference and np.array(reference[0][2:]),
-                "losses on another plan", 1e-9)
-    for k, got in enumerate(tensors):
-        check_close(comm, got, reference and reference[1][k], f"tensor {k}", 1e-9)
+    tensors = resumes_as_one_process(comm, net, first_plan, other_plan,
+                                     shared_dir / "resdigits-step-2.h5")
     assert len(tensors) == len(net.param_shapes()) + len(net.buffer_shapes()) > 0
 
 
@@ -377,20 +363,29 @@ def test_branches_on_groups_save_and_resume_under_another_plan(comm, shared_dir)
     assert any(entry.ranks for entry in grouped)
     other = plan_from_spec(f"1x{procs}", net, procs)
 
-    def state(run):
-        tensors = [(p.value, p) for p in run.network.params + run.network.buffers]
-        return [gather_to_root(run.backend, run.comm, t, p.shape, p.box, "copy")
-                for t, p in tensors]
+    for first_plan, then in ((grouped, other), (other, grouped)):
+        resumes_as_one_process(comm, net, first_plan, then, shared_dir / "grouped-step-2.h5")
 
+
+def whole_state(run):
+    """Every parameter and buffer of ``run``, whole on rank 0 (None elsewhere)."""
+    tensors = [(p.value, p) for p in run.network.params + run.network.buffers]
+    return [gather_to_root(run.backend, run.comm, t, p.shape, p.box, "copy")
+            for t, p in tensors]
+
+
+def resumes_as_one_process(comm, net, first_plan, then, path):
+    """Two steps under ``first_plan``, saved, two more under ``then``: the losses and every
+    tensor as four steps on one process (under ``first_plan``'s serial form). Returns the
+    tensors."""
     reference = None
     if comm.Get_rank() == 0:
         with GridSet(MPI.COMM_SELF) as grids:
-            run = Run(net, serial_plan(other), grids)
-            reference = run.train(range(4)), state(run)
-    for first_plan, then in ((grouped, other), (other, grouped)):
-        losses, tensors = saved_and_resumed(comm, net, first_plan, then,
-                                            shared_dir / "grouped-step-2.h5", state)
-        check_close(comm, np.array(losses), reference and np.array(reference[0][2:]),
-                    "losses", 1e-9)
-        for k, got in enumerate(tensors):
-            check_close(comm, got, reference and reference[1][k], f"tensor {k}", 1e-9)
+            run = Run(net, serial_plan(first_plan), grids)
+            reference = run.train(range(4)), whole_state(run)
+    losses, tensors = saved_and_resumed(comm, net, first_plan, then, path, whole_state)
+    check_close(comm, np.array(losses), reference and np.array(reference[0][2:]), "losses",
+                1e-9)
+    for k, got in enumerate(tensors):
+        check_close(comm, got, reference and reference[1][k], f"tensor {k}", 1e-9)
+    return tensors

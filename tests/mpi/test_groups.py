@@ -8,6 +8,8 @@ cycles through the 1.5D modes on the group's grids; the layers outside the regio
 model-parallel on every rank, so the forks and joins move between layouts on different ranks.
 """
 
+import re
+
 import pytest
 
 from hpctrain.model.net import load_net, parse_net
@@ -55,6 +57,26 @@ linear name=fc out=5
 """, "branches")
 
 
+# a plan of BRANCHES_NET on 4 ranks with input-channel and multi-axis splits inside groups
+ON_FOUR = """
+        stem split n=2,c=2
+        a1 split n=1,c=1,i=2 ranks 0-1
+        b1 model 2x1 ranks 2-3
+        b2 split n=1,h=2,w=1 ranks 2-3
+        c1 split n=1,w=2 ranks 0-1
+        c2 domain 2x1 ranks 0-1
+        c3 batch 1x2 ranks 0-1
+        e1 model 2x2
+        f1 split n=1,i=2 ranks 0-1
+        g1 batch 1x1 ranks 2-2
+        g2 batch 1x1 ranks 2-2
+        h1 batch 1x1 ranks 3-3
+        f2 model 2x1 ranks 0-1
+        g3 batch 1x1 ranks 2-2
+        fc split n=2,i=2
+"""
+
+
 def _plans(net, procs, batch):
     """Grouped plans of ``net``: the groups' splits from two offsets of the cycle, the layers
     outside the regions batch-parallel, then model-parallel where the ranks make a grid."""
@@ -79,23 +101,7 @@ def test_groups_take_input_splits_and_several_axes(comm, backend):
     width; the head splits its input features on every rank."""
     if comm.Get_size() != 4:
         pytest.skip("the plan names 4 ranks")
-    plan = parse_plan("""
-        stem split n=2,c=2
-        a1 split n=1,c=1,i=2 ranks 0-1
-        b1 model 2x1 ranks 2-3
-        b2 split n=1,h=2,w=1 ranks 2-3
-        c1 split n=1,w=2 ranks 0-1
-        c2 domain 2x1 ranks 0-1
-        c3 batch 1x2 ranks 0-1
-        e1 model 2x2
-        f1 split n=1,i=2 ranks 0-1
-        g1 batch 1x1 ranks 2-2
-        g2 batch 1x1 ranks 2-2
-        h1 batch 1x1 ranks 3-3
-        f2 model 2x1 ranks 0-1
-        g3 batch 1x1 ranks 2-2
-        fc split n=2,i=2
-    """, "t", BRANCHES_NET, 4)
+    plan = parse_plan(ON_FOUR, "t", BRANCHES_NET, 4)
     check_plan(comm, backend, BRANCHES_NET, plan)
 
 
@@ -124,23 +130,10 @@ def test_groups_from_any_rank_take_input_splits_and_flatten(comm, backend):
         fc split n=2,i=2
     """, "t", FLAT_NET, 4)
     check_plan(comm, backend, FLAT_NET, plan)
-    mirrored = parse_plan("""
-        stem split n=2,c=2
-        a1 split n=1,c=1,i=2 ranks 2-3
-        b1 model 2x1 ranks 0-1
-        b2 split n=1,h=2,w=1 ranks 0-1
-        c1 batch 1x1 ranks 1-1
-        c2 batch 1x1 ranks 1-1
-        c3 batch 1x1 ranks 1-1
-        e1 model 2x2
-        f1 split n=1,i=2 ranks 2-3
-        g1 batch 1x1 ranks 0-0
-        g2 batch 1x1 ranks 0-0
-        h1 batch 1x1 ranks 1-1
-        f2 model 2x1 ranks 2-3
-        g3 batch 1x1 ranks 0-0
-        fc split n=2,i=2
-    """, "t", BRANCHES_NET, 4)
+    # the same splits with the groups swapped: input splits on ranks 2-3
+    swap = {"0-1": "2-3", "2-3": "0-1", "2-2": "0-0", "3-3": "1-1"}
+    mirrored = parse_plan(re.sub(r"ranks (\S+)", lambda m: f"ranks {swap[m.group(1)]}",
+                                 ON_FOUR), "t", BRANCHES_NET, 4)
     check_plan(comm, backend, BRANCHES_NET, mirrored)
 
 
