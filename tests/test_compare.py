@@ -63,3 +63,15 @@ def test_spearman_rank_correlation_of_predicted_and_measured_order():
     assert spearman([1, 1, 1], [1, 2, 3]) == 0.0
     # no ties: 1 - 6 Σd² / (n (n² - 1)), two neighbours swapped: 1 - 6·2 / 120
     assert spearman([1, 2, 3, 4, 5], [1, 3, 2, 4, 5]) == pytest.approx(0.9)
+
+
+def test_pairs_the_rounds_tell_apart_and_the_auto_plans_rank_beyond_noise():
+    from hpctrain.commands.compare_plans import pairs_apart, rank_beyond_noise
+
+    spreads = [(1.0, 1.2), (1.1, 1.3), (2.0, 2.1), (3.0, 3.5)]  # 0 and 1 overlap
+    # apart: (0,2) (0,3) (1,2) (1,3) (2,3); the prediction swaps 2 and 3
+    assert pairs_apart([1.0, 0.9, 5.0, 4.0], spreads) == (5, 4)
+    assert pairs_apart([1.0, 2.0, 3.0, 4.0], spreads) == (5, 5)
+    assert pairs_apart([1.0, 2.0], [(1.0, 2.0), (1.5, 2.5)]) == (0, 0)
+    assert rank_beyond_noise((2.0, 2.1), [(1.0, 1.2), (1.1, 1.3), (3.0, 3.5)]) == (2, 0)
+    assert rank_beyond_noise((1.1, 1.3), [(1.0, 1.2), (2.0, 2.1), (3.0, 3.5)]) == (0, 1)

@@ -198,12 +198,19 @@ def report(outcomes: list[Outcome]) -> str:
         lines.append(f"predicted order against measured: Spearman rank correlation {rho:+.2f} "
                      f"(1: the same order); {within:+.2f} with plans whose rounds overlap "
                      f"taken as tied")
+        apart, alike = pairs_apart(predicted, [o.spread for o in outcomes])
+        lines.append(f"pairs of plans the rounds tell apart (one's slowest round faster than "
+                     f"the other's fastest): {apart} of {len(outcomes) * (len(outcomes) - 1) // 2}"
+                     + (f", {alike} of them in the predicted order ({alike / apart:.0%})"
+                        if apart else ""))
     auto = next((o for o in outcomes if o.spec == "auto"), None)
     if auto is None:
         return "\n".join(lines)
+    beaten, level = rank_beyond_noise(auto.spread, [o.spread for o in outcomes if o is not auto])
     lines.append(f"auto plan: measured rank {order.index(auto) + 1} of {len(outcomes)}, "
                  f"{auto.measured_iteration / fastest - 1:+.1%} from the fastest measured "
-                 f"({order[0].spec})")
+                 f"({order[0].spec}); beyond the rounds' spread {beaten} plan"
+                 f"{'s' if beaten != 1 else ''} faster, {level} within it")
     lines.append(layer_comm_table(auto))
     return "\n".join(lines)
 
@@ -256,6 +263,33 @@ def ranks_within_noise(predicted: list[float], measured: list[float],
             found[i] = float(place)
             place += 1
     return found
+
+
+def pairs_apart(predicted: list[float], spreads: list[tuple[float, float]]) -> tuple[int, int]:
+    """(pairs of plans the measurements tell apart, those the prediction orders the same way):
+    a pair is apart when one plan's slowest round is faster than the other's fastest."""
+    apart = alike = 0
+    for i in range(len(spreads)):
+        for j in range(i + 1, len(spreads)):
+            if spreads[i][1] < spreads[j][0]:
+                faster, slower = i, j
+            elif spreads[j][1] < spreads[i][0]:
+                faster, slower = j, i
+            else:
+                continue
+            apart += 1
+            alike += predicted[faster] < predicted[slower]
+    return apart, alike
+
+
+def rank_beyond_noise(spread: tuple[float, float], others: list[tuple[float, float]]
+                      ) -> tuple[int, int]:
+    """(how many of ``others`` measured faster than a plan of rounds ``spread`` beyond noise,
+    their slowest round faster than its fastest; how many overlap its rounds)."""
+    low, high = spread
+    beaten = sum(1 for _, slowest in others if slowest < low)
+    level = sum(1 for fastest, slowest in others if not (slowest < low or fastest > high))
+    return beaten, level
 
 
 def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
