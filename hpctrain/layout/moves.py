@@ -718,13 +718,17 @@ def _group_extremes(width: int, axes: tuple) -> tuple:
     return float(kept[full].min()), most(full), most(full & (kept > 0)), most(full & (kept == 0))
 
 
+@lru_cache(maxsize=65536)
 def _busiest_receiver_by_mesh_rank(src: Layout, dst: Layout) -> tuple[float, int]:
-    """:func:`_busiest_receiver` for layouts on any meshes, rank by rank in O(P) vector work:
-    each rank's share of its target block held by other ranks, and the source blocks it meets
-    other than its own, from the integer block bounds of every cut axis."""
-    ranks = np.arange(src.size, dtype=np.int64)
-    src_index, dst_index = _block_indices(src, ranks), _block_indices(dst, ranks)
-    kept = np.ones(len(ranks))
+    """:func:`_busiest_receiver` for layouts on any meshes and any ranks, rank by rank in
+    O(ranks) vector work over the target's ranks: the share of its target block a rank does
+    not hold in the source (it is outside the source's group, or holds another block there),
+    and the source blocks its target block meets other than its own, from the integer block
+    bounds of every axis."""
+    ranks = np.arange(dst.first, dst.first + dst.size, dtype=np.int64)
+    kept = ((ranks >= src.first) & (ranks < src.first + src.size)).astype(float)
+    src_index = _block_indices(src, (ranks - src.first) % src.size)
+    dst_index = _block_indices(dst, ranks - dst.first)
     messages = np.ones(len(ranks), dtype=np.int64)
     empty = np.zeros(len(ranks), dtype=bool)  # a target block with nothing in it
     for axis in range(len(src.shape)):
@@ -750,8 +754,8 @@ def _between_groups_time(src: Layout, dst: Layout, machine: Machine, itemsize: i
     and takes the rest, one message per other source block it meets. A sender sends its block,
     less what it keeps, to each of the target's copies of every block it meets that pick it
     (one copy in ``src.replicas`` of them, as :meth:`GeneralMove.exchange` chooses)."""
-    share, messages = _busiest_between(src, dst)
-    sent, sends = _busiest_between(dst, src)
+    share, messages = _busiest_receiver_by_mesh_rank(src, dst)  # rank numbers offset:
+    sent, sends = _busiest_receiver_by_mesh_rank(dst, src)       # not from their bits
     copies = -(-dst.replicas // src.replicas)
     source, target = (math.prod(layout.largest_block) * itemsize for layout in (src, dst))
     received, sent_bytes = share * target, sent * source * copies
@@ -760,28 +764,3 @@ def _between_groups_time(src: Layout, dst: Layout, machine: Machine, itemsize: i
     peers = Group(hi - lo, 1, src.procs)
     return exchange_time(machine, src.procs, max(messages, sends * copies),
                          max(received, sent_bytes), peers)
-
-
-@lru_cache(maxsize=65536)
-def _busiest_between(src: Layout, dst: Layout) -> tuple[float, int]:
-    """Over the ranks of ``dst``'s group: the largest share of its block a rank does not hold
-    in ``src`` (it is outside ``src``'s group, or holds another block there), and the most
-    blocks of ``src`` other than its own that a rank's block meets."""
-    ranks = np.arange(dst.first, dst.first + dst.size, dtype=np.int64)
-    inside = (ranks >= src.first) & (ranks < src.first + src.size)
-    src_index = _block_indices(src, (ranks - src.first) % src.size)
-    dst_index = _block_indices(dst, ranks - dst.first)
-    kept = inside.astype(float)
-    met = np.ones(len(ranks), dtype=np.int64)
-    empty = np.zeros(len(ranks), dtype=bool)
-    for axis in range(len(dst.shape)):
-        d0, d1 = _bounds(dst, axis, dst_index[axis])
-        empty |= d1 <= d0
-        if src.parts[axis] > 1:
-            s0, s1 = _bounds(src, axis, src_index[axis])
-            kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / np.maximum(
-                d1 - d0, 1)
-        met *= _parts_met(src, axis, d0, d1)
-    met -= (kept > 0).astype(np.int64)
-    share = np.where(empty, 0.0, 1 - kept)
-    return float(np.max(share)), int(np.max(np.where(empty, 0, met)))

@@ -151,10 +151,8 @@ class RegionPrices:
                 if k not in inside:
                     break
                 first = net.producers(k)[0]
-                fed = tuple(layouts[p].output if e == 0 and p in layouts
-                            else Layout((model.batch, *_shape(net, p)), (1, model.procs))
-                            for e, p in enumerate(net.producers(k)))
-                layouts[k] = layer_layouts(net, k, fed, choice, model.batch)
+                known = {p: where.output for p, where in layouts.items()}
+                layouts[k] = layer_layouts(net, k, model.fed(k, known), choice, model.batch)
                 mode = choice.mode if k == model.heads[segment] else "follow"
                 costs.append(model.layer_cost(k, mode, layouts[k], layouts[first].output
                                               if first in layouts else None))
@@ -443,11 +441,10 @@ class GroupedSpace:
         try:
             for k in after:
                 first = net.producers(k)[0]
-                fed0 = (fork.with_shape((model.batch, *_shape(net, first))) if k == join
-                        else laid[first].output)
-                fed = (fed0, *(Layout((model.batch, *_shape(net, p)), (1, model.procs))
-                               for p in net.producers(k)[1:]))
-                laid[k] = layer_layouts(net, k, fed, LayerPlan("follow"), model.batch)
+                known = {first: fork.with_shape((model.batch, *_shape(net, first)))
+                         if k == join else laid[first].output}
+                laid[k] = layer_layouts(net, k, model.fed(k, known), LayerPlan("follow"),
+                                        model.batch)
                 costs.append(model.layer_cost(k, "follow", laid[k],
                                               None if k == join else laid[first].output))
         except SplitError:

@@ -128,16 +128,16 @@ def parse_ranks(text: str, procs: int, where: str, layer: str) -> tuple[int, int
     return None if (first, last) == (0, procs - 1) else (first, last - first + 1)
 
 
-def _parse_grid(text: str, procs: int, where: str, room: str = "") -> tuple[int, int]:
-    """The grid ``RxC`` of ``procs`` ranks, those launched or (``room``, e.g. "ranks 0-3
-    are 4") a group's."""
-    have = room or f"{procs} were launched"
+def _parse_grid(text: str, procs: int, where: str, group: str = "") -> tuple[int, int]:
+    """The grid ``RxC`` of ``procs`` ranks, those launched or (``group``, e.g. "ranks 0-3")
+    a group's."""
+    have = f"{group} are {procs}" if group else f"{procs} were launched"
     match = _GRID.fullmatch(text.strip())
     if not match:
         raise PlanError(f"{where}: {shown(text)} is not a grid; write RxC, e.g. 2x2")
     if max(len(group.lstrip("0")) for group in match.groups()) > 12:  # int() takes < 4300
         raise PlanError(f"{where}: grid {shown(text)} needs far more than the {procs} processes "
-                        f"{'launched' if not room else 'of ' + room.rsplit(' are ', 1)[0]}; "
+                        f"{'of ' + group if group else 'launched'}; "
                         f"choose R and C with R*C = {procs}")
     pr, pc = int(match.group(1)), int(match.group(2))
     if pr < 1 or pc < 1 or pr * pc != procs:
@@ -150,7 +150,7 @@ _DEGREES = re.compile(r"(?:[a-z]=?[0-9]+,?)+", re.ASCII)
 _DEGREE = re.compile(r"([a-z])=?([0-9]+)", re.ASCII)
 
 
-def parse_split(text: str, ndim: int, procs: int, where: str, layer: str, room: str = ""
+def parse_split(text: str, ndim: int, procs: int, where: str, layer: str, group: str = ""
                 ) -> Split:
     """The split ``text`` gives a layer whose output has ``ndim`` axes: a degree per axis
     letter, ``n2h2w2`` or ``n=2,c=1,h=2,w=2`` (``n`` batch, ``c`` channels or features, ``d``
@@ -194,8 +194,8 @@ def parse_split(text: str, ndim: int, procs: int, where: str, layer: str, room: 
                   inputs_letter == "s")
     if split.procs != procs:
         raise PlanError(f"{where}: split {split.text()} needs {split.procs} processes but "
-                        f"{room or f'{procs} were launched'}; make the degrees multiply to "
-                        f"{procs}")
+                        f"{f'{group} are {procs}' if group else f'{procs} were launched'}; "
+                        f"make the degrees multiply to {procs}")
     return split
 
 
@@ -327,18 +327,16 @@ def parse_plan(text: str, source: str, net: NetSpec, procs: int) -> list[LayerPl
             entries[layer] = LayerPlan(mode)
             continue
         ranks = parse_ranks(words[4], procs, where, layer) if size == 5 else None
-        group, room = procs, ""
-        if ranks is not None:
-            group, room = ranks[1], f"{ranks_text(ranks)} are {ranks[1]}"
+        size, group = (procs, "") if ranks is None else (ranks[1], ranks_text(ranks))
         if mode == "split":
             k = next(k for k, l in enumerate(net.layers) if l.name == layer)
-            split = parse_split(words[2], 1 + len(net.out_shapes[k]), group, where, layer,
-                                room)
+            split = parse_split(words[2], 1 + len(net.out_shapes[k]), size, where, layer,
+                                group)
             entries[layer] = LayerPlan(mode, split=split, ranks=ranks)
             continue
-        grid = _parse_grid(words[2], group, where, room)
+        grid = _parse_grid(words[2], size, where, group)
         if mode == "batch" and grid[0] != 1:
-            raise PlanError(f"{where}: mode batch splits only the batch, so its grid is 1x{group}"
+            raise PlanError(f"{where}: mode batch splits only the batch, so its grid is 1x{size}"
                             f", not {grid[0]}x{grid[1]}; or use model {grid[0]}x{grid[1]}")
         entries[layer] = LayerPlan(mode, grid, ranks=ranks)
     plans = []

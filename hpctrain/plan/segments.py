@@ -58,7 +58,7 @@ class Segments:
                            if e > 0 or (KINDS[spec.kind].weighted
                                         and (p < 0 or anchors[p] != anchors[k])))
         self._layout_cache: dict[tuple[int, LayerPlan], list[LayerLayouts] | None] = {}
-        # each layer's inputs by their shapes alone, on 1×P (see _fed)
+        # each layer's inputs by their shapes alone, on 1×P (see fed)
         self._unplaced = [tuple(Layout((batch, *(net.input_shape if p < 0 else net.out_shapes[p])),
                                        (1, procs)) for p in net.producers(k))
                           for k in range(len(net.layers))]
@@ -157,7 +157,7 @@ class Segments:
         except SplitError as err:
             raise SplitError(f"layer {name} cannot run {choice.describe()}: {err}") from None
 
-    def _fed(self, k: int, known: dict[int, Layout]) -> tuple[Layout, ...]:
+    def fed(self, k: int, known: dict[int, Layout]) -> tuple[Layout, ...]:
         """What layer ``k``'s inputs arrive on as far as its own layouts go: its first input's
         producer's output (in ``known``); the others give only their shapes (a kind's layouts
         depend on its first input's layout alone)."""
@@ -170,7 +170,7 @@ class Segments:
         known: dict[int, Layout] = {-1: self.input_layout(choice)} if segment == 0 else {}
         layouts = []
         for k in self.segments[segment]:
-            layouts.append(layer_layouts(self.net, k, self._fed(k, known), choice, self.batch))
+            layouts.append(layer_layouts(self.net, k, self.fed(k, known), choice, self.batch))
             known[k] = layouts[-1].output
         return layouts
 
