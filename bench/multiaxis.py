@@ -48,7 +48,8 @@ def multi_axis_specs(procs: int, batch: int, letters: str) -> list[str]:
         degrees = spatial_degrees(rest, len(letters))
         conv = "".join(f"{a}{d}" for a, d in zip(letters, degrees, strict=True) if d > 1)
         for fc in (f"fc={rest}x{n}", f"fc=n{n}r{rest}"):
-            specs.append(f"conv=n{n}{conv},{fc}")
+            # /model: a convolution too small for the cut runs model-parallel on that grid
+            specs.append(f"conv=n{n}{conv}/model,{fc}")
     return specs
 
 

@@ -33,8 +33,9 @@ def test_an_input_split_alone_is_summed_by_a_reduce_scatter(tmp_path):
 
 def test_uneven_input_and_output_blocks_verify(tmp_path):
     """Three ranks: conv2's 16 input channels in blocks of 5, 5, 6; the classifier's 10
-    outputs in 3, 3, 4; conv1 (one input channel) falls back to its output channels."""
-    layouts = verified(tmp_path, 3, "smallcnn", "conv=i3,fc=s3", "--image-size", "9")
+    outputs in 3, 3, 4; conv1 (one input channel) falls back, as /model asks, to its output
+    channels."""
+    layouts = verified(tmp_path, 3, "smallcnn", "conv=i3/model,fc=s3", "--image-size", "9")
     assert layouts["conv2"] == "3x1 batch/1 channels/3 -> 3x1 batch/1 replicated"
     assert layouts["linear2"] == "3x1 batch/1 features/3 -> 3x1 batch/1 features/3"
 

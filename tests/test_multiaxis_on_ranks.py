@@ -52,8 +52,8 @@ def test_odd_sizes_split_unevenly_verify(tmp_path):
 def test_a_net_with_branches_and_batch_norm_verifies_split_in_height_and_width(tmp_path):
     """ResNet-18 at 32×32: the stem and the first stages split 2×2 in height and width, the
     residual adds and batch norms on the same blocks; the stages too small for it fall back to
-    channels."""
-    layouts = verified(tmp_path, 4, "resnet18", "conv=h2w2,fc=4x1", "--image-size", "32")
+    channels, as /model asks."""
+    layouts = verified(tmp_path, 4, "resnet18", "conv=h2w2/model,fc=4x1", "--image-size", "32")
     assert layouts["conv1"].endswith("height/2 width/2")
     assert layouts["layer1_0.add1"].endswith("height/2 width/2")
     assert layouts["layer4_1.conv2"].endswith("channels/4")

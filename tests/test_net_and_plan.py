@@ -2,8 +2,16 @@
 
 import pytest
 
+from hpctrain.layout.partition import SplitError
 from hpctrain.model.net import NetError, available_nets, load_net, parse_net
-from hpctrain.plan.plans import LayerPlan, PlanError, plan_from_spec, read_plan, write_plan
+from hpctrain.plan.plans import (
+    LayerPlan,
+    PlanError,
+    plan_and_fallbacks,
+    plan_from_spec,
+    read_plan,
+    write_plan,
+)
 
 
 def test_shipped_nets_and_their_sizes():
@@ -77,6 +85,80 @@ def test_grid_specs():
 def test_bad_grid_specs(spec, message):
     with pytest.raises(PlanError, match=message):
         plan_from_spec(spec, load_net("alexnet"), 4)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("conv=h64,fc=64x1", "--grid conv='h64': layer conv1 cannot take split n=1,c=1,h=64,w=1: "
+                         "input height of size 8 cannot be split 64 ways"),
+    ("conv=i64,fc=64x1", "--grid conv='i64': layer conv1 cannot take split "
+                         "n=1,c=1,i=64,h=1,w=1: input channels of size 1 cannot be split 64 ways"),
+    ("conv=1x64,fc=c64", "--grid fc='c64': layer linear2 cannot take split n=1,c=64: output "
+                         "features of size 10 cannot be split 64 ways"),
+])
+def test_a_split_by_axes_that_cannot_be_made_is_refused_not_replaced(spec, message):
+    """The refusal names the split asked, the axis, its size and the degree, not the mode
+    (model 64x1, replicated 64x1) a 1.5D spec falls back to; it says how to ask for that."""
+    with pytest.raises(SplitError) as err:
+        plan_from_spec(spec, load_net("smallcnn"), 64)
+    assert str(err.value).startswith(message)
+    assert "64x1" not in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).endswith("after the degrees to run model where they do not fit"
+                                   if "conv=" in message else
+                                   "after the degrees to run replicated where they do not fit")
+
+
+def test_a_split_by_axes_falls_back_only_where_asked_and_says_so():
+    net = load_net("smallcnn")
+    plan, fell_back = plan_and_fallbacks("conv=i2/model,fc=2x1", net, 2)
+    assert fell_back == ["layer conv1 runs model 2x1, not split n=1,c=1,i=2,h=1,w=1: input "
+                         "channels of size 1 cannot be split 2 ways (a rank would be empty); "
+                         "cut it at most 1 way"]
+    assert [p.describe() for p in plan if p.mode != "follow"] == [
+        "model 2x1", "split n=1,c=1,i=2,h=1,w=1", "model 2x1", "model 2x1"]
+    plan, fell_back = plan_and_fallbacks("conv=2x32,fc=c64/replicated", net, 64)
+    assert plan[-1] == LayerPlan("replicated", (64, 1)) and len(fell_back) == 1
+    assert fell_back[0].startswith("layer linear2 runs replicated 64x1, not split n=1,c=64: ")
+    # and where the fallback cannot run either, both are named
+    with pytest.raises(SplitError, match="^--grid conv='h64/model': layer conv1 cannot take "
+                                         "split n=1,c=1,h=64,w=1 \\(input height of size 8 "
+                                         ".*\\) nor its fallback model 64x1 \\(output channels "
+                                         "of size 16 cannot be split 64 ways"):
+        plan_from_spec("conv=h64/model,fc=64x1", net, 64)
+    with pytest.raises(SplitError, match="^--grid conv='domain:64x1': layer conv1 cannot take "
+                                         "domain 64x1 \\(.*\\) nor its fallback model 64x1"):
+        plan_from_spec("conv=domain:64x1,fc=64x1", net, 64)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("conv=h-2", "'h-2' is neither a grid nor a split; write RxC \\(e.g. 2x2\\), domain:RxC "
+                 "or a degree per axis"),
+    ("conv=2by2", "'2by2' is neither a grid nor a split; write RxC \\(e.g. 2x2\\), domain:RxC"),
+    ("fc=64x1x", "'64x1x' is neither a grid nor a split; write RxC \\(e.g. 2x2\\), "
+                 "replicated:RxC or a degree per axis"),
+    ("conv=h2/replicated", "a conv layer that cannot take a split falls back to model only; "
+                           "write conv=h2/model, or conv=h2 to refuse it"),
+    ("fc=c2/model", "falls back to replicated only; write fc=c2/replicated"),
+    ("conv=domain:64x1/model", "only a degree per axis takes /model \\(e.g. conv=h2w2/model\\)"),
+])
+def test_a_malformed_kind_spec_names_every_form_it_could_be(spec, message):
+    with pytest.raises(PlanError, match=message) as err:
+        plan_from_spec(spec, load_net("smallcnn"), 64)
+    assert str(err.value).startswith(f"--grid {spec.split('=')[0]}='{spec.split('=')[1]}': ")
+
+
+def test_a_grid_spec_says_which_layers_fell_back_and_why():
+    net = load_net("smallcnn")
+    plan, fell_back = plan_and_fallbacks("conv=domain:16x1,fc=16x1", net, 16)
+    assert fell_back == [
+        "layer conv1 runs model 16x1, not domain 16x1: input height of size 8 cannot be split 16 "
+        "ways (a rank would be empty); cut it at most 8 ways",
+        "layer conv2 runs model 16x1, not domain 16x1: input height of size 8 cannot be split 16 "
+        "ways (a rank would be empty); cut it at most 8 ways",
+        "layer linear2 runs replicated 16x1, not model 16x1: output features of size 10 cannot "
+        "be split 16 ways (a rank would be empty); cut it at most 10 ways"]
+    assert plan == plan_from_spec("conv=domain:16x1,fc=16x1", net, 16)
+    assert plan_and_fallbacks("16x1", net, 16)[1] == fell_back[2:]
+    assert plan_and_fallbacks("conv=domain:4x1,fc=4x1", net, 4)[1] == []
 
 
 def test_shipped_plan_by_name_and_its_file_by_path():

@@ -88,11 +88,14 @@ def test_a_1_5d_plan_lines_up_and_fits_80_columns(capsys, monkeypatch):
     ("auto", {"linear1": "n64 c4 r2"}),
     ("conv=n8c4d4h2w2,fc=n64c4i2", {"block1.conv1": "n8 c4 d4 h2 w2", "linear1": "n64 c4 i2"}),
     ("conv=8x64,fc=n16i8c4", {"block1.conv1": "8x64", "linear1": "n16 i8 c4"}),
-    ("conv=8x64,fc=n64c2s4", {"block5.conv1": "8x64", "linear2": "n64 c2 s4"}),
+    # c2s2r2, not c2s4: the last linear layer has 4 outputs, and a split by axes never falls
+    # back to another mode
+    ("conv=8x64,fc=n64c2s2r2", {"block5.conv1": "8x64", "linear2": "n64 c2 s2 r2"}),
 ])
 def test_a_split_by_axes_shows_its_degrees_compactly(capsys, monkeypatch, grid, shown):
+    space = ["--space", "balanced"] if grid == "auto" else []  # it only says what auto searches
     lines = plan_output(capsys, monkeypatch, "--net", "cosmoflow", "--procs", "512", "--batch",
-                        "64", "--space", "balanced", "--machine", "dgx-h100", "--grid", grid)
+                        "64", *space, "--machine", "dgx-h100", "--grid", grid)
     table = table_of(lines)
     rows = {r["layer"]: r for r in rows_of(table)}
     assert list(rows) == names_of("cosmoflow")
@@ -145,3 +148,48 @@ def test_a_terminal_too_narrow_to_fit_by_cutting_names_gets_the_whole_table(
     lines = plan_output(capsys, monkeypatch, *INCEPTION, columns=80)
     assert table_of(lines) == whole and min(len(line) for line in whole[2:]) > 80
     assert all(len(line) <= 80 for line in lines[len(lines) - 2:])  # the prose is wrapped
+
+
+def test_plan_prints_one_line_for_each_layer_that_fell_back(capsys, monkeypatch):
+    lines = plan_output(capsys, monkeypatch, "--net", "smallcnn", "--procs", "16", "--batch",
+                        "64", "--grid", "conv=domain:16x1,fc=16x1")
+    after = lines[lines.index(next(line for line in lines
+                                   if line.startswith("predicted iteration"))) + 1:]
+    assert [line.split(":")[0] for line in after] == [
+        "layer conv1 runs model 16x1, not domain 16x1",
+        "layer conv2 runs model 16x1, not domain 16x1",
+        "layer linear2 runs replicated 16x1, not model 16x1"]
+
+
+@pytest.mark.parametrize("grid,what", [
+    ("2x2", "--grid '2x2' gives the plan"),
+    ("conv=h2w2,fc=4x1", "--grid 'conv=h2w2,fc=4x1' gives the plan"),
+    ("smallcnn-p4-mixed", "--grid 'smallcnn-p4-mixed' gives the plan"),
+])
+@pytest.mark.parametrize("space", ["balanced", "grids"])
+def test_plan_refuses_a_space_it_would_not_search(capsys, grid, what, space):
+    """--space says what --grid auto searches; with a plan given it would be ignored, so it is
+    refused in one line, before any work (typed as the default too)."""
+    assert main(["plan", "--compute", "flops", "--net", "smallcnn", "--procs", "4", "--batch",
+                 "16", "--space", space, "--grid", grid]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"hpctrain: error: --space {space} is unused: it says what --grid auto "
+                   f"searches, and {what}; drop --space or give --grid auto")
+
+
+def test_train_and_compare_plans_refuse_a_space_they_would_not_search():
+    from hpctrain.commands import compare_plans, train
+    from hpctrain.commands.flags import check_space
+    from hpctrain.errors import UserError
+
+    args = train.build_parser().parse_args(["--space", "axes"])
+    with pytest.raises(UserError, match="without --grid the plan is pure batch; drop --space"):
+        check_space(args, [args.grid])
+    check_space(train.build_parser().parse_args([]), [None])  # not given: nothing to refuse
+    args = train.build_parser().parse_args(["--space", "axes", "--grid", "auto"])
+    check_space(args, [args.grid])
+    args = compare_plans.build_parser().parse_args(["--space", "axes", "--plan", "1x4",
+                                                    "--plan", "4x1"])
+    with pytest.raises(UserError, match="no --plan is auto; drop --space or give --plan auto"):
+        check_space(args, args.plans, "--plan")
+    check_space(args, [*args.plans, "auto"], "--plan")

@@ -29,6 +29,7 @@ from hpctrain.commands.flags import (
     add_planning_options,
     add_precision_option,
     add_threads_option,
+    check_space,
     load_net_for,
 )
 from hpctrain.cost.machine import Machine, sums_in_flight
@@ -52,11 +53,11 @@ def default_specs(procs: int) -> list[str]:
              *(grid_spec("conv-batch", g) for g in grids[1:]),
              *(grid_spec("integrated", g) for g in grids[1:])]
     for pr, pc in grids[1:]:
-        found.append(f"conv=n{pc}w{pr},fc={pr}x{pc}")
+        found.append(f"conv=n{pc}w{pr}/model,fc={pr}x{pc}")
         square = [(a, b) for a, b in factorisations(pr) if a > 1 and b > 1 and a <= b]
         if square:
             a, b = square[-1]
-            found.append(f"conv=n{pc}h{a}w{b},fc={pr}x{pc}")
+            found.append(f"conv=n{pc}h{a}w{b}/model,fc={pr}x{pc}")
     return found
 
 
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", action="append", default=None, dest="plans",
                         help="a --grid value to compare (repeat the flag); default: auto, every "
                              "RxC, conv=1xP,fc=RxC, conv=domain:RxC,fc=RxC, and the width (or "
-                             "height and width) cut R ways, conv=nCwR,fc=RxC")
+                             "height and width) cut R ways, conv=nCwR/model,fc=RxC")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="NumPy or CuPy (default: %(default)s)")
     add_collectives_option(parser)
@@ -352,6 +353,8 @@ def run(argv: list[str], comm) -> int:
     args = build_parser().parse_args(argv)
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
+    if args.plans:  # the default plans include auto, which searches --space
+        check_space(args, args.plans, "--plan")
     outcomes, net, machine = compare(args, comm)
     if not outcomes:
         raise UserError("no plan could run; check --batch and the process count")

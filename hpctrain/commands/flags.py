@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
+from hpctrain.errors import UserError, shown
 from hpctrain.io.seeds import parse_seed
 from hpctrain.io.units import bytes_from
 
@@ -105,7 +107,7 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              f"(default: local when calibrated, else default)")
     parser.add_argument("--mem-per-rank", type=parse_size, default=None,
                         help="memory cap per rank for --grid auto, e.g. 2G (default: none)")
-    parser.add_argument("--space", choices=SPACES, default="grids",
+    parser.add_argument("--space", choices=SPACES, default="grids", action=_NoteGiven,
                         help="what --grid auto searches, exactly: grids, every weighted layer "
                              "in batch, model or domain mode on a Pr x Pc grid (the 1.5D "
                              "space); balanced, also a degree for several axes of each layer's "
@@ -114,7 +116,8 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              "2, and splits of a layer's input channels or features, summed in "
                              "the layer (seconds at 4096 ranks); axes, every split of every "
                              "axis, replicas and input channels (small nets on tens of ranks) "
-                             "(default: grids)")
+                             "(default: grids); refused with a plan given instead of "
+                             "--grid auto, which it would not change")
     parser.add_argument("--branches", choices=("auto", "serial"), default="auto",
                         help="how --grid auto may run the branches of a fork-join region (an "
                              "Inception module, a ResNet block with a convolution on its "
@@ -127,6 +130,33 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                         help="compute times for the cost model: measured on this device, or "
                              "FLOPs / the profile's rate; auto measures on this machine's own "
                              "profile and uses FLOPs for another machine's (default: auto)")
+
+
+class _NoteGiven(argparse.Action):
+    """Store the value and set ``<dest>_given`` too, so that :func:`check_space` can tell a
+    --space typed from one left out while the default stays what the code reads."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[object] | None, option_string: str | None = None
+                 ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
+def check_space(args: argparse.Namespace, grids: Sequence[str | None], flag: str = "--grid"
+                ) -> None:
+    """Refuse a --space the command line gave where nothing is searched, since it would be
+    ignored: none of ``grids`` (the ``flag`` values; None where the flag was left out, pure
+    batch) is auto, so each gives its plan."""
+    if not getattr(args, "space_given", False):
+        return
+    if any(grid is not None and grid.strip() == "auto" for grid in grids):
+        return
+    given = [grid for grid in grids if grid is not None]
+    what = (f"{flag} {shown(given[0])} gives the plan" if len(given) == 1
+            else f"no {flag} is auto" if given else f"without {flag} the plan is pure batch")
+    raise UserError(f"--space {args.space} is unused: it says what {flag} auto searches, and "
+                    f"{what}; drop --space or give {flag} auto")
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

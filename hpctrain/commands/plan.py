@@ -12,6 +12,7 @@ from hpctrain.commands.flags import (
     add_overlap_option,
     add_planning_options,
     add_threads_option,
+    check_space,
     load_net_for,
 )
 from hpctrain.errors import ArgumentParser, UserError
@@ -93,15 +94,17 @@ def run(argv: list[str]) -> int:
         predict,
         wrap_line,
     )
-    from hpctrain.plan.plans import is_plan_file, plan_from_spec
+    from hpctrain.plan.plans import is_plan_file, plan_and_fallbacks
     from hpctrain.plan.pricing import build_cost_model, compute_source
 
     args = build_parser().parse_args(argv)
     for flag in ("procs", "batch"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
+    check_space(args, [args.grid])
     net = load_net_for(args, args.procs)
-    given = None if args.grid.strip() == "auto" else plan_from_spec(args.grid, net, args.procs)
+    given, fell_back = (None, []) if args.grid.strip() == "auto" else plan_and_fallbacks(
+        args.grid, net, args.procs)
     if args.out:  # before the planner measures anything
         check_directory(Path(args.out).parent, "--out")
         check_output(Path(args.out), "--out", is_plan_file, "an hpctrain plan file",
@@ -139,6 +142,8 @@ def run(argv: list[str]) -> int:
                     + (f"in flight ({machine.overlap:g} of each may hide)" if overlap
                        else "blocking"), width))
     print(format_plan(planned, width))
+    for line in fell_back:  # a layer running another mode than --grid asked says why
+        print(wrap_line(line, width))
     if args.out:
         from hpctrain.commands.setup import write_plan_file  # its MPI helpers: only to write a file
 

@@ -19,6 +19,7 @@ from hpctrain.commands.flags import (
     add_planning_options,
     add_precision_option,
     add_run_options,
+    check_space,
 )
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
 from hpctrain.cost.machine import BUCKET_BYTES
@@ -193,6 +194,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     else:
         steps = args.steps or 10
     _check_replan(args, steps)
+    check_space(args, [args.grid])
     timeline = None if args.timeline is None else parse_window(args.timeline)
     if timeline is not None:
         if not args.log:

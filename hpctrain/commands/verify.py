@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from hpctrain.comm.gather import gather_to_root
 from hpctrain.comm.grid import GridSet
-from hpctrain.commands.flags import add_planning_options, add_run_options
+from hpctrain.commands.flags import add_planning_options, add_run_options, check_space
 from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import Backend
 from hpctrain.errors import ArgumentParser, UserError
@@ -167,6 +167,7 @@ def run(argv: list[str], comm) -> int:
         raise UserError(f"--batch {args.batch} must be at least 1")
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN would fail every plan
         raise UserError(f"--tolerance {args.tolerance:g} must be a finite number >= 0, e.g. 1e-9")
+    check_space(args, [args.grid])
     net = agreed(comm, lambda: load_net_for(args, comm.Get_size()))
     request = SetupRequest.from_flags(args, "float64")
     setup = set_up(request, net, comm, predict=False)

@@ -93,8 +93,9 @@ def block_ranges(n: int, parts: int) -> BlockRanges:
 
 
 def _empty_block(n: int, parts: int, what: str) -> str:
-    return (f"{what} of size {n} cannot be split {parts} ways (a rank would be empty); use a "
-            f"grid with at most {n} parts on that axis")
+    # "cut", not "use a grid": the same words serve an RxC grid and a degree per axis
+    return (f"{what} of size {n} cannot be split {parts} ways (a rank would be empty); cut it "
+            f"at most {n} way{'s' if n > 1 else ''}")
 
 
 def check_split(n: int, parts: int, what: str, layer: str) -> None:

@@ -15,11 +15,16 @@ grid. The planner's candidates for a layer are plan entries too.
 Grid specs (``--grid``):
 
 - ``RxC``: every conv and linear layer in model mode on R×C (``1xP`` is pure batch).
-- ``conv=SPEC,fc=SPEC``: per kind; SPEC is ``RxC``, ``domain:RxC`` (conv) or
-  ``replicated:RxC`` (fc). Deep in a net the image may be too short to cut into R row blocks (a
-  ResNet's last stage at a small --image-size): a convolution whose height cannot take
-  ``domain:RxC`` runs ``model`` on the same grid instead; a linear layer with fewer than R
-  outputs runs ``replicated``. The plan printed at start-up shows it.
+- ``conv=SPEC,fc=SPEC``: per kind; SPEC is ``RxC``, ``domain:RxC`` (conv),
+  ``replicated:RxC`` (fc) or a degree per axis (``h2w2``, :func:`parse_split`). Deep in a net
+  the image may be too short to cut into R row blocks (a ResNet's last stage at a small
+  --image-size): a convolution whose height cannot take ``domain:RxC`` runs ``model`` on the
+  same grid instead; a linear layer with fewer than R outputs runs ``replicated``. The plan
+  printed at start-up shows it, and ``plan`` says so in one line per layer
+  (:func:`plan_and_fallbacks`). A degree per axis names exactly the split wanted: a layer whose
+  sizes cannot take it is refused, naming the axis, its size and the degree, unless the spec
+  asks for the fallback after a ``/`` (``conv=h2w2/model``, ``fc=n2c8/replicated``); it is
+  never replaced silently by another mode.
 - a plan file path: one line per weighted layer, ``NAME MODE RxC`` (other lines may say
   ``NAME follow``); ``#`` comments. :func:`write_plan` writes this format. A weighted layer may
   run on a group of ranks, a block of the P: ``NAME MODE RxC ranks A-B`` with R·C = B − A + 1
@@ -199,34 +204,68 @@ def parse_split(text: str, ndim: int, procs: int, where: str, layer: str, group:
     return split
 
 
-def _key_spec(text: str, key: str, procs: int) -> tuple[str, tuple[int, int]]:
-    """(mode, grid) of a ``--grid KEY=`` value, or ("split", (0, 0)) for a split by axes,
-    which is read per layer (:func:`parse_split`)."""
-    if _DEGREES.fullmatch(text) and not _GRID.fullmatch(text):
-        return "split", (0, 0)
+def _key_spec(text: str, key: str, procs: int) -> tuple[str, tuple[int, int], str | None]:
+    """The (mode, grid, fallback) a ``--grid KEY=`` value asks for.
+
+    A split by axes gives ("split", (0, 0), fallback), the degrees being read per layer
+    (:func:`parse_split`) and the fallback the mode written after ``/``, or None where none is
+    asked for (a layer that cannot take the split is then refused). A 1.5D mode's fallback is
+    its kind's (:attr:`~hpctrain.model.kinds.base.Kind.fallbacks`), or None."""
+    kind = KINDS_BY_GRID_KEY[key]
+    degrees, slash, asked = text.partition("/")
+    if _DEGREES.fullmatch(degrees) and not _GRID.fullmatch(degrees):
+        if slash and asked != kind.fallbacks["split"]:
+            raise PlanError(f"--grid {key}={shown(text)}: a {kind.name} layer that cannot take "
+                            f"a split falls back to {kind.fallbacks['split']} only; write "
+                            f"{key}={degrees}/{kind.fallbacks['split']}, or {key}={degrees} "
+                            f"to refuse it")
+        return "split", (0, 0), asked or None
+    if slash:
+        raise PlanError(f"--grid {key}={shown(text)}: only a degree per axis takes "
+                        f"/{shown(asked, quoted=False)} (e.g. {key}=h2w2/"
+                        f"{kind.fallbacks['split']}); RxC and {key}=MODE:RxC fall back by "
+                        f"themselves")
     mode, _, grid = text.rpartition(":")
+    if not mode and not _GRID.fullmatch(grid.strip()):
+        # neither form: name both, since a slip in either (h-2, 2by2) lands here
+        other = next(m for m in kind.modes if m != "model")
+        example = "h2w2" if key == "conv" else "c2"
+        raise PlanError(f"--grid {key}={shown(text)}: {shown(text)} is neither a grid nor a "
+                        f"split; write RxC (e.g. 2x2), {other}:RxC or a degree per axis "
+                        f"(e.g. {example}: letters n, c, d, h, w, r, i or s, each with a "
+                        f"whole number)")
     mode = mode or "model"
     if mode not in ("model", "domain", "replicated"):
         raise PlanError(f"--grid {key}={shown(text)}: unknown mode {shown(mode)}; use RxC, "
                         f"domain:RxC, replicated:RxC or a degree per axis such as n2h2w2")
-    if mode not in KINDS_BY_GRID_KEY[key].modes:
-        raise PlanError(f"--grid {key}={shown(text)}: {KINDS_BY_GRID_KEY[key].name} layers "
+    if mode not in kind.modes:
+        raise PlanError(f"--grid {key}={shown(text)}: {kind.name} layers "
                         f"cannot be {mode}-parallel; use {key}=RxC")
-    return mode, _parse_grid(grid, procs, f"--grid {key}={shown(text)}")
+    return mode, _parse_grid(grid, procs, f"--grid {key}={shown(text)}"), kind.fallbacks.get(mode)
 
 
 def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
     """The per-layer plan a ``--grid`` value asks for, on ``procs`` processes."""
+    return plan_and_fallbacks(spec, net, procs)[0]
+
+
+def plan_and_fallbacks(spec: str, net: NetSpec, procs: int) -> tuple[list[LayerPlan], list[str]]:
+    """The per-layer plan a ``--grid`` value asks for, on ``procs`` processes, and one line for
+    each layer that runs a fallback because its sizes cannot take the split asked (see the
+    module's text)."""
     spec = spec.strip()
     if spec == "auto":
         raise PlanError("--grid auto needs the planner, which this build does not include; "
                         "give RxC, conv=SPEC,fc=SPEC or a plan file")
+    fell_back: list[str] = []
     if _GRID.fullmatch(spec):
         grid = _parse_grid(spec, procs, "--grid")
-        return [_fitting(LayerPlan("model", grid), net, k) if KINDS[l.kind].weighted
-                else LayerPlan("follow") for k, l in enumerate(net.layers)]
+        where = f"--grid {spec}"
+        return [_fitting(LayerPlan("model", grid), None, KINDS[l.kind].fallbacks.get("model"),
+                         net, k, where, fell_back) if KINDS[l.kind].weighted
+                else LayerPlan("follow") for k, l in enumerate(net.layers)], fell_back
     if "=" in spec:
-        by_key: dict[str, tuple[str, tuple[int, int], str]] = {}
+        by_key: dict[str, tuple[str, tuple[int, int], str | None, str]] = {}
         for part in spec.split(","):
             key, _, value = part.partition("=")
             if key not in KINDS_BY_GRID_KEY:
@@ -241,50 +280,77 @@ def plan_from_spec(spec: str, net: NetSpec, procs: int) -> list[LayerPlan]:
             key = KINDS[layer.kind].grid_key
             if not key:
                 plans.append(LayerPlan("follow"))
-            elif key not in by_key:
+                continue
+            if key not in by_key:
                 raise PlanError(f"--grid {shown(spec)} gives no grid for {key} layers "
                                 f"(layer {layer.name}); add {key}=RxC")
+            mode, grid, fallback, value = by_key[key]
+            where = f"--grid {key}={shown(value)}"
+            if mode == "split":
+                ndim = 1 + len(net.out_shapes[k])
+                split = parse_split(value.partition("/")[0], ndim, procs, where, layer.name)
+                entry, asked = LayerPlan(mode, split=split), f"split {split.text()}"
             else:
-                mode, grid, value = by_key[key]
-                if mode == "split":
-                    ndim = 1 + len(net.out_shapes[k])
-                    split = parse_split(value, ndim, procs, f"--grid {key}={shown(value)}",
-                                        layer.name)
-                    entry = LayerPlan(mode, split=split)
-                else:
-                    entry = LayerPlan(mode, grid)
-                plans.append(_fitting(entry, net, k))
-        return plans
+                entry, asked = LayerPlan(mode, grid), None
+            plans.append(_fitting(entry, asked, fallback, net, k, where, fell_back))
+        return plans, fell_back
     path = existing_file(spec)
     if path is not None:
-        return read_plan(path, net, procs)
+        return read_plan(path, net, procs), []
     resource = shipped_file("plans", spec, ".plan")
     if resource is None:
         raise PlanError(f"--grid {shown(spec)} is not RxC, conv=…,fc=…, auto, an existing plan "
                         f"file or a shipped plan ({', '.join(shipped_names('plans', '.plan'))})")
-    return read_plan(resource, net, procs)
+    return read_plan(resource, net, procs), []
 
 
-def _fitting(entry: LayerPlan, net: NetSpec, k: int) -> LayerPlan:
-    """``entry`` for layer ``k``, or its kind's fallback on the same grid where its sizes
-    cannot take it (:attr:`~hpctrain.model.kinds.base.Kind.fallbacks`): a convolution whose
-    height (or any spatial axis a split cuts) cannot be cut into its blocks (each window taking
-    halo rows from direct neighbours only) runs ``model``; a linear layer with fewer outputs
-    than Pr runs ``replicated``."""
+def _refusal(entry: LayerPlan, net: NetSpec, k: int) -> str | None:
+    """Why layer ``k``'s sizes cannot take ``entry`` (its kind's check, without the layer's
+    name in front), or None when they can. The batch does not matter here: the smallest that
+    splits is used."""
     spec, kind = net.layers[k], KINDS[net.layers[k].kind]
-    fallback = kind.fallbacks.get(entry.mode)
     grid = entry.grid
-    if grid[0] == 1 or fallback is None:
-        return entry
-    batch = grid[1]  # the batch does not matter here: the smallest that splits
+    batch = grid[1]
     fed = (Layout((batch, *net.in_shapes(k)[0]), grid),)
     out_shape = (batch, *net.out_shapes[k])
     inputs, output = kind.layouts(spec, fed, out_shape, entry.split_of(len(out_shape)))
     try:
         kind.check(spec, inputs, output)
-    except SplitError:
-        return LayerPlan(fallback, grid)
-    return entry
+    except SplitError as err:
+        return str(err).removeprefix(f"layer {spec.name}: ")
+    return None
+
+
+def _fitting(entry: LayerPlan, asked: str | None, fallback: str | None, net: NetSpec, k: int,
+             where: str, fell_back: list[str]) -> LayerPlan:
+    """``entry`` for layer ``k``, or ``fallback`` on the same grid where its sizes cannot take
+    it, with a line saying so added to ``fell_back``: a convolution whose height (or any
+    spatial axis a split cuts) cannot be cut into its blocks (each window taking halo rows from
+    direct neighbours only) runs ``model``; a linear layer with fewer outputs than Pr runs
+    ``replicated``. ``asked``: the split by axes as written (``entry`` may be a 1.5D mode it
+    names), None for a 1.5D mode asked as such.
+
+    Refused, naming ``where`` and what was asked, where a split by axes has no fallback or the
+    fallback cannot run either; a 1.5D mode without one is left as it is, for the check that
+    sees the batch to refuse."""
+    name = net.layers[k].name
+    if entry.mode == "batch" or asked is None and fallback is None:
+        return entry
+    refused = _refusal(entry, net, k)
+    if refused is None:
+        return entry
+    asked = asked or entry.describe()
+    if fallback is None:  # a split by axes, and no fallback asked for: never another mode
+        other = KINDS[net.layers[k].kind].fallbacks["split"]
+        raise SplitError(f"{where}: layer {name} cannot take {asked}: {refused}, or write "
+                         f"/{other} after the degrees to run {other} where they do not fit")
+    ran = LayerPlan(fallback, entry.grid)
+    also = _refusal(ran, net, k)
+    if also is not None:
+        raise SplitError(f"{where}: layer {name} cannot take {asked} ({refused}) nor its "
+                         f"fallback {ran.describe()} ({also})")
+    fell_back.append(f"layer {name} runs {ran.describe()}, not {asked}: {refused}")
+    return ran
 
 
 def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerPlan]:
