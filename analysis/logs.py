@@ -6,9 +6,11 @@ layout is the one :mod:`hpctrain.record.runlog` writes (README, "Run logs"):
 - a **run log** (``python -m hpctrain ... --log run.h5``): root attributes ``processes``,
   ``batch``, ``net``, ``input_shape``, ``config`` (JSON of every option; ``grid`` null is pure
   batch 1xP), ``plan`` (text), ``predicted_iteration``; per-step series under ``/steps``; held-out
-  evaluations under ``/validation``; at the end the per-layer summary ``/layers/{predicted,
+  evaluations under ``/validation``; the per-layer summary ``/layers/{predicted,
   measured}/F`` with row names ``/layers/name`` and ``/iteration`` (attributes ``predicted``,
-  ``measured``). One :class:`Run`.
+  ``measured``), written every ``--timings-every`` steps and at the end (while ``/layers``'
+  attribute ``writing`` is 1, a write was cut short and ``/layers/staged`` holds the whole
+  copy; a measured ``/iteration`` of NaN: none written yet). One :class:`Run`.
 - a **compare-plans log** (``python -m hpctrain compare-plans --log ...``): root attributes
   ``net``, ``batch``, ``steps``; one group ``/plans/NN`` per plan with attributes ``spec`` and
   ``plan`` and the same ``layers`` and ``iteration`` summary. One :class:`Run` per plan, with no
@@ -96,7 +98,7 @@ class Run:
     validation_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
     validation_accuracy: np.ndarray = field(default_factory=lambda: np.zeros(0))
     timeline: bool = False  # the log has a /timeline (--timeline)
-    iteration_measured: float | None = None  # /iteration attrs, written at the end of the run
+    iteration_measured: float | None = None  # /iteration attrs, of the steps timed so far
     iteration_predicted: float | None = None
     measured: LayerTimes | None = None  # /layers/measured: each entry the slowest rank's
     predicted: LayerTimes | None = None
@@ -196,21 +198,43 @@ def _series(h5, name: str, dtype=float) -> np.ndarray:
     return np.asarray(h5[name][()], dtype=dtype) if name in h5 else np.zeros(0, dtype=dtype)
 
 
+def _summary(group):
+    """The whole copy of ``group``'s per-layer summary as (layers, iteration) groups (the
+    second None in a log without ``/iteration``): ``/layers/staged`` and its ``iteration``
+    while a write of ``/layers`` was cut short (attribute ``writing`` 1); None when there is
+    no summary or none was written yet (a measured iteration of NaN)."""
+    if "layers" not in group:
+        return None
+    layers, iteration = group["layers"], group.get("iteration")
+    if int(layers.attrs.get("writing", 0)) and "staged" in layers:
+        layers, iteration = layers["staged"], layers["staged"].get("iteration")
+    measured = None if iteration is None else iteration.attrs.get("measured")
+    if measured is not None and np.isnan(float(measured)):
+        return None
+    return layers, iteration
+
+
 def _layer_times(group, kind: str) -> LayerTimes | None:
-    """``group/layers/<kind>/F`` for every F, or None when the summary is absent or partial."""
-    if "layers/name" not in group or any(f"layers/{kind}/{f}" not in group for f in TIME_FIELDS):
+    """``<kind>/F`` of the summary's whole copy for every F, or None when the summary is
+    absent, not written yet or partial."""
+    summary = _summary(group)
+    if summary is None or "layers/name" not in group:
+        return None
+    layers = summary[0]
+    if any(f"{kind}/{f}" not in layers for f in TIME_FIELDS):
         return None
     names = _strings(group["layers/name"])
-    fields = {f: np.asarray(group[f"layers/{kind}/{f}"][()], dtype=float) for f in TIME_FIELDS}
+    fields = {f: np.asarray(layers[f"{kind}/{f}"][()], dtype=float) for f in TIME_FIELDS}
     if any(values.shape != (len(names),) for values in fields.values()):
         return None
     return LayerTimes(names, fields)
 
 
 def _iteration(group) -> tuple[float | None, float | None]:
-    if "iteration" not in group:
+    summary = _summary(group)
+    if summary is None or summary[1] is None:
         return None, None
-    attrs = group["iteration"].attrs
+    attrs = summary[1].attrs
     measured, predicted = attrs.get("measured"), attrs.get("predicted")
     return (None if measured is None else float(measured),
             None if predicted is None else float(predicted))

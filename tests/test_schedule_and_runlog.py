@@ -187,3 +187,182 @@ def test_a_new_log_never_overwrites_an_old_one(tmp_path):
         RunLog(tmp_path / "run.h5", {}, planned, rows).finish("done")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.1.h5", "run.2.h5", "run.h5"]
     assert rotate_aside(tmp_path / "run.h5").name == "run.3.h5"  # the next name is free
+
+
+# -- the per-layer timings, written as the run goes ---------------------------------------------
+
+def timings_of(rows, value):
+    """A record of every row's times all equal to ``value``."""
+    from hpctrain.record.timing import StepTimes
+
+    blank = StepTimes.blank(rows[:-1])
+    return blank.from_array(np.full(blank.to_array().shape, value))
+
+
+def names_in(path):
+    with h5py.File(path, locking=False) as h5:
+        found = []
+        h5.visit(found.append)
+        return sorted(found)
+
+
+def test_timings_are_rewritten_in_place_and_read_back_with_the_steps_they_cover(tmp_path):
+    """Created empty with the log, overwritten in place by each write (nothing is added or
+    removed), read back by calibrate --from-log with the steps they cover until the run's own
+    end writes them as final."""
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.plans import plan_text
+    from hpctrain.record.measured import LogError, read_measured_plans
+    from hpctrain.record.runlog import RunLog
+
+    planned = planned_smallcnn()
+    rows = [c.layer for c in planned.layers] + ["loss"]
+    net = load_net("smallcnn")
+    attrs = {"processes": 2, "net": "smallcnn", "batch": 8,
+             "plan": plan_text(net, planned.plans)}
+    log = RunLog(tmp_path / "run.h5", attrs, planned, rows)
+    log_steps(log, range(1, 5))
+    with pytest.raises(LogError, match="ended before it wrote any"):
+        read_measured_plans(tmp_path / "run.h5")
+    before = names_in(tmp_path / "run.h5")
+    log.timings(planned, timings_of(rows, 2.0), timings_of(rows, 1.0), 0.5, (2, 4), final=False)
+    assert names_in(tmp_path / "run.h5") == before  # values alone changed
+    (found,) = read_measured_plans(tmp_path / "run.h5")
+    assert found.unfinished == (2, 4) and found.iteration == (planned.iteration_time, 0.5)
+    assert np.all(found.measured["backward_compute"] == 2.0)
+    assert np.all(found.fastest_rank["forward_layer_comm"] == 1.0)
+    assert found.unfinished_words.endswith("run.h5: the run did not finish; timings from its "
+                                           "first 4 steps (medians over steps 2-4)")
+    log.timings(planned, timings_of(rows, 3.0), timings_of(rows, 1.0), 0.25, (2, 6), final=True)
+    log.finish("finished at step 6")
+    assert names_in(tmp_path / "run.h5") == before
+    (found,) = read_measured_plans(tmp_path / "run.h5")
+    assert found.unfinished is None and found.unfinished_words == ""
+    assert np.all(found.measured["forward_compute"] == 3.0) and found.iteration[1] == 0.25
+
+
+def test_a_log_with_the_summary_of_an_older_hpctrain_keeps_it_when_resumed(tmp_path):
+    """Written once at the end, with no second copy: a resume gives it one, values kept."""
+    from hpctrain.record.runlog import RunLog, write_timings
+    from hpctrain.record.summary import read_summary
+
+    planned = planned_smallcnn()
+    rows = [c.layer for c in planned.layers] + ["loss"]
+    attrs = {"processes": 2, "net": "smallcnn", "plan": "conv1 domain 2x1"}
+    log = RunLog(tmp_path / "run.h5", attrs, planned, rows)
+    log_steps(log, range(1, 5))
+    for name in ("layers", "iteration"):
+        del log.h5[name]
+    write_timings(log.h5, planned, timings_of(rows, 2.0), timings_of(rows, 1.0), 0.5)
+    log.finish("finished at step 4")
+    log = RunLog(tmp_path / "run.h5", attrs, planned, rows, resume_step=4)
+    found = read_summary(log.h5)
+    assert found.final and found.iteration == (planned.iteration_time, 0.5)
+    assert np.all(found.fields["measured"]["forward_compute"] == 2.0)
+    log.timings(planned, timings_of(rows, 3.0), timings_of(rows, 1.0), 0.25, (6, 8), False)
+    log.finish("finished at step 8")
+    with h5py.File(tmp_path / "run.h5") as h5:
+        found = read_summary(h5)
+        assert (found.first_step, found.last_step, found.final) == (6, 8, False)
+        assert np.all(h5["layers/staged/measured/forward_compute"][:] == 3.0)
+
+
+CUT_SHORT = """
+import os, sys
+import h5py, numpy as np
+from hpctrain.record import summary as s
+from hpctrain.record.timing import TIME_FIELDS
+
+def made(value, last):
+    return s.Summary({source: {f: np.full(3, value) for f in TIME_FIELDS}
+                      for source in s.SOURCES}, (value, value), 2, last, False)
+
+class Killed:  # the log, killed right after its flush number `after`
+    def __init__(self, h5, after):
+        self.h5, self.after, self.flushes = h5, after, 0
+    def __getitem__(self, key):
+        return self.h5[key]
+    def flush(self):
+        self.h5.flush()
+        self.flushes += 1
+        if self.flushes == self.after:
+            os._exit(0)
+
+def torn(at):  # the `at`-th copy written is killed half-way, its first part on disk
+    fill, calls = s._fill, [0]
+    def write(copy, summary):
+        calls[0] += 1
+        if calls[0] < at:
+            return fill(copy, summary)
+        for f in TIME_FIELDS:
+            copy.datasets["measured", f][...] = summary.fields["measured"][f]
+        copy.group.file.flush()
+        os._exit(0)
+    s._fill = write
+
+for cut in sys.argv[2:]:
+    how, k = cut.split(":")
+    path = f"{sys.argv[1]}/{how}{k}.h5"
+    with h5py.File(path, "w") as h5:
+        s.create_summary(h5, ["conv1", "relu1", "loss"])
+        s.write_summary(h5, made(1.0, 4))
+    pid = os.fork()
+    if pid == 0:
+        h5 = h5py.File(path, "a")
+        if how == "torn":
+            torn(int(k))
+        s.write_summary(Killed(h5, int(k)) if how == "flush" else h5, made(2.0, 6))
+        os._exit(3)  # not killed: the cut was not reached
+    assert os.waitpid(pid, 0)[1] == 0, cut
+"""
+
+
+def test_a_write_of_the_timings_killed_at_any_point_leaves_one_whole_copy(tmp_path):
+    """A process killed after each flush of a write, or half-way through either copy, leaves
+    the earlier timings or the new ones, never a mix: the reader takes the whole copy, and a
+    resumed run's log finishes the write first."""
+    import subprocess
+    import sys
+
+    from hpctrain.record.summary import read_summary, require_summary
+
+    # flush:K, killed after the K-th of the write's 4 flushes; torn:N, inside the N-th copy
+    expect = {"flush:1": 1.0, "flush:2": 2.0, "flush:3": 2.0, "flush:4": 2.0,
+              "torn:1": 1.0, "torn:2": 2.0}
+    done = subprocess.run([sys.executable, "-c", CUT_SHORT, str(tmp_path), *expect],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for cut, value in expect.items():
+        path = tmp_path / f"{cut.replace(':', '')}.h5"
+        with h5py.File(path, "a") as h5:
+            found = read_summary(h5)
+            for source in found.fields.values():
+                assert all(np.all(v == value) for v in source.values()), cut
+            assert found.iteration == (value, value) and found.last_step == (4, 6)[value > 1]
+            require_summary(h5, ["conv1", "relu1", "loss"])  # as a resumed run opens it
+            assert h5["layers"].attrs["writing"] == 0, cut
+            assert np.all(h5["layers/measured/forward_compute"][:] == value), cut
+            assert read_summary(h5).last_step == found.last_step, cut
+
+
+def test_timings_go_into_the_log_every_n_steps_and_at_checkpoints_ever_further_apart():
+    from hpctrain.run.loop import TIMINGS_SHARE, _timings_due
+
+    def written(every, steps, checkpoint_every=0, first=0):
+        last, out = first, []
+        for done in range(first + 1, steps + 1):
+            checkpointing = bool(checkpoint_every) and done % checkpoint_every == 0
+            if _timings_due(every, done - last, done - first, checkpointing):
+                out.append(done)
+                last = done
+        return out
+
+    assert written(100, 450) == [100, 200, 300, 400]
+    assert written(100, 450, checkpoint_every=150) == [100, 150, 250, 300, 400, 450]
+    assert written(0, 450, checkpoint_every=150) == []
+    assert written(3, 10, first=4) == [7, 10]  # a resumed run counts from its first step
+    late = written(10, 20_000)
+    gaps = np.diff(late)
+    assert late[:3] == [10, 20, 30] and np.all(gaps >= 10)
+    assert np.all(gaps >= np.array(late[1:]) // TIMINGS_SHARE)  # ever further apart
+    assert len(late) < 120  # not 2,000 medians over ever more steps

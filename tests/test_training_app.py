@@ -236,10 +236,14 @@ def test_a_resume_compares_the_network_not_the_name_of_its_file(tmp_path):
 
 
 def test_a_killed_job_keeps_a_readable_log_of_every_step_it_logged(tmp_path):
+    """SIGKILL on every rank after step 6: the log holds every step, and the per-layer timings
+    written every 2 steps (the last write may have been cut short), which calibrate
+    --from-log refits from, saying the run did not finish."""
     log = tmp_path / "run.h5"
-    process = start(2, *RUN, "--steps", "100000", "--log", str(log), tmp_path=tmp_path)
+    process = start(2, *RUN, "--steps", "100000", "--log", str(log), "--timings-every", "2",
+                    tmp_path=tmp_path)
     try:
-        wait_for_step(process, 6)
+        wait_for_step(process, 6)  # the timings of steps 2-4 were written before step 5
         for pid in rank_pids(str(log)):
             os.kill(pid, signal.SIGKILL)
         process.communicate(timeout=60)
@@ -250,6 +254,20 @@ def test_a_killed_job_keeps_a_readable_log_of_every_step_it_logged(tmp_path):
         n = len(h5["steps/loss"])
         assert n >= 5 and np.all(np.isfinite(h5["steps/loss"][:]))
         assert h5["steps/layers/forward_compute/max"].shape[0] == n
+        whole = h5["layers/staged"] if h5["layers"].attrs["writing"] else h5["layers"]
+        last = int(whole.attrs["last_step"])
+        assert whole.attrs["final"] == 0 and whole.attrs["first_step"] == 2
+        assert last % 2 == 0 and 4 <= last <= n
+        assert np.all(np.isfinite(whole["measured/forward_compute"][:]))
+    refit = subprocess.run([sys.executable, "-m", "hpctrain", "calibrate", "--from-log",
+                            str(log), "--machine", "default", "--out",
+                            str(tmp_path / "fitted.toml")],
+                           capture_output=True, text=True, timeout=120, env=env(tmp_path))
+    assert refit.returncode == 0, refit.stderr
+    assert "refitted default to 22 layer times of 1 plans (run.h5)" in refit.stdout
+    assert (f"{log}: the run did not finish; timings from its first {last} steps (medians "
+            f"over steps 2-{last})") in refit.stdout
+    assert (tmp_path / "fitted.toml").exists()
 
 
 def test_an_existing_log_is_kept_aside_not_overwritten(tmp_path):

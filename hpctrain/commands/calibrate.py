@@ -401,6 +401,9 @@ def refit_from_logs(args: argparse.Namespace, argv: list[str], comm: Any) -> int
     if comm.Get_rank() == 0:
         print(f"refitted {machine.name} to {step_fit.layers} layer times of {len(plans)} "
               f"plans ({names})")
+        for plan in plans:
+            if plan.unfinished:
+                print(plan.unfinished_words)
         print(describe_fit(step_fit, found, machine, "these plans"))
         print(f"wrote {out}", flush=True)
     comm.Barrier()

@@ -29,6 +29,8 @@ from hpctrain.model.net import NetSpec, load_net
 from hpctrain.record.timeline import parse_window
 from hpctrain.run.loss_scale import GROWTH_INTERVAL, INITIAL_SCALE
 
+TIMINGS_EVERY = 100  # the default --timings-every
+
 if TYPE_CHECKING:  # the readers import h5py and MPI: only when a command runs
     from hpctrain.data.dataset_format import DatasetInfo
     from hpctrain.plan.planner import PlannedNetwork
@@ -130,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "plan, loss, accuracy, per-layer times and bytes (layout in "
                              "README); an existing log of an earlier run is renamed aside "
                              "(run.h5 -> run.1.h5), or continued with --resume")
+    output.add_argument("--timings-every", type=int, default=TIMINGS_EVERY, metavar="N",
+                        help="with --log: write the per-layer times measured so far (/layers, "
+                             "/iteration: the medians over the steps timed) into the log every "
+                             "N steps and at each checkpoint, in place, so that the log of a "
+                             "run killed on the way still holds them for 'calibrate "
+                             "--from-log'; a long run writes them at most every 1/16 of its "
+                             "steps (each write takes a median over all of them); 0: only at "
+                             "the end (default: %(default)s)")
     output.add_argument("--print-every", type=int, default=1,
                         help="progress line every N steps (default: 1)")
     output.add_argument("--checkpoint-dir", default=None,
@@ -169,9 +179,10 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     from hpctrain.run.optimizer import SGD
     from hpctrain.run.schedule import parse_schedule
 
-    for flag in ("steps", "print_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+    for flag in ("steps", "print_every", "eval_every", "checkpoint_every", "keep_checkpoints",
+                 "timings_every"):
         value = getattr(args, flag)
-        least = 0 if flag == "checkpoint_every" else 1
+        least = 0 if flag in ("checkpoint_every", "timings_every") else 1
         if value is not None and value < least:
             raise UserError(f"--{flag.replace('_', '-')} {value} must be >= {least}")
     if args.batch < 1:
@@ -343,7 +354,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
                          bucket_bytes=(setup.machine.bucket_bytes if setup.machine
                                        else BUCKET_BYTES),
                          timeline=prepared.timeline, prefetch=args.prefetch,
-                         loss_scale=args.loss_scale)
+                         loss_scale=args.loss_scale,
+                         timings_every=args.timings_every if args.log else 0)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,

@@ -1,10 +1,11 @@
 """The measured plans a log holds, read back: what was run (net, batch, processes, plan, the
 profile that predicted it) and its per-layer times, predicted and measured.
 
-A training run's log (``train --log``) holds one plan, timed at the end of the run; a
-``compare-plans --log`` holds one per plan compared. Both write the per-layer times with
-:func:`~hpctrain.record.runlog.write_timings`; this reads them, for refitting a profile to
-the runs a user already has (``calibrate --from-log``).
+A training run's log (``train --log``) holds one plan, timed every ``--timings-every`` steps
+and at the end of the run (:mod:`hpctrain.record.summary`: a killed run's log holds the
+timings of its steps up to the last write); a ``compare-plans --log`` holds one per plan
+compared (:func:`~hpctrain.record.runlog.write_timings`). This reads them, for refitting a
+profile to the runs a user already has (``calibrate --from-log``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hpctrain.device.precision import Precision, resolve_precision
 from hpctrain.errors import UserError, shown
 from hpctrain.model.net import NetSpec, load_net
 from hpctrain.plan.plans import LayerPlan, parse_plan
-from hpctrain.record.timing import TIME_FIELDS
+from hpctrain.record.summary import Summary, read_summary
 
 
 class LogError(UserError):
@@ -43,6 +44,19 @@ class MeasuredPlan:
     measured: dict[str, np.ndarray]  # the slowest rank's
     fastest_rank: dict[str, np.ndarray]
     iteration: tuple[float, float]  # (predicted, measured) seconds per step
+    unfinished: tuple[int, int] | None = None  # the steps timed, when the run did not finish
+
+    @property
+    def unfinished_words(self) -> str:
+        """A line saying that the run did not finish and which steps its timings come from
+        ("run.h5: the run did not finish; timings from its first 40 steps (medians over steps
+        2-40)"); empty for a run that finished."""
+        if self.unfinished is None:
+            return ""
+        first, last = self.unfinished
+        what = f"its first {last} steps" if first <= 2 else f"its steps up to {last}"
+        steps = f"steps {first}-{last}" if first < last else f"step {last}"
+        return f"{self.source}: the run did not finish; timings from {what} (medians over {steps})"
 
     @property
     def itemsize(self) -> int:
@@ -56,8 +70,8 @@ def read_measured_plans(path: Path) -> list[MeasuredPlan]:
     import h5py
 
     where = shown(str(path), quoted=False)
-    try:
-        h5 = h5py.File(path, "r")
+    try:  # no lock: a run still going holds its log, and may be read as it goes
+        h5 = h5py.File(path, "r", locking=False)
     except OSError as err:
         raise LogError(f"{where}: not a readable HDF5 log ({err})") from None
     with h5:
@@ -66,24 +80,23 @@ def read_measured_plans(path: Path) -> list[MeasuredPlan]:
                   if "plans" in h5 else [(where, h5)])
         found = []
         for source, group in groups:
-            if "layers" not in group or "measured_fastest_rank" not in group["layers"]:
-                raise LogError(f"{source}: no per-layer timings (/layers): the run did not "
-                               f"finish; refit from logs of runs that did")
-            plan_text = group.attrs.get("plan_file", group.attrs.get("plan"))
-            iteration = group["iteration"].attrs if "iteration" in group else {}
-            if "measured" not in iteration or "predicted" not in iteration:
+            summary = read_summary(group)
+            if summary is None:
+                raise LogError(f"{source}: no per-layer timings (/layers): the run ended before "
+                               f"it wrote any (train --log writes them every --timings-every "
+                               f"steps and at the end); refit from logs of runs that did")
+            if summary.iteration is None:
                 raise LogError(f"{source}: no iteration times (/iteration); refit from a log "
                                f"hpctrain wrote")
-            found.append(_measured(source, attrs, plan_text, group["layers"],
-                                   (float(iteration["predicted"]),
-                                    float(iteration["measured"]))))
+            plan_text = group.attrs.get("plan_file", group.attrs.get("plan"))
+            found.append(_measured(source, attrs, plan_text, summary))
     if not found:
         raise LogError(f"{where}: holds no timed plan")
     return found
 
 
-def _measured(source: str, attrs: dict, plan_text: str | None, layers,
-              iteration: tuple[float, float]) -> MeasuredPlan:
+def _measured(source: str, attrs: dict, plan_text: str | None,
+              summary: Summary) -> MeasuredPlan:
     for key in ("net", "batch", "processes"):
         if key not in attrs:
             raise LogError(f"{source}: the attribute {key!r} is missing; refit from a log "
@@ -100,14 +113,14 @@ def _measured(source: str, attrs: dict, plan_text: str | None, layers,
         except MachineError:
             profile = None  # an older profile format: the refit does without it
     precision = _precision(source, attrs)
-    fields = {kind: {f: np.asarray(layers[kind][f][:], dtype=float) for f in TIME_FIELDS}
-              for kind in ("predicted", "measured", "measured_fastest_rank")}
+    fields = summary.fields
     rows = len(net.layers) + 1
     if any(len(v) != rows for values in fields.values() for v in values.values()):
         raise LogError(f"{source}: per-layer timings of another net ({rows} rows expected)")
+    unfinished = None if summary.final else (summary.first_step, summary.last_step)
     return MeasuredPlan(source, net, batch, procs, precision, plans, profile,
                         fields["predicted"], fields["measured"],
-                        fields["measured_fastest_rank"], iteration)
+                        fields["measured_fastest_rank"], summary.iteration, unfinished)
 
 
 def _precision(source: str, attrs: dict) -> Precision:

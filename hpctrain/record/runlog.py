@@ -28,9 +28,14 @@ Layout (units in each dataset's ``units`` attribute)::
     /steps/layers/F/max       (n, L+1) field F of each row in each step, largest over ranks
     /steps/layers/F/mean      (n, L+1) the same, mean over ranks
     /validation/step, loss, accuracy  (m,)  held-out evaluation after that many steps
-    /layers/...               at the end: per layer the predicted and measured times
-                              (:func:`write_timings`), as written by compare-plans
-    /iteration                attrs: predicted, measured (s)
+    /layers/name              (L+1,)   the rows: layers, then "loss"
+    /layers/S/F               (L+1,)   field F of each row: S predicted, measured (median
+                              over the steps timed, then the slowest rank) or
+                              measured_fastest_rank; attrs of /layers: first_step,
+                              last_step (the steps timed), final (1: written as the run
+                              ended), writing (see :mod:`hpctrain.record.summary`)
+    /iteration                attrs: predicted, measured (s per step; NaN: none timed yet)
+    /layers/staged/...        the second copy of the two above, for a write cut short
     /timeline/spans           (k, 6)   with --timeline: rank, row (index into
                               /timeline/rows), phase, category (indices into the attributes
                               phases and categories), start, end (s from a common origin)
@@ -39,6 +44,10 @@ Layout (units in each dataset's ``units`` attribute)::
 with F one of forward_compute, backward_compute, forward_layer_comm, backward_layer_comm,
 forward_redistribution, backward_redistribution (seconds; see
 :class:`hpctrain.record.timing.LayerTimes`) and bytes_sent (bytes).
+
+``/layers`` and ``/iteration`` are written every ``train --timings-every`` steps (at its
+checkpoints too) and as the run ends, in place (:mod:`hpctrain.record.summary`): a killed run's
+log keeps the timings of its steps up to the last write.
 
 A resumed run (``--resume`` with the same ``--log``) on the same P and plan opens the file
 again, drops the rows after the checkpoint's step, and goes on appending: one log for the whole
@@ -89,6 +98,7 @@ from hpctrain.io.files import (
 from hpctrain.io.locations import checkout_root
 from hpctrain.plan.planner import PlannedNetwork
 from hpctrain.plan.plans import plan_text
+from hpctrain.record.summary import Summary, SummaryWriter, create_summary, require_summary
 from hpctrain.record.timing import COMM_FIELDS, RECORD_FIELDS, TIME_FIELDS, StepTimes
 
 if TYPE_CHECKING:
@@ -310,6 +320,7 @@ class RunLog:
         import h5py
 
         self.path, self.rows = Path(path), rows
+        self.planned = planned  # whose predictions the timings stand beside (see replanned)
         self.rotated: Path | None = None  # where an earlier log at ``path`` was moved
         self.failure: str | None = None  # the first write that failed (see :meth:`step`)
         self._lock: int | None = None
@@ -323,9 +334,11 @@ class RunLog:
                     self.h5 = h5py.File(self.path, "a", locking=False)
                     self._truncate(resume_step)
                     self._add_missing_series()
+                    require_summary(self.h5, self.rows)
                     self._describe(attrs, resume_step)
                 else:
                     self._create_beside(attrs, planned)
+                self._summary = SummaryWriter(self.h5)
             except OSError as err:
                 self.close()
                 raise output_error(self.path, err) from None
@@ -385,6 +398,7 @@ class RunLog:
                 self._series(f"steps/layers/{name}/{stat}", (len(self.rows),), "f8", units)
         for name, (dtype, units) in VALIDATION_SERIES.items():
             self._series(f"validation/{name}", (), dtype, units)
+        create_summary(h5, self.rows)
 
     def _write_plan(self, planned: PlannedNetwork) -> None:
         """``/plan``: every layer's mode and grid, and its predicted times."""
@@ -488,6 +502,19 @@ class RunLog:
 
         self._write(write)
 
+    def timings(self, planned: PlannedNetwork, measured: StepTimes, fastest_rank: StepTimes,
+                iteration: float, steps: tuple[int, int], final: bool) -> None:
+        """Overwrite ``/layers`` and ``/iteration`` in place with the per-layer times of
+        ``steps`` (the first and the last step timed, from 1) beside ``planned``'s predictions:
+        ``measured`` on the slowest rank, ``fastest_rank`` on the fastest, ``iteration`` the
+        measured seconds per step; ``final`` when the run ends. A failed write sets
+        ``failure``."""
+        summary = Summary({"predicted": predicted_fields(planned),
+                           "measured": measured_fields(measured),
+                           "measured_fastest_rank": measured_fields(fastest_rank)},
+                          (planned.iteration_time, iteration), *steps, final)
+        self._write(lambda: self._summary.write(summary))
+
     def replanned(self, reason: str, planned: PlannedNetwork | None,
                   attrs: dict[str, Any]) -> None:
         """The run checked its plan against its first steps (``train --replan-after``):
@@ -496,6 +523,9 @@ class RunLog:
         root's (the plan, its prediction, the profile); the first plan stays as
         ``/first_plan`` and the values replaced under ``first_`` names. A failed write sets
         ``failure``."""
+        if planned is not None:
+            self.planned = planned
+
         def write() -> None:
             if planned is not None:
                 if "first_plan" in self.h5:  # a resumed run that had replanned already
@@ -512,16 +542,11 @@ class RunLog:
 
         self._write(write)
 
-    def finish(self, status: str, summary: Callable[[Any], None] | None = None) -> None:
-        """Set the final status, add the end-of-run summary (``summary(h5)``), close.
+    def finish(self, status: str) -> None:
+        """Set the final status and close (the end-of-run timings: :meth:`timings` first).
 
         Raises :class:`~hpctrain.errors.OutputError` when this or an earlier write failed."""
         def write() -> None:
-            if summary is not None:
-                for name in ("layers", "iteration"):
-                    if name in self.h5:
-                        del self.h5[name]  # a resumed run's summary replaces the earlier one
-                summary(self.h5)
             self.h5.attrs["status"] = status
             self.h5.attrs["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
 

@@ -10,8 +10,10 @@ These are the per-layer quantities the planner predicts, measured in real steps.
 boundaries are device events instead, read once at the end of the step (see :class:`StepTimer`),
 so timing adds no wait for the device inside a step.
 
-Summaries: :func:`median_times` over steps, :func:`max_over_ranks` (the slowest rank sets the
-pace) and :func:`format_table`. All times are in seconds; the table prints milliseconds.
+Summaries: :func:`median_times` over steps (:class:`StepRecords` keeps a run's steps for
+them), :func:`max_over_ranks` (the slowest rank sets the pace), :func:`measured_over_ranks`
+(both, as a run reports them) and :func:`format_table`. All times are in seconds; the table
+prints milliseconds.
 """
 
 from __future__ import annotations
@@ -169,6 +171,50 @@ def median_times(steps: Sequence[StepTimes]) -> StepTimes:
     return steps[0].from_array(np.median([s.to_array() for s in steps], axis=0))
 
 
+class StepRecords:
+    """Every step's record (:meth:`StepTimes.to_array`) and wall seconds, a row per step of
+    one growing array: the medians over the steps so far are one pass over numbers, however
+    often they are taken while the run goes on."""
+
+    def __init__(self) -> None:
+        self._rows = np.empty((0, 0))
+        self.count = 0
+
+    def add(self, record: np.ndarray, seconds: float) -> None:
+        """The next step's row: ``record`` (as :meth:`StepTimes.to_array`), then ``seconds``."""
+        if self.count == len(self._rows):  # full: double it
+            grown = np.empty((max(64, 2 * self.count), record.size + 1))
+            if self.count:
+                grown[:self.count] = self._rows
+            self._rows = grown
+        self._rows[self.count, :-1] = record
+        self._rows[self.count, -1] = seconds
+        self.count += 1
+
+    def median(self) -> np.ndarray:
+        """Each column's median over the steps after the first, which pays one-off
+        allocation and warm-up (the only step when there is one)."""
+        if self.count == 0:
+            raise ValueError("StepRecords.median needs at least one step")
+        return np.median(self._rows[1 if self.count > 1 else 0:self.count], axis=0)
+
+
+def measured_over_ranks(template: StepTimes, records: StepRecords, comm: Any,
+                        runs: list[bool] | None = None) -> tuple[StepTimes, StepTimes, float]:
+    """The per-layer times of the steps ``records`` holds, as a run reports them: each field's
+    median over the steps after the first, then the largest over the ranks of ``comm`` and the
+    smallest (``runs`` as for :func:`over_ranks`), and the median wall seconds of a step, the
+    largest over ranks. ``template`` names the rows. Collective: two ``Allreduce`` of one record.
+    """
+    from mpi4py import MPI
+
+    typical = records.median()
+    slowest = np.empty_like(typical)
+    comm.Allreduce(typical, slowest, op=MPI.MAX)
+    fastest = over_ranks(template.from_array(typical[:-1]), comm, "min", runs)
+    return template.from_array(slowest[:-1]), fastest, float(slowest[-1])
+
+
 def over_ranks(times: StepTimes, comm: Any, op: str = "max",
                runs: list[bool] | None = None) -> StepTimes:
     """The largest (``op="max"``) or smallest (``"min"``) value over the ranks of ``comm`` of
@@ -214,9 +260,10 @@ class RanksSummary:
     data_fraction: float = 0.0
 
 
-def summary_over_ranks(times: StepTimes, seconds: float, comm: Any,
-                       root: int = 0) -> RanksSummary | None:
+def summary_over_ranks(times: StepTimes, seconds: float, comm: Any, root: int = 0,
+                       record: np.ndarray | None = None) -> RanksSummary | None:
     """:class:`RanksSummary` of this step at ``root`` (None elsewhere); collective.
+    ``record``: ``times.to_array()`` when the caller has it already.
 
     Two reductions (MAX and SUM) of one flat record per rank: O(log P) messages of a fixed
     size, never P records at one rank.
@@ -225,7 +272,7 @@ def summary_over_ranks(times: StepTimes, seconds: float, comm: Any,
 
     comm_seconds = sum(row.forward_comm + row.backward_comm for row in times.rows)
     shares = [comm_seconds / seconds, times.data / seconds] if seconds else [0.0, 0.0]
-    local = np.append(times.to_array(), [seconds, *shares])
+    local = np.append(times.to_array() if record is None else record, [seconds, *shares])
     largest = np.empty_like(local) if comm.Get_rank() == root else None
     total = np.empty_like(local) if comm.Get_rank() == root else None
     comm.Reduce(local, largest, op=MPI.MAX, root=root)

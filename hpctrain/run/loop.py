@@ -4,7 +4,9 @@ evaluation, checkpoints, a step-by-step log, and a clean stop on SIGTERM or SIGU
 Every step is timed per layer (:mod:`hpctrain.record.timing`); at the end rank 0 prints the median
 over the steps after the first (which pays one-off allocation and warm-up), the largest over ranks.
 Timing costs a few clock reads per layer on the CPU; on a GPU one device event per reading,
-read once at the end of the step (one wait).
+read once at the end of the step (one wait). With ``TrainConfig.timings_every`` the same
+medians of the steps so far go into the log as the run goes
+(:meth:`~hpctrain.record.runlog.RunLog.timings`), so a run killed on the way leaves them behind.
 
 Rank 0 alone prints and writes the log; the others are silent unless something fails.
 """
@@ -12,7 +14,6 @@ Rank 0 alone prints and writes the log; the others are silent unless something f
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -33,15 +34,14 @@ from hpctrain.errors import UserError
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.planner import PlannedNetwork
 from hpctrain.plan.plans import LayerPlan
-from hpctrain.record.runlog import RunLog, write_timings
+from hpctrain.record.runlog import RunLog
 from hpctrain.record.timeline import TimelineWindow
 from hpctrain.record.timing import (
     RanksSummary,
+    StepRecords,
     StepTimes,
     format_table,
-    max_over_ranks,
-    median_times,
-    over_ranks,
+    measured_over_ranks,
     summary_over_ranks,
 )
 from hpctrain.run.loss_scale import INITIAL_SCALE, LossScale
@@ -51,6 +51,10 @@ from hpctrain.run.schedule import Schedule
 from hpctrain.run.signals import StopRequests
 
 BEFORE_TRAINING = "before training; nothing was trained or saved"  # after "stopped by SIGTERM"
+TIMINGS_SHARE = 16
+"""The timings written as the run goes are at least 1/16 of the steps timed apart, so past
+16 x ``timings_every`` steps further apart than ``timings_every`` (each write takes a median
+over every step so far; so spaced, it costs each step a bounded share)."""
 
 
 class TrainingError(UserError):
@@ -81,6 +85,9 @@ class TrainConfig:
     timeline: tuple[int, int] | None = None  # steps to record spans of (hpctrain.record.timeline)
     prefetch: bool = True  # read a dataset's next batch during each step (hpctrain.data.prefetch)
     loss_scale: float = INITIAL_SCALE  # fp16's first loss scale (hpctrain.run.loss_scale)
+    # the per-layer timings so far into the log every N steps and at each checkpoint (the
+    # same on every rank, log or not: their medians are collective); 0: at the end only
+    timings_every: int = 0
 
     def lr_at(self, step: int) -> float:
         return self.schedule.lr(step) if self.schedule else self.lr
@@ -106,11 +113,18 @@ class TrainResult:
     validation: list[tuple[int, float, float]] = field(default_factory=list)  # step, loss, acc
     checkpoint: Path | None = None  # the last checkpoint written
     loss_scale: LossScale | None = None  # fp16's loss scale, and the steps it skipped
+    records: StepRecords = field(default_factory=StepRecords, repr=False)  # for the medians
 
     @property
     def last_step(self) -> int:
         """The number of steps completed, counting those before a resume."""
         return self.first_step + len(self.losses)
+
+    @property
+    def timed_steps(self) -> tuple[int, int]:
+        """The steps the per-layer medians are over, as (first, last) counted from 1 (this
+        run's steps after its first, or its only one)."""
+        return self.first_step + (2 if len(self.losses) > 1 else 1), self.last_step
 
     def finish_log(self, log: RunLog, planned: PlannedNetwork) -> None:
         """Close rank 0's ``log`` with its final status, how this run ended, and, when a step
@@ -123,13 +137,10 @@ class TrainResult:
         """
         status = (f"stopped by {self.stopped_by} after step {self.last_step}"
                   if self.stopped_by else f"finished at step {self.last_step}")
-        summary = None
         if self.losses:
-            def summary(h5: Any) -> None:
-                write_timings(h5, planned, self.layer_times, self.fastest_rank_times,
-                              self.iteration)
-
-        log.finish(status, summary)
+            log.timings(planned, self.layer_times, self.fastest_rank_times, self.iteration,
+                        self.timed_steps, final=True)
+        log.finish(status)
 
 
 def print_now(*args: Any) -> None:
@@ -222,6 +233,8 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
     result.stopped_by = stop.agreed(comm)  # asked to stop while planning: train nothing
     last = first if result.stopped_by else config.steps
     window = TimelineWindow(config.timeline, comm, backend) if config.timeline else None
+    runs = [layer.out_layout.holds(rank) for layer in network.layers]
+    timings_written = first  # the last step whose timings went into the log
     start = time.perf_counter()
     for step in range(first, last):
         t0 = time.perf_counter()
@@ -259,7 +272,9 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         losses.append(loss)
         step_times.append(times)
         step_seconds.append(seconds)
-        summary = summary_over_ranks(times, seconds, comm)  # at rank 0, None elsewhere
+        record = times.to_array()
+        result.records.add(record, seconds)
+        summary = summary_over_ranks(times, seconds, comm, record=record)  # at rank 0 only
         if rank == 0:
             _report(step, loss, accuracy if network.net.loss.classifies else None, lr, summary,
                     config, start, first, log, say, scale, skipped)
@@ -271,10 +286,16 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         if (val_data is not None and config.eval_every and done % config.eval_every == 0
                 and not result.stopped_by):  # stopping: the checkpoint first and only
             result.validation.append(_evaluate(network, val_data, done, log, say))
-        if config.checkpoint_dir is not None and (
-                done == config.steps or result.stopped_by
-                or (config.checkpoint_every and done % config.checkpoint_every == 0)):
+        checkpointing = config.checkpoint_dir is not None and (
+            done == config.steps or result.stopped_by
+            or (config.checkpoint_every and done % config.checkpoint_every == 0))
+        if checkpointing:
             result.checkpoint = _checkpoint(network, optimizer, config, done, comm, say, scaler)
+        # at the end and on a stop the run's own summary follows (TrainResult.finish_log)
+        if done < config.steps and not result.stopped_by and _timings_due(
+                config.timings_every, done - timings_written, done - first, checkpointing):
+            _write_timings_so_far(result, comm, log, runs)
+            timings_written = done
         if window is not None and window.done:
             _write_timeline(window, log)
             window = None
@@ -283,6 +304,27 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
     if window is not None and window.recorded:  # stopped inside the window
         _write_timeline(window, log)
     return result
+
+
+def _timings_due(every: int, since: int, timed: int, checkpointing: bool) -> bool:
+    """Whether the timings so far go into the log now, ``since`` steps after their last
+    write and ``timed`` steps into this run, at a checkpoint or not: every ``every`` steps
+    and at each checkpoint, at least 1/:data:`TIMINGS_SHARE` of ``timed`` apart; never for
+    ``every`` 0. The same on every rank.
+    """
+    return (every > 0 and (since >= every or (checkpointing and since > 0))
+            and since >= timed // TIMINGS_SHARE)
+
+
+def _write_timings_so_far(result: TrainResult, comm: MPI.Comm, log: RunLog | None,
+                          runs: list[bool]) -> None:
+    """The per-layer medians of the steps so far into rank 0's ``log``, beside the plan's
+    predictions (:meth:`~hpctrain.record.runlog.RunLog.timings`). Collective: every rank
+    calls it after the same steps, log or not."""
+    slowest, fastest, iteration = measured_over_ranks(result.step_times[0], result.records,
+                                                      comm, runs)
+    if log is not None:
+        log.timings(log.planned, slowest, fastest, iteration, result.timed_steps, final=False)
 
 
 def _refuse_first_overflow(net: NetSpec, loss: float, where: tuple[int | None, int | None],
@@ -451,13 +493,9 @@ def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
            f", held-out accuracy {result.validation[-1][2]:.2%}")
         + f", waiting for data {data_share:.1%} of the time"
         + _skipped_words(result.loss_scale))
-    steady = result.step_times[1:] or result.step_times
-    typical = median_times(steady)
-    result.layer_times = max_over_ranks(typical, comm)
-    result.fastest_rank_times = over_ranks(typical, comm, "min", runs)
+    result.layer_times, result.fastest_rank_times, result.iteration = measured_over_ranks(
+        result.step_times[0], result.records, comm, runs)
     which = {1: "step 1", 2: "step 2"}.get(steps, f"steps 2-{steps}")
     say(f"per-layer time (ms): median over {which} of this run, then the largest over {procs} "
         f"processes, entry by entry")
     say(format_table(result.layer_times))
-    result.iteration = comm.allreduce(
-        statistics.median(result.step_seconds[1:] or result.step_seconds), MPI.MAX)

@@ -123,7 +123,7 @@ def test_replan_switches_plans_at_a_step_boundary_with_the_same_numbers(comm, mo
                                 str(kept)], comm),
              train_command.run([*common, "--plan-file", str(where / "b.plan"), "--log",
                                 str(switched), "--replan-after", "3", "--checkpoint-dir",
-                                str(where / "checkpoints")], comm)]
+                                str(where / "checkpoints"), "--timings-every", "2"], comm)]
     comm.Barrier()
     ok = codes == [0, 0]
     if comm.Get_rank() == 0:
@@ -135,6 +135,10 @@ def test_replan_switches_plans_at_a_step_boundary_with_the_same_numbers(comm, mo
             ok &= b.attrs["plan"] == plan_text(net, plan_from_spec(other, net, p))
             ok &= b.attrs["first_plan"] == a.attrs["plan"] and "first_plan" in b
             ok &= "replanned" not in a.attrs
+            # timed every 2 steps across the switch, then at the end: beside the new plan
+            ok &= b["layers"].attrs["final"] == 1 and b["layers"].attrs["first_step"] == 5
+            ok &= bool(np.array_equal(b["layers/predicted/forward_compute"][:],
+                                      b["plan/predicted/forward_compute"][:]))
         ok &= sorted(f.name for f in (where / "checkpoints").iterdir()) == [
             "step-00000003.h5", "step-00000006.h5"]
         ok &= read_plan(where / "b.plan", net, p) == plan_from_spec(other, net, p)

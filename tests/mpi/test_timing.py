@@ -186,6 +186,50 @@ def test_the_fastest_rank_leaves_out_the_ranks_that_do_not_run_a_layer(comm):
     assert all_agree(comm, bool(np.all(nobody[:width] == 0.0)))
 
 
+class TimingsLog:
+    """Rank 0's run log, as far as the loop sees it: the steps, and each write of the timings
+    so far (the medians on the slowest and the fastest rank, the iteration, the steps)."""
+
+    failure = None
+    planned = "the plan"
+
+    def __init__(self):
+        self.written = []
+
+    def step(self, *_):
+        pass
+
+    def timings(self, planned, slowest, fastest, iteration, steps, final):
+        assert planned == "the plan" and not final
+        self.written.append((slowest, fastest, iteration, steps))
+
+
+def test_the_timings_so_far_are_the_medians_of_the_steps_so_far_on_every_rank(comm):
+    """Every 2 steps every rank takes part in the medians (a rank that did not would hang the
+    others) and rank 0 writes them: those of the steps so far, as the end reports all."""
+    from hpctrain.device.backend import make_backend
+
+    p = comm.Get_size()
+    backend = make_backend(os.environ.get("HPCTRAIN_DEVICE", "cpu"), "float32")
+    config = TrainConfig(batch=8, steps=7, lr=0.01, momentum=0.9, weight_decay=5e-4, seed=0,
+                         print_every=100, timings_every=2)
+    plan = plan_from_spec(f"conv=1x{p},fc={p}x1", SMALLCNN, p)
+    log = TimingsLog() if comm.Get_rank() == 0 else None
+    result = train(SMALLCNN, plan, config, backend, comm, out=lambda *_: None, log=log)
+    ok = True
+    if log is not None:  # after steps 2, 4 and 6 (the end's own summary after 7)
+        ok = [steps for *_, steps in log.written] == [(2, 2), (2, 4), (2, 6)]
+    written = comm.bcast(log.written if log is not None else None, root=0)
+    for slowest, fastest, iteration, (first, last) in written:
+        steady = result.step_times[first - 1:last]
+        ok = ok and slowest == max_over_ranks(median_times(steady), comm)
+        ok = ok and iteration == comm.allreduce(np.median(result.step_seconds[first - 1:last]),
+                                                MPI.MAX)
+        ok = ok and all(getattr(f, name) <= getattr(s, name) for f, s in
+                        zip(fastest.rows, slowest.rows, strict=True) for name in TIME_FIELDS)
+    assert all_agree(comm, bool(ok))
+
+
 def test_train_prints_the_table_and_returns_the_summary(comm):
     from hpctrain.device.backend import make_backend
 
