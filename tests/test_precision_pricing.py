@@ -65,13 +65,14 @@ def models(net, machine, precisions=("fp32", "bf16")) -> dict[str, CostModel]:
 
 def test_fp32_predictions_are_unchanged(resnet, dgx):
     """The figures of the command above before the cost model took a precision (the plan,
-    its iteration time and its memory per rank), and every way of asking for fp32 alike."""
+    its iteration time and its memory per rank; the time since with the last bucket of
+    gradient sums whole, 87 µs more), and every way of asking for fp32 alike."""
     asked = [build_cost_model(resnet, BATCH, PROCS, dgx, "flops", overlap=True),
              build_cost_model(resnet, BATCH, PROCS, dgx, "flops", backend("fp32"), overlap=True),
              CostModel(resnet, BATCH, PROCS, dgx, FlopModel(dgx.flops), overlap=True),
              CostModel(resnet, BATCH, PROCS, dgx, FlopModel(dgx.flops), 4, overlap=True)]
     planned = [plan_network(model) for model in asked]
-    assert planned[0].iteration_time == pytest.approx(0.012362315058984332, rel=1e-12)
+    assert planned[0].iteration_time == pytest.approx(0.012449315067795057, rel=1e-12)
     assert planned[0].memory == pytest.approx(1075.6005859375 * 2**20, rel=1e-12)
     for other in planned[1:]:
         assert other.plans == planned[0].plans

@@ -19,7 +19,8 @@ MPICH's progress thread (``MPICH_ASYNC_PROGRESS=1``). Where the ranks' own cores
 (shared memory, every core computing), the sums cost the same CPU time either way, MPICH's
 ``Iallreduce`` is slower than its ``Allreduce`` within a node, and a ``Test`` between layers
 moves a large message on by one protocol step only. Without ``in_flight`` a full bucket is
-summed by one blocking ``Allreduce`` at once.
+summed by one blocking ``Allreduce`` at once. The buckets still open when the backward ends
+start together either way, so the step waits for the slowest of their latencies, not their sum.
 
 When a bucket's sum arrives its parameters get their gradient (views of the bucket) and
 ``on_reduced`` runs for them: the optimizer, which so updates a layer as soon as its sum is
@@ -129,27 +130,33 @@ class GradientReducer:
                 self._unpack(bucket)
 
     def finish(self) -> None:
-        """Send every bucket still open, and wait for all sums, each handed over on arrival."""
+        """Send every bucket still open, and wait for all sums, each handed over on arrival.
+        The open buckets start together, non-blocking even without ``in_flight``: the step then
+        waits for the slowest of their latencies, not their sum (as the cost model prices them,
+        :mod:`hpctrain.plan.buckets`)."""
         for bucket in list(self._open.values()):
-            self._send(bucket)
+            self._send(bucket, at_once=True)
         self._open.clear()
         while self._in_flight:
             with self.backend.clock.comm():  # the wait; the update that follows is compute
                 index = wait_any([b.pending for b in self._in_flight])
             self._unpack(self._in_flight.pop(index))
 
-    def _send(self, bucket: Bucket) -> None:
+    def _send(self, bucket: Bucket, at_once: bool = False) -> None:
+        """Sum ``bucket``: blocking, or (``in_flight`` or ``at_once``) started and left in
+        flight."""
+        blocking = not (self.in_flight or at_once)
         with self.backend.clock.comm():
             # one gradient is summed where it lies (the layer made it for this step alone);
             # several are packed into the bucket's buffer
             flat = (bucket.arrays[0] if len(bucket.arrays) == 1
                     else self._packed(bucket.arrays))
             bucket.arrays = []
-            if not self.in_flight:  # (its own clock block nests: counted once)
+            if blocking:  # (its own clock block nests: counted once)
                 summed = allreduce_sum(self.backend, bucket.comm, flat)
             else:
                 bucket.pending = group_of(self.backend, bucket.comm).start_allreduce(flat)
-        if not self.in_flight:
+        if blocking:
             self._spread(bucket.params, summed)
             return
         bucket.sent_at = time.perf_counter()

@@ -118,19 +118,25 @@ def allreduce_time(machine: Machine, group: Group | int, n: float) -> float:
     return collective_time(machine, "allreduce", group, n)
 
 
+def bucket_latency(machine: Machine, group: Group | int) -> float:
+    """The latency of one all-reduce on ``group``: α's terms, and β's for one byte. A bucket of
+    gradients pays it once, however many layers it holds."""
+    return allreduce_time(machine, group, 1.0)
+
+
 def gradient_sum_seconds(machine: Machine, group: Group | int, n: float) -> float:
     """An all-reduce of ``n`` bytes of gradients as one part of a bucket
     (:class:`~hpctrain.comm.gradients.GradientReducer`): its bytes in full and its share
     min(1, n / bucket) of one all-reduce's latency, which the bucket pays once for all the
     gradients in it. Summed over the layers of a bucket that fills, this is the bucket's own
     time; a layer of a bucket or more goes alone and pays the latency in full. With buckets of
-    0 bytes every sum goes alone."""
+    0 bytes every sum goes alone. The last bucket of a communicator, partly filled, pays its
+    latency whole (:mod:`hpctrain.plan.buckets` adds it, once per communicator)."""
     whole = allreduce_time(machine, group, n)
     bucket = machine.bucket_bytes
     if whole == 0.0 or n >= bucket:
         return whole
-    latency = allreduce_time(machine, group, 1.0)  # α's terms, and β's for one byte
-    return whole - latency * (1 - n / bucket)
+    return whole - bucket_latency(machine, group) * (1 - n / bucket)
 
 
 def halo_time(machine: Machine, n: float, crossing: int = 0) -> float:

@@ -37,7 +37,6 @@ from functools import lru_cache
 from hpctrain.cost.collectives import (
     allgather_time,
     allreduce_time,
-    gradient_sum_seconds,
     reduce_scatter_time,
 )
 from hpctrain.cost.machine import Machine
@@ -154,14 +153,12 @@ class InputSplit:
         once = allreduce_time(machine, group, n)
         return once, once
 
-    def gradient_seconds(self, machine: Machine, itemsize: int, bias: bool) -> float:
-        """Seconds of the parameter gradients' sums: the weight's over its group, the bias's
-        over its own."""
+    def gradient_sums(self, itemsize: int, bias: bool) -> list[tuple[Group, float]]:
+        """(ranks, bytes) of the parameter gradients' sums: the weight's over its group, the
+        bias's over its own."""
         weight, bias_entries = self.local_parameters(bias)
-        seconds = gradient_sum_seconds(machine, self.weight_group, weight * itemsize)
-        if bias_entries:
-            seconds += gradient_sum_seconds(machine, self.bias_group, bias_entries * itemsize)
-        return seconds
+        sums = [(self.weight_group, weight * itemsize)]
+        return sums + [(self.bias_group, bias_entries * itemsize)] if bias_entries else sums
 
 
 @lru_cache(maxsize=4096)

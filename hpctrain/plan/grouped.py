@@ -29,6 +29,7 @@ the region run on every rank, exactly, over every segment's choices at once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from hpctrain.layout.layout import Layout
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.regions import Region, fork_join_regions
+from hpctrain.plan.buckets import slowest_latency
 from hpctrain.plan.elimination import Table, minimise
 from hpctrain.plan.placement import LayerLayouts, layer_layouts
 from hpctrain.plan.plans import LayerPlan
@@ -132,6 +134,7 @@ class RegionPrices:
 
     model: CostModel
     grouped: GroupedRegion
+    below: float = math.inf  # no layer inside sums over a communicator this slow or slower
     _branches: dict = field(default_factory=dict)  # branch → its _Branch, or None
     _costs: dict = field(default_factory=dict)  # (segment, choice) → (layouts, costs) or None
 
@@ -163,6 +166,9 @@ class RegionPrices:
         self._costs[key] = (layouts, costs)
         return self._costs[key]
 
+    def _fast_enough(self, costs: list[LayerCost]) -> bool:
+        return slowest_latency(costs, self.model.machine) < self.below
+
     def _branch_tables(self, b: int) -> _Branch | None:
         """What branch ``b`` costs whatever the fork's layout: its segments' choices on its
         group, their own tables and the tables of the moves between them (made once)."""
@@ -171,7 +177,9 @@ class RegionPrices:
         model, net, grouped = self.model, self.model.net, self.grouped
         segments = grouped.branches[b]
         choices = [[c for c in group_choices(model, s, grouped.groups[b])
-                    if self.pre_join(s, c) is not None] for s in segments]
+                    if self.pre_join(s, c) is not None
+                    and self._fast_enough(self.pre_join(s, c)[1])]
+                   for s in segments]
         if not all(choices):
             self._branches[b] = None
             return None
@@ -339,9 +347,9 @@ class GroupedSpace:
     ``own[s][j]`` its seconds (a carrier's: the region's, beyond its fork's segment, and its
     layers from the join on)."""
 
-    def __init__(self, model: CostModel, candidates: list[list[LayerPlan]], free: float = 0.0
-                 ) -> None:
-        self.model, self.candidates = model, candidates
+    def __init__(self, model: CostModel, candidates: list[list[LayerPlan]], free: float = 0.0,
+                 below: float = math.inf) -> None:
+        self.model, self.candidates, self.below = model, candidates, below
         self.regions = grouped_regions(model)
         count = len(model.segments)
         self.extra: list[list[object]] = [[] for _ in range(count)]
@@ -376,7 +384,7 @@ class GroupedSpace:
 
     def _add(self, r: int, grouped: GroupedRegion, free: float) -> None:
         model = self.model
-        prices = RegionPrices(model, grouped)
+        prices = RegionPrices(model, grouped, self.below)
         fork_segment, carrier, join = grouped.fork_segment, grouped.carrier, grouped.region.join
         members = model.segments[carrier]
         after = members[members.index(join):] if join in members else []
@@ -449,7 +457,7 @@ class GroupedSpace:
                                               None if k == join else laid[first].output))
         except SplitError:
             return None
-        if join not in laid:
+        if join not in laid or slowest_latency(costs, model.machine) >= self.below:
             return None
         model.time_layers(costs)
 

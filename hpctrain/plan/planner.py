@@ -25,6 +25,12 @@ plus the largest of their transients, and elimination keeps Pareto fronts of lab
 dynamic programming does. A net so densely connected that exact elimination would need a table
 of more than 10⁷ entries gets the fastest plan with every weighted layer on one grid
 (``_uniform_plan``), and says so.
+
+One term of the time is not a sum over segments: the last bucket of gradient sums, the latency
+of the slowest communicator the plan sums over (:mod:`hpctrain.plan.buckets`). The searches
+above find the plan of least additive time; ``_search`` repeats them among the plans whose
+communicators are all faster than that plan's slowest, until none can win, which keeps the
+optimum exact with the term.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from hpctrain.layout.layout import Layout
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import strategy_plan
+from hpctrain.plan.buckets import least_with_last_buckets, slowest_latency
 from hpctrain.plan.elimination import (
     MAX_ENTRIES,
     Table,
@@ -78,13 +85,17 @@ class PlannedNetwork:
     # every step (:mod:`hpctrain.plan.side_by_side`), and which layers they are
     side_by_side: float = 0.0
     on_groups: frozenset[int] = frozenset()
+    # the slowest communicator's last bucket, sent with the others when the backward ends
+    # (:mod:`hpctrain.plan.buckets`): never hidden
+    last_bucket: float = 0.0
 
     @property
     def iteration_time(self) -> float:
         """Every layer's time, less what groups of ranks running side by side save and the
         gradient sums that hide behind the backward."""
         every = [*self.layers, self.loss, self.data]
-        return sum(layer.total for layer in every) - self.side_by_side - self.hidden_sums()
+        return (sum(layer.total for layer in every) + self.last_bucket - self.side_by_side
+                - self.hidden_sums())
 
     def hidden_sums(self) -> float:
         """Seconds of gradient sums hidden behind the backward's compute, with sums in flight.
@@ -112,9 +123,14 @@ class PlannedNetwork:
     def time_with_sums_hidden(self) -> float:
         """The iteration time if the machine's share of every gradient sum (of the layers on
         every rank) were hidden: never more than :attr:`iteration_time`."""
-        free = _time_with_free([*self._on_every_rank(), self.loss, self.data], self.hidden_share)
+        return self.time_with_free(self.hidden_share)
+
+    def time_with_free(self, free: float) -> float:
+        """The iteration time with ``free`` of each gradient sum of the layers on every rank
+        counted free (what a search with ``free`` weighs)."""
+        every = _time_with_free([*self._on_every_rank(), self.loss, self.data], free)
         grouped = sum(c.total for k, c in enumerate(self.layers) if k in self.on_groups)
-        return free + grouped - self.side_by_side
+        return every + grouped + self.last_bucket - self.side_by_side
 
     @property
     def memory(self) -> float:
@@ -131,7 +147,7 @@ class PlannedNetwork:
     def totals(self) -> dict[str, float]:
         every = [*self.layers, self.loss, self.data]
         return {"compute": sum(sum(c.compute) for c in every),
-                "communication": sum(sum(c.comm) for c in every),
+                "communication": sum(sum(c.comm) for c in every) + self.last_bucket,
                 "redistribution": sum(sum(c.redistribution) for c in every)}
 
 
@@ -202,7 +218,8 @@ def evaluate(model: CostModel, choices: list[LayerPlan], timed: bool = True) -> 
               for k in range(len(net.layers))]
     loss = model.loss_cost(layouts[len(net.layers) - 1].output)
     return PlannedNetwork(_layer_plans(model, choices), layers, loss, data,
-                          hidden_share=model.hidden_share, precision=model.precision)
+                          hidden_share=model.hidden_share, precision=model.precision,
+                          last_bucket=slowest_latency(layers, model.machine))
 
 
 def evaluate_plan(model: CostModel, plan: list[LayerPlan], timed: bool = True
@@ -255,7 +272,7 @@ def evaluate_placed(model: CostModel, plan: list[LayerPlan], timed: bool = True
     return PlannedNetwork(list(plan), costs, loss, data, hidden_share=model.hidden_share,
                           precision=model.precision,
                           side_by_side=max(0.0, every - forward - backward),
-                          on_groups=on_groups)
+                          on_groups=on_groups, last_bucket=slowest_latency(costs, model.machine))
 
 
 def _blocks(layout: Layout) -> tuple[tuple[int, int], ...]:
@@ -427,8 +444,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
             found = None
         if not any(wider):
             return found
-        bound = math.inf if found is None else _time_with_free(
-            [*found.layers, found.loss, found.data], free)
+        bound = math.inf if found is None else found.time_with_free(free)
         widened = _bounded(model, candidates, wider, bound, free)
         if widened == candidates and found is not None:
             return found
@@ -630,13 +646,39 @@ def _searched(cost: SegmentCost, free: float) -> float:
 def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: float | None,
             cap_source: str, free: float, groups: bool = False) -> PlannedNetwork:
     """The plan least in time with ``free`` of every gradient sum counted free (0: the
-    predicted time itself), exactly (see the module's docstring); with ``groups``, regions on
-    groups of ranks among the plans (:func:`_grouped_plan`). Under a memory cap the fastest
-    plan with groups is taken when it fits (then nothing under the cap beats it); otherwise
-    every branch runs on every rank."""
+    predicted time itself), exactly, the last bucket included: :func:`_additive_search`,
+    repeated among the plans whose communicators are all faster than the slowest of the plan
+    found before (:func:`~hpctrain.plan.buckets.least_with_last_buckets`)."""
+    def search(below: float) -> PlannedNetwork | None:
+        if below == math.inf:
+            return _additive_search(model, candidates, mem_per_rank, cap_source, free, groups)
+        allowed = [[c for c in found if slowest_latency(
+            model.segment_cost(k, c, timed=False).layers, model.machine) < below]
+            for k, found in enumerate(candidates)]
+        if not all(allowed):
+            return None
+        try:
+            return _additive_search(model, allowed, mem_per_rank, cap_source, free, groups,
+                                    below)
+        except PlannerError:  # none of them fits the memory cap
+            return None
+
+    return least_with_last_buckets(search, lambda p: p.time_with_free(free) - p.last_bucket,
+                                   lambda p: p.last_bucket)
+
+
+def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
+                     mem_per_rank: float | None, cap_source: str, free: float,
+                     groups: bool = False, below: float = math.inf) -> PlannedNetwork:
+    """The plan least in time with ``free`` of every gradient sum counted free, without the
+    last buckets (every layer's own price: a sum over segments), exactly (see the module's
+    docstring); with ``groups``, regions on groups of ranks among the plans
+    (:func:`_grouped_plan`), whose branches' communicators are faster than ``below`` too. Under a
+    memory cap the fastest plan with groups is taken when it fits (then nothing under the cap
+    beats it); otherwise every branch runs on every rank."""
     if not model.net.is_chain():
         if groups:
-            grouped = _grouped_plan(model, candidates, free)
+            grouped = _grouped_plan(model, candidates, free, below)
             if mem_per_rank is None or grouped.memory <= mem_per_rank:
                 return grouped
         return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free)
@@ -721,14 +763,15 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[LayerPlan]],
     return known  # nothing beats it
 
 
-def _grouped_plan(model: CostModel, candidates: list[list[LayerPlan]], free: float
-                  ) -> PlannedNetwork:
+def _grouped_plan(model: CostModel, candidates: list[list[LayerPlan]], free: float,
+                  below: float = math.inf) -> PlannedNetwork:
     """The plan of least predicted time of a net with branches where regions may run on groups
     of ranks: one exact elimination over every segment's choices on every rank and the values
     :class:`~hpctrain.plan.grouped.GroupedSpace` adds (a region on groups or not, its inside
-    planned on the groups). Without a region that qualifies, :func:`_exact_graph_plan`."""
+    planned on the groups, on communicators whose latency is below ``below``). Without a
+    region that qualifies, :func:`_exact_graph_plan`."""
     model.prefetch(candidates)
-    space = GroupedSpace(model, candidates, free)
+    space = GroupedSpace(model, candidates, free, below)
     if not any(space.extra):
         return _exact_graph_plan(model, candidates, None, "", free)
     tables = _plan_tables(model, candidates, False, free, space)
@@ -955,22 +998,31 @@ def format_plan(planned: PlannedNetwork, width: int | None = None) -> str:
     notes = []
     t = planned.totals()
     hidden = planned.hidden_sums()
-    notes.append(f"predicted iteration {planned.iteration_time * 1e3:.3f} ms = compute "
-                 f"{t['compute'] * 1e3:.3f} + communication {t['communication'] * 1e3:.3f} + "
-                 f"redistribution {t['redistribution'] * 1e3:.3f}"
-                 + (f" - groups side by side {planned.side_by_side * 1e3:.3f}"
+    notes.append(f"predicted iteration {_ms(planned.iteration_time)} ms = compute "
+                 f"{_ms(t['compute'])} + communication {_ms(t['communication'])} + "
+                 f"redistribution {_ms(t['redistribution'])}"
+                 + (f" - groups side by side {_ms(planned.side_by_side)}"
                     if planned.on_groups else "")
-                 + (f" - gradient sums hidden {hidden * 1e3:.3f}" if hidden else "")
+                 + (f" - gradient sums hidden {_ms(hidden)}" if hidden else "")
                  + f"; peak memory {planned.memory / 2**20:.1f} MiB per rank (kept + the "
                    "largest +tmp)")
-    if planned.lower_bound is not None:
-        notes.append(f"no plan is predicted faster than {planned.lower_bound * 1e3:.3f} ms "
+    if planned.lower_bound:
+        notes.append(f"no plan is predicted faster than {_ms(planned.lower_bound)} ms "
                      f"(every gradient sum hidden as far as the machine allows): this one is "
                      f"within {planned.iteration_time / planned.lower_bound - 1:.1%} of the best")
     if not planned.exact:
         notes.append("not exact: the net is too densely connected to search every layer's "
                      "grid; every weighted layer is on one grid")
     return "\n".join(rows + [wrap_line(note, width) for note in notes])
+
+
+def _ms(seconds: float) -> str:
+    """``seconds`` in milliseconds, three decimals or, below 1 ms, three significant digits
+    (a step of a few microseconds is not shown as 0.000)."""
+    ms = seconds * 1e3
+    if ms <= 0 or ms >= 1:
+        return f"{ms:.3f}"
+    return f"{ms:.{2 - math.floor(math.log10(ms))}f}"
 
 
 def wrap_line(line: str, width: int | None) -> str:

@@ -61,6 +61,25 @@ def test_sums_in_buckets_equal_blocking_all_reduces(bucket_bytes, in_flight):
     half.Free()
 
 
+@pytest.mark.parametrize("in_flight", [True, False])
+def test_the_buckets_left_at_the_end_of_the_backward_go_together(in_flight):
+    """Whether or not full buckets go in flight, the buckets still open when the backward ends
+    are all started before any is waited for (the step pays the slowest latency of them, as the
+    cost model prices it): each shows in the flights, one per communicator."""
+    world = MPI.COMM_WORLD
+    other = world.Dup()  # a second communicator of every rank: a bucket of its own
+    reducer = GradientReducer(Backend(np, np.float64), 1 << 20, in_flight)
+    reducer.start()
+    reducer.flights = []
+    for k, comm in enumerate((world, other, world)):
+        reducer.add(comm, _params(world.Get_rank(), [(3, 2)], k), label=k)
+    assert not reducer.flights
+    reducer.finish()
+    expected = [0, 1] if world.Get_size() > 1 else []
+    assert all_agree(world, sorted(label for label, _, _ in reducer.flights) == expected)
+    other.Free()
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_updating_as_sums_arrive_equals_a_step_after(overlap):
     """The training loop's way (each layer updated when its sum arrives, inside the backward)

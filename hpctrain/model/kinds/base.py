@@ -151,15 +151,19 @@ class Kind:
         parameter gradients' all-reduce by default, plus what the kind adds."""
         return 0.0, self.gradient_sum_time(spec, inputs, output, machine, itemsize)
 
+    def gradient_sums(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                      itemsize: int) -> list[tuple[Group, float]]:
+        """(ranks, bytes) of each sum of parameter gradients at the busiest rank: its shard,
+        over the ranks that hold the same one."""
+        params = self.local_parameters(spec, inputs, output)
+        return [(self.gradient_group(inputs, output), params * itemsize)] if params else []
+
     def gradient_sum_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
                           machine: Machine, itemsize: int) -> float:
         """Seconds of the part of the backward's communication that sums parameter gradients
         (the network's, which ``--overlap`` puts in flight); part of :meth:`comm_time`."""
-        params = self.local_parameters(spec, inputs, output)
-        if not params:
-            return 0.0
-        return gradient_sum_seconds(machine, self.gradient_group(inputs, output),
-                                    params * itemsize)
+        return sum(gradient_sum_seconds(machine, group, n)
+                   for group, n in self.gradient_sums(spec, inputs, output, itemsize))
 
     def keeps_input(self, spec: LayerSpec) -> bool:
         """Whether the layer keeps its input array for the backward."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.cost.collectives import allreduce_time, gradient_sum_seconds
+from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.memory import STATISTICS_BYTES, Footprint, larger
 from hpctrain.cost.nodes import Group
@@ -151,8 +151,8 @@ class BatchNormKind(Kind):
         both = allreduce_time(machine, ranks, message)
         return both, both + self.gradient_sum_time(spec, inputs, output, machine, itemsize)
 
-    def gradient_sum_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                          machine: Machine, itemsize: int) -> float:
+    def gradient_sums(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                      itemsize: int) -> list[tuple[Group, float]]:
         """Δγ and Δβ summed over the ranks that hold other parts of them: the replicas under
         global statistics (the batch's sums are the statistics' own, which the backward needs
         at once); under groups, every other rank of the channel block too."""
@@ -160,9 +160,8 @@ class BatchNormKind(Kind):
         axes = (REPLICAS,) if spec.options.groups == 1 else (*statistics_axes(x), REPLICAS)
         ranks = x.group(axes)
         if ranks.size == 1:
-            return 0.0
-        channels = largest_block(x)[CHANNEL_AXIS] * itemsize
-        return gradient_sum_seconds(machine, ranks, 2 * channels)
+            return []
+        return [(ranks, 2 * largest_block(x)[CHANNEL_AXIS] * itemsize)]
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hpctrain.cost.machine import Machine
+from hpctrain.cost.nodes import Group
 from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS, Layout, Split, axis_name, largest_block
 from hpctrain.layout.partition import check_split
 from hpctrain.layout.reduction import InputSplit
@@ -53,12 +54,12 @@ class SplitsInputs(Kind):
         split = self.input_split(spec, inputs, output)
         return None if split is None else sum(split.local_parameters(spec.options.bias))
 
-    def gradient_sum_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                          machine: Machine, itemsize: int) -> float:
+    def gradient_sums(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
+                      itemsize: int) -> list[tuple[Group, float]]:
         split = self.input_split(spec, inputs, output)
         if split is None:
-            return super().gradient_sum_time(spec, inputs, output, machine, itemsize)
-        return split.gradient_seconds(machine, itemsize, spec.options.bias)
+            return super().gradient_sums(spec, inputs, output, itemsize)
+        return split.gradient_sums(itemsize, spec.options.bias)
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
                   machine: Machine, itemsize: int) -> tuple[float, float]:
