@@ -11,12 +11,18 @@ Each model comes with an explicit name map, hpctrain name → PyTorch name, for 
 variance). :func:`hpctrain_steps` runs hpctrain on any communicator and gathers every tensor
 whole on rank 0; :func:`torch_steps` runs the PyTorch model from those initial values;
 :func:`compare` gives the relative error of every tensor of every step.
+
+The whole loop too: :func:`train_command_epoch` runs the ``train`` command on a small dataset
+under ``--augment standard`` for an epoch and three steps and reads back its log and a
+checkpoint per step; :func:`torch_epoch` trains a PyTorch twin (:class:`BatchNormCNN`) on batches
+rebuilt from the draws docs/data.md describes, with the update docs/running.md describes;
+:func:`compare_epochs` gives the relative error of every logged loss and every tensor.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 
 import numpy as np
@@ -504,3 +510,339 @@ def failures(errors: dict[str, float], tolerance: float) -> str:
     more = f"\n  … and {len(bad) - 12} more" if len(bad) > 12 else ""
     return f"{len(bad)} of {len(errors)} tensors above {tolerance:.0e}:\n{shown}{more}" if bad \
         else ""
+
+
+# -- a whole epoch of an augmented dataset, rebuilt from what the docs say -------------------
+#
+# hpctrain runs as the ``train`` command (its dataset reader, --augment standard, the schedule,
+# the loop); PyTorch trains the same net from the same initial weights on batches rebuilt here
+# from the documented draws (docs/data.md: the epoch permutation, the crop offsets and flips)
+# with the documented update (docs/running.md: SGD, the warm-up and the step schedule). None of
+# hpctrain's data, augmentation or optimizer code is used on this side.
+
+BN_CNN_NET = """input channels=3 size=10 classes=4
+conv out=6 kernel=3 pad=1 bias=0
+batchnorm
+relu
+conv out=8 kernel=3 pad=1
+relu
+batchnorm
+maxpool kernel=2
+flatten
+linear out=4
+"""
+
+
+class BatchNormCNN(nn.Module):
+    """BN_CNN_NET on ``size``² images: conv (no bias), batch norm, ReLU, conv, ReLU (so the
+    bias matters), batch norm, a 2x2 max-pool, flatten (channel-major) and one linear layer."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(6, eps=1e-5, momentum=0.1)
+        self.conv2 = nn.Conv2d(6, 8, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(8, eps=1e-5, momentum=0.1)
+        self.fc1 = nn.Linear(8 * (size // 2) ** 2, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(self.bn2(F.relu(self.conv2(x))), 2)
+        return self.fc1(torch.flatten(x, 1))
+
+
+def batchnorm_cnn_names() -> NameMap:
+    """hpctrain's ``batchnorm2.gamma`` is ``bn2.weight``, ``linear1.bias`` is ``fc1.bias``."""
+    names = NameMap({}, {})
+    names.conv("conv1", "conv1")
+    names.conv("conv2", "conv2", bias=True)
+    names.batchnorm("batchnorm1", "bn1")
+    names.batchnorm("batchnorm2", "bn2")
+    names.conv("linear1", "fc1", bias=True)
+    return names
+
+
+@dataclass(frozen=True)
+class EpochConfig:
+    """One run of the ``train`` command, as its flags say it."""
+
+    samples: int = 44  # training samples; 44 // 8 = 5 steps an epoch, 4 samples left out
+    held_out: int = 6
+    image: int = 10  # the dataset's images are 3 x image x image
+    size: int | None = None  # --image-size: the net's input, a window of the image
+    batch: int = 8
+    steps: int = 8  # one epoch and three steps of the next
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 1e-2
+    warmup: int = 2
+    every: int = 3  # --lr-schedule step:EVERY:FACTOR
+    factor: float = 0.5
+    seed: int = 11
+    pad: int = 4  # the crop's zero padding (docs/data.md)
+
+    @property
+    def input_size(self) -> int:
+        return self.size or self.image
+
+    def flags(self) -> list[str]:
+        size = [] if self.size is None else ["--image-size", str(self.size)]
+        return [*size, "--augment", "standard", "--precision", "fp64", "--batch",
+                str(self.batch), "--steps", str(self.steps), "--lr", str(self.lr),
+                "--momentum", str(self.momentum), "--weight-decay", str(self.weight_decay),
+                "--warmup-steps", str(self.warmup), "--lr-schedule",
+                f"step:{self.every}:{self.factor}", "--seed", str(self.seed)]
+
+
+def epoch_dataset(config: EpochConfig) -> dict[str, np.ndarray]:
+    """Random images whose class shows in their left half's mean (so a flip matters) and in
+    a corner's (so a crop does), and held-out images alike."""
+    rng = np.random.default_rng(23)
+    total = config.samples + config.held_out
+    labels = rng.integers(0, 4, total)
+    images = rng.standard_normal((total, 3, config.image, config.image))
+    images[:, :, :, : config.image // 2] += 0.8 * labels[:, None, None, None]
+    images[:, 0, :3, :3] -= 0.5 * labels[:, None, None]
+    n = config.samples
+    return {"images": images[:n], "labels": labels[:n], "val_images": images[n:],
+            "val_labels": labels[n:]}
+
+
+# docs/data.md, "The draws, exactly": SplitMix64's finaliser on 64-bit words
+MASK64_WORDS, GOLDEN_RATIO_WORD, AUGMENT_PURPOSE = 2**64 - 1, 0x9E3779B97F4A7C15, 21
+
+
+def _mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64_WORDS
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64_WORDS
+    return z ^ (z >> 31)
+
+
+def _key(*words: int) -> int:
+    k = 0
+    for word in words:
+        k = _mix((k + GOLDEN_RATIO_WORD + word) & MASK64_WORDS)
+    return k
+
+
+def _uniform(key: int, counter: int) -> float:
+    return (_mix((counter * GOLDEN_RATIO_WORD + key) & MASK64_WORDS) >> 11) / 2**53
+
+
+def batch_samples(config: EpochConfig, step: int) -> tuple[int, np.ndarray]:
+    """(epoch, the dataset indices of batch ``step``): docs/data.md's epochs of ⌊N / B⌋ batches
+    of ``default_rng([seed, e]).permutation(N)``."""
+    per_epoch = config.samples // config.batch
+    epoch, k = divmod(step, per_epoch)
+    order = np.random.default_rng([config.seed, epoch]).permutation(config.samples)
+    return epoch, order[k * config.batch:(k + 1) * config.batch]
+
+
+def crop_and_flip(config: EpochConfig, epoch: int, index: int) -> tuple[int, int, bool]:
+    """(dy, dx, flipped) of sample ``index`` in ``epoch`` under --augment standard."""
+    u = [_uniform(_key(config.seed, AUGMENT_PURPOSE, epoch), 3 * index + k) for k in range(3)]
+    span = config.image + 2 * config.pad - config.input_size  # the largest offset
+    dy, dx = (min(int(draw * (span + 1)), span) for draw in u[1:])
+    return dy, dx, u[0] < 0.5
+
+
+def augmented(config: EpochConfig, image: np.ndarray, dy: int, dx: int,
+              flipped: bool) -> np.ndarray:
+    """The h x w window at (dy, dx) of ``image`` zero-padded by ``pad``, reversed along its
+    width when ``flipped``."""
+    pad, h = config.pad, config.input_size
+    window = np.pad(image, ((0, 0), (pad, pad), (pad, pad)))[:, dy:dy + h, dx:dx + h]
+    return window[:, :, ::-1] if flipped else window
+
+
+def centre(config: EpochConfig, images: np.ndarray) -> np.ndarray:
+    """The held-out images' centre windows (never augmented)."""
+    top, h = (config.image - config.input_size) // 2, config.input_size
+    return images[:, :, top:top + h, top:top + h]
+
+
+def learning_rate(config: EpochConfig, step: int) -> float:
+    """docs/running.md: η·(t + 1)/W over the warm-up, then η·F^⌊(t − W)/E⌋."""
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    return config.lr * config.factor ** ((step - config.warmup) // config.every)
+
+
+@dataclass
+class EpochStep:
+    """One step, whole, keyed by hpctrain names: its loss, its rate, and the parameters,
+    velocities and running statistics after its update."""
+
+    loss: float
+    lr: float
+    params: dict[str, np.ndarray]
+    momentum: dict[str, np.ndarray]
+    buffers: dict[str, np.ndarray]
+
+
+@dataclass
+class EpochRun:
+    steps: list[EpochStep]
+    held_out: list[tuple[int, float]]  # (after step, held-out loss), as the log has them
+    modes: dict[str, str] = field(default_factory=dict)  # hpctrain's: layer → mode it ran
+
+
+def torch_epoch(config: EpochConfig, data: dict[str, np.ndarray],
+                initial_params: dict[str, np.ndarray],
+                initial_buffers: dict[str, np.ndarray], flip_wrong: bool = False,
+                weight_decay: float | None = None) -> EpochRun:
+    """PyTorch, float64, from hpctrain's initial values, on the batches docs/data.md describes
+    and with the update docs/running.md describes; held-out loss after each epoch and at the
+    end (in evaluation mode, the running statistics). ``flip_wrong`` and ``weight_decay``
+    break it, so a test can see that the comparison catches it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tensors of a few hundred entries: more threads only wait
+    try:
+        return _torch_epoch(config, data, initial_params, initial_buffers, flip_wrong,
+                            weight_decay)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _torch_epoch(config: EpochConfig, data: dict[str, np.ndarray],
+                 initial_params: dict[str, np.ndarray], initial_buffers: dict[str, np.ndarray],
+                 flip_wrong: bool, weight_decay: float | None) -> EpochRun:
+    model, names = BatchNormCNN(config.input_size).double().train(), batchnorm_cnn_names()
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    check_bijection("parameter", names.params, initial_params, params)
+    check_bijection("buffer", names.buffers, initial_buffers,
+                    {k: v for k, v in buffers.items() if not k.endswith("num_batches_tracked")})
+    with torch.no_grad():
+        for ours, theirs in names.params.items():
+            params[theirs].copy_(torch.from_numpy(initial_params[ours]))
+        for ours, theirs in names.buffers.items():
+            buffers[theirs].copy_(torch.from_numpy(initial_buffers[ours]))
+    decay = config.weight_decay if weight_decay is None else weight_decay
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                                dampening=0.0, weight_decay=decay, nesterov=False)
+    images, labels = data["images"].astype(np.float64), data["labels"]
+    per_epoch = config.samples // config.batch
+    steps, held_out = [], []
+    for step in range(config.steps):
+        epoch, samples = batch_samples(config, step)
+        batch = []
+        for index in samples:
+            dy, dx, flipped = crop_and_flip(config, epoch, int(index))
+            batch.append(augmented(config, images[index], dy, dx, flipped != flip_wrong))
+        lr = learning_rate(config, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(torch.from_numpy(np.stack(batch))),
+                               torch.from_numpy(labels[samples]), reduction="mean")
+        loss.backward()
+        optimizer.step()
+        steps.append(EpochStep(
+            float(loss.detach()), lr,
+            {ours: params[theirs].detach().numpy().copy()
+             for ours, theirs in names.params.items()},
+            {ours: optimizer.state[params[theirs]]["momentum_buffer"].numpy().copy()
+             for ours, theirs in names.params.items()},
+            {ours: buffers[theirs].numpy().copy() for ours, theirs in names.buffers.items()}))
+        if (step + 1) % per_epoch == 0 or step + 1 == config.steps:
+            model.eval()
+            with torch.no_grad():
+                val = torch.from_numpy(centre(config, data["val_images"].astype(np.float64)))
+                held_out.append((step + 1, float(F.cross_entropy(
+                    model(val.contiguous()), torch.from_numpy(data["val_labels"])))))
+            model.train()
+    return EpochRun(steps, held_out)
+
+
+def read_dataset(path) -> dict[str, np.ndarray]:
+    """The dataset file as docs/data.md lays it out, read with plain h5py."""
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        return {"images": h5["train/images"][...], "labels": h5["train/labels"][...],
+                "val_images": h5["val/images"][...], "val_labels": h5["val/labels"][...]}
+
+
+def initial_values(net: NetSpec, seed: int, batch: int) -> tuple[dict, dict]:
+    """The initial parameters and buffers a run of ``net`` with ``seed`` starts from (the same
+    on every grid: one process builds them)."""
+    plan = [LayerPlan("batch", (1, 1)) if layer.kind in ("conv", "linear")
+            else LayerPlan("follow") for layer in net.layers]
+    with GridSet(MPI.COMM_SELF) as grids:
+        network = Network(net, plan, batch, grids, Backend(np, np.float64), seed)
+        return ({p.name: np.array(p.value) for p in network.params},
+                {b.name: np.array(b.value) for b in network.buffers})
+
+
+def train_command_epoch(comm: MPI.Comm, folder, config: EpochConfig,
+                        grid: str) -> tuple[EpochRun, dict, dict, dict] | None:
+    """Write the dataset of ``config`` and BN_CNN_NET into ``folder`` (which every rank sees),
+    run ``python -m hpctrain train`` with ``config``'s flags under ``--grid grid`` on ``comm``
+    (in this process: ``cli.main``), with a run log and a checkpoint after every step.
+    Collective. On rank 0: (the run, as its log and checkpoints have it; the dataset read back;
+    the initial parameters and buffers); None elsewhere."""
+    import h5py
+
+    from hpctrain import cli
+    from hpctrain.data.dataset_writer import write_dataset
+    from hpctrain.model.net import load_net
+
+    root = comm.Get_rank() == 0
+    data_path, net_path = folder / "epoch.h5", folder / "bn_cnn.net"
+    log_path, checkpoints = folder / "run.h5", folder / "checkpoints"
+    if root:
+        data = epoch_dataset(config)
+        write_dataset(data_path, data["images"], data["labels"], 4, data["val_images"],
+                      data["val_labels"], description="a whole epoch against PyTorch")
+        net_path.write_text(BN_CNN_NET)
+    comm.Barrier()
+    code = cli.main(["train", "--net", str(net_path), "--data", str(data_path), "--grid", grid,
+                     *config.flags(), "--log", str(log_path), "--checkpoint-dir",
+                     str(checkpoints), "--checkpoint-every", "1", "--keep-checkpoints",
+                     str(config.steps), "--print-every", str(config.steps), "--compute",
+                     "flops", "--machine", "default"])
+    codes = comm.allgather(code)
+    if codes != [0] * comm.Get_size():
+        raise AssertionError(f"train --grid {grid} exited with {codes}")
+    if not root:
+        return None
+    steps = []
+    with h5py.File(log_path, "r") as log:
+        losses, rates = log["steps/loss"][...], log["steps/lr"][...]
+        held_out = list(zip(log["validation/step"][...].tolist(),
+                            log["validation/loss"][...].tolist(), strict=True))
+        modes = {layer.decode(): mode.decode() for layer, mode in
+                 zip(log["plan/layer"][...], log["plan/mode"][...], strict=True)}
+    if len(losses) != config.steps:
+        raise AssertionError(f"the log has {len(losses)} steps, not {config.steps}")
+    for step in range(config.steps):
+        with h5py.File(checkpoints / f"step-{step + 1:08d}.h5", "r") as h5:
+            steps.append(EpochStep(
+                float(losses[step]), float(rates[step]),
+                *({name: tensor[...] for name, tensor in h5[group].items()}
+                  for group in ("params", "momentum", "buffers"))))
+    net = load_net(str(net_path), config.input_size)
+    return (EpochRun(steps, held_out, modes), read_dataset(data_path),
+            *initial_values(net, config.seed, config.batch))
+
+
+def compare_epochs(got: EpochRun, want: EpochRun) -> dict[str, float]:
+    """Relative error of every logged loss and rate, and of every parameter, velocity and
+    running statistic after every step: ``step 3 momentum conv1.weight`` → error."""
+    errors: dict[str, float] = {}
+    for step, (g, w) in enumerate(zip(got.steps, want.steps, strict=True), start=1):
+        errors[f"step {step} loss"] = relative_error(np.array(g.loss), np.array(w.loss))
+        errors[f"step {step} lr"] = relative_error(np.array(g.lr), np.array(w.lr))
+        for kind in ("params", "momentum", "buffers"):
+            ours, theirs = getattr(g, kind), getattr(w, kind)
+            if set(ours) != set(theirs):
+                raise AssertionError(f"step {step} {kind}: hpctrain has {sorted(ours)}, "
+                                     f"PyTorch {sorted(theirs)}")
+            for name in theirs:
+                errors[f"step {step} {kind} {name}"] = relative_error(ours[name], theirs[name])
+    if [s for s, _ in got.held_out] != [s for s, _ in want.held_out]:
+        raise AssertionError(f"held-out evaluations after steps {got.held_out}, PyTorch "
+                             f"{want.held_out}")
+    for (step, g), (_, w) in zip(got.held_out, want.held_out, strict=True):
+        errors[f"held-out loss after step {step}"] = relative_error(np.array(g), np.array(w))
+    return errors

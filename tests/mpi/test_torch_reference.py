@@ -3,8 +3,16 @@ torchvision), float64: ResNet-18, one InceptionA module and CosmoFlow (3-D volum
 their depth, a regression); logits, loss, every gradient, the parameters after each SGD update
 (two steps, so momentum is used) and the running statistics.
 
-Run with ``mpiexec -n 4 python -m mpi4py -m pytest tests/mpi/test_torch_reference.py``; skipped
-on other world sizes (the plans name 2x2, 4x1 and 1x4 grids).
+Then the whole loop: the ``train`` command on 2, 3 or 4 ranks reads a dataset through its reader
+under ``--augment standard`` for an epoch and three steps, with momentum, weight decay, a
+warm-up and a step schedule, under batch, model and mixed plans; PyTorch trains the same net
+from the same weights on batches rebuilt from the documented draws (the epoch permutation, each
+sample's crop and flip) with the documented update. Every logged loss, and every weight,
+velocity and running statistic after every step, agree to 1e-9.
+
+Run with ``mpiexec -n 4 python -m mpi4py -m pytest tests/mpi/test_torch_reference.py``; the
+step-by-step cases are skipped on other world sizes (their plans name 2x2, 4x1 and 1x4 grids),
+the whole-loop cases on one rank.
 """
 
 import time
@@ -20,10 +28,14 @@ from tests.torch_reference import (  # noqa: E402
     MODELS,
     STEPS,
     TOLERANCE,
+    EpochConfig,
     compare,
+    compare_epochs,
     failures,
     hpctrain_steps,
+    torch_epoch,
     torch_steps,
+    train_command_epoch,
 )
 
 PROCS = 4
@@ -154,3 +166,46 @@ def _matches_pytorch(comm, case, model, make_plan):
 
     problem = on_root(comm, check)
     assert not problem, f"{case}: {problem}"
+
+
+# the whole loop on P ranks: --grid for P, the modes conv1, conv2 and linear1 then run in, and
+# the configuration (the mixed plan's net reads an 8x8 window of the 10x10 images, so its crops
+# have more offsets and the held-out images are cut to their centre)
+EPOCH_CASES = {
+    "batch": (lambda p: f"1x{p}", ("batch", "batch", "batch"), EpochConfig()),
+    "model": (lambda p: f"{p}x1", ("model", "model", "model"), EpochConfig()),
+    "mixed": (lambda p: f"conv1 domain {p}x1\nconv2 model {p}x1\nlinear1 batch 1x{p}\n",
+              ("domain", "model", "batch"), EpochConfig(size=8)),
+}
+
+
+@pytest.mark.parametrize("case", EPOCH_CASES)
+def test_the_train_command_for_an_epoch_matches_pytorch(comm, case, shared_dir, monkeypatch):
+    procs = comm.Get_size()
+    if not 2 <= procs <= 4:
+        pytest.skip(f"the plans are for 2 to 4 ranks; this run has {procs}")
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(shared_dir / "cache"))
+    make_grid, modes, config = EPOCH_CASES[case]
+    grid = make_grid(procs)
+    if "\n" in grid:  # a plan file
+        if comm.Get_rank() == 0:
+            (shared_dir / "mixed.plan").write_text(grid)
+        grid = str(shared_dir / "mixed.plan")
+    ran = train_command_epoch(comm, shared_dir, config, grid)
+
+    def check() -> str:
+        run, data, params, buffers = ran
+        ran_in = tuple(run.modes[layer] for layer in ("conv1", "conv2", "linear1"))
+        if ran_in != modes:  # a layer fell back to another mode: not the plan to test
+            return f"conv1, conv2, linear1 ran {ran_in}, not {modes}"
+        problem = failures(compare_epochs(run, torch_epoch(config, data, params, buffers)),
+                           TOLERANCE)
+        # the comparison sees a wrong flip and a missing weight decay
+        for broken in ({"flip_wrong": True}, {"weight_decay": 0.0}):
+            errors = compare_epochs(run, torch_epoch(config, data, params, buffers, **broken))
+            if not failures(errors, 1e-3):
+                problem += f"\nPyTorch with {broken} matched too"
+        return problem
+
+    problem = on_root(comm, check)
+    assert not problem, f"{case} on {procs} ranks: {problem}"
