@@ -24,7 +24,7 @@ DIGITS := inputs/digits.h5
 UNIVERSE := runs/universe-32.h5
 SHAPES := runs/shapes.h5
 
-.PHONY: install test test-serial test-mpi test-slurm run digits resdigits images cosmoflow verify bench plots timeline docs lint clean
+.PHONY: install test test-serial test-mpi test-slurm run digits resdigits images cosmoflow verify bench learning plots timeline docs lint clean
 
 install: $(STAMP)
 
@@ -142,6 +142,12 @@ bench: install $(BENCH_STAMP)
 	$(PY) bench/memory.py --procs 2 --steps 3
 	$(PY) bench/conv3d.py --repeat 7
 	$(PY) bench/prefetch.py --procs 2 --steps 12
+
+# Learning alike: hpctrain on 2 ranks and the same recipe in PyTorch, 16 seeds each, on a folder
+# of three shapes; held-out accuracy per side and the gap with its standard error
+# (bench/learning.py; minutes, so neither in test nor in bench)
+learning: install $(BENCH_STAMP)
+	$(PY) bench/learning.py
 
 # Plots. First the paper's study from the cost model for each of SIM_NETS (no MPI, seconds
 # each): runs/simulation/NET.h5 and its figures in PLOTS/simulation/NET/ (per study: grids,

@@ -46,10 +46,11 @@ def draw(shape: str, rng: np.random.Generator):
     return image
 
 
-def make_folder(root: Path, per_class: int, seed: int = 0) -> Path:
-    """``root/SHAPE/NNNN.jpg|png``, ``per_class`` images of each shape; ``root``."""
+def make_folder(root: Path, per_class: int, seed: int = 0,
+                shapes: tuple[str, ...] = SHAPES) -> Path:
+    """``root/SHAPE/NNNN.jpg|png``, ``per_class`` images of each of ``shapes``; ``root``."""
     rng = np.random.default_rng(seed)
-    for shape in SHAPES:
+    for shape in shapes:
         folder = root / shape
         folder.mkdir(parents=True, exist_ok=True)
         for k in range(per_class):
