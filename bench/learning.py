@@ -32,8 +32,8 @@ recipe is the same rather than that it learns alike.
     python bench/learning.py                       # 16 seeds; make learning runs this
     python bench/learning.py --seeds 32 --augment standard --epochs 40 --per-class 400
 
-With the defaults (600 images, 30 epochs of 28 steps) a seed took 37-68 s on the 2-core
-development machine while other work shared it (hpctrain on 2 ranks 32-59 s, most of it the
+With the defaults (600 images, 30 epochs of 28 steps) a seed took 37-68 s on a 2-core
+machine while other work shared it (hpctrain on 2 ranks 32-59 s, most of it the
 840 steps and the start-up; PyTorch 5-10 s), 14.4 minutes in all. Needs PyTorch (the ``bench``
 extra) and Pillow (the ``images`` extra).
 """
