@@ -9,8 +9,8 @@ latencies. What is left in each communicator's bucket goes when the backward end
 bucket is started at once and the step waits for them all, so it pays the largest of their
 latencies, whole, and never hidden behind compute (there is none left). A net smaller than a
 bucket thus pays one all-reduce's latency, not its byte share of one, and no plan is predicted
-below the latency of the slowest communicator it sums gradients over. A communicator is a block
-of ranks: its first rank and the pattern of its groups (:class:`~hpctrain.cost.nodes.Group`).
+below the latency of the slowest communicator it sums gradients over. Each layer's price knows the
+latency of the slowest communicator it sums over (``LayerCost.bucket_latency``).
 
 The term is not a sum over layers, so :func:`least_with_last_buckets` keeps the search exact
 around the additive search (every layer's own price). A plan's time is its additive time A plus
@@ -28,24 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from hpctrain.cost.collectives import bucket_latency
-from hpctrain.cost.machine import Machine
-from hpctrain.cost.nodes import Group
 
-Communicator = tuple[int, Group]  # (first rank, pattern of its groups)
-
-
-def communicators(costs) -> set[Communicator]:
-    """The communicators the layers of ``costs`` (:class:`~hpctrain.plan.pricing.LayerCost`)
-    sum gradients over."""
-    return {key for c in costs for key in c.sums}
-
-
-def slowest_latency(costs, machine: Machine) -> float:
-    """The latency of one all-reduce on the slowest communicator the layers of ``costs`` sum
-    gradients over (0 when they sum none): what their last buckets cost the step."""
-    return max((bucket_latency(machine, group) for _, group in communicators(costs)),
-               default=0.0)
+def slowest_latency(costs) -> float:
+    """The latency of one all-reduce on the slowest communicator the layers of ``costs``
+    (:class:`~hpctrain.plan.pricing.LayerCost`) sum gradients over (0 when they sum none): what
+    their last buckets cost the step."""
+    return max((c.bucket_latency for c in costs), default=0.0)
 
 
 def least_with_last_buckets(search: Callable[[float], object | None],

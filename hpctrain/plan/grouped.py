@@ -167,7 +167,7 @@ class RegionPrices:
         return self._costs[key]
 
     def _fast_enough(self, costs: list[LayerCost]) -> bool:
-        return slowest_latency(costs, self.model.machine) < self.below
+        return slowest_latency(costs) < self.below
 
     def _branch_tables(self, b: int) -> _Branch | None:
         """What branch ``b`` costs whatever the fork's layout: its segments' choices on its
@@ -457,7 +457,7 @@ class GroupedSpace:
                                               None if k == join else laid[first].output))
         except SplitError:
             return None
-        if join not in laid or slowest_latency(costs, model.machine) >= self.below:
+        if join not in laid or slowest_latency(costs) >= self.below:
             return None
         model.time_layers(costs)
 

@@ -219,7 +219,7 @@ def evaluate(model: CostModel, choices: list[LayerPlan], timed: bool = True) -> 
     loss = model.loss_cost(layouts[len(net.layers) - 1].output)
     return PlannedNetwork(_layer_plans(model, choices), layers, loss, data,
                           hidden_share=model.hidden_share, precision=model.precision,
-                          last_bucket=slowest_latency(layers, model.machine))
+                          last_bucket=slowest_latency(layers))
 
 
 def evaluate_plan(model: CostModel, plan: list[LayerPlan], timed: bool = True
@@ -272,7 +272,7 @@ def evaluate_placed(model: CostModel, plan: list[LayerPlan], timed: bool = True
     return PlannedNetwork(list(plan), costs, loss, data, hidden_share=model.hidden_share,
                           precision=model.precision,
                           side_by_side=max(0.0, every - forward - backward),
-                          on_groups=on_groups, last_bucket=slowest_latency(costs, model.machine))
+                          on_groups=on_groups, last_bucket=slowest_latency(costs))
 
 
 def _blocks(layout: Layout) -> tuple[tuple[int, int], ...]:
@@ -653,7 +653,7 @@ def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: f
         if below == math.inf:
             return _additive_search(model, candidates, mem_per_rank, cap_source, free, groups)
         allowed = [[c for c in found if slowest_latency(
-            model.segment_cost(k, c, timed=False).layers, model.machine) < below]
+            model.segment_cost(k, c, timed=False).layers) < below]
             for k, found in enumerate(candidates)]
         if not all(allowed):
             return None

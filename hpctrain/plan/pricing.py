@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hpctrain.cost.collectives import bucket_latency
 from hpctrain.cost.compute import (
     FlopModel,
     MeasuredCompute,
@@ -54,7 +55,6 @@ from hpctrain.cost.memory import (
     parameter_bytes,
     precision_of,
 )
-from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.layout.layout import Layout, largest_block
@@ -97,8 +97,9 @@ class LayerCost:
     work: LocalWork | None = field(default=None, repr=False)
     update: LocalWork | None = field(default=None, repr=False)  # the optimizer, with backward
     grad_sum: float = 0.0  # seconds of comm[1] that sum parameter gradients (may be in flight)
-    # the communicators those sums use, (first rank, ranks): each has a bucket of its own
-    sums: tuple[tuple[int, Group], ...] = ()
+    # one all-reduce's latency on the slowest communicator those sums use: what the layer's
+    # last bucket may cost the step (hpctrain.plan.buckets)
+    bucket_latency: float = 0.0
 
     def for_layer(self, layer: str) -> LayerCost:
         """A copy for ``layer``, priced alike, with memory tables of its own to amend."""
@@ -307,8 +308,9 @@ class CostModel(Segments):
                                    self.itemsize)
         cost.grad_sum = kind.gradient_sum_time(spec, layouts.inputs, layouts.output,
                                                self.machine, self.itemsize)
-        cost.sums = tuple((layouts.output.first, group) for group, _ in kind.gradient_sums(
-            spec, layouts.inputs, layouts.output, self.itemsize) if group.size > 1)
+        cost.bucket_latency = max((bucket_latency(self.machine, group) for group, _ in
+                                   kind.gradient_sums(spec, layouts.inputs, layouts.output,
+                                                      self.itemsize)), default=0.0)
         params = kind.local_parameters(spec, layouts.inputs, layouts.output)
         if params:
             cost.update = LocalWork(UPDATE, (params,))
