@@ -30,9 +30,10 @@ from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.layout.partition import SplitError
 from hpctrain.model.net import load_net
-from hpctrain.plan.planner import PlannerError, plan_network, predict
+from hpctrain.plan.planner import PlannerError, plan_network
 from hpctrain.plan.plans import LayerPlan, PlanError, parse_plan, plan_from_spec
 from hpctrain.plan.pricing import CostModel
+from hpctrain.plan.spaces import predict
 
 NETS = ("alexnet", "vgg16")
 PROCS = (8, 64, 512, 4096)

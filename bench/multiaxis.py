@@ -19,9 +19,10 @@ import time
 from hpctrain.cost.machine import load_machine
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import load_net
-from hpctrain.plan.planner import PlannerError, plan_network, predict
+from hpctrain.plan.planner import PlannerError, plan_network
 from hpctrain.plan.plans import PlanError, plan_from_spec
 from hpctrain.plan.pricing import build_cost_model
+from hpctrain.plan.spaces import predict
 
 CASES = [  # (label, net, image size, batch, machine, cap GiB)
     ("CosmoFlow 128^3 b16", "cosmoflow", 128, 16, "perlmutter-gpu", 40),

@@ -14,6 +14,13 @@ balanced's cache"), so that the two plans are priced from the same timings: meas
 varies from launch to launch, and two spaces' plans timed apart differ by that noise too.
 Below the table, the kernel shapes one space times that the other does not.
 
+Then ``--space auto`` (the default) runs on a copy of the cache a cold ``grids`` launch filled
+("auto on grids' cache"), twice: the first launch finds the grids' kernels cached and estimates
+how long timing the kernels balanced adds would take (its plan's note says about how long, and
+which space it searched); where it searched balanced, the first launch's time less the second's
+is how long that timing took, to set against the estimate (``--steps``: the run auto weighs it
+against, train's default of 10 steps unless given).
+
 Cold and warm are repeated ``--repeat`` times, each on a fresh directory; the table gives the
 median seconds, the range, and the median predicted iteration. A launch past ``--timeout``
 seconds is stopped and reported as such, and one that ends without a plan with its last lines.
@@ -32,6 +39,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -46,8 +54,11 @@ MPIEXEC = str(Path(PY).parent / "mpiexec") if (Path(PY).parent / "mpiexec").exis
     else "mpiexec"
 ROOT = Path(__file__).resolve().parent.parent
 PREDICTED = re.compile(r"^# predicted iteration ([\d.]+) ms", re.MULTILINE)
+ESTIMATE = re.compile(r"--space auto searched (balanced|the grids only)[^\n]*?(?:about|"
+                      r"estimated at) ([\d.e-]+) (s|min)")
 SPACES = ("grids", "balanced")
 SAME_CACHE = "grids on balanced's cache"
+AUTO = "auto on grids' cache"
 
 
 @dataclass
@@ -59,6 +70,7 @@ class Launch:
     gained: set[str] = field(default_factory=set)
     predicted_ms: float | None = None
     failed: str = ""  # why there is no plan
+    output: str = ""  # what it printed
 
 
 def cache_keys(cache: Path) -> set[str]:
@@ -69,12 +81,15 @@ def cache_keys(cache: Path) -> set[str]:
 
 
 def launch(net: str, image_size: int | None, procs: int, space: str, batch: int, cache: Path,
-           work: Path, timeout: float) -> Launch:
-    """One launch of ``train --grid auto --space SPACE --plan-only`` on the cache ``cache``."""
+           work: Path, timeout: float, steps: int | None = None) -> Launch:
+    """One launch of ``train --grid auto --space SPACE --plan-only`` on the cache ``cache``
+    (for a run of ``steps`` steps, when given)."""
     plan = work / f"{net}-p{procs}-{space}-{time.monotonic_ns()}.plan"
     command = [MPIEXEC, "-n", str(procs), PY, "-m", "hpctrain", "--net", net,
                "--batch", str(batch), "--grid", "auto", "--space", space, "--plan-only",
                "--plan-file", str(plan)]
+    if steps is not None:
+        command += ["--steps", str(steps)]
     if image_size is not None:
         command += ["--image-size", str(image_size)]
     env = {**os.environ, "HPCTRAIN_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
@@ -96,7 +111,25 @@ def launch(net: str, image_size: int | None, procs: int, space: str, batch: int,
         tail = " | ".join(output.strip().splitlines()[-3:])
         return Launch(seconds, gained, failed=f"exit {process.returncode}: {tail}")
     match = PREDICTED.search(plan.read_text())
-    return Launch(seconds, gained, float(match.group(1)) if match else None)
+    return Launch(seconds, gained, float(match.group(1)) if match else None, output=output)
+
+
+def auto_estimate(first: Launch, second: Launch) -> str:
+    """What ``--space auto`` estimated the balanced kernels' timing at, which space it searched
+    and, where that was balanced, how long the timing took (``first``'s time less
+    ``second``'s, the same launch on the cache ``first`` filled)."""
+    found = ESTIMATE.search(first.output.replace("\n", " "))
+    if first.failed or second.failed:
+        return f"auto: {first.failed or second.failed}"
+    if found is None:
+        searched = "balanced" if "searched balanced" in first.output else "?"
+        return f"auto searched {searched}, the kernels it adds cached (nothing estimated)"
+    estimate = float(found.group(2)) * (60 if found.group(3) == "min" else 1)
+    if found.group(1) != "balanced":
+        return f"auto estimated {estimate:.3g} s, over its budget: searched the grids only"
+    return (f"auto estimated {estimate:.3g} s, searched balanced: timing took "
+            f"{first.seconds - second.seconds:.1f} s ({first.seconds:.1f} - "
+            f"{second.seconds:.1f}), {len(first.gained)} kernels")
 
 
 def parse_net(text: str) -> tuple[str, int | None, int | None]:
@@ -147,6 +180,9 @@ def main() -> int:
                              "cache (default: 2)")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds before a launch is stopped (default: 600)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="the run --space auto weighs the balanced kernels' timing "
+                             "against (default: train's default)")
     args = parser.parse_args()
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}, batch {args.batch} "
           f"unless the net says @BATCH, "
@@ -182,6 +218,8 @@ def main() -> int:
                         if first.failed:
                             break  # a warm cache would be neither cold nor warm
                         keys.setdefault(space, first.gained)
+                        if space == "grids":  # a copy for auto, before the warm launch
+                            shutil.copytree(cache, work / f"{net}-p{procs}-auto-{k}")
                         warm.append(launch(net, image_size, procs, space, batch, cache,
                                            work, args.timeout))
                     for state in ("cold", "warm"):
@@ -189,6 +227,14 @@ def main() -> int:
                             label = "warm" if space == SAME_CACHE else state
                             print(row(name, procs, space, label, runs[space, state]),
                                   flush=True)
+                for k in range(args.repeat):
+                    cache = work / f"{net}-p{procs}-auto-{k}"
+                    if cache.is_dir():
+                        first, second = (launch(net, image_size, procs, "auto", batch, cache,
+                                                work, args.timeout, args.steps)
+                                         for _ in range(2))
+                        print(f"{name:<14} {procs:>2} {AUTO:<26} {auto_estimate(first, second)}",
+                              flush=True)
                 if "grids" in keys and "balanced" in keys:
                     only = len(keys["balanced"] - keys["grids"])
                     extra.append(f"{name} P={procs}: balanced times {only} kernel shapes that "

@@ -218,9 +218,9 @@ def batchnorm_costs(choice, grid, procs=4, batch=8):
     from hpctrain.cost.machine import load_machine
     from hpctrain.device.backend import Backend
     from hpctrain.model.net import load_net
-    from hpctrain.plan.planner import predict
     from hpctrain.plan.plans import plan_from_spec
     from hpctrain.plan.pricing import build_cost_model
+    from hpctrain.plan.spaces import predict
 
     net = load_net("resdigits").with_statistics(choice, procs)
     model = build_cost_model(net, batch, procs, load_machine("default"), "flops",

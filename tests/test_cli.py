@@ -133,7 +133,7 @@ def test_plan_loads_only_what_planning_runs():
     (["--machine", "nowhere"], "unknown machine 'nowhere'"),
     (["--mem-per-rank", "1K"], "no plan fits in --mem-per-rank"),
     (["--procs", "0"], "--procs 0 must be at least 1"),
-    (["--procs", "64", "--batch", "2", "--net", "smallcnn"], "raise --batch"),
+    (["--procs", "64", "--batch", "2", "--net", "smallcnn", "--space", "grids"], "raise --batch"),
 ])
 def test_plan_bad_input_is_one_clear_line(args, message):
     base = {"--procs": "16", "--batch": "32", "--machine": "cori-knl"}

@@ -74,14 +74,15 @@ def test_the_search_over_the_slowest_latency_stops_where_nothing_left_can_win():
     plans = [(10.0, 5.0), (11.0, 3.0), (12.5, 1.0), (14.0, 0.0), (11.5, 4.0)]
     searched = []
 
-    def search(below):
-        searched.append(below)
+    def search(below, under):
+        searched.append((below, under))
         left = [p for p in plans if p[1] < below]
         return min(left) if left else None
 
     best = least_with_last_buckets(search, lambda p: p[0], lambda p: p[1])
     assert best == (12.5, 1.0) == min(plans, key=sum)
-    assert searched == [float("inf"), 5.0, 3.0, 1.0]  # (14, 0): its additive time loses
+    # each search is told the best total so far; (14, 0): its additive time loses
+    assert searched == [(float("inf"), float("inf")), (5.0, 15.0), (3.0, 14.0), (1.0, 13.5)]
 
 
 NETS = shipped_names("nets", ".net")

@@ -68,7 +68,8 @@ def names_of(net):
 
 
 def test_a_1_5d_plan_lines_up_and_fits_80_columns(capsys, monkeypatch):
-    args = ("--net", "alexnet", "--procs", "8", "--batch", "512", "--machine", "dgx-h100")
+    args = ("--net", "alexnet", "--procs", "8", "--batch", "512", "--machine", "dgx-h100",
+            "--space", "grids")
     piped = plan_output(capsys, monkeypatch, *args)
     table = table_of(piped)
     rows = rows_of(table)

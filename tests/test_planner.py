@@ -429,3 +429,21 @@ def test_graph_plans_with_hidden_sums_are_bracketed_too(seed):
     best = min(evaluate(model, list(c)).iteration_time for c in itertools.product(*options))
     planned = plan_network(model)
     assert planned.lower_bound <= best * (1 + 1e-12) <= planned.iteration_time * (1 + 2e-12)
+
+
+def test_the_front_of_labels_is_every_label_no_other_beats():
+    """The chain search keeps, per choice, the partial plans no other beats in time, memory and
+    peak: the staircase it keeps them with gives the same front as comparing every pair."""
+    from hpctrain.plan.planner import _Label, _pareto
+
+    rng = random.Random(5)
+    for _ in range(200):
+        labels = [_Label(*(float(rng.randint(0, 5)) for _ in range(3)), None)
+                  for _ in range(rng.randint(1, 40))]
+        cap = float(rng.randint(4, 12))
+        under = [l for l in labels if l.memory + l.peak <= cap]
+        order = sorted(under, key=lambda l: (l.time, l.memory, l.peak))
+        want = [l for i, l in enumerate(order) if not any(
+            k.time <= l.time and k.memory <= l.memory and k.peak <= l.peak
+            for k in order[:i])]
+        assert _pareto(labels, cap) == want

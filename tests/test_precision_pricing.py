@@ -19,9 +19,10 @@ from hpctrain.cost.memory import parameter_bytes
 from hpctrain.device.backend import Backend
 from hpctrain.device.precision import PRECISIONS
 from hpctrain.model.net import load_net
-from hpctrain.plan.planner import plan_memory, plan_network, predict
+from hpctrain.plan.planner import plan_memory, plan_network
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.pricing import CostModel, build_cost_model
+from hpctrain.plan.spaces import predict
 
 FP32, BF16 = PRECISIONS["fp32"], PRECISIONS["bf16"]
 # plan --net resnet50 --procs 512 --batch 2048 --machine dgx-h100 --compute flops

@@ -15,6 +15,7 @@ from hpctrain.device.threads import ThreadChoice
 from hpctrain.model.net import load_net
 from hpctrain.plan.planner import choices_of, evaluate, plan_network
 from hpctrain.plan.pricing import build_cost_model
+from hpctrain.plan.spaces import plan_over
 from hpctrain.record.timing import LayerTimes, StepTimes
 
 PROCS, BATCH, STEPS = 2, 8, 5
@@ -78,7 +79,8 @@ def test_a_profile_off_by_a_hundred_in_bandwidth_is_refitted_and_the_plan_switch
     truth = scaled_links(machine, (1.0, 100.0), (1.0, 100.0))
     setup = setup_on(machine)
     result, running = run_measured_on(truth, setup)
-    best = plan_network(build_cost_model(setup.net, BATCH, PROCS, truth, "flops"))
+    best = plan_over(build_cost_model(setup.net, BATCH, PROCS, truth, "flops"),
+                     space=REQUEST.space)
     assert best.plans != setup.plan and best.iteration_time < 0.9 * running.iteration_time
     decision = decide(setup, REQUEST, STEPS, result, 0.1, TwoRanks())
     assert decision.switched and decision.refitted

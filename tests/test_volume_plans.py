@@ -22,6 +22,7 @@ from hpctrain.model.net import NetSpec, load_net
 from hpctrain.plan.planner import PlannedNetwork, PlannerError, evaluate, plan_network
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.pricing import CostModel
+from hpctrain.plan.spaces import plan_over
 
 GiB = 2**30
 GPU = load_machine("perlmutter-gpu")  # 4 A100 per node
@@ -121,9 +122,10 @@ def test_the_plan_command_prints_the_split_and_its_memory(capsys):
                              "--procs", "64", "--machine", "perlmutter-gpu", "--compute",
                              "flops", "--mem-per-rank", "40G", "--overlap", "off"]) == 0
     text = capsys.readouterr().out
-    assert re.search(r"^block1\.conv1 +conv +domain +8x8 ", text, flags=re.M)
+    # the default --space auto: balanced with FLOP-priced compute, depth, height and width cut
+    assert re.search(r"^block1\.conv1 +conv +split +n8 c1 d2 h2 w2 ", text, flags=re.M)
     memory = float(re.search(r"peak memory ([\d.]+) MiB per rank", text)[1])
-    want = plan_network(cost_model(512, 8, 64), A100).memory
+    want = plan_over(cost_model(512, 8, 64), A100).memory
     assert memory == pytest.approx(want / 2**20, abs=0.05) and memory * 2**20 <= A100
 
 

@@ -37,8 +37,9 @@ from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import grid_spec
-from hpctrain.plan.planner import PlannedNetwork, predict
+from hpctrain.plan.planner import PlannedNetwork
 from hpctrain.plan.plans import plan_from_spec
+from hpctrain.plan.spaces import predict
 from hpctrain.record.runlog import communication, measured_fields, predicted_fields
 from hpctrain.record.timing import StepTimes
 

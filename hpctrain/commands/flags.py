@@ -98,8 +98,8 @@ def add_overlap_option(parser: argparse.ArgumentParser) -> None:
 def add_planning_options(parser: argparse.ArgumentParser) -> None:
     """--machine, --mem-per-rank and --compute: the cost model behind --grid auto."""
     from hpctrain.cost.machine import available_machines
-    from hpctrain.plan.planner import SPACES
     from hpctrain.plan.pricing import COMPUTE_SOURCES
+    from hpctrain.plan.spaces import AUTO_SECONDS, AUTO_SHARE, SPACE_CHOICES
 
     parser.add_argument("--machine", default=None,
                         help=f"machine profile for the cost model: "
@@ -107,7 +107,7 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              f"(default: local when calibrated, else default)")
     parser.add_argument("--mem-per-rank", type=parse_size, default=None,
                         help="memory cap per rank for --grid auto, e.g. 2G (default: none)")
-    parser.add_argument("--space", choices=SPACES, default="grids", action=_NoteGiven,
+    parser.add_argument("--space", choices=SPACE_CHOICES, default="auto", action=_NoteGiven,
                         help="what --grid auto searches, exactly: grids, every weighted layer "
                              "in batch, model or domain mode on a Pr x Pc grid (the 1.5D "
                              "space); balanced, also a degree for several axes of each layer's "
@@ -115,9 +115,13 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              "every cut is even and the spatial degrees are within a factor of "
                              "2, and splits of a layer's input channels or features, summed in "
                              "the layer (seconds at 4096 ranks); axes, every split of every "
-                             "axis, replicas and input channels (small nets on tens of ranks) "
-                             "(default: grids); refused with a plan given instead of "
-                             "--grid auto, which it would not change")
+                             "axis, replicas and input channels (small nets on tens of ranks); "
+                             "auto, balanced where it costs little: with compute from FLOPs, "
+                             "or when timing the kernels it adds to the grids' is estimated at "
+                             f"{AUTO_SECONDS:g} s or less, or {AUTO_SHARE * 100:g}%% of the run's "
+                             "predicted time, else grids, "
+                             "and the plan says which (default: auto); refused with a plan "
+                             "given instead of --grid auto, which it would not change")
     parser.add_argument("--branches", choices=("auto", "serial"), default="auto",
                         help="how --grid auto may run the branches of a fork-join region (an "
                              "Inception module, a ResNet block with a convolution on its "

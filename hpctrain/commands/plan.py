@@ -87,15 +87,10 @@ def run(argv: list[str]) -> int:
     from hpctrain.device.backend import Backend
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.io.textfile import existing_file
-    from hpctrain.plan.planner import (
-        describe_precision,
-        format_plan,
-        plan_network,
-        predict,
-        wrap_line,
-    )
+    from hpctrain.plan.planner import describe_precision, format_plan, wrap_line
     from hpctrain.plan.plans import is_plan_file, plan_and_fallbacks
     from hpctrain.plan.pricing import build_cost_model, compute_source
+    from hpctrain.plan.spaces import plan_over, predict
 
     args = build_parser().parse_args(argv)
     for flag in ("procs", "batch"):
@@ -122,7 +117,7 @@ def run(argv: list[str]) -> int:
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
                              threads=threads, overlap=overlap)
     if given is None:
-        planned = plan_network(model, args.mem_per_rank, space=args.space,
+        planned = plan_over(model, args.mem_per_rank, space=args.space,
                                groups=args.branches == "auto")
     else:  # priced as given, and held to the cap as a run would be
         from hpctrain.cost.memory import check_memory

@@ -61,8 +61,8 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
     under (:func:`~hpctrain.cost.memory.memory_limit`, agreed at set-up), and the new plan is
     held to it too. None: agreed again here, over ``comm``, which costs an all-reduce and reads
     the node's free memory while the running plan's arrays hold part of it."""
-    from hpctrain.plan.planner import predict
     from hpctrain.plan.pricing import build_cost_model
+    from hpctrain.plan.spaces import predict
     from hpctrain.record.measured import measured_plan
     from hpctrain.record.refit import refit
 

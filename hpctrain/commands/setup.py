@@ -37,18 +37,20 @@ class SetupRequest:
     mem_per_rank: float | None = None
     overlap: str | bool = "auto"
     plan_file: str | None = None
-    space: str = "grids"
+    space: str = "auto"  # --space: what --grid auto searches (hpctrain.plan.spaces)
     collectives: str = "auto"  # --collectives: auto, nccl or mpi (hpctrain.comm.transport)
     branches: str = "auto"  # --branches: regions on groups of ranks (auto) or not (serial)
+    steps: int | None = None  # the run's length, which --space auto weighs planning against
 
     @classmethod
     def from_flags(cls, args: Any, dtype: str, overlap: str | bool = "auto",
-                   plan_file: str | None = None) -> SetupRequest:
+                   plan_file: str | None = None, steps: int | None = None) -> SetupRequest:
         """The request the shared flags (:func:`hpctrain.commands.flags.add_planning_options`,
-        :func:`~hpctrain.commands.flags.add_run_options`, ``--batch``) give, in ``dtype``."""
+        :func:`~hpctrain.commands.flags.add_run_options`, ``--batch``) give, in ``dtype``, for
+        a run of ``steps`` steps (None: not known)."""
         return cls(args.grid, args.batch, args.device, dtype, args.threads, args.machine,
                    args.compute, args.mem_per_rank, overlap, plan_file, args.space,
-                   args.collectives, getattr(args, "branches", "auto"))
+                   args.collectives, getattr(args, "branches", "auto"), steps)
 
 
 @dataclass
@@ -109,8 +111,8 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
                      overlap=sums_in_flight(request.overlap, None), limit=(limit, source))
     from hpctrain.comm.nodes import check_placement
     from hpctrain.cost.machine import load_machine
-    from hpctrain.plan.planner import predict as predict_plan
     from hpctrain.plan.pricing import build_cost_model
+    from hpctrain.plan.spaces import predict as predict_plan
 
     machine = agreed(comm, lambda: load_machine(request.machine))
     check_placement(comm, machine)
@@ -118,7 +120,7 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
                              threads, overlap)
     planned = predict_plan(model, plan, limit, source, request.space,
-                           request.branches == "auto")
+                           request.branches == "auto", request.steps)
     if plan is None:
         write_auto_plan(request, net, planned, model.machine.name, comm)
     return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory,

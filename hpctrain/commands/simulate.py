@@ -37,6 +37,7 @@ SIDE_OUT = "runs/side_by_side.h5"
 def build_parser() -> argparse.ArgumentParser:
     from hpctrain.commands.flags import add_net_options, parse_size
     from hpctrain.commands.plan import add_planning_precision
+    from hpctrain.plan.spaces import SPACE_CHOICES
 
     parser = ArgumentParser(
         prog="python -m hpctrain simulate",
@@ -113,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mem-per-rank", type=parse_size, default=None,
                         help="--volumes only: the cap on the predicted peak memory per rank, "
                              "e.g. 40G (default: 40G, an A100 of perlmutter-gpu)")
+    parser.add_argument("--space", choices=SPACE_CHOICES, default=volumes.VOLUMES_SPACE,
+                        help="--volumes only: what its auto plan searches (hpctrain plan "
+                             "--help; the other studies search the 1.5D grids, the paper's "
+                             "space) (default: %(default)s, which with compute from the FLOP "
+                             "rate is balanced)")
     parser.add_argument("--out", default=None,
                         help=f"HDF5 file to write, atomically (default: {STUDIES_OUT}; "
                              f"{LEVELS_OUT} with --levels; {VOLUMES_OUT} with --volumes; "
@@ -192,7 +198,7 @@ def _overlap_line(machine: Machine) -> str:
 
 # the options given on the line, told from their defaults (see _parse)
 _TOLD = ("net", "out", "images", "weak_batch_per_rank", "domain_batch", "overlap", "machine",
-         "strong_batch", "mem_per_rank", "bn_group")
+         "strong_batch", "mem_per_rank", "bn_group", "space")
 _NOT_FOR_LEVELS = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
                    "overlap": "--overlap", "bn_group": "--bn-group"}
 _NOT_FOR_VOLUMES = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
@@ -256,7 +262,7 @@ def _run_volumes(args: argparse.Namespace, given: set[str], argv: list[str]) -> 
         raise UserError("--volumes and --levels are two studies; give one of them")
     _refuse_given(given, _NOT_FOR_VOLUMES, "{flag} belongs to the strong, weak and domain "
                   "studies; --volumes takes --net, --machine, --mem-per-rank, --strong-batch, "
-                  "--precision, --out and --plots")
+                  "--space, --precision, --out and --plots")
     net = load_net(args.net if "net" in given else volumes.VOLUMES_NET)
     if len(net.input_shape) != 4:
         raise UserError(f"--volumes needs a net on volumes (input size=DxHxW), such as "
@@ -269,7 +275,7 @@ def _run_volumes(args: argparse.Namespace, given: set[str], argv: list[str]) -> 
     precision = resolve_precision(args.precision, machine.device)
     out, script = _outputs(args, "volumes.h5")
     study = volumes.run_volumes(net, machine, volumes.VOLUME_SIZES, volumes.VOLUMES_PROCS,
-                                strong_batch, cap, precision)
+                                strong_batch, cap, precision, args.space)
     volumes.write_volumes_hdf5(out, study, volumes.volumes_attrs(study, precision, argv))
     return _report(out, [volumes.volumes_summary(study)], script, args.plots)
 
@@ -349,6 +355,9 @@ def run(argv: list[str]) -> int:
     ``--volumes``), write the HDF5 file (and the plots with ``--plots``); 0 on success. Bad
     options raise :class:`~hpctrain.errors.UserError`."""
     args, given = _parse(argv)
+    if "space" in given and not args.volumes:
+        raise UserError("--space belongs to the --volumes study; the other studies search the "
+                        "1.5D grids, the space of the paper they reproduce")
     if args.side_by_side:
         return _run_side_by_side(args, given, argv)
     if args.ddp:

@@ -338,7 +338,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     prepared = agreed(comm, lambda: _prepare(args, comm.Get_size()))
     if _stopped_before_training(stop, comm):  # skip planning, which may measure for a while
         return 0
-    request = SetupRequest.from_flags(args, args.precision, args.overlap, args.plan_file)
+    request = SetupRequest.from_flags(args, args.precision, args.overlap, args.plan_file,
+                                      prepared.steps)
     setup = set_up(request, prepared.net, comm)
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)

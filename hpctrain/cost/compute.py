@@ -243,6 +243,27 @@ class MeasuredCompute:
             self._save()
         return {w: tuple(self.known[self.prefix + w.key()]) for w in works}
 
+    def seconds_to_time(self, works: Sequence[LocalWork], timed: Sequence[LocalWork]) -> float:
+        """About how long :meth:`times` would take over ``works``: zero for those in the cache;
+        for each other, per direction, the warm-up calls and the samples that fill the sample
+        budget (one at least, ``repeats`` at most), each call's time its FLOPs at the rate the
+        kernels of ``timed`` ran at (the FLOPs they did over the seconds they took; those not
+        timed yet count nothing). The same on every rank: the cache and the timings are."""
+        known = [w for w in dict.fromkeys(timed) if self.prefix + w.key() in self.known]
+        flops = sum(sum(w.flops()) for w in known)
+        seconds = sum(sum(self.known[self.prefix + w.key()]) for w in known)
+        if flops <= 0 or seconds <= 0:
+            return math.inf  # no rate to go by: as if it took too long
+        rate = flops / seconds
+        total = 0.0
+        for work in dict.fromkeys(works):
+            if self.prefix + work.key() in self.known:
+                continue
+            for count in work.flops():
+                call = count / rate
+                total += WARM_UPS * call + min(self.repeats * call, max(SAMPLE_BUDGET, call))
+        return total
+
     def _save(self) -> None:
         if self.cache is None or (self.comm is not None and self.comm.Get_rank() != 0):
             return

@@ -36,15 +36,17 @@ def slowest_latency(costs) -> float:
     return max((c.bucket_latency for c in costs), default=0.0)
 
 
-def least_with_last_buckets(search: Callable[[float], object | None],
+def least_with_last_buckets(search: Callable[[float, float], object | None],
                             additive: Callable[[object], float],
                             slowest: Callable[[object], float]) -> object | None:
     """The plan of least time, its additive time plus ``slowest(plan)``, exactly (the module's
-    text). ``search(below)``: the plan of least additive time among those whose every
-    communicator's latency is below ``below`` (None when there is none); ``additive(plan)``
-    that time. None when the first search finds no plan."""
+    text). ``search(below, under)``: the plan of least additive time among those whose every
+    communicator's latency is below ``below``; None when there is none, and it may be None when
+    none has additive time under ``under`` (the best time found so far: such a plan cannot win,
+    so a search may prune with it); ``additive(plan)`` that time. None when the first search
+    finds no plan."""
     best, best_time, below = None, math.inf, math.inf
-    while (plan := search(below)) is not None:
+    while (plan := search(below, best_time)) is not None:
         least = additive(plan)
         if least >= best_time:
             break  # the rest have more additive time than the best has in all

@@ -35,6 +35,7 @@ optimum exact with the term.
 
 from __future__ import annotations
 
+import bisect
 import math
 import textwrap
 from dataclasses import dataclass, replace
@@ -88,6 +89,8 @@ class PlannedNetwork:
     # the slowest communicator's last bucket, sent with the others when the backward ends
     # (:mod:`hpctrain.plan.buckets`): never hidden
     last_bucket: float = 0.0
+    # under --space auto, which space was searched and why (hpctrain.plan.spaces)
+    space_note: str = ""
 
     @property
     def iteration_time(self) -> float:
@@ -163,20 +166,27 @@ class _Label:
     peak: float  # the largest transient so far
     back: tuple[LayerPlan, int] | None  # (previous segment's choice, its label index)
 
-    def beats(self, other: _Label) -> bool:
-        return (self.time <= other.time and self.memory <= other.memory
-                and self.peak <= other.peak)
-
 
 def _pareto(labels: list[_Label], cap: float | None) -> list[_Label]:
     """The labels under the cap that no other label beats in time, memory and peak."""
     if cap is None:  # memory does not constrain: the fastest is all we need
         return [min(labels, key=lambda l: l.time)] if labels else []
     front: list[_Label] = []
+    # the kept labels' (memory, peak) that no other kept label's beats in both: memory rising,
+    # peak falling. Labels come in order of time, so a label is beaten iff the last step at or
+    # below its memory has a peak at or below its own.
+    memories: list[float] = []
+    peaks: list[float] = []
     for label in sorted((l for l in labels if l.memory + l.peak <= cap),
                         key=lambda l: (l.time, l.memory, l.peak)):
-        if not any(kept.beats(label) for kept in front):
-            front.append(label)
+        at = bisect.bisect_right(memories, label.memory)
+        if at and peaks[at - 1] <= label.peak:
+            continue
+        front.append(label)
+        end = at
+        while end < len(memories) and peaks[end] >= label.peak:
+            end += 1  # steps of more memory and no less peak: this label beats them
+        memories[at:end], peaks[at:end] = [label.memory], [label.peak]
     return front
 
 
@@ -307,17 +317,6 @@ def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = No
                if c.work is not None and (kinds is None or c.work.op.name in kinds))
 
 
-def predict(model: CostModel, plan: list[LayerPlan] | None,
-            mem_per_rank: float | None = None,
-            cap_source: str = "--mem-per-rank", space: str = "grids", groups: bool = False
-            ) -> PlannedNetwork:
-    """``plan`` with its predicted costs, or (``plan`` None) the plan the planner picks over
-    ``space`` (and with ``groups``, regions on groups of ranks: :func:`plan_network`)."""
-    if plan is None:
-        return plan_network(model, mem_per_rank, cap_source, space, groups)
-    return evaluate_plan(model, plan)
-
-
 def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
                 precision: Precision = PRECISIONS["fp32"]) -> PlannedNetwork:
     """``plan``'s memory per rank (and its moves) in ``precision``, arithmetic only: no kernel
@@ -332,23 +331,48 @@ def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
 
 def _fits(model: CostModel, candidates: list[list[LayerPlan]], cap: float,
           cap_source: str) -> list[list[LayerPlan]]:
-    """The candidates whose own segment fits under ``cap`` (arithmetic only, nothing timed);
+    """The candidates that may be part of a plan under ``cap`` (:func:`fitting_choices`);
     refuses at once when a segment has none, or when no combination can fit."""
-    base = 0.0
-    kept = []
     for k, found in enumerate(candidates):
         if not found:  # nothing of this space runs there (another space may)
             raise PlannerError(f"layer {model.net.layers[model.heads[k]].name} has no plan "
                                f"in this space")
+    kept = fitting_choices(model, candidates, cap)
+    if not all(kept):  # the leanest plan of all says what the cap would need
+        _refuse_cap(model, cap, _leanest(model, candidates), cap_source)
+    if sum(model.segment_cost(k, c, timed=False).memory
+           for k, c in enumerate(_leanest(model, kept))) > cap:
+        _refuse_cap(model, cap, _leanest(model, kept), cap_source)  # none fits together
+    return kept
+
+
+def fitting_choices(model: CostModel, candidates: list[list[LayerPlan]], cap: float
+            ) -> list[list[LayerPlan]]:
+    """Per segment, the candidates whose own memory and peak, with the least memory of the
+    segments before, fit under ``cap``: no plan through another fits. Arithmetic only, nothing
+    timed, so it goes before any kernel is (a whole-batch kernel may not fit in memory at
+    all); a segment may be left with none."""
+    base = 0.0
+    kept = []
+    for k, found in enumerate(candidates):
         costs = {c: model.segment_cost(k, c, timed=False) for c in found}
         fitting = [c for c in found if base + costs[c].memory + costs[c].peak <= cap]
-        if not fitting:  # the leanest plan of all says what the cap would need
-            _refuse_cap(model, cap, _leanest(model, candidates), cap_source)
         kept.append(fitting)
-        base += min(costs[c].memory for c in fitting)
-    if base > cap:  # every segment at its least memory still does not fit
-        _refuse_cap(model, cap, _leanest(model, kept), cap_source)
+        base += min((costs[c].memory for c in fitting), default=0.0)
     return kept
+
+
+def _fitting_apart(model: CostModel, grids: list[list[LayerPlan]], wider: list[list[LayerPlan]],
+                   cap: float, cap_source: str
+                   ) -> tuple[list[list[LayerPlan]], list[list[LayerPlan]]]:
+    """``grids`` and ``wider`` less the choices no plan under ``cap`` can take
+    (:func:`fitting_choices` over both together); refuses the cap when a segment keeps none."""
+    every = [a + b for a, b in zip(grids, wider, strict=True)]
+    kept = [set(found) for found in fitting_choices(model, every, cap)]
+    if not all(kept):
+        _refuse_cap(model, cap, _leanest(model, every), cap_source)
+    return ([[c for c in found if c in fit] for found, fit in zip(grids, kept, strict=True)],
+            [[c for c in found if c in fit] for found, fit in zip(wider, kept, strict=True)])
 
 
 def _leanest(model: CostModel, candidates: list[list[LayerPlan]]) -> list[LayerPlan]:
@@ -378,6 +402,7 @@ alone), ``balanced`` (those and the balanced splits of every axis,
 :func:`~hpctrain.plan.segments.balanced_degrees`) and ``axes`` (those and every split: a degree
 for every axis of each weighted layer's output, and replicas)."""
 
+
 WHOLE_SPACE_PAIRS = 6_000_000
 """The most pairs of choices at the two ends of the net's joins that ``--space axes`` takes on
 (about 10 µs each to price, a few seconds per million on one core); beyond, the whole space
@@ -389,7 +414,8 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
                  groups: bool = False) -> PlannedNetwork:
     """The plan of least predicted iteration time (under ``mem_per_rank`` bytes of peak memory
     per rank, if given; ``cap_source`` says where the cap came from, for the refusal), over the
-    search ``space`` (:data:`SPACES`).
+    search ``space`` (:data:`SPACES`; ``--space auto`` chooses one:
+    :mod:`hpctrain.plan.spaces`).
 
     Over ``balanced`` or ``axes`` the 1.5D plans are searched first, exactly; their optimum t*
     bounds the rest. A split c of segment s enters the search only if a lower bound on every
@@ -445,12 +471,15 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
         if not any(wider):
             return found
         bound = math.inf if found is None else found.time_with_free(free)
-        widened = _bounded(model, candidates, wider, bound, free)
-        if widened == candidates and found is not None:
+        grids, more = candidates, wider
+        if mem_per_rank is not None:  # time no kernel of a choice that cannot fit
+            grids, more = _fitting_apart(model, candidates, wider, mem_per_rank, cap_source)
+        widened = _bounded(model, grids, more, bound, free)
+        if widened == grids and found is not None:
             return found
         if mem_per_rank is not None:
             widened = _fits(model, widened, mem_per_rank, cap_source)
-        return _search(model, widened, mem_per_rank, cap_source, free)
+        return _search(model, widened, mem_per_rank, cap_source, free, upper=bound)
 
     counted = best(0.0)
     if not model.hidden_share:
@@ -644,14 +673,18 @@ def _searched(cost: SegmentCost, free: float) -> float:
 
 
 def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: float | None,
-            cap_source: str, free: float, groups: bool = False) -> PlannedNetwork:
+            cap_source: str, free: float, groups: bool = False, upper: float = math.inf
+            ) -> PlannedNetwork:
     """The plan least in time with ``free`` of every gradient sum counted free (0: the
     predicted time itself), exactly, the last bucket included: :func:`_additive_search`,
     repeated among the plans whose communicators are all faster than the slowest of the plan
-    found before (:func:`~hpctrain.plan.buckets.least_with_last_buckets`)."""
-    def search(below: float) -> PlannedNetwork | None:
+    found before (:func:`~hpctrain.plan.buckets.least_with_last_buckets`). ``upper``: the time
+    of a plan among the candidates, which no plan worth finding exceeds (it prunes the search
+    of a chain)."""
+    def search(below: float, under: float) -> PlannedNetwork | None:
         if below == math.inf:
-            return _additive_search(model, candidates, mem_per_rank, cap_source, free, groups)
+            return _additive_search(model, candidates, mem_per_rank, cap_source, free, groups,
+                                    upper=upper)
         allowed = [[c for c in found if slowest_latency(
             model.segment_cost(k, c, timed=False).layers) < below]
             for k, found in enumerate(candidates)]
@@ -659,7 +692,7 @@ def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: f
             return None
         try:
             return _additive_search(model, allowed, mem_per_rank, cap_source, free, groups,
-                                    below)
+                                    below, min(upper, under))
         except PlannerError:  # none of them fits the memory cap
             return None
 
@@ -669,13 +702,21 @@ def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: f
 
 def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
                      mem_per_rank: float | None, cap_source: str, free: float,
-                     groups: bool = False, below: float = math.inf) -> PlannedNetwork:
+                     groups: bool = False, below: float = math.inf, upper: float = math.inf
+                     ) -> PlannedNetwork:
     """The plan least in time with ``free`` of every gradient sum counted free, without the
     last buckets (every layer's own price: a sum over segments), exactly (see the module's
     docstring); with ``groups``, regions on groups of ranks among the plans
     (:func:`_grouped_plan`), whose branches' communicators are faster than ``below`` too. Under a
     memory cap the fastest plan with groups is taken when it fits (then nothing under the cap
-    beats it); otherwise every branch runs on every rank."""
+    beats it); otherwise every branch runs on every rank.
+
+    A chain is searched by dynamic programming over the segments, keeping per choice the
+    partial plans (labels) that no other beats in time, memory and peak. A label whose time,
+    with the least each later segment can add, exceeds ``upper`` (a known plan's time), or
+    whose memory, with the least each later segment keeps, exceeds the cap, can lead to no plan
+    worth finding and is dropped: under a tight cap a wide space would otherwise keep thousands
+    of labels per choice."""
     if not model.net.is_chain():
         if groups:
             grouped = _grouped_plan(model, candidates, free, below)
@@ -683,6 +724,8 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
                 return grouped
         return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free)
     model.prefetch(candidates)
+    later_time, later_memory = _least_after(model, candidates, free)
+    upper *= 1 + 1e-9  # sums in another order may differ in the last bits
     fronts: list[dict[LayerPlan, list[_Label]]] = []
     for segment, segment_choices in enumerate(candidates):
         front: dict[LayerPlan, list[_Label]] = {}
@@ -690,21 +733,30 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
             cost = model.segment_cost(segment, choice)
             rest_memory = sum(c.memory for c in cost.layers[1:])
             rest_peak = max((c.peak for c in cost.layers[1:]), default=0.0)
+            own = _searched(cost, free)
             labels = []
             if segment == 0:  # everything up to its head is in it, fed where it reads
                 data = model.input_cost(model.input_layout(choice))
-                labels.append(_Label(_searched(cost, free) + data.total,
+                labels.append(_Label(own + data.total,
                                      data.memory + cost.memory, max(data.peak, cost.peak),
                                      None))
             else:
                 for before, before_labels in fronts[-1].items():
+                    if not before_labels or (before_labels[0].time + own
+                                             + later_time[segment] > upper):
+                        continue  # its fastest label (fronts are sorted by time) is too slow
                     first = _fed(model, model.heads[segment], cost.layers[0], [(
                         model.segment_cost(segment - 1, before).out_layout, cost.in_layout)])
+                    moved = sum(first.redistribution) + own
                     for index, label in enumerate(before_labels):
                         labels.append(_Label(
-                            label.time + sum(first.redistribution) + _searched(cost, free),
+                            label.time + moved,
                             label.memory + first.memory + rest_memory,
                             max(label.peak, first.peak, rest_peak), (before, index)))
+            labels = [label for label in labels
+                      if label.time + later_time[segment] <= upper
+                      and (mem_per_rank is None or label.memory + label.peak
+                           + later_memory[segment] <= mem_per_rank)]
             front[choice] = _pareto(labels, mem_per_rank)
         fronts.append(front)
     finals = []
@@ -714,6 +766,8 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
             peak = label.memory + loss.memory + max(label.peak, loss.peak)
             if mem_per_rank is None or peak <= mem_per_rank:
                 finals.append((label.time + loss.total, choice, index))
+    if not finals and mem_per_rank is None:  # only ``upper`` can leave none
+        raise PlannerError("no plan of these candidates is faster than the one known")
     if not finals:
         _refuse_cap(model, mem_per_rank, _leanest(model, candidates), cap_source)
     _, choice, index = min(finals, key=lambda f: f[0])
@@ -722,6 +776,22 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
         choice, index = fronts[segment][choice][index].back
         chosen.append(choice)
     return evaluate(model, chosen[::-1])
+
+
+def _least_after(model: CostModel, candidates: list[list[LayerPlan]], free: float
+                 ) -> tuple[list[float], list[float]]:
+    """Per segment of a chain, the least time (``free`` of each gradient sum counted free) and
+    the least memory kept that the segments after it add to any plan: each one's own least
+    (the moves and the loss add more, never less)."""
+    times = [min(_searched(model.segment_cost(k, c), free) for c in found)
+             for k, found in enumerate(candidates)]
+    kept = [min(model.segment_cost(k, c, timed=False).memory for c in found)
+            for k, found in enumerate(candidates)]
+    after_time, after_memory = [0.0] * len(candidates), [0.0] * len(candidates)
+    for k in range(len(candidates) - 2, -1, -1):
+        after_time[k] = after_time[k + 1] + times[k + 1]
+        after_memory[k] = after_memory[k + 1] + kept[k + 1]
+    return after_time, after_memory
 
 
 def _exact_graph_plan(model: CostModel, candidates: list[list[LayerPlan]],
@@ -1010,6 +1080,8 @@ def format_plan(planned: PlannedNetwork, width: int | None = None) -> str:
         notes.append(f"no plan is predicted faster than {_ms(planned.lower_bound)} ms "
                      f"(every gradient sum hidden as far as the machine allows): this one is "
                      f"within {planned.iteration_time / planned.lower_bound - 1:.1%} of the best")
+    if planned.space_note:
+        notes.append(planned.space_note)
     if not planned.exact:
         notes.append("not exact: the net is too densely connected to search every layer's "
                      "grid; every weighted layer is on one grid")

@@ -272,7 +272,7 @@ class CostModel(Segments):
         for its class of kinds: :func:`~hpctrain.model.kinds.compute_factors`), fitted to work
         of its size: within a rank's share of the cache or beyond it."""
         if times is None:
-            times = self.compute.times(_distinct(_works(costs)))
+            times = self.compute.times(_distinct(works_of(costs)))
         for cost in costs:
             if cost.work is not None:
                 cost.compute = times[cost.work]
@@ -361,7 +361,7 @@ class CostModel(Segments):
         todo = [(k, c) for k, found in enumerate(choices) for c in found
                 if (k, c) not in self._timed]
         costs = [self.segment_cost(k, c, timed=False) for k, c in todo]
-        works = [w for cost in costs for w in _works(cost.layers)]
+        works = [w for cost in costs for w in works_of(cost.layers)]
         works += [LocalWork(INPUT, largest_block(self.input_layout(c))) for c in choices[0]]
         times = self.compute.times(_distinct(works))
         for key, cost in zip(todo, costs, strict=True):
@@ -369,7 +369,7 @@ class CostModel(Segments):
             self._timed.add(key)
 
 
-def _works(costs: Iterable[LayerCost]) -> Iterator[LocalWork]:
+def works_of(costs: Iterable[LayerCost]) -> Iterator[LocalWork]:
     """The kernels each layer's compute is timed from: its own, then its optimizer update."""
     return (w for c in costs for w in (c.work, c.update) if w)
 

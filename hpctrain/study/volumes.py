@@ -22,8 +22,9 @@ from hpctrain.cost.machine import Machine
 from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import BASELINES
-from hpctrain.plan.planner import PlannedNetwork, PlannerError, plan_network
+from hpctrain.plan.planner import PlannedNetwork, PlannerError
 from hpctrain.plan.pricing import CostModel
+from hpctrain.plan.spaces import plan_over
 from hpctrain.record import runlog
 from hpctrain.study.outcome import cost_choices, describe_plan, summarise_plan
 from hpctrain.study.records import planned_provenance, write_table
@@ -31,6 +32,9 @@ from hpctrain.study.records import planned_provenance, write_table
 VOLUMES_NET, VOLUMES_MACHINE = "cosmoflow", "perlmutter-gpu"  # its default --net and --machine
 VOLUMES_CAP = 40 * 2**30  # its default --mem-per-rank: an A100's 40 GB (perlmutter-gpu)
 VOLUMES_STRONG_BATCH = 64  # its default --strong-batch
+# its default --space: auto, which with compute from FLOPs searches balanced (several axes of a
+# volume cut at once: depth, height and width)
+VOLUMES_SPACE = "auto"
 VOLUME_SIZES = (128, 512)  # the volumes' edge: CosmoFlow's own 128³ and the 512³ of its data
 VOLUMES_PROCS = tuple(2**k for k in range(3, 13))  # 8, 16, …, 4096
 #: the ranks per sample of weak scaling at each volume edge (B = P / this). One volume per rank
@@ -39,7 +43,7 @@ VOLUMES_PROCS = tuple(2**k for k in range(3, 13))  # 8, 16, …, 4096
 WEAK_RANKS_PER_SAMPLE = {128: 1, 512: 4}
 #: the plans of the --volumes study at every (B, P), and what each is
 VOLUME_PLANS = {
-    "auto": "the planner's plan under the memory cap (plan_network with mem_per_rank)",
+    "auto": "the planner's plan under the memory cap (plan_over with mem_per_rank)",
     "pure_batch": "every conv and linear layer batch parallel on 1xP; it runs only where "
                   "P <= B and its predicted peak per rank is within the cap",
 }
@@ -78,14 +82,15 @@ class VolumeOutcome:
         return self.planned is not None and not self.why_not
 
 
-def volume_outcome(model: CostModel, plan: str, cap: float) -> VolumeOutcome:
+def volume_outcome(model: CostModel, plan: str, cap: float, space: str = VOLUMES_SPACE
+                   ) -> VolumeOutcome:
     """The plan ``plan`` (a key of :data:`VOLUME_PLANS`) of ``model`` under ``cap`` bytes of
-    peak memory per rank."""
+    peak memory per rank; the auto plan searched over ``space``."""
     from hpctrain.io.units import format_bytes
 
     if plan == "auto":
         try:
-            return VolumeOutcome(plan_network(model, cap))
+            return VolumeOutcome(plan_over(model, cap, space=space))
         except PlannerError as err:
             return VolumeOutcome(None, str(err))
     found = cost_choices(model, BASELINES[plan](model.segment_kinds, model.procs))
@@ -133,15 +138,17 @@ def _add_speedups(table: dict[str, list], plan: str) -> None:
 
 
 def volumes_table(net: NetSpec, machine: Machine, points: list[tuple[int, int]], cap: float,
-                  precision: Precision = PRECISIONS["fp32"]) -> dict[str, list]:
+                  precision: Precision = PRECISIONS["fp32"], space: str = VOLUMES_SPACE
+                  ) -> dict[str, list]:
     """The rows of the --volumes study at each (B, P) of ``points``: every plan of
-    :data:`VOLUME_PLANS` with its columns of :data:`VOLUME_COLUMNS`, and the auto plan's
-    speedup over pure batch (NaN where pure batch does not run)."""
+    :data:`VOLUME_PLANS` with its columns of :data:`VOLUME_COLUMNS` (auto searching
+    ``space``), and the auto plan's speedup over pure batch (NaN where pure batch does not
+    run)."""
     flops = FlopModel(machine.flops_for(precision.name))
     table: dict[str, list] = {}
     for batch, procs in points:
         model = CostModel(net, batch, procs, machine, flops, precision)
-        outcomes = {plan: volume_outcome(model, plan, cap) for plan in VOLUME_PLANS}
+        outcomes = {plan: volume_outcome(model, plan, cap, space) for plan in VOLUME_PLANS}
         row: dict[str, object] = {"procs": procs, "batch": batch}
         for plan, outcome in outcomes.items():
             row.update({f"{plan}_{key}": value
@@ -175,24 +182,25 @@ class VolumesStudy:
     machine: Machine
     cap: float
     strong_batch: int
+    space: str = VOLUMES_SPACE  # what the auto plan searches
     tables: dict[tuple[int, str], dict[str, list]] = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the whole study
 
 
 def run_volumes(net: NetSpec, machine: Machine, sizes: tuple[int, ...] = VOLUME_SIZES,
                 procs: tuple[int, ...] = VOLUMES_PROCS, strong_batch: int = VOLUMES_STRONG_BATCH,
-                cap: float = VOLUMES_CAP, precision: Precision = PRECISIONS["fp32"]
-                ) -> VolumesStudy:
+                cap: float = VOLUMES_CAP, precision: Precision = PRECISIONS["fp32"],
+                space: str = VOLUMES_SPACE) -> VolumesStudy:
     """:func:`volumes_table` of ``net`` on volumes of each edge of ``sizes``, strong and weak
     (:func:`volume_points`), at each P of ``procs``, under ``cap`` bytes per rank."""
-    study = VolumesStudy(net, machine, cap, strong_batch)
+    study = VolumesStudy(net, machine, cap, strong_batch, space)
     start = time.perf_counter()
     for size in sizes:
         sized = net.with_image_size(size)
         for scaling in ("strong", "weak"):
             study.tables[size, scaling] = volumes_table(
                 sized, machine, volume_points(size, scaling, strong_batch, procs), cap,
-                precision)
+                precision, space)
     study.seconds = time.perf_counter() - start
     return study
 
@@ -244,7 +252,7 @@ def volumes_attrs(study: VolumesStudy, precision: Precision, argv: list[str]
     return {"net": study.net.name, "machine": m.name, "machine_levels": m.describe(),
             "flops": m.flops, "word_bytes": precision.itemsize, "precision": precision.name,
             "mem_per_rank": float(study.cap),
-            "strong_batch": study.strong_batch,
+            "strong_batch": study.strong_batch, "space": study.space,
             "weak_ranks_per_sample": ",".join(f"{size}:{n}"
                                               for size, n in WEAK_RANKS_PER_SAMPLE.items()),
             **planned_provenance(argv, VOLUMES_NOTE)}

@@ -97,8 +97,8 @@ def test_replan_switches_plans_at_a_step_boundary_with_the_same_numbers(comm, mo
     convolutions): the run goes on from the checkpoint of step 3 under the new plan, its
     losses those of the run that kept its plan, and the log says what changed."""
     from hpctrain.commands import replan
-    from hpctrain.plan.planner import predict
     from hpctrain.plan.plans import plan_from_spec, plan_text
+    from hpctrain.plan.spaces import predict
 
     where = shared_dir(comm)
     monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(where))

@@ -1,0 +1,155 @@
+"""What ``--space`` searches: one of the planner's spaces, or ``auto``, the balanced space where
+searching it costs little and the 1.5D grids elsewhere.
+
+:func:`~hpctrain.plan.spaces.predict` is what a command asks of the planner: a plan given,
+priced, or the plan of the space ``--space`` names, found.
+
+The balanced space (:data:`~hpctrain.plan.planner.SPACES`: the grids, and a degree for several
+axes of a layer's output at once, and input-channel splits) holds every 1.5D plan, so its plan is
+never predicted slower; measured, it was 0.4–13 % faster (docs/benchmarks.md). What it costs is
+planning: arithmetic alone when compute is priced from FLOPs (seconds at 65,536 ranks), but with
+measured compute also the timing of every kernel its splits add, from seconds to minutes on a
+cold compute cache (a whole-batch convolution of a large image can take seconds a call). So
+``auto``:
+
+1. searches the grids first, exactly as ``--space grids`` (their kernels are timed);
+2. estimates the seconds that timing the kernels balanced adds would take
+   (:meth:`~hpctrain.cost.compute.MeasuredCompute.seconds_to_time`: zero for those in the
+   cache, FLOPs at the rate the grids' kernels just ran at for the others);
+3. searches balanced when that is at most :data:`AUTO_SECONDS`, or at most
+   :data:`AUTO_SHARE` of the run being planned (its steps at the grids plan's predicted time);
+   otherwise keeps the grids plan, whose note says what ``--space balanced`` would cost.
+
+The plan is the faster of the two searches: the grids search may run a region's branches on
+groups of ranks, which the balanced search does not weigh. Every rank decides alike, since the
+cache and the timings it reads are the same on every rank.
+"""
+
+from __future__ import annotations
+
+from hpctrain.plan.planner import (
+    SPACES,
+    PlannedNetwork,
+    PlannerError,
+    evaluate_plan,
+    fitting_choices,
+    plan_network,
+)
+from hpctrain.plan.plans import LayerPlan
+from hpctrain.plan.pricing import CostModel, works_of
+
+SPACE_CHOICES = ("auto", *SPACES)
+"""What ``--space`` takes: a space of :data:`~hpctrain.plan.planner.SPACES`, or ``auto``."""
+
+AUTO_SECONDS = 10.0
+"""Seconds of kernel timing that searching the balanced space is always worth (less than a
+minute's training of any net worth planning)."""
+
+AUTO_SHARE = 0.02
+"""The share of a run's predicted time that timing the balanced space's kernels may take (the
+balanced plan is 0.4–13 % faster where it differs, so it pays back at once on most runs)."""
+
+
+def predict(model: CostModel, plan: list[LayerPlan] | None,
+            mem_per_rank: float | None = None, cap_source: str = "--mem-per-rank",
+            space: str = "auto", groups: bool = False, steps: int | None = None
+            ) -> PlannedNetwork:
+    """``plan`` with its predicted costs, or (``plan`` None) the plan of :func:`plan_over`."""
+    if plan is None:
+        return plan_over(model, mem_per_rank, cap_source, space, groups, steps)
+    return evaluate_plan(model, plan)
+
+
+def plan_over(model: CostModel, mem_per_rank: float | None = None,
+              cap_source: str = "--mem-per-rank", space: str = "auto", groups: bool = False,
+              steps: int | None = None) -> PlannedNetwork:
+    """The planner's plan (:func:`~hpctrain.plan.planner.plan_network`) over ``space``, one of
+    :data:`SPACE_CHOICES`: ``auto`` as the module says, for a run of ``steps`` steps (None: not
+    known, :data:`AUTO_SECONDS` alone); with ``groups``, regions on groups of ranks."""
+    if space == "auto":
+        return plan_over_auto_space(model, mem_per_rank, cap_source, groups, steps)
+    return plan_network(model, mem_per_rank, cap_source, space, groups)
+
+
+def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_source: str,
+                         groups: bool, steps: int | None) -> PlannedNetwork:
+    """The plan of :func:`~hpctrain.plan.planner.plan_network` over the space the module's rule
+    picks for a run of ``steps`` steps (None: not known, :data:`AUTO_SECONDS` alone), with a
+    note that says which space and why."""
+    try:
+        grids = plan_network(model, mem_per_rank, cap_source, "grids", groups)
+    except PlannerError:  # no 1.5D plan at all: the splits are the only way to one
+        planned = plan_network(model, mem_per_rank, cap_source, "balanced")
+        planned.space_note = ("--space auto searched balanced: no plan of the 1.5D grids "
+                              "runs here")
+        return planned
+    cost = balanced_timing_seconds(model, mem_per_rank)
+    budget, budget_text = timing_budget(grids.iteration_time, steps)
+    if cost > budget:
+        grids.space_note = (f"--space auto searched the grids only: timing the kernels the "
+                            f"balanced space adds would take about {_seconds(cost)}, over "
+                            f"{budget_text}; give --space balanced to search it anyway")
+        return grids
+    try:
+        balanced = plan_network(model, mem_per_rank, cap_source, "balanced")
+    except PlannerError as err:  # too large a space for an exact search here
+        grids.space_note = f"--space auto searched the grids only: {err}"
+        return grids
+    why = ("compute from FLOPs, nothing to time" if cost == 0.0 and not _measured(model)
+           else "the kernels it adds are cached" if cost == 0.0
+           else f"timing the kernels it adds, estimated at {_seconds(cost)}, is within "
+                f"{budget_text}")
+    if balanced.iteration_time < grids.iteration_time:
+        balanced.space_note = f"--space auto searched balanced ({why})"
+        return balanced
+    grids.space_note = (f"--space auto searched balanced ({why}); no plan of it beats the "
+                        f"1.5D plan")
+    return grids
+
+
+def balanced_timing_seconds(model: CostModel, mem_per_rank: float | None) -> float:
+    """About how long timing the kernels the balanced space adds to the grids would take: those
+    of every split that may fit under ``mem_per_rank`` (the others are never timed) and not
+    among the grids' kernels or in the cache; zero with compute from FLOPs."""
+    if not _measured(model):
+        return 0.0
+    segments = range(len(model.segments))
+    grids = [model.choices(k) for k in segments]
+    wider = [model.split_choices(k, "balanced") for k in segments]
+    if mem_per_rank is not None:
+        every = fitting_choices(model, [a + b for a, b in zip(grids, wider, strict=True)],
+                                mem_per_rank)
+        wider = [[c for c in more if c in set(kept)]
+                 for more, kept in zip(wider, every, strict=True)]
+    timed = _kernels(model, grids)
+    known = set(timed)
+    added = [w for w in _kernels(model, wider) if w not in known]
+    return model.compute.seconds_to_time(added, timed)
+
+
+def timing_budget(iteration: float, steps: int | None) -> tuple[float, str]:
+    """The seconds of kernel timing that searching balanced may take before a run of ``steps``
+    steps of ``iteration`` seconds each, and how to say it."""
+    if steps is None:
+        return AUTO_SECONDS, f"{AUTO_SECONDS:g} s"
+    share = AUTO_SHARE * steps * iteration
+    if share <= AUTO_SECONDS:
+        return AUTO_SECONDS, (f"{AUTO_SECONDS:g} s (more than {AUTO_SHARE:.0%} of {steps} "
+                              f"steps at {_seconds(iteration)})")
+    return share, f"{AUTO_SHARE:.0%} of {steps} steps at {_seconds(iteration)}"
+
+
+def _kernels(model: CostModel, choices: list[list]) -> list:
+    """The kernels timed to price every choice of ``choices`` (arithmetic: nothing timed)."""
+    return list(dict.fromkeys(
+        w for k, found in enumerate(choices) for c in found
+        for w in works_of(model.segment_cost(k, c, timed=False).layers)))
+
+
+def _measured(model: CostModel) -> bool:
+    """Whether the model's compute times are measured (timing a kernel costs time)."""
+    return hasattr(model.compute, "seconds_to_time")
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds < 60 else f"{seconds / 60:.1f} min"
