@@ -15,11 +15,11 @@ varies from launch to launch, and two spaces' plans timed apart differ by that n
 Below the table, the kernel shapes one space times that the other does not.
 
 Then ``--space auto`` (the default) runs on a copy of the cache a cold ``grids`` launch filled
-("auto on grids' cache"), twice: the first launch finds the grids' kernels cached and estimates
-how long timing the kernels balanced adds would take (its plan's note says about how long, and
-which space it searched); where it searched balanced, the first launch's time less the second's
-is how long that timing took, to set against the estimate (``--steps``: the run auto weighs it
-against, train's default of 10 steps unless given).
+("auto on grids' cache"): it finds the grids' kernels cached and estimates how long timing the
+kernels balanced adds would take (its plan's note says about how long, and which space it
+searched; ``--steps``: the run it weighs that against, train's default of 10 steps unless
+given). ``balanced`` runs twice on another copy: the first launch's time less the second's is
+how long that timing took, to set against the estimate.
 
 Cold and warm are repeated ``--repeat`` times, each on a fresh directory; the table gives the
 median seconds, the range, and the median predicted iteration. A launch past ``--timeout``
@@ -114,22 +114,21 @@ def launch(net: str, image_size: int | None, procs: int, space: str, batch: int,
     return Launch(seconds, gained, float(match.group(1)) if match else None, output=output)
 
 
-def auto_estimate(first: Launch, second: Launch) -> str:
-    """What ``--space auto`` estimated the balanced kernels' timing at, which space it searched
-    and, where that was balanced, how long the timing took (``first``'s time less
-    ``second``'s, the same launch on the cache ``first`` filled)."""
-    found = ESTIMATE.search(first.output.replace("\n", " "))
-    if first.failed or second.failed:
-        return f"auto: {first.failed or second.failed}"
-    if found is None:
-        searched = "balanced" if "searched balanced" in first.output else "?"
-        return f"auto searched {searched}, the kernels it adds cached (nothing estimated)"
-    estimate = float(found.group(2)) * (60 if found.group(3) == "min" else 1)
-    if found.group(1) != "balanced":
-        return f"auto estimated {estimate:.3g} s, over its budget: searched the grids only"
-    return (f"auto estimated {estimate:.3g} s, searched balanced: timing took "
-            f"{first.seconds - second.seconds:.1f} s ({first.seconds:.1f} - "
+def auto_estimate(auto: Launch, first: Launch, second: Launch) -> str:
+    """What ``--space auto`` (``auto``) estimated the balanced kernels' timing at and which
+    space it searched, and how long the timing took: ``first``'s time less ``second``'s,
+    ``balanced`` on a copy of the same cache and again on the cache ``first`` filled."""
+    if auto.failed or first.failed or second.failed:
+        return f"auto: {auto.failed or first.failed or second.failed}"
+    found = ESTIMATE.search(auto.output.replace("\n", " "))
+    took = (f"timing took {first.seconds - second.seconds:.1f} s ({first.seconds:.1f} - "
             f"{second.seconds:.1f}), {len(first.gained)} kernels")
+    if found is None:
+        searched = "balanced" if "searched balanced" in auto.output else "?"
+        return f"auto searched {searched} with nothing to estimate; {took}"
+    estimate = float(found.group(2)) * (60 if found.group(3) == "min" else 1)
+    searched = "balanced" if found.group(1) == "balanced" else "the grids only"
+    return f"auto estimated {estimate:.3g} s, searched {searched}; {took}"
 
 
 def parse_net(text: str) -> tuple[str, int | None, int | None]:
@@ -196,6 +195,7 @@ def main() -> int:
             name = (f"{net}:{image_size}" if image_size else net) + (
                 f"@{net_batch}" if net_batch else "")
             batch = net_batch or args.batch
+            slug = name.replace(":", "-s").replace("@", "-b")  # one net at two sizes apart
             for procs in args.procs:
                 runs: dict[tuple[str, str], list[Launch]] = {}
                 keys: dict[str, set[str]] = {}
@@ -203,9 +203,9 @@ def main() -> int:
                     cold, warm = runs.setdefault((space, "cold"), []), runs.setdefault(
                         (space, "warm"), [])
                     for k in range(args.repeat):
-                        cache = work / f"{net}-p{procs}-{space.split()[0]}-{k}"
+                        cache = work / f"{slug}-p{procs}-{space.split()[0]}-{k}"
                         if space == SAME_CACHE:  # the cache the balanced launches left
-                            cache = work / f"{net}-p{procs}-balanced-{k}"
+                            cache = work / f"{slug}-p{procs}-balanced-{k}"
                             if not cache.is_dir():
                                 continue
                             cold.append(launch(net, image_size, procs, "grids", batch,
@@ -218,8 +218,9 @@ def main() -> int:
                         if first.failed:
                             break  # a warm cache would be neither cold nor warm
                         keys.setdefault(space, first.gained)
-                        if space == "grids":  # a copy for auto, before the warm launch
-                            shutil.copytree(cache, work / f"{net}-p{procs}-auto-{k}")
+                        if space == "grids":  # copies for auto, before the warm launch
+                            for copy in ("auto", "timed"):
+                                shutil.copytree(cache, work / f"{slug}-p{procs}-{copy}-{k}")
                         warm.append(launch(net, image_size, procs, space, batch, cache,
                                            work, args.timeout))
                     for state in ("cold", "warm"):
@@ -228,13 +229,15 @@ def main() -> int:
                             print(row(name, procs, space, label, runs[space, state]),
                                   flush=True)
                 for k in range(args.repeat):
-                    cache = work / f"{net}-p{procs}-auto-{k}"
+                    cache = work / f"{slug}-p{procs}-auto-{k}"
                     if cache.is_dir():
-                        first, second = (launch(net, image_size, procs, "auto", batch, cache,
-                                                work, args.timeout, args.steps)
-                                         for _ in range(2))
-                        print(f"{name:<14} {procs:>2} {AUTO:<26} {auto_estimate(first, second)}",
-                              flush=True)
+                        auto = launch(net, image_size, procs, "auto", batch, cache, work,
+                                      args.timeout, args.steps)
+                        timed = work / f"{slug}-p{procs}-timed-{k}"
+                        first, second = (launch(net, image_size, procs, "balanced", batch,
+                                                timed, work, args.timeout) for _ in range(2))
+                        print(f"{name:<14} {procs:>2} {AUTO:<26} "
+                              f"{auto_estimate(auto, first, second)}", flush=True)
                 if "grids" in keys and "balanced" in keys:
                     only = len(keys["balanced"] - keys["grids"])
                     extra.append(f"{name} P={procs}: balanced times {only} kernel shapes that "

@@ -123,6 +123,13 @@ def test_the_estimate_counts_what_is_not_cached_at_the_rate_the_cached_ran():
     assert compute.seconds_to_time(untimed + timed, timed) == pytest.approx(expected)
     assert compute.seconds_to_time(timed, timed) == 0.0
     assert compute.seconds_to_time(untimed, []) == math.inf  # no rate: never cheap
+    # where the cache holds what timing each took, three times what its calls alone take
+    # (set-up, first calls, evictions), the others are estimated three times as long
+    for work in timed:
+        entry = compute.known[compute.prefix + work.key()]
+        calls = sum(WARM_UPS * t + min(5 * t, max(SAMPLE_BUDGET, t)) for t in entry)
+        entry.append(3 * calls)
+    assert compute.seconds_to_time(untimed, timed) == pytest.approx(3 * expected)
 
 
 def test_under_a_cap_no_kernel_of_a_choice_that_cannot_fit_is_timed():

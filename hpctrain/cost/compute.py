@@ -235,34 +235,51 @@ class MeasuredCompute:
             rng = np.random.default_rng(0)
             self.timed += len(todo)
             for work in todo:
+                start = time.perf_counter()
                 forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
                 forward_seconds, output = self._time(forward)
                 backward_seconds, _ = self._time(backward_of(output))
+                spent = time.perf_counter() - start  # what timing it took, set-up included
+                if self.comm is not None:  # the slowest rank's, as the times are
+                    from mpi4py import MPI
+
+                    spent = self.comm.allreduce(spent, op=MPI.MAX)
                 # already the slowest rank's, the same on every rank (see _time)
-                self.known[self.prefix + work.key()] = [forward_seconds, backward_seconds]
+                self.known[self.prefix + work.key()] = [forward_seconds, backward_seconds, spent]
             self._save()
-        return {w: tuple(self.known[self.prefix + w.key()]) for w in works}
+        return {w: tuple(self.known[self.prefix + w.key()][:2]) for w in works}
 
     def seconds_to_time(self, works: Sequence[LocalWork], timed: Sequence[LocalWork]) -> float:
-        """About how long :meth:`times` would take over ``works``: zero for those in the cache;
-        for each other, per direction, the warm-up calls and the samples that fill the sample
-        budget (one at least, ``repeats`` at most), each call's time its FLOPs at the rate the
-        kernels of ``timed`` ran at (the FLOPs they did over the seconds they took; those not
-        timed yet count nothing). The same on every rank: the cache and the timings are."""
-        known = [w for w in dict.fromkeys(timed) if self.prefix + w.key() in self.known]
-        flops = sum(sum(w.flops()) for w in known)
-        seconds = sum(sum(self.known[self.prefix + w.key()]) for w in known)
-        if flops <= 0 or seconds <= 0:
+        """About how long :meth:`times` would take over ``works``, from what timing the kernels
+        of ``timed`` took (those in the cache; the others count nothing): zero for each of
+        ``works`` in the cache; for each other, what :func:`_calls_seconds` says its calls
+        take at the rate the kernels of ``timed`` ran at (the FLOPs they did over the seconds
+        they took), times how far timing those kernels took longer than the same sum says of
+        them (first calls fault fresh memory in, the random inputs are drawn, each sample
+        evicts the caches first), where the cache recorded it. The same on every rank: the
+        cache and the timings are."""
+        known = [self.known[self.prefix + w.key()] for w in dict.fromkeys(timed)
+                 if self.prefix + w.key() in self.known]
+        flops = [sum(w.flops()) for w in dict.fromkeys(timed)
+                 if self.prefix + w.key() in self.known]
+        seconds = sum(entry[0] + entry[1] for entry in known)
+        if sum(flops) <= 0 or seconds <= 0:
             return math.inf  # no rate to go by: as if it took too long
-        rate = flops / seconds
+        rate = sum(flops) / seconds
+        spent = [(entry[2], self._calls_seconds(entry[:2])) for entry in known if len(entry) > 2]
+        overhead = max(1.0, sum(s for s, _ in spent) / sum(c for _, c in spent)) if spent else 1.0
         total = 0.0
         for work in dict.fromkeys(works):
-            if self.prefix + work.key() in self.known:
-                continue
-            for count in work.flops():
-                call = count / rate
-                total += WARM_UPS * call + min(self.repeats * call, max(SAMPLE_BUDGET, call))
+            if self.prefix + work.key() not in self.known:
+                total += overhead * self._calls_seconds([f / rate for f in work.flops()])
         return total
+
+    def _calls_seconds(self, seconds: Sequence[float]) -> float:
+        """The seconds of the calls :meth:`_time` makes to time a kernel whose forward and
+        backward take ``seconds``: per direction, the warm-up calls and the samples that fill
+        the sample budget (one at least, ``repeats`` at most)."""
+        return sum(WARM_UPS * call + min(self.repeats * call, max(SAMPLE_BUDGET, call))
+                   for call in seconds)
 
     def _save(self) -> None:
         if self.cache is None or (self.comm is not None and self.comm.Get_rank() != 0):
