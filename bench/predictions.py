@@ -7,13 +7,12 @@ take the network path):
 
 1. ``calibrate --probe-nets none``: the collectives and the GEMM alone (the microbenchmark
    profile);
-2. ``compare-plans`` on the fit nets (AlexNet 64², smallcnn at 32² and at 192², whose layers
-   outgrow a rank's share of the cache) under it, logged, and
-   ``calibrate --from-log`` of those logs: the profile fitted to training steps (what
-   ``calibrate`` does by default with its probe nets, here in two steps so both profiles are
-   kept);
+2. a plain ``calibrate``: the same, then a few training steps of every plan on its probe nets
+   (:data:`~hpctrain.commands.probes.PROBE_NETS`: smallcnn 32², AlexNet 64², a small branched
+   net, a small volume net, smallcnn 192²), and the profile refitted to them (the fitted
+   profile), timed;
 3. ``compare-plans`` under the fitted profile on the held-out nets (ResNet-18 64², Inception-v3
-   96², CosmoFlow 32³), logged.
+   96², CosmoFlow 32³, and res3d 24³, a 3-D residual net), logged.
 
 Per held-out net: the median and largest absolute iteration error over the plans, the Spearman
 rank correlation of the predicted and the measured order (as measured, and with the plans whose
@@ -39,13 +38,15 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+from hpctrain.commands.probes import PROBE_NETS
 
 PY = sys.executable
 MPIEXEC = str(Path(PY).parent / "mpiexec") if (Path(PY).parent / "mpiexec").exists() \
     else "mpiexec"
-FIT_NETS = (("alexnet", 64), ("smallcnn", 32), ("smallcnn", 192))  # (net, image size)
-HELD_OUT = (("resnet18", 64), ("inception_v3", 96), ("cosmoflow", 32))
+HELD_OUT = (("resnet18", 64), ("inception_v3", 96), ("cosmoflow", 32), ("res3d", 24))
 
 
 def hpctrain(launch: list[str], *args: str, work: Path) -> None:
@@ -122,24 +123,25 @@ def main() -> int:
             continue
         hpctrain(launch, "calibrate", "--threads", "1", "--probe-nets", "none", "--out",
                  str(micro), work=work)
-        fit_logs = [work / f"{tag}-fit-{net}{size}.h5" for net, size in FIT_NETS]
-        for (net, size), log in zip(FIT_NETS, fit_logs, strict=True):
-            compare(launch, net, size, micro, log)
-        hpctrain(["-n", "1"], "calibrate", "--from-log", *map(str, fit_logs), "--machine",
-                 str(micro), "--out", str(fitted), work=work)
+        start = time.perf_counter()
+        hpctrain(launch, "calibrate", "--threads", "1", "--out", str(fitted), work=work)
+        results[f"{name}: calibrate"] = {"seconds": time.perf_counter() - start}
         for net, size in HELD_OUT:
             log = work / f"{tag}-{net}.h5"
             compare(launch, net, size, fitted, log)
             results[f"{name}: {net}"] = summary(log, micro)
     lines = [f"held-out nets, compare-plans at P = {args.procs}, batch 16, {args.steps} steps, "
-             f"3 rounds, one thread per rank; fitted on "
-             f"{', '.join(f'{n} {size}' for n, size in FIT_NETS)}",
+             f"3 rounds, one thread per rank; fitted by a plain calibrate on "
+             f"{PROBE_NETS}",
              "targets (fitted): median error <= 10 %, Spearman >= 0.8, auto within 5 % of the "
              "fastest",
              f"{'launch: net':<34} {'median error':>13} {'largest':>8} {'Spearman':>9} "
              f"{'within noise':>13} {'auto vs fastest':>16}   microbenchmarks only: median, "
              f"Spearman"]
     for key, r in results.items():
+        if "seconds" in r:
+            lines.append(f"{key:<34} {r['seconds']:.0f} s")
+            continue
         f, m = r["fitted"], r["microbenchmarks"]
         lines.append(f"{key:<34} {f['median_error']:>13.1%} {f['largest_error']:>8.1%} "
                      f"{f['spearman']:>+9.2f} {f['spearman_within_noise']:>+13.2f} "

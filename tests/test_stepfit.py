@@ -335,3 +335,52 @@ def test_a_profile_keeps_the_size_past_which_work_leaves_the_cache():
     for bad, shown in (("-1", "-1"), ("1.5", "1.5"), ('"big"', "'big'"), ("true", "True")):
         with pytest.raises(MachineError, match=f"'cache_bytes' must be .*got {shown}"):
             parse_machine(head + f"cache_bytes = {bad}\n", "bad.toml")
+
+
+def test_a_convolution_is_fitted_by_the_shape_of_its_window():
+    """Pointwise, factorised and volume convolutions each take a factor of their own where the
+    layer times hold them; a shape the runs never held takes the convolutions' pooled
+    factor; the lookup falls back from a shape to its kind to its class."""
+    from hpctrain.model.kinds import compute_factors, shape_class
+
+    assert [shape_class("conv", k) for k in ((3, 3), (1, 1), (1, 7), (7, 1), (3, 3, 3),
+                                             (1, 1, 1), ())] == [
+        "conv", "conv 1x1", "conv 1xk", "conv 1xk", "conv 3-D", "conv 1x1", "conv"]
+    assert shape_class("maxpool", (2, 2)) == "maxpool"
+    truth = {"conv": (1.5, 2.0), "conv 1x1": (0.5, 0.8), "conv 1xk": (1.2, 1.1),
+             "linear": (0.9, 1.0)}
+    rng = np.random.default_rng(0)
+    kinds = [k for k in truth for _ in range(6)]
+    base = rng.uniform(1e-3, 1e-2, size=(len(kinds), 2))
+    columns = np.zeros((len(kinds), 2, 4))
+    measured = base * np.array([truth[k] for k in kinds])
+    found = fit(samples_of_run(kinds, base, columns, measured))
+    for key, factors in truth.items():
+        assert found.compute[key] == pytest.approx(factors, rel=1e-6), key
+    # the kind pools its shapes, weighted by their predicted time: conv's own fit stays
+    assert compute_factors(found.compute, "conv 3-D") == pytest.approx(truth["conv"])
+    alone = fit(samples_of_run(kinds[6:18], base[6:18], columns[6:18], measured[6:18]))
+    weights = base[6:18].sum(axis=0)  # conv 1x1's and conv 1xk's, in equal numbers
+    pooled = [(base[6:12, d].sum() * truth["conv 1x1"][d]
+               + base[12:18, d].sum() * truth["conv 1xk"][d]) / weights[d] for d in (0, 1)]
+    assert compute_factors(alone.compute, "conv 3-D") == pytest.approx(pooled, rel=1e-6)
+    assert compute_factors(alone.compute, "linear") == pytest.approx(pooled, rel=1e-6)  # (gemm)
+
+
+def test_the_probe_nets_run_every_shape_class_of_the_shipped_nets():
+    """calibrate's probes hold every convolution window shape the shipped nets use, so no
+    shipped net is priced with a factor fitted on other shapes alone."""
+    from hpctrain.commands.probes import PROBE_NETS, parse_probe_nets
+    from hpctrain.model.kinds import shape_class
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.planner import serial_layers
+    from hpctrain.plan.pricing import works_of
+
+    def shapes(net):
+        return {shape_class(w.op.name, w.kernel) for w in works_of(serial_layers(net, 1))}
+
+    probed = set().union(*(shapes(load_net(name, size))
+                           for name, size in parse_probe_nets(PROBE_NETS)))
+    assert {"conv", "conv 1x1", "conv 1xk", "conv 3-D"} <= probed
+    for name in ("resnet18", "resnet50", "inception_v3", "cosmoflow", "res3d"):
+        assert shapes(load_net(name, None)) <= probed, name

@@ -59,7 +59,7 @@ from hpctrain.cost.work import LocalWork
 from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.moves import IdentityMove, Move, move_between
-from hpctrain.model.kinds import KINDS, compute_factors_for
+from hpctrain.model.kinds import KINDS, compute_factors_for, shape_class
 from hpctrain.model.net import NetSpec
 from hpctrain.model.operations import INPUT, TIMED_MODULES, UPDATE
 from hpctrain.plan.placement import LayerLayouts
@@ -268,9 +268,10 @@ class CostModel(Segments):
     def _fill_compute(self, costs: list[LayerCost],
                       times: dict[LocalWork, tuple[float, float]] | None = None) -> None:
         """Each layer's compute: its kernels' times (from ``times`` when they are known),
-        plus the optimizer's in the backward, times the profile's factor for its kind (else
-        for its class of kinds: :func:`~hpctrain.model.kinds.compute_factors`), fitted to work
-        of its size: within a rank's share of the cache or beyond it."""
+        plus the optimizer's in the backward, times the profile's factor for its shape class
+        (a convolution's window: :func:`~hpctrain.model.kinds.shape_class`), else its kind,
+        else its class of kinds (:func:`~hpctrain.model.kinds.compute_factors`), fitted to
+        work of its size: within a rank's share of the cache or beyond it."""
         if times is None:
             times = self.compute.times(_distinct(works_of(costs)))
         for cost in costs:
@@ -280,7 +281,8 @@ class CostModel(Segments):
                 cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
             if self.machine.compute_scale:  # fitted to training steps of this machine
                 touched = cost.work.touched_elements() * self.itemsize if cost.work else 0
-                scale = compute_factors_for(self.machine.compute_scale, cost.kind, touched,
+                key = shape_class(cost.kind, cost.work.kernel if cost.work else ())
+                scale = compute_factors_for(self.machine.compute_scale, key, touched,
                                             self.machine.cache_bytes)
                 cost.compute = (cost.compute[0] * scale[0], cost.compute[1] * scale[1])
 

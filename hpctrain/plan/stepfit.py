@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpctrain.cost.machine import Machine, scaled_links
-from hpctrain.model.kinds import beyond_cache, compute_class, scale_key
+from hpctrain.model.kinds import beyond_cache, compute_class, kind_of, scale_key
 from hpctrain.plan.plans import LayerPlan
 
 if TYPE_CHECKING:
@@ -176,17 +176,19 @@ def _fit(samples: Sequence[LayerSample], plans: int, weights: Sequence[float] | 
     for (key, backward), factor in zip(keys, factors, strict=False):
         compute.setdefault(key, [1.0, 1.0])[int(backward)] = factor
     # a kind the runs never ran takes its class's factor (of work its size): the mean of its
-    # class's kinds', weighted by their predicted time (as their pooled least squares would)
+    # class's kinds', weighted by their predicted time (as their pooled least squares would);
+    # a shape class they never ran its kind's, where they ran the kind in other shapes only
     weights_of: dict[tuple[str, bool], float] = {}
-    classes: dict[str, str] = {}
+    pools: dict[str, set[str]] = {}  # each key's pooled keys: its class's, its kind's
     for s, key in zip(samples, sample_keys, strict=True):
         weights_of[key, s.backward] = weights_of.get((key, s.backward), 0.0) + s.predicted
-        classes[key] = scale_key(compute_class(s.kind), beyond_cache(s.touched, cache_bytes))
-    for group in sorted({classes[key] for key, _ in keys}):
+        beyond = beyond_cache(s.touched, cache_bytes)
+        pools[key] = {scale_key(compute_class(s.kind), beyond), scale_key(kind_of(s.kind), beyond)}
+    for group in sorted({g for key, _ in keys for g in pools[key]} - set(compute)):
         pair = []
         for backward in (False, True):
             mine = [(compute[k][int(b)], w) for (k, b), w in weights_of.items()
-                    if b == backward and k in compute and classes[k] == group and w > 0]
+                    if b == backward and k in compute and group in pools[k] and w > 0]
             total = sum(w for _, w in mine)
             pair.append(sum(f * w for f, w in mine) / total if total else 1.0)
         compute[group] = pair

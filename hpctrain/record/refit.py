@@ -15,7 +15,7 @@ import numpy as np
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine
-from hpctrain.model.kinds import compute_factors_for
+from hpctrain.model.kinds import compute_factors_for, shape_class
 from hpctrain.plan.stepfit import (
     LayerSample,
     StepFit,
@@ -68,9 +68,12 @@ def priced(plan: MeasuredPlan, machine: Machine, apart: bool = False) -> PricedP
 
     evaluated = evaluated_per_column(model_of, plan.plans, machine)
     columns = columns_of(evaluated)
-    kinds = [layer.kind for layer in plan.net.layers] + [plan.net.loss.name]
     # each layer's local work is the plan's, whatever the links: any of the evaluations has it
     works = [c.work for c in [*evaluated[0].layers, evaluated[0].loss]]
+    # a convolution by the shape of its window, the rest by kind: what the factors are fitted to
+    kinds = [shape_class(kind, work.kernel if work is not None else ())
+             for kind, work in zip([layer.kind for layer in plan.net.layers]
+                                   + [plan.net.loss.name], works, strict=True)]
     then = plan.profile if plan.profile is not None else Machine("none", 1.0, 1.0, 1.0)
     recorded = np.stack([plan.predicted["forward_compute"], plan.predicted["backward_compute"]],
                         axis=1)
