@@ -252,7 +252,7 @@ class MeasuredCompute:
     def seconds_to_time(self, works: Sequence[LocalWork], timed: Sequence[LocalWork]) -> float:
         """About how long :meth:`times` would take over ``works``, from what timing the kernels
         of ``timed`` took (those in the cache; the others count nothing): zero for each of
-        ``works`` in the cache; for each other, what :func:`_calls_seconds` says its calls
+        ``works`` in the cache; for each other, what ``_calls_seconds`` says its calls
         take at the rate the kernels of ``timed`` ran at (the FLOPs they did over the seconds
         they took), times how far timing those kernels took longer than the same sum says of
         them (first calls fault fresh memory in, the random inputs are drawn, each sample
