@@ -9,7 +9,6 @@ import pytest
 
 from hpctrain.commands import simulate as simulate_command
 from hpctrain.cost.compute import SAMPLE_BUDGET, WARM_UPS, FlopModel, MeasuredCompute
-from hpctrain.cost.machine import Machine
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.model.net import parse_net
@@ -17,19 +16,7 @@ from hpctrain.plan import spaces
 from hpctrain.plan.planner import fitting_choices, format_plan, plan_network
 from hpctrain.plan.pricing import CostModel, works_of
 from hpctrain.plan.spaces import plan_over
-
-MACHINE = Machine("test", alpha=2e-6, beta=1 / 6e9, flops=1e11)
-
-WIDE = """# few samples, few channels, large images: balanced cuts height and width together
-input channels=1 size=64 classes=3
-conv out=2 kernel=5 pad=2
-relu
-conv out=2 kernel=5 pad=2
-relu
-avgpool kernel=global
-flatten
-linear out=3
-"""
+from tests.test_planner_axes import MACHINE, WIDE  # few samples, large images: balanced pays
 
 
 class Recorded(FlopModel):

@@ -119,8 +119,8 @@ def balanced_timing_seconds(model: CostModel, mem_per_rank: float | None) -> flo
     if mem_per_rank is not None:
         every = fitting_choices(model, [a + b for a, b in zip(grids, wider, strict=True)],
                                 mem_per_rank)
-        wider = [[c for c in more if c in set(kept)]
-                 for more, kept in zip(wider, every, strict=True)]
+        wider = [[c for c in more if c in fit]
+                 for more, fit in zip(wider, map(set, every), strict=True)]
     timed = _kernels(model, grids)
     known = set(timed)
     added = [w for w in _kernels(model, wider) if w not in known]
