@@ -258,15 +258,15 @@ class MeasuredCompute:
         them (first calls fault fresh memory in, the random inputs are drawn, each sample
         evicts the caches first), where the cache recorded it. The same on every rank: the
         cache and the timings are."""
-        known = [self.known[self.prefix + w.key()] for w in dict.fromkeys(timed)
+        found = [(w, self.known[self.prefix + w.key()]) for w in dict.fromkeys(timed)
                  if self.prefix + w.key() in self.known]
-        flops = [sum(w.flops()) for w in dict.fromkeys(timed)
-                 if self.prefix + w.key() in self.known]
-        seconds = sum(entry[0] + entry[1] for entry in known)
-        if sum(flops) <= 0 or seconds <= 0:
+        flops = sum(sum(w.flops()) for w, _ in found)
+        seconds = sum(entry[0] + entry[1] for _, entry in found)
+        if flops <= 0 or seconds <= 0:
             return math.inf  # no rate to go by: as if it took too long
-        rate = sum(flops) / seconds
-        spent = [(entry[2], self._calls_seconds(entry[:2])) for entry in known if len(entry) > 2]
+        rate = flops / seconds
+        spent = [(entry[2], self._calls_seconds(entry[:2])) for _, entry in found
+                 if len(entry) > 2]
         overhead = max(1.0, sum(s for s, _ in spent) / sum(c for _, c in spent)) if spent else 1.0
         total = 0.0
         for work in dict.fromkeys(works):

@@ -340,14 +340,14 @@ def _fits(model: CostModel, candidates: list[list[LayerPlan]], cap: float,
     kept = fitting_choices(model, candidates, cap)
     if not all(kept):  # the leanest plan of all says what the cap would need
         _refuse_cap(model, cap, _leanest(model, candidates), cap_source)
-    if sum(model.segment_cost(k, c, timed=False).memory
-           for k, c in enumerate(_leanest(model, kept))) > cap:
-        _refuse_cap(model, cap, _leanest(model, kept), cap_source)  # none fits together
+    leanest = _leanest(model, kept)
+    if sum(model.segment_cost(k, c, timed=False).memory for k, c in enumerate(leanest)) > cap:
+        _refuse_cap(model, cap, leanest, cap_source)  # none fits together
     return kept
 
 
 def fitting_choices(model: CostModel, candidates: list[list[LayerPlan]], cap: float
-            ) -> list[list[LayerPlan]]:
+                    ) -> list[list[LayerPlan]]:
     """Per segment, the candidates whose own memory and peak, with the least memory of the
     segments before, fit under ``cap``: no plan through another fits. Arithmetic only, nothing
     timed, so it goes before any kernel is (a whole-batch kernel may not fit in memory at
@@ -362,15 +362,12 @@ def fitting_choices(model: CostModel, candidates: list[list[LayerPlan]], cap: fl
     return kept
 
 
-def _fitting_apart(model: CostModel, grids: list[list[LayerPlan]], wider: list[list[LayerPlan]],
-                   cap: float, cap_source: str
-                   ) -> tuple[list[list[LayerPlan]], list[list[LayerPlan]]]:
+def fitting_apart(model: CostModel, grids: list[list[LayerPlan]], wider: list[list[LayerPlan]],
+                  cap: float) -> tuple[list[list[LayerPlan]], list[list[LayerPlan]]]:
     """``grids`` and ``wider`` less the choices no plan under ``cap`` can take
-    (:func:`fitting_choices` over both together); refuses the cap when a segment keeps none."""
+    (:func:`fitting_choices` over both together); a segment may keep none."""
     every = [a + b for a, b in zip(grids, wider, strict=True)]
     kept = [set(found) for found in fitting_choices(model, every, cap)]
-    if not all(kept):
-        _refuse_cap(model, cap, _leanest(model, every), cap_source)
     return ([[c for c in found if c in fit] for found, fit in zip(grids, kept, strict=True)],
             [[c for c in found if c in fit] for found, fit in zip(wider, kept, strict=True)])
 
@@ -473,7 +470,10 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
         bound = math.inf if found is None else found.time_with_free(free)
         grids, more = candidates, wider
         if mem_per_rank is not None:  # time no kernel of a choice that cannot fit
-            grids, more = _fitting_apart(model, candidates, wider, mem_per_rank, cap_source)
+            grids, more = fitting_apart(model, candidates, wider, mem_per_rank)
+            if not all(a or b for a, b in zip(grids, more, strict=True)):
+                _refuse_cap(model, mem_per_rank, _leanest(model, [
+                    a + b for a, b in zip(candidates, wider, strict=True)]), cap_source)
         widened = _bounded(model, grids, more, bound, free)
         if widened == grids and found is not None:
             return found

@@ -32,7 +32,7 @@ from hpctrain.plan.planner import (
     PlannedNetwork,
     PlannerError,
     evaluate_plan,
-    fitting_choices,
+    fitting_apart,
     plan_network,
 )
 from hpctrain.plan.plans import LayerPlan
@@ -117,10 +117,7 @@ def balanced_timing_seconds(model: CostModel, mem_per_rank: float | None) -> flo
     grids = [model.choices(k) for k in segments]
     wider = [model.split_choices(k, "balanced") for k in segments]
     if mem_per_rank is not None:
-        every = fitting_choices(model, [a + b for a, b in zip(grids, wider, strict=True)],
-                                mem_per_rank)
-        wider = [[c for c in more if c in fit]
-                 for more, fit in zip(wider, map(set, every), strict=True)]
+        _, wider = fitting_apart(model, grids, wider, mem_per_rank)
     timed = _kernels(model, grids)
     known = set(timed)
     added = [w for w in _kernels(model, wider) if w not in known]
