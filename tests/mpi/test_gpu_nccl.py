@@ -21,10 +21,10 @@ from tests.mpi.helpers import all_agree, block, global_random, host
 from tests.mpi.test_gpu_ranks import CASES, per_step, verify_every_plan
 
 
-@pytest.mark.parametrize(("net", "size", "plans"), CASES, ids=[c[0] for c in CASES])
-def test_verify_under_nccl_passes_on_every_plan(standin_nccl, net, size, plans, tmp_path,
+@pytest.mark.parametrize(("net", "size", "plans", "counts"), CASES, ids=[c[0] for c in CASES])
+def test_verify_under_nccl_passes_on_every_plan(standin_nccl, net, size, plans, counts, tmp_path,
                                                 monkeypatch, capsys):
-    verify_every_plan(MPI.COMM_WORLD, net, size, plans, tmp_path, monkeypatch,
+    verify_every_plan(MPI.COMM_WORLD, net, size, plans, counts, tmp_path, monkeypatch,
                       "--collectives", "nccl")
 
 
