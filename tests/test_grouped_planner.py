@@ -18,8 +18,10 @@ from hpctrain.plan.planner import evaluate_placed, plan_network
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.pricing import CostModel
 
-# one region, two branches of three convolutions with batch norm: on groups when the
-# latency of the sums dominates
+# one region, branches of two and three convolutions with batch norm: on groups when the
+# latency of the sums dominates. On 3 ranks the second branch takes the group of two, where
+# its middle convolution has choices of its own; a third convolution in the first branch, on
+# one rank, would only triple the serial plans the brute force prices
 DEEP = parse_net("""
 input channels=3 size=6 classes=5
 conv name=stem out=4 kernel=3 pad=1
@@ -27,9 +29,6 @@ conv name=a1 out=4 kernel=3 pad=1 bias=0
 batchnorm
 relu
 conv name=a2 out=4 kernel=3 pad=1 bias=0
-batchnorm
-relu
-conv name=a3 out=4 kernel=3 pad=1 bias=0
 batchnorm name=an
 conv name=b1 in=stem out=4 kernel=1 bias=0
 batchnorm

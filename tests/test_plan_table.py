@@ -11,6 +11,7 @@ import pytest
 
 from hpctrain.cli import main
 from hpctrain.model.net import load_net
+from hpctrain.plan import spaces
 
 COLUMNS = ("layer", "kind", "mode", "grid", "compute", "comm", "redist", "fed by", "mem", "+tmp")
 LEFT = ("layer", "kind", "mode", "grid", "fed by")  # the others are numbers, right-aligned
@@ -25,6 +26,30 @@ def plan_output(capsys, monkeypatch, *args, columns=None):
         monkeypatch.setenv("COLUMNS", str(columns))
     assert main(["plan", "--compute", "flops", *args]) == 0
     return capsys.readouterr().out.splitlines()
+
+
+@pytest.fixture(scope="module")
+def searched():
+    """The plans ``plan_over`` found in this module, by what its search depends on."""
+    return {}
+
+
+@pytest.fixture
+def search_once(monkeypatch, searched):
+    """``plan`` searches a plan once for the module and prints it again after: these tests read
+    how INCEPTION's table is laid out on pipes and terminals of several widths, and its search
+    (seconds, under --space auto) would otherwise be repeated for each; every call still runs
+    the whole command, its cost model and the table's formatting."""
+    search = spaces.plan_over
+
+    def plan_over(model, *args, **kwargs):
+        key = (model.net.name, model.batch, model.procs, model.machine.name,
+               model.precision.name, model.hidden_share, args, tuple(sorted(kwargs.items())))
+        if key not in searched:
+            searched[key] = search(model, *args, **kwargs)
+        return searched[key]
+
+    monkeypatch.setattr(spaces, "plan_over", plan_over)
 
 
 def table_of(lines):
@@ -110,6 +135,7 @@ def test_a_split_by_axes_shows_its_degrees_compactly(capsys, monkeypatch, grid, 
 
 
 @pytest.mark.parametrize("columns", [None, 200])
+@pytest.mark.usefixtures("search_once")
 def test_long_layer_names_set_the_first_column_and_stay_whole(capsys, monkeypatch, columns):
     lines = plan_output(capsys, monkeypatch, *INCEPTION, columns=columns)
     table = table_of(lines)
@@ -119,6 +145,7 @@ def test_long_layer_names_set_the_first_column_and_stay_whole(capsys, monkeypatc
     assert max(len(line) for line in table) < 200
 
 
+@pytest.mark.usefixtures("search_once")
 def test_a_terminal_a_little_narrower_than_the_table_cuts_the_longest_names(
         capsys, monkeypatch):
     whole = table_of(plan_output(capsys, monkeypatch, *INCEPTION))
@@ -141,6 +168,7 @@ def test_a_terminal_a_little_narrower_than_the_table_cuts_the_longest_names(
         {c: v for c, v in r.items() if c != "layer"} for r in rows_of(whole)]
 
 
+@pytest.mark.usefixtures("search_once")
 def test_a_terminal_too_narrow_to_fit_by_cutting_names_gets_the_whole_table(
         capsys, monkeypatch):
     """At 80 columns the names would have to be cut below 16 characters, and then to

@@ -5,8 +5,10 @@ not taken from the code under test; other rows are checked against
 :func:`hpctrain.plan.paper.strategy_comm`, which tests/test_paper_equations.py checks by hand.
 """
 
+import contextlib
 import dataclasses
 import importlib.util
+import io
 import math
 import re
 import subprocess
@@ -540,7 +542,19 @@ def test_a_failure_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, t
     assert [p.name for p in tmp_path.iterdir()] == ["sim.h5"]
 
 
-def test_a_point_without_a_plan_keeps_its_rows(tmp_path, monkeypatch):
+def fewer_points(patch):
+    """Two P in each study, the domain study's P = B and 4096 among them: drawing a study's
+    figures costs seconds per P, and what the tests that draw them check needs no more."""
+    patch.setattr(paper, "STRONG_PROCS", (8, 64))
+    patch.setattr(paper, "WEAK_PROCS", (8, 64))
+    patch.setattr(paper, "DOMAIN_PROCS", (512, 4096))
+
+
+@pytest.fixture(scope="module")
+def drawn_without_4096(tmp_path_factory):
+    """(file, figures) of ``simulate --net mlp --plots`` (fewer_points) with the planner failing
+    at P = 4096, where the baselines cannot run either: one run of the checkout's script draws
+    a P where nothing runs and every figure --plots makes (no figures without matplotlib)."""
     from hpctrain.plan.planner import PlannerError
 
     real = paper.plan_network
@@ -550,31 +564,40 @@ def test_a_point_without_a_plan_keeps_its_rows(tmp_path, monkeypatch):
             raise PlannerError("layer fc8 cannot be split on 4096 processes")
         return real(model)
 
-    monkeypatch.setattr(paper, "plan_network", plan_unless_4096)
-    out = tmp_path / "sim.h5"
-    assert simulate_command.run(["--net", "mlp", "--out", str(out)]) == 0
+    where = tmp_path_factory.mktemp("sim")
+    out, figs = where / "sim.h5", where / "figs"
+    plots = ["--plots", str(figs)] if importlib.util.find_spec("matplotlib") else []
+    with pytest.MonkeyPatch.context() as patch:
+        fewer_points(patch)
+        patch.setattr(paper, "plan_network", plan_unless_4096)
+        assert simulate_command.run(["--net", "mlp", "--out", str(out), *plots]) == 0
+    return out, figs
+
+
+def test_a_point_without_a_plan_keeps_its_rows(drawn_without_4096):
+    out, figs = drawn_without_4096
     with h5py.File(out, "r") as f:
         auto = table(f["domain/auto"])
         k = np.nonzero(auto["procs"] == 4096)[0][0]
         assert math.isnan(auto["total_per_epoch"][k])
         assert auto["plan"][k].startswith("none: layer fc8")
         assert np.any(f["domain/procs"][()] == 4096)
+        assert not any(table(f["domain"][plan])["runnable"][k] for plan in PLANS)
     # a P where nothing runs still gets its panel
-    written = load_plotter()(out, tmp_path / "plots")
-    assert (tmp_path / "plots" / "domain_plans.png") in written
+    assert (figs / "domain_plans.png").is_file()
 
 
-def test_plots_option_runs_the_checkouts_script(tmp_path, capsys, monkeypatch):
+def test_plots_option_runs_the_checkouts_script(drawn_without_4096, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    out = tmp_path / "sim.h5"
-    assert simulate_command.run(["--net", "mlp", "--out", str(out), "--plots",
-                                 str(tmp_path / "figs")]) == 0
-    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(
+    _, figs = drawn_without_4096
+    assert sorted(p.name for p in figs.iterdir()) == sorted(
         f"{s}_{kind}.png" for s in STUDIES for kind in ("grids", "speedup", "plans"))
     # a script that fails: the results are kept, and the failure is an output error (status 3)
     broken = tmp_path / "plot_simulation.py"
     broken.write_text("import sys; sys.exit(4)\n")
     monkeypatch.setattr(simulate_command, "plot_script", lambda: broken)
+    fewer_points(monkeypatch)
+    out = tmp_path / "sim.h5"
     with pytest.raises(OutputError, match="plot_simulation.py failed with status 4"):
         simulate_command.run(["--net", "mlp", "--out", str(out), "--plots", str(tmp_path)])
     assert out.is_file()
@@ -708,7 +731,7 @@ def test_levels_writes_every_column(two_levels, tmp_path, capsys):
 
 
 def test_levels_plans_three_nets_unless_told_one(two_levels, tmp_path, monkeypatch):
-    monkeypatch.setattr(levels_study, "LEVELS_PROCS", (8, 16))
+    monkeypatch.setattr(levels_study, "LEVELS_PROCS", (8,))  # one P: the nets are what counts
     monkeypatch.setattr(paper, "DOMAIN_PROCS", (16,))
     monkeypatch.chdir(tmp_path)
     assert simulate_command.run(["--levels", "--machine", str(two_levels)]) == 0
@@ -742,13 +765,55 @@ def test_levels_refuses_in_one_line(two_levels, tmp_path, args, message):
 
 GPU = load_machine("perlmutter-gpu")
 A100 = 40 * 2**30
-VOLUME_PROCS = (8, 16, 64, 128, 512)
+# at B = 64 no plan fits a 512³ volume up to P = 64 and one does from P = 128 (two ranks per
+# sample), where pure batch no longer runs on 128³ either: every case below is met by P = 128,
+# and P = 512, where the planner's searches cost the most, adds none
+VOLUME_PROCS = (8, 16, 64, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumesRun:
+    """What one ``simulate --volumes`` did: the study it made, the file it wrote, what it
+    printed and the folder of its plots (none without matplotlib)."""
+
+    study: volumes_study.VolumesStudy
+    out: Path
+    printed: str
+    figs: Path
 
 
 @pytest.fixture(scope="module")
-def volumes():
-    return volumes_study.run_volumes(load_net("cosmoflow"), GPU, (128, 512), VOLUME_PROCS,
-                                        64, A100)
+def volumes_run(tmp_path_factory):
+    """``simulate --volumes`` with its defaults, at VOLUME_PROCS, run once for the module: the
+    planning is what costs, and the study's tables and the file, summary and plots the command
+    makes of them are checked apart below."""
+    where = tmp_path_factory.mktemp("volumes")
+    made, run = [], volumes_study.run_volumes
+
+    def run_volumes(*args, **kwargs):
+        made.append(run(*args, **kwargs))
+        return made[-1]
+
+    plots = ["--plots", str(where / "figs")] if importlib.util.find_spec("matplotlib") else []
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setattr(volumes_study, "VOLUMES_PROCS", VOLUME_PROCS)
+        patch.setattr(volumes_study, "run_volumes", run_volumes)
+        assert simulate_command.run(["--volumes", "--out", str(where / "volumes.h5"),
+                                     *plots]) == 0
+    return VolumesRun(made.pop(), where / "volumes.h5", printed.getvalue(), where / "figs")
+
+
+@pytest.fixture(scope="module")
+def volumes(volumes_run):
+    """The study of CosmoFlow on 128³ and 512³ on perlmutter-gpu at B = 64 under 40 GiB per
+    rank, as ``simulate --volumes`` makes it by default."""
+    study = volumes_run.study
+    assert (study.net.name, study.machine, study.cap, study.strong_batch, study.space) == (
+        "cosmoflow", GPU, A100, 64, "auto")
+    with h5py.File(volumes_run.out, "r") as f:
+        assert f.attrs["precision"] == "fp32"
+    return study
 
 
 def test_volumes_points_follow_the_scaling_rules(volumes):
@@ -757,7 +822,7 @@ def test_volumes_points_follow_the_scaling_rules(volumes):
     for (size, scaling), t in volumes.tables.items():
         assert list(t["procs"]) == list(VOLUME_PROCS)
         per_sample = {128: 1, 512: 4}[size]
-        assert list(t["batch"]) == ([64] * 5 if scaling == "strong"
+        assert list(t["batch"]) == ([64] * len(VOLUME_PROCS) if scaling == "strong"
                                     else [p // per_sample for p in VOLUME_PROCS])
 
 
@@ -775,7 +840,7 @@ def test_volumes_pure_batch_runs_only_where_it_splits_and_fits(volumes):
     # a 512³ sample needs 75.6 GiB: pure batch fits nowhere; 128³ up to P = B = 64 it does
     assert not any(volumes.tables[512, "strong"]["pure_batch_runnable"])
     assert not any(volumes.tables[512, "weak"]["pure_batch_runnable"])
-    assert list(volumes.tables[128, "strong"]["pure_batch_runnable"]) == [True] * 3 + [False] * 2
+    assert list(volumes.tables[128, "strong"]["pure_batch_runnable"]) == [True] * 3 + [False]
     assert all(volumes.tables[128, "weak"]["pure_batch_runnable"])
 
 
@@ -819,7 +884,7 @@ def test_volumes_auto_is_never_slower_than_pure_batch(volumes):
                 assert t["auto_speedup_over_batch"][k] == pytest.approx(
                     t["pure_batch_iteration_time"][k] / t["auto_iteration_time"][k], rel=1e-12)
                 compared += 1
-    assert compared == 3 + 5
+    assert compared == 3 + len(VOLUME_PROCS)
 
 
 def test_volumes_rates_speedups_and_the_planners_numbers(volumes):
@@ -840,36 +905,32 @@ def test_volumes_rates_speedups_and_the_planners_numbers(volumes):
                     t[f"{plan}_compute"][k] + t[f"{plan}_communication"][k], rel=1e-9)
     # the stored auto plan is the planner's under the cap over --space auto, priced alike
     t = volumes.tables[512, "strong"]
-    k = list(t["procs"]).index(512)
-    model = CostModel(load_net("cosmoflow", 512), 64, 512, GPU, FlopModel(GPU.flops))
+    k = list(t["procs"]).index(128)
+    model = CostModel(load_net("cosmoflow", 512), 64, 128, GPU, FlopModel(GPU.flops))
     planned = plan_over(model, A100, space="auto")
     assert t["auto_iteration_time"][k] == pytest.approx(planned.iteration_time, rel=1e-12)
     assert t["auto_memory_per_rank"][k] == pytest.approx(planned.memory, rel=1e-12)
 
 
-def test_volumes_writes_its_file_and_plots(tmp_path, capsys, monkeypatch):
+def test_volumes_writes_its_file_and_plots(volumes_run):
     pytest.importorskip("matplotlib")
-    monkeypatch.setattr(volumes_study, "VOLUMES_PROCS", (8, 128))
-    out = tmp_path / "volumes.h5"
-    assert simulate_command.run(["--volumes", "--out", str(out), "--plots",
-                                 str(tmp_path / "figs")]) == 0
-    text = capsys.readouterr().out
+    text = volumes_run.printed
     assert "perlmutter-gpu" in text and "at most 40 GiB per rank" in text
     assert "512^3 strong (B = 64)" in text and "no plan fits" in text
-    with h5py.File(out, "r") as f:
+    with h5py.File(volumes_run.out, "r") as f:
         assert f.attrs["machine"] == "perlmutter-gpu" and f.attrs["net"] == "cosmoflow"
         assert f.attrs["mem_per_rank"] == A100 and "--volumes" in f.attrs["command"]
         assert list(f["volumes"]) == ["cosmoflow_128", "cosmoflow_512"]
         group = f["volumes/cosmoflow_512/weak"]
         assert group.attrs["batch_rule"] == "B = P/4"
-        assert list(group["batch"][()]) == [2, 32]
+        assert list(group["batch"][()]) == [2, 4, 16, 32]
         for plan in ("auto", "pure_batch"):
             for key in volumes_study.VOLUME_COLUMNS:
-                assert len(group[f"{plan}_{key}"]) == 2
+                assert len(group[f"{plan}_{key}"]) == len(VOLUME_PROCS)
         assert group["auto_memory_per_rank"].attrs["units"] == "B"
         assert group["auto_iteration_time"].attrs["units"] == "s"
         assert group["auto_first_layer"].asstr()[0] == "domain 4x2"
-    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [
+    assert sorted(p.name for p in volumes_run.figs.iterdir()) == [
         "volumes_cosmoflow_128.png", "volumes_cosmoflow_512.png"]
 
 
