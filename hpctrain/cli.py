@@ -22,7 +22,6 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from types import FrameType
 
 from hpctrain.errors import (
     EXIT_FAILURE,
@@ -32,6 +31,9 @@ from hpctrain.errors import (
     OutputError,
     Terminated,
     UserError,
+    forget_sigterm,
+    on_sigterm,
+    stop_if_terminated,
     write_line,
 )
 
@@ -68,19 +70,22 @@ def _terminate_as_interrupt() -> Iterator[None]:
     """While a command without MPI runs, SIGTERM raises :class:`~hpctrain.errors.Terminated`
     (a ``KeyboardInterrupt``), so it stops as Ctrl-C does: temporaries removed, one line. By
     default SIGTERM would kill the process where it stands, leaving its temporary file and,
-    for ``convert``, its decoding workers writing tracebacks into a closed pipe."""
+    for ``convert``, its decoding workers writing tracebacks into a closed pipe. While an
+    output is written the stop waits for a safe point, such as the next batch of a dataset
+    (:func:`~hpctrain.errors.sigterm_at_safe_points`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def terminated(signum: int, frame: FrameType | None) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminated)
+    forget_sigterm()
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
+        # a SIGTERM whose Terminated a finaliser swallowed outside any safe point still stops
+        # the command, as one that came a moment later would
+        stop_if_terminated()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        forget_sigterm()
 
 
 def _caused_by(err: BaseException, kind: type[BaseException]) -> bool:

@@ -17,8 +17,12 @@ between them.
 """
 
 import argparse
+import contextlib
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import PurePath
+from types import FrameType, SimpleNamespace
 from typing import NoReturn, TextIO
 
 SHOWN_LIMIT = 80  # characters of a user's value echoed in a message
@@ -95,6 +99,51 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C's ``KeyboardInterrupt`` would be, so a command that has no
     clean stop of its own (``convert``, ``plan``) removes what it had not finished alike; the
     command line then exits with 128 + 15, as a process killed by SIGTERM does."""
+
+
+# A Terminated raised from the signal handler lands in whatever Python code runs at that
+# moment. Where that is a weakref callback or another finaliser, Python prints it ("Exception
+# ignored in ...") and carries on, and the stop is lost: h5py runs such a callback for each of
+# the many objects it frees while a dataset is written. So the handler notes the SIGTERM too,
+# and while code that writes through such a library runs (sigterm_at_safe_points) it only notes.
+_sigterm = SimpleNamespace(noted=False, deferring=0)
+
+
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """The SIGTERM handler of a command without MPI (installed by :mod:`hpctrain.cli`): note the
+    stop, and raise it as :class:`Terminated` unless :func:`sigterm_at_safe_points` defers it."""
+    _sigterm.noted = True
+    if not _sigterm.deferring:
+        raise Terminated
+
+
+def forget_sigterm() -> None:
+    """Forget a noted SIGTERM: for the command line, as it installs or removes
+    :func:`on_sigterm`, so that one command's stop never stops the next in the same process."""
+    _sigterm.noted = False
+
+
+def stop_if_terminated() -> None:
+    """A safe point: raise :class:`Terminated` if :func:`on_sigterm` noted a SIGTERM."""
+    if _sigterm.noted:
+        raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_at_safe_points() -> Iterator[None]:
+    """While entered, a SIGTERM that :func:`on_sigterm` takes is only noted; the code inside
+    calls :func:`stop_if_terminated` at each point where it can stop, and leaving is one such
+    point too, so that a SIGTERM noted after the last is not lost. Where :func:`on_sigterm` is
+    not the handler (the API, training), SIGTERM acts as it would without this."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # a handler runs in the main thread, so only the main thread's code is stopped
+        return
+    _sigterm.deferring += 1
+    try:
+        yield
+    finally:
+        _sigterm.deferring -= 1
+    stop_if_terminated()
 
 
 EXIT_FAILURE = 1  # a crash, or a Failure

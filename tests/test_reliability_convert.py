@@ -69,6 +69,58 @@ def test_sigterm_stops_a_conversion_in_one_process_leaving_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+SIGTERM_IN_A_WEAKREF_CALLBACK = """
+import os, signal, weakref
+import hpctrain.data.universe as universe
+sample = universe.Universe.sample
+class Freed:
+    pass
+def sigterm_inside(ref):  # as it comes, now and then, while h5py frees one of its objects
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(3))  # a call: the handler runs here, inside the callback
+def sample_freeing_an_object(self, index):
+    if index == 2:
+        freed = Freed()
+        ref = weakref.ref(freed, sigterm_inside)
+        del freed
+    return sample(self, index)
+universe.Universe.sample = sample_freeing_an_object
+"""
+
+
+def test_a_sigterm_that_comes_inside_a_weakref_callback_still_stops_the_conversion(tmp_path):
+    """Python prints an exception raised inside a weakref callback and carries on, so the
+    Terminated the handler raised there was lost: the run went on to write u.h5 and exit 0."""
+    process = start_convert(tmp_path, "--universe", 3000, "--size", 16, "--channels", 2,
+                            "--out", "u.h5", code=SIGTERM_IN_A_WEAKREF_CALLBACK)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["hpctrain convert: stopped by SIGTERM"], err
+    assert list(tmp_path.iterdir()) == []
+
+
+SIGTERM_AS_THE_TEMPORARY_APPEARS = """
+import os, signal, tempfile
+mkstemp = tempfile.mkstemp
+def mkstemp_then_sigterm(*args, **kwargs):  # as the test above sends it, at its earliest
+    made = mkstemp(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return made
+tempfile.mkstemp = mkstemp_then_sigterm
+"""
+
+
+def test_a_sigterm_as_the_temporary_appears_leaves_nothing(tmp_path):
+    """Raised at once, the stop came between the temporary's creation and the code that
+    removes it, and the temporary was left beside --out."""
+    process = start_convert(tmp_path, "--universe", 3000, "--size", 16, "--channels", 2,
+                            "--out", "u.h5", code=SIGTERM_AS_THE_TEMPORARY_APPEARS)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["hpctrain convert: stopped by SIGTERM"], err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_temporary_of_a_killed_run_is_removed_by_the_next_run_to_that_path(tmp_path):
     process = start_convert(tmp_path, "--universe", 3000, "--size", 16, "--channels", 2,
                             "--out", "u.h5")

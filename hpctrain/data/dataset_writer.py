@@ -30,6 +30,7 @@ from hpctrain.data.dataset_format import (
     chunk_shape,
     is_dataset,
 )
+from hpctrain.errors import stop_if_terminated
 from hpctrain.io.files import replace_atomically
 from hpctrain.io.units import shape_text
 
@@ -191,6 +192,10 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
             # exact integer sums of the training pixels and of their squares, per channel
             pixel_sum, square_sum, pixel_count = [0] * channels, [0] * channels, 0
             for name, x, y in batches:
+                # SIGTERM waits for the next batch while the file is written (see
+                # replace_atomically): raised at once, it would often land in the weakref
+                # callback h5py runs for each object it frees, which swallows it
+                stop_if_terminated()
                 start = filled[name]
                 x = (_checked_pixels(name, x, start, sample_shape) if pixels
                      else _checked_images(name, x, start, sample_shape))

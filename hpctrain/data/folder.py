@@ -42,7 +42,7 @@ import numpy as np
 from hpctrain.cost.memory import available_bytes
 from hpctrain.data.dataset_format import DatasetError
 from hpctrain.data.dataset_writer import write_batches
-from hpctrain.errors import Failure, Terminated, one_line, shown
+from hpctrain.errors import Failure, Terminated, one_line, shown, stop_if_terminated
 from hpctrain.io.units import format_bytes
 
 PILLOW_HINT = "pip install hpctrain[images]"
@@ -470,6 +470,7 @@ def _decoded(pool: _Workers | None, pipeline: Pipeline, files: list[Path], size:
     tasks = ((start, files[start:start + step]) for start in range(0, len(files), step))
     if pool is None:
         for start, paths in tasks:
+            stop_if_terminated()  # between tasks, as with a pool, not after a batch of them
             try:
                 decoded = _decode_task([str(p) for p in paths], size)
             except MemoryError:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from pathlib import Path
 
-from hpctrain.errors import OutputError, UserError
+from hpctrain.errors import OutputError, UserError, sigterm_at_safe_points, stop_if_terminated
 
 
 @cache
@@ -172,6 +172,9 @@ def _refuse_to_replace(path: Path, ours: Callable[[Path], bool] | None) -> None:
                           f"hpctrain did not write; it was left as it is")
 
 
+# SIGTERM under the command line's handler waits for a safe point here: raised at once, it
+# could come between the temporary's creation and the code that removes it, and leave it behind
+@sigterm_at_safe_points()
 def replace_atomically(path: Path, write: Callable[[Path], None],
                        ours: Callable[[Path], bool] | None = None, *,
                        lock: bool = False) -> None:
@@ -189,6 +192,11 @@ def replace_atomically(path: Path, write: Callable[[Path], None],
     With ``lock``, the temporary is held under an exclusive ``flock`` while it is written, so
     that :func:`remove_abandoned` tells it from one a killed run left; ``write`` must then not
     lock the file itself (h5py: ``locking=False``).
+
+    Under the command line's SIGTERM handler (:func:`~hpctrain.errors.on_sigterm`) a SIGTERM
+    is only noted meanwhile (:func:`~hpctrain.errors.sigterm_at_safe_points`): a long ``write``
+    calls :func:`~hpctrain.errors.stop_if_terminated` where it may stop, and the stop comes at
+    the latest before the rename, leaving nothing, or once it is done.
     """
     path = Path(path)
     made: list[Path] = []
@@ -207,6 +215,7 @@ def replace_atomically(path: Path, write: Callable[[Path], None],
     try:
         write(tmp)
         _sync(tmp)
+        stop_if_terminated()  # the last point where a stop leaves nothing behind
         _refuse_to_replace(path, ours)  # again: the write may have taken hours
         os.replace(tmp, path)
         done = True
