@@ -81,10 +81,12 @@ def losses(log: Path) -> np.ndarray:
 # -- the done-when command -------------------------------------------------------------
 
 def test_alexnet_auto_three_steps_logs_losses_plan_and_layer_timings(tmp_path):
-    # 2 ranks, one per core, at a small image and batch: planning times its 73
-    # kernels as they run, not as 4 ranks take turns on 2 cores
-    result = launch(2, "--net", "alexnet", "--grid", "auto", "--steps", "3", "--batch", "8",
-                    "--image-size", "67", "--log", "run.h5", tmp_path=tmp_path, timeout=300)
+    # 2 ranks, one per core, at a small image and batch. The planner prices compute from
+    # FLOPs: timing its 91 candidate kernels took 15 of the 18 s, and what is checked here is
+    # the log; tests/mpi/test_planning.py plans from measured kernels on the launched ranks
+    result = launch(2, "--net", "alexnet", "--grid", "auto", "--compute", "flops", "--steps",
+                    "3", "--batch", "8", "--image-size", "67", "--log", "run.h5",
+                    tmp_path=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("done: 3 steps") == 1  # rank 0 alone prints
     # the launch sets OMP_NUM_THREADS=1, which hpctrain respects and says so above the plan
@@ -114,16 +116,20 @@ def test_alexnet_auto_three_steps_logs_losses_plan_and_layer_timings(tmp_path):
 
 @pytest.mark.skipif(not DIGITS.exists(), reason="make inputs/digits.h5 first")
 def test_digits_reach_95_percent_held_out_under_a_mixed_plan(tmp_path):
+    # 4 epochs of batch 32 (176 steps, the first 20 warming up) end at 97.5 to 99.2 % over 16
+    # seeds, as 15 of batch 64 (330 steps) end at 98.1 to 99.7 % over 14; compute from FLOPs
+    # prices the given plan's table without timing kernels
     result = launch(4, "--net", "smallcnn", "--data", str(DIGITS), "--grid", str(MIXED_PLAN),
-                    "--batch", "64", "--epochs", "15", "--lr", "0.1", "--lr-schedule", "cosine",
-                    "--print-every", "50", "--log", "digits.h5", tmp_path=tmp_path)
+                    "--batch", "32", "--epochs", "4", "--lr", "0.1", "--warmup-steps", "20",
+                    "--lr-schedule", "cosine", "--compute", "flops", "--print-every", "50",
+                    "--log", "digits.h5", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     with h5py.File(tmp_path / "digits.h5") as h5:
         modes = {m.decode() for m in h5["plan/mode"][:]}
         accuracy = h5["validation/accuracy"][:]
         steps = h5["validation/step"][:]
     assert {"domain", "model", "batch"} <= modes
-    assert len(accuracy) == 15 and list(steps) == [22 * k for k in range(1, 16)]  # every epoch
+    assert len(accuracy) == 4 and list(steps) == [44 * k for k in range(1, 5)]  # every epoch
     assert accuracy[-1] >= 0.95, accuracy
     assert accuracy[0] < accuracy[-1]  # the curve rises
 
@@ -131,9 +137,10 @@ def test_digits_reach_95_percent_held_out_under_a_mixed_plan(tmp_path):
 @pytest.mark.skipif(not DIGITS.exists(), reason="make inputs/digits.h5 first")
 def test_a_residual_net_with_batch_norm_reaches_97_percent_under_a_mixed_plan(tmp_path):
     # resdigits-p4-mixed: domain, model and batch layers, and residual adds whose branches run
-    # on different grids; `make resdigits` runs the same
+    # on different grids; `make resdigits` runs the same for 4 epochs at --lr 0.1, which end at
+    # 98.1 to 99.4 % over 20 seeds, as these 3 at 0.15 end at 97.8 to 99.4 %
     result = launch(4, "--net", "resdigits", "--data", str(DIGITS), "--grid",
-                    "resdigits-p4-mixed", "--batch", "64", "--epochs", "4", "--lr", "0.1",
+                    "resdigits-p4-mixed", "--batch", "64", "--epochs", "3", "--lr", "0.15",
                     "--lr-schedule", "cosine", "--print-every", "50", "--log", "resdigits.h5",
                     tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr

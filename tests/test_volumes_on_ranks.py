@@ -91,7 +91,8 @@ conv out=16 kernel=3 pad=1 bias=0
 batchnorm
 leakyrelu slope=0.1
 maxpool kernel=2
-conv out=16 kernel=3 pad=1
+conv out=16 kernel=3 pad=1 bias=0
+batchnorm
 leakyrelu slope=0.1
 avgpool kernel=global
 flatten
@@ -104,14 +105,21 @@ linear out=2
 def test_a_volume_net_learns_the_synthetic_universes_split_by_depth(tmp_path):
     """Trained on 410 synthetic universes (16³, 2 channels) on 4 ranks, the first layer split
     by depth over 2 ranks and the batch over 2: the held-out mean squared error is at most
-    half that of predicting the training targets' mean (measured: about a twentieth)."""
+    half that of predicting the training targets' mean (measured: about a thirteenth; at most
+    0.22 of it over 24 seeds of the run and 8 of a second set of universes).
+
+    Half is about what learning one of the two targets alone scores, so the net must learn
+    both. The batch norm of the third block lets 60 steps do that on every seed tried, where
+    150 without it stopped near half on some."""
     made = launch(1, "convert", "--universe", "512", "--size", "16", "--channels", "2",
                   "--targets-count", "2", "--seed", "1", "--out", "u.h5", tmp_path=tmp_path)
     assert made.returncode == 0, made.stderr
     (tmp_path / "learner.net").write_text(LEARNER)
+    # the plan is given: compute from FLOPs prices its table without timing kernels
     result = launch(4, "--net", "learner.net", "--data", "u.h5", "--batch", "16", "--steps",
-                    "150", "--lr", "0.05", "--grid", "conv=domain:2x2,fc=2x2", "--print-every",
-                    "150", tmp_path=tmp_path, timeout=300)
+                    "60", "--lr", "0.1", "--lr-schedule", "cosine", "--grid",
+                    "conv=domain:2x2,fc=2x2", "--compute", "flops", "--print-every", "60",
+                    tmp_path=tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     first = next(line for line in result.stdout.splitlines() if line.startswith("conv1 "))
     assert "domain" in first and "2x2" in first
