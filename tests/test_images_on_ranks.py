@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
 
 def test_a_small_cnn_learns_the_shapes_folder_with_augmentation(tmp_path):
     """800 images, 160 held out; 10 epochs of batch 32 with ``--augment standard``: at
-    least 90 % held-out accuracy (measured: 98.8 %; at least 96.9 % over 16 seeds of the run
+    least 90 % held-out accuracy (measured: 98.8 %; at least 96.9 % over 26 seeds of the run
     and 10 of a second folder, where 8 epochs fell to 90.6 %)."""
     make_folder(tmp_path / "shapes", per_class=200, seed=0)
     made = launch(1, "convert", "--image-folder", "shapes", "--size", "32", "--val-fraction",

@@ -123,7 +123,8 @@ CASES.update({
         net, PROCS, BATCH, offset=1, world=LayerPlan("model", (2, 2)))),
 })
 
-# depth × height × width needs 8 ranks: run by tests/test_multiaxis_on_ranks.py
+# depth × height × width needs 8 ranks: tests/test_multiaxis_on_ranks.py calls the test below
+# on 8 launched ranks without pytest, PyTorch imported on rank 0 alone (the only rank using it)
 CASES_ON_8 = {
     "cosmoflow-conv=d2h2w2,fc=8x1": (
         "cosmoflow", lambda net: plan_from_spec("conv=d2h2w2,fc=8x1", net, 8)),
