@@ -58,15 +58,21 @@ def test_sigterm_stops_a_parallel_conversion_as_ctrl_c_does(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train"]
 
 
+def stopped_leaving_nothing(process, tmp_path, timeout):
+    """``process`` exits as SIGTERM stops a conversion: status 128 + 15, one line, and nothing
+    left in ``tmp_path``."""
+    _, err = process.communicate(timeout=timeout)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["hpctrain convert: stopped by SIGTERM"], err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sigterm_stops_a_conversion_in_one_process_leaving_nothing(tmp_path):
     process = start_convert(tmp_path, "--universe", 3000, "--size", 16, "--channels", 2,
                             "--out", "u.h5")
     wait_for_temporary(tmp_path, "u.h5")
     process.send_signal(signal.SIGTERM)
-    _, err = process.communicate(timeout=20)
-    assert process.returncode == 128 + signal.SIGTERM, err
-    assert err.strip().splitlines() == ["hpctrain convert: stopped by SIGTERM"], err
-    assert list(tmp_path.iterdir()) == []
+    stopped_leaving_nothing(process, tmp_path, timeout=20)
 
 
 SIGTERM_IN_A_WEAKREF_CALLBACK = """
@@ -93,10 +99,7 @@ def test_a_sigterm_that_comes_inside_a_weakref_callback_still_stops_the_conversi
     Terminated the handler raised there was lost: the run went on to write u.h5 and exit 0."""
     process = start_convert(tmp_path, "--universe", 3000, "--size", 16, "--channels", 2,
                             "--out", "u.h5", code=SIGTERM_IN_A_WEAKREF_CALLBACK)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM, err
-    assert err.strip().splitlines() == ["hpctrain convert: stopped by SIGTERM"], err
-    assert list(tmp_path.iterdir()) == []
+    stopped_leaving_nothing(process, tmp_path, timeout=60)
 
 
 SIGTERM_AS_THE_TEMPORARY_APPEARS = """
@@ -115,10 +118,7 @@ def test_a_sigterm_as_the_temporary_appears_leaves_nothing(tmp_path):
     removes it, and the temporary was left beside --out."""
     process = start_convert(tmp_path, "--universe", 3000, "--size", 16, "--channels", 2,
                             "--out", "u.h5", code=SIGTERM_AS_THE_TEMPORARY_APPEARS)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM, err
-    assert err.strip().splitlines() == ["hpctrain convert: stopped by SIGTERM"], err
-    assert list(tmp_path.iterdir()) == []
+    stopped_leaving_nothing(process, tmp_path, timeout=60)
 
 
 def test_the_temporary_of_a_killed_run_is_removed_by_the_next_run_to_that_path(tmp_path):
