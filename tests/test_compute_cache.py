@@ -112,14 +112,13 @@ def test_timings_of_other_code_are_dropped_when_the_cache_is_rewritten(tmp_path)
     assert stale not in kept and len(kept) == 1 and CODE in next(iter(kept))
 
 
-def test_the_first_two_calls_are_never_samples(monkeypatch):
-    # A kernel's first call pays for fresh memory, its second for the heap glibc grows once the
-    # first large free raises its mmap threshold: neither is what a training step pays.
+def scripted_kernel(monkeypatch, durations):
+    """A kernel whose calls take ``durations`` seconds in turn on a clock of its own, and the
+    list its calls are counted in."""
     from hpctrain.cost import compute
 
     now = [0.0]
     monkeypatch.setattr(compute.time, "perf_counter", lambda: now[0])
-    durations = [5.0, 3.0, 0.02, 0.02]
     calls = []
 
     def kernel() -> str:
@@ -127,10 +126,42 @@ def test_the_first_two_calls_are_never_samples(monkeypatch):
         calls.append(1)
         return "output"
 
+    return kernel, calls
+
+
+def test_the_first_two_calls_are_never_samples(monkeypatch):
+    # A kernel's first call pays for fresh memory, its second for the heap glibc grows once the
+    # first large free raises its mmap threshold: neither is what a training step pays.
+    kernel, calls = scripted_kernel(monkeypatch, [0.5] + [0.02] * 6)
     timer = MeasuredCompute(Backend(np, np.float32), repeats=4)
     seconds, output = timer._time(kernel)
-    # the second call's 3 s say one sample fits the budget: the third call is it
-    assert seconds == pytest.approx(0.02) and output == "output" and len(calls) == 3
+    # the third call agrees with the second: warm; the 0.02 s calls fit every sample asked for
+    assert seconds == pytest.approx(0.02) and output == "output" and len(calls) == 3 + 4
+
+
+def test_warm_up_lasts_until_two_calls_agree_and_the_median_sets_a_slow_sample_aside(
+        monkeypatch):
+    # a 3-D convolution's calls as this machine ran them: slow until its memory settled, then
+    # one sample in three slowed by the host
+    kernel, calls = scripted_kernel(monkeypatch, [0.036, 0.047, 0.017, 0.007, 0.0072, 0.007,
+                                                  0.066, 0.0071])
+    seconds, _ = MeasuredCompute(Backend(np, np.float32), repeats=3)._time(kernel)
+    # five warm-up calls (0.007 and 0.0072 agree), then the three samples asked for
+    assert len(calls) == 5 + 3 and seconds == pytest.approx(0.0071)
+
+
+def test_warm_up_stops_at_its_limits(monkeypatch):
+    from hpctrain.cost.compute import MOST_WARM_UPS, WARM_UP_BUDGET
+
+    never_steady = [0.001 * 2 ** k for k in range(MOST_WARM_UPS)] + [0.01] * 3
+    kernel, calls = scripted_kernel(monkeypatch, never_steady)
+    MeasuredCompute(Backend(np, np.float32), repeats=3)._time(kernel)
+    assert len(calls) == MOST_WARM_UPS + 3
+    # calls that take the whole budget between them: two, then the samples
+    slow = WARM_UP_BUDGET
+    kernel, calls = scripted_kernel(monkeypatch, [slow, 2 * slow / 3] + [slow] * 3)
+    MeasuredCompute(Backend(np, np.float32), repeats=3)._time(kernel)
+    assert len(calls) == 2 + 3
 
 
 def test_the_code_version_covers_every_timed_operation_and_kernel():

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from hpctrain.commands import simulate as simulate_command
-from hpctrain.cost.compute import SAMPLE_BUDGET, WARM_UPS, FlopModel, MeasuredCompute
+from hpctrain.cost.compute import (
+    MIN_SAMPLES,
+    SAMPLE_BUDGET,
+    WARM_UPS,
+    FlopModel,
+    MeasuredCompute,
+)
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
 from hpctrain.model.net import parse_net
@@ -106,7 +112,7 @@ def test_the_estimate_counts_what_is_not_cached_at_the_rate_the_cached_ran():
     for work in untimed:
         for flops in work.flops():
             call = flops / 1e9
-            expected += WARM_UPS * call + min(5 * call, max(SAMPLE_BUDGET, call))
+            expected += WARM_UPS * call + min(5 * call, max(SAMPLE_BUDGET, MIN_SAMPLES * call))
     assert compute.seconds_to_time(untimed + timed, timed) == pytest.approx(expected)
     assert compute.seconds_to_time(timed, timed) == 0.0
     assert compute.seconds_to_time(untimed, []) == math.inf  # no rate: never cheap

@@ -4,11 +4,12 @@ A :class:`~hpctrain.cost.work.LocalWork` is what one rank computes for one layer
 candidate grid: the operation (a layer kind, the optimizer's update, the input batch) and the
 exact local shapes (the largest block, since the slowest rank sets the pace); its operation says
 how to run and count it. :class:`MeasuredCompute` runs the real forward and backward kernels at
-those shapes (two warm-up calls, then the mean of up to 5 samples of the slowest rank, within a
-time budget) and caches the result on disk under a key that holds everything that changes a
-timing (:class:`TimingContext`: the device, dtype, threads per rank, ranks per node, BLAS
-library, and the hpctrain version with a hash of the timed code), so a second plan of the same
-net is instant and a timing taken under other conditions is never used.
+those shapes (warm-up calls until two agree, then the median of 3 to 5 samples of the
+slowest rank, within a time budget) and caches the result on disk under a key that holds
+everything that changes a timing (:class:`TimingContext`: the device, dtype, threads per rank,
+ranks per node, BLAS library, and the hpctrain version with a hash of the timed code), so a
+second plan of the same net is instant and a timing taken under other conditions is never
+used.
 When P ranks plan together they time each kernel at the same moment, so the times include the
 contention of training (shared cores, memory bandwidth). :class:`FlopModel` stands in when planning
 for a machine we are not on.
@@ -34,12 +35,18 @@ from hpctrain.errors import OutputError
 from hpctrain.io.files import replace_atomically
 
 SAMPLE_BUDGET = 0.15  # seconds of timed calls per kernel and direction, roughly
-# Calls before the samples. The first pays for fresh memory, BLAS threads and, on a GPU, kernel
+MIN_SAMPLES = 3  # the fewest samples, so that their median sets one slow call aside
+# Calls before the samples: at least WARM_UPS, then until two calls in a row agree within
+# STEADY of the faster, at most MOST_WARM_UPS, and no more once WARM_UP_BUDGET seconds went
+# into them. The first call pays for fresh memory, BLAS threads and, on a GPU, kernel
 # compilation. The second is still slow on the CPU (AlexNet's conv1 forward: 50, 58, then
 # 18-24 ms): the first free of a large array raises glibc's mmap threshold, so the second call
-# grows the heap and faults its pages in. From the third on a call runs as in training's steady
-# state.
+# grows the heap and faults its pages in. A kernel whose arrays take a new peak of the process's
+# memory is slow for longer (a 3-D convolution's 221 MB of columns: 358, 465, 168, then 70 ms).
 WARM_UPS = 2
+MOST_WARM_UPS = 6
+STEADY = 0.25
+WARM_UP_BUDGET = 1.0
 
 
 class FlopModel:
@@ -191,30 +198,38 @@ class MeasuredCompute:
 
     def _time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
         """Seconds of ``fn`` on the slowest rank, every rank running it at the same moment
-        (the mean over samples of each sample's slowest rank), and what the last warm-up returned.
+        (the median over samples of each sample's slowest rank), and what the last warm-up
+        returned.
 
         Training waits for the slowest rank at every collective, so a layer costs the expected
         maximum over ranks of its time, not any one rank's typical time: when two ranks' calls
-        jitter independently, the maximum lies above either's median. The mean (not the
-        median) of those maxima, because a step sums hundreds of layers and so pays the
-        occasional slow call in proportion.
+        jitter independently, the maximum lies above either's median.
 
-        The samples fit a budget of about ``SAMPLE_BUDGET`` seconds, between 1 and ``repeats``
-        of them: planning times every candidate's kernels, and a long kernel varies little from
-        call to call (the warm-up calls, which pay first-call costs, are never samples). All
-        ranks agree on the count (the slowest rank's last warm-up call decides) so that their
+        Warm-up calls (never samples) run until the kernel is steady (see ``STEADY``), so the
+        samples see it as training's later steps do. The samples fit a budget of about
+        ``SAMPLE_BUDGET`` seconds, between ``MIN_SAMPLES`` and ``repeats`` of them: planning
+        times every candidate's kernels, and a long kernel varies little from call to call.
+        Their median, not their mean: on a virtual machine one call in ten or so takes two to
+        four times the others (the host faulting a page in, another guest's burst), and a
+        kernel timed once is priced with that one timing in every plan that has it. Timed twice
+        in one process, the kernels of four probe nets differed by 19 % (weighted mean of
+        ``|log|`` of the ratio) under two warm-ups and the mean of as few as one sample, and by
+        13 % so. All ranks decide alike (each call's time is the slowest rank's) so that their
         barriers pair up.
         """
-        for _ in range(WARM_UPS):
+        calls, spent, previous = 0, 0.0, math.inf
+        while True:
             start = time.perf_counter()
             output = fn()
             self.backend.sync()
-            warm = time.perf_counter() - start
-        if self.comm is not None:
-            from mpi4py import MPI
-
-            warm = self.comm.allreduce(warm, op=MPI.MAX)
-        repeats = max(1, min(self.repeats, int(SAMPLE_BUDGET / max(warm, 1e-9))))
+            warm = self._slowest(time.perf_counter() - start)
+            calls, spent = calls + 1, spent + warm
+            steady = abs(warm - previous) <= STEADY * min(warm, previous)
+            if calls >= MOST_WARM_UPS or (calls >= WARM_UPS and (steady
+                                                                  or spent > WARM_UP_BUDGET)):
+                break
+            previous = warm
+        repeats = min(self.repeats, max(MIN_SAMPLES, int(SAMPLE_BUDGET / max(warm, 1e-9))))
         samples = np.empty(repeats)
         for k in range(repeats):
             evict_caches(self.backend.device, self.evict)  # as a step leaves them
@@ -225,13 +240,26 @@ class MeasuredCompute:
             self.backend.sync()
             samples[k] = time.perf_counter() - start
         if self.comm is not None:  # sample k of every rank ran at the same moment
+            from mpi4py import MPI
+
             self.comm.Allreduce(MPI.IN_PLACE, samples, MPI.MAX)
-        return float(samples.mean()), output
+        return float(np.median(samples)), output
+
+    def _slowest(self, seconds: float) -> float:
+        """``seconds`` of the slowest rank (this process's alone without ``comm``)."""
+        if self.comm is None:
+            return seconds
+        from mpi4py import MPI
+
+        return self.comm.allreduce(seconds, op=MPI.MAX)
 
     def times(self, works: Sequence[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
         todo = sorted({w for w in works if self.prefix + w.key() not in self.known},
                       key=LocalWork.key)
         if todo:
+            # the eviction buffer's pages faulted in first: a kernel's first sample after they
+            # were took three times its others (a new peak of the process's memory)
+            evict_caches(self.backend.device, self.evict)
             rng = np.random.default_rng(0)
             self.timed += len(todo)
             for work in todo:
@@ -277,8 +305,10 @@ class MeasuredCompute:
     def _calls_seconds(self, seconds: Sequence[float]) -> float:
         """The seconds of the calls :meth:`_time` makes to time a kernel whose forward and
         backward take ``seconds``: per direction, the warm-up calls and the samples that fill
-        the sample budget (one at least, ``repeats`` at most)."""
-        return sum(WARM_UPS * call + min(self.repeats * call, max(SAMPLE_BUDGET, call))
+        the sample budget (``MIN_SAMPLES`` at least, ``repeats`` at most); a kernel that
+        takes longer to settle makes more."""
+        return sum(WARM_UPS * call
+                   + min(self.repeats * call, max(SAMPLE_BUDGET, MIN_SAMPLES * call))
                    for call in seconds)
 
     def _save(self) -> None:
