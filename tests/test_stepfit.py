@@ -17,6 +17,7 @@ from hpctrain.plan.plans import plan_from_spec, plan_text
 from hpctrain.plan.pricing import CostModel
 from hpctrain.plan.stepfit import (
     COLUMNS,
+    LayerSample,
     communication_columns,
     fit,
     nonnegative_least_squares,
@@ -384,3 +385,58 @@ def test_the_probe_nets_run_every_shape_class_of_the_shipped_nets():
     assert {"conv", "conv 1x1", "conv 1xk", "conv 3-D"} <= probed
     for name in ("resnet18", "resnet50", "inception_v3", "cosmoflow", "res3d"):
         assert shapes(load_net(name, None)) <= probed, name
+
+
+def test_a_pull_moves_a_lone_factor_its_share_of_the_way_from_one():
+    """Times that say x 2: fitted freely the factor is 2; pulled by 1 it goes half the way
+    from 1, by 3 a quarter, by 100 hardly leaves 1."""
+    samples = [LayerSample("conv", False, p, (0.0,) * len(COLUMNS), 2.0 * p)
+               for p in (1.0, 2.0, 3.0)]
+    for pull, share in ((0.0, 1.0), (1.0, 0.5), (3.0, 0.25), (100.0, 1 / 101)):
+        found = fit(samples, pull=pull)
+        assert found.compute["conv"][0] == pytest.approx(1.0 + share, rel=1e-9), pull
+        assert found.pull == pull
+
+
+def priced_nets(conv_factors):
+    """Two plans of each of a few nets, as refit prices them: a convolution whose steps ran
+    its factor in ``conv_factors`` (one per net) times its timing, and a ReLU as timed."""
+    from types import SimpleNamespace
+
+    from hpctrain.record.refit import PricedPlan
+
+    found = []
+    for k, factor in enumerate(conv_factors):
+        net = SimpleNamespace(name=f"net{k}")
+        for size in (1.0, 2.0):
+            rows = [LayerSample("conv", False, size, (0.0,) * len(COLUMNS), factor * size),
+                    LayerSample("relu", False, size / 2, (0.0,) * len(COLUMNS), size / 2)]
+            step = sum(s.measured for s in rows)
+            found.append(PricedPlan(SimpleNamespace(net=net, iteration=(step, step)), rows, 0.0))
+    return found
+
+
+def test_the_pull_is_the_one_that_predicts_each_net_best_from_the_others():
+    """A factor every net shares is worth fitting: no pull. Factors each net has of its own
+    (around 1) tell nothing of the next net: the strongest pull, which keeps to the
+    microbenchmarks. With two nets there is no net to leave out and fit the rest: none."""
+    from hpctrain.cost.machine import Machine
+    from hpctrain.record.refit import PULLS, chosen_pull
+
+    plain = Machine("none", 1.0, 1.0, 1.0)
+
+    def pull_of(found):
+        rows = [s for p in found for s in p.samples]
+        weights = [p.plan.iteration[1] ** -2 for p in found for _ in p.samples]
+        pull, whole = chosen_pull(found, plain,
+                                  lambda pull: fit(rows, len(found), weights, 0, pull))
+        assert whole.pull == pull  # the fit to every net, under the pull chosen
+        said = whole.applied_to(plain, "the probes").sources["compute"]
+        assert said.endswith(f"pulled towards 1 by {pull:g}") if pull else "pulled" not in said
+        return pull
+
+    shared = priced_nets([1.5, 1.5, 1.5, 1.5])
+    assert pull_of(shared) == 0.0
+    own = priced_nets([0.6, 1.4, 0.7, 1.3])
+    assert pull_of(own) == max(PULLS)
+    assert pull_of(priced_nets([0.6, 1.4])) == 0.0

@@ -423,6 +423,10 @@ def describe_fit(step_fit: StepFit, found: list[PricedPlan], before: Machine, wh
                 if before.levelled else "")
              + (f" (x {FLOOR:g}: the least a fit gives, where the steps measured too little to "
                 f"tell)" if FLOOR in x else "")]
+    lines.append(f"factors pulled towards 1 (the microbenchmarks) by {step_fit.pull:g}: the "
+                 f"pull that predicted each net best from the others"
+                 if step_fit.pull else "factors as the steps alone put them (no pull "
+                                       "towards the microbenchmarks)")
     lines.append(f"work touching more than {step_fit.cache_bytes / 2**20:.3g} MiB per rank ran "
                  f"as from memory: its factors are fitted apart ('{BEYOND_CACHE.strip()}')"
                  if step_fit.cache_bytes else "one set of compute factors fits work of every "

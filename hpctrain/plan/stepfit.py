@@ -24,8 +24,11 @@ factors make the model's sum over layers the step the runs measured (a communica
 a slow rank lands on the links' factors, as it does on the step). The least squares are of
 absolute times, each row's square times a weight (the refit gives each plan's rows the inverse
 square of its step, so every plan counts alike: :func:`hpctrain.record.refit.refit`), so within
-a plan the layers that make the step weigh most; and non-negative (Lawson and Hanson's active
-set), so no factor turns a cost into a gain.
+a plan the layers that make the step weigh most; non-negative (Lawson and Hanson's active
+set), so no factor turns a cost into a gain; and pulled towards 1, the microbenchmarks, as
+hard as predicting each probe net from the others says: the microbenchmarks count, for every
+factor, as much as ``pull`` plans made of that factor's work alone
+(:func:`hpctrain.record.refit.chosen_pull` chooses it).
 
 The fitted profile says where each constant came from (its ``sources``).
 """
@@ -87,12 +90,14 @@ class StepFit:
     layers: int  # samples fitted
     plans: int  # measured plans they came from
     cache_bytes: int = 0  # work touching more takes the factors beyond the cache; 0: none
+    pull: float = 0.0  # how hard the factors were pulled towards 1 (_pulled_rows)
 
     def applied_to(self, machine: Machine, source: str) -> Machine:
         """``machine`` with these factors on its links and, as its compute scale, these
         factors (they are fitted to the times before any scale: they replace it); ``source``
         says where the times came from."""
         x = self.links
+        pulled = f", pulled towards 1 by {self.pull:g}" if self.pull else ""
         fitted = scaled_links(machine, (x[0], x[1]), (x[2], x[3]))
         scale = {**machine.compute_scale, **self.compute}
         sources = dict(machine.sources)
@@ -100,8 +105,8 @@ class StepFit:
                             f"{x[0]:.3g}, beta x {x[1]:.3g} inside a node"
                             + (f", alpha x {x[2]:.3g}, beta x {x[3]:.3g} between nodes"
                                if machine.levelled else "")
-                            + f" fitted to {source}")
-        sources["compute"] = (f"kernels or FLOPs times factors per kind fitted to {source}")
+                            + f" fitted to {source}{pulled}")
+        sources["compute"] = f"kernels or FLOPs times factors per kind fitted to {source}{pulled}"
         return replace(fitted, compute_scale=scale, sources=sources,
                        cache_bytes=self.cache_bytes)
 
@@ -137,16 +142,38 @@ def columns_of(evaluated: Sequence[PlannedNetwork]) -> np.ndarray:
 
 
 def fit(samples: Sequence[LayerSample], plans: int = 1,
-        weights: Sequence[float] | None = None, cache_bytes: int = 0) -> StepFit:
-    """The factors that fit ``samples`` best (see the module's text), each sample's squared
-    error times its weight in ``weights`` (None: all 1), work touching more than
-    ``cache_bytes`` (0: none) with factors of its own; 1 for a kind and direction with no
-    predicted compute, and for a group of links no layer uses."""
-    return _fit(samples, plans, weights, cache_bytes)[0]
+        weights: Sequence[float] | None = None, cache_bytes: int = 0,
+        pull: float = 0.0) -> StepFit:
+    """The factors that fit ``samples`` (of ``plans`` plans) best (see the module's text),
+    each sample's squared error times its weight in ``weights`` (None: all 1), work touching
+    more than ``cache_bytes`` (0: none) with factors of its own, each factor pulled towards 1
+    by ``pull`` (as much as ``pull`` plans of its work alone that ran at 1 would); 1 for a kind
+    and direction with no predicted compute, and for a group of links no layer uses."""
+    return _fit(samples, plans, weights, cache_bytes, pull)[0]
+
+
+def _pulled_rows(matrix: np.ndarray, pull: float, plans: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that pull each factor of the weighted ``matrix`` (the rows of ``plans`` plans)
+    towards 1, the microbenchmarks' own value: √(pull·U)·(xₖ − 1) for every factor k, where U
+    is one plan's worth of the rows' squares (their sum over ``plans``). The microbenchmarks
+    then count, for every factor, as much as ``pull`` plans made of that factor's work alone:
+    a factor the rows hold much of (convolutions, over every plan) keeps close to where the
+    times put it, one they hold little of (the few small convolutions within the cache) stays
+    near 1. 0: no pull.
+
+    Why: the times a factor is fitted to are a handful of kernels, each timed once, and a
+    kernel's timing varies from one process to the next by more than a kind's real departure
+    from its microbenchmark. Fitted freely on five probe nets, a factor learns those kernels'
+    timing errors (×1.4 on 3-D convolutions one calibrate, ×0.9 the next) and carries them to
+    every other net; a factor of a few rows went to ×4. How hard to pull is chosen by leaving
+    one probe net out at a time (:func:`hpctrain.record.refit.chosen_pull`)."""
+    unit = float(np.sum(matrix * matrix)) / max(plans, 1)
+    strength = np.full(matrix.shape[1], math.sqrt(pull * unit))
+    return np.diag(strength), strength
 
 
 def _fit(samples: Sequence[LayerSample], plans: int, weights: Sequence[float] | None,
-         cache_bytes: int) -> tuple[StepFit, float]:
+         cache_bytes: int, pull: float = 0.0) -> tuple[StepFit, float]:
     """:func:`fit`, and the weighted sum of its squared errors on ``samples``."""
     if not samples:
         raise ValueError("no layer times to fit")
@@ -164,8 +191,11 @@ def _fit(samples: Sequence[LayerSample], plans: int, weights: Sequence[float] | 
         matrix[i, len(keys):] = s.columns
     weight = np.ones(len(samples)) if weights is None else np.asarray(weights, float)
     root = np.sqrt(weight)
-    factors = nonnegative_least_squares(matrix * root[:, None],
-                                        np.array([s.measured for s in samples]) * root, FLOOR)
+    rows, measured = matrix * root[:, None], np.array([s.measured for s in samples]) * root
+    if pull > 0:
+        pulled, towards = _pulled_rows(rows, pull, plans)
+        rows, measured = np.vstack([rows, pulled]), np.concatenate([measured, towards])
+    factors = nonnegative_least_squares(rows, measured, FLOOR)
     links = tuple(factors[len(keys):])
     residual = 0.0  # the weighted sum of squared errors, sample by sample
     for i, s in enumerate(samples):
@@ -193,12 +223,13 @@ def _fit(samples: Sequence[LayerSample], plans: int, weights: Sequence[float] | 
             pair.append(sum(f * w for f, w in mine) / total if total else 1.0)
         compute[group] = pair
     return StepFit({k: (f, b) for k, (f, b) in compute.items()}, links, len(samples), plans,
-                   cache_bytes), float(residual)
+                   cache_bytes, pull), float(residual)
 
 
 def fit_cache_bytes(samples: Sequence[LayerSample], plans: int = 1,
-                    weights: Sequence[float] | None = None) -> StepFit:
-    """:func:`fit` with the ``cache_bytes`` that fits ``samples`` best, or none.
+                    weights: Sequence[float] | None = None, pull: float = 0.0) -> StepFit:
+    """:func:`fit` with the ``cache_bytes`` that fits ``samples`` best, or none (each fit
+    with ``pull``).
 
     Where a step stops finding a layer's data in cache is the machine's (its cache, and who
     else uses it: a virtual machine may report a host's 480 MiB), so it is fitted too: every
@@ -217,13 +248,13 @@ def fit_cache_bytes(samples: Sequence[LayerSample], plans: int = 1,
     if len(eligible) > CACHE_CANDIDATES:
         eligible = [eligible[round(i)] for i in
                     np.linspace(0, len(eligible) - 1, CACHE_CANDIDATES)]
-    best, error = _fit(samples, plans, weights, 0)
+    best, error = _fit(samples, plans, weights, 0, pull)
     scale = float(np.dot(weight, [s.measured ** 2 for s in samples]))
     # a split must earn its second set of factors: a tenth of the error without one
     least = (1 - SPLIT_GAIN) * error - 1e-20 * scale
     for k in eligible:
         candidate, error = _fit(samples, plans, weights,
-                                int(math.sqrt(sizes[k] * sizes[k + 1])))
+                                int(math.sqrt(sizes[k] * sizes[k + 1])), pull)
         if error < least:
             best, least = candidate, error
     return best
@@ -243,6 +274,12 @@ def nonnegative_least_squares(matrix: np.ndarray, measured: np.ndarray, floor: f
     if floor:
         found = nonnegative_least_squares(matrix, measured - matrix.sum(axis=1) * floor)
         return [x + floor if np.any(matrix[:, k] != 0) else 1.0 for k, x in enumerate(found)]
+    if matrix.shape[0] > matrix.shape[1]:
+        # the same squares, less what no x changes, on as many rows as columns: with
+        # matrix = QR, |matrix·x − measured|² = |R·x − Qᵀ·measured|² + a constant (the fit's
+        # choice of pull solves thousands of rows some ten thousand times)
+        q, r = np.linalg.qr(matrix)
+        matrix, measured = r, q.T @ measured
     used = np.any(matrix != 0, axis=0)
     norms = np.linalg.norm(matrix[:, used], axis=0)
     a = matrix[:, used] / norms  # unit columns: seconds per message and per byte differ by 10⁴
