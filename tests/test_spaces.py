@@ -120,7 +120,8 @@ def test_the_estimate_counts_what_is_not_cached_at_the_rate_the_cached_ran():
     # (set-up, first calls, evictions), the others are estimated three times as long
     for work in timed:
         entry = compute.known[compute.prefix + work.key()]
-        calls = sum(WARM_UPS * t + min(5 * t, max(SAMPLE_BUDGET, t)) for t in entry)
+        calls = sum(WARM_UPS * t + min(5 * t, max(SAMPLE_BUDGET, MIN_SAMPLES * t))
+                    for t in entry)
         entry.append(3 * calls)
     assert compute.seconds_to_time(untimed, timed) == pytest.approx(3 * expected)
 

@@ -62,6 +62,10 @@ def test_a_floor_holds_a_factor_the_times_would_drive_below_it():
 def test_a_column_no_row_uses_keeps_factor_one():
     a = np.array([[1.0, 0.0], [2.0, 0.0]])
     assert nonnegative_least_squares(a, np.array([2.0, 4.0])) == pytest.approx([2.0, 1.0])
+    # more rows than columns: solved on the R of a QR, the unused column still 1
+    tall = np.array([[1.0, 0.0, 1.0], [2.0, 0.0, 0.0], [3.0, 0.0, 1.0], [1.0, 0.0, 2.0]])
+    found = nonnegative_least_squares(tall, tall @ np.array([2.0, 7.0, 0.5]), floor=0.05)
+    assert found == pytest.approx([2.0, 1.0, 0.5], rel=1e-12)
 
 
 def measured_runs(machine, procs=PROCS, batch=8):
@@ -396,6 +400,8 @@ def test_a_pull_moves_a_lone_factor_its_share_of_the_way_from_one():
         found = fit(samples, pull=pull)
         assert found.compute["conv"][0] == pytest.approx(1.0 + share, rel=1e-9), pull
         assert found.pull == pull
+    # the pull counts in plans: the same rows as two plans' make each plan's worth half
+    assert fit(samples, plans=2, pull=2.0).compute["conv"][0] == pytest.approx(1.5, rel=1e-9)
 
 
 def priced_nets(conv_factors):
@@ -440,3 +446,5 @@ def test_the_pull_is_the_one_that_predicts_each_net_best_from_the_others():
     own = priced_nets([0.6, 1.4, 0.7, 1.3])
     assert pull_of(own) == max(PULLS)
     assert pull_of(priced_nets([0.6, 1.4])) == 0.0
+    # every pull predicts steps that ran as timed exactly: of equal errors, the strongest
+    assert pull_of(priced_nets([1.0, 1.0, 1.0])) == max(PULLS)

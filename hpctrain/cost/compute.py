@@ -205,17 +205,18 @@ class MeasuredCompute:
         maximum over ranks of its time, not any one rank's typical time: when two ranks' calls
         jitter independently, the maximum lies above either's median.
 
-        Warm-up calls (never samples) run until the kernel is steady (see ``STEADY``), so the
-        samples see it as training's later steps do. The samples fit a budget of about
-        ``SAMPLE_BUDGET`` seconds, between ``MIN_SAMPLES`` and ``repeats`` of them: planning
-        times every candidate's kernels, and a long kernel varies little from call to call.
-        Their median, not their mean: on a virtual machine one call in ten or so takes two to
-        four times the others (the host faulting a page in, another guest's burst), and a
-        kernel timed once is priced with that one timing in every plan that has it. Timed twice
-        in one process, the kernels of four probe nets differed by 19 % (weighted mean of
-        ``|log|`` of the ratio) under two warm-ups and the mean of as few as one sample, and by
-        13 % so. All ranks decide alike (each call's time is the slowest rank's) so that their
-        barriers pair up.
+        Warm-up calls (never samples): ``WARM_UPS`` at least, more while the last two
+        disagree (see ``STEADY``), so the samples see the kernel as training's later steps do.
+        The samples fit a budget of about ``SAMPLE_BUDGET`` seconds, ``MIN_SAMPLES`` of them at
+        least and ``repeats`` at most: planning times every candidate's kernels, and a long
+        kernel varies little from call to call. Their median, not their mean: on a virtual
+        machine one call in ten or so takes two to four times the others (the host faulting a
+        page in, another guest's burst), and a kernel timed once is priced with that one timing
+        in every plan that has it. Timed twice, the kernels of the probe nets' plans differed
+        by a time-weighted mean ``|log|`` of the ratio of 0.145 under this rule, and of 0.239
+        under two warm-ups and the mean of as few as one sample (``bench/kernel_timing.py``). All
+        ranks decide alike (each call's time is the slowest rank's) so that their barriers
+        pair up.
         """
         calls, spent, previous = 0, 0.0, math.inf
         while True:
@@ -229,7 +230,8 @@ class MeasuredCompute:
                                                                   or spent > WARM_UP_BUDGET)):
                 break
             previous = warm
-        repeats = min(self.repeats, max(MIN_SAMPLES, int(SAMPLE_BUDGET / max(warm, 1e-9))))
+        repeats = max(1, min(self.repeats,
+                             max(MIN_SAMPLES, int(SAMPLE_BUDGET / max(warm, 1e-9)))))
         samples = np.empty(repeats)
         for k in range(repeats):
             evict_caches(self.backend.device, self.evict)  # as a step leaves them

@@ -274,18 +274,18 @@ def nonnegative_least_squares(matrix: np.ndarray, measured: np.ndarray, floor: f
     if floor:
         found = nonnegative_least_squares(matrix, measured - matrix.sum(axis=1) * floor)
         return [x + floor if np.any(matrix[:, k] != 0) else 1.0 for k, x in enumerate(found)]
-    if matrix.shape[0] > matrix.shape[1]:
-        # the same squares, less what no x changes, on as many rows as columns: with
-        # matrix = QR, |matrix·x − measured|² = |R·x − Qᵀ·measured|² + a constant (the fit's
-        # choice of pull solves thousands of rows some ten thousand times)
-        q, r = np.linalg.qr(matrix)
-        matrix, measured = r, q.T @ measured
     used = np.any(matrix != 0, axis=0)
+    tol = 1e-12 * max(float(np.linalg.norm(measured)), 1e-300)
     norms = np.linalg.norm(matrix[:, used], axis=0)
     a = matrix[:, used] / norms  # unit columns: seconds per message and per byte differ by 10⁴
+    if a.shape[0] > a.shape[1]:
+        # the same squares, less what no x changes, on as many rows as columns: with
+        # a = QR, |a·x − measured|² = |R·x − Qᵀ·measured|² + a constant (the fit's choice of
+        # pull solves thousands of rows some ten thousand times)
+        q, a = np.linalg.qr(a)
+        measured = q.T @ measured
     x = np.zeros(a.shape[1])
     active = np.zeros(a.shape[1], dtype=bool)
-    tol = 1e-12 * max(float(np.linalg.norm(measured)), 1e-300)
     for _ in range(3 * a.shape[1] + 1):
         gradient = a.T @ (measured - a @ x)
         if active.all() or gradient[~active].max() <= tol:

@@ -143,8 +143,9 @@ def chosen_pull(found: list[PricedPlan], machine: Machine,
 
     Best: the least mean squared relative error of the iterations, each net left out in turn
     (on a tie the stronger pull). Each pull's fit to all nets fixes the size past which work
-    leaves the cache (its ``cache_bytes``); the nets left in refit the factors under it. The
-    plans of fewer than 3 nets leave too few to fit when one is out: no pull.
+    leaves the cache (its ``cache_bytes``); the nets left in refit the factors under it. A net
+    is its name: a net run at two sizes is left out at both. The plans of fewer than 3 nets
+    leave too few to fit when one is out: no pull.
 
     A factor fitted to some nets is worth as much as it predicts the others: the kernels of a
     net the fit never saw are timed apart from the probes', in shapes of their own. Left out
@@ -163,9 +164,13 @@ def chosen_pull(found: list[PricedPlan], machine: Machine,
             step_fit = fit(samples, len(rest), weights, whole.cache_bytes, pull)
             squares += [e * e for e in errors([p for p in found if p.plan.net.name == left_out],
                                               machine, step_fit)]
-        tried.append((float(np.mean(squares)), -pull, whole))
-    score, pull, whole = min(tried, key=lambda t: (t[0], t[1]))
-    return -pull, whole
+        tried.append((float(np.mean(squares)), pull, whole))
+    # the least error; of errors equal to rounding, the strongest pull (the fewest claims
+    # beyond the timing)
+    least = min(score for score, _, _ in tried)
+    _, pull, whole = max((t for t in tried if t[0] <= least * (1 + 1e-9) + 1e-20),
+                         key=lambda t: t[1])
+    return pull, whole
 
 
 def errors(found: list[PricedPlan], machine: Machine, step_fit: StepFit | None = None
