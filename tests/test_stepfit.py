@@ -427,16 +427,17 @@ def test_the_pull_is_the_one_that_predicts_each_net_best_from_the_others():
     (around 1) tell nothing of the next net: the strongest pull, which keeps to the
     microbenchmarks. With two nets there is no net to leave out and fit the rest: none."""
     from hpctrain.cost.machine import Machine
-    from hpctrain.record.refit import PULLS, chosen_pull
+    from hpctrain.record.refit import PULLS, pulled_fit
 
     plain = Machine("none", 1.0, 1.0, 1.0)
 
     def pull_of(found):
         rows = [s for p in found for s in p.samples]
         weights = [p.plan.iteration[1] ** -2 for p in found for _ in p.samples]
-        pull, whole = chosen_pull(found, plain,
-                                  lambda pull: fit(rows, len(found), weights, 0, pull))
-        assert whole.pull == pull  # the fit to every net, under the pull chosen
+        whole = pulled_fit(found, plain, lambda pull: fit(rows, len(found), weights, 0, pull))
+        pull = whole.pull
+        # the fit to every net, under the pull chosen
+        assert whole == fit(rows, len(found), weights, 0, pull)
         said = whole.applied_to(plain, "the probes").sources["compute"]
         assert said.endswith(f"pulled towards 1 by {pull:g}") if pull else "pulled" not in said
         return pull

@@ -269,11 +269,8 @@ class MeasuredCompute:
                 forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
                 forward_seconds, output = self._time(forward)
                 backward_seconds, _ = self._time(backward_of(output))
-                spent = time.perf_counter() - start  # what timing it took, set-up included
-                if self.comm is not None:  # the slowest rank's, as the times are
-                    from mpi4py import MPI
-
-                    spent = self.comm.allreduce(spent, op=MPI.MAX)
+                # what timing it took, set-up included: the slowest rank's, as the times are
+                spent = self._slowest(time.perf_counter() - start)
                 # already the slowest rank's, the same on every rank (see _time)
                 self.known[self.prefix + work.key()] = [forward_seconds, backward_seconds, spent]
             self._save()

@@ -28,7 +28,7 @@ a plan the layers that make the step weigh most; non-negative (Lawson and Hanson
 set), so no factor turns a cost into a gain; and pulled towards 1, the microbenchmarks, as
 hard as predicting each probe net from the others says: the microbenchmarks count, for every
 factor, as much as ``pull`` plans made of that factor's work alone
-(:func:`hpctrain.record.refit.chosen_pull` chooses it).
+(:func:`hpctrain.record.refit.pulled_fit` chooses it).
 
 The fitted profile says where each constant came from (its ``sources``).
 """
@@ -90,7 +90,7 @@ class StepFit:
     layers: int  # samples fitted
     plans: int  # measured plans they came from
     cache_bytes: int = 0  # work touching more takes the factors beyond the cache; 0: none
-    pull: float = 0.0  # how hard the factors were pulled towards 1 (_pulled_rows)
+    pull: float = 0.0  # how hard the factors were pulled towards 1 (_pull_weight)
 
     def applied_to(self, machine: Machine, source: str) -> Machine:
         """``machine`` with these factors on its links and, as its compute scale, these
@@ -152,24 +152,22 @@ def fit(samples: Sequence[LayerSample], plans: int = 1,
     return _fit(samples, plans, weights, cache_bytes, pull)[0]
 
 
-def _pulled_rows(matrix: np.ndarray, pull: float, plans: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows that pull each factor of the weighted ``matrix`` (the rows of ``plans`` plans)
-    towards 1, the microbenchmarks' own value: √(pull·U)·(xₖ − 1) for every factor k, where U
-    is one plan's worth of the rows' squares (their sum over ``plans``). The microbenchmarks
-    then count, for every factor, as much as ``pull`` plans made of that factor's work alone:
-    a factor the rows hold much of (convolutions, over every plan) keeps close to where the
-    times put it, one they hold little of (the few small convolutions within the cache) stays
-    near 1. 0: no pull.
+def _pull_weight(matrix: np.ndarray, pull: float, plans: int) -> float:
+    """The weight s of the rows s·(xₖ − 1), one per factor of the weighted ``matrix`` (the rows
+    of ``plans`` plans), that pull every factor towards 1, the microbenchmarks' own value:
+    √(pull·U), where U is one plan's worth of the rows' squares (their sum over ``plans``). The
+    microbenchmarks then count, for every factor, as much as ``pull`` plans made of that
+    factor's work alone: a factor the rows hold much of (convolutions, over every plan) keeps
+    close to where the times put it, one they hold little of (the few small convolutions within
+    the cache) stays near 1. 0: no pull.
 
     Why: the times a factor is fitted to are a handful of kernels, each timed once, and a
     kernel's timing varies from one process to the next by more than a kind's real departure
     from its microbenchmark. Fitted freely on five probe nets, a factor learns those kernels'
     timing errors (×1.4 on 3-D convolutions one calibrate, ×0.9 the next) and carries them to
     every other net; a factor of a few rows went to ×4. How hard to pull is chosen by leaving
-    one probe net out at a time (:func:`hpctrain.record.refit.chosen_pull`)."""
-    unit = float(np.sum(matrix * matrix)) / max(plans, 1)
-    strength = np.full(matrix.shape[1], math.sqrt(pull * unit))
-    return np.diag(strength), strength
+    one probe net out at a time (:func:`hpctrain.record.refit.pulled_fit`)."""
+    return math.sqrt(pull * float(np.sum(matrix * matrix)) / max(plans, 1))
 
 
 def _fit(samples: Sequence[LayerSample], plans: int, weights: Sequence[float] | None,
@@ -193,8 +191,9 @@ def _fit(samples: Sequence[LayerSample], plans: int, weights: Sequence[float] | 
     root = np.sqrt(weight)
     rows, measured = matrix * root[:, None], np.array([s.measured for s in samples]) * root
     if pull > 0:
-        pulled, towards = _pulled_rows(rows, pull, plans)
-        rows, measured = np.vstack([rows, pulled]), np.concatenate([measured, towards])
+        pull_weight, unknowns = _pull_weight(rows, pull, plans), rows.shape[1]
+        rows = np.vstack([rows, pull_weight * np.eye(unknowns)])
+        measured = np.concatenate([measured, np.full(unknowns, pull_weight)])
     factors = nonnegative_least_squares(rows, measured, FLOOR)
     links = tuple(factors[len(keys):])
     residual = 0.0  # the weighted sum of squared errors, sample by sample

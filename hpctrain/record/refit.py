@@ -96,7 +96,7 @@ def priced(plan: MeasuredPlan, machine: Machine, apart: bool = False) -> PricedP
 
 
 PULLS = (0.0, 0.1, 1.0, 10.0, 100.0)
-"""The pulls towards 1 (:func:`~hpctrain.plan.stepfit.fit`) that :func:`chosen_pull` tries:
+"""The pulls towards 1 (:func:`~hpctrain.plan.stepfit.fit`) that :func:`pulled_fit` tries:
 from none to factors that barely leave the microbenchmarks."""
 
 
@@ -115,7 +115,7 @@ def refit(plans: list[MeasuredPlan], machine: Machine, source: str, apart: bool 
     with them when None (:func:`~hpctrain.plan.stepfit.fit_cache_bytes`).
 
     The factors are pulled towards 1 as far as predicting each net's plans from the others'
-    says (:func:`chosen_pull`)."""
+    says (:func:`pulled_fit`)."""
     found = [priced(p, machine, apart) for p in plans]
     samples, weights = _rows(found)
 
@@ -123,7 +123,7 @@ def refit(plans: list[MeasuredPlan], machine: Machine, source: str, apart: bool 
         return (fit_cache_bytes(samples, len(plans), weights, pull) if cache_bytes is None else
                 fit(samples, len(plans), weights, cache_bytes, pull))
 
-    _, step_fit = chosen_pull(found, machine, fitted)
+    step_fit = pulled_fit(found, machine, fitted)
     return step_fit.applied_to(machine, source), step_fit, found
 
 
@@ -136,10 +136,11 @@ def _rows(found: list[PricedPlan]) -> tuple[list[LayerSample], list[float]]:
     return [s for p in found for s in p.samples], weights
 
 
-def chosen_pull(found: list[PricedPlan], machine: Machine,
-                fitted: Callable[[float], StepFit]) -> tuple[float, StepFit]:
-    """The pull of :data:`PULLS` under which factors fitted to all nets of ``found`` but one
-    predict that one's plans best, and ``fitted(pull)``, the fit to them all under it.
+def pulled_fit(found: list[PricedPlan], machine: Machine,
+               fitted: Callable[[float], StepFit]) -> StepFit:
+    """``fitted(pull)``, the fit to all of ``found`` under the pull of :data:`PULLS` (its
+    ``pull``) under which factors fitted to all nets of ``found`` but one predict that one's
+    plans best.
 
     Best: the least mean squared relative error of the iterations, each net left out in turn
     (on a tie the stronger pull). Each pull's fit to all nets fixes the size past which work
@@ -153,7 +154,7 @@ def chosen_pull(found: list[PricedPlan], machine: Machine,
     beyond the cache taken from nets with few rows there."""
     nets = sorted({p.plan.net.name for p in found})
     if len(nets) < 3:
-        return 0.0, fitted(0.0)
+        return fitted(0.0)
     tried = []
     for pull in PULLS:
         whole = fitted(pull)
@@ -164,13 +165,12 @@ def chosen_pull(found: list[PricedPlan], machine: Machine,
             step_fit = fit(samples, len(rest), weights, whole.cache_bytes, pull)
             squares += [e * e for e in errors([p for p in found if p.plan.net.name == left_out],
                                               machine, step_fit)]
-        tried.append((float(np.mean(squares)), pull, whole))
+        tried.append((float(np.mean(squares)), whole))
     # the least error; of errors equal to rounding, the strongest pull (the fewest claims
     # beyond the timing)
-    least = min(score for score, _, _ in tried)
-    _, pull, whole = max((t for t in tried if t[0] <= least * (1 + 1e-9) + 1e-20),
-                         key=lambda t: t[1])
-    return pull, whole
+    least = min(score for score, _ in tried)
+    return max((whole for score, whole in tried if score <= least * (1 + 1e-9) + 1e-20),
+               key=lambda whole: whole.pull)
 
 
 def errors(found: list[PricedPlan], machine: Machine, step_fit: StepFit | None = None
