@@ -30,19 +30,23 @@ def counting(compute: MeasuredCompute) -> list:
 
 def test_the_key_holds_every_condition_that_changes_a_timing():
     backend = Backend(np, np.float32)
-    key = timing_context(backend, 4, 16, "openblas 0.3.27 (pthreads)", CODE).key()
-    for part in ("float32", "4 threads", "16 ranks per node", "openblas 0.3.27", CODE):
+    key = timing_context(backend, 4, 16, "openblas 0.3.27 (pthreads)", "freed memory kept",
+                         CODE).key()
+    for part in ("float32", "4 threads", "16 ranks per node", "openblas 0.3.27",
+                 "freed memory kept", CODE):
         assert part in key
     assert key.startswith("cpu ")  # the processor's model name follows
-    assert (timing_context(backend, 1, 16, "openblas", CODE).key()
-            != timing_context(backend, 2, 16, "openblas", CODE).key())
+    assert (timing_context(backend, 1, 16, "openblas", "kept", CODE).key()
+            != timing_context(backend, 2, 16, "openblas", "kept", CODE).key())
+    assert (timing_context(backend, 1, 16, "openblas", "kept", CODE).key()
+            != timing_context(backend, 1, 16, "openblas", "as it is", CODE).key())
     assert CODE.startswith("hpctrain ") and "+" in CODE
 
 
 def test_a_timing_is_reused_under_the_same_conditions_only(tmp_path):
     cache = tmp_path / "times.json"
     backend = Backend(np, np.float32)
-    one, four = (timing_context(backend, t, 1, "blas", CODE) for t in (1, 4))
+    one, four = (timing_context(backend, t, 1, "blas", "kept", CODE) for t in (1, 4))
     first = MeasuredCompute(backend, context=one, cache=cache, repeats=2)
     calls = counting(first)
     first.times([WORK])
@@ -68,7 +72,7 @@ def test_a_timing_evicts_what_a_step_keeps_and_is_kept_under_that_state(tmp_path
     monkeypatch.setattr("hpctrain.device.caches.last_level_cache_bytes", lambda: 64 << 20)
     cache = tmp_path / "times.json"
     backend = Backend(np, np.float32)
-    context = timing_context(backend, 1, 1, "blas", CODE)
+    context = timing_context(backend, 1, 1, "blas", "kept", CODE)
     small = MeasuredCompute(backend, context=context, cache=cache, repeats=2, step_bytes=3 << 20)
     small.times([WORK])
     assert set(written) == {3 * (3 << 20) // 2}
@@ -105,8 +109,8 @@ def test_timings_of_other_code_are_dropped_when_the_cache_is_rewritten(tmp_path)
     stale = "cpu x|float32|1 threads|1 ranks per node|blas|hpctrain 0.0.1+000000000000|relu|..."
     cache.write_text(json.dumps({stale: [1.0, 1.0]}))
     backend = Backend(np, np.float32)
-    compute = MeasuredCompute(backend, context=timing_context(backend, 1, 1, "blas", CODE),
-                              cache=cache, repeats=2)
+    context = timing_context(backend, 1, 1, "blas", "kept", CODE)
+    compute = MeasuredCompute(backend, context=context, cache=cache, repeats=2)
     compute.times([WORK])
     kept = json.loads(cache.read_text())
     assert stale not in kept and len(kept) == 1 and CODE in next(iter(kept))

@@ -34,7 +34,7 @@ class TwoRanks:
 def setup_on(machine):
     net = load_net("smallcnn")
     planned = plan_network(build_cost_model(net, BATCH, PROCS, machine, "flops"))
-    threads = ThreadChoice(1, "test", PROCS, "none")
+    threads = ThreadChoice(1, "test", PROCS, "none", "as it is")
     return Setup(net, planned.plans, Backend(np, np.float32), threads, planned, machine,
                  planned.memory)
 

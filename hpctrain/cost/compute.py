@@ -101,19 +101,21 @@ class TimingContext:
     threads: int  # per rank
     ranks_on_node: int
     blas: str  # the BLAS library and its version
+    allocator: str  # how freed memory is handled (hpctrain.device.allocator)
     code: str  # the version of the timed code (code_version)
 
     def key(self) -> str:
         return (f"{self.device}|{self.dtype}|{self.threads} threads|{self.ranks_on_node} ranks "
-                f"per node|{self.blas}|{self.code}")
+                f"per node|{self.blas}|{self.allocator}|{self.code}")
 
 
-def timing_context(backend: Any, threads: int, ranks_on_node: int, blas: str,
+def timing_context(backend: Any, threads: int, ranks_on_node: int, blas: str, allocator: str,
                    code: str) -> TimingContext:
     """The conditions of timing on ``backend`` (its device and precision) under ``threads``
-    per rank, ``ranks_on_node`` ranks per node and the BLAS ``blas``, of the code ``code``."""
+    per rank, ``ranks_on_node`` ranks per node, the BLAS ``blas`` and the allocator's handling
+    ``allocator``, of the code ``code``."""
     return TimingContext(device_name(backend), timed_dtype(backend), threads, ranks_on_node,
-                         blas, code)
+                         blas, allocator, code)
 
 
 def timed_dtype(backend: Any) -> str:

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpctrain.device.allocator import keep_freed_memory
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -52,10 +54,12 @@ class ThreadChoice:
     reason: str  # the rule that decided, in words
     ranks_on_node: int
     blas: str  # the BLAS library and version the threads apply to
+    allocator: str  # what keep_freed_memory decided, in words
 
     def describe(self) -> str:
         plural = "s" if self.threads > 1 else ""
-        return f"{self.threads} thread{plural} per rank ({self.reason}; {self.blas})"
+        return (f"{self.threads} thread{plural} per rank ({self.reason}; {self.blas}); "
+                f"{self.allocator}")
 
 
 def _count(text: str | None) -> int | None:
@@ -123,7 +127,8 @@ def blas_description() -> str:
 
 def configure_threads(comm: Any = None, requested: int | None = None,
                       environ: Mapping[str, str] | None = None) -> ThreadChoice:
-    """Decide this rank's threads and limit every BLAS/OpenMP pool to them (collective).
+    """Decide this rank's threads and limit every BLAS/OpenMP pool to them, and keep freed
+    memory for reuse (:func:`~hpctrain.device.allocator.keep_freed_memory`) (collective).
 
     Call before any heavy work: the planner's compute timing and training both run under it.
     """
@@ -134,4 +139,5 @@ def configure_threads(comm: Any = None, requested: int | None = None,
     threads, reason = choose_threads(requested, os.environ if environ is None else environ,
                                      share)
     threadpool_limits(limits=threads)
-    return ThreadChoice(threads, reason, share.ranks_on_node, blas_description())
+    allocator = keep_freed_memory(environ)
+    return ThreadChoice(threads, reason, share.ranks_on_node, blas_description(), allocator)

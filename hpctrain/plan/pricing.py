@@ -422,7 +422,7 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
 
         threads = configure_threads(comm)
     context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas,
-                             code_version(TIMED_MODULES))
+                             threads.allocator, code_version(TIMED_MODULES))
     compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None,
                               step_bytes=step_bytes(net, batch, procs, machine, precision))
     return CostModel(net, batch, procs, machine, compute, precision, overlap)
