@@ -75,3 +75,29 @@ def test_pairs_the_rounds_tell_apart_and_the_auto_plans_rank_beyond_noise():
     assert pairs_apart([1.0, 2.0], [(1.0, 2.0), (1.5, 2.5)]) == (0, 0)
     assert rank_beyond_noise((2.0, 2.1), [(1.0, 1.2), (1.1, 1.3), (3.0, 3.5)]) == (2, 0)
     assert rank_beyond_noise((1.1, 1.3), [(1.0, 1.2), (2.0, 2.1), (3.0, 3.5)]) == (0, 1)
+
+
+def test_a_layer_whose_gradient_sum_is_timed_elsewhere_has_no_error():
+    from types import SimpleNamespace
+
+    from hpctrain.commands.compare_plans import Outcome, layer_comm_table
+    from hpctrain.record.runlog import TIME_FIELDS
+
+    def predicted(name, backward_comm):
+        return SimpleNamespace(layer=name, compute=(1e-3, 1e-3), comm=(0.0, backward_comm),
+                               redistribution=(0.0, 0.0))
+
+    def measured(backward_comm):
+        return SimpleNamespace(**{**{f: 0.0 for f in TIME_FIELDS},
+                                  "backward_layer_comm": backward_comm})
+
+    # conv2's gradient went out in the bucket that conv1's backward filled
+    planned = SimpleNamespace(layers=[predicted("conv1", 2e-3), predicted("conv2", 1e-3)],
+                              loss=predicted("loss", 0.0))
+    fastest = SimpleNamespace(layers=[measured(4e-3), measured(0.0)], loss=measured(0.0))
+    table = layer_comm_table(Outcome("auto", planned, 0.1, None, fastest))
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[2:-1]}
+    assert rows == {"conv1": ["2.000", "4.000", "-50.0%"], "conv2": ["1.000", "0.000", "-"]}
+    assert table.splitlines()[-1] == ("per-layer communication error: median 50.0%, largest "
+                                      "50.0%; 1 layer(s) measured none (a gradient bucket is "
+                                      "timed where it is sent)")

@@ -298,7 +298,10 @@ def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
     """Per layer: communication + redistribution, predicted against measured (ms).
 
     Measured is the fastest rank's time inside the communication: the last rank to reach a
-    collective waits for no one, so its time is the transfer the α–β model predicts.
+    collective waits for no one, so its time is the transfer the α–β model predicts. A layer's
+    gradient sum is predicted at the layer but measured where its bucket is sent (the layer
+    whose backward fills the bucket, or the end of backward): a layer that measured none has no
+    error, and the count of such layers is printed.
     """
     names = [c.layer for c in outcome.planned.layers] + ["loss"]
     predicted = communication(predicted_fields(outcome.planned))
@@ -306,16 +309,22 @@ def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
     lines = [f"per-layer communication of the auto plan (own + redistribution, both "
              f"directions, fastest rank; layers under {floor * 1e3:g} ms both ways left out)",
              f"{'layer':<10} {'predicted ms':>13} {'measured ms':>12} {'error':>7}"]
-    errors = []
+    errors, unmeasured = [], 0
     for name, p, m in zip(names, predicted, measured, strict=True):
         if max(p, m) < floor:
             continue
-        error = p / m - 1 if m > 0 else math.inf
-        errors.append(abs(error))
-        lines.append(f"{name:<10} {p * 1e3:>13.3f} {m * 1e3:>12.3f} {error:>+7.1%}")
+        if m > 0:
+            errors.append(abs(p / m - 1))
+            shown = f"{p / m - 1:>+7.1%}"
+        else:
+            unmeasured += 1
+            shown = f"{'-':>7}"
+        lines.append(f"{name:<10} {p * 1e3:>13.3f} {m * 1e3:>12.3f} {shown}")
     if errors:
         lines.append(f"per-layer communication error: median {np.median(errors):.1%}, "
-                     f"largest {max(errors):.1%}")
+                     f"largest {max(errors):.1%}"
+                     + (f"; {unmeasured} layer(s) measured none (a gradient bucket is timed "
+                        f"where it is sent)" if unmeasured else ""))
     return "\n".join(lines)
 
 
