@@ -115,7 +115,8 @@ verify: install
 	  --grid conv=domain:2x2,fc=4x1 --batch 4
 
 # The planner's targets: plans at P = 4096 in well under a second; then, on NP ranks, a fresh
-# calibration and every plan trained a few steps, predicted against measured; then AlexNet
+# calibration and every plan trained a few steps, predicted against measured; freed memory kept
+# against glibc's own malloc (bench/freed_memory.py); then AlexNet
 # throughput against PyTorch and DDP (bench/throughput.py; table in runs/bench/throughput.txt),
 # and ResNet-18 with batch norm per rank against DDP, measured and predicted.
 BENCH_NET ?= alexnet
@@ -133,6 +134,7 @@ bench: install $(BENCH_STAMP)
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain compare-plans --net $(BENCH_NET) \
 	  --image-size $(BENCH_IMAGE) --batch 16 --steps 8 --log runs/compare-$(BENCH_NET).h5
 	$(PY) bench/predictions.py --procs 2
+	$(PY) bench/freed_memory.py --procs 2 --launches 2
 	$(PY) bench/throughput.py --procs 1 2 4 --batch 16 --image-size $(BENCH_IMAGE) --steps 6
 	$(PY) bench/throughput.py --net resnet18 --procs 1 2 --rounds 3
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) -m hpctrain compare-plans --net resnet18 \

@@ -40,6 +40,7 @@ from hpctrain.commands.probes import PROBE_NETS, parse_probe_nets  # noqa: E402
 from hpctrain.cost import compute  # noqa: E402
 from hpctrain.cost.compute import FlopModel, MeasuredCompute  # noqa: E402
 from hpctrain.cost.machine import load_machine  # noqa: E402
+from hpctrain.device.allocator import keep_freed_memory  # noqa: E402
 from hpctrain.device.backend import make_backend  # noqa: E402
 from hpctrain.layout.partition import SplitError  # noqa: E402
 from hpctrain.model.net import load_net  # noqa: E402
@@ -104,6 +105,7 @@ def main() -> int:
                         help="the table, written by rank 0 (default: %(default)s)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
+    keep_freed_memory()  # as hpctrain times kernels
     backend = make_backend("cpu", "fp32")
     rows = []
     for name, size in parse_probe_nets(args.nets):

@@ -216,9 +216,10 @@ class MeasuredCompute:
         page in, another guest's burst), and a kernel timed once is priced with that one timing
         in every plan that has it. Timed twice, the kernels of the probe nets' plans differed
         by a time-weighted mean ``|log|`` of the ratio of 0.145 under this rule, and of 0.239
-        under two warm-ups and the mean of as few as one sample (``bench/kernel_timing.py``). All
-        ranks decide alike (each call's time is the slowest rank's) so that their barriers
-        pair up.
+        under two warm-ups and the mean of as few as one sample (``bench/kernel_timing.py``);
+        0.097 with freed memory kept (:mod:`hpctrain.device.allocator`), whose kernels no longer
+        fault their outputs' pages in afresh on every call. All ranks decide alike (each call's
+        time is the slowest rank's) so that their barriers pair up.
         """
         calls, spent, previous = 0, 0.0, math.inf
         while True:

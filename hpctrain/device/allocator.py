@@ -4,11 +4,12 @@ By default glibc serves every block above 32 MiB (and, until its threshold adapt
 above 128 KiB) with its own ``mmap`` and returns it with ``munmap`` when it is freed; the top of
 its heap is trimmed back likewise. A training step allocates and frees the same large arrays
 every step (im2col columns, activations, gradients, messages), so each of them comes back as
-fresh pages: the kernel faults and zeroes every page again, in the step's time. Measured with
-``compare-plans`` on 2 ranks, that was a quarter of the processes' CPU time in the kernel and
-steps 13–21 % slower than with the memory kept (res3d 24³; docs/planning.md). On a virtual
-machine whose host takes freed pages back, a page may cost a fault on the host too: one first
-touch of 200 MB took 0.4 s where copying it took 17 ms.
+fresh pages: the kernel faults and zeroes every page again, in the step's time. On a virtual
+machine whose host takes freed pages back, a page may cost a fault on the host too: a first
+write of 200 MB took 0.3–0.45 s where writing it again took 24 ms. Measured with
+``compare-plans`` on 2 ranks of such a machine (``bench/freed_memory.py``), the ranks spent
+38–49 % of their CPU time in the kernel and stepped 1.5–2.4× slower than with the memory kept
+(docs/running.md).
 
 So, by the first rule that applies:
 
