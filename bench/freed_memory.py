@@ -1,9 +1,8 @@
 """Freed memory kept for reuse against glibc's own malloc, side by side.
 
 Runs ``mpiexec -n P python -m hpctrain compare-plans`` in turns, A B A B …: A with
-``MALLOC_MMAP_MAX_=65536`` (glibc's default, which hpctrain then leaves as it is: every block
-above 32 MiB mapped of its own and unmapped when freed), B as a user launches it (hpctrain keeps
-freed memory: :mod:`hpctrain.device.allocator`). Every launch starts from a fresh compute-time
+``HPCTRAIN_KEEP_FREED_MEMORY=0`` (glibc's malloc as it is), B as a user launches it (hpctrain
+keeps freed memory: :mod:`hpctrain.device.allocator`). Every launch starts from a fresh compute-time
 cache, so its wall time includes timing the kernels for ``--grid auto``. Prints per net and plan
 the measured iteration (each launch's median round, then the median over launches) and the ratio
 A/B, and per launch the wall time and the CPU time the ranks spent in the kernel (``sys``);
@@ -26,19 +25,19 @@ from pathlib import Path
 
 import h5py
 
-from hpctrain.device.allocator import user_setting
+from hpctrain.device.allocator import SWITCH, user_setting
 from hpctrain.record.measured import read_measured_plans
 
 PY = sys.executable
 MPIEXEC = str(Path(PY).parent / "mpiexec") if (Path(PY).parent / "mpiexec").exists() \
     else "mpiexec"
 NETS = (("resnet18", 64), ("inception_v3", 96), ("cosmoflow", 32), ("res3d", 24))
-SETTINGS = {"glibc's own": {"MALLOC_MMAP_MAX_": "65536"}, "kept": {}}
+SETTINGS = {"glibc's own": {SWITCH: "0"}, "kept": {}}
 
 
 def launch(net: str, size: int, args: argparse.Namespace, setting: dict[str, str]) -> dict:
     """One compare-plans run: measured iteration per plan (s), wall and kernel CPU seconds."""
-    env = {k: v for k, v in os.environ.items() if user_setting({k: v}) is None}
+    env = {k: v for k, v in os.environ.items() if k != SWITCH and user_setting({k: v}) is None}
     with tempfile.TemporaryDirectory() as work:
         log = Path(work) / "plans.h5"
         env.update(setting, HPCTRAIN_CACHE_DIR=work, XDG_CONFIG_HOME=work)

@@ -101,3 +101,8 @@ def test_a_layer_whose_gradient_sum_is_timed_elsewhere_has_no_error():
     assert table.splitlines()[-1] == ("per-layer communication error: median 50.0%, largest "
                                       "50.0%; 1 layer(s) measured none (a gradient bucket is "
                                       "timed where it is sent)")
+    alone = SimpleNamespace(layers=planned.layers[1:], loss=planned.loss)
+    table = layer_comm_table(Outcome("auto", alone, 0.1, None, SimpleNamespace(
+        layers=fastest.layers[1:], loss=fastest.loss)))
+    assert table.splitlines()[-1] == ("per-layer communication error: 1 layer(s) measured none "
+                                      "(a gradient bucket is timed where it is sent)")

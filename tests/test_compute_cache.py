@@ -134,8 +134,9 @@ def scripted_kernel(monkeypatch, durations):
 
 
 def test_the_first_two_calls_are_never_samples(monkeypatch):
-    # A kernel's first call pays for fresh memory, its second for the heap glibc grows once the
-    # first large free raises its mmap threshold: neither is what a training step pays.
+    # A kernel's first call pays for fresh memory; under glibc's own malloc its second pays for
+    # the heap glibc grows once the first large free raises its mmap threshold: neither is what a
+    # training step pays.
     kernel, calls = scripted_kernel(monkeypatch, [0.5] + [0.02] * 6)
     timer = MeasuredCompute(Backend(np, np.float32), repeats=4)
     seconds, output = timer._time(kernel)
@@ -204,3 +205,20 @@ def test_the_update_is_timed_as_the_optimizer_runs_it():
         optimizer.step()
     assert np.array_equal(made[0], shard.value)
     assert UPDATE.flops(work) == (0.0, 5.0 * 7000)
+
+
+def test_every_rank_keys_its_timings_by_rank_0s_conditions():
+    # ranks launched with other settings (threads, malloc) would otherwise look up other keys,
+    # time other kernels and wait at each other's barriers
+    class SecondRank:
+        def Get_rank(self):
+            return 1
+
+        def bcast(self, value, root=0):
+            assert root == 0
+            return "rank 0's conditions|" if isinstance(value, str) else value
+
+    backend = Backend(np, np.float32)
+    context = timing_context(backend, 1, 1, "blas", "kept", CODE)
+    compute = MeasuredCompute(backend, comm=SecondRank(), context=context)
+    assert compute.prefix == "rank 0's conditions|"

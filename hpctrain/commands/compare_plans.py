@@ -320,11 +320,12 @@ def layer_comm_table(outcome: Outcome, floor: float = 1e-4) -> str:
             unmeasured += 1
             shown = f"{'-':>7}"
         lines.append(f"{name:<10} {p * 1e3:>13.3f} {m * 1e3:>12.3f} {shown}")
-    if errors:
-        lines.append(f"per-layer communication error: median {np.median(errors):.1%}, "
-                     f"largest {max(errors):.1%}"
-                     + (f"; {unmeasured} layer(s) measured none (a gradient bucket is timed "
-                        f"where it is sent)" if unmeasured else ""))
+    summary = [f"median {np.median(errors):.1%}, largest {max(errors):.1%}"] if errors else []
+    if unmeasured:
+        summary.append(f"{unmeasured} layer(s) measured none (a gradient bucket is timed where "
+                       f"it is sent)")
+    if summary:
+        lines.append(f"per-layer communication error: {'; '.join(summary)}")
     return "\n".join(lines)
 
 

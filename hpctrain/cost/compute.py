@@ -7,7 +7,8 @@ how to run and count it. :class:`MeasuredCompute` runs the real forward and back
 those shapes (warm-up calls until two agree, then the median of 3 to 5 samples of the
 slowest rank, within a time budget) and caches the result on disk under a key that holds
 everything that changes a timing (:class:`TimingContext`: the device, dtype, threads per rank,
-ranks per node, BLAS library, and the hpctrain version with a hash of the timed code), so a
+ranks per node, BLAS library, how freed memory is handled, and the hpctrain version with a hash
+of the timed code), so a
 second plan of the same net is instant and a timing taken under other conditions is never
 used.
 When P ranks plan together they time each kernel at the same moment, so the times include the
@@ -39,10 +40,12 @@ MIN_SAMPLES = 3  # the fewest samples, so that their median sets one slow call a
 # Calls before the samples: at least WARM_UPS, then until two calls in a row agree within
 # STEADY of the faster, at most MOST_WARM_UPS, and no more once WARM_UP_BUDGET seconds went
 # into them. The first call pays for fresh memory, BLAS threads and, on a GPU, kernel
-# compilation. The second is still slow on the CPU (AlexNet's conv1 forward: 50, 58, then
-# 18-24 ms): the first free of a large array raises glibc's mmap threshold, so the second call
-# grows the heap and faults its pages in. A kernel whose arrays take a new peak of the process's
-# memory is slow for longer (a 3-D convolution's 221 MB of columns: 358, 465, 168, then 70 ms).
+# compilation. Under glibc's own malloc the second is still slow on the CPU (AlexNet's conv1
+# forward: 50, 58, then 18-24 ms): the first free of a large array raises its mmap threshold, so
+# the second call grows the heap and faults its pages in; a kernel whose arrays take a new peak
+# of the process's memory is slow for longer (a 3-D convolution's 221 MB of columns: 358, 465,
+# 168, then 70 ms). With freed memory kept (hpctrain.device.allocator) the second call reuses
+# the first one's memory.
 WARM_UPS = 2
 MOST_WARM_UPS = 6
 STEADY = 0.25
@@ -191,6 +194,8 @@ class MeasuredCompute:
         self.evict = eviction_bytes(step_bytes) if backend.device == "cpu" else 0
         conditions = f"{context.key()}|" if context is not None else "|"
         self.prefix = f"{conditions}evict {self.evict}|"  # a timing holds the cache state it saw
+        if comm is not None:  # rank 0's conditions: ranks launched with other settings would
+            self.prefix = comm.bcast(self.prefix, root=0)  # find other kernels to time, and hang
         self.timed = 0  # kernels timed by this object (not found in the cache)
         self.known: dict[str, list[float]] = {}
         if comm is None or comm.Get_rank() == 0:

@@ -1,29 +1,29 @@
 """Freed memory kept for reuse: glibc's malloc told not to hand big blocks back to the system.
 
-By default glibc serves every block above 32 MiB (and, until its threshold adapts, every block
-above 128 KiB) with its own ``mmap`` and returns it with ``munmap`` when it is freed; the top of
-its heap is trimmed back likewise. A training step allocates and frees the same large arrays
-every step (im2col columns, activations, gradients, messages), so each of them comes back as
-fresh pages: the kernel faults and zeroes every page again, in the step's time. On a virtual
-machine whose host takes freed pages back, a page may cost a fault on the host too: a first
-write of 200 MB took 0.3–0.45 s where writing it again took 24 ms. Measured with
-``compare-plans`` on 2 ranks of such a machine (``bench/freed_memory.py``), the ranks spent
-38–49 % of their CPU time in the kernel and stepped 1.5–2.4× slower than with the memory kept
-(docs/running.md).
+By default glibc serves a large block with an ``mmap`` of its own and unmaps it when it is
+freed: every block above 128 KiB at first, then, once such a block was freed, those above its
+size, up to 32 MiB; the top of its heap is trimmed back to the system likewise. A training step
+allocates and frees the same large arrays every step (im2col columns, activations, gradients,
+messages), so the largest of them come back as fresh pages each step: the kernel faults and
+zeroes every page again, in the step's time. On a virtual machine whose host takes freed pages
+back, a page may cost a fault on the host too. Measured side by side on such a machine
+(``bench/freed_memory.py``; docs/running.md), steps ran faster with memory kept.
 
 So, by the first rule that applies:
 
-1. the environment sets glibc's malloc (``MALLOC_*_`` variables, or ``glibc.malloc`` in
-   ``GLIBC_TUNABLES``): the user's word, left as it is — ``MALLOC_MMAP_MAX_=65536`` gives back
-   glibc's own behaviour;
-2. the C library is glibc: ``mallopt`` turns ``mmap`` off for allocations (``M_MMAP_MAX`` = 0,
+1. ``HPCTRAIN_KEEP_FREED_MEMORY=0``: glibc's malloc as it is;
+2. the environment sets what this rule would (``MALLOC_MMAP_MAX_``, ``MALLOC_MMAP_THRESHOLD_``,
+   ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``, or those in ``GLIBC_TUNABLES``): the user's
+   word, left as it is;
+3. the C library is glibc: ``mallopt`` turns ``mmap`` off for allocations (``M_MMAP_MAX`` = 0,
    so every block comes from the heap and is reused once freed) and trimming off
    (``M_TRIM_THRESHOLD`` = -1, so the heap's top stays);
-3. another C library: its allocator as it is.
+4. another C library: its allocator as it is.
 
 The process then keeps its high-water mark of memory until it exits, which is what a training
-run's peak is anyway (the memory model prices that peak). Blocks already mapped keep their
-mapping and are unmapped when freed; the rule applies to what is allocated after it.
+run's peak is anyway, though blocks freed in the middle of the heap are reused, not returned.
+Blocks already mapped keep their mapping and are unmapped when freed; the rule applies to what
+is allocated after it.
 """
 
 from __future__ import annotations
@@ -32,26 +32,34 @@ import os
 import platform
 from collections.abc import Mapping
 
-# glibc's environment variables for malloc (see mallopt(3)); any one set is the user's choice
-GLIBC_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
-                   "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_")
+SWITCH = "HPCTRAIN_KEEP_FREED_MEMORY"
+# glibc's settings of what the rule sets (mallopt(3)); setting any one is the user's choice.
+# Each also stops glibc from raising its mmap threshold as blocks are freed.
+GLIBC_VARIABLES = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                   "MALLOC_TOP_PAD_")
+GLIBC_TUNABLES = ("glibc.malloc.mmap_max", "glibc.malloc.mmap_threshold",
+                  "glibc.malloc.trim_threshold", "glibc.malloc.top_pad")
 M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers, from glibc's malloc.h
 M_MMAP_MAX = -4
 
 
 def user_setting(environ: Mapping[str, str]) -> str | None:
-    """The environment variable by which the user set glibc's malloc, if any."""
+    """The environment variable by which the user set what the rule sets, if any."""
     for name in GLIBC_VARIABLES:
         if name in environ:
             return name
-    if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if any(f"{name}=" in tunables for name in GLIBC_TUNABLES):
         return "GLIBC_TUNABLES"
     return None
 
 
 def keep_freed_memory(environ: Mapping[str, str] | None = None) -> str:
     """Apply the rule above to this process (idempotent); what it decided, in words."""
-    setting = user_setting(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    if environ.get(SWITCH, "").strip() == "0":
+        return f"malloc as it is ({SWITCH}=0)"
+    setting = user_setting(environ)
     if setting is not None:
         return f"malloc as {setting} sets it"
     if platform.libc_ver()[0] != "glibc":
