@@ -7,11 +7,14 @@ allocates and frees the same large arrays every step (im2col columns, activation
 messages), so the largest of them come back as fresh pages each step: the kernel faults and
 zeroes every page again, in the step's time. On a virtual machine whose host takes freed pages
 back, a page may cost a fault on the host too. Measured side by side on such a machine
-(``bench/freed_memory.py``; docs/running.md), steps ran faster with memory kept.
+(``bench/freed_memory.py``; docs/running.md), the 3-D nets, whose convolutions' im2col columns
+lie above 32 MiB, stepped 1.03–1.44× faster with memory kept, the 2-D ones alike, at the price
+of a higher peak (+15–23 % for ``res3d``: a freed block in the middle of the heap is reused,
+never returned).
 
 So, by the first rule that applies:
 
-1. ``HPCTRAIN_KEEP_FREED_MEMORY=0``: glibc's malloc as it is;
+1. ``HPCTRAIN_KEEP_FREED_MEMORY=0``: the malloc as it is (where memory is tight);
 2. the environment sets what this rule would (``MALLOC_MMAP_MAX_``, ``MALLOC_MMAP_THRESHOLD_``,
    ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``, or those in ``GLIBC_TUNABLES``): the user's
    word, left as it is;
@@ -20,10 +23,8 @@ So, by the first rule that applies:
    (``M_TRIM_THRESHOLD`` = -1, so the heap's top stays);
 4. another C library: its allocator as it is.
 
-The process then keeps its high-water mark of memory until it exits, which is what a training
-run's peak is anyway, though blocks freed in the middle of the heap are reused, not returned.
-Blocks already mapped keep their mapping and are unmapped when freed; the rule applies to what
-is allocated after it.
+The process then keeps its high-water mark of memory until it exits. Blocks already mapped keep
+their mapping and are unmapped when freed; the rule applies to what is allocated after it.
 """
 
 from __future__ import annotations
