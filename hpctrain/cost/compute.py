@@ -8,9 +8,8 @@ those shapes (warm-up calls until two agree, then the median of 3 to 5 samples o
 slowest rank, within a time budget) and caches the result on disk under a key that holds
 everything that changes a timing (:class:`TimingContext`: the device, dtype, threads per rank,
 ranks per node, BLAS library, how freed memory is handled, and the hpctrain version with a hash
-of the timed code), so a
-second plan of the same net is instant and a timing taken under other conditions is never
-used.
+of the timed code), so a second plan of the same net is instant and a timing taken under other
+conditions is never used.
 When P ranks plan together they time each kernel at the same moment, so the times include the
 contention of training (shared cores, memory bandwidth). :class:`FlopModel` stands in when planning
 for a machine we are not on.
@@ -194,14 +193,14 @@ class MeasuredCompute:
         self.evict = eviction_bytes(step_bytes) if backend.device == "cpu" else 0
         conditions = f"{context.key()}|" if context is not None else "|"
         self.prefix = f"{conditions}evict {self.evict}|"  # a timing holds the cache state it saw
-        if comm is not None:  # rank 0's conditions: ranks launched with other settings would
-            self.prefix = comm.bcast(self.prefix, root=0)  # find other kernels to time, and hang
         self.timed = 0  # kernels timed by this object (not found in the cache)
         self.known: dict[str, list[float]] = {}
         if comm is None or comm.Get_rank() == 0:
             self.known = _read_cache(cache)
-        if comm is not None:  # one view of the cache, so every rank times the same kernels
-            self.known = comm.bcast(self.known, root=0)
+        if comm is not None:  # rank 0's view of the cache and its conditions, so that every
+            # rank times the same kernels (a rank launched with other settings would look up
+            # other keys, time other kernels and wait at the others' barriers)
+            self.prefix, self.known = comm.bcast((self.prefix, self.known), root=0)
 
     def _time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
         """Seconds of ``fn`` on the slowest rank, every rank running it at the same moment

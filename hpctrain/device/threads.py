@@ -135,9 +135,9 @@ def configure_threads(comm: Any = None, requested: int | None = None,
     import numpy  # noqa: F401  (loads the BLAS, so that threadpoolctl finds and limits it)
     from threadpoolctl import threadpool_limits
 
+    environ = os.environ if environ is None else environ
     share = node_share(comm)
-    threads, reason = choose_threads(requested, os.environ if environ is None else environ,
-                                     share)
+    threads, reason = choose_threads(requested, environ, share)
     threadpool_limits(limits=threads)
     allocator = keep_freed_memory(environ)
     return ThreadChoice(threads, reason, share.ranks_on_node, blas_description(), allocator)

@@ -155,16 +155,17 @@ def pulled_fit(found: list[PricedPlan], machine: Machine,
     nets = sorted({p.plan.net.name for p in found})
     if len(nets) < 3:
         return fitted(0.0)
+    folds = []  # per net left out: its plans, the others' count and rows (alike for every pull)
+    for left_out in nets:
+        rest = [p for p in found if p.plan.net.name != left_out]
+        folds.append(([p for p in found if p.plan.net.name == left_out], len(rest), *_rows(rest)))
     tried = []
     for pull in PULLS:
         whole = fitted(pull)
         squares = []
-        for left_out in nets:
-            rest = [p for p in found if p.plan.net.name != left_out]
-            samples, weights = _rows(rest)
-            step_fit = fit(samples, len(rest), weights, whole.cache_bytes, pull)
-            squares += [e * e for e in errors([p for p in found if p.plan.net.name == left_out],
-                                              machine, step_fit)]
+        for out, plans, samples, weights in folds:
+            step_fit = fit(samples, plans, weights, whole.cache_bytes, pull)
+            squares += [e * e for e in errors(out, machine, step_fit)]
         tried.append((float(np.mean(squares)), whole))
     # the least error; of errors equal to rounding, the strongest pull (the fewest claims
     # beyond the timing)
