@@ -106,3 +106,65 @@ def test_a_layer_whose_gradient_sum_is_timed_elsewhere_has_no_error():
         layers=fastest.layers[1:], loss=fastest.loss)))
     assert table.splitlines()[-1] == ("per-layer communication error: 1 layer(s) measured none "
                                       "(a gradient bucket is timed where it is sent)")
+
+
+class Drifting:
+    """Compute times from FLOPs at a rate that moves from one timing to the next, as a machine
+    whose speed drifts over a launch: each timing again runs at the next of ``rates``."""
+
+    def __init__(self, rates):
+        self.rates = rates
+        self.rate = next(rates)
+
+    def again(self):
+        return Drifting(self.rates)
+
+    def times(self, works):
+        return {w: tuple(f / self.rate for f in w.flops()) for w in works}
+
+
+@pytest.mark.parametrize("timing, rate", [("each-round", 2e9), ("once", 1e9)])
+def test_every_plan_is_priced_at_each_kernels_median_over_the_rounds(monkeypatch, timing, rate):
+    """Kernels timed before rounds 1, 2 and 3 at 1, 2 and 4 GFLOP/s: every plan, auto included,
+    is priced as one timing at the median rate would price it (--kernel-timing each-round), not
+    at the last or the mean, or as the first timing alone did (once)."""
+    from mpi4py import MPI
+
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.model.net import load_net
+    from hpctrain.plan import pricing
+    from hpctrain.plan.planner import evaluate_plan
+    from hpctrain.plan.pricing import CostModel
+
+    models = []
+
+    def drifting(net, batch, procs, machine, source, backend=None, comm=None, threads=None,
+                 overlap=False, cached=True):
+        models.append(CostModel(net, batch, procs, machine, Drifting(iter([1e9, 2e9, 4e9])),
+                                backend.precision, overlap))
+        return models[-1]
+
+    monkeypatch.setattr(pricing, "build_cost_model", drifting)
+    args = compare_plans_command.build_parser().parse_args(
+        ["--net", "smallcnn", "--image-size", "16", "--batch", "4", "--steps", "2", "--rounds",
+         "3", "--plan", "auto", "--plan", "1x1", "--kernel-timing", timing, "--threads", "1"])
+    outcomes, net, machine = compare_plans_command.compare(args, MPI.COMM_SELF, quiet=True)
+    (model,) = models
+    at_rate = model.timed_by(Drifting(iter([rate])))
+    first = model.timed_by(Drifting(iter([1e9])))
+    assert [o.spec for o in outcomes] == ["auto", "1x1"]
+    for outcome in outcomes:
+        expected = evaluate_plan(at_rate, outcome.planned.plans)
+        assert outcome.planned.iteration_time == pytest.approx(expected.iteration_time,
+                                                               rel=1e-12)
+        assert len(outcome.rounds) == 3
+    slower = evaluate_plan(first, outcomes[1].planned.plans).iteration_time
+    assert (outcomes[1].planned.iteration_time < slower) == (timing == "each-round")
+    # the first timing's prices stay beside them, for the report to show what the rounds changed
+    if timing == "each-round":
+        assert outcomes[1].first_timing == pytest.approx(slower, rel=1e-12)
+        assert "priced by the kernels' first timing alone" in compare_plans_command.report(
+            outcomes)
+    else:
+        assert all(o.first_timing is None for o in outcomes)
+    assert net == load_net("smallcnn", 16) and machine == load_machine("default")

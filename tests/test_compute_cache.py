@@ -223,3 +223,33 @@ def test_every_rank_keys_its_timings_by_rank_0s_conditions():
     context = timing_context(backend, 1, 1, "blas", "kept", CODE)
     compute = MeasuredCompute(backend, comm=SecondRank(), context=context)
     assert compute.prefix == "rank 0's conditions|"
+
+
+def test_a_timing_again_times_every_kernel_afresh_and_keeps_none(tmp_path):
+    cache = tmp_path / "times.json"
+    backend = Backend(np, np.float32)
+    context = timing_context(backend, 1, 1, "blas", "kept", CODE)
+    first = MeasuredCompute(backend, context=context, cache=cache, repeats=2)
+    first.times([WORK])
+    kept = cache.read_text()
+    again = first.again()
+    calls = counting(again)
+    times = again.times([WORK])
+    assert len(calls) == 2 and again.timed == 1  # forward and backward, timed now
+    assert set(times) == {WORK} and all(t > 0 for t in times[WORK])
+    assert cache.read_text() == kept and again.prefix == first.prefix
+    assert first.timed == 1  # the first timing is left as it was
+
+
+def test_the_median_timing_takes_each_kernel_and_direction_apart():
+    from hpctrain.cost.compute import MedianCompute
+
+    class Fixed:
+        def __init__(self, forward, backward):
+            self.found = (forward, backward)
+
+        def times(self, works):
+            return {w: self.found for w in works}
+
+    median = MedianCompute([Fixed(1.0, 9.0), Fixed(3.0, 2.0), Fixed(2.0, 4.0)])
+    assert median.times([WORK]) == {WORK: (2.0, 4.0)}

@@ -9,8 +9,13 @@ measured plans, and for the auto plan the per-layer communication, predicted aga
 Both sides see the machine in one state. The compute times of the prediction are timed at the
 start of the run, not read from the cache (on a shared 2-core machine one plan's step varied by
 a third over half an hour, so a cached timing from another hour priced every plan 20-40 % fast).
-And the plans are trained in turn, ``--rounds`` times, each measured as the median round, so a
-slow minute falls on every plan instead of on whichever ran in it.
+The plans are trained in turn, ``--rounds`` times, each measured as the median round, so a
+slow minute falls on every plan instead of on whichever ran in it. And the kernels of the plans
+are timed again before every round after the first, each priced at its median over the rounds
+(``--kernel-timing each-round``), so a slow minute while they were timed does not price every
+plan of the launch (on a virtual machine, a 3-D net's kernels timed at the start of one launch
+summed 24 % above the same kernels timed minutes later, while the steps of both ran alike).
+The auto plan is the planner's from the first timing, as a training run would choose it.
 """
 
 from __future__ import annotations
@@ -32,12 +37,13 @@ from hpctrain.commands.flags import (
     check_space,
     load_net_for,
 )
+from hpctrain.cost.compute import MedianCompute
 from hpctrain.cost.machine import Machine, sums_in_flight
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import grid_spec
-from hpctrain.plan.planner import PlannedNetwork
+from hpctrain.plan.planner import PlannedNetwork, evaluate_plan
 from hpctrain.plan.plans import plan_from_spec
 from hpctrain.plan.spaces import predict
 from hpctrain.record.runlog import communication, measured_fields, predicted_fields
@@ -76,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="train every plan in turn this many times and keep each plan's "
                              "median round, so that a slow moment of the machine falls on all "
                              "plans alike (default: %(default)s)")
+    parser.add_argument("--kernel-timing", choices=("each-round", "once"), default="each-round",
+                        help="each-round: time the compared plans' kernels again before every "
+                             "round after the first and price each kernel at its median over "
+                             "the rounds; once: only at the start, as the planner saw them "
+                             "(default: %(default)s)")
     parser.add_argument("--plan", action="append", default=None, dest="plans",
                         help="a --grid value to compare (repeat the flag); default: auto, every "
                              "RxC, conv=1xP,fc=RxC, conv=domain:RxC,fc=RxC, and the width (or "
@@ -99,6 +110,9 @@ class Outcome:
     layer_times: StepTimes  # the slowest rank's
     fastest_rank: StepTimes  # the fastest rank's
     rounds: tuple[float, ...] = ()  # the iteration of every round, s
+    # the iteration as the kernels' first timing alone priced it, when they were timed again
+    # before every round (--kernel-timing each-round), s
+    first_timing: float | None = None
 
     @property
     def error(self) -> float:
@@ -157,17 +171,35 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
         except SplitError as err:  # a plan this net cannot run here; the same on every rank
             if rank == 0 and not quiet:
                 print(f"{spec:<28} skipped: {err}", flush=True)
+    # measured compute times again (MeasuredCompute.again); FLOP-rate ones never change
+    retime = (args.kernel_timing == "each-round" and args.rounds > 1
+              and hasattr(model.compute, "again"))
+    timings = [model.compute]  # the kernels' timings, one before each round
     rounds: list[list[Outcome]] = [[] for _ in plans]
     for k in range(args.rounds):
-        for (spec, planned), runs in zip(plans, rounds, strict=True):
-            outcome = _run(net, planned, args, backend, comm, machine)
+        priced = [planned for _, planned in plans]  # as this round's timing prices them
+        if k > 0 and retime:
+            timings.append(model.compute.again())
+            priced = [evaluate_plan(model.timed_by(timings[-1]), planned.plans)
+                      for planned in priced]
+        for (spec, _), now, runs in zip(plans, priced, rounds, strict=True):
+            outcome = _run(net, now, args, backend, comm, machine)
             outcome.spec = spec
             runs.append(outcome)
             if rank == 0 and not quiet:
-                print(f"{spec:<28} round {k + 1}: predicted {planned.iteration_time * 1e3:9.2f} "
+                print(f"{spec:<28} round {k + 1}: predicted {now.iteration_time * 1e3:9.2f} "
                       f"ms  measured {outcome.measured_iteration * 1e3:9.2f} ms  "
                       f"({outcome.error:+.1%})", flush=True)
-    return [median_round(runs) for runs in rounds], net, machine
+    found = [median_round(runs) for runs in rounds]
+    if len(timings) > 1:  # every plan priced again, each kernel at its median over the rounds
+        median = model.timed_by(MedianCompute(timings))
+        found = [replace(o, planned=evaluate_plan(median, o.planned.plans),
+                         first_timing=first.iteration_time)
+                 for o, (_, first) in zip(found, plans, strict=True)]
+        if rank == 0 and not quiet:
+            print(f"predictions: each kernel at its median over {len(timings)} timings, one "
+                  f"before each round", flush=True)
+    return found, net, machine
 
 
 def median_round(runs: list[Outcome]) -> Outcome:
@@ -191,6 +223,10 @@ def report(outcomes: list[Outcome]) -> str:
     errors = [abs(o.error) for o in outcomes]
     lines.append(f"iteration prediction error: median {np.median(errors):.1%}, largest "
                  f"{max(errors):.1%} over {len(outcomes)} plans (each its median round)")
+    if all(o.first_timing is not None for o in outcomes):
+        first = [abs(o.first_timing / o.measured_iteration - 1) for o in outcomes]
+        lines.append(f"priced by the kernels' first timing alone (--kernel-timing once): "
+                     f"median {np.median(first):.1%}, largest {max(first):.1%}")
     if len(outcomes) > 2:
         predicted = [o.planned.iteration_time for o in outcomes]
         measured = [o.measured_iteration for o in outcomes]
@@ -333,7 +369,9 @@ def write_log(path: Path, outcomes: list[Outcome], args, procs: int, net: NetSpe
               machine: Machine) -> None:
     """Every plan's predicted and measured per-layer times, with what ``calibrate
     --from-log`` needs to price them again: the net and its input, the plan as a plan file,
-    the profile."""
+    the profile; beside its iteration, every round's time and, where the kernels were timed
+    again before every round, the iteration the first timing alone priced
+    (``predicted_first_timing``)."""
     from hpctrain.cost.machine import format_machine
     from hpctrain.device.precision import PRECISIONS
     from hpctrain.plan.plans import plan_text
@@ -356,6 +394,8 @@ def write_log(path: Path, outcomes: list[Outcome], args, procs: int, net: NetSpe
             group.attrs["plan_file"] = plan_text(net, o.planned.plans)
             write_timings(group, o.planned, o.layer_times, o.fastest_rank, o.measured_iteration)
             group["iteration"].attrs["rounds"] = list(o.rounds)
+            if o.first_timing is not None:
+                group["iteration"].attrs["predicted_first_timing"] = o.first_timing
 
     write_hdf5(path, fill)
 

@@ -57,8 +57,8 @@ def fit_to_probe_steps(profile: Path, machine: Machine, nets: list[tuple[str, in
     measured = []
     for name, size in nets:
         args = Namespace(net=name, image_size=size, batch=PROBE_BATCH, steps=PROBE_STEPS,
-                         rounds=1, plans=None, device=device, precision=precision,
-                         collectives=collectives, log=None,
+                         rounds=1, kernel_timing="once", plans=None, device=device,
+                         precision=precision, collectives=collectives, log=None,
                          threads=threads, overlap=False, machine=str(profile),
                          mem_per_rank=None, space="grids", branches="auto", compute="measured",
                          bn_group="global")

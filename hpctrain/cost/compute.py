@@ -17,6 +17,7 @@ for a machine we are not on.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -317,6 +318,13 @@ class MeasuredCompute:
                    + min(self.repeats * call, max(SAMPLE_BUDGET, MIN_SAMPLES * call))
                    for call in seconds)
 
+    def again(self) -> MeasuredCompute:
+        """A timing under the same conditions, on the same ranks, that knows no times and keeps
+        none: every kernel asked of it is timed afresh, at that moment."""
+        found = copy.copy(self)
+        found.known, found.cache, found.timed = {}, None, 0
+        return found
+
     def _save(self) -> None:
         if self.cache is None or (self.comm is not None and self.comm.Get_rank() != 0):
             return
@@ -327,3 +335,18 @@ class MeasuredCompute:
             replace_atomically(self.cache, lambda tmp: tmp.write_text(text))
         except OutputError:
             pass  # a read-only home only costs re-measuring next time
+
+
+class MedianCompute:
+    """Each kernel at the median of its forward and of its backward times over several
+    timings (objects with ``times``, such as :meth:`MeasuredCompute.again` of one another),
+    taken at several moments: a slow moment of the machine while one of them ran sets no
+    kernel's time."""
+
+    def __init__(self, timings: Sequence[Any]) -> None:
+        self.timings = list(timings)
+
+    def times(self, works: Sequence[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
+        each = [timing.times(works) for timing in self.timings]
+        return {w: tuple(float(np.median([found[w][d] for found in each])) for d in (0, 1))
+                for w in works}

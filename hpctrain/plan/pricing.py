@@ -173,7 +173,7 @@ class CostModel(Segments):
     def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
                  precision: Precision = PRECISIONS["fp32"], overlap: bool = False) -> None:
         super().__init__(net, batch, procs)
-        self.machine, self.compute = machine, compute
+        self.machine, self.compute, self.overlap = machine, compute, overlap
         self.precision = precision_of(precision)
         # the share of the gradient sums' time that can hide behind the backward: the
         # machine's, when the run puts them in flight (--overlap); none otherwise
@@ -182,6 +182,12 @@ class CostModel(Segments):
         self._timed: set[tuple[int, LayerPlan]] = set()  # segments whose compute is filled in
         self._moves: dict[tuple[Layout, Layout], tuple[Move, float, float]] = {}
         self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
+
+    def timed_by(self, compute) -> CostModel:
+        """The same model (net, batch, ranks, profile, precision, overlap) with its compute
+        times from ``compute``: a plan priced again under kernels timed at another moment."""
+        return CostModel(self.net, self.batch, self.procs, self.machine, compute,
+                         self.precision, self.overlap)
 
     @property
     def itemsize(self) -> int:

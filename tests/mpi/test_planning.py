@@ -87,6 +87,9 @@ def test_compare_plans_runs_each_plan_and_logs_it(comm, monkeypatch):
             specs = [h5[f"plans/{k}"].attrs["spec"] for k in sorted(h5["plans"])]
             ok &= specs == ["auto", f"1x{p}", f"conv=domain:{p}x1,fc={p}x1"]
             ok &= h5.attrs["rounds"] == 2
+            # kernels timed again before round 2: the first timing's price kept beside
+            ok &= all(h5[f"plans/{k}/iteration"].attrs.get("predicted_first_timing", 0) > 0
+                      for k in h5["plans"])
     # every compute time was timed in this run: none was read from or written to the cache
     ok &= not (where / "compute-times.json").exists()
     assert all_agree(comm, ok)
