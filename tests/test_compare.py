@@ -128,28 +128,12 @@ def test_every_plan_is_priced_at_each_kernels_median_over_the_rounds(monkeypatch
     """Kernels timed before rounds 1, 2 and 3 at 1, 2 and 4 GFLOP/s: every plan, auto included,
     is priced as one timing at the median rate would price it (--kernel-timing each-round), not
     at the last or the mean, or as the first timing alone did (once)."""
-    from mpi4py import MPI
-
     from hpctrain.cost.machine import load_machine
     from hpctrain.model.net import load_net
-    from hpctrain.plan import pricing
     from hpctrain.plan.planner import evaluate_plan
-    from hpctrain.plan.pricing import CostModel
 
-    models = []
-
-    def drifting(net, batch, procs, machine, source, backend=None, comm=None, threads=None,
-                 overlap=False, cached=True):
-        models.append(CostModel(net, batch, procs, machine, Drifting(iter([1e9, 2e9, 4e9])),
-                                backend.precision, overlap))
-        return models[-1]
-
-    monkeypatch.setattr(pricing, "build_cost_model", drifting)
-    args = compare_plans_command.build_parser().parse_args(
-        ["--net", "smallcnn", "--image-size", "16", "--batch", "4", "--steps", "2", "--rounds",
-         "3", "--plan", "auto", "--plan", "1x1", "--kernel-timing", timing, "--threads", "1"])
-    outcomes, net, machine = compare_plans_command.compare(args, MPI.COMM_SELF, quiet=True)
-    (model,) = models
+    outcomes, model = compare_under(monkeypatch, [1e9, 2e9, 4e9], "--kernel-timing", timing)
+    net, machine = model.net, model.machine
     at_rate = model.timed_by(Drifting(iter([rate])))
     first = model.timed_by(Drifting(iter([1e9])))
     assert [o.spec for o in outcomes] == ["auto", "1x1"]
@@ -162,9 +146,75 @@ def test_every_plan_is_priced_at_each_kernels_median_over_the_rounds(monkeypatch
     assert (outcomes[1].planned.iteration_time < slower) == (timing == "each-round")
     # the first timing's prices stay beside them, for the report to show what the rounds changed
     if timing == "each-round":
+        for outcome in outcomes:
+            first_price = evaluate_plan(first, outcome.planned.plans).iteration_time
+            assert outcome.first_timing == pytest.approx(first_price, rel=1e-12)
         assert outcomes[1].first_timing == pytest.approx(slower, rel=1e-12)
         assert "priced by the kernels' first timing alone" in compare_plans_command.report(
             outcomes)
     else:
         assert all(o.first_timing is None for o in outcomes)
     assert net == load_net("smallcnn", 16) and machine == load_machine("default")
+
+
+def test_kernels_timed_alike_every_round_price_every_plan_as_the_planner_did(monkeypatch):
+    outcomes, _ = compare_under(monkeypatch, [1e9, 1e9, 1e9])
+    assert len(outcomes) == 2
+    for outcome in outcomes:
+        assert outcome.first_timing is not None
+        assert outcome.planned.iteration_time == outcome.first_timing
+
+
+@pytest.mark.parametrize("overlap, precision, space", [
+    (False, "fp32", "grids"), (True, "fp32", "grids"), (True, "bf16", "balanced"),
+    (True, "fp32", "auto")])
+def test_a_plan_priced_again_under_the_same_times_is_the_planners_own(overlap, precision,
+                                                                      space):
+    """The planner's plan of a branched net on 16 ranks of a profile whose gradient sums hide
+    behind the backward, priced again under the same times: its price bit for bit (the sums in
+    flight, the precision's bytes and the last buckets kept), and what the planner said of it;
+    priced as fp32 with nothing in flight, it would differ."""
+    from hpctrain.commands.compare_plans import priced_again
+    from hpctrain.cost.compute import FlopModel
+    from hpctrain.cost.machine import load_machine
+    from hpctrain.device.precision import PRECISIONS
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.planner import evaluate_plan
+    from hpctrain.plan.pricing import CostModel
+    from hpctrain.plan.spaces import plan_over
+
+    net, machine = load_net("minibranch", 32), load_machine("dgx-h100")
+    model = CostModel(net, 32, 16, machine, FlopModel(1e12), PRECISIONS[precision], overlap)
+    planned = plan_over(model, space=space)
+    (again,) = priced_again(model.timed_by(FlopModel(1e12)), [planned])
+    assert again.iteration_time == planned.iteration_time
+    assert again.plans == planned.plans and again.space_note == planned.space_note
+    assert (space == "auto") == bool(again.space_note)
+    plain = CostModel(net, 32, 16, machine, FlopModel(1e12))
+    if overlap or precision != "fp32":
+        assert evaluate_plan(plain, planned.plans).iteration_time != planned.iteration_time
+
+
+def compare_under(monkeypatch, rates, *extra):
+    """compare-plans' outcomes (auto and 1x1, 3 rounds) on one rank, its kernels timed at
+    ``rates`` in turn (:class:`Drifting`), and the cost model it planned with."""
+    from mpi4py import MPI
+
+    from hpctrain.plan import pricing
+    from hpctrain.plan.pricing import CostModel
+
+    models = []
+
+    def drifting(net, batch, procs, machine, source, backend=None, comm=None, threads=None,
+                 overlap=False, cached=True):
+        models.append(CostModel(net, batch, procs, machine, Drifting(iter(rates)),
+                                backend.precision, overlap))
+        return models[-1]
+
+    monkeypatch.setattr(pricing, "build_cost_model", drifting)
+    args = compare_plans_command.build_parser().parse_args(
+        ["--net", "smallcnn", "--image-size", "16", "--batch", "4", "--steps", "2", "--rounds",
+         "3", "--plan", "auto", "--plan", "1x1", "--threads", "1", *extra])
+    outcomes, _, _ = compare_plans_command.compare(args, MPI.COMM_SELF, quiet=True)
+    (model,) = models
+    return outcomes, model

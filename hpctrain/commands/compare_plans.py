@@ -12,10 +12,10 @@ a third over half an hour, so a cached timing from another hour priced every pla
 The plans are trained in turn, ``--rounds`` times, each measured as the median round, so a
 slow minute falls on every plan instead of on whichever ran in it. And the kernels of the plans
 are timed again before every round after the first, each priced at its median over the rounds
-(``--kernel-timing each-round``), so a slow minute while they were timed does not price every
-plan of the launch (on a virtual machine, a 3-D net's kernels timed at the start of one launch
-summed 24 % above the same kernels timed minutes later, while the steps of both ran alike).
-The auto plan is the planner's from the first timing, as a training run would choose it.
+(the mean of two; ``--kernel-timing each-round``), so a slow moment while they were timed does
+not price every plan of the launch (on a virtual machine, a 3-D net's kernels timed twice,
+seconds apart, in one launch summed 12-18 % apart). The auto plan is the planner's from the
+first timing, as a training run would choose it.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import grid_spec
 from hpctrain.plan.planner import PlannedNetwork, evaluate_plan
 from hpctrain.plan.plans import plan_from_spec
+from hpctrain.plan.pricing import CostModel
 from hpctrain.plan.spaces import predict
 from hpctrain.record.runlog import communication, measured_fields, predicted_fields
 from hpctrain.record.timing import StepTimes
@@ -85,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kernel-timing", choices=("each-round", "once"), default="each-round",
                         help="each-round: time the compared plans' kernels again before every "
                              "round after the first and price each kernel at its median over "
-                             "the rounds; once: only at the start, as the planner saw them "
-                             "(default: %(default)s)")
+                             "the rounds (the mean of two); once: only at the start, as the "
+                             "planner saw them (default: %(default)s)")
     parser.add_argument("--plan", action="append", default=None, dest="plans",
                         help="a --grid value to compare (repeat the flag); default: auto, every "
                              "RxC, conv=1xP,fc=RxC, conv=domain:RxC,fc=RxC, and the width (or "
@@ -172,7 +173,7 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
             if rank == 0 and not quiet:
                 print(f"{spec:<28} skipped: {err}", flush=True)
     # measured compute times again (MeasuredCompute.again); FLOP-rate ones never change
-    retime = (args.kernel_timing == "each-round" and args.rounds > 1
+    retime = (getattr(args, "kernel_timing", "once") == "each-round" and args.rounds > 1
               and hasattr(model.compute, "again"))
     timings = [model.compute]  # the kernels' timings, one before each round
     rounds: list[list[Outcome]] = [[] for _ in plans]
@@ -180,8 +181,7 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
         priced = [planned for _, planned in plans]  # as this round's timing prices them
         if k > 0 and retime:
             timings.append(model.compute.again())
-            priced = [evaluate_plan(model.timed_by(timings[-1]), planned.plans)
-                      for planned in priced]
+            priced = priced_again(model.timed_by(timings[-1]), priced)
         for (spec, _), now, runs in zip(plans, priced, rounds, strict=True):
             outcome = _run(net, now, args, backend, comm, machine)
             outcome.spec = spec
@@ -192,14 +192,22 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
                       f"({outcome.error:+.1%})", flush=True)
     found = [median_round(runs) for runs in rounds]
     if len(timings) > 1:  # every plan priced again, each kernel at its median over the rounds
-        median = model.timed_by(MedianCompute(timings))
-        found = [replace(o, planned=evaluate_plan(median, o.planned.plans),
-                         first_timing=first.iteration_time)
-                 for o, (_, first) in zip(found, plans, strict=True)]
+        median = priced_again(model.timed_by(MedianCompute(timings)),
+                              [o.planned for o in found])
+        found = [replace(o, planned=again, first_timing=first.iteration_time)
+                 for o, again, (_, first) in zip(found, median, plans, strict=True)]
         if rank == 0 and not quiet:
             print(f"predictions: each kernel at its median over {len(timings)} timings, one "
                   f"before each round", flush=True)
     return found, net, machine
+
+
+def priced_again(model: CostModel, planned: list[PlannedNetwork]) -> list[PlannedNetwork]:
+    """The plans of ``planned`` priced by ``model`` (the same model under other compute
+    times), with what the planner said of each: the space it searched and whether its rule was
+    exact. (Its lower bound is left out: it was priced under the other times.)"""
+    return [replace(evaluate_plan(model, p.plans), space_note=p.space_note, exact=p.exact)
+            for p in planned]
 
 
 def median_round(runs: list[Outcome]) -> Outcome:

@@ -341,7 +341,8 @@ class MedianCompute:
     """Each kernel at the median of its forward and of its backward times over several
     timings (objects with ``times``, such as :meth:`MeasuredCompute.again` of one another),
     taken at several moments: a slow moment of the machine while one of them ran sets no
-    kernel's time."""
+    kernel's time (of two timings, their mean). Asked for a kernel one of them has not timed,
+    that one times it now."""
 
     def __init__(self, timings: Sequence[Any]) -> None:
         self.timings = list(timings)
