@@ -173,15 +173,16 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
             if rank == 0 and not quiet:
                 print(f"{spec:<28} skipped: {err}", flush=True)
     # measured compute times again (MeasuredCompute.again); FLOP-rate ones never change
-    retime = (getattr(args, "kernel_timing", "once") == "each-round" and args.rounds > 1
+    retime = (args.kernel_timing == "each-round" and args.rounds > 1
               and hasattr(model.compute, "again"))
+    first = [planned for _, planned in plans]  # as the first timing priced them
     timings = [model.compute]  # the kernels' timings, one before each round
     rounds: list[list[Outcome]] = [[] for _ in plans]
     for k in range(args.rounds):
-        priced = [planned for _, planned in plans]  # as this round's timing prices them
+        priced = first  # as this round's timing prices them
         if k > 0 and retime:
             timings.append(model.compute.again())
-            priced = priced_again(model.timed_by(timings[-1]), priced)
+            priced = priced_again(model.timed_by(timings[-1]), first)
         for (spec, _), now, runs in zip(plans, priced, rounds, strict=True):
             outcome = _run(net, now, args, backend, comm, machine)
             outcome.spec = spec
@@ -191,11 +192,10 @@ def compare(args, comm, quiet: bool = False) -> tuple[list[Outcome], NetSpec, Ma
                       f"ms  measured {outcome.measured_iteration * 1e3:9.2f} ms  "
                       f"({outcome.error:+.1%})", flush=True)
     found = [median_round(runs) for runs in rounds]
-    if len(timings) > 1:  # every plan priced again, each kernel at its median over the rounds
-        median = priced_again(model.timed_by(MedianCompute(timings)),
-                              [o.planned for o in found])
-        found = [replace(o, planned=again, first_timing=first.iteration_time)
-                 for o, again, (_, first) in zip(found, median, plans, strict=True)]
+    if retime:  # every plan priced again, each kernel at its median over the rounds
+        median = priced_again(model.timed_by(MedianCompute(timings)), first)
+        found = [replace(o, planned=again, first_timing=was.iteration_time)
+                 for o, again, was in zip(found, median, first, strict=True)]
         if rank == 0 and not quiet:
             print(f"predictions: each kernel at its median over {len(timings)} timings, one "
                   f"before each round", flush=True)
