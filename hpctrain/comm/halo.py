@@ -119,7 +119,10 @@ class HaloExchange:
         return parts[0] if len(parts) == 1 else self.backend.xp.concatenate(parts, axis=self.axis)
 
     def start_backward(self, dx_ext: Any) -> _InFlight:
-        """Send the gradients of the halo rows of dX_ext back to the ranks that own them."""
+        """Send the gradients of the halo rows of dX_ext back to the ranks that own them.
+
+        ``dx_ext`` is handed over: where no halo rows came in, :meth:`finish_backward` gives
+        it back as dX with the neighbours' gradients added in place."""
         p, rows = self.plan, dx_ext.shape[self.axis]
         return self._exchange(dx_ext, self._rows(dx_ext, 0, _n(p.recv_top)),
                               self._rows(dx_ext, rows - _n(p.recv_bottom), rows),
@@ -130,11 +133,19 @@ class HaloExchange:
         from_above, from_below = self._received(pending)
         p, dx_ext = self.plan, pending.keep
         h0, h1 = p.own
-        dx = self.backend.xp.zeros(self._shape(dx_ext, h1 - h0), dtype=dx_ext.dtype)
         lo, hi = max(p.need[0], h0), min(p.need[1], h1)
-        if hi > lo:
-            start = _n(p.recv_top)
-            self._rows(dx, lo - h0, hi - h0)[...] += self._rows(dx_ext, start, start + hi - lo)
+        start = _n(p.recv_top)
+        if (lo, hi) != (h0, h1):  # some own rows no window read: their gradient is zero
+            dx = self.backend.xp.zeros(self._shape(dx_ext, h1 - h0), dtype=dx_ext.dtype)
+            if hi > lo:
+                self._rows(dx, lo - h0, hi - h0)[...] += self._rows(dx_ext, start,
+                                                                    start + hi - lo)
+        elif dx_ext.shape[self.axis] == h1 - h0:
+            # no halo rows came in: dX_ext is dX, and its messages are done, so it takes the
+            # neighbours' gradients in place (a pass over the block fewer, and no new block)
+            dx = dx_ext
+        else:  # one copy of the own rows, where zeros and a sum take two passes
+            dx = self._rows(dx_ext, start, start + h1 - h0).copy()
         for rows, grad in ((p.send_top, from_above), (p.send_bottom, from_below)):
             if grad is not None:
                 self._rows(dx, rows[0] - h0, rows[1] - h0)[...] += grad

@@ -141,6 +141,13 @@ class WindowRows:
         if self.halo is None:
             return op(dy, bands[0].cache)
         p = self.plan
+        if len(bands) == 1 and bands[0].in_rows == p.need:
+            # one band reads every needed row (no halo came in, as a pool whose windows tile
+            # the rows): its dX is dX_ext, with no zeroed block to sum it into
+            dx_band = op(dy, bands[0].cache)
+            if not need_dx:
+                return None
+            return self.halo.finish_backward(self.halo.start_backward(dx_band))
         boundary = [b for b in bands if b.out_rows != p.interior]
         interior = [b for b in bands if b.out_rows == p.interior]
         n, c, _, *rest = self.x_shape
