@@ -107,6 +107,25 @@ def test_pointwise_derivatives_match_finite_differences(forward, backward):
                                rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_leaky_relu_equals_pytorchs_entry_for_entry(dtype):
+    """Without ``where``'s branches, the same numbers as PyTorch's, the kink, signed zeros
+    and non-finite values included."""
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal(64).astype(dtype)
+    x[:6] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30]
+    dy = RNG.standard_normal(64).astype(dtype)
+    dy[6:9] = [np.inf, -np.inf, np.nan]
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.leaky_relu(tx, 0.3)
+    ty.backward(torch.tensor(dy))
+    y = leaky_relu_forward(np, x, 0.3)
+    np.testing.assert_array_equal(y, ty.detach().numpy())
+    assert np.array_equal(np.signbit(y), np.signbit(ty.detach().numpy()))
+    # PyTorch's gradient reads X; this one reads Y, whose sign is X's
+    np.testing.assert_array_equal(leaky_relu_backward(np, y, dy, 0.3), tx.grad.numpy())
+
+
 def test_mean_squared_error_and_its_gradient():
     y, t = RNG.standard_normal((5, 4)), RNG.standard_normal((5, 4))
     loss, correct, grad = mean_squared_error(np, y, t, 1 / 5)

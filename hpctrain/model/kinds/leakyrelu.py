@@ -29,7 +29,8 @@ class LeakyReluKind(PointwiseKind):
                 partial(leaky_relu_backward, slope=options.slope))
 
     def scratch(self, fp: Footprint) -> dict[str, float]:
-        return {"sign mask": fp.x // fp.itemsize * BOOL_BYTES, "scaled gradient": fp.x}
+        # the factor (1 or the slope) is made where dX is: only the mask is beside it
+        return {"sign mask": fp.x // fp.itemsize * BOOL_BYTES}
 
 
 KIND = LeakyReluKind()
