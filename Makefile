@@ -137,6 +137,7 @@ bench: install $(BENCH_STAMP)
 	$(PY) bench/freed_memory.py --procs 2 --launches 2
 	$(PY) bench/throughput.py --procs 1 2 4 --batch 16 --image-size $(BENCH_IMAGE) --steps 6
 	$(PY) bench/throughput.py --net resnet18 --procs 1 2 --rounds 3
+	$(PY) bench/throughput.py --net cosmoflow --procs 1 2 --rounds 3
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) -m hpctrain compare-plans --net resnet18 \
 	  --image-size 32 --batch 16 --steps 8 --rounds 3 --threads 1 --bn-group rank \
 	  --log runs/compare-resnet18-rank.h5

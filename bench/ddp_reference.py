@@ -1,10 +1,12 @@
 """The reference: a net trained with plain PyTorch on the CPU (P = 1) or under
 DistributedDataParallel over gloo (P > 1), timed step by step as hpctrain's run log times it.
 
-The nets: ``alexnet`` (bench/torch_alexnet.py's, hpctrain's alexnet.net) and ``resnet18``
-(tests/torch_reference.py's, checked there against hpctrain's resnet18.net tensor by tensor).
-Float32, SGD with momentum and weight decay, one thread per process, random data made once (data
-production is not what is compared), each rank its share of the global batch. DDP keeps its
+The nets: ``alexnet`` (bench/torch_alexnet.py's, hpctrain's alexnet.net), ``resnet18`` and
+``cosmoflow`` (tests/torch_reference.py's, checked there against hpctrain's resnet18.net and
+cosmoflow.net tensor by tensor; CosmoFlow on 4-channel volumes of ``--image-size``³, regressed
+onto 4 targets by the mean squared error, the others classify 1000 ways). Float32, SGD with
+momentum and weight decay, one thread per process, random data made once (data production is
+not what is compared), each rank its share of the global batch. DDP keeps its
 defaults: 25 MiB gradient buckets, and BatchNorm2d statistics over each process's own samples
 (its running statistics broadcast from rank 0 at every forward, ``broadcast_buffers``).
 
@@ -27,8 +29,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NETS = ("alexnet", "resnet18")
-CLASSES = 1000  # both shipped nets' classes, and hpctrain's synthetic labels'
+NETS = ("alexnet", "resnet18", "cosmoflow")
+CLASSES = 1000  # the image nets' classes, and hpctrain's synthetic labels'
 
 
 def build(net: str, image_size: int):
@@ -44,9 +46,23 @@ def build(net: str, image_size: int):
 
     mpi4py.rc.initialize = False
     sys.path.insert(0, str(HERE.parent))
-    from tests.torch_reference import ResNet18
+    from tests.torch_reference import ResNet18, cosmoflow_model, cosmoflow_net
 
+    if net == "cosmoflow":
+        return cosmoflow_model(cosmoflow_net(image_size))
     return ResNet18(CLASSES)
+
+
+def batch_of(net: str, local: int, image_size: int):
+    """Random inputs and targets of ``local`` samples, and the loss that compares them."""
+    import torch
+    from torch import nn
+
+    if net == "cosmoflow":  # 4 channels of a volume, 4 cosmological parameters
+        return (torch.randn(local, 4, image_size, image_size, image_size),
+                torch.rand(local, 4) * 2 - 1, nn.functional.mse_loss)
+    return (torch.randn(local, 3, image_size, image_size),
+            torch.randint(0, CLASSES, (local,)), nn.functional.cross_entropy)
 
 
 def train(rank: int, procs: int, args: argparse.Namespace, port: int) -> None:
@@ -64,15 +80,14 @@ def train(rank: int, procs: int, args: argparse.Namespace, port: int) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
     local = args.batch // procs + (rank < args.batch % procs)
-    x = torch.randn(local, 3, args.image_size, args.image_size)
-    y = torch.randint(0, CLASSES, (local,))
+    x, y, loss = batch_of(args.net, local, args.image_size)
     seconds = torch.zeros(args.steps, dtype=torch.float64)
     for step in range(args.steps):
         if procs > 1:
             dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        loss(model(x), y).backward()
         optimizer.step()
         seconds[step] = time.perf_counter() - start
     if procs > 1:  # each step as long as its slowest rank, as hpctrain's /steps/seconds

@@ -14,7 +14,11 @@ memory bandwidth, and the whole step's time at those two limits against its meas
 under pure batch (1xP) and --grid auto, each with its predicted iteration, against plain PyTorch
 (P = 1) or DDP over gloo (P > 1), and hpctrain's time over PyTorch's.
 
-Both nets, both sides: float32, SGD with the same rate, momentum and weight decay, the same
+``--net cosmoflow``: CosmoFlow on 4-channel volumes (32³ by default), its 3-D convolutions,
+leaky ReLUs and max-pools, regressed onto 4 targets by the mean squared error; the same table as
+ResNet-18's.
+
+Every net, both sides: float32, SGD with the same rate, momentum and weight decay, the same
 global batch and image size, synthetic data, one thread per process, the first ``--warmup`` steps
 dropped, a step's time the slowest rank's, the median over the other steps; the runs follow one
 another in one invocation. The PyTorch side is bench/ddp_reference.py.
@@ -23,6 +27,7 @@ Prints the table and writes it, with every number behind it, to ``--out`` (JSON)
 
     python bench/throughput.py --procs 1 2 4 --batch 16 --image-size 127 --steps 6
     python bench/throughput.py --net resnet18 --procs 1 2 --batch 16 --image-size 32 --steps 12
+    python bench/throughput.py --net cosmoflow --procs 1 2 --rounds 3
 """
 
 from __future__ import annotations
@@ -164,6 +169,13 @@ NETS = {
     "alexnet": NetCase(127, 6, 1, "runs/bench/throughput.json"),
     # batch norm over each rank's samples, as DDP's BatchNorm2d (the only grouping it has)
     "resnet18": NetCase(32, 12, 2, "runs/bench/throughput-resnet18.json", ("--bn-group", "rank")),
+    "cosmoflow": NetCase(32, 8, 2, "runs/bench/throughput-cosmoflow.json"),
+}
+TITLES = {  # what each table's first line says of the net, beyond the batch and the update
+    "resnet18": "ResNet-18 {size}x{size}, global batch {batch}, float32, batch norm over each "
+                "rank's samples (hpctrain --bn-group rank, DDP's BatchNorm2d)",
+    "cosmoflow": "CosmoFlow {size}^3, 4 channels, global batch {batch}, float32, mean squared "
+                 "error",
 }
 # the update on both sides: hpctrain's defaults, passed explicitly to each
 LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 5e-4
@@ -237,23 +249,24 @@ def raw_allreduce(procs: int, sizes: list[int], where: Path) -> dict[int, float]
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", choices=sorted(NETS), default="alexnet",
-                        help="alexnet (with the roofline and the all-reduce check) or resnet18 "
-                        "(batch norm over each rank's samples) (default: alexnet)")
+                        help="alexnet (with the roofline and the all-reduce check), resnet18 "
+                        "(batch norm over each rank's samples) or cosmoflow (3-D) (default: "
+                        "alexnet)")
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--batch", type=int, default=16, help="global batch (default: 16)")
     parser.add_argument("--image-size", type=int,
-                        help="(default: 127 for alexnet, 32 for resnet18)")
+                        help="(default: 127 for alexnet, 32 for resnet18 and cosmoflow)")
     parser.add_argument("--steps", type=int,
                         help="steps per run, the warm-up included (default: 6 for alexnet, 12 "
-                        "for resnet18)")
+                        "for resnet18, 8 for cosmoflow)")
     parser.add_argument("--warmup", type=int,
                         help="first steps of each run left out of its median (default: 1 for "
-                        "alexnet, 2 for resnet18)")
+                        "alexnet, 2 for resnet18 and cosmoflow)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every configuration this many times, in turn, and keep the "
                         "median (default: 1)")
     parser.add_argument("--out", help="JSON file (default: runs/bench/throughput.json for "
-                        "alexnet, runs/bench/throughput-resnet18.json for resnet18)")
+                        "alexnet, runs/bench/throughput-NET.json for the others)")
     args = parser.parse_args()
     case = NETS[args.net]
     for name in ("image_size", "steps", "warmup", "out"):
@@ -284,7 +297,7 @@ def main() -> None:
     if args.net == "alexnet":
         alexnet(args, out)
     else:
-        resnet(args, out)
+        against_pytorch(args, out)
 
 
 def alexnet(args: argparse.Namespace, out: Path) -> None:
@@ -366,12 +379,11 @@ def spread(result: dict) -> str:
     return " ".join(f"{t * 1e3:.1f}" for t in result["rounds_step_seconds"])
 
 
-def resnet(args: argparse.Namespace, out: Path) -> None:
+def against_pytorch(args: argparse.Namespace, out: Path) -> None:
     """Measured steps of hpctrain (1xP and auto) and PyTorch, and hpctrain's predictions."""
     rows = [measure(procs, args, out.parent) for procs in args.procs]
-    lines = [f"ResNet-18 {args.image_size}x{args.image_size}, global batch {args.batch}, "
-             f"float32, SGD (lr {LR}, momentum {MOMENTUM}, weight decay {WEIGHT_DECAY}), batch "
-             f"norm over each rank's samples (hpctrain --bn-group rank, DDP's BatchNorm2d), "
+    title = TITLES[args.net].format(size=args.image_size, batch=args.batch)
+    lines = [f"{title}, SGD (lr {LR}, momentum {MOMENTUM}, weight decay {WEIGHT_DECAY}), "
              f"1 thread per process; step: the slowest rank's, median of steps "
              f"{args.warmup + 1}-{args.steps}",
              f"{'P':>2} {'1xP ms':>8} {'predicted':>9} {'auto ms':>8} {'predicted':>9} "
@@ -396,7 +408,8 @@ def resnet(args: argparse.Namespace, out: Path) -> None:
                  "(/iteration predicted); at P = 1 the 1xP columns are the auto run")
     write("\n".join(lines), out, {
         "net": args.net, "image_size": args.image_size, "batch": args.batch,
-        "steps": args.steps, "warmup": args.warmup, "bn_group": "rank",
+        "steps": args.steps, "warmup": args.warmup,
+        **({"bn_group": "rank"} if args.net == "resnet18" else {}),
         "lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "rows": rows})
 
 
