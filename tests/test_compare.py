@@ -6,6 +6,7 @@ import pytest
 
 from hpctrain.commands import compare_plans as compare_plans_command
 from hpctrain.commands.compare_plans import median_round
+from hpctrain.cost.compute import FlopModel
 from hpctrain.errors import UserError
 from tests.test_calibrate import OneRank
 
@@ -108,19 +109,16 @@ def test_a_layer_whose_gradient_sum_is_timed_elsewhere_has_no_error():
                                       "(a gradient bucket is timed where it is sent)")
 
 
-class Drifting:
+class Drifting(FlopModel):
     """Compute times from FLOPs at a rate that moves from one timing to the next, as a machine
     whose speed drifts over a launch: each timing again runs at the next of ``rates``."""
 
     def __init__(self, rates):
+        super().__init__(next(rates))
         self.rates = rates
-        self.rate = next(rates)
 
     def again(self):
         return Drifting(self.rates)
-
-    def times(self, works):
-        return {w: tuple(f / self.rate for f in w.flops()) for w in works}
 
 
 @pytest.mark.parametrize("timing, rate", [("each-round", 2e9), ("once", 1e9)])
@@ -175,7 +173,6 @@ def test_a_plan_priced_again_under_the_same_times_is_the_planners_own(overlap, p
     flight, the precision's bytes and the last buckets kept), and what the planner said of it;
     priced as fp32 with nothing in flight, it would differ."""
     from hpctrain.commands.compare_plans import priced_again
-    from hpctrain.cost.compute import FlopModel
     from hpctrain.cost.machine import load_machine
     from hpctrain.device.precision import PRECISIONS
     from hpctrain.model.net import load_net

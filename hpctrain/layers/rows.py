@@ -138,16 +138,15 @@ class WindowRows:
         return self._give_back(dx) if need_dx else None
 
     def _backward_rows(self, dy: Any, bands: list[_Band], op: OpBackward, need_dx: bool) -> Any:
-        if self.halo is None:
-            return op(dy, bands[0].cache)
         p = self.plan
-        if len(bands) == 1 and bands[0].in_rows == p.need:
-            # one band reads every needed row (no halo came in, as a pool whose windows tile
-            # the rows): its dX is dX_ext, with no zeroed block to sum it into
-            dx_band = op(dy, bands[0].cache)
-            if not need_dx:
-                return None
-            return self.halo.finish_backward(self.halo.start_backward(dx_band))
+        if len(bands) == 1 and (self.halo is None or bands[0].in_rows == p.need):
+            # one band read every row the rank needed (the whole axis, or a split whose windows
+            # read only owned rows, as a pool's that tile them): its dX is dX_ext, with no
+            # zeroed block to sum it into; the caller drops it unless need_dx
+            dx = op(dy, bands[0].cache)
+            if self.halo is None or not need_dx:
+                return dx
+            return self.halo.finish_backward(self.halo.start_backward(dx))
         boundary = [b for b in bands if b.out_rows != p.interior]
         interior = [b for b in bands if b.out_rows == p.interior]
         n, c, _, *rest = self.x_shape
