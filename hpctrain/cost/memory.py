@@ -39,7 +39,8 @@ class Footprint:
     """What a layer's memory estimate knows, on the busiest rank (bytes unless said).
 
     ``x``/``y``: its (first) input and output blocks; ``loose_input``: ``{"input": x}`` when the
-    input array is not kept anyway (it is alive in the caller while the layer runs), else empty.
+    input array is not kept anyway (it is alive in the caller while the layer runs), else empty;
+    ``forward_only``: the step is a forward pass alone (:meth:`phases`).
     A weight gradient is written into an array kept across steps (resident, counted with the
     parameters), so a backward allocates none.
     """
@@ -50,6 +51,13 @@ class Footprint:
     itemsize: int
     loose_input: dict[str, float]
     height_split: bool
+    forward_only: bool = False  # a forward pass alone (predict): no backward allocates
+
+    def phases(self, forward: dict[str, float], backward: dict[str, float]
+               ) -> dict[str, float]:
+        """What the layer allocates for a moment: the larger of its forward's and its
+        backward's allocations (:func:`larger`), or its forward's alone in a forward pass."""
+        return forward if self.forward_only else larger(forward, backward)
 
 
 def parameter_bytes(entries: int, precision: Precision) -> dict[str, float]:

@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.kernels.sliding import Pads, check_windows, padded, position_dtype, unpadded, windows
+from hpctrain.kernels.sliding import (
+    Pads,
+    check_windows,
+    out_size,
+    padded,
+    position_dtype,
+    unpadded,
+    windows,
+)
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,7 @@ class PoolCache:
 class AvgPoolCache:
     x_shape: tuple[int, ...]  # the backward needs only shapes: average-pooling is linear
     pads: Pads
+    divisor: Any  # K1·…·Kd, or (O1, …, Od) counts of the input entries in each window
 
 
 def maxpool_forward(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
@@ -110,14 +119,16 @@ def _flat_grid(xp: Any, counts: Sequence[int], spacings: Sequence[int]) -> Any:
 
 
 def avgpool_forward(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
-                    pads: Pads) -> tuple[Any, AvgPoolCache]:
-    """Y[n, c, p] = (1 / (K1·…·Kd)) Σ_{a < K} Xpad[n, c, p·s + a], p and a d-tuples.
+                    pads: Pads, count_pad: bool = True) -> tuple[Any, AvgPoolCache]:
+    """Y[n, c, p] = (1 / D[p]) Σ_{a < K} Xpad[n, c, p·s + a], p and a d-tuples.
 
-    Xpad is X padded by ``pads`` ((before, after) per spatial axis) with zeros, and the padding
-    IS counted in the divisor: it is always K1·…·Kd (PyTorch's default,
-    ``count_include_pad=True``). So a band of a split axis averages exactly as the whole input
-    does. A running sum over the K1·…·Kd strided views of X, each the size of Y: no copy of
-    the windows is made.
+    Xpad is X padded by ``pads`` ((before, after) per spatial axis) with zeros. With
+    ``count_pad`` (PyTorch's default, ``count_include_pad=True``) the padding counts in the
+    divisor: D = K1·…·Kd everywhere. Without it D[p] is the number of X's own entries in window
+    p (``count_include_pad=False``), counted from the same padding: a band of a split axis pads
+    only at the image's edges (its other rows are halo rows, real entries), so it averages
+    exactly as the whole input does either way. A running sum over the K1·…·Kd strided views of
+    X, each the size of Y: no copy of the windows is made.
     """
     check_windows(x.ndim - 2, kernel, stride, pads)
     kernel, stride = tuple(kernel), tuple(stride)
@@ -126,18 +137,33 @@ def avgpool_forward(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int,
     y = win[corners[0]].copy()
     for corner in corners[1:]:
         xp.add(y, win[corner], out=y)
-    y /= prod(kernel)
-    return y, AvgPoolCache(x.shape, tuple(map(tuple, pads)))
+    divisor = prod(kernel) if count_pad else _entries_per_window(xp, x.shape[2:], kernel,
+                                                                 stride, pads, y.dtype)
+    y /= divisor
+    return y, AvgPoolCache(x.shape, tuple(map(tuple, pads)), divisor)
+
+
+def _entries_per_window(xp: Any, size: Sequence[int], kernel: tuple[int, ...],
+                        stride: tuple[int, ...], pads: Pads, dtype: Any) -> Any:
+    """(O1, …, Od): how many entries of an input of spatial ``size`` padded by ``pads`` each
+    window holds, as a product of one count per axis (the windows are boxes)."""
+    found = 1
+    for axis, (n, k, s, (before, after)) in enumerate(zip(size, kernel, stride, pads,
+                                                          strict=True)):
+        starts = xp.arange(out_size(n, k, s, before, after)) * s - before
+        count = xp.minimum(starts + k, n) - xp.maximum(starts, 0)
+        found = found * count.astype(dtype).reshape(-1, *(1,) * (len(size) - 1 - axis))
+    return found
 
 
 def avgpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
                      cache: AvgPoolCache) -> Any:
-    """dX = the adjoint of :func:`avgpool_forward`: dY/(K1·…·Kd) added to every position of
-    each window, then the padding dropped."""
+    """dX = the adjoint of :func:`avgpool_forward`: dY/D added to every position of each
+    window, then the padding dropped."""
     n, c, *out = dy.shape
     size = (m + before + after for m, (before, after) in zip(cache.x_shape[2:], cache.pads,
                                                               strict=True))
-    share = dy / prod(kernel)
+    share = dy / cache.divisor
     dxp = xp.zeros((n, c, *size), dtype=dy.dtype)
     for corner in product(*map(range, kernel)):
         dxp[(slice(None), slice(None), *(slice(a, a + s * m, s) for a, s, m in

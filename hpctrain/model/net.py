@@ -66,14 +66,29 @@ from hpctrain.model.kinds.base import INPUT, LayerSpec, Shape
 from hpctrain.model.options import MAX_SIZE, NetError, integer, sizes
 
 INPUT_KEYS = ("channels", "size", "depth", "height", "width", "features", "classes", "targets")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)  # a block or parameter
+# a layer or instance: parts of letters, digits, '_' and '-' joined by '.', as PyTorch's module
+# paths are (layer2.0.conv1, features.0): an imported net keeps the names its weights carry
+LAYER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*", re.ASCII)
+MAX_NAME = 255
 _PARAMETER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)", re.ASCII)
 MAX_REPEAT = 10_000
 MAX_LAYERS = 100_000  # nested repeats multiply: refuse a net that would expand past this
 USE_KEYS = ("name", "in", "repeat", "block")  # keys of a `use` line, not block parameters
 
-__all__ = ["INPUT", "MAX_SIZE", "LayerSpec", "NetError", "NetSpec", "available_nets",
-           "load_net", "parse_net"]
+__all__ = ["INPUT", "MAX_SIZE", "LayerSpec", "NetError", "NetSpec", "StartingWeights",
+           "available_nets", "check_layer_name", "load_net", "parse_net"]
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """A file whose tensors are a net's starting weights: an ONNX model's initializers or a
+    safetensors state dict, by PyTorch's names (:mod:`hpctrain.interchange.weights` reads and
+    matches it). ``fresh``: the layers that keep weights drawn from the seed instead
+    (``--init-except``, the new head of a fine-tune)."""
+
+    path: str
+    fresh: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,12 @@ class NetSpec:
     classes: int  # the width of the output: classes, or targets under regression
     layers: tuple[LayerSpec, ...]
     regression: bool = False  # the mean squared error against targets, not cross-entropy
+    # where the starting weights come from (an ONNX file's initializers, ``--init``); None:
+    # drawn from the seed. Not part of what the net is: two nets of equal layers are one net.
+    weights: StartingWeights | None = field(default=None, compare=False)
+    # whether the loss was said (a net file's input line, --loss, an exported model's
+    # metadata); an ONNX model of a PyTorch net says nothing, and a dataset's answers decide
+    loss_given: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
         # each layer made exact for its input (Kind.resolve), in file order, with its shape
@@ -148,7 +169,7 @@ class NetSpec:
         if not 1 <= size <= MAX_SIZE:
             raise NetError(f"--image-size {shown(size, 30)} must be from 1 to {MAX_SIZE}")
         shape = (self.input_shape[0],) + (size,) * (len(self.input_shape) - 1)
-        resized = NetSpec(self.name, shape, self.classes, self.layers, self.regression)
+        resized = replace(self, input_shape=shape)
         resized.out_shapes  # noqa: B018 - the last layer's width still feeds the loss
         return resized
 
@@ -167,8 +188,7 @@ class NetSpec:
                     raise NetError(str(err)) from None
                 spec = replace(spec, options=replace(options, groups=groups))
             layers.append(spec)
-        return NetSpec(self.name, self.input_shape, self.classes, tuple(layers),
-                       self.regression)
+        return replace(self, layers=tuple(layers))
 
     @cached_property
     def out_shapes(self) -> tuple[Shape, ...]:
@@ -302,6 +322,9 @@ class _Builder:
         return previous
 
     def _register(self, local: str, full: str, output: str, scope: _Scope, where: str) -> None:
+        if len(full) > MAX_NAME:  # a block instance's name and the names inside it together
+            raise NetError(f"{where}: name {shown(full)} is {len(full)} characters; a layer's "
+                           f"full name (block instances joined by '.') is at most {MAX_NAME}")
         if full in self.names or full == INPUT or local in scope.local:
             raise NetError(f"{where}: name {shown(full)} is used twice; name each layer and "
                            f"block once (name=…)")
@@ -335,7 +358,7 @@ class _Builder:
         given = texts.pop("name", None)
         local = scope.auto_name(kind_name)  # a named layer counts in the numbering too
         if given is not None:
-            _check_name(given, where)
+            check_layer_name(given, where)
             local = given
         inputs = self._resolve(texts.pop("in", None), scope, previous, where)
         if kind.many_inputs and len(inputs) < 2:
@@ -381,7 +404,7 @@ class _Builder:
                     raise NetError(f"{where}: block {name} needs {key}=…")
                 args[key] = default
         if given is not None:
-            _check_name(given, where)
+            check_layer_name(given, where)
         output = inputs[0]
         for r in range(1, repeat + 1):
             if given is None:
@@ -396,10 +419,13 @@ class _Builder:
         return output
 
 
-def _check_name(name: str, where: str) -> None:
-    if not _NAME.fullmatch(name) or name == INPUT:
-        raise NetError(f"{where}: name {shown(name)} must be a letter or '_' then up to 63 "
-                       f"letters, digits, '_' or '-', and not 'input'")
+def check_layer_name(name: str, where: str) -> None:
+    """Refuse a layer or instance name that is not parts of letters, digits, '_' and '-'
+    joined by '.', or that is 'input' or longer than ``MAX_NAME`` (255) characters."""
+    if not LAYER_NAME.fullmatch(name) or name == INPUT or len(name) > MAX_NAME:
+        raise NetError(f"{where}: name {shown(name)} must be letters, digits, '_' and '-', in "
+                       f"parts joined by '.' (layer2.0.conv1), at most {MAX_NAME} characters, "
+                       f"and not 'input'")
 
 
 def _substitute(word: str, args: dict[str, str], where: str, block: _Block | None) -> str:

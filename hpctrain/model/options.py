@@ -142,6 +142,28 @@ def flag(key: str, text: str, where: str) -> bool:
     return text == "1"
 
 
+def option_text(value: Any) -> str | None:
+    """The text a net file gives for an option's ``value``, as its reader reads it back: 0 or
+    1 for a flag, digits for a whole number, the shortest decimal that reads back the same
+    float, ``HxW`` for sizes per axis, ``B+A`` per axis joined by ``x`` for padding; None for
+    None (the key's default).
+
+    >>> [option_text(v) for v in (True, 3, 0.1, (1, 7), ((0, 1), (2, 2)), None)]
+    ['1', '3', '0.1', '1x7', '0+1x2+2', None]
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | str):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if all(isinstance(v, tuple) for v in value):
+        return "x".join(f"{before}+{after}" for before, after in value)
+    return "x".join(str(v) for v in value)
+
+
 def read_options(kind: str, keys: dict[str, Key], texts: dict[str, str], where: str
                  ) -> dict[str, Any]:
     """The values of a ``kind`` line's ``key=value`` texts, defaults filled in."""

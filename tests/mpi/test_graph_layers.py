@@ -1,5 +1,6 @@
-"""The graph kinds of net format 2 (add, concat, batchnorm, avgpool, non-square windows) under
-every mode and Pr×Pc grid against one process, in float64.
+"""The graph kinds of net format 2 (add, concat, batchnorm, avgpool, non-square windows) and the
+pool options ``count_pad=0`` and ``ceil=1`` under every mode and Pr×Pc grid against one process,
+in float64.
 
 Each check runs one forward and backward of a small inline net under a plan and the same step on
 rank 0 alone (:func:`hpctrain.commands.verify.run_step`), and compares every layer's output, input
@@ -117,7 +118,23 @@ flatten
 linear out=5
 """, "input-first")
 
-NETS = {net.name: net for net in (NORM_NET, WINDOW_NET, ADD_NET, CONCAT_NET, INPUT_FIRST_NET)}
+# an average pool over the input entries alone (count_pad=0) whose edge windows hold padding,
+# and a max pool rounding up (ceil=1) that adds a window along the height (7 rows: 4 windows,
+# the last reading the padding ceil adds), not along the width (6 columns: 3); no ReLU before
+# the max pool, so no window holds ties
+POOL_NET = parse_net("""
+input channels=2 height=13 width=11 classes=4
+conv out=4 kernel=3 pad=1
+avgpool kernel=3 stride=2 pad=1 count_pad=0
+conv out=5 kernel=3 pad=1
+maxpool kernel=2 stride=2 ceil=1
+relu
+flatten
+linear out=4
+""", "pools")
+
+NETS = {net.name: net for net in (NORM_NET, WINDOW_NET, ADD_NET, CONCAT_NET, INPUT_FIRST_NET,
+                                  POOL_NET)}
 BATCH = 7  # uneven over 2, 3 and 4 batch shards
 SEED = 3  # of the weights and the data of check_plan's step
 # In these nets a layer feeding a batch norm has no bias, and a ReLU follows each batch norm
@@ -217,13 +234,13 @@ def check_plan(comm, backend, net, plan, reference=None):
 
 
 @pytest.mark.parametrize("mode", ["model", "domain"])
-@pytest.mark.parametrize("net", ["norm", "windows", "add", "concat", "input-first"])
+@pytest.mark.parametrize("net", ["norm", "windows", "add", "concat", "input-first", "pools"])
 def test_kinds_under_every_mode_and_grid(comm, backend, grid_shape, mode, net):
     """Pr = 1 is batch mode; Pr > 1 splits output channels (model) or the height (domain)."""
     check_plan(comm, backend, NETS[net], uniform_plan(NETS[net], mode, grid_shape))
 
 
-@pytest.mark.parametrize("net", ["norm", "windows", "add", "concat", "input-first"])
+@pytest.mark.parametrize("net", ["norm", "windows", "add", "concat", "input-first", "pools"])
 def test_kinds_under_mixed_plans(comm, backend, net):
     """Neighbouring layers on different grids and modes: add and concat inputs are moved (a
     channel-split branch replicated for concat, a height split kept), forks sum gradients."""
@@ -231,6 +248,24 @@ def test_kinds_under_mixed_plans(comm, backend, net):
     reference = None
     for plan in cycled_plans(net, comm.Get_size()):
         reference = check_plan(comm, backend, net, plan, reference=reference)
+
+
+def test_the_pool_options_run_on_split_rows(comm, backend):
+    """Under a domain split on every rank the pools of ``pools`` take their input in row
+    blocks (they are not gathered first), so the tests above run count_pad=0 and ceil=1 on
+    bands with halos, the padding at the image's edges only."""
+    procs = comm.Get_size()
+    if procs == 1:
+        pytest.skip("one process: no rows split")
+    with GridSet(comm) as grids:
+        network = Network(POOL_NET, uniform_plan(POOL_NET, "domain", (procs, 1)), BATCH, grids,
+                          backend)
+        pools = [layer for spec, layer in zip(POOL_NET.layers, network.layers, strict=True)
+                 if spec.kind.endswith("pool")]
+        assert len(pools) == 2
+        assert all(layer.in_layout.split_axis == HEIGHT_AXIS for layer in pools)
+    ceil = POOL_NET.layers[3].options
+    assert ceil.ceil and ceil.ceil_pad == (1, 0)  # a window added along the height alone
 
 
 def test_merge_inputs_really_move(comm, backend):

@@ -1,17 +1,20 @@
-"""``avgpool kernel=K [stride=K] [pad=0]``: average pooling (``K``, ``HxW`` or ``DxHxW``; zero
-padding counts in the divisor, as in PyTorch), or ``avgpool kernel=global``: the mean of each
-channel over the whole image or volume, (C, H, W) -> (C, 1, 1) or (C, D, H, W) ->
+"""``avgpool kernel=K [stride=K] [pad=0] [count_pad=1]``: average pooling (``K``, ``HxW`` or
+``DxHxW``; zero padding counts in the divisor, as PyTorch's default, or with ``count_pad=0`` only
+the input's own entries do, as ``count_include_pad=False``), or ``avgpool kernel=global``: the
+mean of each channel over the whole image or volume, (C, H, W) -> (C, 1, 1) or (C, D, H, W) ->
 (C, 1, 1, 1)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.machine import Machine
-from hpctrain.cost.memory import Footprint, larger
+from hpctrain.cost.memory import Footprint
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import Layout, Split, largest_block
@@ -20,11 +23,17 @@ from hpctrain.model.kinds.window import (
     POOL_KEYS,
     PoolKind,
     PoolOptions,
+    check_windows_hold_input,
     padded_bytes,
 )
-from hpctrain.model.options import Key, NetError, sizes
+from hpctrain.model.options import Key, NetError, flag, sizes
 
 GLOBAL = "global"
+
+
+@dataclass(frozen=True)
+class AvgPoolOptions(PoolOptions):
+    count_pad: bool = True  # the padding counts in the divisor (count_include_pad)
 
 
 def _kernel(key: str, text: str, where: str) -> tuple[int, ...] | None:
@@ -34,19 +43,34 @@ def _kernel(key: str, text: str, where: str) -> tuple[int, ...] | None:
 
 class AvgPoolKind(PoolKind):
     name = "avgpool"
-    keys = {**POOL_KEYS, "kernel": Key(_kernel)}
+    keys = {**POOL_KEYS, "kernel": Key(_kernel), "count_pad": Key(flag, "1")}
+    options = AvgPoolOptions
 
-    def pool_kernels(self) -> tuple[Callable, Callable]:
+    def pool_kernels(self, options: AvgPoolOptions | None = None) -> tuple[Callable, Callable]:
         from hpctrain.kernels.pool import avgpool_backward, avgpool_forward
 
-        return avgpool_forward, avgpool_backward
+        if options is None or options.count_pad:
+            return avgpool_forward, avgpool_backward
+        return partial(avgpool_forward, count_pad=False), avgpool_backward
 
-    def parse(self, texts: dict[str, str], where: str) -> PoolOptions:
+    def parse(self, texts: dict[str, str], where: str) -> AvgPoolOptions:
         o = super().parse(texts, where)
-        if o.kernel is None and ("stride" in texts or "pad" in texts):
+        if o.kernel is None and ("stride" in texts or "pad" in texts or "count_pad" in texts):
             raise NetError(f"{where}: avgpool kernel=global pools the whole image and takes "
-                           f"no stride or pad")
+                           f"no stride, pad or count_pad")
         return o
+
+    def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
+        spec = super().resolve(spec, shapes, where)
+        o = spec.options
+        if o.kernel is not None and not o.count_pad and len(shapes[0]) == len(o.kernel) + 1:
+            check_windows_hold_input(spec, shapes[0], where)  # else a divisor of 0
+        return spec
+
+    def option_texts(self, options: AvgPoolOptions) -> dict[str, str]:
+        if options.kernel is None:
+            return {"kernel": GLOBAL}
+        return super().option_texts(options)
 
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
         if spec.options.kernel is not None:
@@ -106,10 +130,10 @@ class AvgPoolKind(PoolKind):
                                                               dict[str, float]]:
         """Nothing kept; a padded copy of the input (and of its gradient) for a moment."""
         if spec.options.kernel is None:
-            return {}, larger({**fp.loose_input, "output": fp.y},
+            return {}, fp.phases({**fp.loose_input, "output": fp.y},
                               {"output gradient": fp.y, "input gradient": fp.x})
         padded = padded_bytes(fp.work, fp.itemsize)
-        return {}, larger({**fp.loose_input, "padded input": padded, "output": fp.y},
+        return {}, fp.phases({**fp.loose_input, "padded input": padded, "output": fp.y},
                           {"output gradient": fp.y, "padded input gradient": padded})
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:

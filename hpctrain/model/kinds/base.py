@@ -37,7 +37,7 @@ from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.layout.layout import Layout, Split, largest_block
 from hpctrain.layout.partition import SplitError
-from hpctrain.model.options import Key, read_options
+from hpctrain.model.options import Key, option_text, read_options
 
 if TYPE_CHECKING:
     from hpctrain.cost.machine import Machine
@@ -73,12 +73,24 @@ class Kind:
     many_inputs: ClassVar[bool] = False  # two or more inputs (add, concat)
     keeps_output: ClassVar[bool] = False  # the output array is kept for the backward
     pass_through: ClassVar[bool] = False  # the output is a view of the input
+    # in evaluation (predict's forward pass alone): whether the layer still computes, and
+    # whether its forward still communicates (batch norm normalises by its running statistics,
+    # with no sum over ranks; dropout passes its input on)
+    computes_in_evaluation: ClassVar[bool] = True
+    communicates_in_evaluation: ClassVar[bool] = True
 
     # -- the net file ---------------------------------------------------------------------
 
     def parse(self, texts: dict[str, str], where: str) -> Any:
         """The typed options of a line's ``key=value`` texts (refused in one line)."""
         return self.options(**read_options(self.name, self.keys, texts, where))
+
+    def option_texts(self, options: Any) -> dict[str, str]:
+        """``key=value`` texts a net file gives for ``options``, which
+        :meth:`~hpctrain.model.kinds.base.Kind.parse` reads back to equal options (keys whose
+        value is None are left to their default)."""
+        texts = {key: option_text(getattr(options, key)) for key in self.keys}
+        return {key: text for key, text in texts.items() if text is not None}
 
     def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
         """The layer with its options made exact for inputs of per-sample ``shapes``: a window

@@ -19,7 +19,7 @@ import numpy as np
 
 from hpctrain.cost.collectives import allreduce_time
 from hpctrain.cost.machine import Machine
-from hpctrain.cost.memory import STATISTICS_BYTES, Footprint, larger
+from hpctrain.cost.memory import STATISTICS_BYTES, Footprint
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.errors import shown
@@ -84,6 +84,7 @@ class BatchNormKind(Kind):
     keys = {"eps": Key(fraction(1e-300, 1.0), "1e-5"),
             "momentum": Key(fraction(0.0, 1.0, high_open=False), "0.1"),
             "group": Key(statistics_group, RUN_CHOICE)}
+    communicates_in_evaluation = False  # the running statistics: no sum over ranks
     options = BatchNormOptions
 
     def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
@@ -166,7 +167,7 @@ class BatchNormKind(Kind):
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
         """X̂ kept for the backward; the output and a centred copy while normalising."""
-        return {"normalized input": fp.y}, larger(
+        return {"normalized input": fp.y}, fp.phases(
             {**fp.loose_input, "centred input": fp.x, "output": fp.y},
             {"output gradient": fp.y, "input gradient": fp.x, "product with X̂": fp.x})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hpctrain.cost.memory import Footprint, larger
+from hpctrain.cost.memory import Footprint
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import CHANNEL_AXIS, Layout, Split, largest_block
@@ -52,7 +52,7 @@ class ConcatKind(Kind):
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
-        return {}, larger({**fp.loose_input, "output": fp.y},
+        return {}, fp.phases({**fp.loose_input, "output": fp.y},
                           {"output gradient": fp.y, "input gradients": fp.y})
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.cost.memory import Footprint, larger
+from hpctrain.cost.memory import Footprint
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.kernels.sliding import prefer_channels_last
@@ -139,7 +139,7 @@ class ConvKind(SplitsInputs, WindowKind):
             backward.update({"im2col workspace": cols, "padded input gradient": copy})
             if last:
                 backward["input gradient, channel-major"] = math.prod(work.x) * b
-        return {"im2col columns": cols}, larger(forward, backward)
+        return {"im2col columns": cols}, fp.phases(forward, backward)
 
     def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
                    ) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hpctrain.cost.memory import RANDOM_BYTES, Footprint, larger
+from hpctrain.cost.memory import RANDOM_BYTES, Footprint
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
@@ -22,7 +22,7 @@ class DropoutKind(Kind):
     name = "dropout"
     keys = {"p": Key(fraction(0.0, 1.0), "0.5")}
     options = DropoutOptions
-
+    computes_in_evaluation = False  # off: the input passes on
     def kernels(self, xp: Any, work: LocalWork, dtype: Any, random: Callable[[Shape], Any]
                 ) -> tuple[Callable[[], Any], Callable[[Any], Callable[[], Any]]]:
         """The mask is drawn by the counter RNG in every forward."""
@@ -40,9 +40,9 @@ class DropoutKind(Kind):
         if spec.options.p == 0:
             return {}, {}
         entries = fp.x // fp.itemsize
-        return {"mask": fp.x}, larger({**fp.loose_input, "random numbers": entries * RANDOM_BYTES,
-                                       "output": fp.y},
-                                      {"output gradient": fp.y, "input gradient": fp.x})
+        forward = {**fp.loose_input, "random numbers": entries * RANDOM_BYTES, "output": fp.y}
+        return {"mask": fp.x}, fp.phases(forward, {"output gradient": fp.y,
+                                                   "input gradient": fp.x})
 
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.elementwise import Dropout  # needs MPI: only when run

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.cost.memory import Footprint, larger
+from hpctrain.cost.memory import Footprint
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
@@ -108,7 +108,7 @@ class LinearKind(SplitsInputs):
         cuts) and, backward, its gradient (gathered back to those rows) and the input's."""
         y = max(fp.y, fp.work.x[0] * fp.work.out * fp.itemsize)
         backward = {"output gradient": y, "input gradient": fp.x if fp.work.need_dx else 0}
-        return {}, larger({"input": fp.x, "output": y}, backward)
+        return {}, fp.phases({"input": fp.x, "output": y}, backward)
 
     def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
                    ) -> dict[str, np.ndarray]:

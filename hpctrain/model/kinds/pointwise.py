@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hpctrain.cost.memory import Footprint, larger
+from hpctrain.cost.memory import Footprint
 from hpctrain.cost.work import LocalWork
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
@@ -40,7 +40,7 @@ class PointwiseKind(Kind):
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
         kept = {"output": fp.y} if self.keeps_output else {}
-        return kept, larger({**fp.loose_input, "output": fp.y},
+        return kept, fp.phases({**fp.loose_input, "output": fp.y},
                                         {"output gradient": fp.y, "input gradient": fp.x,
                                          **self.scratch(fp)})
 

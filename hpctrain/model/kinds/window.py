@@ -82,6 +82,21 @@ def check_window(spec: LayerSpec, shape: Shape, where: str) -> Shape:
     return out
 
 
+def check_windows_hold_input(spec: LayerSpec, shape: Shape, where: str) -> None:
+    """Refuse padding so wide that some window of a pool would hold only padding (a maximum of
+    nothing; an average over no entry): along each axis the first window must reach past the
+    padding before, and the last start before the padding after."""
+    o = spec.options
+    for n, window, axis in zip(shape[1:], windows_of(o), ("first", "second", "third"),
+                               strict=False):
+        last_start = (window.out_size(n) - 1) * window.stride - window.before
+        if window.before >= window.kernel or last_start >= n:
+            raise NetError(f"{where}: layer {spec.name} ({spec.kind}): pad "
+                           f"{window.before}+{window.after} on the {axis} spatial axis of "
+                           f"{n} leaves windows (kernel {window.kernel}, stride "
+                           f"{window.stride}) that hold only padding; pad less")
+
+
 def axis_halo_plans(spec: LayerSpec, layout: Layout, axis: int) -> tuple[HaloPlan, ...]:
     """The halo plans of the blocks of spatial ``axis`` of ``layout`` under the layer's window
     along it (refused, naming the layer, the axis and the sizes, when they cannot be made)."""
@@ -227,9 +242,10 @@ class PoolKind(WindowKind):
     keys = POOL_KEYS
     options = PoolOptions
 
-    def pool_kernels(self) -> tuple[Callable, Callable]:
-        """(forward, backward) kernels, as :class:`~hpctrain.layers.pool.Pool` takes them;
-        imported when asked for, as only timing and training run them."""
+    def pool_kernels(self, options: Any = None) -> tuple[Callable, Callable]:
+        """(forward, backward) kernels for a layer of ``options`` (None: the kind's usual
+        ones, for timing), as :class:`~hpctrain.layers.pool.Pool` takes them; imported when
+        asked for, as only timing and training run them."""
         raise NotImplementedError
 
     def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
@@ -271,4 +287,4 @@ class PoolKind(WindowKind):
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.pool import Pool  # needs MPI: only when run
 
-        return Pool(spec.name, spec.options, ctx, *self.pool_kernels())
+        return Pool(spec.name, spec.options, ctx, *self.pool_kernels(spec.options))
