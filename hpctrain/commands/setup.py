@@ -4,6 +4,7 @@ the threads per rank, the backend, the per-layer plan and its predicted costs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class SetupRequest:
     collectives: str = "auto"  # --collectives: auto, nccl or mpi (hpctrain.comm.transport)
     branches: str = "auto"  # --branches: regions on groups of ranks (auto) or not (serial)
     steps: int | None = None  # the run's length, which --space auto weighs planning against
+    inference: bool = False  # the forward pass alone (predict): what is planned and priced
 
     @classmethod
     def from_flags(cls, args: Any, dtype: str, overlap: str | bool = "auto",
@@ -102,7 +104,7 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     precision = resolve_precision(request.dtype, request.device)
     memory = 0.0
     if plan is not None:
-        fixed = plan_memory(net, plan, request.batch, procs, precision)
+        fixed = plan_memory(net, plan, request.batch, procs, precision, request.inference)
         check_memory(fixed, limit, source)
         memory = fixed.memory
     backend = make_backend(request.device, request.dtype, comm, request.collectives)
@@ -118,7 +120,7 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     check_placement(comm, machine)
     overlap = sums_in_flight(request.overlap, machine)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
-                             threads, overlap)
+                             threads, overlap, inference=request.inference)
     planned = predict_plan(model, plan, limit, source, request.space,
                            request.branches == "auto", request.steps)
     if plan is None:
@@ -127,9 +129,16 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
                  getattr(model.compute, "timed", 0), overlap, (limit, source))
 
 
-def plan_file_path(plan_file: str | None, net: NetSpec, procs: int, batch: int) -> Path:
-    """Where ``--grid auto`` writes its plan: ``--plan-file``, or runs/NET-pP-bB.plan."""
-    return Path(plan_file or f"runs/{net.name}-p{procs}-b{batch}.plan")
+def plan_file_path(plan_file: str | None, net: NetSpec, procs: int, batch: int,
+                   what: str = "") -> Path:
+    """Where ``--grid auto`` writes its plan: ``--plan-file``, or runs/NET-pP-bB.plan (NET the
+    net's file name without its folder and suffix: ``model`` for ``../models/model.onnx``, so
+    that the default stays in runs/), ``-what`` before the suffix when given (predict's)."""
+    if plan_file:
+        return Path(plan_file)
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(net.name).name)
+    stem = stem.removesuffix(".net").removesuffix(".onnx") or "net"
+    return Path(f"runs/{stem}-p{procs}-b{batch}{f'-{what}' if what else ''}.plan")
 
 
 def write_plan_file(path: str | Path, net: NetSpec, planned: PlannedNetwork, procs: int,

@@ -117,7 +117,8 @@ class Conv(InputSplitLayer):
         return dx
 
     def forward(self, x: Any, step: int) -> Any:
-        y, self.bands = self.rows.forward(x, self._forward_rows)
+        y, bands = self.rows.forward(x, self._forward_rows)
+        self.bands = bands if self.training else None  # evaluation keeps nothing for a backward
         return y if self.sum is None else self.sum.forward(y, self.bias)
 
     def backward(self, dy: Any) -> Any:

@@ -30,7 +30,8 @@ class Pointwise(Layer):
 
     def forward(self, x: Any, step: int) -> Any:
         y = self.function(self.backend.xp, x)
-        self.y = y if self.keeps_output else None  # not kept past the layers that read it
+        # not kept past the layers that read it, nor at all in evaluation
+        self.y = y if self.keeps_output and self.training else None
         return y
 
     def backward(self, dy: Any) -> Any:

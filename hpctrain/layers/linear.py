@@ -43,7 +43,7 @@ class Linear(InputSplitLayer):
         self.params = [p for p in (self.weight, self.bias) if p is not None]
 
     def forward(self, x: Any, step: int) -> Any:
-        self.x = x
+        self.x = x if self.training else None  # X for ΔW; evaluation keeps nothing
         if self.sum is not None:
             return self.sum.forward(linear_forward(self.backend.xp, x, self.weight.value, None),
                                     self.bias)

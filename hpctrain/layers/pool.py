@@ -42,7 +42,8 @@ class Pool(Layer):
         return self.backward_kernel(self.backend.xp, dy, self.kernel, self.stride, cache)
 
     def forward(self, x: Any, step: int) -> Any:
-        y, self.bands = self.rows.forward(x, self._forward_rows)
+        y, bands = self.rows.forward(x, self._forward_rows)
+        self.bands = bands if self.training else None  # evaluation keeps nothing for a backward
         return y
 
     def backward(self, dy: Any) -> Any:

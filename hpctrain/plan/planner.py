@@ -318,14 +318,16 @@ def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = No
 
 
 def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
-                precision: Precision = PRECISIONS["fp32"]) -> PlannedNetwork:
+                precision: Precision = PRECISIONS["fp32"], inference: bool = False
+                ) -> PlannedNetwork:
     """``plan``'s memory per rank (and its moves) in ``precision``, arithmetic only: no kernel
-    is timed, so it is safe at any size. Its times are zero."""
+    is timed, so it is safe at any size. Its times are zero. ``inference``: a forward pass
+    alone."""
     from hpctrain.cost.compute import FlopModel
     from hpctrain.cost.machine import Machine
 
     model = CostModel(net, batch, procs, Machine("memory", 0.0, 0.0, 1.0), FlopModel(1.0),
-                      precision)
+                      precision, inference=inference)
     return evaluate_plan(model, plan, timed=False)
 
 

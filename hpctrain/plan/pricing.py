@@ -168,12 +168,17 @@ class CostModel(Segments):
         (what a run log without a precision gives) is read by
         :func:`~hpctrain.cost.memory.precision_of`.
     overlap : the run puts gradient sums in flight (``--overlap``).
+    inference : the forward pass alone, as ``predict`` runs it: no backward, no gradient or
+        optimizer state, nothing kept for a backward (what a layer keeps for it is counted as
+        allocated for a moment instead), so a plan is chosen for the forward's time and memory.
     """
 
     def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
-                 precision: Precision = PRECISIONS["fp32"], overlap: bool = False) -> None:
+                 precision: Precision = PRECISIONS["fp32"], overlap: bool = False,
+                 inference: bool = False) -> None:
         super().__init__(net, batch, procs)
         self.machine, self.compute, self.overlap = machine, compute, overlap
+        self.inference = inference
         self.precision = precision_of(precision)
         # the share of the gradient sums' time that can hide behind the backward: the
         # machine's, when the run puts them in flight (--overlap); none otherwise
@@ -187,7 +192,7 @@ class CostModel(Segments):
         """The same model (net, batch, ranks, profile, precision, overlap) with its compute
         times from ``compute``: a plan priced again under kernels timed at another moment."""
         return CostModel(self.net, self.batch, self.procs, self.machine, compute,
-                         self.precision, self.overlap)
+                         self.precision, self.overlap, self.inference)
 
     @property
     def itemsize(self) -> int:
@@ -202,7 +207,8 @@ class CostModel(Segments):
         cost = self._moves.get((src, dst))
         if cost is None:
             move = move_between(src, dst)
-            cost = self._moves[src, dst] = (move, *move.seconds(self.machine, self.itemsize))
+            forward, backward = move.seconds(self.machine, self.itemsize)
+            cost = self._moves[src, dst] = (move, forward, 0.0 if self.inference else backward)
         return cost
 
     def _memory(self, index: int, layouts: LayerLayouts, work: LocalWork | None, params: int,
@@ -219,6 +225,8 @@ class CostModel(Segments):
         spec, b = self.net.layers[index], self.itemsize
         x = math.prod(largest_block(layouts.input)) * b
         y = math.prod(largest_block(layouts.output)) * b
+        if self.inference:
+            return self._forward_memory(index, layouts, work, params, x, y)
         kept_before = self.kept_upstream(index) and not fresh_input
         resident = parameter_bytes(params, self.precision) if params else {}
         if self.keeps_input(index) and not kept_before:
@@ -234,6 +242,22 @@ class CostModel(Segments):
             kept["gradient summed from its readers"] = y
         return {**resident, **kept}, transient
 
+    def _forward_memory(self, index: int, layouts: LayerLayouts, work: LocalWork | None,
+                        params: int, x: float, y: float
+                        ) -> tuple[dict[str, float], dict[str, float]]:
+        """(resident, transient) bytes of layer ``index`` in a forward pass alone: its weights
+        and a fork's output, kept; its input, its output, what its forward allocates and what
+        a training step would keep of it for the backward, for a moment (a forward keeps
+        nothing for a backward, and frees each output once its readers have run)."""
+        spec = self.net.layers[index]
+        resident = {"parameters": params * self.itemsize} if params else {}
+        footprint = Footprint(x, y, work, self.itemsize, {"input": x},
+                              bool(layouts.input.spatial_cuts), forward_only=True)
+        kept, transient = KINDS[spec.kind].memory(spec, footprint)
+        if len(self.net.consumers.get(index, ())) > 1:
+            resident["output held for its other readers"] = y
+        return resident, {**kept, **transient, "output": y}
+
     def move_memory(self, src: Layout, dst: Layout, index: int
                     ) -> tuple[dict[str, float], dict[str, float]]:
         """(resident, transient) bytes of moving ``src`` into ``dst`` for layer ``index``, on
@@ -245,7 +269,7 @@ class CostModel(Segments):
             return {}, {}
         d = math.prod(largest_block(dst)) * self.itemsize
         resident = ({"moved input": d} if self.keeps_input(index) and self.kept_upstream(index)
-                    else {})
+                    and not self.inference else {})
         return resident, {"redistribution buffers": move.buffer_bytes(self.itemsize)}
 
     def data_memory(self, first_in: Layout) -> tuple[dict[str, float], dict[str, float]]:
@@ -282,7 +306,7 @@ class CostModel(Segments):
             times = self.compute.times(_distinct(works_of(costs)))
         for cost in costs:
             if cost.work is not None:
-                cost.compute = times[cost.work]
+                cost.compute = (times[cost.work][0], 0.0) if self.inference else times[cost.work]
             if cost.update is not None:
                 cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
             if self.machine.compute_scale:  # fitted to training steps of this machine
@@ -320,7 +344,12 @@ class CostModel(Segments):
                                    kind.gradient_sums(spec, layouts.inputs, layouts.output,
                                                       self.itemsize)), default=0.0)
         params = kind.local_parameters(spec, layouts.inputs, layouts.output)
-        if params:
+        if self.inference:  # no backward: no gradient sums, no update
+            forward = cost.comm[0] if kind.communicates_in_evaluation else 0.0
+            cost.comm, cost.grad_sum, cost.bucket_latency = (forward, 0.0), 0.0, 0.0
+            if not kind.computes_in_evaluation:
+                cost.work = None
+        elif params:
             cost.update = LocalWork(UPDATE, (params,))
         cost.resident, cost.transient = self._memory(index, layouts, cost.work, params,
                                                      cost.move.moves_data)
@@ -359,7 +388,8 @@ class CostModel(Segments):
         cost.move, cost.redistribution = type(move), tuple(moved)
         logits = math.prod(largest_block(target)) * self.itemsize
         _, move = self.move_memory(last_out, target, len(self.net.layers) - 1)
-        cost.resident = {"logits and their gradient": 2 * logits}
+        cost.resident = ({"logits": logits} if self.inference
+                         else {"logits and their gradient": 2 * logits})
         cost.transient = larger({loss: 3 * logits}, move)
         return cost
 
@@ -402,7 +432,7 @@ def compute_source(machine: Machine, requested: str) -> str:
 def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, source: str,
                      backend: Backend | None = None, comm: Any = None,
                      threads: ThreadChoice | None = None, overlap: bool = False,
-                     cached: bool = True) -> CostModel:
+                     cached: bool = True, inference: bool = False) -> CostModel:
     """A cost model whose compute times come from ``source`` (see :func:`compute_source`), for
     a run with gradient sums in flight when ``overlap`` (``--overlap``). Measured times are
     read from and added to the cache unless not ``cached``: then all are timed now.
@@ -413,12 +443,14 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     under MPI every rank of ``comm`` times the same kernels at once, as the ranks of a node
     will when training. Bytes are priced in the backend's precision (fp32 when None), FLOP-rate
     compute at the profile's rate for it (:meth:`~hpctrain.cost.machine.Machine.flops_for`).
+    ``inference``: the forward pass alone (:class:`CostModel`).
     """
 
     precision = PRECISIONS["fp32"] if backend is None else backend.precision
     if compute_source(machine, source) == "flops":
         return CostModel(net, batch, procs, machine,
-                         FlopModel(machine.flops_for(precision.name)), precision, overlap)
+                         FlopModel(machine.flops_for(precision.name)), precision, overlap,
+                         inference)
     if backend is None:
         from hpctrain.device.backend import Backend
 
@@ -431,7 +463,7 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
                              threads.allocator, code_version(TIMED_MODULES))
     compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None,
                               step_bytes=step_bytes(net, batch, procs, machine, precision))
-    return CostModel(net, batch, procs, machine, compute, precision, overlap)
+    return CostModel(net, batch, procs, machine, compute, precision, overlap, inference)
 
 
 def step_bytes(net: NetSpec, batch: int, procs: int, machine: Machine,
