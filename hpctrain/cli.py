@@ -55,6 +55,8 @@ COMMANDS: dict[str, bool] = {
     "simulate": False,
     "compare-plans": True,
     "convert": False,
+    "export": False,
+    "predict": True,
 }
 
 

@@ -16,7 +16,7 @@ ROOT = Path(hpctrain.__file__).parent
 # The packages (and top-level modules) from the bottom up. A module imports modules of its own
 # package and of packages below it, never above. docs/architecture.md draws the same order.
 ORDER = ("errors", "io", "device", "kernels", "cost", "layout", "comm", "data", "layers",
-         "model", "plan", "record", "study", "run", "commands", "cli", "__main__")
+         "model", "interchange", "plan", "record", "study", "run", "commands", "cli", "__main__")
 
 
 def module_names() -> dict[str, Path]:

@@ -29,16 +29,29 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_net_options(parser: argparse.ArgumentParser, image_size: bool = True) -> None:
-    """--net and (unless told not to) --image-size."""
+def add_net_options(parser: argparse.ArgumentParser, image_size: bool = True,
+                    statistics: bool = True) -> None:
+    """--net, --loss and (unless told not to) --image-size and --bn-group (which only a
+    command that trains reads)."""
+    from hpctrain.interchange.nets import LOSSES
     from hpctrain.model.net import available_nets
 
     parser.add_argument("--net", default="alexnet",
-                        help=f"shipped net ({', '.join(available_nets())}) or a .net file "
+                        help=f"shipped net ({', '.join(available_nets())}), a .net file, or an "
+                             f"ONNX model (.onnx, as torch.onnx.export writes it; its "
+                             f"initializers are the starting weights; needs the onnx extra) "
                              f"(default: %(default)s)")
     if image_size:
         parser.add_argument("--image-size", type=int, default=None,
                             help="input height and width, overriding the net's")
+    parser.add_argument("--loss", choices=LOSSES, default="auto",
+                        help="what the net's output is trained towards: cross-entropy over "
+                             "classes, or mse, the mean squared error against targets; auto: "
+                             "what the net file's input line says (classes= or targets=), or "
+                             "an ONNX model's hpctrain metadata, else the dataset's labels or "
+                             "targets, else cross-entropy (default: %(default)s)")
+    if not statistics:
+        return
     parser.add_argument("--bn-group", type=statistics_group, default="global",
                         help="which samples each batch norm takes its statistics over, unless "
                              "its line in the net file says (group=): global, the whole "
@@ -47,6 +60,43 @@ def add_net_options(parser: argparse.ArgumentParser, image_size: bool = True) ->
                              "ranks, as MLPerf's bn group (a divisor of P). The same groups of "
                              "samples under every plan, so verify compares with one process "
                              "computing them (default: %(default)s)")
+
+
+def add_init_options(parser: argparse.ArgumentParser) -> None:
+    """--init FILE and --init-except NAMES: starting weights from a file."""
+    parser.add_argument("--init", default=None, metavar="FILE",
+                        help="starting weights from an ONNX model (its initializers) or a "
+                             "safetensors state dict, by PyTorch's names (layer2.0.conv1.weight"
+                             "; the shipped torchvision nets take torchvision's), into any net "
+                             "whose layers match: every tensor of the net must be in FILE with "
+                             "its shape, and every tensor of FILE have a place in the net "
+                             "(default: an ONNX --net's own, else drawn from --seed)")
+    parser.add_argument("--init-except", default=None, metavar="NAMES",
+                        help="comma-separated layers that keep weights drawn from --seed "
+                             "instead of FILE's (a new head: --init-except fc), by hpctrain's "
+                             "or PyTorch's name; FILE's tensors of those modules are left out")
+
+
+def with_init(args: argparse.Namespace, net):
+    """``net`` starting from ``--init`` (and ``--init-except``), checked against the file now
+    (rank 0, before anything runs); ``net`` itself without ``--init``."""
+    from dataclasses import replace
+
+    from hpctrain.interchange.weights import read_weights
+    from hpctrain.model.net import StartingWeights
+
+    if args.init is None:
+        if args.init_except is not None:
+            raise UserError(f"--init-except {shown(args.init_except)} names layers that keep "
+                            f"fresh weights instead of --init's; give --init FILE too")
+        return net
+    names = tuple(n.strip() for n in (args.init_except or "").split(",") if n.strip())
+    if args.init_except is not None and not names:
+        raise UserError(f"--init-except {shown(args.init_except)} names no layer; give "
+                        f"comma-separated layer names, e.g. --init-except fc")
+    net = replace(net, weights=StartingWeights(args.init, names))
+    read_weights(net.weights, net)  # every refusal now, before planning
+    return net
 
 
 def statistics_group(text: str) -> str | int:
@@ -64,11 +114,13 @@ def statistics_group(text: str) -> str | int:
 
 
 def load_net_for(args: argparse.Namespace, procs: int):
-    """The net that ``--net``, ``--image-size`` and ``--bn-group`` name, on ``procs`` ranks."""
-    from hpctrain.model.net import load_net
+    """The net that ``--net``, ``--image-size``, ``--loss`` and ``--bn-group`` name, on
+    ``procs`` ranks."""
+    from hpctrain.interchange.nets import load_network
 
-    net = load_net(args.net, getattr(args, "image_size", None))
-    return net.with_statistics(args.bn_group, procs)
+    net = load_network(args.net, getattr(args, "image_size", None),
+                       getattr(args, "loss", "auto"))
+    return net.with_statistics(getattr(args, "bn_group", "global"), procs)
 
 
 def add_threads_option(parser: argparse.ArgumentParser) -> None:
@@ -163,10 +215,11 @@ def check_space(args: argparse.Namespace, grids: Sequence[str | None], flag: str
                     f"{what}; drop --space or give {flag} auto")
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> None:
+def add_run_options(parser: argparse.ArgumentParser, statistics: bool = True) -> None:
     """What every command that runs a network under a plan takes: the net, the grid, the
-    device and how its arrays move, the seed and the threads per rank."""
-    add_net_options(parser)
+    device and how its arrays move, the seed and the threads per rank (and, unless told not
+    to, batch norm's statistics groups: see :func:`add_net_options`)."""
+    add_net_options(parser, statistics=statistics)
     parser.add_argument("--grid", default=None,
                         help="auto (the planner picks each layer's mode and grid), RxC (every "
                              "layer on R model x C batch ranks), conv=SPEC,fc=SPEC with SPEC = "

@@ -30,7 +30,8 @@ PROBE_STEPS = 4  # the first is a warm-up, as in compare-plans
 
 
 def parse_probe_nets(text: str) -> list[tuple[str, int | None]]:
-    """``NAME[:SIZE],…`` as (name, image size or None); ``none``: no probes."""
+    """``NAME[:SIZE],…`` as (name, image size or None); ``none``: no probes. A name is a shipped
+    net, a ``.net`` file or an ONNX model (``model.onnx:64``): a user's own net probes too."""
     if text.strip() == "none":
         return []
     found = []
@@ -61,7 +62,7 @@ def fit_to_probe_steps(profile: Path, machine: Machine, nets: list[tuple[str, in
                          precision=precision, collectives=collectives, log=None,
                          threads=threads, overlap=False, machine=str(profile),
                          mem_per_rank=None, space="grids", branches="auto", compute="measured",
-                         bn_group="global")
+                         bn_group="global", loss="auto")
         say(f"probe steps: {name}{f' {size}' if size else ''}, every plan compare-plans "
             f"compares, {PROBE_STEPS} steps each")
         outcomes, net, _ = compare(args, comm, quiet=True)

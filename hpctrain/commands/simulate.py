@@ -21,6 +21,7 @@ from pathlib import Path
 from hpctrain.cost.machine import Machine, load_machine
 from hpctrain.device.precision import resolve_precision
 from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
+from hpctrain.interchange.nets import load_network
 from hpctrain.io.locations import checkout_root
 from hpctrain.model.net import load_net
 from hpctrain.study import branches, ddp, levels, paper, volumes
@@ -144,7 +145,8 @@ def _positive_int(text: str, flag: str) -> int:
 
 def _settings(args: argparse.Namespace) -> paper.Settings:
     machine = load_machine(args.machine)
-    return paper.Settings(load_net(args.net), machine, _positive_int(args.images, "--images"),
+    return paper.Settings(load_network(args.net, loss=args.loss), machine,
+                          _positive_int(args.images, "--images"),
                           resolve_precision(args.precision, machine.device),
                           _positive_int(args.strong_batch, "--strong-batch"),
                           _positive_int(args.weak_batch_per_rank, "--weak-batch-per-rank"),
@@ -198,7 +200,7 @@ def _overlap_line(machine: Machine) -> str:
 
 # the options given on the line, told from their defaults (see _parse)
 _TOLD = ("net", "out", "images", "weak_batch_per_rank", "domain_batch", "overlap", "machine",
-         "strong_batch", "mem_per_rank", "bn_group", "space")
+         "strong_batch", "mem_per_rank", "bn_group", "space", "loss")
 _NOT_FOR_LEVELS = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
                    "overlap": "--overlap", "bn_group": "--bn-group"}
 _NOT_FOR_VOLUMES = {"images": "--images", "weak_batch_per_rank": "--weak-batch-per-rank",
@@ -216,6 +218,10 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, set[str]]:
     for dest in _TOLD:
         if dest not in given:
             setattr(args, dest, parser.get_default(dest))
+    several = args.levels or args.volumes or args.ddp or args.side_by_side
+    if "loss" in given and "net" not in given and several:
+        raise UserError(f"--loss {args.loss} is the loss of the net --net names, and this study "
+                        f"plans its own shipped nets; give --net too, or drop --loss")
     if args.out is None:
         args.out = (LEVELS_OUT if args.levels else VOLUMES_OUT if args.volumes
                     else DDP_OUT if args.ddp else SIDE_OUT if args.side_by_side
@@ -244,7 +250,8 @@ def _run_levels(args: argparse.Namespace, given: set[str], argv: list[str]) -> i
                "give --machine a profile with ranks_per_node and a [network] table")
         raise UserError(f"--levels needs a machine profile with levels "
                         f"({', '.join([*names, '…'])}); {machine.name} is flat: {fix}")
-    nets = [load_net(args.net)] if "net" in given else [load_net(n) for n in levels.LEVELS_NETS]
+    nets = ([load_network(args.net, loss=args.loss)] if "net" in given
+            else [load_net(n) for n in levels.LEVELS_NETS])
     least_batch = _positive_int(args.strong_batch, "--strong-batch")
     domain_batch = _positive_int(args.domain_batch, "--domain-batch")
     precision = resolve_precision(args.precision, machine.device)
@@ -263,7 +270,8 @@ def _run_volumes(args: argparse.Namespace, given: set[str], argv: list[str]) -> 
     _refuse_given(given, _NOT_FOR_VOLUMES, "{flag} belongs to the strong, weak and domain "
                   "studies; --volumes takes --net, --machine, --mem-per-rank, --strong-batch, "
                   "--space, --precision, --out and --plots")
-    net = load_net(args.net if "net" in given else volumes.VOLUMES_NET)
+    net = (load_network(args.net, loss=args.loss) if "net" in given
+           else load_net(volumes.VOLUMES_NET))
     if len(net.input_shape) != 4:
         raise UserError(f"--volumes needs a net on volumes (input size=DxHxW), such as "
                         f"{volumes.VOLUMES_NET}; {net.name} takes input of shape "
@@ -293,7 +301,8 @@ def _run_ddp(args: argparse.Namespace, given: set[str], argv: list[str]) -> int:
     _refuse_given(given, _NOT_FOR_DDP, "{flag} does not apply to --ddp, which prices both "
                   "batch-norm choices with sums in flight; it takes --net, --machine, "
                   "--strong-batch, --precision and --out")
-    nets = [load_net(args.net)] if "net" in given else [load_net(n) for n in ddp.DDP_NETS]
+    nets = ([load_network(args.net, loss=args.loss)] if "net" in given
+            else [load_net(n) for n in ddp.DDP_NETS])
     machines = ([load_machine(args.machine)] if "machine" in given
                 else [load_machine(name) for name in ddp.DDP_MACHINES])
     if args.plots is not None:
@@ -319,7 +328,7 @@ def _run_side_by_side(args: argparse.Namespace, given: set[str], argv: list[str]
     if args.plots is not None:
         raise UserError("--plots draws the other studies' figures; --side-by-side prints its "
                         "table")
-    nets = ([load_net(args.net)] if "net" in given
+    nets = ([load_network(args.net, loss=args.loss)] if "net" in given
             else [load_net(n) for n in branches.SIDE_NETS])
     machines = ([load_machine(args.machine)] if "machine" in given
                 else [load_machine(name) for name in branches.SIDE_MACHINES])

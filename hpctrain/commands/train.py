@@ -15,17 +15,20 @@ from typing import TYPE_CHECKING
 
 from hpctrain.comm.agree import agreed
 from hpctrain.commands.flags import (
+    add_init_options,
     add_overlap_option,
     add_planning_options,
     add_precision_option,
     add_run_options,
     check_space,
+    with_init,
 )
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
 from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.augment import AUGMENT_MODES, check_augment
 from hpctrain.errors import ArgumentParser, OutputError, UserError
-from hpctrain.model.net import NetSpec, load_net
+from hpctrain.interchange.nets import for_answers, load_network
+from hpctrain.model.net import NetSpec
 from hpctrain.record.timeline import parse_window
 from hpctrain.run.loss_scale import GROWTH_INTERVAL, INITIAL_SCALE
 
@@ -65,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "convert'); a dataset sets the image size unless --image-size is "
                                "given (default: %(default)s)")
     training.add_argument("--batch", type=int, default=32, help="global mini-batch (default: 32)")
+    add_init_options(training)
     training.add_argument("--augment", default="none", choices=AUGMENT_MODES,
                           help="random per-sample augmentation of training images: flip "
                                "(horizontal, probability 1/2), crop (a random HxW window of the "
@@ -192,7 +196,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     if args.checkpoint_every and not args.checkpoint_dir:
         raise UserError("--checkpoint-every needs --checkpoint-dir DIR")
     SGD.check(args.lr, args.momentum, args.weight_decay)
-    net, dataset = _dataset_net(args, load_net(args.net, args.image_size))
+    net, dataset = _dataset_net(args, load_network(args.net, args.image_size, args.loss))
     net = net.with_statistics(args.bn_group, procs)
     check_augment(args.augment, net.name, net.input_shape,
                   dataset.sample_shape if dataset else None, args.batch)
@@ -219,6 +223,14 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
                         f"(/val); --data {args.data} has none")
     schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
     resume, info = resume_from(args.resume, args.checkpoint_dir, args.seed, args.batch, net)
+    if resume is not None and args.init is not None:
+        if args.resume != "latest":
+            raise UserError(f"--init {args.init} gives starting weights, but the run resumes "
+                            f"from {resume}, whose weights it continues; drop --init or start "
+                            f"afresh")
+        # a requeued job's bare --resume: --init started the run, the checkpoint continues it
+        print(f"--init {args.init} is not read: the run resumes from {resume}", flush=True)
+    net = with_init(args, net) if resume is None else replace(net, weights=None)
     _check_writable(args, net, procs, resume)
     seed = info.seed if info else (0 if args.seed is None else args.seed)
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
@@ -278,7 +290,7 @@ def _inputs(args: argparse.Namespace, resume: Path | None) -> list[tuple[str, Pa
     from hpctrain.io.textfile import existing_file
 
     named = [("--data", args.data if args.data != "synthetic" else None), ("--net", args.net),
-             ("--grid", args.grid), ("--resume", resume),
+             ("--grid", args.grid), ("--resume", resume), ("--init", args.init),
              ("--machine", args.machine or local_profile())]
     if args.machine and "/" not in args.machine:
         named.append(("--machine", user_machines_dir() / f"{args.machine}.toml"))
@@ -299,6 +311,7 @@ def _dataset_net(args: argparse.Namespace, net: NetSpec) -> tuple[NetSpec, Datas
     size = dataset_image_size(info.sample_shape, net.input_shape)
     if args.image_size is None and size is not None:
         net = net.with_image_size(size)  # the dataset's images (or volumes) set the size
+    net = for_answers(net, bool(info.targets))  # an ONNX model's loss, where it says none
     check_fits(info, net.input_shape, net.classes, args.batch, regression=net.regression)
     return net, info
 

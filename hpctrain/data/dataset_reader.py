@@ -80,9 +80,9 @@ class H5Data:
 
     ``split="train"``: batch ``step`` is batch ``step % steps_per_epoch`` of epoch
     ``step // steps_per_epoch``, whose order is ``default_rng([seed, epoch]).permutation(N)``.
-    ``split="val"``: batch k holds samples k·B .. (k+1)·B - 1 in file order; positions past N
-    are padding, with zero images and label -1 (targets: a row of NaN). Worked example, N = 10,
-    B = 4::
+    ``split="val"`` (or any split ``in_order``, as ``predict`` reads it): batch k holds samples
+    k·B .. (k+1)·B - 1 in file order; positions past N are padding, with zero images and label
+    -1 (targets: a row of NaN). Worked example, N = 10, B = 4::
 
         train: steps_per_epoch = 2; steps 0, 1 are epoch 0; step 2 starts epoch 1
         val:   batches = 3; batch 2 holds samples 8, 9 and two padding positions
@@ -109,13 +109,14 @@ class H5Data:
 
     def __init__(self, backend: Backend, path: str | Path, batch: int, seed: int = 0,
                  split: str = "train", info: DatasetInfo | None = None,
-                 flatten: bool = False) -> None:
+                 flatten: bool = False, in_order: bool = False) -> None:
         if split not in SPLITS:
             raise DatasetError(f"unknown split {split!r}; choose train or val")
         if batch < 1:
             raise DatasetError(f"--batch {batch} must be at least 1")
         self.backend, self.path, self.batch, self.seed, self.split = (
             backend, Path(path), batch, check_seed(seed), split)
+        self.in_order = in_order or split == "val"  # batches in file order, the last padded
         self._file = open_dataset(self.path)
         try:
             # the file's size now, to see it cut short while it is read (:meth:`_cut_short`);
@@ -137,7 +138,7 @@ class H5Data:
             if split == "val" and self.size == 0:
                 raise DatasetError(f"dataset '{self.path}' has no held-out split (/val); "
                                    f"convert it with --val-fraction or --val-images")
-            if split == "train" and self.size < batch:
+            if not self.in_order and self.size < batch:
                 raise DatasetError(f"dataset '{self.path}' has {self.size} training samples, "
                                    f"fewer than --batch {batch}; lower --batch")
         except BaseException:
@@ -153,7 +154,7 @@ class H5Data:
     def indices(self, step: int, samples: tuple[int, int]) -> np.ndarray:
         """Dataset indices of positions lo..hi-1 of batch ``step``; -1 marks val padding."""
         lo, hi = samples
-        if self.split == "val":
+        if self.in_order:
             k = np.arange(step * self.batch + lo, step * self.batch + hi, dtype=np.int64)
             return np.where(k < self.size, k, -1)
         epoch, within = divmod(step, self.steps_per_epoch)

@@ -20,7 +20,8 @@ from hpctrain.cost.machine import Machine, MachineError, parse_machine
 from hpctrain.cost.memory import precision_of
 from hpctrain.device.precision import Precision, resolve_precision
 from hpctrain.errors import UserError, shown
-from hpctrain.model.net import NetSpec, load_net
+from hpctrain.interchange.nets import load_network
+from hpctrain.model.net import NetSpec
 from hpctrain.plan.plans import LayerPlan, parse_plan
 from hpctrain.record.summary import Summary, read_summary
 
@@ -140,7 +141,8 @@ def _net(source: str, attrs: dict, procs: int) -> NetSpec:
     batch-norm statistics groups it ran on its ``procs`` ranks."""
     config = json.loads(attrs["config"]) if "config" in attrs else {}
     try:
-        net = load_net(str(attrs["net"]), config.get("image_size"))
+        net = load_network(str(attrs["net"]), config.get("image_size"),
+                           config.get("loss", "auto"))
         net = net.with_statistics(config.get("bn_group", "global"), procs)
     except UserError as err:
         raise LogError(f"{source}: its net {attrs['net']!r} cannot be loaded here ({err})"

@@ -16,6 +16,8 @@ one process. Layout (plain HDF5; ``h5py.File(path)["params/conv1.weight"][...]``
                                                (and " in=A,B" where it reads other layers
                                                than the line before): what a resume
                                                compares, with the tensors' shapes
+        net_text the net as a flat .net text (:mod:`hpctrain.model.net_text`): what export and
+                 predict rebuild it from, with no net file (absent before this was kept)
         step     steps completed: training resumes at batch ``step``
         seed     the run's seed                dtype    the master dtype ("float32"/"float64")
         precision  the run's --precision (fp32, tf32, bf16, fp16, fp64): informational; the
@@ -29,22 +31,23 @@ counter-based generator keyed by the seed and indexed by the step and the global
 rebuilt with the same seed and resumed at batch ``step`` draws exactly the masks and data the
 uninterrupted run would have drawn; there is no generator state to save.
 
-Checkpoints of one run live in a directory as ``step-00000120.h5`` (:func:`checkpoint_path`).
+The file's format, and reading it in one process without MPI (``export``), is
+:mod:`hpctrain.run.checkpoint_file`; this module saves and loads a running network.
+
+Checkpoints of one run live in a directory as ``step-00000120.h5``
+(:func:`~hpctrain.run.checkpoint_file.checkpoint_path`).
 Files are written beside their final name under a temporary name starting with "." and renamed
 when complete (:func:`hpctrain.io.files.replace_atomically`), so a crash leaves the previous
 checkpoint or the new one, never half of one, and every ``step-*.h5`` file is complete. The
 temporaries a crash leaves (``.step-*.h5.*.tmp``) are removed at the next start and whenever
-checkpoints are pruned (:func:`remove_temporaries`). Only regular files count: a link named
-like a checkpoint is never read, replaced or deleted.
+checkpoints are pruned (:func:`~hpctrain.run.checkpoint_file.remove_temporaries`). Only
+regular files count: a link named like a checkpoint is never read, replaced or deleted.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,36 +57,33 @@ from mpi4py import MPI
 
 from hpctrain.comm.gather import gather_to_root
 from hpctrain.errors import OutputError, UserError
-from hpctrain.io.files import remove_orphans, replace_atomically
-from hpctrain.io.seeds import check_seed
+from hpctrain.io.files import replace_atomically
 from hpctrain.layers.base import Parameter
 from hpctrain.layout.layout import Box
 from hpctrain.model.net import NetSpec
+from hpctrain.model.net_text import net_text
 from hpctrain.plan.plans import plan_text
+from hpctrain.run.checkpoint_file import (  # noqa: F401 - the file's API, kept here too
+    FORMAT,
+    GROUPS,
+    VERSION,
+    CheckpointError,
+    CheckpointInfo,
+    checkpoint_path,
+    finite_block,
+    is_checkpoint,
+    latest_checkpoint,
+    open_checkpoint,
+    prune_checkpoints,
+    read_checkpoint_info,
+    remove_temporaries,
+    resolve_resume,
+    step_of,
+    tensor_shapes,
+    validated_header,
+)
 from hpctrain.run.network import Network
 from hpctrain.run.optimizer import SGD
-
-FORMAT = "hpctrain-checkpoint"
-VERSION = 1
-GROUPS = ("params", "momentum")
-_FILE_NAME = re.compile(r"^step-(\d+)\.h5$")
-
-
-class CheckpointError(UserError):
-    """A checkpoint that cannot be written, found or used; the message names the file."""
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What a checkpoint says about the run that wrote it (its tensors are not loaded)."""
-
-    path: Path
-    step: int  # steps completed: the next step to train
-    seed: int
-    plan: str  # the writer's plan, in plan-file format
-    state: dict[str, Any]
-    dtype: str
-
 
 # --- writing ---------------------------------------------------------------------------------
 
@@ -131,17 +131,9 @@ def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
                           f"directory is writable and has space (any older file is intact)")
 
 
-def is_checkpoint(path: Path) -> bool:
-    """Whether ``path`` is a checkpoint hpctrain wrote (its ``format`` attribute says so)."""
-    try:
-        with h5py.File(path, "r", locking=False) as h5:
-            return h5.attrs.get("format") == FORMAT
-    except (OSError, ValueError):
-        return False
-
-
 def _header(network: Network, step: int, state: dict[str, Any], seed: int) -> dict[str, Any]:
     return {"format": FORMAT, "version": VERSION, "net": network.net.name,
+            "net_text": net_text(network.net),
             "layers": network.net.architecture(), "step": int(step), "seed": int(seed),
             "plan": plan_text(network.net, network.plan) + "\n",
             "dtype": np.dtype(network.backend.precision.master).name,
@@ -207,52 +199,37 @@ def _write_tensor(h5: h5py.File, name: str, whole: np.ndarray, dtype: str) -> No
 # --- reading ---------------------------------------------------------------------------------
 
 
-def tensor_shapes(net: NetSpec) -> dict[str, tuple[int, ...]]:
-    """Name → whole shape of each parameter of ``net``: what a checkpoint of it holds."""
-    return net.param_shapes()
-
-
-def read_checkpoint_info(path: Path, net: NetSpec) -> CheckpointInfo:
-    """Check that ``path`` is a complete checkpoint of ``net``; its header, no tensors loaded.
-
-    Raises :class:`CheckpointError` naming the file for: no such file, not HDF5 or truncated,
-    not an hpctrain checkpoint or another version, another net, other layers, or a tensor
-    missing or of the wrong shape for ``net``.
-    """
-    path = Path(path)
-    with _open(path) as h5:
-        return _validate(h5, path, net)
-
-
-def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointInfo:
-    """Fill ``network``'s parameter shards and ``optimizer``'s velocity from ``path``. Collective.
+def load_checkpoint(path: Path, network: Network, optimizer: SGD | None) -> CheckpointInfo:
+    """Fill ``network``'s parameter shards and ``optimizer``'s velocity from ``path`` (the
+    weights and buffers alone for no optimizer, as ``predict`` takes them). Collective.
 
     Every rank opens the file read-only and reads only its own block (``param.box(rank)``) of
     each tensor, so any plan on any number of ranks can load any checkpoint of the same net.
     Values are converted to the network's dtype; a block holding NaN or Inf is refused, naming
     the tensor (training from it could only give a NaN loss, blamed on the rate). The ranks
-    agree before returning: if any rank
-    fails (say the file is not visible on its node) every rank raises the same
-    :class:`CheckpointError`, so none goes on to train alone. Build the network and data with
-    ``info.seed`` and resume at batch ``info.step``.
+    agree before returning: if any rank fails (say the file is not visible on its node) every
+    rank raises the same :class:`~hpctrain.run.checkpoint_file.CheckpointError`, so none goes
+    on to train alone. Build the network and data with ``info.seed`` and resume at batch
+    ``info.step``.
     """
     path = Path(path)
     xp, dtype = network.backend.xp, network.backend.precision.master
     rank = network.grids.world.Get_rank()
     failure, info = None, None
     try:
-        with _open(path) as h5:
-            info = _validate(h5, path, network.net)
+        with open_checkpoint(path) as h5:
+            info = validated_header(h5, path, network.net)
 
             def read(group: str, tensor: Parameter) -> Any:
                 """This rank's block of ``group/NAME``, in the network's dtype and device."""
                 where = tuple(slice(lo, hi) for lo, hi in tensor.box(rank))
-                block = _finite(h5, f"{group}/{tensor.name}", where, path)
+                block = finite_block(h5, f"{group}/{tensor.name}", where, path)
                 return xp.asarray(block.astype(dtype, copy=False))
 
             for k, param in enumerate(network.params):
                 param.set_weights(read("params", param))
-                optimizer.velocity[k] = read("momentum", param)
+                if optimizer is not None:
+                    optimizer.velocity[k] = read("momentum", param)
             for buffer in network.buffers:
                 buffer.value[...] = read("buffers", buffer)
     except CheckpointError as err:
@@ -263,157 +240,6 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD) -> CheckpointI
     if failures:
         raise CheckpointError(failures[0])
     return info
-
-
-def _finite(h5: h5py.File, name: str, where: tuple[slice, ...], path: Path) -> np.ndarray:
-    """Block ``where`` of tensor ``name``; a :class:`CheckpointError` naming it if it holds NaN
-    or Inf (one pass over the block)."""
-    block = h5[name][where]
-    if not np.isfinite(block).all():
-        value = "NaN" if np.isnan(block).any() else "Inf"
-        raise CheckpointError(f"checkpoint {path}: tensor /{name} holds {value}; resume from an "
-                              f"earlier checkpoint")
-    return block
-
-
-def _open(path: Path) -> h5py.File:
-    """``h5py.File(path, "r")``, its failures a :class:`CheckpointError` naming the file."""
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist; give an existing file, or a "
-                              f"directory of step-*.h5 files")
-    try:
-        return h5py.File(path, "r")
-    except OSError as err:
-        raise CheckpointError(f"checkpoint {path} is not a readable HDF5 file (truncated or "
-                              f"corrupt?): {err}; use another checkpoint") from None
-
-
-def _validate(h5: h5py.File, path: Path, net: NetSpec) -> CheckpointInfo:
-    """The header of an open checkpoint, after checking it fits ``net`` and holds its tensors
-    (:func:`tensor_shapes`, and the buffers)."""
-    attrs = h5.attrs
-    if attrs.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an hpctrain checkpoint (no format attribute "
-                              f"'{FORMAT}'); give a file written by hpctrain")
-    if attrs.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint {path} has version {attrs.get('version')}; this "
-                              f"hpctrain reads version {VERSION}")
-    try:
-        info = CheckpointInfo(path, int(attrs["step"]), int(attrs["seed"]), str(attrs["plan"]),
-                              json.loads(attrs["state"]), str(attrs["dtype"]))
-        written_for, layers = str(attrs["net"]), [str(name) for name in attrs["layers"]]
-    except (KeyError, ValueError, TypeError) as err:
-        raise CheckpointError(f"checkpoint {path} has a damaged header ({err!r}); use another "
-                              f"checkpoint") from None
-    try:
-        check_seed(info.seed, "seed")
-    except UserError as err:
-        raise CheckpointError(f"checkpoint {path} has a damaged header ({err}); use another "
-                              f"checkpoint") from None
-    ours = net.architecture()  # the network, not the name its file was given
-    if layers != ours:
-        k = next((k for k, (a, b) in enumerate(zip(layers, ours)) if a != b),
-                 min(len(layers), len(ours)))
-        there = layers[k] if k < len(layers) else "nothing"
-        here = ours[k] if k < len(ours) else "nothing"
-        which = (f"another version of net {net.name}" if written_for == net.name
-                 else f"net {written_for}, not {net.name}")
-        raise CheckpointError(f"checkpoint {path} was written for {which}: layer {k + 1} is "
-                              f"'{there}' there but '{here}' here; give a checkpoint of this "
-                              f"architecture")
-    expected = [(group, name, shape) for group in GROUPS
-                for name, shape in tensor_shapes(net).items()]
-    expected += [("buffers", name, shape) for name, shape in net.buffer_shapes().items()]
-    for group, name, shape in expected:
-        if not isinstance(h5.get(f"{group}/{name}"), h5py.Dataset):
-            raise CheckpointError(f"checkpoint {path} lacks /{group}/{name}; it is "
-                                  f"incomplete, use another checkpoint")
-        found = h5[f"{group}/{name}"].shape
-        if found != tuple(shape):
-            raise CheckpointError(f"checkpoint {path} holds /{group}/{name} of shape "
-                                  f"{found} but net {net.name} needs {tuple(shape)}; was it "
-                                  f"written with another --image-size or net file?")
-    return info
-
-
-# --- a directory of checkpoints --------------------------------------------------------------
-
-
-def checkpoint_path(directory: Path, step: int) -> Path:
-    """``directory/step-00000120.h5`` for ``step`` 120: names sort by step."""
-    if step < 0:
-        raise ValueError(f"step {step} must be non-negative")
-    return Path(directory) / f"step-{step:08d}.h5"
-
-
-def step_of(path: Path) -> int:
-    """The step in a checkpoint's file name: ``step-00000120.h5`` -> 120."""
-    match = _FILE_NAME.match(Path(path).name)
-    if not match:
-        raise CheckpointError(f"{path} is not named like a checkpoint (step-NNNNNNNN.h5)")
-    return int(match.group(1))
-
-
-def _checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the complete checkpoints in ``directory``, oldest first.
-
-    Temporary files of a write in progress (or of a crashed one) start with "." and never
-    match; every file that does match was renamed into place complete. Links are not followed
-    and never count.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            match = _FILE_NAME.match(entry.name)
-            if match and entry.is_file(follow_symlinks=False):
-                found.append((int(match.group(1)), Path(entry.path)))
-    return sorted(found)
-
-
-def remove_temporaries(directory: Path) -> list[Path]:
-    """Remove the temporary files a crashed checkpoint write left in ``directory``
-    (``.step-NNNNNNNN.h5.XXXXXXXX.tmp``, regular files only); the paths removed. Call it on
-    one rank, when no other job writes checkpoints there."""
-    return remove_orphans(Path(directory), r"step-\d+\.h5")
-
-
-def latest_checkpoint(directory: Path) -> Path | None:
-    """The complete checkpoint of the highest step in ``directory``; None when there is none."""
-    found = _checkpoints(directory)
-    return found[-1][1] if found else None
-
-
-def prune_checkpoints(directory: Path, keep: int) -> list[Path]:
-    """Delete all but the ``keep`` newest checkpoints in ``directory``; the deleted paths.
-
-    Call it on one rank (rank 0, after a save). The temporaries of crashed writes go too
-    (:func:`remove_temporaries`); other files and links stay.
-    """
-    if keep < 1:
-        raise CheckpointError(f"cannot keep {keep} checkpoints; keep at least 1")
-    old = [path for _, path in _checkpoints(directory)[:-keep]]
-    for path in old:
-        path.unlink(missing_ok=True)
-    remove_temporaries(directory)
-    return old
-
-
-def resolve_resume(path_or_dir: Path) -> Path:
-    """The checkpoint to resume from: a file as given, or a directory's latest checkpoint."""
-    path = Path(path_or_dir)
-    if path.is_dir():
-        latest = latest_checkpoint(path)
-        if latest is None:
-            raise CheckpointError(f"no checkpoint in {path}: it holds no step-*.h5 file; give "
-                                  f"another directory or a checkpoint file")
-        return latest
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist; give a checkpoint file or a "
-                              f"directory of step-*.h5 files")
-    return path
 
 
 def resume_from(resume: str | None, checkpoint_dir: str | None, seed: int | None, batch: int,

@@ -6,8 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hpctrain.comm.agree import agreed
+from hpctrain.comm.agree import agreed, on_root
 from hpctrain.comm.collectives import allreduce_sum
+from hpctrain.comm.gather import block_from_root
 from hpctrain.comm.gradients import GradientReducer
 from hpctrain.comm.grid import GridSet
 from hpctrain.comm.redistribute import Redistribute
@@ -16,12 +17,13 @@ from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
+from hpctrain.interchange.weights import fresh_layers, read_weights
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.kernels.products import widen
 from hpctrain.layers.base import Absent, BuildContext, Layer, Parameter
 from hpctrain.layout.layout import Layout, grid_coords
 from hpctrain.model.kinds import KINDS
-from hpctrain.model.net import NetSpec
+from hpctrain.model.net import NetSpec, StartingWeights
 from hpctrain.plan.placement import input_layout, move_pairs, plan_layouts, schedule
 from hpctrain.plan.plans import LayerPlan, PlanError
 from hpctrain.record.timing import IN_FLIGHT, LOSS, StepTimer, StepTimes
@@ -153,6 +155,30 @@ class Network:
         # in each batch group the rank with i = 0 owns its samples' loss (see the class doc)
         self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
         self.gradient_sums = GradientReducer(backend, bucket_bytes, in_flight=overlap)
+        if net.weights is not None:
+            self.load_weights(net.weights)
+
+    def load_weights(self, source: StartingWeights) -> None:
+        """Every parameter and buffer (but those of ``source.fresh`` layers, which keep the
+        seed's) from the file ``source`` names: rank 0 reads and matches it
+        (:func:`~hpctrain.interchange.weights.read_weights`, refusals on every rank), then
+        each tensor is broadcast whole and every rank keeps its own block of it, under any plan
+        and P. Collective; rank 0 holds the file's tensors, every other rank one at a time."""
+        world = self.grids.world
+        found = on_root(world, lambda: read_weights(source, self.net))
+        fresh = fresh_layers(self.net, source.fresh)[0]
+        master = self.backend.precision.master
+        for tensors, trained in ((self.params, True), (self.buffers, False)):
+            for tensor in tensors:
+                if tensor.name.rpartition(".")[0] in fresh:
+                    continue
+                block = self.backend.xp.asarray(block_from_root(
+                    world, None if found is None else found[tensor.name], tensor.shape,
+                    tensor.box(self.rank), master))
+                if trained:
+                    tensor.set_weights(block)
+                else:
+                    tensor.value[...] = block
 
     def _move(self, src: Layout, dst: Layout) -> Redistribute | None:
         """The redistribution from ``src`` to ``dst``, or None where this rank holds a block of

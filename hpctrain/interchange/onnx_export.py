@@ -1,0 +1,198 @@
+"""ONNX models out: a net and its trained tensors as an inference graph (opset 17 or 18) that
+onnxruntime runs and :mod:`~hpctrain.interchange.onnx_import` reads back.
+
+One converter per layer kind (:data:`WRITERS`), the inverse of the importer's: each layer
+becomes the ONNX node of the same name (``Conv``, ``BatchNormalization`` with its running
+statistics, ``MaxPool`` with ``ceil_mode``, ``AveragePool`` with ``count_include_pad``, ``Gemm``,
+…; ``Dropout`` stays as the node that inference skips, so that a model read back trains with it).
+Initializers carry PyTorch's names (:mod:`~hpctrain.interchange.torch_names`), so a net read
+back keeps its layers' names, and batch norm stays a node of its own (never folded into the
+convolution before it, which would lose it). The batch axis is dynamic; the other sizes are the
+net's. The metadata say the loss, so that ``--net model.onnx`` trains it as it was trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from hpctrain.errors import UserError
+from hpctrain.interchange.onnx_import import LOSS_KEY, MSE, require_onnx
+from hpctrain.interchange.torch_names import torch_names
+from hpctrain.interchange.weights import EXPORT_MARK
+from hpctrain.model.kinds.base import INPUT, LayerSpec
+from hpctrain.model.net import NetSpec
+
+OPSETS = (17, 18)  #: the opsets written
+PROTOBUF_LIMIT = 2**31 - 2**24  # bytes of weights an ONNX file holds, with room for the graph
+OUTPUT = "output"  #: the graph output's name
+
+
+class _Writer:
+    """The graph being written: nodes, initializers, and each layer's output tensor."""
+
+    def __init__(self, onnx: Any, net: NetSpec, tensors: dict[str, np.ndarray]) -> None:
+        self.onnx, self.net, self.tensors = onnx, net, tensors
+        self.names = torch_names(net)
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+
+    def output_of(self, layer: str) -> str:
+        return OUTPUT if layer == self.net.layers[-1].name else layer
+
+    def inputs_of(self, spec: LayerSpec) -> list[str]:
+        return [INPUT if name == INPUT else self.output_of(name) for name in spec.inputs]
+
+    def weight(self, spec: LayerSpec, suffix: str) -> str:
+        """The initializer of tensor ``LAYER.suffix``, by PyTorch's name."""
+        ours = f"{spec.name}.{suffix}"
+        name = self.names[ours]
+        value = np.asarray(self.tensors[ours], dtype=np.float32)
+        self.initializers.append(self.onnx.numpy_helper.from_array(value, name))
+        return name
+
+    def constant(self, spec: LayerSpec, value: float) -> str:
+        name = f"{spec.name}::constant"
+        self.nodes.append(self.onnx.helper.make_node(
+            "Constant", [], [name], name=name,
+            value=self.onnx.numpy_helper.from_array(np.array(value, dtype=np.float32))))
+        return name
+
+    def node(self, spec: LayerSpec, op: str, inputs: list[str], **attributes: Any) -> None:
+        self.nodes.append(self.onnx.helper.make_node(op, inputs, [self.output_of(spec.name)],
+                                                     name=spec.name, **attributes))
+
+
+def _pads(pad: tuple[tuple[int, int], ...]) -> list[int]:
+    """ONNX's pads: every axis's padding before, then every axis's after."""
+    return [b for b, _ in pad] + [a for _, a in pad]
+
+
+def _conv(w: _Writer, spec: LayerSpec) -> None:
+    o = spec.options
+    inputs = [*w.inputs_of(spec), w.weight(spec, "weight")]
+    if o.bias:
+        inputs.append(w.weight(spec, "bias"))
+    w.node(spec, "Conv", inputs, kernel_shape=list(o.kernel), strides=list(o.stride),
+           pads=_pads(o.pad))
+
+
+def _batchnorm(w: _Writer, spec: LayerSpec) -> None:
+    o = spec.options
+    inputs = [*w.inputs_of(spec), *(w.weight(spec, s) for s in ("gamma", "beta", "running_mean",
+                                                                  "running_var"))]
+    # ONNX's momentum weighs the running value: PyTorch's 1 − momentum
+    w.node(spec, "BatchNormalization", inputs, epsilon=o.eps,
+           momentum=float(Decimal(1) - Decimal(repr(o.momentum))))
+
+
+def _maxpool(w: _Writer, spec: LayerSpec) -> None:
+    o = spec.options
+    pad = tuple((b, a - e) for (b, a), e in zip(o.pad, o.ceil_pad or (0,) * len(o.pad),
+                                                strict=True))
+    w.node(spec, "MaxPool", w.inputs_of(spec), kernel_shape=list(o.kernel),
+           strides=list(o.stride), pads=_pads(pad), ceil_mode=int(o.ceil))
+
+
+def _avgpool(w: _Writer, spec: LayerSpec) -> None:
+    o = spec.options
+    if o.kernel is None:
+        w.node(spec, "GlobalAveragePool", w.inputs_of(spec))
+        return
+    w.node(spec, "AveragePool", w.inputs_of(spec), kernel_shape=list(o.kernel),
+           strides=list(o.stride), pads=_pads(o.pad), count_include_pad=int(o.count_pad))
+
+
+def _linear(w: _Writer, spec: LayerSpec) -> None:
+    inputs = [*w.inputs_of(spec), w.weight(spec, "weight")]
+    if spec.options.bias:
+        inputs.append(w.weight(spec, "bias"))
+    w.node(spec, "Gemm", inputs, transB=1)
+
+
+def _add(w: _Writer, spec: LayerSpec) -> None:
+    inputs = w.inputs_of(spec)
+    w.node(spec, "Add" if len(inputs) == 2 else "Sum", inputs)
+
+
+def _dropout(w: _Writer, spec: LayerSpec) -> None:
+    w.node(spec, "Dropout", [*w.inputs_of(spec), w.constant(spec, spec.options.p)])
+
+
+def _simple(op: str, **attributes: Callable[[Any], Any]) -> Callable[[_Writer, LayerSpec], None]:
+    def write(w: _Writer, spec: LayerSpec) -> None:
+        w.node(spec, op, w.inputs_of(spec),
+               **{key: read(spec.options) for key, read in attributes.items()})
+
+    return write
+
+
+def _scale(w: _Writer, spec: LayerSpec) -> None:
+    w.node(spec, "Mul", [*w.inputs_of(spec), w.constant(spec, spec.options.factor)])
+
+
+WRITERS: dict[str, Callable[[_Writer, LayerSpec], None]] = {
+    "conv": _conv,
+    "batchnorm": _batchnorm,
+    "relu": _simple("Relu"),
+    "leakyrelu": _simple("LeakyRelu", alpha=lambda o: o.slope),
+    "tanh": _simple("Tanh"),
+    "scale": _scale,
+    "maxpool": _maxpool,
+    "avgpool": _avgpool,
+    "flatten": _simple("Flatten", axis=lambda o: 1),
+    "linear": _linear,
+    "add": _add,
+    "concat": _simple("Concat", axis=lambda o: 1),
+    "dropout": _dropout,
+}
+"""One writer per layer kind, the ONNX node (or nodes) the layer is."""
+
+
+def model_proto(net: NetSpec, tensors: dict[str, np.ndarray], opset: int = 17,
+                doc: str = "") -> Any:
+    """``net`` with ``tensors`` (every parameter and buffer, by hpctrain's names) as a checked
+    ONNX ``ModelProto`` of ``opset``, its batch axis dynamic."""
+    onnx = require_onnx("writing an ONNX model")
+    size = sum(np.asarray(t).size * 4 for t in tensors.values())
+    if size >= PROTOBUF_LIMIT:
+        raise UserError(f"net {net.name} holds {size / 2**30:.2f} GiB of weights; an ONNX file "
+                        f"holds at most 2 GiB (protobuf's limit): export it to .safetensors")
+    if opset not in OPSETS:
+        raise ValueError(f"opset {opset}: hpctrain writes opsets {', '.join(map(str, OPSETS))}")
+    missing = sorted({layer.kind for layer in net.layers} - set(WRITERS))
+    if missing:
+        raise ValueError(f"no ONNX writer for kinds {', '.join(missing)}")
+    writer = _Writer(onnx, net, tensors)
+    for spec in net.layers:
+        WRITERS[spec.kind](writer, spec)
+    helper = onnx.helper
+    graph = helper.make_graph(
+        writer.nodes, net.name.rsplit("/", 1)[-1] or "net",
+        [helper.make_tensor_value_info(INPUT, onnx.TensorProto.FLOAT,
+                                       ["batch", *net.input_shape])],
+        [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT, ["batch", net.classes])],
+        writer.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="hpctrain", doc_string=doc)
+    model.ir_version = min(model.ir_version, 8 if opset == 17 else 9)  # what runtimes read
+    helper.set_model_props(model, {
+        LOSS_KEY: MSE if net.regression else "cross-entropy", "writer": EXPORT_MARK,
+        "hpctrain.net": net.name})
+    onnx.checker.check_model(model)
+    return model
+
+
+def is_our_model(path: Any) -> bool:
+    """Whether ``path`` is an ONNX model hpctrain wrote (its metadata say so); the model is
+    read without its weights' external data."""
+    try:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - anything unreadable is not ours
+        return False
+    return any(p.key == "writer" and p.value == EXPORT_MARK for p in model.metadata_props)

@@ -1,0 +1,831 @@
+"""ONNX models in: the graph mapped onto the layer kinds, its initializers the starting weights.
+
+A model as ``torch.onnx.export`` writes it (opset 13 to 21; inference or training-preserving
+mode, constant folding on or off, a dynamic batch axis or not) becomes a
+:class:`~hpctrain.model.net.NetSpec` whose layers are hpctrain's kinds, named as PyTorch named
+the modules (``layer2.0.conv1``), and a dict of whole tensors under hpctrain's names
+(``layer2.0.conv1.weight``, ``layer2.0.bn1.gamma``, ``layer2.0.bn1.running_mean``).
+
+One converter per operator type (:data:`CONVERTERS`), attribute defaults from the operator's
+schema at the model's opset. Nodes that only compute constants (``Constant``, the
+``Shape`` → ``Gather`` → ``Unsqueeze`` → ``Concat`` chain ``x.view(x.size(0), -1)`` exports, the
+copies of shared initializers a deduplicating export adds) are evaluated here and make no
+layer. Everything is checked before anything runs: the file (``onnx.checker``), every node's
+operator and attributes, and every shape hpctrain infers against the graph's own. A graph with
+nodes that map onto no kind is refused in one line that names each of them, by operator type
+and node name; none is ever skipped.
+
+Mapped, with what each becomes:
+
+- ``Conv`` (2-D, 3-D; ``group=1``, no dilation; explicit padding, ``SAME_*`` at stride 1,
+  ``VALID``): ``conv``;
+- ``BatchNormalization`` (inference or training mode; ONNX's momentum m is PyTorch's 1 − m):
+  ``batchnorm``;
+- ``Relu``, ``LeakyRelu``, ``Tanh``, ``Mul`` by a scalar: ``relu``, ``leakyrelu``, ``tanh``,
+  ``scale``;
+- ``MaxPool`` (pads, ``ceil_mode``): ``maxpool``; ``AveragePool`` (``count_include_pad``
+  either way): ``avgpool``; ``GlobalAveragePool``: ``avgpool kernel=global``;
+- ``Flatten`` (``axis=1``), ``Reshape`` to (N, −1): ``flatten``;
+- ``Gemm`` (``transB`` either way, with a bias or none), ``MatMul`` (the ``Add`` of a
+  constant after it its bias): ``linear``;
+- ``Add``, ``Sum`` of tensors of one shape: ``add``; ``Concat`` along channels: ``concat``;
+- ``Dropout``: ``dropout``; ``Identity``: nothing (the same tensor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpctrain.errors import UserError, one_line, shown
+from hpctrain.layout.partition import Window
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.kinds.base import INPUT, LayerSpec, Shape
+from hpctrain.model.kinds.maxpool import ceil_windows
+from hpctrain.model.net import MAX_NAME, NetError, NetSpec, StartingWeights, check_layer_name
+
+OPSETS = range(13, 22)  #: the default domain's opsets read (13 to 21)
+ONNX_EXTRA = "pip install 'hpctrain[onnx]'"
+LOSS_KEY = "hpctrain.loss"  #: metadata an exported model keeps its loss under
+MSE = "mean squared error"  #: the value of :data:`LOSS_KEY` for a regression
+# a graph's batch size inside a shape it computes (Shape of an activation): unknown until run
+BATCH = np.iinfo(np.int64).min
+
+
+def require_onnx(what: str) -> Any:
+    """The ``onnx`` module, or a :class:`~hpctrain.errors.UserError` naming the extra to
+    install for ``what`` (``--net model.onnx``)."""
+    try:
+        import onnx
+    except ImportError:
+        raise UserError(f"{what} needs the onnx package, which is not installed; install it "
+                        f"with {ONNX_EXTRA}") from None
+    return onnx
+
+
+@dataclass
+class Imported:
+    """An ONNX model as a net and its weights by hpctrain's tensor names."""
+
+    net: NetSpec
+    weights: dict[str, np.ndarray]
+
+
+class _Unsupported(Exception):
+    """A node no kind expresses; the message says why, briefly."""
+
+
+def load_model(path: str | Path) -> Any:
+    """The ``ModelProto`` in ``path``, checked by ``onnx.checker``; a
+    :class:`~hpctrain.model.net.NetError` in one line for a file that is none."""
+    onnx = require_onnx(f"reading {shown(str(path), quoted=False)}")
+    path = Path(path)
+    if not path.is_file():
+        raise NetError(f"{shown(str(path), quoted=False)}: no such file; give the path of an "
+                       f"ONNX model")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(weightless(model))
+    except Exception as err:  # noqa: BLE001 - protobuf's and the checker's many errors alike
+        raise NetError(f"{shown(str(path), quoted=False)}: not a valid ONNX model "
+                       f"({one_line(str(err) or type(err).__name__, 160)}); export it again "
+                       f"with torch.onnx.export") from None
+    return model
+
+
+def weightless(model: Any) -> Any:
+    """``model`` with its initializers made graph inputs of their types and shapes: what the
+    checker and shape inference read, without copying the weights (VGG-16's 528 MB took
+    them 14 s)."""
+    import onnx
+
+    g = model.graph
+    known = {i.name for i in g.input}
+    weights = [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+               for t in g.initializer if t.name not in known]
+    graph = onnx.helper.make_graph(list(g.node), g.name or "graph", [*g.input, *weights],
+                                   list(g.output), value_info=list(g.value_info))
+    light = onnx.helper.make_model(graph, opset_imports=list(model.opset_import),
+                                   ir_version=model.ir_version)
+    light.metadata_props.extend(model.metadata_props)
+    return light
+
+
+def import_onnx(path: str | Path, image_size: int | None = None,
+                regression: bool | None = None, fallback_size: int | None = None) -> Imported:
+    """The net and weights of the ONNX model at ``path``.
+
+    ``image_size``: the input's height and width (every spatial axis of a volume), for a
+    graph whose spatial sizes are dynamic or to run it at another size; ``fallback_size``: the
+    size to take only where the graph gives none. ``regression``: the loss is the mean squared
+    error (True) or cross-entropy (False); None takes the model's :data:`LOSS_KEY` metadata,
+    else cross-entropy.
+    """
+    model = load_model(path)
+    graph = _Graph(model, str(path), image_size, fallback_size)
+    graph.convert()
+    said = _metadata(model).get(LOSS_KEY)
+    given = regression is not None or said is not None
+    if regression is None:
+        regression = said == MSE
+    return Imported(dataclasses.replace(graph.net(regression), loss_given=given), graph.weights)
+
+
+def _metadata(model: Any) -> dict[str, str]:
+    return {entry.key: entry.value for entry in model.metadata_props}
+
+
+def decimal(value: float) -> float:
+    """The shortest decimal that a float32 attribute rounds from (ONNX keeps floats in 32
+    bits): 0.30000001192092896 is 0.3, as the model's author wrote it.
+
+    >>> decimal(np.float32(0.3)), decimal(np.float32(1e-5))
+    (0.3, 1e-05)
+    """
+    return float(str(np.float32(value)))
+
+
+# --- names -------------------------------------------------------------------------------
+
+# what a weightless node is called after the module path it ran in, where the path's last
+# module is not itself that operation (``layer1.0.add``, but ``relu`` for ``/relu/Relu``)
+SHORT = {"Relu": "relu", "LeakyRelu": "leakyrelu", "Tanh": "tanh", "MaxPool": "maxpool",
+         "AveragePool": "avgpool", "GlobalAveragePool": "avgpool", "Flatten": "flatten",
+         "Reshape": "flatten", "Add": "add", "Sum": "add", "Concat": "concat",
+         "Dropout": "dropout", "Mul": "scale", "BatchNormalization": "bn", "Conv": "conv",
+         "Gemm": "fc", "MatMul": "fc"}
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_NUMBERED = re.compile(r"_\d+$")
+
+
+def module_path(node_name: str, op_type: str) -> str:
+    """The PyTorch module path a node ran in, from the scope in its name:
+    ``/layer1/layer1.0/relu_1/Relu`` → ``layer1.0.relu_1``; empty for a node at the top
+    (``/Flatten``) or named as ONNX numbers nodes (``Conv_12``). A name without scopes is the
+    path itself (a graph built by hand names its nodes as it likes).
+
+    >>> module_path("/layer2/layer2.0/downsample/downsample.0/Conv", "Conv")
+    'layer2.0.downsample.0'
+    >>> module_path("/Flatten", "Flatten"), module_path("Relu_3", "Relu")
+    ('', '')
+    """
+    if "/" not in node_name:
+        return "" if re.fullmatch(rf"{op_type}(_\d+)?", node_name) else node_name
+    path: list[str] = []
+    for part in node_name.split("/")[1:-1]:  # the last part is the operation itself
+        if path and part.startswith(path[-1] + "."):  # a child of a Sequential: its full name
+            path[-1] = part
+        else:
+            path.append(part)
+    return ".".join(path)
+
+
+def safe_name(text: str) -> str:
+    """``text`` as a layer name: characters outside letters, digits, '_', '-' and '.' made '_',
+    empty parts dropped, cut to ``MAX_NAME`` (255) characters."""
+    parts = [p for p in _UNSAFE.sub("_", text).split(".") if p]
+    name = ".".join(parts)
+    if name.startswith("-"):
+        name = "_" + name
+    return name[:MAX_NAME].rstrip(".")
+
+
+# --- the graph ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Graph:
+    """The conversion of one model's graph, node by node in the graph's (topological) order."""
+
+    model: Any
+    file: str
+    image_size: int | None
+    fallback_size: int | None = None
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    shapes: dict[str, Shape] = field(default_factory=dict)  # tensor → per-sample shape
+    producer: dict[str, str] = field(default_factory=dict)  # tensor → layer name, or INPUT
+    layers: list[LayerSpec] = field(default_factory=list)
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)
+    refused: list[str] = field(default_factory=list)  # "OpType 'node' (why)"
+    unknown: set[str] = field(default_factory=set)  # outputs of refused nodes
+    absorbed: set[int] = field(default_factory=set)  # nodes folded into an earlier layer
+    ceil_layers: set[str] = field(default_factory=set)  # pools of ceil_mode 1
+
+    def __post_init__(self) -> None:
+        import onnx
+
+        self.onnx = onnx
+        self.opset = next((o.version for o in self.model.opset_import if o.domain in ("",
+                                                                                "ai.onnx")), 0)
+        if self.opset not in OPSETS:
+            raise NetError(f"{self.file}: opset {self.opset}; hpctrain reads opsets "
+                           f"{OPSETS.start} to {OPSETS.stop - 1}: export it again with "
+                           f"torch.onnx.export(…, opset_version=17)")
+        g = self.model.graph
+        for tensor in g.initializer:
+            self.constants[tensor.name] = onnx.numpy_helper.to_array(tensor)
+        self.consumers: dict[str, list[Any]] = {}
+        for node in g.node:
+            for name in node.input:
+                if name:
+                    self.consumers.setdefault(name, []).append(node)
+        self.graph_outputs = {o.name for o in g.output}
+        inputs = [i for i in g.input if i.name not in self.constants]
+        if len(inputs) != 1:
+            raise NetError(f"{self.file}: the graph has {len(inputs)} inputs "
+                           f"({', '.join(i.name for i in inputs) or 'none'}); hpctrain trains "
+                           f"nets of one input, the batch of images, volumes or features")
+        self.input_name = inputs[0].name
+        self.input_shape = self._input_shape(inputs[0])
+        self.shapes[self.input_name] = self.input_shape
+        self.producer[self.input_name] = INPUT
+        if len(g.output) != 1:
+            raise NetError(f"{self.file}: the graph has {len(g.output)} outputs; hpctrain "
+                           f"trains nets of one output, the logits or targets (drop auxiliary "
+                           f"heads before exporting)")
+
+    def _input_shape(self, value: Any) -> Shape:
+        """The per-sample shape of the graph's input: its static sizes after the batch, the
+        spatial ones ``image_size`` where given."""
+        dims = value.type.tensor_type.shape.dim
+        sizes = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        self.batch = sizes[0] if sizes and sizes[0] else None  # a graph of a fixed batch
+        name = shown(value.name)
+        if len(sizes) not in (2, 4, 5):
+            raise NetError(f"{self.file}: input {name} has {len(sizes)} axes; hpctrain reads "
+                           f"(N, F), (N, C, H, W) or (N, C, D, H, W)")
+        per_sample = sizes[1:]
+        if self.image_size is None and None in per_sample[1:] and self.fallback_size:
+            self.image_size = self.fallback_size
+        if self.image_size is not None:
+            if len(per_sample) == 1:
+                raise NetError(f"{self.file}: input {name} is flat (N, F); --image-size "
+                               f"{self.image_size} does not apply")
+            per_sample = [per_sample[0]] + [self.image_size] * (len(per_sample) - 1)
+        if None in per_sample or min(per_sample) < 1:
+            axes = ["F"] if len(per_sample) == 1 else ["C", "D", "H", "W"][-len(per_sample):]
+            dynamic = [a for a, s in zip(axes, per_sample, strict=True) if not s]
+            raise NetError(f"{self.file}: input {name} has no fixed size along "
+                           f"{', '.join(dynamic)}; give --image-size (or export with a fixed "
+                           f"size)")
+        return tuple(per_sample)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def attribute(self, node: Any, name: str) -> Any:
+        """Attribute ``name`` of ``node``, or its default in the operator's schema at the
+        model's opset (None where the schema has none)."""
+        for a in node.attribute:
+            if a.name == name:
+                value = self.onnx.helper.get_attribute_value(a)
+                return value.decode() if isinstance(value, bytes) else value
+        schema = self.onnx.defs.get_schema(node.op_type, self.opset, node.domain)
+        if name not in schema.attributes:  # an attribute of a later opset
+            return None
+        default = schema.attributes[name].default_value
+        if default.type == self.onnx.AttributeProto.UNDEFINED:
+            return None
+        value = self.onnx.helper.get_attribute_value(default)
+        return value.decode() if isinstance(value, bytes) else value
+
+    def constant(self, node: Any, index: int, what: str) -> np.ndarray:
+        """Input ``index`` of ``node``, which must be a constant (a weight, a shape)."""
+        name = node.input[index] if index < len(node.input) else ""
+        if name not in self.constants:
+            raise _Unsupported(f"its {what} is computed, not a constant")
+        return self.constants[name]
+
+    def optional_constant(self, node: Any, index: int, what: str) -> np.ndarray | None:
+        if index >= len(node.input) or not node.input[index]:
+            return None
+        return self.constant(node, index, what)
+
+    def activation(self, node: Any, index: int = 0) -> str:
+        name = node.input[index]
+        if name not in self.shapes:
+            raise _Unsupported("its input is a constant, not the data")
+        return name
+
+    def only_output(self, node: Any) -> None:
+        """Refuse a node whose outputs after the first are read (BatchNormalization's running
+        statistics in training mode, MaxPool's indices, Dropout's mask)."""
+        for extra in node.output[1:]:
+            if extra and (self.consumers.get(extra) or extra in self.graph_outputs):
+                raise _Unsupported(f"its output {shown(extra)} is read")
+
+    def name_for(self, node: Any, weight: str | None = None) -> str:
+        """A new layer name: the PyTorch module of a weight (``layer1.0.conv1.weight`` →
+        ``layer1.0.conv1``), else the module path in the node's name, else the operation."""
+        short = SHORT.get(node.op_type, node.op_type.lower())
+        path = module_path(node.name, node.op_type)
+        if weight and weight.endswith(".weight") and not weight.startswith("onnx::"):
+            base = weight[:-len(".weight")]
+        elif weight is not None:  # an anonymous weight: the module the node ran in
+            base = path or short
+        elif path and _NUMBERED.sub("", path.split(".")[-1]).lower() != short:
+            base = f"{path}.{short}"  # a function called inside a module: layer1.0.add
+        else:
+            base = path or short
+        base = safe_name(base) or short
+        name, k = base, 0
+        while name in self.names or name == INPUT:
+            k += 1
+            suffix = f"_{k}"
+            name = base[:MAX_NAME - len(suffix)].rstrip(".") + suffix
+        check_layer_name(name, self.file)
+        self.names.add(name)
+        return name
+
+    def add_layer(self, node: Any, kind: str, texts: dict[str, Any], inputs: list[str],
+                  weights: dict[str, np.ndarray] | None = None, weight_name: str | None = None,
+                  output: str | None = None) -> str:
+        """Append a layer of ``kind`` with options ``texts`` (read by the kind, as a net file's
+        line) reading tensors ``inputs``; it gives ``node``'s first output (or ``output``).
+        Returns its name."""
+        where = f"{self.file}, node {shown(node.name or node.op_type)} ({node.op_type})"
+        kind_of = KINDS[kind]
+        options = kind_of.parse({k: str(v) for k, v in texts.items()}, where)
+        name = self.name_for(node, weight_name if weights else None)
+        spec = LayerSpec(name, kind, options, tuple(self.producer[t] for t in inputs), where)
+        shapes = tuple(self.shapes[t] for t in inputs)
+        spec = kind_of.resolve(spec, shapes, where)
+        out = kind_of.out_shape(spec, shapes, where)
+        expected = {**kind_of.param_shapes(spec, shapes), **kind_of.buffer_shapes(spec, shapes)}
+        for suffix, value in (weights or {}).items():
+            if tuple(value.shape) != tuple(expected[suffix]):
+                raise _Unsupported(f"its {suffix} has shape {tuple(value.shape)}, where the "
+                                   f"layer needs {tuple(expected[suffix])}")
+        self.layers.append(spec)
+        for suffix, value in (weights or {}).items():
+            self.weights[f"{name}.{suffix}"] = np.asarray(value)
+        output = output or node.output[0]
+        self.shapes[output] = out
+        self.producer[output] = name
+        return name
+
+    def alias(self, node: Any, source: str) -> None:
+        """``node``'s first output is tensor ``source`` itself."""
+        self.shapes[node.output[0]] = self.shapes[source]
+        self.producer[node.output[0]] = self.producer[source]
+
+    # -- the walk --------------------------------------------------------------------------
+
+    def convert(self) -> None:
+        for node in self.model.graph.node:
+            if id(node) in self.absorbed:
+                continue
+            given = [name for name in node.input if name]
+            if any(name in self.unknown for name in given):
+                self.unknown.update(node.output)  # after a refused node: nothing to add
+                if node.op_type not in CONVERTERS and node.op_type not in EVALUATORS:
+                    self.refuse(node, "no hpctrain kind computes it")
+                continue
+            try:
+                if node.domain not in ("", "ai.onnx"):
+                    raise _Unsupported(f"an operator of domain {node.domain}")
+                if node.op_type == "Shape" and given and given[0] in self.shapes:
+                    self.constants[node.output[0]] = self.shape_of(node)
+                elif all(name in self.constants for name in given):
+                    if node.op_type not in EVALUATORS:
+                        raise _Unsupported("it computes a constant hpctrain does not fold; "
+                                           "export with do_constant_folding=True")
+                    self.constants[node.output[0]] = EVALUATORS[node.op_type](self, node)
+                elif node.op_type in CONVERTERS:
+                    CONVERTERS[node.op_type](self, node)
+                else:
+                    raise _Unsupported("no hpctrain kind computes it")
+            except _Unsupported as err:
+                self.refuse(node, str(err))
+            except NetError as err:  # a value the kind refuses (a slope, a window too large)
+                self.refuse(node, str(err).split("): ", 1)[-1])
+        if self.refused:
+            listed = "; ".join(self.refused)
+            raise NetError(f"{self.file}: {len(self.refused)} node(s) map onto no hpctrain "
+                           f"layer kind: {listed}. Supported: {', '.join(sorted(CONVERTERS))}")
+
+    def refuse(self, node: Any, why: str) -> None:
+        self.refused.append(f"{node.op_type} {shown(node.name or '(unnamed)')} ({why})")
+        self.unknown.update(node.output)
+
+    def shape_of(self, node: Any) -> np.ndarray:
+        """``Shape`` of an activation: (batch, *per-sample), the batch :data:`BATCH`."""
+        full = np.array([BATCH, *self.shapes[node.input[0]]], dtype=np.int64)
+        start, end = self.attribute(node, "start") or 0, self.attribute(node, "end")
+        return full[start:end]
+
+    def net(self, regression: bool) -> NetSpec:
+        """The net the walk made, checked against the graph's own shapes."""
+        output = self.model.graph.output[0].name
+        if output not in self.producer or self.producer[output] == INPUT:
+            raise NetError(f"{self.file}: the graph's output {shown(output)} is not computed "
+                           f"from its input by layers hpctrain runs")
+        reach = {self.producer[output]}
+        for layer in reversed(self.layers):
+            if layer.name in reach:
+                reach.update(layer.inputs)
+        dead = [layer.name for layer in self.layers if layer.name not in reach]
+        if dead:
+            raise NetError(f"{self.file}: the outputs of {', '.join(dead)} lead to no output "
+                           f"of the graph; remove those nodes before exporting")
+        shape = self.shapes[output]
+        if len(shape) != 1:
+            raise NetError(f"{self.file}: the graph's output has per-sample shape {shape}; "
+                           f"hpctrain trains nets whose output is (N, K): logits or targets")
+        net = NetSpec(self.file, self.input_shape, shape[0], tuple(self.layers), regression,
+                      weights=StartingWeights(self.file))
+        self._check_shapes(net)
+        return net
+
+    def _check_shapes(self, net: NetSpec) -> None:
+        """Every layer's output shape as the graph's shape inference gives it, where it gives
+        one (a size of its own, not the batch): a mapping that reads an operator otherwise
+        than ONNX does is refused, naming the node."""
+        if self.image_size is not None:
+            return  # the graph's shapes are those of its own input size
+        inferred = self.onnx.shape_inference.infer_shapes(weightless(self.model))
+        known = {}
+        for value in (*inferred.graph.value_info, *inferred.graph.output):
+            dims = value.type.tensor_type.shape.dim
+            known[value.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                                      for d in dims[1:])
+        produced = {name: tensor for tensor, name in self.producer.items()
+                    if name != INPUT and tensor in known}
+        for layer, ours in zip(net.layers, net.out_shapes, strict=True):
+            theirs = known.get(produced.get(layer.name, ""))
+            if theirs is not None and layer.name in self.ceil_layers:
+                # ONNX's shape inference keeps a ceil-mode window that starts in the padding
+                # after; onnxruntime and PyTorch drop it, as hpctrain does: one more is theirs
+                theirs = tuple(o if t == o + 1 else t for t, o in zip(theirs, ours,
+                                                                       strict=False))
+            if theirs is not None and len(theirs) == len(ours) and any(
+                    t is not None and t != o for t, o in zip(theirs, ours, strict=True)):
+                raise NetError(f"{layer.where}: hpctrain reads its output as per-sample shape "
+                               f"{ours}, but the graph says {theirs}")
+
+
+# --- constants ---------------------------------------------------------------------------
+
+
+def _constant_value(graph: _Graph, node: Any) -> np.ndarray:
+    onnx = graph.onnx
+    for a in node.attribute:
+        if a.name == "value":
+            return onnx.numpy_helper.to_array(a.t)
+        if a.name in ("value_float", "value_int"):
+            return np.array(onnx.helper.get_attribute_value(a))
+        if a.name in ("value_floats", "value_ints"):
+            return np.array(list(onnx.helper.get_attribute_value(a)))
+    raise _Unsupported("a Constant hpctrain cannot read (sparse or string)")
+
+
+def _axes(graph: _Graph, node: Any, index: int) -> list[int] | None:
+    """Unsqueeze's and Squeeze's axes: an input from opset 13."""
+    found = graph.optional_constant(node, index, "axes")
+    return None if found is None else [int(a) for a in np.atleast_1d(found)]
+
+
+def _unsqueeze(graph: _Graph, node: Any) -> np.ndarray:
+    data = graph.constants[node.input[0]]
+    axes = sorted(a % (data.ndim + len(axes_)) for axes_ in [_axes(graph, node, 1) or []]
+                  for a in axes_)
+    for axis in axes:
+        data = np.expand_dims(data, axis)
+    return data
+
+
+def _squeeze(graph: _Graph, node: Any) -> np.ndarray:
+    data = graph.constants[node.input[0]]
+    axes = _axes(graph, node, 1)
+    return np.squeeze(data) if axes is None else np.squeeze(data, tuple(a % data.ndim
+                                                                        for a in axes))
+
+
+def _slice(graph: _Graph, node: Any) -> np.ndarray:
+    data = graph.constants[node.input[0]]
+    starts, ends = graph.constant(node, 1, "starts"), graph.constant(node, 2, "ends")
+    axes = graph.optional_constant(node, 3, "axes")
+    steps = graph.optional_constant(node, 4, "steps")
+    axes = range(len(starts)) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    index = [slice(None)] * data.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        index[int(axis)] = slice(int(start), int(end), int(step))
+    return data[tuple(index)]
+
+
+def _cast(graph: _Graph, node: Any) -> np.ndarray:
+    data = graph.constants[node.input[0]]
+    if data.dtype == np.int64 and (data == BATCH).any():
+        return data  # a shape with the batch in it stays a shape
+    return data.astype(graph.onnx.helper.tensor_dtype_to_np_dtype(graph.attribute(node, "to")))
+
+
+def _reshape_constant(graph: _Graph, node: Any) -> np.ndarray:
+    data, shape = graph.constants[node.input[0]], graph.constant(node, 1, "shape")
+    dims = [data.shape[i] if d == 0 else int(d) for i, d in enumerate(shape)]
+    return data.reshape(dims)
+
+
+EVALUATORS: dict[str, Callable[[_Graph, Any], np.ndarray]] = {
+    "Constant": _constant_value,
+    "Identity": lambda g, n: g.constants[n.input[0]],
+    "Cast": _cast,
+    "Gather": lambda g, n: np.take(g.constants[n.input[0]], g.constants[n.input[1]],
+                                   axis=g.attribute(n, "axis")),
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Concat": lambda g, n: np.concatenate([np.atleast_1d(g.constants[i]) for i in n.input],
+                                          axis=g.attribute(n, "axis")),
+    "Slice": _slice,
+    "Reshape": _reshape_constant,
+}
+"""Operators evaluated here when every input is a constant, as what computes weights and
+shapes is."""
+
+
+# --- layers ------------------------------------------------------------------------------
+
+
+def _pads(graph: _Graph, node: Any, x: Shape, kernel: list[int], stride: list[int]
+          ) -> list[tuple[int, int]]:
+    """(before, after) per spatial axis from ``auto_pad`` and ``pads``."""
+    auto = graph.attribute(node, "auto_pad") or "NOTSET"
+    axes = len(kernel)
+    if auto == "VALID":
+        return [(0, 0)] * axes
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        if any(s != 1 for s in stride):
+            raise _Unsupported(f"auto_pad {auto} with stride {stride}")
+        total = [k - 1 for k in kernel]
+        small = [t // 2 for t in total]
+        return [(t - s, s) if auto == "SAME_LOWER" else (s, t - s)
+                for t, s in zip(total, small, strict=True)]
+    if auto != "NOTSET":
+        raise _Unsupported(f"auto_pad {auto}")
+    pads = graph.attribute(node, "pads") or [0] * (2 * axes)
+    return [(int(pads[i]), int(pads[i + axes])) for i in range(axes)]
+
+
+def _sizes(values: list[int]) -> str:
+    return "x".join(str(v) for v in values)
+
+
+def _pad_text(pads: list[tuple[int, int]]) -> str:
+    return "x".join(f"{b}+{a}" for b, a in pads)
+
+
+def _ones(graph: _Graph, node: Any, name: str, axes: int) -> None:
+    found = graph.attribute(node, name)
+    if found is not None and any(v != 1 for v in found):
+        raise _Unsupported(f"{name} {list(found)}")
+
+
+def _conv(graph: _Graph, node: Any) -> None:
+    x = graph.activation(node)
+    weight = graph.constant(node, 1, "weight")
+    bias = graph.optional_constant(node, 2, "bias")
+    axes = weight.ndim - 2
+    if axes not in (2, 3):
+        raise _Unsupported(f"a {axes}-D convolution; hpctrain convolves images and volumes")
+    if graph.attribute(node, "group") != 1:
+        raise _Unsupported(f"group {graph.attribute(node, 'group')}")
+    _ones(graph, node, "dilations", axes)
+    kernel = list(graph.attribute(node, "kernel_shape") or weight.shape[2:])
+    stride = list(graph.attribute(node, "strides") or [1] * axes)
+    pads = _pads(graph, node, graph.shapes[x], kernel, stride)
+    weights = {"weight": weight}
+    if bias is not None:
+        weights["bias"] = bias
+    graph.add_layer(node, "conv", {"out": weight.shape[0], "kernel": _sizes(kernel),
+                                   "stride": _sizes(stride), "pad": _pad_text(pads),
+                                   "bias": int(bias is not None)}, [x], weights,
+                    node.input[1])
+
+
+def _batchnorm(graph: _Graph, node: Any) -> None:
+    x = graph.activation(node)
+    graph.only_output(node)
+    names = ("scale", "bias", "mean", "var")
+    gamma, beta, mean, var = (graph.constant(node, i + 1, what) for i, what in enumerate(names))
+    # ONNX's running mean is m·mean + (1 − m)·batch mean: PyTorch's momentum is 1 − m
+    momentum = float(Decimal(1) - Decimal(str(np.float32(graph.attribute(node, "momentum")))))
+    if momentum <= 0:  # PyTorch's momentum=None: a cumulative average of every batch seen
+        raise _Unsupported("momentum 1 (PyTorch's momentum=None, a cumulative average); "
+                           "give the batch norm a momentum such as 0.1")
+    graph.add_layer(node, "batchnorm", {"eps": repr(decimal(graph.attribute(node, "epsilon"))),
+                                        "momentum": repr(momentum)}, [x],
+                    {"gamma": gamma, "beta": beta, "running_mean": mean, "running_var": var},
+                    node.input[1])
+
+
+def _pointwise(kind: str, **texts: Callable[[_Graph, Any], Any]) -> Callable[[_Graph, Any], None]:
+    def convert(graph: _Graph, node: Any) -> None:
+        graph.add_layer(node, kind, {key: read(graph, node) for key, read in texts.items()},
+                        [graph.activation(node)])
+
+    return convert
+
+
+def _pool_window(graph: _Graph, node: Any) -> tuple[str, list[int], list[int], list]:
+    x = graph.activation(node)
+    graph.only_output(node)
+    kernel = list(graph.attribute(node, "kernel_shape"))
+    if len(kernel) not in (2, 3):
+        raise _Unsupported(f"a {len(kernel)}-D window")
+    _ones(graph, node, "dilations", len(kernel))
+    stride = list(graph.attribute(node, "strides") or [1] * len(kernel))
+    return x, kernel, stride, _pads(graph, node, graph.shapes[x], kernel, stride)
+
+
+def _maxpool(graph: _Graph, node: Any) -> None:
+    x, kernel, stride, pads = _pool_window(graph, node)
+    if graph.attribute(node, "storage_order"):
+        raise _Unsupported("storage_order 1")
+    ceil = bool(graph.attribute(node, "ceil_mode"))
+    name = graph.add_layer(node, "maxpool", {"kernel": _sizes(kernel), "stride": _sizes(stride),
+                                             "pad": _pad_text(pads), "ceil": int(ceil)}, [x])
+    if ceil:
+        graph.ceil_layers.add(name)
+
+
+def _avgpool(graph: _Graph, node: Any) -> None:
+    x, kernel, stride, pads = _pool_window(graph, node)
+    if graph.attribute(node, "ceil_mode"):
+        sizes = graph.shapes[x][1:]
+        if any(ceil_windows(n, k, s, b, a) != Window(k, s, b, a).out_size(n)
+               for n, k, s, (b, a) in zip(sizes, kernel, stride, pads, strict=True)):
+            raise _Unsupported("ceil_mode 1 that adds windows")
+    name = graph.add_layer(node, "avgpool", {"kernel": _sizes(kernel), "stride": _sizes(stride),
+                                             "pad": _pad_text(pads),
+                                             "count_pad": int(bool(graph.attribute(
+                                                 node, "count_include_pad")))}, [x])
+    if graph.attribute(node, "ceil_mode"):
+        graph.ceil_layers.add(name)
+
+
+def _global_avgpool(graph: _Graph, node: Any) -> None:
+    x = graph.activation(node)
+    if len(graph.shapes[x]) < 3:
+        raise _Unsupported("a flat input")
+    graph.add_layer(node, "avgpool", {"kernel": "global"}, [x])
+
+
+def _flatten_layer(graph: _Graph, node: Any, x: str) -> None:
+    if len(graph.shapes[x]) == 1:
+        graph.alias(node, x)  # already (N, F)
+    else:
+        graph.add_layer(node, "flatten", {}, [x])
+
+
+def _flatten(graph: _Graph, node: Any) -> None:
+    x = graph.activation(node)
+    axis = graph.attribute(node, "axis")
+    if axis % (len(graph.shapes[x]) + 1) != 1:
+        raise _Unsupported(f"axis {axis}; hpctrain flattens each sample (axis 1)")
+    _flatten_layer(graph, node, x)
+
+
+def _reshape(graph: _Graph, node: Any) -> None:
+    """A reshape to (N, −1) (or (N, F), or (−1, F)) of each sample: a flatten."""
+    x = graph.activation(node)
+    target = [int(d) for d in graph.constant(node, 1, "shape")]
+    full = [BATCH, *graph.shapes[x]]
+    features = int(np.prod(graph.shapes[x]))
+    keep = not (graph.opset >= 14 and graph.attribute(node, "allowzero"))
+    dims = [full[i] if d == 0 and keep and i < len(full) else d for i, d in enumerate(target)]
+    # the batch kept: as the graph computes it, or the fixed batch of a graph that has one (a
+    # constant on a dynamic batch would regroup the samples at any other batch)
+    batch = dims[0] == BATCH or (graph.batch is not None and dims[0] == graph.batch)
+    flat = len(dims) == 2 and (batch and dims[1] in (-1, features)
+                               or dims[0] == -1 and dims[1] == features)
+    if not flat:
+        shown_dims = ["N" if d == BATCH else str(d) for d in target]
+        raise _Unsupported(f"a reshape to ({', '.join(shown_dims)}), not to (N, -1)")
+    _flatten_layer(graph, node, x)
+
+
+def _linear(graph: _Graph, node: Any, x: str, weight: np.ndarray, bias: np.ndarray | None,
+            weight_name: str, output: str | None = None) -> None:
+    """A linear layer of ``weight`` (out, in) reading flat ``x``."""
+    if len(graph.shapes[x]) != 1:
+        raise _Unsupported(f"an input of per-sample shape {graph.shapes[x]}; flatten it first")
+    weights = {"weight": np.ascontiguousarray(weight)}
+    if bias is not None:
+        out = weight.shape[0]
+        if bias.size not in (1, out) or (bias.ndim > 1 and bias.shape[-1] not in (1, out)):
+            raise _Unsupported(f"a bias of shape {bias.shape}")
+        weights["bias"] = np.broadcast_to(bias.reshape(-1), (out,)).copy()
+    graph.add_layer(node, "linear", {"out": weight.shape[0], "bias": int(bias is not None)},
+                    [x], weights, weight_name, output)
+
+
+def _gemm(graph: _Graph, node: Any) -> None:
+    x = graph.activation(node)
+    b = graph.constant(node, 1, "weight")
+    c = graph.optional_constant(node, 2, "bias")
+    if graph.attribute(node, "transA"):
+        raise _Unsupported("transA 1")
+    for name in ("alpha", "beta"):
+        if decimal(graph.attribute(node, name)) != 1:
+            raise _Unsupported(f"{name} {decimal(graph.attribute(node, name))}")
+    weight = b if graph.attribute(node, "transB") else b.T
+    _linear(graph, node, x, weight, c, node.input[1])
+
+
+def _matmul(graph: _Graph, node: Any) -> None:
+    """X·B with B a constant (in, out): a linear layer of Bᵀ; an ``Add`` of a constant that
+    alone reads it is its bias."""
+    x = graph.activation(node)
+    b = graph.constant(node, 1, "weight")
+    if b.ndim != 2:
+        raise _Unsupported(f"a weight of shape {b.shape}")
+    bias, output = None, None
+    readers = graph.consumers.get(node.output[0], [])
+    if len(readers) == 1 and node.output[0] not in graph.graph_outputs:
+        add = readers[0]
+        other = [i for i in add.input if i != node.output[0]]
+        if add.op_type == "Add" and len(other) == 1 and other[0] in graph.constants:
+            bias, output = graph.constants[other[0]], add.output[0]
+            graph.absorbed.add(id(add))
+    _linear(graph, node, x, b.T, bias, node.input[1], output)
+
+
+def _add(graph: _Graph, node: Any) -> None:
+    """``Add`` of two tensors, or ``Sum`` of several, of one shape."""
+    inputs = list(node.input)
+    if any(name in graph.constants for name in inputs):
+        raise _Unsupported(f"an {node.op_type} of a constant that is no MatMul's bias")
+    shapes = {graph.shapes[name] for name in inputs}
+    if len(shapes) > 1:
+        raise _Unsupported(f"a broadcast of {' and '.join(map(str, sorted(shapes)))}")
+    if len(inputs) == 1:
+        graph.alias(node, inputs[0])
+    else:
+        graph.add_layer(node, "add", {}, inputs)
+
+
+def _concat(graph: _Graph, node: Any) -> None:
+    inputs = [graph.activation(node, i) for i in range(len(node.input))]
+    rank = len(graph.shapes[inputs[0]]) + 1
+    if graph.attribute(node, "axis") % rank != 1:
+        raise _Unsupported(f"axis {graph.attribute(node, 'axis')}; hpctrain joins channels "
+                           f"(axis 1)")
+    if len(inputs) == 1:
+        graph.alias(node, inputs[0])
+    else:
+        graph.add_layer(node, "concat", {}, inputs)
+
+
+def _dropout(graph: _Graph, node: Any) -> None:
+    x = graph.activation(node)
+    graph.only_output(node)
+    ratio = graph.optional_constant(node, 1, "ratio")
+    p = 0.5 if ratio is None else decimal(float(ratio))
+    graph.add_layer(node, "dropout", {"p": repr(p)}, [x])
+
+
+def _identity(graph: _Graph, node: Any) -> None:
+    graph.alias(node, graph.activation(node))
+
+
+def _mul(graph: _Graph, node: Any) -> None:
+    a, b = node.input
+    x, factor = (a, b) if b in graph.constants else (b, a)
+    if factor not in graph.constants or x not in graph.shapes:
+        raise _Unsupported("a product of two computed tensors")
+    value = graph.constants[factor]
+    if value.size != 1:
+        raise _Unsupported(f"a product with a constant of shape {value.shape}, not a scalar")
+    graph.add_layer(node, "scale", {"factor": repr(decimal(float(value.reshape(-1)[0])))}, [x])
+
+
+CONVERTERS: dict[str, Callable[[_Graph, Any], None]] = {
+    "Conv": _conv,
+    "BatchNormalization": _batchnorm,
+    "Relu": _pointwise("relu"),
+    "LeakyRelu": _pointwise("leakyrelu",
+                            slope=lambda g, n: repr(decimal(g.attribute(n, "alpha")))),
+    "Tanh": _pointwise("tanh"),
+    "MaxPool": _maxpool,
+    "AveragePool": _avgpool,
+    "GlobalAveragePool": _global_avgpool,
+    "Flatten": _flatten,
+    "Reshape": _reshape,
+    "Gemm": _gemm,
+    "MatMul": _matmul,
+    "Add": _add,
+    "Sum": _add,
+    "Concat": _concat,
+    "Dropout": _dropout,
+    "Identity": _identity,
+    "Mul": _mul,
+}
+"""One converter per operator type on the data, each adding the layer the node is."""
