@@ -19,6 +19,7 @@ else
 MPIEXEC ?= $(BIN)/mpiexec
 endif
 STAMP := $(VENV)/.installed-$(MPI)
+REFERENCE_STAMP := $(VENV)/.installed-reference
 
 DIGITS := inputs/digits.h5
 UNIVERSE := runs/universe-32.h5
@@ -43,6 +44,14 @@ endif
 
 test: test-serial test-mpi
 
+# What the tests hold hpctrain against: PyTorch and torchvision (CPU use of the x86_64 wheels,
+# about 5.5 GB in .venv) and onnxruntime. Every test that needs them runs: under
+# HPCTRAIN_REQUIRE_REFERENCE=1 one that would skip fails instead, and each pytest run prints
+# how many ran.
+$(REFERENCE_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,reference]'
+	touch $@
+
 # scikit-learn's handwritten digits in the HDF5 dataset format (the test extras install it)
 $(DIGITS): $(STAMP)
 	$(PY) -m hpctrain convert --digits --out $@
@@ -53,16 +62,17 @@ $(UNIVERSE): $(STAMP)
 	$(PY) -m hpctrain convert --universe 640 --size 32 --seed 0 --out $@
 
 # the examples in the docstrings (>>>) too
-test-serial: install $(DIGITS)
-	$(PY) -m pytest -q tests --ignore=tests/mpi
+test-serial: install $(REFERENCE_STAMP) $(DIGITS)
+	HPCTRAIN_REQUIRE_REFERENCE=1 $(PY) -m pytest -q tests --ignore=tests/mpi
 	$(PY) -m pytest -q --doctest-modules hpctrain
 
 # The MPI suite on 1, 2, 3 and 4 ranks (odd counts catch uneven splits); -m mpi4py turns an
 # uncaught exception into MPI_Abort, and the suite's conftest aborts on any failed test.
-test-mpi: install $(DIGITS)
+test-mpi: install $(REFERENCE_STAMP) $(DIGITS)
 	set -e; for n in 1 2 3 4; do \
 	  echo "== MPI tests on $$n ranks"; \
-	  timeout $(TEST_TIMEOUT) $(MPIEXEC) $(MPIEXEC_FLAGS) -n $$n $(PY) -m mpi4py -m pytest -q tests/mpi; \
+	  HPCTRAIN_REQUIRE_REFERENCE=1 timeout $(TEST_TIMEOUT) $(MPIEXEC) $(MPIEXEC_FLAGS) -n $$n \
+	    $(PY) -m mpi4py -m pytest -q tests/mpi; \
 	done
 
 # The job scripts in jobs/ under a real Slurm: a cluster of two nodes on this machine (needs
@@ -118,11 +128,12 @@ verify: install
 # calibration and every plan trained a few steps, predicted against measured; freed memory kept
 # against glibc's own malloc (bench/freed_memory.py); then AlexNet
 # throughput against PyTorch and DDP (bench/throughput.py; table in runs/bench/throughput.txt),
-# and ResNet-18 with batch norm per rank against DDP, measured and predicted.
+# and ResNet-18 with batch norm per rank against DDP, measured and predicted; torchvision's
+# models through ONNX, predicted on 2 ranks against onnxruntime (bench/interchange.py).
 BENCH_NET ?= alexnet
 BENCH_IMAGE ?= 127
 BENCH_STAMP := $(VENV)/.installed-bench
-$(BENCH_STAMP): $(STAMP)
+$(BENCH_STAMP): $(REFERENCE_STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
@@ -145,6 +156,7 @@ bench: install $(BENCH_STAMP)
 	$(PY) bench/memory.py --procs 2 --steps 3
 	$(PY) bench/conv3d.py --repeat 7
 	$(PY) bench/prefetch.py --procs 2 --steps 12
+	$(PY) bench/interchange.py --procs 2 --rounds 3
 
 # Learning alike: hpctrain on 2 ranks and the same recipe in PyTorch, 16 seeds each, on a folder
 # of three shapes; held-out accuracy per side and the gap with its standard error

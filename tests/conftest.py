@@ -9,11 +9,16 @@ import numpy as np
 import pytest
 
 CONFIG_DIR = pytest.StashKey[tuple[tempfile.TemporaryDirectory, str | None]]()
+REFERENCE = pytest.StashKey[dict[str, int]]()
+REQUIRE_REFERENCE = "HPCTRAIN_REQUIRE_REFERENCE"
+"""Set to 1 (``make test`` and CI do), a reference test that skips fails the run: the tests
+held against PyTorch and onnxruntime must run, not pass by skipping."""
 
 
 def pytest_configure(config):
     """XDG_CONFIG_HOME is a fresh directory for the whole run, from before collection and in
     every subprocess: no test reads the user's calibrated profiles or writes among them."""
+    config.stash[REFERENCE] = {"passed": 0, "failed": 0, "skipped": 0}
     fresh = tempfile.TemporaryDirectory(prefix="hpctrain-config-")
     config.stash[CONFIG_DIR] = (fresh, os.environ.get("XDG_CONFIG_HOME"))
     os.environ["XDG_CONFIG_HOME"] = fresh.name
@@ -28,6 +33,59 @@ def pytest_unconfigure(config):
     else:
         os.environ["XDG_CONFIG_HOME"] = before
     fresh.cleanup()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Count the reference tests by outcome (a test counts once: its call, or the skip or
+    failure of its set-up); one skipped for want of a reference package fails under
+    :data:`REQUIRE_REFERENCE` (a skip for another reason, a comparison made on 2 ranks alone,
+    stays a skip)."""
+    report = (yield).get_result()
+    if "reference" not in item.keywords:
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        if (report.skipped and os.environ.get(REQUIRE_REFERENCE) == "1"
+                and _missing_reference(str(report.longrepr))):
+            report.outcome = "failed"
+            report.longrepr = (f"{report.nodeid}: a reference test skipped under "
+                               f"{REQUIRE_REFERENCE}=1 ({report.longrepr}); install the "
+                               f"reference extra: pip install -e '.[reference]'")
+        item.config.stash[REFERENCE][report.outcome] += 1
+
+
+REFERENCE_PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "safetensors")
+
+
+def _missing_reference(reason: str) -> bool:
+    """Whether a skip's ``reason`` is a reference package that did not import
+    (``pytest.importorskip``'s "could not import 'torch'")."""
+    return any(f"could not import '{name}'" in reason for name in REFERENCE_PACKAGES)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module of reference tests that skips whole (``pytest.importorskip("torch")`` at its
+    top) counts as skipped, and fails under :data:`REQUIRE_REFERENCE`."""
+    report = (yield).get_result()
+    if not (report.skipped and _missing_reference(str(report.longrepr))):
+        return
+    config = collector.config
+    if os.environ.get(REQUIRE_REFERENCE) == "1":
+        reason = str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (f"{collector.nodeid}: reference tests skipped under "
+                           f"{REQUIRE_REFERENCE}=1 ({reason}); install the reference extra: "
+                           f"pip install -e '.[reference]'")
+    config.stash[REFERENCE][report.outcome] += 1
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    counts = config.stash.get(REFERENCE, None)
+    if counts is not None and sum(counts.values()):
+        terminalreporter.write_line(
+            f"reference tests (PyTorch, torchvision, onnxruntime): {counts['passed']} ran and "
+            f"passed, {counts['failed']} failed, {counts['skipped']} skipped")
 
 
 @pytest.fixture

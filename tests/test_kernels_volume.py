@@ -261,6 +261,7 @@ def torch_pad(pads):
     return tuple(v for pad in reversed(pads) for v in pad)
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("channels_last", ORDERS)
 @pytest.mark.parametrize("xs,ws,stride,pads", [c for c in CONVS if len(c[0]) == 5])
 def test_conv3d_matches_torch(xs, ws, stride, pads, channels_last):
@@ -279,6 +280,7 @@ def test_conv3d_matches_torch(xs, ws, stride, pads, channels_last):
         np.testing.assert_allclose(got, want.grad.numpy(), **close)
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("xs,kernel,stride,pads", [p for p in POOLS if len(p[0]) == 5])
 def test_pool3d_matches_torch(xs, kernel, stride, pads):
     torch = pytest.importorskip("torch")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.reference
 
 from mpi4py import MPI  # noqa: E402
 

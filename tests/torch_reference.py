@@ -4,7 +4,8 @@ PyTorch (no torchvision, no hpctrain code), in float64, trained from hpctrain's 
 the same batches, to compare with hpctrain step by step. The classifiers are trained on
 softmax cross-entropy, CosmoFlow (a regression) on the mean squared error.
 
-Import this module only after ``pytest.importorskip("torch")``: CI has no PyTorch.
+Import this module only after ``pytest.importorskip("torch")``: PyTorch is the reference extra,
+which `make test` (and so CI) installs; elsewhere the tests that need it skip.
 
 Each model comes with an explicit name map, hpctrain name → PyTorch name, for its parameters
 (batch norm's γ, β are PyTorch's ``weight``, ``bias``) and for its buffers (running mean and

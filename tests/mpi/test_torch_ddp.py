@@ -22,6 +22,7 @@ import pytest
 from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.reference
 
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

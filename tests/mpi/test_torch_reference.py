@@ -20,6 +20,7 @@ import time
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.reference
 
 from hpctrain.plan.plans import LayerPlan, parse_plan, plan_from_spec  # noqa: E402
 from tests.grouped_plans import grouped_plan  # noqa: E402
