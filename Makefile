@@ -10,6 +10,7 @@ MPI ?= mpich
 NP ?= 4
 MPIEXEC_FLAGS ?=
 TEST_TIMEOUT ?= 900
+TEST_WORKERS ?= 2
 
 BIN := $(VENV)/bin
 PY := $(BIN)/python
@@ -61,9 +62,10 @@ $(UNIVERSE): $(STAMP)
 	mkdir -p $(dir $@)
 	$(PY) -m hpctrain convert --universe 640 --size 32 --seed 0 --out $@
 
-# the examples in the docstrings (>>>) too
+# the examples in the docstrings (>>>) too; TEST_WORKERS pytest processes share the serial tests
+# (most wait on the ranks they launch, so two keep a 2-core machine busy)
 test-serial: install $(REFERENCE_STAMP) $(DIGITS)
-	HPCTRAIN_REQUIRE_REFERENCE=1 $(PY) -m pytest -q tests --ignore=tests/mpi
+	HPCTRAIN_REQUIRE_REFERENCE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) tests --ignore=tests/mpi
 	$(PY) -m pytest -q --doctest-modules hpctrain
 
 # The MPI suite on 1, 2, 3 and 4 ranks (odd counts catch uneven splits); -m mpi4py turns an

@@ -37,24 +37,31 @@ def pytest_unconfigure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Count the reference tests by outcome (a test counts once: its call, or the skip or
-    failure of its set-up); one skipped for want of a reference package fails under
+    """A reference test skipped for want of a reference package fails under
     :data:`REQUIRE_REFERENCE` (a skip for another reason, a comparison made on 2 ranks alone,
     stays a skip)."""
     report = (yield).get_result()
-    if "reference" not in item.keywords:
+    if ("reference" in item.keywords and report.skipped
+            and os.environ.get(REQUIRE_REFERENCE) == "1"
+            and _missing_reference(str(report.longrepr))):
+        report.outcome = "failed"
+        report.longrepr = (f"{report.nodeid}: {MISSING} under {REQUIRE_REFERENCE}=1 "
+                           f"({report.longrepr}); install the reference extra: pip install -e "
+                           f"'.[reference]'")
+
+
+def pytest_runtest_logreport(report):
+    """Count the reference tests by outcome, where the run reports (with pytest-xdist, its
+    controller): a test counts once, by its call, or by its set-up where that did not pass."""
+    counts = _CONFIG.get("counts")
+    if counts is None or "reference" not in report.keywords:
         return
     if report.when == "call" or (report.when == "setup" and not report.passed):
-        if (report.skipped and os.environ.get(REQUIRE_REFERENCE) == "1"
-                and _missing_reference(str(report.longrepr))):
-            report.outcome = "failed"
-            report.longrepr = (f"{report.nodeid}: a reference test skipped under "
-                               f"{REQUIRE_REFERENCE}=1 ({report.longrepr}); install the "
-                               f"reference extra: pip install -e '.[reference]'")
-        item.config.stash[REFERENCE][report.outcome] += 1
+        counts[report.outcome] += 1
 
 
 REFERENCE_PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "safetensors")
+MISSING = "reference tests skipped"
 
 
 def _missing_reference(reason: str) -> bool:
@@ -66,18 +73,30 @@ def _missing_reference(reason: str) -> bool:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
     """A module of reference tests that skips whole (``pytest.importorskip("torch")`` at its
-    top) counts as skipped, and fails under :data:`REQUIRE_REFERENCE`."""
+    top) fails under :data:`REQUIRE_REFERENCE`."""
     report = (yield).get_result()
-    if not (report.skipped and _missing_reference(str(report.longrepr))):
-        return
-    config = collector.config
-    if os.environ.get(REQUIRE_REFERENCE) == "1":
-        reason = str(report.longrepr)
+    if (report.skipped and _missing_reference(str(report.longrepr))
+            and os.environ.get(REQUIRE_REFERENCE) == "1"):
         report.outcome = "failed"
-        report.longrepr = (f"{collector.nodeid}: reference tests skipped under "
-                           f"{REQUIRE_REFERENCE}=1 ({reason}); install the reference extra: "
-                           f"pip install -e '.[reference]'")
-    config.stash[REFERENCE][report.outcome] += 1
+        report.longrepr = (f"{collector.nodeid}: {MISSING} under {REQUIRE_REFERENCE}=1 "
+                           f"({report.longrepr}); install the reference extra: pip install -e "
+                           f"'.[reference]'")
+
+
+def pytest_collectreport(report):
+    """A module of reference tests skipped whole, or failed for it, counts once."""
+    counts = _CONFIG.get("counts")
+    reason = str(report.longrepr) if not report.passed else ""
+    if counts is not None and (_missing_reference(reason) or MISSING in reason):
+        counts[report.outcome] += 1
+
+
+_CONFIG: dict = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    _CONFIG["counts"] = session.config.stash[REFERENCE]
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -193,6 +193,10 @@ def test_init_takes_torchvision_weights_into_the_shipped_net_and_a_new_head(tmp_
     assert "--init-except fc" in refused.error_lines[0]
     succeeded(launch("--net", str(resnet_onnx), "--init", "tv.safetensors", "--init-except",
                      "fc", "--steps", "1", "--batch", "4", cwd=tmp_path))
+    # the other way: the 10-class ONNX model's weights into the shipped 1000-class net
+    refused = launch("--net", "resnet18", "--image-size", "32", "--init", str(resnet_onnx),
+                     "--steps", "1", "--batch", "4", cwd=tmp_path)
+    assert_refused(refused, "layer fc: weight (1000, 512) in the net, (10, 512) in the file")
 
 
 class CosmoBlock(torch.nn.Module):
@@ -277,23 +281,45 @@ def test_unsupported_graphs_bad_files_and_flags_are_refused_in_one_line(tmp_path
     assert "Softmax 'head'" in outcome.error_lines[0]
     assert "Sigmoid 'gate'" in outcome.error_lines[0]
     (tmp_path / "junk.onnx").write_bytes(np.random.default_rng(0).bytes(999))
-    assert_refused(launch("--net", "junk.onnx", "--steps", "1", cwd=tmp_path),
-                   "not a valid ONNX model")
     np.save(tmp_path / "x.npy", np.zeros((2, 3, 32, 32), np.float32))
-    assert_refused(launch("predict", "--data", "x.npy", "--out", "p.h5", cwd=tmp_path),
-                   "predict needs the net and its weights")
-    assert_refused(launch("predict", "--net", str(resnet_onnx), "--data", "x.npy", "--split",
-                          "train", "--out", "p.h5", cwd=tmp_path), "--split train")
-    assert_refused(launch("--net", str(resnet_onnx), "--init-except", "fc", "--steps", "1",
-                          cwd=tmp_path), "give --init FILE too")
-    assert_refused(launch("--net", str(resnet_onnx), "--init", str(resnet_onnx),
-                          "--init-except", "nothing_here", "--steps", "1", cwd=tmp_path),
-                   "--init-except nothing_here")
     np.save(tmp_path / "pixels.npy", np.zeros((2, 3, 32, 32), np.uint8))
-    assert_refused(launch("predict", "--net", str(resnet_onnx), "--data", "pixels.npy",
-                          "--out", "p.h5", cwd=tmp_path), "give (N, *sample) floats")
-    assert_refused(launch("export", "--checkpoint", "nowhere", "--out", "model.pt",
-                          cwd=tmp_path, procs=1), "must end in .onnx")
+    net = str(resnet_onnx)
+    for args, message in (
+            (["--net", "junk.onnx", "--steps", "1"], "not a valid ONNX model"),
+            (["predict", "--data", "x.npy", "--out", "p.h5"],
+             "predict needs the net and its weights"),
+            (["predict", "--net", net, "--data", "x.npy", "--split", "train", "--out", "p.h5"],
+             "--split train"),
+            (["predict", "--net", net, "--data", "pixels.npy", "--out", "p.h5"],
+             "give (N, *sample) floats"),
+            (["predict", "--net", net, "--data", "x.npy", "--out", "p.h5", "--plan-file",
+              "my.plan"], "give --grid auto, or drop --plan-file"),
+            (["--net", net, "--init-except", "fc", "--steps", "1"], "give --init FILE too"),
+            (["--net", net, "--init", net, "--init-except", "nothing_here", "--steps", "1"],
+             "--init-except nothing_here"),
+            (["export", "--checkpoint", "nowhere", "--out", "model.pt"], "must end in .onnx")):
+        assert_refused(in_process(args, tmp_path), message)
+
+
+def in_process(args: list[str], cwd: Path):
+    """``python -m hpctrain ARGS`` run in this process, on one rank (no launch: a refusal
+    comes before anything collective), as the command line exits: status and standard
+    error."""
+    import contextlib
+    import io
+    import os
+
+    from hpctrain.cli import main
+    from tests.reliability import Outcome
+
+    before, stderr = Path.cwd(), io.StringIO()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stderr(stderr):
+            code = main(list(args))
+    finally:
+        os.chdir(before)
+    return Outcome(code, "", stderr.getvalue(), 0.0)
 
 
 def test_the_default_plan_file_stays_in_runs_whatever_the_nets_path():
@@ -358,3 +384,15 @@ def test_evaluation_keeps_nothing_for_a_backward():
         kept = {layer.name: name for layer in network.layers for name in ("bands", "x", "y")
                 if getattr(layer, name, None) is not None}
     assert kept == {}
+
+
+def test_an_onnx_net_without_the_onnx_package_names_the_extra(monkeypatch, resnet_onnx):
+    """Where onnx is not installed, ``--net model.onnx`` says which extra installs it."""
+    import sys
+
+    from hpctrain.errors import UserError
+    from hpctrain.interchange.nets import load_network
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx then raises ImportError
+    with pytest.raises(UserError, match=r"pip install 'hpctrain\[onnx\]'"):
+        load_network(str(resnet_onnx))

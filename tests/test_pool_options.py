@@ -29,6 +29,19 @@ def pool_net(line, size, channels=2):
                      f"flatten\nlinear out=3\n", "pools.net")
 
 
+def same_as_torch(net, x, t_x, t_y, rng) -> np.ndarray:
+    """The net's one pool forward and backward (a random output gradient) equal PyTorch's
+    output ``t_y`` of input ``t_x`` and its input gradient, shapes and values; the output."""
+    torch = pytest.importorskip("torch")
+    assert net.out_shapes[0] == tuple(t_y.shape[1:])
+    dy = rng.standard_normal(tuple(t_y.shape))
+    t_y.backward(torch.tensor(dy))
+    y, dx = run_pool(net, x, dy)
+    close(y, t_y.detach().numpy(), "output")
+    close(dx, t_x.grad.numpy(), "input gradient")
+    return y
+
+
 def run_pool(net, x, dy=None):
     """The pool layer's forward (and backward of ``dy``) by the kernels its kind gives, with
     its resolved kernel, stride and padding."""
@@ -96,12 +109,7 @@ def test_avgpool_without_padding_in_the_divisor_matches_pytorch(size, kernel, st
     pool = (torch.nn.functional.avg_pool2d if axes == 2 else torch.nn.functional.avg_pool3d)
     t_y = pool(t_x, torch_sizes(kernel, axes), torch_sizes(stride, axes),
                torch_sizes(pad, axes), count_include_pad=False)
-    assert net.out_shapes[0] == tuple(t_y.shape[1:])
-    dy = rng.standard_normal(tuple(t_y.shape))
-    t_y.backward(torch.tensor(dy))
-    y, dx = run_pool(net, x, dy)
-    close(y, t_y.detach().numpy(), "output")
-    close(dx, t_x.grad.numpy(), "input gradient")
+    y = same_as_torch(net, x, t_x, t_y, rng)
     counted, _ = run_pool(pool_net(f"{line} count_pad=1", size), x)
     if any(torch_sizes(pad, axes)):
         assert not np.allclose(counted, y)
@@ -178,12 +186,7 @@ def test_maxpool_ceil_matches_pytorch_ceil_mode(size, kernel, stride, pad, adds)
     pool = torch.nn.functional.max_pool2d if axes == 2 else torch.nn.functional.max_pool3d
     t_y = pool(t_x, torch_sizes(kernel, axes), torch_sizes(stride, axes), torch_sizes(pad, axes),
                ceil_mode=True)
-    assert net.out_shapes[0] == tuple(t_y.shape[1:])
-    dy = rng.standard_normal(tuple(t_y.shape))
-    t_y.backward(torch.tensor(dy))
-    y, dx = run_pool(net, x, dy)
-    close(y, t_y.detach().numpy(), "output")
-    close(dx, t_x.grad.numpy(), "input gradient")
+    same_as_torch(net, x, t_x, t_y, rng)
 
 
 @pytest.mark.reference
