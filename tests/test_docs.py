@@ -109,7 +109,7 @@ def test_every_example_command_line_parses(where, args):
         return
     options = parser.parse_args(args)
     net = getattr(options, "net", None)
-    if net and "/" not in net and not net.endswith(".net"):
+    if net and "/" not in net and not net.endswith((".net", ".onnx")):
         assert net in shipped_names("nets", ".net"), f"{where}: no shipped net {net!r}"
 
 
