@@ -223,10 +223,11 @@ class _Graph:
         import onnx
 
         self.onnx = onnx
+        self.where = shown(self.file, quoted=False)  # the file as messages name it
         self.opset = next((o.version for o in self.model.opset_import if o.domain in ("",
                                                                                 "ai.onnx")), 0)
         if self.opset not in OPSETS:
-            raise NetError(f"{self.file}: opset {self.opset}; hpctrain reads opsets "
+            raise NetError(f"{self.where}: opset {self.opset}; hpctrain reads opsets "
                            f"{OPSETS.start} to {OPSETS.stop - 1}: export it again with "
                            f"torch.onnx.export(…, opset_version=17)")
         g = self.model.graph
@@ -240,7 +241,7 @@ class _Graph:
         self.graph_outputs = {o.name for o in g.output}
         inputs = [i for i in g.input if i.name not in self.constants]
         if len(inputs) != 1:
-            raise NetError(f"{self.file}: the graph has {len(inputs)} inputs "
+            raise NetError(f"{self.where}: the graph has {len(inputs)} inputs "
                            f"({', '.join(i.name for i in inputs) or 'none'}); hpctrain trains "
                            f"nets of one input, the batch of images, volumes or features")
         self.input_name = inputs[0].name
@@ -248,7 +249,7 @@ class _Graph:
         self.shapes[self.input_name] = self.input_shape
         self.producer[self.input_name] = INPUT
         if len(g.output) != 1:
-            raise NetError(f"{self.file}: the graph has {len(g.output)} outputs; hpctrain "
+            raise NetError(f"{self.where}: the graph has {len(g.output)} outputs; hpctrain "
                            f"trains nets of one output, the logits or targets (drop auxiliary "
                            f"heads before exporting)")
 
@@ -260,20 +261,20 @@ class _Graph:
         self.batch = sizes[0] if sizes and sizes[0] else None  # a graph of a fixed batch
         name = shown(value.name)
         if len(sizes) not in (2, 4, 5):
-            raise NetError(f"{self.file}: input {name} has {len(sizes)} axes; hpctrain reads "
+            raise NetError(f"{self.where}: input {name} has {len(sizes)} axes; hpctrain reads "
                            f"(N, F), (N, C, H, W) or (N, C, D, H, W)")
         per_sample = sizes[1:]
         if self.image_size is None and None in per_sample[1:] and self.fallback_size:
             self.image_size = self.fallback_size
         if self.image_size is not None:
             if len(per_sample) == 1:
-                raise NetError(f"{self.file}: input {name} is flat (N, F); --image-size "
+                raise NetError(f"{self.where}: input {name} is flat (N, F); --image-size "
                                f"{self.image_size} does not apply")
             per_sample = [per_sample[0]] + [self.image_size] * (len(per_sample) - 1)
         if None in per_sample or min(per_sample) < 1:
             axes = ["F"] if len(per_sample) == 1 else ["C", "D", "H", "W"][-len(per_sample):]
             dynamic = [a for a, s in zip(axes, per_sample, strict=True) if not s]
-            raise NetError(f"{self.file}: input {name} has no fixed size along "
+            raise NetError(f"{self.where}: input {name} has no fixed size along "
                            f"{', '.join(dynamic)}; give --image-size (or export with a fixed "
                            f"size)")
         return tuple(per_sample)
@@ -340,7 +341,7 @@ class _Graph:
             k += 1
             suffix = f"_{k}"
             name = base[:MAX_NAME - len(suffix)].rstrip(".") + suffix
-        check_layer_name(name, self.file)
+        check_layer_name(name, self.where)
         self.names.add(name)
         return name
 
@@ -350,7 +351,7 @@ class _Graph:
         """Append a layer of ``kind`` with options ``texts`` (read by the kind, as a net file's
         line) reading tensors ``inputs``; it gives ``node``'s first output (or ``output``).
         Returns its name."""
-        where = f"{self.file}, node {shown(node.name or node.op_type)} ({node.op_type})"
+        where = f"{self.where}, node {shown(node.name or node.op_type)} ({node.op_type})"
         kind_of = KINDS[kind]
         options = kind_of.parse({k: str(v) for k, v in texts.items()}, where)
         name = self.name_for(node, weight_name if weights else None)
@@ -408,7 +409,7 @@ class _Graph:
                 self.refuse(node, str(err).split("): ", 1)[-1])
         if self.refused:
             listed = "; ".join(self.refused)
-            raise NetError(f"{self.file}: {len(self.refused)} node(s) map onto no hpctrain "
+            raise NetError(f"{self.where}: {len(self.refused)} node(s) map onto no hpctrain "
                            f"layer kind: {listed}. Supported: {', '.join(sorted(CONVERTERS))}")
 
     def refuse(self, node: Any, why: str) -> None:
@@ -425,7 +426,7 @@ class _Graph:
         """The net the walk made, checked against the graph's own shapes."""
         output = self.model.graph.output[0].name
         if output not in self.producer or self.producer[output] == INPUT:
-            raise NetError(f"{self.file}: the graph's output {shown(output)} is not computed "
+            raise NetError(f"{self.where}: the graph's output {shown(output)} is not computed "
                            f"from its input by layers hpctrain runs")
         reach = {self.producer[output]}
         for layer in reversed(self.layers):
@@ -433,11 +434,11 @@ class _Graph:
                 reach.update(layer.inputs)
         dead = [layer.name for layer in self.layers if layer.name not in reach]
         if dead:
-            raise NetError(f"{self.file}: the outputs of {', '.join(dead)} lead to no output "
+            raise NetError(f"{self.where}: the outputs of {', '.join(dead)} lead to no output "
                            f"of the graph; remove those nodes before exporting")
         shape = self.shapes[output]
         if len(shape) != 1:
-            raise NetError(f"{self.file}: the graph's output has per-sample shape {shape}; "
+            raise NetError(f"{self.where}: the graph's output has per-sample shape {shape}; "
                            f"hpctrain trains nets whose output is (N, K): logits or targets")
         net = NetSpec(self.file, self.input_shape, shape[0], tuple(self.layers), regression,
                       weights=StartingWeights(self.file))
