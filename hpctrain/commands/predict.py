@@ -99,9 +99,8 @@ class Prepared:
 
 
 def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
-    from hpctrain.data.dataset_fit import check_fits, dataset_image_size
     from hpctrain.data.dataset_format import inspect_dataset
-    from hpctrain.interchange.nets import for_answers, load_network
+    from hpctrain.interchange.nets import load_network, net_for_dataset
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.run.checkpoint_file import checkpoint_net, read_checkpoint_info, resolve_resume
 
@@ -145,11 +144,8 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         samples = dataset.val_size if split == "val" else dataset.train_size
         if not samples:
             raise UserError(f"--data {args.data} has no {split} split; give --split train")
-        size = dataset_image_size(dataset.sample_shape, net.input_shape)
-        if args.image_size is None and size is not None and checkpoint is None:
-            net = net.with_image_size(size)
-        net = for_answers(net, bool(dataset.targets))
-        check_fits(dataset, net.input_shape, net.classes, 1, regression=net.regression)
+        # predict reads in order: a split smaller than a batch is fine (its last is padded)
+        net = net_for_dataset(net, dataset, args.image_size is None and checkpoint is None, 1)
     net = net.with_statistics("global", procs)
     out = Path(args.out)
     check_directory(out.parent, "--out")
@@ -188,14 +184,10 @@ def _array_samples(path: str) -> int:
 
 
 def is_predictions(path: Path) -> bool:
-    """Whether ``path`` is a predictions file hpctrain wrote."""
-    import h5py
+    """Whether ``path`` is a predictions file hpctrain wrote (its ``format`` attribute says so)."""
+    from hpctrain.io.files import is_hdf5_of
 
-    try:
-        with h5py.File(path, "r", locking=False) as h5:
-            return h5.attrs.get("format") == FORMAT
-    except (OSError, ValueError):
-        return False
+    return is_hdf5_of(path, FORMAT)
 
 
 def run(argv: list[str], comm) -> int:
@@ -225,16 +217,19 @@ def run(argv: list[str], comm) -> int:
 
             load_checkpoint(prepared.checkpoint, network, None)
         network.set_training(False)
-        source = _source(args, prepared, network, comm)
+        source, reader = _source(args, prepared, network, comm)
         try:
             _predict(args, prepared, network, source, comm)
         finally:
-            getattr(source, "close", lambda: None)()
+            if reader is not None:
+                reader.close()
     return 0
 
 
-def _source(args: argparse.Namespace, prepared: Prepared, network: Any, comm: Any) -> Any:
-    """The data in order, the last batch padded, each rank reading its own block."""
+def _source(args: argparse.Namespace, prepared: Prepared, network: Any, comm: Any
+            ) -> tuple[Any, Any]:
+    """The data in order, the last batch padded, each rank reading its own block; and the
+    dataset reader under it, to close at the end (None for an array)."""
     from hpctrain.comm.agree import agreed
 
     net, backend = network.net, network.backend
@@ -243,7 +238,7 @@ def _source(args: argparse.Namespace, prepared: Prepared, network: Any, comm: An
 
         return agreed(comm, lambda: ArrayData(backend, args.data, args.batch, net.input_shape,
                                               net.classes if net.regression else 0),
-                      everywhere=True)
+                      everywhere=True), None
     from hpctrain.data.augment import augment, window_size
     from hpctrain.data.dataset_fit import feeds_flat
     from hpctrain.data.dataset_reader import H5Data
@@ -253,22 +248,7 @@ def _source(args: argparse.Namespace, prepared: Prepared, network: Any, comm: An
                                          prepared.split, prepared.dataset, flatten,
                                          in_order=True), everywhere=True)
     # a net smaller than the images reads their centres, as held-out evaluation does
-    return _Closing(augment(reader, "none", prepared.seed, size=window_size(net.input_shape)),
-                    reader)
-
-
-@dataclass
-class _Closing:
-    """A source and the reader under it, closed together."""
-
-    source: Any
-    reader: Any
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.source, name)
-
-    def close(self) -> None:
-        self.reader.close()
+    return augment(reader, "none", prepared.seed, size=window_size(net.input_shape)), reader
 
 
 def _gather(network: Any, comm: Any) -> Any:

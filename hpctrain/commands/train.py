@@ -27,7 +27,7 @@ from hpctrain.commands.setup import Setup, SetupRequest, set_up
 from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.augment import AUGMENT_MODES, check_augment
 from hpctrain.errors import ArgumentParser, OutputError, UserError
-from hpctrain.interchange.nets import for_answers, load_network
+from hpctrain.interchange.nets import load_network, net_for_dataset
 from hpctrain.model.net import NetSpec
 from hpctrain.record.timeline import parse_window
 from hpctrain.run.loss_scale import GROWTH_INTERVAL, INITIAL_SCALE
@@ -304,16 +304,10 @@ def _dataset_net(args: argparse.Namespace, net: NetSpec) -> tuple[NetSpec, Datas
     net takes (C, H, W) samples of as many values, flattened (``--net mlp`` on the digits)."""
     if args.data == "synthetic":
         return net, None
-    from hpctrain.data.dataset_fit import check_fits, dataset_image_size
     from hpctrain.data.dataset_format import inspect_dataset
 
     info = inspect_dataset(args.data)
-    size = dataset_image_size(info.sample_shape, net.input_shape)
-    if args.image_size is None and size is not None:
-        net = net.with_image_size(size)  # the dataset's images (or volumes) set the size
-    net = for_answers(net, bool(info.targets))  # an ONNX model's loss, where it says none
-    check_fits(info, net.input_shape, net.classes, args.batch, regression=net.regression)
-    return net, info
+    return net_for_dataset(net, info, args.image_size is None, args.batch), info
 
 
 def run(argv: list[str], comm, stop=None) -> int:

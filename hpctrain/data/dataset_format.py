@@ -54,6 +54,7 @@ import h5py
 import numpy as np
 
 from hpctrain.errors import UserError
+from hpctrain.io.files import is_hdf5_of
 from hpctrain.io.units import shape_text
 
 FORMAT, VERSION = "hpctrain-dataset", 2
@@ -120,11 +121,7 @@ def chunk_shape(shape: tuple[int, ...], itemsize: int = 4) -> tuple[int, ...]:
 
 def is_dataset(path: str | Path) -> bool:
     """Whether ``path`` is a dataset hpctrain wrote (its ``format`` attribute says so)."""
-    try:
-        with h5py.File(path, "r", locking=False) as h5:
-            return h5.attrs.get("format") == FORMAT
-    except (OSError, ValueError):
-        return False
+    return is_hdf5_of(path, FORMAT)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,14 @@ then the dataset decides (labels: cross-entropy, targets: the mean squared error
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from hpctrain.errors import shown
 from hpctrain.interchange.onnx_import import import_onnx
 from hpctrain.model.net import NetError, NetSpec, load_net
+
+if TYPE_CHECKING:
+    from hpctrain.data.dataset_format import DatasetInfo
 
 LOSSES = ("auto", "cross-entropy", "mse")
 MODEL_SUFFIX = ".onnx"
@@ -38,6 +42,21 @@ def load_network(name_or_path: str, image_size: int | None = None, loss: str = "
         said = f"targets={net.classes}" if net.regression else f"classes={net.classes}"
         raise NetError(f"--loss {loss}: net {shown(net.name, quoted=False)} says {said} on its "
                        f"input line; drop --loss, or change the net file")
+    return net
+
+
+def net_for_dataset(net: NetSpec, info: DatasetInfo, resize: bool, batch: int) -> NetSpec:
+    """``net`` as a dataset of ``info`` sets it: its images' (or volumes') size where
+    ``resize`` (no ``--image-size`` said otherwise), and its loss where the net says none
+    (:func:`for_answers`); refused, naming the fix, when the dataset does not fit it or holds
+    fewer than ``batch`` training samples (:func:`~hpctrain.data.dataset_fit.check_fits`)."""
+    from hpctrain.data.dataset_fit import check_fits, dataset_image_size
+
+    size = dataset_image_size(info.sample_shape, net.input_shape)
+    if resize and size is not None:
+        net = net.with_image_size(size)
+    net = for_answers(net, bool(info.targets))
+    check_fits(info, net.input_shape, net.classes, batch, regression=net.regression)
     return net
 
 

@@ -80,6 +80,19 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def is_hdf5_of(path: str | Path, format_name: str) -> bool:
+    """Whether ``path`` is an HDF5 file whose ``format`` attribute is ``format_name``: how each
+    HDF5 file hpctrain writes (checkpoint, dataset, predictions) is told from anything else at
+    an output path. Opened without the HDF5 lock, which some parallel file systems refuse."""
+    import h5py  # only where a file is looked at
+
+    try:
+        with h5py.File(path, "r", locking=False) as h5:
+            return h5.attrs.get("format") == format_name
+    except (OSError, ValueError):
+        return False
+
+
 def check_output(path: Path, flag: str, ours: Callable[[Path], bool], what: str,
                  inputs: Iterable[tuple[str, Path]] = ()) -> None:
     """Refuse ``path`` as an output unless it is free or a regular file that ``ours`` accepts.

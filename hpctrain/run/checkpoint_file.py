@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from hpctrain.errors import UserError
-from hpctrain.io.files import remove_orphans
+from hpctrain.io.files import is_hdf5_of, remove_orphans
 from hpctrain.io.seeds import check_seed
 from hpctrain.model.net import NetError, NetSpec, parse_net
 
@@ -44,11 +44,7 @@ class CheckpointInfo:
 
 def is_checkpoint(path: Path) -> bool:
     """Whether ``path`` is a checkpoint hpctrain wrote (its ``format`` attribute says so)."""
-    try:
-        with h5py.File(path, "r", locking=False) as h5:
-            return h5.attrs.get("format") == FORMAT
-    except (OSError, ValueError):
-        return False
+    return is_hdf5_of(path, FORMAT)
 
 
 # --- reading ---------------------------------------------------------------------------------
