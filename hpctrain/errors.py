@@ -26,6 +26,8 @@ from types import FrameType, SimpleNamespace
 from typing import NoReturn, TextIO
 
 SHOWN_LIMIT = 80  # characters of a user's value echoed in a message
+PATH_LIMIT = 240  # characters of a file's path shown in a message: its name must survive a
+# deep working directory (a scheduler's scratch, a test's temporary folder), which 80 cuts off
 
 
 class UserError(ValueError):
@@ -57,6 +59,17 @@ def shown(value: object, limit: int = SHOWN_LIMIT, quoted: bool = True) -> str:
         return text
     size = len(value) if isinstance(value, str | bytes) else len(text)
     return f"{text[:limit - 1]}… ({size:,} characters)"
+
+
+def shown_path(path: object) -> str:
+    """A file's path as a message shows it: as it is, or escaped and quoted when it holds a
+    line break, a control character or bytes that are not UTF-8 (so that no name can split a
+    line or forge one); cut to PATH_LIMIT characters.
+
+    >>> shown_path("/scratch/run 7/model.onnx")
+    '/scratch/run 7/model.onnx'
+    """
+    return shown(str(path), PATH_LIMIT, quoted=False)
 
 
 def one_line(message: str, limit: int = 200) -> str:

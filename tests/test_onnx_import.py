@@ -25,7 +25,7 @@ from onnx import numpy_helper  # noqa: E402
 from hpctrain.comm.grid import GridSet  # noqa: E402
 from hpctrain.commands.verify import relative_error  # noqa: E402
 from hpctrain.device.backend import Backend  # noqa: E402
-from hpctrain.errors import shown  # noqa: E402
+from hpctrain.errors import shown_path  # noqa: E402
 from hpctrain.interchange.onnx_import import (  # noqa: E402
     LOSS_KEY,
     MSE,
@@ -99,7 +99,7 @@ def refused(path, *fragments: str) -> str:
         import_onnx(path)
     message = str(caught.value)
     assert "\n" not in message, f"not one line: {message!r}"
-    assert shown(str(path), quoted=False) in message, f"the file is not named: {message}"
+    assert shown_path(path) in message, f"the file is not named: {message}"
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
     return message

@@ -56,11 +56,10 @@ from hpctrain.data.folder import (
     folder_classes,
     folder_files,
     require_pillow,
-    shown_path,
     write_folder,
 )
 from hpctrain.data.universe import PARAMETERS, Universe, write_universe
-from hpctrain.errors import ArgumentParser
+from hpctrain.errors import ArgumentParser, shown_path
 from hpctrain.io.files import check_output, remove_abandoned
 from hpctrain.io.seeds import parse_seed
 from hpctrain.io.units import shape_text

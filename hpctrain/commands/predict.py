@@ -41,7 +41,7 @@ from hpctrain.commands.flags import (
     positive_int,
     with_init,
 )
-from hpctrain.errors import ArgumentParser, OutputError, UserError, shown
+from hpctrain.errors import ArgumentParser, OutputError, UserError, shown_path
 from hpctrain.model.net import NetSpec
 
 FORMAT = "hpctrain-predictions"  #: the ``format`` attribute of a predictions file
@@ -175,10 +175,10 @@ def _array_samples(path: str) -> int:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as err:
-        raise DatasetError(f"--data {shown(path, quoted=False)} is not a readable .npy array "
+        raise DatasetError(f"--data {shown_path(path)} is not a readable .npy array "
                            f"({err})") from None
     if array.ndim < 2 or not len(array):
-        raise DatasetError(f"--data {shown(path, quoted=False)} holds an array of shape "
+        raise DatasetError(f"--data {shown_path(path)} holds an array of shape "
                            f"{array.shape}; give (N, *sample) samples, N at least 1")
     return len(array)
 

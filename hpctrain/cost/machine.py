@@ -61,7 +61,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import UserError, one_line, shown
+from hpctrain.errors import UserError, one_line, shown, shown_path
 from hpctrain.io.files import replace_atomically
 from hpctrain.io.locations import config_dir, shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
@@ -286,7 +286,7 @@ def parse_machine(text: str, source: str) -> Machine:
     one collective that name the same size or shape (``2`` and ``02``, ``"8x2"`` and
     ``"08x2"``), naming the file and both keys.
     """
-    where = shown(source, quoted=False)
+    where = shown_path(source)
     try:
         table = tomllib.loads(text)
     except (ValueError, RecursionError) as err:  # TOMLDecodeError; too many digits; nesting

@@ -17,7 +17,7 @@ import numpy as np
 
 from hpctrain.data.dataset_format import DatasetError
 from hpctrain.device.backend import Backend
-from hpctrain.errors import shown
+from hpctrain.errors import shown_path
 from hpctrain.io.units import shape_text
 from hpctrain.layout.layout import Box
 
@@ -33,7 +33,7 @@ class ArrayData:
     def __init__(self, backend: Backend, path: str | Path, batch: int,
                  sample_shape: tuple[int, ...], targets: int = 0) -> None:
         self.backend, self.path, self.batch, self.targets = backend, Path(path), batch, targets
-        name = shown(str(path), quoted=False)
+        name = shown_path(path)
         try:
             array = np.load(self.path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as err:

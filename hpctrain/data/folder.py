@@ -16,7 +16,7 @@ Decoding runs on worker processes, each with a pipe of its own (``_Workers``); r
 are written in file order, so the file is the same, byte for byte, for any number of workers.
 At most a few batches of decoded images are held at a time, fitted to the memory available
 (:func:`plan_pipeline`). A file Pillow cannot decode is listed and skipped (or, ``strict``,
-refused); names are shown escaped (:func:`shown_path`). A worker that dies ends the run with a
+refused); names are shown escaped (:func:`~hpctrain.errors.shown_path`). A worker that dies ends the run with a
 :class:`~hpctrain.errors.Failure`; Ctrl-C and SIGTERM stop it between tasks.
 """
 
@@ -42,7 +42,7 @@ import numpy as np
 from hpctrain.cost.memory import available_bytes
 from hpctrain.data.dataset_format import DatasetError
 from hpctrain.data.dataset_writer import write_batches
-from hpctrain.errors import Failure, Terminated, one_line, shown, stop_if_terminated
+from hpctrain.errors import Failure, Terminated, one_line, shown, shown_path, stop_if_terminated
 from hpctrain.io.units import format_bytes
 
 PILLOW_HINT = "pip install hpctrain[images]"
@@ -53,18 +53,11 @@ WRITE_IMAGES = 256  # decoded images handed to the file at a time (fewer for big
 WRITE_BYTES = 64 << 20  # decoded pixels handed to the file at a time (one image at least)
 DECODE_COPIES = 3  # S x S x 3 images a worker holds while making one (resized, array, (3, S, S))
 SHOWN_BAD = 5  # unreadable files named in the summary
-PATH_LIMIT = 240  # characters of a file's path shown in a message
 WAIT_SECONDS = 0.5  # how often a wait for a task looks for a signal or a lost worker
 # Pillow modes of pixels wider than 8 bits with no range to scale by: 32-bit floats and
 # integers (TIFF, FITS, ...); uint8 storage would clip them to black or white
 UNSCALED_MODES = {"F": "32-bit floating-point", "I": "32-bit integer"}
 
-
-def shown_path(path: Path | str) -> str:
-    """A file's path as a message shows it: as it is, or escaped and quoted when it holds a
-    line break, a control character or bytes that are not UTF-8 (so that no name can split a
-    line or forge one); cut to PATH_LIMIT characters."""
-    return shown(path, PATH_LIMIT, quoted=False)
 
 
 def require_pillow() -> None:
@@ -363,7 +356,7 @@ class FolderReport:
 
     def bad_text(self) -> str:
         """'skipped 2 unreadable files: a/x.jpg (why), b/y.txt (why)', or ''; on one line
-        whatever the names hold (:func:`shown_path`)."""
+        whatever the names hold (:func:`~hpctrain.errors.shown_path`)."""
         if not self.bad:
             return ""
         shown = ", ".join(f"{shown_path(path)} ({one_line(why, 120)})"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hpctrain.errors import shown
+from hpctrain.errors import shown, shown_path
 from hpctrain.interchange.onnx_import import import_onnx
 from hpctrain.model.net import NetError, NetSpec, load_net
 
@@ -40,7 +40,7 @@ def load_network(name_or_path: str, image_size: int | None = None, loss: str = "
     net = load_net(name_or_path, image_size)
     if loss != "auto" and (loss == "mse") != net.regression:
         said = f"targets={net.classes}" if net.regression else f"classes={net.classes}"
-        raise NetError(f"--loss {loss}: net {shown(net.name, quoted=False)} says {said} on its "
+        raise NetError(f"--loss {loss}: net {shown_path(net.name)} says {said} on its "
                        f"input line; drop --loss, or change the net file")
     return net
 

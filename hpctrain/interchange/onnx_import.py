@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.errors import UserError, one_line, shown
+from hpctrain.errors import UserError, one_line, shown, shown_path
 from hpctrain.layout.partition import Window
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import INPUT, LayerSpec, Shape
@@ -85,16 +85,16 @@ class _Unsupported(Exception):
 def load_model(path: str | Path) -> Any:
     """The ``ModelProto`` in ``path``, checked by ``onnx.checker``; a
     :class:`~hpctrain.model.net.NetError` in one line for a file that is none."""
-    onnx = require_onnx(f"reading {shown(str(path), quoted=False)}")
+    onnx = require_onnx(f"reading {shown_path(path)}")
     path = Path(path)
     if not path.is_file():
-        raise NetError(f"{shown(str(path), quoted=False)}: no such file; give the path of an "
+        raise NetError(f"{shown_path(path)}: no such file; give the path of an "
                        f"ONNX model")
     try:
         model = onnx.load(str(path))
         onnx.checker.check_model(weightless(model))
     except Exception as err:  # noqa: BLE001 - protobuf's and the checker's many errors alike
-        raise NetError(f"{shown(str(path), quoted=False)}: not a valid ONNX model "
+        raise NetError(f"{shown_path(path)}: not a valid ONNX model "
                        f"({one_line(str(err) or type(err).__name__, 160)}); export it again "
                        f"with torch.onnx.export") from None
     return model
@@ -223,7 +223,7 @@ class _Graph:
         import onnx
 
         self.onnx = onnx
-        self.where = shown(self.file, quoted=False)  # the file as messages name it
+        self.where = shown_path(self.file)  # the file as messages name it
         self.opset = next((o.version for o in self.model.opset_import if o.domain in ("",
                                                                                 "ai.onnx")), 0)
         if self.opset not in OPSETS:

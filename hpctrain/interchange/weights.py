@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.errors import UserError, one_line, shown
+from hpctrain.errors import UserError, one_line, shown_path
 from hpctrain.interchange.onnx_import import ONNX_EXTRA, import_onnx
 from hpctrain.interchange.torch_names import TRACKED, module_names, torch_names, tracked_counts
 from hpctrain.model.net import NetSpec, StartingWeights
@@ -45,17 +45,17 @@ def file_tensors(path: Path, net: NetSpec) -> dict[str, np.ndarray]:
         try:
             from safetensors.numpy import load_file
         except ImportError:
-            raise WeightsError(f"reading {shown(str(path), quoted=False)} needs the "
+            raise WeightsError(f"reading {shown_path(path)} needs the "
                                f"safetensors package; install it with {ONNX_EXTRA}") from None
         if not path.is_file():
-            raise WeightsError(f"{shown(str(path), quoted=False)}: no such file; give the path "
+            raise WeightsError(f"{shown_path(path)}: no such file; give the path "
                                f"of a safetensors state dict")
         try:
             return dict(load_file(str(path)))
         except Exception as err:  # noqa: BLE001 - the Rust reader's errors come as several types
-            raise WeightsError(f"{shown(str(path), quoted=False)}: not a readable safetensors "
+            raise WeightsError(f"{shown_path(path)}: not a readable safetensors "
                                f"file ({one_line(str(err), 120)})") from None
-    raise WeightsError(f"{shown(str(path), quoted=False)}: weights come from an ONNX model "
+    raise WeightsError(f"{shown_path(path)}: weights come from an ONNX model "
                        f"(.onnx) or a safetensors state dict (.safetensors)")
 
 
@@ -96,10 +96,10 @@ def read_weights(source: StartingWeights, net: NetSpec) -> dict[str, np.ndarray]
     unused = [name for name in source.fresh
               if not any(_under(layer, name) or _under(modules[layer], name) for layer in fresh)
               and not any(_under(t.rpartition(".")[0], name) for t in tensors)]
-    file = shown(str(path), quoted=False)
+    file = shown_path(path)
     if unused:
         raise WeightsError(f"--init-except {', '.join(unused)}: no layer of net "
-                           f"{shown(net.name, quoted=False)} and no module of {file} is called "
+                           f"{shown_path(net.name)} and no module of {file} is called "
                            f"so")
     shapes = {**net.param_shapes(), **net.buffer_shapes()}
     found: dict[str, np.ndarray] = {}
@@ -128,16 +128,16 @@ def read_weights(source: StartingWeights, net: NetSpec) -> dict[str, np.ndarray]
              and not any(_under(name.rpartition(".")[0], module) for module in skipped)]
     if mismatched:
         layers = sorted({m.split(":")[0].removeprefix("layer ") for m in mismatched})
-        raise WeightsError(f"{file} does not fit net {shown(net.name, quoted=False)}: "
+        raise WeightsError(f"{file} does not fit net {shown_path(net.name)}: "
                            f"{'; '.join(mismatched[:SHOWN])}; keep fresh weights for those "
                            f"layers with --init-except {','.join(layers)}")
     if missing:
         raise WeightsError(f"{file} lacks {len(missing)} tensor(s) of net "
-                           f"{shown(net.name, quoted=False)}: {_listed(missing)}; give a file "
+                           f"{shown_path(net.name)}: {_listed(missing)}; give a file "
                            f"of this net, or keep those layers fresh with --init-except")
     if extra:
         raise WeightsError(f"{file} holds {len(extra)} tensor(s) net "
-                           f"{shown(net.name, quoted=False)} has no place for: "
+                           f"{shown_path(net.name)} has no place for: "
                            f"{_listed(extra)}; leave their modules out with --init-except")
     return found
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from hpctrain.errors import UserError, shown
+from hpctrain.errors import UserError, shown_path
 from hpctrain.io.locations import shipped
 
 MAX_BYTES = 1 << 20
@@ -30,7 +30,7 @@ def read_text(path: Path | Traversable, error: type[UserError], what: str) -> st
     error : the :class:`~hpctrain.errors.UserError` subclass to raise, e.g. ``NetError``.
     what : what the file should be, for the message: ``"net file"``, ``"plan file"``…
     """
-    name = shown(str(path), quoted=False)
+    name = shown_path(path)
     try:
         with path.open("rb") as stream:
             data = stream.read(MAX_BYTES + 1)

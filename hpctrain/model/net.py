@@ -55,7 +55,7 @@ import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from hpctrain.errors import shown
+from hpctrain.errors import shown, shown_path
 from hpctrain.io.locations import shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
 from hpctrain.kernels.loss import CROSS_ENTROPY, MEAN_SQUARED_ERROR, Loss
@@ -110,7 +110,7 @@ class NetSpec:
 
     def __post_init__(self) -> None:
         # each layer made exact for its input (Kind.resolve), in file order, with its shape
-        net = f"net {shown(self.name, quoted=False)}"
+        net = f"net {shown_path(self.name)}"
         shapes: list[Shape] = []
         layers = []
         for layer in self.layers:
@@ -164,7 +164,7 @@ class NetSpec:
     def with_image_size(self, size: int) -> NetSpec:
         """The net on images (or volumes) of ``size`` along every spatial axis."""
         if len(self.input_shape) < 3:
-            raise NetError(f"net {shown(self.name, quoted=False)} takes flat input; "
+            raise NetError(f"net {shown_path(self.name)} takes flat input; "
                            f"--image-size {size} does not apply")
         if not 1 <= size <= MAX_SIZE:
             raise NetError(f"--image-size {shown(size, 30)} must be from 1 to {MAX_SIZE}")
@@ -196,7 +196,7 @@ class NetSpec:
         shapes = self._shapes
         if shapes[-1] != (self.classes,):
             what = "targets" if self.regression else "classes"
-            raise NetError(f"net {shown(self.name, quoted=False)}: the last layer gives shape "
+            raise NetError(f"net {shown_path(self.name)}: the last layer gives shape "
                            f"{shapes[-1]} but the loss needs ({self.classes},) "
                            f"({what}={self.classes})")
         return shapes
@@ -219,7 +219,7 @@ class NetSpec:
                 layer, self.in_shapes(k))
             for suffix, shape in shapes.items():
                 name = f"{layer.name}.{suffix}"
-                _check_size(f"net {shown(self.name, quoted=False)}: layer {layer.name}'s "
+                _check_size(f"net {shown_path(self.name)}: layer {layer.name}'s "
                             f"{suffix} has shape {shape}", shape)
                 found[name] = shape
         return found
@@ -467,7 +467,7 @@ def parse_net(text: str, name: str) -> NetSpec:
     that names no earlier line, a block used before it is defined or without ``end``, and a net
     whose shapes do not fit (see :attr:`NetSpec.out_shapes`).
     """
-    file = shown(name, quoted=False)
+    file = shown_path(name)
     blocks: dict[str, _Block] = {}
     top: list[tuple[int, list[str]]] = []
     open_block: _Block | None = None
@@ -524,7 +524,7 @@ def _check_read(net: NetSpec) -> None:
     read = net.consumers
     for k, layer in enumerate(net.layers[:-1]):
         if k not in read:
-            raise NetError(f"net {shown(net.name, quoted=False)}: the output of layer "
+            raise NetError(f"net {shown_path(net.name)}: the output of layer "
                            f"{layer.name} is read by no layer; read it (in=…) or remove it "
                            f"(the last line feeds the loss)")
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from hpctrain.errors import UserError, shown
+from hpctrain.errors import UserError, shown, shown_path
 from hpctrain.io.files import replace_atomically
 from hpctrain.io.locations import shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
@@ -366,7 +366,7 @@ def read_plan(path: Path | Traversable, net: NetSpec, procs: int) -> list[LayerP
 def parse_plan(text: str, source: str, net: NetSpec, procs: int) -> list[LayerPlan]:
     """The plan in plan-file ``text`` read from ``source`` (a path, or where else the text was
     kept, for messages); refused as :func:`read_plan` says."""
-    name = shown(source, quoted=False)
+    name = shown_path(source)
     known = {l.name for l in net.layers}
     entries: dict[str, LayerPlan] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -385,7 +385,7 @@ def parse_plan(text: str, source: str, net: NetSpec, procs: int) -> list[LayerPl
         layer, mode = words[0], words[1]
         if layer not in known:
             raise PlanError(f"{where}: layer {shown(layer)} is not in net "
-                            f"{shown(net.name, quoted=False)}")
+                            f"{shown_path(net.name)}")
         if layer in entries:
             raise PlanError(f"{where}: layer {shown(layer)} is given twice; give each layer one "
                             f"line")

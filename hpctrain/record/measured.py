@@ -19,7 +19,7 @@ import numpy as np
 from hpctrain.cost.machine import Machine, MachineError, parse_machine
 from hpctrain.cost.memory import precision_of
 from hpctrain.device.precision import Precision, resolve_precision
-from hpctrain.errors import UserError, shown
+from hpctrain.errors import UserError, shown_path
 from hpctrain.interchange.nets import load_network
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.plans import LayerPlan, parse_plan
@@ -70,7 +70,7 @@ def read_measured_plans(path: Path) -> list[MeasuredPlan]:
     it lacks, where it holds none."""
     import h5py
 
-    where = shown(str(path), quoted=False)
+    where = shown_path(path)
     try:  # no lock: a run still going holds its log, and may be read as it goes
         h5 = h5py.File(path, "r", locking=False)
     except OSError as err:
