@@ -1,8 +1,9 @@
-"""An independent reference: ResNet-18, one InceptionA module, CosmoFlow, an MLP and a small CNN
-written in plain
-PyTorch (no torchvision, no hpctrain code), in float64, trained from hpctrain's initial weights on
-the same batches, to compare with hpctrain step by step. The classifiers are trained on
-softmax cross-entropy, CosmoFlow (a regression) on the mean squared error.
+"""An independent reference: ResNet-18, one InceptionA module, CosmoFlow, an MLP, a small CNN and
+a mobile block (depthwise, grouped and dilated convolutions, a squeeze-excitation gate and the
+mobile activations) written in plain PyTorch (no torchvision, no hpctrain code), in float64,
+trained from hpctrain's initial weights on the same batches, to compare with hpctrain step by
+step. The classifiers are trained on softmax cross-entropy, CosmoFlow (a regression) on the
+mean squared error.
 
 Import this module only after ``pytest.importorskip("torch")``: PyTorch is the reference extra,
 which `make test` (and so CI) installs; elsewhere the tests that need it skip.
@@ -351,6 +352,69 @@ def layer_names(convs: int, linears: int) -> NameMap:
     return names
 
 
+# -- a mobile block: depthwise, grouped and dilated convolutions, a gate, mobile activations ----
+
+MOBILE_NET = """input channels=3 size=10 classes=5
+conv name=stem out=12 kernel=3 pad=1 bias=0
+batchnorm name=bn1
+relu6
+conv name=dw out=12 kernel=3 pad=2 dilation=2 groups=12 bias=0
+batchnorm name=bn2
+hardswish name=act
+avgpool name=squeeze kernel=global
+conv name=fc1 out=4 kernel=1
+silu
+conv name=fc2 out=12 kernel=1
+hardsigmoid name=gate
+mul name=excite in=act,gate
+conv name=expand out=24 kernel=3 pad=1 groups=12
+sigmoid
+conv name=grouped out=24 kernel=3 pad=2x1 dilation=2x1 groups=12
+clip min=-0.5 max=0.75
+avgpool kernel=global
+flatten
+linear name=fc out=5
+"""
+
+
+class MobileBlock(nn.Module):
+    """MobileNet v3's inverted residual without its residual: a depthwise dilated convolution
+    between batch norms, a squeeze-excitation gate, then a grouped convolution (two outputs
+    per input) and a grouped one dilated along the height alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.bn1 = nn.Conv2d(3, 12, 3, padding=1, bias=False), nn.BatchNorm2d(12)
+        self.dw = nn.Conv2d(12, 12, 3, padding=2, dilation=2, groups=12, bias=False)
+        self.bn2 = nn.BatchNorm2d(12)
+        self.fc1, self.fc2 = nn.Conv2d(12, 4, 1), nn.Conv2d(4, 12, 1)
+        self.expand = nn.Conv2d(12, 24, 3, padding=1, groups=12)
+        self.grouped = nn.Conv2d(24, 24, 3, padding=(2, 1), dilation=(2, 1), groups=12)
+        self.fc = nn.Linear(24, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu6(self.bn1(self.stem(x)))
+        x = F.hardswish(self.bn2(self.dw(x)))
+        # hard sigmoid as ReLU6(x + 3)/6: F.hardsigmoid's backward scales by a float32 1/6
+        # even in float64, 3e-8 off the derivative
+        gate = F.relu6(self.fc2(F.silu(self.fc1(x.mean((2, 3), keepdim=True)))) + 3) / 6
+        x = torch.sigmoid(self.expand(x * gate))
+        x = F.hardtanh(self.grouped(x), -0.5, 0.75)
+        return self.fc(x.mean((2, 3)))
+
+
+def mobile_names() -> NameMap:
+    """The block's layers carry PyTorch's module names: only batch norm's γ and β differ."""
+    names = NameMap({}, {})
+    names.conv("stem", "stem")
+    names.conv("dw", "dw")
+    for conv in ("fc1", "fc2", "expand", "grouped", "fc"):
+        names.conv(conv, conv, bias=True)
+    names.batchnorm("bn1", "bn1")
+    names.batchnorm("bn2", "bn2")
+    return names
+
+
 # -- the compared models ---------------------------------------------------------------------
 
 TOLERANCE = 1e-9  # relative error of every tensor of every step
@@ -365,6 +429,8 @@ MODELS = {
             lambda: layer_names(0, 3)),
     "small_cnn": (lambda: parse_net(SMALL_CNN_NET, "small_cnn"), lambda net: SmallCNN(),
                   lambda: layer_names(2, 2)),
+    "mobile": (lambda: parse_net(MOBILE_NET, "mobile"), lambda net: MobileBlock(),
+               mobile_names),
 }
 
 

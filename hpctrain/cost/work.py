@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hpctrain.kernels.sliding import out_size
+from hpctrain.kernels.sliding import out_size, spans
 
 Shape = tuple[int, ...]
 # forward() and backward_of(what forward returned) -> backward(): a kernel pair to time
@@ -46,7 +46,8 @@ class LocalWork:
     update); ``out``: output channels or features held locally (conv, linear);
     ``kernel``/``stride`` (one per spatial axis) and ``pads`` ((before, after) per spatial
     axis) for window layers; ``need_dx``: whether the input gradient is computed (not for the
-    first layer).
+    first layer); a convolution's ``groups`` (those of its local channels) and ``dilation``
+    (one per spatial axis; empty: none).
     """
 
     op: Operation
@@ -56,11 +57,20 @@ class LocalWork:
     stride: tuple[int, ...] = ()
     pads: tuple[tuple[int, int], ...] = ()
     need_dx: bool = True
+    groups: int = 1
+    dilation: tuple[int, ...] = ()
 
     def key(self) -> str:
-        """The work as text, the same in every process: part of a timing's cache key."""
-        return "|".join(str(v) for v in (self.op.name, self.x, self.out, self.kernel,
-                                          self.stride, self.pads, self.need_dx))
+        """The work as text, the same in every process: part of a timing's cache key (a
+        convolution's groups and dilation only where they are not 1, so that the keys of the
+        rest stay as they were)."""
+        fields = [self.op.name, self.x, self.out, self.kernel, self.stride, self.pads,
+                  self.need_dx]
+        if self.groups != 1:
+            fields.append(f"groups {self.groups}")
+        if any(step != 1 for step in self.dilation):
+            fields.append(f"dilation {self.dilation}")
+        return "|".join(str(v) for v in fields)
 
     def flops(self) -> tuple[float, float]:
         """Forward and backward floating-point operations, as the operation counts them."""
@@ -74,11 +84,12 @@ class LocalWork:
         batch, channels = (self.x[0], self.x[1]) if len(self.x) > 1 else (1, self.x[0])
         positions = batch * math.prod(self.out_sizes() if self.kernel else self.x[2:])
         window = channels * math.prod(self.kernel)
-        weights = self.out * window
+        weights = self.out * window // self.groups
         columns = positions * window if self.out and self.kernel else 0
         return math.prod(self.x) + positions * (self.out or channels) + 2 * weights + columns
 
     def out_sizes(self) -> tuple[int, ...]:
         """Output size along each spatial axis of a window kernel on ``x`` with ``pads``."""
         return tuple(out_size(n, k, s, before, after) for n, k, s, (before, after)
-                     in zip(self.x[2:], self.kernel, self.stride, self.pads, strict=True))
+                     in zip(self.x[2:], spans(self.kernel, self.dilation or None), self.stride,
+                            self.pads, strict=True))

@@ -16,8 +16,9 @@ Decoding runs on worker processes, each with a pipe of its own (``_Workers``); r
 are written in file order, so the file is the same, byte for byte, for any number of workers.
 At most a few batches of decoded images are held at a time, fitted to the memory available
 (:func:`plan_pipeline`). A file Pillow cannot decode is listed and skipped (or, ``strict``,
-refused); names are shown escaped (:func:`~hpctrain.errors.shown_path`). A worker that dies ends the run with a
-:class:`~hpctrain.errors.Failure`; Ctrl-C and SIGTERM stop it between tasks.
+refused); names are shown escaped (:func:`~hpctrain.errors.shown_path`). A worker that dies
+ends the run with a :class:`~hpctrain.errors.Failure`; Ctrl-C and SIGTERM stop it between
+tasks.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ class _Writer:
         self.initializers.append(self.onnx.numpy_helper.from_array(value, name))
         return name
 
-    def constant(self, spec: LayerSpec, value: float) -> str:
-        name = f"{spec.name}::constant"
+    def constant(self, spec: LayerSpec, value: float, tag: str = "constant") -> str:
+        name = f"{spec.name}::{tag}"
         self.nodes.append(self.onnx.helper.make_node(
             "Constant", [], [name], name=name,
             value=self.onnx.numpy_helper.from_array(np.array(value, dtype=np.float32))))
@@ -77,7 +77,7 @@ def _conv(w: _Writer, spec: LayerSpec) -> None:
     if o.bias:
         inputs.append(w.weight(spec, "bias"))
     w.node(spec, "Conv", inputs, kernel_shape=list(o.kernel), strides=list(o.stride),
-           pads=_pads(o.pad))
+           pads=_pads(o.pad), group=o.groups, dilations=list(o.dilation))
 
 
 def _batchnorm(w: _Writer, spec: LayerSpec) -> None:
@@ -130,6 +130,24 @@ def _simple(op: str, **attributes: Callable[[Any], Any]) -> Callable[[_Writer, L
     return write
 
 
+def _clip(low: Callable[[Any], float], high: Callable[[Any], float]
+          ) -> Callable[[_Writer, LayerSpec], None]:
+    """Clip to [low, high] of the layer's options (its bounds as inputs, from opset 11)."""
+    def write(w: _Writer, spec: LayerSpec) -> None:
+        w.node(spec, "Clip", [*w.inputs_of(spec), w.constant(spec, low(spec.options), "min"),
+                              w.constant(spec, high(spec.options), "max")])
+
+    return write
+
+
+def _silu(w: _Writer, spec: LayerSpec) -> None:
+    """x·σ(x) as PyTorch writes it: a Sigmoid, and a Mul of the input by it."""
+    (x,) = w.inputs_of(spec)
+    gate = f"{spec.name}::sigmoid"
+    w.nodes.append(w.onnx.helper.make_node("Sigmoid", [x], [gate], name=gate))
+    w.node(spec, "Mul", [x, gate])
+
+
 def _scale(w: _Writer, spec: LayerSpec) -> None:
     w.node(spec, "Mul", [*w.inputs_of(spec), w.constant(spec, spec.options.factor)])
 
@@ -148,6 +166,13 @@ WRITERS: dict[str, Callable[[_Writer, LayerSpec], None]] = {
     "add": _add,
     "concat": _simple("Concat", axis=lambda o: 1),
     "dropout": _dropout,
+    "sigmoid": _simple("Sigmoid"),
+    "silu": _silu,
+    "hardsigmoid": _simple("HardSigmoid", alpha=lambda o: 1 / 6, beta=lambda o: 0.5),
+    "hardswish": _simple("HardSwish"),
+    "relu6": _clip(lambda o: 0.0, lambda o: 6.0),
+    "clip": _clip(lambda o: o.min, lambda o: o.max),
+    "mul": _simple("Mul"),
 }
 """One writer per layer kind, the ONNX node (or nodes) the layer is."""
 

@@ -49,6 +49,7 @@ from hpctrain.layout.partition import Window
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import INPUT, LayerSpec, Shape
 from hpctrain.model.kinds.maxpool import ceil_windows
+from hpctrain.model.kinds.mul import per_channel
 from hpctrain.model.net import MAX_NAME, NetError, NetSpec, StartingWeights, check_layer_name
 
 OPSETS = range(13, 22)  #: the default domain's opsets read (13 to 21)
@@ -160,7 +161,8 @@ SHORT = {"Relu": "relu", "LeakyRelu": "leakyrelu", "Tanh": "tanh", "MaxPool": "m
          "AveragePool": "avgpool", "GlobalAveragePool": "avgpool", "Flatten": "flatten",
          "Reshape": "flatten", "Add": "add", "Sum": "add", "Concat": "concat",
          "Dropout": "dropout", "Mul": "scale", "BatchNormalization": "bn", "Conv": "conv",
-         "Gemm": "fc", "MatMul": "fc"}
+         "Gemm": "fc", "MatMul": "fc", "Sigmoid": "sigmoid", "HardSigmoid": "hardsigmoid",
+         "HardSwish": "hardswish", "Clip": "clip", "ReduceMean": "avgpool"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _NUMBERED = re.compile(r"_\d+$")
 
@@ -596,9 +598,8 @@ def _conv(graph: _Graph, node: Any) -> None:
     axes = weight.ndim - 2
     if axes not in (2, 3):
         raise _Unsupported(f"a {axes}-D convolution; hpctrain convolves images and volumes")
-    if graph.attribute(node, "group") != 1:
-        raise _Unsupported(f"group {graph.attribute(node, 'group')}")
-    _ones(graph, node, "dilations", axes)
+    groups = graph.attribute(node, "group")
+    dilation = list(graph.attribute(node, "dilations") or [1] * axes)
     kernel = list(graph.attribute(node, "kernel_shape") or weight.shape[2:])
     stride = list(graph.attribute(node, "strides") or [1] * axes)
     pads = _pads(graph, node, graph.shapes[x], kernel, stride)
@@ -607,7 +608,8 @@ def _conv(graph: _Graph, node: Any) -> None:
         weights["bias"] = bias
     graph.add_layer(node, "conv", {"out": weight.shape[0], "kernel": _sizes(kernel),
                                    "stride": _sizes(stride), "pad": _pad_text(pads),
-                                   "bias": int(bias is not None)}, [x], weights,
+                                   "bias": int(bias is not None), "groups": groups,
+                                   "dilation": _sizes(dilation)}, [x], weights,
                     node.input[1])
 
 
@@ -633,6 +635,63 @@ def _pointwise(kind: str, **texts: Callable[[_Graph, Any], Any]) -> Callable[[_G
                         [graph.activation(node)])
 
     return convert
+
+
+def _sigmoid(graph: _Graph, node: Any) -> None:
+    """σ(x); x·σ(x) (a ``Mul`` of the input by its sigmoid, which alone reads it: SiLU, as
+    PyTorch writes it) is one silu layer."""
+    x = graph.activation(node)
+    readers = graph.consumers.get(node.output[0], [])
+    if len(readers) == 1 and node.output[0] not in graph.graph_outputs:
+        mul = readers[0]
+        if mul.op_type == "Mul" and sorted(mul.input) == sorted([x, node.output[0]]):
+            graph.absorbed.add(id(mul))
+            graph.add_layer(node, "silu", {}, [x], output=mul.output[0])
+            return
+    graph.add_layer(node, "sigmoid", {}, [x])
+
+
+def _hardsigmoid(graph: _Graph, node: Any) -> None:
+    """max(0, min(1, αx + β)) with PyTorch's α = 1/6, β = 1/2: ReLU6(x + 3)/6."""
+    alpha, beta = graph.attribute(node, "alpha"), graph.attribute(node, "beta")
+    if abs(alpha - 1 / 6) > 1e-6 or abs(beta - 0.5) > 1e-6:
+        raise _Unsupported(f"alpha {alpha:g}, beta {beta:g}; hpctrain's hardsigmoid is "
+                           f"PyTorch's (alpha 1/6, beta 1/2)")
+    graph.add_layer(node, "hardsigmoid", {}, [graph.activation(node)])
+
+
+def _clip(graph: _Graph, node: Any) -> None:
+    """x cut to [min, max] (both given, as constants): relu6 for [0, 6]."""
+    x = graph.activation(node)
+    low = graph.optional_constant(node, 1, "min")
+    high = graph.optional_constant(node, 2, "max")
+    if low is None or high is None:
+        raise _Unsupported("an open bound; hpctrain clips to [min, max]")
+    low, high = decimal(float(low.reshape(-1)[0])), decimal(float(high.reshape(-1)[0]))
+    if (low, high) == (0, 6):
+        graph.add_layer(node, "relu6", {}, [x])
+    else:
+        graph.add_layer(node, "clip", {"min": repr(low), "max": repr(high)}, [x])
+
+
+def _reduce_mean(graph: _Graph, node: Any) -> None:
+    """The mean over every spatial axis (``x.mean([2, 3])``): a global average pool, then a
+    flatten where the axes are dropped (keepdims 0)."""
+    x = graph.activation(node)
+    rank = len(graph.shapes[x]) + 1
+    axes = graph.attribute(node, "axes")
+    if axes is None:
+        given = graph.optional_constant(node, 1, "axes")
+        axes = None if given is None else given.tolist()
+    if rank < 4 or axes is None or sorted(a % rank for a in axes) != list(range(2, rank)):
+        raise _Unsupported(f"a mean over axes {axes}; hpctrain averages over every spatial "
+                           f"axis (a global average pool)")
+    if graph.attribute(node, "keepdims") == 0:
+        pooled = f"{node.output[0]} (pooled)"
+        graph.add_layer(node, "avgpool", {"kernel": "global"}, [x], output=pooled)
+        graph.add_layer(node, "flatten", {}, [pooled])
+    else:
+        graph.add_layer(node, "avgpool", {"kernel": "global"}, [x])
 
 
 def _pool_window(graph: _Graph, node: Any) -> tuple[str, list[int], list[int], list]:
@@ -798,7 +857,19 @@ def _identity(graph: _Graph, node: Any) -> None:
 
 
 def _mul(graph: _Graph, node: Any) -> None:
+    """A product by a scalar constant (a scale layer), or of two computed tensors of one shape
+    or one by a gate of one value per channel (a mul layer: squeeze-excitation)."""
     a, b = node.input
+    if a in graph.shapes and b in graph.shapes:
+        if per_channel(graph.shapes[a], graph.shapes[b]):
+            a, b = b, a  # the gate second
+        if graph.shapes[b] != graph.shapes[a] and not per_channel(graph.shapes[b],
+                                                                   graph.shapes[a]):
+            raise _Unsupported(f"a product of shapes {graph.shapes[a]} and {graph.shapes[b]}; "
+                               f"hpctrain multiplies tensors of one shape, or by one value per "
+                               f"channel")
+        graph.add_layer(node, "mul", {}, [a, b])
+        return
     x, factor = (a, b) if b in graph.constants else (b, a)
     if factor not in graph.constants or x not in graph.shapes:
         raise _Unsupported("a product of two computed tensors")
@@ -815,6 +886,11 @@ CONVERTERS: dict[str, Callable[[_Graph, Any], None]] = {
     "LeakyRelu": _pointwise("leakyrelu",
                             slope=lambda g, n: repr(decimal(g.attribute(n, "alpha")))),
     "Tanh": _pointwise("tanh"),
+    "Sigmoid": _sigmoid,
+    "HardSigmoid": _hardsigmoid,
+    "HardSwish": _pointwise("hardswish"),
+    "Clip": _clip,
+    "ReduceMean": _reduce_mean,
     "MaxPool": _maxpool,
     "AveragePool": _avgpool,
     "GlobalAveragePool": _global_avgpool,

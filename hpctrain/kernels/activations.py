@@ -1,6 +1,9 @@
-"""Element-wise layers: ReLU, leaky ReLU, tanh, scaling and dropout.
+"""Element-wise layers: ReLU, leaky ReLU, tanh, scaling, the gates and clipped units of
+mobile nets (sigmoid, SiLU, hard sigmoid, hard swish, ReLU6 and clip) and dropout.
 
-Each backward reads the output Y (and dY), never the input, so a layer keeps only Y."""
+A backward reads the output Y where the derivative is a function of Y (ReLU, tanh, sigmoid,
+the clips), and the input X where it is not (SiLU and hard swish are not one-to-one): a layer
+keeps one of them. Where an activation has a kink, the derivative there is PyTorch's."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.kernels.counter_rng import uniform_block
+from hpctrain.kernels.products import total
 
 
 def relu_forward(xp: Any, x: Any) -> Any:
@@ -50,6 +54,81 @@ def tanh_forward(xp: Any, x: Any) -> Any:
 def tanh_backward(xp: Any, y: Any, dy: Any) -> Any:
     """dY·(1 − Y²)."""
     return dy * (1 - y * y)
+
+
+def sigmoid_forward(xp: Any, x: Any) -> Any:
+    """1/(1 + e^−x), as (1 + tanh(x/2))/2: the same function with no overflow of e^−x for a
+    large negative x, and one transcendental per entry."""
+    half = x.dtype.type(0.5)
+    y = xp.tanh(x * half)
+    y += 1
+    y *= half
+    return y
+
+
+def sigmoid_backward(xp: Any, y: Any, dy: Any) -> Any:
+    """dY·Y·(1 − Y)."""
+    return dy * y * (1 - y)
+
+
+def silu_forward(xp: Any, x: Any) -> Any:
+    """x·σ(x) (SiLU, or swish: EfficientNet's activation)."""
+    return x * sigmoid_forward(xp, x)
+
+
+def silu_backward(xp: Any, x: Any, dy: Any) -> Any:
+    """dY·σ(x)·(1 + x·(1 − σ(x))), from the input (SiLU is not one-to-one)."""
+    s = sigmoid_forward(xp, x)
+    return dy * s * (1 + x * (1 - s))
+
+
+def clip_forward(xp: Any, x: Any, low: float, high: float) -> Any:
+    """x cut to [low, high] (ReLU6 is low 0, high 6)."""
+    return xp.clip(x, x.dtype.type(low), x.dtype.type(high))
+
+
+def clip_backward(xp: Any, y: Any, dy: Any, low: float, high: float) -> Any:
+    """dY where low < x < high, read from Y (which lies strictly inside there, and on a bound
+    elsewhere), else 0: at a bound the derivative is 0, as PyTorch's hardtanh gives."""
+    inside = (y > y.dtype.type(low)) & (y < y.dtype.type(high))
+    return xp.multiply(dy, inside)
+
+
+def hardsigmoid_forward(xp: Any, x: Any) -> Any:
+    """ReLU6(x + 3)/6 = x/6 + 1/2 cut to [0, 1] (MobileNet v3's gate)."""
+    y = x * x.dtype.type(1 / 6)
+    y += x.dtype.type(0.5)
+    return xp.clip(y, 0, 1, out=y)
+
+
+def hardsigmoid_backward(xp: Any, y: Any, dy: Any) -> Any:
+    """dY/6 where −3 < x < 3, that is 0 < Y < 1; else 0."""
+    inside = (y > 0) & (y < 1)
+    return xp.multiply(dy * dy.dtype.type(1 / 6), inside)
+
+
+def hardswish_forward(xp: Any, x: Any) -> Any:
+    """x·ReLU6(x + 3)/6 (MobileNet v3's activation)."""
+    return x * hardsigmoid_forward(xp, x)
+
+
+def hardswish_backward(xp: Any, x: Any, dy: Any) -> Any:
+    """dY·(x/3 + 1/2) for −3 < x < 3, dY from 3 up, 0 to −3, from the input (hard swish is
+    not one-to-one): at the kinks, PyTorch's values."""
+    factor = x * x.dtype.type(1 / 3)
+    factor += x.dtype.type(0.5)
+    factor = xp.where(x <= -3, x.dtype.type(0), xp.where(x >= 3, x.dtype.type(1), factor))
+    return dy * factor
+
+
+def gate_backward(xp: Any, dy: Any, a: Any, g: Any) -> tuple[Any, Any]:
+    """(ΔA, ΔG) of Y = A ⊙ G: ΔY ⊙ G, and ΔY ⊙ A summed over the axes along which G was
+    broadcast (its sizes of 1 where A's are larger)."""
+    dg = dy * a
+    broadcast = tuple(k for k, (n, m) in enumerate(zip(g.shape, a.shape, strict=True)) if n != m)
+    if broadcast:
+        dg = total(dg, axis=broadcast).reshape(g.shape)  # 16-bit: summed in float32
+    return dy * g, dg
 
 
 def scale_forward(xp: Any, x: Any, factor: float) -> Any:

@@ -25,6 +25,13 @@ rule is :func:`~hpctrain.kernels.sliding.prefer_channels_last`.
 A volume's input gradient goes a slab of output planes at a time (:data:`SLAB_BYTES`), so that
 the column gradients of a slab are scattered back while they are still in cache: CosmoFlow's
 64³ layer's backward 80 → 59 ms. Images keep one GEMM for the whole batch.
+
+A *dilated* convolution takes every Dᵢ-th entry along axis i in a window (its taps span
+Dᵢ·(Kᵢ − 1) + 1 entries): the same gather with longer steps. A *grouped* one (G groups) cuts
+the channels into G groups and each group of O/G outputs reads its own C/G inputs: the columns
+are taken channel-major and the G products go as one batched product. A *depthwise* one (each
+group one input and one output channel, MobileNet's) has no product worth the columns: it adds
+up K shifted copies of the input, each scaled by its tap's weight per channel (:func:`_depthwise`).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from hpctrain.kernels.sliding import (
     out_size,
     padded,
     prefer_channels_last,
+    spans,
     unpadded,
     windows,
     windows_last,
@@ -59,43 +67,57 @@ slab (``python bench/conv3d.py --slabs``)."""
 
 @dataclass(frozen=True)
 class ConvCache:
-    cols: Any  # (C·K, N·P) channel-major, (N·P, K·C) channels-last
+    cols: Any  # (C·K, N·P) channel-major, (N·P, K·C) channels-last; a depthwise layer's padded X
     x_shape: tuple[int, ...]
     pads: Pads  # (before, after) per spatial axis
     channels_last: bool = False
+    dilation: tuple[int, ...] | None = None  # None: no dilation
+    groups: int = 1
 
 
 def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], pads: Pads,
-                 channels_last: bool | None = None) -> tuple[Any, ConvCache]:
-    """Y[n, o, p] = Σ_{c, a} W[o, c, a] · Xpad[n, c, p·s + a] + b[o], p and a d-tuples.
+                 channels_last: bool | None = None, dilation: tuple[int, ...] | None = None,
+                 groups: int = 1) -> tuple[Any, ConvCache]:
+    """Y[n, o, p] = Σ_{c, a} W[o, c, a] · Xpad[n, g·C/G + c, p·s + a·D] + b[o], p and a
+    d-tuples, g = ⌊o/(O/G)⌋ the group of output o.
 
-    X: (N, C, S1, …, Sd), W: (O, C, K1, …, Kd), b: (O,) or None -> Y: (N, O, P1, …, Pd)
+    X: (N, C, S1, …, Sd), W: (O, C/G, K1, …, Kd), b: (O,) or None -> Y: (N, O, P1, …, Pd)
     (contiguous), with Xpad the input padded with zeros by ``pads`` ((before, after) per
-    spatial axis), ``stride`` a d-tuple and Pᵢ = ⌊(Sᵢ + beforeᵢ + afterᵢ − Kᵢ)/sᵢ⌋ + 1.
+    spatial axis), ``stride`` and ``dilation`` (D, None for all 1) d-tuples, ``groups`` G
+    dividing C and O, and Pᵢ = ⌊(Sᵢ + beforeᵢ + afterᵢ − Dᵢ·(Kᵢ − 1) − 1)/sᵢ⌋ + 1.
     ``channels_last``: the windows channels-last (True) or channel-major (False); by default
-    :func:`~hpctrain.kernels.sliding.prefer_channels_last` chooses.
+    :func:`~hpctrain.kernels.sliding.prefer_channels_last` chooses (channel-major for G > 1).
 
     16-bit X and W (bfloat16, float16) are multiplied, and their windows kept, in float32; Y
     comes back in X's dtype (a tensor core's sums are float32 too).
     """
     if narrow(x.dtype):
         y, cache = conv_forward(xp, widen(x), widen(w), None if b is None else widen(b), stride,
-                                pads, channels_last)
+                                pads, channels_last, dilation, groups)
         return y.astype(x.dtype), cache
     n, c, *size = x.shape
-    o, _, *kernel = w.shape
+    o, cg, *kernel = w.shape
     d = len(size)
     check_windows(d, tuple(kernel), stride, pads)
+    if cg * groups != c or o % groups:
+        raise ValueError(f"weight {w.shape} with {groups} groups does not fit input {x.shape}")
     kernel, stride = tuple(kernel), tuple(stride)
+    if dilation is not None and all(step == 1 for step in dilation):
+        dilation = None
+    span = spans(kernel, dilation)
+    if groups > 1:
+        channels_last = False
+        if cg == 1 and o == groups:
+            return _depthwise(xp, x, w, b, stride, pads, dilation)
     if channels_last is None:
         before, after = pads[-1]
         channels_last = prefer_channels_last(
-            c, kernel, out_size(size[-1], kernel[-1], stride[-1], before, after))
+            c, kernel, out_size(size[-1], span[-1], stride[-1], before, after))
     if channels_last:
         x_last = xp.zeros((n, *(m + before + after for m, (before, after) in zip(size, pads)), c),
                           dtype=x.dtype)
         x_last[_inside(size, pads)] = x.transpose(0, *range(2, 2 + d), 1)
-        win = windows_last(xp, x_last, kernel, stride)  # (N, P1, …, Pd, K1, …, Kd, C)
+        win = windows_last(xp, x_last, kernel, stride, dilation)  # (N, P1, …, Pd, K1, …, Kd, C)
         out = win.shape[1:1 + d]
         cols = win.reshape(n * prod(out), prod(kernel) * c)
         y = matmul(xp, cols, _weight_last(xp, w).T)  # (N·P, O)
@@ -103,16 +125,18 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...]
             y += b
         y = y.reshape(n, *out, o).transpose(0, 1 + d, *range(1, 1 + d))
     else:
-        win = windows(xp, padded(xp, x, pads, 0.0), kernel, stride)  # (N, C, K…, P…)
+        win = windows(xp, padded(xp, x, pads, 0.0), kernel, stride, dilation)  # (N, C, K…, P…)
         out = win.shape[2 + d:]
         cols = win.transpose(1, *range(2, 2 + d), 0, *range(2 + d, 2 + 2 * d)).reshape(
             c * prod(kernel), n * prod(out))
-        y = matmul(xp, w.reshape(o, -1), cols).reshape(o, n, *out)
+        # one product per group (G = 1: the plain one): (G, O/G, C/G·K) · (G, C/G·K, N·P)
+        y = matmul(xp, w.reshape(groups, o // groups, -1),
+                   cols.reshape(groups, -1, cols.shape[1])).reshape(o, n, *out)
         if b is not None:
             y += b.reshape(o, *(1,) * (1 + d))
         y = y.transpose(1, 0, *range(2, 2 + d))
     return xp.ascontiguousarray(y), ConvCache(cols, x.shape, tuple(map(tuple, pads)),
-                                              channels_last)
+                                              channels_last, dilation, groups)
 
 
 def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, ...],
@@ -123,8 +147,8 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
     dW = dY·colsᵀ (written into ``dw_out`` when given), db = Σ_{n, p} dY, and dX scatters
     Wᵀ·dY back to each window position (the adjoint of the window gather), then drops the
     padding; for a volume, a slab of output planes at a time (:data:`SLAB_BYTES`). The
-    windows are in the order the forward took them (``cache``). A 16-bit dY is summed in
-    float32 and the gradients come back in its dtype.
+    windows are in the order the forward took them (``cache``), as are its dilation and
+    groups. A 16-bit dY is summed in float32 and the gradients come back in its dtype.
     """
     if narrow(dy.dtype):
         dx, dw, db = conv_backward(xp, widen(dy), widen(w), cache, stride, need_dx)
@@ -135,27 +159,74 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
             dw = dw.astype(dy.dtype)
         return (None if dx is None else dx.astype(dy.dtype)), dw, db.astype(dy.dtype)
     stride = tuple(stride)
+    o, cg, *kernel = w.shape
+    if cache.groups > 1 and cg == 1 and o == cache.groups:
+        return _depthwise_backward(xp, dy, w, cache, stride, need_dx, dw_out)
     if cache.channels_last:
         return _backward_last(xp, dy, w, cache, stride, need_dx, dw_out)
-    o, c, *kernel = w.shape
+    c = cache.x_shape[1]
     n, _, *out = dy.shape
-    d = len(out)
-    dy_mat = dy.transpose(1, 0, *range(2, 2 + d)).reshape(o, n * prod(out))
-    dw_mat = None if dw_out is None else dw_out.reshape(o, -1)
-    dw = matmul(xp, dy_mat, cache.cols.T, out=dw_mat).reshape(w.shape)
+    d, g = len(out), cache.groups
+    dy_mat = dy.transpose(1, 0, *range(2, 2 + d)).reshape(g, o // g, n * prod(out))
+    cols = cache.cols.reshape(g, -1, cache.cols.shape[1])
+    dw_mat = None if dw_out is None else dw_out.reshape(g, o // g, -1)
+    dw = matmul(xp, dy_mat, cols.transpose(0, 2, 1), out=dw_mat).reshape(w.shape)
     db = dy.sum(axis=(0, *range(2, 2 + d)))
     if not need_dx:
         return None, dw, db
-    if d >= 3:
+    if d >= 3 and g == 1:
         return _input_gradient_slabs(xp, dy, w, cache, stride), dw, db
-    dcols = matmul(xp, w.reshape(o, -1).T, dy_mat).reshape(c, *kernel, n, *out)
+    dcols = matmul(xp, w.reshape(g, o // g, -1).transpose(0, 2, 1), dy_mat).reshape(
+        c, *kernel, n, *out)
     size = cache.x_shape[2:]
     dxp = xp.zeros((n, c, *(m + before + after for m, (before, after) in zip(size, cache.pads))),
                    dtype=dy.dtype)
     for corner in product(*map(range, kernel)):
-        dxp[(slice(None), slice(None), *_hits(corner, stride, out))] += \
+        dxp[(slice(None), slice(None), *_hits(corner, stride, out, cache.dilation))] += \
             dcols[(slice(None), *corner)].transpose(1, 0, *range(2, 2 + d))
     return unpadded(dxp, cache.pads), dw, db
+
+
+def _depthwise(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], pads: Pads,
+               dilation: tuple[int, ...] | None) -> tuple[Any, ConvCache]:
+    """:func:`conv_forward` of a depthwise layer (W: (C, 1, K1, …, Kd)): Y is the sum over the
+    window's taps a of Xpad shifted by a·D, times W[:, 0, a] per channel. It keeps the padded
+    input, which its backward reads, instead of columns K times its size."""
+    n, c, *size = x.shape
+    d = len(size)
+    kernel = tuple(w.shape[2:])
+    xpad = padded(xp, x, pads, 0.0)
+    out = tuple(out_size(m, k, s, 0, 0) for m, k, s in zip(xpad.shape[2:],
+                                                            spans(kernel, dilation), stride))
+    y = xp.zeros((n, c, *out), dtype=x.dtype)
+    per_channel = (1, c, *(1,) * d)
+    for corner in product(*map(range, kernel)):
+        tap = w[(slice(None), 0, *corner)].reshape(per_channel)
+        y += xpad[(slice(None), slice(None), *_hits(corner, stride, out, dilation))] * tap
+    if b is not None:
+        y += b.reshape(per_channel)
+    return y, ConvCache(xpad, x.shape, tuple(map(tuple, pads)), False, dilation, c)
+
+
+def _depthwise_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, ...],
+                        need_dx: bool, dw_out: Any | None) -> tuple[Any | None, Any, Any]:
+    """:func:`conv_backward` of :func:`_depthwise`: per tap a, dW[:, 0, a] = Σ_{n, p} dY ·
+    Xpad shifted by a·D, and dXpad shifted by a·D gains dY · W[:, 0, a]."""
+    xpad, kernel = cache.cols, tuple(w.shape[2:])
+    n, c, *out = dy.shape
+    d = len(out)
+    dw = xp.empty_like(w) if dw_out is None else dw_out
+    dxp = xp.zeros_like(xpad) if need_dx else None
+    per_channel = (1, c, *(1,) * d)
+    every = (slice(None), slice(None))
+    axes = "nc" + "pqrstuvw"[:d]  # one letter per axis: the sum over samples and positions
+    for corner in product(*map(range, kernel)):
+        hits = (*every, *_hits(corner, stride, out, cache.dilation))
+        dw[(slice(None), 0, *corner)] = xp.einsum(f"{axes},{axes}->c", dy, xpad[hits])
+        if need_dx:
+            dxp[hits] += dy * w[(slice(None), 0, *corner)].reshape(per_channel)
+    db = dy.sum(axis=(0, *range(2, 2 + d)))
+    return (None if dxp is None else unpadded(dxp, cache.pads)), dw, db
 
 
 def _backward_last(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, ...],
@@ -185,7 +256,8 @@ def _backward_last(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int
                         c), dtype=dy.dtype)
     every_position = (slice(None),) * (1 + d)
     for corner in product(*map(range, kernel)):
-        dx_last[(slice(None), *_hits(corner, stride, out))] += dcols[(*every_position, *corner)]
+        dx_last[(slice(None), *_hits(corner, stride, out, cache.dilation))] += \
+            dcols[(*every_position, *corner)]
     dx = dx_last[_inside(size, cache.pads)].transpose(0, 1 + d, *range(1, 1 + d))
     return xp.ascontiguousarray(dx), dw, db
 
@@ -216,12 +288,12 @@ def _input_gradient_slabs(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tu
         if last:
             dcols = matmul(xp, dy_block.T, w_mat).reshape(*block, *kernel, c)
             for corner in corners:
-                hits = _hits((corner[0] + shift, *corner[1:]), stride, block)
+                hits = _hits(corner, stride, block, cache.dilation, shift)
                 grad[(i, *hits)] += dcols[(*every_position, *corner)]
         else:
             dcols = matmul(xp, w_mat, dy_block).reshape(c, *kernel, *block)
             for corner in corners:
-                hits = _hits((corner[0] + shift, *corner[1:]), stride, block)
+                hits = _hits(corner, stride, block, cache.dilation, shift)
                 grad[(i, slice(None), *hits)] += dcols[(slice(None), *corner)]
     if not last:
         return unpadded(grad, cache.pads)
@@ -238,10 +310,15 @@ def _slabs(n: int, out: Sequence[int], column_bytes: int) -> Iterator[tuple[int,
             yield i, slice(start, min(out[0], start + planes))
 
 
-def _hits(corner: Sequence[int], stride: Sequence[int], out: Sequence[int]) -> tuple[slice, ...]:
-    """The padded input entries that offset ``corner`` of every window reads: per axis
-    aᵢ, aᵢ + sᵢ, …, aᵢ + sᵢ·(Pᵢ − 1)."""
-    return tuple(slice(a, a + s * m, s) for a, s, m in zip(corner, stride, out, strict=True))
+def _hits(corner: Sequence[int], stride: Sequence[int], out: Sequence[int],
+          dilation: Sequence[int] | None = None, shift: int = 0) -> tuple[slice, ...]:
+    """The padded input entries that tap ``corner`` of every window reads: per axis
+    aᵢ·Dᵢ, aᵢ·Dᵢ + sᵢ, …, aᵢ·Dᵢ + sᵢ·(Pᵢ − 1), the first axis moved on by ``shift`` entries
+    (a slab's first plane)."""
+    dilation = dilation or (1,) * len(corner)
+    starts = [a * step for a, step in zip(corner, dilation, strict=True)]
+    starts[0] += shift
+    return tuple(slice(a, a + s * m, s) for a, s, m in zip(starts, stride, out, strict=True))
 
 
 def _inside(size: Sequence[int], pads: Pads) -> tuple[slice, ...]:

@@ -69,33 +69,49 @@ def unpadded(x: Any, pads: Pads) -> Any:
                                                                        strict=True)))]
 
 
-def windows(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...]) -> Any:
+def spans(kernel: tuple[int, ...], dilation: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Entries each window covers along each axis: dilation·(kernel − 1) + 1 (the kernel
+    itself undilated, ``dilation`` None)."""
+    if dilation is None:
+        return tuple(kernel)
+    return tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation, strict=True))
+
+
+def windows(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
+            dilation: tuple[int, ...] | None = None) -> Any:
     """Read-only view (N, C, K1, …, Kd, O1, …, Od) of every window of X: (N, C, S1, …, Sd).
 
-    Window (p1, …, pd) starts at entry pᵢ·sᵢ of axis i, so Oᵢ = ⌊(Sᵢ − Kᵢ)/sᵢ⌋ + 1; for
+    Window (p1, …, pd) starts at entry pᵢ·sᵢ of axis i and takes every ``dilation``ᵢ-th entry
+    from there (1: adjacent entries), so Oᵢ = ⌊(Sᵢ − spanᵢ)/sᵢ⌋ + 1 (:func:`spans`); for
     images, (N, C, kh, kw, Ho, Wo).
     """
     x = xp.ascontiguousarray(x)
     steps = x.strides[2:]  # bytes
-    out = tuple(out_size(n, k, s, 0, 0) for n, k, s in zip(x.shape[2:], kernel, stride,
-                                                              strict=True))
+    dilation = dilation or (1,) * len(kernel)
+    out = tuple(out_size(n, k, s, 0, 0) for n, k, s in zip(x.shape[2:], spans(kernel, dilation),
+                                                              stride, strict=True))
     return xp.lib.stride_tricks.as_strided(
         x, shape=(*x.shape[:2], *kernel, *out),
-        strides=(*x.strides[:2], *steps, *(step * s for step, s in zip(steps, stride,
-                                                                        strict=True))))
+        strides=(*x.strides[:2], *(step * d for step, d in zip(steps, dilation, strict=True)),
+                 *(step * s for step, s in zip(steps, stride, strict=True))))
 
 
-def windows_last(xp: Any, x_last: Any, kernel: tuple[int, ...], stride: tuple[int, ...]) -> Any:
+def windows_last(xp: Any, x_last: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
+                 dilation: tuple[int, ...] | None = None) -> Any:
     """Read-only view (N, O1, …, Od, K1, …, Kd, C) of every window of a contiguous
     channels-last X: (N, S1, …, Sd, C), as :func:`windows` takes them. A window's (Kd, C)
-    entries lie together, so gathering it copies K1·…·K(d−1) stretches of Kd·C."""
+    entries lie together when undilated, so gathering it copies K1·…·K(d−1) stretches of
+    Kd·C."""
     n, *size, c = x_last.shape
     steps = x_last.strides[1:-1]
-    out = tuple(out_size(m, k, s, 0, 0) for m, k, s in zip(size, kernel, stride, strict=True))
+    dilation = dilation or (1,) * len(kernel)
+    out = tuple(out_size(m, k, s, 0, 0) for m, k, s in zip(size, spans(kernel, dilation), stride,
+                                                            strict=True))
     return xp.lib.stride_tricks.as_strided(
         x_last, shape=(n, *out, *kernel, c),
         strides=(x_last.strides[0], *(step * s for step, s in zip(steps, stride, strict=True)),
-                 *steps, x_last.strides[-1]))
+                 *(step * d for step, d in zip(steps, dilation, strict=True)),
+                 x_last.strides[-1]))
 
 
 def check_windows(d: int, kernel: tuple[int, ...], stride: tuple[int, ...], pads: Pads) -> None:

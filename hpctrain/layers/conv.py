@@ -39,6 +39,9 @@ class Conv(InputSplitLayer):
         W: (O/c, C/q, k…) and X's channels cut q ways; W ⋆ X is a partial sum, completed over
         the q ranks by :class:`~hpctrain.layers.partial.InputSum` before b is added; ΔX stays
         cut as X is.
+    grouped (G groups; depthwise when G = C):
+        W: (O/c, C/G, k…), G/c whole groups a rank; X cut along its channels as Y is, so each
+        rank reads its own groups' inputs and ΔX is whole on it, with no sum.
     """
 
     def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
@@ -46,9 +49,13 @@ class Conv(InputSplitLayer):
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
         c, out = self.in_layout.shape[1], self.out_layout
         self.stride = options.stride
+        self.dilation = options.dilation if any(d != 1 for d in options.dilation) else None
+        # each rank computes whole groups: all of them, or G/c under a split of the channels
+        self.groups = max(1, options.groups // out.parts[1])
         self.rows = WindowRows.of(ctx.backend, ctx.grids, self.in_layout, options, name)
-        shape = (options.out, c, *options.kernel)
-        split = self.input_split(ctx, shape)
+        shape = (options.out, c // options.groups, *options.kernel)
+        # a grouped layer's input is cut with its groups: nothing to sum (ConvKind.check)
+        split = self.input_split(ctx, shape) if options.groups == 1 else None
         # Wᵢ is on every rank that holds the same block of output channels
         self.grad_comm = ctx.grids.over(out, shared_channel_digits(out))
         self.weight, self.bias = weight_and_bias(
@@ -68,6 +75,8 @@ class Conv(InputSplitLayer):
         """Whether this layer may use cuDNN graphs: cuDNN loads, and (without a spatial
         split, whose bands are built on first use) cuDNN accepts the whole local block."""
         reason = cudnn_conv.unavailable()
+        if self.groups > 1 or self.dilation is not None:
+            reason = "grouped and dilated convolutions run as im2col"
         if reason is not None:
             _say_once(self.rank, f"convolutions use im2col: {reason}")
             return False
@@ -94,7 +103,8 @@ class Conv(InputSplitLayer):
                                                      self.backend.precision)
             except cudnn_conv.ConvRefused as refused:  # this band's shape: im2col from now on
                 _say_once(self.rank, f"{self.name}: im2col convolution: {refused}", everywhere=True)
-        return conv_forward(self.backend.xp, x, self.weight.value, b, self.stride, pads)
+        return conv_forward(self.backend.xp, x, self.weight.value, b, self.stride, pads,
+                            dilation=self.dilation, groups=self.groups)
 
     def _backward_rows(self, dy: Any, cache: Any) -> Any:
         xp = self.backend.xp

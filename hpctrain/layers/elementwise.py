@@ -17,25 +17,27 @@ DROPOUT_STREAM = 2
 
 
 class Pointwise(Layer):
-    """Y = f(X) entry by entry: ``function(xp, x) -> y`` and ``derivative(xp, y, dy) -> dx``,
-    which reads the output where ``keeps_output`` (see :mod:`hpctrain.kernels.activations`)."""
+    """Y = f(X) entry by entry: ``function(xp, x) -> y`` and ``derivative(xp, kept, dy) -> dx``,
+    where ``kept`` is the output Y (``keeps="output"``), the input X (``keeps="input"``, for an
+    f that is not one-to-one) or None (``keeps=""``) (see :mod:`hpctrain.kernels.activations`)."""
 
     mode = "follow"
 
     def __init__(self, name: str, ctx: BuildContext, function: Callable[[Any, Any], Any],
-                 derivative: Callable[[Any, Any, Any], Any], keeps_output: bool = True) -> None:
+                 derivative: Callable[[Any, Any, Any], Any], keeps: str = "output") -> None:
         self.name, self.backend, self.params = name, ctx.backend, []
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
-        self.function, self.derivative, self.keeps_output = function, derivative, keeps_output
+        self.function, self.derivative, self.keeps = function, derivative, keeps
 
     def forward(self, x: Any, step: int) -> Any:
         y = self.function(self.backend.xp, x)
         # not kept past the layers that read it, nor at all in evaluation
-        self.y = y if self.keeps_output and self.training else None
+        kept = {"output": y, "input": x}.get(self.keeps)
+        self.kept = kept if self.training else None
         return y
 
     def backward(self, dy: Any) -> Any:
-        return self.derivative(self.backend.xp, self.y, dy)
+        return self.derivative(self.backend.xp, self.kept, dy)
 
 
 class Dropout(Layer):

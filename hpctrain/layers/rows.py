@@ -20,7 +20,7 @@ from hpctrain.comm.grid import GridSet
 from hpctrain.comm.halo import ROW_AXIS, HaloExchange
 from hpctrain.device.backend import Backend
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, axis_name
-from hpctrain.layout.partition import HaloPlan, Window, halo_plans
+from hpctrain.layout.partition import HaloPlan, Window, halo_plans, windows_of
 
 # op_forward(x_rows, pads: (before, after) per spatial axis) -> (y_rows, cache)
 OpForward = Callable[[Any, tuple[tuple[int, int], ...]], tuple[Any, Any]]
@@ -67,8 +67,7 @@ class WindowRows:
         axis) on ``layout``: with this rank's halo exchange along every spatial axis ``layout``
         cuts."""
         rank = grids.world.Get_rank()
-        windows = [Window(k, s, *p) for k, s, p in zip(options.kernel, options.stride,
-                                                         options.pad, strict=True)]
+        windows = windows_of(options)
         pads = list(options.pad)
         exchanges = {}
         for axis in layout.spatial_cuts:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.kernels.sliding import out_size
@@ -125,28 +126,47 @@ def ordered_factorisations(p: int, count: int) -> tuple[tuple[int, ...], ...]:
 class Window:
     """A sliding window along one axis: kernel size, stride, and zero padding before and after
     (``after`` None: as much as ``before``; TensorFlow's ``same`` for an even kernel pads one more
-    after)."""
+    after), and its dilation: taps ``dilation`` apart, so that a window spans
+    dilation·(kernel − 1) + 1 entries (:attr:`span`), which is what its rows, output size and
+    halos count."""
 
     kernel: int
     stride: int = 1
     before: int = 0
     after: int | None = None
+    dilation: int = 1
 
     def __post_init__(self) -> None:
         if self.after is None:  # one spelling per window: it keys caches
             object.__setattr__(self, "after", self.before)
 
+    @property
+    def span(self) -> int:
+        """Entries from the window's first tap to its last."""
+        return self.dilation * (self.kernel - 1) + 1
+
     def out_size(self, n_in: int) -> int:
-        return out_size(n_in, self.kernel, self.stride, self.before, self.after)
+        return out_size(n_in, self.span, self.stride, self.before, self.after)
 
     def rows_needed(self, out_start: int, out_stop: int) -> tuple[int, int]:
         """Input rows that outputs [start, stop) read; beyond the image means padding."""
         first = out_start * self.stride - self.before
-        return first, (out_stop - 1) * self.stride - self.before + self.kernel
+        return first, (out_stop - 1) * self.stride - self.before + self.span
 
     def __str__(self) -> str:
         pads = f"{self.before}" if self.after == self.before else f"{self.before}+{self.after}"
-        return f"{self.kernel}/{self.stride}/{pads}"
+        dilated = f" dilated {self.dilation}" if self.dilation != 1 else ""
+        return f"{self.kernel}/{self.stride}/{pads}{dilated}"
+
+
+def windows_of(options: Any) -> list[Window]:
+    """The window along every spatial axis of a window layer's resolved ``options`` (kernel,
+    stride and pad one per axis; dilated where they have a ``dilation``, as a convolution's
+    may)."""
+    o = options
+    dilation = getattr(o, "dilation", None) or (1,) * len(o.kernel)
+    return [Window(k, s, *p, dilation=d)
+            for k, s, p, d in zip(o.kernel, o.stride, o.pad, dilation, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -261,7 +281,7 @@ def _interior_rows(window: Window, out: tuple[int, int], own: tuple[int, int], n
     first = next((o for o in range(*out) if o * window.stride - window.before >= lo_ok), out[1])
     last = first
     for o in range(first, out[1]):
-        if o * window.stride - window.before + window.kernel > hi_ok:
+        if o * window.stride - window.before + window.span > hi_ok:
             break
         last = o + 1
     return (first, last) if last > first else (out[0], out[0])

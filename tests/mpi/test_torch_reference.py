@@ -1,6 +1,7 @@
 """hpctrain on 4 ranks, under mixed per-layer plans, against an independent PyTorch model (no
-torchvision), float64: ResNet-18, one InceptionA module and CosmoFlow (3-D volumes split along
-their depth, a regression); logits, loss, every gradient, the parameters after each SGD update
+torchvision), float64: ResNet-18, one InceptionA module, CosmoFlow (3-D volumes split along
+their depth, a regression) and a mobile block (depthwise, grouped and dilated convolutions and
+a squeeze-excitation gate); logits, loss, every gradient, the parameters after each SGD update
 (two steps, so momentum is used) and the running statistics.
 
 Then the whole loop: the ``train`` command on 2, 3 or 4 ranks reads a dataset through its reader
@@ -114,6 +115,17 @@ CASES.update({
         "small_cnn", lambda net: parse_plan(ALTERNATING_CNN, "t", net, PROCS)),
     "small_cnn-conv=n2i2,fc=n2s2": (
         "small_cnn", lambda net: plan_from_spec("conv=n2i2,fc=n2s2", net, PROCS)),
+})
+
+# a mobile block: the depthwise and grouped layers split by whole groups, by rows with their
+# dilated halos, and the gate moved onto a height split
+CASES.update({
+    "mobile-mixed": ("mobile", mixed_plan),
+    "mobile-mixed-offset": ("mobile", lambda net: mixed_plan(net, offset=2)),
+    "mobile-conv=domain:4x1,fc=4x1": (
+        "mobile", lambda net: plan_from_spec("conv=domain:4x1,fc=4x1", net, PROCS)),
+    "mobile-conv=h2w2/model,fc=2x2": (
+        "mobile", lambda net: plan_from_spec("conv=h2w2/model,fc=2x2", net, PROCS)),
 })
 
 # branches side by side on groups of ranks: a ResNet block's main path and its shortcut, an

@@ -12,15 +12,22 @@ from hpctrain.model.kinds import (
     add,
     avgpool,
     batchnorm,
+    clip,
     concat,
     conv,
     dropout,
     flatten,
+    hardsigmoid,
+    hardswish,
     leakyrelu,
     linear,
     maxpool,
+    mul,
     relu,
+    relu6,
     scale,
+    sigmoid,
+    silu,
     tanh,
 )
 from hpctrain.model.kinds.base import Kind
@@ -28,7 +35,7 @@ from hpctrain.model.kinds.base import Kind
 #: Every layer kind, by the name a net file gives it.
 KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
     conv, linear, maxpool, avgpool, batchnorm, relu, leakyrelu, tanh, scale, dropout, flatten,
-    add, concat)}
+    add, concat, mul, sigmoid, silu, hardsigmoid, hardswish, relu6, clip)}
 
 
 

@@ -1,6 +1,14 @@
-"""``conv out=O kernel=K [stride=1] [pad=0] [bias=1]``: convolution of images or volumes
-(kernel and stride are ``K``, ``HxW`` or ``DxHxW``; pad is ``P``, ``B+A`` per axis, or
-``same``), in batch, model (1.5D) or domain mode."""
+"""``conv out=O kernel=K [stride=1] [pad=0] [bias=1] [groups=1] [dilation=1]``: convolution of
+images or volumes (kernel, stride and dilation are ``K``, ``HxW`` or ``DxHxW``; pad is ``P``,
+``B+A`` per axis, or ``same``), grouped (``groups=G``: G groups of C/G inputs and O/G
+outputs; depthwise when G = C) and dilated (taps ``dilation`` apart), in batch, model (1.5D)
+or domain mode.
+
+A grouped convolution under a split of its output channels gives each rank whole groups, and
+its input is cut along the channels as its output is: a rank reads only its own groups'
+inputs, so no rank needs the others' and none sums an input gradient (a depthwise layer fed by
+a layer of the same channel split runs with no communication at all). An input-channel split
+(``i=``) of a grouped layer is refused: its groups already keep inputs apart."""
 
 from __future__ import annotations
 
@@ -24,11 +32,12 @@ from hpctrain.layout.layout import (
     largest_block,
     shared_channel_digits,
 )
-from hpctrain.layout.partition import check_split
+from hpctrain.layout.partition import SplitError, check_split
+from hpctrain.layout.reduction import InputSplit
 from hpctrain.model.kinds.base import LayerSpec, Shape
 from hpctrain.model.kinds.weighted import SplitsInputs
 from hpctrain.model.kinds.window import WINDOW_KEYS, WindowKind, padded_bytes, padded_copy_bytes
-from hpctrain.model.options import Key, flag, whole
+from hpctrain.model.options import Key, NetError, flag, sizes, spread, whole
 
 
 @dataclass(frozen=True)
@@ -38,11 +47,14 @@ class ConvOptions:
     stride: tuple[int, ...]
     pad: tuple[tuple[int, int], ...] | str  # (before, after) per axis; "same" in the file
     bias: bool
+    groups: int = 1
+    dilation: tuple[int, ...] = (1,)  # per axis once resolved
 
 
 class ConvKind(SplitsInputs, WindowKind):
     name = "conv"
-    keys = {"out": Key(whole(1)), **WINDOW_KEYS, "bias": Key(flag, "1")}
+    keys = {"out": Key(whole(1)), **WINDOW_KEYS, "bias": Key(flag, "1"),
+            "groups": Key(whole(1), "1"), "dilation": Key(sizes(1), "1")}
     options = ConvOptions
     weighted = True
     modes = ("model", "domain")
@@ -50,8 +62,34 @@ class ConvKind(SplitsInputs, WindowKind):
     # too few rows or planes to cut Pr ways (or as a split asks)
     fallbacks = {"domain": "model", "split": "model"}
 
+    def option_texts(self, options: Any) -> dict[str, str]:
+        """As every kind's, without ``groups=1`` and ``dilation=1``: a plain convolution's
+        line reads as it always did."""
+        texts = super().option_texts(options)
+        if options.groups == 1:
+            del texts["groups"]
+        if all(step == 1 for step in options.dilation):
+            del texts["dilation"]
+        return texts
+
+    def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
+        """The window's sizes and the dilation one per spatial axis; groups that divide both
+        the input and the output channels."""
+        spec = super().resolve(spec, shapes, where)
+        o, c = spec.options, shapes[0][0]
+        if c % o.groups or o.out % o.groups:
+            raise NetError(f"{where}: layer {spec.name}: groups={o.groups} must divide its "
+                           f"{c} input and {o.out} output channels")
+        dilation = spread(o.dilation, len(o.kernel), "dilation", where, spec.name)
+        return replace(spec, options=replace(o, dilation=dilation))
+
     def out_channels(self, spec: LayerSpec, channels: int) -> int:
         return spec.options.out
+
+    def local_groups(self, spec: LayerSpec, output: Layout) -> int:
+        """Groups the busiest rank computes: all G, or G/c where its output channels are cut
+        c ways (each rank whole groups, :meth:`check`)."""
+        return max(1, spec.options.groups // output.parts[CHANNEL_AXIS])
 
     def local_channels(self, spec: LayerSpec, output: Layout) -> int:
         """All O when the channels are whole, O/c (the busiest rank's) cut c ways."""
@@ -60,6 +98,7 @@ class ConvKind(SplitsInputs, WindowKind):
     def param_shapes(self, spec: LayerSpec, shapes: tuple[Shape, ...]) -> dict[str, Shape]:
         o = spec.options
         found = {"weight": (o.out, shapes[0][0], *o.kernel)}
+        found["weight"] = (o.out, shapes[0][0] // o.groups, *o.kernel)
         return {**found, "bias": (o.out,)} if o.bias else found
 
     def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape,
@@ -69,23 +108,49 @@ class ConvKind(SplitsInputs, WindowKind):
         1.5D grids: batch/model, X replicated over Pr and Y split by output channels; domain,
         X and Y split along the first spatial axis (height, or a volume's depth). An input
         split cuts X's channels too, and leaves Y replicated over the ranks that sum it, or cut
-        further by a reduce-scatter."""
-        return self.split_layouts(fed, out_shape, split, range(HEIGHT_AXIS, len(out_shape)))
+        further by a reduce-scatter.
+        A grouped layer whose output channels are cut into blocks of whole groups takes its
+        input cut the same way along the channels."""
+        spatial = range(HEIGHT_AXIS, len(out_shape))
+        c = split.degrees[CHANNEL_AXIS]
+        if spec.options.groups > 1 and c > 1 and split.inputs == 1 \
+                and spec.options.groups % c == 0:
+            return ((Layout.of_split(fed[0].shape, split, (CHANNEL_AXIS, *spatial)),),
+                    Layout.of_split(out_shape, split))
+        return self.split_layouts(fed, out_shape, split, spatial)
 
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)  # the batch, and the spatial splits' rows
         check_split(spec.options.out, output.parts[CHANNEL_AXIS], "output channels", spec.name)
+        groups, c = spec.options.groups, output.parts[CHANNEL_AXIS]
+        if groups > 1 and groups % c:
+            raise SplitError(f"layer {spec.name}: its {groups} groups cannot be cut into {c} "
+                             f"blocks of whole groups; give its output channels a degree "
+                             f"that divides {groups}")
+        if groups > 1 and (inputs[0].digits_of((CHANNEL_AXIS,))
+                           != output.digits_of((CHANNEL_AXIS,))):
+            raise SplitError(f"layer {spec.name}: a grouped convolution's input channels are "
+                             f"split as its output channels are, never on their own; give i=1")
+
+    def input_split(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
+                    ) -> InputSplit | None:
+        """None for a grouped layer: its input is cut with its groups, and nothing is summed
+        (:meth:`check`)."""
+        if spec.options.groups > 1:
+            return None
+        return super().input_split(spec, inputs, output)
 
     def work(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
              need_dx: bool) -> LocalWork:
         """The window kernel (:meth:`~hpctrain.model.kinds.window.WindowKind.work`) over the
         busiest rank's input channels, giving the rows of the weight it holds."""
         work = super().work(spec, inputs, output, need_dx)
-        return replace(work, out=self.output_rows(spec, inputs, output))
+        return replace(work, out=self.output_rows(spec, inputs, output),
+                       groups=self.local_groups(spec, output), dilation=spec.options.dilation)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         n, c = work.x[:2]
-        forward = (2.0 * n * work.out * math.prod(work.out_sizes()) * c
+        forward = (2.0 * n * work.out * math.prod(work.out_sizes()) * (c // work.groups)
                    * math.prod(work.kernel))
         return forward, forward * (2 if work.need_dx else 1)
 
@@ -95,8 +160,9 @@ class ConvKind(SplitsInputs, WindowKind):
         from hpctrain.kernels.conv import conv_backward, conv_forward
 
         x = random(work.x)
-        w = random((work.out, work.x[1], *work.kernel))
+        w = random((work.out, work.x[1] // work.groups, *work.kernel))
         b = xp.zeros(work.out, dtype=dtype)
+        dilation = work.dilation or None
 
         def backward_of(out: Any) -> Callable[[], Any]:
             y, cache = out
@@ -104,7 +170,8 @@ class ConvKind(SplitsInputs, WindowKind):
             dw = xp.empty_like(w)  # kept across steps, as the layer's gradient is
             return lambda: conv_backward(xp, dy, w, cache, work.stride, work.need_dx, dw)
 
-        return lambda: conv_forward(xp, x, w, b, work.stride, work.pads), backward_of
+        return (lambda: conv_forward(xp, x, w, b, work.stride, work.pads, dilation=dilation,
+                                     groups=work.groups), backward_of)
 
     def local_parameters(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout
                          ) -> int:
@@ -112,7 +179,8 @@ class ConvKind(SplitsInputs, WindowKind):
         if split is not None:
             return split
         o = spec.options
-        per_out = inputs[0].shape[CHANNEL_AXIS] * math.prod(o.kernel) + (1 if o.bias else 0)
+        per_out = (inputs[0].shape[CHANNEL_AXIS] // o.groups * math.prod(o.kernel)
+                   + (1 if o.bias else 0))
         return per_out * self.local_channels(spec, output)
 
     def gradient_group(self, inputs: tuple[Layout, ...], output: Layout) -> Group:
@@ -149,8 +217,10 @@ class ConvKind(SplitsInputs, WindowKind):
 
         o = spec.options
         x = np.abs(xs[0])
-        w = np.ones((o.out, x.shape[1], *o.kernel))  # any weight: only the windows are used
-        _, cache = conv_forward(np, x, w, None, o.stride, o.pad)
+        # any weight: only the windows are used
+        w = np.ones((o.out, x.shape[1] // o.groups, *o.kernel))
+        _, cache = conv_forward(np, x, w, None, o.stride, o.pad, dilation=o.dilation,
+                                groups=o.groups)
         _, dw, db = conv_backward(np, np.abs(dy), w, cache, o.stride, need_dx=False)
         return {"weight": dw, "bias": db} if o.bias else {"weight": dw}
 

@@ -1,5 +1,6 @@
-"""What the pointwise kinds (relu, leakyrelu, tanh, scale) share: Y = f(X) entry by entry on the
-layout that feeds them, with a backward that reads Y."""
+"""What the pointwise kinds (relu, leakyrelu, tanh, scale, the gates and clipped units) share:
+Y = f(X) entry by entry on the layout that feeds them, with a backward that reads Y, or X where
+f is not one-to-one (silu, hardswish)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class PointwiseKind(Kind):
     allocates beyond the gradients (:meth:`scratch`)."""
 
     keeps_output = True  # the derivative reads Y (scale's does not)
+    reads_input = False  # the derivative reads X instead (keeps_output is then False)
     timed: Any = None  # options the kernels are timed with: the time does not depend on them
 
     def functions(self, options: Any) -> tuple[Function, Derivative]:
@@ -35,7 +37,12 @@ class PointwiseKind(Kind):
         # only timing runs the kernels: planning never loads them
         function, derivative = self.functions(self.timed)
         x = random(work.x)
+        if self.reads_input:
+            return lambda: function(xp, x), lambda y: lambda: derivative(xp, x, y)
         return lambda: function(xp, x), lambda y: lambda: derivative(xp, y, x)
+
+    def keeps_input(self, spec: LayerSpec) -> bool:
+        return self.reads_input
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
@@ -47,4 +54,5 @@ class PointwiseKind(Kind):
     def build(self, spec: LayerSpec, ctx: BuildContext) -> Layer:
         from hpctrain.layers.elementwise import Pointwise  # needs MPI: only when run
 
-        return Pointwise(spec.name, ctx, *self.functions(spec.options), self.keeps_output)
+        kept = "input" if self.reads_input else "output" if self.keeps_output else ""
+        return Pointwise(spec.name, ctx, *self.functions(spec.options), kept)

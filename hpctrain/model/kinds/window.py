@@ -24,7 +24,14 @@ from hpctrain.cost.work import LocalWork
 from hpctrain.io.units import shape_text
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import Layout, Split, axis_name, largest_block
-from hpctrain.layout.partition import HaloPlan, SplitError, Window, halo_plans, halo_row_counts
+from hpctrain.layout.partition import (
+    HaloPlan,
+    SplitError,
+    Window,
+    halo_plans,
+    halo_row_counts,
+    windows_of,
+)
 from hpctrain.model.kinds.base import Kind, LayerSpec, Shape
 from hpctrain.model.options import SAME, Key, NetError, padding, sizes, spread
 
@@ -35,12 +42,7 @@ POOL_KEYS = {**WINDOW_KEYS, "stride": Key(sizes(0), "0")}
 
 def rows(o: Any) -> Window:
     """The window along the first spatial axis (the one a domain split cuts) of options ``o``."""
-    return Window(o.kernel[0], o.stride[0], *o.pad[0])
-
-
-def windows_of(o: Any) -> list[Window]:
-    """The window along every spatial axis of options ``o``."""
-    return [Window(k, s, *p) for k, s, p in zip(o.kernel, o.stride, o.pad, strict=True)]
+    return windows_of(o)[0]
 
 
 def spread_window(spec: LayerSpec, shape: Shape, where: str) -> dict[str, tuple]:

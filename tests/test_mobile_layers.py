@@ -1,0 +1,298 @@
+"""The layers of mobile and grouped nets on one process: grouped, depthwise and dilated
+convolution, the gates and clipped units (sigmoid, silu, hardsigmoid, hardswish, relu6, clip)
+and the gate's product (``mul``), each kernel against PyTorch's (forward and every gradient,
+float64, 1e-12); their net-file keys, refusals and text; their prices; and torchvision's mobile
+and grouped models imported from ONNX with their weights, against onnxruntime.
+
+The distributed runs of the same layers, every mode against one process, are in
+``tests/mpi/test_mobile_layers.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+
+from hpctrain.cost.work import LocalWork
+from hpctrain.kernels import activations
+from hpctrain.kernels.conv import conv_backward, conv_forward
+from hpctrain.layout.layout import Layout, Split
+from hpctrain.layout.partition import SplitError, Window
+from hpctrain.model.kinds import KINDS
+from hpctrain.model.net import NetError, parse_net
+from hpctrain.model.net_text import net_text
+
+TOLERANCE = 1e-12
+
+
+def net_of(body: str, size: int = 16, channels: int = 8):
+    return parse_net(f"input channels={channels} size={size} classes=3\n{body}\n"
+                     f"avgpool kernel=global\nflatten\nlinear out=3\n", "test.net")
+
+
+# -- kernels against PyTorch -----------------------------------------------------------------
+
+CONV_CASES = [  # (channels, outputs, groups): plain, grouped, depthwise, depthwise × 2
+    (4, 6, 1), (4, 6, 2), (6, 6, 6), (4, 8, 4), (6, 12, 6)]
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("axes", [1, 2, 3])
+def test_grouped_and_dilated_convolution_equals_pytorchs(axes):
+    """Every case of channels, groups, kernel, stride, dilation and order of the windows, on
+    1-, 2- and 3-D inputs with uneven padding: Y, dX, dW and db as PyTorch gives them."""
+    torch = pytest.importorskip("torch")
+    functional = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
+                  3: torch.nn.functional.conv3d}[axes]
+    rng = np.random.default_rng(axes)
+    for (c, o, g), k, s, d, last in itertools.product(CONV_CASES, (1, 3), (1, 2), (1, 2),
+                                                       (None, True, False)):
+        size = (7, 9, 6)[:axes]
+        x = rng.standard_normal((2, c, *size))
+        w = rng.standard_normal((o, c // g, *(k,) * axes))
+        b = rng.standard_normal(o)
+        pads = tuple((1, 2) for _ in range(axes))
+        y, cache = conv_forward(np, x, w, b, (s,) * axes, pads, last, (d,) * axes, g)
+        dy = rng.standard_normal(y.shape)
+        dx, dw, db = conv_backward(np, dy, w, cache, (s,) * axes)
+        tx, tw, tb = (torch.tensor(v, requires_grad=True) for v in (x, w, b))
+        padded = torch.nn.functional.pad(tx, [p for pair in reversed(pads) for p in pair])
+        ty = functional(padded, tw, tb, stride=s, dilation=d, groups=g)
+        ty.backward(torch.tensor(dy))
+        case = f"C={c} O={o} G={g} k={k} s={s} d={d} channels_last={last}"
+        for name, got, want in (("Y", y, ty), ("dX", dx, tx.grad), ("dW", dw, tw.grad),
+                                ("db", db, tb.grad)):
+            want = want.detach().numpy()
+            assert got.shape == want.shape, f"{case}: {name} shape"
+            error = np.abs(got - want).max() / np.abs(want).max()
+            assert error < TOLERANCE, f"{case}: {name} off by {error:.1e}"
+
+
+def test_a_weight_that_does_not_fit_its_groups_is_refused():
+    with pytest.raises(ValueError, match="groups"):
+        conv_forward(np, np.ones((1, 4, 5, 5)), np.ones((6, 3, 3, 3)), None, (1, 1),
+                     ((0, 0), (0, 0)), groups=2)
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("kind,reads", [("sigmoid", "y"), ("silu", "x"), ("hardsigmoid", "y"),
+                                        ("hardswish", "x"), ("relu6", "y"), ("clip", "y")])
+def test_each_activation_and_its_derivative_equal_pytorchs(kind, reads):
+    """On a grid through every kink (±3, 0, 6 and the clip's bounds) and beyond, f and dX as
+    PyTorch's; the derivative read from Y or from X as the layer keeps it."""
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+    reference = {"sigmoid": torch.sigmoid, "silu": functional.silu,
+                 "hardsigmoid": functional.hardsigmoid, "hardswish": functional.hardswish,
+                 "relu6": functional.relu6,
+                 "clip": lambda t: functional.hardtanh(t, -0.5, 0.75)}[kind]
+    options = KINDS[kind].parse({"min": "-0.5", "max": "0.75"} if kind == "clip" else {},
+                                "test")
+    forward, derivative = KINDS[kind].functions(options)
+    x = np.concatenate([np.linspace(-9, 9, 1801), [-3.0, 3.0, 0.0, 6.0, -0.5, 0.75, -40.0,
+                                                   40.0]])
+    dy = np.random.default_rng(0).standard_normal(x.shape)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = reference(tx)
+    ty.backward(torch.tensor(dy))
+    y = forward(np, x)
+    dx = derivative(np, y if reads == "y" else x, dy)
+    assert np.abs(y - ty.detach().numpy()).max() < TOLERANCE
+    # PyTorch's hardsigmoid scales by a float32 1/6 even in float64
+    assert np.abs(dx - tx.grad.numpy()).max() < (1e-7 if kind == "hardsigmoid" else TOLERANCE)
+
+
+def test_sigmoid_of_large_inputs_is_exact_and_quiet():
+    """(1 + tanh(x/2))/2 overflows nowhere: no warning, 0 and 1 at the ends."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = activations.sigmoid_forward(np, np.array([-1000.0, 0.0, 1000.0], np.float32))
+    assert y.tolist() == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.reference
+def test_the_gate_product_and_its_gradients_equal_pytorchs():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    a, g = rng.standard_normal((2, 5, 4, 3)), rng.standard_normal((2, 5, 1, 1))
+    dy = rng.standard_normal(a.shape)
+    ta, tg = torch.tensor(a, requires_grad=True), torch.tensor(g, requires_grad=True)
+    (ta * tg).backward(torch.tensor(dy))
+    da, dg = activations.gate_backward(np, dy, a, g)
+    assert np.abs(da - ta.grad.numpy()).max() < TOLERANCE
+    assert np.abs(dg - tg.grad.numpy()).max() < TOLERANCE
+
+
+# -- the net file -------------------------------------------------------------------------------
+
+
+def test_groups_and_dilation_shape_a_convolution():
+    net = net_of("conv name=dw out=8 kernel=3 pad=2 dilation=2 groups=8\n"
+                 "conv name=g out=12 kernel=3 stride=2 pad=1 groups=4\n"
+                 "conv name=d out=4 kernel=3 pad=2+1x3 dilation=2x3\nsilu")
+    shapes = dict(zip([layer.name for layer in net.layers], net.out_shapes, strict=True))
+    assert shapes["dw"] == (8, 16, 16)
+    assert shapes["g"] == (12, 8, 8)
+    # height 8 + 2 + 1 − (2·2 + 1) + 1 = 7, width 8 + 6 − (3·2 + 1) + 1 = 8
+    assert shapes["d"] == (4, 7, 8)
+    params = net.param_shapes()
+    assert params["dw.weight"] == (8, 1, 3, 3)
+    assert params["g.weight"] == (12, 2, 3, 3)
+
+
+@pytest.mark.parametrize("line,fragment", [
+    ("conv out=8 kernel=3 groups=3", "groups=3 must divide its 8 input and 8 output channels"),
+    ("conv out=6 kernel=3 groups=4", "groups=4 must divide"),
+    ("conv out=8 kernel=3 groups=0", "groups=0 must be a positive integer"),
+    ("conv out=8 kernel=3 dilation=0", "dilation"),
+    ("conv out=8 kernel=3 dilation=2x2x2", "dilation for 3 axes"),
+    ("conv out=8 kernel=5 dilation=4", "too small for its window"),
+    ("clip min=1 max=1", "min must be below max"),
+    ("clip max=6", "clip needs min="),
+    ("relu6 max=6", "relu6 takes no 'max'"),
+    ("mul in=input,input,input", "multiplies two inputs, not 3"),
+])
+def test_a_bad_layer_is_refused_in_one_line(line, fragment):
+    with pytest.raises(NetError) as caught:
+        net_of(line, size=8)
+    assert "\n" not in str(caught.value)
+    assert fragment in str(caught.value)
+
+
+def test_a_gate_of_another_shape_is_refused():
+    with pytest.raises(NetError, match=r"one value per channel, \(8, 1, 1\)"):
+        net_of("conv name=a out=8 kernel=1\navgpool name=p kernel=2\nmul in=a,p")
+
+
+def test_a_net_of_the_new_kinds_reads_back_from_its_text():
+    net = net_of("conv name=dw out=8 kernel=3 pad=2 dilation=2 groups=8 bias=0\nrelu6\n"
+                 "conv name=pw out=8 kernel=1\nhardswish\navgpool name=p kernel=global\n"
+                 "conv name=fc1 in=p out=4 kernel=1\nsilu\nconv name=fc2 out=8 kernel=1\n"
+                 "hardsigmoid\nmul in=hardswish1,hardsigmoid1\nsigmoid\nclip min=-0.5 max=0.75\n"
+                 "conv out=8 kernel=3 pad=1")
+    text = net_text(net)
+    assert "groups=8" in text and "dilation=2x2" in text
+    assert "groups=1" not in text and "dilation=1" not in text  # plain lines as they were
+    assert parse_net(text, "again.net").layers == net.layers
+
+
+# -- layouts and prices -------------------------------------------------------------------------
+
+
+def conv_layouts(body: str, split: Split, batch: int = 4):
+    net = net_of(body)
+    k = 0
+    spec = net.layers[k]
+    kind = KINDS[spec.kind]
+    fed = (Layout((batch, *net.in_shapes(k)[0]), (1, 1)),)
+    inputs, output = kind.layouts(spec, fed, (batch, *net.out_shapes[k]), split)
+    return spec, kind, inputs, output
+
+
+def test_a_model_split_of_a_grouped_convolution_cuts_its_input_with_its_groups():
+    """Each of 4 ranks computes 2 of 8 depthwise channels from its own 2 input channels: the
+    input is cut as the output is, not replicated, and nothing is summed."""
+    spec, kind, (x,), y = conv_layouts("conv out=8 kernel=3 pad=1 groups=8",
+                                       Split((1, 4, 1, 1)))
+    kind.check(spec, (x,), y)
+    assert x.parts[1] == 4 and x.replicas == 1
+    assert kind.input_split(spec, (x,), y) is None
+    work = kind.work(spec, (x,), y, True)
+    assert (work.x[1], work.out, work.groups) == (2, 2, 2)
+    dense = net_of("conv out=8 kernel=3 pad=1").layers[0]
+    _, _, (xd,), yd = conv_layouts("conv out=8 kernel=3 pad=1", Split((1, 1, 1, 1)))
+    assert kind.flops(work)[0] * 8 * 4 == pytest.approx(
+        kind.flops(kind.work(dense, (xd,), yd, True))[0])
+    assert kind.local_parameters(spec, (x,), y) == 2 * (9 + 1)
+
+
+@pytest.mark.parametrize("split,fragment", [
+    (Split((1, 3, 1, 1)), "its 4 groups cannot be cut into 3 blocks of whole groups"),
+    (Split((1, 1, 1, 1), inputs=2), "never on their own"),
+])
+def test_splits_a_grouped_convolution_cannot_take_are_refused(split, fragment):
+    spec, kind, inputs, output = conv_layouts("conv out=12 kernel=3 pad=1 groups=4", split)
+    with pytest.raises(SplitError, match=fragment):
+        kind.check(spec, inputs, output)
+
+
+def test_a_plain_convolution_keeps_its_timing_key():
+    """groups and dilation enter a work's key only where they are not 1: the timings a
+    machine profile holds for plain convolutions stay valid."""
+    op = KINDS["conv"]
+    plain = LocalWork(op, (2, 3, 8, 8), 4, (3, 3), (1, 1), ((1, 1), (1, 1)))
+    assert plain.key() == "conv|(2, 3, 8, 8)|4|(3, 3)|(1, 1)|((1, 1), (1, 1))|True"
+    dilated = LocalWork(op, (2, 4, 8, 8), 4, (3, 3), (1, 1), ((2, 2), (2, 2)), groups=4,
+                        dilation=(2, 2))
+    assert dilated.key().endswith("|groups 4|dilation (2, 2)")
+    assert dilated.out_sizes() == (8, 8)
+
+
+def test_a_dilated_window_spans_and_halos_its_taps():
+    window = Window(3, 1, 2, 2, dilation=2)
+    assert window.span == 5 and window.out_size(8) == 8
+    assert window.rows_needed(2, 4) == (0, 6)  # rows 0, 2, 4 … 2·3 − 2 + 4
+    assert str(window) == "3/1/2 dilated 2"
+
+
+# -- torchvision's models from ONNX --------------------------------------------------------------
+
+TORCHVISION_MODELS = ["mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "mnasnet0_5",
+                      "resnext50_32x4d", "regnet_y_400mf"]
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("name", TORCHVISION_MODELS)
+def test_torchvisions_mobile_and_grouped_models_import_with_their_weights(name, tmp_path):
+    """The model exported as the docs say (opset 17, training-preserving) imports with no
+    refusal and computes in hpctrain (float64, one process, evaluation) what onnxruntime
+    computes from the same file, to 1e-5."""
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    pytest.importorskip("onnx")
+    from hpctrain.interchange.onnx_import import import_onnx
+    from tests.test_interchange import randomise_statistics, run_onnx, to_onnx
+    from tests.test_onnx_import import hpctrain_forward
+
+    torch.manual_seed(0)
+    model = randomise_statistics(getattr(torchvision.models, name)(num_classes=7))
+    path = to_onnx(model, torch.randn(2, 3, 32, 32), tmp_path / f"{name}.onnx")
+    imported = import_onnx(path)
+    x = np.random.default_rng(1).standard_normal((2, 3, 32, 32))
+    got, _ = hpctrain_forward(imported.net, x)
+    want = run_onnx(path, x.astype(np.float32))
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+    kinds = {layer.kind for layer in imported.net.layers}
+    expected = {"mobilenet_v2": {"relu6"}, "mobilenet_v3_small": {"hardswish", "hardsigmoid",
+                                                                   "mul"},
+                "efficientnet_b0": {"silu", "sigmoid", "mul"}, "mnasnet0_5": {"relu"},
+                "resnext50_32x4d": {"relu"}, "regnet_y_400mf": {"sigmoid", "mul"}}[name]
+    assert expected <= kinds
+    assert any(layer.kind == "conv" and layer.options.groups > 1
+               for layer in imported.net.layers)
+
+
+@pytest.mark.reference
+def test_a_net_of_the_new_kinds_exports_to_onnx_and_back(tmp_path):
+    """``model_proto`` writes every new kind (groups and dilation kept) so that onnxruntime
+    computes what hpctrain computes, and importing the file gives the same layers back."""
+    pytest.importorskip("onnx")
+    from hpctrain.interchange.onnx_export import model_proto
+    from hpctrain.interchange.onnx_import import import_onnx
+    from tests.test_interchange import random_tensors, run_onnx
+    from tests.test_onnx_import import hpctrain_forward
+    from tests.torch_reference import MOBILE_NET
+
+    net = parse_net(MOBILE_NET, "mobile")
+    path = tmp_path / "mobile.onnx"
+    path.write_bytes(model_proto(net, random_tensors(net)).SerializeToString())
+    back = import_onnx(path).net
+    assert [(a.kind, a.options) for a in back.layers] == [(a.kind, a.options)
+                                                           for a in net.layers]
+    x = np.random.default_rng(4).standard_normal((3, *net.input_shape))
+    got, _ = hpctrain_forward(back, x)
+    want = run_onnx(path, x.astype(np.float32))
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
