@@ -3,8 +3,10 @@ DistributedDataParallel over gloo (P > 1), timed step by step as hpctrain's run 
 
 The nets: ``alexnet`` (bench/torch_alexnet.py's, hpctrain's alexnet.net), ``resnet18`` and
 ``cosmoflow`` (tests/torch_reference.py's, checked there against hpctrain's resnet18.net and
-cosmoflow.net tensor by tensor; CosmoFlow on 4-channel volumes of ``--image-size``³, regressed
-onto 4 targets by the mean squared error, the others classify 1000 ways). Float32, SGD with
+cosmoflow.net tensor by tensor), ``mobilenet_v2`` (torchvision's, checked against
+mobilenet_v2.net in tests/test_mobile_layers.py; CosmoFlow on 4-channel volumes of
+``--image-size``³, regressed onto 4 targets by the mean squared error, the others classify
+1000 ways). Float32, SGD with
 momentum and weight decay, one thread per process, random data made once (data production is
 not what is compared), each rank its share of the global batch. DDP keeps its
 defaults: 25 MiB gradient buckets, and BatchNorm2d statistics over each process's own samples
@@ -29,12 +31,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NETS = ("alexnet", "resnet18", "cosmoflow")
+NETS = ("alexnet", "resnet18", "cosmoflow", "mobilenet_v2")
 CLASSES = 1000  # the image nets' classes, and hpctrain's synthetic labels'
 
 
 def build(net: str, image_size: int):
     """The PyTorch model of hpctrain's shipped ``net``."""
+    if net == "mobilenet_v2":  # torchvision's (tests/test_mobile_layers.py checks the net)
+        import torchvision
+
+        return torchvision.models.mobilenet_v2(num_classes=CLASSES)
     if net == "alexnet":
         sys.path.insert(0, str(HERE))
         from torch_alexnet import alexnet

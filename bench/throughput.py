@@ -18,6 +18,9 @@ under pure batch (1xP) and --grid auto, each with its predicted iteration, again
 leaky ReLUs and max-pools, regressed onto 4 targets by the mean squared error; the same table as
 ResNet-18's.
 
+``--net mobilenet_v2``: MobileNet v2 (64² by default), its depthwise convolutions and batch norm
+over each rank's samples, against torchvision's model; the same table as ResNet-18's.
+
 Every net, both sides: float32, SGD with the same rate, momentum and weight decay, the same
 global batch and image size, synthetic data, one thread per process, the first ``--warmup`` steps
 dropped, a step's time the slowest rank's, the median over the other steps; the runs follow one
@@ -28,6 +31,7 @@ Prints the table and writes it, with every number behind it, to ``--out`` (JSON)
     python bench/throughput.py --procs 1 2 4 --batch 16 --image-size 127 --steps 6
     python bench/throughput.py --net resnet18 --procs 1 2 --batch 16 --image-size 32 --steps 12
     python bench/throughput.py --net cosmoflow --procs 1 2 --rounds 3
+    python bench/throughput.py --net mobilenet_v2 --procs 1 2 --batch 16 --rounds 3
 """
 
 from __future__ import annotations
@@ -170,12 +174,16 @@ NETS = {
     # batch norm over each rank's samples, as DDP's BatchNorm2d (the only grouping it has)
     "resnet18": NetCase(32, 12, 2, "runs/bench/throughput-resnet18.json", ("--bn-group", "rank")),
     "cosmoflow": NetCase(32, 8, 2, "runs/bench/throughput-cosmoflow.json"),
+    "mobilenet_v2": NetCase(64, 8, 2, "runs/bench/throughput-mobilenet_v2.json",
+                            ("--bn-group", "rank")),
 }
 TITLES = {  # what each table's first line says of the net, beyond the batch and the update
     "resnet18": "ResNet-18 {size}x{size}, global batch {batch}, float32, batch norm over each "
                 "rank's samples (hpctrain --bn-group rank, DDP's BatchNorm2d)",
     "cosmoflow": "CosmoFlow {size}^3, 4 channels, global batch {batch}, float32, mean squared "
                  "error",
+    "mobilenet_v2": "MobileNet v2 {size}x{size}, global batch {batch}, float32, batch norm over "
+                    "each rank's samples (hpctrain --bn-group rank, DDP's BatchNorm2d)",
 }
 # the update on both sides: hpctrain's defaults, passed explicitly to each
 LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 5e-4
@@ -250,18 +258,19 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", choices=sorted(NETS), default="alexnet",
                         help="alexnet (with the roofline and the all-reduce check), resnet18 "
-                        "(batch norm over each rank's samples) or cosmoflow (3-D) (default: "
-                        "alexnet)")
+                        "(batch norm over each rank's samples), cosmoflow (3-D) or "
+                        "mobilenet_v2 (depthwise) (default: alexnet)")
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--batch", type=int, default=16, help="global batch (default: 16)")
     parser.add_argument("--image-size", type=int,
-                        help="(default: 127 for alexnet, 32 for resnet18 and cosmoflow)")
+                        help="(default: 127 for alexnet, 32 for resnet18 and cosmoflow, 64 for "
+                        "mobilenet_v2)")
     parser.add_argument("--steps", type=int,
                         help="steps per run, the warm-up included (default: 6 for alexnet, 12 "
-                        "for resnet18, 8 for cosmoflow)")
+                        "for resnet18, 8 for cosmoflow and mobilenet_v2)")
     parser.add_argument("--warmup", type=int,
                         help="first steps of each run left out of its median (default: 1 for "
-                        "alexnet, 2 for resnet18 and cosmoflow)")
+                        "alexnet, 2 for the others)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every configuration this many times, in turn, and keep the "
                         "median (default: 1)")

@@ -296,3 +296,39 @@ def test_a_net_of_the_new_kinds_exports_to_onnx_and_back(tmp_path):
     got, _ = hpctrain_forward(back, x)
     want = run_onnx(path, x.astype(np.float32))
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+
+
+# -- the shipped mobile and grouped nets -----------------------------------------------------------
+
+SHIPPED = {"mobilenet_v2": "mobilenet_v2", "resnext50": "resnext50_32x4d"}
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_a_shipped_net_is_torchvisions_layer_for_layer(name):
+    """The shipped net has torchvision's parameters (count and names: its state dict loads
+    with ``strict=True``), and from the same tensors computes what torchvision's model does
+    (through ``model_proto`` and onnxruntime, float32, 1e-5)."""
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from hpctrain.interchange.onnx_export import model_proto
+    from hpctrain.interchange.weights import state_dict
+    from hpctrain.model.net import load_net
+    from tests.test_interchange import random_tensors
+
+    net = load_net(name, 64)
+    model = getattr(torchvision.models, SHIPPED[name])()
+    assert sum(int(np.prod(s)) for s in net.param_shapes().values()) == sum(
+        p.numel() for p in model.parameters())
+    tensors = random_tensors(net, seed=5)
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in
+                           state_dict(net, tensors).items()}, strict=True)
+    x = np.random.default_rng(6).standard_normal((2, *net.input_shape)).astype(np.float32)
+    with torch.no_grad():
+        want = model.eval()(torch.from_numpy(x)).numpy()
+    session = ort.InferenceSession(model_proto(net, tensors).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    got = session.run(None, {"input": x})[0]
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5

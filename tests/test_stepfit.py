@@ -382,12 +382,14 @@ def test_the_probe_nets_run_every_shape_class_of_the_shipped_nets():
     from hpctrain.plan.pricing import works_of
 
     def shapes(net):
-        return {shape_class(w.op.name, w.kernel) for w in works_of(serial_layers(net, 1))}
+        return {shape_class(w.op.name, w.kernel, w.groups)
+                for w in works_of(serial_layers(net, 1))}
 
     probed = set().union(*(shapes(load_net(name, size))
                            for name, size in parse_probe_nets(PROBE_NETS)))
-    assert {"conv", "conv 1x1", "conv 1xk", "conv 3-D"} <= probed
-    for name in ("resnet18", "resnet50", "inception_v3", "cosmoflow", "res3d"):
+    assert {"conv", "conv 1x1", "conv 1xk", "conv 3-D", "conv grouped"} <= probed
+    for name in ("resnet18", "resnet50", "inception_v3", "cosmoflow", "res3d", "mobilenet_v2",
+                 "resnext50"):
         assert shapes(load_net(name, None)) <= probed, name
 
 

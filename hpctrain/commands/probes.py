@@ -17,11 +17,14 @@ from hpctrain.errors import UserError
 from hpctrain.plan.stepfit import StepFit
 from hpctrain.record.refit import PricedPlan, refit
 
-PROBE_NETS = "smallcnn:32,alexnet:64,minibranch:32,minivolume:24,smallcnn:192"
+PROBE_NETS = ("smallcnn:32,alexnet:64,minibranch:32,minivolume:24,minimobile:32,"
+              "smallcnn:192")
 """The probe nets by default, as ``NAME:IMAGE_SIZE``. A small CNN, AlexNet's large kernels,
 strides, pools and wide linear layers at an image size that runs in seconds, a small branched
 net of what Inception and ResNet are made of (pointwise and factorised convolutions, batch
-norm, concat, add), a small volume net (3-D convolutions, pools and batch norm), and the small
+norm, concat, add), a small volume net (3-D convolutions, pools and batch norm), a small mobile
+net (depthwise and grouped convolutions, a squeeze-excitation gate, the mobile activations),
+and the small
 CNN again on images whose layers no longer fit a rank's share of the cache (their factors are
 fitted apart: :data:`~hpctrain.model.kinds.BEYOND_CACHE`). Each convolution's window shape
 takes a factor of its own (:func:`~hpctrain.model.kinds.shape_class`)."""

@@ -31,7 +31,7 @@ Dᵢ·(Kᵢ − 1) + 1 entries): the same gather with longer steps. A *grouped* 
 the channels into G groups and each group of O/G outputs reads its own C/G inputs: the columns
 are taken channel-major and the G products go as one batched product. A *depthwise* one (each
 group one input and one output channel, MobileNet's) has no product worth the columns: it adds
-up K shifted copies of the input, each scaled by its tap's weight per channel (:func:`_depthwise`).
+up K shifted copies of the input, each scaled by its tap's weight per channel.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from hpctrain.kernels.products import matmul, narrow, widen
 from hpctrain.kernels.sliding import (
     Pads,
     check_windows,
+    depthwise_channels_last,
     out_size,
     padded,
     prefer_channels_last,
@@ -106,9 +107,9 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...]
         dilation = None
     span = spans(kernel, dilation)
     if groups > 1:
-        channels_last = False
         if cg == 1 and o == groups:
-            return _depthwise(xp, x, w, b, stride, pads, dilation)
+            return _depthwise(xp, x, w, b, stride, pads, dilation, channels_last)
+        channels_last = False  # the grouped products are taken channel-major
     if channels_last is None:
         before, after = pads[-1]
         channels_last = prefer_channels_last(
@@ -188,45 +189,85 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
 
 
 def _depthwise(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], pads: Pads,
-               dilation: tuple[int, ...] | None) -> tuple[Any, ConvCache]:
+               dilation: tuple[int, ...] | None, channels_last: bool | None = None
+               ) -> tuple[Any, ConvCache]:
     """:func:`conv_forward` of a depthwise layer (W: (C, 1, K1, …, Kd)): Y is the sum over the
     window's taps a of Xpad shifted by a·D, times W[:, 0, a] per channel. It keeps the padded
-    input, which its backward reads, instead of columns K times its size."""
+    input, which its backward reads, instead of columns K times its size; channel-major, or
+    channels-last where :func:`~hpctrain.kernels.sliding.depthwise_channels_last` says the
+    channels are the longer stretch."""
     n, c, *size = x.shape
     d = len(size)
     kernel = tuple(w.shape[2:])
-    xpad = padded(xp, x, pads, 0.0)
-    out = tuple(out_size(m, k, s, 0, 0) for m, k, s in zip(xpad.shape[2:],
-                                                            spans(kernel, dilation), stride))
-    y = xp.zeros((n, c, *out), dtype=x.dtype)
-    per_channel = (1, c, *(1,) * d)
+    out = tuple(out_size(m, k, s, before, after) for m, k, s, (before, after)
+                in zip(size, spans(kernel, dilation), stride, pads, strict=True))
+    if channels_last is None:
+        channels_last = depthwise_channels_last(c)
+    if channels_last:
+        xpad = xp.zeros((n, *(m + before + after for m, (before, after) in zip(size, pads)), c),
+                        dtype=x.dtype)
+        xpad[_inside(size, pads)] = x.transpose(0, *range(2, 2 + d), 1)
+        taps = xp.ascontiguousarray(w[:, 0].transpose(*range(1, 1 + d), 0))  # (K…, C)
+        y = xp.zeros((n, *out, c), dtype=x.dtype)
+    else:
+        xpad = padded(xp, x, pads, 0.0)
+        taps = w[:, 0].reshape(c, -1).T.reshape(*kernel, 1, c, *(1,) * d)
+        y = xp.zeros((n, c, *out), dtype=x.dtype)
+    product_ = xp.empty_like(y)  # one buffer for every tap's product
     for corner in product(*map(range, kernel)):
-        tap = w[(slice(None), 0, *corner)].reshape(per_channel)
-        y += xpad[(slice(None), slice(None), *_hits(corner, stride, out, dilation))] * tap
-    if b is not None:
-        y += b.reshape(per_channel)
-    return y, ConvCache(xpad, x.shape, tuple(map(tuple, pads)), False, dilation, c)
+        xp.multiply(xpad[_tap(corner, stride, out, dilation, channels_last)], taps[corner],
+                    out=product_)
+        y += product_
+    if channels_last:
+        if b is not None:
+            y += b
+        y = xp.ascontiguousarray(y.transpose(0, 1 + d, *range(1, 1 + d)))
+    elif b is not None:
+        y += b.reshape(c, *(1,) * d)
+    return y, ConvCache(xpad, x.shape, tuple(map(tuple, pads)), channels_last, dilation, c)
 
 
 def _depthwise_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, ...],
                         need_dx: bool, dw_out: Any | None) -> tuple[Any | None, Any, Any]:
     """:func:`conv_backward` of :func:`_depthwise`: per tap a, dW[:, 0, a] = Σ_{n, p} dY ·
-    Xpad shifted by a·D, and dXpad shifted by a·D gains dY · W[:, 0, a]."""
-    xpad, kernel = cache.cols, tuple(w.shape[2:])
+    Xpad shifted by a·D, and dXpad shifted by a·D gains dY · W[:, 0, a]; in the order of the
+    windows the forward took."""
+    xpad, kernel, last = cache.cols, tuple(w.shape[2:]), cache.channels_last
     n, c, *out = dy.shape
     d = len(out)
+    db = dy.sum(axis=(0, *range(2, 2 + d)))
+    if last:
+        dy = xp.ascontiguousarray(dy.transpose(0, *range(2, 2 + d), 1))
+        taps = xp.ascontiguousarray(w[:, 0].transpose(*range(1, 1 + d), 0))
+        summed = tuple(range(0, 1 + d))  # every axis but the channels (the last)
+    else:
+        taps = w[:, 0].reshape(c, -1).T.reshape(*kernel, 1, c, *(1,) * d)
+        summed = (0, *range(2, 2 + d))
     dw = xp.empty_like(w) if dw_out is None else dw_out
     dxp = xp.zeros_like(xpad) if need_dx else None
-    per_channel = (1, c, *(1,) * d)
-    every = (slice(None), slice(None))
-    axes = "nc" + "pqrstuvw"[:d]  # one letter per axis: the sum over samples and positions
+    product_ = xp.empty_like(dy)
     for corner in product(*map(range, kernel)):
-        hits = (*every, *_hits(corner, stride, out, cache.dilation))
-        dw[(slice(None), 0, *corner)] = xp.einsum(f"{axes},{axes}->c", dy, xpad[hits])
+        hits = _tap(corner, stride, out, cache.dilation, last)
+        xp.multiply(dy, xpad[hits], out=product_)
+        dw[(slice(None), 0, *corner)] = product_.sum(axis=summed)
         if need_dx:
-            dxp[hits] += dy * w[(slice(None), 0, *corner)].reshape(per_channel)
-    db = dy.sum(axis=(0, *range(2, 2 + d)))
-    return (None if dxp is None else unpadded(dxp, cache.pads)), dw, db
+            xp.multiply(dy, taps[corner], out=product_)
+            dxp[hits] += product_
+    if dxp is None:
+        return None, dw, db
+    if not last:
+        return unpadded(dxp, cache.pads), dw, db
+    dx = dxp[_inside(cache.x_shape[2:], cache.pads)].transpose(0, 1 + d, *range(1, 1 + d))
+    return xp.ascontiguousarray(dx), dw, db
+
+
+def _tap(corner: Sequence[int], stride: Sequence[int], out: Sequence[int],
+         dilation: Sequence[int] | None, channels_last: bool) -> tuple[slice, ...]:
+    """The entries of a padded input that tap ``corner`` reads (:func:`_hits`), channel-major
+    (N, C, S…) or channels-last (N, S…, C)."""
+    every = slice(None)
+    hits = _hits(corner, stride, out, dilation)
+    return (every, *hits, every) if channels_last else (every, every, *hits)
 
 
 def _backward_last(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, ...],

@@ -54,6 +54,26 @@ def prefer_channels_last(channels: int, kernel: tuple[int, ...], out_last: int) 
     return prod(kernel) > 1 and channels >= (8 if len(kernel) >= 3 else 2) * out_last
 
 
+def depthwise_channels_last(channels: int) -> bool:
+    """Whether a depthwise convolution runs channels-last (see
+    :func:`hpctrain.kernels.conv.conv_forward`): each of its taps is one product and one sum
+    over the whole output, and channels-last both run along a position's channels, one
+    contiguous stretch, where channel-major they broadcast a weight per channel and sum across
+    the samples and positions. Yes from :data:`DEPTHWISE_CHANNELS` channels, which pays for the
+    transposes channels-last adds."""
+    return channels >= DEPTHWISE_CHANNELS
+
+
+DEPTHWISE_CHANNELS = 64
+"""The fewest channels a depthwise layer runs channels-last with
+(:func:`depthwise_channels_last`). Chosen on MobileNet v2's depthwise layers at 64², batch 16,
+3×3, float32, one thread, forward plus backward, channels-last ÷ channel-major: 32 channels
+1.33, 96: 1.0–1.1, 144 and more 0.16–0.67. Held out of the choice, EfficientNet-B0's 5×5 layers
+at 64² (144–1152 channels: 0.11–0.48) and MobileNet v2's at 224², batch 4 (32 channels, 112²:
+1.59; 96 and more: 0.26–0.82), each on the side the rule picks (``python bench/depthwise.py
+--orders``)."""
+
+
 def padded(xp: Any, x: Any, pads: Pads, value: float) -> Any:
     """A copy of X (N, C, S1, …, Sd) padded by ``pads`` (before, after per spatial axis)
     with ``value``, or X itself when every pad is 0."""
@@ -81,8 +101,8 @@ def windows(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...],
             dilation: tuple[int, ...] | None = None) -> Any:
     """Read-only view (N, C, K1, …, Kd, O1, …, Od) of every window of X: (N, C, S1, …, Sd).
 
-    Window (p1, …, pd) starts at entry pᵢ·sᵢ of axis i and takes every ``dilation``ᵢ-th entry
-    from there (1: adjacent entries), so Oᵢ = ⌊(Sᵢ − spanᵢ)/sᵢ⌋ + 1 (:func:`spans`); for
+    Window (p1, …, pd) starts at entry pᵢ·sᵢ of axis i and takes every Dᵢ-th entry from there
+    (D the ``dilation``; 1: adjacent entries), so Oᵢ = ⌊(Sᵢ − spanᵢ)/sᵢ⌋ + 1 (:func:`spans`); for
     images, (N, C, kh, kw, Ho, Wo).
     """
     x = xp.ascontiguousarray(x)

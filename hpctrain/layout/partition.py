@@ -127,7 +127,7 @@ class Window:
     """A sliding window along one axis: kernel size, stride, and zero padding before and after
     (``after`` None: as much as ``before``; TensorFlow's ``same`` for an even kernel pads one more
     after), and its dilation: taps ``dilation`` apart, so that a window spans
-    dilation·(kernel − 1) + 1 entries (:attr:`span`), which is what its rows, output size and
+    dilation·(kernel − 1) + 1 entries (its ``span``), which is what its rows, output size and
     halos count."""
 
     kernel: int

@@ -311,7 +311,8 @@ class CostModel(Segments):
                 cost.compute = (cost.compute[0], cost.compute[1] + sum(times[cost.update]))
             if self.machine.compute_scale:  # fitted to training steps of this machine
                 touched = cost.work.touched_elements() * self.itemsize if cost.work else 0
-                key = shape_class(cost.kind, cost.work.kernel if cost.work else ())
+                key = shape_class(cost.kind, *((cost.work.kernel, cost.work.groups)
+                                                 if cost.work else ()))
                 scale = compute_factors_for(self.machine.compute_scale, key, touched,
                                             self.machine.cache_bytes)
                 cost.compute = (cost.compute[0] * scale[0], cost.compute[1] * scale[1])

@@ -72,7 +72,7 @@ def priced(plan: MeasuredPlan, machine: Machine, apart: bool = False) -> PricedP
     # each layer's local work is the plan's, whatever the links: any of the evaluations has it
     works = [c.work for c in [*evaluated[0].layers, evaluated[0].loss]]
     # a convolution by the shape of its window, the rest by kind: what the factors are fitted to
-    kinds = [shape_class(kind, work.kernel if work is not None else ())
+    kinds = [shape_class(kind, *((work.kernel, work.groups) if work is not None else ()))
              for kind, work in zip([layer.kind for layer in plan.net.layers]
                                    + [plan.net.loss.name], works, strict=True)]
     then = plan.profile if plan.profile is not None else Machine("none", 1.0, 1.0, 1.0)

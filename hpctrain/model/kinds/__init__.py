@@ -49,9 +49,10 @@ def compute_class(kind: str) -> str:
     return "(gemm)" if found is not None and found.grid_key else "(memory)"
 
 
-def shape_class(kind: str, kernel: tuple[int, ...] = ()) -> str:
+def shape_class(kind: str, kernel: tuple[int, ...] = (), groups: int = 1) -> str:
     """The ``compute_scale`` key of work of ``kind`` with a window ``kernel`` (one extent per
-    spatial axis): a convolution's shape class, the kind itself for the rest.
+    spatial axis) in ``groups`` groups: a convolution's shape class, the kind itself for the
+    rest.
 
     A convolution is one im2col and one matrix product whatever its window, but how close a
     training step runs to its kernels timed alone differs with the window: a pointwise
@@ -59,9 +60,14 @@ def shape_class(kind: str, kernel: tuple[int, ...] = ()) -> str:
     (``conv 1xk``: one spatial extent of 1, Inception's 1×7 and 7×1) builds columns along one
     axis, a volume's (``conv 3-D``) builds columns many times its input. Fitted on 2-D square
     windows alone, one factor over-predicted Inception-v3 by 17–24 % and missed CosmoFlow by
-    18–30 %; each class takes a factor of its own where the probes ran it, else the kind's."""
+    18–30 %; each class takes a factor of its own where the probes ran it, else the kind's.
+    A grouped convolution (``conv grouped``, depthwise among them) is many small products, or
+    none (a depthwise layer's taps are sums along the channels), far from the GEMM's pace
+    whatever its window."""
     if kind != "conv" or not kernel:
         return kind
+    if groups > 1:
+        return "conv grouped"
     if all(extent == 1 for extent in kernel):
         return "conv 1x1"
     if len(kernel) == 3:

@@ -22,7 +22,7 @@ import numpy as np
 from hpctrain.cost.memory import Footprint
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
-from hpctrain.kernels.sliding import prefer_channels_last
+from hpctrain.kernels.sliding import depthwise_channels_last, prefer_channels_last
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import (
     CHANNEL_AXIS,
@@ -196,6 +196,8 @@ class ConvKind(SplitsInputs, WindowKind):
         work, b = fp.work, fp.itemsize
         n, c = work.x[:2]
         out = work.out_sizes()
+        if work.groups == c == work.out:  # depthwise: the padded input, kept; no columns
+            return self.depthwise_memory(fp)
         cols = c * math.prod(work.kernel) * n * math.prod(out) * b
         last = prefer_channels_last(c, work.kernel, out[-1])
         copy = padded_bytes(work, b) if last else padded_copy_bytes(fp)
@@ -208,6 +210,22 @@ class ConvKind(SplitsInputs, WindowKind):
             if last:
                 backward["input gradient, channel-major"] = math.prod(work.x) * b
         return {"im2col columns": cols}, fp.phases(forward, backward)
+
+    def depthwise_memory(self, fp: Footprint) -> tuple[dict[str, float], dict[str, float]]:
+        """A depthwise layer keeps its padded input for ΔW; each tap's product takes an output's
+        room; channels-last (:func:`~hpctrain.kernels.sliding.depthwise_channels_last`) the
+        output and the gradients are transposed once more."""
+        work, b = fp.work, fp.itemsize
+        padded = padded_bytes(work, b)
+        y = work.x[0] * work.out * math.prod(work.out_sizes()) * b
+        last = depthwise_channels_last(work.x[1])
+        forward = {**fp.loose_input, "output and tap product": (3 if last else 2) * y}
+        backward = {"output gradient and tap product": (3 if last else 2) * y}
+        if work.need_dx:
+            backward["padded input gradient"] = padded
+            if last:
+                backward["input gradient, channel-major"] = math.prod(work.x) * b
+        return {"padded input": padded}, fp.phases(forward, backward)
 
     def magnitudes(self, spec: LayerSpec, xs: list[np.ndarray], dy: np.ndarray
                    ) -> dict[str, np.ndarray]:
