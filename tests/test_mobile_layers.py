@@ -290,8 +290,12 @@ def test_a_net_of_the_new_kinds_exports_to_onnx_and_back(tmp_path):
     path = tmp_path / "mobile.onnx"
     path.write_bytes(model_proto(net, random_tensors(net)).SerializeToString())
     back = import_onnx(path).net
-    assert [(a.kind, a.options) for a in back.layers] == [(a.kind, a.options)
-                                                           for a in net.layers]
+
+    def meaning(layer):  # a resize by a factor comes back as one to the size it gives
+        o = layer.options
+        return (layer.kind, (o.mode, o.align, o.outputs) if layer.kind == "upsample" else o)
+
+    assert [meaning(a) for a in back.layers] == [meaning(a) for a in net.layers]
     x = np.random.default_rng(4).standard_normal((3, *net.input_shape))
     got, _ = hpctrain_forward(back, x)
     want = run_onnx(path, x.astype(np.float32))
@@ -332,3 +336,125 @@ def test_a_shipped_net_is_torchvisions_layer_for_layer(name):
                                    providers=["CPUExecutionProvider"])
     got = session.run(None, {"input": x})[0]
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+
+
+# -- resizing ------------------------------------------------------------------------------------
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("line,call", [
+    ("upsample scale=2", dict(scale_factor=2, mode="nearest")),
+    ("upsample scale=3x2", dict(scale_factor=(3, 2), mode="nearest")),
+    ("upsample scale=2 mode=bilinear", dict(scale_factor=2, mode="bilinear",
+                                            align_corners=False)),
+    ("upsample size=17x9 mode=bilinear", dict(size=(17, 9), mode="bilinear",
+                                              align_corners=False)),
+    ("upsample size=17x9 mode=bilinear align=1", dict(size=(17, 9), mode="bilinear",
+                                                      align_corners=True)),
+    ("upsample size=17x9", dict(size=(17, 9), mode="nearest")),
+    ("upsample scale=4 mode=bilinear align=1", dict(scale_factor=4, mode="bilinear",
+                                                    align_corners=True)),
+])
+def test_upsampling_equals_pytorchs_interpolate(line, call):
+    """The layer's kernels on a whole 7×5 image, Y and dX, against F.interpolate."""
+    torch = pytest.importorskip("torch")
+    from hpctrain.kernels.resize import resampling_matrix, resize_backward, resize_forward
+
+    net = parse_net(f"input channels=3 height=7 width=5 classes=3\n{line}\n"
+                    f"avgpool kernel=global\nflatten\nlinear out=3\n", "t")
+    options = net.layers[0].options
+    matrices = [resampling_matrix(r, (0, r.n_out), (0, r.n_in)) for r in options.resamplings()]
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 7, 5))
+    y = resize_forward(np, x, matrices)
+    dy = rng.standard_normal(y.shape)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.interpolate(tx, **call)
+    ty.backward(torch.tensor(dy))
+    assert y.shape == tuple(ty.shape) == (2, 3, *net.out_shapes[0][1:])
+    assert np.abs(y - ty.detach().numpy()).max() < TOLERANCE
+    assert np.abs(resize_backward(np, dy, matrices) - tx.grad.numpy()).max() < TOLERANCE
+
+
+@pytest.mark.reference
+def test_trilinear_upsampling_of_a_volume_equals_pytorchs():
+    torch = pytest.importorskip("torch")
+    from hpctrain.kernels.resize import resampling_matrix, resize_forward
+
+    net = parse_net("input channels=2 size=4x5x3 classes=3\nupsample scale=2x3x2 "
+                    "mode=bilinear\navgpool kernel=global\nflatten\nlinear out=3\n", "t")
+    matrices = [resampling_matrix(r, (0, r.n_out), (0, r.n_in))
+                for r in net.layers[0].options.resamplings()]
+    x = np.random.default_rng(8).standard_normal((2, 2, 4, 5, 3))
+    want = torch.nn.functional.interpolate(torch.tensor(x), scale_factor=(2, 3, 2),
+                                           mode="trilinear", align_corners=False).numpy()
+    assert np.abs(resize_forward(np, x, matrices) - want).max() < TOLERANCE
+
+
+@pytest.mark.parametrize("line,fragment", [
+    ("upsample", "scale=S (whole factors) or size=HxW"),
+    ("upsample scale=2 size=4x4", "one of them"),
+    ("upsample scale=2 mode=cubic", "mode='cubic' must be nearest or bilinear"),
+    ("upsample scale=2 align=1", "give mode=bilinear"),
+    ("upsample scale=2x2x2", "scale for 3 axes"),
+])
+def test_a_bad_upsampling_is_refused(line, fragment):
+    with pytest.raises(NetError) as caught:
+        net_of(line, size=8)
+    assert fragment in str(caught.value)
+
+
+def test_an_upsampling_halo_is_a_row_or_two():
+    """×2 on 13 rows split 4 ways (the output's 26 rows cut 7, 6, 7, 6, the input's 4, 3, 3,
+    3): each rank reads at most a row beyond its own from each neighbour for the blocks'
+    misalignment, and bilinear one more for its second source."""
+    from hpctrain.layout.partition import Resampling, halo_plans
+
+    for mode, most in (("bilinear", 2), ("nearest", 1)):
+        for plan in halo_plans(13, 4, Resampling(13, 26, mode), "up"):
+            for lo, hi in (plan.recv_top, plan.recv_bottom):
+                assert hi - lo <= most, (mode, plan)
+
+
+@pytest.mark.reference
+def test_pytorchs_interpolate_imports_from_onnx_and_exports_back(tmp_path):
+    """``F.interpolate`` by a factor (nearest), to a size (bilinear), and with aligned corners
+    back to the input's size, as PyTorch exports it (Resize, its sizes computed from Shape):
+    imported, it computes what onnxruntime does; exported again, onnxruntime runs it to the
+    same numbers."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    from hpctrain.interchange.onnx_export import model_proto
+    from hpctrain.interchange.onnx_import import import_onnx
+    from tests.test_interchange import run_onnx, to_onnx
+    from tests.test_onnx_import import hpctrain_forward
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            y = torch.nn.functional.interpolate(self.conv(x), scale_factor=2)
+            y = torch.nn.functional.interpolate(y, size=(30, 23), mode="bilinear")
+            y = torch.nn.functional.interpolate(y, size=x.shape[-2:], mode="bilinear",
+                                                align_corners=True)
+            return self.fc(y.mean((2, 3)))
+
+    path = to_onnx(Decoder().eval(), torch.randn(2, 3, 13, 11), tmp_path / "decoder.onnx")
+    net = import_onnx(path).net
+    resized = [layer.options for layer in net.layers if layer.kind == "upsample"]
+    assert [(o.mode, o.align, o.outputs) for o in resized] == [
+        ("nearest", False, (26, 22)), ("bilinear", False, (30, 23)), ("bilinear", True, (13, 11))]
+    x = np.random.default_rng(9).standard_normal((2, 3, 13, 11))
+    got, _ = hpctrain_forward(net, x)
+    want = run_onnx(path, x.astype(np.float32))
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+    from onnx import load, numpy_helper
+
+    # the layers are named as PyTorch's modules: their tensors go back under the same names
+    tensors = {t.name: numpy_helper.to_array(t) for t in load(str(path)).graph.initializer}
+    again = tmp_path / "again.onnx"
+    again.write_bytes(model_proto(net, tensors).SerializeToString())
+    assert np.abs(run_onnx(again, x.astype(np.float32)) - want).max() / np.abs(want).max() < 1e-5

@@ -371,6 +371,9 @@ conv name=expand out=24 kernel=3 pad=1 groups=12
 sigmoid
 conv name=grouped out=24 kernel=3 pad=2x1 dilation=2x1 groups=12
 clip min=-0.5 max=0.75
+upsample scale=2 mode=bilinear
+conv name=head out=8 kernel=3 stride=2 pad=1 groups=4
+upsample size=7x9 mode=bilinear align=1
 avgpool kernel=global
 flatten
 linear name=fc out=5
@@ -380,7 +383,9 @@ linear name=fc out=5
 class MobileBlock(nn.Module):
     """MobileNet v3's inverted residual without its residual: a depthwise dilated convolution
     between batch norms, a squeeze-excitation gate, then a grouped convolution (two outputs
-    per input) and a grouped one dilated along the height alone."""
+    per input) and a grouped one dilated along the height alone; then a decoder's resizing:
+    bilinear ×2, a strided grouped convolution, and a bilinear resize with aligned corners to a
+    size of its own."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -390,7 +395,8 @@ class MobileBlock(nn.Module):
         self.fc1, self.fc2 = nn.Conv2d(12, 4, 1), nn.Conv2d(4, 12, 1)
         self.expand = nn.Conv2d(12, 24, 3, padding=1, groups=12)
         self.grouped = nn.Conv2d(24, 24, 3, padding=(2, 1), dilation=(2, 1), groups=12)
-        self.fc = nn.Linear(24, 5)
+        self.head = nn.Conv2d(24, 8, 3, stride=2, padding=1, groups=4)
+        self.fc = nn.Linear(8, 5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu6(self.bn1(self.stem(x)))
@@ -400,6 +406,8 @@ class MobileBlock(nn.Module):
         gate = F.relu6(self.fc2(F.silu(self.fc1(x.mean((2, 3), keepdim=True)))) + 3) / 6
         x = torch.sigmoid(self.expand(x * gate))
         x = F.hardtanh(self.grouped(x), -0.5, 0.75)
+        x = self.head(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
+        x = F.interpolate(x, size=(7, 9), mode="bilinear", align_corners=True)
         return self.fc(x.mean((2, 3)))
 
 
@@ -408,7 +416,7 @@ def mobile_names() -> NameMap:
     names = NameMap({}, {})
     names.conv("stem", "stem")
     names.conv("dw", "dw")
-    for conv in ("fc1", "fc2", "expand", "grouped", "fc"):
+    for conv in ("fc1", "fc2", "expand", "grouped", "head", "fc"):
         names.conv(conv, conv, bias=True)
     names.batchnorm("bn1", "bn1")
     names.batchnorm("bn2", "bn2")

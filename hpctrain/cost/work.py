@@ -47,7 +47,8 @@ class LocalWork:
     ``kernel``/``stride`` (one per spatial axis) and ``pads`` ((before, after) per spatial
     axis) for window layers; ``need_dx``: whether the input gradient is computed (not for the
     first layer); a convolution's ``groups`` (those of its local channels) and ``dilation``
-    (one per spatial axis; empty: none).
+    (one per spatial axis; empty: none); a resize's output sizes per spatial axis
+    (``resized``).
     """
 
     op: Operation
@@ -59,6 +60,7 @@ class LocalWork:
     need_dx: bool = True
     groups: int = 1
     dilation: tuple[int, ...] = ()
+    resized: tuple[int, ...] = ()
 
     def key(self) -> str:
         """The work as text, the same in every process: part of a timing's cache key (a
@@ -70,6 +72,8 @@ class LocalWork:
             fields.append(f"groups {self.groups}")
         if any(step != 1 for step in self.dilation):
             fields.append(f"dilation {self.dilation}")
+        if self.resized:
+            fields.append(f"resized {self.resized}")
         return "|".join(str(v) for v in fields)
 
     def flops(self) -> tuple[float, float]:

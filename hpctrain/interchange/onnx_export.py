@@ -61,6 +61,14 @@ class _Writer:
             value=self.onnx.numpy_helper.from_array(np.array(value, dtype=np.float32))))
         return name
 
+    def integers(self, spec: LayerSpec, values: list[int], tag: str) -> str:
+        """A constant 1-D int64 tensor named after the layer and ``tag``."""
+        name = f"{spec.name}::{tag}"
+        self.nodes.append(self.onnx.helper.make_node(
+            "Constant", [], [name], name=name,
+            value=self.onnx.numpy_helper.from_array(np.array(values, dtype=np.int64))))
+        return name
+
     def node(self, spec: LayerSpec, op: str, inputs: list[str], **attributes: Any) -> None:
         self.nodes.append(self.onnx.helper.make_node(op, inputs, [self.output_of(spec.name)],
                                                      name=spec.name, **attributes))
@@ -148,6 +156,27 @@ def _silu(w: _Writer, spec: LayerSpec) -> None:
     w.node(spec, "Mul", [x, gate])
 
 
+def _upsample(w: _Writer, spec: LayerSpec) -> None:
+    """Resize to the layer's output sizes, as PyTorch writes ``F.interpolate(size=…)``: the
+    sizes the input's batch and channels (Shape, sliced) joined to the spatial ones."""
+    o = spec.options
+    (x,) = w.inputs_of(spec)
+    shape, kept, sizes = (f"{spec.name}::{what}" for what in ("shape", "kept", "sizes"))
+    make = w.onnx.helper.make_node
+    w.nodes.append(make("Shape", [x], [shape], name=shape))
+    w.nodes.append(make("Slice", [shape, w.integers(spec, [0], "start"),
+                                  w.integers(spec, [2], "end")], [kept], name=kept))
+    w.nodes.append(make("Concat", [kept, w.integers(spec, list(o.outputs), "spatial")],
+                        [sizes], name=sizes, axis=0))
+    if o.mode == "nearest":
+        modes = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                 "nearest_mode": "floor"}
+    else:
+        modes = {"mode": "linear", "coordinate_transformation_mode":
+                 "align_corners" if o.align else "pytorch_half_pixel"}
+    w.node(spec, "Resize", [x, "", "", sizes], **modes)
+
+
 def _scale(w: _Writer, spec: LayerSpec) -> None:
     w.node(spec, "Mul", [*w.inputs_of(spec), w.constant(spec, spec.options.factor)])
 
@@ -173,6 +202,7 @@ WRITERS: dict[str, Callable[[_Writer, LayerSpec], None]] = {
     "relu6": _clip(lambda o: 0.0, lambda o: 6.0),
     "clip": _clip(lambda o: o.min, lambda o: o.max),
     "mul": _simple("Mul"),
+    "upsample": _upsample,
 }
 """One writer per layer kind, the ONNX node (or nodes) the layer is."""
 

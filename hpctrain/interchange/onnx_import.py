@@ -162,7 +162,8 @@ SHORT = {"Relu": "relu", "LeakyRelu": "leakyrelu", "Tanh": "tanh", "MaxPool": "m
          "Reshape": "flatten", "Add": "add", "Sum": "add", "Concat": "concat",
          "Dropout": "dropout", "Mul": "scale", "BatchNormalization": "bn", "Conv": "conv",
          "Gemm": "fc", "MatMul": "fc", "Sigmoid": "sigmoid", "HardSigmoid": "hardsigmoid",
-         "HardSwish": "hardswish", "Clip": "clip", "ReduceMean": "avgpool"}
+         "HardSwish": "hardswish", "Clip": "clip", "ReduceMean": "avgpool",
+         "Resize": "upsample"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _NUMBERED = re.compile(r"_\d+$")
 
@@ -694,6 +695,48 @@ def _reduce_mean(graph: _Graph, node: Any) -> None:
         graph.add_layer(node, "avgpool", {"kernel": "global"}, [x])
 
 
+def _resize(graph: _Graph, node: Any) -> None:
+    """``F.interpolate`` as PyTorch writes it: nearest (``asymmetric``, ``floor``) or linear
+    (``half_pixel``, ``pytorch_half_pixel`` or ``align_corners``), to constant ``scales`` or
+    ``sizes`` (the batch and channels kept): an upsample layer."""
+    x = graph.activation(node)
+    shape = graph.shapes[x]
+    mode = graph.attribute(node, "mode")
+    transform = graph.attribute(node, "coordinate_transformation_mode")
+    if graph.attribute(node, "antialias"):
+        raise _Unsupported("antialias 1")
+    if mode == "nearest":
+        if transform != "asymmetric" or graph.attribute(node, "nearest_mode") != "floor":
+            raise _Unsupported(f"nearest with {transform} and "
+                               f"{graph.attribute(node, 'nearest_mode')}; hpctrain's is "
+                               f"PyTorch's (asymmetric, floor)")
+        texts: dict[str, Any] = {"mode": "nearest"}
+    elif mode == "linear":
+        if transform not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+            raise _Unsupported(f"linear with {transform}")
+        texts = {"mode": "bilinear", "align": int(transform == "align_corners")}
+    else:
+        raise _Unsupported(f"mode {mode}")
+    scales = graph.optional_constant(node, 2, "scales")
+    sizes = graph.optional_constant(node, 3, "sizes")
+    spatial = list(shape[1:])
+    if sizes is not None and sizes.size:
+        if len(sizes) != len(shape) + 1 or int(sizes[1]) != shape[0]:
+            raise _Unsupported(f"sizes {sizes.tolist()}; hpctrain resizes the spatial axes")
+        texts["size"] = _sizes([int(s) for s in sizes[2:]])
+    elif scales is not None and scales.size:
+        factors = [float(s) for s in scales]
+        if factors[:2] != [1.0, 1.0] or any(f != int(f) or f < 1 for f in factors[2:]):
+            raise _Unsupported(f"scales {factors}; hpctrain resizes by whole factors (or to "
+                               f"sizes) along the spatial axes")
+        texts["scale"] = _sizes([int(f) for f in factors[2:]])
+    else:
+        raise _Unsupported("neither scales nor sizes")
+    if len(spatial) < 2:
+        raise _Unsupported("a flat input")
+    graph.add_layer(node, "upsample", texts, [x])
+
+
 def _pool_window(graph: _Graph, node: Any) -> tuple[str, list[int], list[int], list]:
     x = graph.activation(node)
     graph.only_output(node)
@@ -891,6 +934,7 @@ CONVERTERS: dict[str, Callable[[_Graph, Any], None]] = {
     "HardSwish": _pointwise("hardswish"),
     "Clip": _clip,
     "ReduceMean": _reduce_mean,
+    "Resize": _resize,
     "MaxPool": _maxpool,
     "AveragePool": _avgpool,
     "GlobalAveragePool": _global_avgpool,

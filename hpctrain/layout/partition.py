@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 from hpctrain.errors import UserError
 from hpctrain.kernels.sliding import out_size
@@ -159,11 +159,60 @@ class Window:
         return f"{self.kernel}/{self.stride}/{pads}{dilated}"
 
 
-def windows_of(options: Any) -> list[Window]:
+@dataclass(frozen=True)
+class Resampling:
+    """Resizing along one axis from ``n_in`` entries to ``n_out`` (PyTorch's
+    ``F.interpolate``): each output reads one input entry (``nearest``: ⌊o·n_in/n_out⌋) or two
+    (``bilinear``: around (o + ½)·n_in/n_out − ½, clamped to the axis; ``align_corners``: around
+    o·(n_in − 1)/(n_out − 1)). What its rows, output size and halos count, as a
+    :class:`Window`'s do for a sliding window; it never pads."""
+
+    n_in: int
+    n_out: int
+    mode: str = "nearest"  # or "bilinear"
+    align_corners: bool = False
+    before: ClassVar[int] = 0
+    after: ClassVar[int] = 0
+
+    def out_size(self, n_in: int) -> int:
+        return self.n_out if n_in == self.n_in else 0
+
+    def sources(self, out: Any) -> tuple[Any, Any, Any]:
+        """For output entries ``out`` (a NumPy array of indices): the first input entry each
+        reads, the second (the first again for ``nearest``), and the second's weight."""
+        import numpy as np
+
+        out = np.asarray(out, dtype=np.float64)
+        last = self.n_in - 1
+        if self.mode == "nearest":
+            first = np.minimum(np.floor(out * (self.n_in / self.n_out)).astype(np.int64), last)
+            return first, first, np.zeros(out.shape)
+        if self.align_corners:
+            where = out * (last / (self.n_out - 1)) if self.n_out > 1 else out * 0.0
+        else:
+            where = np.maximum((out + 0.5) * (self.n_in / self.n_out) - 0.5, 0.0)
+        first = np.minimum(np.floor(where).astype(np.int64), last)
+        return first, np.minimum(first + 1, last), where - first
+
+    def rows_needed(self, out_start: int, out_stop: int) -> tuple[int, int]:
+        """Input rows that outputs [start, stop) read (the sources are monotone in the
+        output)."""
+        first, _, _ = self.sources([out_start])
+        _, second, _ = self.sources([out_stop - 1])
+        return int(first[0]), int(second[0]) + 1
+
+    def __str__(self) -> str:
+        corners = ", corners aligned" if self.align_corners else ""
+        return f"{self.mode} {self.n_in} to {self.n_out}{corners}"
+
+
+def windows_of(options: Any) -> list[Window] | list[Resampling]:
     """The window along every spatial axis of a window layer's resolved ``options`` (kernel,
     stride and pad one per axis; dilated where they have a ``dilation``, as a convolution's
-    may)."""
+    may), or the resampling along every spatial axis of an upsampling layer's."""
     o = options
+    if hasattr(o, "resamplings"):
+        return o.resamplings()
     dilation = getattr(o, "dilation", None) or (1,) * len(o.kernel)
     return [Window(k, s, *p, dilation=d)
             for k, s, p, d in zip(o.kernel, o.stride, o.pad, dilation, strict=True)]
@@ -194,13 +243,14 @@ class HaloPlan:
     interior: tuple[int, int]
 
 
-def _needed_clipped(window: Window, out: tuple[int, int], n_in: int) -> tuple[int, int, int, int]:
+def _needed_clipped(window: Window | Resampling, out: tuple[int, int], n_in: int
+                    ) -> tuple[int, int, int, int]:
     lo, hi = window.rows_needed(*out)
     return max(lo, 0), min(hi, n_in), max(0, -lo), max(0, hi - n_in)
 
 
-def halo_plans(n_in: int, parts: int, window: Window, layer: str, axis: str = "height"
-               ) -> tuple[HaloPlan, ...]:
+def halo_plans(n_in: int, parts: int, window: Window | Resampling, layer: str,
+               axis: str = "height") -> tuple[HaloPlan, ...]:
     """Halo plans for all ``parts`` row blocks of a height-``n_in`` input under ``window``
     (``axis``: what a refusal calls the split axis, a volume's depth).
 
@@ -214,7 +264,8 @@ def halo_plans(n_in: int, parts: int, window: Window, layer: str, axis: str = "h
     return plans
 
 
-def halo_row_counts(n_in: int, parts: int, window: Window, layer: str, axis: str = "height"
+def halo_row_counts(n_in: int, parts: int, window: Window | Resampling, layer: str,
+                    axis: str = "height"
                     ) -> tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int]]]:
     """The distinct (top, bottom) numbers of halo rows the ranks of :func:`halo_plans`
     receive, and those they send: a few, however many ranks, and all a halo exchange's cost
@@ -224,7 +275,7 @@ def halo_row_counts(n_in: int, parts: int, window: Window, layer: str, axis: str
 
 
 @lru_cache(maxsize=4096)
-def _halo_row_counts(n_in: int, parts: int, window: Window
+def _halo_row_counts(n_in: int, parts: int, window: Window | Resampling
                      ) -> tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int]]]:
     def rows(*ranges: tuple[int, int]) -> tuple[int, ...]:
         return tuple(hi - lo for lo, hi in ranges)
@@ -235,7 +286,8 @@ def _halo_row_counts(n_in: int, parts: int, window: Window
 
 
 @lru_cache(maxsize=4096)
-def _halo_plans(n_in: int, parts: int, window: Window) -> tuple[tuple[HaloPlan, ...], str]:
+def _halo_plans(n_in: int, parts: int, window: Window | Resampling
+                ) -> tuple[tuple[HaloPlan, ...], str]:
     """(:func:`halo_plans`, "") or ((), why they cannot be made). Cached apart from the layer,
     which only a refusal names: placement, the feasibility checks, the cost model and the
     layer ask for the same plans, for many layers of one shape, and they take O(parts)."""
@@ -273,15 +325,15 @@ def _halo_plans(n_in: int, parts: int, window: Window) -> tuple[tuple[HaloPlan, 
     return tuple(plans), ""
 
 
-def _interior_rows(window: Window, out: tuple[int, int], own: tuple[int, int], n_in: int
-                   ) -> tuple[int, int]:
+def _interior_rows(window: Window | Resampling, out: tuple[int, int], own: tuple[int, int],
+                   n_in: int) -> tuple[int, int]:
     """Output rows in ``out`` whose window lies in ``own`` or in the image's zero padding."""
     lo_ok = -window.before if own[0] == 0 else own[0]
     hi_ok = n_in + window.after if own[1] == n_in else own[1]
-    first = next((o for o in range(*out) if o * window.stride - window.before >= lo_ok), out[1])
+    first = next((o for o in range(*out) if window.rows_needed(o, o + 1)[0] >= lo_ok), out[1])
     last = first
     for o in range(first, out[1]):
-        if o * window.stride - window.before + window.span > hi_ok:
+        if window.rows_needed(o, o + 1)[1] > hi_ok:
             break
         last = o + 1
     return (first, last) if last > first else (out[0], out[0])

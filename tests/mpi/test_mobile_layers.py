@@ -1,5 +1,6 @@
 """The layers of mobile and grouped nets (grouped, depthwise and dilated convolutions, the
-squeeze-excitation gate's ``mul``, sigmoid, silu, hardsigmoid, hardswish, relu6 and clip) under
+squeeze-excitation gate's ``mul``, sigmoid, silu, hardsigmoid, hardswish, relu6 and clip) and
+resizing (``upsample``, bilinear ×2 and nearest to a size of its own) under
 every mode and Pr×Pc grid, and under mixed plans, against one process in float64 (relative
 error 1e-9 in every output, gradient and running statistic: ``check_plan`` of
 ``tests/mpi/test_graph_layers.py``).
@@ -37,6 +38,9 @@ sigmoid
 conv name=grouped out=24 kernel=3 pad=2x1 dilation=2x1 groups=12
 clip min=-0.5 max=0.75
 mul in=grouped,clip1
+upsample name=up scale=2 mode=bilinear
+conv name=down out=24 kernel=3 stride=2 pad=1 groups=12
+upsample name=resize size=11x6
 avgpool kernel=global
 flatten
 linear out=4

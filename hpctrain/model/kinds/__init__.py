@@ -29,13 +29,14 @@ from hpctrain.model.kinds import (
     sigmoid,
     silu,
     tanh,
+    upsample,
 )
 from hpctrain.model.kinds.base import Kind
 
 #: Every layer kind, by the name a net file gives it.
 KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
     conv, linear, maxpool, avgpool, batchnorm, relu, leakyrelu, tanh, scale, dropout, flatten,
-    add, concat, mul, sigmoid, silu, hardsigmoid, hardswish, relu6, clip)}
+    add, concat, mul, sigmoid, silu, hardsigmoid, hardswish, relu6, clip, upsample)}
 
 
 

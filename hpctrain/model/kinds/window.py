@@ -181,6 +181,22 @@ def halo_axes(spec: LayerSpec, layout: Layout
     return found
 
 
+def following_layouts(spec: LayerSpec, x: Layout, out_shape: Shape
+                      ) -> tuple[tuple[Layout, ...], Layout]:
+    """The layouts of a window layer that follows its input (pooling, resizing): the layout
+    fed, its split spatial axes recut into blocks of the output rows, or, where an axis is too
+    short for that (a rank would get no rows, or need halo rows from beyond its neighbours),
+    gathered first: the input then drops that axis's split."""
+    short = []
+    for axis in x.spatial_cuts:
+        try:
+            axis_halo_plans(spec, x, axis)
+        except SplitError:
+            short.append(axis)
+    x = x.without(short)
+    return (x,), x.with_shape(out_shape)
+
+
 @dataclass(frozen=True)
 class PoolOptions:
     kernel: tuple[int, ...] | None  # None: the whole image (avgpool kernel=global)
@@ -257,18 +273,7 @@ class PoolKind(WindowKind):
 
     def layouts(self, spec: LayerSpec, fed: tuple[Layout, ...], out_shape: Shape,
                 split: Split | None) -> tuple[tuple[Layout, ...], Layout]:
-        """The layout fed; split spatial axes are recut into blocks of the output rows, or,
-        where an axis is too short for that (a rank would get no rows, or need halo rows from
-        beyond its neighbours), gathered first: the input then drops that axis's split."""
-        x = fed[0]
-        short = []
-        for axis in x.spatial_cuts:
-            try:
-                axis_halo_plans(spec, x, axis)
-            except SplitError:
-                short.append(axis)
-        x = x.without(short)
-        return (x,), x.with_shape(out_shape)
+        return following_layouts(spec, fed[0], out_shape)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         return (float(work.x[0] * work.x[1] * math.prod(work.out_sizes())
