@@ -26,11 +26,11 @@ from hpctrain.model.kinds.base import LayerSpec, Shape
 from hpctrain.model.kinds.window import WindowKind, busiest_halo, following_layouts
 from hpctrain.model.options import Key, NetError, flag, sizes, spread
 
-MODES = ("nearest", "bilinear")
+MODES = ("nearest", "bilinear")  #: the resizing modes
 
 
 def mode(key: str, text: str, where: str) -> str:
-    """One of :data:`MODES`."""
+    """``key=text`` as one of the resizing modes, nearest or bilinear."""
     if text not in MODES:
         raise NetError(f"{where}: {key}={shown(text, 30)} must be {' or '.join(MODES)}")
     return text
