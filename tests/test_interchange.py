@@ -273,13 +273,13 @@ def test_unsupported_graphs_bad_files_and_flags_are_refused_in_one_line(tmp_path
     model = onnx.load(str(resnet_onnx))
     last = model.graph.output[0].name
     model.graph.node.append(onnx.helper.make_node("Softmax", [last], ["probs"], name="head"))
-    model.graph.node.append(onnx.helper.make_node("Sigmoid", ["probs"], ["gated"], name="gate"))
+    model.graph.node.append(onnx.helper.make_node("Erf", ["probs"], ["gated"], name="gate"))
     model.graph.output[0].name = "gated"
     onnx.save(model, str(tmp_path / "softmax.onnx"))
     outcome = launch("--net", "softmax.onnx", "--steps", "1", cwd=tmp_path)
     assert_refused(outcome, "2 node(s) map onto no hpctrain layer kind")
     assert "Softmax 'head'" in outcome.error_lines[0]
-    assert "Sigmoid 'gate'" in outcome.error_lines[0]
+    assert "Erf 'gate'" in outcome.error_lines[0]
     (tmp_path / "junk.onnx").write_bytes(np.random.default_rng(0).bytes(999))
     np.save(tmp_path / "x.npy", np.zeros((2, 3, 32, 32), np.float32))
     np.save(tmp_path / "pixels.npy", np.zeros((2, 3, 32, 32), np.uint8))

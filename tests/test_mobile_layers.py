@@ -1,8 +1,10 @@
-"""The layers of mobile and grouped nets on one process: grouped, depthwise and dilated
-convolution, the gates and clipped units (sigmoid, silu, hardsigmoid, hardswish, relu6, clip)
-and the gate's product (``mul``), each kernel against PyTorch's (forward and every gradient,
-float64, 1e-12); their net-file keys, refusals and text; their prices; and torchvision's mobile
-and grouped models imported from ONNX with their weights, against onnxruntime.
+"""The layers of mobile, grouped and segmentation nets on one process: grouped, depthwise and
+dilated convolution, the gates and clipped units (sigmoid, silu, hardsigmoid, hardswish, relu6,
+clip), the gate's product (``mul``), resizing (``upsample``), GELU and layer norm over the
+channels, each kernel against PyTorch's (forward and every gradient, float64, 1e-12); their
+net-file keys, refusals and text; their prices; ONNX in and out; the shipped ``mobilenet_v2``
+and ``resnext50`` against torchvision's; and torchvision's mobile and grouped models imported
+from ONNX with their weights, against onnxruntime.
 
 The distributed runs of the same layers, every mode against one process, are in
 ``tests/mpi/test_mobile_layers.py``.
@@ -408,7 +410,8 @@ def test_an_upsampling_halo_is_a_row_or_two():
     """×2 on 13 rows split 4 ways (the output's 26 rows cut 7, 6, 7, 6, the input's 4, 3, 3,
     3): each rank reads at most a row beyond its own from each neighbour for the blocks'
     misalignment, and bilinear one more for its second source."""
-    from hpctrain.layout.partition import Resampling, halo_plans
+    from hpctrain.kernels.resize import Resampling
+    from hpctrain.layout.partition import halo_plans
 
     for mode, most in (("bilinear", 2), ("nearest", 1)):
         for plan in halo_plans(13, 4, Resampling(13, 26, mode), "up"):
@@ -458,3 +461,84 @@ def test_pytorchs_interpolate_imports_from_onnx_and_exports_back(tmp_path):
     again = tmp_path / "again.onnx"
     again.write_bytes(model_proto(net, tensors).SerializeToString())
     assert np.abs(run_onnx(again, x.astype(np.float32)) - want).max() / np.abs(want).max() < 1e-5
+
+
+# -- ConvNeXt's layer norm over the channels, and GELU ---------------------------------------------
+
+
+@pytest.mark.reference
+def test_gelu_equals_pytorchs():
+    torch = pytest.importorskip("torch")
+    forward, derivative = KINDS["gelu"].functions(None)
+    x = np.concatenate([np.linspace(-9, 9, 1801), [0.0, -40.0, 40.0]])
+    dy = np.random.default_rng(10).standard_normal(x.shape)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.gelu(tx)
+    ty.backward(torch.tensor(dy))
+    assert np.abs(forward(np, x) - ty.detach().numpy()).max() < TOLERANCE
+    assert np.abs(derivative(np, x, dy) - tx.grad.numpy()).max() < TOLERANCE
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("shape", [(3, 6, 5, 4), (3, 6, 2, 3, 4), (5, 7)])
+def test_layer_norm_equals_pytorchs_over_the_channels(shape):
+    """Over the channels at each position of an image or volume (ConvNeXt's LayerNorm2d:
+    F.layer_norm of the channels-last tensor), over the features of a flat input; Y, dX, dγ
+    and dβ."""
+    torch = pytest.importorskip("torch")
+    from hpctrain.kernels.norm import layernorm_backward, layernorm_forward
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(shape) * 3 + 1
+    gamma, beta = rng.standard_normal(shape[1]), rng.standard_normal(shape[1])
+    dy = rng.standard_normal(shape)
+    y, cache = layernorm_forward(np, x, gamma, beta, 1e-6, shape[1], lambda a: a)
+    dx, dgamma, dbeta = layernorm_backward(np, dy, cache, shape[1], lambda a: a)
+    tx, tg, tb = (torch.tensor(v, requires_grad=True) for v in (x, gamma, beta))
+    last = tx.movedim(1, -1)
+    ty = torch.nn.functional.layer_norm(last, (shape[1],), tg, tb, 1e-6).movedim(-1, 1)
+    ty.backward(torch.tensor(dy))
+    for got, want in ((y, ty), (dx, tx.grad), (dgamma, tg.grad), (dbeta, tb.grad)):
+        want = want.detach().numpy()
+        assert np.abs(got - want).max() / np.abs(want).max() < TOLERANCE
+
+
+@pytest.mark.reference
+def test_pytorchs_gelu_and_layer_norms_import_from_onnx(tmp_path):
+    """F.gelu (Div, Erf, Add, Mul, Mul), ConvNeXt's LayerNorm2d (the channels moved last, a
+    LayerNormalization, moved back) and nn.LayerNorm on features, as PyTorch exports them: one
+    layer each, computing what onnxruntime does."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    from hpctrain.interchange.onnx_import import import_onnx
+    from tests.test_interchange import run_onnx, to_onnx
+    from tests.test_onnx_import import hpctrain_forward
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 6, 3, padding=1)
+            self.norm = torch.nn.LayerNorm(6, eps=1e-6)
+            self.fc = torch.nn.Linear(6, 5)
+            self.head_norm = torch.nn.LayerNorm(5)
+            self.head = torch.nn.Linear(5, 3)
+
+        def forward(self, x):
+            y = torch.nn.functional.gelu(self.conv(x))
+            y = self.norm(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            return self.head(self.head_norm(self.fc(y.mean((2, 3)))))
+
+    torch.manual_seed(1)
+    model = Block().eval()
+    with torch.no_grad():
+        for norm in (model.norm, model.head_norm):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    path = to_onnx(model, torch.randn(2, 3, 7, 6), tmp_path / "block.onnx")
+    net = import_onnx(path).net
+    assert [layer.kind for layer in net.layers] == [
+        "conv", "gelu", "layernorm", "avgpool", "flatten", "linear", "layernorm", "linear"]
+    x = np.random.default_rng(12).standard_normal((2, 3, 7, 6))
+    got, _ = hpctrain_forward(net, x)
+    want = run_onnx(path, x.astype(np.float32))
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5

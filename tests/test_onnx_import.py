@@ -499,14 +499,15 @@ def test_names_cut_to_the_limit_are_numbered_within_it(tmp_path):
 
 
 def test_every_unknown_node_is_listed_in_one_line(tmp_path):
-    """Softmax and Sigmoid, and a Conv of group 2 beside them: all three named, by operator
-    type and node name; the nodes after a refused one (the Add) are not."""
+    """Softmax and Erf, and a Mul beside them by a gate that is not one per channel: all three
+    named, by operator type and node name; the nodes after a refused one (the Add) are not."""
     g = Graph((4, 6, 6))
-    a = g.conv(g.input, 4, 3, pads=[1] * 4, group=2, name="grouped")
-    b = g.op("Sigmoid", g.input, name="gate")
+    a = g.node("Mul", [g.input, g.avgpool(g.input, [1, 6])], name="gated")
+    b = g.op("Erf", g.input, name="erf")
     y = g.op("Softmax", classify(g, g.add(a, b)), name="probabilities")
-    message = refused(save(g.model(y), tmp_path / "u.onnx"), "3 node(s)", "Conv 'grouped'",
-                      "group 2", "Sigmoid 'gate'", "Softmax 'probabilities'")
+    message = refused(save(g.model(y), tmp_path / "u.onnx"), "3 node(s)", "Mul 'gated'",
+                      "a product of shapes (4, 6, 6) and (4, 6, 1)", "Erf 'erf'",
+                      "Softmax 'probabilities'")
     assert "Add" not in message.split("Supported:")[0]
 
 
@@ -515,10 +516,15 @@ def refusal_graph(case: str) -> tuple[Graph, str]:
     logits."""
     g = Graph((4, 8, 8))
     x = g.input
-    if case == "conv-group-2":
-        x = g.conv(x, 4, 3, group=2, name="bad")
-    elif case == "conv-dilation-2":
-        x = g.conv(x, 4, 3, dilations=[2, 2], name="bad")
+    if case == "hardsigmoid-not-pytorchs":
+        x = g.op("HardSigmoid", x, alpha=0.2, name="bad")
+    elif case == "clip-open-above":
+        x = g.node("Clip", [x, g.constant("low", np.array(0.0, np.float32))], name="bad")
+    elif case == "resize-cubic":
+        x = g.node("Resize", [x, "", g.constant("scales", np.array([1, 1, 2, 2], np.float32))],
+                   mode="cubic", name="bad")
+    elif case == "reduce-mean-over-channels":
+        x = g.node("ReduceMean", [x], axes=[1], name="bad")
     elif case == "conv-same-stride-2":
         x = g.conv(x, 4, 3, strides=[2, 2], auto_pad="SAME_UPPER", name="bad")
     elif case == "avgpool-ceil-adds-a-window":
@@ -533,16 +539,18 @@ def refusal_graph(case: str) -> tuple[Graph, str]:
         x = g.add(x, g.constant("shift", np.ones((4, 1, 1), np.float32)), name="bad")
     elif case == "mul-by-a-tensor":
         x = g.node("Mul", [x, g.random("factors", [4, 1, 1])], name="bad")
-    elif case == "mul-of-two-activations":
-        x = g.node("Mul", [x, g.relu(x)], name="bad")
+    elif case == "mul-broadcast-along-rows":
+        x = g.node("Mul", [x, g.avgpool(x, [1, 8])], name="bad")
     elif case == "gemm-alpha-2":
         return g, g.gemm(g.flatten(x), CLASSES, alpha=2.0, name="bad")
     return g, classify(g, x)
 
 
 REFUSALS = {
-    "conv-group-2": ("Conv", "group 2"),
-    "conv-dilation-2": ("Conv", "dilations [2, 2]"),
+    "hardsigmoid-not-pytorchs": ("HardSigmoid", "alpha 0.2, beta 0.5"),
+    "clip-open-above": ("Clip", "an open bound"),
+    "resize-cubic": ("Resize", "mode cubic"),
+    "reduce-mean-over-channels": ("ReduceMean", "a mean over axes [1]"),
     "conv-same-stride-2": ("Conv", "auto_pad SAME_UPPER with stride [2, 2]"),
     "avgpool-ceil-adds-a-window": ("AveragePool", "ceil_mode 1 that adds windows"),
     "concat-axis-2": ("Concat", "axis 2"),
@@ -550,7 +558,7 @@ REFUSALS = {
     "reshape-not-a-flatten": ("Reshape", "a reshape to (0, 4, -1), not to (N, -1)"),
     "add-of-a-constant": ("Add", "constant"),
     "mul-by-a-tensor": ("Mul", "not a scalar"),
-    "mul-of-two-activations": ("Mul", "two computed tensors"),
+    "mul-broadcast-along-rows": ("Mul", "a product of shapes (4, 8, 8) and (4, 8, 1)"),
     "gemm-alpha-2": ("Gemm", "alpha 2.0"),
 }
 

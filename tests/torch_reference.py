@@ -369,6 +369,8 @@ hardsigmoid name=gate
 mul name=excite in=act,gate
 conv name=expand out=24 kernel=3 pad=1 groups=12
 sigmoid
+layernorm name=ln eps=1e-6
+gelu
 conv name=grouped out=24 kernel=3 pad=2x1 dilation=2x1 groups=12
 clip min=-0.5 max=0.75
 upsample scale=2 mode=bilinear
@@ -383,7 +385,8 @@ linear name=fc out=5
 class MobileBlock(nn.Module):
     """MobileNet v3's inverted residual without its residual: a depthwise dilated convolution
     between batch norms, a squeeze-excitation gate, then a grouped convolution (two outputs
-    per input) and a grouped one dilated along the height alone; then a decoder's resizing:
+    per input), ConvNeXt's layer norm over the channels and GELU, and a grouped convolution
+    dilated along the height alone; then a decoder's resizing:
     bilinear ×2, a strided grouped convolution, and a bilinear resize with aligned corners to a
     size of its own."""
 
@@ -394,6 +397,7 @@ class MobileBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(12)
         self.fc1, self.fc2 = nn.Conv2d(12, 4, 1), nn.Conv2d(4, 12, 1)
         self.expand = nn.Conv2d(12, 24, 3, padding=1, groups=12)
+        self.ln = nn.LayerNorm(24, eps=1e-6)
         self.grouped = nn.Conv2d(24, 24, 3, padding=(2, 1), dilation=(2, 1), groups=12)
         self.head = nn.Conv2d(24, 8, 3, stride=2, padding=1, groups=4)
         self.fc = nn.Linear(8, 5)
@@ -405,6 +409,7 @@ class MobileBlock(nn.Module):
         # even in float64, 3e-8 off the derivative
         gate = F.relu6(self.fc2(F.silu(self.fc1(x.mean((2, 3), keepdim=True)))) + 3) / 6
         x = torch.sigmoid(self.expand(x * gate))
+        x = F.gelu(self.ln(x.movedim(1, -1)).movedim(-1, 1))  # ConvNeXt's LayerNorm2d
         x = F.hardtanh(self.grouped(x), -0.5, 0.75)
         x = self.head(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
         x = F.interpolate(x, size=(7, 9), mode="bilinear", align_corners=True)
@@ -420,6 +425,7 @@ def mobile_names() -> NameMap:
         names.conv(conv, conv, bias=True)
     names.batchnorm("bn1", "bn1")
     names.batchnorm("bn2", "bn2")
+    names.params["ln.gamma"], names.params["ln.beta"] = "ln.weight", "ln.bias"
     return names
 
 

@@ -177,6 +177,39 @@ def _upsample(w: _Writer, spec: LayerSpec) -> None:
     w.node(spec, "Resize", [x, "", "", sizes], **modes)
 
 
+def _gelu(w: _Writer, spec: LayerSpec) -> None:
+    """x·(1 + erf(x/√2))/2 as PyTorch writes ``F.gelu``: Div, Erf, Add, Mul, Mul."""
+    (x,) = w.inputs_of(spec)
+    make = w.onnx.helper.make_node
+    scaled, erf, plus, product = (f"{spec.name}::{what}" for what in ("scaled", "erf", "plus",
+                                                                         "product"))
+    w.nodes += [make("Div", [x, w.constant(spec, 2 ** 0.5, "root2")], [scaled], name=scaled),
+                make("Erf", [scaled], [erf], name=erf)]
+    w.nodes.append(make("Add", [erf, w.constant(spec, 1.0, "one")], [plus], name=plus))
+    w.nodes.append(make("Mul", [x, plus], [product], name=product))
+    w.node(spec, "Mul", [product, w.constant(spec, 0.5, "half")])
+
+
+def _layernorm(w: _Writer, spec: LayerSpec) -> None:
+    """LayerNormalization over the last axis: a flat input's features, or an image's channels
+    moved last and back, as PyTorch writes ConvNeXt's LayerNorm2d."""
+    (x,) = w.inputs_of(spec)
+    rank = len(w.net.out_shapes[[layer.name for layer in w.net.layers].index(spec.name)]) + 1
+    inputs = [w.weight(spec, "gamma"), w.weight(spec, "beta")]
+    if rank == 2:
+        w.node(spec, "LayerNormalization", [x, *inputs], axis=-1, epsilon=spec.options.eps)
+        return
+    make = w.onnx.helper.make_node
+    last, normed = f"{spec.name}::channels_last", f"{spec.name}::normalized"
+    order = list(range(rank))
+    to_last = [0, *order[2:], 1]
+    back = [0, rank - 1, *order[1:rank - 1]]
+    w.nodes.append(make("Transpose", [x], [last], name=last, perm=to_last))
+    w.nodes.append(make("LayerNormalization", [last, *inputs], [normed], name=normed, axis=-1,
+                        epsilon=spec.options.eps))
+    w.node(spec, "Transpose", [normed], perm=back)
+
+
 def _scale(w: _Writer, spec: LayerSpec) -> None:
     w.node(spec, "Mul", [*w.inputs_of(spec), w.constant(spec, spec.options.factor)])
 
@@ -203,6 +236,8 @@ WRITERS: dict[str, Callable[[_Writer, LayerSpec], None]] = {
     "clip": _clip(lambda o: o.min, lambda o: o.max),
     "mul": _simple("Mul"),
     "upsample": _upsample,
+    "gelu": _gelu,
+    "layernorm": _layernorm,
 }
 """One writer per layer kind, the ONNX node (or nodes) the layer is."""
 

@@ -163,7 +163,8 @@ SHORT = {"Relu": "relu", "LeakyRelu": "leakyrelu", "Tanh": "tanh", "MaxPool": "m
          "Dropout": "dropout", "Mul": "scale", "BatchNormalization": "bn", "Conv": "conv",
          "Gemm": "fc", "MatMul": "fc", "Sigmoid": "sigmoid", "HardSigmoid": "hardsigmoid",
          "HardSwish": "hardswish", "Clip": "clip", "ReduceMean": "avgpool",
-         "Resize": "upsample"}
+         "Resize": "upsample", "Div": "gelu", "LayerNormalization": "layernorm",
+         "Transpose": "layernorm"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _NUMBERED = re.compile(r"_\d+$")
 
@@ -383,6 +384,11 @@ class _Graph:
     # -- the walk --------------------------------------------------------------------------
 
     def convert(self) -> None:
+        # Constant nodes first: a pattern read from its first node (GELU's Div) needs the
+        # constants its later nodes take, which the exporter writes just before each
+        for node in self.model.graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                self.constants[node.output[0]] = _constant_value(self, node)
         for node in self.model.graph.node:
             if id(node) in self.absorbed:
                 continue
@@ -737,6 +743,82 @@ def _resize(graph: _Graph, node: Any) -> None:
     graph.add_layer(node, "upsample", texts, [x])
 
 
+def _only_reader(graph: _Graph, tensor: str, op_type: str) -> Any | None:
+    """The node of ``op_type`` that alone reads ``tensor`` (which is no graph output), or
+    None."""
+    readers = graph.consumers.get(tensor, [])
+    if len(readers) == 1 and tensor not in graph.graph_outputs \
+            and readers[0].op_type == op_type:
+        return readers[0]
+    return None
+
+
+def _scalar(graph: _Graph, name: str) -> float | None:
+    value = graph.constants.get(name)
+    return None if value is None or value.size != 1 else float(value.reshape(-1)[0])
+
+
+def _div(graph: _Graph, node: Any) -> None:
+    """GELU as PyTorch writes ``F.gelu``: x/√2 → Erf → + 1 → x·(…) → ·½, one gelu layer."""
+    x = graph.activation(node)
+    erf = _only_reader(graph, node.output[0], "Erf")
+    add = erf and _only_reader(graph, erf.output[0], "Add")
+    mul = add and _only_reader(graph, add.output[0], "Mul")
+    half = mul and _only_reader(graph, mul.output[0], "Mul")
+    root = _scalar(graph, node.input[1])
+    if not (half and root is not None and abs(root - 2 ** 0.5) < 1e-6
+            and _scalar(graph, next(i for i in add.input if i != erf.output[0])) == 1.0
+            and x in mul.input
+            and _scalar(graph, next(i for i in half.input if i != mul.output[0])) == 0.5):
+        raise _Unsupported("a division that is not GELU's x/√2 (x/√2 → Erf → +1 → ·x → ·½)")
+    graph.absorbed.update(id(n) for n in (erf, add, mul, half))
+    graph.add_layer(node, "gelu", {}, [x], output=half.output[0])
+
+
+CHANNELS_LAST = {4: [0, 2, 3, 1], 5: [0, 2, 3, 4, 1]}  # an image's, a volume's
+CHANNELS_FIRST = {4: [0, 3, 1, 2], 5: [0, 4, 1, 2, 3]}
+
+
+def _layernorm_layer(graph: _Graph, node: Any, x: str, output: str | None = None) -> None:
+    """A layernorm layer of LayerNormalization ``node`` (over the last axis) reading ``x``."""
+    channels = graph.shapes[x][0]
+    scale = graph.constant(node, 1, "scale")
+    bias = graph.optional_constant(node, 2, "bias")
+    if bias is None:
+        bias = np.zeros(channels, dtype=scale.dtype)
+    graph.add_layer(node, "layernorm", {"eps": repr(decimal(graph.attribute(node, "epsilon")))},
+                    [x], {"gamma": scale, "beta": bias}, node.input[1], output)
+
+
+def _layernorm(graph: _Graph, node: Any) -> None:
+    """LayerNormalization over a flat input's features (axis −1 or 1)."""
+    x = graph.activation(node)
+    graph.only_output(node)
+    if len(graph.shapes[x]) != 1 or graph.attribute(node, "axis") not in (-1, 1):
+        raise _Unsupported(f"axis {graph.attribute(node, 'axis')} of shape "
+                           f"{graph.shapes[x]}; hpctrain normalises a flat input's features, or "
+                           f"an image's channels between two Transposes")
+    _layernorm_layer(graph, node, x)
+
+
+def _transpose(graph: _Graph, node: Any) -> None:
+    """ConvNeXt's LayerNorm2d as PyTorch writes it: the channels moved last, a
+    LayerNormalization over them, moved back: one layernorm layer over the channels."""
+    x = graph.activation(node)
+    rank = len(graph.shapes[x]) + 1
+    perm = list(graph.attribute(node, "perm") or [])
+    norm = _only_reader(graph, node.output[0], "LayerNormalization")
+    back = norm and _only_reader(graph, norm.output[0], "Transpose")
+    if not (back and perm == CHANNELS_LAST.get(rank)
+            and list(graph.attribute(back, "perm") or []) == CHANNELS_FIRST[rank]
+            and graph.attribute(norm, "axis") in (-1, rank - 1)):
+        raise _Unsupported(f"a transpose {perm}; hpctrain reads one only around a "
+                           f"LayerNormalization of the channels (channels last and back)")
+    graph.only_output(norm)
+    graph.absorbed.update((id(norm), id(back)))
+    _layernorm_layer(graph, norm, x, back.output[0])
+
+
 def _pool_window(graph: _Graph, node: Any) -> tuple[str, list[int], list[int], list]:
     x = graph.activation(node)
     graph.only_output(node)
@@ -935,6 +1017,9 @@ CONVERTERS: dict[str, Callable[[_Graph, Any], None]] = {
     "Clip": _clip,
     "ReduceMean": _reduce_mean,
     "Resize": _resize,
+    "Div": _div,
+    "LayerNormalization": _layernorm,
+    "Transpose": _transpose,
     "MaxPool": _maxpool,
     "AveragePool": _avgpool,
     "GlobalAveragePool": _global_avgpool,

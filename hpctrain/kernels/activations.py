@@ -1,9 +1,9 @@
 """Element-wise layers: ReLU, leaky ReLU, tanh, scaling, the gates and clipped units of
-mobile nets (sigmoid, SiLU, hard sigmoid, hard swish, ReLU6 and clip) and dropout.
+mobile nets (sigmoid, SiLU, hard sigmoid, hard swish, ReLU6 and clip), GELU and dropout.
 
 A backward reads the output Y where the derivative is a function of Y (ReLU, tanh, sigmoid,
-the clips), and the input X where it is not (SiLU and hard swish are not one-to-one): a layer
-keeps one of them. Where an activation has a kink, the derivative there is PyTorch's."""
+the clips), and the input X where it is not (SiLU, hard swish and GELU are not one-to-one): a
+layer keeps one of them. Where an activation has a kink, the derivative there is PyTorch's."""
 
 from __future__ import annotations
 
@@ -119,6 +119,30 @@ def hardswish_backward(xp: Any, x: Any, dy: Any) -> Any:
     factor += x.dtype.type(0.5)
     factor = xp.where(x <= -3, x.dtype.type(0), xp.where(x >= 3, x.dtype.type(1), factor))
     return dy * factor
+
+
+def erf(xp: Any, x: Any) -> Any:
+    """The error function entry by entry: SciPy's on NumPy arrays, CuPy's on CuPy's."""
+    if xp is np:
+        from scipy.special import erf as scipy_erf
+
+        return scipy_erf(x)
+    from cupyx.scipy.special import erf as cupy_erf
+
+    return cupy_erf(x)
+
+
+def gelu_forward(xp: Any, x: Any) -> Any:
+    """x·Φ(x) = x·(1 + erf(x/√2))/2 (GELU, PyTorch's exact form; ConvNeXt's activation)."""
+    half = x.dtype.type(0.5)
+    return x * half * (1 + erf(xp, x * x.dtype.type(1 / np.sqrt(2))))
+
+
+def gelu_backward(xp: Any, x: Any, dy: Any) -> Any:
+    """dY·(Φ(x) + x·φ(x)), from the input (GELU is not one-to-one)."""
+    cdf = (1 + erf(xp, x * x.dtype.type(1 / np.sqrt(2)))) * x.dtype.type(0.5)
+    pdf = xp.exp(-(x * x) * x.dtype.type(0.5)) * x.dtype.type(1 / np.sqrt(2 * np.pi))
+    return dy * (cdf + x * pdf)
 
 
 def gate_backward(xp: Any, dy: Any, a: Any, g: Any) -> tuple[Any, Any]:

@@ -167,3 +167,43 @@ def batchnorm_inference_backward(dy: Any, gamma: Any, eps: float, running_var: A
     """dX = dY·γ/sqrt(σ²_run + ε) per channel: the adjoint of :func:`batchnorm_inference`."""
     scale = (gamma * (running_var + eps) ** -0.5).astype(dy.dtype, copy=False)
     return dy * per_channel(scale, dy)
+
+
+@dataclass
+class LayerNormCache:
+    normalized: Any  # X̂
+    rstd: Any  # 1/√(σ² + ε) per position, (N, 1, S…)
+    gamma: Any  # γ shaped to broadcast over X
+
+
+def layernorm_forward(xp: Any, x: Any, gamma: Any, beta: Any, eps: float, channels: int,
+                      reduce: Callable[[Any], Any]) -> tuple[Any, LayerNormCache]:
+    """Y = γ·(X − μ)/√(σ² + ε) + β with μ and σ² over the channels (axis 1) at each position,
+    the channels of ``channels`` in all, of which X holds a block: ``reduce`` sums a per-position
+    array over the ranks holding the others (the identity where X holds them all). The mean
+    first, then the squared deviations from it: two sums, each as exact as one process's."""
+    shape = (1, -1, *(1,) * (x.ndim - 2))
+    mean = reduce(x.sum(axis=1, keepdims=True)) / channels
+    centred = x - mean
+    var = reduce((centred * centred).sum(axis=1, keepdims=True)) / channels
+    rstd = 1.0 / xp.sqrt(var + eps)
+    normalized = centred * rstd
+    g = gamma.reshape(shape)
+    return normalized * g + beta.reshape(shape), LayerNormCache(normalized, rstd, g)
+
+
+def layernorm_backward(xp: Any, dy: Any, cache: LayerNormCache, channels: int,
+                       reduce: Callable[[Any], Any]) -> tuple[Any, Any, Any]:
+    """(dX, dγ, dβ) of :func:`layernorm_forward`: with dX̂ = dY·γ,
+    dX = (dX̂ − mean_c dX̂ − X̂·mean_c(dX̂·X̂))/√(σ² + ε), the means over all the channels (one
+    sum of both over the ranks); dγ = Σ dY·X̂ and dβ = Σ dY over the samples and positions this
+    rank holds."""
+    axes = (0, *range(2, dy.ndim))
+    dgamma = (dy * cache.normalized).sum(axis=axes)
+    dbeta = dy.sum(axis=axes)
+    dnorm = dy * cache.gamma
+    both = reduce(xp.concatenate([dnorm.sum(axis=1, keepdims=True),
+                                  (dnorm * cache.normalized).sum(axis=1, keepdims=True)],
+                                 axis=1)) / channels
+    dx = (dnorm - both[:, :1] - cache.normalized * both[:, 1:]) * cache.rstd
+    return dx, dgamma, dbeta

@@ -1,5 +1,5 @@
 """Batch normalisation with statistics over the whole global batch or over groups of its
-samples, on any layout."""
+samples, and layer normalisation over the channels at each position, on any layout."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from hpctrain.kernels.norm import (
     batchnorm_forward,
     batchnorm_inference,
     batchnorm_inference_backward,
+    layernorm_backward,
+    layernorm_forward,
 )
 from hpctrain.kernels.products import widen
 from hpctrain.layers.base import Layer, Parameter
@@ -181,4 +183,62 @@ class BatchNorm(Layer):
         sums = (total if self.groups is None else local).sum(axis=1)
         sums = sums.astype(self.gamma.value.dtype, copy=False)  # summed with the others
         self.beta.grad, self.gamma.grad = sums[0], sums[1]
+        return dx.astype(storage, copy=False) if self.need_dx else None
+
+
+class LayerNorm(Layer):
+    """Y = γ (X − μ) / √(σ² + ε) + β at each position, μ and σ² over its channels (a flat
+    input's features), as ConvNeXt's LayerNorm2d (and PyTorch's LayerNorm over the features).
+
+    The statistics are summed over the ranks that hold other channel blocks of the same
+    positions (a channel split: model mode); every other split holds whole positions and sums
+    nothing. γ, β: (C/c,), sharded like a bias; their gradients are this rank's sums over its
+    samples and positions, summed by the network over the ranks holding the same channel
+    block (the batch and spatial blocks, and replicas). 16-bit inputs are normalised in
+    float32, as batch norm's are.
+    """
+
+    mode = "follow"
+
+    def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
+        self.name, self.backend, self.eps = name, ctx.backend, options.eps
+        (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
+        layout, precision, xp = self.in_layout, ctx.backend.precision, ctx.backend.xp
+        self.channels = layout.shape[CHANNEL_AXIS]
+        cut = layout.digits_of((CHANNEL_AXIS,))
+        self.channel_comm = ctx.grids.over(layout, cut) if cut else None
+        others = layout.digits_of(a for a in (*range(len(layout.shape)), REPLICAS)
+                                  if a != CHANNEL_AXIS)
+        self.grad_comm = ctx.grids.over(layout, others) if others else None
+        params = []
+        for suffix, fill in (("gamma", 1.0), ("beta", 0.0)):
+            p = Parameter(f"{name}.{suffix}", None, (self.channels,), layout)
+            lo, hi = p.box(ctx.rank)[0]
+            p.value = xp.full(hi - lo, fill, dtype=precision.master)
+            if precision.mixed:
+                p.master, p.value = p.value, p.value.astype(precision.storage)
+            params.append(p)
+        self.gamma, self.beta = params
+        self.params = params
+
+    def _reduce(self, a: Any) -> Any:
+        if self.channel_comm is None:
+            return a
+        return allreduce_sum(self.backend, self.channel_comm,
+                             self.backend.xp.ascontiguousarray(a))
+
+    def forward(self, x: Any, step: int) -> Any:
+        storage = x.dtype
+        y, cache = layernorm_forward(self.backend.xp, widen(x), self.gamma.weights,
+                                     self.beta.weights, self.eps, self.channels, self._reduce)
+        self.cache = cache if self.training else None
+        return y.astype(storage, copy=False)
+
+    def backward(self, dy: Any) -> Any:
+        storage = dy.dtype
+        dx, dgamma, dbeta = layernorm_backward(self.backend.xp, widen(dy), self.cache,
+                                               self.channels, self._reduce)
+        dtype = self.gamma.value.dtype
+        self.gamma.grad = dgamma.astype(dtype, copy=False)
+        self.beta.grad = dbeta.astype(dtype, copy=False)
         return dx.astype(storage, copy=False) if self.need_dx else None

@@ -15,9 +15,10 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.kernels.resize import Resampling
 from hpctrain.kernels.sliding import out_size
 
 
@@ -157,53 +158,6 @@ class Window:
         pads = f"{self.before}" if self.after == self.before else f"{self.before}+{self.after}"
         dilated = f" dilated {self.dilation}" if self.dilation != 1 else ""
         return f"{self.kernel}/{self.stride}/{pads}{dilated}"
-
-
-@dataclass(frozen=True)
-class Resampling:
-    """Resizing along one axis from ``n_in`` entries to ``n_out`` (PyTorch's
-    ``F.interpolate``): each output reads one input entry (``nearest``: ⌊o·n_in/n_out⌋) or two
-    (``bilinear``: around (o + ½)·n_in/n_out − ½, clamped to the axis; ``align_corners``: around
-    o·(n_in − 1)/(n_out − 1)). What its rows, output size and halos count, as a
-    :class:`Window`'s do for a sliding window; it never pads."""
-
-    n_in: int
-    n_out: int
-    mode: str = "nearest"  # or "bilinear"
-    align_corners: bool = False
-    before: ClassVar[int] = 0
-    after: ClassVar[int] = 0
-
-    def out_size(self, n_in: int) -> int:
-        return self.n_out if n_in == self.n_in else 0
-
-    def sources(self, out: Any) -> tuple[Any, Any, Any]:
-        """For output entries ``out`` (a NumPy array of indices): the first input entry each
-        reads, the second (the first again for ``nearest``), and the second's weight."""
-        import numpy as np
-
-        out = np.asarray(out, dtype=np.float64)
-        last = self.n_in - 1
-        if self.mode == "nearest":
-            first = np.minimum(np.floor(out * (self.n_in / self.n_out)).astype(np.int64), last)
-            return first, first, np.zeros(out.shape)
-        if self.align_corners:
-            where = out * (last / (self.n_out - 1)) if self.n_out > 1 else out * 0.0
-        else:
-            where = np.maximum((out + 0.5) * (self.n_in / self.n_out) - 0.5, 0.0)
-        first = np.minimum(np.floor(where).astype(np.int64), last)
-        return first, np.minimum(first + 1, last), where - first
-
-    def rows_needed(self, out_start: int, out_stop: int) -> tuple[int, int]:
-        """Input rows that outputs [start, stop) read (the sources are monotone in the
-        output)."""
-        first, _, _ = self.sources([out_start])
-        _, second, _ = self.sources([out_stop - 1])
-        return int(first[0]), int(second[0]) + 1
-
-    def __str__(self) -> str:
-        corners = ", corners aligned" if self.align_corners else ""
-        return f"{self.mode} {self.n_in} to {self.n_out}{corners}"
 
 
 def windows_of(options: Any) -> list[Window] | list[Resampling]:

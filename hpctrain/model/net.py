@@ -586,7 +586,7 @@ def load_net(name_or_path: str, image_size: int | None = None) -> NetSpec:
     else:
         resource = shipped_file("nets", name_or_path, ".net")
         if resource is None:
-            raise NetError(f"unknown net {shown(name_or_path)}: not a file, and not one of "
-                           f"{', '.join(available_nets())}")
+            raise NetError(f"unknown net {shown(name_or_path, 40)}: no such file or shipped "
+                           f"net ({', '.join(available_nets())})")
         net = parse_net(read_text(resource, NetError, "net file"), name_or_path)
     return net if image_size is None else net.with_image_size(image_size)

@@ -1,9 +1,9 @@
 """The layers of mobile and grouped nets (grouped, depthwise and dilated convolutions, the
-squeeze-excitation gate's ``mul``, sigmoid, silu, hardsigmoid, hardswish, relu6 and clip) and
-resizing (``upsample``, bilinear ×2 and nearest to a size of its own) under
-every mode and Pr×Pc grid, and under mixed plans, against one process in float64 (relative
-error 1e-9 in every output, gradient and running statistic: ``check_plan`` of
-``tests/mpi/test_graph_layers.py``).
+squeeze-excitation gate's ``mul``, sigmoid, silu, hardsigmoid, hardswish, relu6 and clip),
+ConvNeXt's ``layernorm`` over the channels and ``gelu``, and resizing (``upsample``, bilinear ×2
+and nearest to a size of its own) under every mode and Pr×Pc grid, and under mixed plans,
+against one process in float64 (relative error 1e-9 in every output, gradient and running
+statistic: ``check_plan`` of ``tests/mpi/test_graph_layers.py``).
 
 Sizes are odd (height 9, width 7, batch 7) so that the 3- and 4-rank runs cut them unevenly;
 the grouped layers have 12 groups, whole groups for a channel split 1, 2, 3 or 4 ways; the
@@ -35,6 +35,8 @@ hardsigmoid name=gate
 mul in=act,gate
 conv name=expand out=24 kernel=3 pad=1 groups=12
 sigmoid
+layernorm eps=1e-6
+gelu
 conv name=grouped out=24 kernel=3 pad=2x1 dilation=2x1 groups=12
 clip min=-0.5 max=0.75
 mul in=grouped,clip1

@@ -17,8 +17,10 @@ from hpctrain.model.kinds import (
     conv,
     dropout,
     flatten,
+    gelu,
     hardsigmoid,
     hardswish,
+    layernorm,
     leakyrelu,
     linear,
     maxpool,
@@ -36,7 +38,8 @@ from hpctrain.model.kinds.base import Kind
 #: Every layer kind, by the name a net file gives it.
 KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
     conv, linear, maxpool, avgpool, batchnorm, relu, leakyrelu, tanh, scale, dropout, flatten,
-    add, concat, mul, sigmoid, silu, hardsigmoid, hardswish, relu6, clip, upsample)}
+    add, concat, mul, sigmoid, silu, hardsigmoid, hardswish, relu6, clip, gelu, upsample,
+    layernorm)}
 
 
 

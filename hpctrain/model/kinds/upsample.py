@@ -5,7 +5,7 @@ as PyTorch's ``F.interpolate`` resizes it (ONNX's ``Resize``): by whole factors 
 
 It follows its input's layout. Under a spatial split each rank computes its block of the output
 rows from its input rows and the halo rows it reads beyond them (one, or none, from each
-neighbour at an upsampling: :class:`~hpctrain.layout.partition.Resampling`); an axis too short
+neighbour at an upsampling: :class:`~hpctrain.kernels.resize.Resampling`); an axis too short
 for that is gathered first, as a pool's is."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 from hpctrain.cost.memory import Footprint
 from hpctrain.cost.work import LocalWork
 from hpctrain.errors import shown
+from hpctrain.kernels.resize import Resampling
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import Layout, Split, largest_block
-from hpctrain.layout.partition import Resampling
 from hpctrain.model.kinds.base import LayerSpec, Shape
 from hpctrain.model.kinds.window import WindowKind, busiest_halo, following_layouts
 from hpctrain.model.options import Key, NetError, flag, sizes, spread
