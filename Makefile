@@ -131,7 +131,8 @@ verify: install
 # against glibc's own malloc (bench/freed_memory.py); then AlexNet
 # throughput against PyTorch and DDP (bench/throughput.py; table in runs/bench/throughput.txt),
 # and ResNet-18 with batch norm per rank against DDP, measured and predicted; torchvision's
-# models through ONNX, predicted on 2 ranks against onnxruntime (bench/interchange.py).
+# models through ONNX, predicted on 2 ranks against onnxruntime (bench/interchange.py);
+# MobileNet v2 against PyTorch, and its depthwise layers alone (bench/depthwise.py).
 BENCH_NET ?= alexnet
 BENCH_IMAGE ?= 127
 BENCH_STAMP := $(VENV)/.installed-bench
@@ -151,6 +152,9 @@ bench: install $(BENCH_STAMP)
 	$(PY) bench/throughput.py --procs 1 2 4 --batch 16 --image-size $(BENCH_IMAGE) --steps 6
 	$(PY) bench/throughput.py --net resnet18 --procs 1 2 --rounds 3
 	$(PY) bench/throughput.py --net cosmoflow --procs 1 2 --rounds 3
+	$(PY) bench/throughput.py --net mobilenet_v2 --procs 1 2 --rounds 3
+	$(PY) bench/depthwise.py --repeat 5
+	$(PY) bench/depthwise.py --orders --repeat 5 --out runs/bench/depthwise-orders.txt
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) -m hpctrain compare-plans --net resnet18 \
 	  --image-size 32 --batch 16 --steps 8 --rounds 3 --threads 1 --bn-group rank \
 	  --log runs/compare-resnet18-rank.h5
