@@ -107,6 +107,19 @@ def test_each_activation_and_its_derivative_equal_pytorchs(kind, reads):
     assert np.abs(dx - tx.grad.numpy()).max() < (1e-7 if kind == "hardsigmoid" else TOLERANCE)
 
 
+def test_gelu_keeps_a_16_bit_dtype():
+    """SciPy's erf has no 16-bit loop: GELU computes in float32 and gives back X's dtype."""
+    import ml_dtypes
+
+    forward, derivative = KINDS["gelu"].functions(None)
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        x = np.linspace(-3, 3, 13).astype(dtype)
+        assert forward(np, x).dtype == dtype and derivative(np, x, x).dtype == dtype
+        want = 0.5 * x.astype(np.float64) * (1 + np.tanh(0.7978845608 * (
+            x.astype(np.float64) + 0.044715 * x.astype(np.float64) ** 3)))
+        assert np.abs(forward(np, x).astype(np.float64) - want).max() < 2e-2
+
+
 def test_sigmoid_of_large_inputs_is_exact_and_quiet():
     """(1 + tanh(x/2))/2 overflows nowhere: no warning, 0 and 1 at the ends."""
     with warnings.catch_warnings():
@@ -142,6 +155,10 @@ def test_groups_and_dilation_shape_a_convolution():
     assert shapes["d"] == (4, 7, 8)
     params = net.param_shapes()
     assert params["dw.weight"] == (8, 1, 3, 3)
+    # pad=same pads the dilated span: 2·(3 − 1) zeros along each axis
+    same = net_of("conv name=s out=8 kernel=3 pad=same dilation=2")
+    assert same.out_shapes[0] == (8, 16, 16)
+    assert same.layers[0].options.pad == ((2, 2), (2, 2))
     assert params["g.weight"] == (12, 2, 3, 3)
 
 
@@ -393,6 +410,21 @@ def test_trilinear_upsampling_of_a_volume_equals_pytorchs():
     assert np.abs(resize_forward(np, x, matrices) - want).max() < TOLERANCE
 
 
+@pytest.mark.reference
+def test_nearest_resizing_picks_pytorchs_rows_for_every_size():
+    """PyTorch takes a nearest row in float32 (⌊o·(n_in/n_out)⌋); a float64 ratio picks
+    another row for a few sizes (14 to 46, 26 to 22). Every size up to 30 to 70."""
+    torch = pytest.importorskip("torch")
+    from hpctrain.kernels.resize import Resampling
+
+    for n_in in range(1, 31):
+        for n_out in range(1, 71):
+            rows, _, _ = Resampling(n_in, n_out).sources(np.arange(n_out))
+            x = torch.arange(n_in, dtype=torch.float32).reshape(1, 1, n_in)
+            want = torch.nn.functional.interpolate(x, size=n_out, mode="nearest")
+            assert rows.tolist() == want.reshape(-1).long().tolist(), (n_in, n_out)
+
+
 @pytest.mark.parametrize("line,fragment", [
     ("upsample", "scale=S (whole factors) or size=HxW"),
     ("upsample scale=2 size=4x4", "one of them"),
@@ -542,3 +574,33 @@ def test_pytorchs_gelu_and_layer_norms_import_from_onnx(tmp_path):
     got, _ = hpctrain_forward(net, x)
     want = run_onnx(path, x.astype(np.float32))
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+
+
+@pytest.mark.reference
+def test_a_resize_to_one_row_and_a_dilated_same_convolution_go_through_onnx(tmp_path):
+    """Exported, a bilinear resize to a size of 1 along an axis reads the middle of the input
+    in onnxruntime too (half_pixel, not pytorch_half_pixel); imported, a Conv of
+    ``auto_pad=SAME_UPPER`` with dilation 2 pads its dilated span, as ONNX's shape inference
+    says (onnxruntime runs no dilated SAME_UPPER)."""
+    pytest.importorskip("onnx")
+    from hpctrain.interchange.onnx_export import model_proto
+    from hpctrain.interchange.onnx_import import import_onnx
+    from tests.onnx_graphs import Graph, save
+    from tests.test_interchange import random_tensors, run_onnx
+    from tests.test_onnx_import import hpctrain_forward
+
+    net = parse_net("input channels=2 height=4 width=5 classes=3\nupsample size=1x3 "
+                    "mode=bilinear\nflatten\nlinear out=3\n", "t")
+    path = tmp_path / "one.onnx"
+    path.write_bytes(model_proto(net, random_tensors(net)).SerializeToString())
+    x = np.random.default_rng(13).standard_normal((2, 2, 4, 5))
+    got, _ = hpctrain_forward(import_onnx(path).net, x)
+    want = run_onnx(path, x.astype(np.float32))
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+
+    g = Graph((3, 8, 8))
+    y = g.conv(g.input, 4, 3, dilations=[2, 2], auto_pad="SAME_UPPER")
+    model = g.model(g.gemm(g.flatten(y), 3))
+    net = import_onnx(save(model, tmp_path / "same.onnx")).net
+    assert net.out_shapes[0] == (4, 8, 8)
+    assert net.layers[0].options.pad == ((2, 2), (2, 2))

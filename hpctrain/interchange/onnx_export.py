@@ -172,8 +172,10 @@ def _upsample(w: _Writer, spec: LayerSpec) -> None:
         modes = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
                  "nearest_mode": "floor"}
     else:
+        # half_pixel is F.interpolate's for every size (pytorch_half_pixel reads entry 0 for
+        # an output of one entry)
         modes = {"mode": "linear", "coordinate_transformation_mode":
-                 "align_corners" if o.align else "pytorch_half_pixel"}
+                 "align_corners" if o.align else "half_pixel"}
     w.node(spec, "Resize", [x, "", "", sizes], **modes)
 
 

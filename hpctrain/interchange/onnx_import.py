@@ -564,9 +564,10 @@ shapes is."""
 # --- layers ------------------------------------------------------------------------------
 
 
-def _pads(graph: _Graph, node: Any, x: Shape, kernel: list[int], stride: list[int]
-          ) -> list[tuple[int, int]]:
-    """(before, after) per spatial axis from ``auto_pad`` and ``pads``."""
+def _pads(graph: _Graph, node: Any, x: Shape, kernel: list[int], stride: list[int],
+          dilation: list[int] | None = None) -> list[tuple[int, int]]:
+    """(before, after) per spatial axis from ``auto_pad`` and ``pads`` (``SAME_*`` of the
+    window's span, dilated)."""
     auto = graph.attribute(node, "auto_pad") or "NOTSET"
     axes = len(kernel)
     if auto == "VALID":
@@ -574,7 +575,7 @@ def _pads(graph: _Graph, node: Any, x: Shape, kernel: list[int], stride: list[in
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         if any(s != 1 for s in stride):
             raise _Unsupported(f"auto_pad {auto} with stride {stride}")
-        total = [k - 1 for k in kernel]
+        total = [d * (k - 1) for k, d in zip(kernel, dilation or [1] * axes, strict=True)]
         small = [t // 2 for t in total]
         return [(t - s, s) if auto == "SAME_LOWER" else (s, t - s)
                 for t, s in zip(total, small, strict=True)]
@@ -609,7 +610,7 @@ def _conv(graph: _Graph, node: Any) -> None:
     dilation = list(graph.attribute(node, "dilations") or [1] * axes)
     kernel = list(graph.attribute(node, "kernel_shape") or weight.shape[2:])
     stride = list(graph.attribute(node, "strides") or [1] * axes)
-    pads = _pads(graph, node, graph.shapes[x], kernel, stride)
+    pads = _pads(graph, node, graph.shapes[x], kernel, stride, dilation)
     weights = {"weight": weight}
     if bias is not None:
         weights["bias"] = bias
@@ -711,6 +712,9 @@ def _resize(graph: _Graph, node: Any) -> None:
     transform = graph.attribute(node, "coordinate_transformation_mode")
     if graph.attribute(node, "antialias"):
         raise _Unsupported("antialias 1")
+    policy = graph.attribute(node, "keep_aspect_ratio_policy")
+    if policy not in (None, "stretch"):
+        raise _Unsupported(f"keep_aspect_ratio_policy {policy}")
     if mode == "nearest":
         if transform != "asymmetric" or graph.attribute(node, "nearest_mode") != "floor":
             raise _Unsupported(f"nearest with {transform} and "
@@ -740,6 +744,11 @@ def _resize(graph: _Graph, node: Any) -> None:
         raise _Unsupported("neither scales nor sizes")
     if len(spatial) < 2:
         raise _Unsupported("a flat input")
+    outputs = ([int(s) for s in sizes[2:]] if "size" in texts
+               else [n * int(f) for n, f in zip(spatial, scales[2:], strict=True)])
+    if transform == "pytorch_half_pixel" and 1 in outputs:
+        # it reads entry 0 for an output of one entry, F.interpolate the middle
+        raise _Unsupported("pytorch_half_pixel to a size of 1; export with half_pixel")
     graph.add_layer(node, "upsample", texts, [x])
 
 
@@ -815,8 +824,8 @@ def _transpose(graph: _Graph, node: Any) -> None:
         raise _Unsupported(f"a transpose {perm}; hpctrain reads one only around a "
                            f"LayerNormalization of the channels (channels last and back)")
     graph.only_output(norm)
+    _layernorm_layer(graph, norm, x, back.output[0])  # may refuse: then nothing is absorbed
     graph.absorbed.update((id(norm), id(back)))
-    _layernorm_layer(graph, norm, x, back.output[0])
 
 
 def _pool_window(graph: _Graph, node: Any) -> tuple[str, list[int], list[int], list]:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.kernels.counter_rng import uniform_block
-from hpctrain.kernels.products import total
+from hpctrain.kernels.products import total, widen
 
 
 def relu_forward(xp: Any, x: Any) -> Any:
@@ -133,16 +133,20 @@ def erf(xp: Any, x: Any) -> Any:
 
 
 def gelu_forward(xp: Any, x: Any) -> Any:
-    """x·Φ(x) = x·(1 + erf(x/√2))/2 (GELU, PyTorch's exact form; ConvNeXt's activation)."""
-    half = x.dtype.type(0.5)
-    return x * half * (1 + erf(xp, x * x.dtype.type(1 / np.sqrt(2))))
+    """x·Φ(x) = x·(1 + erf(x/√2))/2 (GELU, PyTorch's exact form; ConvNeXt's activation). A
+    16-bit x is computed in float32 (SciPy's erf has no 16-bit loop) and rounded back."""
+    wide = widen(x)
+    half = wide.dtype.type(0.5)
+    y = wide * half * (1 + erf(xp, wide * wide.dtype.type(1 / np.sqrt(2))))
+    return y.astype(x.dtype, copy=False)
 
 
 def gelu_backward(xp: Any, x: Any, dy: Any) -> Any:
-    """dY·(Φ(x) + x·φ(x)), from the input (GELU is not one-to-one)."""
-    cdf = (1 + erf(xp, x * x.dtype.type(1 / np.sqrt(2)))) * x.dtype.type(0.5)
-    pdf = xp.exp(-(x * x) * x.dtype.type(0.5)) * x.dtype.type(1 / np.sqrt(2 * np.pi))
-    return dy * (cdf + x * pdf)
+    """dY·(Φ(x) + x·φ(x)), from the input (GELU is not one-to-one); 16-bit in float32."""
+    wide = widen(x)
+    cdf = (1 + erf(xp, wide * wide.dtype.type(1 / np.sqrt(2)))) * wide.dtype.type(0.5)
+    pdf = xp.exp(-(wide * wide) * wide.dtype.type(0.5)) * wide.dtype.type(1 / np.sqrt(2 * np.pi))
+    return (widen(dy) * (cdf + wide * pdf)).astype(dy.dtype, copy=False)
 
 
 def gate_backward(xp: Any, dy: Any, a: Any, g: Any) -> tuple[Any, Any]:

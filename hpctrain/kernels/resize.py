@@ -43,7 +43,11 @@ class Resampling:
         out = np.asarray(out, dtype=np.float64)
         last = self.n_in - 1
         if self.mode == "nearest":
-            first = np.minimum(np.floor(out * (self.n_in / self.n_out)).astype(np.int64), last)
+            # in float32, as PyTorch's nearest index is: a float64 ratio picks another row for
+            # a few sizes (14 to 46, 26 to 22)
+            ratio = np.float32(self.n_in) / np.float32(self.n_out)
+            first = np.floor(out.astype(np.float32) * ratio).astype(np.int64)
+            first = np.minimum(first, last)
             return first, first, np.zeros(out.shape)
         if self.align_corners:
             where = out * (last / (self.n_out - 1)) if self.n_out > 1 else out * 0.0

@@ -37,7 +37,7 @@ from hpctrain.layout.reduction import InputSplit
 from hpctrain.model.kinds.base import LayerSpec, Shape
 from hpctrain.model.kinds.weighted import SplitsInputs
 from hpctrain.model.kinds.window import WINDOW_KEYS, WindowKind, padded_bytes, padded_copy_bytes
-from hpctrain.model.options import Key, NetError, flag, sizes, spread, whole
+from hpctrain.model.options import Key, NetError, flag, sizes, whole
 
 
 @dataclass(frozen=True)
@@ -73,15 +73,15 @@ class ConvKind(SplitsInputs, WindowKind):
         return texts
 
     def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
-        """The window's sizes and the dilation one per spatial axis; groups that divide both
-        the input and the output channels."""
+        """The window's sizes and the dilation one per spatial axis
+        (:func:`~hpctrain.model.kinds.window.spread_window`); groups that divide both the input
+        and the output channels."""
         spec = super().resolve(spec, shapes, where)
         o, c = spec.options, shapes[0][0]
         if c % o.groups or o.out % o.groups:
             raise NetError(f"{where}: layer {spec.name}: groups={o.groups} must divide its "
                            f"{c} input and {o.out} output channels")
-        dilation = spread(o.dilation, len(o.kernel), "dilation", where, spec.name)
-        return replace(spec, options=replace(o, dilation=dilation))
+        return spec
 
     def out_channels(self, spec: LayerSpec, channels: int) -> int:
         return spec.options.out
@@ -196,10 +196,11 @@ class ConvKind(SplitsInputs, WindowKind):
         work, b = fp.work, fp.itemsize
         n, c = work.x[:2]
         out = work.out_sizes()
-        if work.groups == c == work.out:  # depthwise: the padded input, kept; no columns
+        if 1 < work.groups == c == work.out:  # depthwise: the padded input, kept; no columns
             return self.depthwise_memory(fp)
         cols = c * math.prod(work.kernel) * n * math.prod(out) * b
-        last = prefer_channels_last(c, work.kernel, out[-1])
+        # grouped products are taken channel-major (hpctrain.kernels.conv)
+        last = work.groups == 1 and prefer_channels_last(c, work.kernel, out[-1])
         copy = padded_bytes(work, b) if last else padded_copy_bytes(fp)
         y = n * work.out * math.prod(out) * b
         forward = {**fp.loose_input, "im2col workspace": cols, "padded input": copy,

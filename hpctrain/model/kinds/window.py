@@ -46,9 +46,10 @@ def rows(o: Any) -> Window:
 
 
 def spread_window(spec: LayerSpec, shape: Shape, where: str) -> dict[str, tuple]:
-    """The kernel, stride and pad of ``spec`` with one entry per spatial axis of the
-    per-sample input ``shape``: a stride of 0 (a pool's default) made the kernel, ``pad=same``
-    TensorFlow's padding for stride 1."""
+    """The kernel, stride and pad of ``spec`` (and its dilation, where it has one) with one
+    entry per spatial axis of the per-sample input ``shape``: a stride of 0 (a pool's default)
+    made the kernel, ``pad=same`` TensorFlow's padding for stride 1 (of the window's span,
+    dilated)."""
     o = spec.options
     if len(shape) < 2:
         raise NetError(f"{where}: layer {spec.name} ({spec.kind}) needs an image or volume "
@@ -57,15 +58,20 @@ def spread_window(spec: LayerSpec, shape: Shape, where: str) -> dict[str, tuple]
     kernel = spread(o.kernel, axes, "kernel", where, spec.name)
     stride = tuple(s or k for s, k in zip(spread(o.stride, axes, "stride", where, spec.name),
                                           kernel, strict=True))  # a pool's 0: its kernel
+    found = {"kernel": kernel, "stride": stride}
+    span = kernel
+    if hasattr(o, "dilation"):
+        found["dilation"] = spread(o.dilation, axes, "dilation", where, spec.name)
+        span = tuple(d * (k - 1) + 1 for k, d in zip(kernel, found["dilation"], strict=True))
     if o.pad == SAME:
         if any(s != 1 for s in stride):
             raise NetError(f"{where}: layer {spec.name}: pad=same needs stride=1 (a pool's "
                            f"stride is its kernel unless given); give stride=1, or the "
                            f"padding as before+after, e.g. pad=0+1")
-        pad = tuple(((k - 1) // 2, k - 1 - (k - 1) // 2) for k in kernel)
+        pad = tuple(((k - 1) // 2, k - 1 - (k - 1) // 2) for k in span)
     else:
         pad = spread(o.pad, axes, "pad", where, spec.name)
-    return {"kernel": kernel, "stride": stride, "pad": pad}
+    return {**found, "pad": pad}
 
 
 def check_window(spec: LayerSpec, shape: Shape, where: str) -> Shape:
@@ -78,9 +84,13 @@ def check_window(spec: LayerSpec, shape: Shape, where: str) -> Shape:
     out = tuple(w.out_size(n) for w, n in zip(windows_of(o), shape[1:], strict=True))
     if min(out) < 1:
         pad = "x".join(str(b) if b == a else f"{b}+{a}" for b, a in o.pad)
+        dilation = getattr(o, "dilation", None)
+        dilated = (f", dilation {shape_text(dilation)}"
+                   if dilation and any(d != 1 for d in dilation) else "")
         raise NetError(f"{where}: layer {spec.name} receives {shape_text(shape[1:])}, too "
                        f"small for its window (kernel {shape_text(o.kernel)}, stride "
-                       f"{shape_text(o.stride)}, pad {pad}); use a larger --image-size")
+                       f"{shape_text(o.stride)}, pad {pad}{dilated}); use a larger "
+                       f"--image-size")
     return out
 
 
