@@ -74,9 +74,11 @@ class Conv(InputSplitLayer):
     def _cudnn_ready(self) -> bool:
         """Whether this layer may use cuDNN graphs: cuDNN loads, and (without a spatial
         split, whose bands are built on first use) cuDNN accepts the whole local block."""
-        reason = cudnn_conv.unavailable()
         if self.groups > 1 or self.dilation is not None:
-            reason = "grouped and dilated convolutions run as im2col"
+            _say_once(self.rank, "grouped and dilated convolutions run as im2col (the cuDNN "
+                      "graphs take plain ones)")
+            return False
+        reason = cudnn_conv.unavailable()
         if reason is not None:
             _say_once(self.rank, f"convolutions use im2col: {reason}")
             return False
