@@ -130,9 +130,8 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...]
         out = win.shape[2 + d:]
         cols = win.transpose(1, *range(2, 2 + d), 0, *range(2 + d, 2 + 2 * d)).reshape(
             c * prod(kernel), n * prod(out))
-        # one product per group (G = 1: the plain one): (G, O/G, C/G·K) · (G, C/G·K, N·P)
-        y = matmul(xp, w.reshape(groups, o // groups, -1),
-                   cols.reshape(groups, -1, cols.shape[1])).reshape(o, n, *out)
+        # one product per group: (G, O/G, C/G·K) · (G, C/G·K, N·P)
+        y = matmul(xp, _per_group(w, groups), _per_group(cols, groups)).reshape(o, n, *out)
         if b is not None:
             y += b.reshape(o, *(1,) * (1 + d))
         y = y.transpose(1, 0, *range(2, 2 + d))
@@ -168,17 +167,16 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
     c = cache.x_shape[1]
     n, _, *out = dy.shape
     d, g = len(out), cache.groups
-    dy_mat = dy.transpose(1, 0, *range(2, 2 + d)).reshape(g, o // g, n * prod(out))
-    cols = cache.cols.reshape(g, -1, cache.cols.shape[1])
-    dw_mat = None if dw_out is None else dw_out.reshape(g, o // g, -1)
-    dw = matmul(xp, dy_mat, cols.transpose(0, 2, 1), out=dw_mat).reshape(w.shape)
+    dy_mat = _per_group(dy.transpose(1, 0, *range(2, 2 + d)), g)
+    dw_mat = None if dw_out is None else _per_group(dw_out, g)
+    dw = matmul(xp, dy_mat, _per_group(cache.cols, g).swapaxes(-1, -2),
+                out=dw_mat).reshape(w.shape)
     db = dy.sum(axis=(0, *range(2, 2 + d)))
     if not need_dx:
         return None, dw, db
     if d >= 3 and g == 1:
         return _input_gradient_slabs(xp, dy, w, cache, stride), dw, db
-    dcols = matmul(xp, w.reshape(g, o // g, -1).transpose(0, 2, 1), dy_mat).reshape(
-        c, *kernel, n, *out)
+    dcols = matmul(xp, _per_group(w, g).swapaxes(-1, -2), dy_mat).reshape(c, *kernel, n, *out)
     size = cache.x_shape[2:]
     dxp = xp.zeros((n, c, *(m + before + after for m, (before, after) in zip(size, cache.pads))),
                    dtype=dy.dtype)
@@ -186,6 +184,15 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
         dxp[(slice(None), slice(None), *_hits(corner, stride, out, cache.dilation))] += \
             dcols[(slice(None), *corner)].transpose(1, 0, *range(2, 2 + d))
     return unpadded(dxp, cache.pads), dw, db
+
+
+def _per_group(a: Any, groups: int) -> Any:
+    """``a`` (rows grouped along its first axis) as a matrix, or a stack of ``groups``
+    matrices, one a group: a plain convolution keeps its one 2-D product (on a GPU, the one
+    cuBLAS call a 16-bit product takes; :func:`~hpctrain.kernels.products.matmul`)."""
+    if groups == 1:
+        return a.reshape(a.shape[0], -1)
+    return a.reshape(groups, a.shape[0] // groups, -1)
 
 
 def _depthwise(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], pads: Pads,
