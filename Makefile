@@ -26,7 +26,7 @@ DIGITS := inputs/digits.h5
 UNIVERSE := runs/universe-32.h5
 SHAPES := runs/shapes.h5
 
-.PHONY: install test test-serial test-mpi test-slurm run digits resdigits images cosmoflow verify bench learning plots timeline docs lint clean
+.PHONY: install test test-serial test-mpi test-slurm run digits resdigits images cosmoflow deepcam verify bench learning plots timeline docs lint clean
 
 install: $(STAMP)
 
@@ -121,6 +121,21 @@ cosmoflow: install $(UNIVERSE)
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net cosmoflow --image-size 32 \
 	  --data $(UNIVERSE) --grid auto --batch 16 --epochs 8 --lr 0.05 --print-every 32 \
 	  --log runs/cosmoflow.h5
+
+# 96 synthetic climate-like samples, 16 fields of 64x64 with atmospheric rivers and tropical
+# cyclones labelled per pixel (hpctrain/data/climate.py), 20% held out
+CLIMATE := runs/climate-64.h5
+$(CLIMATE): $(STAMP)
+	$(PY) -m hpctrain convert --climate 96 --size 64 --out $@
+
+# DeepCAM (MLPerf HPC's climate segmentation net, 56.5 M parameters) at 64x64 on them, 4 ranks
+# under the auto plan (compute from FLOPs: nothing to time), its loss weighted per class as
+# DeepCAM's (frequency^-0.125 of this set's classes); the held-out pixel accuracy and mean IoU
+# after each epoch
+deepcam: install $(CLIMATE)
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 4 $(PY) -m hpctrain --net deepcam --image-size 64 \
+	  --data $(CLIMATE) --grid auto --compute flops --batch 8 --epochs 3 --lr 0.01 \
+	  --class-weights 1,1.33,1.88 --print-every 3 --eval-every 9 --log runs/deepcam.h5
 
 verify: install
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n $(NP) $(PY) -m hpctrain verify --net alexnet \

@@ -431,11 +431,30 @@ def test_nearest_resizing_picks_pytorchs_rows_for_every_size():
     ("upsample scale=2 mode=cubic", "mode='cubic' must be nearest or bilinear"),
     ("upsample scale=2 align=1", "give mode=bilinear"),
     ("upsample scale=2x2x2", "scale for 3 axes"),
+    ("upsample size=input/0", "size=input/K with K a whole number of at least 1"),
+    ("upsample size=inputs", "size=input/K"),
+    ("upsample scale=2 size=input", "one of them"),
 ])
 def test_a_bad_upsampling_is_refused(line, fragment):
     with pytest.raises(NetError) as caught:
         net_of(line, size=8)
     assert fragment in str(caught.value)
+
+
+def test_an_upsampling_to_the_inputs_size_follows_the_image_size():
+    """``size=input/K`` is the net's input size over K, rounded up (where K-fold striding
+    leaves a feature map), and ``size=input`` the input's own: both follow ``--image-size``
+    and read back from the net's text."""
+    net = parse_net("input channels=3 size=64 classes=3\nconv out=4 kernel=3 stride=2 pad=1\n"
+                    "conv out=4 kernel=3 stride=2 pad=1\navgpool name=p kernel=global\n"
+                    "upsample name=back size=input/4 mode=bilinear align=1\n"
+                    "add in=back,conv2\nupsample size=input mode=bilinear\nconv out=3 kernel=1",
+                    "seg.net")
+    assert net.out_shapes[3] == (4, 16, 16) and net.out_shapes[-1] == (3, 64, 64)
+    again = parse_net(net_text(net), "again.net")
+    assert again.layers == net.layers and "size=input/4" in net_text(net)
+    smaller = net.with_image_size(37)  # 37 → 19 → 10 = ⌈37/4⌉
+    assert smaller.out_shapes[3] == (4, 10, 10) and smaller.out_shapes[-1] == (3, 37, 37)
 
 
 def test_an_upsampling_halo_is_a_row_or_two():

@@ -51,9 +51,12 @@ def test_malformed_nets_name_the_problem(text, message):
         parse_net(text, "bad.net")
 
 
-def test_unknown_net_lists_the_known_ones():
-    with pytest.raises(NetError, match="unknown net 'resnet'.*alexnet"):
+def test_unknown_net_names_the_shipped_ones_it_may_mean():
+    """A typo gets the close names; a name like none of them is told where the list is."""
+    with pytest.raises(NetError, match="unknown net 'resnet'.*did you mean resnet"):
         load_net("resnet")
+    with pytest.raises(NetError, match=r"unknown net 'xyzzy'.*--help lists the \d+ shipped"):
+        load_net("xyzzy")
 
 
 def test_user_net_file(tmp_path):

@@ -538,11 +538,16 @@ def refusal_graph(case: str) -> tuple[Graph, str]:
     elif case == "add-of-a-constant":
         x = g.add(x, g.constant("shift", np.ones((4, 1, 1), np.float32)), name="bad")
     elif case == "mul-by-a-tensor":
-        x = g.node("Mul", [x, g.random("factors", [4, 1, 1])], name="bad")
+        x = g.node("Mul", [x, g.random("factors", [4, 8, 1])], name="bad")
     elif case == "mul-broadcast-along-rows":
         x = g.node("Mul", [x, g.avgpool(x, [1, 8])], name="bad")
     elif case == "gemm-alpha-2":
         return g, g.gemm(g.flatten(x), CLASSES, alpha=2.0, name="bad")
+    elif case in ("deconv-output-shape", "deconv-auto-pad"):
+        extra = ({"output_shape": [16, 16]} if case == "deconv-output-shape"
+                 else {"auto_pad": "SAME_UPPER"})
+        x = g.node("ConvTranspose", [x, g.random("deconv.weight", [4, 4, 3, 3])], name="bad",
+                   strides=[2, 2], **extra)
     return g, classify(g, x)
 
 
@@ -557,9 +562,11 @@ REFUSALS = {
     "flatten-axis-2": ("Flatten", "axis 2"),
     "reshape-not-a-flatten": ("Reshape", "a reshape to (0, 4, -1), not to (N, -1)"),
     "add-of-a-constant": ("Add", "constant"),
-    "mul-by-a-tensor": ("Mul", "not a scalar"),
+    "mul-by-a-tensor": ("Mul", "not a scalar nor one value per channel, (4, 1, 1)"),
     "mul-broadcast-along-rows": ("Mul", "a product of shapes (4, 8, 8) and (4, 8, 1)"),
     "gemm-alpha-2": ("Gemm", "alpha 2.0"),
+    "deconv-output-shape": ("ConvTranspose", "output_shape; export the layer with output_padding"),
+    "deconv-auto-pad": ("ConvTranspose", "auto_pad SAME_UPPER"),
 }
 
 

@@ -387,7 +387,7 @@ def test_the_probe_nets_run_every_shape_class_of_the_shipped_nets():
 
     probed = set().union(*(shapes(load_net(name, size))
                            for name, size in parse_probe_nets(PROBE_NETS)))
-    assert {"conv", "conv 1x1", "conv 1xk", "conv 3-D", "conv grouped"} <= probed
+    assert {"conv", "conv 1x1", "conv 1xk", "conv 3-D", "conv grouped", "deconv"} <= probed
     for name in ("resnet18", "resnet50", "inception_v3", "cosmoflow", "res3d", "mobilenet_v2",
                  "resnext50"):
         assert shapes(load_net(name, None)) <= probed, name

@@ -1,6 +1,7 @@
 """An independent reference: ResNet-18, one InceptionA module, CosmoFlow, an MLP, a small CNN and
 a mobile block (depthwise, grouped and dilated convolutions, a squeeze-excitation gate and the
-mobile activations) written in plain PyTorch (no torchvision, no hpctrain code), in float64,
+mobile activations) and a decoder (a dilated ASPP module, transposed convolutions) written in
+plain PyTorch (no torchvision, no hpctrain code), in float64,
 trained from hpctrain's initial weights on the same batches, to compare with hpctrain step by
 step. The classifiers are trained on softmax cross-entropy, CosmoFlow (a regression) on the
 mean squared error.
@@ -429,6 +430,71 @@ def mobile_names() -> NameMap:
     return names
 
 
+# -- a decoder: a dilated ASPP module, bilinear upsampling, transposed convolutions --------------
+
+DECODER_NET = """input channels=3 size=12 classes=5
+conv name=stem out=8 kernel=3 stride=2 pad=1 bias=0
+batchnorm name=bn1
+relu name=enc
+conv name=a1 in=enc out=6 kernel=1
+conv name=a2 in=enc out=6 kernel=3 pad=2 dilation=2
+conv name=a3 in=enc out=6 kernel=3 pad=3 dilation=3
+avgpool name=pool in=enc kernel=global
+conv name=gpc out=6 kernel=1
+upsample name=broadcast size=6x6 mode=bilinear
+concat name=aspp in=a1,a2,a3,broadcast
+conv name=proj out=8 kernel=1
+relu
+deconv name=up out=8 kernel=3 stride=2 pad=1 outpad=1
+concat name=skip in=up,input
+conv name=fuse out=12 kernel=3 pad=1
+relu
+deconv name=grouped out=8 kernel=4 stride=2 pad=1 groups=4
+avgpool kernel=global
+flatten
+linear name=fc out=5
+"""
+
+
+class Decoder(nn.Module):
+    """DeepLab's parts at a small size: an encoder (a strided convolution), an ASPP module
+    (a 1×1, convolutions dilated by 2 and 3, and the global pool's branch resized back),
+    then a decoder: a transposed convolution doubling the size (kernel 3, padding 1, output
+    padding 1, DeepCAM's), a skip connection from the input, and a grouped transposed
+    convolution (kernel 4, stride 2, padding 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.bn1 = nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8)
+        self.a1, self.gpc = nn.Conv2d(8, 6, 1), nn.Conv2d(8, 6, 1)
+        self.a2 = nn.Conv2d(8, 6, 3, padding=2, dilation=2)
+        self.a3 = nn.Conv2d(8, 6, 3, padding=3, dilation=3)
+        self.proj = nn.Conv2d(24, 8, 1)
+        self.up = nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1)
+        self.fuse = nn.Conv2d(11, 12, 3, padding=1)
+        self.grouped = nn.ConvTranspose2d(12, 8, 4, stride=2, padding=1, groups=4)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = F.relu(self.bn1(self.stem(x)))
+        pooled = self.gpc(e.mean((2, 3), keepdim=True))
+        broadcast = F.interpolate(pooled, size=e.shape[-2:], mode="bilinear",
+                                  align_corners=False)
+        aspp = torch.cat([self.a1(e), self.a2(e), self.a3(e), broadcast], 1)
+        y = self.up(F.relu(self.proj(aspp)))
+        y = self.grouped(F.relu(self.fuse(torch.cat([y, x], 1))))
+        return self.fc(y.mean((2, 3)))
+
+
+def decoder_names() -> NameMap:
+    names = NameMap({}, {})
+    names.conv("stem", "stem")
+    for conv in ("a1", "a2", "a3", "gpc", "proj", "up", "fuse", "grouped", "fc"):
+        names.conv(conv, conv, bias=True)
+    names.batchnorm("bn1", "bn1")
+    return names
+
+
 # -- the compared models ---------------------------------------------------------------------
 
 TOLERANCE = 1e-9  # relative error of every tensor of every step
@@ -445,6 +511,8 @@ MODELS = {
                   lambda: layer_names(2, 2)),
     "mobile": (lambda: parse_net(MOBILE_NET, "mobile"), lambda net: MobileBlock(),
                mobile_names),
+    "decoder": (lambda: parse_net(DECODER_NET, "decoder"), lambda net: Decoder(),
+                decoder_names),
 }
 
 

@@ -1,11 +1,12 @@
 """The ``python -m hpctrain convert`` command, which writes a dataset file from arrays.
 
-Five forms, all without MPI (the format is :mod:`hpctrain.data.dataset_format`)::
+Six forms, all without MPI (the format is :mod:`hpctrain.data.dataset_format`)::
 
     python -m hpctrain convert --images X.npy --labels Y.npy --out data.h5 [--val-fraction 0.2]
     python -m hpctrain convert --images V.npy --targets P.npy --out volumes.h5
     python -m hpctrain convert --digits --out inputs/digits.h5
     python -m hpctrain convert --universe 256 --size 32 --out universe.h5
+    python -m hpctrain convert --climate 64 --size 96 --out climate.h5
     python -m hpctrain convert --image-folder train/ --val-folder val/ --size 224 --out in.h5
 
 Arrays come from ``.npy`` files, memory-mapped and written one batch of samples at a time so
@@ -13,12 +14,17 @@ that a set bigger than memory converts, or from ``.npz`` archives as ``file.npz:
 whole; :mod:`hpctrain.data.arrays`). Images (N, H, W) get a channel axis; (N, C, H, W),
 (N, C, D, H, W) volumes and (N, F) are kept; with ``--volumes`` a 4-D array is (N, D, H, W)
 volumes and gets a channel axis.
-``--labels`` gives one integer class per sample, ``--targets`` one or more real values per
-sample, (N,) or (N, T), for a regression. Without ``--val-images``, ``--val-fraction`` holds out
-that share of the samples, picked by a permutation seeded with ``--seed``. ``--digits`` writes
+``--labels`` gives one integer class per sample, or label maps (N, H, W) (volumes:
+(N, D, H, W)) of one class per pixel for a segmentation net, checked to match the images' count
+and spatial size, −1 (or the ``--ignore`` value) marking a pixel not counted; ``--targets`` one
+or more real values per sample, (N,) or (N, T), for a regression. Without ``--val-images``,
+``--val-fraction`` holds out that share of the samples, picked by a permutation seeded with
+``--seed``. ``--digits`` writes
 scikit-learn's 1797 handwritten digits (8x8, 10 classes) scaled to [0, 1], with a seeded 80/20
 train/val split. ``--universe N`` writes N synthetic cosmology-like volumes with their
-parameters as targets (:mod:`hpctrain.data.universe`), the last 20% held out.
+parameters as targets (:mod:`hpctrain.data.universe`), the last 20% held out. ``--climate N``
+writes N synthetic climate-like samples (16 fields of S x S, ``--channels`` to change) with label
+maps of DeepCAM's three classes (:mod:`hpctrain.data.climate`), the last 20% held out.
 ``--image-folder DIR`` decodes a folder of image files, one sub-folder per class (ImageNet's
 ``train/CLASS/*.JPEG``), into uint8 RGB (3, S, S) images with the training split's per-channel
 mean and std, on ``--workers`` processes (:mod:`hpctrain.data.folder`); the held-out split is
@@ -43,6 +49,8 @@ from hpctrain.data.arrays import (
     split_indices,
     take_rows,
 )
+from hpctrain.data.climate import CLASSES as CLIMATE_CLASSES
+from hpctrain.data.climate import climate_set
 from hpctrain.data.dataset_format import (
     HDF5_SIGNATURE,
     DatasetError,
@@ -66,6 +74,8 @@ from hpctrain.io.units import shape_text
 
 DIGITS_VAL_FRACTION = UNIVERSE_VAL_FRACTION = 0.2
 UNIVERSE_DEFAULTS = {"size": 32, "channels": 4, "targets_count": len(PARAMETERS)}
+CLIMATE_DEFAULTS = {"size": 96, "channels": 16}
+CLIMATE_LARGEST = 2048  # fields' side: a sample of 16 x 2048² float32 is 256 MiB
 ARRAY_FLAGS = ("images", "labels", "targets", "val_images", "val_labels", "val_targets")
 FOLDER_FLAGS = ("val_folder", "strict", "workers", "allow_empty")
 
@@ -95,10 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "with power spectrum A k^-n, whose parameters (slope, amplitude, "
                              "cut-off, log-normal strength) are the targets; see --size, "
                              "--channels, --targets-count")
+    source.add_argument("--climate", type=int, metavar="N",
+                        help="N synthetic climate-like samples for a segmentation net: smooth "
+                             "fields with atmospheric rivers and tropical cyclones in them, and "
+                             "label maps of the 3 classes (background, river, cyclone), "
+                             "DeepCAM's; see --size, --channels")
     answers = parser.add_mutually_exclusive_group()
     answers.add_argument("--labels", metavar="FILE",
                          help="training labels for a classifier: Y.npy or Y.npz:KEY, integers "
-                              "shaped (N,)")
+                              "shaped (N,); or label maps for a segmentation net, one class "
+                              "per pixel, shaped (N, H, W) (volumes: (N, D, H, W)) as the "
+                              "images, -1 for a pixel not counted")
     answers.add_argument("--targets", metavar="FILE",
                          help="training targets for a regression: Y.npy or Y.npz:KEY, finite "
                               "real values shaped (N,) or (N, T)")
@@ -118,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "in [0, 2**63) (default: 0)")
     parser.add_argument("--classes", type=int, default=None, metavar="K",
                         help="number of classes (default: largest label + 1)")
+    parser.add_argument("--ignore", type=int, default=None, metavar="I",
+                        help="in label maps, the label of pixels not counted by the loss or "
+                             "the metrics (e.g. 255, VOC's border); stored as -1")
     parser.add_argument("--scale", type=_number, default=None, metavar="S",
                         help="multiply the images by S, a number or a fraction such as 1/255")
     parser.add_argument("--description", default=None,
@@ -137,14 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     folder.add_argument("--allow-empty", action="store_true",
                         help="keep a class sub-folder of --image-folder that holds no file, as "
                              "a class with no training image (refused otherwise)")
-    universe = parser.add_argument_group("synthetic universes (with --universe)")
+    universe = parser.add_argument_group("synthetic universes and climate (with --universe, "
+                                         "--climate)")
     universe.add_argument("--size", type=int, default=None, metavar="S",
                           help=f"voxels per side of each volume (default: "
-                               f"{UNIVERSE_DEFAULTS['size']}); with --image-folder, the side "
-                               f"of the stored S x S images (required)")
+                               f"{UNIVERSE_DEFAULTS['size']}); with --climate, the side of its "
+                               f"S x S fields (default: {CLIMATE_DEFAULTS['size']}); with "
+                               f"--image-folder, the side of the stored S x S images (required)")
     universe.add_argument("--channels", type=int, default=None, metavar="C",
                           help=f"channels per volume, the field at C growth stages like "
-                               f"CosmoFlow's redshifts (default: {UNIVERSE_DEFAULTS['channels']})")
+                               f"CosmoFlow's redshifts (default: {UNIVERSE_DEFAULTS['channels']}; "
+                               f"--climate: fields per sample, default "
+                               f"{CLIMATE_DEFAULTS['channels']}, DeepCAM's)")
     universe.add_argument("--targets-count", type=int, default=None, metavar="T",
                           help=f"targets per volume: the first T of "
                                f"{', '.join(p.name for p in PARAMETERS)} vary and are learned "
@@ -180,29 +204,62 @@ def run(argv: list[str]) -> int:
     if args.image_folder is None:
         _refuse(args, FOLDER_FLAGS, "applies only to --image-folder")
     if args.universe is None:
-        shared = ("size",) if args.image_folder is not None else ()  # the images' side
+        shared = (("size",) if args.image_folder is not None else  # the images' side
+                  tuple(CLIMATE_DEFAULTS) if args.climate is not None else ())
         _refuse(args, tuple(n for n in UNIVERSE_DEFAULTS if n not in shared),
                 "applies only to --universe")
-    if args.digits or args.universe is not None or args.image_folder is not None:
+    made = (args.digits or args.universe is not None or args.image_folder is not None
+            or args.climate is not None)
+    if made:
         form = ("--digits" if args.digits else "--universe" if args.universe is not None
-                else "--image-folder")
-        _refuse(args, (*ARRAY_FLAGS[1:], "scale", "classes", "volumes"),
+                else "--climate" if args.climate is not None else "--image-folder")
+        _refuse(args, (*ARRAY_FLAGS[1:], "scale", "classes", "volumes", "ignore"),
                 f"does not apply to {form}")
     # what a run to this path killed while writing left beside it (never a live run's)
     remove_abandoned(out, HDF5_SIGNATURE)
     if args.universe is not None:
         _write_universe(args, out)
+    elif args.climate is not None:
+        _write_climate(args, out)
     elif args.image_folder is not None:
         _write_folder(args, out)
     else:
         _write_arrays(args, out)
     info = inspect_dataset(out)
-    answers = (f"{info.targets} targets" if info.targets else f"{info.classes} classes")
+    answers = (f"{info.targets} targets" if info.targets else
+               f"{info.classes} classes{', a label map per sample' if info.label_maps else ''}")
     print(f"wrote {shown_path(out)}: {info.train_size} train / {info.val_size} val samples of "
           f"shape "
           f"{shape_text(info.sample_shape)}, {answers}"
           f"{f'; images {info.normalisation}' if info.mean is not None else ''}")
     return 0
+
+
+def _write_climate(args: argparse.Namespace, out: Path) -> None:
+    """``--climate N`` synthetic fields with their label maps (:mod:`hpctrain.data.climate`),
+    the last :data:`DIGITS_VAL_FRACTION` (or ``--val-fraction``) held out."""
+    size = CLIMATE_DEFAULTS["size"] if args.size is None else args.size
+    channels = CLIMATE_DEFAULTS["channels"] if args.channels is None else args.channels
+    if args.climate < 2:
+        raise DatasetError(f"--climate {args.climate}: give at least 2 samples (one to train "
+                           f"on, one held out)")
+    if not 8 <= size <= CLIMATE_LARGEST:
+        raise DatasetError(f"--size {size}: --climate's fields are 8 to {CLIMATE_LARGEST} a "
+                           f"side")
+    if channels < 3:
+        raise DatasetError(f"--channels {channels}: --climate needs at least 3 fields (moisture, "
+                           f"pressure, wind)")
+    fraction = DIGITS_VAL_FRACTION if args.val_fraction is None else args.val_fraction
+    held = max(1, round(args.climate * fraction)) if fraction > 0 else 0
+    images, labels = climate_set(args.climate, channels, size, size, args.seed)
+    train = args.climate - held
+    description = args.description or (
+        f"synthetic climate-like fields, {channels} x {size} x {size}, with atmospheric rivers "
+        f"and tropical cyclones labelled per pixel (--climate {args.climate} --seed "
+        f"{args.seed}); the last {held} held out")
+    write_dataset(out, images[:train], labels[:train], len(CLIMATE_CLASSES),
+                  images[train:] if held else None, labels[train:] if held else None,
+                  description)
 
 
 def _write_folder(args: argparse.Namespace, out: Path) -> None:
@@ -281,8 +338,12 @@ def _write_arrays(args: argparse.Namespace, out: Path) -> None:
         if regression and args.classes is not None:
             raise DatasetError("--classes applies to --labels; a targets dataset has as many "
                                "targets as the --targets array has columns")
+        if regression and args.ignore is not None:
+            raise DatasetError("--ignore applies to label maps (--labels); a targets dataset "
+                               "counts every sample")
         images = load_images(args.images, args.scale, args.volumes)
-        answers = load_targets(args.targets) if regression else load_labels(args.labels)
+        answers = (load_targets(args.targets) if regression
+                   else load_labels(args.labels, args.ignore))
         fraction = args.val_fraction or 0.0
         description = f"converted from {args.images} and {getattr(args, answer)}"
     if args.description is not None:
@@ -301,7 +362,7 @@ def _write_arrays(args: argparse.Namespace, out: Path) -> None:
             raise DatasetError("--val-fraction splits the training arrays; it cannot be "
                                "combined with --val-images")
         val_images = load_images(args.val_images, args.scale, args.volumes)
-        val_answers = load_targets(given) if regression else load_labels(given)
+        val_answers = load_targets(given) if regression else load_labels(given, args.ignore)
     elif fraction > 0:
         if len(images) != len(answers):
             raise DatasetError(f"{len(answers)} {answer} for {len(images)} images; give one "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 
 from hpctrain.errors import UserError, shown
@@ -111,6 +112,18 @@ def statistics_group(text: str) -> str | int:
         raise argparse.ArgumentTypeError(f"'{text}' is not global, rank or a number of ranks "
                                          f"such as 8")
     return value
+
+
+def class_weights(text: str) -> tuple[float, ...]:
+    """``--class-weights``: one finite number of 0 or more per class, comma-separated."""
+    try:
+        weights = tuple(float(word) for word in text.split(","))
+    except ValueError:
+        weights = ()
+    if not weights or not all(math.isfinite(w) and w >= 0 for w in weights):
+        raise argparse.ArgumentTypeError(f"'{text}' is not comma-separated weights of 0 or "
+                                         f"more, one per class, such as 1,2.5,0.5")
+    return weights
 
 
 def load_net_for(args: argparse.Namespace, procs: int):

@@ -15,7 +15,10 @@ Rank 0 gathers each batch's outputs and writes them as they come into ``/outputs
 ``--out`` file, one row per sample in the data's order (float32); the file is written beside its
 name and renamed when complete, and an existing file is replaced only when it is an hpctrain
 predictions file. Where the data hold labels (or targets), the loss and accuracy over every
-sample are printed and kept in the file's attributes. A line of progress is printed every
+sample are printed and kept in the file's attributes. A segmentation net's outputs are its
+scores per pixel, ``/outputs`` (N, K, H, W), with ``/label_maps`` (N, H, W) the class of largest
+score at each pixel; against label maps the pixel accuracy and the mean IoU are printed and
+kept too. A line of progress is printed every
 ``--print-every`` seconds.
 """
 
@@ -42,6 +45,7 @@ from hpctrain.commands.flags import (
     with_init,
 )
 from hpctrain.errors import ArgumentParser, OutputError, UserError, shown_path
+from hpctrain.kernels.segmentation import PixelTotals, class_counts, pixel_cross_entropy
 from hpctrain.model.net import NetSpec
 
 FORMAT = "hpctrain-predictions"  #: the ``format`` attribute of a predictions file
@@ -99,6 +103,7 @@ class Prepared:
 
 
 def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
+    from hpctrain.data.dataset_fit import check_label_maps
     from hpctrain.data.dataset_format import inspect_dataset
     from hpctrain.interchange.nets import load_network, net_for_dataset
     from hpctrain.io.files import check_directory, check_output
@@ -146,6 +151,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
             raise UserError(f"--data {args.data} has no {split} split; give --split train")
         # predict reads in order: a split smaller than a batch is fine (its last is padded)
         net = net_for_dataset(net, dataset, args.image_size is None and checkpoint is None, 1)
+        check_label_maps(dataset, net.per_pixel, net.name)
     net = net.with_statistics("global", procs)
     out = Path(args.out)
     check_directory(out.parent, "--out")
@@ -258,6 +264,8 @@ def _gather(network: Any, comm: Any) -> Any:
     from hpctrain.layout.layout import grid_coords
 
     layout = network.loss_layout
+    if network.net.per_pixel:
+        return _gather_pixels(network, comm)
 
     def rows_of(rank: int) -> tuple[int, int]:
         owns = layout.holds(rank) and grid_coords(rank, layout.grid)[0] == 0
@@ -265,6 +273,26 @@ def _gather(network: Any, comm: Any) -> Any:
 
     return RowsToRoot(comm, rows_of(comm.Get_rank()), rows_of, layout.shape[1],
                       layout.shape[0])
+
+
+def _gather_pixels(network: Any, comm: Any) -> Any:
+    """A segmentation's scores of each batch, (B, K, *S), whole on rank 0: copy 0 of each
+    block of pixels sends it (a domain split's rows stay cut up to here), the others
+    nothing."""
+    from hpctrain.comm.gather import gather_to_root
+
+    layout = network.loss_layout
+    empty = tuple((0, 0) for _ in layout.shape)
+
+    def box_of(rank: int) -> tuple:
+        return layout.box(rank) if layout.replica_index(rank) == 0 else empty
+
+    def gather(block: np.ndarray) -> np.ndarray | None:
+        mine = block if network.owns_loss else block[tuple(slice(0, 0) for _ in block.shape)]
+        return gather_to_root(network.backend, comm, mine, layout.shape, box_of, "copy",
+                              dtype=np.float32)
+
+    return gather
 
 
 def _predict(args: argparse.Namespace, prepared: Prepared, network: Any, source: Any,
@@ -293,6 +321,9 @@ def _predict(args: argparse.Namespace, prepared: Prepared, network: Any, source:
               f"{comm.Get_size()} processes, {backend.device} {backend.precision.name}; "
               f"weights: {weights}", flush=True)
 
+    pixels = PixelTotals(net.classes)  # a segmentation's sums over every counted pixel
+    every_pixel = ((0, batch), *((0, n) for n in net.out_shapes[-1][1:]))
+
     def passes(sink: Any) -> dict[str, Any]:
         totals = np.zeros(3)  # loss sum, correct, real samples
         failure, start = None, time.perf_counter()
@@ -307,8 +338,18 @@ def _predict(args: argparse.Namespace, prepared: Prepared, network: Any, source:
                 continue
             first = b * batch
             real_rows = min(batch, samples - first)
-            labels = backend.to_numpy(source.labels(b, (0, batch)))
-            real = net.loss.real(np, labels)
+            if net.per_pixel:
+                labels = backend.to_numpy(source.labels(b, every_pixel))
+                loss_sum, weight_sum, correct, counted, _ = pixel_cross_entropy(
+                    np, whole.astype(np.float64), labels, net.loss.weights)
+                both, union = class_counts(np, whole, labels)
+                pixels.add(PixelTotals(net.classes, float(loss_sum), float(weight_sum),
+                                       int(correct), int(counted), both, union))
+                totals += (float(loss_sum), float(correct), float(counted))
+                real = np.zeros(0, bool)
+            else:
+                labels = backend.to_numpy(source.labels(b, (0, batch)))
+                real = net.loss.real(np, labels)
             if bool(real.any()):
                 loss, correct, _ = net.loss.function(np, whole[real], labels[real], 1.0)
                 totals += (float(loss), float(correct), float(real.sum()))
@@ -324,8 +365,11 @@ def _predict(args: argparse.Namespace, prepared: Prepared, network: Any, source:
                       f"({done / samples:.0%}), {done / (now - start):.1f} samples/s",
                       flush=True)
                 shown_at = now
-        return {"failure": failure, "seconds": time.perf_counter() - start,
-                "loss_sum": totals[0], "correct": totals[1], "counted": totals[2]}
+        found = {"failure": failure, "seconds": time.perf_counter() - start,
+                 "loss_sum": totals[0], "correct": totals[1], "counted": totals[2]}
+        if net.per_pixel and pixels.counted:  # the weighted mean, and the mean IoU
+            found.update(loss_sum=pixels.loss * pixels.counted, mean_iou=pixels.mean_iou)
+        return found
 
     if rank != 0:
         _raise_failure(comm.bcast(None, root=0))  # rank 0 could open its file, or not
@@ -340,13 +384,19 @@ def _predict(args: argparse.Namespace, prepared: Prepared, network: Any, source:
         import h5py
 
         with h5py.File(tmp, "w", locking=False) as h5:
-            outputs = h5.create_dataset("outputs", (samples, net.classes), np.float32,
-                                        chunks=(min(samples, batch), net.classes))
+            out_shape = net.out_shapes[-1]  # (K,), or (K, *S) per pixel
+            outputs = h5.create_dataset("outputs", (samples, *out_shape), np.float32,
+                                        chunks=(min(samples, batch), *out_shape))
+            maps = (h5.create_dataset("label_maps", (samples, *out_shape[1:]), np.int64,
+                                      chunks=(min(samples, batch), *out_shape[1:]))
+                    if net.per_pixel else None)
             comm.bcast(None, root=0)  # open: every rank starts the passes
             started = True
 
             def sink(first: int, rows: np.ndarray) -> None:
                 outputs[first:first + len(rows)] = rows
+                if maps is not None:  # the class of largest score at each pixel
+                    maps[first:first + len(rows)] = rows.argmax(axis=1)
 
             result.update(passes(sink))
             if result["failure"] is not None:
@@ -384,13 +434,16 @@ def _attributes(args: argparse.Namespace, prepared: Prepared, network: Any,
              "batch": args.batch, "processes": network.grids.world.Get_size(),
              "precision": network.backend.precision.name,
              "plan": plan_text(net, network.plan) + "\n", "seconds": result["seconds"],
-             "outputs": "targets" if net.regression else "logits"}
+             "outputs": ("targets" if net.regression else
+                         "logits per pixel" if net.per_pixel else "logits")}
     if prepared.checkpoint is not None:
         attrs["checkpoint"] = str(prepared.checkpoint)
     if result["counted"]:
         attrs["loss"] = result["loss_sum"] / result["counted"]
         if net.loss.classifies:
             attrs["accuracy"] = result["correct"] / result["counted"]
+        if "mean_iou" in result:
+            attrs["mean_iou"] = result["mean_iou"]
     return attrs
 
 
@@ -401,8 +454,13 @@ def _summary(out: Path, samples: int, net: NetSpec, result: dict[str, Any]) -> N
         loss = result["loss_sum"] / result["counted"]
         what = "mean squared error" if net.regression else "loss"
         line += f": {what} {loss:.6g}"
-        if net.loss.classifies:
+        if net.per_pixel:
+            line += (f", pixel accuracy {result['correct'] / result['counted']:.2%}, mean IoU "
+                     f"{result['mean_iou']:.4f} over {int(result['counted'])} labelled pixels")
+        elif net.loss.classifies:
             line += f", accuracy {result['correct'] / result['counted']:.2%}"
-        line += f" over {int(result['counted'])} labelled samples"
+        if not net.per_pixel:
+            line += f" over {int(result['counted'])} labelled samples"
     print(line, flush=True)
-    print(f"outputs written to {out} (/outputs)", flush=True)
+    print(f"outputs written to {out} (/outputs{', /label_maps' if net.per_pixel else ''})",
+          flush=True)

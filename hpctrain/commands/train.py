@@ -21,6 +21,7 @@ from hpctrain.commands.flags import (
     add_precision_option,
     add_run_options,
     check_space,
+    class_weights,
     with_init,
 )
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
@@ -75,7 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "image zero-padded by 4 pixels), standard (crop and flip) or none; "
                                "drawn from --seed, the epoch and the sample, so every plan and "
                                "number of processes trains on the same images; held-out data is "
-                               "never augmented (default: %(default)s)")
+                               "never augmented; a segmentation's label maps are flipped and "
+                               "cropped with their images (default: %(default)s)")
+    training.add_argument("--class-weights", type=class_weights, default=None,
+                          metavar="W1,W2,...",
+                          help="a segmentation net's loss weighted per class, one weight per "
+                               "class: the mean over every counted pixel of the batch of "
+                               "w[label]·cross-entropy over the sum of w[label], as PyTorch's "
+                               "cross_entropy(weight=w) (default: all 1)")
     training.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                           help="read the next batch of --data in a background thread while "
                                "each step computes; the log records the time a step waits for "
@@ -197,7 +205,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         raise UserError("--checkpoint-every needs --checkpoint-dir DIR")
     SGD.check(args.lr, args.momentum, args.weight_decay)
     net, dataset = _dataset_net(args, load_network(args.net, args.image_size, args.loss))
-    net = net.with_statistics(args.bn_group, procs)
+    net = net.with_statistics(args.bn_group, procs).with_class_weights(args.class_weights)
     check_augment(args.augment, net.name, net.input_shape,
                   dataset.sample_shape if dataset else None, args.batch)
     epoch = dataset.train_size // args.batch if dataset else None
@@ -304,10 +312,13 @@ def _dataset_net(args: argparse.Namespace, net: NetSpec) -> tuple[NetSpec, Datas
     net takes (C, H, W) samples of as many values, flattened (``--net mlp`` on the digits)."""
     if args.data == "synthetic":
         return net, None
+    from hpctrain.data.dataset_fit import check_label_maps
     from hpctrain.data.dataset_format import inspect_dataset
 
     info = inspect_dataset(args.data)
-    return net_for_dataset(net, info, args.image_size is None, args.batch), info
+    net = net_for_dataset(net, info, args.image_size is None, args.batch)
+    check_label_maps(info, net.per_pixel, net.name)
+    return net, info
 
 
 def run(argv: list[str], comm, stop=None) -> int:

@@ -48,7 +48,9 @@ class LocalWork:
     axis) for window layers; ``need_dx``: whether the input gradient is computed (not for the
     first layer); a convolution's ``groups`` (those of its local channels) and ``dilation``
     (one per spatial axis; empty: none); a resize's output sizes per spatial axis
-    (``resized``).
+    (``resized``). A ``transposed`` convolution's ``pads`` are the (first, after) entries of
+    its full output that it crops (:mod:`hpctrain.kernels.deconv`), negative where it keeps
+    entries no input reaches.
     """
 
     op: Operation
@@ -61,6 +63,7 @@ class LocalWork:
     groups: int = 1
     dilation: tuple[int, ...] = ()
     resized: tuple[int, ...] = ()
+    transposed: bool = False
 
     def key(self) -> str:
         """The work as text, the same in every process: part of a timing's cache key (a
@@ -74,6 +77,8 @@ class LocalWork:
             fields.append(f"dilation {self.dilation}")
         if self.resized:
             fields.append(f"resized {self.resized}")
+        if self.transposed:
+            fields.append("transposed")
         return "|".join(str(v) for v in fields)
 
     def flops(self) -> tuple[float, float]:
@@ -90,10 +95,18 @@ class LocalWork:
         window = channels * math.prod(self.kernel)
         weights = self.out * window // self.groups
         columns = positions * window if self.out and self.kernel else 0
+        if self.transposed:  # a column per input entry, of the output's window entries
+            columns = batch * math.prod(self.x[2:]) * self.out * math.prod(self.kernel)
         return math.prod(self.x) + positions * (self.out or channels) + 2 * weights + columns
 
     def out_sizes(self) -> tuple[int, ...]:
-        """Output size along each spatial axis of a window kernel on ``x`` with ``pads``."""
+        """Output size along each spatial axis of a window kernel on ``x`` with ``pads`` (of a
+        transposed one: its full output, (n − 1)·s + span, less the entries cropped)."""
+        if self.transposed:
+            return tuple((n - 1) * s + span - first - after if n else -first - after
+                         for n, s, span, (first, after)
+                         in zip(self.x[2:], self.stride, spans(self.kernel, self.dilation or None),
+                                self.pads, strict=True))
         return tuple(out_size(n, k, s, before, after) for n, k, s, (before, after)
                      in zip(self.x[2:], spans(self.kernel, self.dilation or None), self.stride,
                             self.pads, strict=True))

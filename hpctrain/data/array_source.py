@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.data.dataset_format import DatasetError
+from hpctrain.data.source import is_map_box
 from hpctrain.device.backend import Backend
 from hpctrain.errors import shown_path
 from hpctrain.io.units import shape_text
@@ -70,8 +71,11 @@ class ArrayData:
                 self.nonfinite = f"--data {self.path}: sample {bad} holds NaN or Inf"
         return self.backend.xp.asarray(block)
 
-    def labels(self, step: int, samples: tuple[int, int]) -> Any:
-        """No answers: −1 labels, or rows of NaN targets, none of them counted."""
+    def labels(self, step: int, samples: Any) -> Any:
+        """No answers: −1 labels (or label maps of −1), or rows of NaN targets, none of them
+        counted."""
+        if is_map_box(samples):
+            return self.backend.xp.full(tuple(b - a for a, b in samples), -1, np.int64)
         n = samples[1] - samples[0]
         if self.targets:
             return self.backend.xp.full((n, self.targets), np.nan, self.backend.dtype)

@@ -160,18 +160,25 @@ def load_images(spec: str, scale: float | None, volumes: bool) -> Samples:
     return Samples(images, scale, channel)
 
 
-def load_labels(spec: str) -> np.ndarray:
-    """The int64 class labels of ``spec``; whole-valued floats are accepted.
+def load_labels(spec: str, ignore: int | None = None) -> np.ndarray:
+    """The int64 class labels of ``spec``, (N,), or its label maps, (N, H, W) or
+    (N, D, H, W), one class per pixel; whole-valued floats are accepted. In label maps the
+    value ``ignore`` (a pixel not counted, such as VOC's border 255) becomes −1.
 
     Raises
     ------
     DatasetError
-        Labels that are not one whole number per sample, shaped (N,).
+        Labels that are not whole numbers shaped (N,) or (N, H, W) or (N, D, H, W), or an
+        ``ignore`` with one label per sample.
     """
     labels = np.asarray(load_array(spec, "labels"))
-    if labels.ndim != 1:
+    if labels.ndim not in (1, 3, 4):
         raise DatasetError(f"labels '{spec}' have shape {labels.shape}; give one integer per "
-                           f"sample, shaped (N,)")
+                           f"sample, shaped (N,), or label maps shaped (N, H, W) or "
+                           f"(N, D, H, W)")
+    if ignore is not None and labels.ndim == 1:
+        raise DatasetError(f"--ignore {ignore} applies to label maps; labels '{spec}' are one "
+                           f"per sample, shaped {labels.shape}")
     if np.issubdtype(labels.dtype, np.floating):
         if not (np.isfinite(labels).all() and (labels == np.round(labels)).all()):
             raise DatasetError(f"labels '{spec}' are not whole numbers; give class indices "
@@ -179,7 +186,10 @@ def load_labels(spec: str) -> np.ndarray:
         labels = labels.astype(np.int64)
     elif not np.issubdtype(labels.dtype, np.integer):
         raise DatasetError(f"labels '{spec}' have dtype {labels.dtype}; give integer classes")
-    return labels.astype(np.int64)
+    labels = labels.astype(np.int64)
+    if ignore is not None:
+        labels[labels == ignore] = -1  # not counted, as the loss reads −1
+    return labels
 
 
 def load_targets(spec: str) -> np.ndarray:

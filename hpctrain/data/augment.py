@@ -32,16 +32,21 @@ rank holding augmented rows 4..8 and all columns::
 
 Held-out data is never augmented; for a net smaller than the images it reads their centre
 window (``none``).
+
+Label maps (a segmentation's answers, one class per pixel) go through the same window and flip
+as their image, block by block: a pixel of the augmented map is the label of the pixel of the
+augmented image at the same place, and padding is labelled −1 (not counted).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hpctrain.data.source import DataSource
+from hpctrain.data.source import DataSource, is_map_box
 from hpctrain.errors import UserError, shown
 from hpctrain.kernels.counter_rng import stream_key, uniform
 from hpctrain.layout.layout import Box
@@ -140,7 +145,8 @@ class Augmented:
     """A training source whose images are flipped and cropped per sample; see the module doc.
 
     ``images(step, box)`` is block ``box`` of the augmented batch ``step``, equal to the same box
-    cut from the augmented whole batch; ``labels`` and ``nonfinite`` are the source's.
+    cut from the augmented whole batch; ``labels`` are the source's, but label maps, which are
+    cropped and flipped as their images; ``nonfinite`` is the source's.
     """
 
     def __init__(self, source: DataSource, mode: str, seed: int, pad: int = 4,
@@ -184,9 +190,20 @@ class Augmented:
         """A held-out source's number of batches."""
         return self.source.batches
 
-    def labels(self, step: int, samples: tuple[int, int]) -> Any:
-        """The source's labels (or targets) of samples lo..hi-1 of batch ``step``."""
-        return self.source.labels(step, samples)
+    def labels(self, step: int, samples: Any) -> Any:
+        """The source's labels (or targets) of samples lo..hi-1 of batch ``step``; for label
+        maps (``samples`` a box, :func:`~hpctrain.data.source.is_map_box`) block ``samples``
+        of the augmented maps, cropped and flipped as the images are, −1 in the padding."""
+        if not is_map_box(samples):
+            return self.source.labels(step, samples)
+        (lo, hi), rows, columns = samples
+        xp = self.source.backend.xp
+        out = xp.full((hi - lo, rows[1] - rows[0], columns[1] - columns[0]), -1, dtype=xp.int64)
+        for k, read_rows, read_columns, at_rows, at_columns, flip in self._pieces(
+                step, (lo, hi), rows, columns):
+            part = self.source.labels(step, ((lo + k, lo + k + 1), read_rows, read_columns))
+            out[k, at_rows, at_columns] = part[0, :, ::-1] if flip else part[0]
+        return out
 
     def close(self) -> None:
         """Close the source, when it has files open."""
@@ -232,13 +249,27 @@ class Augmented:
         Each sample reads one source box: its channels, and the rows and columns its window
         maps the block onto, clipped to the image; the padding is zeros.
         """
-        (lo, hi), channels, (h0, h1), (w0, w1) = box
+        (lo, hi), channels, rows, columns = box
+        xp = self.source.backend.xp
+        out = xp.zeros(tuple(b - a for a, b in box), dtype=self.source.backend.dtype)
+        for k, read_rows, read_columns, at_rows, at_columns, flip in self._pieces(
+                step, (lo, hi), rows, columns):
+            part = self.source.images(step, ((lo + k, lo + k + 1), channels, read_rows,
+                                             read_columns))
+            out[k, :, at_rows, at_columns] = part[0, :, :, ::-1] if flip else part[0]
+        return out
+
+    def _pieces(self, step: int, samples: tuple[int, int], rows: tuple[int, int],
+                columns: tuple[int, int]) -> Iterator[tuple[int, tuple[int, int],
+                                                          tuple[int, int], slice, slice, bool]]:
+        """For each sample k of ``samples`` whose block (augmented ``rows`` and ``columns``)
+        is not all padding: (k, the source rows and columns it reads, the block's rows and
+        columns they fill, whether they are flipped). Images and label maps alike."""
+        (lo, hi), (h0, h1), (w0, w1) = samples, rows, columns
         _, height, width = self.source_shape
         window = self.size[1]
         flip, dy, dx = self.draws(step, (lo, hi))
-        xp = self.source.backend.xp
-        out = xp.zeros(tuple(b - a for a, b in box), dtype=self.source.backend.dtype)
-        columns = w1 - w0
+        span = w1 - w0
         for k in range(hi - lo):
             # cropped columns q0..q1 hold the block's columns, reversed when flipped
             q0, q1 = (window - w1, window - w0) if flip[k] else (w0, w1)
@@ -247,10 +278,7 @@ class Augmented:
             b0, b1 = max(s0, 0), min(s0 + q1 - q0, width)  # source columns read
             if a1 <= a0 or b1 <= b0:
                 continue  # the block of this sample is all padding
-            part = self.source.images(step, ((lo + k, lo + k + 1), channels, (a0, a1), (b0, b1)))
-            if flip[k]:  # cropped column q0 + i sits at block column columns - 1 - i
-                out[k, :, a0 - r0:a1 - r0, columns - (b1 - s0):columns - (b0 - s0)] = (
-                    part[0, :, :, ::-1])
-            else:
-                out[k, :, a0 - r0:a1 - r0, b0 - s0:b1 - s0] = part[0]
-        return out
+            # flipped, cropped column q0 + i sits at block column span - 1 - i
+            at_columns = (slice(span - (b1 - s0), span - (b0 - s0)) if flip[k]
+                          else slice(b0 - s0, b1 - s0))
+            yield k, (a0, a1), (b0, b1), slice(a0 - r0, a1 - r0), at_columns, bool(flip[k])

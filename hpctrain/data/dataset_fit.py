@@ -102,3 +102,16 @@ def check_fits(info: DatasetInfo, input_shape: tuple[int, ...], classes: int, ba
     if info.train_size < batch:
         raise DatasetError(f"dataset '{info.path}' has {info.train_size} training samples, "
                            f"fewer than --batch {batch}; lower --batch")
+
+
+def check_label_maps(info: DatasetInfo, per_pixel: bool, net_name: str) -> None:
+    """Refuse a dataset of label maps for a net that scores each sample, or one label per
+    sample for a segmentation net (``per_pixel``: a class score per pixel)."""
+    if info.label_maps and not per_pixel:
+        raise DatasetError(f"dataset '{info.path}' holds label maps (a class per pixel) but net "
+                           f"{net_name} gives one score per sample; use a segmentation net, "
+                           f"whose last layer gives (classes, H, W)")
+    if per_pixel and not info.label_maps:
+        raise DatasetError(f"net {net_name} scores every pixel (segmentation) but dataset "
+                           f"'{info.path}' holds one label per sample; convert label maps with "
+                           f"{CONVERT} --labels MAPS.npy, shaped (N, H, W)")

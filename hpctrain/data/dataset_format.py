@@ -7,6 +7,8 @@ Format (version 2, or 3 for uint8 images), readable with plain h5py::
                     or (F,) feature vectors for flat-input nets; chunked by sample or by slab;
                     or uint8 (N, C, H, W) / (N, C, D, H, W) pixels 0..255 (version 3)
     /train/labels   int64 (N,), each in [0, classes)          (a labels dataset), or
+                    int64 (N, H, W) or (N, D, H, W) label maps, one class per pixel of the
+                    images' spatial size, each in [0, classes) or −1 (not counted), or
     /train/targets  float32 (N, T), every value finite        (a targets dataset)
     /val/...        optional held-out split: images, and labels or targets as in /train
                     (every chunk of these datasets carries a Fletcher-32 checksum; files
@@ -28,8 +30,11 @@ size; the reader gives the network ``(x - mean[c]) / std[c]`` in the backend's f
 version rather than misreading them; float32 files are still written as version 2.
 
 A labels dataset trains a classifier (softmax cross-entropy, a net whose input line says
-``classes=K``); a targets dataset trains a regression (mean squared error, ``targets=T``), such
-as CosmoFlow's four cosmological parameters per 3-D volume.
+``classes=K``); a dataset of label maps a segmentation net (a class score per pixel, the
+per-pixel softmax cross-entropy; see :mod:`hpctrain.model.net`); a targets dataset trains a
+regression (mean squared error, ``targets=T``), such as CosmoFlow's four cosmological
+parameters per 3-D volume. Label maps are chunked as the images' planes are, so a rank reading
+its rows of a domain split reads only the chunks of those rows.
 
 Chunks (:func:`chunk_shape`): a sample under 16 KiB shares its chunk with the next few; a sample
 up to 1 MiB is one chunk; a bigger one is cut into slabs of about 1 MiB: all its channels (or
@@ -133,6 +138,7 @@ class DatasetInfo:
     dataset. ``targets`` is T for a targets dataset and 0 for a labels dataset. ``dtype`` is how
     the images are stored, "float32" or "uint8"; uint8 pixels come with the per-channel
     ``mean`` and ``std`` (in pixel units) the reader normalises them with, None otherwise.
+    ``label_maps``: the labels are maps, one class per pixel ``(N, *spatial)``, not one per sample.
     """
 
     path: Path
@@ -144,6 +150,7 @@ class DatasetInfo:
     dtype: str = "float32"
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    label_maps: bool = False
 
     @property
     def normalisation(self) -> str:
@@ -242,7 +249,7 @@ def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
     else:
         width, targets = _count_attribute(h5, path, "classes"), 0
         answers, other = "labels", "targets"
-    sizes, shapes, dtypes = {}, {}, set()
+    sizes, shapes, dtypes, maps = {}, {}, set(), set()
     for split in SPLITS:
         if split not in h5 and split == "val":
             sizes[split] = 0
@@ -268,8 +275,12 @@ def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
                                f"it must be floating point (float32), or uint8 in a version "
                                f"{PIXELS_VERSION} file; rewrite it with {CONVERT}")
         dtypes.add(str(images.dtype))
-        check = _check_targets if targets else _check_labels
-        length = check(h5[f"{split}/{answers}"], path, split, width)
+        if targets:
+            length = _check_targets(h5[f"{split}/{answers}"], path, split, width)
+        else:
+            length = _check_labels(h5[f"{split}/{answers}"], path, split, width,
+                                   tuple(images.shape[2:]))
+            maps.add(h5[f"{split}/{answers}"].ndim > 1)
         if length != len(images):
             raise DatasetError(f"dataset '{path}': /{split}/{answers} has {length} entries "
                                f"but /{split}/images {len(images)}; they must match")
@@ -277,19 +288,23 @@ def _check_contents(h5: h5py.File, path: Path) -> DatasetInfo:
     if "val" in shapes and shapes["val"] != shapes["train"]:
         raise DatasetError(f"dataset '{path}': val samples are {shape_text(shapes['val'])} but "
                            f"train samples {shape_text(shapes['train'])}; they must match")
+    if len(maps) > 1:
+        raise DatasetError(f"dataset '{path}': one split holds label maps and the other one "
+                           f"label per sample; they must match, rewrite it with {CONVERT}")
+    label_maps = maps.pop() if maps else False
     if len(dtypes) > 1:
         raise DatasetError(f"dataset '{path}': the splits' images have dtypes "
                            f"{' and '.join(sorted(dtypes))}; they must match")
     dtype = dtypes.pop()
     if dtype != "uint8":
         return DatasetInfo(path, shapes["train"], width, sizes["train"], sizes["val"], targets,
-                           dtype)
+                           dtype, label_maps=label_maps)
     mean, std = (_stats_attribute(h5, path, name, shapes["train"]) for name in ("mean", "std"))
     if min(std) < 0:
         raise DatasetError(f"dataset '{path}' has a negative std attribute; rewrite it with "
                            f"{CONVERT}")
     return DatasetInfo(path, shapes["train"], width, sizes["train"], sizes["val"], targets,
-                       dtype, mean, std)
+                       dtype, mean, std, label_maps)
 
 
 def _stats_attribute(h5: h5py.File, path: Path, name: str,
@@ -306,18 +321,28 @@ def _stats_attribute(h5: h5py.File, path: Path, name: str,
     return tuple(float(v) for v in value)
 
 
-def _check_labels(labels: h5py.Dataset, path: Path, split: str, classes: int) -> int:
-    """Refuse labels that are not one integer in [0, classes) per sample; their count."""
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+MAP_CHECK_SAMPLES = 256  # label maps are checked this many samples at a time
+
+
+def _check_labels(labels: h5py.Dataset, path: Path, split: str, classes: int,
+                  spatial: tuple[int, ...] = ()) -> int:
+    """Refuse labels that are not one integer in [0, classes) per sample, or label maps of
+    the images' ``spatial`` size whose values are not in [0, classes) or −1; their count."""
+    maps = labels.ndim > 1
+    if (not np.issubdtype(labels.dtype, np.integer)
+            or (maps and tuple(labels.shape[1:]) != spatial)):
+        spatial_text = f" or N x {shape_text(spatial)} label maps" if spatial else ""
         raise DatasetError(f"dataset '{path}': /{split}/labels has shape "
                            f"{shape_text(labels.shape)} and dtype {labels.dtype}; it must "
-                           f"be one integer per sample")
-    y = labels[()]
-    if y.size and (y.min() < 0 or y.max() >= classes):
-        bad = int(y[(y < 0) | (y >= classes)][0])
-        raise DatasetError(f"dataset '{path}': /{split}/labels holds {bad}, outside "
-                           f"[0, {classes}) for classes = {classes}")
-    return len(y)
+                           f"be one integer per sample{spatial_text}")
+    low = -1 if maps else 0
+    for start in range(0, len(labels), MAP_CHECK_SAMPLES if maps else max(len(labels), 1)):
+        y = labels[start:start + (MAP_CHECK_SAMPLES if maps else len(labels))]
+        if y.size and (y.min() < low or y.max() >= classes):
+            bad = int(y[(y < low) | (y >= classes)][0])
+            raise DatasetError(f"dataset '{path}': /{split}/labels holds {bad}, outside "
+                               f"[{low}, {classes}) for classes = {classes}")
+    return len(labels)
 
 
 def _check_targets(targets: h5py.Dataset, path: Path, split: str, width: int) -> int:

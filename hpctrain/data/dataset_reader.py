@@ -40,6 +40,7 @@ from hpctrain.data.dataset_format import (
     hdf5_reason,
     open_dataset,
 )
+from hpctrain.data.source import is_map_box
 from hpctrain.device.backend import Backend
 from hpctrain.io.seeds import check_seed
 from hpctrain.layout.layout import Box
@@ -126,6 +127,7 @@ class H5Data:
             info = info or describe_dataset(self._file, self.path)
             self.sample_shape, self.classes, self.targets = (
                 info.sample_shape, info.classes, info.targets)
+            self.label_maps = info.label_maps  # one label per pixel (N, *spatial)
             self._stored_shape = info.sample_shape  # (C, H, W) or (C, D, H, W) in the file
             self._pixels = info.mean is not None and info.std is not None  # uint8, normalised
             if self._pixels:  # per channel, in the network's dtype; std 0: centre only
@@ -208,19 +210,30 @@ class H5Data:
                 f"{value}; replace the value or drop the sample, then rewrite the file with "
                 f"{CONVERT}")
 
-    def labels(self, step: int, samples: tuple[int, int]) -> Any:
+    def labels(self, step: int, samples: Any) -> Any:
         """The answers of positions lo..hi-1 of batch ``step``, on the device.
 
         A labels dataset gives int64 labels (n,), -1 for val padding; a targets dataset gives
-        (n, T) targets in the backend's dtype, a row of NaN for val padding.
+        (n, T) targets in the backend's dtype, a row of NaN for val padding. A dataset of
+        label maps is asked for a block, ``samples`` = ((lo, hi), (h0, h1), (w0, w1)) (see
+        :func:`~hpctrain.data.source.is_map_box`), and gives those pixels of those samples'
+        maps, (n, h, w), read as one hyperslab; −1 throughout for val padding.
         """
+        inner: tuple[slice, ...] = ()
+        if is_map_box(samples):
+            if not self.label_maps:
+                raise DatasetError(f"dataset '{self.path}' holds one label per sample, but "
+                                   f"the net scores every pixel; give a dataset of label maps "
+                                   f"({CONVERT} --labels with (N, H, W) maps)")
+            samples, *pixels = samples
+            inner = tuple(slice(a, b) for a, b in pixels)
         index = self.indices(step, samples)
         if self.targets:
             answers = np.full((len(index), self.targets), np.nan, self.backend.dtype)
         else:
-            answers = np.full(len(index), -1, np.int64)
+            answers = np.full((len(index), *(s.stop - s.start for s in inner)), -1, np.int64)
         real = np.flatnonzero(index >= 0)
-        rows = self._checked_read(self._answers, index[real], ()) if real.size else None
+        rows = self._checked_read(self._answers, index[real], inner) if real.size else None
         if rows is not None:
             answers[real] = rows
         elif real.size:  # damaged, and noted: valid stand-ins until every rank stops

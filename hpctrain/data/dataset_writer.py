@@ -51,7 +51,9 @@ def write_dataset(path: str | Path, images: Any, labels: Any = None, classes: in
     path : where to write; an existing file is replaced only once the new one is complete.
     images : (N, C, H, W), (N, C, D, H, W) or (N, F) training samples, any real dtype; stored
         as float32. Any array with ``shape``, ``dtype`` and slicing along the first axis.
-    labels : (N,) integer class labels in [0, classes).
+    labels : (N,) integer class labels in [0, classes); or (N, H, W) (volumes: (N, D, H, W))
+        label maps of the images' spatial size, one class per pixel, −1 for a pixel that is
+        not counted (a segmentation's dataset).
     classes : number of classes; default max label (over both splits) + 1.
     val_images, val_labels, val_targets : an optional held-out split with the same sample shape
         (and as many targets per sample).
@@ -82,6 +84,9 @@ def write_dataset(path: str | Path, images: Any, labels: Any = None, classes: in
                                       regression)}
     if val_images is not None:
         splits["val"] = _checked_split("val", val_images, val_answer, regression)
+        if splits["val"][1].ndim != splits["train"][1].ndim:
+            raise DatasetError("train labels and val labels must both be label maps or both "
+                               "one label per sample")
         train_shape, val_shape = splits["train"][0].shape[1:], splits["val"][0].shape[1:]
         if val_shape != train_shape:
             raise DatasetError(f"val samples have shape {shape_text(val_shape)} but train "
@@ -104,13 +109,14 @@ def write_dataset(path: str | Path, images: Any, labels: Any = None, classes: in
                 yield name, x[lo:lo + per_write], y[lo:lo + per_write]
 
     write_batches(path, sample, {name: len(y) for name, (_, y) in splits.items()}, batches(),
-                  classes=classes, targets=width, description=description)
+                  classes=classes, targets=width, description=description,
+                  label_shape=tuple(splits["train"][1].shape[1:]) if not regression else ())
 
 
 def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mapping[str, int],
                   batches: Iterable[tuple[str, Any, Any]], *, classes: int | None = None,
                   targets: int = 0, description: str = "", dtype: Any = np.float32,
-                  at_most: bool = False) -> None:
+                  at_most: bool = False, label_shape: tuple[int, ...] = ()) -> None:
     """Write a dataset file from batches of samples, holding one batch in memory at a time.
 
     Parameters
@@ -131,6 +137,8 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
         ``mean`` and ``std`` attributes (version 3).
     at_most : ``sizes`` are upper bounds: each split is cut to the samples its batches hold
         (used when some inputs may turn out unreadable); otherwise they must be filled exactly.
+    label_shape : () for one label per sample; the spatial shape of the samples for label
+        maps, ``(n, *label_shape)`` per batch, −1 at a pixel not counted.
 
     Raises
     ------
@@ -161,6 +169,11 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
         raise DatasetError("uint8 pixels are normalised by the training split's statistics; "
                            "give a training split of at least one sample")
     channels = sample_shape[0]
+    label_shape = tuple(int(n) for n in label_shape)
+    if label_shape and (targets or label_shape != sample_shape[1:]):
+        raise DatasetError(f"label maps of shape {shape_text(label_shape)} for samples of "
+                           f"shape {shape_text(sample_shape)}; give one label per pixel of the "
+                           f"samples' spatial size {shape_text(sample_shape[1:])}")
 
     def write(tmp: Path) -> None:
         # no HDF5 file lock: replace_atomically holds one of its own (lock=True below)
@@ -183,8 +196,10 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
                                                 maxshape=(size, targets) if at_most else None,
                                                 fletcher32=True)
                            if targets else
-                           group.create_dataset("labels", (size,), np.int64,
-                                                maxshape=(size,) if at_most else None,
+                           group.create_dataset("labels", (size, *label_shape), np.int64,
+                                                chunks=_map_chunks(size, label_shape),
+                                                maxshape=((size, *label_shape) if at_most
+                                                          else None),
                                                 fletcher32=True))
                 stored[name] = images, answers
             filled = dict.fromkeys(sizes, 0)
@@ -200,7 +215,7 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
                 x = (_checked_pixels(name, x, start, sample_shape) if pixels
                      else _checked_images(name, x, start, sample_shape))
                 y = (_checked_targets(name, y, start, targets) if targets
-                     else _checked_labels(name, y, start, classes))
+                     else _checked_labels(name, y, start, classes, label_shape))
                 if len(y) != len(x):
                     raise DatasetError(f"{name} batch from sample {start} has {len(x)} images "
                                        f"but {len(y)} answers; give one per image")
@@ -237,6 +252,17 @@ def write_batches(path: str | Path, sample_shape: tuple[int, ...], sizes: Mappin
     # locked while written, so that the next run to ``path`` tells a temporary left by a killed
     # run (remove_abandoned) from one still being written
     replace_atomically(path, write, ours=is_dataset, lock=True)
+
+
+def _map_chunks(size: int, label_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Chunks of label maps (``size``, *label_shape): as a one-channel image's of 8-byte
+    values (:func:`~hpctrain.data.dataset_format.chunk_shape`), so a rank reading its rows of
+    a domain split reads the chunks of those rows; None (h5py's choice) for one label per
+    sample, as before."""
+    if not label_shape:
+        return None
+    samples, _, *planes = chunk_shape((size, 1, *label_shape), 8)
+    return (samples, *planes)
 
 
 def storable(text: str) -> str:
@@ -281,7 +307,14 @@ def _checked_split(name: str, images: Any, answers: Any,
     what = "targets" if regression else "labels"
     if regression and answers.ndim == 1:
         answers = answers[:, None]  # one target per sample
-    if answers.ndim != (2 if regression else 1) or len(answers) != images.shape[0]:
+    spatial = tuple(images.shape[2:])
+    if not regression and answers.ndim > 1:  # label maps: one label per pixel
+        if tuple(answers.shape[1:]) != spatial or len(answers) != images.shape[0]:
+            raise DatasetError(f"{name} label maps have shape {shape_text(answers.shape)} but "
+                               f"the {name} images {shape_text(images.shape)}; give one "
+                               f"{shape_text(spatial) if spatial else 'H x W'} label map per "
+                               f"image, of the images' spatial size")
+    elif answers.ndim != (2 if regression else 1) or len(answers) != images.shape[0]:
         one = "one row of targets, (N, T)," if regression else "one label"
         raise DatasetError(f"{name} {what} have shape {answers.shape} but there are "
                            f"{images.shape[0]} {name} images; give {one} per image")
@@ -305,9 +338,10 @@ def _checked_classes(splits: Mapping[str, tuple[Any, np.ndarray]], classes: int 
     Refuses negative labels, and labels not below the class count.
     """
     for name, (_, y) in splits.items():
-        if y.min() < 0:
+        low = -1 if y.ndim > 1 else 0  # a label map's −1: a pixel not counted
+        if y.min() < low:
             raise DatasetError(f"{name} label {int(y.min())} is negative; labels are class "
-                               f"indices 0..K-1")
+                               f"indices 0..K-1{' (or -1 in a label map)' if low else ''}")
     top = max(int(y.max()) for _, y in splits.values())
     classes = top + 1 if classes is None else int(classes)
     if classes < 1:
@@ -366,13 +400,19 @@ def _checked_targets(name: str, targets: Any, start: int, width: int) -> np.ndar
     return y
 
 
-def _checked_labels(name: str, labels: Any, start: int, classes: int | None) -> np.ndarray:
-    """A batch of labels as int64, or a DatasetError naming the bad label."""
+def _checked_labels(name: str, labels: Any, start: int, classes: int | None,
+                    label_shape: tuple[int, ...] = ()) -> np.ndarray:
+    """A batch of labels (or of label maps of ``label_shape``) as int64, or a DatasetError
+    naming the bad label."""
     labels = np.asarray(labels)
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    if (labels.ndim != 1 + len(label_shape) or tuple(labels.shape[1:]) != label_shape
+            or not np.issubdtype(labels.dtype, np.integer)):
+        want = (f"one {shape_text(label_shape)} label map" if label_shape
+                else "one integer class label")
         raise DatasetError(f"{name} labels from sample {start} have shape {labels.shape} and "
-                           f"dtype {labels.dtype}; give one integer class label per sample")
-    bad = (labels < 0) | (labels >= (classes if classes is not None else np.inf))
+                           f"dtype {labels.dtype}; give {want} per sample")
+    low = -1 if label_shape else 0
+    bad = (labels < low) | (labels >= (classes if classes is not None else np.inf))
     if bad.any():
         value = int(labels[bad][0])
         valid = f"0..{classes - 1}" if classes is not None else "0..K-1"

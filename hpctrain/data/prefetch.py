@@ -37,7 +37,7 @@ import threading
 import weakref
 from typing import Any
 
-from hpctrain.data.source import DataSource
+from hpctrain.data.source import DataSource, is_map_box
 from hpctrain.layout.layout import Box
 
 _IMAGES, _LABELS = "images", "labels"
@@ -122,9 +122,11 @@ class Prefetched:
         self._start(self._next(step), box, self._samples)
         return value
 
-    def labels(self, step: int, samples: tuple[int, int]) -> Any:
-        """The labels, or targets, of samples lo..hi-1 of batch ``step``."""
-        samples = (int(samples[0]), int(samples[1]))
+    def labels(self, step: int, samples: Any) -> Any:
+        """The labels, or targets, of samples lo..hi-1 of batch ``step`` (or block ``samples``
+        of its label maps)."""
+        samples = (_frozen(samples) if is_map_box(samples)
+                   else (int(samples[0]), int(samples[1])))
         self._samples = samples
         value = self._take(_LABELS, step, samples)
         ahead = self._reads[-1] if self._reads else None

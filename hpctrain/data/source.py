@@ -25,9 +25,12 @@ class DataSource(Protocol):
     volumes; or F features), e.g. ``((lo, hi), (c0, c1), (d0, d1), (h0, h1), (w0, w1))``.
     ``labels(step, (lo, hi))`` gives what samples lo..hi-1 of that batch are trained towards:
     for a classifier int64 labels, shape (n,); for a regression (mean squared error) float
-    targets in the backend's dtype, shape (n, T). ``nonfinite`` is None until a block read
-    holds NaN or Inf, or meets a damaged file; then it says where, in one line (the network
-    then stops every rank with it; see :meth:`hpctrain.run.network.Network.loss`).
+    targets in the backend's dtype, shape (n, T). For a segmentation net the network asks for
+    a block of the label maps instead, ``labels(step, ((lo, hi), (h0, h1), (w0, w1)))`` (the
+    samples, then a range per spatial axis, (d0, d1) first for volumes): int64 (n, h, w), −1
+    at a pixel that is not counted (see :func:`is_map_box`). ``nonfinite`` is None until a
+    block read holds NaN or Inf, or meets a damaged file; then it says where, in one line (the
+    network then stops every rank with it; see :meth:`hpctrain.run.network.Network.loss`).
     """
 
     nonfinite: str | None
@@ -37,6 +40,16 @@ class DataSource(Protocol):
 
     def labels(self, step: int, samples: tuple[int, int]) -> Any:
         ...
+
+
+def is_map_box(where: Any) -> bool:
+    """Whether a ``labels`` request is a block of label maps (a box: ``((lo, hi), (h0, h1),
+    …)``) rather than the samples ``(lo, hi)`` of per-sample answers.
+
+    >>> is_map_box((0, 4)), is_map_box(((0, 4), (0, 8), (0, 8)))
+    (False, True)
+    """
+    return isinstance(where[0], tuple | list)
 
 
 class HeldOutSource(DataSource, Protocol):

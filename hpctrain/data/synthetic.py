@@ -23,6 +23,11 @@ class SyntheticData:
     sample: target t of sample g is ``2 u(h(g), t) - 1``, a fixed random function of the
     hidden index with values in [-1, 1), so the targets follow from the image.
 
+    With ``maps`` (a segmentation net's stream) the answers are label maps instead: pixel p of
+    sample g is labelled ``floor(K·u)``, u the uniform number behind channel 0 of the pattern
+    at p (its image is ``2u − 1`` plus noise there), so each pixel's class follows from its
+    own values.
+
     Samples may have any shape: (C, H, W) images, (C, D, H, W) volumes or (F,) features. A rank
     draws only its own block (its samples, and its rows or depth planes when the input is
     split): the data are the same on every grid and every number of ranks. Its values are
@@ -33,11 +38,11 @@ class SyntheticData:
     nonfinite: str | None = None
 
     def __init__(self, backend: Backend, sample_shape: tuple[int, ...], classes: int,
-                 batch: int, seed: int = 0, noise: float = 0.5, regression: bool = False
-                 ) -> None:
+                 batch: int, seed: int = 0, noise: float = 0.5, regression: bool = False,
+                 maps: bool = False) -> None:
         self.backend, self.sample_shape, self.classes = backend, sample_shape, classes
         self.batch, self.seed, self.noise = batch, check_seed(seed), noise
-        self.regression = regression
+        self.regression, self.maps = regression, maps
         self.patterns = REGRESSION_PATTERNS if regression else classes
 
     @classmethod
@@ -46,7 +51,7 @@ class SyntheticData:
         (classes, or targets under regression); ``net`` a
         :class:`~hpctrain.model.net.NetSpec`."""
         return cls(backend, net.input_shape, net.classes, batch, seed,
-                   regression=net.regression)
+                   regression=net.regression, maps=net.per_pixel)
 
     def hidden(self, step: int, samples: tuple[int, int]) -> Any:
         """The int64 hidden pattern index in [0, patterns) of samples lo..hi-1 of batch ``step``."""
@@ -56,8 +61,12 @@ class SyntheticData:
         u = uniform(xp, stream_key(self.seed, LABEL_STREAM), g, xp.float64)
         return xp.minimum((u * self.patterns).astype(xp.int64), self.patterns - 1)
 
-    def labels(self, step: int, samples: tuple[int, int]) -> Any:
-        """Labels (n,) int64 of samples lo..hi-1 of batch ``step``, or their (n, T) targets."""
+    def labels(self, step: int, samples: Any) -> Any:
+        """Labels (n,) int64 of samples lo..hi-1 of batch ``step``, or their (n, T) targets;
+        with ``maps``, block ``samples`` (samples, then a range per spatial axis) of the
+        label maps."""
+        if self.maps:
+            return self.label_maps(step, samples)
         hidden = self.hidden(step, samples)
         if not self.regression:
             return hidden
@@ -66,6 +75,18 @@ class SyntheticData:
                  + xp.arange(self.classes, dtype=xp.uint64)[None, :])  # (n, T)
         targets = uniform(xp, stream_key(self.seed, TARGET_STREAM), index, self.backend.dtype)
         return targets * 2 - 1
+
+    def label_maps(self, step: int, box: Box) -> Any:
+        """Block ``box`` ((lo, hi), then a range per spatial axis) of batch ``step``'s int64
+        label maps (see the class doc)."""
+        xp = self.backend.xp
+        hidden = self.hidden(step, box[0]).astype(xp.uint64)
+        per_sample = global_index(xp, (1, *self.sample_shape), ((0, 1), (0, 1), *box[1:]))
+        size = math.prod(self.sample_shape)
+        index = hidden.reshape((-1,) + (1,) * len(self.sample_shape)) * xp.uint64(size)
+        u = uniform(xp, stream_key(self.seed, PATTERN_STREAM), index + per_sample, xp.float64)
+        labels = xp.minimum((u * self.classes).astype(xp.int64), self.classes - 1)
+        return labels[:, 0]
 
     def images(self, step: int, box: Box) -> Any:
         """Block ``box`` of the ``(B, *sample_shape)`` input of batch ``step``."""

@@ -24,6 +24,7 @@ from hpctrain.interchange.onnx_import import LOSS_KEY, MSE, require_onnx
 from hpctrain.interchange.torch_names import torch_names
 from hpctrain.interchange.weights import EXPORT_MARK
 from hpctrain.model.kinds.base import INPUT, LayerSpec
+from hpctrain.model.kinds.layerscale import PARAMETER as LAYER_SCALE
 from hpctrain.model.net import NetSpec
 
 OPSETS = (17, 18)  #: the opsets written
@@ -37,11 +38,17 @@ class _Writer:
     def __init__(self, onnx: Any, net: NetSpec, tensors: dict[str, np.ndarray]) -> None:
         self.onnx, self.net, self.tensors = onnx, net, tensors
         self.names = torch_names(net)
+        self.initializer_names = set(self.names.values())
         self.nodes: list[Any] = []
         self.initializers: list[Any] = []
 
     def output_of(self, layer: str) -> str:
-        return OUTPUT if layer == self.net.layers[-1].name else layer
+        """The tensor a layer gives: its name, unless an initializer is called so (ConvNeXt's
+        ``features.1.0.layer_scale`` is a layer of the shipped net and PyTorch's name of its
+        parameter)."""
+        if layer == self.net.layers[-1].name:
+            return OUTPUT
+        return f"{layer}::output" if layer in self.initializer_names else layer
 
     def inputs_of(self, spec: LayerSpec) -> list[str]:
         return [INPUT if name == INPUT else self.output_of(name) for name in spec.inputs]
@@ -86,6 +93,16 @@ def _conv(w: _Writer, spec: LayerSpec) -> None:
         inputs.append(w.weight(spec, "bias"))
     w.node(spec, "Conv", inputs, kernel_shape=list(o.kernel), strides=list(o.stride),
            pads=_pads(o.pad), group=o.groups, dilations=list(o.dilation))
+
+
+def _deconv(w: _Writer, spec: LayerSpec) -> None:
+    o = spec.options
+    inputs = [*w.inputs_of(spec), w.weight(spec, "weight")]
+    if o.bias:
+        inputs.append(w.weight(spec, "bias"))
+    w.node(spec, "ConvTranspose", inputs, kernel_shape=list(o.kernel), strides=list(o.stride),
+           pads=_pads(o.pad), output_padding=list(o.outpad), group=o.groups,
+           dilations=list(o.dilation))
 
 
 def _batchnorm(w: _Writer, spec: LayerSpec) -> None:
@@ -216,8 +233,14 @@ def _scale(w: _Writer, spec: LayerSpec) -> None:
     w.node(spec, "Mul", [*w.inputs_of(spec), w.constant(spec, spec.options.factor)])
 
 
+def _layerscale(w: _Writer, spec: LayerSpec) -> None:
+    """A Mul by γ, (C, 1, …, 1), as PyTorch writes ConvNeXt's ``layer_scale * x``."""
+    w.node(spec, "Mul", [*w.inputs_of(spec), w.weight(spec, LAYER_SCALE)])
+
+
 WRITERS: dict[str, Callable[[_Writer, LayerSpec], None]] = {
     "conv": _conv,
+    "deconv": _deconv,
     "batchnorm": _batchnorm,
     "relu": _simple("Relu"),
     "leakyrelu": _simple("LeakyRelu", alpha=lambda o: o.slope),
@@ -240,6 +263,7 @@ WRITERS: dict[str, Callable[[_Writer, LayerSpec], None]] = {
     "upsample": _upsample,
     "gelu": _gelu,
     "layernorm": _layernorm,
+    "layerscale": _layerscale,
 }
 """One writer per layer kind, the ONNX node (or nodes) the layer is."""
 
@@ -266,7 +290,8 @@ def model_proto(net: NetSpec, tensors: dict[str, np.ndarray], opset: int = 17,
         writer.nodes, net.name.rsplit("/", 1)[-1] or "net",
         [helper.make_tensor_value_info(INPUT, onnx.TensorProto.FLOAT,
                                        ["batch", *net.input_shape])],
-        [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT, ["batch", net.classes])],
+        [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT,
+                                       ["batch", *net.out_shapes[-1]])],
         writer.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name="hpctrain", doc_string=doc)

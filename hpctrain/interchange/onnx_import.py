@@ -17,8 +17,16 @@ and node name; none is ever skipped.
 
 Mapped, with what each becomes:
 
-- ``Conv`` (2-D, 3-D; ``group=1``, no dilation; explicit padding, ``SAME_*`` at stride 1,
-  ``VALID``): ``conv``;
+- ``Conv`` (2-D, 3-D; groups, dilations; explicit padding, ``SAME_*`` at stride 1, ``VALID``):
+  ``conv``; ``ConvTranspose`` (2-D, 3-D; groups, dilations, explicit padding and
+  ``output_padding``; not ``output_shape`` or ``auto_pad``): ``deconv``;
+- ``Transpose`` of an image's (or volume's) channels to the last axis and back: nothing; between
+  the two, ``LayerNormalization`` over the last axis is ``layernorm`` over the channels, a
+  ``MatMul`` by a constant (its ``Add`` the bias) a 1×1 ``conv``, and GELU and the other
+  functions of one entry what they are elsewhere (ConvNeXt's LayerNorm2d and its block's
+  ``Linear`` layers, which PyTorch runs channels-last);
+- ``Mul`` by a constant of one value per channel, (C, 1, …, 1): ``layerscale`` (ConvNeXt's
+  ``layer_scale``);
 - ``BatchNormalization`` (inference or training mode; ONNX's momentum m is PyTorch's 1 − m):
   ``batchnorm``;
 - ``Relu``, ``LeakyRelu``, ``Tanh``, ``Mul`` by a scalar: ``relu``, ``leakyrelu``, ``tanh``,
@@ -48,6 +56,8 @@ from hpctrain.errors import UserError, one_line, shown, shown_path
 from hpctrain.layout.partition import Window
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.kinds.base import INPUT, LayerSpec, Shape
+from hpctrain.model.kinds.layerscale import PARAMETER as LAYER_SCALE
+from hpctrain.model.kinds.layerscale import scale_shape
 from hpctrain.model.kinds.maxpool import ceil_windows
 from hpctrain.model.kinds.mul import per_channel
 from hpctrain.model.net import MAX_NAME, NetError, NetSpec, StartingWeights, check_layer_name
@@ -164,7 +174,10 @@ SHORT = {"Relu": "relu", "LeakyRelu": "leakyrelu", "Tanh": "tanh", "MaxPool": "m
          "Gemm": "fc", "MatMul": "fc", "Sigmoid": "sigmoid", "HardSigmoid": "hardsigmoid",
          "HardSwish": "hardswish", "Clip": "clip", "ReduceMean": "avgpool",
          "Resize": "upsample", "Div": "gelu", "LayerNormalization": "layernorm",
-         "Transpose": "layernorm"}
+         "ConvTranspose": "deconv"}
+# what a module's own parameter ends in (``layer1.0.conv1.weight``, torchvision's ConvNeXt's
+# ``features.1.0.layer_scale``): the rest is the module, which names the layer
+WEIGHT_SUFFIXES = (".weight", f".{LAYER_SCALE}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _NUMBERED = re.compile(r"_\d+$")
 
@@ -222,6 +235,9 @@ class _Graph:
     unknown: set[str] = field(default_factory=set)  # outputs of refused nodes
     absorbed: set[int] = field(default_factory=set)  # nodes folded into an earlier layer
     ceil_layers: set[str] = field(default_factory=set)  # pools of ceil_mode 1
+    # tensors that are an image's (or volume's) channels moved last by a Transpose: their
+    # shapes are kept channels-first, as the layers computing them see them
+    channels_last: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         import onnx
@@ -331,8 +347,9 @@ class _Graph:
         ``layer1.0.conv1``), else the module path in the node's name, else the operation."""
         short = SHORT.get(node.op_type, node.op_type.lower())
         path = module_path(node.name, node.op_type)
-        if weight and weight.endswith(".weight") and not weight.startswith("onnx::"):
-            base = weight[:-len(".weight")]
+        ending = next((e for e in WEIGHT_SUFFIXES if weight and weight.endswith(e)), None)
+        if weight and ending and not weight.startswith("onnx::"):
+            base = weight[:-len(ending)]
         elif weight is not None:  # an anonymous weight: the module the node ran in
             base = path or short
         elif path and _NUMBERED.sub("", path.split(".")[-1]).lower() != short:
@@ -374,12 +391,16 @@ class _Graph:
         output = output or node.output[0]
         self.shapes[output] = out
         self.producer[output] = name
+        if inputs[0] in self.channels_last:  # a layer of one position at a time keeps it so
+            self.channels_last.add(output)
         return name
 
     def alias(self, node: Any, source: str) -> None:
         """``node``'s first output is tensor ``source`` itself."""
         self.shapes[node.output[0]] = self.shapes[source]
         self.producer[node.output[0]] = self.producer[source]
+        if source in self.channels_last:
+            self.channels_last.add(node.output[0])
 
     # -- the walk --------------------------------------------------------------------------
 
@@ -408,6 +429,11 @@ class _Graph:
                         raise _Unsupported("it computes a constant hpctrain does not fold; "
                                            "export with do_constant_folding=True")
                     self.constants[node.output[0]] = EVALUATORS[node.op_type](self, node)
+                elif any(name in self.channels_last for name in given) and \
+                        node.op_type not in CHANNELS_LAST_READERS:
+                    raise _Unsupported(f"it reads channels moved last by a Transpose; hpctrain "
+                                       f"reads those only in "
+                                       f"{', '.join(sorted(CHANNELS_LAST_READERS))}")
                 elif node.op_type in CONVERTERS:
                     CONVERTERS[node.op_type](self, node)
                 else:
@@ -426,8 +452,12 @@ class _Graph:
         self.unknown.update(node.output)
 
     def shape_of(self, node: Any) -> np.ndarray:
-        """``Shape`` of an activation: (batch, *per-sample), the batch :data:`BATCH`."""
-        full = np.array([BATCH, *self.shapes[node.input[0]]], dtype=np.int64)
+        """``Shape`` of an activation: (batch, *per-sample), the batch :data:`BATCH` (the
+        channels last where a Transpose moved them there)."""
+        shape = self.shapes[node.input[0]]
+        if node.input[0] in self.channels_last:
+            shape = (*shape[1:], shape[0])
+        full = np.array([BATCH, *shape], dtype=np.int64)
         start, end = self.attribute(node, "start") or 0, self.attribute(node, "end")
         return full[start:end]
 
@@ -446,9 +476,13 @@ class _Graph:
             raise NetError(f"{self.where}: the outputs of {', '.join(dead)} lead to no output "
                            f"of the graph; remove those nodes before exporting")
         shape = self.shapes[output]
-        if len(shape) != 1:
+        # a class score per pixel: (K, *S), at the input's spatial size (a segmentation net's)
+        per_pixel = len(shape) > 1 and shape[1:] == self.input_shape[1:] and not regression
+        if len(shape) != 1 and not per_pixel:
             raise NetError(f"{self.where}: the graph's output has per-sample shape {shape}; "
-                           f"hpctrain trains nets whose output is (N, K): logits or targets")
+                           f"hpctrain trains nets whose output is (N, K), logits or targets, "
+                           f"or (N, K, *S), a class score per pixel of an input of spatial "
+                           f"size S {self.input_shape[1:]}")
         net = NetSpec(self.file, self.input_shape, shape[0], tuple(self.layers), regression,
                       weights=StartingWeights(self.file))
         self._check_shapes(net)
@@ -469,7 +503,10 @@ class _Graph:
         produced = {name: tensor for tensor, name in self.producer.items()
                     if name != INPUT and tensor in known}
         for layer, ours in zip(net.layers, net.out_shapes, strict=True):
-            theirs = known.get(produced.get(layer.name, ""))
+            tensor = produced.get(layer.name, "")
+            theirs = known.get(tensor)
+            if theirs is not None and tensor in self.channels_last:  # (H, W, C): (C, H, W)
+                theirs = (theirs[-1], *theirs[:-1])
             if theirs is not None and layer.name in self.ceil_layers:
                 # ONNX's shape inference keeps a ceil-mode window that starts in the padding
                 # after; onnxruntime and PyTorch drop it, as hpctrain does: one more is theirs
@@ -556,6 +593,7 @@ EVALUATORS: dict[str, Callable[[_Graph, Any], np.ndarray]] = {
                                           axis=g.attribute(n, "axis")),
     "Slice": _slice,
     "Reshape": _reshape_constant,
+    "Transpose": lambda g, n: np.transpose(g.constants[n.input[0]], g.attribute(n, "perm")),
 }
 """Operators evaluated here when every input is a constant, as what computes weights and
 shapes is."""
@@ -619,6 +657,38 @@ def _conv(graph: _Graph, node: Any) -> None:
                                    "bias": int(bias is not None), "groups": groups,
                                    "dilation": _sizes(dilation)}, [x], weights,
                     node.input[1])
+
+
+def _deconv(graph: _Graph, node: Any) -> None:
+    """ConvTranspose as PyTorch's ``ConvTranspose2d``/``3d`` exports it: its weight (C, O/G,
+    K…) as it is, ``pads`` cropped from the output and ``output_padding`` given back at its
+    end."""
+    x = graph.activation(node)
+    weight = graph.constant(node, 1, "weight")
+    bias = graph.optional_constant(node, 2, "bias")
+    axes = weight.ndim - 2
+    if axes not in (2, 3):
+        raise _Unsupported(f"a {axes}-D transposed convolution; hpctrain convolves images and "
+                           f"volumes")
+    if graph.attribute(node, "output_shape"):
+        raise _Unsupported("output_shape; export the layer with output_padding, as PyTorch does")
+    auto = graph.attribute(node, "auto_pad") or "NOTSET"
+    if auto != "NOTSET":
+        raise _Unsupported(f"auto_pad {auto}; give explicit pads")
+    groups = graph.attribute(node, "group")
+    kernel = list(graph.attribute(node, "kernel_shape") or weight.shape[2:])
+    stride = list(graph.attribute(node, "strides") or [1] * axes)
+    dilation = list(graph.attribute(node, "dilations") or [1] * axes)
+    outpad = list(graph.attribute(node, "output_padding") or [0] * axes)
+    pads = graph.attribute(node, "pads") or [0] * (2 * axes)
+    weights = {"weight": weight}
+    if bias is not None:
+        weights["bias"] = bias
+    graph.add_layer(node, "deconv", {
+        "out": weight.shape[1] * groups, "kernel": _sizes(kernel), "stride": _sizes(stride),
+        "pad": _pad_text([(int(pads[i]), int(pads[i + axes])) for i in range(axes)]),
+        "outpad": _sizes(outpad), "bias": int(bias is not None), "groups": groups,
+        "dilation": _sizes(dilation)}, [x], weights, node.input[1])
 
 
 def _batchnorm(graph: _Graph, node: Any) -> None:
@@ -800,32 +870,36 @@ def _layernorm_layer(graph: _Graph, node: Any, x: str, output: str | None = None
 
 
 def _layernorm(graph: _Graph, node: Any) -> None:
-    """LayerNormalization over a flat input's features (axis −1 or 1)."""
+    """LayerNormalization over the last axis: a flat input's features, or an image's channels
+    moved last (ConvNeXt's LayerNorm2d, and the norm of its block)."""
     x = graph.activation(node)
     graph.only_output(node)
-    if len(graph.shapes[x]) != 1 or graph.attribute(node, "axis") not in (-1, 1):
+    rank = len(graph.shapes[x]) + 1
+    if (len(graph.shapes[x]) != 1 and x not in graph.channels_last) \
+            or graph.attribute(node, "axis") not in (-1, rank - 1):
         raise _Unsupported(f"axis {graph.attribute(node, 'axis')} of shape "
                            f"{graph.shapes[x]}; hpctrain normalises a flat input's features, or "
-                           f"an image's channels between two Transposes")
+                           f"an image's channels moved last by a Transpose")
     _layernorm_layer(graph, node, x)
 
 
 def _transpose(graph: _Graph, node: Any) -> None:
-    """ConvNeXt's LayerNorm2d as PyTorch writes it: the channels moved last, a
-    LayerNormalization over them, moved back: one layernorm layer over the channels."""
+    """An image's channels moved last, or moved back: no layer. What reads the channels-last
+    tensor runs over the channels at each position (:data:`CHANNELS_LAST_READERS`), as PyTorch
+    writes ConvNeXt's LayerNorm2d and the ``Linear`` layers of its block."""
     x = graph.activation(node)
     rank = len(graph.shapes[x]) + 1
     perm = list(graph.attribute(node, "perm") or [])
-    norm = _only_reader(graph, node.output[0], "LayerNormalization")
-    back = norm and _only_reader(graph, norm.output[0], "Transpose")
-    if not (back and perm == CHANNELS_LAST.get(rank)
-            and list(graph.attribute(back, "perm") or []) == CHANNELS_FIRST[rank]
-            and graph.attribute(norm, "axis") in (-1, rank - 1)):
-        raise _Unsupported(f"a transpose {perm}; hpctrain reads one only around a "
-                           f"LayerNormalization of the channels (channels last and back)")
-    graph.only_output(norm)
-    _layernorm_layer(graph, norm, x, back.output[0])  # may refuse: then nothing is absorbed
-    graph.absorbed.update((id(norm), id(back)))
+    if x in graph.channels_last and perm == CHANNELS_FIRST.get(rank):
+        # the same layer's output, channels first again: an alias that is not channels-last
+        graph.shapes[node.output[0]] = graph.shapes[x]
+        graph.producer[node.output[0]] = graph.producer[x]
+    elif x not in graph.channels_last and perm == CHANNELS_LAST.get(rank):
+        graph.alias(node, x)
+        graph.channels_last.add(node.output[0])
+    else:
+        raise _Unsupported(f"a transpose {perm}; hpctrain reads one only of an image's "
+                           f"channels to the last axis, and back")
 
 
 def _pool_window(graph: _Graph, node: Any) -> tuple[str, list[int], list[int], list]:
@@ -935,8 +1009,9 @@ def _gemm(graph: _Graph, node: Any) -> None:
 
 
 def _matmul(graph: _Graph, node: Any) -> None:
-    """X·B with B a constant (in, out): a linear layer of Bᵀ; an ``Add`` of a constant that
-    alone reads it is its bias."""
+    """X·B with B a constant (in, out): a linear layer of Bᵀ, or on an image's channels moved
+    last a 1×1 convolution of Bᵀ (PyTorch's ``Linear`` at each position); an ``Add`` of a
+    constant that alone reads it is its bias."""
     x = graph.activation(node)
     b = graph.constant(node, 1, "weight")
     if b.ndim != 2:
@@ -949,7 +1024,27 @@ def _matmul(graph: _Graph, node: Any) -> None:
         if add.op_type == "Add" and len(other) == 1 and other[0] in graph.constants:
             bias, output = graph.constants[other[0]], add.output[0]
             graph.absorbed.add(id(add))
-    _linear(graph, node, x, b.T, bias, node.input[1], output)
+    if x in graph.channels_last:
+        _pointwise_conv(graph, node, x, b.T, bias, output)
+    else:
+        _linear(graph, node, x, b.T, bias, node.input[1], output)
+
+
+def _pointwise_conv(graph: _Graph, node: Any, x: str, weight: np.ndarray,
+                    bias: np.ndarray | None, output: str | None) -> None:
+    """A 1×1 convolution of ``weight`` (out, in) on the channels of ``x``, moved last."""
+    out, spatial = weight.shape[0], len(graph.shapes[x]) - 1
+    if weight.shape[1] != graph.shapes[x][0]:
+        raise _Unsupported(f"a weight of shape {weight.T.shape} for {graph.shapes[x][0]} "
+                           f"channels")
+    weights = {"weight": np.ascontiguousarray(weight.reshape(out, -1, *(1,) * spatial))}
+    if bias is not None:
+        if bias.size not in (1, out) or (bias.ndim > 1 and bias.shape[-1] not in (1, out)):
+            raise _Unsupported(f"a bias of shape {bias.shape}")
+        weights["bias"] = np.broadcast_to(bias.reshape(-1), (out,)).copy()
+    graph.add_layer(node, "conv", {"out": out, "kernel": _sizes([1] * spatial),
+                                   "bias": int(bias is not None)}, [x], weights, node.input[1],
+                    output)
 
 
 def _add(graph: _Graph, node: Any) -> None:
@@ -991,8 +1086,9 @@ def _identity(graph: _Graph, node: Any) -> None:
 
 
 def _mul(graph: _Graph, node: Any) -> None:
-    """A product by a scalar constant (a scale layer), or of two computed tensors of one shape
-    or one by a gate of one value per channel (a mul layer: squeeze-excitation)."""
+    """A product by a scalar constant (a scale layer), by a constant of one value per channel
+    (a layerscale layer: ConvNeXt's ``layer_scale``, (C, 1, 1)), or of two computed tensors of
+    one shape or one by a gate of one value per channel (a mul layer: squeeze-excitation)."""
     a, b = node.input
     if a in graph.shapes and b in graph.shapes:
         if per_channel(graph.shapes[a], graph.shapes[b]):
@@ -1008,13 +1104,20 @@ def _mul(graph: _Graph, node: Any) -> None:
     if factor not in graph.constants or x not in graph.shapes:
         raise _Unsupported("a product of two computed tensors")
     value = graph.constants[factor]
+    if value.ndim == len(graph.shapes[x]) + 1 and value.shape[0] == 1:
+        value = value[0]  # (1, C, 1, 1): the batch axis broadcast too
+    if value.size != 1 and tuple(value.shape) == scale_shape(graph.shapes[x]):
+        graph.add_layer(node, "layerscale", {}, [x], {LAYER_SCALE: value}, factor)
+        return
     if value.size != 1:
-        raise _Unsupported(f"a product with a constant of shape {value.shape}, not a scalar")
+        raise _Unsupported(f"a product with a constant of shape {value.shape}, not a scalar "
+                           f"nor one value per channel, {scale_shape(graph.shapes[x])}")
     graph.add_layer(node, "scale", {"factor": repr(decimal(float(value.reshape(-1)[0])))}, [x])
 
 
 CONVERTERS: dict[str, Callable[[_Graph, Any], None]] = {
     "Conv": _conv,
+    "ConvTranspose": _deconv,
     "BatchNormalization": _batchnorm,
     "Relu": _pointwise("relu"),
     "LeakyRelu": _pointwise("leakyrelu",
@@ -1044,3 +1147,9 @@ CONVERTERS: dict[str, Callable[[_Graph, Any], None]] = {
     "Mul": _mul,
 }
 """One converter per operator type on the data, each adding the layer the node is."""
+
+CHANNELS_LAST_READERS = {"Transpose", "LayerNormalization", "MatMul", "Div", "Relu", "Sigmoid",
+                         "Tanh", "Identity"}
+"""The operators that may read an image's channels moved last, each computing one position at a
+time as the same layer does channels-first (the normalisation and the matrix product over its
+channels, GELU's Div chain and the other functions of one entry)."""

@@ -13,7 +13,11 @@ whose files could not spell torchvision's names (:data:`TORCHVISION`):
   does (``fc6`` is ``classifier.1`` in AlexNet, ``classifier.0`` in VGG-16);
 - ``resnet18``, ``resnet50``: ``layer2_0`` is ``layer2.0``, a block's ``downsample`` and
   ``downsample_bn`` are ``downsample.0`` and ``downsample.1``;
-- ``inception_v3``: its names are torchvision's already.
+- ``inception_v3``: its names are torchvision's already;
+- ``convnext_tiny``: a block's ``layer_scale`` layer is the block itself, whose parameter
+  ``layer_scale`` it is (``features.1.0.layer_scale``), and the 1x1 convolutions ``block.3`` and
+  ``block.5`` are ``Linear`` layers, whose weights PyTorch shapes (out, in), not
+  (out, in, 1, 1) (:func:`torch_shapes`).
 
 So ``export`` writes a state dict that ``torchvision.models.resnet18()`` loads with
 ``strict=True``, and ``--init`` reads one.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from hpctrain.model.kinds.base import Shape
 from hpctrain.model.net import NetSpec, load_net
 
 SUFFIXES = {"gamma": "weight", "beta": "bias"}  # batch norm's, as PyTorch calls them
@@ -52,22 +57,47 @@ def _resnet(net: NetSpec) -> dict[str, str]:
     return found
 
 
+def _convnext(net: NetSpec) -> dict[str, str]:
+    """torchvision's ConvNeXt: a block's layer scale is a parameter of the block module."""
+    return {layer.name: re.sub(r"\.layer_scale$", "", layer.name) for layer in net.layers}
+
+
 TORCHVISION: dict[str, Callable[[NetSpec], dict[str, str]]] = {
     "alexnet": _sequential,
     "vgg16": _sequential,
     "resnet18": _resnet,
     "resnet50": _resnet,
     "inception_v3": lambda net: {layer.name: layer.name for layer in net.layers},
+    "convnext_tiny": _convnext,
 }
 """The shipped nets that are torchvision's models, and how their layers are named there."""
+
+LINEAR_LAYERS: dict[str, re.Pattern[str]] = {"convnext_tiny": re.compile(r"\.block\.[35]$")}
+"""The shipped nets whose 1x1 convolutions of these names are torchvision's ``Linear`` layers
+over the channels, the same weights shaped (out, in) in PyTorch."""
+
+
+def _torchvision(net: NetSpec) -> bool:
+    """Whether ``net`` is a shipped torchvision net as shipped (its name and its layers)."""
+    return net.name in TORCHVISION and net.architecture() == load_net(net.name).architecture()
 
 
 def module_names(net: NetSpec) -> dict[str, str]:
     """Layer name → the PyTorch module that holds its tensors."""
-    rule = TORCHVISION.get(net.name)
-    if rule is not None and net.architecture() == load_net(net.name).architecture():
-        return rule(net)
+    if _torchvision(net):
+        return TORCHVISION[net.name](net)
     return {layer.name: layer.name for layer in net.layers}
+
+
+def torch_shapes(net: NetSpec) -> dict[str, Shape]:
+    """hpctrain's tensor name → the shape PyTorch gives it, for the tensors whose shapes
+    differ (the same entries in the same order): the weights of a shipped net's 1x1
+    convolutions that torchvision writes as ``Linear`` layers (:data:`LINEAR_LAYERS`)."""
+    linear = LINEAR_LAYERS.get(net.name)
+    if linear is None or not _torchvision(net):
+        return {}
+    return {name: shape[:2] for name, shape in net.param_shapes().items()
+            if name.endswith(".weight") and linear.search(name.removesuffix(".weight"))}
 
 
 def torch_names(net: NetSpec) -> dict[str, str]:

@@ -17,7 +17,13 @@ import numpy as np
 
 from hpctrain.errors import UserError, one_line, shown_path
 from hpctrain.interchange.onnx_import import ONNX_EXTRA, import_onnx
-from hpctrain.interchange.torch_names import TRACKED, module_names, torch_names, tracked_counts
+from hpctrain.interchange.torch_names import (
+    TRACKED,
+    module_names,
+    torch_names,
+    torch_shapes,
+    tracked_counts,
+)
 from hpctrain.model.net import NetSpec, StartingWeights
 
 EXPORT_MARK = "hpctrain export"  #: the metadata hpctrain's exports carry
@@ -102,6 +108,7 @@ def read_weights(source: StartingWeights, net: NetSpec) -> dict[str, np.ndarray]
                            f"{shown_path(net.name)} and no module of {file} is called "
                            f"so")
     shapes = {**net.param_shapes(), **net.buffer_shapes()}
+    reshaped = torch_shapes(net)
     found: dict[str, np.ndarray] = {}
     missing, mismatched, used = [], [], set()
     for ours, theirs in torch_names(net).items():
@@ -113,6 +120,8 @@ def read_weights(source: StartingWeights, net: NetSpec) -> dict[str, np.ndarray]
             continue
         used.add(theirs)
         value = tensors[theirs]
+        if ours in reshaped and tuple(value.shape) == reshaped[ours]:
+            value = value.reshape(shapes[ours])  # PyTorch's Linear of a 1x1 convolution
         if tuple(value.shape) != tuple(shapes[ours]):
             mismatched.append(f"layer {layer}: {ours.rpartition('.')[2]} {tuple(shapes[ours])} "
                               f"in the net, {tuple(value.shape)} in the file")
@@ -147,8 +156,11 @@ def state_dict(net: NetSpec, tensors: dict[str, np.ndarray], steps: int = 0
     """``tensors`` (hpctrain names, every parameter and buffer of ``net``) under PyTorch's
     names, with each batch norm's ``num_batches_tracked`` (``steps``, the training forwards it
     counts): what ``model.load_state_dict(..., strict=True)`` takes."""
-    names = torch_names(net)
-    found = {names[name]: np.ascontiguousarray(value) for name, value in tensors.items()}
+    names, reshaped = torch_names(net), torch_shapes(net)
+    found = {}
+    for name, value in tensors.items():
+        array = np.ascontiguousarray(value)
+        found[names[name]] = array.reshape(reshaped[name]) if name in reshaped else array
     for name in tracked_counts(net):
         found[name] = np.array(steps, dtype=np.int64)
     return found

@@ -159,6 +159,13 @@ def gate_backward(xp: Any, dy: Any, a: Any, g: Any) -> tuple[Any, Any]:
     return dy * g, dg
 
 
+def layer_scale_backward(xp: Any, dy: Any, x: Any, gamma: Any) -> tuple[Any, Any]:
+    """(ΔX, Δγ) of Y = γ ⊙ X, γ of shape (C, 1, …, 1) broadcast over the samples and
+    positions: ΔY ⊙ γ, and ΔY ⊙ X summed over every axis but the channels, in γ's shape."""
+    dx, dgamma = gate_backward(xp, dy, x, gamma[None])
+    return dx, dgamma[0]
+
+
 def scale_forward(xp: Any, x: Any, factor: float) -> Any:
     return x * x.dtype.type(factor)
 

@@ -1,7 +1,10 @@
-"""The losses: softmax cross-entropy against class labels, mean squared error against targets.
+"""The losses: softmax cross-entropy against class labels, mean squared error against targets,
+and the per-pixel softmax cross-entropy of segmentation against label maps.
 
 Each gives the loss summed over the samples given, a count of those right (the correct classes;
-none under regression) and the gradient of scale·loss with respect to the outputs.
+none under regression) and the gradient of scale·loss with respect to the outputs. The
+per-pixel loss is a weighted mean over the pixels of the whole batch, whose denominator is
+summed over ranks first (:mod:`hpctrain.kernels.segmentation`).
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from hpctrain.kernels.segmentation import pixel_cross_entropy
 
 
 def softmax_cross_entropy(xp: Any, logits: Any, labels: Any, scale: float
@@ -46,16 +51,32 @@ class Loss:
     """A net's loss: its name in a plan's loss row, its ``function(xp, outputs, answers,
     scale)`` above, and whether it classifies (its count of correct answers is an accuracy).
 
+    ``per_pixel``: a segmentation's loss, over logits ``(N, K, *S)`` and label maps
+    ``(N, *S)``, with
+    class ``weights`` (None: all 1); its ``function`` gives the weighted sum and the gradient
+    of scale·(weighted sum), and the network divides both by the global weight sum.
+
     A held-out split is padded to whole batches, with label -1 or a row of NaN targets:
     :meth:`real` marks the answers that are not padding."""
 
     name: str
     function: Callable[[Any, Any, Any, float], tuple[Any, Any, Any]]
     classifies: bool
+    per_pixel: bool = False
+    weights: tuple[float, ...] | None = None
 
     def real(self, xp: Any, answers: Any) -> Any:
         """Which of ``answers`` (labels (N,), or targets (N, T)) are a sample's."""
         return answers >= 0 if self.classifies else ~xp.isnan(answers).any(axis=1)
+
+
+def pixel_loss(weights: tuple[float, ...] | None = None) -> Loss:
+    """The per-pixel softmax cross-entropy with class ``weights`` (None: all 1)."""
+    def function(xp: Any, logits: Any, labels: Any, scale: float) -> tuple[Any, Any, Any]:
+        loss_sum, _, correct, _, grad = pixel_cross_entropy(xp, logits, labels, weights)
+        return loss_sum, correct, grad * scale
+
+    return Loss("pixel-softmax", function, classifies=True, per_pixel=True, weights=weights)
 
 
 CROSS_ENTROPY = Loss("softmax", softmax_cross_entropy, classifies=True)

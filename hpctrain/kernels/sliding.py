@@ -26,6 +26,16 @@ def out_size(n: int, k: int, s: int, before: int, after: int) -> int:
     return (n + before + after - k) // s + 1
 
 
+def full_size(n: int, kernel: int, stride: int, dilation: int = 1) -> int:
+    """Entries that ``n`` inputs of a transposed convolution reach: (n − 1)·s + D·(K − 1) + 1
+    (none without inputs), before its padding crops them (:mod:`hpctrain.kernels.deconv`).
+
+    >>> full_size(8, 3, 2)  # a decoder's kernel 3, stride 2: 17, cropped to 16
+    17
+    """
+    return (n - 1) * stride + dilation * (kernel - 1) + 1 if n > 0 else 0
+
+
 def position_dtype(kernel: tuple[int, ...]) -> Any:
     """The integer type of a position in a window of size ``kernel``, one byte for the usual
     kernels. (Here, not beside max-pooling, so that the memory model may read it while

@@ -160,16 +160,64 @@ class Window:
         return f"{self.kernel}/{self.stride}/{pads}{dilated}"
 
 
-def windows_of(options: Any) -> list[Window] | list[Resampling]:
+@dataclass(frozen=True)
+class TransposedWindow:
+    """What a transposed convolution reads along one axis: input entry i reaches the outputs
+    i·s − before + a·D for its taps a = 0 … K − 1 (:mod:`hpctrain.kernels.deconv`); the outputs
+    kept drop ``before`` entries of the full (n − 1)·s + D·(K − 1) + 1 and ``after`` at its end
+    (PyTorch's padding p and output padding q: before = p, after = p − q, which may be
+    negative: outputs no input reaches). Its rows, output size and halos are counted as a
+    :class:`Window`'s; rows it reads beyond the image are zeros, as padding is."""
+
+    kernel: int
+    stride: int = 1
+    before: int = 0
+    after: int = 0
+    dilation: int = 1
+
+    @property
+    def span(self) -> int:
+        """Entries from a window's first tap to its last."""
+        return self.dilation * (self.kernel - 1) + 1
+
+    def out_size(self, n_in: int) -> int:
+        return (n_in - 1) * self.stride + self.span - self.before - self.after
+
+    def crop(self, rows: tuple[int, int], out: tuple[int, int]) -> tuple[int, int]:
+        """(first, size) of the outputs ``out`` = [start, stop) in the full output of the input
+        rows ``rows`` = [start, stop) (:mod:`hpctrain.kernels.deconv`): input row r reaches
+        output r·s − before first."""
+        return out[0] - (rows[0] * self.stride - self.before), out[1] - out[0]
+
+    def rows_needed(self, out_start: int, out_stop: int) -> tuple[int, int]:
+        """Input rows that reach outputs [start, stop): i with
+        o − span < i·s − before ≤ o for some o in the range."""
+        s = self.stride
+        first = -((self.span - 1 - out_start - self.before) // s)  # ⌈(o₀ + before − span + 1)/s⌉
+        return first, max(first, (out_stop - 1 + self.before) // s + 1)
+
+    def __str__(self) -> str:
+        dilated = f" dilated {self.dilation}" if self.dilation != 1 else ""
+        return (f"transposed {self.kernel}/{self.stride}, cropped {self.before}+{self.after}"
+                f"{dilated}")
+
+
+def windows_of(options: Any) -> list[Window] | list[Resampling] | list[TransposedWindow]:
     """The window along every spatial axis of a window layer's resolved ``options`` (kernel,
     stride and pad one per axis; dilated where they have a ``dilation``, as a convolution's
-    may), or the resampling along every spatial axis of an upsampling layer's."""
+    may), or what stands for one: the resampling of an upsampling layer, the transposed
+    window of a transposed convolution (options that know their own windows)."""
     o = options
     if hasattr(o, "resamplings"):
         return o.resamplings()
+    if hasattr(o, "transposed_windows"):
+        return o.transposed_windows()
     dilation = getattr(o, "dilation", None) or (1,) * len(o.kernel)
     return [Window(k, s, *p, dilation=d)
             for k, s, p, d in zip(o.kernel, o.stride, o.pad, dilation, strict=True)]
+
+
+AnyWindow = Window | Resampling | TransposedWindow
 
 
 @dataclass(frozen=True)
@@ -197,13 +245,16 @@ class HaloPlan:
     interior: tuple[int, int]
 
 
-def _needed_clipped(window: Window | Resampling, out: tuple[int, int], n_in: int
-                    ) -> tuple[int, int, int, int]:
+def _needed_clipped(window: AnyWindow, out: tuple[int, int],
+                    n_in: int) -> tuple[int, int, int, int]:
     lo, hi = window.rows_needed(*out)
-    return max(lo, 0), min(hi, n_in), max(0, -lo), max(0, hi - n_in)
+    # outputs that read only rows beyond the image (a transposed window's output padding)
+    # read none of it: an empty range at its edge
+    first = min(max(lo, 0), n_in)
+    return first, max(min(hi, n_in), first), max(0, -lo), max(0, hi - n_in)
 
 
-def halo_plans(n_in: int, parts: int, window: Window | Resampling, layer: str,
+def halo_plans(n_in: int, parts: int, window: AnyWindow, layer: str,
                axis: str = "height") -> tuple[HaloPlan, ...]:
     """Halo plans for all ``parts`` row blocks of a height-``n_in`` input under ``window``
     (``axis``: what a refusal calls the split axis, a volume's depth).
@@ -218,7 +269,7 @@ def halo_plans(n_in: int, parts: int, window: Window | Resampling, layer: str,
     return plans
 
 
-def halo_row_counts(n_in: int, parts: int, window: Window | Resampling, layer: str,
+def halo_row_counts(n_in: int, parts: int, window: AnyWindow, layer: str,
                     axis: str = "height"
                     ) -> tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int]]]:
     """The distinct (top, bottom) numbers of halo rows the ranks of :func:`halo_plans`
@@ -229,7 +280,7 @@ def halo_row_counts(n_in: int, parts: int, window: Window | Resampling, layer: s
 
 
 @lru_cache(maxsize=4096)
-def _halo_row_counts(n_in: int, parts: int, window: Window | Resampling
+def _halo_row_counts(n_in: int, parts: int, window: AnyWindow
                      ) -> tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int]]]:
     def rows(*ranges: tuple[int, int]) -> tuple[int, ...]:
         return tuple(hi - lo for lo, hi in ranges)
@@ -240,7 +291,7 @@ def _halo_row_counts(n_in: int, parts: int, window: Window | Resampling
 
 
 @lru_cache(maxsize=4096)
-def _halo_plans(n_in: int, parts: int, window: Window | Resampling
+def _halo_plans(n_in: int, parts: int, window: AnyWindow
                 ) -> tuple[tuple[HaloPlan, ...], str]:
     """(:func:`halo_plans`, "") or ((), why they cannot be made). Cached apart from the layer,
     which only a refusal names: placement, the feasibility checks, the cost model and the
@@ -279,7 +330,7 @@ def _halo_plans(n_in: int, parts: int, window: Window | Resampling
     return tuple(plans), ""
 
 
-def _interior_rows(window: Window | Resampling, out: tuple[int, int], own: tuple[int, int],
+def _interior_rows(window: AnyWindow, out: tuple[int, int], own: tuple[int, int],
                    n_in: int) -> tuple[int, int]:
     """Output rows in ``out`` whose window lies in ``own`` or in the image's zero padding."""
     lo_ok = -window.before if own[0] == 0 else own[0]

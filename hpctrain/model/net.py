@@ -39,7 +39,18 @@ stands for its last line's output. A block uses only blocks defined before it.
 
 The loss follows the last line: softmax cross-entropy over ``classes``, or with ``targets=T``
 instead the mean squared error against T real-valued targets; the last line's width must equal
-``classes`` (or T). A window's sizes given once hold for every spatial axis of its input, an
+``classes`` (or T). A *segmentation* net is one whose last line gives ``classes`` channels at
+the input's own spatial size, (K, H, W) or (K, D, H, W), not (K,): its loss is the softmax
+cross-entropy of every pixel against a label map (N, H, W) of classes, pixels labelled −1 not
+counted, the weighted mean over every pixel of the batch with class weights when given
+(``--class-weights``; :mod:`hpctrain.kernels.segmentation`). Nothing else says it::
+
+    input channels=3 size=64 classes=5
+    conv out=16 kernel=3 pad=1
+    relu
+    conv out=5 kernel=1                       # (5, 64, 64): a class score per pixel
+
+A window's sizes given once hold for every spatial axis of its input, an
 image's two or a volume's three. Unnamed layers are called by kind and position among their
 kind in their block (or the file): conv1, conv2, … Version-1 files (a chain, square windows)
 read unchanged.
@@ -50,6 +61,7 @@ name used twice are refused, as is a file that is not UTF-8 text (see :mod:`hpct
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -58,7 +70,7 @@ from functools import cached_property
 from hpctrain.errors import shown, shown_path
 from hpctrain.io.locations import shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
-from hpctrain.kernels.loss import CROSS_ENTROPY, MEAN_SQUARED_ERROR, Loss
+from hpctrain.kernels.loss import CROSS_ENTROPY, MEAN_SQUARED_ERROR, Loss, pixel_loss
 from hpctrain.layout.partition import SplitError
 from hpctrain.layout.statistics import groups_for
 from hpctrain.model.kinds import KINDS
@@ -107,6 +119,9 @@ class NetSpec:
     # whether the loss was said (a net file's input line, --loss, an exported model's
     # metadata); an ONNX model of a PyTorch net says nothing, and a dataset's answers decide
     loss_given: bool = field(default=True, compare=False)
+    # a segmentation's class weights (--class-weights; None: all 1), one per class: how the
+    # loss is weighted, not what the net is
+    class_weights: tuple[float, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # each layer made exact for its input (Kind.resolve), in file order, with its shape
@@ -117,7 +132,8 @@ class NetSpec:
             ins = tuple(self.input_shape if name == INPUT else shapes[self.index[name]]
                         for name in layer.inputs)
             kind = KINDS[layer.kind]
-            layers.append(kind.resolve(layer, ins, layer.where or net))
+            layers.append(kind.resolve_in_net(layer, ins, layer.where or net,
+                                              self.input_shape))
             shapes.append(kind.out_shape(layers[-1], ins, net))
             _check_size(f"{net}: layer {layer.name} gives shape {shapes[-1]}", shapes[-1])
         object.__setattr__(self, "layers", tuple(layers))
@@ -156,10 +172,44 @@ class NetSpec:
         return all(self.producers(k) == (k - 1,) for k in range(len(self.layers)))
 
     @property
+    def per_pixel(self) -> bool:
+        """Whether the net segments, its last layer giving ``classes`` channels at the input's
+        spatial size, a class score per pixel (see the module's text)."""
+        return not self.regression and self._shapes[-1] == self.pixel_shape
+
+    @property
+    def pixel_shape(self) -> Shape | None:
+        """The output ``(K, *S)`` a segmentation net of this input gives (None for flat
+        input)."""
+        if len(self.input_shape) < 3:
+            return None
+        return (self.classes, *self.input_shape[1:])
+
+    @property
     def loss(self) -> Loss:
-        """The mean squared error under regression (``targets=``), else softmax
-        cross-entropy."""
-        return MEAN_SQUARED_ERROR if self.regression else CROSS_ENTROPY
+        """The mean squared error under regression (``targets=``), the per-pixel softmax
+        cross-entropy of a segmentation net, else softmax cross-entropy."""
+        if self.regression:
+            return MEAN_SQUARED_ERROR
+        return pixel_loss(self.class_weights) if self.per_pixel else CROSS_ENTROPY
+
+    def with_class_weights(self, weights: tuple[float, ...] | None) -> NetSpec:
+        """The net with its per-pixel loss weighted by ``weights``, one finite non-negative
+        number per class (``--class-weights``); refused for a net that does not segment."""
+        if weights is None:
+            return self
+        if not self.per_pixel:
+            raise NetError(f"--class-weights applies to a segmentation net (its last layer "
+                           f"giving (classes, H, W)); net {shown_path(self.name)} gives "
+                           f"{self._shapes[-1]}")
+        if len(weights) != self.classes:
+            raise NetError(f"--class-weights gives {len(weights)} weights but net "
+                           f"{shown_path(self.name)} has {self.classes} classes; give one "
+                           f"per class")
+        if not all(math.isfinite(w) and w >= 0 for w in weights) or not any(weights):
+            raise NetError(f"--class-weights {','.join(f'{w:g}' for w in weights)}: give "
+                           f"finite weights of 0 or more, not all 0")
+        return replace(self, class_weights=tuple(float(w) for w in weights))
 
     def with_image_size(self, size: int) -> NetSpec:
         """The net on images (or volumes) of ``size`` along every spatial axis."""
@@ -194,11 +244,13 @@ class NetSpec:
     def out_shapes(self) -> tuple[Shape, ...]:
         """Per-sample output shape of every layer (refused, naming the layer, if unfit)."""
         shapes = self._shapes
-        if shapes[-1] != (self.classes,):
+        if shapes[-1] != (self.classes,) and not self.per_pixel:
             what = "targets" if self.regression else "classes"
+            pixels = ("" if self.regression or self.pixel_shape is None else
+                      f", or {self.pixel_shape} for a class score per pixel (segmentation)")
             raise NetError(f"net {shown_path(self.name)}: the last layer gives shape "
                            f"{shapes[-1]} but the loss needs ({self.classes},) "
-                           f"({what}={self.classes})")
+                           f"({what}={self.classes}){pixels}")
         return shapes
 
     def in_shapes(self, k: int) -> tuple[Shape, ...]:
@@ -577,6 +629,17 @@ def available_nets() -> list[str]:
     return shipped_names("nets", ".net")
 
 
+def _nets_like(name: str) -> str:
+    """The shipped nets a mistyped ``name`` may have meant, or all of them while they are few
+    enough to list in one line (``--help`` lists them all under ``--net``)."""
+    nets = available_nets()
+    close = difflib.get_close_matches(name[:100], nets, n=3)
+    if close:
+        return f"; did you mean {' or '.join(close)}?"
+    listed = ", ".join(nets)
+    return f" ({listed})" if len(listed) <= 160 else f"; --help lists the {len(nets)} shipped nets"
+
+
 def load_net(name_or_path: str, image_size: int | None = None) -> NetSpec:
     """A shipped net by name (``alexnet``) or any ``.net`` file by path, at ``image_size``
     (height and width) when given. An existing file wins over a shipped net of that name."""
@@ -587,6 +650,6 @@ def load_net(name_or_path: str, image_size: int | None = None) -> NetSpec:
         resource = shipped_file("nets", name_or_path, ".net")
         if resource is None:
             raise NetError(f"unknown net {shown(name_or_path, 40)}: no such file or shipped "
-                           f"net ({', '.join(available_nets())})")
+                           f"net{_nets_like(name_or_path)}")
         net = parse_net(read_text(resource, NetError, "net file"), name_or_path)
     return net if image_size is None else net.with_image_size(image_size)

@@ -61,10 +61,35 @@ class Input:
         return (lambda: data.images(0, whole)), (lambda _: lambda: None)
 
 
-#: The optimizer's update and the input batch, as operations.
-UPDATE, INPUT = Update(), Input()
-#: Every operation the compute model times, by name (the layer kinds, the update and the input).
-OPERATIONS: dict[str, Operation] = {**KINDS, UPDATE.name: UPDATE, INPUT.name: INPUT}
+class PixelLoss:
+    """A segmentation's loss on this rank's block of logits (``work.x``, ``(n, K, *S)``), the
+    per-pixel softmax cross-entropy and its gradient
+    (:func:`~hpctrain.kernels.segmentation.pixel_cross_entropy`), about 10 operations per
+    logit forward (max, shift, exp, sum, log, argmax) and 3 backward (the softmax less the one-hot,
+    times the weight). Its work grows with the pixels; a classifier's loss, a row per sample,
+    is not timed."""
+
+    name = "pixel-softmax"
+
+    def flops(self, work: LocalWork) -> tuple[float, float]:
+        return 10.0 * math.prod(work.x), 3.0 * math.prod(work.x)
+
+    def kernels(self, xp: Any, work: LocalWork, dtype: Any,
+                random: Callable[[Shape], Any]) -> Kernels:
+        from hpctrain.kernels.segmentation import pixel_cross_entropy
+
+        logits = random(work.x)
+        labels = xp.zeros((work.x[0], *work.x[2:]), dtype=xp.int64)
+        return ((lambda: pixel_cross_entropy(xp, logits, labels)),
+                (lambda _: lambda: None))  # the gradient is made in the forward's pass
+
+
+#: The optimizer's update, the input batch and a segmentation's loss, as operations.
+UPDATE, INPUT, PIXEL_LOSS = Update(), Input(), PixelLoss()
+#: Every operation the compute model times, by name (the layer kinds, the update, the input
+#: and the per-pixel loss).
+OPERATIONS: dict[str, Operation] = {**KINDS, UPDATE.name: UPDATE, INPUT.name: INPUT,
+                                    PIXEL_LOSS.name: PIXEL_LOSS}
 
 #: The modules whose code runs inside a timing; a change to any of them makes old timings stale
 #: (see hpctrain.cost.compute.code_version). Every kernel, the module of every class an operation

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from hpctrain.layout.layout import Layout, axis_name
+from hpctrain.layout.layout import CHANNEL_AXIS, Layout, axis_name
 from hpctrain.layout.moves import same_ranks
 from hpctrain.layout.partition import check_split
 from hpctrain.model.kinds import KINDS
@@ -169,14 +169,26 @@ def move_pairs(net: NetSpec, layouts: list[LayerLayouts], source: Layout
                ) -> list[tuple[Layout, Layout]]:
     """(source, target) of every move of ``net`` whose layers have ``layouts`` and whose input
     batch is produced on ``source``: each layer's inputs in order, layer by layer, then the move
-    of the logits to the loss, replicated over the last grid's Pr ranks."""
+    of the logits to the loss (:func:`loss_layout`)."""
     pairs = []
     for k, layer in enumerate(layouts):
         for p, target in zip(net.producers(k), layer.inputs, strict=True):
             pairs.append((source if p < 0 else layouts[p].output, target))
     last = layouts[-1].output
-    pairs.append((last, last.replicated()))
+    pairs.append((last, loss_layout(net, last)))
     return pairs
+
+
+def loss_layout(net: NetSpec, last: Layout) -> Layout:
+    """Where the loss reads the logits the last layer gives on ``last``: replicated over the
+    last grid's Pr ranks, every class of a sample on one rank; for a segmentation net
+    (:attr:`~hpctrain.model.net.NetSpec.per_pixel`) only the classes are gathered, and each
+    rank keeps its block of pixels: a domain split's cuts stay, no image is gathered whole.
+    Example, 4 ranks, the last layer on 2x2 in domain mode, (N, K, H, W) cut N/2, H/2: the
+    loss reads the same blocks, and each rank sums the loss of its own rows."""
+    if net.per_pixel:
+        return last.without((CHANNEL_AXIS,))
+    return last.replicated()
 
 
 @dataclass(frozen=True, order=True)

@@ -56,7 +56,9 @@ from hpctrain.model.net import NetSpec
 MODES = ("batch", "model", "domain", "replicated", "split", "follow")
 MARKER = "# hpctrain plan"  #: the first line of every plan file hpctrain writes
 # the --grid keys (conv=, fc=) and the weighted kinds they plan
-KINDS_BY_GRID_KEY = {kind.grid_key: kind for kind in KINDS.values() if kind.grid_key}
+# the first kind of each key: a transposed convolution is split by conv=, as a convolution is
+KINDS_BY_GRID_KEY = {key: next(k for k in KINDS.values() if k.grid_key == key)
+                     for key in dict.fromkeys(k.grid_key for k in KINDS.values() if k.grid_key)}
 _GRID = re.compile(r"([0-9]+)x([0-9]+)", re.ASCII)
 
 

@@ -61,8 +61,8 @@ from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.moves import IdentityMove, Move, move_between
 from hpctrain.model.kinds import KINDS, compute_factors_for, shape_class
 from hpctrain.model.net import NetSpec
-from hpctrain.model.operations import INPUT, TIMED_MODULES, UPDATE
-from hpctrain.plan.placement import LayerLayouts
+from hpctrain.model.operations import INPUT, PIXEL_LOSS, TIMED_MODULES, UPDATE
+from hpctrain.plan.placement import LayerLayouts, loss_layout
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.segments import Segments
 
@@ -379,10 +379,13 @@ class CostModel(Segments):
             cost.compute = self.compute.times([work])[work]
         return cost
 
-    def loss_cost(self, last_out: Layout) -> LayerCost:
-        """The loss: gathering the logits (replicated over Pr), and its memory: the logits and
-        their gradient (kept through the backward), the softmax's temporaries, the gather."""
-        target = last_out.replicated()
+    def loss_cost(self, last_out: Layout, timed: bool = True) -> LayerCost:
+        """The loss: gathering the logits (replicated over Pr; a segmentation's only over
+        the classes, :func:`~hpctrain.plan.placement.loss_layout`), and its memory: the logits
+        and their gradient (kept through the backward), the softmax's temporaries, the gather.
+        A segmentation's loss is priced as compute too (with ``timed``), its work growing with
+        each rank's pixels."""
+        target = loss_layout(self.net, last_out)
         loss = self.net.loss.name
         cost = LayerCost("loss", loss, "follow", last_out.grid)
         move, *moved = self.move_cost(last_out, target)
@@ -392,6 +395,11 @@ class CostModel(Segments):
         cost.resident = ({"logits": logits} if self.inference
                          else {"logits and their gradient": 2 * logits})
         cost.transient = larger({loss: 3 * logits}, move)
+        if self.net.per_pixel:  # a loss per pixel: work that grows with each rank's pixels
+            cost.work = LocalWork(PIXEL_LOSS, largest_block(target))
+        if cost.work is not None and timed:
+            forward, backward = self.compute.times([cost.work])[cost.work]
+            cost.compute = (forward, 0.0 if self.inference else backward)
         return cost
 
     def prefetch(self, choices: list[list[LayerPlan]]) -> None:
@@ -478,5 +486,5 @@ def step_bytes(net: NetSpec, batch: int, procs: int, machine: Machine,
     segments = [one.segment_cost(k, whole, timed=False) for k in range(len(one.heads))]
     kept = sum(segment.memory for segment in segments)
     kept += one.input_cost(one.input_layout(whole), timed=False).memory
-    kept += one.loss_cost(segments[-1].out_layout).memory
+    kept += one.loss_cost(segments[-1].out_layout, timed=False).memory
     return kept / procs

@@ -27,7 +27,9 @@ Layout (units in each dataset's ``units`` attribute)::
     /steps/layers/name        (L+1,)   the rows: layers, then "loss"
     /steps/layers/F/max       (n, L+1) field F of each row in each step, largest over ranks
     /steps/layers/F/mean      (n, L+1) the same, mean over ranks
-    /validation/step, loss, accuracy  (m,)  held-out evaluation after that many steps
+    /validation/step, loss, accuracy  (m,)  held-out evaluation after that many steps (a
+                                       segmentation's accuracy is per pixel)
+    /validation/mean_iou      (m,)     a segmentation's held-out mean IoU (only there)
     /layers/name              (L+1,)   the rows: layers, then "loss"
     /layers/S/F               (L+1,)   field F of each row: S predicted, measured (median
                               over the steps timed, then the slowest rank) or
@@ -472,10 +474,17 @@ class RunLog:
 
         self._write(write)
 
-    def validation(self, step: int, loss: float, accuracy: float) -> None:
+    def validation(self, step: int, loss: float, accuracy: float,
+                   mean_iou: float | None = None) -> None:
+        """A held-out evaluation's row; ``mean_iou`` a segmentation's, whose series is made
+        at its first row (a classifier's log has none)."""
         def write() -> None:
             for name, value in (("step", step), ("loss", loss), ("accuracy", accuracy)):
                 self._append(f"validation/{name}", value)
+            if mean_iou is not None:
+                if "validation/mean_iou" not in self.h5:
+                    self._series("validation/mean_iou", (), "f8", "1")
+                self._append("validation/mean_iou", mean_iou)
             self.h5.flush()
 
         self._write(write)

@@ -31,6 +31,7 @@ from hpctrain.data.source import DataSource, HeldOutSource
 from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
+from hpctrain.kernels.segmentation import PixelTotals
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.planner import PlannedNetwork
 from hpctrain.plan.plans import LayerPlan
@@ -211,7 +212,8 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
             say(f"stopped by {result.stopped_by} after step {result.last_step}{saved}")
         if result.losses or not result.stopped_by:
             _summarise(result, config, comm, say, net.loss.classifies,
-                       [layer.out_layout.holds(comm.Get_rank()) for layer in network.layers])
+                       [layer.out_layout.holds(comm.Get_rank()) for layer in network.layers],
+                       net.per_pixel)
     return result
 
 
@@ -436,7 +438,10 @@ def _duration(seconds: float) -> str:
 
 def _evaluate(network: Network, val_data: HeldOutSource, step: int, log: RunLog | None,
               say) -> tuple[int, float, float]:
-    """Loss and accuracy over the whole held-out split (collective)."""
+    """Loss and accuracy over the whole held-out split (collective); for a segmentation net
+    the pixel accuracy, and the mean IoU besides (:func:`_evaluate_pixels`)."""
+    if network.net.per_pixel:
+        return _evaluate_pixels(network, val_data, step, log, say)
     loss_sum = correct = count = 0
     for batch in range(val_data.batches):
         batch_loss, batch_correct, batch_count = network.evaluate(val_data, batch)
@@ -452,6 +457,21 @@ def _evaluate(network: Network, val_data: HeldOutSource, step: int, log: RunLog 
     if log is not None:
         log.validation(step, loss, accuracy)
     return step, loss, accuracy
+
+
+def _evaluate_pixels(network: Network, val_data: HeldOutSource, step: int,
+                     log: RunLog | None, say) -> tuple[int, float, float]:
+    """A segmentation's held-out loss (the weighted mean over every counted pixel), pixel
+    accuracy and mean IoU: each class's intersection and union are summed over every batch and
+    rank before any division (collective)."""
+    totals = PixelTotals(network.net.classes)
+    for batch in range(val_data.batches):
+        totals.add(network.evaluate_pixels(val_data, batch))
+    say(f"validation after step {step}: loss {totals.loss:.4f}, pixel accuracy "
+        f"{totals.accuracy:.2%}, mean IoU {totals.mean_iou:.4f} ({totals.counted} pixels)")
+    if log is not None:
+        log.validation(step, totals.loss, totals.accuracy, mean_iou=totals.mean_iou)
+    return step, totals.loss, totals.accuracy
 
 
 def _checkpoint(network: Network, optimizer: SGD, config: TrainConfig, step: int,
@@ -473,9 +493,11 @@ def _checkpoint(network: Network, optimizer: SGD, config: TrainConfig, step: int
 
 
 def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
-               classifies: bool = True, runs: list[bool] | None = None) -> None:
+               classifies: bool = True, runs: list[bool] | None = None,
+               pixels: bool = False) -> None:
     """Fill the result's per-layer summary and print the closing lines (collective). ``runs``:
-    per layer, whether this rank runs it (see :func:`~hpctrain.record.timing.over_ranks`)."""
+    per layer, whether this rank runs it (see :func:`~hpctrain.record.timing.over_ranks`);
+    ``pixels``: a segmentation's accuracy is per pixel."""
     procs = comm.Get_size()
     steps = len(result.losses)
     if steps == 0:
@@ -490,7 +512,8 @@ def _summarise(result: TrainResult, config: TrainConfig, comm: MPI.Comm, say,
         f"final loss {result.losses[-1]:.4f}"
         + ("" if not result.validation else
            f", held-out mean squared error {result.validation[-1][1]:.4f}" if not classifies else
-           f", held-out accuracy {result.validation[-1][2]:.2%}")
+           f", held-out {'pixel ' if pixels else ''}accuracy "
+           f"{result.validation[-1][2]:.2%}")
         + f", waiting for data {data_share:.1%} of the time"
         + _skipped_words(result.loss_scale))
     result.layer_times, result.fastest_rank_times, result.iteration = measured_over_ranks(

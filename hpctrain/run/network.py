@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from hpctrain.comm.agree import agreed, on_root
 from hpctrain.comm.collectives import allreduce_sum
 from hpctrain.comm.gather import block_from_root
@@ -20,6 +22,7 @@ from hpctrain.errors import UserError
 from hpctrain.interchange.weights import fresh_layers, read_weights
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.kernels.products import widen
+from hpctrain.kernels.segmentation import PixelTotals, class_counts, pixel_cross_entropy
 from hpctrain.layers.base import Absent, BuildContext, Layer, Parameter
 from hpctrain.layout.layout import Layout, grid_coords
 from hpctrain.model.kinds import KINDS
@@ -90,7 +93,9 @@ class Network:
     (:class:`~hpctrain.comm.gradients.GradientReducer`).
     After the last layer the logits are replicated over the
     last grid's Pr ranks; in each batch group the rank with i = 0 owns the loss of its samples,
-    so each sample's loss (and gradient) is counted exactly once.
+    so each sample's loss (and gradient) is counted exactly once. A segmentation net's logits
+    keep their cut pixels (:func:`~hpctrain.plan.placement.loss_layout`): each rank reads its
+    block of the label maps, and copy 0 of each block owns the loss of its pixels.
 
     Groups of ranks: a layer whose layouts lie on a group this rank is not in is an
     :class:`~hpctrain.layers.base.Absent` here, and the moves this rank neither sends nor
@@ -151,9 +156,16 @@ class Network:
         for p, i in last_read.items():
             self.frees[i].append(p)
         self.input_box = self.input_layout.box(self.rank)  # this rank's block of each batch
-        self.labels_box = self.loss_layout.box(self.rank)[0]  # the samples of its loss
-        # in each batch group the rank with i = 0 owns its samples' loss (see the class doc)
-        self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
+        loss_box = self.loss_layout.box(self.rank)
+        if net.per_pixel:
+            # the block of the label maps (N, *S) its logits (N, K, *S) score: its samples and
+            # its pixels (a domain split's rows stay cut); copy 0 of each block owns its loss
+            self.labels_box: Any = (loss_box[0], *loss_box[2:])
+            self.owns_loss = self.loss_layout.replica_index(self.rank) == 0
+        else:
+            self.labels_box = loss_box[0]  # the samples of its loss
+            # in each batch group the rank with i = 0 owns its samples' loss (the class doc)
+            self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
         self.gradient_sums = GradientReducer(backend, bucket_bytes, in_flight=overlap)
         if net.weights is not None:
             self.load_weights(net.weights)
@@ -390,6 +402,8 @@ class Network:
         16-bit logits are widened: the loss and its gradient are made in float32, and the
         gradient is scaled before it is rounded to 16 bits, so small gradients survive.
         """
+        if self.net.per_pixel:
+            return self._pixel_loss(logits, labels, times, data, scale)
         xp = self.backend.xp
         with StepTimer(self.backend, times) as timer:
             loss_sum, correct, grad = self.net.loss.function(xp, widen(logits), labels,
@@ -404,6 +418,32 @@ class Network:
             timer.forward_layer(LOSS)
         self.refuse_nonfinite(totals[2], data)
         return float(totals[0]) / self.batch, float(totals[1]) / self.batch, grad
+
+    def _pixel_loss(self, logits: Any, labels: Any, times: StepTimes | None,
+                    data: DataSource | None, scale: float) -> tuple[float, float, Any]:
+        """:meth:`loss` of a segmentation net: the weighted mean over every counted pixel of
+        the global batch, Σ w CE / Σ w, and the pixel accuracy.
+
+        Each rank sums its own block of pixels (a replica's sums are zeros); one all-reduce
+        carries the sums, the global weight sum among them, and only then is this rank's
+        gradient divided by it, so loss and gradient are one process's up to float order."""
+        xp = self.backend.xp
+        with StepTimer(self.backend, times) as timer:
+            loss_sum, weight_sum, correct, counted, grad = pixel_cross_entropy(
+                xp, widen(logits), labels, self.net.loss.weights)
+            sums = [loss_sum, weight_sum, correct, counted]
+            if not self.owns_loss:  # a replica: copy 0 of this block counts these pixels
+                sums = [0.0] * 4
+            totals = xp.stack([*(xp.asarray(v, dtype=xp.float64) for v in sums),
+                               xp.asarray(_read_nonfinite(data), dtype=xp.float64)])
+            totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
+            weights = float(totals[1])
+            factor = scale / weights if self.owns_loss and weights > 0 else 0.0
+            grad = (grad * factor).astype(logits.dtype, copy=False)
+            timer.forward_layer(LOSS)
+        self.refuse_nonfinite(totals[4], data)
+        loss = float(totals[0]) / weights if weights > 0 else 0.0
+        return loss, float(totals[2]) / max(float(totals[3]), 1.0), grad
 
     def refuse_nonfinite(self, ranks_flagged: float, data: DataSource | None) -> None:
         """Raise a :class:`~hpctrain.errors.UserError` on every rank when ``ranks_flagged`` (the
@@ -425,8 +465,12 @@ class Network:
 
         Dropout is off. ``data`` marks padding past the end of the split with label -1 (or
         targets of NaN); those samples are not counted. Collective; every rank gets the global
-        totals.
+        totals. A segmentation net counts pixels (:meth:`evaluate_pixels`): its summed loss
+        is then the weighted mean times the pixels counted.
         """
+        if self.net.per_pixel:
+            totals = self.evaluate_pixels(data, batch)
+            return totals.loss * totals.counted, totals.correct, totals.counted
         xp = self.backend.xp
         x = data.images(batch, self.input_box)
         self.set_training(False)
@@ -445,6 +489,34 @@ class Network:
         totals = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, totals))
         self.refuse_nonfinite(totals[3], data)
         return float(totals[0]), int(round(totals[1])), int(round(totals[2]))
+
+    def evaluate_pixels(self, data: HeldOutSource, batch: int) -> PixelTotals:
+        """:meth:`evaluate` of a segmentation net: the sums over every counted pixel of
+        held-out batch ``batch`` (weighted loss and weights, correct and counted pixels, each
+        class's intersection and union), over every rank. Padding past the end of the split
+        is labelled −1 at every pixel, and not counted. Collective."""
+        xp = self.backend.xp
+        x = data.images(batch, self.input_box)
+        self.set_training(False)
+        try:
+            logits = self.forward(x, step=0)
+        finally:
+            self.set_training(True)
+        labels = data.labels(batch, self.labels_box)
+        classes = self.net.classes
+        mine = PixelTotals(classes)
+        if self.owns_loss and labels.size:
+            loss_sum, weight_sum, correct, counted, _ = pixel_cross_entropy(
+                xp, widen(logits), labels, self.net.loss.weights)
+            both, union = class_counts(xp, logits, labels)
+            mine = PixelTotals(classes, float(loss_sum), float(weight_sum), int(correct),
+                               int(counted), self.backend.to_numpy(both),
+                               self.backend.to_numpy(union))
+        vector = xp.asarray(np.append(mine.vector(), _read_nonfinite(data)))
+        vector = self.backend.to_numpy(allreduce_sum(self.backend, self.grids.world, vector))
+        self.refuse_nonfinite(vector[-1], data)
+        return PixelTotals.of_vector(classes, vector[:-1])
+
 
 def _read_nonfinite(data: DataSource | None) -> float:
     """1.0 when ``data`` noted a NaN or Inf in a block this rank read, else 0.0."""

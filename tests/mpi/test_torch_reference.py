@@ -1,8 +1,9 @@
 """hpctrain on 4 ranks, under mixed per-layer plans, against an independent PyTorch model (no
 torchvision), float64: ResNet-18, one InceptionA module, CosmoFlow (3-D volumes split along
-their depth, a regression) and a mobile block (depthwise, grouped and dilated convolutions and
-a squeeze-excitation gate); logits, loss, every gradient, the parameters after each SGD update
-(two steps, so momentum is used) and the running statistics.
+their depth, a regression), a mobile block (depthwise, grouped and dilated convolutions and a
+squeeze-excitation gate) and a decoder (a dilated ASPP module, transposed convolutions); logits,
+loss, every gradient, the parameters after each SGD update (two steps, so momentum is used)
+and the running statistics.
 
 Then the whole loop: the ``train`` command on 2, 3 or 4 ranks reads a dataset through its reader
 under ``--augment standard`` for an epoch and three steps, with momentum, weight decay, a
@@ -53,13 +54,13 @@ def mixed_plan(net, offset=0, cycle=CYCLE):
     always for linear layers). Other layers follow their input."""
     plan, k = [], offset
     for layer, shape in zip(net.layers, net.out_shapes, strict=True):
-        if layer.kind not in ("conv", "linear"):
+        if layer.kind not in ("conv", "deconv", "linear"):
             plan.append(LayerPlan("follow"))
             continue
         while True:
             mode, grid = cycle[k % len(cycle)]
             k += 1
-            if mode != "domain" or (layer.kind == "conv" and shape[1] >= 2 * grid[0]):
+            if mode != "domain" or (layer.kind != "linear" and shape[1] >= 2 * grid[0]):
                 break
         plan.append(LayerPlan(mode, grid))
     return plan
@@ -126,6 +127,16 @@ CASES.update({
         "mobile", lambda net: plan_from_spec("conv=domain:4x1,fc=4x1", net, PROCS)),
     "mobile-conv=h2w2/model,fc=2x2": (
         "mobile", lambda net: plan_from_spec("conv=h2w2/model,fc=2x2", net, PROCS)),
+})
+
+# a decoder: a dilated ASPP module and transposed convolutions split by rows (the input rows that
+# reach each output row, with halos), by the weight's columns, and by height and width at once
+CASES.update({
+    "decoder-mixed": ("decoder", mixed_plan),
+    "decoder-conv=domain:4x1,fc=4x1": (
+        "decoder", lambda net: plan_from_spec("conv=domain:4x1,fc=4x1", net, PROCS)),
+    "decoder-conv=h2w2/model,fc=2x2": (
+        "decoder", lambda net: plan_from_spec("conv=h2w2/model,fc=2x2", net, PROCS)),
 })
 
 # branches side by side on groups of ranks: a ResNet block's main path and its shortcut, an

@@ -15,12 +15,14 @@ from hpctrain.model.kinds import (
     clip,
     concat,
     conv,
+    deconv,
     dropout,
     flatten,
     gelu,
     hardsigmoid,
     hardswish,
     layernorm,
+    layerscale,
     leakyrelu,
     linear,
     maxpool,
@@ -39,7 +41,7 @@ from hpctrain.model.kinds.base import Kind
 KINDS: dict[str, Kind] = {module.KIND.name: module.KIND for module in (
     conv, linear, maxpool, avgpool, batchnorm, relu, leakyrelu, tanh, scale, dropout, flatten,
     add, concat, mul, sigmoid, silu, hardsigmoid, hardswish, relu6, clip, gelu, upsample,
-    layernorm)}
+    layernorm, deconv, layerscale)}
 
 
 

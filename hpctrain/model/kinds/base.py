@@ -98,6 +98,13 @@ class Kind:
         made, before :meth:`out_shape`; a layer already resolved comes back the same."""
         return spec
 
+    def resolve_in_net(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str,
+                       net_input: Shape) -> LayerSpec:
+        """:meth:`resolve`, for a kind whose options may name a size by the net's per-sample
+        input shape ``net_input`` (a decoder's resize back to the input's size); what a net
+        calls."""
+        return self.resolve(spec, shapes, where)
+
     def out_shape(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> Shape:
         """Per-sample output shape from the inputs' (refused, naming the layer, if unfit)."""
         return shapes[0]

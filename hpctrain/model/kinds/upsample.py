@@ -1,7 +1,9 @@
-"""``upsample scale=S | size=HxW [mode=nearest|bilinear] [align=0]``: an image or volume resized
-as PyTorch's ``F.interpolate`` resizes it (ONNX's ``Resize``): by whole factors ``scale`` (``S``,
-``HxW`` or ``DxHxW``) or to ``size``, nearest or (bi/tri)linear, ``align=1`` for
-``align_corners=True``. A segmentation net's decoder (FCN, DeepLab).
+"""``upsample scale=S | size=HxW | size=input[/K] [mode=nearest|bilinear] [align=0]``: an image or
+volume resized as PyTorch's ``F.interpolate`` resizes it (ONNX's ``Resize``): by whole factors
+``scale`` (``S``, ``HxW`` or ``DxHxW``) or to ``size``, nearest or (bi/tri)linear, ``align=1`` for
+``align_corners=True``. A segmentation net's decoder (FCN, DeepLab). ``size=input`` is the net's
+input size, and ``size=input/K`` that size divided by K, rounded up (the size K-fold striding
+leaves, where DeepLab's pooled branch goes back): both follow ``--image-size``.
 
 It follows its input's layout. Under a spatial split each rank computes its block of the output
 rows from its input rows and the halo rows it reads beyond them (one, or none, from each
@@ -42,6 +44,8 @@ class UpsampleOptions:
     size: tuple[int, ...]  # the output's spatial sizes; (0,): not given
     mode: str
     align: bool
+    # size=input/K: the net's input size divided by K (0: a size or a scale given)
+    of_input: int = 0
     # made by resolve, not read from the file: the input's and the output's spatial sizes
     inputs: tuple[int, ...] = ()
     outputs: tuple[int, ...] = ()
@@ -50,6 +54,17 @@ class UpsampleOptions:
         """The resampling along each spatial axis (once resolved)."""
         return [Resampling(n, m, self.mode, self.align)
                 for n, m in zip(self.inputs, self.outputs, strict=True)]
+
+
+def input_divisor(text: str, where: str) -> int:
+    """K of ``size=input/K`` (1 for ``size=input``)."""
+    rest = text[len("input"):]
+    if not rest:
+        return 1
+    if rest.startswith("/") and rest[1:].isdigit() and int(rest[1:]) >= 1:
+        return int(rest[1:])
+    raise NetError(f"{where}: upsample size={shown(text, 30)}: give size=HxW, size=input or "
+                   f"size=input/K with K a whole number of at least 1")
 
 
 def given(values: tuple[int, ...]) -> bool:
@@ -63,8 +78,12 @@ class UpsampleKind(WindowKind):
     options = UpsampleOptions
 
     def parse(self, texts: dict[str, str], where: str) -> Any:
-        options = super().parse(texts, where)
-        if given(options.scale) == given(options.size):
+        divisor = 0
+        if texts.get("size", "").startswith("input"):
+            texts = dict(texts)
+            divisor = input_divisor(texts.pop("size"), where)
+        options = dataclasses.replace(super().parse(texts, where), of_input=divisor)
+        if given(options.scale) == (given(options.size) or divisor > 0):
             raise NetError(f"{where}: upsample takes scale=S (whole factors) or size=HxW (the "
                            f"output's size), one of them")
         if options.align and options.mode == "nearest":
@@ -78,7 +97,19 @@ class UpsampleKind(WindowKind):
         for key in ("scale", "size"):
             if not given(getattr(options, key)):
                 del texts[key]
+        if options.of_input:
+            texts["size"] = "input" + (f"/{options.of_input}" if options.of_input > 1 else "")
         return texts
+
+    def resolve_in_net(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str,
+                       net_input: Shape) -> LayerSpec:
+        """``size=input/K`` made the net's input size divided by K (rounded up), then
+        :meth:`resolve`."""
+        k = spec.options.of_input
+        if k and len(net_input) > 1:
+            size = tuple(-(-n // k) for n in net_input[1:])
+            spec = dataclasses.replace(spec, options=dataclasses.replace(spec.options, size=size))
+        return self.resolve(spec, shapes, where)
 
     def resolve(self, spec: LayerSpec, shapes: tuple[Shape, ...], where: str) -> LayerSpec:
         """The factors or the size one per spatial axis, and both sizes kept."""
