@@ -41,7 +41,13 @@ MPIEXEC = str(Path(PY).parent / "mpiexec") if (Path(PY).parent / "mpiexec").exis
     else "mpiexec"
 MODELS = {"alexnet": 224, "vgg16": 224, "resnet18": 64, "resnet50": 64,
           "wide_resnet50_2": 64, "densenet121": 64, "googlenet": 64, "inception_v3": 75,
-          "squeezenet1_0": 64}
+          "squeezenet1_0": 64,
+          # depthwise, grouped and dilated convolutions, gates, layer norm, per-pixel outputs
+          "mobilenet_v2": 64, "mobilenet_v3_small": 64, "mobilenet_v3_large": 64,
+          "efficientnet_b0": 64, "mnasnet0_5": 64, "resnext50_32x4d": 64,
+          "regnet_x_400mf": 64, "regnet_y_400mf": 64, "convnext_tiny": 64,
+          "fcn_resnet50": 64, "deeplabv3_resnet50": 64}
+SEGMENTATION = ("fcn_resnet50", "deeplabv3_resnet50")  # torchvision.models.segmentation's
 TORCHVISION_OPTIONS = {"googlenet": {"aux_logits": False, "init_weights": False},
                        "inception_v3": {"aux_logits": False, "init_weights": False}}
 
@@ -64,8 +70,22 @@ def exported(name: str, size: int, folder: Path, classes: int = 10) -> Path:
     import torchvision
 
     torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(num_classes=classes,
-                                              **TORCHVISION_OPTIONS.get(name, {}))
+    if name in SEGMENTATION:  # its dict output, {"out": …}, as one tensor of scores per pixel
+        inner = getattr(torchvision.models.segmentation, name)(
+            num_classes=classes, weights=None, weights_backbone=None)
+
+        class Scores(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = inner
+
+            def forward(self, x):
+                return self.model(x)["out"]
+
+        model = Scores()
+    else:
+        model = getattr(torchvision.models, name)(num_classes=classes,
+                                                  **TORCHVISION_OPTIONS.get(name, {}))
     generator = torch.Generator().manual_seed(1)
     for module in model.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
@@ -98,9 +118,10 @@ def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int) -> tuple[np.ndarr
     return np.concatenate(found), time.perf_counter() - start
 
 
-def agreement(folder: Path, procs: int, samples: int) -> list[dict]:
+def agreement(folder: Path, procs: int, samples: int, names: list[str]) -> list[dict]:
     rows = []
-    for name, size in MODELS.items():
+    for name in names:
+        size = MODELS[name]
         path = exported(name, size, folder)
         x = np.random.default_rng(2).standard_normal((samples, 3, size, size)).astype(
             np.float32)
@@ -200,13 +221,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--only", choices=("agreement", "resnet50", "throughput"),
                         default=None)
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                        help="the models of the agreement (default: all)")
     parser.add_argument("--out", default="runs/bench/interchange.json")
     args = parser.parse_args()
     result = {}
     with tempfile.TemporaryDirectory(prefix="hpctrain-interchange-") as tmp:
         folder = Path(tmp)
         if args.only in (None, "agreement"):
-            result["agreement"] = agreement(folder, args.procs, args.samples)
+            result["agreement"] = agreement(folder, args.procs, args.samples, args.models)
         if args.only in (None, "resnet50"):
             result["resnet50"] = resnet50_side_by_side(folder, args.procs, args.rounds,
                                                        args.steps)

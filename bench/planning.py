@@ -26,6 +26,8 @@ CASES = [
     ("inception_v3", 4096, 512, ()),
     ("alexnet", 4096, 2048, ()),
     ("vgg16", 4096, 2048, ()),
+    ("deepcam", 4096, 2048, ()),  # 145 weighted layers at 768x1152
+    ("efficientnet_b0", 4096, 2048, ()),
     ("resnet50", 4096, 2048, ("--mem-per-rank", "230M")),  # a cap that binds (239 MiB free)
     ("inception_v3", 4, 128, ()),
     ("inception_v3", 64, 128, ()),

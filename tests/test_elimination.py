@@ -113,6 +113,23 @@ def test_a_densely_connected_graph_is_refused_before_any_work():
         minimise([s] * n, tables)
 
 
+def test_fronts_that_grow_past_the_budget_under_a_cap_are_refused():
+    """A chain whose every choice trades time for memory keeps every label undominated: the
+    fronts grow by a factor of its choices at each step. Past ``max_entries`` labels the
+    search stops with :class:`TooLarge` (the planner then falls back to one grid), where it
+    would otherwise exhaust the machine's memory."""
+    n, s = 9, 4  # 4**9 = 262,144 labels at the end, all undominated
+    time = np.arange(s, dtype=float)[::-1] * 1.0  # the faster choice needs more memory
+    kept = np.arange(s, dtype=float)
+    tables = [Table((v,), time * 4.0 ** v, kept * 4.0 ** v, np.zeros(s)) for v in range(n)]
+    tables += [Table((v, v + 1), np.zeros((s, s))) for v in range(n - 1)]
+    cap = float(sum((s - 1) * 4.0 ** v for v in range(n))) / 2
+    found = minimise_under_cap([s] * n, tables, cap)  # the budget holds this one
+    assert found is not None and memory(tables, found[1]) <= cap
+    with pytest.raises(TooLarge, match="labels"):
+        minimise_under_cap([s] * n, tables, cap, max_entries=1000)
+
+
 def undominated_by_pairs(group, time, memory, moment):
     """The definition: in (group, time, memory, moment) order, the labels that no label before
     them in their group beats or equals in memory and moment."""

@@ -321,3 +321,42 @@ def test_training_logs_pixel_accuracy_and_mean_iou(tmp_path, capsys):
         np.testing.assert_array_equal(h5["label_maps"][()], h5["outputs"][()].argmax(axis=1))
         assert h5.attrs["mean_iou"] == pytest.approx(iou, rel=1e-5)
         assert h5.attrs["accuracy"] == pytest.approx(accuracy, rel=1e-6)
+
+
+# -- synthetic climate fields (convert --climate) ---------------------------------------------
+
+
+def test_climate_fields_are_seeded_and_hold_every_class(tmp_path):
+    """The same seed gives the same samples, one at a time or as a set; the features show in
+    the fields (a cyclone's pixels have low pressure, a river's high moisture); ``convert``
+    writes them with their label maps, the last fifth held out."""
+    from hpctrain.data.climate import climate_sample, climate_set
+
+    images, labels = climate_set(12, 16, 48, 48, seed=3)
+    again, _ = climate_sample(3, 7, 16, 48, 48)
+    assert np.array_equal(images[7], again)
+    assert set(np.unique(labels)) == {0, 1, 2}
+    background, river, cyclone = (labels == 0), (labels == 1), (labels == 2)
+    moisture, pressure = images[:, :5].mean(axis=1), images[:, 5:10].mean(axis=1)
+    assert moisture[river].mean() > moisture[background].mean() + 0.5
+    assert pressure[cyclone].mean() < pressure[background].mean() - 0.5
+    out = tmp_path / "climate.h5"
+    assert convert(["--climate", "10", "--size", "32", "--out", str(out)]) == 0
+    info = inspect_dataset(out)
+    assert (info.train_size, info.val_size, info.classes) == (8, 2, 3) and info.label_maps
+    with h5py.File(out) as f:
+        assert f["train/labels"].shape == (8, 32, 32)
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--climate", "1"], "give at least 2 samples"),
+    (["--climate", "4", "--size", "4"], "--size 4: --climate's fields are 8 to 2048 a side"),
+    (["--climate", "4", "--channels", "2"], "at least 3 fields"),
+    (["--climate", "4", "--targets-count", "2"], "--targets-count applies only to --universe"),
+    (["--climate", "4", "--labels", "y.npy"], "does not apply to --climate"),
+])
+def test_a_bad_climate_set_is_refused(tmp_path, argv, fragment):
+    with pytest.raises(DatasetError) as caught:
+        convert([*argv, "--out", str(tmp_path / "c.h5")])
+    assert not (tmp_path / "c.h5").exists()
+    assert fragment in str(caught.value)

@@ -86,23 +86,24 @@ def _pads(pad: tuple[tuple[int, int], ...]) -> list[int]:
     return [b for b, _ in pad] + [a for _, a in pad]
 
 
+def _weighted_inputs(w: _Writer, spec: LayerSpec) -> list[str]:
+    """A (transposed) convolution's inputs: its input, its weight, and its bias if it has one."""
+    inputs = [*w.inputs_of(spec), w.weight(spec, "weight")]
+    return [*inputs, w.weight(spec, "bias")] if spec.options.bias else inputs
+
+
 def _conv(w: _Writer, spec: LayerSpec) -> None:
     o = spec.options
-    inputs = [*w.inputs_of(spec), w.weight(spec, "weight")]
-    if o.bias:
-        inputs.append(w.weight(spec, "bias"))
-    w.node(spec, "Conv", inputs, kernel_shape=list(o.kernel), strides=list(o.stride),
-           pads=_pads(o.pad), group=o.groups, dilations=list(o.dilation))
+    w.node(spec, "Conv", _weighted_inputs(w, spec), kernel_shape=list(o.kernel),
+           strides=list(o.stride), pads=_pads(o.pad), group=o.groups,
+           dilations=list(o.dilation))
 
 
 def _deconv(w: _Writer, spec: LayerSpec) -> None:
     o = spec.options
-    inputs = [*w.inputs_of(spec), w.weight(spec, "weight")]
-    if o.bias:
-        inputs.append(w.weight(spec, "bias"))
-    w.node(spec, "ConvTranspose", inputs, kernel_shape=list(o.kernel), strides=list(o.stride),
-           pads=_pads(o.pad), output_padding=list(o.outpad), group=o.groups,
-           dilations=list(o.dilation))
+    w.node(spec, "ConvTranspose", _weighted_inputs(w, spec), kernel_shape=list(o.kernel),
+           strides=list(o.stride), pads=_pads(o.pad), output_padding=list(o.outpad),
+           group=o.groups, dilations=list(o.dilation))
 
 
 def _batchnorm(w: _Writer, spec: LayerSpec) -> None:

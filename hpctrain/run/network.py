@@ -472,13 +472,7 @@ class Network:
             totals = self.evaluate_pixels(data, batch)
             return totals.loss * totals.counted, totals.correct, totals.counted
         xp = self.backend.xp
-        x = data.images(batch, self.input_box)
-        self.set_training(False)
-        try:
-            logits = self.forward(x, step=0)
-        finally:
-            self.set_training(True)
-        labels = data.labels(batch, self.labels_box)
+        logits, labels = self._held_out_logits(data, batch)
         real = self.net.loss.real(xp, labels)
         totals = xp.zeros(4, dtype=xp.float64)
         if self.owns_loss and bool(real.any()):
@@ -490,19 +484,24 @@ class Network:
         self.refuse_nonfinite(totals[3], data)
         return float(totals[0]), int(round(totals[1])), int(round(totals[2]))
 
-    def evaluate_pixels(self, data: HeldOutSource, batch: int) -> PixelTotals:
-        """:meth:`evaluate` of a segmentation net: the sums over every counted pixel of
-        held-out batch ``batch`` (weighted loss and weights, correct and counted pixels, each
-        class's intersection and union), over every rank. Padding past the end of the split
-        is labelled −1 at every pixel, and not counted. Collective."""
-        xp = self.backend.xp
+    def _held_out_logits(self, data: HeldOutSource, batch: int) -> tuple[Any, Any]:
+        """This rank's logits of held-out batch ``batch`` with dropout off and the running
+        statistics used, and its block of the batch's labels."""
         x = data.images(batch, self.input_box)
         self.set_training(False)
         try:
             logits = self.forward(x, step=0)
         finally:
             self.set_training(True)
-        labels = data.labels(batch, self.labels_box)
+        return logits, data.labels(batch, self.labels_box)
+
+    def evaluate_pixels(self, data: HeldOutSource, batch: int) -> PixelTotals:
+        """:meth:`evaluate` of a segmentation net: the sums over every counted pixel of
+        held-out batch ``batch`` (weighted loss and weights, correct and counted pixels, each
+        class's intersection and union), over every rank. Padding past the end of the split
+        is labelled −1 at every pixel, and not counted. Collective."""
+        xp = self.backend.xp
+        logits, labels = self._held_out_logits(data, batch)
         classes = self.net.classes
         mine = PixelTotals(classes)
         if self.owns_loss and labels.size:

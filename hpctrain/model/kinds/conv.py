@@ -51,6 +51,15 @@ class ConvOptions:
     dilation: tuple[int, ...] = (1,)  # per axis once resolved
 
 
+def check_whole_groups(layer: str, groups: int, parts: int) -> None:
+    """Refuse a split of a grouped layer's output channels into ``parts`` blocks that are not
+    whole groups (each rank computes whole groups)."""
+    if groups > 1 and groups % parts:
+        raise SplitError(f"layer {layer}: its {groups} groups cannot be cut into {parts} "
+                         f"blocks of whole groups; give its output channels a degree that "
+                         f"divides {groups}")
+
+
 class ConvKind(SplitsInputs, WindowKind):
     name = "conv"
     keys = {"out": Key(whole(1)), **WINDOW_KEYS, "bias": Key(flag, "1"),
@@ -122,11 +131,8 @@ class ConvKind(SplitsInputs, WindowKind):
     def check(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout) -> None:
         super().check(spec, inputs, output)  # the batch, and the spatial splits' rows
         check_split(spec.options.out, output.parts[CHANNEL_AXIS], "output channels", spec.name)
-        groups, c = spec.options.groups, output.parts[CHANNEL_AXIS]
-        if groups > 1 and groups % c:
-            raise SplitError(f"layer {spec.name}: its {groups} groups cannot be cut into {c} "
-                             f"blocks of whole groups; give its output channels a degree "
-                             f"that divides {groups}")
+        groups = spec.options.groups
+        check_whole_groups(spec.name, groups, output.parts[CHANNEL_AXIS])
         if groups > 1 and (inputs[0].digits_of((CHANNEL_AXIS,))
                            != output.digits_of((CHANNEL_AXIS,))):
             raise SplitError(f"layer {spec.name}: a grouped convolution's input channels are "

@@ -41,6 +41,7 @@ from hpctrain.layout.layout import (
 )
 from hpctrain.layout.partition import SplitError, TransposedWindow, check_split
 from hpctrain.model.kinds.base import LayerSpec, Shape
+from hpctrain.model.kinds.conv import check_whole_groups
 from hpctrain.model.kinds.window import WINDOW_KEYS, WindowKind, busiest_halo, spread_window
 from hpctrain.model.options import SAME, Key, NetError, flag, sizes, spread, whole
 
@@ -136,10 +137,7 @@ class DeconvKind(WindowKind):
         super().check(spec, inputs, output)  # the batch, and the spatial splits' rows
         check_split(spec.options.out, output.parts[CHANNEL_AXIS], "output channels", spec.name)
         groups, c = spec.options.groups, output.parts[CHANNEL_AXIS]
-        if groups > 1 and groups % c:
-            raise SplitError(f"layer {spec.name}: its {groups} groups cannot be cut into {c} "
-                             f"blocks of whole groups; give its output channels a degree "
-                             f"that divides {groups}")
+        check_whole_groups(spec.name, groups, c)
         if groups > 1 and c > 1:
             same = inputs[0].digits_of((CHANNEL_AXIS,)) == output.digits_of((CHANNEL_AXIS,))
         else:
