@@ -2,8 +2,10 @@
 # hpctrain against PyTorch on one GPU, for a lent GPU machine with no internet: installs what it
 # lacks from the wheels in .whl/ (the cuDNN Frontend; an MPI library, cuda-bindings and pytest only
 # where missing), prints the versions, runs the GPU tests of the cuDNN convolutions against
-# im2col, then bench/gpu_step.py. Everything lands under $OUT (default runs/bench/gpu); the
-# tables go to stdout as each number is measured. Under 5 minutes on an H100 as it stands.
+# im2col, then bench/gpu_step.py, then two ranks on one GPU (the transport --collectives auto
+# picks for them, NCCL or MPI, against MPI). Everything lands under $OUT (default
+# runs/bench/gpu); the tables go to stdout as each number is measured. Under 5 minutes on an
+# H100 as it stands.
 #
 #   OUT=/some/dir bash bench/gpu_device.sh                      # everything
 #   bash bench/gpu_device.sh --nets resnet50 --precisions bf16  # arguments go to gpu_step.py
@@ -15,13 +17,15 @@ PY=${PYTHON:-python3}
 SECONDS=0
 BENCH_UNTIL=${BENCH_UNTIL:-290}  # seconds from the start by which the benchmark is cut
 
-# install_wheels TARGET WHEEL...: pip where it works, else each wheel unzipped as it is
+# install_wheels TARGET WHEEL...: pip where it works, else each wheel unzipped as it is and
+# its modules imported (bench/wheels.py), failing loudly where one does not
 install_wheels() {
     local target=$1; shift
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$target" "$@" 2>/dev/null \
         && return 0
     echo "pip could not install $*; unzipping them into $target"
-    for wheel in "$@"; do $PY -m zipfile -e "$wheel" "$target" || return 1; done
+    # without pip's checks of platform and dependencies: each wheel's modules must import
+    $PY bench/wheels.py "$target" "$@" || { echo "ERROR: the wheels above do not import here"; return 1; }
 }
 if install_wheels /tmp/site .whl/*.whl; then
     export PYTHONPATH=/tmp/site:$PWD
@@ -88,17 +92,26 @@ timeout $((BENCH_UNTIL - SECONDS > 60 ? BENCH_UNTIL - SECONDS : 60)) $PY bench/g
     --out "$OUT/gpu_step.json" "$@" 2>&1 | tee "$OUT/gpu_step.txt"
 echo "gpu_step exit status ${PIPESTATUS[0]} after ${SECONDS}s; files in $OUT"
 
-# two ranks sharing the GPU: the NCCL step against the host-staged MPI step, the same losses
+# two ranks sharing one GPU: --collectives auto against the host-staged MPI step, the same
+# losses. NCCL before 2.30.3 refuses ranks that share a device, and 2.30.3 and later run them
+# with NCCL_MULTI_RANK_GPU_ENABLE=1: auto makes that choice, as in training, and says which
 MPIEXEC=$(command -v mpiexec || ls /tmp/site/bin/mpiexec /tmp/mpich/mpich-*.data/data/bin/mpiexec \
           2>/dev/null | head -n 1)
 if [ -n "${MPIEXEC:-}" ] && [ "${NCCL_CHECK:-1}" = 1 ]; then
-    echo "== 2 ranks on one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1): nccl against mpi ($MPIEXEC)"
-    for how in nccl mpi; do
-        timeout 90 "$MPIEXEC" -n 2 env NCCL_MULTI_RANK_GPU_ENABLE=1 $PY -m hpctrain --device gpu \
+    ONE_GPU=${CUDA_VISIBLE_DEVICES:-0}; ONE_GPU=${ONE_GPU%%,*}  # both ranks on the first GPU
+    echo "== 2 ranks on GPU $ONE_GPU (NCCL_MULTI_RANK_GPU_ENABLE=1): auto against mpi ($MPIEXEC)"
+    for how in auto mpi; do
+        timeout 90 "$MPIEXEC" -n 2 env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_VISIBLE_DEVICES=$ONE_GPU \
+            $PY -m hpctrain --device gpu \
             --net resnet18 --image-size 64 --batch 32 --steps 8 --print-every 1 --compute flops \
             --precision ${NCCL_PRECISION:-bf16} --grid ${NCCL_GRID:-conv=domain:2x1,fc=2x1} \
-            --collectives $how 2>&1 | grep -E "^step|^done|rror|NCCL" | head -n 14 \
-            | tee "$OUT/ranks2_$how.txt"
+            --collectives $how 2>&1 | grep -E "^collectives|^step|^done|rror|NCCL" | head -n 15 \
+            > "$OUT/ranks2_$how.txt"
+        # auto names its choice where ranks share a GPU; without NCCL in CuPy it is mpi
+        ran=$(sed -n 's/^collectives: \([a-z]*\).*/\1/p' "$OUT/ranks2_$how.txt" | head -n 1)
+        [ "$how" = mpi ] && ran=mpi
+        echo "--collectives $how ran ${ran:-mpi (CuPy has no NCCL)}" >> "$OUT/ranks2_$how.txt"
+        cat "$OUT/ranks2_$how.txt"
     done
 fi
 echo "all done after ${SECONDS}s"

@@ -347,9 +347,14 @@ def predicted_peak_bytes(net: Any, batch: int, precision: str, device: str) -> f
 
 
 def free_device_memory(device: str) -> None:
-    """Give the pools' cached blocks back, so the next side starts with the memory free."""
+    """Give the pools' cached blocks back, so the next side starts with the memory free: the
+    cuDNN graphs and workspace the last net built first (they would count in the next net's
+    peak), then the pools."""
     import gc
 
+    from hpctrain.kernels import cudnn_conv
+
+    cudnn_conv.release_graphs()
     gc.collect()
     if device != "gpu":
         return

@@ -4,13 +4,19 @@ on a machine without a GPU, and fails where NCCL would.
 
 What it models:
 
-- ``get_unique_id()`` gives 128 ints, as CuPy's does; they carry the world rank of the process
-  that made it and a serial number of that process, as NCCL's carries the root's address.
-  ``NcclCommunicator(ndev, unique_id, rank)`` is collective over the ``ndev`` processes given
-  the same id, and only over them: each tells the root its rank (on a private duplicate of
-  ``COMM_WORLD``), the root sends back every member's world rank, and the members make their
-  MPI communicator with ``Create_group``, which no other process takes part in. Its ranks are
-  the NCCL ranks.
+- ``get_unique_id()`` gives 128 bytes, as CuPy 14's does; they carry the world rank of the
+  process that made it and a serial number of that process, as NCCL's carries the root's
+  address. ``NcclCommunicator(ndev, unique_id, rank)`` takes those bytes (a tuple of ints, as
+  older CuPy gave, is refused, as CuPy 14 refuses it) and is collective over the ``ndev``
+  processes given the same id, and only over them: each tells the root its rank, node and
+  device (on a private duplicate of ``COMM_WORLD``), the root sends back every member's world
+  rank, and the members make their MPI communicator with ``Create_group``, which no other
+  process takes part in. Its ranks are the NCCL ranks.
+- Two members on one device of one node are refused on every member (ncclInvalidUsage), as
+  NCCL before 2.30.3 refuses them, unless :data:`VERSION` is at least 23003 (2.30.3) and
+  ``NCCL_MULTI_RANK_GPU_ENABLE=1``. :func:`install` gives every rank of a node its own device
+  (``getDeviceCount`` answers the node's number of ranks); a test of ranks that share one
+  sets ``counters.devices`` back to 1 before it makes its backend.
 - Buffers are device pointers (``a.data.ptr``) found with :func:`tests.gpu_standin.buffer_at`:
   a NumPy array, or an address in no live device buffer, is refused, and so is a datatype
   other than the array's own (a ``bfloat16`` array sent as ``NCCL_FLOAT16``, say) or a count
@@ -22,9 +28,11 @@ What it models:
   at ``groupEnd()``: the messages posted together, each with a header that the receiver checks
   against its own count and datatype.
 - A communicator is tied to the device current when it was made, and to its process: used
-  with another device current, after ``destroy()``, or with a rank other than its own, it
-  refuses.
-- Sums of ``float16`` and ``bfloat16`` are made in float32 and rounded back, as NCCL's are.
+  with another device current, after ``destroy()`` or ``abort()``, or with a rank other than
+  its own, it refuses. Every ``destroy()`` and ``abort()`` is recorded in :data:`ended`, so a
+  test can check which way a communicator was released, and on which ranks.
+- Sums of ``float16`` and ``bfloat16`` go round a ring as NCCL's do: each hop adds in float32
+  and rounds back, P − 1 roundings in all.
 
 Everything runs at once (the stand-in device has no queue): a stream argument must be an int,
 as CuPy's are, and is otherwise ignored.
@@ -33,6 +41,8 @@ as CuPy's are, and is otherwise ignored.
 from __future__ import annotations
 
 import itertools
+import os
+import struct
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +72,7 @@ if bfloat16 is not None:
 
 _MAGIC = 0x4E43  # marks an id this module made
 _ID_BYTES = 128
+_ID_HEAD = struct.Struct("<HiI")  # the magic, the root's world rank, its serial number
 _BOOT_TAGS = 16000  # serial numbers wrap: join requests on 2·s, replies on 2·s + 1
 _HEADER, _DATA = 1, 2  # tags of a message's header and data on a communicator
 
@@ -70,8 +81,17 @@ class NcclError(RuntimeError):
     """What NCCL (through CuPy) would report, or where it would hang or corrupt memory."""
 
 
-_state: dict[str, Any] = {"boot": None, "depth": 0, "queued": [], "cupy": None}
+_state: dict[str, Any] = {"boot": None, "depth": 0, "queued": [], "cupy": None,
+                          "node_size": None}
 _serial = itertools.count()
+
+VERSION = 22105
+"""What ``get_version()`` answers (2.21.5): set it (with ``monkeypatch``) to model another NCCL."""
+
+SHARES_DEVICES = 23003  # the first NCCL that lets ranks share a GPU, when asked to
+
+ended: list[tuple[str, int, int]] = []
+"""Each ``destroy()`` and ``abort()`` since :func:`install`: (which, NCCL rank, size)."""
 
 
 def install(monkeypatch: Any, cupy_standin: Any) -> Any:
@@ -80,8 +100,14 @@ def install(monkeypatch: Any, cupy_standin: Any) -> Any:
     reaches at the same test."""
     if _state["boot"] is None:
         _state["boot"] = MPI.COMM_WORLD.Dup()
+        node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        _state["node_size"] = node.Get_size()
+        node.Free()
     _state["cupy"] = cupy_standin
     _state["depth"], _state["queued"] = 0, []
+    ended.clear()
+    # a device per rank, as a node of GPUs runs: a test of ranks sharing one says so
+    cupy_standin.counters.devices = _state["node_size"]
     module = sys.modules[__name__]
     monkeypatch.setattr(cupy_standin.cuda, "nccl", module, raising=False)
     if not hasattr(cupy_standin.Stream, "ptr"):
@@ -96,17 +122,18 @@ def _cupy() -> Any:
 
 
 def get_version() -> int:
-    return 22105
+    return VERSION
 
 
 def get_build_version() -> int:
-    return 22105
+    return VERSION
 
 
-def get_unique_id() -> tuple[int, ...]:
-    """128 ints, as CuPy gives: this process's world rank and a serial number of its own."""
+def get_unique_id() -> bytes:
+    """128 bytes, as CuPy 14 gives: this process's world rank and a serial number of its own."""
     serial = next(_serial) % _BOOT_TAGS
-    return (_MAGIC, MPI.COMM_WORLD.Get_rank(), serial) + (0,) * (_ID_BYTES - 3)
+    head = _ID_HEAD.pack(_MAGIC, MPI.COMM_WORLD.Get_rank(), serial)
+    return head + bytes(_ID_BYTES - len(head))
 
 
 def groupStart() -> None:  # noqa: N802 - CuPy's name
@@ -176,17 +203,28 @@ def _owner_dtype(cupy: Any, ptr: int) -> np.dtype | None:
 
 
 def _summed(values: np.ndarray, comm: MPI.Comm, scatter: bool) -> np.ndarray:
-    """Σ over ``comm`` of ``values`` (each rank's block of it, ``scatter``), 16-bit floats
-    summed in float32 and rounded back."""
-    wide = values.astype(np.float32) if values.dtype.itemsize == 2 and values.dtype.kind in \
-        "fV" else values
+    """Σ over ``comm`` of ``values`` (each rank's block of it, ``scatter``). 16-bit floats go
+    round a ring: each hop adds its own values in float32 and rounds the partial sum back,
+    P − 1 roundings, as NCCL's ring makes them (the order here is rank order)."""
+    size = comm.Get_size()
+    if not (values.dtype.itemsize == 2 and values.dtype.kind in "fV"):
+        if scatter:
+            out = np.empty(values.size // size, values.dtype)
+            comm.Reduce_scatter_block(values, out, MPI.SUM)
+        else:
+            out = np.empty_like(values)
+            comm.Allreduce(values, out, MPI.SUM)
+        return out
+    every = np.empty((size, values.size), values.dtype)
+    comm.Allgather(values.view(np.uint16), every.view(np.uint16))
+    total = every[0]
+    for k in range(1, size):
+        total = (total.astype(np.float32) + every[k].astype(np.float32)).astype(values.dtype)
     if scatter:
-        out = np.empty(wide.size // comm.Get_size(), wide.dtype)
-        comm.Reduce_scatter_block(wide, out, MPI.SUM)
-    else:
-        out = np.empty_like(wide)
-        comm.Allreduce(wide, out, MPI.SUM)
-    return out.astype(values.dtype)
+        block = values.size // size
+        rank = comm.Get_rank()
+        return total[rank * block:(rank + 1) * block].copy()
+    return total
 
 
 class NcclCommunicator:
@@ -196,35 +234,45 @@ class NcclCommunicator:
         boot = _state["boot"]
         if boot is None:
             raise NcclError("the NCCL stand-in is not installed (tests.nccl_standin.install)")
-        unique = tuple(commId)
-        if len(unique) != _ID_BYTES or unique[0] != _MAGIC:
+        if not isinstance(commId, bytes):
+            raise NcclError(f"NcclCommunicator: the id is the bytes get_unique_id() gives, not "
+                            f"{type(commId).__name__} (CuPy 14 refuses a tuple)")
+        if len(commId) != _ID_BYTES or _ID_HEAD.unpack_from(commId)[0] != _MAGIC:
             raise NcclError("NcclCommunicator: not an id from get_unique_id()")
         if not 0 <= rank < ndev:
             raise NcclError(f"NcclCommunicator: rank {rank} outside 0..{ndev - 1}")
-        root, serial = unique[1], unique[2]
+        _, root, serial = _ID_HEAD.unpack_from(commId)
         me = MPI.COMM_WORLD.Get_rank()
+        # where this member runs: NCCL before 2.30.3 refuses two members on one device
+        where = (MPI.Get_processor_name(), _cupy().counters.current_device)
+        sharing = VERSION >= SHARES_DEVICES and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
         if rank == 0:
             if me != root:
                 raise NcclError(f"NcclCommunicator: rank 0 is world rank {me}, but the id was "
                                 f"made by world rank {root}: rank 0 must make the id")
             members: list[int | None] = [None] * ndev
             members[0] = me
+            places = {where: 0}
             problem = None
             for _ in range(ndev - 1):
-                their_rank, world, their_ndev = boot.recv(source=MPI.ANY_SOURCE,
-                                                          tag=2 * serial)
+                their_rank, world, their_ndev, there = boot.recv(source=MPI.ANY_SOURCE,
+                                                                 tag=2 * serial)
                 if their_ndev != ndev:
                     problem = f"ranks disagree on the size: {their_ndev} and {ndev}"
                 elif members[their_rank] is not None:
                     problem = f"rank {their_rank} joined twice"
                 else:
                     members[their_rank] = world
+                if there in places and not sharing and problem is None:
+                    problem = (f"ncclInvalidUsage: ranks {places[there]} and {their_rank} "
+                               f"share device {there[1]} of {there[0]} (NCCL {VERSION})")
+                places.setdefault(there, their_rank)
             reply = problem or members
             for world in members[1:]:
                 if world is not None:
                     boot.send(reply, dest=world, tag=2 * serial + 1)
         else:
-            boot.send((rank, me, ndev), dest=root, tag=2 * serial)
+            boot.send((rank, me, ndev, where), dest=root, tag=2 * serial)
             reply = boot.recv(source=root, tag=2 * serial + 1)
         if isinstance(reply, str):
             raise NcclError(f"NcclCommunicator: {reply}")
@@ -250,12 +298,19 @@ class NcclCommunicator:
         return self._device
 
     def destroy(self) -> None:
+        """NCCL's destroy is collective: every rank of the communicator must call it (the
+        stand-in records the call and frees its own communicator; it cannot see the others)."""
+        self._end("destroy")
+
+    def abort(self) -> None:
+        """NCCL's abort is local: one rank may call it while the others are in a collective."""
+        self._end("abort")
+
+    def _end(self, which: str) -> None:
+        ended.append((which, self._rank, self._size))
         if self._mpi is not None:
             self._mpi.Free()
             self._mpi = None
-
-    def abort(self) -> None:
-        self.destroy()
 
     def _check(self, what: str) -> MPI.Comm:
         if self._mpi is None:

@@ -220,3 +220,114 @@ def test_a_band_view_is_taken_as_its_rows() -> None:
     got, _ = cudnn_conv.cudnn_conv_forward(cupy.asarray(x)[:, :, 4:9], cupy.asarray(w), None,
                                            (1, 1), pads, PRECISIONS["fp64"])
     assert relative(cupy.asnumpy(got), want) < 1e-11
+
+
+def test_the_benchmark_lets_go_of_one_nets_graphs_before_the_next(monkeypatch) -> None:
+    """``bench/gpu_step.py`` measures each net's peak device memory in turn: the graphs and
+    the workspace the last net's convolutions built are let go first, or they would count in
+    the next net's peak."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    import gpu_step
+
+    class Pool:  # CuPy's empty() for the workspace, counting what it holds
+        uint8 = np.uint8
+
+        @staticmethod
+        def empty(n, dtype):
+            return np.empty(n, dtype)
+
+    device = cudnn_conv._Device.__new__(cudnn_conv._Device)
+    device.cupy, device.workspace = Pool, np.empty(2**20, np.uint8)
+    monkeypatch.setitem(cudnn_conv._DEVICES, 0, device)
+    monkeypatch.setitem(cudnn_conv._GRAPHS, ("some", "key"), object())
+    gpu_step.free_device_memory("cpu")
+    assert not cudnn_conv._GRAPHS and device.workspace.size == 0
+    del sys.modules["gpu_step"]
+
+
+class _Recorder:
+    """A stand-in for the cuDNN Frontend module: its graph records which numerical notes were
+    deselected, the rest of the building answers as the frontend does."""
+
+    class data_type:  # noqa: N801 - the frontend's names
+        FLOAT, DOUBLE, HALF, BFLOAT16 = "float", "double", "half", "bfloat16"
+
+    class numerical_note:  # noqa: N801
+        TENSOR_CORE, DOWN_CONVERT_INPUTS = "tensor core", "down-convert inputs"
+
+    class heur_mode:  # noqa: N801
+        A, FALLBACK = "a", "fallback"
+
+    def __init__(self) -> None:
+        self.deselected: list[list[str]] = []
+
+    def pygraph(self, **_: object) -> object:
+        recorder = self
+
+        class Tensor:
+            def set_output(self, _):
+                return self
+
+            set_data_type = set_dim = set_stride = set_output
+
+        class Graph:
+            def tensor(self, **_):
+                return Tensor()
+
+            conv_fprop = conv_dgrad = conv_wgrad = tensor
+
+            def validate(self):
+                pass
+
+            build_operation_graph = validate
+
+            def create_execution_plans(self, _):
+                pass
+
+            def deselect_numeric_notes(self, notes):
+                recorder.deselected.append(list(notes))
+
+            def get_execution_plan_count(self):
+                return 1
+
+            def build_plan_at_index(self, _):
+                pass
+
+            def get_workspace_size(self):
+                return 0
+
+        return Graph()
+
+
+@pytest.mark.parametrize("precision,expected", [
+    ("fp32", {"down-convert inputs", "tensor core"}),
+    ("tf32", {"down-convert inputs"}),
+    ("bf16", {"down-convert inputs"}),
+])
+def test_down_converting_engines_are_never_taken(precision: str, expected: set) -> None:
+    """As PyTorch's engine filter: engines that convert their inputs down are deselected under
+    every precision (tf32 too), and tensor-core engines under strict fp32 alone."""
+    p = PRECISIONS[precision]
+    key = cudnn_conv.key_of((2, 3, 8, 8), (4, 3, 3, 3), (1, 1), ((1, 1), (1, 1)),
+                            np.dtype(p.storage), p)
+    recorder = _Recorder()
+    cudnn_conv._build(recorder, None, key, "forward")
+    assert [set(notes) for notes in recorder.deselected] == [expected]
+
+
+def test_a_band_that_starts_off_alignment_is_copied_before_cudnn_binds_it(standin_cupy) -> None:
+    """A band of rows of one sample and one channel is a contiguous view starting where its
+    first row does (rows of 7 float32, 28 bytes: off 16-byte alignment); cuDNN binds a copy,
+    and an aligned contiguous array as it is."""
+    cupy = standin_cupy
+    x = cupy.asarray(np.arange(84, dtype=np.float32).reshape(1, 1, 12, 7))
+    band = x[:, :, 1:5]
+    assert band.flags.c_contiguous and band.data.ptr % cudnn_conv.ALIGNMENT
+    bound = cudnn_conv.bindable(cupy, band)
+    assert bound.data.ptr % cudnn_conv.ALIGNMENT == 0
+    assert np.array_equal(cupy.asnumpy(bound), np.arange(84, dtype=np.float32).reshape(
+        1, 1, 12, 7)[:, :, 1:5])
+    assert cudnn_conv.bindable(cupy, x).data.ptr == x.data.ptr  # no copy

@@ -50,6 +50,47 @@ def test_the_fused_update_is_the_update(monkeypatch, grad_dtype):
         assert np.array_equal(fused[2], fused[0].astype(bfloat16))
 
 
+class KernelsThatFailFor16Bits:
+    """An ``xp`` whose fused kernels run on float32 weights but fail to compile with a bfloat16
+    copy, as ml_dtypes' type can in an older CUDA."""
+
+    ElementwiseKernel = object  # the name sgd_update looks for
+
+    def __init__(self):
+        self.cuda = type("cuda", (), {"get_current_stream": staticmethod(
+            lambda: type("stream", (), {"synchronize": staticmethod(lambda: None)})())})
+
+    ones = staticmethod(np.ones)
+    empty = staticmethod(np.empty)
+    empty_like = staticmethod(np.empty_like)
+
+
+def test_a_16_bit_kernel_that_fails_leaves_the_float32_update_fused(monkeypatch, capsys):
+    """The probe runs per copy: bfloat16's failure is said once and that update runs one
+    operation at a time, while float32 weights keep the fused kernel."""
+    def kernels(_):
+        def plain(*args):
+            return numpy_kernel(False)(*args)
+
+        def with_copy(*args):
+            if args[-1].dtype == bfloat16:
+                raise RuntimeError("nvrtc: error: identifier \"__nv_bfloat16\" is undefined")
+            return numpy_kernel(True)(*args)
+        return plain, with_copy
+
+    monkeypatch.setattr(sgd, "_fused_kernels", kernels)
+    sgd._fused_runs.cache_clear()
+    xp = KernelsThatFailFor16Bits()
+    try:
+        assert sgd._fused_runs(xp, None)
+        assert not sgd._fused_runs(xp, "bfloat16")
+        assert sgd._fused_runs(xp, "float16")
+    finally:
+        sgd._fused_runs.cache_clear()
+    said = capsys.readouterr().out
+    assert said.count("does not run") == 1 and "weights with a bfloat16 copy" in said
+
+
 @pytest.mark.parametrize("grad_dtype", [np.float32, bfloat16], ids=["fp32", "bf16-master"])
 def test_the_real_gpu_kernel_is_the_update(real_cupy, monkeypatch, grad_dtype):
     cupy = real_cupy

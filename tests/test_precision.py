@@ -36,6 +36,37 @@ def test_auto_is_tf32_on_a_gpu_and_fp32_on_the_cpu_and_bad_names_are_refused():
         resolve_precision("fp8")
 
 
+@pytest.mark.parametrize("version,refused", [("2.1.1", True), ("1.26.4", True),
+                                              ("2.1.2", False), ("2.1.2rc1", False),
+                                              ("2.4", False)])
+def test_bf16_on_a_gpu_needs_the_numpy_cupys_bfloat16_arrays_need(monkeypatch, version, refused):
+    """CuPy 14's bfloat16 arrays need NumPy 2.1.2 or later: an older one is refused at start,
+    in one line that names both versions and the fix, on a GPU only (the CPU's bf16 is
+    ml_dtypes' alone)."""
+    monkeypatch.setattr(np, "__version__", version)
+    assert resolve_precision("bf16", "cpu").name == "bf16"
+    if not refused:
+        assert resolve_precision("bf16", "gpu").name == "bf16"
+        return
+    with pytest.raises(UserError) as caught:
+        resolve_precision("bf16", "gpu")
+    assert "needs NumPy 2.1.2 or later" in str(caught.value)
+    assert f"this is NumPy {version}" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_gpu_extras_are_cupy_14_for_cuda_13_and_12_with_that_numpy():
+    """``pip install '.[gpu]'`` gives CUDA 13's CuPy 14 (the GPUs' image has CUDA 13), and
+    ``.[gpu-cuda12]`` CUDA 12's; both the NumPy bf16 arrays need."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    for extra, cupy in (("gpu", "cupy-cuda13x>=14"), ("gpu-cuda12", "cupy-cuda12x>=14")):
+        assert cupy in extras[extra] and "numpy>=2.1.2" in extras[extra], extra
+        assert any(d.startswith("nvidia-cudnn-frontend") for d in extras[extra])
+
+
 # -- kernels -------------------------------------------------------------------------------------
 
 

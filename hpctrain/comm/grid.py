@@ -49,10 +49,12 @@ class ProcessGrid:
     def pc(self) -> int:
         return self.shape[1]
 
-    def free(self) -> None:
+    def free(self, abort: bool = False) -> None:
+        """Free the communicators, and first the NCCL communicators made for them (aborted,
+        not destroyed, with ``abort``: see :func:`~hpctrain.comm.transport.release`)."""
         for comm in (self.model_comm, self.batch_comm, self.cart):
             if comm != MPI.COMM_NULL:
-                release(comm)  # its NCCL communicator first, if one was made
+                release(comm, abort)  # its NCCL communicator first, if one was made
                 comm.Free()
 
     def __repr__(self) -> str:
@@ -61,8 +63,11 @@ class ProcessGrid:
 
 class GridSet:
     """Builds each distinct grid once over one communicator and frees them all on ``close``,
-    with the NCCL communicators made for them (:mod:`hpctrain.comm.transport`); the one of the
-    communicator it was given lives as long as the process.
+    with the NCCL communicators made for them and for the communicator it was given
+    (:mod:`hpctrain.comm.transport`), which it does not free: the next use of that one makes
+    a new NCCL communicator. As a context manager it destroys them on the normal way out
+    (collective: every rank closes) and aborts them when an exception leaves it, where the
+    other ranks may still be inside a collective and a destroy would wait for them forever.
 
     Layers on different grids coexist: they ask the set for ``(Pr, Pc)`` and share the grid.
 
@@ -142,22 +147,25 @@ class GridSet:
             self._comms[key] = parent.Split(colour, parent.Get_rank())
         return self._comms[key]
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Free every communicator made here, each NCCL communicator first: destroyed
+        (collective over each communicator), or with ``abort`` aborted on this rank alone."""
         for grids in self._groups.values():
-            grids.close()
-            release(grids.world)
+            grids.close(abort)
+            release(grids.world, abort)
             grids.world.Free()
         self._groups.clear()
         for grid in self._grids.values():
-            grid.free()
+            grid.free(abort)
         self._grids.clear()
         for comm in self._comms.values():
-            release(comm)
+            release(comm, abort)
             comm.Free()
         self._comms.clear()
+        release(self.world, abort)  # kept, but its NCCL communicator goes before MPI does
 
     def __enter__(self) -> GridSet:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.close(abort=kind is not None)

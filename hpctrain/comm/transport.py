@@ -17,15 +17,24 @@ per dtype and kept for the life of the process).
 Under NCCL (``Backend.collectives == 'nccl'``) every call is queued on the current CUDA stream,
 the one the kernels run on: no host copy and no wait for the stream; what reads the result is
 queued after it. The NCCL communicator of an MPI communicator is made once, the first time a
-group is asked for it (:func:`group_of`: the unique id made on the group's rank 0 and broadcast
-over the MPI communicator), and destroyed by :func:`release` before that communicator is freed.
-Every rank runs the same plan, so the ranks of a group reach that first use in the same order
-relative to every other collective: creating the communicator there is as safe from deadlock
-as the MPI collective that would have run in its place.
+group is asked for it (:func:`group_of`: the unique id made on the group's rank 0, bytes, and
+broadcast over the MPI communicator), and released by :func:`release` before that communicator
+is freed. Every rank runs the same plan, so the ranks of a group reach that first use in the
+same order relative to every other collective: creating the communicator there is as safe from
+deadlock as the MPI collective that would have run in its place.
+
+Releasing one is collective too: ``ncclCommDestroy`` waits for every rank of the communicator,
+so a rank that destroys it while another is still inside a collective (one rank raised, the
+others did not) hangs. On the normal path every rank destroys; on an exception path
+``release(comm, abort=True)`` aborts instead (``ncclCommAbort``, which returns at once on its
+own rank). Whatever is left when Python exits is aborted by :func:`release_all`, registered
+with ``atexit`` when the first communicator is made: it runs before mpi4py finalises MPI, and
+the ranks need not be at the same place by then.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -295,7 +304,12 @@ class NcclGroup:
         return self.backend.xp.cuda.get_current_stream().ptr
 
     def destroy(self) -> None:
+        """``ncclCommDestroy``: collective, every rank of the communicator calls it."""
         self.nccl_comm.destroy()
+
+    def abort(self) -> None:
+        """``ncclCommAbort``: local, safe while other ranks are still in a collective."""
+        self.nccl_comm.abort()
 
     def allreduce(self, a: Any) -> Any:
         a = self.backend.xp.ascontiguousarray(a)
@@ -372,15 +386,31 @@ def group_of(backend: Backend, comm: MPI.Comm) -> Group:
         return MpiGroup(backend, comm)
     group = _NCCL_GROUPS.get(comm.handle)
     if group is None:
+        if not _NCCL_GROUPS:  # the first held: what is left at exit is aborted (once)
+            atexit.unregister(release_all)
+            atexit.register(release_all)
         group = _NCCL_GROUPS[comm.handle] = NcclGroup(backend, comm)
     group.backend = backend  # the communicator outlives a backend: report to this one's clock
     return group
 
 
-def release(comm: MPI.Comm) -> None:
-    """Destroy the NCCL communicator made for ``comm``, if any, before ``comm`` is freed."""
+def release(comm: MPI.Comm, abort: bool = False) -> None:
+    """Release the NCCL communicator made for ``comm``, if any, before ``comm`` is freed:
+    destroy it (collective over ``comm``: every rank calls this), or with ``abort`` (an
+    exception path, where some ranks may still be inside a collective) abort it on this rank
+    alone."""
     if comm == MPI.COMM_NULL:
         return
     group = _NCCL_GROUPS.pop(comm.handle, None)
-    if group is not None:
+    if group is not None and abort:
+        group.abort()
+    elif group is not None:
         group.destroy()
+
+
+def release_all() -> None:
+    """Abort every NCCL communicator still held (at exit, before MPI finalises): abort, not
+    destroy, because the ranks need not all reach exit together (a rank that raised)."""
+    while _NCCL_GROUPS:
+        _, group = _NCCL_GROUPS.popitem()
+        group.abort()

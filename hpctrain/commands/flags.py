@@ -254,7 +254,9 @@ def add_collectives_option(parser: argparse.ArgumentParser) -> None:
                         help="how the ranks' arrays move on a GPU: nccl (device memory, on the "
                              "compute stream), or mpi (through host memory, or device memory "
                              "with HPCTRAIN_CUDA_AWARE_MPI=1); auto: nccl where CuPy has NCCL, "
-                             "else mpi; the CPU always uses mpi (default: %(default)s)")
+                             "unless ranks share a GPU, which NCCL refuses before 2.30.3 or "
+                             "without NCCL_MULTI_RANK_GPU_ENABLE=1, else mpi; the CPU always "
+                             "uses mpi (default: %(default)s)")
 
 
 def add_precision_option(parser: argparse.ArgumentParser, default: str = "auto") -> None:

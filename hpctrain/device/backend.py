@@ -96,11 +96,17 @@ class Backend:
 
 
 COLLECTIVES = ("auto", "nccl", "mpi")
-"""What ``--collectives`` takes (auto: nccl on GPUs where CuPy has NCCL, else mpi)."""
+"""What ``--collectives`` takes (auto: nccl on GPUs where CuPy has NCCL and it can run the
+ranks as placed, else mpi)."""
+
+NCCL_SHARES_DEVICES = 23003
+"""The first NCCL (2.30.3, as ``get_version()`` codes it) that lets ranks share a GPU, with
+``NCCL_MULTI_RANK_GPU_ENABLE=1``: older ones refuse a communicator whose ranks share a
+device (ncclInvalidUsage)."""
 
 
-def _has_nccl(cupy: ModuleType) -> bool:
-    """Whether CuPy has a working NCCL (``cupy.cuda.nccl``)."""
+def _nccl_module(cupy: ModuleType) -> Any | None:
+    """CuPy's NCCL module (``cupy.cuda.nccl``) where it works, else None."""
     nccl = getattr(cupy.cuda, "nccl", None)
     if nccl is None:
         try:
@@ -108,8 +114,93 @@ def _has_nccl(cupy: ModuleType) -> bool:
 
             nccl = importlib.import_module(f"{cupy.__name__}.cuda.nccl")
         except ImportError:
-            return False
-    return bool(getattr(nccl, "available", True))
+            return None
+    return nccl if getattr(nccl, "available", True) else None
+
+
+def nccl_version_text(code: int) -> str:
+    """NCCL's version code as major.minor.patch: 23003 is 2.30.3 (from 2.9 on, major·10000 +
+    minor·100 + patch), 2708 is 2.7.8 (before, major·1000 + minor·100 + patch)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def nccl_shares_devices(version: int, environ: Any = None) -> bool:
+    """Whether NCCL of ``version`` (its code) runs ranks that share a GPU: from 2.30.3 on,
+    with ``NCCL_MULTI_RANK_GPU_ENABLE=1`` in ``environ`` (default: this process's)."""
+    environ = os.environ if environ is None else environ
+    return version >= NCCL_SHARES_DEVICES and environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
+
+
+def shared_gpu_refusal(version: int, ranks_per_node: int, n_gpus: int) -> str:
+    """Why ``--collectives nccl`` cannot run ``ranks_per_node`` ranks on ``n_gpus`` GPUs with
+    NCCL of ``version`` (its code), in one line with the fix."""
+    return (f"--collectives nccl with {ranks_per_node} ranks on a node of {n_gpus} "
+            f"GPU{'s' if n_gpus > 1 else ''}: ranks share a GPU, which NCCL "
+            f"{nccl_version_text(version)} refuses; choose --collectives mpi, or NCCL >= 2.30.3 "
+            f"with NCCL_MULTI_RANK_GPU_ENABLE=1")
+
+
+def _node_ranks(comm: Any) -> tuple[int, int]:
+    """This rank's rank among the ranks of its node and their number (``Split_type``, which
+    works under any launcher); (0, 1) without ``comm``."""
+    if comm is None:
+        return 0, 1
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def choose_collectives(collectives: str, nccl: Any, comm: Any, ranks_per_node: int,
+                       n_gpus: int) -> str:
+    """The transport of ``--collectives`` (auto, nccl, mpi) on a GPU, given CuPy's NCCL module
+    (None where it has none) and ``ranks_per_node`` ranks on a node of ``n_gpus`` GPUs.
+
+    Ranks that share a GPU (more ranks on a node than GPUs) get NCCL only where it lets them
+    (:func:`nccl_shares_devices`): auto then picks MPI, and says so on rank 0; ``nccl`` is
+    refused. Whether ranks share is agreed over ``comm`` (collective, one small all-reduce),
+    so that every rank picks the same transport, or every rank refuses: a node whose ranks
+    share a GPU would otherwise fail inside NCCL's set-up while its peers wait in it.
+    """
+    if collectives == "mpi":
+        return "mpi"
+    version = 0 if nccl is None else int(nccl.get_version())
+    missing, shared = nccl is None, ranks_per_node > n_gpus
+    allowed = not shared or nccl_shares_devices(version)
+    if comm is not None and comm.Get_size() > 1:
+        from mpi4py import MPI
+
+        # every rank takes part, NCCL or not; the worst node speaks for all
+        worst = np.array([missing, shared, not allowed, ranks_per_node, -n_gpus],
+                         dtype=np.int64)
+        comm.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
+        missing, shared, allowed = bool(worst[0]), bool(worst[1]), not worst[2]
+        ranks_per_node, n_gpus = int(worst[3]), int(-worst[4])
+    if missing:
+        if collectives == "nccl":
+            raise UserError("--collectives nccl but this CuPy has no NCCL (cupy.cuda.nccl); "
+                            "install NCCL for CuPy or choose --collectives mpi")
+        return "mpi"
+    rank = 0 if comm is None else comm.Get_rank()
+    if collectives == "nccl":
+        if not allowed:
+            raise UserError(shared_gpu_refusal(version, ranks_per_node, n_gpus))
+        return "nccl"
+    if shared and rank == 0:
+        why = (f"{ranks_per_node} ranks share {n_gpus} GPU{'s' if n_gpus > 1 else ''} on a "
+               f"node and NCCL {nccl_version_text(version)}")
+        if allowed:
+            print(f"collectives: nccl ({why} lets them with NCCL_MULTI_RANK_GPU_ENABLE=1)",
+                  flush=True)
+        else:
+            print(f"collectives: mpi ({why} refuses that without NCCL >= 2.30.3 and "
+                  f"NCCL_MULTI_RANK_GPU_ENABLE=1)", flush=True)
+    return "nccl" if allowed else "mpi"
 
 
 def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None,
@@ -117,7 +208,8 @@ def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None,
     """Backend for ``device`` ('cpu' or 'gpu') and ``dtype``, a precision name of
     :mod:`hpctrain.device.precision` (auto, fp32, tf32, bf16, fp16, fp64; float32 and float64
     are fp32 and fp64); on GPU bind GPU local_rank % n_gpus. ``collectives`` (auto, nccl,
-    mpi) picks how arrays move: auto is nccl on a GPU where CuPy has NCCL, else mpi.
+    mpi) picks how arrays move (:func:`choose_collectives`): auto is nccl on a GPU where CuPy
+    has NCCL, unless ranks share a GPU that NCCL would refuse, else mpi.
 
     The local rank is this process's rank among those on the same node, found with
     ``Split_type(COMM_TYPE_SHARED)`` so it works under any launcher.
@@ -146,20 +238,10 @@ def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None,
     if n_gpus < 1:
         # visibility can differ per rank (CUDA_VISIBLE_DEVICES set per task): not a UserError
         raise RuntimeError("--device gpu but no GPU is visible to this process")
-    local_rank = 0
-    if comm is not None:
-        from mpi4py import MPI
-
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local_rank = node.Get_rank()
-        node.Free()
+    local_rank, ranks_per_node = _node_ranks(comm)
     cupy.cuda.Device(local_rank % n_gpus).use()
     cuda_aware = os.environ.get("HPCTRAIN_CUDA_AWARE_MPI", "0") == "1"
     tensor_products(precision.name == "tf32", cupy)
-    nccl = _has_nccl(cupy)
-    if collectives == "nccl" and not nccl:
-        raise UserError("--collectives nccl but this CuPy has no NCCL (cupy.cuda.nccl); "
-                        "install NCCL for CuPy or choose --collectives mpi")
-    chosen = "nccl" if collectives == "nccl" or (collectives == "auto" and nccl) else "mpi"
+    chosen = choose_collectives(collectives, _nccl_module(cupy), comm, ranks_per_node, n_gpus)
     return Backend(cupy, precision.storage, "gpu", cuda_aware, precision=precision,
                    collectives=chosen)

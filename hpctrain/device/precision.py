@@ -27,6 +27,7 @@ loss scaling for older GPUs). On the CPU the default is ``fp32``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,23 @@ def resolve_precision(name: str, device: str = "cpu") -> Precision:
         raise UserError(f"unknown precision {name!r}; choose one of {', '.join(RUN_PRECISIONS)}")
     if name == "bf16" and bfloat16 is None:
         raise UserError("--precision bf16 needs the ml_dtypes package: pip install ml_dtypes")
+    if name == "bf16" and device == "gpu" and _numpy_version() < GPU_BF16_NUMPY:
+        floor = ".".join(map(str, GPU_BF16_NUMPY))
+        raise UserError(f"--precision bf16 on a GPU needs NumPy {floor} or later (CuPy's "
+                        f"bfloat16 arrays, through ml_dtypes); this is NumPy {np.__version__}: "
+                        f"pip install 'numpy>={floor}', or use --precision tf32 or fp16")
     return PRECISIONS[name]
+
+
+GPU_BF16_NUMPY = (2, 1, 2)
+"""The least NumPy that CuPy 14's bfloat16 arrays (ml_dtypes' dtype in CuPy's kernels) run
+with; with an older one they fail inside CuPy, at the first array made."""
+
+
+def _numpy_version() -> tuple[int, ...]:
+    """NumPy's release as numbers: (2, 1, 2) for '2.1.2' or '2.1.2rc1', (2, 0) for '2.0'."""
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", np.__version__)
+    return tuple(int(n) for n in found.groups() if n is not None) if found else (0,)
 
 
 _TENSOR_PRODUCTS = False  # float32 products read TF32 inputs (the backend's precision says)

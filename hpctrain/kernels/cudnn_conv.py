@@ -11,9 +11,11 @@ pointers. One cuDNN handle per device, its stream set once to CuPy's current str
 made, and one workspace per device, grown to the largest plan's need.
 
 Precision: the arrays' dtype is the graph's input/output type (float32, bfloat16, float16,
-float64); products accumulate in float32 (float64 for float64). Under ``fp32`` (no tensor
-cores) the engines cuDNN marks as using tensor cores or converting their inputs down (TF32)
-are deselected, so float32 stays strict; ``tf32``, ``bf16`` and ``fp16`` keep them.
+float64); products accumulate in float32 (float64 for float64). The engines cuDNN marks as
+converting their inputs down are deselected under every precision, as PyTorch's engine filter
+does; under ``fp32`` (no tensor cores) those using tensor cores too, so float32 stays strict;
+``tf32``, ``bf16`` and ``fp16`` keep tensor cores. cuDNN may refuse float64 graphs: the layer
+then runs im2col.
 
 The bias is added and its gradient summed by CuPy (db in the accumulation dtype, then stored
 in the arrays' dtype): one element-wise kernel and one reduction, where a fused bias would
@@ -136,6 +138,15 @@ _DEVICES: dict[int, _Device] = {}
 _GRAPHS: dict[ConvKey, ConvGraphs | ConvRefused] = {}
 
 
+def release_graphs() -> None:
+    """Let go of every built graph and each device's workspace (the handles stay): what one
+    net's convolutions built stays otherwise, in memory, for the next net's. A benchmark
+    measuring each net's peak memory in turn calls this between nets."""
+    _GRAPHS.clear()
+    for device in _DEVICES.values():
+        device.workspace = device.cupy.empty(0, dtype=device.cupy.uint8)
+
+
 def _preload_libcudnn() -> None:
     """Load libcudnn.so.9 from a pip wheel (PyTorch's nvidia-cudnn) when the dynamic linker
     does not find it, so the frontend's own lookup of ``libcudnn.so.9`` succeeds."""
@@ -256,9 +267,12 @@ def _build(cudnn: Any, handle: Any, key: ConvKey, which: str) -> _Graph:
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    if key.dtype == "float32" and not key.tensor_cores:  # strict fp32: no TF32 engine
-        graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE,
-                                      cudnn.numerical_note.DOWN_CONVERT_INPUTS])
+    # engines that convert their inputs down (float32 to TF32, 16-bit to 8-bit) are never
+    # taken, as PyTorch's engine filter never takes them; strict fp32 takes no tensor cores
+    notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
+    if key.dtype == "float32" and not key.tensor_cores:
+        notes.append(cudnn.numerical_note.TENSOR_CORE)
+    graph.deselect_numeric_notes(notes)
     _build_first_plan(graph)  # each plan's support is checked as it is built
     return _Graph(graph, operands, int(graph.get_workspace_size()))
 
@@ -356,6 +370,19 @@ def _run(g: _Graph, *arrays: Any) -> None:
                     device.workspace_ptr(g.workspace_bytes), handle=device.handle)
 
 
+ALIGNMENT = 16
+"""The bytes cuDNN's tensors must start on. A band view's first row may not (rows of 7 float32
+are 28 bytes), and cuDNN then refuses the plan or reads misaligned (CUDNN_STATUS_BAD_PARAM)."""
+
+
+def bindable(cupy: Any, a: Any) -> Any:
+    """``a`` as cuDNN may bind it: contiguous and starting on :data:`ALIGNMENT` bytes; a copy
+    where it is neither (a view of rows is contiguous for one sample and one channel, yet starts
+    where its first row does)."""
+    a = cupy.ascontiguousarray(a)
+    return a if a.data.ptr % ALIGNMENT == 0 else a.copy()
+
+
 def cudnn_conv_forward(x: Any, w: Any, b: Any | None, stride: tuple[int, ...], pads: Pads,
                        precision: Any = None) -> tuple[Any, CudnnCache]:
     """Y[n, o, p] = Σ_{c, a} W[o, c, a] · Xpad[n, c, p·s + a] + b[o], as
@@ -365,8 +392,7 @@ def cudnn_conv_forward(x: Any, w: Any, b: Any | None, stride: tuple[int, ...], p
     contiguous, in X's dtype. Raises :class:`ConvRefused` when cuDNN cannot run it.
     """
     cupy = _load()[1]
-    x = cupy.ascontiguousarray(x)  # a band of rows is a view
-    w = cupy.ascontiguousarray(w)
+    x, w = bindable(cupy, x), bindable(cupy, w)  # a band of rows is a view
     graphs = graphs_for(key_of(x.shape, w.shape, stride, pads, x.dtype, precision))
     y = cupy.empty(graphs.run_y_shape, dtype=x.dtype)
     _run(graphs.forward, x, w, y)
@@ -387,8 +413,7 @@ def cudnn_conv_backward(dy: Any, w: Any, cache: CudnnCache, need_dx: bool = True
     the reduction), dX None unless ``need_dx``."""
     cupy = _load()[1]
     graphs = cache.graphs
-    dy = cupy.ascontiguousarray(dy)
-    w = cupy.ascontiguousarray(w)
+    dy, w = bindable(cupy, dy), bindable(cupy, w)
     if dy.dtype != cache.x.dtype or tuple(dy.shape) != graphs.key.y_shape:
         raise ValueError(f"dY {dy.dtype} {tuple(dy.shape)}: the forward made "
                          f"{cache.x.dtype} {graphs.key.y_shape}")

@@ -59,7 +59,8 @@ def sgd_update(xp: Any, w: Any, g: Any, v: Any | None, lr: float, momentum: floa
     updated ``w`` rounded to its dtype (the kernels' 16-bit weights).
     """
     first = bool(momentum) and v is None
-    if momentum and xp is not np and hasattr(xp, "ElementwiseKernel") and _fused_runs(xp):
+    if (momentum and xp is not np and hasattr(xp, "ElementwiseKernel")
+            and _fused_runs(xp, None if copy is None else np.dtype(copy.dtype).name)):
         return _fused_update(xp, w, g, v, lr, momentum, weight_decay, unscale, copy)
     if g.dtype != w.dtype:
         g = g.astype(w.dtype)
@@ -79,22 +80,30 @@ def sgd_update(xp: Any, w: Any, g: Any, v: Any | None, lr: float, momentum: floa
 
 
 @cache
-def _fused_runs(xp: Any) -> bool:
-    """Whether the fused update compiles and runs here (tried once on a tiny shard; else the
-    operations run one at a time, as said once)."""
+def _fused_runs(xp: Any, copy: str | None) -> bool:
+    """Whether the fused update compiles and runs here for weights with a 16-bit copy of dtype
+    ``copy`` (None: float32 alone), tried once on a tiny shard; else that update runs one
+    operation at a time, as said once. Each is tried on its own: a bfloat16 kernel that does
+    not compile (ml_dtypes' type in an older CUDA) leaves the float32 update fused."""
     try:
-        from hpctrain.device.precision import bfloat16
-
         w, g = xp.ones(4, np.float32), xp.ones(4, np.float32)
-        for narrow in (np.float16, bfloat16):  # the 16-bit copies
-            _fused_update(xp, w, g, None, 0.1, 0.9, 0.0, 1.0, xp.empty(4, narrow))
+        narrow = None if copy is None else xp.empty(4, _dtype_named(copy))
+        _fused_update(xp, w, g, None, 0.1, 0.9, 0.0, 1.0, narrow)
         xp.cuda.get_current_stream().synchronize()
     except Exception as err:  # a compiler's or driver's error: any of them means "not here"
-        print(f"SGD: the fused GPU update does not run ({type(err).__name__}: "
+        weights = "float32 weights" if copy is None else f"weights with a {copy} copy"
+        print(f"SGD: the fused GPU update of {weights} does not run ({type(err).__name__}: "
               f"{str(err).splitlines()[0] if str(err) else ''}); one operation at a time "
               f"instead", flush=True)
         return False
     return True
+
+
+def _dtype_named(name: str) -> Any:
+    """The dtype ``name`` (bfloat16 through ml_dtypes)."""
+    from hpctrain.device.precision import bfloat16
+
+    return bfloat16 if name == "bfloat16" else np.dtype(name)
 
 
 @cache

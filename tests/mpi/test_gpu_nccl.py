@@ -12,7 +12,7 @@ from hpctrain.comm.collectives import AllGather, allreduce_sum
 from hpctrain.comm.grid import GridSet
 from hpctrain.comm.halo import HaloExchange
 from hpctrain.comm.redistribute import Redistribute
-from hpctrain.comm.transport import NcclGroup, group_of
+from hpctrain.comm.transport import NcclGroup, group_of, release
 from hpctrain.device.backend import make_backend
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
@@ -101,9 +101,11 @@ def test_primitives_under_nccl_give_what_mpi_gives(standin_nccl, dtype):
             found += [y, move.backward(y * 3)]
             results.append(found)
     assert p == 1 or isinstance(group_of(nccl, comm), NcclGroup)
-    # moves are exact; sums (the reduce-scatter, the all-reduce) may round in another order:
-    # NCCL's stand-in rounds a 16-bit sum once, MPI's operation at each addition
-    tol = {"fp64": 1e-13, "bf16": 2.0 ** -8 * p}[dtype]
+    # moves are exact; sums (the reduce-scatter, the all-reduce) round in another order: a
+    # 16-bit sum is rounded at each of the P − 1 hops of NCCL's ring, and at each of the P − 1
+    # additions of MPI's operation, each rounding within half an ulp (2^-8 of a bf16 value):
+    # the two differ by at most the sum of both
+    tol = {"fp64": 1e-13, "bf16": 2 * max(p - 1, 1) * 2.0 ** -8}[dtype]
     ok = True
     for k, (a, b) in enumerate(zip(*results, strict=True)):
         a, b = host(a).astype(np.float64), host(b).astype(np.float64)
@@ -112,11 +114,26 @@ def test_primitives_under_nccl_give_what_mpi_gives(standin_nccl, dtype):
     assert all_agree(comm, ok and all(a.dtype == b.dtype for a, b in zip(*results)))
 
 
+def node_rank(comm, size: bool = False) -> int:
+    """This rank's rank on its node, the device the stand-in gives it (one per rank); with
+    ``size``, the number of ranks on its node."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() if size else node.Get_rank()
+    finally:
+        node.Free()
+
+
 def test_the_standin_refuses_what_nccl_refuses(standin_nccl):
+    """Host memory, a datatype other than the buffer's, a count past its end, a send outside
+    a group and ranks that disagree on a call are the stand-in's own checks (NCCL would fault,
+    read garbage or hang); another device current and a destroyed communicator NCCL's."""
     from tests import nccl_standin as nccl
 
     comm = MPI.COMM_WORLD
     p, rank = comm.Get_size(), comm.Get_rank()
+    own = node_rank(comm)
+    standin_nccl.cuda.Device(own).use()
     uid = comm.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)
     nc = nccl.NcclCommunicator(p, uid, rank)
     xp, stream = standin_nccl, 0
@@ -159,9 +176,98 @@ def test_the_standin_refuses_what_nccl_refuses(standin_nccl):
         except nccl.NcclError as err:
             mine = "met a send of 3" in str(err)
         refused.append(bool(comm.allreduce(int(mine))))
-    standin_nccl.counters.devices, standin_nccl.counters.current_device = 2, 1
+    standin_nccl.counters.devices += 1
+    standin_nccl.counters.current_device = standin_nccl.counters.devices - 1
     refuses(lambda: nc.size(), "device")
-    standin_nccl.counters.current_device = 0
+    standin_nccl.counters.current_device = own
     nc.destroy()
     refuses(lambda: nc.size(), "destroyed")
     assert all_agree(comm, all(refused))
+
+
+def test_ranks_sharing_a_gpu_run_mpi_unless_nccl_lets_them(standin_nccl, monkeypatch, capsys):
+    """Every rank of a node on one GPU. NCCL before 2.30.3 refuses a communicator whose ranks
+    share a device (the stand-in refuses it too, on every rank): auto picks MPI, and says so
+    on rank 0 only; ``--collectives nccl`` is refused on every rank, in one line. NCCL 2.30.3
+    with NCCL_MULTI_RANK_GPU_ENABLE=1 runs them."""
+    from tests import nccl_standin as nccl
+
+    comm = MPI.COMM_WORLD
+    release(comm)  # a communicator an earlier test left, made on a device of its own
+    shared = node_rank(comm, size=True) > 1
+    monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+    standin_nccl.counters.devices = 1
+    capsys.readouterr()
+    auto = make_backend("gpu", "fp32", comm, "auto")
+    said = capsys.readouterr().out
+    ok = auto.collectives == ("mpi" if shared else "nccl")
+    ok = ok and (said.startswith("collectives: mpi (") if shared and comm.Get_rank() == 0
+                 else said == "")
+    try:
+        make_backend("gpu", "fp32", comm, "nccl")
+        refused = ""
+    except UserError as err:
+        refused = str(err)
+    ok = ok and (("NCCL 2.21.5" in refused and "--collectives mpi" in refused
+                  and "\n" not in refused) if shared else refused == "")
+    if shared:  # what NCCL itself does with such a communicator: refuses it everywhere
+        uid = comm.bcast(nccl.get_unique_id() if comm.Get_rank() == 0 else None, root=0)
+        try:
+            nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+            ok = False
+        except nccl.NcclError as err:
+            ok = ok and "ncclInvalidUsage" in str(err)
+    monkeypatch.setattr(nccl, "VERSION", 23003)
+    monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+    allowed = make_backend("gpu", "fp32", comm, "nccl")
+    ok = ok and allowed.collectives == "nccl"
+    with GridSet(comm) as grids:
+        x = allowed.xp.ones(3, dtype=np.float32)
+        ok = ok and np.all(host(allreduce_sum(allowed, grids.world, x)) == comm.Get_size())
+    assert all_agree(comm, ok)
+
+
+def test_grids_destroy_their_nccl_communicators_on_every_rank_and_abort_on_an_error(
+        standin_nccl):
+    """A normal exit destroys every NCCL communicator, the world's too (before MPI finalises),
+    on every rank: ncclCommDestroy is collective. An exception aborts them instead: a destroy
+    on the rank that raised would wait for ranks still inside a collective."""
+    from tests import nccl_standin as nccl
+
+    comm = MPI.COMM_WORLD
+    p = comm.Get_size()
+    release(comm)  # a communicator an earlier test left
+    nccl.ended.clear()
+    backend = make_backend("gpu", "fp32", comm, "nccl")
+    x = backend.xp.ones(2, dtype=np.float32)
+    with GridSet(comm) as grids:
+        allreduce_sum(backend, grids.world, x)
+        allreduce_sum(backend, grids.get((1, p)).batch_comm, x)
+    destroyed = list(nccl.ended)
+    nccl.ended.clear()
+    with pytest.raises(RuntimeError, match="a layer failed"), GridSet(comm) as grids:
+        allreduce_sum(backend, grids.world, x)
+        raise RuntimeError("a layer failed")
+    aborted = list(nccl.ended)
+    # one communicator of the world, and for P > 1 the batch communicator's own
+    want = 0 if p == 1 else 2
+    ok = sorted(destroyed) == [("destroy", comm.Get_rank(), p)] * want
+    ok = ok and aborted == [("abort", comm.Get_rank(), p)] * (want // 2)
+    assert all_agree(comm, ok)
+
+
+def test_a_bf16_sum_rounds_at_each_hop_of_the_ring(standin_nccl):
+    """1 on rank 0 and 2^-8 on each other rank: each hop adds half an ulp of 1 and rounds to
+    even, back to 1, so NCCL's ring gives 1 where one rounding of the whole sum would give
+    1 + (P − 1)·2^-8: a 16-bit sum is P − 1 roundings off, not one."""
+    from ml_dtypes import bfloat16
+
+    comm = MPI.COMM_WORLD
+    p, rank = comm.Get_size(), comm.Get_rank()
+    backend = make_backend("gpu", "bf16", comm, "nccl")
+    x = backend.xp.asarray(np.full(4, 1.0 if rank == 0 else 2.0 ** -8, dtype=bfloat16))
+    with GridSet(comm) as grids:
+        got = host(allreduce_sum(backend, grids.world, x)).astype(np.float64)
+    exact = 1 + (p - 1) * 2.0 ** -8
+    ok = np.all(got == 1.0) and np.all(np.abs(got - exact) <= (p - 1) * 2.0 ** -8)
+    assert all_agree(comm, bool(ok))
