@@ -382,7 +382,7 @@ def test_upsampling_equals_pytorchs_interpolate(line, call):
     net = parse_net(f"input channels=3 height=7 width=5 classes=3\n{line}\n"
                     f"avgpool kernel=global\nflatten\nlinear out=3\n", "t")
     options = net.layers[0].options
-    matrices = [resampling_matrix(r, (0, r.n_out), (0, r.n_in)) for r in options.resamplings()]
+    matrices = [resampling_matrix(r, (0, r.n_out), (0, r.n_in)) for r in options.windows()]
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 3, 7, 5))
     y = resize_forward(np, x, matrices)
@@ -403,7 +403,7 @@ def test_trilinear_upsampling_of_a_volume_equals_pytorchs():
     net = parse_net("input channels=2 size=4x5x3 classes=3\nupsample scale=2x3x2 "
                     "mode=bilinear\navgpool kernel=global\nflatten\nlinear out=3\n", "t")
     matrices = [resampling_matrix(r, (0, r.n_out), (0, r.n_in))
-                for r in net.layers[0].options.resamplings()]
+                for r in net.layers[0].options.windows()]
     x = np.random.default_rng(8).standard_normal((2, 2, 4, 5, 3))
     want = torch.nn.functional.interpolate(torch.tensor(x), scale_factor=(2, 3, 2),
                                            mode="trilinear", align_corners=False).numpy()

@@ -151,13 +151,8 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
     groups. A 16-bit dY is summed in float32 and the gradients come back in its dtype.
     """
     if narrow(dy.dtype):
-        dx, dw, db = conv_backward(xp, widen(dy), widen(w), cache, stride, need_dx)
-        if dw_out is not None:
-            dw_out[...] = dw
-            dw = dw_out
-        else:
-            dw = dw.astype(dy.dtype)
-        return (None if dx is None else dx.astype(dy.dtype)), dw, db.astype(dy.dtype)
+        return narrowed(dy.dtype, conv_backward(xp, widen(dy), widen(w), cache, stride,
+                                                need_dx), dw_out)
     stride = tuple(stride)
     o, cg, *kernel = w.shape
     if cache.groups > 1 and cg == 1 and o == cache.groups:
@@ -184,6 +179,19 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
         dxp[(slice(None), slice(None), *_hits(corner, stride, out, cache.dilation))] += \
             dcols[(slice(None), *corner)].transpose(1, 0, *range(2, 2 + d))
     return unpadded(dxp, cache.pads), dw, db
+
+
+def narrowed(dtype: Any, gradients: tuple[Any | None, Any, Any], dw_out: Any | None
+             ) -> tuple[Any | None, Any, Any]:
+    """(dX, dW, db) made in float32 from a 16-bit dY, given back in its ``dtype``: dW written
+    into ``dw_out`` where given (the kept buffer; the 16-bit kernels' copy is the layer's)."""
+    dx, dw, db = gradients
+    if dw_out is not None:
+        dw_out[...] = dw
+        dw = dw_out
+    else:
+        dw = dw.astype(dtype)
+    return (None if dx is None else dx.astype(dtype)), dw, db.astype(dtype)
 
 
 def _per_group(a: Any, groups: int) -> Any:

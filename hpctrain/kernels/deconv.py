@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
-from hpctrain.kernels.conv import _hits, _per_group, conv_backward, conv_forward
+from hpctrain.kernels.conv import _hits, _per_group, conv_backward, conv_forward, narrowed
 from hpctrain.kernels.products import matmul, narrow, widen
 from hpctrain.kernels.sliding import full_size
 
@@ -100,13 +100,8 @@ def deconv_backward(xp: Any, dy: Any, w: Any, cache: DeconvCache, need_dx: bool 
     that :func:`deconv_forward` is the adjoint of; dW its weight gradient against X; db = Σ dY.
     A 16-bit dY is summed in float32 and the gradients come back in its dtype."""
     if narrow(dy.dtype):
-        dx, dw, db = deconv_backward(xp, widen(dy), widen(w), cache, need_dx)
-        if dw_out is not None:
-            dw_out[...] = dw
-            dw = dw_out
-        else:
-            dw = dw.astype(dy.dtype)
-        return (None if dx is None else dx.astype(dy.dtype)), dw, db.astype(dy.dtype)
+        return narrowed(dy.dtype, deconv_backward(xp, widen(dy), widen(w), cache, need_dx),
+                        dw_out)
     n, o, *_ = dy.shape
     d = len(cache.full)
     db = dy.sum(axis=(0, *range(2, 2 + d)))

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.comm.halo import HaloExchange
 from hpctrain.kernels.counter_rng import stream_key
 from hpctrain.kernels.deconv import deconv_backward, deconv_forward
 from hpctrain.layers.base import Layer, init_parameter
-from hpctrain.layout.layout import CHANNEL_AXIS, Layout, axis_name, shared_channel_digits
-from hpctrain.layout.partition import halo_plans
+from hpctrain.layers.rows import HaloBlock
+from hpctrain.layout.layout import CHANNEL_AXIS, Layout, shared_channel_digits
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
@@ -36,18 +35,10 @@ class Deconv(Layer):
         self.stride = options.stride
         self.dilation = options.dilation if any(d != 1 for d in options.dilation) else None
         self.groups = max(1, options.groups // out.parts[CHANNEL_AXIS])
-        windows = options.transposed_windows()
-        rows = [(0, n) for n in x.shape[2:]]
-        outs = [(0, w.out_size(n)) for w, n in zip(windows, x.shape[2:], strict=True)]
-        self.exchanges = []  # one per split axis, the last first
-        for axis in x.spatial_cuts:
-            plan = halo_plans(x.shape[axis], x.parts[axis], windows[axis - 2], name,
-                              axis_name(x.shape, axis))[x.block_index(rank, axis)]
-            comm = ctx.grids.over(x, x.digits_of((axis,)))
-            self.exchanges.append(HaloExchange(ctx.backend, comm, plan, axis))
-            rows[axis - 2], outs[axis - 2] = plan.need, plan.out
-        self.exchanges.sort(key=lambda e: -e.axis)
-        self.crop = tuple(w.crop(r, o) for w, r, o in zip(windows, rows, outs, strict=True))
+        windows = options.windows()
+        self.block = HaloBlock(ctx.backend, ctx.grids, x, windows, name)
+        self.crop = tuple(w.crop(r, o) for w, r, o in zip(windows, self.block.rows,
+                                                          self.block.outs, strict=True))
         shape = weight_layout.shape
         # U(±1/√fan_in), PyTorch's default, whose fan-in of a (C, O/G, K…) weight is O/G·K
         bound = 1.0 / math.sqrt(math.prod(shape[1:]))
@@ -60,8 +51,7 @@ class Deconv(Layer):
         self.grad_comm = ctx.grids.over(out, shared_channel_digits(out))
 
     def forward(self, x: Any, step: int) -> Any:
-        for exchange in self.exchanges:
-            x = exchange.finish(exchange.start(x))
+        x = self.block.extend(x)
         b = None if self.bias is None else self.bias.value
         y, cache = deconv_forward(self.backend.xp, x, self.weight.value, b, self.stride,
                                   self.crop, self.dilation, self.groups)
@@ -75,9 +65,5 @@ class Deconv(Layer):
         self.weight.grad = dw
         if self.bias is not None:
             self.bias.grad = db
-        if not self.need_dx:
-            return None
-        for exchange in reversed(self.exchanges):
-            dx = exchange.finish_backward(exchange.start_backward(dx))
-        return dx
+        return self.block.give_back(dx) if self.need_dx else None
 

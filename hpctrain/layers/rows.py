@@ -20,12 +20,56 @@ from hpctrain.comm.grid import GridSet
 from hpctrain.comm.halo import ROW_AXIS, HaloExchange
 from hpctrain.device.backend import Backend
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, axis_name
-from hpctrain.layout.partition import HaloPlan, Window, halo_plans, windows_of
+from hpctrain.layout.partition import AnyWindow, HaloPlan, Window, halo_plans, windows_of
 
 # op_forward(x_rows, pads: (before, after) per spatial axis) -> (y_rows, cache)
 OpForward = Callable[[Any, tuple[tuple[int, int], ...]], tuple[Any, Any]]
 # op_backward(dy_rows, cache) -> dx_rows (or None); the op keeps its own parameter gradients
 OpBackward = Callable[[Any, Any], Any]
+
+
+class HaloBlock:
+    """A rank's block of ``layout`` extended, along each split spatial axis, by the halo rows
+    the layer's ``windows`` (one per spatial axis) read, the axes one after the other, the last
+    first, so corners travel too; the gradients of those rows go back the same way, in
+    reverse. For a layer computed on the extended block in one go (a resize, a transposed
+    convolution): a convolution's rows overlap their halos with the interior
+    (:class:`WindowRows`).
+
+    ``rows`` and ``outs``: per spatial axis, the input rows held once extended and the output
+    rows computed from them (the whole axis where it is not split)."""
+
+    def __init__(self, backend: Backend, grids: GridSet, layout: Layout,
+                 windows: list[AnyWindow], name: str) -> None:
+        rank = grids.world.Get_rank()
+        self.rows: list[tuple[int, int]] = []
+        self.outs: list[tuple[int, int]] = []
+        exchanges = []
+        for k, window in enumerate(windows):
+            axis, n = 2 + k, layout.shape[2 + k]
+            if axis not in layout.spatial_cuts:
+                self.rows.append((0, n))
+                self.outs.append((0, window.out_size(n)))
+                continue
+            plan = halo_plans(n, layout.parts[axis], window, name,
+                              axis_name(layout.shape, axis))[layout.block_index(rank, axis)]
+            comm = grids.over(layout, layout.digits_of((axis,)))
+            exchanges.append(HaloExchange(backend, comm, plan, axis))
+            self.rows.append(plan.need)
+            self.outs.append(plan.out)
+        self.exchanges = sorted(exchanges, key=lambda e: -e.axis)
+
+    def extend(self, x: Any) -> Any:
+        """X: the rank's block -> its block with the halo rows of every split axis."""
+        for exchange in self.exchanges:
+            x = exchange.finish(exchange.start(x))
+        return x
+
+    def give_back(self, dx: Any) -> Any:
+        """The adjoint of :meth:`extend`: the halo rows' gradients added by their owners."""
+        for exchange in reversed(self.exchanges):
+            dx = exchange.finish_backward(exchange.start_backward(dx))
+        return dx
 
 
 @dataclass(eq=False)  # bands are compared by identity

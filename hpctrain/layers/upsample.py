@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.comm.halo import HaloExchange
 from hpctrain.kernels.resize import resampling_matrix, resize_backward, resize_forward
 from hpctrain.layers.base import Layer
-from hpctrain.layout.layout import axis_name
-from hpctrain.layout.partition import halo_plans
+from hpctrain.layers.rows import HaloBlock
 
 if TYPE_CHECKING:
     from hpctrain.layers.base import BuildContext
@@ -28,30 +26,15 @@ class Upsample(Layer):
     def __init__(self, name: str, options: Any, ctx: BuildContext) -> None:
         self.name, self.backend, self.params = name, ctx.backend, []
         (self.in_layout,), self.out_layout = ctx.inputs, ctx.output
-        x, rank, xp = self.in_layout, ctx.rank, ctx.backend.xp
-        self.exchanges = []  # (axis, exchange), the last axis first
-        matrices = []
-        for k, resampling in enumerate(options.resamplings()):
-            axis = 2 + k
-            rows, out = (0, resampling.n_in), (0, resampling.n_out)
-            if axis in x.spatial_cuts:
-                plan = halo_plans(x.shape[axis], x.parts[axis], resampling, name,
-                                  axis_name(x.shape, axis))[x.block_index(rank, axis)]
-                comm = ctx.grids.over(x, x.digits_of((axis,)))
-                self.exchanges.append(HaloExchange(ctx.backend, comm, plan, axis))
-                rows, out = plan.need, plan.out
-            matrices.append(xp.asarray(resampling_matrix(resampling, out, rows),
-                                       dtype=ctx.backend.dtype))
-        self.exchanges.sort(key=lambda e: -e.axis)
-        self.matrices = matrices
+        resamplings = options.windows()
+        self.block = HaloBlock(ctx.backend, ctx.grids, self.in_layout, resamplings, name)
+        xp = ctx.backend.xp
+        self.matrices = [xp.asarray(resampling_matrix(r, out, rows), dtype=ctx.backend.dtype)
+                         for r, rows, out in zip(resamplings, self.block.rows, self.block.outs,
+                                                 strict=True)]
 
     def forward(self, x: Any, step: int) -> Any:
-        for exchange in self.exchanges:
-            x = exchange.finish(exchange.start(x))
-        return resize_forward(self.backend.xp, x, self.matrices)
+        return resize_forward(self.backend.xp, self.block.extend(x), self.matrices)
 
     def backward(self, dy: Any) -> Any:
-        dx = resize_backward(self.backend.xp, dy, self.matrices)
-        for exchange in reversed(self.exchanges):
-            dx = exchange.finish_backward(exchange.start_backward(dx))
-        return dx
+        return self.block.give_back(resize_backward(self.backend.xp, dy, self.matrices))

@@ -208,10 +208,8 @@ def windows_of(options: Any) -> list[Window] | list[Resampling] | list[Transpose
     may), or what stands for one: the resampling of an upsampling layer, the transposed
     window of a transposed convolution (options that know their own windows)."""
     o = options
-    if hasattr(o, "resamplings"):
-        return o.resamplings()
-    if hasattr(o, "transposed_windows"):
-        return o.transposed_windows()
+    if hasattr(o, "windows"):
+        return o.windows()
     dilation = getattr(o, "dilation", None) or (1,) * len(o.kernel)
     return [Window(k, s, *p, dilation=d)
             for k, s, p, d in zip(o.kernel, o.stride, o.pad, dilation, strict=True)]

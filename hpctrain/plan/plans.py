@@ -51,14 +51,17 @@ from hpctrain.io.textfile import existing_file, read_text, shipped_file
 from hpctrain.layout.layout import Layout, Split, axis_letters
 from hpctrain.layout.partition import SplitError
 from hpctrain.model.kinds import KINDS
+from hpctrain.model.kinds.base import Kind
 from hpctrain.model.net import NetSpec
 
 MODES = ("batch", "model", "domain", "replicated", "split", "follow")
 MARKER = "# hpctrain plan"  #: the first line of every plan file hpctrain writes
 # the --grid keys (conv=, fc=) and the weighted kinds they plan
 # the first kind of each key: a transposed convolution is split by conv=, as a convolution is
-KINDS_BY_GRID_KEY = {key: next(k for k in KINDS.values() if k.grid_key == key)
-                     for key in dict.fromkeys(k.grid_key for k in KINDS.values() if k.grid_key)}
+KINDS_BY_GRID_KEY: dict[str, Kind] = {}
+for _kind in KINDS.values():
+    if _kind.grid_key:
+        KINDS_BY_GRID_KEY.setdefault(_kind.grid_key, _kind)
 _GRID = re.compile(r"([0-9]+)x([0-9]+)", re.ASCII)
 
 

@@ -57,7 +57,7 @@ class DeconvOptions:
     groups: int = 1
     dilation: tuple[int, ...] = (1,)
 
-    def transposed_windows(self) -> list[TransposedWindow]:
+    def windows(self) -> list[TransposedWindow]:
         """The transposed window along each spatial axis (once resolved)."""
         return [TransposedWindow(k, s, before, after - extra, d) for k, s, (before, after), extra, d
                 in zip(self.kernel, self.stride, self.pad, self.outpad, self.dilation,
@@ -159,7 +159,7 @@ class DeconvKind(WindowKind):
         """The busiest rank's input rows (with halos) spread over its output rows: the window
         kernel with ``pads`` the crop of the full output, (first, after) per axis."""
         o, x = spec.options, inputs[0]
-        windows = o.transposed_windows()
+        windows = o.windows()
         block = list(largest_block(x))
         rows = [(0, n) for n in x.shape[2:]]
         outs = [(0, w.out_size(n)) for w, n in zip(windows, x.shape[2:], strict=True)]
@@ -246,7 +246,7 @@ class DeconvKind(WindowKind):
         o = spec.options
         x = np.abs(xs[0])
         w = np.ones((x.shape[1], o.out // o.groups, *o.kernel))  # any: only X is read
-        windows = o.transposed_windows()
+        windows = o.windows()
         crop = tuple(win.crop((0, n), (0, win.out_size(n)))
                      for win, n in zip(windows, x.shape[2:], strict=True))
         _, cache = deconv_forward(np, x, w, None, o.stride, crop, o.dilation, o.groups)

@@ -50,7 +50,7 @@ class UpsampleOptions:
     inputs: tuple[int, ...] = ()
     outputs: tuple[int, ...] = ()
 
-    def resamplings(self) -> list[Resampling]:
+    def windows(self) -> list[Resampling]:
         """The resampling along each spatial axis (once resolved)."""
         return [Resampling(n, m, self.mode, self.align)
                 for n, m in zip(self.inputs, self.outputs, strict=True)]
