@@ -19,8 +19,15 @@ from typing import Any
 from hpctrain.comm.grid import GridSet
 from hpctrain.comm.halo import ROW_AXIS, HaloExchange
 from hpctrain.device.backend import Backend
+from hpctrain.kernels.resize import Resampling
 from hpctrain.layout.layout import HEIGHT_AXIS, Layout, axis_name
-from hpctrain.layout.partition import AnyWindow, HaloPlan, Window, halo_plans, windows_of
+from hpctrain.layout.partition import (
+    HaloPlan,
+    TransposedWindow,
+    Window,
+    halo_plans,
+    windows_of,
+)
 
 # op_forward(x_rows, pads: (before, after) per spatial axis) -> (y_rows, cache)
 OpForward = Callable[[Any, tuple[tuple[int, int], ...]], tuple[Any, Any]]
@@ -40,7 +47,8 @@ class HaloBlock:
     rows computed from them (the whole axis where it is not split)."""
 
     def __init__(self, backend: Backend, grids: GridSet, layout: Layout,
-                 windows: list[AnyWindow], name: str) -> None:
+                 windows: list[Window | Resampling | TransposedWindow],
+                 name: str) -> None:
         rank = grids.world.Get_rank()
         self.rows: list[tuple[int, int]] = []
         self.outs: list[tuple[int, int]] = []
