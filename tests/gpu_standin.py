@@ -15,7 +15,10 @@ gpu`` path can be run and its host traffic counted on a machine without a GPU:
 - A scalar read (``float(a)``, ``int(a)``, ``bool(a)``, ``a.item()``, ``a.tolist()``, formatting)
   is a synchronisation and a device-to-host copy of what it reads.
 - ``cuda.get_current_stream().synchronize()`` and ``cuda.Device().synchronize()`` (the
-  current device) are synchronisations. Only names CuPy has are offered: a call CuPy
+  current device) are synchronisations. Kernels run at once on the null stream; work a
+  library queues on a stream of its own (:meth:`Stream.defer`) waits there until an event
+  orders it (:class:`Stream`), so a read that a real GPU could run before it sees stale
+  memory here too. Only names CuPy has are offered: a call CuPy
   lacks (``cuda.get_current_device``, say) fails here as it would on a GPU.
 - ``cuda.Event()`` records the host clock when it is recorded (everything here is computed at
   once, so that is when the device reaches it) and ``cuda.get_elapsed_time(start, end)`` gives
@@ -489,7 +492,61 @@ class CUDARuntimeError(RuntimeError):
 
 
 class Stream:
+    """A CUDA stream (``cupy.cuda.Stream``), by its ``ptr``: 0 for the null stream.
+
+    The stand-in device runs every kernel at once, in the host's order: that is the null stream,
+    the current one, whose queue is always empty. Work queued on another stream (a library's
+    writes, handed to :meth:`defer`: the NCCL stand-in's results) waits in that stream's queue
+    until something orders it: :meth:`synchronize`, an event recorded after it that another
+    stream waits for (:meth:`wait_event`) or the host waits for (``event.synchronize()``), or
+    ``Device().synchronize()``. Until then it has not happened: a read not ordered after it
+    sees the memory as it was, as a race on a GPU may; a query (``event.done``) says the device
+    is still busy, which a GPU may say too.
+
+    ``non_blocking`` is kept: a stream made without it is ordered with the null stream on a GPU
+    (the legacy default stream waits for it and it for the default stream), which a library
+    that wants work beside the null stream's must know (:func:`stream_at` callers check it)."""
+
+    def __init__(self, null: bool = False, non_blocking: bool = False,
+                 ptds: bool = False) -> None:
+        self.ptr = 0 if null else next(_STREAM_POINTERS)
+        self.non_blocking = bool(non_blocking)
+        self._queue: list[tuple[int, Any]] = []  # (serial, work) not yet run
+        self._serial = 0  # works queued so far
+        self.waited = 0  # the record tick of the last event this stream was made to wait for
+        _STREAMS[self.ptr] = self
+
+    def defer(self, work: Any) -> None:
+        """Queue ``work`` (a function of nothing) on this stream; the null stream runs it now."""
+        if self.ptr == 0:
+            work()
+            return
+        self._serial += 1
+        self._queue.append((self._serial, work))
+
+    def _run_to(self, mark: int) -> None:
+        """Run the work queued up to serial ``mark``, in order."""
+        while self._queue and self._queue[0][0] <= mark:
+            self._queue.pop(0)[1]()
+
+    def _busy_at(self, mark: int) -> bool:
+        return bool(self._queue) and self._queue[0][0] <= mark
+
+    def wait_event(self, event: Event) -> None:
+        """Later work on this stream waits for ``event``: what its stream queued before it
+        runs first."""
+        if not event._tick:
+            raise CUDARuntimeError("wait_event: an event never recorded")
+        event._stream._run_to(event._mark)
+        self.waited = builtins.max(self.waited, event._tick)
+
+    def record(self, event: Event | None = None) -> Event:
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
     def synchronize(self) -> None:
+        self._run_to(self._serial)
         _count(SYNC)
 
     def __enter__(self) -> Stream:
@@ -499,12 +556,33 @@ class Stream:
         return None
 
 
-_STREAM = Stream()
+_STREAM_POINTERS = itertools.count(0x5000, 0x10)
+_STREAMS: dict[int, Stream] = {}  # every stream made, by pointer (a handful per process)
+_STREAM = Stream(null=True)
+
+
+def stream_at(ptr: int) -> Stream:
+    """The stream whose ``ptr`` is ``ptr`` (a library is handed the pointer alone)."""
+    try:
+        return _STREAMS[ptr]
+    except KeyError:
+        raise CUDARuntimeError(f"cudaErrorInvalidResourceHandle: no stream at {ptr:#x}") from None
+
+
+def next_tick() -> int:
+    """A tick after every event recorded so far (a library marks its own calls with it)."""
+    return next(_TICKS)
+
+
+def _run_every_stream() -> None:
+    for stream in list(_STREAMS.values()):
+        stream._run_to(stream._serial)
 
 
 class Event:
-    """A CUDA event: :meth:`record` it on the stream, and the device marks the moment it has
-    run everything queued before it. Here that is the host clock at the record."""
+    """A CUDA event: :meth:`record` it on a stream, and the device marks the moment it has
+    run everything queued there before it. On the null stream that is the host clock at the
+    record; on another stream, the moment its queue up to the record has run."""
 
     def __init__(self, block: bool = False, disable_timing: bool = False,
                  interprocess: bool = False) -> None:
@@ -512,20 +590,27 @@ class Event:
         self._tick = 0  # 0: never recorded
         self._seen_done = -1  # the record whose completion ``done`` reported
         self._time = 0.0
+        self._stream, self._mark = _STREAM, 0
 
     def record(self, stream: Stream | None = None) -> None:
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"record on a stream, not {type(stream).__name__}")
+        self._stream = _STREAM if stream is None else stream
+        self._mark = self._stream._serial
         self._tick = next(_TICKS)
         self._time = perf_counter()
 
     def synchronize(self) -> None:
         """Wait for the device to reach the event."""
+        self._stream._run_to(self._mark)
         _count(SYNC)
 
     @property
     def done(self) -> bool:
-        """Whether the device has reached the event (a query, not a wait): always, here."""
+        """Whether the device has reached the event (a query, not a wait): on the null stream
+        always; on another, once what was queued before it has run."""
+        if self._stream._busy_at(self._mark):
+            return False
         self._seen_done = self._tick
         return True
 
@@ -558,6 +643,7 @@ class Device:
         counters.current_device = self.id
 
     def synchronize(self) -> None:
+        _run_every_stream()
         _count(SYNC)
 
     def __enter__(self) -> Device:

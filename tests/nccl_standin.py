@@ -34,8 +34,18 @@ What it models:
 - Sums of ``float16`` and ``bfloat16`` go round a ring as NCCL's do: each hop adds in float32
   and rounds back, P − 1 roundings in all.
 
-Everything runs at once (the stand-in device has no queue): a stream argument must be an int,
-as CuPy's are, and is otherwise ignored.
+A stream argument is a pointer (an int), as CuPy passes it, of a stream the CuPy stand-in made.
+On the current stream a collective runs at once, as the stand-in's kernels do. On a stream of
+its own (a collective beside the compute stream's kernels) it is checked and run against the
+other ranks at once, from its send buffer as it is when queued, but its result is written to
+the receive buffer only when that stream's queue runs (:class:`tests.gpu_standin.Stream`):
+once something orders it, as a GPU would have it done by then. Code that reads the result
+without an event that orders it reads the buffer as it was, and its numbers are wrong. Two
+checks there are the stand-in's own, not NCCL's (a GPU would race or serialise, silently):
+the stream must be non-blocking (a blocking stream is ordered with the null stream, so nothing
+runs beside it), and since its last collective it must have waited for an event recorded on
+the current stream (else the collective could read its send buffer before the kernels that
+write it have run). Point-to-point messages run on the current stream only.
 """
 
 from __future__ import annotations
@@ -95,9 +105,8 @@ ended: list[tuple[str, int, int]] = []
 
 
 def install(monkeypatch: Any, cupy_standin: Any) -> Any:
-    """Make this module the stand-in CuPy's ``cuda.nccl`` (and give its streams the ``ptr``
-    CuPy's have), for one test. Collective over ``COMM_WORLD`` the first time, which every rank
-    reaches at the same test."""
+    """Make this module the stand-in CuPy's ``cuda.nccl``, for one test. Collective over
+    ``COMM_WORLD`` the first time, which every rank reaches at the same test."""
     if _state["boot"] is None:
         _state["boot"] = MPI.COMM_WORLD.Dup()
         node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
@@ -110,8 +119,6 @@ def install(monkeypatch: Any, cupy_standin: Any) -> Any:
     cupy_standin.counters.devices = _state["node_size"]
     module = sys.modules[__name__]
     monkeypatch.setattr(cupy_standin.cuda, "nccl", module, raising=False)
-    if not hasattr(cupy_standin.Stream, "ptr"):
-        monkeypatch.setattr(cupy_standin.Stream, "ptr", 0, raising=False)
     return module
 
 
@@ -167,6 +174,17 @@ def _run(post: Callable[[], Any]) -> None:
         MPI.Request.Waitall(found[0])
         for check in found[1]:
             check()
+
+
+def _stream_at(what: str, stream: Any) -> Any:
+    """The CuPy stand-in's stream whose pointer ``stream`` is."""
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        raise NcclError(f"{what}: a stream is given by its pointer (an int), not "
+                        f"{type(stream).__name__}")
+    try:
+        return _cupy().stream_at(stream)
+    except _cupy().cuda.runtime.CUDARuntimeError as err:
+        raise NcclError(f"{what}: {err}") from None
 
 
 def _device_array(ptr: Any, count: int, datatype: int, what: str) -> np.ndarray:
@@ -327,9 +345,7 @@ class NcclCommunicator:
     def _collective(self, what: str, stream: Any, *fields: int) -> MPI.Comm:
         """Check that every rank calls ``what`` with the same ``fields`` (count, datatype, …)."""
         comm = self._check(what)
-        if isinstance(stream, bool) or not isinstance(stream, int):
-            raise NcclError(f"{what}: a stream is given by its pointer (an int), not "
-                            f"{type(stream).__name__}")
+        _stream_at(what, stream)
         code = sum(ord(c) << (8 * (i % 6)) for i, c in enumerate(what)) % (1 << 40)
         mine = np.array([code, *fields], dtype=np.int64)
         both = np.concatenate([mine, -mine])
@@ -338,6 +354,24 @@ class NcclCommunicator:
             raise NcclError(f"{what}: ranks disagree on the call or its (count, datatype, ...) "
                             f"{tuple(fields)}")
         return comm
+
+    def _deliver(self, what: str, stream: Any, write: Callable[[], None]) -> None:
+        """Write a collective's result: now on the current stream, else when ``stream``'s queue
+        runs (see the module's notes), after the stand-in's checks of a side stream."""
+        queue = _stream_at(what, stream)
+        if queue.ptr != _cupy().cuda.get_current_stream().ptr:
+            if not queue.non_blocking:
+                raise NcclError(f"{what} on a blocking stream beside the current one: it is "
+                                f"ordered with the null stream, so nothing overlaps it "
+                                f"(make it with non_blocking=True; the stand-in's own check)")
+            if queue.waited <= getattr(queue, "_nccl_tick", 0):
+                raise NcclError(f"{what} on a side stream that has not waited for the current "
+                                f"stream since its last collective: it may read its buffer "
+                                f"before the kernels writing it have run (record an event on "
+                                f"the current stream and wait_event it; the stand-in's own "
+                                f"check)")
+            queue._nccl_tick = _cupy().next_tick()
+        queue.defer(write)
 
     def _sum_only(self, what: str, op: int) -> None:
         if op != NCCL_SUM:
@@ -351,7 +385,8 @@ class NcclCommunicator:
             self._sum_only("allReduce", op)
             send = _device_array(sendbuf, count, datatype, "allReduce send")
             recv = _device_array(recvbuf, count, datatype, "allReduce recv")
-            recv[...] = _summed(send.copy(), comm, scatter=False)
+            total = _summed(send.copy(), comm, scatter=False)
+            self._deliver("allReduce", stream, lambda: recv.__setitem__(..., total))
 
         _run(post)
 
@@ -362,7 +397,8 @@ class NcclCommunicator:
             self._sum_only("reduceScatter", op)
             send = _device_array(sendbuf, recvcount * self._size, datatype, "reduceScatter send")
             recv = _device_array(recvbuf, recvcount, datatype, "reduceScatter recv")
-            recv[...] = _summed(send.copy(), comm, scatter=True)
+            total = _summed(send.copy(), comm, scatter=True)
+            self._deliver("reduceScatter", stream, lambda: recv.__setitem__(..., total))
 
         _run(post)
 
@@ -372,7 +408,9 @@ class NcclCommunicator:
             comm = self._collective("allGather", stream, count, datatype)
             send = _device_array(sendbuf, count, datatype, "allGather send")
             recv = _device_array(recvbuf, count * self._size, datatype, "allGather recv")
-            comm.Allgather(send.copy().view(np.uint8), recv.view(np.uint8))
+            every = np.empty(recv.nbytes, np.uint8)
+            comm.Allgather(send.copy().view(np.uint8), every)
+            self._deliver("allGather", stream, lambda: recv.view(np.uint8).__setitem__(..., every))
 
         _run(post)
 
@@ -381,9 +419,12 @@ class NcclCommunicator:
         def post() -> None:
             comm = self._collective("broadcast", stream, count, datatype, root)
             recv = _device_array(recvbuf, count, datatype, "broadcast recv")
+            sent = np.empty(recv.nbytes, np.uint8)
             if self._rank == root:
-                recv[...] = _device_array(sendbuf, count, datatype, "broadcast send")
-            comm.Bcast(recv.view(np.uint8), root=root)
+                sent[...] = _device_array(sendbuf, count, datatype, "broadcast send").view(
+                    np.uint8)
+            comm.Bcast(sent, root=root)
+            self._deliver("broadcast", stream, lambda: recv.view(np.uint8).__setitem__(..., sent))
 
         _run(post)
 
@@ -398,8 +439,9 @@ class NcclCommunicator:
                             f"blocking send and both wait (put the pair in one group)")
         if not 0 <= peer < self._size:
             raise NcclError(f"{what}: peer {peer} outside 0..{self._size - 1}")
-        if isinstance(stream, bool) or not isinstance(stream, int):
-            raise NcclError(f"{what}: a stream is given by its pointer (an int)")
+        if _stream_at(what, stream).ptr != _cupy().cuda.get_current_stream().ptr:
+            raise NcclError(f"{what}: the stand-in runs point-to-point messages on the current "
+                            f"stream only")
         return comm
 
     def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: Any) -> None:

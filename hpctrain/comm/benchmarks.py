@@ -372,8 +372,10 @@ def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
     where it moves entirely during the GEMMs. 0 on one rank, where nothing is sent.
 
     The sum goes through the transport training uses (:mod:`hpctrain.comm.transport`): on a
-    GPU under NCCL it is queued on the compute stream behind the GEMMs, so what hides is what
-    NCCL hides there.
+    GPU under NCCL it runs on a stream of its own beside the GEMMs, as the gradient sums of a
+    run with ``--overlap`` do. Each GEMM is followed by a wait for the compute stream alone
+    (the host's view of a layer ending), never for the whole device, which would wait for the
+    sum too.
     """
     from mpi4py import MPI
 
@@ -386,10 +388,14 @@ def measure_overlap(world: Any, backend: Any, size: int, repeats: int) -> float:
     a = xp.ones((size, size), np.float32)
     b = xp.full((size, size), 0.5, np.float32)
 
+    def layer_done() -> None:
+        if backend.device == "gpu":
+            xp.cuda.get_current_stream().synchronize()
+
     def gemms(count: int, request: Any = None) -> None:
         for _ in range(count):
             a @ b
-            backend.sync()
+            layer_done()
             if request is not None:
                 request.test()
 

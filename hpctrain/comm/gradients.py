@@ -30,9 +30,16 @@ requires; buckets of different communicators are summed in the order they were o
 same on every rank, so blocking sums on overlapping communicators cannot wait on each other.
 The bucket buffers are kept from step to step: the same buckets come every step.
 
-Under NCCL (:mod:`hpctrain.comm.transport`) a bucket's sum is queued on the compute stream
-behind the backward's kernels, as NCCL users do: it has arrived, as far as the host is
-concerned, once queued, and the update that reads it is queued after it. A bucket holds
+Under NCCL (:mod:`hpctrain.comm.transport`) a blocking sum is queued on the compute stream
+behind the backward's kernels: it has arrived, as far as the host is concerned, once queued,
+and the update that reads it is queued after it. A sum in flight goes on a stream of its
+communicator's own, after an event marks the gradients made, so it runs on the device beside
+the rest of the backward; :meth:`GradientReducer.progress` asks the device (an event query, no
+wait) whether it has run, and :meth:`GradientReducer.finish` makes the compute stream wait for
+the rest, without waiting on the host. So ``--overlap`` means the same under NCCL as over MPI,
+and the planner prices it the same way: the profile's ``overlap`` share of each sum hides
+behind the backward below it (``calibrate`` measures that share through the same streams). A
+bucket holds
 gradients of one dtype; over MPI a 16-bit bucket is summed with the float32-accumulating
 operation of :func:`~hpctrain.comm.transport.sum_op`.
 """

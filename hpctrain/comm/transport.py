@@ -16,7 +16,14 @@ per dtype and kept for the life of the process).
 
 Under NCCL (``Backend.collectives == 'nccl'``) every call is queued on the current CUDA stream,
 the one the kernels run on: no host copy and no wait for the stream; what reads the result is
-queued after it. The NCCL communicator of an MPI communicator is made once, the first time a
+queued after it. A sum started to be waited for later (:meth:`Group.start_allreduce`: a bucket
+of gradients in flight) goes on a stream of the group's own instead, so that it runs beside the
+rest of the backward, ordered by events: it starts once the compute stream has reached the
+point where it was started (the gradients are made), and ``wait()`` makes the compute stream
+wait for it, with no wait on the host. Each NCCL communicator runs its operations in the order
+they were queued, and every rank queues the same ones in the same order (the same plan), so the
+sums beside the compute stream cannot meet the compute stream's collectives in another order
+on another rank. The NCCL communicator of an MPI communicator is made once, the first time a
 group is asked for it (:func:`group_of`: the unique id made on the group's rank 0, bytes, and
 broadcast over the MPI communicator), and released by :func:`release` before that communicator
 is freed. Every rank runs the same plan, so the ranks of a group reach that first use in the
@@ -94,7 +101,10 @@ def mpi_buffer(a: Any, counts: Any = None) -> Any:
 
 
 class Pending(Protocol):
-    """A sum or an exchange under way."""
+    """A sum or an exchange under way. ``request`` is its MPI request, or None for one the
+    device orders (NCCL's): waiting for it then costs the host nothing."""
+
+    request: MPI.Request | None
 
     def test(self) -> bool:
         """Whether it has arrived (lets MPI move it on)."""
@@ -136,6 +146,9 @@ def wait_any(pending: Sequence[Pending]) -> int:
     """The index of one of ``pending`` that has arrived, waiting for one if none has."""
     for index, p in enumerate(pending):
         if p.test():
+            return index
+    for index, p in enumerate(pending):
+        if p.request is None:  # ordered on the device: its wait() does not block the host
             return index
     requests = [p.request for p in pending]  # all MPI sums still in flight
     return MPI.Request.Waitany(requests)
@@ -260,7 +273,7 @@ def nccl_module(xp: Any) -> Any | None:
 class _Done:
     """A sum NCCL has queued on the stream: what reads it is queued after it."""
 
-    request = MPI.REQUEST_NULL
+    request = None
 
     def __init__(self, result: Any) -> None:
         self._result = result
@@ -272,8 +285,29 @@ class _Done:
         return self._result
 
 
+class _Beside:
+    """A sum NCCL has queued on a stream beside the compute stream, ``done`` recorded after
+    it: :meth:`test` asks the device whether it has run (a query, no wait), :meth:`wait` makes
+    the current stream wait for it (no wait on the host), so what reads the sum is queued
+    after it."""
+
+    request = None
+
+    def __init__(self, result: Any, done: Any, cuda: Any) -> None:
+        self._result, self._done, self._cuda = result, done, cuda
+
+    def test(self) -> bool:
+        return bool(self._done.done)
+
+    def wait(self) -> Any:
+        self._cuda.get_current_stream().wait_event(self._done)
+        return self._result
+
+
 class NcclGroup:
-    """A group over NCCL: every call queued on the current stream, on device memory.
+    """A group over NCCL: every call queued on the current stream, on device memory, but a sum
+    started to be waited for later (:meth:`NcclGroup.start_allreduce`), queued on the group's own
+    non-blocking stream beside it.
 
     NCCL has no uneven all-gather or reduce-scatter: blocks are padded to the largest and the
     padding dropped (or filled with zeros) on the device. One collective keeps NCCL's ring
@@ -293,6 +327,7 @@ class NcclGroup:
                  np.float64: "NCCL_FLOAT64", bfloat16: "NCCL_BFLOAT16"}
         self._types = {np.dtype(t): getattr(nccl, name) for t, name in types.items()
                        if t is not None and hasattr(nccl, name)}
+        self._beside: Any = None  # the stream of sums in flight, made on first use
 
     def _type(self, dtype: Any) -> int:
         try:
@@ -319,7 +354,20 @@ class NcclGroup:
         return a
 
     def start_allreduce(self, a: Any) -> Pending:
-        return _Done(self.allreduce(a))
+        """The sum on the group's own stream, once the current stream has made ``a``."""
+        cuda = self.backend.xp.cuda
+        a = self.backend.xp.ascontiguousarray(a)
+        if self._beside is None:  # non-blocking: not ordered with the null stream
+            self._beside = cuda.Stream(non_blocking=True)
+        made = cuda.Event(disable_timing=True)
+        made.record(cuda.get_current_stream())
+        self._beside.wait_event(made)
+        self.backend.clock.sent(a.nbytes)
+        self.nccl_comm.allReduce(a.data.ptr, a.data.ptr, a.size, self._type(a.dtype),
+                                 self.nccl.NCCL_SUM, self._beside.ptr)
+        done = cuda.Event(disable_timing=True)
+        done.record(self._beside)
+        return _Beside(a, done, cuda)
 
     def allgather(self, block: Any, lengths: Sequence[int]) -> Any:
         xp, rest, most = self.backend.xp, block.shape[1:], max(lengths)

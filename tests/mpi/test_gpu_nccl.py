@@ -15,6 +15,7 @@ from hpctrain.comm.redistribute import Redistribute
 from hpctrain.comm.transport import NcclGroup, group_of, release
 from hpctrain.device.backend import make_backend
 from hpctrain.errors import UserError
+from hpctrain.layers.base import Parameter
 from hpctrain.layout.layout import CHANNEL_AXIS, HEIGHT_AXIS, Layout
 from hpctrain.layout.partition import Window, block_ranges, halo_plans
 from tests.mpi.helpers import all_agree, block, global_random, host
@@ -271,3 +272,134 @@ def test_a_bf16_sum_rounds_at_each_hop_of_the_ring(standin_nccl):
     exact = 1 + (p - 1) * 2.0 ** -8
     ok = np.all(got == 1.0) and np.all(np.abs(got - exact) <= (p - 1) * 2.0 ** -8)
     assert all_agree(comm, bool(ok))
+
+
+def _reduce_in_flight(backend, comm, steps=2):
+    """Gradients of four layers on the world and halves of it, summed in flight in buckets of
+    one layer, as ``--overlap`` sums them: (whether every parameter was handed over with its
+    sum, the streams the sums were queued on, the host waits the reducer made)."""
+    from hpctrain.comm.gradients import GradientReducer
+    from tests import nccl_standin as nccl
+
+    xp, rank = backend.xp, comm.Get_rank()
+    half = comm.Split(rank % 2, rank)
+    streams = []
+    queue = nccl.NcclCommunicator.allReduce
+
+    def allreduce(self, send, recv, count, datatype, op, stream):
+        streams.append(stream)
+        return queue(self, send, recv, count, datatype, op, stream)
+
+    nccl.NcclCommunicator.allReduce = allreduce
+    reducer = GradientReducer(backend, 1, in_flight=True)
+    ok, waits = True, 0
+    try:
+        for step in range(steps):
+            expected, handed = {}, {}
+
+            def on_reduced(params, handed=handed):
+                for p in params:  # what an update reads now, copied on the device
+                    handed[p.name] = p.grad.copy()
+
+            before = xp.counters.waits()
+            reducer.start(on_reduced)
+            names = []
+            for k, (where, shape) in enumerate([(comm, (3, 4)), (half, (5,)), (comm, (7, 2)),
+                                                (half, (2, 9))]):
+                grad = np.random.default_rng([step, k, rank]).standard_normal(shape)
+                p = Parameter(f"{k}", xp.zeros(shape), shape)
+                p.grad = xp.asarray(grad)
+                expected[p.name] = where.allreduce(grad, op=MPI.SUM)
+                names.append(p.name)
+                reducer.add(where, [p])
+                reducer.progress()
+            reducer.finish()
+            waits += xp.counters.waits() - before
+            ok = ok and sorted(handed) == sorted(names) and all(
+                np.array_equal(host(handed[name]), expected[name]) for name in names)
+    finally:
+        nccl.NcclCommunicator.allReduce = queue
+        half.Free()
+    return ok, streams, waits
+
+
+def test_gradient_sums_in_flight_run_beside_the_compute_stream(standin_nccl):
+    """Under NCCL with ``--overlap`` each bucket's sum is queued on a non-blocking stream of its
+    communicator's own, after an event marks its gradients made, so it runs beside the rest of
+    the backward: every sum arrives, the host never waits for one, and the compute stream is
+    made to wait for each before its update reads it. (On the compute stream, as before, no
+    sum could overlap anything.)"""
+    comm = MPI.COMM_WORLD
+    backend = make_backend("gpu", "fp64", comm, "nccl")
+    ok, streams, waits = _reduce_in_flight(backend, comm)
+    current = standin_nccl.cuda.get_current_stream().ptr
+    if comm.Get_size() > 1:
+        ok = ok and len(streams) > 0 and all(s != current for s in streams)
+    assert all_agree(comm, ok and waits == 0)
+
+
+def test_a_sum_read_without_its_event_reads_the_gradients_unsummed(standin_nccl, monkeypatch):
+    """The stand-in writes a sum queued beside the compute stream only once an event orders it,
+    as a GPU may finish it only then: a wait that forgets to make the compute stream wait for
+    the sum's event hands the optimizer the unsummed gradients, and the numbers go wrong. So
+    the test above holds the ordering, not only the sums."""
+    from hpctrain.comm import transport
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() == 1:
+        pytest.skip("nothing is summed on one rank")
+    monkeypatch.setattr(transport._Beside, "wait", lambda self: self._result)
+    ok, _, _ = _reduce_in_flight(make_backend("gpu", "fp64", comm, "nccl"), comm, steps=1)
+    # the sums still land later (at the next wait for the device): flush them before the end
+    standin_nccl.cuda.Device().synchronize()
+    assert all_agree(comm, not ok)
+
+
+def test_the_standin_refuses_a_side_stream_that_would_race_or_serialise(standin_nccl):
+    """The stand-in's own checks (NCCL would race or serialise in silence): a collective on a
+    blocking stream beside the current one (ordered with the null stream: nothing overlaps
+    it), and one on a side stream that has not waited for the current stream since its last
+    collective (it could read its buffer before the kernels writing it ran)."""
+    from tests import nccl_standin as nccl
+
+    comm = MPI.COMM_WORLD
+    p, rank = comm.Get_size(), comm.Get_rank()
+    cuda = standin_nccl.cuda
+    cuda.Device(node_rank(comm)).use()
+    uid = comm.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)
+    nc = nccl.NcclCommunicator(p, uid, rank)
+    a = standin_nccl.ones(4, dtype=np.float32)
+    found = []
+    for stream, waits, fragment in ((cuda.Stream(), True, "blocking stream"),
+                                    (cuda.Stream(non_blocking=True), False, "not waited"),
+                                    (cuda.Stream(non_blocking=True), True, None)):
+        if waits:
+            made = cuda.Event(disable_timing=True)
+            made.record(cuda.get_current_stream())
+            stream.wait_event(made)
+        try:
+            nc.allReduce(a.data.ptr, a.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                         stream.ptr)
+            found.append(fragment is None)
+        except nccl.NcclError as err:
+            found.append(fragment is not None and fragment in str(err))
+    # the accepted one has not landed until an event orders it
+    unsummed = bool(np.all(host(a) == 1))
+    done = cuda.Event(disable_timing=True)
+    done.record(stream)
+    cuda.get_current_stream().wait_event(done)
+    summed = bool(np.all(host(a) == p))
+    nc.destroy()
+    assert all_agree(comm, all(found) and summed and (unsummed or p == 1))
+
+
+def test_calibrate_measures_the_overlap_of_sums_beside_the_stream(standin_nccl):
+    """``calibrate``'s overlap share goes through the stream the sums of ``--overlap`` use:
+    the sum is queued beside the GEMMs."""
+    from hpctrain.comm import benchmarks
+
+    comm = MPI.COMM_WORLD
+    backend = make_backend("gpu", "fp32", comm, "nccl")
+    share = benchmarks.measure_overlap(comm, backend, 8, 2)
+    beside = comm.Get_size() == 1 or group_of(backend, comm)._beside is not None
+    assert all_agree(comm, 0.0 <= share <= 1.0 and beside)
