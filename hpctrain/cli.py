@@ -120,10 +120,45 @@ def _check_launch(comm) -> None:
                         f"wheel) or mpiexec")
 
 
+def _launched_rank() -> int:
+    """This process's rank as the launcher numbered it (MPICH's, Open MPI's or Slurm's), read
+    without starting MPI; 0 when not launched as one of many."""
+    import os
+
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def unknown_command(word: str) -> str:
+    """The refusal of ``word`` where a command belongs, with the nearest command's name. (A
+    bare option list means ``train``: no command takes a word before its options.)"""
+    from difflib import get_close_matches
+
+    near = get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    return (f"unknown command {word!r}: {hint}the commands are {', '.join(COMMANDS)} "
+            f"(options alone mean train)")
+
+
 def main(argv: list[str] | None = None, stop=None) -> int:
     """Run the command ``argv`` names; its exit status. ``stop``: the
     :class:`~hpctrain.run.signals.StopRequests` recording since start-up, if any."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        from hpctrain import __version__
+
+        print(f"hpctrain {__version__}")
+        return 0
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        if stop is not None:
+            stop.release()
+        # before MPI starts (the word may be a typo of a command that would not start it): one
+        # line from the launcher's first rank
+        return (_say_error(UserError(unknown_command(argv[0]))) if _launched_rank() == 0
+                else EXIT_USER_ERROR)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
     options = {}
     if stop is not None and command in STOPS_CLEANLY:

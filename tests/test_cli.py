@@ -248,3 +248,21 @@ def test_a_sigterm_a_library_reported_as_its_own_error_is_still_a_sigterm():
     except TypeError as err:
         assert _caused_by(err, Terminated)
     assert not _caused_by(ValueError("x"), Terminated)
+
+
+def test_version_and_a_mistyped_command():
+    """``--version`` answers, and a word where a command belongs is refused in one line that
+    names the nearest command (once, under a launcher of two ranks), not taken as train's
+    unrecognised argument."""
+    from hpctrain import __version__
+
+    result = hpctrain("--version")
+    assert (result.returncode, result.stdout) == (0, f"hpctrain {__version__}\n")
+    result = hpctrain("calibrat", "--quick")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("hpctrain: error: unknown command 'calibrat': did you "
+                                    "mean 'calibrate'?") and result.stderr.count("\n") == 1
+    assert "did you mean" not in hpctrain("xyzzy").stderr
+    both = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "hpctrain", "plann"],
+                          capture_output=True, text=True, timeout=120, env=ENV)
+    assert both.returncode == 2 and both.stderr.count("did you mean 'plan'?") == 1

@@ -502,3 +502,31 @@ def test_convert_digits(tmp_path, capsys, backend):
         assert "load_digits" in h5.attrs["description"]
     with H5Data(backend, out, 32, split="val") as val:
         assert val.batches == 12
+
+
+def test_convert_refuses_channels_last_arrays_it_would_misread(tmp_path):
+    """(N, 16, 16, 3) read channels-first would be 16 channels of 16×3: refused, naming both
+    flags; --channels-last moves the channels first (the samples equal the transpose);
+    --channels-first keeps the array as it is; the flags are refused where no array is read."""
+    rng = np.random.default_rng(0)
+    x = rng.random((12, 16, 16, 3), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.arange(12) % 3)
+    base = ["--images", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy")]
+    with pytest.raises(DatasetError, match=r"look channels-last .*--channels-last .*"
+                                           r"--channels-first"):
+        convert_command.run([*base, "--out", str(tmp_path / "a.h5")])
+    assert not (tmp_path / "a.h5").exists()
+    assert convert_command.run([*base, "--channels-last", "--out", str(tmp_path / "b.h5")]) == 0
+    with h5py.File(tmp_path / "b.h5") as h5:
+        assert np.array_equal(h5["train/images"][()], np.moveaxis(x, -1, 1))
+    assert convert_command.run([*base, "--channels-first", "--out", str(tmp_path / "c.h5")]) == 0
+    with h5py.File(tmp_path / "c.h5") as h5:
+        assert h5["train/images"].shape == (12, 16, 16, 3)
+    with pytest.raises(DatasetError, match="--channels-last describes --images"):
+        convert_command.run(["--digits", "--channels-last", "--out", str(tmp_path / "d.h5")])
+    np.save(tmp_path / "g.npy", x[..., 0])
+    with pytest.raises(DatasetError, match="no channel axis"):
+        convert_command.run(["--images", str(tmp_path / "g.npy"), "--labels",
+                             str(tmp_path / "y.npy"), "--channels-last",
+                             "--out", str(tmp_path / "e.h5")])

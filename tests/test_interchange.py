@@ -323,19 +323,26 @@ def in_process(args: list[str], cwd: Path):
 
 
 def test_the_default_plan_file_stays_in_runs_whatever_the_nets_path():
-    """``--grid auto`` writes runs/NET-pP-bB.plan, NET the net file's name without its folder
-    and suffix: a model given as ``../models/x.onnx`` or by an absolute path writes no
-    folder of its own under runs/, nor beside it."""
+    """``--grid auto`` writes runs/NET-pP-bB-sSIZE-PRECISION.plan, NET the net file's name
+    without its folder and suffix: a model given as ``../models/x.onnx`` or by an absolute
+    path writes no folder of its own under runs/, nor beside it. The image size and the
+    precision are in the name: a run at 127² does not overwrite the 224² run's plan."""
     from hpctrain.commands.setup import plan_file_path
     from hpctrain.model.net import parse_net
 
     for name, stem in (("../models/res net.onnx", "res_net"), ("/abs/x.net", "x"),
                        ("alexnet", "alexnet")):
         net = parse_net("input features=4 classes=2\nlinear out=2\n", name)
-        assert plan_file_path(None, net, 4, 16) == Path(f"runs/{stem}-p4-b16.plan")
-        assert plan_file_path(None, net, 4, 16, "predict") == Path(
-            f"runs/{stem}-p4-b16-predict.plan")
-    assert plan_file_path("mine.plan", net, 4, 16) == Path("mine.plan")
+        assert plan_file_path(None, net, 4, 16, "fp32") == Path(f"runs/{stem}-p4-b16-fp32.plan")
+        assert plan_file_path(None, net, 4, 16, "bf16", "predict") == Path(
+            f"runs/{stem}-p4-b16-bf16-predict.plan")
+    assert plan_file_path("mine.plan", net, 4, 16, "fp32") == Path("mine.plan")
+    square = parse_net("input channels=3 size=224 classes=2\nconv out=2 kernel=1\n", "alexnet")
+    wide = parse_net("input channels=3 height=768 width=1152 classes=2\nconv out=2 kernel=1\n",
+                     "deepcam")
+    assert plan_file_path(None, square, 4, 16, "fp32") == Path("runs/alexnet-p4-b16-s224-fp32.plan")
+    assert plan_file_path(None, wide, 4, 16, "tf32") == Path(
+        "runs/deepcam-p4-b16-s768x1152-tf32.plan")
 
 
 def test_init_except_covers_a_module_and_every_layer_under_it():

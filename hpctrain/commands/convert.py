@@ -122,6 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--volumes", action="store_true",
                         help="the images are 3-D volumes: a 4-D array is (N, D, H, W) and gets "
                              "a channel axis (5-D arrays are (N, C, D, H, W) without it)")
+    order = parser.add_mutually_exclusive_group()
+    order.add_argument("--channels-last", dest="channel_order", action="store_const",
+                       const="last", default="auto",
+                       help="the arrays are stored channels-last, (N, H, W, C) or "
+                            "(N, D, H, W, C) as NumPy and TensorFlow images often are: the "
+                            "channels are moved first as they are read (default: channels "
+                            "first, and an array whose last axis is 1, 3 or 4 and whose "
+                            "first spatial axis is larger is refused as ambiguous)")
+    order.add_argument("--channels-first", dest="channel_order", action="store_const",
+                       const="first",
+                       help="the arrays are (N, C, H, W) or (N, C, D, H, W), even where the "
+                            "last axis looks like colour channels")
     parser.add_argument("--val-images", metavar="FILE", help="held-out images (optional)")
     parser.add_argument("--val-labels", metavar="FILE", help="held-out labels (with --labels)")
     parser.add_argument("--val-targets", metavar="FILE",
@@ -215,6 +227,9 @@ def run(argv: list[str]) -> int:
                 else "--climate" if args.climate is not None else "--image-folder")
         _refuse(args, (*ARRAY_FLAGS[1:], "scale", "classes", "volumes", "ignore"),
                 f"does not apply to {form}")
+        if args.channel_order != "auto":
+            raise DatasetError(f"--channels-{args.channel_order} describes --images arrays; it "
+                               f"does not apply to {form}")
     # what a run to this path killed while writing left beside it (never a live run's)
     remove_abandoned(out, HDF5_SIGNATURE)
     if args.universe is not None:
@@ -341,7 +356,7 @@ def _write_arrays(args: argparse.Namespace, out: Path) -> None:
         if regression and args.ignore is not None:
             raise DatasetError("--ignore applies to label maps (--labels); a targets dataset "
                                "counts every sample")
-        images = load_images(args.images, args.scale, args.volumes)
+        images = load_images(args.images, args.scale, args.volumes, args.channel_order)
         answers = (load_targets(args.targets) if regression
                    else load_labels(args.labels, args.ignore))
         fraction = args.val_fraction or 0.0
@@ -361,7 +376,8 @@ def _write_arrays(args: argparse.Namespace, out: Path) -> None:
         if fraction > 0:
             raise DatasetError("--val-fraction splits the training arrays; it cannot be "
                                "combined with --val-images")
-        val_images = load_images(args.val_images, args.scale, args.volumes)
+        val_images = load_images(args.val_images, args.scale, args.volumes,
+                                 args.channel_order)
         val_answers = load_targets(given) if regression else load_labels(given, args.ignore)
     elif fraction > 0:
         if len(images) != len(answers):

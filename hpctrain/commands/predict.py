@@ -162,9 +162,11 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     check_space(args, [args.grid])
     if args.grid and args.grid.strip() == "auto":
         from hpctrain.commands.setup import plan_file_path
+        from hpctrain.device.precision import resolve_precision
         from hpctrain.plan.plans import is_plan_file
 
-        plan_file = plan_file_path(args.plan_file, net, procs, args.batch, "predict")
+        plan_file = plan_file_path(args.plan_file, net, procs, args.batch,
+                                   resolve_precision(args.precision, args.device).name, "predict")
         check_directory(plan_file.parent, "--plan-file")
         check_output(plan_file, "--plan-file", is_plan_file, "an hpctrain plan file", inputs)
     elif args.plan_file is not None:
@@ -200,6 +202,7 @@ def run(argv: list[str], comm) -> int:
     from hpctrain.comm.agree import agreed
     from hpctrain.comm.grid import GridSet
     from hpctrain.commands.setup import SetupRequest, plan_file_path, set_up
+    from hpctrain.device.precision import resolve_precision
     from hpctrain.plan.planner import format_plan
     from hpctrain.run.network import Network
 
@@ -207,7 +210,8 @@ def run(argv: list[str], comm) -> int:
     rank, procs = comm.Get_rank(), comm.Get_size()
     prepared = agreed(comm, lambda: _prepare(args, procs))
     net = prepared.net
-    plan_file = plan_file_path(args.plan_file, net, procs, args.batch, "predict")
+    plan_file = plan_file_path(args.plan_file, net, procs, args.batch,
+                               resolve_precision(args.precision, args.device).name, "predict")
     request = SetupRequest(args.grid, args.batch, args.device, args.precision, args.threads,
                            args.machine, args.compute, args.mem_per_rank, "off", str(plan_file),
                            args.space, args.collectives, args.branches, inference=True)

@@ -76,8 +76,11 @@ def write_auto_plan(request: SetupRequest, net: NetSpec, planned: PlannedNetwork
                     machine_name: str, comm: Any) -> None:
     """Write the plan ``--grid auto`` chose to its plan file (``--plan-file``, or its default
     name): rank 0 writes, and a failed write stops every rank. Collective."""
+    from hpctrain.device.precision import resolve_precision
+
     procs = comm.Get_size()
-    path = plan_file_path(request.plan_file, net, procs, request.batch)
+    path = plan_file_path(request.plan_file, net, procs, request.batch,
+                          resolve_precision(request.dtype, request.device).name)
     on_root(comm, lambda: write_plan_file(path, net, planned, procs, request.batch,
                                           machine_name))
 
@@ -130,15 +133,23 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
 
 
 def plan_file_path(plan_file: str | None, net: NetSpec, procs: int, batch: int,
-                   what: str = "") -> Path:
-    """Where ``--grid auto`` writes its plan: ``--plan-file``, or runs/NET-pP-bB.plan (NET the
-    net's file name without its folder and suffix: ``model`` for ``../models/model.onnx``, so
-    that the default stays in runs/), ``-what`` before the suffix when given (predict's)."""
+                   precision: str, what: str = "") -> Path:
+    """Where ``--grid auto`` writes its plan: ``--plan-file``, or
+    runs/NET-pP-bB-sSIZE-PRECISION.plan (NET the net's file name without its folder and suffix:
+    ``model`` for ``../models/model.onnx``, so that the default stays in runs/; SIZE the
+    sample's spatial size, ``224`` or ``768x1152``, absent for flat inputs; PRECISION the
+    resolved ``--precision``), ``-what`` before the suffix when given (predict's). The size and
+    precision are in the name because the plan depends on them: a run at another image size
+    must not overwrite this one's plan."""
     if plan_file:
         return Path(plan_file)
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(net.name).name)
     stem = stem.removesuffix(".net").removesuffix(".onnx") or "net"
-    return Path(f"runs/{stem}-p{procs}-b{batch}{f'-{what}' if what else ''}.plan")
+    spatial = net.input_shape[1:]
+    size = ("" if not spatial else f"-s{spatial[0]}" if len(set(spatial)) == 1
+            else f"-s{'x'.join(map(str, spatial))}")
+    return Path(f"runs/{stem}-p{procs}-b{batch}{size}-{precision}"
+                f"{f'-{what}' if what else ''}.plan")
 
 
 def write_plan_file(path: str | Path, net: NetSpec, planned: PlannedNetwork, procs: int,

@@ -273,6 +273,7 @@ def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int,
     not ours to write (see :mod:`hpctrain.io.files`); clear a crash's temporaries from the
     checkpoint directory."""
     from hpctrain.commands.setup import plan_file_path
+    from hpctrain.device.precision import resolve_precision
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.plan.plans import is_plan_file
     from hpctrain.record.runlog import check_log_path
@@ -283,7 +284,8 @@ def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int,
         check_directory(Path(args.log).parent, "--log")
         check_log_path(Path(args.log), inputs, resuming=args.resume is not None)
     if args.grid and args.grid.strip() == "auto":
-        plan_file = plan_file_path(args.plan_file, net, procs, args.batch)
+        plan_file = plan_file_path(args.plan_file, net, procs, args.batch,
+                                   resolve_precision(args.precision, args.device).name)
         check_directory(plan_file.parent, "--plan-file")
         check_output(plan_file, "--plan-file", is_plan_file, "an hpctrain plan file", inputs)
     if args.checkpoint_dir:

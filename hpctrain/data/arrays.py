@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.data.dataset_format import DatasetError, as_finite_float32
+from hpctrain.io.units import shape_text
 
 
 def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -108,10 +109,14 @@ class Samples:
     """
 
     def __init__(self, array: np.ndarray, scale: float | None, channel: bool,
-                 rows: np.ndarray | None = None) -> None:
+                 rows: np.ndarray | None = None, channels_last: bool = False) -> None:
         self.array, self.scale, self.channel, self.rows = array, scale, channel, rows
+        self.channels_last = channels_last  # stored (N, ..., C): channels moved to axis 1
         n = len(array) if rows is None else len(rows)
-        self.shape = (n, *((1,) if channel else ()), *array.shape[1:])
+        inner = array.shape[1:]
+        if channels_last:
+            inner = (inner[-1], *inner[:-1])
+        self.shape = (n, *((1,) if channel else ()), *inner)
         self.dtype = np.dtype(np.float32)
 
     def __len__(self) -> int:
@@ -120,7 +125,7 @@ class Samples:
     def take(self, rows: np.ndarray) -> Samples:
         """The samples ``rows`` of these, still unread."""
         return Samples(self.array, self.scale, self.channel,
-                       rows if self.rows is None else self.rows[rows])
+                       rows if self.rows is None else self.rows[rows], self.channels_last)
 
     def __getitem__(self, where: slice) -> np.ndarray:
         rows = where if self.rows is None else self.rows[where]
@@ -128,6 +133,8 @@ class Samples:
             x = np.asarray(self.array[rows], dtype=np.float32)
             if self.scale is not None:
                 x = x * np.float32(self.scale)
+        if self.channels_last:
+            x = np.ascontiguousarray(np.moveaxis(x, -1, 1))
         return x[:, None] if self.channel else x
 
 
@@ -136,10 +143,26 @@ def take_rows(images: Samples | np.ndarray, rows: np.ndarray) -> Samples | np.nd
     return images.take(rows) if isinstance(images, Samples) else images[rows]
 
 
-def load_images(spec: str, scale: float | None, volumes: bool) -> Samples:
+COLOUR_CHANNELS = (1, 3, 4)
+"""Channel counts that, last in an array whose first spatial axis is larger, mark it as stored
+channels-last (grey, RGB, RGBA): (600, 16, 16, 3) is 16×16 RGB, not 16 channels of 16×3."""
+
+
+def looks_channels_last(shape: tuple[int, ...]) -> bool:
+    """Whether samples of ``shape`` (N, A, ..., Z) look stored channels-last: Z a colour
+    channel count and A larger than 4, so that read channels-first they would be A channels of
+    images Z wide."""
+    return len(shape) >= 4 and shape[-1] in COLOUR_CHANNELS and shape[1] > max(COLOUR_CHANNELS)
+
+
+def load_images(spec: str, scale: float | None, volumes: bool,
+                channels: str = "auto") -> Samples:
     """The samples of ``spec``, read only when written, multiplied by ``scale``.
 
     (N, H, W) images get a channel axis, and so do (N, D, H, W) volumes with ``volumes``.
+    ``channels``: ``first`` (the array is (N, C, ...)), ``last`` (it is (N, ..., C), and the
+    channels are moved to axis 1 as it is read), or ``auto``: first, but an array that
+    :func:`looks_channels_last` is refused, naming both flags.
 
     Raises
     ------
@@ -157,7 +180,19 @@ def load_images(spec: str, scale: float | None, volumes: bool) -> Samples:
                            f"(N, C, H, W), (N, C, D, H, W) (or (N, D, H, W) with --volumes) or "
                            f"(N, F)")
     channel = images.ndim == 3 or (volumes and images.ndim == 4)
-    return Samples(images, scale, channel)
+    has_channels = images.ndim >= 4 and not channel
+    if channels == "last" and not has_channels:
+        raise DatasetError(f"--channels-last: images '{spec}' of shape {images.shape} have no "
+                           f"channel axis (give (N, H, W, C) or (N, D, H, W, C))")
+    if channels == "auto" and has_channels and looks_channels_last(images.shape):
+        moved = (images.shape[0], images.shape[-1], *images.shape[1:-1])
+        raise DatasetError(f"images '{spec}' of shape {images.shape} look channels-last "
+                           f"({images.shape[-1]} channels of {shape_text(images.shape[1:-1])}): "
+                           f"pass --channels-last to read them as {moved}, or --channels-first "
+                           f"if they are {images.shape[1]} channels of "
+                           f"{shape_text(images.shape[2:])} (or save "
+                           f"np.moveaxis(x, -1, 1))")
+    return Samples(images, scale, channel, channels_last=channels == "last")
 
 
 def load_labels(spec: str, ignore: int | None = None) -> np.ndarray:
