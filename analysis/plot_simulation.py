@@ -249,7 +249,6 @@ def plot_plans(group: h5py.Group, root: h5py.File, path: Path) -> Path:
     redistribution bars per P; communication and speedup against P below."""
     plt = _pyplot()
     from matplotlib.patches import Patch
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     plans = {name: read_table(group[name]) for name in PLANS}
     auto = plans["auto"]
@@ -297,9 +296,7 @@ def plot_plans(group: h5py.Group, root: h5py.File, path: Path) -> Path:
             beyond = ~table["runnable"] | (procs == limit)
             speed_ax.plot(procs[beyond], auto[f"{over}_limit"][beyond], "o--", color=colour,
                           label=f"auto over {PLANS[name][0]} on {limit} ranks")
-    comm_ax.set_yscale("log")
-    comm_ax.yaxis.set_major_formatter(ScalarFormatter())  # 10, 100: not 10^1, 10^2
-    comm_ax.yaxis.set_minor_formatter(NullFormatter())
+    plain_log_axis(comm_ax)
     comm_ax.set_ylabel("communication + redistribution, s per epoch", fontsize=8)
     speed_ax.axhline(1.0, color="0.5", linewidth=1)
     speed_ax.set_ylabel("speedup of the auto plan", fontsize=8)
@@ -318,7 +315,6 @@ def plot_levels(group: h5py.Group, root: h5py.File, path: Path) -> Path:
     """One net of the --levels study: iteration time of both plans on the levelled machine
     against P, and the flat plan's loss against P."""
     plt = _pyplot()
-    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     t = read_table(group)
     procs = t["procs"]
@@ -329,10 +325,7 @@ def plot_levels(group: h5py.Group, root: h5py.File, path: Path) -> Path:
                  label="flat plan (planned on the network's link everywhere)")
     time_ax.plot(procs, t["flat_time"] * 1e3, "s--", color="0.55",
                  label="flat plan, its own prediction (flat profile)")
-    time_ax.set_yscale("log")
-    time_ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1, 2, 5, 10, 20…
-    time_ax.yaxis.set_major_formatter(ScalarFormatter())  # 10, 100: not 10^1, 10^2
-    time_ax.yaxis.set_minor_formatter(NullFormatter())
+    plain_log_axis(time_ax)
     time_ax.set_ylabel("ms per iteration")
     time_ax.legend(fontsize=7)
     loss_ax.plot(procs, t["loss"] * 100, "o-", color=BATCH_EDGE)
@@ -368,6 +361,21 @@ def _plain(value: float, _position: object = None) -> str:
     return f"{value:,.0f}" if value >= 10 else f"{value:g}"
 
 
+def plain_log_axis(ax) -> None:
+    """Make ``ax``'s y axis logarithmic with plain labels (10, 100, not 10^1, 10^2) that show
+    whatever its range: ticks at 1, 2 and 5 of each decade, or at every 1…9 of one where the
+    lines drawn span less than a decade (a range such as 30–80 crosses no power of ten, and
+    labels at powers of ten alone would leave it without a number)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    low, high = _drawn_range(ax)
+    ax.set_yscale("log")
+    subs = (1.0, 2.0, 5.0) if high >= 10 * low else tuple(float(k) for k in range(1, 10))
+    ax.yaxis.set_major_locator(LogLocator(subs=subs))
+    ax.yaxis.set_major_formatter(FuncFormatter(_plain))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def _drawn_range(ax) -> tuple[float, float]:
     """The least and largest finite positive y of the lines drawn on ``ax`` (1, 1: none)."""
     values = np.concatenate([np.asarray(line.get_ydata(), dtype=float)
@@ -382,7 +390,6 @@ def plot_volumes(group: h5py.Group, root: h5py.File, path: Path) -> Path:
     peak memory per rank against P; the memory cap as a line, pure batch's peak drawn where it
     is over the cap (hollow), P where no plan fits marked on the axis."""
     plt = _pyplot()
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     rules = [name for name in ("strong", "weak") if name in group]
     cap = float(root.attrs.get("mem_per_rank", np.nan))
@@ -426,11 +433,8 @@ def plot_volumes(group: h5py.Group, root: h5py.File, path: Path) -> Path:
                          (rate_ax, "throughput"), (memory_ax, "memory per rank")):
             low, high = _drawn_range(ax)
             if high > 4 * low:  # a wide range: log, labelled 10, 100 (not 10^1, 10^2)
-                ax.set_yscale("log")
+                plain_log_axis(ax)
                 ax.set_ylim(low / 1.6, high * 1.6)
-                ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1, 2, 5, 10…
-                ax.yaxis.set_major_formatter(FuncFormatter(_plain))
-                ax.yaxis.set_minor_formatter(NullFormatter())
             else:  # a narrow one (weak scaling): linear from 0, so that it looks as flat as it is
                 ax.set_ylim(0, 1.25 * high)
             for p in procs[~auto]:  # no plan fits, or none splits

@@ -480,12 +480,16 @@ def test_summary_names_the_baselines(tmp_path, capsys):
     assert "pure batch" in text and "weird trick" in text and "cannot run" in text
 
 
-def load_plotter():
+def plot_module():
     spec = importlib.util.spec_from_file_location("plot_simulation",
                                                   ROOT / "analysis" / "plot_simulation.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.plot_simulation
+    return module
+
+
+def load_plotter():
+    return plot_module().plot_simulation
 
 
 def test_plots_are_written(sim, tmp_path):
@@ -1022,3 +1026,24 @@ def test_the_side_by_side_study_refuses_what_it_does_not_take(tmp_path):
         simulate_command.run(["--side-by-side", "--overlap", "--out", str(tmp_path / "s.h5")])
     with pytest.raises(UserError, match="four studies"):
         simulate_command.run(["--side-by-side", "--ddp", "--out", str(tmp_path / "s.h5")])
+
+
+def test_a_log_axis_within_one_decade_still_has_numbers():
+    """A plot's log axis whose values cross no power of ten (30 to 80) is labelled: at 1…9 of
+    the decade, in plain numbers; a wide one at 1, 2 and 5 of each decade."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    module = plot_module()
+    for values, wanted in (([31.0, 47.0, 78.0], {"40", "50", "60", "70"}),
+                           ([0.3, 4.0, 700.0], {"1", "10", "100"})):
+        fig, ax = plt.subplots()
+        ax.plot([1, 2, 3], values)
+        module.plain_log_axis(ax)
+        fig.canvas.draw()
+        shown = {t.get_text() for t in ax.get_yticklabels()
+                 if t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]}
+        plt.close(fig)
+        assert wanted <= shown, shown
