@@ -68,9 +68,10 @@ def test_a_column_no_row_uses_keeps_factor_one():
     assert found == pytest.approx([2.0, 1.0, 0.5], rel=1e-12)
 
 
-def measured_runs(machine, procs=PROCS, batch=8):
+def measured_runs(machine, procs=PROCS, batch=8, compute=TRUE_COMPUTE, links=TRUE_LINKS):
     """For each plan of SPECS on smallcnn: (plans, base compute (rows, 2), columns (rows, 2,
-    4), measured (rows, 2)) with the measured times made from TRUE_COMPUTE and TRUE_LINKS."""
+    4), measured (rows, 2)) with the measured times made from ``compute`` and ``links``
+    (TRUE_COMPUTE and TRUE_LINKS)."""
     net = load_net("smallcnn")
     kinds = [layer.kind for layer in net.layers] + [net.loss.name]
 
@@ -84,8 +85,8 @@ def measured_runs(machine, procs=PROCS, batch=8):
         planned = evaluate(model, choices_of(model, plans))
         base = np.array([c.compute for c in [*planned.layers, planned.loss]])
         columns = communication_columns(model_of, plans, machine)
-        factors = np.array([TRUE_COMPUTE.get(k, (1.0, 1.0)) for k in kinds])
-        measured = base * factors + columns @ np.array(TRUE_LINKS)
+        factors = np.array([compute.get(k, (1.0, 1.0)) for k in kinds])
+        measured = base * factors + columns @ np.array(links)
         runs.append((net, plans, kinds, base, columns, measured, planned))
     return runs
 
@@ -119,9 +120,9 @@ def test_known_constants_are_recovered_from_synthetic_layer_times():
         pytest.approx(list(columns.sum(axis=1) @ np.array(TRUE_LINKS)), rel=1e-9))
 
 
-def write_log(path, machine, runs, procs=PROCS, batch=8):
-    """A compare-plans log of ``runs`` (as measured_runs makes them), its layout as
-    :func:`hpctrain.commands.compare_plans.write_log` writes it."""
+def write_log(path, machine, runs, procs=PROCS, batch=8, links=TRUE_LINKS):
+    """A compare-plans log of ``runs`` (as measured_runs makes them with ``links``), its layout
+    as :func:`hpctrain.commands.compare_plans.write_log` writes it."""
     import h5py
 
     with h5py.File(path, "w") as h5:
@@ -134,10 +135,10 @@ def write_log(path, machine, runs, procs=PROCS, batch=8):
             comm = columns.sum(axis=2)
             for source, (compute, talk) in {
                     "predicted": (base, comm),
-                    "measured": (measured - columns @ np.array(TRUE_LINKS),
-                                 columns @ np.array(TRUE_LINKS)),
-                    "measured_fastest_rank": (measured - columns @ np.array(TRUE_LINKS),
-                                              columns @ np.array(TRUE_LINKS))}.items():
+                    "measured": (measured - columns @ np.array(links),
+                                 columns @ np.array(links)),
+                    "measured_fastest_rank": (measured - columns @ np.array(links),
+                                              columns @ np.array(links))}.items():
                 for d, direction in enumerate(("forward", "backward")):
                     layers = group.create_group(f"layers/{source}") if d == 0 else (
                         group[f"layers/{source}"])
@@ -226,6 +227,51 @@ def test_calibrate_from_log_writes_the_refitted_profile(tmp_path):
          "--out", str(tmp_path / "x.toml")], capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and "no.h5" in missing.stderr + missing.stdout
     assert len(COLUMNS) == 4
+
+
+def calibrate(*args):
+    return subprocess.run([sys.executable, "-m", "hpctrain", "calibrate", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_refit_that_predicts_worse_is_not_written(tmp_path):
+    """A check log (--check-log) that the profile being replaced predicts exactly, and that a
+    refit to another machine's times predicts worse: nothing written, one line saying both
+    errors; --force writes it and says so. A log given twice, or copied, counts once; a check
+    log that is also fitted, a directory, and measuring options are refused in one line."""
+    import shutil
+
+    machine = levelled_machine()
+    from hpctrain.cost.machine import save_machine
+
+    start = tmp_path / "start.toml"
+    save_machine(machine, start)
+    write_log(tmp_path / "runs.h5", machine, measured_runs(machine))
+    shutil.copy(tmp_path / "runs.h5", tmp_path / "copy.h5")
+    exact = measured_runs(machine, compute={}, links=(1.0, 1.0, 1.0, 1.0))
+    write_log(tmp_path / "other.h5", machine, exact, links=(1.0, 1.0, 1.0, 1.0))
+    out = tmp_path / "fitted.toml"
+    base = ["--from-log", tmp_path / "runs.h5", "--machine", start, "--out", out]
+    refused = calibrate(*base, "--check-log", tmp_path / "other.h5")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "the refit predicts worse than dgx-h100" in refused.stderr
+    assert "0.0% with dgx-h100" in refused.stderr and not out.exists()
+    forced = calibrate(*base, "--check-log", tmp_path / "other.h5", "--force")
+    assert forced.returncode == 0 and "worse, written anyway (--force)" in forced.stdout
+    assert out.exists()
+    once = calibrate("--from-log", tmp_path / "runs.h5", tmp_path / "runs.h5",
+                     tmp_path / "copy.h5", "--machine", start, "--out", tmp_path / "o.toml")
+    assert once.returncode == 0, once.stderr
+    assert once.stdout.count("again: counted once") == 2
+    assert f"to {len(exact) * 22} layer times of {len(exact)} plans (runs.h5)" in once.stdout
+    for args, said in (((*base, "--check-log", tmp_path / "copy.h5"), "is also fitted"),
+                       (("--from-log", tmp_path, "--out", out), "is a directory"),
+                       ((*base, "--quick"), "--quick measures nothing with --from-log"),
+                       ((*base, "--precision", "bf16"), "--precision measures nothing"),
+                       (("--check-log", tmp_path / "runs.h5"), "belongs to --from-log")):
+        done = calibrate(*args)
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+        assert done.stderr.count("\n") == 1, done.stderr
 
 
 BEYOND = {"conv": (0.9, 1.1), "relu": (1.4, 0.6)}  # the factors of work beyond the cache

@@ -49,7 +49,7 @@ from hpctrain.commands.flags import (
 )
 from hpctrain.commands.probes import PROBE_NETS, fit_to_probe_steps, parse_probe_nets
 from hpctrain.cost.machine import Machine, is_saved_profile, local_profile, save_machine
-from hpctrain.errors import ArgumentParser, UserError
+from hpctrain.errors import ArgumentParser, UserError, shown_path
 from hpctrain.io.files import can_create_in
 from hpctrain.io.units import bytes_from
 from hpctrain.plan.stepfit import FLOOR, StepFit
@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--machine", default=None,
                         help="with --from-log, the profile to refit: a name or a .toml path "
                              "(default: local when calibrated, else default)")
+    parser.add_argument("--check-log", nargs="+", default=None, metavar="LOG",
+                        help="with --from-log, logs of other runs (other nets, best) that are "
+                             "not fitted: the refit is written only if it predicts them better "
+                             "than the profile it replaces (without them: the fitted logs)")
+    parser.add_argument("--force", action="store_true",
+                        help="with --from-log, write the refit even where it predicts worse "
+                             "than the profile it replaces")
     add_collectives_option(parser)
     add_precision_option(parser)
     add_threads_option(parser)
@@ -291,9 +298,13 @@ def run(argv: list[str], comm: Any) -> int:
     from hpctrain.device.backend import make_backend
     from hpctrain.device.threads import configure_threads
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.from_log:
+        _refuse_given(parser, args, MEASURING, "measures nothing with --from-log (it refits "
+                                              "--machine to the logs' times)")
         return refit_from_logs(args, argv, comm)
+    _refuse_given(parser, args, ("check_log", "force"), "belongs to --from-log")
     if args.machine is not None:
         raise CalibrateError("--machine names the profile to refit with --from-log; a "
                              "calibration measures its own")
@@ -376,35 +387,72 @@ def run(argv: list[str], comm: Any) -> int:
     return 0
 
 
+MEASURING = ("max_bytes", "far_bytes", "sizes", "repeats", "gemm_size", "device", "quick",
+             "probe_nets", "collectives", "precision", "threads")
+"""The options of a measurement, which a refit from logs would ignore."""
+
+
+def _refuse_given(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  names: tuple[str, ...], why: str) -> None:
+    """Refuse the first option of ``names`` given a value other than its default."""
+    for name in names:
+        if getattr(args, name) != parser.get_default(name):
+            raise CalibrateError(f"--{name.replace('_', '-')} {why}")
+
+
 def refit_from_logs(args: argparse.Namespace, argv: list[str], comm: Any) -> int:
     """``calibrate --from-log``: the profile ``--machine`` refitted to the logs' per-layer
-    times, written to ``--out`` by rank 0; what changed, printed."""
+    times, written to ``--out`` by rank 0 if it predicts the check logs (``--check-log``, else
+    the fitted ones) no worse than the profile it replaces, or with ``--force``; what changed,
+    printed. A log given twice (the same file, or the same bytes) counts once."""
     from hpctrain.comm.agree import on_root
     from hpctrain.cost.machine import load_machine
-    from hpctrain.record.measured import read_measured_plans
-    from hpctrain.record.refit import refit
+    from hpctrain.record.measured import distinct_logs, log_identity, read_measured_plans
+    from hpctrain.record.refit import errors, priced, refit
 
     out = Path(args.out)
     problem = comm.bcast(_unwritable(out) if comm.Get_rank() == 0 else None, root=0)
     if problem:
         raise CalibrateError(problem)
     machine = load_machine(args.machine)
-    plans = [p for path in args.from_log for p in read_measured_plans(Path(path))]
-    names = ", ".join(Path(path).name for path in args.from_log)
+    logs, repeated = distinct_logs([Path(p) for p in args.from_log])
+    checks, _ = distinct_logs([Path(p) for p in args.check_log or []])
+    fitted_logs = {log_identity(path) for path in logs}
+    both = [path for path in checks if log_identity(path) in fitted_logs]
+    if both:
+        raise CalibrateError(f"--check-log {shown_path(both[0])} is also fitted (--from-log): "
+                             f"a check must be a log the fit did not see")
+    plans = [p for path in logs for p in read_measured_plans(path)]
+    held = [p for path in checks for p in read_measured_plans(path)]
+    names = ", ".join(path.name for path in logs)
     fitted, step_fit, found = refit(plans, machine, f"the per-layer times of {len(plans)} "
                                                     f"measured plans ({names})")
     fitted = replace(fitted, name=args.name)
+    judged = [priced(p, machine) for p in held] if held else found
+    what = (f"the {len(held)} plans of --check-log" if held else "the fitted plans")
+    before = float(np.median(np.abs(errors(judged, machine))))
+    after = float(np.median(np.abs(errors(judged, machine, step_fit))))
+    verdict = (f"median iteration error on {what}: {before:.1%} with {machine.name}, "
+               f"{after:.1%} refitted")
+    worse = after > before
+    if worse and not args.force:
+        raise CalibrateError(f"the refit predicts worse than {machine.name} ({verdict}); "
+                             f"nothing written: refit from more plans (other layouts, other "
+                             f"nets), or --force to write it anyway")
     command = " ".join(["python -m hpctrain calibrate", *argv])
     comment = (f"written by '{command}' at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                f"{machine.name} refitted to {len(plans)} measured plans")
     on_root(comm, lambda: save_machine(fitted, out, comment))
     if comm.Get_rank() == 0:
+        for path, kept in repeated:
+            print(f"{shown_path(path)} is {shown_path(kept)} again: counted once")
         print(f"refitted {machine.name} to {step_fit.layers} layer times of {len(plans)} "
               f"plans ({names})")
         for plan in plans:
             if plan.unfinished:
                 print(plan.unfinished_words)
         print(describe_fit(step_fit, found, machine, "these plans"))
+        print(verdict + (": worse, written anyway (--force)" if worse else ""))
         print(f"wrote {out}", flush=True)
     comm.Barrier()
     return 0
@@ -433,6 +481,12 @@ def describe_fit(step_fit: StepFit, found: list[PricedPlan], before: Machine, wh
                                               "size")
     lines += [f"compute of {kind}: forward x {f:.3g}, backward x {b:.3g}"
               for kind, (f, b) in sorted(step_fit.compute.items())]
+    floored = [f"{kind} {direction}" for kind, both in sorted(step_fit.compute.items())
+               for direction, factor in zip(("forward", "backward"), both, strict=True)
+               if factor <= FLOOR]
+    if floored:
+        lines.append(f"clamped at x {FLOOR:g}, the least a fit gives (the steps measured too "
+                     f"little of them to tell): compute of {', '.join(floored)}")
     was, now = np.abs(errors(found, before)), np.abs(errors(found, before, step_fit))
     lines.append(f"iteration prediction error of {what}: median {np.median(was):.1%} before, "
                  f"{np.median(now):.1%} after (fitted on them: validate on other nets with "

@@ -65,11 +65,48 @@ class MeasuredPlan:
         return self.precision.itemsize
 
 
+def log_identity(path: Path) -> str:
+    """What makes two logs the same log: the SHA-256 of the file's bytes (a path given twice,
+    a link to it, or a copy of it, are one log). Refused in one line where ``path`` is not a
+    file."""
+    import hashlib
+
+    _check_is_file(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def distinct_logs(paths: list[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """``paths`` with each log once (its first path), and each (path, the path kept) left
+    out as the same log again."""
+    kept: dict[str, Path] = {}
+    repeated = []
+    for path in paths:
+        identity = log_identity(path)
+        if identity in kept:
+            repeated.append((path, kept[identity]))
+        else:
+            kept[identity] = path
+    return list(kept.values()), repeated
+
+
+def _check_is_file(path: Path) -> None:
+    where = shown_path(path)
+    if path.is_dir():
+        raise LogError(f"{where} is a directory: give its logs (say {where}/*.h5)")
+    if not path.is_file():
+        raise LogError(f"{where}: no such log")
+
+
 def read_measured_plans(path: Path) -> list[MeasuredPlan]:
     """Every timed plan of the log at ``path``; refused in one line, naming the log and what
     it lacks, where it holds none."""
     import h5py
 
+    _check_is_file(path)
     where = shown_path(path)
     try:  # no lock: a run still going holds its log, and may be read as it goes
         h5 = h5py.File(path, "r", locking=False)
