@@ -10,6 +10,14 @@ if __name__ == "__main__":
 
     stop = StopRequests().__enter__()  # for the whole process: handed to the command, or released
 
-    from hpctrain.cli import main  # after the handlers, on purpose
+    try:
+        from hpctrain.cli import main  # after the handlers, on purpose
 
-    sys.exit(main(stop=stop))
+        sys.exit(main(stop=stop))
+    except ModuleNotFoundError as err:  # a Python without hpctrain's dependencies
+        if (err.name or "").partition(".")[0] == "hpctrain":
+            raise
+        sys.stderr.write(f"hpctrain: error: this Python ({sys.executable}) has no module "
+                         f"{err.name!r}: run 'make install' and use .venv/bin/python, or "
+                         f"'pip install -e .' into this one\n")
+        sys.exit(2)

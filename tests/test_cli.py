@@ -266,3 +266,15 @@ def test_version_and_a_mistyped_command():
     both = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "hpctrain", "plann"],
                           capture_output=True, text=True, timeout=120, env=ENV)
     assert both.returncode == 2 and both.stderr.count("did you mean 'plan'?") == 1
+
+
+def test_a_python_without_the_dependencies_gets_one_line():
+    """``python -m hpctrain`` under a Python that lacks a dependency (h5py, here hidden) says
+    which, and how to get a Python that has it, in one line: no traceback."""
+    hide = ("import runpy, sys; sys.modules['h5py'] = None; sys.argv = ['hpctrain', 'convert', "
+            "'--digits', '--out', 'x.h5']; runpy.run_module('hpctrain', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True,
+                            timeout=120, env=ENV)
+    assert result.returncode == 2
+    assert result.stderr.startswith("hpctrain: error: this Python") and "'h5py'" in result.stderr
+    assert result.stderr.count("\n") == 1 and "make install" in result.stderr

@@ -174,7 +174,8 @@ def test_a_resume_on_another_plan_starts_its_own_log(tmp_path):
            resume_step=3).finish("done")
     with h5py.File(tmp_path / "run.1.h5") as old, h5py.File(tmp_path / "run.h5") as new:
         assert old.attrs["processes"] == 2 and new.attrs["processes"] == 4
-        assert "resumed" not in new.attrs
+        assert new.attrs["resumed"].startswith("at step 3") and "new log" in new.attrs["resumed"]
+        assert "resumed" not in old.attrs
 
 
 def test_a_new_log_never_overwrites_an_old_one(tmp_path):

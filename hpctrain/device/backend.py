@@ -228,9 +228,8 @@ def make_backend(device: str = "cpu", dtype: str = "float32", comm: Any = None,
     try:
         import cupy
     except ImportError as err:
-        raise UserError(
-            "--device gpu needs CuPy; install it with 'pip install cupy-cuda12x'"
-        ) from err
+        raise UserError("--device gpu needs CuPy; install it with 'pip install cupy-cuda13x' "
+                        "(CUDA 13; cupy-cuda12x for CUDA 12)") from err
     try:
         n_gpus = cupy.cuda.runtime.getDeviceCount()
     except cupy.cuda.runtime.CUDARuntimeError:  # no driver, or no device

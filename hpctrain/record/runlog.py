@@ -55,7 +55,7 @@ A resumed run (``--resume`` with the same ``--log``) on the same P and plan open
 again, drops the rows after the checkpoint's step, and goes on appending: one log for the whole
 training (``resumed`` lists each resume). Otherwise an existing file is never overwritten: it is
 first renamed to ``NAME.1.h5`` (or the first free number), and a resume on another P or plan
-starts a log of its own.
+starts a log of its own, whose ``resumed`` says so.
 
 Whose file it is: a log carries the root attribute ``format = "hpctrain-log"`` from its first
 byte on disk (logs written before it existed are known by their ``command`` and ``status``).
@@ -339,7 +339,7 @@ class RunLog:
                     require_summary(self.h5, self.rows)
                     self._describe(attrs, resume_step)
                 else:
-                    self._create_beside(attrs, planned)
+                    self._create_beside(attrs, planned, resume_step)
                 self._summary = SummaryWriter(self.h5)
             except OSError as err:
                 self.close()
@@ -354,7 +354,8 @@ class RunLog:
         with contextlib.suppress(OSError):  # no flock on this file system: the status says
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
-    def _create_beside(self, attrs: dict[str, Any], planned: PlannedNetwork) -> None:
+    def _create_beside(self, attrs: dict[str, Any], planned: PlannedNetwork,
+                       resume_step: int | None = None) -> None:
         """Write the new log's header under a temporary name, then give it the log's name;
         an earlier log there is first renamed aside."""
         import h5py
@@ -365,7 +366,7 @@ class RunLog:
             self.h5 = h5py.File(tmp, "w", locking=False)
             self.h5.attrs["format"] = FORMAT
             self._create(planned)
-            self._describe(attrs, None)
+            self._describe(attrs, resume_step)
             if os.path.lexists(self.path):
                 self.rotated = rotate_aside(self.path)
             try:
@@ -386,6 +387,9 @@ class RunLog:
             self.h5.attrs["resumed"] = f"{earlier}at step {resume_step}, {now}\n"
         else:
             self.h5.attrs["started"] = now
+            if resume_step is not None:  # resumed on another P or plan: a log of its own
+                self.h5.attrs["resumed"] = (f"at step {resume_step}, {now}, in a new log (the "
+                                            f"checkpoint's run had another P or plan)\n")
         self.h5.flush()
 
     def _create(self, planned: PlannedNetwork) -> None:
