@@ -197,8 +197,8 @@ def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path,
          str(args.image_size), "--batch", str(args.batch), "--steps", str(args.steps), "--grid",
          grid, "--precision", "fp32", "--lr", str(LR), "--momentum", str(MOMENTUM),
          "--weight-decay", str(WEIGHT_DECAY), *NETS[args.net].hpctrain_flags,
-         "--print-every", str(args.steps), "--log", str(log), "--plan-file",
-         str(where / f"{args.net}-p{procs}.plan")])
+         "--print-every", str(args.steps), "--log", str(log),
+         *(["--plan-file", str(where / f"{args.net}-p{procs}.plan")] if grid == "auto" else [])])
     with h5py.File(log) as h5:
         seconds = h5["steps/seconds"][args.warmup:]
         names = [n.decode() for n in h5["layers/name"][:]]

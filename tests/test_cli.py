@@ -278,3 +278,47 @@ def test_a_python_without_the_dependencies_gets_one_line():
     assert result.returncode == 2
     assert result.stderr.startswith("hpctrain: error: this Python") and "'h5py'" in result.stderr
     assert result.stderr.count("\n") == 1 and "make install" in result.stderr
+
+
+SILENT_FLAGS = [
+    (["--branches", "serial", "--grid", "1x1"], "--branches serial is unused"),
+    (["--branches", "serial"], "--branches serial is unused"),
+    (["verify", "--net", "mlp", "--grid", "1x1", "--branches", "serial"],
+     "--branches serial is unused"),
+    (["plan", "--net", "mlp", "--procs", "4", "--batch", "8", "--grid", "2x2", "--branches",
+      "serial"],
+     "--branches serial is unused"),
+    (["--space", "axes", "--grid", "1x1"], "--space axes is unused"),
+    (["--timings-every", "5"], "give --log FILE.h5 too"),
+    (["--keep-checkpoints", "3"], "give --checkpoint-dir DIR too"),
+    (["--plan-file", "x.plan", "--grid", "1x1"], "nothing is planned"),
+    (["--loss-scale", "1024"], "under --precision fp16 only"),
+    (["--loss-scale", "1024", "--precision", "bf16"], "under --precision fp16 only"),
+    (["--loss-scale", "inf", "--precision", "fp16"], "positive number a float32 holds"),
+    (["--loss-scale", "1e39", "--precision", "fp16"], "positive number a float32 holds"),
+    (["--loss-scale", "0", "--precision", "fp16"], "positive number a float32 holds"),
+    (["--loss-scale", "-4", "--precision", "fp16"], "positive number a float32 holds"),
+    (["--loss-scale", "nan", "--precision", "fp16", "--grid", "auto"],
+     "positive number a float32 holds"),
+    (["calibrate", "--from-log", "x.h5", "--quick"], "--quick measures nothing"),
+    (["calibrate", "--from-log", "x.h5", "--collectives", "mpi"], "--collectives measures"),
+    (["calibrate", "--from-log", "x.h5", "--probe-nets", "none"], "--probe-nets measures"),
+    (["calibrate", "--from-log", "x.h5", "--precision", "bf16"], "--precision measures"),
+    (["calibrate", "--check-log", "x.h5"], "--check-log belongs to --from-log"),
+    (["--timeline", "1:2"], "needs --log"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), SILENT_FLAGS,
+                         ids=[" ".join(a) for a, _ in SILENT_FLAGS])
+def test_every_flag_a_run_would_ignore_is_refused_before_anything_is_done(
+        args, message, tmp_path, monkeypatch, capsys):
+    """Each flag that the run would ignore, or a value it could only fail with, is refused in
+    one line naming why, before any planning or timing: no plan file, no cache, no log."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    argv = args if args[0] in cli.COMMANDS else ["--net", "smallcnn", "--steps", "1", *args]
+    assert cli.main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

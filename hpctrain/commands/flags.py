@@ -174,7 +174,7 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              f"(default: local when calibrated, else default)")
     parser.add_argument("--mem-per-rank", type=parse_size, default=None,
                         help="memory cap per rank for --grid auto, e.g. 2G (default: none)")
-    parser.add_argument("--space", choices=SPACE_CHOICES, default="auto", action=_NoteGiven,
+    parser.add_argument("--space", choices=SPACE_CHOICES, default="auto", action=NoteGiven,
                         help="what --grid auto searches, exactly: grids, every weighted layer "
                              "in batch, model or domain mode on a Pr x Pc grid (the 1.5D "
                              "space); balanced, also a degree for several axes of each layer's "
@@ -203,9 +203,9 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              "profile and uses FLOPs for another machine's (default: auto)")
 
 
-class _NoteGiven(argparse.Action):
-    """Store the value and set ``<dest>_given`` too, so that :func:`check_space` can tell a
-    --space typed from one left out while the default stays what the code reads."""
+class NoteGiven(argparse.Action):
+    """Store the value and set ``<dest>_given`` too, so that a check (:func:`check_space`) can
+    tell an option typed from one left out while the default stays what the code reads."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: str | Sequence[object] | None, option_string: str | None = None
@@ -216,18 +216,21 @@ class _NoteGiven(argparse.Action):
 
 def check_space(args: argparse.Namespace, grids: Sequence[str | None], flag: str = "--grid"
                 ) -> None:
-    """Refuse a --space the command line gave where nothing is searched, since it would be
-    ignored: none of ``grids`` (the ``flag`` values; None where the flag was left out, pure
-    batch) is auto, so each gives its plan."""
-    if not getattr(args, "space_given", False):
-        return
-    if any(grid is not None and grid.strip() == "auto" for grid in grids):
+    """Refuse what says how ``--grid auto`` searches (``--space`` given, ``--branches
+    serial``) where nothing is searched, since it would be ignored: none of ``grids`` (the
+    ``flag`` values; None where the flag was left out, pure batch) is auto, so each gives its
+    plan."""
+    searched = [name for name, told in (("space", getattr(args, "space_given", False)),
+                                        ("branches", getattr(args, "branches", "auto")
+                                         == "serial")) if told]
+    if not searched or any(grid is not None and grid.strip() == "auto" for grid in grids):
         return
     given = [grid for grid in grids if grid is not None]
     what = (f"{flag} {shown(given[0])} gives the plan" if len(given) == 1
             else f"no {flag} is auto" if given else f"without {flag} the plan is pure batch")
-    raise UserError(f"--space {args.space} is unused: it says what {flag} auto searches, and "
-                    f"{what}; drop --space or give {flag} auto")
+    name = searched[0]
+    raise UserError(f"--{name} {getattr(args, name)} is unused: it says what {flag} auto "
+                    f"searches, and {what}; drop --{name} or give {flag} auto")
 
 
 def add_run_options(parser: argparse.ArgumentParser, statistics: bool = True) -> None:

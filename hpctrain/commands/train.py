@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.comm.agree import agreed
 from hpctrain.commands.flags import (
+    NoteGiven,
     add_init_options,
     add_overlap_option,
     add_planning_options,
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--dtype", dest="precision", choices=("float32", "float64"),
                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # older spelling
     training.add_argument("--loss-scale", type=float, default=INITIAL_SCALE, metavar="S",
+                          action=NoteGiven,
                           help="--precision fp16: the first loss scale; it halves on each "
                                "overflowed step (skipped on every rank) and doubles after "
                                f"{GROWTH_INTERVAL} clean steps (default: 2**16)")
@@ -123,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_planning_options(planning)
     planning.add_argument("--plan-file", default=None,
                           help="where --grid auto writes its plan, which --grid accepts "
-                               "(default: runs/NET-pP-bB.plan)")
+                               "(default: runs/NET-pP-bB-sSIZE-PRECISION.plan)")
     planning.add_argument("--replan-after", type=int, default=None, metavar="K",
                           help="with --grid auto: after K steps compare the measured step "
                                "with the prediction; where they differ by more than "
@@ -145,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "README); an existing log of an earlier run is renamed aside "
                              "(run.h5 -> run.1.h5), or continued with --resume")
     output.add_argument("--timings-every", type=int, default=TIMINGS_EVERY, metavar="N",
+                        action=NoteGiven,
                         help="with --log: write the per-layer times measured so far (/layers, "
                              "/iteration: the medians over the steps timed) into the log every "
                              "N steps and at each checkpoint, in place, so that the log of a "
@@ -160,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "steps (default: none)")
     output.add_argument("--checkpoint-every", type=int, default=0,
                         help="also checkpoint every N steps (default: 0, never)")
-    output.add_argument("--keep-checkpoints", type=int, default=2,
+    output.add_argument("--keep-checkpoints", type=int, default=2, action=NoteGiven,
                         help="keep the newest N checkpoints (default: 2)")
     output.add_argument("--resume", nargs="?", const="latest", default=None,
                         help="continue from a checkpoint file or directory (its newest), on "
@@ -203,6 +206,17 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         raise UserError(f"--epochs {args.epochs} must be positive")
     if args.checkpoint_every and not args.checkpoint_dir:
         raise UserError("--checkpoint-every needs --checkpoint-dir DIR")
+    if getattr(args, "keep_checkpoints_given", False) and not args.checkpoint_dir:
+        raise UserError(f"--keep-checkpoints {args.keep_checkpoints} says how many checkpoints "
+                        f"--checkpoint-dir keeps; give --checkpoint-dir DIR too")
+    if args.plan_file is not None and not (args.grid and args.grid.strip() == "auto"):
+        raise UserError(f"--plan-file {args.plan_file} says where --grid auto writes its plan; "
+                        f"with {'--grid ' + args.grid if args.grid else 'no --grid'} nothing "
+                        f"is planned (to run a plan file, give --grid FILE)")
+    if getattr(args, "timings_every_given", False) and not args.log:
+        raise UserError(f"--timings-every {args.timings_every} says how often the per-layer "
+                        f"times are written to the run log; give --log FILE.h5 too")
+    _check_loss_scale(args)
     SGD.check(args.lr, args.momentum, args.weight_decay)
     net, dataset = _dataset_net(args, load_network(args.net, args.image_size, args.loss))
     net = net.with_statistics(args.bn_group, procs).with_class_weights(args.class_weights)
@@ -243,6 +257,26 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     seed = info.seed if info else (0 if args.seed is None else args.seed)
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
     return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline)
+
+
+def _check_loss_scale(args: argparse.Namespace) -> None:
+    """``--loss-scale``: under fp16 alone (no other precision scales its loss), and a number
+    the float32 loss can be multiplied by without overflowing to inf (every step would be
+    skipped)."""
+    import numpy as np
+
+    from hpctrain.device.precision import resolve_precision
+
+    scale = args.loss_scale
+    if not getattr(args, "loss_scale_given", False):
+        return
+    precision = resolve_precision(args.precision, args.device).name
+    if precision != "fp16":
+        raise UserError(f"--loss-scale {scale:g} scales the loss under --precision fp16 only; "
+                        f"{precision} has the range of float32 and needs none")
+    if not 0 < scale <= float(np.finfo(np.float32).max):
+        raise UserError(f"--loss-scale {scale:g} must be a positive number a float32 holds "
+                        f"(the loss is scaled in float32; 2**16 = 65536 is the usual start)")
 
 
 def _check_replan(args: argparse.Namespace, steps: int) -> None:
