@@ -48,7 +48,14 @@ from hpctrain.commands.flags import (
     add_threads_option,
 )
 from hpctrain.commands.probes import PROBE_NETS, fit_to_probe_steps, parse_probe_nets
-from hpctrain.cost.machine import Machine, is_saved_profile, local_profile, save_machine
+from hpctrain.cost.conditions import quiet_share, troubles, warning_text
+from hpctrain.cost.machine import (
+    Machine,
+    is_saved_profile,
+    local_profile,
+    save_machine,
+    warning_lines,
+)
 from hpctrain.errors import ArgumentParser, UserError, shown_path
 from hpctrain.io.files import can_create_in
 from hpctrain.io.units import bytes_from
@@ -330,10 +337,12 @@ def run(argv: list[str], comm: Any) -> int:
              "1 rank: no messages to time")
     sharing: Sharing | None = None
     try:
+        shares = {"before measuring": quiet_share(comm, node)}
         if nodes == 1:
             results = measure(comm, backend, settings.sweep, progress)
         else:
             results, sharing = measure_levels(comm, node, backend, settings.sweep, progress)
+        shares["after the collectives"] = quiet_share(comm, node)
     finally:
         node.Free()
     progress(f"FLOP rate: float32 GEMM of {settings.gemm_size}x{settings.gemm_size}")
@@ -345,9 +354,10 @@ def run(argv: list[str], comm: Any) -> int:
     if size > 1:
         progress("overlap: a gradient sum in flight beside GEMMs")
     overlap = measure_overlap(comm, backend, OVERLAP_GEMM_SIZE, settings.repeats)
+    doubts = troubles(shares, [(m.collective, m.p, m.residual) for m in results])
     machine = replace(build_machine(settings.name, settings.device, results, flops,
                                     threads.threads, overlap, per_node, sharing),
-                      precision_flops=precision_flops)
+                      precision_flops=precision_flops, warning=warning_text(doubts))
     machine_measured = machine
     command = " ".join(["python -m hpctrain calibrate", *argv])
     far = far_sizes(settings.max_bytes, settings.far_bytes)
@@ -383,6 +393,8 @@ def run(argv: list[str], comm: Any) -> int:
                                what="the probe plans"))
         print(f"calibrated {size} rank{'s' if size > 1 else ''}{where} in {elapsed:.1f} s; wrote "
               f"{settings.out}", flush=True)
+        for line in warning_lines(machine):
+            print(line, flush=True)
     comm.Barrier()  # on return the profile exists for every rank that shares rank 0's files
     return 0
 

@@ -38,7 +38,7 @@ from hpctrain.commands.flags import (
     load_net_for,
 )
 from hpctrain.cost.compute import MedianCompute
-from hpctrain.cost.machine import Machine, sums_in_flight
+from hpctrain.cost.machine import Machine, sums_in_flight, warning_lines
 from hpctrain.errors import ArgumentParser, UserError
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec
@@ -419,6 +419,8 @@ def run(argv: list[str], comm) -> int:
         raise UserError("no plan could run; check --batch and the process count")
     if comm.Get_rank() == 0:
         print(report(outcomes), flush=True)
+        for line in warning_lines(machine):
+            print(line, flush=True)
         if args.log:
             write_log(Path(args.log), outcomes, args, comm.Get_size(), net, machine)
             print(f"timings written to {args.log}")

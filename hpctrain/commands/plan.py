@@ -83,7 +83,7 @@ def terminal_width() -> int | None:
 def run(argv: list[str]) -> int:
     import numpy as np
 
-    from hpctrain.cost.machine import load_machine, sums_in_flight
+    from hpctrain.cost.machine import load_machine, sums_in_flight, warning_lines
     from hpctrain.device.backend import Backend
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.io.textfile import existing_file
@@ -137,6 +137,8 @@ def run(argv: list[str]) -> int:
                     + (f"in flight ({machine.overlap:g} of each may hide)" if overlap
                        else "blocking"), width))
     print(format_plan(planned, width))
+    for line in warning_lines(machine):
+        print(wrap_line(line, width))
     for line in fell_back:  # a layer running another mode than --grid asked says why
         print(wrap_line(line, width))
     if args.out:

@@ -202,6 +202,7 @@ def run(argv: list[str], comm) -> int:
     from hpctrain.comm.agree import agreed
     from hpctrain.comm.grid import GridSet
     from hpctrain.commands.setup import SetupRequest, plan_file_path, set_up
+    from hpctrain.cost.machine import warning_lines
     from hpctrain.device.precision import resolve_precision
     from hpctrain.plan.planner import format_plan
     from hpctrain.run.network import Network
@@ -219,6 +220,8 @@ def run(argv: list[str], comm) -> int:
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)
         print(format_plan(setup.planned), flush=True)
+        for line in warning_lines(setup.machine):
+            print(line, flush=True)
     with GridSet(comm) as grids:
         network = Network(setup.net, setup.plan, args.batch, grids, setup.backend,
                           prepared.seed)

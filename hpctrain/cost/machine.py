@@ -71,7 +71,7 @@ PRECISION_FLOPS = ("tf32", "bf16", "fp16")
 """Precisions a profile may give a FLOP rate of their own (``flops_tf32``, …)."""
 KEYS = ("name", "alpha", "beta", "flops", *(f"flops_{p}" for p in PRECISION_FLOPS), "device",
         "threads", "overlap", "bucket_bytes", "fits", "ranks_per_node", "network",
-        "compute_scale", "cache_bytes", "sources")
+        "compute_scale", "cache_bytes", "sources", "warning")
 BUCKET_BYTES = 25 * 2**20
 """How many gradient bytes one all-reduce sums unless the profile says otherwise, as PyTorch
 DistributedDataParallel's default bucket (``bucket_cap_mb=25``). A bucket's latency is paid
@@ -183,6 +183,9 @@ class Machine:
     bucket_bytes: int = BUCKET_BYTES  # gradients summed together (hpctrain.comm.gradients)
     # FLOP/s of one rank under a precision of PRECISION_FLOPS, by its name; absent: flops
     precision_flops: dict[str, float] = field(default_factory=dict)
+    # why the figures may not hold (the machine was busy while calibrate measured, fits far off
+    # their points): said wherever the profile is used, until it is measured again; "": none
+    warning: str = ""
 
     def flops_for(self, precision: str) -> float:
         """The FLOP rate of one rank under the precision named ``precision`` (fp32, tf32,
@@ -329,7 +332,15 @@ def parse_machine(text: str, source: str) -> Machine:
                    threads, float(overlap), ranks_per_node, network,
                    _compute_scale(table, where), cache_bytes, _sources(table, where),
                    bucket_bytes, {p: _positive(table, f"flops_{p}", where)
-                                  for p in PRECISION_FLOPS if f"flops_{p}" in table})
+                                  for p in PRECISION_FLOPS if f"flops_{p}" in table},
+                   _warning(table, where))
+
+
+def _warning(table: dict, where: str) -> str:
+    warning = table.get("warning", "")
+    if not isinstance(warning, str) or not warning.isprintable() or len(warning) > 1000:
+        raise MachineError(f"{where}: 'warning' must be a line of text, got {shown(warning)}")
+    return warning
 
 
 def _whole_number(table: dict, key: str, where: str, most: int | None, wording: str) -> int:
@@ -470,6 +481,14 @@ def load_machine(name_or_path: str | None = None) -> Machine:
                        f"of {', '.join(available_machines())}")
 
 
+def warning_lines(machine: Machine | None) -> list[str]:
+    """What a plan's output says of ``machine``'s figures: its warning, each time it is used,
+    until it is measured again (none for a profile without one)."""
+    if machine is None or not machine.warning:
+        return []
+    return [f"warning: machine profile {machine.name}: {machine.warning}"]
+
+
 def sums_in_flight(choice: str | bool, machine: Machine | None) -> bool:
     """Whether a run's gradient sums go in flight (``--overlap``): ``on`` or ``off`` as told;
     ``auto``, where ``machine`` says part of a sum moves while the ranks compute (its
@@ -491,6 +510,8 @@ def format_machine(machine: Machine, comment: str = "") -> str:
               f'device = "{machine.device}"']
     lines += [f"flops_{p} = {machine.precision_flops[p]:.6g}  # FLOP/s of one rank under {p}"
               for p in PRECISION_FLOPS if p in machine.precision_flops]
+    if machine.warning:
+        lines.append(f"warning = {json.dumps(machine.warning)}  # said wherever it is used")
     if machine.threads:
         lines.append(f"threads = {machine.threads}  # threads per rank when measured")
     if machine.overlap:

@@ -113,3 +113,30 @@ def test_a_gpu_calibration_times_the_transport_training_uses_and_each_precisions
     assert all_agree(comm, min(machine.precision_flops.values()) > 0)
     staged = standin_nccl.counters.bytes[TO_HOST] > 1024  # each message's bytes, staged
     assert all_agree(comm, staged == (collectives == "mpi" and comm.Get_size() > 1))
+
+
+def test_a_busy_machine_is_written_with_a_warning_every_plan_repeats(comm, shared_dir,
+                                                                      monkeypatch, capsys):
+    """When a rank got a fraction of its cores while calibrate measured (here: told so), the
+    profile is written with a warning, which calibrate prints and every plan made with the
+    profile repeats; a quiet measurement writes none (the fits' residuals aside)."""
+    from hpctrain.commands import plan as plan_command
+    from hpctrain.cost import conditions
+
+    out = shared_dir / "busy.toml"
+    monkeypatch.setattr(calibrate_command, "quiet_share", lambda comm, node: 0.3)
+    assert calibrate_command.run(["--quick", "--probe-nets", "none", "--out", str(out)],
+                                 comm) == 0
+    said = capsys.readouterr().out
+    machine = load_machine(str(out))
+    ok = "the least share of its cores a rank got was 30% before measuring" in machine.warning
+    ok = ok and (comm.rank != 0 or f"warning: machine profile local: {machine.warning}" in said)
+    if comm.rank == 0:
+        assert plan_command.run(["--net", "smallcnn", "--procs", "2", "--batch", "8",
+                                 "--compute", "flops", "--machine", str(out)]) == 0
+        ok = ok and machine.warning in capsys.readouterr().out
+    monkeypatch.setattr(calibrate_command, "quiet_share", lambda comm, node: 1.0)
+    monkeypatch.setattr(conditions, "RESIDUAL_LIMIT", float("inf"))
+    assert calibrate_command.run(["--quick", "--probe-nets", "none", "--out", str(out)],
+                                 comm) == 0
+    assert all_agree(comm, ok and load_machine(str(out)).warning == "")
