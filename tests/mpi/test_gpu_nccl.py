@@ -403,3 +403,36 @@ def test_calibrate_measures_the_overlap_of_sums_beside_the_stream(standin_nccl):
     share = benchmarks.measure_overlap(comm, backend, 8, 2)
     beside = comm.Get_size() == 1 or group_of(backend, comm)._beside is not None
     assert all_agree(comm, 0.0 <= share <= 1.0 and beside)
+
+
+def test_training_with_sums_beside_the_stream_equals_blocking_sums(standin_nccl):
+    """Every layer updated as its sum arrives, the sums in flight beside the compute stream
+    (``--overlap`` under NCCL), trains as blocking sums over MPI do, on a plan that mixes
+    modes and grids."""
+    from functools import partial
+
+    from hpctrain.comm.gather import gather_to_root
+    from hpctrain.data.synthetic import SyntheticData
+    from hpctrain.run.network import Network
+    from hpctrain.run.optimizer import SGD
+    from tests.mpi.test_training import NET, mixed_plans
+
+    comm = MPI.COMM_WORLD
+    plan = mixed_plans(comm.Get_size())[-1]
+    found = []
+    for collectives, overlap in (("nccl", True), ("mpi", False)):
+        backend = make_backend("gpu", "fp64", comm, collectives)
+        with GridSet(comm) as grids:
+            network = Network(NET, plan, 9, grids, backend, seed=5, overlap=overlap)
+            data = SyntheticData(backend, NET.input_shape, NET.classes, 9, seed=5)
+            optimizer = SGD(network.params, lr=0.05, momentum=0.9, weight_decay=1e-3)
+            losses = [network.train_step(data, step, update=partial(optimizer.step, 0.05))[0]
+                      for step in range(3)]
+            params = [host(gather_to_root(backend, comm, p.value, p.shape, p.box, "copy"))
+                      for p in network.params]
+        found.append((losses, params))
+    (a, pa), (b, pb) = found
+    ok = np.allclose(a, b, rtol=1e-12)
+    if comm.Get_rank() == 0:
+        ok = ok and all(np.allclose(x, y, rtol=1e-11, atol=1e-13) for x, y in zip(pa, pb))
+    assert all_agree(comm, ok)
