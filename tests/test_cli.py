@@ -306,6 +306,10 @@ SILENT_FLAGS = [
     (["calibrate", "--from-log", "x.h5", "--precision", "bf16"], "--precision measures"),
     (["calibrate", "--check-log", "x.h5"], "--check-log belongs to --from-log"),
     (["--timeline", "1:2"], "needs --log"),
+    (["plan", "--net", "mlp", "--procs", "4", "--batch", "8", "--compute", "flops", "--retime"],
+     "--retime times the kernels again, but compute comes from FLOPs"),
+    (["--retime", "--compute", "flops"], "--retime times the kernels again"),
+    (["compare-plans", "--net", "smallcnn", "--batch", "8", "--retime"], "--retime is unused"),
 ]
 
 

@@ -253,3 +253,53 @@ def test_the_median_timing_takes_each_kernel_and_direction_apart():
 
     median = MedianCompute([Fixed(1.0, 9.0), Fixed(3.0, 2.0), Fixed(2.0, 4.0)])
     assert median.times([WORK]) == {WORK: (2.0, 4.0)}
+
+
+def test_a_timing_taken_on_a_busy_machine_is_timed_again_and_the_plan_says_so(tmp_path,
+                                                                               monkeypatch):
+    """Each cache entry keeps when it was taken and the share of its cores the ranks got. One
+    taken while another process ran (a share below a quiet node's) is timed again the next
+    time it is needed, and the compute that timed it says so; a quiet one is reused; --retime
+    times every kernel again."""
+    import time
+
+    from hpctrain.cost import compute
+    from hpctrain.cost.conditions import QUIET_SHARE
+
+    cache = tmp_path / "times.json"
+    backend = Backend(np, np.float32)
+    context = timing_context(backend, 1, 1, "blas", "kept", CODE)
+    monkeypatch.setattr(compute, "cpu_share", lambda seconds=0.0: 0.3)
+    busy = MeasuredCompute(backend, context=context, cache=cache, repeats=2)
+    busy.times([WORK])
+    (entry,) = json.loads(cache.read_text()).values()
+    assert entry[4] == 0.3 < QUIET_SHARE and abs(entry[3] - time.time()) < 600
+    assert busy.conditions_lines() and "1 kernels were timed while a rank got 30%" in (
+        busy.conditions_lines()[0])
+    monkeypatch.setattr(compute, "cpu_share", lambda seconds=0.0: 1.0)
+    quiet = MeasuredCompute(backend, context=context, cache=cache, repeats=2)
+    calls = counting(quiet)
+    quiet.times([WORK])
+    assert len(calls) == 2 and quiet.conditions_lines() == []  # timed again, quietly
+    reused = MeasuredCompute(backend, context=context, cache=cache, repeats=2)
+    calls = counting(reused)
+    reused.times([WORK])
+    assert calls == []
+    retimed = MeasuredCompute(backend, context=context, cache=cache, repeats=2, retime=True)
+    calls = counting(retimed)
+    retimed.times([WORK])
+    retimed.times([WORK])  # once afresh, then from what it timed
+    assert len(calls) == 2
+
+
+def test_the_cache_is_this_checkouts_own_unless_shared_on_purpose(monkeypatch, tmp_path):
+    from hpctrain.cost import compute
+
+    monkeypatch.delenv("HPCTRAIN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    mine = compute.default_cache_path()
+    assert mine.parent.parent == tmp_path / "hpctrain" and mine.name == "compute-times.json"
+    monkeypatch.setattr(compute, "__file__", str(tmp_path / "other" / "hpctrain" / "cost" / "x"))
+    assert compute.default_cache_path() != mine  # another checkout: another cache
+    monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "shared"))
+    assert compute.default_cache_path() == tmp_path / "shared" / "compute-times.json"

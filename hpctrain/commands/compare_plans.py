@@ -414,6 +414,9 @@ def run(argv: list[str], comm) -> int:
         raise UserError(f"--batch {args.batch} must be at least 1")
     if args.plans:  # the default plans include auto, which searches --space
         check_space(args, args.plans, "--plan")
+    if args.retime:
+        raise UserError("--retime is unused: compare-plans times every kernel afresh, and "
+                        "keeps none of them")
     outcomes, net, machine = compare(args, comm)
     if not outcomes:
         raise UserError("no plan could run; check --batch and the process count")

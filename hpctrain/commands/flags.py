@@ -197,6 +197,11 @@ def add_planning_options(parser: argparse.ArgumentParser) -> None:
                              "(searched over the grids space; under a memory cap, kept when "
                              "the fastest plan with groups fits it); serial, "
                              "always on every rank (default: auto)")
+    parser.add_argument("--retime", action="store_true",
+                        help="time every kernel the plan needs afresh and replace what the "
+                             "cache holds of them (the cache keeps each timing's conditions, "
+                             "and times again by itself what was timed on a busy machine; "
+                             "this is for what it cannot see, a node that changed)")
     parser.add_argument("--compute", choices=COMPUTE_SOURCES, default="auto",
                         help="compute times for the cost model: measured on this device, or "
                              "FLOPs / the profile's rate; auto measures on this machine's own "

@@ -89,7 +89,7 @@ def run(argv: list[str]) -> int:
     from hpctrain.io.textfile import existing_file
     from hpctrain.plan.planner import describe_precision, format_plan, wrap_line
     from hpctrain.plan.plans import is_plan_file, plan_and_fallbacks
-    from hpctrain.plan.pricing import build_cost_model, compute_source
+    from hpctrain.plan.pricing import build_cost_model, compute_source, timing_warnings
     from hpctrain.plan.spaces import plan_over, predict
 
     args = build_parser().parse_args(argv)
@@ -115,7 +115,7 @@ def run(argv: list[str]) -> int:
         threads = configure_threads(None, args.threads)
     overlap = sums_in_flight(args.overlap, machine)
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
-                             threads=threads, overlap=overlap)
+                             threads=threads, overlap=overlap, retime=args.retime)
     if given is None:
         planned = plan_over(model, args.mem_per_rank, space=args.space,
                                groups=args.branches == "auto")
@@ -137,7 +137,7 @@ def run(argv: list[str]) -> int:
                     + (f"in flight ({machine.overlap:g} of each may hide)" if overlap
                        else "blocking"), width))
     print(format_plan(planned, width))
-    for line in warning_lines(machine):
+    for line in (*warning_lines(machine), *timing_warnings(model)):
         print(wrap_line(line, width))
     for line in fell_back:  # a layer running another mode than --grid asked says why
         print(wrap_line(line, width))

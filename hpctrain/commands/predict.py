@@ -202,7 +202,6 @@ def run(argv: list[str], comm) -> int:
     from hpctrain.comm.agree import agreed
     from hpctrain.comm.grid import GridSet
     from hpctrain.commands.setup import SetupRequest, plan_file_path, set_up
-    from hpctrain.cost.machine import warning_lines
     from hpctrain.device.precision import resolve_precision
     from hpctrain.plan.planner import format_plan
     from hpctrain.run.network import Network
@@ -215,12 +214,13 @@ def run(argv: list[str], comm) -> int:
                                resolve_precision(args.precision, args.device).name, "predict")
     request = SetupRequest(args.grid, args.batch, args.device, args.precision, args.threads,
                            args.machine, args.compute, args.mem_per_rank, "off", str(plan_file),
-                           args.space, args.collectives, args.branches, inference=True)
+                           args.space, args.collectives, args.branches, inference=True,
+                           retime=args.retime)
     setup = set_up(request, net, comm)
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)
         print(format_plan(setup.planned), flush=True)
-        for line in warning_lines(setup.machine):
+        for line in setup.warnings:
             print(line, flush=True)
     with GridSet(comm) as grids:
         network = Network(setup.net, setup.plan, args.batch, grids, setup.backend,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.comm.agree import agreed, on_root
-from hpctrain.cost.machine import Machine, sums_in_flight
+from hpctrain.cost.machine import Machine, sums_in_flight, warning_lines
 from hpctrain.device.backend import Backend
 from hpctrain.device.threads import ThreadChoice, configure_threads
 from hpctrain.model.net import NetSpec
@@ -43,6 +43,7 @@ class SetupRequest:
     branches: str = "auto"  # --branches: regions on groups of ranks (auto) or not (serial)
     steps: int | None = None  # the run's length, which --space auto weighs planning against
     inference: bool = False  # the forward pass alone (predict): what is planned and priced
+    retime: bool = False  # --retime: every kernel timed afresh, whatever the cache holds
 
     @classmethod
     def from_flags(cls, args: Any, dtype: str, overlap: str | bool = "auto",
@@ -52,7 +53,8 @@ class SetupRequest:
         a run of ``steps`` steps (None: not known)."""
         return cls(args.grid, args.batch, args.device, dtype, args.threads, args.machine,
                    args.compute, args.mem_per_rank, overlap, plan_file, args.space,
-                   args.collectives, getattr(args, "branches", "auto"), steps)
+                   args.collectives, getattr(args, "branches", "auto"), steps,
+                   retime=getattr(args, "retime", False))
 
 
 @dataclass
@@ -70,6 +72,9 @@ class Setup:
     overlap: bool = False  # the gradient sums go in flight (the request's, resolved)
     # the bytes a rank may use and where that figure comes from, agreed once at set-up
     limit: tuple[float, str] | None = None
+    # what the plan's output says of the figures it rests on (a profile measured on a busy
+    # machine, kernels timed while another process ran)
+    warnings: tuple[str, ...] = ()
 
 
 def write_auto_plan(request: SetupRequest, net: NetSpec, planned: PlannedNetwork,
@@ -116,20 +121,22 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
                      overlap=sums_in_flight(request.overlap, None), limit=(limit, source))
     from hpctrain.comm.nodes import check_placement
     from hpctrain.cost.machine import load_machine
-    from hpctrain.plan.pricing import build_cost_model
+    from hpctrain.plan.pricing import build_cost_model, timing_warnings
     from hpctrain.plan.spaces import predict as predict_plan
 
     machine = agreed(comm, lambda: load_machine(request.machine))
     check_placement(comm, machine)
     overlap = sums_in_flight(request.overlap, machine)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
-                             threads, overlap, inference=request.inference)
+                             threads, overlap, inference=request.inference,
+                             retime=request.retime)
     planned = predict_plan(model, plan, limit, source, request.space,
                            request.branches == "auto", request.steps)
     if plan is None:
         write_auto_plan(request, net, planned, model.machine.name, comm)
+    warnings = (*warning_lines(model.machine), *timing_warnings(model))
     return Setup(net, planned.plans, backend, threads, planned, model.machine, planned.memory,
-                 getattr(model.compute, "timed", 0), overlap, (limit, source))
+                 getattr(model.compute, "timed", 0), overlap, (limit, source), warnings)
 
 
 def plan_file_path(plan_file: str | None, net: NetSpec, procs: int, batch: int,

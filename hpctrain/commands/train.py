@@ -26,7 +26,7 @@ from hpctrain.commands.flags import (
     with_init,
 )
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
-from hpctrain.cost.machine import BUCKET_BYTES, warning_lines
+from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.augment import AUGMENT_MODES, check_augment
 from hpctrain.errors import ArgumentParser, OutputError, UserError
 from hpctrain.interchange.nets import load_network, net_for_dataset
@@ -398,7 +398,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)
         print(format_plan(setup.planned), flush=True)
-        for line in warning_lines(setup.machine):
+        for line in setup.warnings:
             print(line, flush=True)
     if args.plan_only:
         return 0

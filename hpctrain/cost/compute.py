@@ -9,7 +9,12 @@ slowest rank, within a time budget) and caches the result on disk under a key th
 everything that changes a timing (:class:`TimingContext`: the device, dtype, threads per rank,
 ranks per node, BLAS library, how freed memory is handled, and the hpctrain version with a hash
 of the timed code), so a second plan of the same net is instant and a timing taken under other
-conditions is never used.
+conditions is never used. Each entry also keeps when it was taken and the share of its cores
+the ranks got meanwhile (:mod:`hpctrain.cost.conditions`): a timing taken while another process
+ran is timed again the next time it is needed, and a plan priced with such timings says so.
+``--retime`` times every kernel a plan needs afresh. The cache is this checkout's own
+(:func:`default_cache_path`): two checkouts share timings only where ``HPCTRAIN_CACHE_DIR``
+says so.
 When P ranks plan together they time each kernel at the same moment, so the times include the
 contention of training (shared cores, memory bandwidth). :class:`FlopModel` stands in when planning
 for a machine we are not on.
@@ -30,12 +35,15 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.cost.conditions import QUIET_SHARE, cpu_share
 from hpctrain.cost.work import Kernels, LocalWork
 from hpctrain.device.caches import evict_caches, eviction_bytes
 from hpctrain.errors import OutputError
 from hpctrain.io.files import replace_atomically
 
 SAMPLE_BUDGET = 0.15  # seconds of timed calls per kernel and direction, roughly
+SHARE_SECONDS = 0.05  # the busy loop that checks the ranks' share of their cores, per timing
+SHARE_FIELD = 4  # a cache entry: forward, backward, seconds spent, when taken, share of cores
 MIN_SAMPLES = 3  # the fewest samples, so that their median sets one slow call aside
 # Calls before the samples: at least WARM_UPS, then until two calls in a row agree within
 # STEADY of the faster, at most MOST_WARM_UPS, and no more once WARM_UP_BUDGET seconds went
@@ -133,9 +141,19 @@ def timed_dtype(backend: Any) -> str:
 
 
 def default_cache_path() -> Path:
-    root = os.environ.get("HPCTRAIN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hpctrain")
-    return Path(root) / "compute-times.json"
+    """The kernel timings' cache: ``$HPCTRAIN_CACHE_DIR/compute-times.json`` where set (a
+    cache shared on purpose), else one of this checkout's own under the user's cache directory
+    (``~/.cache/hpctrain/CHECKOUT/``, CHECKOUT a hash of where the package lies): another
+    checkout, with other local changes or none, never reads this one's timings."""
+    shared = os.environ.get("HPCTRAIN_CACHE_DIR")
+    if shared:
+        return Path(shared) / "compute-times.json"
+    import hashlib
+
+    package = Path(__file__).resolve().parent.parent
+    checkout = hashlib.sha256(str(package).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"))
+    return root / "hpctrain" / checkout / "compute-times.json"
 
 
 def _random(xp: Any, rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> Any:
@@ -188,7 +206,7 @@ class MeasuredCompute:
 
     def __init__(self, backend: Any, comm: Any = None, context: TimingContext | None = None,
                  cache: Path | None = None, repeats: int = 5,
-                 step_bytes: float | None = None) -> None:
+                 step_bytes: float | None = None, retime: bool = False) -> None:
         self.backend, self.comm, self.repeats = backend, comm, repeats
         self.context, self.cache = context, cache if context is not None else None
         self.evict = eviction_bytes(step_bytes) if backend.device == "cpu" else 0
@@ -202,6 +220,12 @@ class MeasuredCompute:
             # rank times the same kernels (a rank launched with other settings would look up
             # other keys, time other kernels and wait at the others' barriers)
             self.prefix, self.known = comm.bcast((self.prefix, self.known), root=0)
+        # timings not to use again: every one with retime, else those taken while the ranks got
+        # less of their cores than a quiet node gives
+        self.stale = (set(self.known) if retime else
+                      {key for key, entry in self.known.items()
+                       if len(entry) > SHARE_FIELD and entry[SHARE_FIELD] < QUIET_SHARE})
+        self.busy_timed, self.least_share = 0, 1.0  # kernels this object timed busy, how busy
 
     def _time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
         """Seconds of ``fn`` on the slowest rank, every rank running it at the same moment
@@ -263,15 +287,44 @@ class MeasuredCompute:
 
         return self.comm.allreduce(seconds, op=MPI.MAX)
 
+    def _share(self) -> float:
+        """The least share of what its cores allow that any rank gets now
+        (:func:`~hpctrain.cost.conditions.cpu_share`; a rank allowed a whole core on a node of
+        as many cores as ranks, else cores / ranks)."""
+        cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                else os.cpu_count() or 1)
+        ranks = self.context.ranks_on_node if self.context is not None else 1
+        share = cpu_share(SHARE_SECONDS) / min(1.0, cpus / max(ranks, 1))
+        if self.comm is None:
+            return share
+        from mpi4py import MPI
+
+        return float(self.comm.allreduce(share, op=MPI.MIN))
+
+    def conditions_lines(self) -> list[str]:
+        """What a plan priced with these timings should say of how they were taken."""
+        if not self.busy_timed:
+            return []
+        return [f"warning: {self.busy_timed} kernels were timed while a rank got "
+                f"{self.least_share:.0%} of its cores (another process ran): the plan may "
+                f"mislead; plan again on a quiet node, and they are timed again"]
+
+    def _stale(self, work: LocalWork) -> bool:
+        key = self.prefix + work.key()
+        return key not in self.known or key in self.stale
+
     def times(self, works: Sequence[LocalWork]) -> dict[LocalWork, tuple[float, float]]:
-        todo = sorted({w for w in works if self.prefix + w.key() not in self.known},
-                      key=LocalWork.key)
+        todo = sorted({w for w in works if self._stale(w)}, key=LocalWork.key)
         if todo:
             # the eviction buffer's pages faulted in first: a kernel's first sample after they
             # were took three times its others (a new peak of the process's memory)
             evict_caches(self.backend.device, self.evict)
             rng = np.random.default_rng(0)
             self.timed += len(todo)
+            share, taken = self._share(), round(time.time())
+            if share < QUIET_SHARE:
+                self.busy_timed += len(todo)
+                self.least_share = min(self.least_share, share)
             for work in todo:
                 start = time.perf_counter()
                 forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
@@ -280,7 +333,10 @@ class MeasuredCompute:
                 # what timing it took, set-up included: the slowest rank's, as the times are
                 spent = self._slowest(time.perf_counter() - start)
                 # already the slowest rank's, the same on every rank (see _time)
-                self.known[self.prefix + work.key()] = [forward_seconds, backward_seconds, spent]
+                key = self.prefix + work.key()
+                self.known[key] = [forward_seconds, backward_seconds, spent, taken,
+                                   round(share, 3)]
+                self.stale.discard(key)
             self._save()
         return {w: tuple(self.known[self.prefix + w.key()][:2]) for w in works}
 
@@ -322,7 +378,8 @@ class MeasuredCompute:
         """A timing under the same conditions, on the same ranks, that knows no times and keeps
         none: every kernel asked of it is timed afresh, at that moment."""
         found = copy.copy(self)
-        found.known, found.cache, found.timed = {}, None, 0
+        found.known, found.cache, found.timed, found.stale = {}, None, 0, set()
+        found.busy_timed, found.least_share = 0, 1.0
         return found
 
     def _save(self) -> None:

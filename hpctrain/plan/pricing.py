@@ -57,6 +57,7 @@ from hpctrain.cost.memory import (
 )
 from hpctrain.cost.work import LocalWork
 from hpctrain.device.precision import PRECISIONS, Precision
+from hpctrain.errors import UserError
 from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.moves import IdentityMove, Move, move_between
 from hpctrain.model.kinds import KINDS, compute_factors_for, shape_class
@@ -441,7 +442,8 @@ def compute_source(machine: Machine, requested: str) -> str:
 def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, source: str,
                      backend: Backend | None = None, comm: Any = None,
                      threads: ThreadChoice | None = None, overlap: bool = False,
-                     cached: bool = True, inference: bool = False) -> CostModel:
+                     cached: bool = True, inference: bool = False,
+                     retime: bool = False) -> CostModel:
     """A cost model whose compute times come from ``source`` (see :func:`compute_source`), for
     a run with gradient sums in flight when ``overlap`` (``--overlap``). Measured times are
     read from and added to the cache unless not ``cached``: then all are timed now.
@@ -452,11 +454,16 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     under MPI every rank of ``comm`` times the same kernels at once, as the ranks of a node
     will when training. Bytes are priced in the backend's precision (fp32 when None), FLOP-rate
     compute at the profile's rate for it (:meth:`~hpctrain.cost.machine.Machine.flops_for`).
-    ``inference``: the forward pass alone (:class:`CostModel`).
+    ``inference``: the forward pass alone (:class:`CostModel`). ``retime``: every kernel the
+    plan needs timed afresh (``--retime``), refused where compute comes from FLOPs.
     """
 
     precision = PRECISIONS["fp32"] if backend is None else backend.precision
     if compute_source(machine, source) == "flops":
+        if retime:
+            raise UserError(f"--retime times the kernels again, but compute comes from FLOPs "
+                            f"here (--compute {source}, machine {machine.name}): give "
+                            f"--compute measured, or drop --retime")
         return CostModel(net, batch, procs, machine,
                          FlopModel(machine.flops_for(precision.name)), precision, overlap,
                          inference)
@@ -471,8 +478,16 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     context = timing_context(backend, threads.threads, threads.ranks_on_node, threads.blas,
                              threads.allocator, code_version(TIMED_MODULES))
     compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None,
-                              step_bytes=step_bytes(net, batch, procs, machine, precision))
+                              step_bytes=step_bytes(net, batch, procs, machine, precision),
+                              retime=retime)
     return CostModel(net, batch, procs, machine, compute, precision, overlap, inference)
+
+
+def timing_warnings(model: CostModel) -> list[str]:
+    """What ``model``'s measured compute says of how its kernels were timed (none from
+    FLOPs)."""
+    lines = getattr(model.compute, "conditions_lines", None)
+    return lines() if lines is not None else []
 
 
 def step_bytes(net: NetSpec, batch: int, procs: int, machine: Machine,
