@@ -170,3 +170,57 @@ def test_auto_finds_a_plan_where_no_1_5d_plan_runs():
     assert planned.space_note == ("--space auto searched balanced: no plan of the 1.5D grids "
                                   "runs here")
     assert any(p.mode == "split" for p in planned.plans)
+
+
+class Rounds(Recorded):
+    """Measured compute whose first timing finds batch-split kernels (half the batch of 2)
+    ``first`` times their FLOP time and every later timing ``later`` times it: a first timing
+    taken at a slow moment."""
+
+    def __init__(self, first: float, later: float, rounds: list) -> None:
+        super().__init__(MACHINE.flops)
+        self.factor, self.later, self.rounds = first, later, rounds
+        rounds.append(self)
+
+    def times(self, works):
+        found = super().times(works)
+        return {w: tuple(t * (self.factor if w.x[0] == 1 else 1.0) for t in found[w])
+                for w in works}
+
+    def seconds_to_time(self, works, timed):
+        return 0.0
+
+    def seconds_spent(self, works):
+        return 0.01 * len(works)
+
+    def again(self):
+        return Rounds(self.later, self.later, self.rounds)
+
+
+def test_plans_within_the_noise_are_timed_again_and_the_median_decides(monkeypatch):
+    """Where another plan is predicted close to the chosen one (here pure batch), their kernels
+    are timed again and the plan fastest at the median is kept, saying the first timing
+    preferred another; where the timings agree the choice stands; with FLOP times nothing is
+    timed again."""
+    monkeypatch.setattr(spaces, "CLOSE", 100.0)  # every plan the search met is close
+
+    def model(compute):
+        return wide_model(compute, procs=2, batch=2)
+
+    def described(planned):
+        return [p.describe() for p in planned.plans]
+
+    rounds: list = []
+    slow_first = plan_over(model(Rounds(50.0, 1.0, rounds)), space="grids")
+    assert len(rounds) == 1 + spaces.RETIMINGS
+    pure = described(spaces.pure_batch_plan(model(FlopModel(MACHINE.flops)))[0])
+    alone = plan_network(model(Rounds(50.0, 50.0, [])), space="grids")
+    assert described(alone) != pure  # the slow first timing's choice
+    assert described(slow_first) == pure  # the median's
+    assert "the first timing preferred one predicted" in slow_first.space_note
+    steady = plan_over(model(Rounds(50.0, 50.0, [])), space="grids")
+    assert described(steady) == described(alone)
+    assert "timed 3 times, and the plan fastest at the median kept" in steady.space_note
+    assert "preferred" not in steady.space_note
+    assert "timed 3 times" not in (plan_over(model(FlopModel(MACHINE.flops)),
+                                             space="grids").space_note or "")

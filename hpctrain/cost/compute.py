@@ -365,6 +365,17 @@ class MeasuredCompute:
                 total += overhead * self._calls_seconds([f / rate for f in work.flops()])
         return total
 
+    def seconds_spent(self, works: Sequence[LocalWork]) -> float:
+        """The seconds the timing of ``works`` took, set-up included, where the cache recorded
+        it; the calls alone (:meth:`_calls_seconds`) for the others it holds; nothing for
+        what it does not hold. The same on every rank."""
+        total = 0.0
+        for work in dict.fromkeys(works):
+            entry = self.known.get(self.prefix + work.key())
+            if entry is not None:
+                total += entry[2] if len(entry) > 2 else self._calls_seconds(entry[:2])
+        return total
+
     def _calls_seconds(self, seconds: Sequence[float]) -> float:
         """The seconds of the calls :meth:`_time` makes to time a kernel whose forward and
         backward take ``seconds``: per direction, the warm-up calls and the samples that fill

@@ -23,14 +23,25 @@ cold compute cache (a whole-batch convolution of a large image can take seconds 
 The plan is the faster of the two searches: the grids search may run a region's branches on
 groups of ranks, which the balanced search does not weigh. Every rank decides alike, since the
 cache and the timings it reads are the same on every rank.
+
+**Choices that survive the noise.** Each kernel is timed once, and a timing is not repeatable:
+timed twice, the probe nets' kernels differed by a time-weighted mean ``|log|`` of the ratio of
+about 0.1 (``bench/kernel_timing.py``). So where another plan the search met (the other space's,
+pure batch) is predicted within :data:`CLOSE` of the chosen one, their order is within that
+noise: with measured compute, the kernels of those plans are timed :data:`RETIMINGS` more times,
+at other moments, and the plan best at the median of the timings is kept
+(:func:`settled`), within the same budget as the balanced space's timing. The plan's note says
+so, and which plan the first timing had preferred where they differ.
 """
 
 from __future__ import annotations
 
+from hpctrain.cost.compute import MedianCompute
 from hpctrain.plan.planner import (
     SPACES,
     PlannedNetwork,
     PlannerError,
+    evaluate,
     evaluate_plan,
     fitting_apart,
     plan_network,
@@ -66,16 +77,22 @@ def plan_over(model: CostModel, mem_per_rank: float | None = None,
     """The planner's plan (:func:`~hpctrain.plan.planner.plan_network`) over ``space``, one of
     :data:`SPACE_CHOICES`: ``auto`` as the module says, for a run of ``steps`` steps (None: not
     known, :data:`AUTO_SECONDS` alone); with ``groups``, regions on groups of ranks."""
+    others: list[PlannedNetwork] = []
     if space == "auto":
-        return plan_over_auto_space(model, mem_per_rank, cap_source, groups, steps)
-    return plan_network(model, mem_per_rank, cap_source, space, groups)
+        chosen = plan_over_auto_space(model, mem_per_rank, cap_source, groups, steps, others)
+    else:
+        chosen = plan_network(model, mem_per_rank, cap_source, space, groups)
+    return settled(model, chosen, [*others, *pure_batch_plan(model)], mem_per_rank, steps)
 
 
 def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_source: str,
-                         groups: bool, steps: int | None) -> PlannedNetwork:
+                         groups: bool, steps: int | None,
+                         others: list[PlannedNetwork] | None = None) -> PlannedNetwork:
     """The plan of :func:`~hpctrain.plan.planner.plan_network` over the space the module's rule
     picks for a run of ``steps`` steps (None: not known, :data:`AUTO_SECONDS` alone), with a
-    note that says which space and why."""
+    note that says which space and why; the plan of the other space searched, if any, is
+    appended to ``others``."""
+    others = [] if others is None else others
     try:
         grids = plan_network(model, mem_per_rank, cap_source, "grids", groups)
     except PlannerError:  # no 1.5D plan at all: the splits are the only way to one
@@ -101,10 +118,77 @@ def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_sourc
                 f"{budget_text}")
     if balanced.iteration_time < grids.iteration_time:
         balanced.space_note = f"--space auto searched balanced ({why})"
+        others.append(grids)
         return balanced
+    others.append(balanced)
     grids.space_note = (f"--space auto searched balanced ({why}); no plan of it beats the "
                         f"1.5D plan")
     return grids
+
+
+CLOSE = 0.1
+"""Plans predicted within this share of each other are within the noise of one timing of their
+kernels (the module's notes), and are timed again before one is chosen."""
+
+RETIMINGS = 2
+"""The timings of close plans' kernels beyond the first: the median of three sets aside one
+slow moment of the machine."""
+
+
+def settled(model: CostModel, chosen: PlannedNetwork, others: list[PlannedNetwork],
+            mem_per_rank: float | None, steps: int | None) -> PlannedNetwork:
+    """``chosen``, or the plan of ``others`` (and of ``chosen``) predicted within :data:`CLOSE`
+    of it that is fastest when their kernels are timed :data:`RETIMINGS` more times and each
+    takes its median (see the module's notes); as it was with compute from FLOPs, where no
+    other plan is close, or where timing them again would take longer than the budget of
+    :func:`timing_budget`. The same on every rank: the timings are the slowest rank's."""
+    if not (_measured(model) and hasattr(model.compute, "again")) or chosen.on_groups:
+        return chosen
+    limit = chosen.iteration_time * (1 + CLOSE)
+    close, seen = [chosen], {tuple(chosen.plans)}
+    for other in others:
+        if (tuple(other.plans) not in seen and not other.on_groups
+                and other.iteration_time <= limit
+                and (mem_per_rank is None or other.memory <= mem_per_rank)):
+            close.append(other)
+            seen.add(tuple(other.plans))
+    if len(close) == 1:
+        return chosen
+    works = list(dict.fromkeys(w for plan in close for w in works_of(plan.layers)))
+    cost = RETIMINGS * model.compute.seconds_spent(works)
+    budget, budget_text = timing_budget(chosen.iteration_time, steps)
+    count = f"{len(close)} plans predicted within {CLOSE:.0%} of each other"
+    if cost > budget:
+        chosen.space_note = _joined(chosen.space_note, (
+            f"{count}: not timed again (about {_seconds(cost)}, over {budget_text}); "
+            f"compare-plans times them in rounds"))
+        return chosen
+    median = model.timed_by(MedianCompute([model.compute, *(model.compute.again()
+                                                             for _ in range(RETIMINGS))]))
+    again = [evaluate_plan(median, plan.plans) for plan in close]
+    best = min(range(len(again)), key=lambda k: (again[k].iteration_time, k))
+    found = again[best]
+    found.space_note = _joined(chosen.space_note, (
+        f"{count}: their kernels timed {RETIMINGS + 1} times, and the plan fastest at the "
+        f"median kept" + ("" if best == 0 else
+                          f" (the first timing preferred one predicted "
+                          f"{again[0].iteration_time * 1e3:.4g} ms at the median, against "
+                          f"{found.iteration_time * 1e3:.4g} ms)")))
+    return found
+
+
+def _joined(note: str | None, more: str) -> str:
+    return f"{note}; {more}" if note else more
+
+
+def pure_batch_plan(model: CostModel) -> list[PlannedNetwork]:
+    """The pure batch plan (1×P on every layer) priced, or nothing where it cannot run."""
+    from hpctrain.plan.baselines import pure_batch
+
+    try:
+        return [evaluate(model, pure_batch(model.segment_kinds, model.procs))]
+    except (PlannerError, ValueError):
+        return []
 
 
 def balanced_timing_seconds(model: CostModel, mem_per_rank: float | None) -> float:
