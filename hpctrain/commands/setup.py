@@ -43,6 +43,7 @@ class SetupRequest:
     branches: str = "auto"  # --branches: regions on groups of ranks (auto) or not (serial)
     steps: int | None = None  # the run's length, which --space auto weighs planning against
     inference: bool = False  # the forward pass alone (predict): what is planned and priced
+    optimizer: str = "sgd"  # --optimizer: the state each parameter keeps (memory)
 
     @classmethod
     def from_flags(cls, args: Any, dtype: str, overlap: str | bool = "auto",
@@ -52,7 +53,8 @@ class SetupRequest:
         a run of ``steps`` steps (None: not known)."""
         return cls(args.grid, args.batch, args.device, dtype, args.threads, args.machine,
                    args.compute, args.mem_per_rank, overlap, plan_file, args.space,
-                   args.collectives, getattr(args, "branches", "auto"), steps)
+                   args.collectives, getattr(args, "branches", "auto"), steps,
+                   optimizer=getattr(args, "optimizer", "sgd"))
 
 
 @dataclass
@@ -104,7 +106,8 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     precision = resolve_precision(request.dtype, request.device)
     memory = 0.0
     if plan is not None:
-        fixed = plan_memory(net, plan, request.batch, procs, precision, request.inference)
+        fixed = plan_memory(net, plan, request.batch, procs, precision, request.inference,
+                            request.optimizer)
         check_memory(fixed, limit, source)
         memory = fixed.memory
     backend = make_backend(request.device, request.dtype, comm, request.collectives)
@@ -120,7 +123,8 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     check_placement(comm, machine)
     overlap = sums_in_flight(request.overlap, machine)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
-                             threads, overlap, inference=request.inference)
+                             threads, overlap, inference=request.inference,
+                             optimizer=request.optimizer)
     planned = predict_plan(model, plan, limit, source, request.space,
                            request.branches == "auto", request.steps)
     if plan is None:
