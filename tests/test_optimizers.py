@@ -1,0 +1,177 @@
+"""The optimizers on whole tensors in one process against PyTorch (float64, three steps):
+``torch.optim.SGD``, ``torch.optim.AdamW``, LARS and LAMB from the papers' formulas
+(tests/optimizer_reference.py), each with ``clip_grad_norm_`` and with norm and bias parameters
+spared; the first-copy rule the norms are summed by; the state under a mixed precision; the
+refusals. The same under every plan on 1–4 ranks: tests/mpi/test_optimizers.py."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hpctrain.device.precision import bfloat16
+from hpctrain.errors import UserError
+from hpctrain.layers.base import Parameter
+from hpctrain.layout.layout import Layout, Split
+from hpctrain.layout.reduction import InputSplit
+from hpctrain.run.optimizer import (
+    OPTIMIZERS,
+    OptimizerSettings,
+    make_optimizer,
+)
+
+SHAPES = {"fc.weight": (4, 5), "fc.bias": (4,), "bn.gamma": (3,), "conv.weight": (3, 2, 2, 2)}
+
+
+def tensors(seed=0):
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(shape) for name, shape in SHAPES.items()}
+
+
+def gradients(step):
+    rng = np.random.default_rng(100 + step)
+    return {name: rng.standard_normal(shape) * 0.3 for name, shape in SHAPES.items()}
+
+
+@pytest.mark.parametrize("case", [
+    "sgd", "sgd-clip", "sgd-spared", "adamw", "adamw-clip-spared", "lars", "lars-clip-spared",
+    "lamb", "lamb-clip-spared-nobc"])
+def test_three_steps_match_pytorch(case):
+    torch = pytest.importorskip("torch")
+    from tests.optimizer_reference import RECIPES, torch_optimizer, torch_step
+
+    recipe = RECIPES[case]
+    start = tensors()
+    params = [Parameter(name, value.copy(), value.shape) for name, value in start.items()]
+    ours = recipe.hpctrain(params)
+    named = [(name, torch.nn.Parameter(torch.from_numpy(value.copy())))
+             for name, value in start.items()]
+    theirs = torch_optimizer(recipe, named)
+    for step in range(3):
+        grads = gradients(step)
+        for p in params:
+            p.grad = grads[p.name].copy()
+        for name, p in named:
+            p.grad = torch.from_numpy(grads[name].copy())
+        norm = torch_step(recipe, theirs, [p for _, p in named])
+        ours.step()
+        if recipe.clip is not None:
+            assert ours.grad_norm == pytest.approx(norm, rel=1e-13)
+            assert norm > recipe.clip  # the clipping really scales
+        for p, (_, q) in zip(params, named, strict=True):
+            np.testing.assert_allclose(p.value, q.detach().numpy(), rtol=1e-12, atol=1e-14,
+                                       err_msg=f"{case} step {step + 1} {p.name}")
+    assert ours.steps == 3
+
+
+def test_each_optimizer_differs_from_the_others():
+    """The comparison tells the optimizers (and a spared bias) apart."""
+    finals = {}
+    for name, spared in itertools.product(OPTIMIZERS, (False, True)):
+        params = [Parameter(n, v.copy(), v.shape) for n, v in tensors().items()]
+        optimizer = make_optimizer(params, 0.05, 0.9, 0.1,
+                                   OptimizerSettings(name, decay_norm_bias=not spared))
+        for step in range(2):
+            for p in params:
+                p.grad = gradients(step)[p.name].copy()
+            optimizer.step()
+        finals[name, spared] = np.concatenate([p.value.ravel() for p in params])
+    for a, b in itertools.combinations(finals, 2):
+        assert not np.allclose(finals[a], finals[b]), (a, b)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_state_stays_float32_under_bf16(name):
+    """Master weights in float32, 16-bit gradients and copy: the state is float32 and the copy
+    is the master rounded."""
+    rng = np.random.default_rng(1)
+    master = rng.standard_normal((6, 3)).astype(np.float32)
+    p = Parameter("fc.weight", master.astype(bfloat16), master.shape, master=master.copy())
+    optimizer = make_optimizer([p], 0.01, 0.9, 0.01,
+                               OptimizerSettings(name, clip=1.0))
+    for _ in range(2):
+        p.grad = (rng.standard_normal((6, 3)) * 256).astype(bfloat16)
+        optimizer.step(unscale=1 / 256)
+    for values in optimizer.state.values():
+        assert values[0].dtype == np.float32
+    assert np.array_equal(p.value, p.master.astype(bfloat16))
+    assert np.isfinite(optimizer.grad_norm)
+
+
+def test_per_bucket_updates_need_an_element_wise_optimizer():
+    p = Parameter("w", np.ones((2, 2)), (2, 2))
+    assert make_optimizer([p], 0.1, 0.9, 0.0, OptimizerSettings("adamw")).during_backward(0.1)
+    for settings in (OptimizerSettings("lars"), OptimizerSettings("lamb"),
+                     OptimizerSettings("sgd", clip=1.0)):
+        optimizer = make_optimizer([p], 0.1, 0.9, 0.0, settings)
+        assert optimizer.during_backward(0.1) is None
+        p.grad = np.ones((2, 2))
+        with pytest.raises(RuntimeError):
+            optimizer.step(0.1, [p])
+
+
+@pytest.mark.parametrize("settings, fragment", [
+    (OptimizerSettings("adam"), "--optimizer adam"),
+    (OptimizerSettings("adamw", betas=(0.9, 1.0)), "--betas 0.9,1"),
+    (OptimizerSettings("lamb", eps=0.0), "--eps 0"),
+    (OptimizerSettings("lars", trust=-1.0), "--trust-coefficient -1"),
+    (OptimizerSettings("sgd", clip=0.0), "--clip-grad-norm 0"),
+    (OptimizerSettings("sgd", clip=float("inf")), "--clip-grad-norm inf"),
+])
+def test_bad_settings_are_refused_by_name(settings, fragment):
+    with pytest.raises(UserError, match=fragment):
+        make_optimizer([Parameter("w", np.ones(2), (2,))], 0.1, 0.9, 0.0, settings)
+
+
+# -- the first copy of each block: what the norms sum --------------------------------------
+
+def layouts():
+    """Layouts of parameters as layers make them: channel cuts on meshes with batch, spatial
+    and replica digits, on groups of ranks, and a weight cut along its input channels."""
+    image = (8, 6, 8, 8)
+    found = []
+    for procs, first, world in ((4, 0, 4), (6, 0, 6), (2, 2, 6), (4, 2, 8)):
+        for split in (Split((procs, 1, 1, 1)), Split((1, procs, 1, 1)),
+                      Split((procs // 2, 2, 1, 1)), Split((1, 2, procs // 2, 1)),
+                      Split((1, 1, 2, 1), procs // 2)):
+            found.append(("sharded_by", Layout.of_split(image, split).on_ranks(first, world)))
+    x = Layout.of_split((8, 12), Split((1, 2), inputs=2))
+    y = Layout.of_split((8, 20), Split((1, 2), inputs=2), cut=(1,))
+    found.append(("layout", InputSplit.of(x, y, (20, 12)).weight))
+    found.append(("layout", InputSplit.of(x, y, (20, 12)).bias))
+    return found
+
+
+@pytest.mark.parametrize("kind, layout", layouts(), ids=lambda v: str(v))
+def test_first_copies_count_every_entry_once(kind, layout):
+    """Brute force over the ranks (a test may loop over them; the rule never does): the first
+    copies are the lowest ranks holding each block, and their blocks tile the tensor."""
+    shape = layout.shape if kind == "layout" else (6, 3, 3)
+    param = (Parameter("w", None, shape, layout=layout) if kind == "layout"
+             else Parameter("w", None, shape, sharded_by=layout))
+    counts = np.zeros(shape, int)
+    seen = set()
+    for rank in range(layout.procs):
+        box = param.box(rank)
+        empty = any(lo == hi for lo, hi in box)
+        lowest = not empty and box not in seen
+        seen.add(box)
+        assert param.holds_first_copy(rank) == lowest, (rank, box)
+        if lowest:
+            counts[tuple(slice(lo, hi) for lo, hi in box)] += 1
+    assert (counts == 1).all()
+
+
+def test_memory_counts_each_optimizers_state():
+    from hpctrain.cost.memory import OPTIMIZER_STATE, parameter_bytes
+    from hpctrain.device.precision import PRECISIONS
+
+    for name, optimizer in OPTIMIZERS.items():
+        assert OPTIMIZER_STATE[name] == optimizer.state_names
+    fp32 = PRECISIONS["fp32"]
+    sgd, adamw = parameter_bytes(10, fp32), parameter_bytes(10, fp32, "adamw")
+    assert sgd == parameter_bytes(10, fp32, "lars")
+    assert sum(adamw.values()) - sum(sgd.values()) == 40  # a second moment of 10 floats
+    assert adamw == parameter_bytes(10, fp32, "lamb")
+    bf16 = parameter_bytes(10, PRECISIONS["bf16"], "adamw")
+    assert bf16["exp_avg"] == bf16["exp_avg_sq"] == 40  # float32 state
