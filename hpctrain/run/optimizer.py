@@ -3,9 +3,9 @@ rank's parameter shards.
 
 SGD and AdamW are element-wise: a shard's update is the serial one restricted to the shard, so
 each group of parameters may be updated as soon as its gradient's sum arrives, during the
-backward (:meth:`Optimizer.during_backward`). LARS and LAMB scale each tensor's step by a *trust
-ratio* made of the norms of the whole tensor, and clipping scales every gradient by the norm of
-all of them: those steps wait until every sum has arrived (:meth:`Optimizer.step`).
+backward (:meth:`Optimizer.during_backward`). LARS and LAMB scale each tensor's step by a
+*trust ratio* made of the norms of the whole tensor, and clipping scales every gradient by the
+norm of all of them: those steps wait until every sum has arrived (:meth:`Optimizer.step`).
 
 A norm over a tensor cut in shards and copied across replicas is a sum of squares over the
 ranks that hold the *first copy* of each block
@@ -83,8 +83,9 @@ def decays(param: Parameter, settings: OptimizerSettings) -> bool:
 class ShardNorms:
     """Sums of squares of whole tensors from the shards this rank holds, over the ranks of
     ``comm`` (the world; None: one process holding everything): each rank adds the shards it
-    holds the first copy of (:meth:`local`), then one all-reduce sums them all (:meth:`total`).
-    Which shards are first copies is found once, in O(1) per shard."""
+    holds the first copy of (:meth:`ShardNorms.local`), then one all-reduce sums them all
+    (:meth:`ShardNorms.total`). Which shards are first copies is found once, in O(1) per
+    shard."""
 
     def __init__(self, params: list[Parameter], comm: Any) -> None:
         self.comm = comm
@@ -103,9 +104,9 @@ class ShardNorms:
         return _array_module(a).vdot(flat, flat)
 
     def total(self, columns: list[list[Any | None]]) -> np.ndarray:
-        """The sums over every rank of :meth:`local` values (None counts 0), one column per
-        quantity and one row per parameter, float64 on every rank: one read from the device
-        and one all-reduce for all of them."""
+        """The sums over every rank of :meth:`ShardNorms.local` values (None counts 0), one
+        column per quantity and one row per parameter, float64 on every rank: one read from the
+        device and one all-reduce for all of them."""
         local = np.zeros((len(columns[0]), len(columns)))
         parts = [(k, j, value) for j, column in enumerate(columns)
                  for k, value in enumerate(column) if value is not None]
@@ -122,7 +123,8 @@ class ShardNorms:
         return local
 
     def squares(self, columns: list[list[Any | None]]) -> np.ndarray:
-        """:meth:`total` of the :meth:`local` sums of the arrays in ``columns``."""
+        """:meth:`ShardNorms.total` of the :meth:`ShardNorms.local` sums of the arrays in
+        ``columns``."""
         return self.total([[self.local(k, a) for k, a in enumerate(column)]
                            for column in columns])
 
@@ -175,8 +177,8 @@ class Optimizer:
     def during_backward(self, lr: float) -> Callable[[list[Parameter]], None] | None:
         """Begin a step at rate ``lr`` whose updates run during the backward: the update to
         call on each group of parameters as its gradient's sum arrives, or None where this
-        optimizer needs every sum first (LARS, LAMB, clipping): then call :meth:`step` after
-        the backward."""
+        optimizer needs every sum first (LARS, LAMB, clipping): then call
+        :meth:`Optimizer.step` after the backward."""
         if not self.per_bucket:
             return None
         self.steps += 1
@@ -187,7 +189,7 @@ class Optimizer:
         """One update of every shard, in place, from the summed gradients times ``unscale``
         (1 / the loss scale); or, for an element-wise optimizer without clipping, of
         ``params`` alone, some of them, as their sums arrive within a step begun by
-        :meth:`during_backward`. The gradient buffers are overwritten; the next backward
+        :meth:`Optimizer.during_backward`. The gradient buffers are overwritten; the next backward
         rebuilds them."""
         lr = self.lr if lr is None else lr
         if params is not None:
