@@ -175,3 +175,66 @@ def test_memory_counts_each_optimizers_state():
     assert adamw == parameter_bytes(10, fp32, "lamb")
     bf16 = parameter_bytes(10, PRECISIONS["bf16"], "adamw")
     assert bf16["exp_avg"] == bf16["exp_avg_sq"] == 40  # float32 state
+
+
+# -- the train command ---------------------------------------------------------------------
+
+def train(tmp_path, *flags):
+    from mpi4py import MPI
+
+    from hpctrain.commands import train as train_command
+
+    argv = ["--net", "mlp", "--batch", "8", "--steps", "2", "--compute", "flops",
+            "--threads", "1", *flags]
+    assert train_command.run(argv, MPI.COMM_WORLD) == 0
+
+
+def test_the_log_keeps_the_norm_before_clipping_unscaled_under_fp16(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The norm is of the unscaled gradients: fp16's (scaled by 2**16 while summed) is fp32's
+    to float16's rounding; a step that overflowed logs none."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    norms = {}
+    for precision in ("fp32", "fp16"):
+        train(tmp_path, "--optimizer", "lars", "--clip-grad-norm", "0.5", "--precision",
+              precision, "--log", f"{precision}.h5")
+        with h5py.File(tmp_path / f"{precision}.h5") as h5:
+            norms[precision] = h5["steps/grad_norm"][:]
+    assert "grad norm 0.76" in capsys.readouterr().out
+    assert norms["fp32"][0] > 0.5  # clipped
+    np.testing.assert_allclose(norms["fp16"], norms["fp32"], rtol=1e-3)
+    train(tmp_path, "--precision", "fp16", "--loss-scale", str(2.0**40), "--clip-grad-norm",
+          "1", "--log", "over.h5")
+    with h5py.File(tmp_path / "over.h5") as h5:
+        skipped, norm = h5["steps/skipped"][:], h5["steps/grad_norm"][:]
+    assert skipped[0] == 1 and np.isnan(norm[0])
+    train(tmp_path, "--log", "plain.h5")
+    with h5py.File(tmp_path / "plain.h5") as h5:
+        assert np.isnan(h5["steps/grad_norm"][:]).all()  # no clipping: no norm
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--optimizer", "adamw", "--momentum", "0.5"],
+     "--momentum is for --optimizer sgd or lars, not --optimizer adamw"),
+    (["--trust-coefficient", "0.01"], "--trust-coefficient is for --optimizer lars"),
+    (["--optimizer", "adamw", "--no-bias-correction"], "--no-bias-correction is for "
+                                                        "--optimizer lamb"),
+    (["--betas", "0.9,0.99"], "--betas is for --optimizer adamw or lamb"),
+    (["--optimizer", "lamb", "--eps", "-1"], "--eps -1 must be positive"),
+    (["--clip-grad-norm", "-2"], "--clip-grad-norm -2 must be a positive number"),
+])
+def test_flags_an_optimizer_cannot_use_are_refused(tmp_path, monkeypatch, flags, fragment):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=fragment):
+        train(tmp_path, *flags)
+
+
+def test_a_resume_with_another_optimizer_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(tmp_path, "--optimizer", "adamw", "--checkpoint-dir", "ck")
+    with pytest.raises(UserError, match="written with --optimizer adamw, not lamb"):
+        train(tmp_path, "--optimizer", "lamb", "--checkpoint-dir", "ck", "--resume",
+              "--steps", "3")
+    train(tmp_path, "--optimizer", "adamw", "--checkpoint-dir", "ck", "--resume", "--steps", "3")
