@@ -238,3 +238,37 @@ def test_a_resume_with_another_optimizer_is_refused(tmp_path, monkeypatch):
         train(tmp_path, "--optimizer", "lamb", "--checkpoint-dir", "ck", "--resume",
               "--steps", "3")
     train(tmp_path, "--optimizer", "adamw", "--checkpoint-dir", "ck", "--resume", "--steps", "3")
+
+
+def test_an_sgd_checkpoint_of_before_other_optimizers_still_resumes(tmp_path, monkeypatch):
+    """A checkpoint without the optimizer's attributes is SGD's, its updates as many as its
+    steps; another optimizer is refused."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    train(tmp_path, "--checkpoint-dir", "ck")
+    with h5py.File(tmp_path / "ck" / "step-00000002.h5", "a") as h5:
+        assert (h5.attrs["optimizer"], h5.attrs["optimizer_steps"]) == ("sgd", 2)
+        del h5.attrs["optimizer"], h5.attrs["optimizer_steps"]
+    with pytest.raises(UserError, match="written with --optimizer sgd, not lars"):
+        train(tmp_path, "--optimizer", "lars", "--checkpoint-dir", "ck", "--resume",
+              "--steps", "3")
+    train(tmp_path, "--checkpoint-dir", "ck", "--resume", "--steps", "3")
+    with h5py.File(tmp_path / "ck" / "step-00000003.h5") as h5:
+        assert (h5.attrs["optimizer"], h5.attrs["optimizer_steps"]) == ("sgd", 3)
+
+
+def test_adamw_resumes_under_another_precision_from_its_float32_state(tmp_path, monkeypatch):
+    """bf16 keeps float32 moments; a resume under fp64 reads them whole and counts on."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    train(tmp_path, "--optimizer", "adamw", "--precision", "bf16", "--checkpoint-dir", "ck")
+    with h5py.File(tmp_path / "ck" / "step-00000002.h5") as h5:
+        moment = h5["exp_avg/linear1.weight"]
+        assert moment.dtype == np.float32 and np.abs(moment[...]).max() > 0
+    train(tmp_path, "--optimizer", "adamw", "--precision", "fp64", "--checkpoint-dir", "ck",
+          "--resume", "--steps", "3")
+    with h5py.File(tmp_path / "ck" / "step-00000003.h5") as h5:
+        assert h5.attrs["optimizer_steps"] == 3 and h5["exp_avg_sq/linear1.weight"].dtype == \
+            np.float64
