@@ -438,7 +438,8 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
     """Rank 0's run log, with everything needed to know what ran where."""
     from hpctrain.record.runlog import RunLog, run_attributes
 
-    options = dict(vars(args), steps=config.steps, seed=config.seed, momentum=config.momentum,
+    momentum = config.momentum if config.optimizer.name in ("sgd", "lars") else None
+    options = dict(vars(args), steps=config.steps, seed=config.seed, momentum=momentum,
                    eval_every=config.eval_every, learning_rate=config.schedule.describe())
     attrs = run_attributes(["python", "-m", "hpctrain", *argv], options, procs, setup.net,
                            setup.plan, setup.planned, setup.backend, setup.threads, setup.machine)
