@@ -272,3 +272,29 @@ def test_adamw_resumes_under_another_precision_from_its_float32_state(tmp_path, 
     with h5py.File(tmp_path / "ck" / "step-00000003.h5") as h5:
         assert h5.attrs["optimizer_steps"] == 3 and h5["exp_avg_sq/linear1.weight"].dtype == \
             np.float64
+
+
+@pytest.mark.parametrize("case", ["sgd-clip", "adamw-clip-spared", "lars", "lars-clip-spared",
+                                  "lamb-clip-spared-nobc"])
+def test_on_the_cupy_stand_in_the_same_numbers_and_one_wait_per_norm(standin_cupy, case):
+    """On (a strict stand-in of) CuPy: what NumPy gives, and the host waits only to read the
+    norms, once per all-reduce of them (LARS with clipping: the clip's, then the weights')."""
+    pytest.importorskip("torch")
+    from tests.optimizer_reference import RECIPES
+
+    cp, recipe = standin_cupy, RECIPES[case]
+    finals = []
+    for xp in (np, cp):
+        params = [Parameter(n, xp.asarray(v), v.shape) for n, v in tensors().items()]
+        optimizer = recipe.hpctrain(params)
+        for step in range(3):
+            for p in params:
+                p.grad = xp.asarray(gradients(step)[p.name])
+            cp.counters.reset()
+            optimizer.step()
+            if xp is cp:
+                norms = (recipe.clip is not None) + (recipe.name in ("lars", "lamb"))
+                assert cp.counters.waits() == norms, cp.counters.places
+        finals.append([cp.asnumpy(p.value) if xp is cp else p.value for p in params])
+    for ours, numpy in zip(*finals[::-1], strict=True):
+        np.testing.assert_allclose(ours, numpy, rtol=1e-13)
