@@ -100,7 +100,11 @@ def test_state_stays_float32_under_bf16(name):
 
 def test_per_bucket_updates_need_an_element_wise_optimizer():
     p = Parameter("w", np.ones((2, 2)), (2, 2))
-    assert make_optimizer([p], 0.1, 0.9, 0.0, OptimizerSettings("adamw")).during_backward(0.1)
+    adamw = make_optimizer([p], 0.1, 0.9, 0.0, OptimizerSettings("adamw"))
+    p.grad = np.ones((2, 2))
+    with pytest.raises(RuntimeError, match="during_backward"):  # t = 0: no bias correction
+        adamw.step(0.1, [p])
+    assert adamw.during_backward(0.1) and adamw.steps == 1
     for settings in (OptimizerSettings("lars"), OptimizerSettings("lamb"),
                      OptimizerSettings("sgd", clip=1.0)):
         optimizer = make_optimizer([p], 0.1, 0.9, 0.0, settings)

@@ -254,6 +254,8 @@ class AdamW(Optimizer):
 
     def _update(self, lr: float, params: list[Parameter], unscale: float,
                 grad_squares: np.ndarray | None) -> None:
+        if self.steps == 0:  # bias correction divides by 1 − β^t
+            raise RuntimeError("an AdamW step begins with during_backward (or step())")
         m, v, s = self.state["exp_avg"], self.state["exp_avg_sq"], self.settings
         for p in params:
             k = self._k(p)
