@@ -697,7 +697,8 @@ _FUNCTIONS = (
     "not_equal", "ones", "ones_like", "pad", "power", "prod", "ravel", "remainder", "reshape",
     "right_shift", "left_shift", "bitwise_and", "bitwise_or", "bitwise_xor", "sign", "sin",
     "split", "sqrt", "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "take",
-    "tanh", "tensordot", "transpose", "true_divide", "var", "where", "zeros", "zeros_like",
+    "tanh", "tensordot", "transpose", "true_divide", "var", "vdot", "where", "zeros",
+    "zeros_like",
 )
 for _name in _FUNCTIONS:
     globals()[_name] = _device_function(getattr(np, _name))

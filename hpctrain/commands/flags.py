@@ -283,3 +283,78 @@ def add_precision_option(parser: argparse.ArgumentParser, default: str = "auto")
                              "GPU (as PyTorch's cuDNN convolutions by default), fp32 on the "
                              "CPU. float32 and float64 are read as fp32 and fp64 "
                              "(default: %(default)s)")
+
+
+def betas(text: str) -> tuple[float, float]:
+    """``--betas``: two numbers in [0, 1), comma-separated."""
+    try:
+        found = tuple(float(word) for word in text.split(","))
+    except ValueError:
+        found = ()
+    if len(found) != 2 or not all(0 <= b < 1 for b in found):
+        raise argparse.ArgumentTypeError(f"'{text}' is not two numbers in [0, 1) such as "
+                                         f"0.9,0.999")
+    return found
+
+
+def add_optimizer_options(parser: argparse.ArgumentParser) -> None:
+    """--optimizer and its flags, --momentum, --weight-decay, --no-decay-norm-bias and
+    --clip-grad-norm (see :mod:`hpctrain.run.optimizer`)."""
+    group = parser.add_argument_group("optimizer")
+    group.add_argument("--optimizer", choices=("sgd", "adamw", "lars", "lamb"), default="sgd",
+                       help="sgd: momentum SGD (torch.optim.SGD); adamw: Adam with decoupled "
+                            "weight decay (torch.optim.AdamW); lars: SGD whose step for each "
+                            "tensor is scaled by the trust ratio eta*|w|/(|g| + wd*|w| + eps), "
+                            "as the large-batch ResNet recipes; lamb: Adam's direction plus "
+                            "wd*w, scaled by |w|/|direction| per tensor. The norms are of "
+                            "whole tensors, exact under every plan (default: %(default)s)")
+    group.add_argument("--momentum", type=float, default=None,
+                       help="sgd and lars: the momentum (default: 0.9)")
+    group.add_argument("--weight-decay", type=float, default=5e-4,
+                       help="weight decay wd: L2 added to the gradient for sgd and lars, "
+                            "decoupled for adamw, in the direction for lamb (default: 5e-4)")
+    group.add_argument("--betas", type=betas, default=None, metavar="B1,B2",
+                       help="adamw and lamb: the moments' decay rates (default: 0.9,0.999)")
+    group.add_argument("--eps", type=float, default=None,
+                       help="adamw, lamb and lars: the term that keeps a division finite "
+                            "(default: 1e-8)")
+    group.add_argument("--trust-coefficient", type=float, default=None, metavar="ETA",
+                       help="lars: eta in its trust ratio (default: 0.001)")
+    group.add_argument("--bias-correction", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="lamb: divide the moments by 1 - beta**t, as the paper's "
+                            "algorithm (adamw always does) (default: on)")
+    group.add_argument("--no-decay-norm-bias", action="store_true",
+                       help="every optimizer: no weight decay for the parameters of one axis "
+                            "(biases, batch and layer norm's scale and shift), and under lars "
+                            "and lamb no trust ratio for them either, as large-batch recipes do")
+    group.add_argument("--clip-grad-norm", type=float, default=None, metavar="C",
+                       help="scale every gradient by min(1, C / (|g| + 1e-6)), |g| the norm "
+                            "of all of them together (torch.nn.utils.clip_grad_norm_), after "
+                            "fp16's unscaling; the norm goes into the log (default: no "
+                            "clipping)")
+
+
+def optimizer_choice(args: argparse.Namespace):
+    """(momentum, :class:`~hpctrain.run.optimizer.OptimizerSettings`) the optimizer flags give;
+    a flag given to an optimizer that has no use for it is refused, naming both."""
+    from hpctrain.run.optimizer import OptimizerSettings
+
+    name = args.optimizer
+    uses = {"momentum": ("sgd", "lars"), "betas": ("adamw", "lamb"),
+            "eps": ("adamw", "lamb", "lars"), "trust_coefficient": ("lars",),
+            "bias_correction": ("lamb",)}
+    for flag, takers in uses.items():
+        if getattr(args, flag) is not None and name not in takers:
+            spelled = "--" + flag.replace("_", "-")
+            if flag == "bias_correction" and not args.bias_correction:
+                spelled = "--no-bias-correction"
+            raise UserError(f"{spelled} is for --optimizer {' or '.join(takers)}, not "
+                            f"--optimizer {name}; drop it or choose one of those")
+    defaults = OptimizerSettings()
+    settings = OptimizerSettings(
+        name, args.betas or defaults.betas, defaults.eps if args.eps is None else args.eps,
+        defaults.trust if args.trust_coefficient is None else args.trust_coefficient,
+        args.bias_correction is not False, not args.no_decay_norm_bias, args.clip_grad_norm)
+    settings.check()
+    return 0.9 if args.momentum is None else args.momentum, settings

@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--procs", type=int, required=True, help="number of processes P")
     parser.add_argument("--batch", type=int, required=True, help="global mini-batch B")
     add_planning_precision(parser)
+    parser.add_argument("--optimizer", choices=("sgd", "adamw", "lars", "lamb"), default="sgd",
+                        help="the optimizer the run trains with, as train's --optimizer: its "
+                             "state per parameter counts in the memory (one float32 array for "
+                             "sgd and lars, two for adamw and lamb) (default: %(default)s)")
     parser.add_argument("--out", default=None, help="also write the plan file here")
     parser.add_argument("--grid", default="auto",
                         help="auto: search for the plan of least predicted time; or a --grid "
@@ -115,7 +119,8 @@ def run(argv: list[str]) -> int:
         threads = configure_threads(None, args.threads)
     overlap = sums_in_flight(args.overlap, machine)
     model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
-                             threads=threads, overlap=overlap, retime=args.retime)
+                             threads=threads, overlap=overlap, retime=args.retime,
+                             optimizer=args.optimizer)
     if given is None:
         planned = plan_over(model, args.mem_per_rank, space=args.space,
                                groups=args.branches == "auto")

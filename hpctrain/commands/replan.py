@@ -81,7 +81,8 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
                          f"the per-layer times of {steps} of this run", apart=True,
                          cache_bytes=setup.machine.cache_bytes)
     model = build_cost_model(setup.net, request.batch, procs, fitted, request.compute,
-                             setup.backend, comm, setup.threads, setup.overlap)
+                             setup.backend, comm, setup.threads, setup.overlap,
+                             optimizer=request.optimizer)
     if limit is None:
         from hpctrain.cost.memory import memory_limit
 

@@ -44,6 +44,7 @@ class SetupRequest:
     steps: int | None = None  # the run's length, which --space auto weighs planning against
     inference: bool = False  # the forward pass alone (predict): what is planned and priced
     retime: bool = False  # --retime: every kernel timed afresh, whatever the cache holds
+    optimizer: str = "sgd"  # --optimizer: the state each parameter keeps (memory)
 
     @classmethod
     def from_flags(cls, args: Any, dtype: str, overlap: str | bool = "auto",
@@ -54,7 +55,8 @@ class SetupRequest:
         return cls(args.grid, args.batch, args.device, dtype, args.threads, args.machine,
                    args.compute, args.mem_per_rank, overlap, plan_file, args.space,
                    args.collectives, getattr(args, "branches", "auto"), steps,
-                   retime=getattr(args, "retime", False))
+                   retime=getattr(args, "retime", False),
+                   optimizer=getattr(args, "optimizer", "sgd"))
 
 
 @dataclass
@@ -112,7 +114,8 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     precision = resolve_precision(request.dtype, request.device)
     memory = 0.0
     if plan is not None:
-        fixed = plan_memory(net, plan, request.batch, procs, precision, request.inference)
+        fixed = plan_memory(net, plan, request.batch, procs, precision, request.inference,
+                            request.optimizer)
         check_memory(fixed, limit, source)
         memory = fixed.memory
     backend = make_backend(request.device, request.dtype, comm, request.collectives)
@@ -129,7 +132,7 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     overlap = sums_in_flight(request.overlap, machine)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
                              threads, overlap, inference=request.inference,
-                             retime=request.retime)
+                             retime=request.retime, optimizer=request.optimizer)
     planned = predict_plan(model, plan, limit, source, request.space,
                            request.branches == "auto", request.steps)
     if plan is None:

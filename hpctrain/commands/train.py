@@ -17,12 +17,14 @@ from hpctrain.comm.agree import agreed
 from hpctrain.commands.flags import (
     NoteGiven,
     add_init_options,
+    add_optimizer_options,
     add_overlap_option,
     add_planning_options,
     add_precision_option,
     add_run_options,
     check_space,
     class_weights,
+    optimizer_choice,
     with_init,
 )
 from hpctrain.commands.setup import Setup, SetupRequest, set_up
@@ -101,9 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
                                "(e.g. step:100:0.1) (default: %(default)s)")
     training.add_argument("--warmup-steps", type=int, default=0,
                           help="ramp the rate linearly over the first N steps (default: 0)")
-    training.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
-    training.add_argument("--weight-decay", type=float, default=5e-4,
-                          help="L2 weight decay (default: 5e-4)")
     add_precision_option(training)
     training.add_argument("--dtype", dest="precision", choices=("float32", "float64"),
                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # older spelling
@@ -121,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="held-out accuracy (mean squared error for a regression) every "
                                "N steps, when the dataset has a val split (default: every "
                                "epoch, and always at the end)")
+    add_optimizer_options(parser)
     planning = parser.add_argument_group("planning")
     add_planning_options(planning)
     planning.add_argument("--plan-file", default=None,
@@ -190,8 +190,8 @@ class Prepared:
 
 def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     """Every check of the options and the files they name, before planning (rank 0)."""
-    from hpctrain.run.checkpoint import resume_from
-    from hpctrain.run.optimizer import SGD
+    from hpctrain.run.checkpoint import check_optimizer, resume_from
+    from hpctrain.run.optimizer import check as check_rates
     from hpctrain.run.schedule import parse_schedule
 
     for flag in ("steps", "print_every", "eval_every", "checkpoint_every", "keep_checkpoints",
@@ -217,7 +217,8 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         raise UserError(f"--timings-every {args.timings_every} says how often the per-layer "
                         f"times are written to the run log; give --log FILE.h5 too")
     _check_loss_scale(args)
-    SGD.check(args.lr, args.momentum, args.weight_decay)
+    momentum, _ = optimizer_choice(args)
+    check_rates(args.lr, momentum, args.weight_decay)
     net, dataset = _dataset_net(args, load_network(args.net, args.image_size, args.loss))
     net = net.with_statistics(args.bn_group, procs).with_class_weights(args.class_weights)
     check_augment(args.augment, net.name, net.input_shape,
@@ -245,6 +246,8 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
                         f"(/val); --data {args.data} has none")
     schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
     resume, info = resume_from(args.resume, args.checkpoint_dir, args.seed, args.batch, net)
+    if info is not None:
+        check_optimizer(info, args.optimizer)
     if resume is not None and args.init is not None:
         if args.resume != "latest":
             raise UserError(f"--init {args.init} gives starting weights, but the run resumes "
@@ -404,7 +407,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         return 0
     sources = open_sources(comm, setup.backend, setup.net, args.batch, prepared.seed,
                            args.augment, args.data, prepared.dataset)
-    config = TrainConfig(args.batch, prepared.steps, args.lr, args.momentum, args.weight_decay,
+    momentum, optimizer = optimizer_choice(args)  # checked by _prepare
+    config = TrainConfig(args.batch, prepared.steps, args.lr, momentum, args.weight_decay,
                          prepared.seed, args.print_every, prepared.schedule, prepared.eval_every,
                          Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                          args.checkpoint_every, args.keep_checkpoints, setup.overlap,
@@ -412,7 +416,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
                                        else BUCKET_BYTES),
                          timeline=prepared.timeline, prefetch=args.prefetch,
                          loss_scale=args.loss_scale,
-                         timings_every=args.timings_every if args.log else 0)
+                         timings_every=args.timings_every if args.log else 0,
+                         optimizer=optimizer)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,
@@ -471,7 +476,8 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
     """Rank 0's run log, with everything needed to know what ran where."""
     from hpctrain.record.runlog import RunLog, run_attributes
 
-    options = dict(vars(args), steps=config.steps, seed=config.seed,
+    momentum = config.momentum if config.optimizer.name in ("sgd", "lars") else None
+    options = dict(vars(args), steps=config.steps, seed=config.seed, momentum=momentum,
                    eval_every=config.eval_every, learning_rate=config.schedule.describe())
     attrs = run_attributes(["python", "-m", "hpctrain", *argv], options, procs, setup.net,
                            setup.plan, setup.planned, setup.backend, setup.threads, setup.machine)

@@ -60,22 +60,36 @@ class Footprint:
         return forward if self.forward_only else larger(forward, backward)
 
 
-def parameter_bytes(entries: int, precision: Precision) -> dict[str, float]:
+OPTIMIZER_STATE = {"sgd": ("momentum",), "lars": ("momentum",),
+                   "adamw": ("exp_avg", "exp_avg_sq"), "lamb": ("exp_avg", "exp_avg_sq")}
+"""The arrays each ``--optimizer`` keeps per parameter, in the master dtype: SGD's and LARS's
+velocity, AdamW's and LAMB's two moments (PyTorch's names)."""
+
+
+def parameter_bytes(entries: int, precision: Precision, optimizer: str = "sgd"
+                    ) -> dict[str, float]:
     """What a parameter shard of ``entries`` values costs on every rank, by name: the weights
     the kernels use and their gradient (the gradient all-reduce's flat buffer when there is
-    one) in the storage dtype, the optimizer's momentum and scratch buffer in the master dtype,
-    and under a mixed precision (bf16, fp16) the master weights.
+    one) in the storage dtype, the state of ``optimizer`` (:data:`OPTIMIZER_STATE`) and its
+    scratch buffer in the master dtype, and under a mixed precision (bf16, fp16) the master
+    weights.
 
     >>> from hpctrain.device.precision import PRECISIONS
     >>> sorted(parameter_bytes(10, PRECISIONS["bf16"]).items())  # doctest: +NORMALIZE_WHITESPACE
     [('gradients', 20), ('master weights', 40), ('momentum', 40), ('optimizer scratch', 40),
      ('parameters', 20)]
+    >>> sorted(parameter_bytes(10, PRECISIONS["fp32"], "adamw").items())
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [('exp_avg', 40), ('exp_avg_sq', 40), ('gradients', 40), ('optimizer scratch', 40),
+     ('parameters', 40)]
     """
     stored, master = entries * precision.itemsize, entries * precision.master_itemsize
     parts = {"parameters": stored}
     if precision.mixed:
         parts["master weights"] = master
-    parts |= {"gradients": stored, "momentum": master, "optimizer scratch": master}
+    parts["gradients"] = stored
+    parts |= dict.fromkeys(OPTIMIZER_STATE[optimizer], master)
+    parts["optimizer scratch"] = master
     return parts
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.device.backend import Backend
 from hpctrain.kernels.counter_rng import stream_key, uniform_block
-from hpctrain.layout.layout import CHANNEL_AXIS, Box, Layout
+from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS, Box, Layout
 from hpctrain.layout.partition import block_range
 from hpctrain.layout.reduction import InputSplit
 
@@ -79,6 +79,33 @@ class Parameter:
             box[0] = block_range(self.shape[0], by.parts[CHANNEL_AXIS],
                                  by.block_index(rank, CHANNEL_AXIS))
         return tuple(box)
+
+    def holds_first_copy(self, rank: int) -> bool:
+        """Whether ``rank`` is the lowest rank holding its block of this tensor: summed over
+        the ranks, what the first copies hold counts every entry exactly once (a norm over
+        the shards, never once per replica). A checkpoint gathers each block from the same
+        rank.
+
+        O(digits of the mesh), not a loop over the ranks. Exact because a rank's block is
+        fixed by its coordinates on the mesh digits that cut the tensor (its own ``layout``:
+        every digit but the replicas'; ``sharded_by``: the digits of the channels, which cut
+        axis 0), and distinct coordinates there give distinct blocks; the ranks holding the
+        same block differ only on the other digits, and the lowest of them (ranks are the
+        coordinates in mixed radix) has 0 on each. A rank outside the layout's group holds
+        nothing. E.g. a weight cut over Pr = 2 on a 2×3 grid (mesh (3, 2) cutting the batch,
+        then the channels): ranks 0 and 1 hold the first copies of the two halves; ranks 2..5
+        (batch coordinate 1 or 2) replicas.
+        """
+        layout = self.layout if self.layout is not None else self.sharded_by
+        if layout is None:  # every rank holds the whole tensor
+            return rank == 0
+        if not layout.holds(rank):
+            return False
+        if self.layout is not None:
+            return all(c == 0 for c, axis in zip(layout.coordinates(rank), layout.axes,
+                                                 strict=True) if axis == REPLICAS)
+        return all(c == 0 for c, axis in zip(layout.coordinates(rank), layout.axes,
+                                             strict=True) if axis != CHANNEL_AXIS)
 
 
 def init_parameter(backend: Backend, name: str, shape: tuple[int, ...],

@@ -172,14 +172,17 @@ class CostModel(Segments):
     inference : the forward pass alone, as ``predict`` runs it: no backward, no gradient or
         optimizer state, nothing kept for a backward (what a layer keeps for it is counted as
         allocated for a moment instead), so a plan is chosen for the forward's time and memory.
+    optimizer : the run's ``--optimizer``, whose state every parameter keeps
+        (:data:`~hpctrain.cost.memory.OPTIMIZER_STATE`: one array for SGD and LARS, two for
+        AdamW and LAMB).
     """
 
     def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
                  precision: Precision = PRECISIONS["fp32"], overlap: bool = False,
-                 inference: bool = False) -> None:
+                 inference: bool = False, optimizer: str = "sgd") -> None:
         super().__init__(net, batch, procs)
         self.machine, self.compute, self.overlap = machine, compute, overlap
-        self.inference = inference
+        self.inference, self.optimizer = inference, optimizer
         self.precision = precision_of(precision)
         # the share of the gradient sums' time that can hide behind the backward: the
         # machine's, when the run puts them in flight (--overlap); none otherwise
@@ -193,7 +196,7 @@ class CostModel(Segments):
         """The same model (net, batch, ranks, profile, precision, overlap) with its compute
         times from ``compute``: a plan priced again under kernels timed at another moment."""
         return CostModel(self.net, self.batch, self.procs, self.machine, compute,
-                         self.precision, self.overlap, self.inference)
+                         self.precision, self.overlap, self.inference, self.optimizer)
 
     @property
     def itemsize(self) -> int:
@@ -229,7 +232,7 @@ class CostModel(Segments):
         if self.inference:
             return self._forward_memory(index, layouts, work, params, x, y)
         kept_before = self.kept_upstream(index) and not fresh_input
-        resident = parameter_bytes(params, self.precision) if params else {}
+        resident = parameter_bytes(params, self.precision, self.optimizer) if params else {}
         if self.keeps_input(index) and not kept_before:
             resident["input"] = x
         footprint = Footprint(x, y, work, b, {} if kept_before else {"input": x},
@@ -443,7 +446,7 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
                      backend: Backend | None = None, comm: Any = None,
                      threads: ThreadChoice | None = None, overlap: bool = False,
                      cached: bool = True, inference: bool = False,
-                     retime: bool = False) -> CostModel:
+                     retime: bool = False, optimizer: str = "sgd") -> CostModel:
     """A cost model whose compute times come from ``source`` (see :func:`compute_source`), for
     a run with gradient sums in flight when ``overlap`` (``--overlap``). Measured times are
     read from and added to the cache unless not ``cached``: then all are timed now.
@@ -454,8 +457,9 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     under MPI every rank of ``comm`` times the same kernels at once, as the ranks of a node
     will when training. Bytes are priced in the backend's precision (fp32 when None), FLOP-rate
     compute at the profile's rate for it (:meth:`~hpctrain.cost.machine.Machine.flops_for`).
-    ``inference``: the forward pass alone (:class:`CostModel`). ``retime``: every kernel the
-    plan needs timed afresh (``--retime``), refused where compute comes from FLOPs.
+    ``inference``: the forward pass alone, and ``optimizer`` the run's (:class:`CostModel`).
+    ``retime``: every kernel the plan needs timed afresh (``--retime``), refused where compute
+    comes from FLOPs.
     """
 
     precision = PRECISIONS["fp32"] if backend is None else backend.precision
@@ -466,7 +470,7 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
                             f"--compute measured, or drop --retime")
         return CostModel(net, batch, procs, machine,
                          FlopModel(machine.flops_for(precision.name)), precision, overlap,
-                         inference)
+                         inference, optimizer)
     if backend is None:
         from hpctrain.device.backend import Backend
 
@@ -480,7 +484,8 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     compute = MeasuredCompute(backend, comm, context, default_cache_path() if cached else None,
                               step_bytes=step_bytes(net, batch, procs, machine, precision),
                               retime=retime)
-    return CostModel(net, batch, procs, machine, compute, precision, overlap, inference)
+    return CostModel(net, batch, procs, machine, compute, precision, overlap, inference,
+                     optimizer)
 
 
 def timing_warnings(model: CostModel) -> list[str]:

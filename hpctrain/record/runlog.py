@@ -114,9 +114,11 @@ STEP_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1")
                "seconds": ("f8", "s"), "images_per_second": ("f8", "1/s"), "lr": ("f8", "1"),
                "comm_fraction": ("f8", "1"), "data_wait_seconds": ("f8", "s"),
                "data_fraction": ("f8", "1"), "loss_scale": ("f8", "1"),
-               "skipped": ("i8", "1")}
+               "skipped": ("i8", "1"), "grad_norm": ("f8", "1")}
 """Each step's row. ``loss_scale``: what the step's loss was multiplied by (1 but under fp16's
-loss scaling); ``skipped``: 1 where the update was skipped (its gradients overflowed)."""
+loss scaling); ``skipped``: 1 where the update was skipped (its gradients overflowed);
+``grad_norm``: with ``--clip-grad-norm``, the global norm of the gradients before clipping
+(after unscaling under fp16; NaN without clipping, or where the update was skipped)."""
 STEP_DEFAULTS = {"loss_scale": 1.0, "skipped": 0}  # for a caller that gives neither
 VALIDATION_SERIES = {"step": ("i8", "1"), "loss": ("f8", "1"), "accuracy": ("f8", "1")}
 

@@ -6,8 +6,12 @@ the plan that wrote it: save on 4 ranks with conv=domain:2x2, resume on 6 ranks 
 one process. Layout (plain HDF5; ``h5py.File(path)["params/conv1.weight"][...]`` reads a tensor)::
 
     /params/<name>     the parameter <name> (e.g. conv1.weight, fc1.bias), whole, master dtype
-    /momentum/<name>   the SGD velocity of <name>, whole, master dtype; zeros when the optimizer
-                       has not stepped yet (the first step then computes μ·0 + g, exactly g)
+    /momentum/<name>   SGD's or LARS's velocity of <name>, whole, master dtype; zeros when the
+                       optimizer has not stepped yet (the first step then computes μ·0 + g,
+                       exactly g)
+    /exp_avg/<name>, /exp_avg_sq/<name>   AdamW's or LAMB's two moments of <name> instead
+                       (PyTorch's names), whole, master dtype; zeros before the first step,
+                       where they start
     /buffers/<name>    state kept but not trained (e.g. bn1.running_mean), whole, master
                        dtype; only for nets that have some
     /                  attrs:
@@ -25,6 +29,9 @@ one process. Layout (plain HDF5; ``h5py.File(path)["params/conv1.weight"][...]``
                  precision
         plan     the plan that wrote it, in plan-file format (informational: any plan may load it)
         state    JSON of the caller's extra state (config, schedule, ...): plain values only
+        optimizer        the --optimizer whose state it holds ("sgd" where absent: older files)
+        optimizer_steps  the updates it made (an fp16 run skips some; AdamW's and LAMB's bias
+                 correction counts them); as many as ``step`` where absent
 
 The random state is (seed, step). Initial weights, dropout masks and synthetic data come from a
 counter-based generator keyed by the seed and indexed by the step and the global entry, so a run
@@ -83,19 +90,20 @@ from hpctrain.run.checkpoint_file import (  # noqa: F401 - the file's API, kept 
     validated_header,
 )
 from hpctrain.run.network import Network
-from hpctrain.run.optimizer import SGD
+from hpctrain.run.optimizer import Optimizer
 
 # --- writing ---------------------------------------------------------------------------------
 
 
-def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
+def save_checkpoint(path: Path, network: Network, optimizer: Optimizer, step: int,
                     state: dict[str, Any], comm: MPI.Comm, *, seed: int) -> None:
-    """Write ``network``'s parameters and ``optimizer``'s velocity to ``path``. Collective.
+    """Write ``network``'s parameters and ``optimizer``'s state to ``path``. Collective.
 
     Parameters
     ----------
     path : the file to (re)place; its directory is created.
-    network, optimizer : the model and its SGD, on the ranks of ``comm`` (the network's world).
+    network, optimizer : the model and its optimizer, on the ranks of ``comm`` (the network's
+        world).
     step : steps completed; a resumed run starts at batch ``step``.
     state : extra plain values (config, schedule, ...) stored as JSON; rank 0's is written.
     comm : the network's world communicator.
@@ -119,6 +127,7 @@ def save_checkpoint(path: Path, network: Network, optimizer: SGD, step: int,
     if rank == 0:
         try:
             header = _header(network, step, state, seed)
+            header |= {"optimizer": optimizer.name, "optimizer_steps": optimizer.steps}
             replace_atomically(path, lambda tmp: _write(tmp, header, tensors),
                                ours=is_checkpoint)
         except OutputError as err:  # disk full, no permission, or not ours to replace: finish
@@ -140,9 +149,9 @@ def _header(network: Network, step: int, state: dict[str, Any], seed: int) -> di
             "precision": network.backend.precision.name, "state": json.dumps(state)}
 
 
-def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm
+def _gathered_tensors(network: Network, optimizer: Optimizer, comm: MPI.Comm
                       ) -> Iterator[tuple[str, np.ndarray | None]]:
-    """("params/NAME" or "momentum/NAME", the whole tensor on rank 0, None elsewhere), in turn.
+    """("params/NAME" or "STATE/NAME", the whole tensor on rank 0, None elsewhere), in turn.
 
     Each item costs one ``Gatherv`` over ``comm``; only the first rank holding each block sends
     it (the others send nothing), so rank 0 receives exactly one copy of the tensor.
@@ -160,10 +169,13 @@ def _gathered_tensors(network: Network, optimizer: SGD, comm: MPI.Comm
                                    box_of, "copy", dtype=master)  # no float64 detour
             yield f"{group}/{tensor.name}", whole
 
-    for param, velocity in zip(network.params, optimizer.velocity, strict=True):
-        if velocity is None:  # not stepped yet: μ·0 + g == g, so zeros change nothing
-            velocity = backend.xp.zeros_like(param.weights)
-        yield from gathered(param, {"params": param.weights, "momentum": velocity})
+    for k, param in enumerate(network.params):
+        tensors = {"params": param.weights}
+        for name, values in optimizer.state.items():
+            # not stepped yet: zeros, where the moments start, and μ·0 + g == g for a velocity
+            tensors[name] = (backend.xp.zeros_like(param.weights) if values[k] is None
+                             else values[k])
+        yield from gathered(param, tensors)
     for buffer in network.buffers:
         yield from gathered(buffer, {"buffers": buffer.value})
 
@@ -199,9 +211,13 @@ def _write_tensor(h5: h5py.File, name: str, whole: np.ndarray, dtype: str) -> No
 # --- reading ---------------------------------------------------------------------------------
 
 
-def load_checkpoint(path: Path, network: Network, optimizer: SGD | None) -> CheckpointInfo:
-    """Fill ``network``'s parameter shards and ``optimizer``'s velocity from ``path`` (the
+def load_checkpoint(path: Path, network: Network, optimizer: Optimizer | None
+                    ) -> CheckpointInfo:
+    """Fill ``network``'s parameter shards and ``optimizer``'s state from ``path`` (the
     weights and buffers alone for no optimizer, as ``predict`` takes them). Collective.
+
+    The optimizer must be the one that wrote the checkpoint (its state means nothing to
+    another); any plan, P and precision may read it.
 
     Every rank opens the file read-only and reads only its own block (``param.box(rank)``) of
     each tensor, so any plan on any number of ranks can load any checkpoint of the same net.
@@ -219,6 +235,10 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD | None) -> Chec
     try:
         with open_checkpoint(path) as h5:
             info = validated_header(h5, path, network.net)
+            if optimizer is not None:
+                check_optimizer(info, optimizer.name)
+                optimizer.steps = (info.step if info.optimizer_steps is None
+                                   else info.optimizer_steps)
 
             def read(group: str, tensor: Parameter) -> Any:
                 """This rank's block of ``group/NAME``, in the network's dtype and device."""
@@ -229,7 +249,8 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD | None) -> Chec
             for k, param in enumerate(network.params):
                 param.set_weights(read("params", param))
                 if optimizer is not None:
-                    optimizer.velocity[k] = read("momentum", param)
+                    for name, values in optimizer.state.items():
+                        values[k] = read(name, param)
             for buffer in network.buffers:
                 buffer.value[...] = read("buffers", buffer)
     except CheckpointError as err:
@@ -240,6 +261,15 @@ def load_checkpoint(path: Path, network: Network, optimizer: SGD | None) -> Chec
     if failures:
         raise CheckpointError(failures[0])
     return info
+
+
+def check_optimizer(info: CheckpointInfo, name: str) -> None:
+    """Refuse to continue a checkpoint with an optimizer other than the one that wrote it."""
+    written = info.optimizer
+    if written != name:
+        raise CheckpointError(f"checkpoint {info.path} was written with --optimizer {written}, "
+                              f"not {name}; resume with --optimizer {written} (its state is "
+                              f"that optimizer's)")
 
 
 def resume_from(resume: str | None, checkpoint_dir: str | None, seed: int | None, batch: int,

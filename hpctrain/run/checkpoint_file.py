@@ -15,6 +15,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from hpctrain.cost.memory import OPTIMIZER_STATE
 from hpctrain.errors import UserError
 from hpctrain.io.files import is_hdf5_of, remove_orphans
 from hpctrain.io.seeds import check_seed
@@ -22,7 +23,13 @@ from hpctrain.model.net import NetError, NetSpec, parse_net
 
 FORMAT = "hpctrain-checkpoint"
 VERSION = 1
-GROUPS = ("params", "momentum")
+GROUPS = ("params", "momentum")  # what an SGD checkpoint holds per parameter (older ones too)
+
+
+def state_groups(optimizer: str) -> tuple[str, ...]:
+    """The groups a checkpoint holds a tensor of per parameter: ``params``, then the state of
+    ``optimizer`` (``momentum``; ``exp_avg`` and ``exp_avg_sq``)."""
+    return ("params", *OPTIMIZER_STATE[optimizer])
 _FILE_NAME = re.compile(r"^step-(\d+)\.h5$")
 
 
@@ -40,6 +47,8 @@ class CheckpointInfo:
     plan: str  # the writer's plan, in plan-file format
     state: dict[str, Any]
     dtype: str
+    optimizer: str = "sgd"  # the --optimizer whose state it holds (SGD before others existed)
+    optimizer_steps: int | None = None  # the updates it made (None: as many as ``step``)
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -101,8 +110,11 @@ def validated_header(h5: h5py.File, path: Path, net: NetSpec) -> CheckpointInfo:
         raise CheckpointError(f"checkpoint {path} has version {attrs.get('version')}; this "
                               f"hpctrain reads version {VERSION}")
     try:
+        steps = attrs.get("optimizer_steps")
         info = CheckpointInfo(path, int(attrs["step"]), int(attrs["seed"]), str(attrs["plan"]),
-                              json.loads(attrs["state"]), str(attrs["dtype"]))
+                              json.loads(attrs["state"]), str(attrs["dtype"]),
+                              str(attrs.get("optimizer", "sgd")),
+                              None if steps is None else int(steps))
         written_for, layers = str(attrs["net"]), [str(name) for name in attrs["layers"]]
     except (KeyError, ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path} has a damaged header ({err!r}); use another "
@@ -123,7 +135,11 @@ def validated_header(h5: h5py.File, path: Path, net: NetSpec) -> CheckpointInfo:
         raise CheckpointError(f"checkpoint {path} was written for {which}: layer {k + 1} is "
                               f"'{there}' there but '{here}' here; give a checkpoint of this "
                               f"architecture")
-    expected = [(group, name, shape) for group in GROUPS
+    if info.optimizer not in OPTIMIZER_STATE:
+        raise CheckpointError(f"checkpoint {path} was written by optimizer "
+                              f"{info.optimizer!r}, which this hpctrain does not know; use "
+                              f"another checkpoint")
+    expected = [(group, name, shape) for group in state_groups(info.optimizer)
                 for name, shape in tensor_shapes(net).items()]
     expected += [("buffers", name, shape) for name, shape in net.buffer_shapes().items()]
     for group, name, shape in expected:

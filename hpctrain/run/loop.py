@@ -17,7 +17,6 @@ import math
 import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ from hpctrain.record.timing import (
 )
 from hpctrain.run.loss_scale import INITIAL_SCALE, LossScale
 from hpctrain.run.network import Network, Overflow
-from hpctrain.run.optimizer import SGD
+from hpctrain.run.optimizer import Optimizer, OptimizerSettings, make_optimizer
 from hpctrain.run.schedule import Schedule
 from hpctrain.run.signals import StopRequests
 
@@ -89,6 +88,8 @@ class TrainConfig:
     # the per-layer timings so far into the log every N steps and at each checkpoint (the
     # same on every rank, log or not: their medians are collective); 0: at the end only
     timings_every: int = 0
+    # --optimizer and its flags, clipping (hpctrain.run.optimizer); SGD by default
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
 
     def lr_at(self, step: int) -> float:
         return self.schedule.lr(step) if self.schedule else self.lr
@@ -180,7 +181,8 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
         network = Network(net, plan, config.batch, grids, backend, config.seed,
                           config.overlap, config.bucket_bytes)
         data = data or SyntheticData.for_net(backend, net, config.batch, config.seed)
-        optimizer = SGD(network.params, config.lr, config.momentum, config.weight_decay)
+        optimizer = make_optimizer(network.params, config.lr, config.momentum,
+                                   config.weight_decay, config.optimizer, grids.world)
         scaler = LossScale(config.loss_scale) if backend.precision.loss_scaling else None
         first = 0
         if resume is not None:
@@ -217,7 +219,7 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
     return result
 
 
-def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutSource | None,
+def _loop(network: Network, optimizer: Optimizer, data: DataSource, val_data: HeldOutSource | None,
           config: TrainConfig, first: int, comm: MPI.Comm, log: RunLog | None,
           stop: StopRequests, say, scaler: LossScale | None = None) -> TrainResult:
     """Steps ``first`` .. ``config.steps - 1``, or until every rank agrees to stop.
@@ -225,6 +227,8 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
     With a loss ``scaler`` (fp16) no layer is updated during the backward: once every
     gradient is summed, the ranks agree whether any overflowed, and then all update (from the
     gradients divided by the scale) or all skip the step (:mod:`hpctrain.run.loss_scale`).
+    Neither does an optimizer that needs whole-tensor or global norms (LARS, LAMB, clipping):
+    it steps once every sum has arrived.
     """
     backend, rank = network.backend, comm.Get_rank()
     losses: list[float] = []
@@ -249,10 +253,11 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         watch = Overflow(backend.xp) if step == 0 else None
         scale = 1.0 if scaler is None else scaler.scale
         # each layer is updated as soon as its gradient's sum arrives, during the backward;
-        # under loss scaling only once every rank knows no gradient overflowed
-        loss, accuracy = network.train_step(
-            data, step, times=times, update=None if scaler else partial(optimizer.step, lr),
-            watch=watch, loss_scale=scale)
+        # under loss scaling only once every rank knows no gradient overflowed, and with
+        # norms over whole tensors once every sum has arrived
+        update = None if scaler else optimizer.during_backward(lr)
+        loss, accuracy = network.train_step(data, step, times=times, update=update,
+                                            watch=watch, loss_scale=scale)
         if watch is not None:
             forward, backward = watch.over_ranks(comm)
             if scaler is not None:  # an overflowed gradient lowers the scale instead
@@ -261,8 +266,9 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         skipped = False
         if scaler is not None:
             skipped = scaler.overflowed([p.grad for p in network.params], comm, backend)
-            if not skipped:
-                optimizer.step(lr, unscale=1.0 / scale)
+        if update is None and not skipped:
+            optimizer.step(lr, unscale=1.0 / scale)
+        if scaler is not None:
             scaler.update(skipped, step + 1)
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at step {step + 1} (of {config.steps}); "
@@ -279,7 +285,8 @@ def _loop(network: Network, optimizer: SGD, data: DataSource, val_data: HeldOutS
         summary = summary_over_ranks(times, seconds, comm, record=record)  # at rank 0 only
         if rank == 0:
             _report(step, loss, accuracy if network.net.loss.classifies else None, lr, summary,
-                    config, start, first, log, say, scale, skipped)
+                    config, start, first, log, say, scale, skipped,
+                    None if skipped else optimizer.grad_norm)
         done = step + 1
         result.stopped_by, log_broken = stop.agreed_with(
             comm, log is not None and log.failure is not None)  # only rank 0 holds the log
@@ -402,10 +409,12 @@ def _stop_on_log_failure(log: RunLog, comm: MPI.Comm) -> None:
 
 def _report(step: int, loss: float, accuracy: float | None, lr: float, summary: RanksSummary,
             config: TrainConfig, start: float, first: int, log: RunLog | None, say,
-            loss_scale: float = 1.0, skipped: bool = False) -> None:
+            loss_scale: float = 1.0, skipped: bool = False,
+            grad_norm: float | None = None) -> None:
     """Rank 0: the step's log row, and a progress line every ``print_every`` steps; a
     regression (``accuracy`` None) logs an accuracy of 0 and prints none. ``loss_scale`` and
-    ``skipped``: fp16's scale that step, and whether its update was skipped."""
+    ``skipped``: fp16's scale that step, and whether its update was skipped; ``grad_norm``:
+    the global gradient norm before clipping (None: not clipping, or skipped)."""
     seconds, comm_fraction = summary.seconds, summary.comm_fraction
     if log is not None:
         log.step({"step": step + 1, "loss": loss, "accuracy": accuracy or 0.0,
@@ -413,13 +422,17 @@ def _report(step: int, loss: float, accuracy: float | None, lr: float, summary: 
                   "images_per_second": config.batch / seconds, "lr": lr,
                   "comm_fraction": comm_fraction, "data_wait_seconds": summary.data_seconds,
                   "data_fraction": summary.data_fraction, "loss_scale": loss_scale,
-                  "skipped": int(skipped)}, summary.largest, summary.mean)
+                  "skipped": int(skipped),
+                  "grad_norm": math.nan if grad_norm is None else grad_norm},
+                 summary.largest, summary.mean)
     done = step + 1
     if done % config.print_every == 0 or done == config.steps:
         elapsed = time.perf_counter() - start
         eta = elapsed / (done - first) * (config.steps - done)
         score = "" if accuracy is None else f"acc {accuracy:6.1%}  "
         scaled = "" if loss_scale == 1.0 else f"  scale {loss_scale:g}"
+        if grad_norm is not None:
+            scaled += f"  grad norm {grad_norm:.4g}"
         say(f"step {done:>5}/{config.steps}  loss {loss:8.4f}  {score}"
             f"{config.batch / seconds:8.1f} images/s  {seconds * 1e3:8.1f} ms/step  "
             f"comm {comm_fraction:4.0%}  ETA {_duration(eta)}{scaled}"
@@ -474,7 +487,7 @@ def _evaluate_pixels(network: Network, val_data: HeldOutSource, step: int,
     return step, totals.loss, totals.accuracy
 
 
-def _checkpoint(network: Network, optimizer: SGD, config: TrainConfig, step: int,
+def _checkpoint(network: Network, optimizer: Optimizer, config: TrainConfig, step: int,
                 comm: MPI.Comm, say, scaler: LossScale | None = None) -> Path:
     """Write the checkpoint of ``step`` (collective) and drop all but the newest few; an fp16
     run's loss scale goes in its state, for a resume to start from."""
