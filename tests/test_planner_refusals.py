@@ -44,3 +44,27 @@ def test_the_leanest_plan_a_refusal_names_is_the_same_under_every_cap():
             plan_network(model, cap)
         messages.append(str(refused.value).split("even the leanest needs ")[1].split(",")[0])
     assert messages[0] == messages[1] == "715 MiB"
+
+
+@pytest.mark.parametrize("space", ["grids", "balanced"])
+def test_the_leanest_plan_is_the_least_memory_of_every_plan_brute_force(space):
+    """On a small net every combination of the segments' choices is evaluated: the leanest
+    plan a refusal names needs exactly the least memory of them all (choosing each segment by
+    what it keeps alone named plans up to 3 times that, their one transient the largest)."""
+    import itertools
+
+    from hpctrain.plan.planner import _leanest, evaluate
+    from tests.test_planner_axes import MACHINE, NET, WIDE
+
+    for text, procs, batch in ((NET, 4, 8), (WIDE, 4, 2)):
+        model = CostModel(parse_net(text, "net"), batch, procs, MACHINE, FlopModel(1e11))
+        candidates = [model.choices(k) + (model.split_choices(k, space)
+                                          if space != "grids" else [])
+                      for k in range(len(model.segments))]
+        least = min(evaluate(model, list(choices), timed=False).memory
+                    for choices in itertools.product(*candidates))
+        found = evaluate(model, _leanest(model, candidates), timed=False).memory
+        assert found == pytest.approx(least, rel=1e-12)
+        with pytest.raises(PlannerError, match="even the leanest needs"):
+            plan_network(model, least * 0.99, space=space)
+        assert plan_network(model, least * 1.0001, space=space).memory <= least * 1.0001

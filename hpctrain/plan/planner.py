@@ -375,9 +375,87 @@ def fitting_apart(model: CostModel, grids: list[list[LayerPlan]], wider: list[li
 
 
 def _leanest(model: CostModel, candidates: list[list[LayerPlan]]) -> list[LayerPlan]:
-    """Per segment, the candidate that keeps the least memory (what a refusal reports)."""
-    return [min(found, key=lambda c: model.segment_cost(k, c, timed=False).memory)
-            for k, found in enumerate(candidates)]
+    """The plan of ``candidates`` (one choice per segment) that needs the least memory per rank,
+    what a refusal reports. A plan needs what its layers keep plus the largest transient of
+    any, so the least is found over every bound T on the transient: the plan keeping least
+    with no transient above T, plus T, is at least that plan's need and, at T the leanest
+    plan's largest transient, at most the leanest plan's: the least over T is the leanest.
+    On a chain the plan keeping least under T is found exactly, by dynamic programming over the
+    segments (a segment's first layer carries the move from the one before); elsewhere each
+    segment's choice keeping least, its moves priced as the plan is evaluated. Choosing by
+    what each segment keeps alone named plans whose one large transient (a whole-batch GEMM
+    result) made them 3 times the leanest."""
+    if model.net.is_chain():
+        return _leanest_chain(model, candidates)
+    costs = [{c: model.segment_cost(k, c, timed=False) for c in found}
+             for k, found in enumerate(candidates)]
+    tried: dict[tuple, float] = {}
+    for bound in sorted({cost.peak for found in costs for cost in found.values()}):
+        choices = []
+        for found in costs:
+            under = [c for c, cost in found.items() if cost.peak <= bound]
+            if not under:
+                break
+            choices.append(min(under, key=lambda c, found=found: found[c].memory))
+        else:
+            tried.setdefault(tuple(choices), evaluate(model, choices, timed=False).memory)
+    return list(min(tried, key=tried.get))
+
+
+def _leanest_chain(model: CostModel, candidates: list[list[LayerPlan]]) -> list[LayerPlan]:
+    """:func:`_leanest` on a chain, exactly: per bound on the transient, the least kept by
+    dynamic programming over the segments, as the search prices them (input, moves, loss),
+    arithmetic only (nothing is timed). Bounds are tried from the least up, and stop where the
+    bound alone, with the least any plan keeps, reaches the leanest found."""
+    last = len(candidates) - 1
+    whole = [[model.segment_cost(k, c, timed=False) for c in found]
+             for k, found in enumerate(candidates)]
+    data = [model.input_cost(model.input_layout(c), timed=False) for c in candidates[0]]
+    loss = [model.loss_cost(cost.out_layout, timed=False) for cost in whole[last]]
+    # per segment: the memory and peak of its choices, apart from its first layer after the
+    # first segment (that layer carries the move from the one before: per pair, in ``fed``)
+    kept = [np.array([d.memory + c.memory for d, c in zip(data, whole[0], strict=True)])]
+    peak = [np.array([max(d.peak, c.peak) for d, c in zip(data, whole[0], strict=True)])]
+    fed_kept, fed_peak = [None], [None]
+    for k in range(1, len(candidates)):
+        kept.append(np.array([sum(x.memory for x in c.layers[1:]) for c in whole[k]]))
+        peak.append(np.array([max((x.peak for x in c.layers[1:]), default=0.0)
+                              for c in whole[k]]))
+        pairs = [[_fed(model, model.heads[k], c.layers[0], [(b.out_layout, c.in_layout)])
+                  for c in whole[k]] for b in whole[k - 1]]
+        fed_kept.append(np.array([[x.memory for x in row] for row in pairs]))
+        fed_peak.append(np.array([[x.peak for x in row] for row in pairs]))
+    loss_kept = np.array([x.memory for x in loss])
+    loss_peak = np.array([x.peak for x in loss])
+
+    def least_kept(bound: float) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Per last choice, the least kept with no transient above ``bound``, and per segment
+        the choice before each (for the way back)."""
+        front = np.where(peak[0] <= bound, kept[0], np.inf)
+        back = []
+        for k in range(1, len(candidates)):
+            ways = np.where(fed_peak[k] <= bound, front[:, None] + fed_kept[k], np.inf)
+            back.append(np.argmin(ways, axis=0))
+            front = np.where(peak[k] <= bound, ways.min(axis=0) + kept[k], np.inf)
+        return np.where(loss_peak <= bound, front + loss_kept, np.inf), back
+
+    floor = float(least_kept(math.inf)[0].min())
+    bounds = np.unique(np.concatenate([p.ravel() for p in (*peak, *fed_peak[1:], loss_peak)]))
+    best, best_need = None, math.inf
+    for bound in bounds:
+        if floor + bound >= best_need:
+            break  # no plan with a transient this large needs less
+        totals, back = least_kept(float(bound))
+        choice = int(np.argmin(totals))
+        if totals[choice] + bound < best_need:
+            best_need, path = float(totals[choice] + bound), [choice]
+            for k in range(len(candidates) - 1, 0, -1):
+                path.append(int(back[k - 1][path[-1]]))
+            best = [candidates[k][c] for k, c in enumerate(path[::-1])]
+    if best is None:  # no plan at all: each segment's choice keeping least
+        return [found[int(np.argmin([c.memory for c in costs]))]
+                for found, costs in zip(candidates, whole, strict=True)]
+    return best
 
 
 def _refuse_cap(model: CostModel, cap: float, choices: list[LayerPlan], cap_source: str) -> None:
