@@ -31,9 +31,9 @@ SPIN_SECONDS = 0.2
 """Wall time of the busy loop each rank runs to see how much of a core it gets."""
 QUIET_SHARE = 0.75
 """The least share of what its node's cores allow a rank must get for the node to count as
-quiet: a core shared with one other busy process gives about half."""
+quiet. A core shared with one other busy process gives about half."""
 RESIDUAL_LIMIT = 0.5
-"""The worst relative residual of a collective's fit beyond which its repeats disagreed: a
+"""The worst relative residual of a collective's fit beyond which its repeats disagreed. A
 quiet machine's fits stay within a few tens of per cent of their points (latency steps
 between protocols); a busy one's were seen 92 % off."""
 

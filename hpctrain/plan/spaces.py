@@ -131,7 +131,7 @@ CLOSE = 0.1
 kernels (the module's notes), and are timed again before one is chosen."""
 
 RETIMINGS = 2
-"""The timings of close plans' kernels beyond the first: the median of three sets aside one
+"""The timings of close plans' kernels beyond the first. The median of three sets aside one
 slow moment of the machine."""
 
 
