@@ -96,8 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "epoch is floor(N / batch) steps of a fresh shuffle)")
     training.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
     training.add_argument("--lr-schedule", default="constant",
-                          help="constant, cosine (to 0 at the last step) or step:EVERY:FACTOR "
-                               "(e.g. step:100:0.1) (default: %(default)s)")
+                          help="constant, cosine (to 0 at the last step), step:EVERY:FACTOR "
+                               "(e.g. step:100:0.1) or poly, the polynomial decay of the LARS "
+                               "recipes (to 0 at the last step, as PyTorch's PolynomialLR), "
+                               "each after the warm-up (default: %(default)s)")
+    training.add_argument("--poly-power", type=float, default=None, metavar="P",
+                          help="--lr-schedule poly: lr · (1 - t/T)^P over the T steps after "
+                               "the warm-up (default: 2, as MLPerf's LARS recipe)")
     training.add_argument("--warmup-steps", type=int, default=0,
                           help="ramp the rate linearly over the first N steps (default: 0)")
     training.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
@@ -229,7 +234,8 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     if args.eval_every and not (dataset and dataset.val_size):
         raise UserError(f"--eval-every {args.eval_every} needs a dataset with a held-out split "
                         f"(/val); --data {args.data} has none")
-    schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
+    schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps,
+                              args.poly_power)
     resume, info = resume_from(args.resume, args.checkpoint_dir, args.seed, args.batch, net)
     if resume is not None and args.init is not None:
         if args.resume != "latest":
