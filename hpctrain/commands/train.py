@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                                "class: the mean over every counted pixel of the batch of "
                                "w[label]·cross-entropy over the sum of w[label], as PyTorch's "
                                "cross_entropy(weight=w) (default: all 1)")
+    training.add_argument("--label-smoothing", type=float, default=0.0, metavar="S",
+                          help="train the cross-entropy towards (1 - S)·onehot(label) + S/K "
+                               "over the K classes, as PyTorch's CrossEntropyLoss("
+                               "label_smoothing=S), a segmentation's per-pixel loss with its "
+                               "--class-weights too; the held-out loss is the same loss; from "
+                               "0 to 1 (default: 0)")
     training.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                           help="read the next batch of --data in a background thread while "
                                "each step computes; the log records the time a step waits for "
@@ -211,6 +217,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     SGD.check(args.lr, args.momentum, args.weight_decay)
     net, dataset = _dataset_net(args, load_network(args.net, args.image_size, args.loss))
     net = net.with_statistics(args.bn_group, procs).with_class_weights(args.class_weights)
+    net = net.with_label_smoothing(args.label_smoothing)
     check_augment(args.augment, net.name, net.input_shape,
                   dataset.sample_shape if dataset else None, args.batch)
     epoch = dataset.train_size // args.batch if dataset else None

@@ -70,7 +70,7 @@ from functools import cached_property
 from hpctrain.errors import shown, shown_path
 from hpctrain.io.locations import shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
-from hpctrain.kernels.loss import CROSS_ENTROPY, MEAN_SQUARED_ERROR, Loss, pixel_loss
+from hpctrain.kernels.loss import MEAN_SQUARED_ERROR, Loss, cross_entropy, pixel_loss
 from hpctrain.layout.partition import SplitError
 from hpctrain.layout.statistics import groups_for
 from hpctrain.model.kinds import KINDS
@@ -122,6 +122,9 @@ class NetSpec:
     # a segmentation's class weights (--class-weights; None: all 1), one per class: how the
     # loss is weighted, not what the net is
     class_weights: tuple[float, ...] | None = field(default=None, compare=False)
+    # the cross-entropy's label smoothing (--label-smoothing; 0: none): how the loss is
+    # made, not what the net is
+    label_smoothing: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         # each layer made exact for its input (Kind.resolve), in file order, with its shape
@@ -188,10 +191,27 @@ class NetSpec:
     @property
     def loss(self) -> Loss:
         """The mean squared error under regression (``targets=``), the per-pixel softmax
-        cross-entropy of a segmentation net, else softmax cross-entropy."""
+        cross-entropy of a segmentation net, else softmax cross-entropy (both with the net's
+        label smoothing)."""
         if self.regression:
             return MEAN_SQUARED_ERROR
-        return pixel_loss(self.class_weights) if self.per_pixel else CROSS_ENTROPY
+        if self.per_pixel:
+            return pixel_loss(self.class_weights, self.label_smoothing)
+        return cross_entropy(self.label_smoothing)
+
+    def with_label_smoothing(self, smoothing: float) -> NetSpec:
+        """The net with its cross-entropy's targets smoothed by ``smoothing`` in [0, 1]
+        (``--label-smoothing``: PyTorch's ``CrossEntropyLoss(label_smoothing=...)``); refused
+        for a regression, whose loss has no classes."""
+        if not smoothing:
+            return self
+        if not (math.isfinite(smoothing) and 0 <= smoothing <= 1):
+            raise NetError(f"--label-smoothing {smoothing} must be from 0 to 1, such as 0.1")
+        if self.regression:
+            raise NetError(f"--label-smoothing {smoothing:g} smooths a cross-entropy's class "
+                           f"labels; net {shown_path(self.name)} regresses {self.classes} "
+                           f"targets with the mean squared error")
+        return replace(self, label_smoothing=float(smoothing))
 
     def with_class_weights(self, weights: tuple[float, ...] | None) -> NetSpec:
         """The net with its per-pixel loss weighted by ``weights``, one finite non-negative

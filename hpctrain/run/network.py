@@ -430,7 +430,7 @@ class Network:
         xp = self.backend.xp
         with StepTimer(self.backend, times) as timer:
             loss_sum, weight_sum, correct, counted, grad = pixel_cross_entropy(
-                xp, widen(logits), labels, self.net.loss.weights)
+                xp, widen(logits), labels, self.net.loss.weights, self.net.loss.smoothing)
             sums = [loss_sum, weight_sum, correct, counted]
             if not self.owns_loss:  # a replica: copy 0 of this block counts these pixels
                 sums = [0.0] * 4
@@ -506,7 +506,7 @@ class Network:
         mine = PixelTotals(classes)
         if self.owns_loss and labels.size:
             loss_sum, weight_sum, correct, counted, _ = pixel_cross_entropy(
-                xp, widen(logits), labels, self.net.loss.weights)
+                xp, widen(logits), labels, self.net.loss.weights, self.net.loss.smoothing)
             both, union = class_counts(xp, logits, labels)
             mine = PixelTotals(classes, float(loss_sum), float(weight_sum), int(correct),
                                int(counted), self.backend.to_numpy(both),
