@@ -78,7 +78,7 @@ class Schedule:
 def parse_schedule(text: str, base: float, total_steps: int, warmup: int = 0,
                    power: float | None = None) -> Schedule:
     """The schedule ``text`` names (see the module docstring); errors name the bad part.
-    ``power``: poly's exponent (``--poly-power``; None: :data:`POLY_POWER`), refused with
+    ``power``: poly's exponent (``--poly-power``; None: 2, ``POLY_POWER``), refused with
     another schedule, which would ignore it."""
     if base <= 0 or not math.isfinite(base):
         raise UserError(f"--lr {base} must be positive")
