@@ -69,6 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
                                "convert'); a dataset sets the image size unless --image-size is "
                                "given (default: %(default)s)")
     training.add_argument("--batch", type=int, default=32, help="global mini-batch (default: 32)")
+    training.add_argument("--accumulate", type=accumulation, default=1, metavar="K",
+                          help="K micro-batches of batch/K samples per step, their gradients "
+                               "summed, then one update: the step of the whole --batch in the "
+                               "memory of a micro-batch, which is what is planned; each "
+                               "micro-batch's loss counts 1/K and batch norm takes each "
+                               "micro-batch's statistics, as PyTorch accumulating does. auto "
+                               "(with --grid auto and --mem-per-rank): the fewest micro-batches "
+                               "whose plan fits the cap, 1 where the whole batch fits "
+                               "(default: 1)")
     add_init_options(training)
     training.add_argument("--augment", default="none", choices=AUGMENT_MODES,
                           help="random per-sample augmentation of training images: flip "
@@ -194,6 +203,7 @@ class Prepared:
     schedule: Schedule
     eval_every: int
     timeline: tuple[int, int] | None  # --timeline FIRST:LAST
+    accumulate: int = 1  # --accumulate's micro-batches per step (auto's, decided)
 
 
 def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
@@ -210,6 +220,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
             raise UserError(f"--{flag.replace('_', '-')} {value} must be >= {least}")
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
+    _check_accumulate(args.accumulate, args.batch)
     if args.epochs is not None and not args.epochs > 0:
         raise UserError(f"--epochs {args.epochs} must be positive")
     if args.checkpoint_every and not args.checkpoint_dir:
@@ -252,10 +263,93 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         # a requeued job's bare --resume: --init started the run, the checkpoint continues it
         print(f"--init {args.init} is not read: the run resumes from {resume}", flush=True)
     net = with_init(args, net) if resume is None else replace(net, weights=None)
-    _check_writable(args, net, procs, resume)
+    accumulate = _accumulation(args, net, procs)
+    _check_writable(args, net, procs, resume, args.batch // accumulate)
     seed = info.seed if info else (0 if args.seed is None else args.seed)
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
-    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline)
+    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline,
+                    accumulate)
+
+
+def accumulation(text: str) -> int | str:
+    """``--accumulate``: auto or a whole number (checked against --batch later)."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of micro-batches, such "
+                                         f"as 4, or auto") from None
+
+
+def _accumulation(args: argparse.Namespace, net: NetSpec, procs: int) -> int:
+    """``--accumulate``'s K: as given, or for auto the fewest micro-batches whose plan fits
+    ``--mem-per-rank`` (said on a line); arithmetic only, nothing timed (rank 0)."""
+    if args.accumulate != "auto":
+        return args.accumulate
+    if not (args.grid and args.grid.strip() == "auto" and args.mem_per_rank is not None):
+        raise UserError("--accumulate auto picks the fewest micro-batches whose plan fits "
+                        "the memory cap; give --grid auto and --mem-per-rank SIZE, or a "
+                        "number of micro-batches")
+    from hpctrain.cost.machine import load_machine, sums_in_flight
+    from hpctrain.device.precision import resolve_precision
+    from hpctrain.io.units import format_bytes
+    from hpctrain.plan.accumulation import fewest_micro_batches
+
+    machine = load_machine(args.machine)
+    cap = args.mem_per_rank
+    found = fewest_micro_batches(net, args.batch, procs, machine,
+                                 resolve_precision(args.precision, args.device), cap,
+                                 args.space, sums_in_flight(args.overlap, machine))
+    if found is None:
+        raise UserError(f"--accumulate auto: no plan fits --mem-per-rank {format_bytes(cap)}"
+                        f" even with micro-batches of one sample; use more processes, a "
+                        f"smaller --image-size, or raise --mem-per-rank if the memory is "
+                        f"there")
+    if found > 1:
+        print(f"--accumulate auto: {found} micro-batches of {args.batch // found} per step "
+              f"(no plan of the whole batch {args.batch} fits --mem-per-rank "
+              f"{format_bytes(cap)})", flush=True)
+    return found
+
+
+def _refusal_with_accumulation(err: Exception, args: argparse.Namespace, net: NetSpec,
+                               procs: int, accumulate: int) -> Exception:
+    """``err``, the planner's refusal of ``--mem-per-rank``, naming the fewest micro-batches
+    whose plan fits it (arithmetic only, the same on every rank); ``err`` itself otherwise."""
+    from hpctrain.plan.planner import PlannerError
+
+    if not (isinstance(err, PlannerError) and args.mem_per_rank is not None
+            and str(err).startswith("no plan fits in --mem-per-rank")):
+        return err
+    from hpctrain.cost.machine import load_machine, sums_in_flight
+    from hpctrain.device.precision import resolve_precision
+    from hpctrain.plan.accumulation import fewest_micro_batches
+
+    machine = load_machine(args.machine)
+    found = fewest_micro_batches(net, args.batch, procs, machine,
+                                 resolve_precision(args.precision, args.device),
+                                 args.mem_per_rank, args.space,
+                                 sums_in_flight(args.overlap, machine), least=accumulate + 1)
+    if found is None:
+        return err
+    return PlannerError(f"{err}; or keep --batch {args.batch} in micro-batches: "
+                        f"--accumulate {found} ({args.batch // found} samples each) fits "
+                        f"(--accumulate auto picks it)")
+
+
+def _check_accumulate(accumulate: int | str, batch: int) -> None:
+    """``--accumulate K``: at least 1, and a divisor of ``--batch`` (equal micro-batches)."""
+    if accumulate == "auto":
+        return
+    if accumulate < 1:
+        raise UserError(f"--accumulate {accumulate} must be at least 1 (1: no accumulation)")
+    if batch % accumulate:
+        divisors = [k for k in range(2, batch + 1) if batch % k == 0]
+        some = ", ".join(map(str, divisors[:6])) + (", ..." if len(divisors) > 6 else "")
+        raise UserError(f"--accumulate {accumulate} must divide --batch {batch} into equal "
+                        f"micro-batches; give 1 or a divisor of {batch}"
+                        f"{f' ({some})' if divisors else ''}")
 
 
 def _check_replan(args: argparse.Namespace, steps: int) -> None:
@@ -281,10 +375,10 @@ def _check_replan(args: argparse.Namespace, steps: int) -> None:
 
 
 def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int,
-                    resume: Path | None) -> None:
+                    resume: Path | None, micro_batch: int) -> None:
     """Refuse an output path that cannot be written now, not after the training, or that is
     not ours to write (see :mod:`hpctrain.io.files`); clear a crash's temporaries from the
-    checkpoint directory."""
+    checkpoint directory. ``micro_batch``: what --grid auto plans (its plan file's name)."""
     from hpctrain.commands.setup import plan_file_path
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.plan.plans import is_plan_file
@@ -296,7 +390,7 @@ def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int,
         check_directory(Path(args.log).parent, "--log")
         check_log_path(Path(args.log), inputs, resuming=args.resume is not None)
     if args.grid and args.grid.strip() == "auto":
-        plan_file = plan_file_path(args.plan_file, net, procs, args.batch)
+        plan_file = plan_file_path(args.plan_file, net, procs, micro_batch)
         check_directory(plan_file.parent, "--plan-file")
         check_output(plan_file, "--plan-file", is_plan_file, "an hpctrain plan file", inputs)
     if args.checkpoint_dir:
@@ -371,7 +465,13 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         return 0
     request = SetupRequest.from_flags(args, args.precision, args.overlap, args.plan_file,
                                       prepared.steps)
-    setup = set_up(request, prepared.net, comm)
+    accumulate = prepared.accumulate
+    request = replace(request, batch=args.batch // accumulate)  # the micro-batch
+    try:
+        setup = set_up(request, prepared.net, comm)
+    except UserError as err:
+        raise _refusal_with_accumulation(err, args, prepared.net, comm.Get_size(),
+                                         accumulate) from None
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)
         print(format_plan(setup.planned), flush=True)
@@ -387,7 +487,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
                                        else BUCKET_BYTES),
                          timeline=prepared.timeline, prefetch=args.prefetch,
                          loss_scale=args.loss_scale,
-                         timings_every=args.timings_every if args.log else 0)
+                         timings_every=args.timings_every if args.log else 0,
+                         accumulate=accumulate)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,
@@ -447,6 +548,7 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
     from hpctrain.record.runlog import RunLog, run_attributes
 
     options = dict(vars(args), steps=config.steps, seed=config.seed,
+                   accumulate=config.accumulate,
                    eval_every=config.eval_every, learning_rate=config.schedule.describe())
     attrs = run_attributes(["python", "-m", "hpctrain", *argv], options, procs, setup.net,
                            setup.plan, setup.planned, setup.backend, setup.threads, setup.machine)

@@ -1,0 +1,66 @@
+"""Gradient accumulation with label smoothing on 1–4 ranks: three float64 steps of K
+micro-batches under batch, model, domain and mixed plans (every Pr×Pc factorisation of the
+world) equal one process accumulating the same way, and PyTorch's ``(loss / K).backward()``
+per micro-batch: logits, loss, every gradient, every weight and running statistic. A
+segmentation's per-pixel loss too, with class weights and unlabelled pixels.
+
+Run with ``mpiexec -n N python -m mpi4py -m pytest tests/mpi/test_recipes.py``, N = 1..4.
+"""
+
+import pytest
+from mpi4py import MPI
+
+pytest.importorskip("torch")
+
+from hpctrain.layout.partition import SplitError  # noqa: E402
+from hpctrain.plan.placement import plan_layouts  # noqa: E402
+from hpctrain.plan.plans import plan_from_spec  # noqa: E402
+from tests.recipes_reference import (  # noqa: E402
+    CASES,
+    TOLERANCE,
+    hpctrain_accumulating,
+    torch_accumulating,
+)
+from tests.torch_reference import compare, failures  # noqa: E402
+
+BATCH, ACCUMULATE, SMOOTHING = 12, 3, 0.1
+
+SPECS = {  # what each plan gives every conv and linear layer, on an R×C grid
+    "batch": lambda r, c: f"1x{r * c}",
+    "model": lambda r, c: f"{r}x{c}",
+    "domain": lambda r, c: f"conv=domain:{r}x{c},fc={r}x{c}",
+    "mixed": lambda r, c: f"conv=domain:{r}x{c},fc={c}x{r}",
+}
+
+
+def reference_run(make_net, weights, comm):
+    """One process accumulating (rank 0; None elsewhere)."""
+    if comm.Get_rank() != 0:
+        return None
+    net = make_net().with_class_weights(weights)
+    return hpctrain_accumulating(net, plan_from_spec("1x1", net, 1), MPI.COMM_SELF, BATCH,
+                                 ACCUMULATE, SMOOTHING)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("mode", SPECS)
+def test_accumulating_on_ranks_equals_one_process_and_pytorch(comm, grid_shape, case, mode):
+    make_net, make_model, make_names, weights = CASES[case]
+    net = make_net().with_class_weights(weights)
+    plan = plan_from_spec(SPECS[mode](*grid_shape), net, comm.Get_size())
+    if mode == "domain" and all(p.mode != "domain" for p in plan):
+        pytest.skip("no layer deep enough for the rows split")
+    try:
+        plan_layouts(net, plan, BATCH // ACCUMULATE, comm.Get_size())
+    except SplitError as err:  # the same on every rank: the plan alone decides
+        pytest.skip(str(err))
+    run = hpctrain_accumulating(net, plan, comm, BATCH, ACCUMULATE, SMOOTHING)
+    verdict = ""
+    if comm.Get_rank() == 0:
+        serial = reference_run(make_net, weights, comm)
+        verdict = failures(compare(run.steps, serial.steps), TOLERANCE)
+        want = torch_accumulating(make_model(), make_names(), run, ACCUMULATE, SMOOTHING,
+                                  weights)
+        verdict += failures(compare(run.steps, want), TOLERANCE)
+    verdict = comm.bcast(verdict, root=0)
+    assert not verdict, verdict

@@ -1,0 +1,159 @@
+"""Label smoothing and gradient accumulation on one process: the losses against PyTorch's
+``CrossEntropyLoss(label_smoothing=S)`` (with class weights and ``ignore_index`` per pixel),
+three float64 steps of accumulated micro-batches against PyTorch accumulating the same way, the
+micro-batches' samples, and the refusals of the flags. (Plans on several ranks against one
+process: ``tests/mpi/test_recipes.py``.)"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpctrain.cli import main
+from hpctrain.data.source import MicroBatches
+from hpctrain.data.synthetic import SyntheticData
+from hpctrain.device.backend import make_backend
+from hpctrain.kernels.loss import softmax_cross_entropy
+from hpctrain.kernels.segmentation import pixel_cross_entropy
+from hpctrain.model.net import NetError, load_net
+from hpctrain.plan.plans import plan_from_spec
+
+torch = pytest.importorskip("torch")
+
+from tests.recipes_reference import (  # noqa: E402
+    CASES,
+    TOLERANCE,
+    hpctrain_accumulating,
+    torch_accumulating,
+)
+from tests.torch_reference import compare, failures  # noqa: E402
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 1.0])
+def test_smoothed_cross_entropy_is_pytorchs(smoothing):
+    rng = np.random.default_rng(1)
+    z, labels = rng.normal(size=(7, 5)) * 3, rng.integers(0, 5, size=7)
+    loss_sum, correct, grad = softmax_cross_entropy(np, z, labels, 0.5, smoothing)
+    logits = torch.tensor(z, requires_grad=True)
+    want = torch.nn.CrossEntropyLoss(reduction="sum", label_smoothing=smoothing)(
+        logits, torch.tensor(labels))
+    (want * 0.5).backward()
+    assert loss_sum == pytest.approx(want.item(), rel=1e-12)
+    np.testing.assert_allclose(grad, logits.grad.numpy(), rtol=1e-11, atol=1e-15)
+    assert correct == (z.argmax(1) == labels).sum()
+
+
+@pytest.mark.parametrize("weights", [None, (1.0, 2.5, 0.0, 0.5)])
+@pytest.mark.parametrize("smoothing", [0.1, 0.7])
+def test_smoothed_pixel_loss_is_pytorchs_with_weights_and_ignored_pixels(weights, smoothing):
+    """Σ over counted pixels over Σ w_y, as ``F.cross_entropy(weight=w, ignore_index=-1,
+    label_smoothing=S)``, images and volumes."""
+    rng = np.random.default_rng(2)
+    for shape in ((3, 5, 6), (2, 3, 4, 5)):
+        logits = rng.normal(size=(shape[0], 4, *shape[1:])) * 2
+        labels = rng.integers(-1, 4, size=shape)
+        loss_sum, weight_sum, _, counted, grad = pixel_cross_entropy(np, logits, labels,
+                                                                     weights, smoothing)
+        z = torch.tensor(logits, requires_grad=True)
+        w = None if weights is None else torch.tensor(weights, dtype=torch.float64)
+        want = torch.nn.functional.cross_entropy(z, torch.tensor(labels), weight=w,
+                                                 ignore_index=-1, label_smoothing=smoothing)
+        want.backward()
+        assert loss_sum / weight_sum == pytest.approx(want.item(), rel=1e-12)
+        np.testing.assert_allclose(grad / weight_sum, z.grad.numpy(), rtol=1e-10, atol=1e-15)
+        assert counted == (labels >= 0).sum()
+
+
+@pytest.mark.parametrize("case, accumulate, smoothing", [
+    ("bn_cnn", 2, 0.0), ("bn_cnn", 4, 0.1), ("bn_cnn", 1, 0.2), ("segment", 3, 0.15),
+])
+def test_accumulation_and_smoothing_equal_pytorch(case, accumulate, smoothing):
+    """Three float64 steps, each of K micro-batches (batch norm with each micro-batch's
+    statistics), against PyTorch's (loss / K).backward() per micro-batch and one SGD step:
+    logits, loss, every gradient, every weight and running statistic."""
+    make_net, make_model, make_names, weights = CASES[case]
+    net = make_net().with_class_weights(weights)
+    batch = 12
+    plan = plan_from_spec("1x1", net, 1)
+    run = hpctrain_accumulating(net, plan, MPI.COMM_SELF, batch, accumulate, smoothing)
+    want = torch_accumulating(make_model(), make_names(), run, accumulate, smoothing, weights)
+    errors = compare(run.steps, want)
+    assert not failures(errors, TOLERANCE), failures(errors, TOLERANCE)
+    if accumulate > 1:  # the comparison tells accumulating from one whole batch
+        whole = torch_accumulating(make_model(), make_names(), run, 1, smoothing, weights)
+        worst = max(compare(run.steps, whole).values())
+        assert worst > 1e3 * TOLERANCE, worst
+
+
+def test_micro_batches_are_the_whole_batchs_samples_in_order():
+    backend = make_backend("cpu", "float64", MPI.COMM_SELF)
+    source = SyntheticData(backend, (1, 3, 3), classes=4, batch=6)
+    micro = MicroBatches(source, 3, 2)
+    box = ((0, 2), (0, 1), (0, 3), (0, 3))
+    for step in range(2):
+        images = np.concatenate([micro.images(step * 3 + j, box) for j in range(3)])
+        labels = np.concatenate([micro.labels(step * 3 + j, (0, 2)) for j in range(3)])
+        np.testing.assert_array_equal(images, source.images(step, ((0, 6), *box[1:])))
+        np.testing.assert_array_equal(labels, source.labels(step, (0, 6)))
+    np.testing.assert_array_equal(micro.labels(4, (1, 2)), source.labels(1, (3, 4)))
+
+
+def test_label_smoothing_refusals():
+    net = load_net("smallcnn")
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(NetError, match=f"--label-smoothing {bad} must be from 0 to 1"):
+            net.with_label_smoothing(bad)
+    regression = load_net("cosmoflow")
+    with pytest.raises(NetError, match="--label-smoothing 0.1 smooths a cross-entropy"):
+        regression.with_label_smoothing(0.1)
+    assert net.with_label_smoothing(0.1) == net  # how it is trained, not what the net is
+    assert net.with_label_smoothing(0.1).loss.smoothing == 0.1
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--accumulate", "3", "--batch", "8"], "--accumulate 3 must divide --batch 8 into equal"),
+    (["--accumulate", "0"], "--accumulate 0 must be at least 1"),
+    (["--label-smoothing", "2"], "--label-smoothing 2.0 must be from 0 to 1"),
+])
+def test_bad_flags_get_one_line(flags, fragment, capsys):
+    assert main(["--net", "smallcnn", "--image-size", "8", "--steps", "1", *flags]) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_a_run_accumulating_through_the_train_command(capsys):
+    """--accumulate on the command line: the micro-batch is planned and the run says so."""
+    assert main(["--net", "smallcnn", "--image-size", "8", "--batch", "8", "--steps", "2",
+                 "--accumulate", "2", "--label-smoothing", "0.1", "--lr-schedule", "poly",
+                 "--warmup-steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 8 (2 micro-batches of 4 per step)" in out
+    assert "step     2/2" in out
+
+
+# -- accumulation under a memory cap -------------------------------------------------------------
+
+CAPPED = ["--net", "smallcnn", "--image-size", "32", "--batch", "64", "--grid", "auto",
+          "--mem-per-rank", "40M", "--compute", "flops", "--plan-only"]
+
+
+def test_accumulate_auto_plans_the_fewest_micro_batches_that_fit(tmp_path, capsys):
+    plan = tmp_path / "p.plan"
+    assert main([*CAPPED, "--accumulate", "auto", "--plan-file", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert ("--accumulate auto: 4 micro-batches of 16 per step (no plan of the whole batch 64 "
+            "fits --mem-per-rank 40 MiB)") in out
+    assert "batch 16" in plan.read_text()  # the micro-batch is what is planned
+
+
+@pytest.mark.parametrize("given", ["1", "2"])
+def test_a_cap_refusal_names_the_accumulation_that_fits(tmp_path, capsys, given):
+    assert main([*CAPPED, "--accumulate", given, "--plan-file", str(tmp_path / "p.plan")]) == 2
+    err = capsys.readouterr().err
+    assert "no plan fits in --mem-per-rank = 40 MiB" in err
+    assert "--accumulate 4 (16 samples each) fits (--accumulate auto picks it)" in err
+
+
+def test_accumulate_auto_needs_a_cap(capsys):
+    assert main(["--net", "smallcnn", "--accumulate", "auto", "--steps", "1"]) == 2
+    assert "give --grid auto and --mem-per-rank SIZE" in capsys.readouterr().err
+    assert main(["--net", "smallcnn", "--accumulate", "x"]) == 2
+    assert "'x' is not a number of micro-batches" in capsys.readouterr().err
