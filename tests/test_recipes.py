@@ -129,6 +129,79 @@ def test_a_run_accumulating_through_the_train_command(capsys):
     assert "step     2/2" in out
 
 
+# -- --classes ---------------------------------------------------------------------------------
+
+TAIL_NET = """input features=4 classes=4
+linear name=a out=4
+relu name=b
+add in=a,b
+"""
+
+
+def test_classes_change_the_layer_that_gives_them():
+    resnet = load_net("resnet18")
+    ten = resnet.with_classes(10)
+    assert ten.classes == 10 and ten.param_shapes()["fc.weight"] == (10, 512)
+    assert ten.param_shapes()["conv1.weight"] == resnet.param_shapes()["conv1.weight"]
+    assert resnet.with_classes(None) is resnet and resnet.with_classes(1000) is resnet
+    # a segmentation's classes come from the conv before its upsampling
+    deeplab = load_net("deeplabv3", 32)
+    seven = deeplab.with_classes(7)
+    assert seven.per_pixel and seven.out_shapes[-1] == (7, 32, 32)
+    assert deeplab.layers[deeplab.head()].name == "classifier.4"
+    from hpctrain.model.net_text import net_text
+
+    text = net_text(ten)
+    assert text.startswith("input channels=3 size=224x224 classes=10")
+    assert "linear name=fc out=10" in text
+
+
+@pytest.mark.parametrize("net, classes, fragment", [
+    ("smallcnn", 1, "--classes 1 must be at least 2"),
+    ("smallcnn", -3, "--classes -3 must be at least 2"),
+    ("cosmoflow", 10, "--classes 10 sets a classifier's classes; net cosmoflow regresses"),
+    (TAIL_NET, 3, "--classes 3: the last layer of net tail, 'add1' (add), has no width"),
+])
+def test_classes_refusals_name_the_value(net, classes, fragment):
+    from hpctrain.model.net import parse_net
+
+    spec = parse_net(net, "tail") if "\n" in net else load_net(net)
+    with pytest.raises(NetError) as err:
+        spec.with_classes(classes)
+    assert fragment in str(err.value)
+
+
+def test_fine_tune_with_classes_is_logged_checkpointed_and_resumed(tmp_path, capsys):
+    """Pretrained weights of the 10-class smallcnn into a 3-class one, its head fresh; the
+    log and the checkpoint keep 3 classes, and a resume without --classes takes them."""
+    pytest.importorskip("safetensors")
+    import h5py
+
+    from hpctrain.interchange.weights import state_dict, write_safetensors
+    from hpctrain.run.checkpoint_file import checkpoint_net
+
+    net = load_net("smallcnn")
+    rng = np.random.default_rng(0)
+    tensors = {name: rng.normal(size=shape).astype(np.float32) * 0.1
+               for name, shape in {**net.param_shapes(), **net.buffer_shapes()}.items()}
+    weights = tmp_path / "pretrained.safetensors"
+    write_safetensors(weights, state_dict(net, tensors), {})
+    common = ["--net", "smallcnn", "--batch", "4", "--checkpoint-dir", str(tmp_path / "ck")]
+    assert main([*common, "--steps", "1", "--classes", "3", "--init", str(weights),
+                 "--init-except", "linear2", "--log", str(tmp_path / "run.h5")]) == 0
+    capsys.readouterr()
+    with h5py.File(tmp_path / "run.h5") as log:
+        assert log.attrs["classes"] == 3
+    checkpoint = tmp_path / "ck" / "step-00000001.h5"
+    assert checkpoint_net(checkpoint).classes == 3
+    assert main([*common, "--steps", "2", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "--classes 3: the net of" in out and "resumed from" in out
+    # without --init-except the head's shapes are refused, naming the layer
+    assert main([*common[:4], "--steps", "1", "--classes", "3", "--init", str(weights)]) == 2
+    assert "--init-except linear2" in capsys.readouterr().err
+
+
 # -- accumulation under a memory cap -------------------------------------------------------------
 
 CAPPED = ["--net", "smallcnn", "--image-size", "32", "--batch", "64", "--grid", "auto",

@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "whose plan fits the cap, 1 where the whole batch fits "
                                "(default: 1)")
     add_init_options(training)
+    training.add_argument("--classes", type=int, default=None, metavar="N",
+                          help="train the net for a dataset of N classes: the width (out=) of "
+                               "the layer that gives its classes, the last (or the one before "
+                               "an upsampling or a pooling to 1x1), becomes N, with fresh "
+                               "weights for it unless --init has them; the fine-tune of "
+                               "pretrained weights is --init FILE --classes 10 --init-except "
+                               "fc. Checkpoints and the log keep the changed net, and a "
+                               "--resume takes the checkpoint's classes (default: the net's)")
     training.add_argument("--augment", default="none", choices=AUGMENT_MODES,
                           help="random per-sample augmentation of training images: flip "
                                "(horizontal, probability 1/2), crop (a random HxW window of the "
@@ -226,7 +234,8 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     if args.checkpoint_every and not args.checkpoint_dir:
         raise UserError("--checkpoint-every needs --checkpoint-dir DIR")
     SGD.check(args.lr, args.momentum, args.weight_decay)
-    net, dataset = _dataset_net(args, load_network(args.net, args.image_size, args.loss))
+    net = load_network(args.net, args.image_size, args.loss)
+    net, dataset = _dataset_net(args, net.with_classes(_classes(args, net)))
     net = net.with_statistics(args.bn_group, procs).with_class_weights(args.class_weights)
     net = net.with_label_smoothing(args.label_smoothing)
     check_augment(args.augment, net.name, net.input_shape,
@@ -269,6 +278,32 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
     return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline,
                     accumulate)
+
+
+def _classes(args: argparse.Namespace, net: NetSpec) -> int | None:
+    """``--classes``, or, resuming without it, the classes of the checkpoint's net where they
+    differ from ``net``'s (a run started with ``--classes``; said on a line); else None."""
+    if args.classes is not None or args.resume is None:
+        return args.classes
+    from hpctrain.run.checkpoint_file import (
+        CheckpointError,
+        checkpoint_net,
+        latest_checkpoint,
+        resolve_resume,
+    )
+
+    try:
+        path = (resolve_resume(Path(args.resume)) if args.resume != "latest"
+                else latest_checkpoint(Path(args.checkpoint_dir)) if args.checkpoint_dir
+                else None)
+        written = checkpoint_net(path) if path is not None else None
+    except CheckpointError:  # resume_from says what is wrong with it
+        return None
+    if written is None or written.classes == net.classes or net.regression:
+        return None
+    print(f"--classes {written.classes}: the net of {path} gives {written.classes} classes, "
+          f"not {net.name}'s {net.classes}", flush=True)
+    return written.classes
 
 
 def accumulation(text: str) -> int | str:

@@ -231,6 +231,46 @@ class NetSpec:
                            f"finite weights of 0 or more, not all 0")
         return replace(self, class_weights=tuple(float(w) for w in weights))
 
+    def with_classes(self, classes: int | None) -> NetSpec:
+        """The net for a dataset of ``classes`` classes (``--classes``): its last layer's width
+        (``out=``: a linear layer's features, a segmentation's class scores per pixel) and its
+        classes made ``classes``, the rest as it is; ``self`` for None or the same number.
+        Refused, naming the value, for fewer than 2 classes, a regression, or a last layer
+        with no ``out=`` to change."""
+        if classes is None or classes == self.classes and not self.regression:
+            return self
+        net = f"net {shown_path(self.name)}"
+        if classes < 2:
+            raise NetError(f"--classes {classes} must be at least 2: a softmax over fewer "
+                           f"classes has nothing to learn")
+        if self.regression:
+            raise NetError(f"--classes {classes} sets a classifier's classes; {net} regresses "
+                           f"{self.classes} targets with the mean squared error")
+        k = self.head()
+        if k is None:
+            last = self.layers[-1]
+            raise NetError(f"--classes {classes}: the last layer of {net}, '{last.name}' "
+                           f"({last.kind}), has no width (out=) to change, nor a layer before "
+                           f"it whose width it keeps; give a net whose classes come from a "
+                           f"linear or convolution layer")
+        spec = self.layers[k]
+        layers = list(self.layers)
+        layers[k] = replace(spec, options=replace(spec.options, out=classes))
+        return replace(self, classes=classes, layers=tuple(layers))
+
+    def head(self) -> int | None:
+        """The layer whose width (``out=``) is the net's classes: the last layer, or the
+        nearest before it through layers that keep the channels and read it alone (a
+        segmentation's upsampling, a pooling and flatten to (C,)); None where there is none."""
+        k = len(self.layers) - 1
+        while not hasattr(self.layers[k].options, "out"):
+            (p,) = self.producers(k) if len(self.producers(k)) == 1 else (-1,)
+            if p < 0 or self.consumers[p] != (k,) or \
+                    self._shapes[p][0] != self._shapes[k][0]:
+                return None
+            k = p
+        return k
+
     def with_image_size(self, size: int) -> NetSpec:
         """The net on images (or volumes) of ``size`` along every spatial axis."""
         if len(self.input_shape) < 3:
