@@ -1,8 +1,9 @@
 """Gradient accumulation with label smoothing on 1–4 ranks: three float64 steps of K
 micro-batches under batch, model, domain and mixed plans (every Pr×Pc factorisation of the
-world) equal one process accumulating the same way, and PyTorch's ``(loss / K).backward()``
-per micro-batch: logits, loss, every gradient, every weight and running statistic. A
-segmentation's per-pixel loss too, with class weights and unlabelled pixels.
+world), and on 4 ranks under splits of several axes and of the input channels, equal one
+process accumulating the same way, and PyTorch's ``(loss / K).backward()`` per micro-batch:
+logits, loss, every gradient, every weight and running statistic. A segmentation's per-pixel
+loss too, with class weights and unlabelled pixels.
 
 Run with ``mpiexec -n N python -m mpi4py -m pytest tests/mpi/test_recipes.py``, N = 1..4.
 """
@@ -42,14 +43,34 @@ def reference_run(make_net, weights, comm):
                                  ACCUMULATE, SMOOTHING)
 
 
+# several axes at once, and input channels (features) split and summed in the layer: 4 ranks
+FOUR_RANKS = {"multi-axis": "conv=h2w2,fc=n2c2", "input-split": "conv=n2i2,fc=n2s2"}
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("mode", SPECS)
 def test_accumulating_on_ranks_equals_one_process_and_pytorch(comm, grid_shape, case, mode):
-    make_net, make_model, make_names, weights = CASES[case]
-    net = make_net().with_class_weights(weights)
+    net = CASES[case][0]().with_class_weights(CASES[case][3])
     plan = plan_from_spec(SPECS[mode](*grid_shape), net, comm.Get_size())
     if mode == "domain" and all(p.mode != "domain" for p in plan):
         pytest.skip("no layer deep enough for the rows split")
+    check_against_one_process_and_pytorch(comm, case, plan)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("spec", FOUR_RANKS.values(), ids=list(FOUR_RANKS))
+def test_accumulating_under_splits_of_several_axes(comm, case, spec):
+    if comm.Get_size() != 4:
+        pytest.skip("the specs name degrees of 4 ranks")
+    net = CASES[case][0]().with_class_weights(CASES[case][3])
+    check_against_one_process_and_pytorch(comm, case, plan_from_spec(spec, net, 4))
+
+
+def check_against_one_process_and_pytorch(comm, case, plan):
+    """Three steps of ``case`` under ``plan`` on ``comm`` against one process and PyTorch,
+    both accumulating; the verdict on every rank."""
+    make_net, make_model, make_names, weights = CASES[case]
+    net = make_net().with_class_weights(weights)
     try:
         plan_layouts(net, plan, BATCH // ACCUMULATE, comm.Get_size())
     except SplitError as err:  # the same on every rank: the plan alone decides
