@@ -351,9 +351,14 @@ def _accumulation(args: argparse.Namespace, net: NetSpec, procs: int) -> int:
 def _refusal_with_accumulation(err: Exception, args: argparse.Namespace, net: NetSpec,
                                procs: int, accumulate: int) -> Exception:
     """``err``, the planner's refusal of ``--mem-per-rank``, naming the fewest micro-batches
-    whose plan fits it (arithmetic only, the same on every rank); ``err`` itself otherwise."""
+    whose plan fits it (arithmetic only, the same on every rank); a refusal of the batch under
+    ``accumulate`` > 1 saying that it is the micro-batch's; ``err`` itself otherwise."""
     from hpctrain.plan.planner import PlannerError
 
+    micro = args.batch // accumulate
+    if accumulate > 1 and f"batch {micro} " in str(err):
+        return UserError(f"{err} (batch {micro} is the micro-batch, --batch {args.batch} / "
+                         f"--accumulate {accumulate}: lower --accumulate)")
     if not (isinstance(err, PlannerError) and args.mem_per_rank is not None
             and str(err).startswith("no plan fits in --mem-per-rank")):
         return err

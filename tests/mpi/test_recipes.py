@@ -85,3 +85,20 @@ def check_against_one_process_and_pytorch(comm, case, plan):
         verdict += failures(compare(run.steps, want), TOLERANCE)
     verdict = comm.bcast(verdict, root=0)
     assert not verdict, verdict
+
+
+def test_a_micro_batch_the_ranks_cannot_split_is_named_as_one(comm, capsys):
+    """--batch P in P micro-batches of 1 sample on P ranks of a pure batch plan: every rank
+    exits 2, and the refusal says the batch it names is the micro-batch."""
+    from hpctrain import cli
+
+    procs = comm.Get_size()
+    if procs == 1:
+        pytest.skip("one sample splits over one rank")
+    code = cli.main(["--net", "smallcnn", "--batch", str(procs), "--accumulate", str(procs),
+                     "--steps", "1"])
+    err = capsys.readouterr().err
+    assert comm.allgather(code) == [2] * procs
+    if comm.Get_rank() == 0:
+        assert (f"(batch 1 is the micro-batch, --batch {procs} / --accumulate {procs}: lower "
+                f"--accumulate)") in err, err
