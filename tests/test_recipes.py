@@ -268,3 +268,36 @@ def test_the_train_command_accumulating_equals_the_whole_batch_without_batch_nor
         np.testing.assert_array_equal(micro["validation/accuracy"][()],
                                       whole["validation/accuracy"][()])
         assert '"accumulate": 4' in micro.attrs["config"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp64"])
+def test_micro_batch_gradients_are_added_wide_and_rounded_once(precision):
+    """Under a 16-bit precision each rank adds its micro-batches' gradients in float32 and
+    rounds the sum to 16 bits once; in float64 the sum is g₀ + g₁ + g₂ in order."""
+    from hpctrain.comm.grid import GridSet
+    from hpctrain.model.net import parse_net
+    from hpctrain.run.network import Network
+
+    backend = make_backend("cpu", precision, MPI.COMM_SELF)
+    net = parse_net(TINY_NET, "tiny")
+    plan = plan_from_spec("1x1", net, 1)
+    data = MicroBatches(SyntheticData(backend, net.input_shape, net.classes, 12, 3), 3, 4)
+    with GridSet(MPI.COMM_SELF) as grids:
+        network = Network(net, plan, 4, grids, backend, seed=3)
+        network.train_step(data, 0, accumulate=3)
+        summed = [np.asarray(p.grad, np.float64) for p in network.params]
+        parts = []
+        for j in range(3):  # each micro-batch alone, its loss counted 1/3
+            network.train_step(data, j, loss_scale=1 / 3)
+            parts.append([p.grad.astype(backend.precision.master) for p in network.params])
+    narrow = backend.dtype
+    in_steps = []  # what adding in 16 bits would give: rounded after each micro-batch
+    for k, got in enumerate(summed):
+        want = parts[0][k] + parts[1][k] + parts[2][k]
+        assert want.dtype == (np.float32 if precision == "bf16" else np.float64)
+        want = want.astype(narrow).astype(np.float64)  # rounded once
+        np.testing.assert_array_equal(got, want)
+        two = (parts[0][k].astype(narrow) + parts[1][k].astype(narrow)).astype(narrow)
+        in_steps.append((two + parts[2][k].astype(narrow)).astype(narrow).astype(np.float64))
+    if precision == "bf16":  # the test tells the two apart
+        assert any(not np.array_equal(a, b) for a, b in zip(summed, in_steps, strict=True))

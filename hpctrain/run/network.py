@@ -333,7 +333,7 @@ class Network:
                 if watch is not None:  # before the sums, which may then be in flight
                     watch.see_gradients(k, [dy, *(p.grad for p in layer.params), dxs])
                 if micro_batches > 1:
-                    self._accumulate(layer.params, index)
+                    self._accumulate(layer.params, index, last_micro)
                 if last_micro:
                     for comm, params in layer.gradient_groups():
                         sums.add(comm, params, k)
@@ -355,19 +355,25 @@ class Network:
             times.spans += [(row, 1, IN_FLIGHT, sent, arrived)
                             for row, sent, arrived in sums.flights]
 
-    def _accumulate(self, params: list[Parameter], index: int) -> None:
+    def _accumulate(self, params: list[Parameter], index: int, last: bool) -> None:
         """Add the gradients micro-batch ``index`` left in ``params`` to this rank's running
-        sums of the step (micro-batch 0 starts them); after the step's last micro-batch each
-        ``Parameter.grad`` is the sum, still to be summed over ranks."""
+        sums of the step (micro-batch 0 starts them); after the step's ``last`` micro-batch
+        each ``Parameter.grad`` is the sum, still to be summed over ranks. 16-bit gradients
+        (bf16, fp16) are added in float32 and rounded to 16 bits once, at the last."""
+        master = self.backend.precision.master
         for p in params:
+            wide = master if p.grad.dtype.itemsize < np.dtype(master).itemsize else p.grad.dtype
             kept = self._accumulated.get(id(p))
-            if kept is None or kept.shape != p.grad.shape or kept.dtype != p.grad.dtype:
-                kept = self._accumulated[id(p)] = p.grad.copy()
+            if kept is None or kept.shape != p.grad.shape or kept.dtype != wide:
+                kept = self._accumulated[id(p)] = p.grad.astype(wide)
             elif index == 0:
                 kept[...] = p.grad
             else:
                 kept += p.grad
-            p.grad = kept
+            if last and kept.dtype == p.grad.dtype:
+                p.grad = kept
+            elif last:  # rounded once, into the layer's own gradient of this micro-batch
+                p.grad[...] = kept
 
     def _move_back(self, k: int, e: int, input_grads: dict, grads: dict, like: Any,
                    timer: StepTimer) -> None:
