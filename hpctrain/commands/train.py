@@ -82,10 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--classes", type=int, default=None, metavar="N",
                           help="train the net for a dataset of N classes: the width (out=) of "
                                "the layer that gives its classes, the last (or the one before "
-                               "an upsampling or a pooling to 1x1), becomes N, with fresh "
-                               "weights for it unless --init has them; the fine-tune of "
-                               "pretrained weights is --init FILE --classes 10 --init-except "
-                               "fc. Checkpoints and the log keep the changed net, and a "
+                               "an upsampling or a pooling to 1x1), becomes N, its weights "
+                               "drawn from --seed (with --init, name it in --init-except): "
+                               "the fine-tune of pretrained weights is --init FILE --classes "
+                               "10 --init-except fc. Checkpoints and the log keep the changed "
+                               "net, and a "
                                "--resume takes the checkpoint's classes (default: the net's)")
     training.add_argument("--augment", default="none", choices=AUGMENT_MODES,
                           help="random per-sample augmentation of training images: flip "
