@@ -113,6 +113,8 @@ def test_label_smoothing_refusals():
     (["--accumulate", "3", "--batch", "8"], "--accumulate 3 must divide --batch 8 into equal"),
     (["--accumulate", "0"], "--accumulate 0 must be at least 1"),
     (["--label-smoothing", "2"], "--label-smoothing 2.0 must be from 0 to 1"),
+    (["--accumulate", "2", "--grid", "auto", "--replan-after", "2", "--steps", "4",
+      "--checkpoint-dir", "ck"], "prediction, which is of one micro-batch under --accumulate 2"),
 ])
 def test_bad_flags_get_one_line(flags, fragment, capsys):
     assert main(["--net", "smallcnn", "--image-size", "8", "--steps", "1", *flags]) == 2
@@ -127,6 +129,7 @@ def test_a_run_accumulating_through_the_train_command(capsys):
     out = capsys.readouterr().out
     assert "batch 8 (2 micro-batches of 4 per step)" in out
     assert "step     2/2" in out
+    assert "(2 micro-batches of " in out.split("iteration: predicted")[1]
 
 
 # -- --classes ---------------------------------------------------------------------------------
@@ -192,6 +195,10 @@ def test_fine_tune_with_classes_is_logged_checkpointed_and_resumed(tmp_path, cap
     capsys.readouterr()
     with h5py.File(tmp_path / "run.h5") as log:
         assert log.attrs["classes"] == 3
+    from hpctrain.record.measured import read_measured_plans
+
+    (measured,) = read_measured_plans(tmp_path / "run.h5")  # as calibrate --from-log reads it
+    assert measured.net.classes == 3
     checkpoint = tmp_path / "ck" / "step-00000001.h5"
     assert checkpoint_net(checkpoint).classes == 3
     assert main([*common, "--steps", "2", "--resume"]) == 0
@@ -301,3 +308,33 @@ def test_micro_batch_gradients_are_added_wide_and_rounded_once(precision):
         in_steps.append((two + parts[2][k].astype(narrow)).astype(narrow).astype(np.float64))
     if precision == "bf16":  # the test tells the two apart
         assert any(not np.array_equal(a, b) for a, b in zip(summed, in_steps, strict=True))
+
+
+def test_gradients_are_handed_to_the_sums_once_per_step():
+    """Three micro-batches, one step: each layer's gradients go to the sums over ranks (and the
+    optimizer's update) once, after the last micro-batch, as many times as without
+    accumulation."""
+    from hpctrain.comm.grid import GridSet
+    from hpctrain.model.net import parse_net
+    from hpctrain.run.network import Network
+
+    backend = make_backend("cpu", "fp64", MPI.COMM_SELF)
+    net = parse_net(TINY_NET, "tiny")
+    plan = plan_from_spec("1x1", net, 1)
+    counts = {}
+    for accumulate in (1, 3):
+        data = MicroBatches(SyntheticData(backend, net.input_shape, net.classes, 12, 3),
+                            accumulate, 12 // accumulate)
+        with GridSet(MPI.COMM_SELF) as grids:
+            network = Network(net, plan, 12 // accumulate, grids, backend, seed=3)
+            sums, added, updated = network.gradient_sums, [], []
+
+            def counted(comm, params, label=0, add=sums.add, added=added):
+                added.append(label)
+                add(comm, params, label)
+
+            sums.add = counted
+            network.train_step(data, 0, accumulate=accumulate, update=updated.extend)
+        counts[accumulate] = (added, [p.name for p in updated])
+    assert counts[3] == counts[1]
+    assert sorted(counts[3][1]) == sorted(p for p in net.param_shapes())

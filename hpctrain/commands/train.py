@@ -406,6 +406,10 @@ def _check_replan(args: argparse.Namespace, steps: int) -> None:
     if not 2 <= args.replan_after < steps:
         raise UserError(f"--replan-after {args.replan_after} must be from 2 (the first step "
                         f"is a warm-up) to {steps - 1}, below the last step ({steps})")
+    if args.accumulate != 1:
+        raise UserError(f"--replan-after {args.replan_after} compares a step with the plan's "
+                        f"prediction, which is of one micro-batch under --accumulate "
+                        f"{args.accumulate}; drop one of them")
     if not args.checkpoint_dir:
         raise UserError(f"--replan-after {args.replan_after} switches plans through the "
                         f"checkpoint of that step; give --checkpoint-dir DIR")
@@ -558,8 +562,12 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     finally:
         sources.close()
     if rank == 0 and result.losses:
-        error = planned.iteration_time / result.iteration - 1
-        print(f"iteration: predicted {planned.iteration_time * 1e3:.1f} ms, measured "
+        # under accumulation the plan is one micro-batch's; a step runs K of them
+        predicted = planned.iteration_time * accumulate
+        error = predicted / result.iteration - 1
+        each = (f" ({accumulate} micro-batches of {planned.iteration_time * 1e3:.1f} ms, the "
+                f"gradient sums counted in each)" if accumulate > 1 else "")
+        print(f"iteration: predicted {predicted * 1e3:.1f} ms{each}, measured "
               f"{result.iteration * 1e3:.1f} ms ({error:+.1%})", flush=True)
     # collective: every rank reports its own
     peak, measured = measured_peak(comm, baseline, setup.backend.device_memory_held())
