@@ -338,3 +338,19 @@ def test_gradients_are_handed_to_the_sums_once_per_step():
         counts[accumulate] = (added, [p.name for p in updated])
     assert counts[3] == counts[1]
     assert sorted(counts[3][1]) == sorted(p for p in net.param_shapes())
+
+
+def test_an_onnx_models_own_weights_start_all_but_the_changed_head(tmp_path, capsys):
+    """--net model.onnx --classes 3: its initializers start every layer but the head, whose
+    weights are drawn from --seed (no --init-except to give without --init)."""
+    pytest.importorskip("onnx")
+    from hpctrain.interchange.onnx_export import model_proto
+
+    net = load_net("smallcnn")
+    rng = np.random.default_rng(0)
+    tensors = {name: rng.normal(size=shape).astype(np.float32) * 0.1
+               for name, shape in {**net.param_shapes(), **net.buffer_shapes()}.items()}
+    path = tmp_path / "smallcnn.onnx"
+    path.write_bytes(model_proto(net, tensors).SerializeToString())
+    assert main(["--net", str(path), "--classes", "3", "--batch", "4", "--steps", "1"]) == 0
+    assert "step     1/1" in capsys.readouterr().out

@@ -234,7 +234,8 @@ class NetSpec:
     def with_classes(self, classes: int | None) -> NetSpec:
         """The net for a dataset of ``classes`` classes (``--classes``): its last layer's width
         (``out=``: a linear layer's features, a segmentation's class scores per pixel) and its
-        classes made ``classes``, the rest as it is; ``self`` for None or the same number.
+        classes made ``classes``, the rest as it is; ``self`` for None or the same number. A
+        net with starting weights (an ONNX model's own) starts that layer from the seed.
         Refused, naming the value, for fewer than 2 classes, a regression, or a last layer
         with no ``out=`` to change."""
         if classes is None or classes == self.classes and not self.regression:
@@ -256,7 +257,10 @@ class NetSpec:
         spec = self.layers[k]
         layers = list(self.layers)
         layers[k] = replace(spec, options=replace(spec.options, out=classes))
-        return replace(self, classes=classes, layers=tuple(layers))
+        weights = self.weights  # an ONNX model's own: all but the changed layer's
+        if weights is not None and spec.name not in weights.fresh:
+            weights = replace(weights, fresh=(*weights.fresh, spec.name))
+        return replace(self, classes=classes, layers=tuple(layers), weights=weights)
 
     def head(self) -> int | None:
         """The layer whose width (``out=``) is the net's classes: the last layer, or the
