@@ -35,6 +35,37 @@ def test_warm_up_ramps_then_hands_over():
     assert "4 warm-up steps" in s.describe()
 
 
+def test_poly_is_pytorchs_polynomial_lr_after_the_warm_up():
+    """poly is PyTorch's PolynomialLR(total_iters=T, power=p) over the T steps after the
+    warm-up (MLPerf's LARS recipe: power 2 by default)."""
+    torch = pytest.importorskip("torch")
+    for power in (None, 1.0, 3.5):
+        s = parse_schedule("poly", 0.8, 13, warmup=3, power=power)
+        weight = torch.nn.Parameter(torch.zeros(1))
+        sgd = torch.optim.SGD([weight], lr=0.8)
+        poly = torch.optim.lr_scheduler.PolynomialLR(sgd, total_iters=10,
+                                                     power=2.0 if power is None else power)
+        theirs = []
+        for _ in range(10):
+            theirs.append(sgd.param_groups[0]["lr"])
+            sgd.step()
+            poly.step()
+        assert [s.lr(k) for k in range(3)] == pytest.approx([0.8 / 3, 1.6 / 3, 0.8])
+        assert [s.lr(k) for k in range(3, 13)] == pytest.approx(theirs, rel=1e-12)
+        assert s.lr(40) == 0.0  # past the end: stays at the bottom
+    assert "polynomial (power 2)" in parse_schedule("poly", 0.1, 5).describe()
+
+
+def test_poly_power_refusals():
+    with pytest.raises(UserError, match="--poly-power 3 is the exponent of --lr-schedule poly"):
+        parse_schedule("cosine", 0.1, 10, power=3.0)
+    for power in (0.0, -1.0, math.inf):
+        with pytest.raises(UserError, match=f"--poly-power {power} must be a positive"):
+            parse_schedule("poly", 0.1, 10, power=power)
+    with pytest.raises(UserError, match="poly takes no parameters"):
+        parse_schedule("poly:2", 0.1, 10)
+
+
 def test_rates_depend_on_the_step_alone():
     """What makes resuming exact: the rate of step k never depends on the steps before it."""
     s = parse_schedule("step:2:0.5", 0.3, 10, warmup=1)

@@ -348,7 +348,8 @@ def _predict(args: argparse.Namespace, prepared: Prepared, network: Any, source:
             if net.per_pixel:
                 labels = backend.to_numpy(source.labels(b, every_pixel))
                 loss_sum, weight_sum, correct, counted, _ = pixel_cross_entropy(
-                    np, whole.astype(np.float64), labels, net.loss.weights)
+                    np, whole.astype(np.float64), labels, net.loss.weights,
+                    net.loss.smoothing)
                 both, union = class_counts(np, whole, labels)
                 pixels.add(PixelTotals(net.classes, float(loss_sum), float(weight_sum),
                                        int(correct), int(counted), both, union))

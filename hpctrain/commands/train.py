@@ -72,7 +72,25 @@ def build_parser() -> argparse.ArgumentParser:
                                "convert'); a dataset sets the image size unless --image-size is "
                                "given (default: %(default)s)")
     training.add_argument("--batch", type=int, default=32, help="global mini-batch (default: 32)")
+    training.add_argument("--accumulate", type=accumulation, default=1, metavar="K",
+                          help="K micro-batches of batch/K samples per step, their gradients "
+                               "summed, then one update: the step of the whole --batch in the "
+                               "memory of a micro-batch, which is what is planned; each "
+                               "micro-batch's loss counts 1/K and batch norm takes each "
+                               "micro-batch's statistics, as PyTorch accumulating does. auto "
+                               "(with --grid auto and --mem-per-rank): the fewest micro-batches "
+                               "whose plan fits the cap, 1 where the whole batch fits "
+                               "(default: 1)")
     add_init_options(training)
+    training.add_argument("--classes", type=int, default=None, metavar="N",
+                          help="train the net for a dataset of N classes: the width (out=) of "
+                               "the layer that gives its classes, the last (or the one before "
+                               "an upsampling or a pooling to 1x1), becomes N, its weights "
+                               "drawn from --seed (with --init, name it in --init-except): "
+                               "the fine-tune of pretrained weights is --init FILE --classes "
+                               "10 --init-except fc. Checkpoints and the log keep the changed "
+                               "net, and a "
+                               "--resume takes the checkpoint's classes (default: the net's)")
     training.add_argument("--augment", default="none", choices=AUGMENT_MODES,
                           help="random per-sample augmentation of training images: flip "
                                "(horizontal, probability 1/2), crop (a random HxW window of the "
@@ -87,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                                "class: the mean over every counted pixel of the batch of "
                                "w[label]·cross-entropy over the sum of w[label], as PyTorch's "
                                "cross_entropy(weight=w) (default: all 1)")
+    training.add_argument("--label-smoothing", type=float, default=0.0, metavar="S",
+                          help="train the cross-entropy towards (1 - S)·onehot(label) + S/K "
+                               "over the K classes, as PyTorch's CrossEntropyLoss("
+                               "label_smoothing=S), a segmentation's per-pixel loss with its "
+                               "--class-weights too; the held-out loss is the same loss; from "
+                               "0 to 1 (default: 0)")
     training.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                           help="read the next batch of --data in a background thread while "
                                "each step computes; the log records the time a step waits for "
@@ -99,8 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "epoch is floor(N / batch) steps of a fresh shuffle)")
     training.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
     training.add_argument("--lr-schedule", default="constant",
-                          help="constant, cosine (to 0 at the last step) or step:EVERY:FACTOR "
-                               "(e.g. step:100:0.1) (default: %(default)s)")
+                          help="constant, cosine (to 0 at the last step), step:EVERY:FACTOR "
+                               "(e.g. step:100:0.1) or poly, the polynomial decay of the LARS "
+                               "recipes (to 0 at the last step, as PyTorch's PolynomialLR), "
+                               "each after the warm-up (default: %(default)s)")
+    training.add_argument("--poly-power", type=float, default=None, metavar="P",
+                          help="--lr-schedule poly: lr · (1 - t/T)^P over the T steps after "
+                               "the warm-up (default: 2, as MLPerf's LARS recipe)")
     training.add_argument("--warmup-steps", type=int, default=0,
                           help="ramp the rate linearly over the first N steps (default: 0)")
     add_precision_option(training)
@@ -186,6 +215,7 @@ class Prepared:
     schedule: Schedule
     eval_every: int
     timeline: tuple[int, int] | None  # --timeline FIRST:LAST
+    accumulate: int = 1  # --accumulate's micro-batches per step (auto's, decided)
 
 
 def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
@@ -202,6 +232,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
             raise UserError(f"--{flag.replace('_', '-')} {value} must be >= {least}")
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
+    _check_accumulate(args.accumulate, args.batch)
     if args.epochs is not None and not args.epochs > 0:
         raise UserError(f"--epochs {args.epochs} must be positive")
     if args.checkpoint_every and not args.checkpoint_dir:
@@ -219,8 +250,10 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     _check_loss_scale(args)
     momentum, _ = optimizer_choice(args)
     check_rates(args.lr, momentum, args.weight_decay)
-    net, dataset = _dataset_net(args, load_network(args.net, args.image_size, args.loss))
+    net = load_network(args.net, args.image_size, args.loss)
+    net, dataset = _dataset_net(args, net.with_classes(_classes(args, net)))
     net = net.with_statistics(args.bn_group, procs).with_class_weights(args.class_weights)
+    net = net.with_label_smoothing(args.label_smoothing)
     check_augment(args.augment, net.name, net.input_shape,
                   dataset.sample_shape if dataset else None, args.batch)
     epoch = dataset.train_size // args.batch if dataset else None
@@ -244,7 +277,8 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     if args.eval_every and not (dataset and dataset.val_size):
         raise UserError(f"--eval-every {args.eval_every} needs a dataset with a held-out split "
                         f"(/val); --data {args.data} has none")
-    schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps)
+    schedule = parse_schedule(args.lr_schedule, args.lr, steps, args.warmup_steps,
+                              args.poly_power)
     resume, info = resume_from(args.resume, args.checkpoint_dir, args.seed, args.batch, net)
     if info is not None:
         check_optimizer(info, args.optimizer)
@@ -256,10 +290,126 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
         # a requeued job's bare --resume: --init started the run, the checkpoint continues it
         print(f"--init {args.init} is not read: the run resumes from {resume}", flush=True)
     net = with_init(args, net) if resume is None else replace(net, weights=None)
-    _check_writable(args, net, procs, resume)
+    accumulate = _accumulation(args, net, procs)
+    _check_writable(args, net, procs, resume, args.batch // accumulate)
     seed = info.seed if info else (0 if args.seed is None else args.seed)
     eval_every = args.eval_every if args.eval_every is not None else (epoch or 0)
-    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline)
+    return Prepared(net, dataset, resume, info, seed, steps, schedule, eval_every, timeline,
+                    accumulate)
+
+
+def _classes(args: argparse.Namespace, net: NetSpec) -> int | None:
+    """``--classes``, or, resuming without it, the classes of the checkpoint's net where they
+    differ from ``net``'s (a run started with ``--classes``; said on a line); else None."""
+    if args.classes is not None or args.resume is None:
+        return args.classes
+    from hpctrain.run.checkpoint_file import (
+        CheckpointError,
+        checkpoint_net,
+        latest_checkpoint,
+        resolve_resume,
+    )
+
+    try:
+        path = (resolve_resume(Path(args.resume)) if args.resume != "latest"
+                else latest_checkpoint(Path(args.checkpoint_dir)) if args.checkpoint_dir
+                else None)
+        written = checkpoint_net(path) if path is not None else None
+    except CheckpointError:  # resume_from says what is wrong with it
+        return None
+    if written is None or written.classes == net.classes or net.regression:
+        return None
+    print(f"--classes {written.classes}: the net of {path} gives {written.classes} classes, "
+          f"not {net.name}'s {net.classes}", flush=True)
+    return written.classes
+
+
+def accumulation(text: str) -> int | str:
+    """``--accumulate``: auto or a whole number (checked against --batch later)."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of micro-batches, such "
+                                         f"as 4, or auto") from None
+
+
+def _accumulation(args: argparse.Namespace, net: NetSpec, procs: int) -> int:
+    """``--accumulate``'s K: as given, or for auto the fewest micro-batches whose plan fits
+    ``--mem-per-rank`` (said on a line); arithmetic only, nothing timed (rank 0)."""
+    if args.accumulate != "auto":
+        return args.accumulate
+    if not (args.grid and args.grid.strip() == "auto" and args.mem_per_rank is not None):
+        raise UserError("--accumulate auto picks the fewest micro-batches whose plan fits "
+                        "the memory cap; give --grid auto and --mem-per-rank SIZE, or a "
+                        "number of micro-batches")
+    from hpctrain.cost.machine import load_machine, sums_in_flight
+    from hpctrain.device.precision import resolve_precision
+    from hpctrain.io.units import format_bytes
+    from hpctrain.plan.accumulation import fewest_micro_batches
+
+    machine = load_machine(args.machine)
+    cap = args.mem_per_rank
+    found = fewest_micro_batches(net, args.batch, procs, machine,
+                                 resolve_precision(args.precision, args.device), cap,
+                                 args.space, sums_in_flight(args.overlap, machine),
+                                 optimizer=args.optimizer)
+    if found is None:
+        raise UserError(f"--accumulate auto: no plan fits --mem-per-rank {format_bytes(cap)}"
+                        f" even with micro-batches of one sample; use more processes, a "
+                        f"smaller --image-size, or raise --mem-per-rank if the memory is "
+                        f"there")
+    if found > 1:
+        print(f"--accumulate auto: {found} micro-batches of {args.batch // found} per step "
+              f"(no plan of the whole batch {args.batch} fits --mem-per-rank "
+              f"{format_bytes(cap)})", flush=True)
+    return found
+
+
+def _refusal_with_accumulation(err: Exception, args: argparse.Namespace, net: NetSpec,
+                               procs: int, accumulate: int) -> Exception:
+    """``err``, the planner's refusal of ``--mem-per-rank``, naming the fewest micro-batches
+    whose plan fits it (arithmetic only, the same on every rank); a refusal of the batch under
+    ``accumulate`` > 1 saying that it is the micro-batch's; ``err`` itself otherwise."""
+    from hpctrain.plan.planner import PlannerError
+
+    micro = args.batch // accumulate
+    if accumulate > 1 and f"batch {micro} " in str(err):
+        return UserError(f"{err} (batch {micro} is the micro-batch, --batch {args.batch} / "
+                         f"--accumulate {accumulate}: lower --accumulate)")
+    if not (isinstance(err, PlannerError) and args.mem_per_rank is not None
+            and str(err).startswith("no plan fits in --mem-per-rank")):
+        return err
+    from hpctrain.cost.machine import load_machine, sums_in_flight
+    from hpctrain.device.precision import resolve_precision
+    from hpctrain.plan.accumulation import fewest_micro_batches
+
+    machine = load_machine(args.machine)
+    found = fewest_micro_batches(net, args.batch, procs, machine,
+                                 resolve_precision(args.precision, args.device),
+                                 args.mem_per_rank, args.space,
+                                 sums_in_flight(args.overlap, machine), least=accumulate + 1,
+                                 optimizer=args.optimizer)
+    if found is None:
+        return err
+    return PlannerError(f"{err}; or keep --batch {args.batch} in micro-batches: "
+                        f"--accumulate {found} ({args.batch // found} samples each) fits "
+                        f"(--accumulate auto picks it)")
+
+
+def _check_accumulate(accumulate: int | str, batch: int) -> None:
+    """``--accumulate K``: at least 1, and a divisor of ``--batch`` (equal micro-batches)."""
+    if accumulate == "auto":
+        return
+    if accumulate < 1:
+        raise UserError(f"--accumulate {accumulate} must be at least 1 (1: no accumulation)")
+    if batch % accumulate:
+        divisors = [k for k in range(2, batch + 1) if batch % k == 0]
+        some = ", ".join(map(str, divisors[:6])) + (", ..." if len(divisors) > 6 else "")
+        raise UserError(f"--accumulate {accumulate} must divide --batch {batch} into equal "
+                        f"micro-batches; give 1 or a divisor of {batch}"
+                        f"{f' ({some})' if divisors else ''}")
 
 
 def _check_loss_scale(args: argparse.Namespace) -> None:
@@ -295,6 +445,10 @@ def _check_replan(args: argparse.Namespace, steps: int) -> None:
     if not 2 <= args.replan_after < steps:
         raise UserError(f"--replan-after {args.replan_after} must be from 2 (the first step "
                         f"is a warm-up) to {steps - 1}, below the last step ({steps})")
+    if args.accumulate != 1:
+        raise UserError(f"--replan-after {args.replan_after} compares a step with the plan's "
+                        f"prediction, which is of one micro-batch under --accumulate "
+                        f"{args.accumulate}; drop one of them")
     if not args.checkpoint_dir:
         raise UserError(f"--replan-after {args.replan_after} switches plans through the "
                         f"checkpoint of that step; give --checkpoint-dir DIR")
@@ -305,10 +459,10 @@ def _check_replan(args: argparse.Namespace, steps: int) -> None:
 
 
 def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int,
-                    resume: Path | None) -> None:
+                    resume: Path | None, micro_batch: int) -> None:
     """Refuse an output path that cannot be written now, not after the training, or that is
     not ours to write (see :mod:`hpctrain.io.files`); clear a crash's temporaries from the
-    checkpoint directory."""
+    checkpoint directory. ``micro_batch``: what --grid auto plans (its plan file's name)."""
     from hpctrain.commands.setup import plan_file_path
     from hpctrain.device.precision import resolve_precision
     from hpctrain.io.files import check_directory, check_output
@@ -321,7 +475,7 @@ def _check_writable(args: argparse.Namespace, net: NetSpec, procs: int,
         check_directory(Path(args.log).parent, "--log")
         check_log_path(Path(args.log), inputs, resuming=args.resume is not None)
     if args.grid and args.grid.strip() == "auto":
-        plan_file = plan_file_path(args.plan_file, net, procs, args.batch,
+        plan_file = plan_file_path(args.plan_file, net, procs, micro_batch,
                                    resolve_precision(args.precision, args.device).name)
         check_directory(plan_file.parent, "--plan-file")
         check_output(plan_file, "--plan-file", is_plan_file, "an hpctrain plan file", inputs)
@@ -397,7 +551,13 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         return 0
     request = SetupRequest.from_flags(args, args.precision, args.overlap, args.plan_file,
                                       prepared.steps)
-    setup = set_up(request, prepared.net, comm)
+    accumulate = prepared.accumulate
+    request = replace(request, batch=args.batch // accumulate)  # the micro-batch
+    try:
+        setup = set_up(request, prepared.net, comm)
+    except UserError as err:
+        raise _refusal_with_accumulation(err, args, prepared.net, comm.Get_size(),
+                                         accumulate) from None
     if rank == 0:
         print(f"threads: {setup.threads.describe()}", flush=True)
         print(format_plan(setup.planned), flush=True)
@@ -417,7 +577,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
                          timeline=prepared.timeline, prefetch=args.prefetch,
                          loss_scale=args.loss_scale,
                          timings_every=args.timings_every if args.log else 0,
-                         optimizer=optimizer)
+                         optimizer=optimizer, accumulate=accumulate)
     log = None
     if args.log:  # rank 0 writes it; a failure to create it stops every rank
         log = on_root(comm, lambda: _open_log(args, argv, setup, comm.Get_size(), config,
@@ -446,8 +606,12 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     finally:
         sources.close()
     if rank == 0 and result.losses:
-        error = planned.iteration_time / result.iteration - 1
-        print(f"iteration: predicted {planned.iteration_time * 1e3:.1f} ms, measured "
+        # under accumulation the plan is one micro-batch's; a step runs K of them
+        predicted = planned.iteration_time * accumulate
+        error = predicted / result.iteration - 1
+        each = (f" ({accumulate} micro-batches of {planned.iteration_time * 1e3:.1f} ms, the "
+                f"gradient sums counted in each)" if accumulate > 1 else "")
+        print(f"iteration: predicted {predicted * 1e3:.1f} ms{each}, measured "
               f"{result.iteration * 1e3:.1f} ms ({error:+.1%})", flush=True)
     # collective: every rank reports its own
     peak, measured = measured_peak(comm, baseline, setup.backend.device_memory_held())
@@ -478,6 +642,7 @@ def _open_log(args: argparse.Namespace, argv: list[str], setup: Setup, procs: in
 
     momentum = config.momentum if config.optimizer.name in ("sgd", "lars") else None
     options = dict(vars(args), steps=config.steps, seed=config.seed, momentum=momentum,
+                   accumulate=config.accumulate,
                    eval_every=config.eval_every, learning_rate=config.schedule.describe())
     attrs = run_attributes(["python", "-m", "hpctrain", *argv], options, procs, setup.net,
                            setup.plan, setup.planned, setup.backend, setup.threads, setup.machine)

@@ -60,3 +60,51 @@ class HeldOutSource(DataSource, Protocol):
     """
 
     batches: int
+
+
+class MicroBatches:
+    """The micro-batches of ``source``'s batches (``--accumulate K``): batch m here is samples
+    (m mod K)·b … (m mod K)·b + b − 1 of ``source``'s batch ⌊m / K⌋, b = ``micro`` samples
+    (the source's batch is K·b).
+
+    A step that accumulates reads micro-batches step·K … step·K + K − 1 (see
+    :meth:`~hpctrain.run.network.Network.train_step`): the same samples, in the same order,
+    augmented the same way, as a step of the whole batch would read. Worked example, K = 2,
+    b = 4: micro-batch 5 is samples 4..7 of batch 2, so ``images(5, ((0, 2), ...))`` reads
+    ``source.images(2, ((4, 6), ...))``. Wrap it, not the source, in
+    :class:`~hpctrain.data.prefetch.Prefetched`, which reads batch m + 1 ahead of batch m.
+    """
+
+    def __init__(self, source: DataSource, accumulate: int, micro: int) -> None:
+        self.source, self.accumulate, self.micro = source, accumulate, micro
+
+    @property
+    def nonfinite(self) -> str | None:
+        return self.source.nonfinite
+
+    @property
+    def batches(self) -> int:
+        """A held-out split's batches, in micro-batches."""
+        return self.source.batches * self.accumulate
+
+    def _shifted(self, batch: int, where: Any) -> tuple[int, Any]:
+        """The source's batch and ``where`` (a box, or samples (lo, hi)) moved onto it."""
+        step, index = divmod(batch, self.accumulate)
+        offset = index * self.micro
+        if is_map_box(where):  # a block: its samples first
+            (lo, hi), *rest = where
+            return step, ((lo + offset, hi + offset), *rest)
+        return step, (where[0] + offset, where[1] + offset)
+
+    def images(self, batch: int, box: Box) -> Any:
+        step, moved = self._shifted(batch, box)
+        return self.source.images(step, moved)
+
+    def labels(self, batch: int, samples: Any) -> Any:
+        step, moved = self._shifted(batch, samples)
+        return self.source.labels(step, moved)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "source":  # not set yet: no recursion while constructing
+            raise AttributeError(name)
+        return getattr(self.source, name)

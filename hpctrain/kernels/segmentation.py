@@ -8,6 +8,12 @@ over every counted pixel of the batch::
 
     loss = Σ_p w_{y_p} CE_p / Σ_p w_{y_p},    CE_p = log Σ_k exp z_pk − z_{p,y_p}
 
+With label smoothing ε (``--label-smoothing``) it is PyTorch's ``F.cross_entropy(z, y,
+weight=w, ignore_index=-1, label_smoothing=ε)``: each counted pixel's term becomes
+(1 − ε)·w_{y_p}·CE_p + (ε/K)·Σ_k w_k·(−log softmax(z_p)_k), over the same denominator
+Σ_p w_{y_p}, and its gradient (1 − ε)·w_{y_p}(softmax(z_p) − onehot(y_p)) +
+(ε/K)(Σ_k w_k·softmax(z_p) − w).
+
 Both sums run over the pixels of the whole global batch, whichever rank holds them, so each
 rank sums its own block (:func:`pixel_cross_entropy`) and the sums meet in one all-reduce
 before the gradient w_{y_p}(softmax(z_p) − onehot(y_p)) is divided by the global denominator
@@ -28,12 +34,13 @@ from typing import Any
 import numpy as np
 
 
-def pixel_cross_entropy(xp: Any, logits: Any, labels: Any, weights: Any = None
-                        ) -> tuple[Any, Any, Any, Any, Any]:
+def pixel_cross_entropy(xp: Any, logits: Any, labels: Any, weights: Any = None,
+                        smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, Any]:
     """Weighted loss sum, weight sum, correct and counted pixels, and d(loss sum)/dlogits.
 
     ``logits``: ``(n, K, *S)``; ``labels``: ``(n, *S)`` integers, negative where not counted;
-    ``weights``: (K,) class weights or None (all 1). The gradient is
+    ``weights``: (K,) class weights or None (all 1); ``smoothing``: label smoothing ε in
+    [0, 1] (see the module's text). Without smoothing the gradient is
     w_{y_p}·(softmax(z_p) − onehot(y_p)) at counted pixels and 0 elsewhere: dividing it by the
     global weight sum makes it the gradient of the weighted mean.
     """
@@ -49,14 +56,38 @@ def pixel_cross_entropy(xp: Any, logits: Any, labels: Any, weights: Any = None
     w = (xp.ones(len(y), dtype=z.dtype) if weights is None
          else xp.asarray(weights, dtype=z.dtype)[safe])
     w = xp.where(counted, w, 0)
-    ce = xp.log(total[:, 0]) - z[rows, safe]
-    loss_sum = (w * ce).sum()
+    log_total = xp.log(total[:, 0])
+    ce = log_total - z[rows, safe]
     correct = ((z.argmax(axis=1) == y) & counted).sum()
     grad = exp / total
-    grad[rows, safe] -= 1.0
-    grad *= w[:, None]
+    if smoothing:
+        loss_sum, grad = _smoothed(xp, z, log_total, ce, grad, rows, safe, w, counted,
+                                   weights, smoothing)
+    else:
+        loss_sum = (w * ce).sum()
+        grad[rows, safe] -= 1.0
+        grad *= w[:, None]
     grad = xp.moveaxis(grad.reshape(*labels.shape, classes), -1, 1)
     return loss_sum, w.sum(), correct, counted.sum(), xp.ascontiguousarray(grad)
+
+
+def _smoothed(xp: Any, z: Any, log_total: Any, ce: Any, softmax: Any, rows: Any, safe: Any,
+              w: Any, counted: Any, weights: Any, smoothing: float) -> tuple[Any, Any]:
+    """The label-smoothed loss sum and gradient of :func:`pixel_cross_entropy` (rows of
+    pixels: ``z`` shifted logits (P, K), ``log_total`` log Σ exp z, ``ce`` each pixel's
+    cross-entropy, ``softmax`` its probabilities, overwritten by the gradient)."""
+    classes = z.shape[1]
+    class_w = (xp.ones(classes, dtype=z.dtype) if weights is None
+               else xp.asarray(weights, dtype=z.dtype))  # (K,)
+    # Σ_k w_k·(−log softmax(z)_k) per pixel, 0 where not counted
+    spread = xp.where(counted, log_total * class_w.sum() - z @ class_w, 0)
+    loss_sum = (1 - smoothing) * (w * ce).sum() + smoothing / classes * spread.sum()
+    grad = softmax
+    grad *= ((1 - smoothing) * w + smoothing / classes * class_w.sum()
+             * counted.astype(z.dtype))[:, None]
+    grad[rows, safe] -= (1 - smoothing) * w
+    grad -= (smoothing / classes) * class_w[None, :] * counted.astype(z.dtype)[:, None]
+    return loss_sum, grad
 
 
 def class_counts(xp: Any, logits: Any, labels: Any) -> tuple[Any, Any]:

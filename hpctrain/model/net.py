@@ -70,7 +70,7 @@ from functools import cached_property
 from hpctrain.errors import shown, shown_path
 from hpctrain.io.locations import shipped_names
 from hpctrain.io.textfile import existing_file, read_text, shipped_file
-from hpctrain.kernels.loss import CROSS_ENTROPY, MEAN_SQUARED_ERROR, Loss, pixel_loss
+from hpctrain.kernels.loss import MEAN_SQUARED_ERROR, Loss, cross_entropy, pixel_loss
 from hpctrain.layout.partition import SplitError
 from hpctrain.layout.statistics import groups_for
 from hpctrain.model.kinds import KINDS
@@ -122,6 +122,9 @@ class NetSpec:
     # a segmentation's class weights (--class-weights; None: all 1), one per class: how the
     # loss is weighted, not what the net is
     class_weights: tuple[float, ...] | None = field(default=None, compare=False)
+    # the cross-entropy's label smoothing (--label-smoothing; 0: none): how the loss is
+    # made, not what the net is
+    label_smoothing: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         # each layer made exact for its input (Kind.resolve), in file order, with its shape
@@ -188,10 +191,27 @@ class NetSpec:
     @property
     def loss(self) -> Loss:
         """The mean squared error under regression (``targets=``), the per-pixel softmax
-        cross-entropy of a segmentation net, else softmax cross-entropy."""
+        cross-entropy of a segmentation net, else softmax cross-entropy (both with the net's
+        label smoothing)."""
         if self.regression:
             return MEAN_SQUARED_ERROR
-        return pixel_loss(self.class_weights) if self.per_pixel else CROSS_ENTROPY
+        if self.per_pixel:
+            return pixel_loss(self.class_weights, self.label_smoothing)
+        return cross_entropy(self.label_smoothing)
+
+    def with_label_smoothing(self, smoothing: float) -> NetSpec:
+        """The net with its cross-entropy's targets smoothed by ``smoothing`` in [0, 1]
+        (``--label-smoothing``: PyTorch's ``CrossEntropyLoss(label_smoothing=...)``); refused
+        for a regression, whose loss has no classes."""
+        if not smoothing:
+            return self
+        if not (math.isfinite(smoothing) and 0 <= smoothing <= 1):
+            raise NetError(f"--label-smoothing {smoothing} must be from 0 to 1, such as 0.1")
+        if self.regression:
+            raise NetError(f"--label-smoothing {smoothing:g} smooths a cross-entropy's class "
+                           f"labels; net {shown_path(self.name)} regresses {self.classes} "
+                           f"targets with the mean squared error")
+        return replace(self, label_smoothing=float(smoothing))
 
     def with_class_weights(self, weights: tuple[float, ...] | None) -> NetSpec:
         """The net with its per-pixel loss weighted by ``weights``, one finite non-negative
@@ -210,6 +230,50 @@ class NetSpec:
             raise NetError(f"--class-weights {','.join(f'{w:g}' for w in weights)}: give "
                            f"finite weights of 0 or more, not all 0")
         return replace(self, class_weights=tuple(float(w) for w in weights))
+
+    def with_classes(self, classes: int | None) -> NetSpec:
+        """The net for a dataset of ``classes`` classes (``--classes``): its last layer's width
+        (``out=``: a linear layer's features, a segmentation's class scores per pixel) and its
+        classes made ``classes``, the rest as it is; ``self`` for None or the same number. A
+        net with starting weights (an ONNX model's own) starts that layer from the seed.
+        Refused, naming the value, for fewer than 2 classes, a regression, or a last layer
+        with no ``out=`` to change."""
+        if classes is None or classes == self.classes and not self.regression:
+            return self
+        net = f"net {shown_path(self.name)}"
+        if classes < 2:
+            raise NetError(f"--classes {classes} must be at least 2: a softmax over fewer "
+                           f"classes has nothing to learn")
+        if self.regression:
+            raise NetError(f"--classes {classes} sets a classifier's classes; {net} regresses "
+                           f"{self.classes} targets with the mean squared error")
+        k = self.head()
+        if k is None:
+            last = self.layers[-1]
+            raise NetError(f"--classes {classes}: the last layer of {net}, '{last.name}' "
+                           f"({last.kind}), has no width (out=) to change, nor a layer before "
+                           f"it whose width it keeps; give a net whose classes come from a "
+                           f"linear or convolution layer")
+        spec = self.layers[k]
+        layers = list(self.layers)
+        layers[k] = replace(spec, options=replace(spec.options, out=classes))
+        weights = self.weights  # an ONNX model's own: all but the changed layer's
+        if weights is not None and spec.name not in weights.fresh:
+            weights = replace(weights, fresh=(*weights.fresh, spec.name))
+        return replace(self, classes=classes, layers=tuple(layers), weights=weights)
+
+    def head(self) -> int | None:
+        """The layer whose width (``out=``) is the net's classes: the last layer, or the
+        nearest before it through layers that keep the channels and read it alone (a
+        segmentation's upsampling, a pooling and flatten to (C,)); None where there is none."""
+        k = len(self.layers) - 1
+        while not hasattr(self.layers[k].options, "out"):
+            (p,) = self.producers(k) if len(self.producers(k)) == 1 else (-1,)
+            if p < 0 or self.consumers[p] != (k,) or \
+                    self._shapes[p][0] != self._shapes[k][0]:
+                return None
+            k = p
+        return k
 
     def with_image_size(self, size: int) -> NetSpec:
         """The net on images (or volumes) of ``size`` along every spatial axis."""

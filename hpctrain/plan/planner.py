@@ -348,6 +348,24 @@ def _fits(model: CostModel, candidates: list[list[LayerPlan]], cap: float,
     return kept
 
 
+def leanest_fitting(model: CostModel, cap: float, space: str = "grids"
+                    ) -> PlannedNetwork | None:
+    """A plan of ``space`` that fits under ``cap``, found by arithmetic alone (nothing timed):
+    each segment's leanest choice among those that may fit (:func:`fitting_choices`), when
+    that plan's peak is within the cap; None otherwise (no choice fits some segment, or the
+    leanest together do not). Some plan fits whenever it gives one, so the planner's search
+    under ``cap`` finds a plan; it may give None where a plan of other choices would fit."""
+    candidates = [model.choices(k) for k in range(len(model.segments))]
+    if space != "grids":
+        candidates = [found + model.split_choices(k, space)
+                      for k, found in enumerate(candidates)]
+    kept = fitting_choices(model, candidates, cap)
+    if not all(kept):
+        return None
+    planned = evaluate(model, _leanest(model, kept), timed=False)
+    return planned if planned.memory <= cap else None
+
+
 def fitting_choices(model: CostModel, candidates: list[list[LayerPlan]], cap: float
                     ) -> list[list[LayerPlan]]:
     """Per segment, the candidates whose own memory and peak, with the least memory of the

@@ -181,6 +181,7 @@ def _net(source: str, attrs: dict, procs: int) -> NetSpec:
         net = load_network(str(attrs["net"]), config.get("image_size"),
                            config.get("loss", "auto"))
         net = net.with_statistics(config.get("bn_group", "global"), procs)
+        net = net.with_classes(config.get("classes"))  # a run of --classes N
     except UserError as err:
         raise LogError(f"{source}: its net {attrs['net']!r} cannot be loaded here ({err})"
                        ) from None

@@ -11,6 +11,7 @@ Layout (units in each dataset's ``units`` attribute)::
                               git_commit, mpi_library, mpi_version, processes, net, batch,
                               dtype, device, machine, machine_profile (TOML text), plan (text),
                               layers (the net's layers as text: NetSpec.architecture),
+                              classes (the width of its output: a changed net's, --classes),
                               predicted_iteration (s), status, started, finished
     /plan/layer               (L,)     layer names in network order
     /plan/mode, /plan/grid    (L,), (L, 2)  each layer's mode and Pr x Pc (0 x 0: follows)
@@ -216,6 +217,7 @@ def run_attributes(command: list[str], options: dict[str, Any], processes: int, 
         "net": net.name,
         "layers": "\n".join(net.architecture()),
         "input_shape": list(net.input_shape),
+        "classes": net.classes,
         "batch": options["batch"],
         "dtype": np.dtype(backend.dtype).name,
         "precision": backend.precision.name,

@@ -26,7 +26,7 @@ from mpi4py import MPI
 from hpctrain.comm.grid import GridSet
 from hpctrain.cost.machine import BUCKET_BYTES
 from hpctrain.data.prefetch import Prefetched
-from hpctrain.data.source import DataSource, HeldOutSource
+from hpctrain.data.source import DataSource, HeldOutSource, MicroBatches
 from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import Backend
 from hpctrain.errors import UserError
@@ -90,6 +90,14 @@ class TrainConfig:
     timings_every: int = 0
     # --optimizer and its flags, clipping (hpctrain.run.optimizer); SGD by default
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    # micro-batches per step (--accumulate): the network runs batch / accumulate samples at a
+    # time and sums their gradients before the one update (Network.train_step)
+    accumulate: int = 1
+
+    @property
+    def micro_batch(self) -> int:
+        """The batch over ``accumulate``, the samples of one forward and backward."""
+        return self.batch // self.accumulate
 
     def lr_at(self, step: int) -> float:
         return self.schedule.lr(step) if self.schedule else self.lr
@@ -174,13 +182,18 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
     say = out if rank == 0 else (lambda *_: None)
     with GridSet(comm) as grids, (nullcontext(stop) if stop else StopRequests()) as stop, \
             ExitStack() as readers:
-        if config.prefetch and data is not None:  # a dataset, augmented or not
+        prefetch = config.prefetch and data is not None  # a dataset, augmented or not
+        data = data or SyntheticData.for_net(backend, net, config.batch, config.seed)
+        if config.accumulate > 1:  # the network reads micro-batches of the sources' batches
+            data = MicroBatches(data, config.accumulate, config.micro_batch)
+            if val_data is not None:
+                val_data = MicroBatches(val_data, config.accumulate, config.micro_batch)
+        if prefetch:
             data = readers.enter_context(Prefetched(data))
         if config.prefetch and val_data is not None:
             val_data = readers.enter_context(Prefetched(val_data, cycle=val_data.batches))
-        network = Network(net, plan, config.batch, grids, backend, config.seed,
+        network = Network(net, plan, config.micro_batch, grids, backend, config.seed,
                           config.overlap, config.bucket_bytes)
-        data = data or SyntheticData.for_net(backend, net, config.batch, config.seed)
         optimizer = make_optimizer(network.params, config.lr, config.momentum,
                                    config.weight_decay, config.optimizer, grids.world)
         scaler = LossScale(config.loss_scale) if backend.precision.loss_scaling else None
@@ -194,7 +207,8 @@ def train(net: NetSpec, plan: list[LayerPlan], config: TrainConfig, backend: Bac
                 scaler.scale = float(info.state["loss_scale"])
             say(f"resumed from {resume} at step {first}")
         say(f"hpctrain: {net.name}, {net.parameter_count() / 1e6:.1f} M parameters, input "
-            f"{'x'.join(map(str, net.input_shape))}, batch {config.batch}, {procs} processes, "
+            f"{'x'.join(map(str, net.input_shape))}, batch {config.batch}"
+            f"{_micro_words(config)}, {procs} processes, "
             f"{backend.device} {backend.xp.dtype(backend.dtype).name}"
             f"{_precision_words(backend)}")
         # a diverging run overflows; the loss check in the loop names the step instead
@@ -257,7 +271,8 @@ def _loop(network: Network, optimizer: Optimizer, data: DataSource, val_data: He
         # norms over whole tensors once every sum has arrived
         update = None if scaler else optimizer.during_backward(lr)
         loss, accuracy = network.train_step(data, step, times=times, update=update,
-                                            watch=watch, loss_scale=scale)
+                                            watch=watch, loss_scale=scale,
+                                            accumulate=config.accumulate)
         if watch is not None:
             forward, backward = watch.over_ranks(comm)
             if scaler is not None:  # an overflowed gradient lowers the scale instead
@@ -366,6 +381,13 @@ def _refuse_first_overflow(net: NetSpec, loss: float, where: tuple[int | None, i
     raise TrainingError(f"step 1 (of {steps}) overflowed before any update, so --lr is not the "
                         f"cause: {what} (its layers' options, e.g. a scale factor) and the range "
                         f"of the data")
+
+
+def _micro_words(config: TrainConfig) -> str:
+    """' (4 micro-batches of 8 per step)' under accumulation; nothing otherwise."""
+    if config.accumulate == 1:
+        return ""
+    return f" ({config.accumulate} micro-batches of {config.micro_batch} per step)"
 
 
 def _precision_words(backend: Backend) -> str:
@@ -495,7 +517,7 @@ def _checkpoint(network: Network, optimizer: Optimizer, config: TrainConfig, ste
 
     path = checkpoint_path(config.checkpoint_dir, step)
     state = {"batch": config.batch, "lr": config.lr, "momentum": config.momentum,
-             "weight_decay": config.weight_decay}
+             "weight_decay": config.weight_decay, "accumulate": config.accumulate}
     if scaler is not None:
         state["loss_scale"] = scaler.scale
     save_checkpoint(path, network, optimizer, step, state, comm, seed=config.seed)

@@ -167,6 +167,8 @@ class Network:
             # in each batch group the rank with i = 0 owns its samples' loss (the class doc)
             self.owns_loss = grid_coords(self.rank, self.loss_layout.grid)[0] == 0
         self.gradient_sums = GradientReducer(backend, bucket_bytes, in_flight=overlap)
+        # each parameter's sum of its micro-batches' gradients (id → array), under accumulation
+        self._accumulated: dict[int, Any] = {}
         if net.weights is not None:
             self.load_weights(net.weights)
 
@@ -278,11 +280,18 @@ class Network:
     def backward(self, dlogits: Any, trace: list | None = None,
                  times: StepTimes | None = None,
                  update: Callable[[list[Parameter]], None] | None = None,
-                 output_grads: list | None = None, watch: Overflow | None = None) -> None:
+                 output_grads: list | None = None, watch: Overflow | None = None,
+                 micro: tuple[int, int] = (0, 1)) -> None:
         """Parameter gradients from dLoss/dlogits, summed over the ranks that share each
         shard; ``trace`` collects each layer's input gradient (a list of one per input for a
         layer of several inputs), ``output_grads`` the gradient that reached each layer's
         output (summed over the layers that read it).
+
+        ``micro``: (j, K), this backward is micro-batch j of K of a step that accumulates
+        gradients. Each rank adds its own gradients of micro-batches 0..K-1 in order
+        (g₀ + g₁ + … as one process accumulating would), and only the last micro-batch's
+        backward sums them over ranks and hands them to ``update``: one sum per step,
+        however many micro-batches.
 
         Each layer's parameter gradients start on their way as soon as its backward has made
         them; ``update(params)`` (the optimizer) runs for each group as soon as its sum has
@@ -293,7 +302,10 @@ class Network:
         """
         grads: dict[int, Any] = {}
         sums = self.gradient_sums
-        sums.start(update)
+        index, micro_batches = micro
+        last_micro = index == micro_batches - 1
+        if last_micro:
+            sums.start(update)
         timeline = times is not None and times.spans is not None
         sums.flights = [] if timeline else None
         input_grads: dict[tuple[int, int], Any] = {}  # of layers run, for their moves
@@ -320,17 +332,20 @@ class Network:
                 dxs = layer.backward(dy)
                 if watch is not None:  # before the sums, which may then be in flight
                     watch.see_gradients(k, [dy, *(p.grad for p in layer.params), dxs])
-                for comm, params in layer.gradient_groups():
-                    sums.add(comm, params, k)
-                sums.progress()  # between kernels: MPI moves the sums on only when called
-                if k == 0:
-                    sums.finish()
+                if micro_batches > 1:
+                    self._accumulate(layer.params, index, last_micro)
+                if last_micro:
+                    for comm, params in layer.gradient_groups():
+                        sums.add(comm, params, k)
+                    sums.progress()  # between kernels: MPI moves the sums on only when called
+                    if k == 0:
+                        sums.finish()
                 timer.backward_layer(k)
                 if trace is not None:
                     traced[k] = dxs
                 for e, dx in enumerate(dxs if len(self.feeds[k]) > 1 else [dxs]):
                     input_grads[k, e] = dx
-            if not self._held(0):
+            if not self._held(0) and last_micro:
                 sums.finish()
         if trace is not None:
             trace[:0] = [traced[k] for k in range(len(self.layers))]
@@ -339,6 +354,26 @@ class Network:
         if timeline:
             times.spans += [(row, 1, IN_FLIGHT, sent, arrived)
                             for row, sent, arrived in sums.flights]
+
+    def _accumulate(self, params: list[Parameter], index: int, last: bool) -> None:
+        """Add the gradients micro-batch ``index`` left in ``params`` to this rank's running
+        sums of the step (micro-batch 0 starts them); after the step's ``last`` micro-batch
+        each ``Parameter.grad`` is the sum, still to be summed over ranks. 16-bit gradients
+        (bf16, fp16) are added in float32 and rounded to 16 bits once, at the last."""
+        master = self.backend.precision.master
+        for p in params:
+            wide = master if p.grad.dtype.itemsize < np.dtype(master).itemsize else p.grad.dtype
+            kept = self._accumulated.get(id(p))
+            if kept is None or kept.shape != p.grad.shape or kept.dtype != wide:
+                kept = self._accumulated[id(p)] = p.grad.astype(wide)
+            elif index == 0:
+                kept[...] = p.grad
+            else:
+                kept += p.grad
+            if last and kept.dtype == p.grad.dtype:
+                p.grad = kept
+            elif last:  # rounded once, into the layer's own gradient of this micro-batch
+                p.grad[...] = kept
 
     def _move_back(self, k: int, e: int, input_grads: dict, grads: dict, like: Any,
                    timer: StepTimer) -> None:
@@ -363,8 +398,19 @@ class Network:
                    update: Callable[[list[Parameter]], None] | None = None,
                    output_grads: list | None = None,
                    watch: Overflow | None = None,
-                   loss_scale: float = 1.0) -> tuple[float, float]:
+                   loss_scale: float = 1.0, accumulate: int = 1) -> tuple[float, float]:
         """Forward, loss and backward on batch ``step`` of ``data``: (mean loss, accuracy).
+
+        ``accumulate`` K > 1: ``data`` gives micro-batches of this network's batch
+        (:class:`~hpctrain.data.source.MicroBatches`), and the step is the K micro-batches
+        ``step``·K … ``step``·K + K − 1, one forward and backward each, their gradients added
+        on each rank and summed over ranks once, after the last (:meth:`backward`). Each
+        micro-batch's loss counts 1/K: the gradient is that of the mean of the micro-batches'
+        losses, as PyTorch's ``(loss / K).backward()`` per micro-batch (for a classifier, the
+        mean over all K·batch samples); batch norm normalises each micro-batch by its own
+        statistics and updates its running ones once per micro-batch, as PyTorch's does. The
+        loss and accuracy returned are the means over the micro-batches; ``outputs``,
+        ``input_grads`` and ``output_grads`` are the last micro-batch's.
 
         Each rank reads only its own block of the batch. ``outputs``, ``input_grads`` and
         ``output_grads`` collect every layer's output, input gradient and output gradient (for
@@ -376,16 +422,27 @@ class Network:
         :class:`Overflow`. ``loss_scale``: what the loss is multiplied by before the backward
         (fp16's loss scaling): every gradient comes out that many times larger.
         """
+        if accumulate < 1:
+            raise ValueError(f"accumulate {accumulate}: give 1 or more micro-batches")
+        loss = accuracy = 0.0
         with StepTimer(self.backend, times) as timer:
-            with timer.reading():
-                x = data.images(step, self.input_box)
-            logits = self.forward(x, step, outputs, times, watch)
-            with timer.reading():
-                labels = data.labels(step, self.labels_box)
-            loss, accuracy, dlogits = self.loss(logits, labels, times, data, loss_scale)
-            self.backward(dlogits, input_grads, times, update, output_grads, watch)
+            for j in range(accumulate):
+                last = j == accumulate - 1
+                batch = step * accumulate + j
+                with timer.reading():
+                    x = data.images(batch, self.input_box)
+                logits = self.forward(x, batch, outputs if last else None, times, watch)
+                with timer.reading():
+                    labels = data.labels(batch, self.labels_box)
+                part, right, dlogits = self.loss(logits, labels, times, data,
+                                                 loss_scale / accumulate)
+                loss, accuracy = loss + part, accuracy + right
+                del logits, x
+                self.backward(dlogits, input_grads if last else None, times,
+                              update, output_grads if last else None, watch,
+                              micro=(j, accumulate))
             timer.finish_step()
-        return loss, accuracy
+        return loss / accumulate, accuracy / accumulate
 
     def loss(self, logits: Any, labels: Any, times: StepTimes | None = None,
              data: DataSource | None = None, scale: float = 1.0) -> tuple[float, float, Any]:
@@ -430,7 +487,7 @@ class Network:
         xp = self.backend.xp
         with StepTimer(self.backend, times) as timer:
             loss_sum, weight_sum, correct, counted, grad = pixel_cross_entropy(
-                xp, widen(logits), labels, self.net.loss.weights)
+                xp, widen(logits), labels, self.net.loss.weights, self.net.loss.smoothing)
             sums = [loss_sum, weight_sum, correct, counted]
             if not self.owns_loss:  # a replica: copy 0 of this block counts these pixels
                 sums = [0.0] * 4
@@ -506,7 +563,7 @@ class Network:
         mine = PixelTotals(classes)
         if self.owns_loss and labels.size:
             loss_sum, weight_sum, correct, counted, _ = pixel_cross_entropy(
-                xp, widen(logits), labels, self.net.loss.weights)
+                xp, widen(logits), labels, self.net.loss.weights, self.net.loss.smoothing)
             both, union = class_counts(xp, logits, labels)
             mine = PixelTotals(classes, float(loss_sum), float(weight_sum), int(correct),
                                int(counted), self.backend.to_numpy(both),
