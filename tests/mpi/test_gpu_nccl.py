@@ -319,6 +319,7 @@ def _reduce_in_flight(backend, comm, steps=2):
                 np.array_equal(host(handed[name]), expected[name]) for name in names)
     finally:
         nccl.NcclCommunicator.allReduce = queue
+        release(half)  # before the handle can be reused by another communicator
         half.Free()
     return ok, streams, waits
 
