@@ -52,6 +52,7 @@ from itertools import product
 from math import prod
 from typing import Any
 
+from hpctrain.kernels.norm import channel_sums
 from hpctrain.kernels.products import matmul, narrow, widen
 from hpctrain.kernels.sliding import (
     Pads,
@@ -207,7 +208,7 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
     dw_mat = None if dw_out is None else _per_group(dw_out, g)
     dw = matmul(xp, dy_mat, _per_group(cache.cols, g).swapaxes(-1, -2),
                 out=dw_mat).reshape(w.shape)
-    db = dy.sum(axis=(0, *range(2, 2 + d)))
+    db = channel_sums(xp, dy)
     if not need_dx:
         return None, dw, db
     if d >= 3 and g == 1:
@@ -281,7 +282,7 @@ def _pointwise_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, need_dx: boo
         dx = matmul(xp, dy_rows, w_mat) if need_dx else None  # (N, C)
     else:
         dw = matmul(xp, dy_rows, x_rows.swapaxes(1, 2)).sum(axis=0, out=dw_mat)
-        db = dy_rows.sum(axis=(0, 2))
+        db = channel_sums(xp, dy_rows)
         dx = matmul(xp, w_mat.T, dy_rows) if need_dx else None  # (N, C, P)
     dw = dw.reshape(w.shape)
     return (None if dx is None else dx.reshape(cache.x_shape)), dw, db
@@ -334,7 +335,7 @@ def _depthwise_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tupl
     xpad, kernel, last = cache.cols, tuple(w.shape[2:]), cache.channels_last
     n, c, *out = dy.shape
     d = len(out)
-    db = dy.sum(axis=(0, *range(2, 2 + d)))
+    db = channel_sums(xp, dy)
     if last:
         dy = xp.ascontiguousarray(dy.transpose(0, *range(2, 2 + d), 1))
         taps = xp.ascontiguousarray(w[:, 0].transpose(*range(1, 1 + d), 0))
