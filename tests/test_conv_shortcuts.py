@@ -1,6 +1,6 @@
-"""The convolution's two shortcuts (hpctrain.kernels.conv) against its general path and
-against PyTorch: taps that read only padding dropped, and pointwise (1×1) products on the
-samples as they lie."""
+"""The convolution's two shortcuts (hpctrain.kernels.conv) against its general path and against
+PyTorch: taps that read only padding dropped, and pointwise (1×1) products on the samples as
+they lie; and average-pooling on small images as one product (hpctrain.kernels.pool)."""
 
 import numpy as np
 import pytest
@@ -138,3 +138,48 @@ def test_shortcuts_against_pytorch(xs, ws, stride, pad, dilation):
     ty.backward(torch.tensor(dy))
     for got, want in ((y, ty), (dx, tx.grad), (dw, tw.grad), (db, tb.grad)):
         np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+# (x, kernel, stride, pads): small images whose average-pooling is one product
+POOLS = [((2, 3, 7, 7), (3, 3), (1, 1), ((1, 1), (1, 1))),
+         ((2, 4, 3, 3), (3, 3), (1, 1), ((1, 1), (1, 1))),
+         ((2, 4, 1, 1), (3, 3), (1, 1), ((1, 1), (1, 1))),
+         ((1, 2, 8, 7), (3, 2), (2, 3), ((1, 0), (0, 1))),
+         ((2, 2, 3, 4, 5), (2, 2, 2), (1, 2, 1), ((1, 0), (0, 0), (1, 1)))]
+
+
+@pytest.mark.parametrize("count_pad", [True, False])
+@pytest.mark.parametrize("xs,kernel,stride,pads", POOLS)
+def test_small_average_pools_give_the_general_path_s_numbers(xs, kernel, stride, pads,
+                                                             count_pad, monkeypatch):
+    from hpctrain.kernels import pool
+
+    x = rng.standard_normal(xs)
+    assert pool._window_members(np, x, kernel, stride, pads) is not None
+    y, cache = pool.avgpool_forward(np, x, kernel, stride, pads, count_pad)
+    dy = rng.standard_normal(y.shape)
+    dx = pool.avgpool_backward(np, dy, kernel, stride, cache)
+    monkeypatch.setattr(pool, "SMALL_POOL_PRODUCT", 0)  # the general path: a sum per tap
+    assert pool._window_members(np, x, kernel, stride, pads) is None
+    want_y, want_cache = pool.avgpool_forward(np, x, kernel, stride, pads, count_pad)
+    np.testing.assert_allclose(y, want_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, pool.avgpool_backward(np, dy, kernel, stride, want_cache),
+                               rtol=1e-12, atol=1e-12)
+    assert dx.shape == x.shape and y.flags.c_contiguous
+
+
+@pytest.mark.parametrize("count_pad", [True, False])
+def test_small_average_pools_against_pytorch(count_pad):
+    torch = pytest.importorskip("torch")
+    from hpctrain.kernels.pool import avgpool_backward, avgpool_forward
+
+    for xs in ((2, 3, 7, 7), (2, 4, 3, 3), (2, 4, 1, 1)):
+        x = rng.standard_normal(xs)
+        y, cache = avgpool_forward(np, x, (3, 3), (1, 1), ((1, 1), (1, 1)), count_pad)
+        dy = rng.standard_normal(y.shape)
+        dx = avgpool_backward(np, dy, (3, 3), (1, 1), cache)
+        tx = torch.tensor(x, requires_grad=True)
+        ty = torch.nn.functional.avg_pool2d(tx, 3, 1, 1, count_include_pad=count_pad)
+        ty.backward(torch.tensor(dy))
+        np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
