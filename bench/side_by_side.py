@@ -107,10 +107,10 @@ def main() -> None:
     median = {side: [statistics.median(s[k] for s in timed) for k in (0, 1)]
               for side, timed in steps.items()}
     (our_cpu, our_wall), (their_cpu, their_wall) = median["hpctrain"], median["torch"]
-    print(f"{args.net} {args.image_size}² batch {args.batch}: CPU ms hpctrain {our_cpu * 1e3:.1f}"
-          f" torch {their_cpu * 1e3:.1f} = {our_cpu / their_cpu:.2f}; wall ms hpctrain "
-          f"{our_wall * 1e3:.1f} torch {their_wall * 1e3:.1f} = {our_wall / their_wall:.2f} "
-          f"(medians of {args.steps} steps each, alternating)")
+    print(f"{args.net} size {args.image_size} batch {args.batch}: CPU ms hpctrain "
+          f"{our_cpu * 1e3:.1f} torch {their_cpu * 1e3:.1f} = {our_cpu / their_cpu:.2f}; "
+          f"wall ms hpctrain {our_wall * 1e3:.1f} torch {their_wall * 1e3:.1f} = "
+          f"{our_wall / their_wall:.2f} (medians of {args.steps} steps each, alternating)")
     if args.out:
         Path(args.out).write_text(json.dumps({
             "net": args.net, "image_size": args.image_size, "batch": args.batch,
