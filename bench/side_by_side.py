@@ -12,10 +12,11 @@ The sides are those of bench/throughput.py: hpctrain's shipped net on one rank (
 plan, the step the training loop runs: forward, loss, backward, each layer updated by SGD as its
 gradient is ready), and bench/ddp_reference.py's PyTorch model with torch.optim.SGD, the same
 rate, momentum and weight decay, float32. The data are drawn outside the timed step on both
-sides: PyTorch's batch once before the steps, and hpctrain's step less its wait for its input
-and labels (the synthetic draw). Freed memory is kept for reuse in the process
-(:func:`hpctrain.device.allocator.keep_freed_memory`, as a ``python -m hpctrain`` run does), for
-both sides. Prints one line per net, medians over the steps after the warm-up.
+sides: PyTorch's batch once before the steps, and hpctrain's batch before each step's clocks
+start (the synthetic draw, read by the step as it would read the source). Freed memory is kept
+for reuse in the process (:func:`hpctrain.device.allocator.keep_freed_memory`, as a ``python -m
+hpctrain`` run does), for both sides. Prints one line per net, medians over the steps after the
+warm-up.
 
     python bench/side_by_side.py --net resnet18 --image-size 32 --batch 16
     python bench/side_by_side.py --net resnet50 --image-size 64 --batch 8 --steps 12
@@ -34,6 +35,30 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 5e-4  # as bench/throughput.py's
+
+
+class Drawn:
+    """A data source whose batch is drawn before the step that reads it: ``draw`` draws batch
+    ``step`` (this rank's blocks), which ``images`` and ``labels`` then hand over; anything
+    else is the source's own (``nonfinite``...)."""
+
+    def __init__(self, source: object) -> None:
+        self.source, self.batch = source, None
+
+    def draw(self, step: int, input_box: object, labels_box: object) -> None:
+        self.batch = (step, self.source.images(step, input_box),
+                      self.source.labels(step, labels_box))
+
+    def images(self, step: int, box: object) -> object:
+        assert self.batch is not None and self.batch[0] == step, "draw the batch first"
+        return self.batch[1]
+
+    def labels(self, step: int, box: object) -> object:
+        assert self.batch is not None and self.batch[0] == step, "draw the batch first"
+        return self.batch[2]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.source, name)
 
 
 def main() -> None:
@@ -84,12 +109,13 @@ def main() -> None:
                                           weight_decay=WEIGHT_DECAY)
         x, y, loss = ddp_reference.batch_of(args.net, args.batch, args.image_size)
 
+        drawn = Drawn(data)
+
         def ours(step: int) -> tuple[float, float]:
-            times = network.step_times()
+            drawn.draw(step, network.input_box, network.labels_box)  # before the clocks start
             cpu, wall = time.process_time(), time.perf_counter()
-            network.train_step(data, step, times=times, update=partial(optimizer.step, LR))
-            return (time.process_time() - cpu - times.data,
-                    time.perf_counter() - wall - times.data)
+            network.train_step(drawn, step, update=partial(optimizer.step, LR))
+            return time.process_time() - cpu, time.perf_counter() - wall
 
         def theirs(step: int) -> tuple[float, float]:
             cpu, wall = time.process_time(), time.perf_counter()
