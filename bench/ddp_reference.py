@@ -4,13 +4,15 @@ DistributedDataParallel over gloo (P > 1), timed step by step as hpctrain's run 
 The nets: ``alexnet`` (bench/torch_alexnet.py's, hpctrain's alexnet.net), ``resnet18`` and
 ``cosmoflow`` (tests/torch_reference.py's, checked there against hpctrain's resnet18.net and
 cosmoflow.net tensor by tensor), ``mobilenet_v2`` (torchvision's, checked against
-mobilenet_v2.net in tests/test_mobile_layers.py; CosmoFlow on 4-channel volumes of
-``--image-size``³, regressed onto 4 targets by the mean squared error, the others classify
-1000 ways). Float32, SGD with
-momentum and weight decay, one thread per process, random data made once (data production is
-not what is compared), each rank its share of the global batch. DDP keeps its
-defaults: 25 MiB gradient buckets, and BatchNorm2d statistics over each process's own samples
-(its running statistics broadcast from rank 0 at every forward, ``broadcast_buffers``).
+mobilenet_v2.net in tests/test_mobile_layers.py), ``resnet50`` and ``inception_v3``
+(torchvision's, without Inception's auxiliary classifier, as resnet50.net and inception_v3.net;
+bench/interchange.py holds their ONNX exports against the shipped nets; CosmoFlow on
+4-channel volumes of ``--image-size``³, regressed onto 4 targets by the mean squared error, the
+others classify 1000 ways). Float32, SGD with momentum and weight decay, one thread per process,
+random data made once (data production is not what is compared), each rank its share of the
+global batch. DDP keeps its defaults: 25 MiB gradient buckets, and BatchNorm2d statistics over
+each process's own samples (its running statistics broadcast from rank 0 at every forward,
+``broadcast_buffers``).
 
 A step is timed from a barrier to the end of the optimizer's update; as in hpctrain's log, a
 step's time is the slowest rank's, and the result is the median over the steps after the
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NETS = ("alexnet", "resnet18", "cosmoflow", "mobilenet_v2")
+NETS = ("alexnet", "resnet18", "cosmoflow", "mobilenet_v2", "resnet50", "inception_v3")
 CLASSES = 1000  # the image nets' classes, and hpctrain's synthetic labels'
 
 
@@ -41,6 +43,15 @@ def build(net: str, image_size: int):
         import torchvision
 
         return torchvision.models.mobilenet_v2(num_classes=CLASSES)
+    if net == "resnet50":
+        import torchvision
+
+        return torchvision.models.resnet50(num_classes=CLASSES)
+    if net == "inception_v3":  # no auxiliary classifier, as inception_v3.net
+        import torchvision
+
+        return torchvision.models.inception_v3(weights=None, aux_logits=False,
+                                               init_weights=False, num_classes=CLASSES)
     if net == "alexnet":
         sys.path.insert(0, str(HERE))
         from torch_alexnet import alexnet

@@ -21,17 +21,30 @@ ResNet-18's.
 ``--net mobilenet_v2``: MobileNet v2 (64² by default), its depthwise convolutions and batch norm
 over each rank's samples, against torchvision's model; the same table as ResNet-18's.
 
+``--net resnet50`` (64², batch 8 by default) and ``--net inception_v3`` (75², batch 8, without
+the auxiliary classifier): batch norm over each rank's samples, against torchvision's models;
+the same table as ResNet-18's.
+
+Every net but AlexNet also gets, at P = 1, each convolution's achieved GFLOP/s (its forward and
+backward FLOPs over its measured compute in the auto run) against the GEMM rate of one thread
+measured in the same invocation (:func:`gemm_peak`, the higher of a reading before and after
+the runs).
+
 Every net, both sides: float32, SGD with the same rate, momentum and weight decay, the same
 global batch and image size, synthetic data, one thread per process, the first ``--warmup`` steps
 dropped, a step's time the slowest rank's, the median over the other steps; the runs follow one
-another in one invocation. The PyTorch side is bench/ddp_reference.py.
-Prints the table and writes it, with every number behind it, to ``--out`` (JSON) and beside it
-(``.txt``).
+another in one invocation. The data are drawn outside the timed step on both sides: PyTorch
+draws its batch once before the steps, and hpctrain's step is its logged time less its logged
+wait for the input and labels (``/steps/data_wait_seconds``, the synthetic draw), step by step.
+The PyTorch side is bench/ddp_reference.py. Prints the table and writes it, with every number
+behind it, to ``--out`` (JSON) and beside it (``.txt``).
 
     python bench/throughput.py --procs 1 2 4 --batch 16 --image-size 127 --steps 6
     python bench/throughput.py --net resnet18 --procs 1 2 --batch 16 --image-size 32 --steps 12
     python bench/throughput.py --net cosmoflow --procs 1 2 --rounds 3
     python bench/throughput.py --net mobilenet_v2 --procs 1 2 --batch 16 --rounds 3
+    python bench/throughput.py --net resnet50 --procs 1 --rounds 3
+    python bench/throughput.py --net inception_v3 --procs 1 --rounds 3
 """
 
 from __future__ import annotations
@@ -167,6 +180,7 @@ class NetCase:
     warmup: int
     out: str
     hpctrain_flags: tuple[str, ...] = ()
+    batch: int = 16
 
 
 NETS = {
@@ -176,6 +190,10 @@ NETS = {
     "cosmoflow": NetCase(32, 8, 2, "runs/bench/throughput-cosmoflow.json"),
     "mobilenet_v2": NetCase(64, 8, 2, "runs/bench/throughput-mobilenet_v2.json",
                             ("--bn-group", "rank")),
+    "resnet50": NetCase(64, 8, 2, "runs/bench/throughput-resnet50.json", ("--bn-group", "rank"),
+                        batch=8),
+    "inception_v3": NetCase(75, 8, 2, "runs/bench/throughput-inception_v3.json",
+                            ("--bn-group", "rank"), batch=8),
 }
 TITLES = {  # what each table's first line says of the net, beyond the batch and the update
     "resnet18": "ResNet-18 {size}x{size}, global batch {batch}, float32, batch norm over each "
@@ -184,6 +202,11 @@ TITLES = {  # what each table's first line says of the net, beyond the batch and
                  "error",
     "mobilenet_v2": "MobileNet v2 {size}x{size}, global batch {batch}, float32, batch norm over "
                     "each rank's samples (hpctrain --bn-group rank, DDP's BatchNorm2d)",
+    "resnet50": "ResNet-50 {size}x{size}, global batch {batch}, float32, batch norm over each "
+                "rank's samples (hpctrain --bn-group rank, DDP's BatchNorm2d)",
+    "inception_v3": "Inception v3 {size}x{size} (no auxiliary classifier), global batch {batch}, "
+                    "float32, batch norm over each rank's samples (hpctrain --bn-group rank, "
+                    "DDP's BatchNorm2d)",
 }
 # the update on both sides: hpctrain's defaults, passed explicitly to each
 LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 5e-4
@@ -200,7 +223,9 @@ def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path,
          "--print-every", str(args.steps), "--log", str(log),
          *(["--plan-file", str(where / f"{args.net}-p{procs}.plan")] if grid == "auto" else [])])
     with h5py.File(log) as h5:
-        seconds = h5["steps/seconds"][args.warmup:]
+        with_data = h5["steps/seconds"][args.warmup:]
+        # the draw of the synthetic batch, outside the step as PyTorch's is
+        seconds = with_data - h5["steps/data_wait_seconds"][args.warmup:]
         names = [n.decode() for n in h5["layers/name"][:]]
         modes = [m.decode() for m in h5["plan/mode"][:]]
         compute = sum(h5[f"layers/measured/{f}"][:]
@@ -209,6 +234,7 @@ def hpctrain_run(procs: int, grid: str, args: argparse.Namespace, where: Path,
         sent = np.median(h5["steps/layers/bytes_sent/max"][args.warmup:], axis=0)
         predicted = float(h5["iteration"].attrs["predicted"])
     return {"grid": grid, "log": str(log), "step_seconds": float(np.median(seconds)),
+            "step_with_data_seconds": float(np.median(with_data)),
             "predicted_seconds": predicted,
             "compute_seconds": float(compute.sum()),
             "layer_compute_seconds": dict(zip(names, map(float, compute))),
@@ -258,16 +284,18 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", choices=sorted(NETS), default="alexnet",
                         help="alexnet (with the roofline and the all-reduce check), resnet18 "
-                        "(batch norm over each rank's samples), cosmoflow (3-D) or "
-                        "mobilenet_v2 (depthwise) (default: alexnet)")
+                        "(batch norm over each rank's samples), cosmoflow (3-D), "
+                        "mobilenet_v2 (depthwise), resnet50 or inception_v3 (default: "
+                        "alexnet)")
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--batch", type=int, default=16, help="global batch (default: 16)")
+    parser.add_argument("--batch", type=int, help="global batch (default: 8 for resnet50 and "
+                        "inception_v3, 16 for the others)")
     parser.add_argument("--image-size", type=int,
                         help="(default: 127 for alexnet, 32 for resnet18 and cosmoflow, 64 for "
-                        "mobilenet_v2)")
+                        "mobilenet_v2 and resnet50, 75 for inception_v3)")
     parser.add_argument("--steps", type=int,
                         help="steps per run, the warm-up included (default: 6 for alexnet, 12 "
-                        "for resnet18, 8 for cosmoflow and mobilenet_v2)")
+                        "for resnet18, 8 for the others)")
     parser.add_argument("--warmup", type=int,
                         help="first steps of each run left out of its median (default: 1 for "
                         "alexnet, 2 for the others)")
@@ -278,7 +306,7 @@ def parse_args() -> argparse.Namespace:
                         "alexnet, runs/bench/throughput-NET.json for the others)")
     args = parser.parse_args()
     case = NETS[args.net]
-    for name in ("image_size", "steps", "warmup", "out"):
+    for name in ("image_size", "steps", "warmup", "out", "batch"):
         if getattr(args, name) is None:
             setattr(args, name, getattr(case, name))
     if not 0 <= args.warmup < args.steps:
@@ -388,9 +416,49 @@ def spread(result: dict) -> str:
     return " ".join(f"{t * 1e3:.1f}" for t in result["rounds_step_seconds"])
 
 
+def conv_rates(args: argparse.Namespace, measured: dict[str, float], peak: float
+               ) -> list[dict]:
+    """Each convolution of the net at P = 1: its FLOPs (forward and backward, the nominal
+    count, windows over padding included), its measured compute seconds and its FLOP/s, alone
+    and over the GEMM ``peak``."""
+    from hpctrain.model.net import load_net
+    from hpctrain.plan.planner import serial_layers
+
+    rows = []
+    for c in serial_layers(load_net(args.net, args.image_size), args.batch):
+        if c.kind == "conv" and measured.get(c.layer, 0.0) > 0:
+            flops = sum(c.work.flops())
+            rows.append({"layer": c.layer, "flops": flops, "seconds": measured[c.layer],
+                         "flops_per_second": flops / measured[c.layer],
+                         "of_peak": flops / measured[c.layer] / peak})
+    return rows
+
+
+def conv_lines(rates: list[dict], peak: float) -> list[str]:
+    """The table of :func:`conv_rates`, and the convolutions' total."""
+    flops = sum(r["flops"] for r in rates)
+    seconds = sum(r["seconds"] for r in rates)
+    lines = [f"P = 1, each convolution against the GEMM rate of one thread, "
+             f"{peak / 1e9:.1f} GFLOP/s (2048² float32, this run): all {len(rates)} "
+             f"{flops / 1e9:.2f} GFLOP in {seconds * 1e3:.1f} ms = {flops / seconds / 1e9:.1f} "
+             f"GFLOP/s = {flops / seconds / peak:.1%}",
+             f"{'conv':<32} {'MFLOP':>8} {'ms':>7} {'GFLOP/s':>8} {'of GEMM':>8}"]
+    lines += [f"{r['layer']:<32} {r['flops'] / 1e6:8.1f} {r['seconds'] * 1e3:7.2f} "
+              f"{r['flops_per_second'] / 1e9:8.1f} {r['of_peak']:8.1%}" for r in rates]
+    lines.append("MFLOP: forward and backward, windows over the padding counted (a layer that "
+                 "skips taps reading only padding may pass the GEMM rate); ms: the layer's "
+                 "compute, forward and backward, median step of the auto run")
+    return lines
+
+
 def against_pytorch(args: argparse.Namespace, out: Path) -> None:
-    """Measured steps of hpctrain (1xP and auto) and PyTorch, and hpctrain's predictions."""
+    """Measured steps of hpctrain (1xP and auto) and PyTorch, hpctrain's predictions, and at
+    P = 1 each convolution's FLOP/s against the GEMM rate."""
+    before = gemm_peak()
     rows = [measure(procs, args, out.parent) for procs in args.procs]
+    peak = max(before, gemm_peak())
+    rates = [conv_rates(args, row["hpctrain"]["auto"]["layer_compute_seconds"], peak)
+             for row in rows if row["procs"] == 1]
     title = TITLES[args.net].format(size=args.image_size, batch=args.batch)
     lines = [f"{title}, SGD (lr {LR}, momentum {MOMENTUM}, weight decay {WEIGHT_DECAY}), "
              f"1 thread per process; step: the slowest rank's, median of steps "
@@ -414,12 +482,16 @@ def against_pytorch(args: argparse.Namespace, out: Path) -> None:
                          f"torch {spread(theirs)}")
     lines.append("ratios < 1: hpctrain faster (time of hpctrain / time of PyTorch); predicted: "
                  "hpctrain's iteration time for that run, as its log records it "
-                 "(/iteration predicted); at P = 1 the 1xP columns are the auto run")
+                 "(/iteration predicted); at P = 1 the 1xP columns are the auto run; "
+                 "hpctrain's steps without the draw of their data, as PyTorch's")
+    for rate in rates:
+        lines += conv_lines(rate, peak)
     write("\n".join(lines), out, {
         "net": args.net, "image_size": args.image_size, "batch": args.batch,
         "steps": args.steps, "warmup": args.warmup,
-        **({"bn_group": "rank"} if args.net == "resnet18" else {}),
-        "lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "rows": rows})
+        **({"bn_group": "rank"} if "--bn-group" in NETS[args.net].hpctrain_flags else {}),
+        "lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "gemm_peak": peak,
+        "conv_rates": rates[0] if rates else [], "rows": rows})
 
 
 if __name__ == "__main__":

@@ -26,6 +26,16 @@ A volume's input gradient goes a slab of output planes at a time (:data:`SLAB_BY
 the column gradients of a slab are scattered back while they are still in cache: CosmoFlow's
 64³ layer's backward 80 → 59 ms. Images keep one GEMM for the whole batch.
 
+Two shapes skip the general path. Taps that read only padding (every window's, as at a 1×1 or
+2×2 image late in a network) are dropped, with the padding they reached
+(:func:`~hpctrain.kernels.sliding.live_taps`): they add only zeros, and their weight gradient
+is zero. A *pointwise* convolution (a 1×1 kernel at stride 1, unpadded and ungrouped, also
+what dropping taps leaves of ResNet-18's last stage) is a product of W with each sample's
+(C, P) matrix as it lies, Y[n] = W·X[n]: no columns and no transposes. At P = 1 it is one
+product of the (N, C) rows, as a fully connected layer; below :data:`POINTWISE_POSITIONS`
+positions it keeps the general path's one product over every sample, which beats many thin
+ones.
+
 A *dilated* convolution takes every Dᵢ-th entry along axis i in a window (its taps span
 Dᵢ·(Kᵢ − 1) + 1 entries): the same gather with longer steps. A *grouped* one (G groups) cuts
 the channels into G groups and each group of O/G outputs reads its own C/G inputs: the columns
@@ -37,16 +47,18 @@ up K shifted copies of the input, each scaled by its tap's weight per channel.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 from math import prod
 from typing import Any
 
+from hpctrain.kernels.norm import channel_sums
 from hpctrain.kernels.products import matmul, narrow, widen
 from hpctrain.kernels.sliding import (
     Pads,
     check_windows,
     depthwise_channels_last,
+    live_taps,
     out_size,
     padded,
     prefer_channels_last,
@@ -66,14 +78,23 @@ MiB 63 ms, 4 MiB 59 ms, 16 MiB 74 ms, a sample at a time 80 ms; its 32³ layer (
 slab (``python bench/conv3d.py --slabs``)."""
 
 
+POINTWISE_POSITIONS = 49
+"""The fewest output positions per sample (P) at which a pointwise convolution multiplies each
+sample's (C, P) matrix as it lies (:func:`_pointwise`); below, one product over the columns of
+every sample, as the general path. (P = 1 is a single product of the samples' rows.)"""
+
+
 @dataclass(frozen=True)
 class ConvCache:
-    cols: Any  # (C·K, N·P) channel-major, (N·P, K·C) channels-last; a depthwise layer's padded X
+    cols: Any  # (C·K, N·P) channel-major, (N·P, K·C) channels-last; a depthwise layer's padded X;
+    # a pointwise layer's X as (N, C, P)
     x_shape: tuple[int, ...]
     pads: Pads  # (before, after) per spatial axis
     channels_last: bool = False
     dilation: tuple[int, ...] | None = None  # None: no dilation
     groups: int = 1
+    taps: tuple[slice, ...] | None = None  # the taps kept (live_taps); None: all of them
+    pointwise: bool = False  # cols is X itself (_pointwise)
 
 
 def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], pads: Pads,
@@ -105,6 +126,16 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...]
     kernel, stride = tuple(kernel), tuple(stride)
     if dilation is not None and all(step == 1 for step in dilation):
         dilation = None
+    live = live_taps(tuple(size), kernel, stride, pads, dilation)
+    if live is not None:  # the taps that read only padding dropped, and the padding they read
+        taps, pads = live
+        y, cache = conv_forward(xp, x, w[(slice(None), slice(None), *taps)], b, stride, pads,
+                                channels_last, dilation, groups)
+        return y, replace(cache, taps=taps)
+    if (groups == 1 and channels_last is not True and all(k == 1 for k in kernel)
+            and all(step == 1 for step in stride) and not any(map(any, pads))
+            and (prod(size) == 1 or prod(size) >= POINTWISE_POSITIONS)):
+        return _pointwise(xp, x, w, b)
     span = spans(kernel, dilation)
     if groups > 1:
         if cg == 1 and o == groups:
@@ -154,6 +185,17 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
         return narrowed(dy.dtype, conv_backward(xp, widen(dy), widen(w), cache, stride,
                                                 need_dx), dw_out)
     stride = tuple(stride)
+    if cache.taps is not None:  # dW is zero at the dropped taps
+        taps = (slice(None), slice(None), *cache.taps)
+        dx, dw_live, db = conv_backward(xp, dy, w[taps], replace(cache, taps=None), stride,
+                                        need_dx)
+        dw = xp.zeros_like(w) if dw_out is None else dw_out
+        if dw_out is not None:
+            dw[...] = 0
+        dw[taps] = dw_live
+        return dx, dw, db
+    if cache.pointwise:
+        return _pointwise_backward(xp, dy, w, cache, need_dx, dw_out)
     o, cg, *kernel = w.shape
     if cache.groups > 1 and cg == 1 and o == cache.groups:
         return _depthwise_backward(xp, dy, w, cache, stride, need_dx, dw_out)
@@ -166,7 +208,7 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
     dw_mat = None if dw_out is None else _per_group(dw_out, g)
     dw = matmul(xp, dy_mat, _per_group(cache.cols, g).swapaxes(-1, -2),
                 out=dw_mat).reshape(w.shape)
-    db = dy.sum(axis=(0, *range(2, 2 + d)))
+    db = channel_sums(xp, dy)
     if not need_dx:
         return None, dw, db
     if d >= 3 and g == 1:
@@ -201,6 +243,49 @@ def _per_group(a: Any, groups: int) -> Any:
     if groups == 1:
         return a.reshape(a.shape[0], -1)
     return a.reshape(groups, a.shape[0] // groups, -1)
+
+
+def _pointwise(xp: Any, x: Any, w: Any, b: Any | None) -> tuple[Any, ConvCache]:
+    """:func:`conv_forward` of a 1×1 kernel at stride 1, unpadded and ungrouped: Y[n] = W·X[n]
+    + b with X[n] the (C, P) matrix of sample n as it lies, or at P = 1 the rows Y = X·Wᵀ + b
+    of the (N, C) samples; the kept X is a view of the input, not a copy."""
+    n, c, *size = x.shape
+    o = w.shape[0]
+    x_rows = xp.ascontiguousarray(x).reshape(n, c, -1)  # X: (N, C, P)
+    w_mat = w.reshape(o, c)  # W: (O, C)
+    if x_rows.shape[2] == 1:
+        y = matmul(xp, x_rows.reshape(n, c), w_mat.T)  # (N, O)
+        if b is not None:
+            y += b
+    else:
+        y = matmul(xp, w_mat, x_rows)  # (N, O, P), one product a sample
+        if b is not None:
+            y += b.reshape(o, 1)
+    pads = ((0, 0),) * len(size)
+    return y.reshape(n, o, *size), ConvCache(x_rows, x.shape, pads, pointwise=True)
+
+
+def _pointwise_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, need_dx: bool,
+                        dw_out: Any | None) -> tuple[Any | None, Any, Any]:
+    """:func:`conv_backward` of :func:`_pointwise`: dW = Σₙ dY[n]·X[n]ᵀ, db = Σ_{n, p} dY,
+    dX[n] = Wᵀ·dY[n]; at P = 1 the products of the (N, O) and (N, C) rows."""
+    x_rows = cache.cols  # X: (N, C, P)
+    n, c, positions = x_rows.shape
+    o = w.shape[0]
+    w_mat = w.reshape(o, c)
+    dy_rows = xp.ascontiguousarray(dy).reshape(n, o, positions)  # dY: (N, O, P)
+    dw_mat = None if dw_out is None else dw_out.reshape(o, c)
+    if positions == 1:
+        dy_rows, x_rows = dy_rows.reshape(n, o), x_rows.reshape(n, c)
+        dw = matmul(xp, dy_rows.T, x_rows, out=dw_mat)
+        db = dy_rows.sum(axis=0)
+        dx = matmul(xp, dy_rows, w_mat) if need_dx else None  # (N, C)
+    else:
+        dw = matmul(xp, dy_rows, x_rows.swapaxes(1, 2)).sum(axis=0, out=dw_mat)
+        db = channel_sums(xp, dy_rows)
+        dx = matmul(xp, w_mat.T, dy_rows) if need_dx else None  # (N, C, P)
+    dw = dw.reshape(w.shape)
+    return (None if dx is None else dx.reshape(cache.x_shape)), dw, db
 
 
 def _depthwise(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], pads: Pads,
@@ -250,7 +335,7 @@ def _depthwise_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tupl
     xpad, kernel, last = cache.cols, tuple(w.shape[2:]), cache.channels_last
     n, c, *out = dy.shape
     d = len(out)
-    db = dy.sum(axis=(0, *range(2, 2 + d)))
+    db = channel_sums(xp, dy)
     if last:
         dy = xp.ascontiguousarray(dy.transpose(0, *range(2, 2 + d), 1))
         taps = xp.ascontiguousarray(w[:, 0].transpose(*range(1, 1 + d), 0))

@@ -84,6 +84,52 @@ at 64² (144–1152 channels: 0.11–0.48) and MobileNet v2's at 224², batch 4 
 --orders``)."""
 
 
+def live_taps(size: tuple[int, ...], kernel: tuple[int, ...], stride: tuple[int, ...],
+              pads: Pads, dilation: tuple[int, ...] | None = None
+              ) -> tuple[tuple[slice, ...], Pads] | None:
+    """The taps of a window that read input entries, and the padding that is left without the
+    others; None when every tap reads some input entry (nothing to drop).
+
+    Tap a of axis i reads padded entries aᵢ·Dᵢ + sᵢ·p, p = 0 … Pᵢ − 1; one that reads only the
+    padding (zeros) adds nothing to any output. Per axis, the taps from the first that reads an
+    input entry to the last are kept (``slice(lo, hi)``); the padding shrinks by the dropped
+    taps' reach, (before − lo·D, after − (K − hi)·D), which leaves the same Pᵢ windows. An axis
+    whose padding would go below zero (a tap dropped at a stride that steps over the input)
+    keeps every tap (``slice(None)``).
+
+    ResNet-18's last stage at 32² (1×1 images, 3×3 kernels padded by 1) keeps the middle tap
+    alone: its convolutions are 1×1 products, a ninth of the work.
+
+    >>> live_taps((1, 1), (3, 3), (1, 1), ((1, 1), (1, 1)))
+    ((slice(1, 2, None), slice(1, 2, None)), ((0, 0), (0, 0)))
+    >>> live_taps((8, 8), (3, 3), (1, 1), ((1, 1), (1, 1))) is None
+    True
+    """
+    dilation = dilation or (1,) * len(kernel)
+    taps, left, dropped = [], [], False
+    for m, k, s, (before, after), step in zip(size, kernel, stride, pads, dilation,
+                                               strict=True):
+        windows = out_size(m, step * (k - 1) + 1, s, before, after)
+        live = [a for a in range(k) if _reads_input(a * step, s, windows, before, m)]
+        lo, hi = (live[0], live[-1] + 1) if live else (0, k)
+        trimmed = (before - lo * step, after - (k - hi) * step)
+        if (lo, hi) == (0, k) or min(trimmed) < 0:
+            taps.append(slice(None))
+            left.append((before, after))
+        else:
+            taps.append(slice(lo, hi))
+            left.append(trimmed)
+            dropped = True
+    return (tuple(taps), tuple(left)) if dropped else None
+
+
+def _reads_input(offset: int, stride: int, windows: int, before: int, size: int) -> bool:
+    """Whether a tap at ``offset`` of ``windows`` windows at ``stride`` reads any of the
+    entries before … before + size − 1 of a padded axis (its input, not its padding)."""
+    first = max(0, -((offset - before) // stride))  # the first window at or past the input
+    return first < windows and offset + stride * first < before + size
+
+
 def padded(xp: Any, x: Any, pads: Pads, value: float) -> Any:
     """A copy of X (N, C, S1, …, Sd) padded by ``pads`` (before, after per spatial axis)
     with ``value``, or X itself when every pad is 0."""

@@ -22,7 +22,7 @@ import numpy as np
 from hpctrain.cost.memory import Footprint
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
-from hpctrain.kernels.sliding import depthwise_channels_last, prefer_channels_last
+from hpctrain.kernels.sliding import depthwise_channels_last, live_taps, prefer_channels_last
 from hpctrain.layers.base import BuildContext, Layer
 from hpctrain.layout.layout import (
     CHANNEL_AXIS,
@@ -198,8 +198,16 @@ class ConvKind(SplitsInputs, WindowKind):
                                                               dict[str, float]]:
         """The im2col columns kept for ΔW; a padded copy of the input while they are made.
         Windows taken channels-last (:mod:`hpctrain.kernels.conv`) always copy the input, and
-        turn the input gradient back to NCHW."""
+        turn the input gradient back to NCHW. Taps that read only padding are not taken
+        (:func:`~hpctrain.kernels.sliding.live_taps`), nor the padding they read."""
         work, b = fp.work, fp.itemsize
+        live = live_taps(tuple(work.x[2:]), work.kernel, work.stride, work.pads,
+                         work.dilation or None)
+        if live is not None:
+            taps, pads = live
+            kernel = tuple(len(range(k)[t]) for k, t in zip(work.kernel, taps, strict=True))
+            work = replace(work, kernel=kernel, pads=pads)
+            fp = replace(fp, work=work)
         n, c = work.x[:2]
         out = work.out_sizes()
         if 1 < work.groups == c == work.out:  # depthwise: the padded input, kept; no columns
