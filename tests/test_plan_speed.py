@@ -9,6 +9,7 @@ import pytest
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import load_machine
+from hpctrain.layout.layout import Layout
 from hpctrain.model.net import load_net
 from hpctrain.plan.planner import _move, _move_grid, plan_network
 from hpctrain.plan.pricing import CostModel
@@ -74,3 +75,37 @@ def test_searches_that_share_a_models_prices_plan_as_fresh_ones(name, procs, mac
         again = plan_network(shared, space=space, groups=groups)
         assert again.plans == fresh.plans
         assert again.iteration_time == fresh.iteration_time
+
+
+@pytest.mark.parametrize("p", [4, 6, 8, 16])
+def test_moves_alike_but_for_their_sizes_share_one_busiest_receiver(p):
+    """The busiest receiver found once per key (an axis cut evenly on both sides scaled to
+    its least length) is what each move's own computation gives: of the bits, or rank by
+    rank, on the world and between groups."""
+    from hpctrain.layout.moves import (
+        _busiest_receiver_by_mesh_rank,
+        _busiest_receiver_of_bits,
+        _busiest_receiver_on_meshes,
+        _busiest_receiver_rank_by_rank,
+    )
+    from tests.test_mesh_layouts import random_mesh_layout
+
+    rng = random.Random(p)
+    for _ in range(150):
+        base = (p * rng.choice([1, 2, 3]), rng.choice([4, 5, 8]), rng.choice([6, 7, 12]), 2)
+        scaled = tuple(n * rng.choice([2, 3, 5]) for n in base)
+        size = rng.choice([s for s in (p, p // 2, p // 4) if s >= 1 and p % s == 0])
+        first = rng.choice(range(0, p - size + 1, size))
+        drawn = [random_mesh_layout(rng, base, p), random_mesh_layout(rng, base, size),
+                 random_mesh_layout(rng, base, p)]
+        for shape in (base, scaled):  # the second finds the first's price where keys agree
+            src, dst, world = (Layout(shape, mesh=d.mesh, axes=d.axes) for d in drawn)
+            dst = dst.on_ranks(first, p)
+            assert _busiest_receiver_by_mesh_rank(dst, src) == (
+                _busiest_receiver_rank_by_rank(dst, src))
+            assert _busiest_receiver_by_mesh_rank(src, dst) == (
+                _busiest_receiver_rank_by_rank(src, dst))
+            alone = _busiest_receiver_of_bits(src, world)
+            if alone is None:
+                alone = _busiest_receiver_rank_by_rank(src, world)
+            assert _busiest_receiver_on_meshes(src, world) == alone
