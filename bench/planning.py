@@ -16,7 +16,7 @@ the same process count (their machines and their nets' granularity differ: a rat
 seconds, not of work).
 
     python bench/planning.py --repeat 3
-    python bench/planning.py --repeat 3 --before ../hpctrain-before --only dgx
+    python bench/planning.py --repeat 3 --before ../hpctrain-before --only 'P=4096 .*dgx'
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -71,7 +72,9 @@ def main() -> int:
     parser.add_argument("--before", type=Path, default=None,
                         help="a source tree of an earlier hpctrain to time beside this one")
     parser.add_argument("--only", default="",
-                        help="the cases whose line holds this text (default: every case)")
+                        help="the cases whose line matches this regular expression, e.g. "
+                             "'^[a-z0-9_]+ P=4096 B=2048 [a-z0-9-]+$' for the default plans at "
+                             "4096 ranks (default: every case)")
     args = parser.parse_args()
     here = Path(__file__).resolve().parent.parent
     head = f"{'plan':<58} {'median s':>9} {'min s':>7} {'max s':>7}  {'hash':<12}"
@@ -80,7 +83,7 @@ def main() -> int:
     print(head + "  published (PaSE, FlexFlow)")
     for net, procs, batch, machine, extra in CASES:
         name = f"{net} P={procs} B={batch} {machine} {' '.join(extra)}".strip()
-        if args.only not in name:
+        if not re.search(args.only, name):
             continue
         argv = ["--net", net, "--procs", str(procs), "--batch", str(batch), "--machine",
                 machine, *extra]
