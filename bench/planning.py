@@ -3,7 +3,9 @@ earlier tree of hpctrain and the published planners.
 
 Each case runs ``plan`` as its own process ``--repeat`` times (import, net, cost model, exact
 search, printing) and reports the median, least and largest wall time, and the first 12 hex
-digits of the SHA-256 of what it printed (the plan, its predicted costs and notes). With
+digits of the SHA-256 of what it printed (the plan, its predicted costs and notes), and the
+median CPU seconds (user and system: on a shared machine a process waiting for a core counts
+wall seconds but not CPU seconds, so those compare where the wall's do not). With
 ``--before DIR`` (a source tree of an earlier hpctrain, e.g. from ``git worktree add DIR
 COMMIT``) each case also runs from that tree, the two in turn so that both see the machine
 alike, and the line adds its median, the ratio before / after and whether the two printed
@@ -25,6 +27,7 @@ import argparse
 import hashlib
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,17 +56,22 @@ PUBLISHED = {  # Inception-v3 at P: seconds (PaSE, FlexFlow)
 }
 
 
-def run_plan(argv: list[str], tree: Path | None) -> tuple[float, str]:
-    """Seconds of one ``plan`` process and the hash of what it printed; from ``tree`` (its
-    directory first on the path, as the current directory of the process) when given."""
+def run_plan(argv: list[str], tree: Path | None) -> tuple[float, float, str]:
+    """Wall seconds and CPU seconds (user and system) of one ``plan`` process, and the hash of
+    what it printed; from ``tree`` (its directory first on the path, as the current directory
+    of the process) when given."""
     env, cwd = None, None
     if tree is not None:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         cwd = tree
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "hpctrain", "plan", *argv], check=True,
                           stdout=subprocess.PIPE, env=env, cwd=cwd)
-    return time.perf_counter() - start, hashlib.sha256(done.stdout).hexdigest()[:12]
+    wall = time.perf_counter() - start
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
+    return wall, cpu, hashlib.sha256(done.stdout).hexdigest()[:12]
 
 
 def main() -> int:
@@ -77,9 +85,10 @@ def main() -> int:
                              "4096 ranks (default: every case)")
     args = parser.parse_args()
     here = Path(__file__).resolve().parent.parent
-    head = f"{'plan':<58} {'median s':>9} {'min s':>7} {'max s':>7}  {'hash':<12}"
+    head = (f"{'plan':<58} {'median s':>9} {'min s':>7} {'max s':>7} {'cpu s':>7}  "
+            f"{'hash':<12}")
     if args.before is not None:
-        head += f" {'before s':>9} {'ratio':>6}  same"
+        head += f" {'before s':>9} {'cpu s':>7} {'ratio':>6} {'cpu':>6}  same"
     print(head + "  published (PaSE, FlexFlow)")
     for net, procs, batch, machine, extra in CASES:
         name = f"{net} P={procs} B={batch} {machine} {' '.join(extra)}".strip()
@@ -92,14 +101,16 @@ def main() -> int:
             after.append(run_plan(argv, here))
             if args.before is not None:
                 before.append(run_plan(argv, args.before.resolve()))
-        times = [t for t, _ in after]
-        median = statistics.median(times)
-        line = (f"{name:<58} {median:>9.3f} {min(times):>7.3f} {max(times):>7.3f}  "
-                f"{after[0][1]:<12}")
+        times = [t for t, _, _ in after]
+        median, cpu = statistics.median(times), statistics.median(c for _, c, _ in after)
+        line = (f"{name:<58} {median:>9.3f} {min(times):>7.3f} {max(times):>7.3f} "
+                f"{cpu:>7.3f}  {after[0][2]:<12}")
         if before:
-            was = statistics.median(t for t, _ in before)
-            same = "yes" if {h for _, h in after} == {h for _, h in before} else "NO"
-            line += f" {was:>9.3f} {was / median:>6.2f}  {same}"
+            was = statistics.median(t for t, _, _ in before)
+            was_cpu = statistics.median(c for _, c, _ in before)
+            same = "yes" if {h for *_, h in after} == {h for *_, h in before} else "NO"
+            line += (f" {was:>9.3f} {was_cpu:>7.3f} {was / median:>6.2f} {was_cpu / cpu:>6.2f}"
+                     f"  {same}")
         if net == "inception_v3" and procs in PUBLISHED:
             pase, flexflow = PUBLISHED[procs]
             line += (f"  {pase:.0f} s, {flexflow:.0f} s: {pase / median:.0f}x and "
