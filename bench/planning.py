@@ -1,36 +1,54 @@
-"""How long ``python -m hpctrain plan`` takes, whole process, against the published planners.
+"""How long ``python -m hpctrain plan`` takes, whole process, with the plan's hash, against an
+earlier tree of hpctrain and the published planners.
 
 Each case runs ``plan`` as its own process ``--repeat`` times (import, net, cost model, exact
-search, printing) and reports the median, least and largest wall time. The published times
-are those of PaSE (Elango, IPDPS 2021, Table I) for Inception-v3: its dynamic programming over
-a vertex ordering needs 14 s for 4 GPUs and 3 min 16 s for 64, FlexFlow's MCMC search 1 min 9 s
-and 37 min 17 s on the same; the ratio is theirs over ours at the same process count (their
-machines and their nets' granularity differ: a ratio of seconds, not of work).
+search, printing) and reports the median, least and largest wall time, and the first 12 hex
+digits of the SHA-256 of what it printed (the plan, its predicted costs and notes), and the
+median CPU seconds (user and system: on a shared machine a process waiting for a core counts
+wall seconds but not CPU seconds, so those compare where the wall's do not). With
+``--before DIR`` (a source tree of an earlier hpctrain, e.g. from ``git worktree add DIR
+COMMIT``) each case also runs from that tree, the two in turn so that both see the machine
+alike, and the line adds its median, the ratio before / after and whether the two printed
+the same bytes: a faster planner must find the same plans.
 
-    python bench/planning.py --repeat 5
+The published times are those of PaSE (Elango, IPDPS 2021, Table I) for Inception-v3: its
+dynamic programming over a vertex ordering needs 14 s for 4 GPUs and 3 min 16 s for 64,
+FlexFlow's MCMC search 1 min 9 s and 37 min 17 s on the same; the ratio is theirs over ours at
+the same process count (their machines and their nets' granularity differ: a ratio of
+seconds, not of work).
+
+    python bench/planning.py --repeat 3
+    python bench/planning.py --repeat 3 --before ../hpctrain-before --only 'P=4096 .*dgx'
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
+import re
+import resource
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-# (net, P, B, extra flags)
+# (net, P, B, machine, extra flags): first the default plan of the four nets on both machines
+# at 4096 ranks, then at 65,536, then other spaces, caps and scales
 CASES = [
-    ("resnet50", 4096, 2048, ()),
-    ("resnet50", 4096, 512, ()),
-    ("inception_v3", 4096, 2048, ()),
-    ("inception_v3", 4096, 512, ()),
-    ("alexnet", 4096, 2048, ()),
-    ("vgg16", 4096, 2048, ()),
-    ("deepcam", 4096, 2048, ()),  # 145 weighted layers at 768x1152
-    ("efficientnet_b0", 4096, 2048, ()),
-    ("resnet50", 4096, 2048, ("--mem-per-rank", "230M")),  # a cap that binds (239 MiB free)
-    ("inception_v3", 4, 128, ()),
-    ("inception_v3", 64, 128, ()),
+    *((net, 4096, 2048, machine, ()) for machine in ("cori-knl", "dgx-h100")
+      for net in ("alexnet", "vgg16", "resnet50", "inception_v3")),
+    ("resnet50", 65536, 65536, "dgx-h100", ()),
+    ("resnet50", 4096, 2048, "dgx-h100", ("--space", "grids")),
+    ("inception_v3", 4096, 2048, "dgx-h100", ("--space", "grids", "--branches", "serial")),
+    ("resnet50", 4096, 512, "cori-knl", ()),
+    ("inception_v3", 4096, 512, "cori-knl", ()),
+    ("deepcam", 4096, 2048, "cori-knl", ()),  # 145 weighted layers at 768x1152
+    ("efficientnet_b0", 4096, 2048, "cori-knl", ()),
+    ("resnet50", 4096, 2048, "cori-knl", ("--mem-per-rank", "230M")),  # a cap that binds
+    ("inception_v3", 4, 128, "cori-knl", ()),
+    ("inception_v3", 64, 128, "cori-knl", ()),
 ]
 PUBLISHED = {  # Inception-v3 at P: seconds (PaSE, FlexFlow)
     4: (14.0, 69.0),
@@ -38,34 +56,66 @@ PUBLISHED = {  # Inception-v3 at P: seconds (PaSE, FlexFlow)
 }
 
 
-def wall_times(argv: list[str], repeat: int) -> list[float]:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
-        times.append(time.perf_counter() - start)
-    return times
+def run_plan(argv: list[str], tree: Path | None) -> tuple[float, float, str]:
+    """Wall seconds and CPU seconds (user and system) of one ``plan`` process, and the hash of
+    what it printed; from ``tree`` (its directory first on the path, as the current directory
+    of the process) when given."""
+    env, cwd = None, None
+    if tree is not None:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        cwd = tree
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "plan", *argv], check=True,
+                          stdout=subprocess.PIPE, env=env, cwd=cwd)
+    wall = time.perf_counter() - start
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
+    return wall, cpu, hashlib.sha256(done.stdout).hexdigest()[:12]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per case (default: 5)")
-    parser.add_argument("--machine", default="cori-knl", help="profile (default: cori-knl)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a source tree of an earlier hpctrain to time beside this one")
+    parser.add_argument("--only", default="",
+                        help="the cases whose line matches this regular expression, e.g. "
+                             "'^[a-z0-9_]+ P=4096 B=2048 [a-z0-9-]+$' for the default plans at "
+                             "4096 ranks (default: every case)")
     args = parser.parse_args()
-    print(f"{'plan':<44} {'median s':>9} {'min s':>7} {'max s':>7}  published (PaSE, FlexFlow)")
-    for net, procs, batch, extra in CASES:
-        argv = [sys.executable, "-m", "hpctrain", "plan", "--net", net, "--procs", str(procs),
-                "--batch", str(batch), "--machine", args.machine, *extra]
-        times = wall_times(argv, args.repeat)
-        median = statistics.median(times)
-        name = f"{net} P={procs} B={batch} {' '.join(extra)}".strip()
-        versus = ""
+    here = Path(__file__).resolve().parent.parent
+    head = (f"{'plan':<58} {'median s':>9} {'min s':>7} {'max s':>7} {'cpu s':>7}  "
+            f"{'hash':<12}")
+    if args.before is not None:
+        head += f" {'before s':>9} {'cpu s':>7} {'ratio':>6} {'cpu':>6}  same"
+    print(head + "  published (PaSE, FlexFlow)")
+    for net, procs, batch, machine, extra in CASES:
+        name = f"{net} P={procs} B={batch} {machine} {' '.join(extra)}".strip()
+        if not re.search(args.only, name):
+            continue
+        argv = ["--net", net, "--procs", str(procs), "--batch", str(batch), "--machine",
+                machine, *extra]
+        after, before = [], []
+        for _ in range(args.repeat):  # the two trees in turn
+            after.append(run_plan(argv, here))
+            if args.before is not None:
+                before.append(run_plan(argv, args.before.resolve()))
+        times = [t for t, _, _ in after]
+        median, cpu = statistics.median(times), statistics.median(c for _, c, _ in after)
+        line = (f"{name:<58} {median:>9.3f} {min(times):>7.3f} {max(times):>7.3f} "
+                f"{cpu:>7.3f}  {after[0][2]:<12}")
+        if before:
+            was = statistics.median(t for t, _, _ in before)
+            was_cpu = statistics.median(c for _, c, _ in before)
+            same = "yes" if {h for *_, h in after} == {h for *_, h in before} else "NO"
+            line += (f" {was:>9.3f} {was_cpu:>7.3f} {was / median:>6.2f} {was_cpu / cpu:>6.2f}"
+                     f"  {same}")
         if net == "inception_v3" and procs in PUBLISHED:
             pase, flexflow = PUBLISHED[procs]
-            versus = (f"  {pase:.0f} s, {flexflow:.0f} s: {pase / median:.0f}x and "
-                      f"{flexflow / median:.0f}x ours")
-        print(f"{name:<44} {median:>9.3f} {min(times):>7.3f} {max(times):>7.3f}{versus}",
-              flush=True)
+            line += (f"  {pase:.0f} s, {flexflow:.0f} s: {pase / median:.0f}x and "
+                     f"{flexflow / median:.0f}x ours")
+        print(line, flush=True)
     return 0
 
 

@@ -1,11 +1,12 @@
 """The compute-time cache: a timing is reused only under the conditions it was taken in."""
 
+import io
 import json
 
 import numpy as np
 import pytest
 
-from hpctrain.cost.compute import MeasuredCompute, code_version, timing_context
+from hpctrain.cost.compute import MeasuredCompute, TimingProgress, code_version, timing_context
 from hpctrain.cost.work import LocalWork
 from hpctrain.device.backend import Backend
 from hpctrain.model.kinds import KINDS
@@ -303,3 +304,51 @@ def test_the_cache_is_this_checkouts_own_unless_shared_on_purpose(monkeypatch, t
     assert compute.default_cache_path() != mine  # another checkout: another cache
     monkeypatch.setenv("HPCTRAIN_CACHE_DIR", str(tmp_path / "shared"))
     assert compute.default_cache_path() == tmp_path / "shared" / "compute-times.json"
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_timing_shows_its_progress_on_a_terminal_only_and_wipes_it(monkeypatch):
+    """Kernels timed of those needed and the time left, rewritten in place once timing takes
+    long enough (here at once), then wiped; nothing in a pipe or where it ends quickly."""
+    works = [LocalWork(KINDS["relu"], (2, 3, 4, n)) for n in (4, 8, 12)]
+    clock = iter(range(100))
+    monkeypatch.setattr("hpctrain.cost.compute.time.monotonic", lambda: float(next(clock)))
+    screen = Terminal()
+    progress = TimingProgress(screen, len(works), after=1.0, every=0.0)
+    for _ in works:
+        progress.advance()
+    progress.finish()
+    shown = screen.getvalue().split("\r")
+    assert shown[1].startswith("timing kernels: 1 of 3, about 0:02 left")  # 1 s a kernel
+    assert shown[2].startswith("timing kernels: 2 of 3, about 0:01 left")
+    assert shown[-2].strip() == "" and shown[-1] == ""  # wiped, the cursor at the line's start
+    pipe = io.StringIO()
+    progress = TimingProgress(pipe, len(works), after=0.0, every=0.0)
+    for _ in works:
+        progress.advance()
+    progress.finish()
+    assert pipe.getvalue() == ""
+    quick = Terminal()
+    progress = TimingProgress(quick, len(works), after=1000.0, every=0.0)
+    for _ in works:
+        progress.advance()
+    progress.finish()
+    assert quick.getvalue() == ""
+
+
+def test_measured_compute_shows_its_progress_while_it_times(monkeypatch):
+    """Each kernel timed moves the line on (a clock a second on per reading: timing is slow),
+    and the line is wiped before the times are returned."""
+    clock = iter(range(1000))
+    monkeypatch.setattr("hpctrain.cost.compute.time.monotonic", lambda: float(next(clock)))
+    screen = Terminal()
+    compute = MeasuredCompute(Backend(np, np.float32), repeats=1, progress=screen)
+    compute.times([LocalWork(KINDS["relu"], (2, 3, 4, n)) for n in (4, 8, 12)])
+    assert "timing kernels: 2 of 3, about " in screen.getvalue()
+    assert screen.getvalue().endswith("\r")

@@ -26,12 +26,13 @@ import copy
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -186,6 +187,60 @@ def _read_cache(path: Path | None) -> dict[str, list[float]]:
         return {}  # an unreadable cache is measured again and rewritten
 
 
+class TimingProgress:
+    """A line on a terminal while kernels are timed: how many of those needed are timed, and
+    about how long the rest will take, rewritten in place and wiped when the last is timed.
+
+    Timing a cold cache takes from nothing to minutes (an Inception-v3 plan times hundreds of
+    kernels), so the line appears once timing has taken ``after`` seconds and is estimated to
+    take ``after`` more; a quick timing prints nothing. The time left is the time so far per
+    kernel timed, times the kernels left: each kernel's timing is mostly its warm-up calls and
+    its budget of samples, whatever its size (from FLOPs, as
+    :meth:`MeasuredCompute.seconds_to_time` estimates, the first small kernels timed made a
+    minute's timing of ResNet-50's kernels look like hours). Nothing is written where
+    ``stream`` is not a terminal (a pipe, a log file): a plan's output stays the plan.
+
+    Example: ``timing kernels: 41 of 113, about 0:37 left``.
+    """
+
+    def __init__(self, stream: TextIO | None, total: int, after: float = 1.0,
+                 every: float = 0.2) -> None:
+        self.stream = stream if stream is not None and stream.isatty() else None
+        self.total, self.done = total, 0
+        self.after, self.every = after, every
+        self.start = time.monotonic()
+        self.shown_at, self.width = -math.inf, 0
+
+    def advance(self) -> None:
+        """Count one more kernel timed, and show the line where it is due."""
+        self.done += 1
+        now = time.monotonic()
+        if self.stream is None or self.done >= self.total or now - self.shown_at < self.every:
+            return
+        spent = now - self.start
+        left = spent * (self.total - self.done) / self.done
+        if spent < self.after or (self.width == 0 and left < self.after):
+            return
+        line = f"timing kernels: {self.done} of {self.total}, about {_clock(left)} left"
+        self.stream.write("\r" + line.ljust(self.width))
+        self.stream.flush()
+        self.shown_at, self.width = now, len(line)
+
+    def finish(self) -> None:
+        """Wipe the line, if one was shown."""
+        if self.stream is not None and self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+            self.width = 0
+
+
+def _clock(seconds: float) -> str:
+    """3725 -> '1:02:05'; 65 -> '1:05'."""
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 class MeasuredCompute:
     """Forward and backward seconds of each work, timed on this device and cached on disk.
 
@@ -202,12 +257,16 @@ class MeasuredCompute:
         what a step touches between two calls of a kernel decides whether they find its data
         in cache, so each sample evicts as much (:func:`~hpctrain.device.caches.eviction_bytes`),
         and the amount is part of every key.
+    progress : where rank 0 shows a :class:`TimingProgress` line while it times kernels
+        (standard output by default: only on a terminal); None: nowhere.
     """
 
     def __init__(self, backend: Any, comm: Any = None, context: TimingContext | None = None,
                  cache: Path | None = None, repeats: int = 5,
-                 step_bytes: float | None = None, retime: bool = False) -> None:
+                 step_bytes: float | None = None, retime: bool = False,
+                 progress: TextIO | None = sys.stdout) -> None:
         self.backend, self.comm, self.repeats = backend, comm, repeats
+        self.progress = progress if comm is None or comm.Get_rank() == 0 else None
         self.context, self.cache = context, cache if context is not None else None
         self.evict = eviction_bytes(step_bytes) if backend.device == "cpu" else 0
         conditions = f"{context.key()}|" if context is not None else "|"
@@ -325,20 +384,30 @@ class MeasuredCompute:
             if share < QUIET_SHARE:
                 self.busy_timed += len(todo)
                 self.least_share = min(self.least_share, share)
-            for work in todo:
-                start = time.perf_counter()
-                forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
-                forward_seconds, output = self._time(forward)
-                backward_seconds, _ = self._time(backward_of(output))
-                # what timing it took, set-up included: the slowest rank's, as the times are
-                spent = self._slowest(time.perf_counter() - start)
-                # already the slowest rank's, the same on every rank (see _time)
-                key = self.prefix + work.key()
-                self.known[key] = [forward_seconds, backward_seconds, spent, taken,
-                                   round(share, 3)]
-                self.stale.discard(key)
+            progress = TimingProgress(self.progress, len(todo))
+            try:
+                for work in todo:
+                    self._time_work(work, rng, taken, share)
+                    progress.advance()
+            finally:
+                progress.finish()
             self._save()
         return {w: tuple(self.known[self.prefix + w.key()][:2]) for w in works}
+
+    def _time_work(self, work: LocalWork, rng: np.random.Generator, taken: int,
+                   share: float) -> None:
+        """Time ``work``'s forward and backward into :attr:`known`, noting it was ``taken``
+        (seconds since the epoch) while the ranks got ``share`` of their cores."""
+        start = time.perf_counter()
+        forward, backward_of = _kernels(self.backend.xp, work, self.backend.dtype, rng)
+        forward_seconds, output = self._time(forward)
+        backward_seconds, _ = self._time(backward_of(output))
+        # what timing it took, set-up included: the slowest rank's, as the times are
+        spent = self._slowest(time.perf_counter() - start)
+        # already the slowest rank's, the same on every rank (see _time)
+        key = self.prefix + work.key()
+        self.known[key] = [forward_seconds, backward_seconds, spent, taken, round(share, 3)]
+        self.stale.discard(key)
 
     def seconds_to_time(self, works: Sequence[LocalWork], timed: Sequence[LocalWork]) -> float:
         """About how long :meth:`times` would take over ``works``, from what timing the kernels

@@ -28,6 +28,7 @@ loss scaling for older GPUs). On the CPU the default is ``fp32``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +36,30 @@ import numpy as np
 
 from hpctrain.errors import UserError
 
-try:  # NumPy has no bfloat16; ml_dtypes (a dependency) gives NumPy and CuPy one
-    from ml_dtypes import bfloat16
-except ImportError:  # pragma: no cover - the package installs it
-    bfloat16 = None
+_UNSET = object()
+_bfloat16: Any = _UNSET
+
+
+def bfloat16_type() -> Any:
+    """ml_dtypes' bfloat16 (NumPy has none; ml_dtypes, a dependency, gives NumPy and CuPy
+    one), imported at its first use: the import takes most of a second, which a command that
+    never makes a bfloat16 array (``plan`` of an fp32 run) does not pay. None without the
+    package."""
+    global _bfloat16
+    if _bfloat16 is _UNSET:
+        try:
+            from ml_dtypes import bfloat16
+        except ImportError:  # pragma: no cover - the package installs it
+            bfloat16 = None
+        _bfloat16 = bfloat16
+    return _bfloat16
+
+
+def __getattr__(name: str) -> Any:
+    """``bfloat16``, the module's attribute, as :func:`bfloat16_type` gives it."""
+    if name == "bfloat16":
+        return bfloat16_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -67,13 +88,33 @@ class Precision:
         return np.dtype(self.storage) != np.dtype(self.master)
 
 
-PRECISIONS = {
-    "fp64": Precision("fp64", np.float64, np.float64),
-    "fp32": Precision("fp32", np.float32, np.float32),
-    "tf32": Precision("tf32", np.float32, np.float32, tensor_cores=True),
-    "bf16": Precision("bf16", bfloat16, np.float32, tensor_cores=True),
-    "fp16": Precision("fp16", np.float16, np.float32, tensor_cores=True, loss_scaling=True),
-}
+class _Precisions(Mapping):
+    """The precisions by name, each made when first looked up (bf16's storage type imports
+    ml_dtypes: :func:`bfloat16_type`)."""
+
+    def __init__(self, makers: dict[str, Callable[[], Precision]]) -> None:
+        self._makers, self._made = makers, {}
+
+    def __getitem__(self, name: str) -> Precision:
+        if name not in self._made:
+            self._made[name] = self._makers[name]()
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
+PRECISIONS: Mapping[str, Precision] = _Precisions({
+    "fp64": lambda: Precision("fp64", np.float64, np.float64),
+    "fp32": lambda: Precision("fp32", np.float32, np.float32),
+    "tf32": lambda: Precision("tf32", np.float32, np.float32, tensor_cores=True),
+    "bf16": lambda: Precision("bf16", bfloat16_type(), np.float32, tensor_cores=True),
+    "fp16": lambda: Precision("fp16", np.float16, np.float32, tensor_cores=True,
+                              loss_scaling=True),
+})
 """Every precision by name."""
 
 RUN_PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp64", "float32", "float64")
@@ -90,7 +131,7 @@ def resolve_precision(name: str, device: str = "cpu") -> Precision:
         name = "tf32" if device == "gpu" else "fp32"
     if name not in PRECISIONS:
         raise UserError(f"unknown precision {name!r}; choose one of {', '.join(RUN_PRECISIONS)}")
-    if name == "bf16" and bfloat16 is None:
+    if name == "bf16" and bfloat16_type() is None:
         raise UserError("--precision bf16 needs the ml_dtypes package: pip install ml_dtypes")
     if name == "bf16" and device == "gpu" and _numpy_version() < GPU_BF16_NUMPY:
         floor = ".".join(map(str, GPU_BF16_NUMPY))

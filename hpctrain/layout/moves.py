@@ -553,9 +553,38 @@ def _axis_parts_met(n: int, parts: int, ranges: tuple | None, lo: np.ndarray, hi
 def _busiest_receiver_on_meshes(src: Layout, dst: Layout) -> tuple[float, int]:
     """:func:`_busiest_receiver` for layouts on any meshes: from the bits of the rank numbers
     where every digit is a power of two (:func:`_busiest_receiver_of_bits`), else rank by
-    rank."""
-    found = _busiest_receiver_of_bits(src, dst)
-    return found if found is not None else _busiest_receiver_by_mesh_rank(src, dst)
+    rank. Found once per :func:`_pair_key`."""
+    key = ("meshes", *_pair_key(src, dst))
+    found = _BY_PAIR_KEY.get(key)
+    if found is None:
+        found = _busiest_receiver_of_bits(src, dst)
+        if found is None:
+            found = _busiest_receiver_by_mesh_rank(src, dst)
+        _remember(key, found)
+    return found
+
+
+_BY_PAIR_KEY: dict[tuple, tuple[float, int]] = {}  # the busiest receivers by _pair_key
+
+
+def _remember(key: tuple, found: tuple[float, int]) -> None:
+    if len(_BY_PAIR_KEY) >= 1 << 17:  # a bound on memory, as the functions' own caches
+        _BY_PAIR_KEY.clear()
+    _BY_PAIR_KEY[key] = found
+
+
+def _pair_key(src: Layout, dst: Layout) -> tuple:
+    """What the busiest receiver of a move from ``src`` to ``dst`` depends on, and nothing
+    else: both meshes, the axes their digits cut and their ranks, and per axis either cuts,
+    :func:`_axis_key` (the length of an axis both cut evenly scaled down to the least that
+    keeps its blocks in proportion: a rank's share of a block is a ratio of two of its
+    lengths, the same float scaled, and the blocks met a count). The moves of a net's layers
+    of other sizes but alike cuts (ResNet's stages) share one price of the busiest receiver;
+    their bytes differ, and are priced apart."""
+    cut = tuple((a, _axis_key(src, dst, a)) for a in range(len(src.shape))
+                if src.parts[a] > 1 or dst.parts[a] > 1)
+    return (len(src.shape), src.mesh, src.axes, src.first, src.size, dst.mesh, dst.axes,
+            dst.first, dst.size, cut)
 
 
 @lru_cache(maxsize=65536)
@@ -724,7 +753,17 @@ def _busiest_receiver_by_mesh_rank(src: Layout, dst: Layout) -> tuple[float, int
     O(ranks) vector work over the target's ranks: the share of its target block a rank does
     not hold in the source (it is outside the source's group, or holds another block there),
     and the source blocks its target block meets other than its own, from the integer block
-    bounds of every axis."""
+    bounds of every axis. Found once per :func:`_pair_key`."""
+    key = ("by rank", *_pair_key(src, dst))
+    found = _BY_PAIR_KEY.get(key)
+    if found is None:
+        found = _busiest_receiver_rank_by_rank(src, dst)
+        _remember(key, found)
+    return found
+
+
+def _busiest_receiver_rank_by_rank(src: Layout, dst: Layout) -> tuple[float, int]:
+    """:func:`_busiest_receiver_by_mesh_rank`, computed."""
     ranks = np.arange(dst.first, dst.first + dst.size, dtype=np.int64)
     kept = ((ranks >= src.first) & (ranks < src.first + src.size)).astype(float)
     src_index = _block_indices(src, (ranks - src.first) % src.size)

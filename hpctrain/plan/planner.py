@@ -999,17 +999,15 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
         (src_of, srcs), (dst_of, dsts) = _distinct_layouts(source_of), _distinct_layouts(targets)
         if a == b:  # one segment's choice decides both ends
             pairs = sorted(set(zip(src_of, dst_of)))
-            priced = dict(zip(pairs, _move_fields(model, [(srcs[i], dsts[j]) for i, j in pairs],
-                                                  k, weighed), strict=True))
+            priced = dict(zip(pairs, _move_grid(model, srcs, dsts, k, weighed, pairs),
+                              strict=True))
             fields = [np.array([priced[pair][f] for pair in zip(src_of, dst_of)])
                       for f in range(3)]
             tables.append(Table((b,), *(fields if weighed else fields[:1])))
             return
-        grid = _move_fields(model, [(src, dst) for src in srcs for dst in dsts], k, weighed)
-        fields = [np.array([priced[f] for priced in grid]).reshape(len(srcs), len(dsts))
-                  for f in range(3)]
+        grid = _move_grid(model, srcs, dsts, k, weighed)
         rows = np.asarray(src_of)[:1] if a is None else np.asarray(src_of)
-        chosen = [field[np.ix_(rows, dst_of)] for field in fields]
+        chosen = [grid[np.ix_(rows, dst_of)][..., f] for f in range(3)]
         if a is None:
             chosen = [field[0] for field in chosen]
         variables = (b,) if a is None else (a, b)
@@ -1034,19 +1032,75 @@ def _distinct_layouts(layouts: list[Layout | None]
     return [index.setdefault(layout, len(index)) for layout in layouts], list(index)
 
 
-def _move_fields(model: CostModel, pairs: list[tuple[Layout | None, Layout | None]],
-                 index: int, weighed: bool) -> list[tuple[float, float, float]]:
-    """(seconds, bytes kept, bytes for a moment) of each move of ``pairs`` into layer
-    ``index``, as :func:`_move` prices it; nothing where an end is None (a segment with no
-    part in it)."""
-    found = []
-    for src, dst in pairs:
-        if src is None or dst is None:
-            found.append((0.0, 0.0, 0.0))
-            continue
-        move = _move(model, src, dst, index, weighed)
-        found.append((move.total, move.memory, move.peak))
-    return found
+def _move_grid(model: CostModel, srcs: list[Layout | None], dsts: list[Layout | None],
+               index: int, weighed: bool, pairs: list[tuple[int, int]] | None = None
+               ) -> np.ndarray:
+    """(seconds, bytes kept, bytes for a moment) of the move from each of ``srcs`` into each
+    of ``dsts`` for layer ``index``, as :func:`_move` prices it, in an array of shape
+    (sources, targets, 3); nothing where an end is None (a segment with no part in it). Given
+    ``pairs`` (source, target), only those, in an array of shape (pairs, 3).
+
+    The searches ask for the same moves many times over (once per search: with and without
+    the sums that may hide, per round of the last buckets, per space), and the joins of
+    repeated blocks for the same layouts: each move is priced once into a :class:`_MoveGrid`
+    of the model's, one per shape moved (and per layer, ``weighed``: its memory depends on
+    the layer), and looked up by rows and columns after."""
+    cross = pairs is None
+    if cross:
+        pairs = [(i, j) for i in range(len(srcs)) for j in range(len(dsts))]
+    found = np.zeros((len(pairs), 3))
+    shape = next((src.shape for src in srcs if src is not None), None)
+    if shape is not None and any(dst is not None for dst in dsts):
+        key = (shape, index if weighed else None)
+        grid = model.move_grids.get(key)
+        if grid is None:
+            grid = model.move_grids[key] = _MoveGrid()
+        rows, cols = grid.rows_of(srcs), grid.cols_of(dsts)
+        known = [p for p, (i, j) in enumerate(pairs) if rows[i] >= 0 and cols[j] >= 0]
+        if known:
+            found[known] = grid.prices(model, [pairs[p] for p in known], rows, cols, srcs,
+                                       dsts, index, weighed)
+    return found.reshape(len(srcs), len(dsts), 3) if cross else found
+
+
+class _MoveGrid:
+    """The prices (:func:`_move`) of moves between layouts of one shape, a row per source
+    layout and a column per target layout met so far, each priced when first asked for."""
+
+    def __init__(self) -> None:
+        self.rows: dict[Layout, int] = {}
+        self.cols: dict[Layout, int] = {}
+        self.fields = np.full((0, 0, 3), np.nan)  # NaN: not priced yet
+
+    def rows_of(self, srcs: list[Layout | None]) -> list[int]:
+        """The row of each source layout (-1 for None), new layouts given new rows."""
+        return [-1 if src is None else self.rows.setdefault(src, len(self.rows))
+                for src in srcs]
+
+    def cols_of(self, dsts: list[Layout | None]) -> list[int]:
+        """The column of each target layout (-1 for None), new layouts given new columns."""
+        return [-1 if dst is None else self.cols.setdefault(dst, len(self.cols))
+                for dst in dsts]
+
+    def prices(self, model: CostModel, pairs: list[tuple[int, int]], rows: list[int],
+               cols: list[int], srcs: list[Layout], dsts: list[Layout], index: int,
+               weighed: bool) -> np.ndarray:
+        """The (pairs, 3) prices of moving ``srcs[i]`` (row ``rows[i]``) into ``dsts[j]``
+        (column ``cols[j]``), each (i, j) of ``pairs``."""
+        have = self.fields.shape
+        if len(self.rows) > have[0] or len(self.cols) > have[1]:
+            grown = np.full((max(len(self.rows), 2 * have[0]),
+                             max(len(self.cols), 2 * have[1]), 3), np.nan)
+            grown[:have[0], :have[1]] = self.fields
+            self.fields = grown
+        at = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        r, c = np.asarray(rows)[at[:, 0]], np.asarray(cols)[at[:, 1]]
+        found = self.fields[r, c]
+        for m in np.flatnonzero(np.isnan(found[:, 0])):
+            i, j = pairs[m]
+            move = _move(model, srcs[i], dsts[j], index, weighed)
+            found[m] = self.fields[r[m], c[m]] = (move.total, move.memory, move.peak)
+        return found
 
 
 @dataclass(frozen=True)

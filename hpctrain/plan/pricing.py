@@ -191,6 +191,9 @@ class CostModel(Segments):
         self._timed: set[tuple[int, LayerPlan]] = set()  # segments whose compute is filled in
         self._moves: dict[tuple[Layout, Layout], tuple[Move, float, float]] = {}
         self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
+        # the planner's prices of moves between the layouts of one shape, filled in as it asks
+        # (:func:`hpctrain.plan.planner._move_grid`)
+        self.move_grids: dict[tuple, object] = {}
 
     def timed_by(self, compute) -> CostModel:
         """The same model (net, batch, ranks, profile, precision, overlap) with its compute

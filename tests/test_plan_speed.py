@@ -1,0 +1,111 @@
+"""What makes planning fast keeps its numbers: the move tables gathered from a model's grid of
+priced moves against each move priced on its own, and the plans of a search that reuses those
+prices against the plans of one made on a fresh model."""
+
+import random
+
+import numpy as np
+import pytest
+
+from hpctrain.cost.compute import FlopModel
+from hpctrain.cost.machine import load_machine
+from hpctrain.layout.layout import Layout
+from hpctrain.model.net import load_net
+from hpctrain.plan.planner import _move, _move_grid, plan_network
+from hpctrain.plan.pricing import CostModel
+
+
+def model_of(name, batch, procs, machine="dgx-h100"):
+    profile = load_machine(machine)
+    return CostModel(load_net(name), batch, procs, profile, FlopModel(profile.flops))
+
+
+def join_layouts(model, space="balanced"):
+    """Per join of the net (layer, input, producer): the producer's output and the layer's
+    input under every choice of their segments."""
+    owner = {k: s for s, members in enumerate(model.segments) for k in members}
+    every = [model.choices(s) + model.split_choices(s, space)
+             for s in range(len(model.segments))]
+    laid = [[dict(zip(model.segments[s], model.runnable_layouts(s, c), strict=True))
+             for c in found] for s, found in enumerate(every)]
+    for k, e, p in model.joins:
+        if p >= 0:
+            yield (k, [where[p].output for where in laid[owner[p]]],
+                   [where[k].inputs[e] for where in laid[owner[k]]])
+
+
+@pytest.mark.parametrize("name, procs", [("resdigits", 8), ("minibranch", 6),
+                                         ("inception_v3", 4)])
+@pytest.mark.parametrize("weighed", [False, True])
+def test_the_grid_of_moves_prices_each_as_a_move_alone(name, procs, weighed):
+    """Every pair of layouts at every join, asked for in random subsets and orders (rows and
+    columns met in any order, some asked twice), against :func:`_move` of each pair."""
+    model = model_of(name, 16, procs)
+    rng = random.Random(procs)
+    for k, sources, targets in join_layouts(model):
+        for _ in range(3):
+            srcs = rng.sample(sources, rng.randint(1, len(sources))) + [None]
+            dsts = rng.sample(targets, rng.randint(1, len(targets))) + [None]
+            rng.shuffle(srcs)
+            rng.shuffle(dsts)
+            grid = _move_grid(model, srcs, dsts, k, weighed)
+            for i, src in enumerate(srcs):
+                for j, dst in enumerate(dsts):
+                    if src is None or dst is None:
+                        assert (grid[i, j] == 0.0).all()
+                        continue
+                    alone = _move(model, src, dst, k, weighed)
+                    assert tuple(grid[i, j]) == (alone.total, alone.memory, alone.peak)
+            pairs = [(i, j) for i in range(len(srcs)) for j in range(len(dsts))
+                     if rng.random() < 0.5]
+            if pairs:
+                some = _move_grid(model, srcs, dsts, k, weighed, pairs)
+                assert np.array_equal(some, np.array([grid[i, j] for i, j in pairs]))
+
+
+@pytest.mark.parametrize("name, procs, machine", [("resdigits", 8, "dgx-h100"),
+                                                  ("minibranch", 16, "cori-knl"),
+                                                  ("inception_v3", 8, "dgx-h100")])
+def test_searches_that_share_a_models_prices_plan_as_fresh_ones(name, procs, machine):
+    """The grids with groups, then balanced, on one model (each search reusing the moves the
+    ones before priced), against each search on a model of its own."""
+    shared = model_of(name, 32, procs, machine)
+    for space, groups in (("grids", True), ("balanced", False), ("grids", False)):
+        fresh = plan_network(model_of(name, 32, procs, machine), space=space, groups=groups)
+        again = plan_network(shared, space=space, groups=groups)
+        assert again.plans == fresh.plans
+        assert again.iteration_time == fresh.iteration_time
+
+
+@pytest.mark.parametrize("p", [4, 6, 8, 16])
+def test_moves_alike_but_for_their_sizes_share_one_busiest_receiver(p):
+    """The busiest receiver found once per key (an axis cut evenly on both sides scaled to
+    its least length) is what each move's own computation gives: of the bits, or rank by
+    rank, on the world and between groups."""
+    from hpctrain.layout.moves import (
+        _busiest_receiver_by_mesh_rank,
+        _busiest_receiver_of_bits,
+        _busiest_receiver_on_meshes,
+        _busiest_receiver_rank_by_rank,
+    )
+    from tests.test_mesh_layouts import random_mesh_layout
+
+    rng = random.Random(p)
+    for _ in range(150):
+        base = (p * rng.choice([1, 2, 3]), rng.choice([4, 5, 8]), rng.choice([6, 7, 12]), 2)
+        scaled = tuple(n * rng.choice([2, 3, 5]) for n in base)
+        size = rng.choice([s for s in (p, p // 2, p // 4) if s >= 1 and p % s == 0])
+        first = rng.choice(range(0, p - size + 1, size))
+        drawn = [random_mesh_layout(rng, base, p), random_mesh_layout(rng, base, size),
+                 random_mesh_layout(rng, base, p)]
+        for shape in (base, scaled):  # the second finds the first's price where keys agree
+            src, dst, world = (Layout(shape, mesh=d.mesh, axes=d.axes) for d in drawn)
+            dst = dst.on_ranks(first, p)
+            assert _busiest_receiver_by_mesh_rank(dst, src) == (
+                _busiest_receiver_rank_by_rank(dst, src))
+            assert _busiest_receiver_by_mesh_rank(src, dst) == (
+                _busiest_receiver_rank_by_rank(src, dst))
+            alone = _busiest_receiver_of_bits(src, world)
+            if alone is None:
+                alone = _busiest_receiver_rank_by_rank(src, world)
+            assert _busiest_receiver_on_meshes(src, world) == alone
