@@ -39,7 +39,7 @@ from tests.torch_reference import (
     Run,
     StepResult,
     batchnorm_cnn_names,
-    check_bijection,
+    started_as,
 )
 
 STEPS = 3
@@ -146,16 +146,8 @@ def torch_accumulating(model: nn.Module, names: NameMap, start: Run, accumulate:
     per step, ``accumulate`` micro-batches each adding the gradient of
     ``CrossEntropyLoss(weight, ignore_index=-1, label_smoothing)(…) / accumulate``, then one
     ``torch.optim.SGD`` step. The logits kept are the last micro-batch's."""
-    model = model.double().train()
+    model = started_as(model, names, start)
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
-    check_bijection("parameter", names.params, start.initial_params, params)
-    check_bijection("buffer", names.buffers, start.initial_buffers,
-                    {k: v for k, v in buffers.items() if not k.endswith("num_batches_tracked")})
-    with torch.no_grad():
-        for ours, theirs in names.params.items():
-            params[theirs].copy_(torch.from_numpy(start.initial_params[ours]))
-        for ours, theirs in names.buffers.items():
-            buffers[theirs].copy_(torch.from_numpy(start.initial_buffers[ours]))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, dampening=0.0,
                                 weight_decay=WEIGHT_DECAY, nesterov=False)
     criterion = nn.CrossEntropyLoss(

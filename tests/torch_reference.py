@@ -576,10 +576,9 @@ def hpctrain_steps(net: NetSpec, plan: list[LayerPlan], comm: MPI.Comm, batch: i
             else None)
 
 
-def torch_steps(model: nn.Module, names: NameMap, start: Run) -> list[StepResult]:
-    """The PyTorch model, float64, from ``start``'s initial parameters and buffers, trained on
-    ``start``'s batches (on ``start``'s loss) with torch.optim.SGD set to hpctrain's update
-    (g = ∇ + λw; v = μv + g, v = g at the first step; w −= lr·v: no dampening, no Nesterov)."""
+def started_as(model: nn.Module, names: NameMap, start: Run) -> nn.Module:
+    """``model`` in float64 and training mode, its parameters and buffers set to ``start``'s
+    initial values through ``names`` (each named once on both sides)."""
     model = model.double().train()
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
     check_bijection("parameter", names.params, start.initial_params, params)
@@ -590,6 +589,15 @@ def torch_steps(model: nn.Module, names: NameMap, start: Run) -> list[StepResult
             params[theirs].copy_(torch.from_numpy(start.initial_params[ours]))
         for ours, theirs in names.buffers.items():
             buffers[theirs].copy_(torch.from_numpy(start.initial_buffers[ours]))
+    return model
+
+
+def torch_steps(model: nn.Module, names: NameMap, start: Run) -> list[StepResult]:
+    """The PyTorch model, float64, from ``start``'s initial parameters and buffers, trained on
+    ``start``'s batches (on ``start``'s loss) with torch.optim.SGD set to hpctrain's update
+    (g = ∇ + λw; v = μv + g, v = g at the first step; w −= lr·v: no dampening, no Nesterov)."""
+    model = started_as(model, names, start)
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, dampening=0.0,
                                 weight_decay=WEIGHT_DECAY, nesterov=False)
     results = []
