@@ -436,7 +436,7 @@ class MeasuredCompute:
 
     def seconds_spent(self, works: Sequence[LocalWork]) -> float:
         """The seconds the timing of ``works`` took, set-up included, where the cache recorded
-        it; the calls alone (:meth:`_calls_seconds`) for the others it holds; nothing for
+        it; the calls alone (``_calls_seconds``) for the others it holds; nothing for
         what it does not hold. The same on every rank."""
         total = 0.0
         for work in dict.fromkeys(works):

@@ -80,7 +80,7 @@ slab (``python bench/conv3d.py --slabs``)."""
 
 POINTWISE_POSITIONS = 49
 """The fewest output positions per sample (P) at which a pointwise convolution multiplies each
-sample's (C, P) matrix as it lies (:func:`_pointwise`); below, one product over the columns of
+sample's (C, P) matrix as it lies (``_pointwise``); below, one product over the columns of
 every sample, as the general path. (P = 1 is a single product of the samples' rows.)"""
 
 

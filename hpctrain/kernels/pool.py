@@ -185,7 +185,7 @@ def avgpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[in
 
 SMALL_POOL_PRODUCT = 64 * 64
 """The largest (input entries) × (windows) of one image's channel whose average-pooling goes as
-one product with a 0/1 matrix (:func:`_window_members`), on NumPy in float32 or float64: below
+one product with a 0/1 matrix (``_window_members``), on NumPy in float32 or float64: below
 it BLAS's product beats NumPy's strided adds, one per tap over a few entries each (Inception
 v3's 3×3 pools at 75²: 3×3 and 7×7 images, 8 samples, 192–768 channels)."""
 
@@ -210,7 +210,7 @@ def _window_members(xp: Any, a: Any, kernel: tuple[int, ...], stride: tuple[int,
 @lru_cache(maxsize=64)
 def _members(size: tuple[int, ...], kernel: tuple[int, ...], stride: tuple[int, ...],
              pads: Pads, dtype: str) -> Any:
-    """The 0/1 matrix of :func:`_window_members`, made once per shape."""
+    """The 0/1 matrix of ``_window_members``, made once per shape."""
     full = tuple(m + before + after for m, (before, after) in zip(size, pads, strict=True))
     index = np.arange(prod(full)).reshape(full)
     inside = index[tuple(slice(before, before + m) for m, (before, _) in zip(size, pads,
