@@ -26,7 +26,7 @@ DIGITS := inputs/digits.h5
 UNIVERSE := runs/universe-32.h5
 SHAPES := runs/shapes.h5
 
-.PHONY: install test test-serial test-mpi test-slurm run digits resdigits images cosmoflow deepcam verify bench learning plots timeline docs lint clean
+.PHONY: install test test-serial test-mpi test-slurm run digits resdigits images cosmoflow deepcam verify bench learning large-batch plots timeline docs lint clean
 
 install: $(STAMP)
 
@@ -184,6 +184,11 @@ bench: install $(BENCH_STAMP)
 # (bench/learning.py; minutes, so neither in test nor in bench)
 learning: install $(BENCH_STAMP)
 	$(PY) bench/learning.py
+
+# LARS at batch 256 beside SGD at 16 and at 256 with a linearly scaled rate, 8 seeds on 2 ranks
+# (bench/large_batch.py; minutes, so neither in test nor in bench)
+large-batch: install $(BENCH_STAMP)
+	$(PY) bench/large_batch.py
 
 # Plots. First the paper's study from the cost model for each of SIM_NETS (no MPI, seconds
 # each): runs/simulation/NET.h5 and its figures in PLOTS/simulation/NET/ (per study: grids,

@@ -121,15 +121,22 @@ def test_bad_flags_get_one_line(flags, fragment, capsys):
     assert fragment in capsys.readouterr().err
 
 
-def test_a_run_accumulating_through_the_train_command(capsys):
-    """--accumulate on the command line: the micro-batch is planned and the run says so."""
+def test_a_run_accumulating_through_the_train_command(tmp_path, capsys):
+    """--accumulate on the command line: the micro-batch is planned and the run says so; its
+    log, whose steps time two micro-batches each, is refused by a refit."""
+    log = tmp_path / "run.h5"
     assert main(["--net", "smallcnn", "--image-size", "8", "--batch", "8", "--steps", "2",
                  "--accumulate", "2", "--label-smoothing", "0.1", "--lr-schedule", "poly",
-                 "--warmup-steps", "1"]) == 0
+                 "--warmup-steps", "1", "--log", str(log)]) == 0
     out = capsys.readouterr().out
     assert "batch 8 (2 micro-batches of 4 per step)" in out
     assert "step     2/2" in out
     assert "(2 micro-batches of " in out.split("iteration: predicted")[1]
+    assert main(["calibrate", "--from-log", str(log), "--out", str(tmp_path / "p.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "the run accumulated 2 micro-batches of 4 per step (--accumulate 2)" in err
+    assert "refit from a run without --accumulate" in err
+    assert not (tmp_path / "p.toml").exists()
 
 
 # -- --classes ---------------------------------------------------------------------------------
@@ -232,6 +239,27 @@ def test_a_cap_refusal_names_the_accumulation_that_fits(tmp_path, capsys, given)
     assert "--accumulate 4 (16 samples each) fits (--accumulate auto picks it)" in err
 
 
+def test_plan_accumulating_plans_the_micro_batch_and_counts_its_sums(tmp_path, capsys):
+    """``plan --accumulate 4`` prices the plan of batch 16 with the gradients' sums kept: more
+    memory than a plain plan of 16, the same plan file batch, and a step of 4 micro-batches."""
+    plan = ["plan", "--net", "smallcnn", "--procs", "2", "--compute", "flops", "--grid", "1x2"]
+    assert main([*plan, "--batch", "16"]) == 0
+    alone = capsys.readouterr().out
+    assert main([*plan, "--batch", "64", "--accumulate", "4", "--out",
+                 str(tmp_path / "p.plan")]) == 0
+    out = capsys.readouterr().out
+    assert "batch 64 in 4 micro-batches of 16" in out
+    assert "a step of 4 micro-batches: about" in out
+    assert "batch 16" in (tmp_path / "p.plan").read_text()
+
+    def peak(text):
+        return float(text.split("peak memory ")[1].split(" MiB")[0])
+
+    assert peak(out) > peak(alone)
+    assert main([*plan, "--batch", "64", "--accumulate", "3"]) == 2
+    assert "--accumulate 3 must divide --batch 64" in capsys.readouterr().err
+
+
 def test_accumulate_auto_needs_a_cap(capsys):
     assert main(["--net", "smallcnn", "--accumulate", "auto", "--steps", "1"]) == 2
     assert "give --grid auto and --mem-per-rank SIZE" in capsys.readouterr().err
@@ -308,6 +336,32 @@ def test_micro_batch_gradients_are_added_wide_and_rounded_once(precision):
         in_steps.append((two + parts[2][k].astype(narrow)).astype(narrow).astype(np.float64))
     if precision == "bf16":  # the test tells the two apart
         assert any(not np.array_equal(a, b) for a, b in zip(summed, in_steps, strict=True))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_memory_model_counts_the_sums_accumulation_keeps(precision):
+    """A plan of K > 1 micro-batches keeps, per parameter, the running sum of its gradients in
+    the master dtype: exactly the bytes of the arrays a step that accumulates holds, and
+    nothing when K = 1."""
+    from hpctrain.comm.grid import GridSet
+    from hpctrain.device.precision import PRECISIONS
+    from hpctrain.model.net import parse_net
+    from hpctrain.plan.planner import plan_memory
+    from hpctrain.run.network import Network
+
+    net = parse_net(TINY_NET, "tiny")
+    plan = plan_from_spec("1x1", net, 1)
+    whole = plan_memory(net, plan, 4, 1, PRECISIONS[precision]).memory
+    counted = plan_memory(net, plan, 4, 1, PRECISIONS[precision], accumulate=3).memory
+    backend = make_backend("cpu", precision, MPI.COMM_SELF)
+    data = MicroBatches(SyntheticData(backend, net.input_shape, net.classes, 12, 3), 3, 4)
+    with GridSet(MPI.COMM_SELF) as grids:
+        network = Network(net, plan, 4, grids, backend, seed=3)
+        network.train_step(data, 0, accumulate=3)
+        kept = sum(a.nbytes for a in network._accumulated.values())
+    master = np.dtype(backend.precision.master).itemsize
+    assert kept == sum(int(np.prod(s)) for s in net.param_shapes().values()) * master
+    assert counted - whole == kept
 
 
 def test_gradients_are_handed_to_the_sums_once_per_step():

@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the optimizer the run trains with, as train's --optimizer: its "
                              "state per parameter counts in the memory (one float32 array for "
                              "sgd and lars, two for adamw and lamb) (default: %(default)s)")
+    parser.add_argument("--accumulate", type=int, default=1, metavar="K",
+                        help="as train's --accumulate K: plan the micro-batch of batch/K "
+                             "samples, each parameter also keeping the sum of its gradients "
+                             "(default: 1)")
     parser.add_argument("--out", default=None, help="also write the plan file here")
     parser.add_argument("--grid", default="auto",
                         help="auto: search for the plan of least predicted time; or a --grid "
@@ -91,6 +95,7 @@ def run(argv: list[str]) -> int:
     from hpctrain.device.backend import Backend
     from hpctrain.io.files import check_directory, check_output
     from hpctrain.io.textfile import existing_file
+    from hpctrain.plan.accumulation import check_accumulate
     from hpctrain.plan.planner import describe_precision, format_plan, wrap_line
     from hpctrain.plan.plans import is_plan_file, plan_and_fallbacks
     from hpctrain.plan.pricing import build_cost_model, compute_source, timing_warnings
@@ -100,6 +105,7 @@ def run(argv: list[str]) -> int:
     for flag in ("procs", "batch"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)} must be at least 1")
+    check_accumulate(args.accumulate, args.batch)
     check_space(args, [args.grid])
     net = load_net_for(args, args.procs)
     given, fell_back = (None, []) if args.grid.strip() == "auto" else plan_and_fallbacks(
@@ -118,9 +124,10 @@ def run(argv: list[str]) -> int:
 
         threads = configure_threads(None, args.threads)
     overlap = sums_in_flight(args.overlap, machine)
-    model = build_cost_model(net, args.batch, args.procs, machine, args.compute, backend,
+    micro = args.batch // args.accumulate  # what runs at once, and is planned
+    model = build_cost_model(net, micro, args.procs, machine, args.compute, backend,
                              threads=threads, overlap=overlap, retime=args.retime,
-                             optimizer=args.optimizer)
+                             optimizer=args.optimizer, accumulate=args.accumulate)
     if given is None:
         planned = plan_over(model, args.mem_per_rank, space=args.space,
                                groups=args.branches == "auto")
@@ -131,7 +138,9 @@ def run(argv: list[str]) -> int:
         if args.mem_per_rank is not None:
             check_memory(planned, args.mem_per_rank, "--mem-per-rank")
     width = terminal_width()
-    print(wrap_line(f"hpctrain plan: {net.name}, {args.procs} processes, batch {args.batch}, "
+    batch = (f"batch {args.batch}" if args.accumulate == 1 else
+             f"batch {args.batch} in {args.accumulate} micro-batches of {micro}")
+    print(wrap_line(f"hpctrain plan: {net.name}, {args.procs} processes, {batch}, "
                     f"machine {machine.name} ({machine.describe()}), compute {source}"
                     + (f" with {threads.describe()}" if threads else ""), width))
     print(wrap_line(describe_precision(precision) + (
@@ -142,6 +151,11 @@ def run(argv: list[str]) -> int:
                     + (f"in flight ({machine.overlap:g} of each may hide)" if overlap
                        else "blocking"), width))
     print(format_plan(planned, width))
+    if args.accumulate > 1:
+        print(wrap_line(f"a step of {args.accumulate} micro-batches: about "
+                        f"{args.accumulate * planned.iteration_time * 1e3:.1f} ms (the plan is "
+                        f"one micro-batch's, its gradient sums counted in each; the memory "
+                        f"counts the sums of the gradients kept between micro-batches)", width))
     for line in (*warning_lines(machine), *timing_warnings(model)):
         print(wrap_line(line, width))
     for line in fell_back:  # a layer running another mode than --grid asked says why
@@ -149,5 +163,5 @@ def run(argv: list[str]) -> int:
     if args.out:
         from hpctrain.commands.setup import write_plan_file  # its MPI helpers: only to write a file
 
-        write_plan_file(args.out, net, planned, args.procs, args.batch, machine.name)
+        write_plan_file(args.out, net, planned, args.procs, micro, machine.name)
     return 0

@@ -82,7 +82,7 @@ def decide(setup: Setup, request: SetupRequest, step: int, result: Any, threshol
                          cache_bytes=setup.machine.cache_bytes)
     model = build_cost_model(setup.net, request.batch, procs, fitted, request.compute,
                              setup.backend, comm, setup.threads, setup.overlap,
-                             optimizer=request.optimizer)
+                             optimizer=request.optimizer, accumulate=request.accumulate)
     if limit is None:
         from hpctrain.cost.memory import memory_limit
 

@@ -45,6 +45,7 @@ class SetupRequest:
     inference: bool = False  # the forward pass alone (predict): what is planned and priced
     retime: bool = False  # --retime: every kernel timed afresh, whatever the cache holds
     optimizer: str = "sgd"  # --optimizer: the state each parameter keeps (memory)
+    accumulate: int = 1  # --accumulate: batch is the micro-batch; gradient sums kept (memory)
 
     @classmethod
     def from_flags(cls, args: Any, dtype: str, overlap: str | bool = "auto",
@@ -115,7 +116,7 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     memory = 0.0
     if plan is not None:
         fixed = plan_memory(net, plan, request.batch, procs, precision, request.inference,
-                            request.optimizer)
+                            request.optimizer, request.accumulate)
         check_memory(fixed, limit, source)
         memory = fixed.memory
     backend = make_backend(request.device, request.dtype, comm, request.collectives)
@@ -132,7 +133,8 @@ def set_up(request: SetupRequest, net: NetSpec, comm: Any, predict: bool = True)
     overlap = sums_in_flight(request.overlap, machine)
     model = build_cost_model(net, request.batch, procs, machine, request.compute, backend, comm,
                              threads, overlap, inference=request.inference,
-                             retime=request.retime, optimizer=request.optimizer)
+                             retime=request.retime, optimizer=request.optimizer,
+                             accumulate=request.accumulate)
     planned = predict_plan(model, plan, limit, source, request.space,
                            request.branches == "auto", request.steps)
     if plan is None:

@@ -220,6 +220,7 @@ class Prepared:
 
 def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
     """Every check of the options and the files they name, before planning (rank 0)."""
+    from hpctrain.plan.accumulation import check_accumulate
     from hpctrain.run.checkpoint import check_optimizer, resume_from
     from hpctrain.run.optimizer import check as check_rates
     from hpctrain.run.schedule import parse_schedule
@@ -232,7 +233,7 @@ def _prepare(args: argparse.Namespace, procs: int) -> Prepared:
             raise UserError(f"--{flag.replace('_', '-')} {value} must be >= {least}")
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1")
-    _check_accumulate(args.accumulate, args.batch)
+    check_accumulate(args.accumulate, args.batch)
     if args.epochs is not None and not args.epochs > 0:
         raise UserError(f"--epochs {args.epochs} must be positive")
     if args.checkpoint_every and not args.checkpoint_dir:
@@ -398,20 +399,6 @@ def _refusal_with_accumulation(err: Exception, args: argparse.Namespace, net: Ne
                         f"(--accumulate auto picks it)")
 
 
-def _check_accumulate(accumulate: int | str, batch: int) -> None:
-    """``--accumulate K``: at least 1, and a divisor of ``--batch`` (equal micro-batches)."""
-    if accumulate == "auto":
-        return
-    if accumulate < 1:
-        raise UserError(f"--accumulate {accumulate} must be at least 1 (1: no accumulation)")
-    if batch % accumulate:
-        divisors = [k for k in range(2, batch + 1) if batch % k == 0]
-        some = ", ".join(map(str, divisors[:6])) + (", ..." if len(divisors) > 6 else "")
-        raise UserError(f"--accumulate {accumulate} must divide --batch {batch} into equal "
-                        f"micro-batches; give 1 or a divisor of {batch}"
-                        f"{f' ({some})' if divisors else ''}")
-
-
 def _check_loss_scale(args: argparse.Namespace) -> None:
     """``--loss-scale``: under fp16 alone (no other precision scales its loss), and a number
     the float32 loss can be multiplied by without overflowing to inf (every step would be
@@ -552,7 +539,8 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
     request = SetupRequest.from_flags(args, args.precision, args.overlap, args.plan_file,
                                       prepared.steps)
     accumulate = prepared.accumulate
-    request = replace(request, batch=args.batch // accumulate)  # the micro-batch
+    # the micro-batch is planned, each parameter keeping the sum of its gradients too
+    request = replace(request, batch=args.batch // accumulate, accumulate=accumulate)
     try:
         setup = set_up(request, prepared.net, comm)
     except UserError as err:

@@ -66,13 +66,15 @@ OPTIMIZER_STATE = {"sgd": ("momentum",), "lars": ("momentum",),
 velocity, AdamW's and LAMB's two moments (PyTorch's names)."""
 
 
-def parameter_bytes(entries: int, precision: Precision, optimizer: str = "sgd"
-                    ) -> dict[str, float]:
+def parameter_bytes(entries: int, precision: Precision, optimizer: str = "sgd",
+                    accumulate: int = 1) -> dict[str, float]:
     """What a parameter shard of ``entries`` values costs on every rank, by name: the weights
     the kernels use and their gradient (the gradient all-reduce's flat buffer when there is
     one) in the storage dtype, the state of ``optimizer`` (:data:`OPTIMIZER_STATE`) and its
     scratch buffer in the master dtype, and under a mixed precision (bf16, fp16) the master
-    weights.
+    weights. A step of ``accumulate`` > 1 micro-batches (``--accumulate``) also keeps the
+    running sum of their gradients, in the master dtype (16-bit gradients are added in float32),
+    beside the gradient each micro-batch's backward makes.
 
     >>> from hpctrain.device.precision import PRECISIONS
     >>> sorted(parameter_bytes(10, PRECISIONS["bf16"]).items())  # doctest: +NORMALIZE_WHITESPACE
@@ -82,12 +84,16 @@ def parameter_bytes(entries: int, precision: Precision, optimizer: str = "sgd"
     ... # doctest: +NORMALIZE_WHITESPACE
     [('exp_avg', 40), ('exp_avg_sq', 40), ('gradients', 40), ('optimizer scratch', 40),
      ('parameters', 40)]
+    >>> parameter_bytes(10, PRECISIONS["bf16"], accumulate=4)["accumulated gradients"]
+    40
     """
     stored, master = entries * precision.itemsize, entries * precision.master_itemsize
     parts = {"parameters": stored}
     if precision.mixed:
         parts["master weights"] = master
     parts["gradients"] = stored
+    if accumulate > 1:
+        parts["accumulated gradients"] = master
     parts |= dict.fromkeys(OPTIMIZER_STATE[optimizer], master)
     parts["optimizer scratch"] = master
     return parts

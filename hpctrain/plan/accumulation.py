@@ -14,6 +14,7 @@ from __future__ import annotations
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import Machine
 from hpctrain.device.precision import Precision
+from hpctrain.errors import UserError
 from hpctrain.layout.partition import SplitError
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.planner import PlannerError, leanest_fitting
@@ -27,7 +28,8 @@ def fewest_micro_batches(net: NetSpec, batch: int, procs: int, machine: Machine,
     """The smallest divisor K ≥ ``least`` of ``batch`` for which a plan of ``net`` with
     micro-batch ``batch / K`` on ``procs`` ranks fits under ``cap`` bytes per rank, searching
     ``space`` ("auto" searches balanced, as the planner may), each parameter keeping the state
-    of ``optimizer``; None when not even micro-batches of one sample fit.
+    of ``optimizer`` and, for K > 1, the sum of its gradients; None when not even
+    micro-batches of one sample fit.
 
     >>> from hpctrain.cost.machine import load_machine
     >>> from hpctrain.device.precision import PRECISIONS
@@ -44,10 +46,24 @@ def fewest_micro_batches(net: NetSpec, batch: int, procs: int, machine: Machine,
         if batch % k:
             continue
         model = CostModel(net, batch // k, procs, machine, rate, precision, overlap,
-                          optimizer=optimizer)
+                          optimizer=optimizer, accumulate=k)
         try:
             if leanest_fitting(model, cap, searched) is not None:
                 return k
         except (PlannerError, SplitError):  # no plan of this micro-batch runs here at all
             continue
     return None
+
+
+def check_accumulate(accumulate: int | str, batch: int) -> None:
+    """``--accumulate K``: at least 1, and a divisor of ``--batch`` (equal micro-batches)."""
+    if accumulate == "auto":
+        return
+    if accumulate < 1:
+        raise UserError(f"--accumulate {accumulate} must be at least 1 (1: no accumulation)")
+    if batch % accumulate:
+        divisors = [k for k in range(2, batch + 1) if batch % k == 0]
+        some = ", ".join(map(str, divisors[:6])) + (", ..." if len(divisors) > 6 else "")
+        raise UserError(f"--accumulate {accumulate} must divide --batch {batch} into equal "
+                        f"micro-batches; give 1 or a divisor of {batch}"
+                        f"{f' ({some})' if divisors else ''}")

@@ -319,15 +319,16 @@ def iteration_flops(net: NetSpec, batch: int, kinds: tuple[str, ...] | None = No
 
 def plan_memory(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int,
                 precision: Precision = PRECISIONS["fp32"], inference: bool = False,
-                optimizer: str = "sgd") -> PlannedNetwork:
+                optimizer: str = "sgd", accumulate: int = 1) -> PlannedNetwork:
     """``plan``'s memory per rank (and its moves) in ``precision``, arithmetic only: no kernel
     is timed, so it is safe at any size. Its times are zero. ``inference``: a forward pass
-    alone; ``optimizer``: the run's, whose state each parameter keeps."""
+    alone; ``optimizer`` and ``accumulate``: the run's, whose state each parameter keeps."""
     from hpctrain.cost.compute import FlopModel
     from hpctrain.cost.machine import Machine
 
     model = CostModel(net, batch, procs, Machine("memory", 0.0, 0.0, 1.0), FlopModel(1.0),
-                      precision, inference=inference, optimizer=optimizer)
+                      precision, inference=inference, optimizer=optimizer,
+                      accumulate=accumulate)
     return evaluate_plan(model, plan, timed=False)
 
 

@@ -175,14 +175,16 @@ class CostModel(Segments):
     optimizer : the run's ``--optimizer``, whose state every parameter keeps
         (:data:`~hpctrain.cost.memory.OPTIMIZER_STATE`: one array for SGD and LARS, two for
         AdamW and LAMB).
+    accumulate : the run's micro-batches per step (``--accumulate``): ``batch`` is then the
+        micro-batch, and above 1 every parameter also keeps the sum of its gradients.
     """
 
     def __init__(self, net: NetSpec, batch: int, procs: int, machine: Machine, compute,
                  precision: Precision = PRECISIONS["fp32"], overlap: bool = False,
-                 inference: bool = False, optimizer: str = "sgd") -> None:
+                 inference: bool = False, optimizer: str = "sgd", accumulate: int = 1) -> None:
         super().__init__(net, batch, procs)
         self.machine, self.compute, self.overlap = machine, compute, overlap
-        self.inference, self.optimizer = inference, optimizer
+        self.inference, self.optimizer, self.accumulate = inference, optimizer, accumulate
         self.precision = precision_of(precision)
         # the share of the gradient sums' time that can hide behind the backward: the
         # machine's, when the run puts them in flight (--overlap); none otherwise
@@ -199,7 +201,8 @@ class CostModel(Segments):
         """The same model (net, batch, ranks, profile, precision, overlap) with its compute
         times from ``compute``: a plan priced again under kernels timed at another moment."""
         return CostModel(self.net, self.batch, self.procs, self.machine, compute,
-                         self.precision, self.overlap, self.inference, self.optimizer)
+                         self.precision, self.overlap, self.inference, self.optimizer,
+                         self.accumulate)
 
     @property
     def itemsize(self) -> int:
@@ -235,7 +238,8 @@ class CostModel(Segments):
         if self.inference:
             return self._forward_memory(index, layouts, work, params, x, y)
         kept_before = self.kept_upstream(index) and not fresh_input
-        resident = parameter_bytes(params, self.precision, self.optimizer) if params else {}
+        resident = (parameter_bytes(params, self.precision, self.optimizer, self.accumulate)
+                    if params else {})
         if self.keeps_input(index) and not kept_before:
             resident["input"] = x
         footprint = Footprint(x, y, work, b, {} if kept_before else {"input": x},
@@ -449,7 +453,8 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
                      backend: Backend | None = None, comm: Any = None,
                      threads: ThreadChoice | None = None, overlap: bool = False,
                      cached: bool = True, inference: bool = False,
-                     retime: bool = False, optimizer: str = "sgd") -> CostModel:
+                     retime: bool = False, optimizer: str = "sgd",
+                     accumulate: int = 1) -> CostModel:
     """A cost model whose compute times come from ``source`` (see :func:`compute_source`), for
     a run with gradient sums in flight when ``overlap`` (``--overlap``). Measured times are
     read from and added to the cache unless not ``cached``: then all are timed now.
@@ -460,7 +465,8 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
     under MPI every rank of ``comm`` times the same kernels at once, as the ranks of a node
     will when training. Bytes are priced in the backend's precision (fp32 when None), FLOP-rate
     compute at the profile's rate for it (:meth:`~hpctrain.cost.machine.Machine.flops_for`).
-    ``inference``: the forward pass alone, and ``optimizer`` the run's (:class:`CostModel`).
+    ``inference``: the forward pass alone; ``optimizer`` and ``accumulate`` the run's
+    (:class:`CostModel`).
     ``retime``: every kernel the plan needs timed afresh (``--retime``), refused where compute
     comes from FLOPs.
     """
@@ -473,7 +479,7 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
                             f"--compute measured, or drop --retime")
         return CostModel(net, batch, procs, machine,
                          FlopModel(machine.flops_for(precision.name)), precision, overlap,
-                         inference, optimizer)
+                         inference, optimizer, accumulate)
     if backend is None:
         from hpctrain.device.backend import Backend
 
@@ -488,7 +494,7 @@ def build_cost_model(net: NetSpec, batch: int, procs: int, machine: Machine, sou
                               step_bytes=step_bytes(net, batch, procs, machine, precision),
                               retime=retime)
     return CostModel(net, batch, procs, machine, compute, precision, overlap, inference,
-                     optimizer)
+                     optimizer, accumulate)
 
 
 def timing_warnings(model: CostModel) -> list[str]:

@@ -140,6 +140,7 @@ def _measured(source: str, attrs: dict, plan_text: str | None,
             raise LogError(f"{source}: the attribute {key!r} is missing; refit from a log "
                            f"hpctrain wrote")
     procs, batch = int(attrs["processes"]), int(attrs["batch"])
+    _check_one_micro_batch(source, attrs, batch)
     net = _net(source, attrs, procs)
     if plan_text is None:
         raise LogError(f"{source}: no plan text; refit from a log hpctrain wrote")
@@ -171,6 +172,19 @@ def _precision(source: str, attrs: dict) -> Precision:
         return resolve_precision(name, str(attrs.get("device", "cpu")))
     except UserError as err:
         raise LogError(f"{source}: {err}") from None
+
+
+def _check_one_micro_batch(source: str, attrs: dict, batch: int) -> None:
+    """Refuse the log of a run that accumulated gradients (``--accumulate K``): each of its
+    steps times K forwards and backwards of a micro-batch against the plan of one, so its
+    per-layer times are not what a fit of the plan's predictions reads."""
+    config = json.loads(attrs["config"]) if "config" in attrs else {}
+    accumulate = int(config.get("accumulate") or 1)
+    if accumulate > 1:
+        raise LogError(f"{source}: the run accumulated {accumulate} micro-batches of "
+                       f"{batch // accumulate} per step (--accumulate {accumulate}), so each "
+                       f"step times {accumulate} forwards and backwards of a plan of one; "
+                       f"refit from a run without --accumulate")
 
 
 def _net(source: str, attrs: dict, procs: int) -> NetSpec:

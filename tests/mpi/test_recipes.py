@@ -102,3 +102,32 @@ def test_a_micro_batch_the_ranks_cannot_split_is_named_as_one(comm, capsys):
     if comm.Get_rank() == 0:
         assert (f"(batch 1 is the micro-batch, --batch {procs} / --accumulate {procs}: lower "
                 f"--accumulate)") in err, err
+
+
+def test_accumulating_under_a_grouped_plan_equals_one_process_and_pytorch(comm):
+    """The decoder's ASPP branches on groups of ranks: each rank adds only the micro-batches'
+    gradients of the layers its group holds, and the sums over each group's ranks still come
+    once per step, equal to one process and PyTorch accumulating."""
+    from tests.grouped_plans import grouped_plan
+    from tests.torch_reference import MODELS
+
+    procs = comm.Get_size()
+    if procs == 1:
+        pytest.skip("one rank makes one group")
+    make_net, make_model, make_names = MODELS["decoder"]
+    net = make_net()
+    plan = grouped_plan(net, procs, BATCH // ACCUMULATE)
+    groups = {p.ranks for p in plan} - {None}
+    assert len(groups) >= 2, plan  # the test is of groups, not of the whole world
+    run = hpctrain_accumulating(net, plan, comm, BATCH, ACCUMULATE, SMOOTHING)
+    serial = None
+    if comm.Get_rank() == 0:
+        serial = hpctrain_accumulating(net, plan_from_spec("1x1", net, 1), MPI.COMM_SELF,
+                                       BATCH, ACCUMULATE, SMOOTHING)
+    verdict = ""
+    if comm.Get_rank() == 0:
+        verdict = failures(compare(run.steps, serial.steps), TOLERANCE)
+        want = torch_accumulating(make_model(net), make_names(), run, ACCUMULATE, SMOOTHING)
+        verdict += failures(compare(run.steps, want), TOLERANCE)
+    verdict = comm.bcast(verdict, root=0)
+    assert not verdict, verdict
