@@ -36,9 +36,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from hpctrain.cost.conditions import QUIET_SHARE, cpu_share
+from hpctrain.cost.conditions import QUIET_SHARE, cpu_share, share_allowed
 from hpctrain.cost.work import Kernels, LocalWork
 from hpctrain.device.caches import evict_caches, eviction_bytes
+from hpctrain.device.threads import affinity
 from hpctrain.errors import OutputError
 from hpctrain.io.files import replace_atomically
 
@@ -350,10 +351,8 @@ class MeasuredCompute:
         """The least share of what its cores allow that any rank gets now
         (:func:`~hpctrain.cost.conditions.cpu_share`; a rank allowed a whole core on a node of
         as many cores as ranks, else cores / ranks)."""
-        cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                else os.cpu_count() or 1)
         ranks = self.context.ranks_on_node if self.context is not None else 1
-        share = cpu_share(SHARE_SECONDS) / min(1.0, cpus / max(ranks, 1))
+        share = cpu_share(SHARE_SECONDS) / share_allowed(len(affinity()), ranks)
         if self.comm is None:
             return share
         from mpi4py import MPI

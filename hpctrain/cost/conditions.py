@@ -21,7 +21,6 @@ with a ``warning`` that every plan made with it repeats until it is measured aga
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -48,14 +47,20 @@ def cpu_share(seconds: float = SPIN_SECONDS) -> float:
     return (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
+def share_allowed(cpus: int, ranks: int) -> float:
+    """The share of a core each of ``ranks`` ranks can get on ``cpus`` CPUs when nothing else
+    runs: 1, or fewer where the job itself oversubscribes them."""
+    return min(1.0, cpus / max(ranks, 1))
+
+
 def cores_allowed(node: Any) -> float:
-    """The share of a core each rank of ``node`` (the ranks on this node) can get when nothing
-    else runs: 1, or the node's CPUs the ranks may run on over the ranks. Collective over
-    ``node``; its cost grows with the ranks of one node, never with the job."""
-    mine = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(
-        range(os.cpu_count() or 1))
-    cpus = set().union(*node.allgather(mine))
-    return min(1.0, len(cpus) / node.Get_size())
+    """:func:`share_allowed` for the ranks of ``node`` (the ranks on this node), over the
+    CPUs any of them may run on. Collective over ``node``; its cost grows with the ranks of one
+    node, never with the job."""
+    from hpctrain.device.threads import affinity
+
+    cpus = set().union(*node.allgather(affinity()))
+    return share_allowed(len(cpus), node.Get_size())
 
 
 def quiet_share(comm: Any, node: Any) -> float:

@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import math
 import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -286,11 +285,10 @@ def _stop(signum: int) -> KeyboardInterrupt:
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on (``os.sched_getaffinity``), or all of the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    """How many CPUs this process may run on."""
+    from hpctrain.device.threads import affinity
+
+    return len(affinity())
 
 
 class Progress:

@@ -89,7 +89,9 @@ def choose_threads(requested: int | None, environ: Mapping[str, str],
             f"{share.cpus} CPUs / {share.ranks_on_node} rank(s) on the node")
 
 
-def _affinity() -> frozenset[int]:
+def affinity() -> frozenset[int]:
+    """The CPUs this process may run on (``os.sched_getaffinity``), or all of the machine's
+    where there is no affinity to read."""
     try:
         return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no affinity API (macOS): every CPU
@@ -102,7 +104,7 @@ def node_share(comm: Any = None) -> NodeShare:
     One ``Split_type(COMM_TYPE_SHARED)`` and an all-gather of the masks among the ranks of the
     node only: the cost grows with the ranks per node, never with P.
     """
-    mask = _affinity()
+    mask = affinity()
     machine = max(os.cpu_count() or len(mask), len(mask))
     if comm is None:
         return NodeShare(len(mask), machine, 1, 1)
