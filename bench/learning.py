@@ -165,10 +165,17 @@ def train_hpctrain(net_path: Path, data: Path, log: Path, seed: int, steps: int,
                    args: argparse.Namespace) -> float:
     """hpctrain's held-out accuracy (a fraction) after ``steps`` steps, from its run log."""
     grid = [] if args.grid is None else ["--grid", args.grid]
-    run([MPIEXEC, "-n", str(args.procs), PY, "-m", "hpctrain", "train", "--net", str(net_path),
-         "--data", str(data), *grid, "--batch", str(args.batch), "--epochs", str(args.epochs),
-         "--lr", str(args.lr), "--momentum", str(args.momentum), "--weight-decay",
-         str(args.weight_decay), "--augment", args.augment, "--seed", str(seed),
+    return held_out_after(args.procs, [
+        "--net", str(net_path), "--data", str(data), *grid, "--batch", str(args.batch),
+        "--epochs", str(args.epochs), "--lr", str(args.lr), "--momentum", str(args.momentum),
+        "--weight-decay", str(args.weight_decay), "--augment", args.augment, "--seed",
+        str(seed)], log, steps)
+
+
+def held_out_after(procs: int, flags: list[str], log: Path, steps: int) -> float:
+    """The held-out accuracy (a fraction) of ``train`` with ``flags`` on ``procs`` ranks, one
+    thread each, evaluated after its last step ``steps`` alone, from its run log at ``log``."""
+    run([MPIEXEC, "-n", str(procs), PY, "-m", "hpctrain", "train", *flags,
          "--threads", "1", "--eval-every", str(steps), "--print-every", str(steps),
          # the plan is given; flops instead of timing kernels keeps the start-up short
          "--compute", "flops", "--machine", "default", "--log", str(log)])
@@ -270,15 +277,19 @@ def positive(text: str) -> int:
     return value
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=positive, default=16,
-                        help="training seeds, at least 2 (default: 16)")
-    parser.add_argument("--first-seed", type=int, default=0,
-                        help="the first seed; the others follow it (default: 0)")
+def add_shared_options(parser: argparse.ArgumentParser, seeds: int, per_class: int,
+                       first_seed: int = 0, first_seed_why: str = "") -> None:
+    """The options of the shapes benches (this one and ``bench/large_batch.py``): seeds, the
+    image folder and its split, epochs, the update's momentum and decay, augmentation, ranks
+    and the working directory."""
+    parser.add_argument("--seeds", type=positive, default=seeds,
+                        help=f"training seeds, at least 2 (default: {seeds})")
+    parser.add_argument("--first-seed", type=int, default=first_seed,
+                        help=f"the first seed; the others follow it (default: {first_seed}"
+                             f"{first_seed_why})")
     parser.add_argument("--epochs", type=positive, default=30, help="(default: 30)")
-    parser.add_argument("--per-class", type=positive, default=200,
-                        help="images of each of the 3 shapes (default: 200)")
+    parser.add_argument("--per-class", type=positive, default=per_class,
+                        help=f"images of each of the 3 shapes (default: {per_class})")
     parser.add_argument("--size", type=positive, default=24,
                         help="the side of the converted images and of the net's input, a "
                              "multiple of 4 (default: 24)")
@@ -286,22 +297,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="share of the images held out (default: 0.25)")
     parser.add_argument("--data-seed", type=int, default=0,
                         help="seed of the image folder and of the held-out split (default: 0)")
-    parser.add_argument("--batch", type=positive, default=16, help="(default: 16)")
-    parser.add_argument("--lr", type=float, default=0.01, help="constant (default: 0.01)")
     parser.add_argument("--momentum", type=float, default=0.9, help="(default: 0.9)")
     parser.add_argument("--weight-decay", type=float, default=5e-4, help="(default: 5e-4)")
     parser.add_argument("--augment", choices=AUGMENTS, default="flip",
                         help="as hpctrain's --augment, docs/data.md (default: flip)")
-    parser.add_argument("--same-order", action="store_true",
-                        help="PyTorch reads hpctrain's epoch order, not its own")
     parser.add_argument("--procs", type=positive, default=2,
                         help="hpctrain's ranks (default: 2)")
-    parser.add_argument("--grid", default=None,
-                        help="hpctrain's --grid (default: its own, pure batch)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="a new directory to keep the images, dataset, net and run logs in "
                              "(default: a temporary one, removed at the end)")
-    args = parser.parse_args(argv)
+
+
+def check_shared_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse the values of :func:`add_shared_options` the benches cannot use."""
     if args.seeds < 2:
         parser.error(f"--seeds {args.seeds}: a standard error needs at least 2")
     if args.size % 4:
@@ -310,6 +318,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--val-fraction {args.val_fraction} must be in (0, 1)")
     if args.workdir is not None and args.workdir.exists():
         parser.error(f"--workdir {args.workdir} exists; give a new directory")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shared_options(parser, seeds=16, per_class=200)
+    parser.add_argument("--batch", type=positive, default=16, help="(default: 16)")
+    parser.add_argument("--lr", type=float, default=0.01, help="constant (default: 0.01)")
+    parser.add_argument("--same-order", action="store_true",
+                        help="PyTorch reads hpctrain's epoch order, not its own")
+    parser.add_argument("--grid", default=None,
+                        help="hpctrain's --grid (default: its own, pure batch)")
+    args = parser.parse_args(argv)
+    check_shared_options(parser, args)
     return args
 
 
