@@ -1,6 +1,7 @@
 """The convolution's two shortcuts (hpctrain.kernels.conv) against its general path and against
 PyTorch: taps that read only padding dropped, and pointwise (1×1) products on the samples as
-they lie; and average-pooling on small images as one product (hpctrain.kernels.pool)."""
+they lie; average-pooling on small images as one product, and max-pooling of windows that
+tile the input or do not overlap (hpctrain.kernels.pool)."""
 
 import numpy as np
 import pytest
@@ -183,3 +184,74 @@ def test_small_average_pools_against_pytorch(count_pad):
         ty.backward(torch.tensor(dy))
         np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+class GeneralPath:
+    """NumPy under another name: the kernels' NumPy-only shortcuts (``xp is np``) do not run,
+    so a kernel called with it takes its general path."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+# (x, kernel, stride, pads): max-pools whose windows tile the input (stride = kernel) or do not
+# overlap (stride > kernel): odd sizes that leave entries out, padding, uneven kernels, 2-D and 3-D
+SEPARATE_POOLS = [((2, 3, 8, 8), (2, 2), (2, 2), ((0, 0), (0, 0))),
+                  ((2, 3, 7, 9), (2, 3), (2, 3), ((0, 0), (0, 0))),
+                  ((1, 2, 7, 6), (3, 2), (3, 2), ((1, 1), (0, 1))),
+                  ((2, 2, 6, 6, 6), (2, 2, 2), (2, 2, 2), ((0, 0),) * 3),
+                  ((2, 3, 5, 7, 4), (2, 3, 1), (2, 3, 1), ((0, 1), (1, 1), (0, 0))),
+                  ((1, 2, 9, 8, 7), (2, 2, 2), (3, 3, 2), ((0, 0), (1, 0), (0, 1))),
+                  ((1, 2, 8, 7), (2, 2), (3, 4), ((1, 1), (0, 0)))]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("xs,kernel,stride,pads", SEPARATE_POOLS)
+def test_separate_max_pools_give_the_general_path_s_numbers(xs, kernel, stride, pads, ties):
+    from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+
+    # integers tie often: the first maximum in window order must win on both paths
+    x = rng.integers(0, 3, xs).astype(np.float64) if ties else rng.standard_normal(xs)
+    y, cache = maxpool_forward(np, x, kernel, stride, pads)
+    want_y, want_cache = maxpool_forward(GeneralPath(), x, kernel, stride, pads)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(cache.first, want_cache.first)
+    assert cache.first.dtype == want_cache.first.dtype and y.flags.c_contiguous
+    dy = rng.standard_normal(y.shape)
+    dx = maxpool_backward(np, dy, kernel, stride, cache)
+    np.testing.assert_array_equal(dx, maxpool_backward(GeneralPath(), dy, kernel, stride,
+                                                       want_cache))
+    assert dx.shape == x.shape and dx.dtype == dy.dtype
+
+
+def test_separate_max_pools_keep_float32():
+    from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+
+    x = rng.standard_normal((2, 4, 6, 6, 6)).astype(np.float32)
+    y, cache = maxpool_forward(np, x, (2, 2, 2), (2, 2, 2), ((0, 0),) * 3)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx = maxpool_backward(np, dy, (2, 2, 2), (2, 2, 2), cache)
+    assert y.dtype == dx.dtype == np.float32
+    want_y, want_cache = maxpool_forward(GeneralPath(), x, (2, 2, 2), (2, 2, 2), ((0, 0),) * 3)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(dx, maxpool_backward(GeneralPath(), dy, (2, 2, 2),
+                                                       (2, 2, 2), want_cache))
+
+
+@pytest.mark.parametrize("xs,kernel,stride,pads", SEPARATE_POOLS)
+def test_separate_max_pools_against_pytorch(xs, kernel, stride, pads):
+    torch = pytest.importorskip("torch")
+    from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+
+    functional = torch.nn.functional
+    x = rng.standard_normal(xs)
+    y, cache = maxpool_forward(np, x, kernel, stride, pads)
+    dy = rng.standard_normal(y.shape)
+    dx = maxpool_backward(np, dy, kernel, stride, cache)
+    tx = torch.tensor(x, requires_grad=True)
+    padding = tuple(v for pad in reversed(pads) for v in pad)  # F.pad's order: last axis first
+    pool = functional.max_pool2d if len(kernel) == 2 else functional.max_pool3d
+    ty = pool(functional.pad(tx, padding, value=-np.inf), kernel, stride)
+    ty.backward(torch.tensor(dy))
+    np.testing.assert_array_equal(y, ty.detach().numpy())
+    np.testing.assert_array_equal(dx, tx.grad.numpy())
