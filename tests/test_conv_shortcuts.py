@@ -255,3 +255,70 @@ def test_separate_max_pools_against_pytorch(xs, kernel, stride, pads):
     ty.backward(torch.tensor(dy))
     np.testing.assert_array_equal(y, ty.detach().numpy())
     np.testing.assert_array_equal(dx, tx.grad.numpy())
+
+
+# (x, w, stride, pads, dilation): channel-major columns of SAMPLE_POSITIONS or more positions a
+# sample, multiplied a sample at a time: images and volumes, strides, uneven padding (a band of
+# a split axis pads one side only), dilation, odd sizes
+PER_SAMPLE = [((2, 3, 36, 36), (4, 3, 3, 3), (1, 1), ((1, 1), (1, 1)), None),
+              ((3, 2, 67, 65), (5, 2, 5, 3), (2, 2), ((2, 0), (1, 1)), None),
+              ((2, 3, 35, 37), (4, 3, 3, 3), (1, 1), ((2, 2), (0, 2)), (2, 2)),
+              ((2, 2, 11, 11, 11), (3, 2, 2, 2, 2), (1, 1, 1), ((0, 1),) * 3, None),
+              ((2, 3, 13, 12, 15), (2, 3, 3, 2, 3), (1, 1, 1), ((1, 0), (0, 1), (1, 1)), None)]
+
+
+@pytest.mark.parametrize("need_dx", [True, False])
+@pytest.mark.parametrize("xs,ws,stride,pads,dilation", PER_SAMPLE)
+def test_per_sample_products_give_the_general_path_s_numbers(xs, ws, stride, pads, dilation,
+                                                             need_dx, monkeypatch):
+    from hpctrain.kernels import conv
+
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    y, cache = conv_forward(np, x, w, b, stride, pads, False, dilation)
+    assert conv._per_sample(np, 1, y.shape[2:]) and y.flags.c_contiguous
+    dy = rng.standard_normal(y.shape)
+    dw_out = np.empty_like(w)
+    dx, dw, db = conv_backward(np, dy, w, cache, stride, need_dx, dw_out)
+    assert dw is dw_out or np.shares_memory(dw, dw_out)
+    monkeypatch.setattr(conv, "SAMPLE_POSITIONS", 10**9)  # one product over every sample
+    want_y, want_cache = conv_forward(np, x, w, b, stride, pads, False, dilation)
+    want_dx, want_dw, want_db = conv_backward(np, dy, w, want_cache, stride, need_dx)
+    close = dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(y, want_y, **close)
+    np.testing.assert_allclose(dw, want_dw, **close)
+    np.testing.assert_allclose(db, want_db, **close)
+    if need_dx:
+        np.testing.assert_allclose(dx, want_dx, **close)
+        assert dx.shape == x.shape
+    else:
+        assert dx is None
+
+
+def test_per_sample_products_keep_16_bit_and_float32_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    xs, ws, stride, pads = (2, 3, 34, 34), (4, 3, 3, 3), (1, 1), ((1, 1), (1, 1))
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+        y, cache = conv_forward(np, x, w, None, stride, pads, False)
+        dx, dw, db = conv_backward(np, rng.standard_normal(y.shape).astype(dtype), w, cache,
+                                   stride)
+        assert y.dtype == dx.dtype == dw.dtype == db.dtype == dtype
+
+
+@pytest.mark.parametrize("xs,ws,stride,pads,dilation", PER_SAMPLE)
+def test_per_sample_products_against_pytorch(xs, ws, stride, pads, dilation):
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    y, cache = conv_forward(np, x, w, b, stride, pads, False, dilation)
+    dy = rng.standard_normal(y.shape)
+    dx, dw, db = conv_backward(np, dy, w, cache, stride)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    padding = tuple(v for pad in reversed(pads) for v in pad)  # F.pad's order: last axis first
+    convolve = functional.conv2d if len(pads) == 2 else functional.conv3d
+    ty = convolve(functional.pad(tx, padding), tw, tb, stride=stride, dilation=dilation or 1)
+    ty.backward(torch.tensor(dy))
+    close = dict(rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(y, ty.detach().numpy(), **close)
+    for got, want in ((dx, tx), (dw, tw), (db, tb)):
+        np.testing.assert_allclose(got, want.grad.numpy(), **close)
