@@ -1,6 +1,7 @@
 """The convolution's two shortcuts (hpctrain.kernels.conv) against its general path and against
 PyTorch: taps that read only padding dropped, and pointwise (1×1) products on the samples as
-they lie; and average-pooling on small images as one product (hpctrain.kernels.pool)."""
+they lie; average-pooling on small images as one product, and max-pooling of windows that
+tile the input or do not overlap (hpctrain.kernels.pool)."""
 
 import numpy as np
 import pytest
@@ -183,3 +184,141 @@ def test_small_average_pools_against_pytorch(count_pad):
         ty.backward(torch.tensor(dy))
         np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+class GeneralPath:
+    """NumPy under another name: the kernels' NumPy-only shortcuts (``xp is np``) do not run,
+    so a kernel called with it takes its general path."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+# (x, kernel, stride, pads): max-pools whose windows tile the input (stride = kernel) or do not
+# overlap (stride > kernel): odd sizes that leave entries out, padding, uneven kernels, 2-D and 3-D
+SEPARATE_POOLS = [((2, 3, 8, 8), (2, 2), (2, 2), ((0, 0), (0, 0))),
+                  ((2, 3, 7, 9), (2, 3), (2, 3), ((0, 0), (0, 0))),
+                  ((1, 2, 7, 6), (3, 2), (3, 2), ((1, 1), (0, 1))),
+                  ((2, 2, 6, 6, 6), (2, 2, 2), (2, 2, 2), ((0, 0),) * 3),
+                  ((2, 3, 5, 7, 4), (2, 3, 1), (2, 3, 1), ((0, 1), (1, 1), (0, 0))),
+                  ((1, 2, 9, 8, 7), (2, 2, 2), (3, 3, 2), ((0, 0), (1, 0), (0, 1))),
+                  ((1, 2, 8, 7), (2, 2), (3, 4), ((1, 1), (0, 0)))]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("xs,kernel,stride,pads", SEPARATE_POOLS)
+def test_separate_max_pools_give_the_general_path_s_numbers(xs, kernel, stride, pads, ties):
+    from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+
+    # integers tie often: the first maximum in window order must win on both paths
+    x = rng.integers(0, 3, xs).astype(np.float64) if ties else rng.standard_normal(xs)
+    y, cache = maxpool_forward(np, x, kernel, stride, pads)
+    want_y, want_cache = maxpool_forward(GeneralPath(), x, kernel, stride, pads)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(cache.first, want_cache.first)
+    assert cache.first.dtype == want_cache.first.dtype and y.flags.c_contiguous
+    dy = rng.standard_normal(y.shape)
+    dx = maxpool_backward(np, dy, kernel, stride, cache)
+    np.testing.assert_array_equal(dx, maxpool_backward(GeneralPath(), dy, kernel, stride,
+                                                       want_cache))
+    assert dx.shape == x.shape and dx.dtype == dy.dtype
+
+
+def test_separate_max_pools_keep_float32():
+    from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+
+    x = rng.standard_normal((2, 4, 6, 6, 6)).astype(np.float32)
+    y, cache = maxpool_forward(np, x, (2, 2, 2), (2, 2, 2), ((0, 0),) * 3)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx = maxpool_backward(np, dy, (2, 2, 2), (2, 2, 2), cache)
+    assert y.dtype == dx.dtype == np.float32
+    want_y, want_cache = maxpool_forward(GeneralPath(), x, (2, 2, 2), (2, 2, 2), ((0, 0),) * 3)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(dx, maxpool_backward(GeneralPath(), dy, (2, 2, 2),
+                                                       (2, 2, 2), want_cache))
+
+
+@pytest.mark.parametrize("xs,kernel,stride,pads", SEPARATE_POOLS)
+def test_separate_max_pools_against_pytorch(xs, kernel, stride, pads):
+    torch = pytest.importorskip("torch")
+    from hpctrain.kernels.pool import maxpool_backward, maxpool_forward
+
+    functional = torch.nn.functional
+    x = rng.standard_normal(xs)
+    y, cache = maxpool_forward(np, x, kernel, stride, pads)
+    dy = rng.standard_normal(y.shape)
+    dx = maxpool_backward(np, dy, kernel, stride, cache)
+    tx = torch.tensor(x, requires_grad=True)
+    padding = tuple(v for pad in reversed(pads) for v in pad)  # F.pad's order: last axis first
+    pool = functional.max_pool2d if len(kernel) == 2 else functional.max_pool3d
+    ty = pool(functional.pad(tx, padding, value=-np.inf), kernel, stride)
+    ty.backward(torch.tensor(dy))
+    np.testing.assert_array_equal(y, ty.detach().numpy())
+    np.testing.assert_array_equal(dx, tx.grad.numpy())
+
+
+# (x, w, stride, pads, dilation): channel-major columns of SAMPLE_POSITIONS or more positions a
+# sample, multiplied a sample at a time: images and volumes, strides, uneven padding (a band of
+# a split axis pads one side only), dilation, odd sizes
+PER_SAMPLE = [((2, 3, 36, 36), (4, 3, 3, 3), (1, 1), ((1, 1), (1, 1)), None),
+              ((3, 2, 67, 65), (5, 2, 5, 3), (2, 2), ((2, 0), (1, 1)), None),
+              ((2, 3, 35, 37), (4, 3, 3, 3), (1, 1), ((2, 2), (0, 2)), (2, 2)),
+              ((2, 2, 11, 11, 11), (3, 2, 2, 2, 2), (1, 1, 1), ((0, 1),) * 3, None),
+              ((2, 3, 13, 12, 15), (2, 3, 3, 2, 3), (1, 1, 1), ((1, 0), (0, 1), (1, 1)), None)]
+
+
+@pytest.mark.parametrize("need_dx", [True, False])
+@pytest.mark.parametrize("xs,ws,stride,pads,dilation", PER_SAMPLE)
+def test_per_sample_products_give_the_general_path_s_numbers(xs, ws, stride, pads, dilation,
+                                                             need_dx, monkeypatch):
+    from hpctrain.kernels import conv
+
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    y, cache = conv_forward(np, x, w, b, stride, pads, False, dilation)
+    assert conv._per_sample(np, 1, y.shape[2:]) and y.flags.c_contiguous
+    dy = rng.standard_normal(y.shape)
+    dw_out = np.empty_like(w)
+    dx, dw, db = conv_backward(np, dy, w, cache, stride, need_dx, dw_out)
+    assert dw is dw_out or np.shares_memory(dw, dw_out)
+    monkeypatch.setattr(conv, "SAMPLE_POSITIONS", 10**9)  # one product over every sample
+    want_y, want_cache = conv_forward(np, x, w, b, stride, pads, False, dilation)
+    want_dx, want_dw, want_db = conv_backward(np, dy, w, want_cache, stride, need_dx)
+    close = dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(y, want_y, **close)
+    np.testing.assert_allclose(dw, want_dw, **close)
+    np.testing.assert_allclose(db, want_db, **close)
+    if need_dx:
+        np.testing.assert_allclose(dx, want_dx, **close)
+        assert dx.shape == x.shape
+    else:
+        assert dx is None
+
+
+def test_per_sample_products_keep_16_bit_and_float32_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    xs, ws, stride, pads = (2, 3, 34, 34), (4, 3, 3, 3), (1, 1), ((1, 1), (1, 1))
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+        y, cache = conv_forward(np, x, w, None, stride, pads, False)
+        dx, dw, db = conv_backward(np, rng.standard_normal(y.shape).astype(dtype), w, cache,
+                                   stride)
+        assert y.dtype == dx.dtype == dw.dtype == db.dtype == dtype
+
+
+@pytest.mark.parametrize("xs,ws,stride,pads,dilation", PER_SAMPLE)
+def test_per_sample_products_against_pytorch(xs, ws, stride, pads, dilation):
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    y, cache = conv_forward(np, x, w, b, stride, pads, False, dilation)
+    dy = rng.standard_normal(y.shape)
+    dx, dw, db = conv_backward(np, dy, w, cache, stride)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    padding = tuple(v for pad in reversed(pads) for v in pad)  # F.pad's order: last axis first
+    convolve = functional.conv2d if len(pads) == 2 else functional.conv3d
+    ty = convolve(functional.pad(tx, padding), tw, tb, stride=stride, dilation=dilation or 1)
+    ty.backward(torch.tensor(dy))
+    close = dict(rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(y, ty.detach().numpy(), **close)
+    for got, want in ((dx, tx), (dw, tw), (db, tb)):
+        np.testing.assert_allclose(got, want.grad.numpy(), **close)

@@ -24,7 +24,10 @@ rule is :func:`~hpctrain.kernels.sliding.prefer_channels_last`.
 
 A volume's input gradient goes a slab of output planes at a time (:data:`SLAB_BYTES`), so that
 the column gradients of a slab are scattered back while they are still in cache: CosmoFlow's
-64³ layer's backward 80 → 59 ms. Images keep one GEMM for the whole batch.
+64³ layer's backward 80 → 59 ms; an image's, in one go. Channel-major columns
+with :data:`SAMPLE_POSITIONS` output positions a sample or more are multiplied a sample at a
+time (on NumPy, ungrouped): Y comes out of the products in its own order and the backward reads
+dY as it lies, with no transposed copies of either.
 
 Two shapes skip the general path. Taps that read only padding (every window's, as at a 1×1 or
 2×2 image late in a network) are dropped, with the padding they reached
@@ -51,6 +54,8 @@ from dataclasses import dataclass, replace
 from itertools import product
 from math import prod
 from typing import Any
+
+import numpy as np
 
 from hpctrain.kernels.norm import channel_sums
 from hpctrain.kernels.products import matmul, narrow, widen
@@ -82,6 +87,18 @@ POINTWISE_POSITIONS = 49
 """The fewest output positions per sample (P) at which a pointwise convolution multiplies each
 sample's (C, P) matrix as it lies (``_pointwise``); below, one product over the columns of
 every sample, as the general path. (P = 1 is a single product of the samples' rows.)"""
+
+
+SAMPLE_POSITIONS = 1024
+"""The fewest output positions per sample (P) at which channel-major columns are multiplied a
+sample at a time: Y comes out of the products in its own (N, O, P) order, and the backward reads
+dY as it lies, where one product over every sample's columns gives (O, N·P) and takes a
+transposed copy each way. Measured, float32, one thread, forward and backward, one product →
+a sample at a time (ms of CPU time): CosmoFlow's 32³ layer (4 → 16 channels, batch 16) 39.3 →
+32.3 and 23.0 → 16.6, its 16³ layer 21.4 → 18.1 and 34.5 → 34.9; ResNet-50's first layer at 64²
+(batch 8, P = 1024) 3.7 → 3.0 and 2.4 → 2.3; Inception v3's 32 → 64 layer at 35² (P = 1225)
+7.1 → 6.6 and 17.0 → 14.4. Below, no gain: AlexNet's first layer at 127² (P = 961) 14.1 → 14.5
+and 10.0 → 10.1, CosmoFlow's 8³ layer (P = 512) 6.5 → 7.2 and 15.9 → 15.4."""
 
 
 @dataclass(frozen=True)
@@ -161,11 +178,15 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...]
         out = win.shape[2 + d:]
         cols = win.transpose(1, *range(2, 2 + d), 0, *range(2 + d, 2 + 2 * d)).reshape(
             c * prod(kernel), n * prod(out))
-        # one product per group: (G, O/G, C/G·K) · (G, C/G·K, N·P)
-        y = matmul(xp, _per_group(w, groups), _per_group(cols, groups)).reshape(o, n, *out)
-        if b is not None:
-            y += b.reshape(o, *(1,) * (1 + d))
-        y = y.transpose(1, 0, *range(2, 2 + d))
+        if _per_sample(xp, groups, out):  # Y[n] = W·cols[n], (N, O, P): Y's own order
+            y = matmul(xp, w.reshape(o, -1), _sample_columns(cols, n)).reshape(n, o, *out)
+            if b is not None:
+                y += b.reshape(o, *(1,) * d)
+        else:  # one product per group: (G, O/G, C/G·K) · (G, C/G·K, N·P)
+            y = matmul(xp, _per_group(w, groups), _per_group(cols, groups)).reshape(o, n, *out)
+            if b is not None:
+                y += b.reshape(o, *(1,) * (1 + d))
+            y = y.transpose(1, 0, *range(2, 2 + d))
     return xp.ascontiguousarray(y), ConvCache(cols, x.shape, tuple(map(tuple, pads)),
                                               channels_last, dilation, groups)
 
@@ -204,6 +225,8 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
     c = cache.x_shape[1]
     n, _, *out = dy.shape
     d, g = len(out), cache.groups
+    if _per_sample(xp, g, out):
+        return _backward_per_sample(xp, dy, w, cache, stride, need_dx, dw_out)
     dy_mat = _per_group(dy.transpose(1, 0, *range(2, 2 + d)), g)
     dw_mat = None if dw_out is None else _per_group(dw_out, g)
     dw = matmul(xp, dy_mat, _per_group(cache.cols, g).swapaxes(-1, -2),
@@ -220,6 +243,46 @@ def conv_backward(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int,
     for corner in product(*map(range, kernel)):
         dxp[(slice(None), slice(None), *_hits(corner, stride, out, cache.dilation))] += \
             dcols[(slice(None), *corner)].transpose(1, 0, *range(2, 2 + d))
+    return unpadded(dxp, cache.pads), dw, db
+
+
+def _per_sample(xp: Any, groups: int, out: Sequence[int]) -> bool:
+    """Whether channel-major columns are multiplied a sample at a time (``_sample_columns``):
+    on NumPy, ungrouped, with at least :data:`SAMPLE_POSITIONS` output positions a sample."""
+    return xp is np and groups == 1 and prod(out) >= SAMPLE_POSITIONS
+
+
+def _sample_columns(cols: Any, n: int) -> Any:
+    """Channel-major columns (C·K, N·P) as the (N, C·K, P) stack of each sample's columns: a
+    view, each matrix's rows N·P entries apart, which BLAS takes as it is."""
+    return cols.reshape(cols.shape[0], n, -1).swapaxes(0, 1)
+
+
+def _backward_per_sample(xp: Any, dy: Any, w: Any, cache: ConvCache, stride: tuple[int, ...],
+                         need_dx: bool, dw_out: Any | None) -> tuple[Any | None, Any, Any]:
+    """:func:`conv_backward` of channel-major columns a sample at a time: dW = Σₙ dY[n]·cols[n]ᵀ
+    and dcols[n] = Wᵀ·dY[n], with dY[n] the (O, P) matrix of sample n as it lies: no transposed
+    copy of dY, and col2im adds whole (N, C, P…) blocks."""
+    o, c, *kernel = w.shape
+    n, _, *out = dy.shape
+    d = len(out)
+    dy_rows = xp.ascontiguousarray(dy).reshape(n, o, -1)  # dY: (N, O, P)
+    cols = _sample_columns(cache.cols, n)  # (N, C·K, P)
+    w_mat = w.reshape(o, -1)  # (O, C·K)
+    dw_mat = None if dw_out is None else dw_out.reshape(o, -1)
+    dw = matmul(xp, dy_rows, cols.swapaxes(1, 2)).sum(axis=0, out=dw_mat).reshape(w.shape)
+    db = channel_sums(xp, dy_rows)
+    if not need_dx:
+        return None, dw, db
+    if d >= 3:
+        return _input_gradient_slabs(xp, dy, w, cache, stride), dw, db
+    dcols = matmul(xp, w_mat.T, dy_rows).reshape(n, c, *kernel, *out)
+    size = cache.x_shape[2:]
+    dxp = xp.zeros((n, c, *(m + before + after for m, (before, after) in zip(size, cache.pads))),
+                   dtype=dy.dtype)
+    for corner in product(*map(range, kernel)):
+        dxp[(slice(None), slice(None), *_hits(corner, stride, out, cache.dilation))] += \
+            dcols[(slice(None), slice(None), *corner)]
     return unpadded(dxp, cache.pads), dw, db
 
 

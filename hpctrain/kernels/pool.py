@@ -52,17 +52,27 @@ def maxpool_forward(xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int,
     row-major window order (a strict comparison keeps the earlier of equals), one byte per
     output for the usual kernels: all the backward needs, where keeping the windows would keep
     the padded input alive.
+
+    Windows that tile the input (stride = kernel, as CosmoFlow's 2×2×2 pools) are first copied
+    tap by tap into one block each (``_taps_first``) on NumPy: every pass then runs over
+    contiguous entries, where a strided view of a tap steps over the others' entries
+    (CosmoFlow's first pool, 16 channels of 32³, batch 16, float32, one thread: 33 → 25 ms of
+    CPU time). The same maxima and positions either way.
     """
     check_windows(x.ndim - 2, kernel, stride, pads)
     kernel, stride = tuple(kernel), tuple(stride)
-    win = windows(xp, padded(xp, x, pads, -xp.inf), kernel, stride)
-    corners = _corners(kernel)
-    y = win[corners[0]].copy()
+    xpad = padded(xp, x, pads, -xp.inf)
+    if xp is np and kernel == stride:  # windows side by side: their taps one block each
+        taps = _taps_first(xpad, kernel)
+        candidates = [taps[position] for position in range(len(taps))]
+    else:
+        win = windows(xp, xpad, kernel, stride)
+        candidates = [win[corner] for corner in _corners(kernel)]
+    y = candidates[0].copy()
     first = xp.zeros(y.shape, dtype=position_dtype(kernel))
     higher = xp.empty(y.shape, dtype=bool)
     step = xp.empty_like(first)
-    for position, corner in enumerate(corners[1:], start=1):
-        candidate = win[corner]
+    for position, candidate in enumerate(candidates[1:], start=1):
         xp.greater(candidate, y, out=higher)
         # first = position where higher, else first: three passes of plain arithmetic, several
         # times faster than a masked copy (wrapping uint8 arithmetic is still exact)
@@ -83,7 +93,9 @@ def maxpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[in
     padded input, where adding window position by position would take K1·…·Kd passes over
     strided views.
     Overlapping windows may send several entries to one place: they are summed in float64,
-    then rounded once.
+    then rounded once. Windows that do not overlap (stride ≥ kernel on every axis) send at
+    most one, which is put in place on NumPy, in dY's dtype: the same numbers without the
+    float64 sums (CosmoFlow's first pool: 25 → 14 ms).
     """
     n, c, *out = dy.shape
     d = len(out)
@@ -98,6 +110,11 @@ def maxpool_backward(xp: Any, dy: Any, kernel: tuple[int, ...], stride: tuple[in
     flat += (xp.arange(n * c) * prod(size)).reshape(n, c, *(1,) * d)  # broadcast, no temporary
     # each window's corner, (O1, …, Od): one pass over the flat index to add it
     flat += _flat_grid(xp, out, [s * step for s, step in zip(stride, steps, strict=True)])
+    if xp is np and all(s >= k for s, k in zip(stride, kernel, strict=True)):
+        # windows that do not overlap send at most one entry to each place: put, not sum
+        dxp = np.zeros((n, c, *size), dtype=dy.dtype)
+        dxp.reshape(-1)[flat.reshape(-1)] = dy.reshape(-1)
+        return unpadded(dxp, cache.pads)
     if xp is np:
         sums = np.bincount(flat.reshape(-1), weights=dy.reshape(-1), minlength=n * c * prod(size))
     else:
@@ -226,6 +243,21 @@ def _members(size: tuple[int, ...], kernel: tuple[int, ...], stride: tuple[int, 
         members[entry[real], np.arange(prod(out))[real]] = 1
     members.setflags(write=False)
     return members
+
+
+def _taps_first(x: Any, kernel: tuple[int, ...]) -> Any:
+    """(K1·…·Kd, N, C, O1, …, Od): a contiguous copy of the windows of X: (N, C, S1, …, Sd) at
+    stride = kernel, Oᵢ = ⌊Sᵢ/Kᵢ⌋, one block per tap in row-major window order. Axis i is
+    cut into Oᵢ tiles of Kᵢ entries (a view), then the tap axes moved to the front."""
+    n, c, *size = x.shape
+    d = len(kernel)
+    out = [m // k for m, k in zip(size, kernel, strict=True)]
+    tiles = x[(slice(None), slice(None), *(slice(0, o * k) for o, k in zip(out, kernel,
+                                                                            strict=True)))]
+    tiles = tiles.reshape(n, c, *(e for o, k in zip(out, kernel, strict=True) for e in (o, k)))
+    # (N, C, O1, K1, …, Od, Kd) -> (K1, …, Kd, N, C, O1, …, Od)
+    order = (*(3 + 2 * axis for axis in range(d)), 0, 1, *(2 + 2 * axis for axis in range(d)))
+    return np.ascontiguousarray(tiles.transpose(order)).reshape(prod(kernel), n, c, *out)
 
 
 def _corners(kernel: tuple[int, ...]) -> list[tuple[Any, ...]]:

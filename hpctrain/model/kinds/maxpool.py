@@ -100,8 +100,10 @@ class MaxPoolKind(PoolKind):
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:
         """The position of each window's maximum, kept (one byte each); the padded input and
-        the comparison masks while they are found; the backward's flat indices (int64) and the
-        float64 sums it scatters into, before their cast."""
+        the comparison masks while they are found, and windows that tile the input copied tap
+        by tap; the backward's flat indices (int64) and the float64 sums it scatters into,
+        before their cast (windows that do not overlap put their entries in place on the CPU:
+        no sums there, a bound above)."""
         work, b = fp.work, fp.itemsize
         n, c = work.x[:2]
         outputs = n * c * math.prod(work.out_sizes())
@@ -110,6 +112,8 @@ class MaxPoolKind(PoolKind):
         padded_entries = padded_bytes(work, b) // b
         forward = {**fp.loose_input, "padded input": padded_copy_bytes(fp), "output": y,
                    "positions and masks": outputs * (2 * position + BOOL_BYTES)}
+        if tuple(work.kernel) == tuple(work.stride):  # hpctrain.kernels.pool's tiles
+            forward["window taps"] = outputs * math.prod(work.kernel) * b
         backward = {"output gradient": y, "flat indices": outputs * INDEX_BYTES,
                     "float64 sums": padded_entries * 8,
                     "padded input gradient": padded_entries * b}
