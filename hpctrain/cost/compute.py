@@ -39,7 +39,6 @@ import numpy as np
 from hpctrain.cost.conditions import QUIET_SHARE, cpu_share, share_allowed
 from hpctrain.cost.work import Kernels, LocalWork
 from hpctrain.device.caches import evict_caches, eviction_bytes
-from hpctrain.device.threads import affinity
 from hpctrain.errors import OutputError
 from hpctrain.io.files import replace_atomically
 
@@ -351,6 +350,8 @@ class MeasuredCompute:
         """The least share of what its cores allow that any rank gets now
         (:func:`~hpctrain.cost.conditions.cpu_share`; a rank allowed a whole core on a node of
         as many cores as ranks, else cores / ranks)."""
+        from hpctrain.device.threads import affinity  # only where kernels are timed
+
         ranks = self.context.ranks_on_node if self.context is not None else 1
         share = cpu_share(SHARE_SECONDS) / share_allowed(len(affinity()), ranks)
         if self.comm is None:
