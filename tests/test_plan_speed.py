@@ -109,3 +109,21 @@ def test_moves_alike_but_for_their_sizes_share_one_busiest_receiver(p):
             if alone is None:
                 alone = _busiest_receiver_rank_by_rank(src, world)
             assert _busiest_receiver_on_meshes(src, world) == alone
+
+
+@pytest.mark.parametrize("name, batch, procs, machine", [("alexnet", 256, 64, "dgx-h100"),
+                                                         ("vgg16", 96, 12, "cori-knl"),
+                                                         ("mlp", 64, 16, "dgx-h100"),
+                                                         ("alexnet", 2048, 4096, "cori-knl")])
+@pytest.mark.parametrize("space", ["grids", "balanced"])
+def test_a_chain_without_a_cap_is_searched_as_its_labels_would_be(name, batch, procs, machine,
+                                                                  space, monkeypatch):
+    """The search of a chain with no memory cap, one matrix per segment, against the labels'
+    search it stands for: the same plan, ties broken alike, and the same time to the bit."""
+    from hpctrain.plan import planner
+
+    fast = plan_network(model_of(name, batch, procs, machine), space=space)
+    monkeypatch.setattr(planner, "_heads_fed_from_outside", lambda *_: False)
+    labels = plan_network(model_of(name, batch, procs, machine), space=space)
+    assert fast.plans == labels.plans
+    assert fast.iteration_time == labels.iteration_time

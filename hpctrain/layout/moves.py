@@ -500,14 +500,27 @@ def _busiest_receiver_by_rank(src: tuple, dst: tuple) -> tuple[float, int]:
 
 
 def _block_indices(layout: Layout, ranks: np.ndarray) -> list[np.ndarray]:
-    """Each rank's block index along every axis (:meth:`Layout.block_index`, vectorised)."""
-    index = [np.zeros(len(ranks), dtype=np.int64) for _ in layout.shape]
+    """Each rank's block index along every axis (:meth:`Layout.block_index`, vectorised);
+    ``ranks`` numbered from 0 within the layout's group."""
+    index: list[np.ndarray | None] = [None] * len(layout.shape)
     stride = layout.size
     for size, axis in zip(layout.mesh, layout.axes, strict=True):
         stride //= size
         if axis != REPLICAS:
-            index[axis] = index[axis] * size + ranks // stride % size
-    return index
+            digit = _digit(ranks, stride, size)
+            index[axis] = digit if index[axis] is None else index[axis] * size + digit
+    zeros = np.zeros(len(ranks), dtype=np.int64)  # an axis no digit cuts: one block, read only
+    zeros.flags.writeable = False
+    return [zeros if found is None else found for found in index]
+
+
+def _digit(ranks: np.ndarray, stride: int, size: int) -> np.ndarray:
+    """``ranks // stride % size`` (a floored modulo, as Python's), by a shift and a mask where
+    both are powers of two: a division of an array of int64 costs several times more, and at
+    tens of thousands of ranks the moves between groups are priced from little else."""
+    if stride & (stride - 1) == 0 and size & (size - 1) == 0:
+        return (ranks >> (stride.bit_length() - 1)) & (size - 1)
+    return ranks // stride % size
 
 
 def _bounds(layout: Layout, axis: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -766,19 +779,24 @@ def _busiest_receiver_rank_by_rank(src: Layout, dst: Layout) -> tuple[float, int
     """:func:`_busiest_receiver_by_mesh_rank`, computed."""
     ranks = np.arange(dst.first, dst.first + dst.size, dtype=np.int64)
     kept = ((ranks >= src.first) & (ranks < src.first + src.size)).astype(float)
-    src_index = _block_indices(src, (ranks - src.first) % src.size)
+    src_index = _block_indices(src, _digit(ranks - src.first, 1, src.size))
     dst_index = _block_indices(dst, ranks - dst.first)
     messages = np.ones(len(ranks), dtype=np.int64)
     empty = np.zeros(len(ranks), dtype=bool)  # a target block with nothing in it
     for axis in range(len(src.shape)):
         if src.parts[axis] == 1 and dst.parts[axis] == 1:
             continue
-        s0, s1 = _bounds(src, axis, src_index[axis])
-        d0, d1 = _bounds(dst, axis, dst_index[axis])
-        empty |= d1 <= d0
-        length = np.maximum(d1 - d0, 1)
+        # the bounds of every block and the source blocks each target block meets, found
+        # once per block and gathered by the ranks' block indices
+        s0, s1 = (bound[src_index[axis]]
+                  for bound in _bounds(src, axis, np.arange(src.parts[axis])))
+        lo, hi = _bounds(dst, axis, np.arange(dst.parts[axis]))
+        block = dst_index[axis]
+        d0, d1 = lo[block], hi[block]
+        empty |= (hi <= lo)[block]
+        length = np.maximum(hi - lo, 1)[block]
         kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / length
-        messages *= _parts_met(src, axis, d0, d1)
+        messages *= _parts_met(src, axis, lo, hi)[block]
     messages -= (kept > 0).astype(np.int64)  # its own block needs no message
     share = np.where(empty, 0.0, 1 - kept)
     return float(np.max(share)), int(np.max(np.where(empty, 0, messages)))

@@ -825,6 +825,8 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
     model.prefetch(candidates)
     later_time, later_memory = _least_after(model, candidates, free)
     upper *= 1 + 1e-9  # sums in another order may differ in the last bits
+    if mem_per_rank is None and _heads_fed_from_outside(model, candidates):
+        return _fastest_chain(model, candidates, free, later_time, upper)
     fronts: list[dict[LayerPlan, list[_Label]]] = []
     for segment, segment_choices in enumerate(candidates):
         front: dict[LayerPlan, list[_Label]] = {}
@@ -875,6 +877,70 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
         choice, index = fronts[segment][choice][index].back
         chosen.append(choice)
     return evaluate(model, chosen[::-1])
+
+
+def _heads_fed_from_outside(model: CostModel, candidates: list[list[LayerPlan]]) -> bool:
+    """Whether every head after the first is priced with no move into it (the move from the
+    segment before is added by the search): what :func:`_fastest_chain` takes for granted."""
+    return all(model.segment_cost(k, c).layers[0].redistribution == (0.0, 0.0)
+               for k in range(1, len(candidates)) for c in candidates[k])
+
+
+def _fastest_chain(model: CostModel, candidates: list[list[LayerPlan]], free: float,
+                   later_time: list[float], upper: float) -> PlannedNetwork:
+    """The plan of a chain that the labels of :func:`_additive_search` find with no memory
+    cap, the same one, ties included, with the same sums in the same order.
+
+    With no cap a choice keeps one label, its fastest partial plan, and memory decides
+    nothing, so a segment is a matrix: the time of reaching each choice (a column) from each
+    choice before it (a row) is the row's time plus the move between their layouts plus the
+    choice's own, and the column keeps its first least row, as ``min`` over the labels in
+    order does. Many choices share a layout at either end, so the moves are priced per pair
+    of distinct layouts (:func:`_move_grid`, once per model), and only where the labels would
+    price them: a row whose time with the column's own and the least the later segments add
+    already exceeds ``upper`` is never priced, and drops out as its labels do."""
+    times: np.ndarray = np.empty(0)  # each choice's time before, inf: no label
+    backs: list[np.ndarray] = []  # each choice's row in the segment before
+    for segment, found in enumerate(candidates):
+        costs = [model.segment_cost(segment, choice) for choice in found]
+        own = np.array([_searched(cost, free) for cost in costs])
+        if segment == 0:  # everything up to its head is in it, fed where it reads
+            data = np.array([model.input_cost(model.input_layout(c)).total for c in found])
+            reached = own + data
+            fastest = np.where(reached + later_time[0] <= upper, reached, math.inf)
+        else:
+            before = [model.segment_cost(segment - 1, c).out_layout
+                      for c in candidates[segment - 1]]
+            src_of, srcs = _distinct_layouts(before)
+            dst_of, dsts = _distinct_layouts([cost.in_layout for cost in costs])
+            rows, cols = np.asarray(src_of), np.asarray(dst_of)
+            # the pairs the labels would price: a finite row fast enough for the column
+            priced = (np.isfinite(times)[:, None]
+                      & ((times[:, None] + own[None, :]) + later_time[segment] <= upper))
+            keys = np.unique((rows[:, None] * len(dsts) + cols[None, :])[priced])
+            moves = np.full((len(srcs), len(dsts)), np.nan)
+            if len(keys):
+                pairs = [(int(key) // len(dsts), int(key) % len(dsts)) for key in keys]
+                seconds = _move_grid(model, srcs, dsts, model.heads[segment], False, pairs)
+                moves.flat[keys] = seconds[:, 0]
+            reached = times[:, None] + (moves[np.ix_(rows, cols)] + own[None, :])
+            reached = np.where(priced & (reached + later_time[segment] <= upper), reached,
+                               math.inf)
+            back = np.argmin(reached, axis=0)  # the first least row, as min over labels
+            backs.append(back)
+            fastest = reached[back, np.arange(len(found))]
+        times = fastest
+    last = len(candidates) - 1
+    finals = [(time + model.loss_cost(model.segment_cost(last, choice).out_layout).total, i)
+              for i, (choice, time) in enumerate(zip(candidates[last], times, strict=True))
+              if np.isfinite(time)]
+    if not finals:  # only ``upper`` can leave none
+        raise PlannerError("no plan of these candidates is faster than the one known")
+    _, index = min(finals, key=lambda f: f[0])
+    chosen = [index]
+    for back in reversed(backs):
+        chosen.append(int(back[chosen[-1]]))
+    return evaluate(model, [found[i] for found, i in zip(candidates, chosen[::-1], strict=True)])
 
 
 def _least_after(model: CostModel, candidates: list[list[LayerPlan]], free: float
