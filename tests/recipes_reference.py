@@ -19,26 +19,20 @@ import torch.nn.functional as F
 from mpi4py import MPI
 from torch import nn
 
-from hpctrain.comm.gather import gather_to_root
-from hpctrain.comm.grid import GridSet
-from hpctrain.data.source import MicroBatches
 from hpctrain.data.synthetic import SyntheticData
-from hpctrain.device.backend import Backend
 from hpctrain.model.net import NetSpec, parse_net
 from hpctrain.plan.plans import LayerPlan
-from hpctrain.run.network import Network
-from hpctrain.run.optimizer import SGD
 from tests.torch_reference import (
     BN_CNN_NET,
     LR,
     MOMENTUM,
-    SEED,
     WEIGHT_DECAY,
     BatchNormCNN,
     NameMap,
     Run,
     StepResult,
     batchnorm_cnn_names,
+    hpctrain_steps,
     started_as,
 )
 
@@ -100,43 +94,11 @@ def hpctrain_accumulating(net: NetSpec, plan: list[LayerPlan], comm: MPI.Comm, b
                           ) -> Run | None:
     """``steps`` steps of hpctrain in float64 on ``comm`` under ``plan`` (planned for the
     micro-batch ``batch / accumulate``), each of ``accumulate`` micro-batches and one SGD
-    update; everything gathered whole on rank 0 (None elsewhere). Collective."""
-    backend = Backend(np, np.float64)
-    micro = batch // accumulate
+    update, with label smoothing ``smoothing`` and, per pixel, some pixels unlabelled;
+    everything gathered whole on rank 0 (None elsewhere). Collective."""
     net = net.with_label_smoothing(smoothing)
-
-    def whole(tensors: list, value: str) -> dict[str, np.ndarray]:
-        return {t.name: gather_to_root(backend, comm, getattr(t, value), t.shape, t.box, "copy")
-                for t in tensors}
-
-    source = SyntheticData(backend, net.input_shape, net.classes, batch, SEED,
-                           maps=net.per_pixel)
-    if net.per_pixel:
-        source = Unlabelled(source)
-    with GridSet(comm) as grids:
-        network = Network(net, plan, micro, grids, backend, SEED)
-        data = MicroBatches(source, accumulate, micro)
-        optimizer = SGD(network.params, LR, MOMENTUM, WEIGHT_DECAY)
-        initial_params = whole(network.params, "value")
-        initial_buffers = whole(network.buffers, "value")
-        results, batches = [], []
-        last = network.layers[-1]
-        for step in range(steps):
-            outputs: list = []
-            loss, _ = network.train_step(data, step, outputs, accumulate=accumulate)
-            logits = gather_to_root(backend, comm, outputs[-1], last.out_layout.shape,
-                                    last.out_layout.box, "copy")
-            grads = whole(network.params, "grad")  # before the step, which reuses the buffers
-            optimizer.step()
-            results.append(StepResult(logits, loss, grads, whole(network.params, "value"),
-                                      whole(network.buffers, "value")))
-            if comm.Get_rank() == 0:
-                everything = tuple((0, n) for n in (batch, *net.input_shape))
-                answers = everything[:1] + everything[2:] if net.per_pixel else (0, batch)
-                batches.append((source.images(step, everything),
-                                source.labels(step, answers)))
-    return (Run(initial_params, initial_buffers, results, batches) if comm.Get_rank() == 0
-            else None)
+    return hpctrain_steps(net, plan, comm, batch, steps, accumulate,
+                          Unlabelled if net.per_pixel else None)
 
 
 def torch_accumulating(model: nn.Module, names: NameMap, start: Run, accumulate: int,

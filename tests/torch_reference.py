@@ -25,8 +25,10 @@ rebuilt from the draws docs/data.md describes, with the update docs/running.md d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +38,7 @@ from torch import nn
 
 from hpctrain.comm.gather import gather_to_root
 from hpctrain.comm.grid import GridSet
+from hpctrain.data.source import MicroBatches
 from hpctrain.data.synthetic import SyntheticData
 from hpctrain.device.backend import Backend
 from hpctrain.model.net import NetSpec, load_net, parse_net
@@ -541,20 +544,27 @@ class Run:
 
 
 def hpctrain_steps(net: NetSpec, plan: list[LayerPlan], comm: MPI.Comm, batch: int,
-                   steps: int) -> Run | None:
-    """``steps`` training steps of hpctrain in float64 on ``comm`` under ``plan``, each followed
-    by one SGD update; everything gathered whole on rank 0 (None elsewhere). Collective."""
+                   steps: int, accumulate: int = 1,
+                   wrap: Callable[[SyntheticData], Any] | None = None) -> Run | None:
+    """``steps`` training steps of hpctrain in float64 on ``comm`` under ``plan``, each of
+    ``accumulate`` micro-batches of ``batch / accumulate`` samples (what ``plan`` is for) and
+    one SGD update; everything gathered whole on rank 0 (None elsewhere). ``wrap``: what the
+    synthetic source is read through (e.g. one that leaves pixels unlabelled). Collective."""
     backend = Backend(np, np.float64)
     root = comm.Get_rank() == 0
+    micro = batch // accumulate
 
     def whole(tensors: list, value: str) -> dict[str, np.ndarray]:
         return {t.name: gather_to_root(backend, comm, getattr(t, value), t.shape, t.box, "copy")
                 for t in tensors}
 
+    source = SyntheticData(backend, net.input_shape, net.classes, batch, SEED,
+                           regression=net.regression, maps=net.per_pixel)
+    if wrap is not None:
+        source = wrap(source)
     with GridSet(comm) as grids:
-        network = Network(net, plan, batch, grids, backend, SEED)
-        data = SyntheticData(backend, net.input_shape, net.classes, batch, SEED,
-                             regression=net.regression)
+        network = Network(net, plan, micro, grids, backend, SEED)
+        data = MicroBatches(source, accumulate, micro) if accumulate > 1 else source
         optimizer = SGD(network.params, LR, MOMENTUM, WEIGHT_DECAY)
         initial_params = whole(network.params, "value")
         initial_buffers = whole(network.buffers, "value")
@@ -562,16 +572,18 @@ def hpctrain_steps(net: NetSpec, plan: list[LayerPlan], comm: MPI.Comm, batch: i
         last = network.layers[-1]
         for step in range(steps):
             outputs: list = []
-            loss, _ = network.train_step(data, step, outputs)
+            loss, _ = network.train_step(data, step, outputs, accumulate=accumulate)
             logits = gather_to_root(backend, comm, outputs[-1], last.out_layout.shape,
                                     last.out_layout.box, "copy")
             grads = whole(network.params, "grad")  # before the step, which reuses the buffers
             optimizer.step()
             results.append(StepResult(logits, loss, grads, whole(network.params, "value"),
                                       whole(network.buffers, "value")))
-            if root:
+            if root:  # the whole step's batch, as the source draws it
                 everything = tuple((0, n) for n in (batch, *net.input_shape))
-                batches.append((data.images(step, everything), data.labels(step, (0, batch))))
+                answers = everything[:1] + everything[2:] if net.per_pixel else (0, batch)
+                batches.append((source.images(step, everything),
+                                source.labels(step, answers)))
     return (Run(initial_params, initial_buffers, results, batches, net.regression) if root
             else None)
 
