@@ -181,6 +181,14 @@ def test_classes_refusals_name_the_value(net, classes, fragment):
     assert fragment in str(err.value)
 
 
+def pretrained_tensors(net):
+    """Small random float32 values for every parameter and buffer of ``net``, as a pretrained
+    model's weights would stand in a test."""
+    rng = np.random.default_rng(0)
+    return {name: rng.normal(size=shape).astype(np.float32) * 0.1
+            for name, shape in {**net.param_shapes(), **net.buffer_shapes()}.items()}
+
+
 def test_fine_tune_with_classes_is_logged_checkpointed_and_resumed(tmp_path, capsys):
     """Pretrained weights of the 10-class smallcnn into a 3-class one, its head fresh; the
     log and the checkpoint keep 3 classes, and a resume without --classes takes them."""
@@ -191,9 +199,7 @@ def test_fine_tune_with_classes_is_logged_checkpointed_and_resumed(tmp_path, cap
     from hpctrain.run.checkpoint_file import checkpoint_net
 
     net = load_net("smallcnn")
-    rng = np.random.default_rng(0)
-    tensors = {name: rng.normal(size=shape).astype(np.float32) * 0.1
-               for name, shape in {**net.param_shapes(), **net.buffer_shapes()}.items()}
+    tensors = pretrained_tensors(net)
     weights = tmp_path / "pretrained.safetensors"
     write_safetensors(weights, state_dict(net, tensors), {})
     common = ["--net", "smallcnn", "--batch", "4", "--checkpoint-dir", str(tmp_path / "ck")]
@@ -401,9 +407,7 @@ def test_an_onnx_models_own_weights_start_all_but_the_changed_head(tmp_path, cap
     from hpctrain.interchange.onnx_export import model_proto
 
     net = load_net("smallcnn")
-    rng = np.random.default_rng(0)
-    tensors = {name: rng.normal(size=shape).astype(np.float32) * 0.1
-               for name, shape in {**net.param_shapes(), **net.buffer_shapes()}.items()}
+    tensors = pretrained_tensors(net)
     path = tmp_path / "smallcnn.onnx"
     path.write_bytes(model_proto(net, tensors).SerializeToString())
     assert main(["--net", str(path), "--classes", "3", "--batch", "4", "--steps", "1"]) == 0
