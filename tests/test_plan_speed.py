@@ -127,3 +127,70 @@ def test_a_chain_without_a_cap_is_searched_as_its_labels_would_be(name, batch, p
     labels = plan_network(model_of(name, batch, procs, machine), space=space)
     assert fast.plans == labels.plans
     assert fast.iteration_time == labels.iteration_time
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_moves_left_unpriced_never_decide_a_column(seed):
+    """Of a segment's pairs, those the bound leaves unpriced: with every move priced, each
+    column's least and its first least row are the same, ties included (small integers, so
+    many rows tie), and fewer distinct moves are priced."""
+    from hpctrain.plan.planner import _worth_pricing
+
+    rng = np.random.default_rng(seed)
+    n_rows, n_cols, n_srcs, n_dsts = 40, 30, 12, 9
+    times = rng.integers(0, 6, n_rows).astype(float)
+    times[rng.random(n_rows) < 0.1] = np.inf  # rows no label reaches
+    own = rng.integers(0, 4, n_cols).astype(float)
+    rows, cols = rng.integers(0, n_srcs, n_rows), rng.integers(0, n_dsts, n_cols)
+    every = rng.integers(0, 5, (n_srcs, n_dsts)).astype(float)
+    later, upper = 1.0, 9.0
+    priced = np.isfinite(times)[:, None] & ((times[:, None] + own[None, :]) + later <= upper)
+    asked = []
+
+    def price(pairs):
+        asked.extend(pairs)
+        return np.array([[every[i, j], 0.0, 0.0] for i, j in pairs]).reshape(-1, 3)
+
+    moves = np.full((n_srcs, n_dsts), np.nan)
+    needed = _worth_pricing(times, own, priced, rows, cols, moves, later, upper, price)
+    assert len(asked) == len(set(asked))  # each move priced once
+
+    def least(mask, table):
+        reached = times[:, None] + (table[np.ix_(rows, cols)] + own[None, :])
+        reached = np.where(mask & (reached + later <= upper), reached, np.inf)
+        back = np.argmin(reached, axis=0)
+        return back, reached[back, np.arange(n_cols)]
+
+    back, fastest = least(needed, moves)
+    all_back, all_fastest = least(priced, every)
+    assert np.array_equal(fastest, all_fastest)
+    assert np.array_equal(back, all_back)
+    every_pair = {(int(rows[r]), int(cols[c])) for r, c in zip(*np.nonzero(priced))}
+    assert set(asked) <= every_pair and len(asked) < len(every_pair)
+
+
+@pytest.mark.parametrize("name, procs", [("alexnet", 64), ("resdigits", 8)])
+def test_the_bound_into_each_target_never_exceeds_the_least_move_into_it(name, procs,
+                                                                         monkeypatch):
+    """The bounds that prune the balanced space, with few moves priced per target, against
+    the least over every source of its carry and its move, all priced: never above it, and
+    equal to it where every source is priced."""
+    from hpctrain.plan import planner
+
+    model = model_of(name, 64, procs)
+    rng = random.Random(procs)
+    loose = 0
+    for _k, sources, targets in join_layouts(model):
+        carry = [rng.choice([0.0, 1e-4, 2e-3, rng.random() * 1e-2]) for _ in sources]
+        exact = [min(c + sum(model.move_cost(s, t)[1:]) for c, s in zip(carry, sources))
+                 for t in targets]
+        for budget in (1, 2, planner.MOVES_PER_BOUND):
+            monkeypatch.setattr(planner, "MOVES_PER_BOUND", budget)
+            bound = planner._least_into(carry, sources, targets, model)
+            assert all(b <= e for b, e in zip(bound, exact, strict=True))
+            loose += sum(b < e for b, e in zip(bound, exact, strict=True))
+            monkeypatch.undo()
+        monkeypatch.setattr(planner, "MOVES_PER_BOUND", len(sources) + 1)
+        assert planner._least_into(carry, sources, targets, model) == exact
+        monkeypatch.undo()
+    assert loose > 0  # the budget was reached, and its bound checked

@@ -136,7 +136,12 @@ class RegionPrices:
     grouped: GroupedRegion
     below: float = math.inf  # no layer inside sums over a communicator this slow or slower
     _branches: dict = field(default_factory=dict)  # branch → its _Branch, or None
-    _costs: dict = field(default_factory=dict)  # (segment, choice) → (layouts, costs) or None
+
+    @property
+    def _costs(self) -> dict:
+        """(segment, choice) → (layouts, costs) or None: kept on the model, as every search
+        (with and without the sums that may hide, each round of the last buckets) asks again."""
+        return self.model.region_layers.setdefault(self.grouped, {})
 
     def pre_join(self, segment: int, choice: LayerPlan
                  ) -> tuple[dict[int, LayerLayouts], list[LayerCost]] | None:

@@ -38,7 +38,9 @@ from __future__ import annotations
 import bisect
 import math
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -684,9 +686,9 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
     A plan's time is the segments' own costs (the first's with the input batch) plus the moves
     of the joins plus the loss, all ≥ 0. Each segment's own cost is carried by one join it
     feeds, so the time is a sum of one term per join, t(x_a, x_b) = own(x_a) + move(x_a, x_b),
-    plus the own costs no join carries. With x_b fixed, min over x_a of t is found exactly
-    (:func:`_least_into`: the sources in order of own cost, most never priced); with x_a fixed
-    it is at least own(x_a). A candidate's bound adds its own joins' terms so, every other
+    plus the own costs no join carries. With x_b fixed, min over x_a of t is bounded from
+    below (:func:`_least_into`: the sources in order of own cost, most never priced); with x_a
+    fixed it is at least own(x_a). A candidate's bound adds its own joins' terms so, every other
     join's least term over any choice, and every other uncarried own cost's least."""
     owner = {k: s for s, members in enumerate(model.segments) for k in members}
     owns = []
@@ -746,10 +748,12 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
 
 def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout],
                 model: CostModel) -> list[float]:
-    """For each target, the least over every source i of carry[i] + the move from
-    ``sources[i]`` into it, exactly: sources in order of their carry, stopping at the first
-    whose carry alone is no less than the least found (a move costs ≥ 0). Each source layout
-    enters at its least carry; each target layout is priced once."""
+    """For each target, a lower bound on the least over every source i of carry[i] + the
+    move from ``sources[i]`` into it: sources in order of their carry, stopping at the first
+    whose carry alone is no less than the least found (a move costs ≥ 0), which makes the
+    bound that least, or after :data:`MOVES_PER_BOUND` moves priced, at the next source's
+    carry, which every source not priced reaches at least. Each source layout enters at its
+    least carry; each target layout is priced once."""
     cheapest: dict[Layout, float] = {}
     for held, source in sorted(zip(carry, sources, strict=True), key=lambda item: item[0]):
         cheapest.setdefault(source, held)
@@ -757,13 +761,20 @@ def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout]
     for target in targets:
         if target in found:
             continue
-        least = math.inf
-        for source, held in cheapest.items():
+        least = cheapest.get(target, math.inf)  # held where it is needed: it moves for free
+        for priced, (source, held) in enumerate(cheapest.items()):
             if held >= least:
+                break
+            if priced == MOVES_PER_BOUND:  # the rest cost at least what they hold
+                least = held
                 break
             least = min(least, held + sum(model.move_cost(source, target)[1:]))
         found[target] = least
     return [found[target] for target in targets]
+
+
+MOVES_PER_BOUND = 32
+"""test"""
 
 
 def _searched(cost: SegmentCost, free: float) -> float:
@@ -917,14 +928,12 @@ def _fastest_chain(model: CostModel, candidates: list[list[LayerPlan]], free: fl
             # the pairs the labels would price: a finite row fast enough for the column
             priced = (np.isfinite(times)[:, None]
                       & ((times[:, None] + own[None, :]) + later_time[segment] <= upper))
-            keys = np.unique((rows[:, None] * len(dsts) + cols[None, :])[priced])
             moves = np.full((len(srcs), len(dsts)), np.nan)
-            if len(keys):
-                pairs = [(int(key) // len(dsts), int(key) % len(dsts)) for key in keys]
-                seconds = _move_grid(model, srcs, dsts, model.heads[segment], False, pairs)
-                moves.flat[keys] = seconds[:, 0]
+            price = partial(_move_grid, model, srcs, dsts, model.heads[segment], False)
+            needed = _worth_pricing(times, own, priced, rows, cols, moves, later_time[segment],
+                                    upper, price)
             reached = times[:, None] + (moves[np.ix_(rows, cols)] + own[None, :])
-            reached = np.where(priced & (reached + later_time[segment] <= upper), reached,
+            reached = np.where(needed & (reached + later_time[segment] <= upper), reached,
                                math.inf)
             back = np.argmin(reached, axis=0)  # the first least row, as min over labels
             backs.append(back)
@@ -941,6 +950,49 @@ def _fastest_chain(model: CostModel, candidates: list[list[LayerPlan]], free: fl
     for back in reversed(backs):
         chosen.append(int(back[chosen[-1]]))
     return evaluate(model, [found[i] for found, i in zip(candidates, chosen[::-1], strict=True)])
+
+
+def _worth_pricing(times: np.ndarray, own: np.ndarray, priced: np.ndarray, rows: np.ndarray,
+                   cols: np.ndarray, moves: np.ndarray, later: float, upper: float,
+                   price: Callable[[list[tuple[int, int]]], np.ndarray]) -> np.ndarray:
+    """Of the (row, column) pairs ``priced`` of one segment of :func:`_fastest_chain`, those
+    whose time may still be their column's least, with their moves priced into ``moves`` (by
+    distinct layouts: ``rows`` and ``cols`` index its rows and columns): an exact bound, not a
+    guess.
+
+    A move costs ≥ 0 and floating-point addition is monotone, so reaching column c from row r
+    takes at least ``times[r] + own[c]``, what it takes with the move counted free. The
+    fastest rows are priced first (:data:`PROBED_ROWS` of them): the least they reach in each
+    column bounds its least from above, and a row whose time with the column's own already
+    exceeds that bound can be neither the least nor tied with it, so its move is never priced.
+    The rows left give the column the same least, found at the same first row."""
+    order = np.argsort(times, kind="stable")
+    probe = np.zeros(len(times), dtype=bool)
+    probe[order[:PROBED_ROWS]] = True
+    first = priced & probe[:, None]
+    _price_into(moves, rows, cols, first, price)
+    reached = times[:, None] + (moves[np.ix_(rows, cols)] + own[None, :])
+    reached = np.where(first & (reached + later <= upper), reached, math.inf)
+    bound = reached.min(axis=0) if len(times) else np.full(len(own), math.inf)
+    needed = priced & ((times[:, None] + own[None, :]) <= bound[None, :])
+    _price_into(moves, rows, cols, needed & ~first, price)
+    return needed
+
+
+PROBED_ROWS = 8
+"""The fastest rows whose moves :func:`_worth_pricing` prices first, to bound each column's
+least: enough that some probe usually reaches the column by a cheap move."""
+
+
+def _price_into(moves: np.ndarray, rows: np.ndarray, cols: np.ndarray, pairs: np.ndarray,
+                price: Callable[[list[tuple[int, int]]], np.ndarray]) -> None:
+    """Price the distinct layout pairs behind the True entries of ``pairs`` not yet in
+    ``moves`` (NaN: not priced), with ``price``, into ``moves``."""
+    width = moves.shape[1]
+    keys = np.unique((rows[:, None] * width + cols[None, :])[pairs])
+    keys = keys[np.isnan(moves.flat[keys])]
+    if len(keys):
+        moves.flat[keys] = price([(int(key) // width, int(key) % width) for key in keys])[:, 0]
 
 
 def _least_after(model: CostModel, candidates: list[list[LayerPlan]], free: float

@@ -196,6 +196,9 @@ class CostModel(Segments):
         # the planner's prices of moves between the layouts of one shape, filled in as it asks
         # (:func:`hpctrain.plan.planner._move_grid`)
         self.move_grids: dict[tuple, object] = {}
+        # per region on groups, what its layers cost under each choice of their segments
+        # (:class:`hpctrain.plan.grouped.RegionPrices`), the same in every search
+        self.region_layers: dict[object, dict] = {}
 
     def timed_by(self, compute) -> CostModel:
         """The same model (net, batch, ranks, profile, precision, overlap) with its compute
