@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -135,13 +135,23 @@ class RegionPrices:
     model: CostModel
     grouped: GroupedRegion
     below: float = math.inf  # no layer inside sums over a communicator this slow or slower
-    _branches: dict = field(default_factory=dict)  # branch → its _Branch, or None
 
+    # kept on the model: every search (with and without the sums that may hide, each
+    # round of the last buckets) asks for them again
     @property
     def _costs(self) -> dict:
-        """(segment, choice) → (layouts, costs) or None: kept on the model, as every search
-        (with and without the sums that may hide, each round of the last buckets) asks again."""
+        """(segment, choice) → (layouts, costs) or None."""
         return self.model.region_layers.setdefault(self.grouped, {})
+
+    @property
+    def _branches(self) -> dict:
+        """branch → its _Branch, or None (which depends on ``below``)."""
+        return self.model.region_layers.setdefault((self.grouped, self.below), {})
+
+    @property
+    def on_groups(self) -> dict:
+        """What :func:`region_cost` found, by the layouts the region reads and the join's."""
+        return self.model.region_layers.setdefault(("on groups", self.grouped, self.below), {})
 
     def pre_join(self, segment: int, choice: LayerPlan
                  ) -> tuple[dict[int, LayerLayouts], list[LayerCost]] | None:
@@ -470,7 +480,12 @@ class GroupedSpace:
             return where[p].output
 
         inputs = dict(enumerate(laid[join].inputs))
-        found = region_cost(prices, outside, inputs)
+        # what the region reads from outside it decides its cost, whatever ``free`` is
+        key = (tuple(where[p].output for p in sorted(where)), tuple(laid[join].inputs))
+        known = prices.on_groups
+        if key not in known:
+            known[key] = region_cost(prices, outside, inputs)
+        found = known[key]
         if found is None:
             return None
         seconds, plan = found

@@ -773,8 +773,10 @@ def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout]
     return [found[target] for target in targets]
 
 
-MOVES_PER_BOUND = 32
-"""test"""
+MOVES_PER_BOUND = 8
+"""The moves :func:`_least_into` prices into one target before it settles for the next
+source's carry as the bound: past the few sources of least carry a move rarely decides the
+bound, yet pricing all of them took most of the balanced space's planning time."""
 
 
 def _searched(cost: SegmentCost, free: float) -> float:

@@ -196,7 +196,7 @@ class CostModel(Segments):
         # the planner's prices of moves between the layouts of one shape, filled in as it asks
         # (:func:`hpctrain.plan.planner._move_grid`)
         self.move_grids: dict[tuple, object] = {}
-        # per region on groups, what its layers cost under each choice of their segments
+        # per region on groups, what its layers and its branches cost under each choice
         # (:class:`hpctrain.plan.grouped.RegionPrices`), the same in every search
         self.region_layers: dict[object, dict] = {}
 
