@@ -170,11 +170,10 @@ def test_the_moves_left_unpriced_never_decide_a_column(seed):
 
 
 @pytest.mark.parametrize("name, procs", [("alexnet", 64), ("resdigits", 8)])
-def test_the_bound_into_each_target_never_exceeds_the_least_move_into_it(name, procs,
-                                                                         monkeypatch):
+def test_the_bound_into_each_target_never_exceeds_the_least_move_into_it(name, procs):
     """The bounds that prune the balanced space, with few moves priced per target, against
     the least over every source of its carry and its move, all priced: never above it, and
-    equal to it where every source is priced."""
+    equal to it with no budget."""
     from hpctrain.plan import planner
 
     model = model_of(name, 64, procs)
@@ -185,12 +184,8 @@ def test_the_bound_into_each_target_never_exceeds_the_least_move_into_it(name, p
         exact = [min(c + sum(model.move_cost(s, t)[1:]) for c, s in zip(carry, sources))
                  for t in targets]
         for budget in (1, 2, planner.MOVES_PER_BOUND):
-            monkeypatch.setattr(planner, "MOVES_PER_BOUND", budget)
-            bound = planner._least_into(carry, sources, targets, model)
+            bound = planner._least_into(carry, sources, targets, model, budget)
             assert all(b <= e for b, e in zip(bound, exact, strict=True))
             loose += sum(b < e for b, e in zip(bound, exact, strict=True))
-            monkeypatch.undo()
-        monkeypatch.setattr(planner, "MOVES_PER_BOUND", len(sources) + 1)
         assert planner._least_into(carry, sources, targets, model) == exact
-        monkeypatch.undo()
     assert loose > 0  # the budget was reached, and its bound checked

@@ -691,6 +691,7 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
     fixed it is at least own(x_a). A candidate's bound adds its own joins' terms so, every other
     join's least term over any choice, and every other uncarried own cost's least."""
     owner = {k: s for s, members in enumerate(model.segments) for k in members}
+    budget = MOVES_PER_BOUND if model.net.is_chain() else math.inf
     owns = []
     for k, found in enumerate(every):
         row = []
@@ -727,7 +728,7 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
             into = [carry[i] + move(i, i) for i in range(len(every[b]))]
             lows.append((b, b, into, into))
             continue
-        into = _least_into(carry, sources, targets, model)
+        into = _least_into(carry, sources, targets, model, budget)
         lows.append((a, b, carry, into))
     uncarried = [k for k in range(len(every)) if k not in carried]
     for a, b, out_of, into in lows:
@@ -747,13 +748,13 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
 
 
 def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout],
-                model: CostModel) -> list[float]:
+                model: CostModel, budget: float = math.inf) -> list[float]:
     """For each target, a lower bound on the least over every source i of carry[i] + the
     move from ``sources[i]`` into it: sources in order of their carry, stopping at the first
     whose carry alone is no less than the least found (a move costs ≥ 0), which makes the
-    bound that least, or after :data:`MOVES_PER_BOUND` moves priced, at the next source's
-    carry, which every source not priced reaches at least. Each source layout enters at its
-    least carry; each target layout is priced once."""
+    bound that least (exact), or after ``budget`` moves priced, at the next source's carry,
+    which every source not priced reaches at least. Each source layout enters at its least
+    carry; each target layout is priced once."""
     cheapest: dict[Layout, float] = {}
     for held, source in sorted(zip(carry, sources, strict=True), key=lambda item: item[0]):
         cheapest.setdefault(source, held)
@@ -765,7 +766,7 @@ def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout]
         for priced, (source, held) in enumerate(cheapest.items()):
             if held >= least:
                 break
-            if priced == MOVES_PER_BOUND:  # the rest cost at least what they hold
+            if priced == budget:  # the rest cost at least what they hold
                 least = held
                 break
             least = min(least, held + sum(model.move_cost(source, target)[1:]))
@@ -774,9 +775,11 @@ def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout]
 
 
 MOVES_PER_BOUND = 8
-"""The moves :func:`_least_into` prices into one target before it settles for the next
-source's carry as the bound: past the few sources of least carry a move rarely decides the
-bound, yet pricing all of them took most of the balanced space's planning time."""
+"""The moves :func:`_least_into` prices into one target of a chain before it settles for the
+next source's carry as the bound: past the few sources of least carry a move rarely decides the
+bound, and a chain's search prices only the moves that may decide a plan, so pricing them all
+took most of the balanced space's planning time. A net with branches is bounded exactly: its
+search prices every pair of distinct layouts at each join, these among them."""
 
 
 def _searched(cost: SegmentCost, free: float) -> float:
@@ -1081,6 +1084,11 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
     bytes summed, the largest transient counted). With ``space``, over its values too (not
     weighed): a segment with no part in a move (inside a region on groups, which prices its
     moves itself) adds nothing to it, and the tables that keep the values consistent join."""
+    if space is None:  # the rounds of the last buckets search subsets of one set of choices
+        for known, tables in model.search_tables.get((weighed, free), []):
+            picked = _picked(known, candidates)
+            if picked is not None:
+                return [_sliced(table, picked) for table in tables]
     net, segments = model.net, model.segments
     owner = {k: s for s, members in enumerate(segments) for k in members}
     layouts = [[dict(zip(members, model.runnable_layouts(s, c), strict=True))
@@ -1143,7 +1151,34 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
     last = owner[len(net.layers) - 1]
     tables.append(table((last,), [model.loss_cost(where[len(net.layers) - 1].output)
                                   for where in layouts[last]]))
-    return tables + (space.tables if space is not None else [])
+    if space is not None:
+        return tables + space.tables
+    index = [{choice: i for i, choice in enumerate(found)} for found in candidates]
+    model.search_tables.setdefault((weighed, free), []).append((index, tables))
+    return tables
+
+
+def _picked(known: list[dict[LayerPlan, int]], candidates: list[list[LayerPlan]]
+            ) -> list[np.ndarray] | None:
+    """Per segment, where each of ``candidates`` stands among the choices ``known`` (each
+    segment's choice → its index) that tables were made for; None unless all stand there."""
+    picked = []
+    for index, found in zip(known, candidates, strict=True):
+        where = [index.get(choice, -1) for choice in found]
+        if -1 in where:
+            return None
+        picked.append(np.array(where, dtype=np.int64))
+    return picked
+
+
+def _sliced(table: Table, picked: list[np.ndarray]) -> Table:
+    """``table`` over the choices ``picked`` (per segment, the indices of its choices)."""
+    at = np.ix_(*(picked[v] for v in table.variables))
+
+    def cut(values: np.ndarray | float) -> np.ndarray | float:
+        return values[at] if isinstance(values, np.ndarray) else values
+
+    return Table(table.variables, cut(table.values), cut(table.memory), cut(table.moment))
 
 
 def _distinct_layouts(layouts: list[Layout | None]

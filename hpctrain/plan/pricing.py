@@ -199,6 +199,9 @@ class CostModel(Segments):
         # per region on groups, what its layers and its branches cost under each choice
         # (:class:`hpctrain.plan.grouped.RegionPrices`), the same in every search
         self.region_layers: dict[object, dict] = {}
+        # the exact searches' tables of a net with branches, per (weighed, share counted
+        # free): each set of choices they were made for (:func:`hpctrain.plan.planner._plan_tables`)
+        self.search_tables: dict[tuple[bool, float], list] = {}
 
     def timed_by(self, compute) -> CostModel:
         """The same model (net, batch, ranks, profile, precision, overlap) with its compute
