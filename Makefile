@@ -70,11 +70,13 @@ test-serial: install $(REFERENCE_STAMP) $(DIGITS)
 
 # The MPI suite on 1, 2, 3 and 4 ranks (odd counts catch uneven splits); -m mpi4py turns an
 # uncaught exception into MPI_Abort, and the suite's conftest aborts on any failed test.
+# --capture=sys leaves the file descriptors alone: a rank that aborts the job writes its line
+# to them too, where capturing them would lose it with the process.
 test-mpi: install $(REFERENCE_STAMP) $(DIGITS)
 	set -e; for n in 1 2 3 4; do \
 	  echo "== MPI tests on $$n ranks"; \
 	  HPCTRAIN_REQUIRE_REFERENCE=1 timeout $(TEST_TIMEOUT) $(MPIEXEC) $(MPIEXEC_FLAGS) -n $$n \
-	    $(PY) -m mpi4py -m pytest -q tests/mpi; \
+	    $(PY) -m mpi4py -m pytest -q --capture=sys tests/mpi; \
 	done
 
 # The job scripts in jobs/ under a real Slurm: a cluster of two nodes on this machine (needs

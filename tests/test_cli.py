@@ -202,7 +202,8 @@ def test_each_failure_line_is_one_write_ending_with_its_newline(monkeypatch, err
 def test_a_rank_failure_is_one_write_ending_with_one_newline(tmp_path, error, end):
     """The line of a rank that fails alone (a RuntimeError's text, or any other error's
     traceback, which ends with a line break of its own) is one write, then the job is
-    aborted."""
+    aborted; where sys.stderr is not the process's own (a harness capturing it, lost with
+    the process), the line is written to the process's own stderr too."""
     script = tmp_path / "fail.py"
     script.write_text(textwrap.dedent(f"""
         import io, os, sys
@@ -232,6 +233,8 @@ def test_a_rank_failure_is_one_write_ending_with_one_newline(tmp_path, error, en
     ours = [w for w in writes if "rank 0 failed" in w]
     assert len(ours) == 1 and ours[0].startswith("hpctrain: rank 0 failed: "), result.stderr
     assert ours[0].endswith(end) and all(w.strip() for w in writes), result.stderr
+    # sys.stderr was not the process's own: the line reached that too, before the abort
+    assert result.stderr.count("hpctrain: rank 0 failed: ") == 2, result.stderr
 
 
 def test_a_sigterm_a_library_reported_as_its_own_error_is_still_a_sigterm():
