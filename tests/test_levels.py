@@ -74,6 +74,28 @@ def test_halos_cross_nodes_only_where_a_chain_does():
     assert halo_crossings(2, 2, 1) == 1
 
 
+def test_the_halo_crossings_are_those_of_every_chain_walked_through():
+    """Counted from one period of the chains and the nodes, against every pair of neighbours
+    of every chain counted one by one: chains of any stride, nodes of any size, in tilings of
+    one or more periods and of part of one."""
+    def walked(parts, procs, per_node, stride):
+        crossing = {}
+        for ranks in Group(parts, stride, procs).members():
+            for a, b in zip(ranks, ranks[1:]):
+                if a // per_node != b // per_node:
+                    for node in (a // per_node, b // per_node):
+                        crossing[node] = crossing.get(node, 0) + 1
+        return max(crossing.values(), default=0)
+
+    for parts in (2, 3, 4, 6, 16, 24):
+        for stride in (1, 2, 3, 8):
+            for per_node in (1, 3, 4, 6, 8, 16):
+                for tilings in (1, 2, 3):
+                    procs = parts * stride * tilings
+                    assert halo_crossings(parts, procs, per_node, stride) == walked(
+                        parts, procs, per_node, stride), (parts, procs, per_node, stride)
+
+
 @pytest.mark.parametrize("procs", [4, 6, 8, 12])
 def test_a_general_moves_peers_lie_in_the_aligned_block_of_the_larger_model_group(procs):
     """What exchange_time assumes of a general move's messages, checked piece by piece."""

@@ -18,8 +18,11 @@ node's NICs at once: :class:`Span` counts them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -109,10 +112,13 @@ def halo_crossings(parts: int, procs: int, per_node: int, stride: int = 1) -> in
     of a larger stride."""
     if parts <= 1 or per_node % (parts * stride) == 0:
         return 0
-    crossing: dict[int, int] = {}
-    for ranks in Group(parts, stride, procs).members():
-        for a, b in zip(ranks, ranks[1:]):
-            if a // per_node != b // per_node:
-                crossing[a // per_node] = crossing.get(a // per_node, 0) + 1
-                crossing[b // per_node] = crossing.get(b // per_node, 0) + 1
-    return max(crossing.values(), default=0)
+    block = parts * stride  # the chains' pattern repeats every block ranks, the nodes' every R
+    ranks = max(procs, block)
+    period = math.lcm(block, per_node)
+    if ranks % period == 0:  # every period alike: one stands for them all
+        ranks = period
+    sender = np.arange(ranks, dtype=np.int64)
+    sender = sender[(sender % block) // stride < parts - 1]  # a rank with a next in its chain
+    nodes = np.concatenate([sender // per_node, (sender + stride) // per_node])
+    apart = np.tile(nodes[:len(sender)] != nodes[len(sender):], 2)
+    return int(np.bincount(nodes[apart]).max(initial=0))
