@@ -525,7 +525,7 @@ def _digit(ranks: np.ndarray, stride: int, size: int) -> np.ndarray:
 
 def _bounds(layout: Layout, axis: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The [start, stop) of block ``index`` of ``axis``, per rank."""
-    return _axis_bounds(layout.shape[axis], layout.parts[axis], _explicit_ranges(layout, axis),
+    return _axis_bounds(layout.shape[axis], layout.parts[axis], layout.explicit_ranges(axis),
                         index)
 
 
@@ -542,7 +542,7 @@ def _axis_bounds(n: int, parts: int, ranges: tuple | None, index: np.ndarray
 def _parts_met(layout: Layout, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """How many blocks of ``layout``'s ``axis`` meet each [lo, hi) (non-empty)."""
     return _axis_parts_met(layout.shape[axis], layout.parts[axis],
-                           _explicit_ranges(layout, axis), lo, hi)
+                           layout.explicit_ranges(axis), lo, hi)
 
 
 def _axis_parts_met(n: int, parts: int, ranges: tuple | None, lo: np.ndarray, hi: np.ndarray
@@ -614,14 +614,6 @@ def _axis_bits(layout: Layout) -> list[tuple[int, ...]] | None:
             bits[axis] = tuple(range(low + width - 1, low - 1, -1)) + bits[axis]
         low += width
     return bits
-
-
-def _explicit_ranges(layout: Layout, axis: int) -> tuple[tuple[int, int], ...] | None:
-    """The explicit block ranges of ``axis`` (a flattened split's), None for the block rule."""
-    ranges = layout.split_ranges if axis != BATCH_AXIS and layout.parts[axis] > 1 else None
-    if ranges is None or isinstance(ranges, BlockRanges):
-        return None
-    return tuple(tuple(r) for r in ranges)
 
 
 def _busiest_receiver_of_bits(src: Layout, dst: Layout) -> tuple[float, int] | None:
@@ -703,7 +695,7 @@ def _is_even(src: Layout, dst: Layout, axis: int) -> bool:
     """Whether both cuts of ``axis`` are by the block rule into blocks of one size."""
     n = src.shape[axis]
     return (n % src.parts[axis] == 0 and n % dst.parts[axis] == 0
-            and _explicit_ranges(src, axis) is None and _explicit_ranges(dst, axis) is None)
+            and src.explicit_ranges(axis) is None and dst.explicit_ranges(axis) is None)
 
 
 def _axis_key(src: Layout, dst: Layout, axis: int) -> tuple:
@@ -712,8 +704,8 @@ def _axis_key(src: Layout, dst: Layout, axis: int) -> tuple:
     a rank keeps is a share, and the blocks it meets a count: both unchanged by scaling the
     axis), so that moves of tensors alike but for their size share one entry."""
     n, s, d = src.shape[axis], src.parts[axis], dst.parts[axis]
-    s_ranges, d_ranges = _explicit_ranges(src, axis), _explicit_ranges(dst, axis)
-    if _is_even(src, dst, axis):
+    s_ranges, d_ranges = src.explicit_ranges(axis), dst.explicit_ranges(axis)
+    if s_ranges is None and d_ranges is None and n % s == 0 and n % d == 0:  # _is_even
         n = math.lcm(s, d)
     return n, s, d, s_ranges, d_ranges
 
