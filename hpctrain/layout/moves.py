@@ -26,6 +26,7 @@ split axes (bisection on the split ranges). It costs O(pieces of this rank), nev
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -762,7 +763,9 @@ def _busiest_receiver_by_mesh_rank(src: Layout, dst: Layout) -> tuple[float, int
     key = ("by rank", *_pair_key(src, dst))
     found = _BY_PAIR_KEY.get(key)
     if found is None:
-        found = _busiest_receiver_rank_by_rank(src, dst)
+        found = _busiest_receiver_of_aligned_bits(src, dst)
+        if found is None:
+            found = _busiest_receiver_rank_by_rank(src, dst)
         _remember(key, found)
     return found
 
@@ -792,6 +795,181 @@ def _busiest_receiver_rank_by_rank(src: Layout, dst: Layout) -> tuple[float, int
     messages -= (kept > 0).astype(np.int64)  # its own block needs no message
     share = np.where(empty, 0.0, 1 - kept)
     return float(np.max(share)), int(np.max(np.where(empty, 0, messages)))
+
+
+def _busiest_receiver_of_aligned_bits(src: Layout, dst: Layout) -> tuple[float, int] | None:
+    """:func:`_busiest_receiver_rank_by_rank` to the bit, from the bits of the rank numbers,
+    where every digit of both meshes is a power of two and each group starts at a multiple of
+    its size (None otherwise): the moves between a group and the world, or between groups, of
+    a branched net on 2^k ranks.
+
+    Number a target rank ``u`` within the target's group (``gd`` bits). Two aligned blocks of
+    ranks are nested or apart, so the source's number of the same rank is ``u``'s low bits
+    (the source's group no larger) or ``u`` under a fixed prefix (larger); and whether it is
+    in the source's group at all is fixed, or asks that ``u``'s bits above the source's size
+    equal a constant. Every block index, and this membership, is then a field of ``u``'s bits.
+    The ranks' values are enumerated per group of axes that share bits (once per group alike,
+    wherever its bits sit), and the groups combine exactly as rank by rank: a rank outside the
+    source's group keeps nothing; one inside keeps the product of its axes' shares in the
+    order of the axes, a rounding that grows with each share, so that the least is that
+    product over the least tuples of shares each group has. The blocks met are integers, and
+    multiply."""
+    src_bits, dst_bits = _axis_bits(src), _axis_bits(dst)
+    if src_bits is None or dst_bits is None or src.first % src.size or dst.first % dst.size:
+        return None
+    gd = dst.size.bit_length() - 1
+    gs = src.size.bit_length() - 1
+    offset = (dst.first - src.first) % src.size  # the source's number of u = 0, when gs > gd
+    # each factor, membership first and then the axes in order: the bits of u it reads, and
+    # what _aligned_group_values needs of it
+    factors: list[tuple[set[int], tuple]] = []
+    if gs < gd and dst.first <= src.first < dst.first + dst.size:
+        above = tuple(range(gd - 1, gs - 1, -1))  # u's bits above the source's size
+        factors.append((set(above), ("member", above, (src.first - dst.first) >> gs)))
+    else:  # the target's ranks are all in the source's group, or none is
+        member = src.first <= dst.first < src.first + src.size
+        factors.append((set(), ("member", (), 0 if member else -1)))
+    for axis in range(len(src.shape)):
+        if src.parts[axis] == 1 and (dst.parts[axis] == 1 or dst.parts[axis] <= src.shape[axis]
+                                     and dst.explicit_ranges(axis) is None):
+            continue  # every rank keeps all of its block (a share of 1.0), from one block
+        # a source bit at or above gd is the fixed prefix's: -1 for a 0, -2 for a 1
+        s_bits = tuple(b if b < gd else -1 - (offset >> b & 1) for b in src_bits[axis])
+        read = {b for b in s_bits if b >= 0} | set(dst_bits[axis])
+        factors.append((read, ("axis", _axis_key(src, dst, axis), s_bits, dst_bits[axis])))
+    groups: list[tuple[set[int], list[int]]] = []  # (bits, factors) of factors sharing bits
+    for k, (bits, _) in enumerate(factors):
+        bits, members = set(bits), [k]
+        for group in [g for g in groups if g[0] & bits]:
+            groups.remove(group)
+            bits |= group[0]
+            members = group[1] + members
+        groups.append((bits, sorted(members)))
+    found = []
+    for bits, members in groups:
+        place = {bit: i for i, bit in enumerate(sorted(bits))}  # the group's own numbering
+        found.append(_aligned_group_values(len(bits), tuple(
+            _renumbered(factors[k][1], place) for k in members)))
+    if not all(full for _, full, *_ in found):
+        return 0.0, 0  # every target block is empty
+    if any(outside for _, _, outside, *_ in found):
+        least = 0.0  # a rank outside the source's group keeps nothing of its block
+    else:
+        order = sorted((k, g, i) for g, (_, members) in enumerate(groups)
+                       for i, k in enumerate(k for k in members if k > 0))
+        if math.prod(len(tuples) for tuples, *_ in found) > 1 << 12:
+            return None  # too many tuples to combine: rank by rank
+        least = math.inf
+        for chosen in itertools.product(*(tuples for tuples, *_ in found)):
+            kept = 1.0  # as rank by rank: 1.0 for a rank in the source's group, times shares
+            for _, g, i in order:
+                kept *= chosen[g][i]
+            least = min(least, kept)
+    messages = 0 if any(empty for _, _, _, empty, *_ in found) else -1
+    every = [most for *_, most, _, _ in found]
+    if all(keeping >= 0 for *_, keeping, _ in found):  # keeps part of its block: one less
+        messages = max(messages, math.prod(keeping for *_, keeping, _ in found) - 1)
+    for g, (*_, dropping) in enumerate(found):  # keeps nothing, by group g
+        if dropping >= 0:
+            messages = max(messages, dropping * math.prod(every[:g] + every[g + 1:]))
+    return 1 - least, messages
+
+
+def _renumbered(factor: tuple, place: dict[int, int]) -> tuple:
+    """A factor of :func:`_busiest_receiver_of_aligned_bits` with its bits of ``u`` in its
+    group's own numbering (the fixed bits, negative, as they are)."""
+    if factor[0] == "member":
+        return "member", tuple(place[b] for b in factor[1]), factor[2]
+    _, key, s_bits, d_bits = factor
+    return ("axis", key, tuple(place[b] if b >= 0 else b for b in s_bits),
+            tuple(place[b] for b in d_bits))
+
+
+def _bit_field(values: np.ndarray, bits: tuple[int, ...]) -> np.ndarray:
+    """The number whose binary digits are ``values``' ``bits``, most significant first; a bit
+    -1 is a fixed 0, -2 a fixed 1."""
+    found = np.zeros(len(values), dtype=np.int64)
+    start = 0
+    while start < len(bits):  # a run of descending bits, or of fixed ones, at once
+        stop = start + 1
+        if bits[start] >= 0:
+            while stop < len(bits) and bits[stop] == bits[stop - 1] - 1 >= 0:
+                stop += 1
+            run = stop - start
+            found = (found << run) | (values >> bits[stop - 1] & ((1 << run) - 1))
+        else:
+            fixed = -1 - bits[start]
+            while stop < len(bits) and bits[stop] < 0:
+                fixed = fixed << 1 | (-1 - bits[stop])
+                stop += 1
+            found = (found << (stop - start)) | fixed
+        start = stop
+    return found
+
+
+@lru_cache(maxsize=65536)
+def _aligned_group_values(width: int, factors: tuple) -> tuple:
+    """Over the values of ``width`` bits and the ``factors`` they decide (of
+    :func:`_busiest_receiver_of_aligned_bits`), where the target block is not empty: (the
+    least tuples of the axes' shares kept by a rank in the source's group, none dominated by
+    another; whether there is such a value at all; whether some of them are outside the
+    source's group; whether some target block is empty; the most source blocks met, then
+    where moreover the rank keeps part of its block, then where it keeps none, -1 where there
+    is none). Each share is computed as :func:`_busiest_receiver_rank_by_rank` computes it."""
+    values = np.arange(1 << width, dtype=np.int64)
+    member = np.ones(len(values), dtype=bool)
+    shares = []
+    met = np.ones(len(values), dtype=np.int64)
+    empty = np.zeros(len(values), dtype=bool)
+    for factor in factors:
+        if factor[0] == "member":
+            _, bits, wanted = factor
+            member = _bit_field(values, bits) == wanted
+            continue
+        _, (n, s_parts, d_parts, s_ranges, d_ranges), s_bits, d_bits = factor
+        s0, s1 = _axis_bounds(n, s_parts, s_ranges, _bit_field(values, s_bits))
+        d0, d1 = _axis_bounds(n, d_parts, d_ranges, _bit_field(values, d_bits))
+        empty |= d1 <= d0
+        length = np.maximum(d1 - d0, 1)
+        shares.append(np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / length)
+        met *= _axis_parts_met(n, s_parts, s_ranges, d0, d1)
+    full = ~empty
+    if not full.any():
+        return (), False, False, True, -1, -1, -1
+    inside = full & member
+    keeping = inside.copy()
+    for share in shares:
+        keeping &= share > 0
+
+    def most(where: np.ndarray) -> int:
+        return int(met[where].max()) if where.any() else -1
+
+    table = np.stack(shares, axis=1)[inside] if shares else np.ones((int(inside.sum()), 0))
+    return (_least_tuples(table), True, bool((full & ~member).any()), bool(empty.any()),
+            most(full), most(keeping), most(full & ~keeping))
+
+
+def _least_tuples(table: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    """The distinct rows of ``table`` that no other row is at most in every column: where a
+    product grows with each entry, its least over the rows is among them (a row with a 0 is
+    alone enough). All the distinct rows where they are too many to compare pairwise."""
+    if len(table) == 0:
+        return ()
+    if table.shape[1] <= 1:
+        return (tuple(float(x) for x in table.min(axis=0)),)
+    zero = (table == 0).any(axis=1)
+    if zero.any():
+        return (tuple(float(x) for x in table[zero.argmax()]),)
+    codes = np.zeros(len(table), dtype=np.int64)  # one number per distinct row
+    for column in table.T:
+        found, inverse = np.unique(column, return_inverse=True)
+        codes = np.unique(codes * len(found) + inverse.reshape(-1), return_inverse=True)[1]
+    rows = table[np.unique(codes, return_index=True)[1]]
+    if len(rows) <= 1024:
+        below = rows[None, :, :] <= rows[:, None, :]  # [i, j]: row j at most row i
+        same = (rows[None, :, :] == rows[:, None, :]).all(axis=2)
+        rows = rows[~(below.all(axis=2) & ~same).any(axis=1)]
+    return tuple(tuple(float(x) for x in row) for row in rows)
 
 
 def _between_groups_time(src: Layout, dst: Layout, machine: Machine, itemsize: int) -> float:
