@@ -204,6 +204,10 @@ class Layout:
         none). Digits of size 1 are dropped and neighbours on the same axis merged, so that one
         placement of blocks has one spelling.
 
+    ``explicit_ranges`` holds, per axis, that axis's explicit block ranges as a tuple of
+    (start, stop), or None where the block rule gives them (and for the batch, and an axis not
+    cut): made once, as pricing a move asks for them per axis.
+
     Layouts are immutable; equal when every rank holds the same block. The hash leaves the
     ranges out (they follow from the other fields but for a flattened split, and hashing them
     would cost O(parts)), and is made once: layouts key the cost model's tables, looked up many
@@ -211,7 +215,7 @@ class Layout:
     """
 
     __slots__ = ("shape", "mesh", "axes", "split_ranges", "first", "procs", "_hash", "_largest",
-                 "_parts", "_size", "_key", "_explicit", "_grid", "_cut_axes", "_is_grid")
+                 "_parts", "_size", "_key", "explicit_ranges", "_grid", "_cut_axes", "_is_grid")
 
     def __init__(self, shape: Sequence[int], grid: tuple[int, int] | None = None,
                  split_axis: int | None = None,
@@ -248,7 +252,7 @@ class Layout:
         # facts the pricing of moves asks for many times per layout, made once
         set_(self, "_size", size)
         set_(self, "_key", (shape, sizes, cut, first, procs, ranges))
-        set_(self, "_explicit", self._explicit_by_axis(ranges))
+        set_(self, "explicit_ranges", self._explicit_by_axis(ranges))
         set_(self, "_grid", (size // parts[BATCH_AXIS], parts[BATCH_AXIS]))
         set_(self, "_cut_axes", tuple(a for a in range(1, len(shape)) if parts[a] > 1))
         rest = cut[1:] if cut[:1] == (BATCH_AXIS,) else cut
@@ -281,11 +285,6 @@ class Layout:
         explicit = tuple(tuple(r) for r in ranges)
         return tuple(explicit if axis != BATCH_AXIS and parts > 1 else None
                      for axis, parts in enumerate(self._parts))
-
-    def explicit_ranges(self, axis: int) -> tuple[tuple[int, int], ...] | None:
-        """The explicit block ranges of ``axis`` (a flattened split's), None where the block
-        rule gives them. Made once per layout: pricing a move asks for them per axis."""
-        return self._explicit[axis]
 
     @classmethod
     def of_split(cls, shape: tuple[int, ...], split: Split, cut: Iterable[int] | None = None,
