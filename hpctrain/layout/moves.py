@@ -663,18 +663,27 @@ def _busiest_receiver_of_bits(src: Layout, dst: Layout, cut_keys: tuple | None =
     if src_bits is None or dst_bits is None:
         return None
     cut_keys = _cut_axis_keys(src, dst) if cut_keys is None else cut_keys
+    # plain loops rather than generators: this runs for most distinct moves of a plan
+    s_parts, d_parts, shape = src.parts, dst.parts, src.shape
     keys = {a: key for a, key, _ in cut_keys}
     cut = [a for a, _, _ in cut_keys]
     even = [a for a, _, is_even in cut_keys if is_even]
-    if any(dst.parts[a] > src.shape[a] for a in cut):
-        even = []  # some target blocks are empty: every axis is enumerated
+    for a in cut:
+        if d_parts[a] > shape[a]:
+            even = []  # some target blocks are empty: every axis is enumerated
+            break
     uneven = [a for a in cut if a not in even]
-    kept = math.prod(min(1.0, dst.parts[a] / src.parts[a]) for a in even)
+    kept = 1  # math.prod's start and order: the same floating-point products
+    met = 1
     differ = []  # pairs of bits whose values decide whether an even axis keeps anything
     for a in even:
-        coarse, fine = sorted((src_bits[a], dst_bits[a]), key=len)
+        kept *= min(1.0, d_parts[a] / s_parts[a])
+        met *= max(1, s_parts[a] // d_parts[a])
+        coarse, fine = ((src_bits[a], dst_bits[a]) if len(src_bits[a]) <= len(dst_bits[a])
+                        else (dst_bits[a], src_bits[a]))
         differ += [(f, c) for f, c in zip(fine, coarse) if f != c]
-    met = math.prod(max(1, src.parts[a] // dst.parts[a]) for a in even)
+    if not uneven:  # what the groups below give when there are none
+        return (1.0, met) if differ else (1.0 - kept, met - 1)
     if differ:
         read = {b for a in uneven for b in dst_bits[a]}  # what the blocks met depend on
         if any(f not in read or c not in read for f, c in differ):
