@@ -2,6 +2,7 @@
 priced moves against each move priced on its own, and the plans of a search that reuses those
 prices against the plans of one made on a fresh model."""
 
+import math
 import random
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import load_machine
-from hpctrain.layout.layout import Layout
+from hpctrain.layout.layout import CHANNEL_AXIS, Layout
 from hpctrain.model.net import load_net
 from hpctrain.plan.planner import _move, _move_grid, plan_network
 from hpctrain.plan.pricing import CostModel
@@ -167,3 +168,42 @@ def test_the_moves_left_unpriced_never_decide_a_column(seed):
     assert np.array_equal(back, all_back)
     every_pair = {(int(rows[r]), int(cols[c])) for r, c in zip(*np.nonzero(priced))}
     assert set(asked) <= every_pair and len(asked) < len(every_pair)
+
+
+@pytest.mark.parametrize("p, shape", [(8, (6, 5, 7, 9)), (16, (64, 12, 8, 8)),
+                                      (32, (3, 33, 5, 17)), (64, (128, 96, 35, 35)),
+                                      (256, (512, 192, 17, 17)), (1024, (2048, 8, 7, 7))])
+def test_the_busiest_receiver_between_aligned_groups_from_the_bits(p, shape):
+    """Between aligned groups of 2^k ranks (a group and the world, nested groups, groups
+    apart) the busiest receiver found from the bits of the rank numbers is, to the bit, the
+    one found rank by rank: for even and uneven blocks, empty ones and flattened ranges."""
+    from hpctrain.layout.moves import (
+        _busiest_receiver_of_aligned_bits,
+        _busiest_receiver_rank_by_rank,
+    )
+    from hpctrain.model.kinds import KINDS
+    from tests.test_mesh_layouts import random_mesh_layout
+
+    rng = random.Random(p)
+    flat = (shape[0], math.prod(shape[1:]))
+    found = 0
+    for _ in range(120 if p <= 64 else 30):
+        flattened = rng.random() < 0.25  # a flattened split cuts by explicit ranges
+        layouts = []
+        for _ in range(2):
+            size = rng.choice([p >> k for k in range(4) if p >> k >= 1])
+            layout = random_mesh_layout(rng, shape, size)
+            if flattened:
+                channels = layout.without(a for a in layout.cut_axes if a != CHANNEL_AXIS)
+                one_digit = channels.split_ranges is not None  # what flatten takes
+                layout = (KINDS["flatten"].layouts(None, (layout,), flat, None)[1]
+                          if one_digit and rng.random() < 0.7
+                          else random_mesh_layout(rng, flat, size))
+            layouts.append(layout.on_ranks(rng.randrange(0, p, size), p))
+        for a, b in (layouts, layouts[::-1]):
+            fast = _busiest_receiver_of_aligned_bits(a, b)
+            if fast is not None:
+                found += 1
+                slow = _busiest_receiver_rank_by_rank(a, b)
+                assert fast == slow and type(fast[0]) is float, (a, b, fast, slow)
+    assert found > 30

@@ -36,6 +36,7 @@ really runs there, node-aware or not.
 from __future__ import annotations
 
 import math
+import weakref
 
 from hpctrain.cost.machine import COLLECTIVES, Fit, Machine
 from hpctrain.cost.nodes import Group, span
@@ -161,15 +162,45 @@ def exchange_time(machine: Machine, p: int, messages: int, n: float,
     """
     if p == 1 or messages == 0:
         return 0.0
+    route = _exchange_routes(machine).get((p, peers))
+    if route is None:
+        route = _exchange_routes(machine)[p, peers] = _exchange_route(machine, p, peers)
+    link, near, far, share = route
+    if far is None:
+        return link.seconds(messages, n)
+    return (link.seconds(messages * near, n * near)
+            + far.seconds(messages * (1 - near), n * (1 - near) * share))
+
+
+def _exchange_route(machine: Machine, p: int, peers: Group | None
+                    ) -> tuple[Fit, float, Fit | None, float]:
+    """(link, near, far link, share) of :func:`exchange_time` on ``p`` ranks with ``peers``:
+    the one link that carries every message (far link None), or the node's link for the
+    share ``near`` of them and the network's, its bytes slowed ``share`` times, for the
+    rest."""
     net = machine.network
     if net is None:
-        return machine.link("alltoall", p).seconds(messages, n)
+        return machine.link("alltoall", p), 1.0, None, 1.0
     peers = peers or Group(p, 1, p)
     where = span(peers, machine.ranks_per_node)
     if where.inside_node:
-        return machine.link("alltoall", peers.size).seconds(messages, n)
+        return machine.link("alltoall", peers.size), 1.0, None, 1.0
     near = (where.per_node - 1) / (peers.size - 1)  # the share of peers on the same node
     share = max(1.0, where.sharing / net.nics)
-    return (machine.link("alltoall", where.per_node).seconds(messages * near, n * near)
-            + net.link("alltoall", where.nodes).seconds(messages * (1 - near),
-                                                         n * (1 - near) * share))
+    return (machine.link("alltoall", where.per_node), near,
+            net.link("alltoall", where.nodes), share)
+
+
+# the routes of exchange_time by machine, then by (ranks, peers): a plan prices tens of
+# thousands of moves on a few patterns of peers. Machines hold dicts and do not hash, so they
+# are told apart by identity, and their routes dropped with them.
+_ROUTES: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _exchange_routes(machine: Machine) -> dict:
+    """The routes already found on ``machine`` (see :func:`exchange_time`)."""
+    entry = _ROUTES.get(id(machine))
+    if entry is None or entry[0]() is not machine:
+        key = id(machine)
+        entry = _ROUTES[key] = (weakref.ref(machine, lambda _: _ROUTES.pop(key, None)), {})
+    return entry[1]

@@ -204,6 +204,10 @@ class Layout:
         none). Digits of size 1 are dropped and neighbours on the same axis merged, so that one
         placement of blocks has one spelling.
 
+    ``explicit_ranges`` holds, per axis, that axis's explicit block ranges as a tuple of
+    (start, stop), or None where the block rule gives them (and for the batch, and an axis not
+    cut): made once, as pricing a move asks for them per axis.
+
     Layouts are immutable; equal when every rank holds the same block. The hash leaves the
     ranges out (they follow from the other fields but for a flattened split, and hashing them
     would cost O(parts)), and is made once: layouts key the cost model's tables, looked up many
@@ -211,7 +215,7 @@ class Layout:
     """
 
     __slots__ = ("shape", "mesh", "axes", "split_ranges", "first", "procs", "_hash", "_largest",
-                 "_parts")
+                 "_parts", "_size", "_key", "explicit_ranges", "_grid", "_cut_axes", "_is_grid")
 
     def __init__(self, shape: Sequence[int], grid: tuple[int, int] | None = None,
                  split_axis: int | None = None,
@@ -235,7 +239,8 @@ class Layout:
             if axis != REPLICAS:
                 parts[axis] *= size
         set_(self, "_parts", tuple(parts))
-        set_(self, "split_ranges", self._ranges(split_ranges))
+        ranges = self._ranges(split_ranges)
+        set_(self, "split_ranges", ranges)
         size = math.prod(sizes)
         procs = size if procs is None else procs
         if first < 0 or first + size > procs:
@@ -244,6 +249,14 @@ class Layout:
         set_(self, "first", first)
         set_(self, "procs", procs)
         set_(self, "_largest", None)
+        # facts the pricing of moves asks for many times per layout, made once
+        set_(self, "_size", size)
+        set_(self, "_key", (shape, sizes, cut, first, procs, ranges))
+        set_(self, "explicit_ranges", self._explicit_by_axis(ranges))
+        set_(self, "_grid", (size // parts[BATCH_AXIS], parts[BATCH_AXIS]))
+        set_(self, "_cut_axes", tuple(a for a in range(1, len(shape)) if parts[a] > 1))
+        rest = cut[1:] if cut[:1] == (BATCH_AXIS,) else cut
+        set_(self, "_is_grid", len(rest) <= 1 and BATCH_AXIS not in rest)
         # the world's layouts hash as they always have: a group is the exception
         set_(self, "_hash", hash((shape, sizes, cut)) if size == procs
              else hash((shape, sizes, cut, first, procs)))
@@ -263,6 +276,15 @@ class Layout:
         if len(given) != parts:
             raise ValueError(f"{len(given)} ranges for an axis cut {parts} ways")
         return block_ranges(n, parts) if given == block_ranges(n, parts) else given
+
+    def _explicit_by_axis(self, ranges: Sequence | None) -> tuple:
+        """Per axis, its explicit block ranges as a tuple of (start, stop), or None where the
+        block rule cuts it (or nothing does, or it is the batch)."""
+        if ranges is None or isinstance(ranges, BlockRanges):
+            return (None,) * len(self.shape)
+        explicit = tuple(tuple(r) for r in ranges)
+        return tuple(explicit if axis != BATCH_AXIS and parts > 1 else None
+                     for axis, parts in enumerate(self._parts))
 
     @classmethod
     def of_split(cls, shape: tuple[int, ...], split: Split, cut: Iterable[int] | None = None,
@@ -314,12 +336,13 @@ class Layout:
         raise AttributeError("layouts are immutable")
 
     def __eq__(self, other: object) -> bool:
+        # layouts key the cost model's tables: most comparisons are of a layout with itself,
+        # or with an equal one made anew, whose fields compare as one tuple
+        if self is other:
+            return True
         if not isinstance(other, Layout):
             return NotImplemented
-        return (self._hash == other._hash and self.shape == other.shape
-                and self.mesh == other.mesh and self.axes == other.axes
-                and self.first == other.first and self.procs == other.procs
-                and self.split_ranges == other.split_ranges)
+        return self._hash == other._hash and self._key == other._key
 
     def __hash__(self) -> int:
         return self._hash
@@ -339,7 +362,8 @@ class Layout:
 
     @property
     def size(self) -> int:
-        return math.prod(self.mesh)
+        """The ranks of its group (the whole world's, unless it lies on a group)."""
+        return self._size
 
     @property
     def parts(self) -> tuple[int, ...]:
@@ -349,8 +373,7 @@ class Layout:
     @property
     def grid(self) -> tuple[int, int]:
         """The grid (Pr, Pc), Pr ranks sharing each of Pc sample blocks."""
-        pc = self._parts[BATCH_AXIS]
-        return self.size // pc, pc
+        return self._grid
 
     @property
     def replicas(self) -> int:
@@ -360,7 +383,7 @@ class Layout:
     @property
     def cut_axes(self) -> tuple[int, ...]:
         """The axes besides the batch that are cut, in order."""
-        return tuple(a for a in range(1, len(self.shape)) if self._parts[a] > 1)
+        return self._cut_axes
 
     @property
     def spatial_cuts(self) -> tuple[int, ...]:
@@ -381,8 +404,7 @@ class Layout:
     def is_grid(self) -> bool:
         """Whether this is a 1.5D layout, the batch over the slow digit of a Pr×Pc grid and at
         most one other axis cut, over all Pr ranks of the fast one."""
-        rest = self.axes[1:] if self.axes[:1] == (BATCH_AXIS,) else self.axes
-        return len(rest) <= 1 and BATCH_AXIS not in rest
+        return self._is_grid
 
     def coordinates(self, rank: int) -> tuple[int, ...]:
         """``rank``'s coordinate on each digit of the mesh (the last varies fastest). A world

@@ -26,6 +26,7 @@ split axes (bisection on the split ranges). It costs O(pieces of this rank), nev
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -276,8 +277,8 @@ class GeneralMove(Move):
         # a rank's peers lie among the aligned max(Pr_src, Pr_dst) consecutive ranks around
         # it (the batch blocks of the finer grid nest in those of the coarser)
         peers = Group(max(self.src.grid[0], self.dst.grid[0]), 1, self.src.size)
-        t = exchange_time(machine, self.src.size, messages, share * self._blocks(itemsize)[1],
-                          peers)
+        target = math.prod(self.dst.largest_block) * itemsize  # the larger target block
+        t = exchange_time(machine, self.src.size, messages, share * target, peers)
         return t, t
 
     def buffer_bytes(self, itemsize: int) -> float:
@@ -298,7 +299,10 @@ def move_between(src: Layout, dst: Layout) -> Move:
     _check_pair(src, dst)
     if not same_ranks(src, dst):  # between groups (or a group and the world): point to point
         return GeneralMove(src, dst)
-    return next(method(src, dst) for method in METHODS if method.fits(src, dst))
+    for method in METHODS[:-1]:  # a loop, not a generator: it runs once per distinct move
+        if method.fits(src, dst):
+            return method(src, dst)
+    return GeneralMove(src, dst)  # the last method fits every pair
 
 
 def parts_overlapping(layout: Layout, axis: int, lo: int, hi: int) -> list[tuple[int, Range]]:
@@ -525,7 +529,7 @@ def _digit(ranks: np.ndarray, stride: int, size: int) -> np.ndarray:
 
 def _bounds(layout: Layout, axis: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The [start, stop) of block ``index`` of ``axis``, per rank."""
-    return _axis_bounds(layout.shape[axis], layout.parts[axis], _explicit_ranges(layout, axis),
+    return _axis_bounds(layout.shape[axis], layout.parts[axis], layout.explicit_ranges[axis],
                         index)
 
 
@@ -542,7 +546,7 @@ def _axis_bounds(n: int, parts: int, ranges: tuple | None, index: np.ndarray
 def _parts_met(layout: Layout, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """How many blocks of ``layout``'s ``axis`` meet each [lo, hi) (non-empty)."""
     return _axis_parts_met(layout.shape[axis], layout.parts[axis],
-                           _explicit_ranges(layout, axis), lo, hi)
+                           layout.explicit_ranges[axis], lo, hi)
 
 
 def _axis_parts_met(n: int, parts: int, ranges: tuple | None, lo: np.ndarray, hi: np.ndarray
@@ -567,10 +571,11 @@ def _busiest_receiver_on_meshes(src: Layout, dst: Layout) -> tuple[float, int]:
     """:func:`_busiest_receiver` for layouts on any meshes: from the bits of the rank numbers
     where every digit is a power of two (:func:`_busiest_receiver_of_bits`), else rank by
     rank. Found once per :func:`_pair_key`."""
-    key = ("meshes", *_pair_key(src, dst))
+    cut = _cut_axis_keys(src, dst)
+    key = ("meshes", *_pair_key(src, dst, cut))
     found = _BY_PAIR_KEY.get(key)
     if found is None:
-        found = _busiest_receiver_of_bits(src, dst)
+        found = _busiest_receiver_of_bits(src, dst, cut)
         if found is None:
             found = _busiest_receiver_by_mesh_rank(src, dst)
         _remember(key, found)
@@ -586,18 +591,36 @@ def _remember(key: tuple, found: tuple[float, int]) -> None:
     _BY_PAIR_KEY[key] = found
 
 
-def _pair_key(src: Layout, dst: Layout) -> tuple:
+def _pair_key(src: Layout, dst: Layout, cut: tuple | None = None) -> tuple:
     """What the busiest receiver of a move from ``src`` to ``dst`` depends on, and nothing
     else: both meshes, the axes their digits cut and their ranks, and per axis either cuts,
-    :func:`_axis_key` (the length of an axis both cut evenly scaled down to the least that
+    its key (the length of an axis both cut evenly scaled down to the least that
     keeps its blocks in proportion: a rank's share of a block is a ratio of two of its
     lengths, the same float scaled, and the blocks met a count). The moves of a net's layers
     of other sizes but alike cuts (ResNet's stages) share one price of the busiest receiver;
-    their bytes differ, and are priced apart."""
-    cut = tuple((a, _axis_key(src, dst, a)) for a in range(len(src.shape))
-                if src.parts[a] > 1 or dst.parts[a] > 1)
+    their bytes differ, and are priced apart. ``cut``: ``_cut_axis_keys``, if found."""
+    cut = _cut_axis_keys(src, dst) if cut is None else cut
     return (len(src.shape), src.mesh, src.axes, src.first, src.size, dst.mesh, dst.axes,
-            dst.first, dst.size, cut)
+            dst.first, dst.size, tuple((a, key) for a, key, _ in cut))
+
+
+def _cut_axis_keys(src: Layout, dst: Layout) -> tuple[tuple[int, tuple, bool], ...]:
+    """(axis, key, even) of each axis either layout cuts, in order: what the busiest
+    receiver's key and its computation ask of each axis, found once.
+
+    ``even``: both cuts are by the block rule into blocks of one size. ``key``: (length,
+    source parts, target parts, source ranges, target ranges), the length the least that
+    gives the same blocks in proportion where both cuts are even (what a rank keeps is a
+    share, and the blocks it meets a count: both unchanged by scaling the axis), so that moves
+    of tensors alike but for their size share one entry."""
+    found = []
+    for axis, (n, s, d, s_ranges, d_ranges) in enumerate(zip(
+            src.shape, src.parts, dst.parts, src.explicit_ranges, dst.explicit_ranges)):
+        if s == 1 and d == 1:
+            continue
+        even = s_ranges is None and d_ranges is None and n % s == 0 and n % d == 0
+        found.append((axis, (math.lcm(s, d) if even else n, s, d, s_ranges, d_ranges), even))
+    return tuple(found)
 
 
 @lru_cache(maxsize=65536)
@@ -616,15 +639,8 @@ def _axis_bits(layout: Layout) -> list[tuple[int, ...]] | None:
     return bits
 
 
-def _explicit_ranges(layout: Layout, axis: int) -> tuple[tuple[int, int], ...] | None:
-    """The explicit block ranges of ``axis`` (a flattened split's), None for the block rule."""
-    ranges = layout.split_ranges if axis != BATCH_AXIS and layout.parts[axis] > 1 else None
-    if ranges is None or isinstance(ranges, BlockRanges):
-        return None
-    return tuple(tuple(r) for r in ranges)
-
-
-def _busiest_receiver_of_bits(src: Layout, dst: Layout) -> tuple[float, int] | None:
+def _busiest_receiver_of_bits(src: Layout, dst: Layout, cut_keys: tuple | None = None
+                              ) -> tuple[float, int] | None:
     """:func:`_busiest_receiver` where every digit of both meshes is a power of two (None
     otherwise), in work that grows with the bits uneven axes share, not with P.
 
@@ -642,28 +658,39 @@ def _busiest_receiver_of_bits(src: Layout, dst: Layout) -> tuple[float, int] | N
     The uneven axes are enumerated: axes whose fields share no bit vary independently, so the
     busiest rank is found per group of axes that share bits (enumerating only that group's
     bits) and the groups' extremes multiply. A group is priced once for every move that has
-    it, wherever its bits sit in the rank."""
+    it, wherever its bits sit in the rank. ``cut_keys``: ``_cut_axis_keys``, if found."""
     src_bits, dst_bits = _axis_bits(src), _axis_bits(dst)
     if src_bits is None or dst_bits is None:
         return None
-    cut = [a for a in range(len(src.shape)) if src.parts[a] > 1 or dst.parts[a] > 1]
-    even = [a for a in cut if _is_even(src, dst, a)]
-    if any(dst.parts[a] > src.shape[a] for a in cut):
-        even = []  # some target blocks are empty: every axis is enumerated
+    cut_keys = _cut_axis_keys(src, dst) if cut_keys is None else cut_keys
+    # plain loops rather than generators: this runs for most distinct moves of a plan
+    s_parts, d_parts, shape = src.parts, dst.parts, src.shape
+    keys = {a: key for a, key, _ in cut_keys}
+    cut = [a for a, _, _ in cut_keys]
+    even = [a for a, _, is_even in cut_keys if is_even]
+    for a in cut:
+        if d_parts[a] > shape[a]:
+            even = []  # some target blocks are empty: every axis is enumerated
+            break
     uneven = [a for a in cut if a not in even]
-    kept = math.prod(min(1.0, dst.parts[a] / src.parts[a]) for a in even)
+    kept = 1  # math.prod's start and order: the same floating-point products
+    met = 1
     differ = []  # pairs of bits whose values decide whether an even axis keeps anything
     for a in even:
-        coarse, fine = sorted((src_bits[a], dst_bits[a]), key=len)
+        kept *= min(1.0, d_parts[a] / s_parts[a])
+        met *= max(1, s_parts[a] // d_parts[a])
+        coarse, fine = ((src_bits[a], dst_bits[a]) if len(src_bits[a]) <= len(dst_bits[a])
+                        else (dst_bits[a], src_bits[a]))
         differ += [(f, c) for f, c in zip(fine, coarse) if f != c]
-    met = math.prod(max(1, src.parts[a] // dst.parts[a]) for a in even)
+    if not uneven:  # what the groups below give when there are none
+        return (1.0, met) if differ else (1.0 - kept, met - 1)
     if differ:
         read = {b for a in uneven for b in dst_bits[a]}  # what the blocks met depend on
         if any(f not in read or c not in read for f, c in differ):
-            summaries = _group_summaries(src, dst, uneven, src_bits, dst_bits)
+            summaries = _group_summaries(keys, uneven, src_bits, dst_bits)
             return 1.0, met * math.prod(most for _, most, _, _ in summaries)
         uneven, kept, met = cut, 1.0, 1  # entangled: every axis enumerated
-    summaries = _group_summaries(src, dst, uneven, src_bits, dst_bits)
+    summaries = _group_summaries(keys, uneven, src_bits, dst_bits)
     if any(least is None for least, *_ in summaries):
         return 0.0, 0  # some axis has an empty target block at every rank
     kept *= math.prod(least for least, *_ in summaries)
@@ -678,10 +705,11 @@ def _busiest_receiver_of_bits(src: Layout, dst: Layout) -> tuple[float, int] | N
     return 1.0 - kept, messages
 
 
-def _group_summaries(src: Layout, dst: Layout, axes: list[int],
+def _group_summaries(keys: dict[int, tuple], axes: list[int],
                      src_bits: list[tuple[int, ...]], dst_bits: list[tuple[int, ...]]
                      ) -> list[tuple]:
-    """:func:`_group_extremes` of each group of ``axes`` that share bits of the rank."""
+    """``_group_extremes`` of each group of ``axes`` that share bits of the rank (``keys``:
+    each axis's key, as ``_cut_axis_keys`` gives it)."""
     groups: list[tuple[set[int], list[int]]] = []  # (bits, axes) of axes that share bits
     for axis in axes:
         bits, members = set(src_bits[axis]) | set(dst_bits[axis]), [axis]
@@ -694,28 +722,9 @@ def _group_summaries(src: Layout, dst: Layout, axes: list[int],
     for bits, members in sorted(groups, key=lambda g: g[1]):
         place = {bit: i for i, bit in enumerate(sorted(bits))}  # the group's own numbering
         summaries.append(_group_extremes(len(bits), tuple(
-            (*_axis_key(src, dst, a), tuple(place[b] for b in src_bits[a]),
+            (*keys[a], tuple(place[b] for b in src_bits[a]),
              tuple(place[b] for b in dst_bits[a])) for a in members)))
     return summaries
-
-
-def _is_even(src: Layout, dst: Layout, axis: int) -> bool:
-    """Whether both cuts of ``axis`` are by the block rule into blocks of one size."""
-    n = src.shape[axis]
-    return (n % src.parts[axis] == 0 and n % dst.parts[axis] == 0
-            and _explicit_ranges(src, axis) is None and _explicit_ranges(dst, axis) is None)
-
-
-def _axis_key(src: Layout, dst: Layout, axis: int) -> tuple:
-    """(length, source parts, target parts, source ranges, target ranges) of ``axis``, the
-    length the least that gives the same blocks in proportion where both cuts are even (what
-    a rank keeps is a share, and the blocks it meets a count: both unchanged by scaling the
-    axis), so that moves of tensors alike but for their size share one entry."""
-    n, s, d = src.shape[axis], src.parts[axis], dst.parts[axis]
-    s_ranges, d_ranges = _explicit_ranges(src, axis), _explicit_ranges(dst, axis)
-    if _is_even(src, dst, axis):
-        n = math.lcm(s, d)
-    return n, s, d, s_ranges, d_ranges
 
 
 @lru_cache(maxsize=65536)
@@ -767,10 +776,13 @@ def _busiest_receiver_by_mesh_rank(src: Layout, dst: Layout) -> tuple[float, int
     not hold in the source (it is outside the source's group, or holds another block there),
     and the source blocks its target block meets other than its own, from the integer block
     bounds of every axis. Found once per :func:`_pair_key`."""
-    key = ("by rank", *_pair_key(src, dst))
+    cut = _cut_axis_keys(src, dst)
+    key = ("by rank", *_pair_key(src, dst, cut))
     found = _BY_PAIR_KEY.get(key)
     if found is None:
-        found = _busiest_receiver_rank_by_rank(src, dst)
+        found = _busiest_receiver_of_aligned_bits(src, dst, cut)
+        if found is None:
+            found = _busiest_receiver_rank_by_rank(src, dst)
         _remember(key, found)
     return found
 
@@ -800,6 +812,182 @@ def _busiest_receiver_rank_by_rank(src: Layout, dst: Layout) -> tuple[float, int
     messages -= (kept > 0).astype(np.int64)  # its own block needs no message
     share = np.where(empty, 0.0, 1 - kept)
     return float(np.max(share)), int(np.max(np.where(empty, 0, messages)))
+
+
+def _busiest_receiver_of_aligned_bits(src: Layout, dst: Layout, cut_keys: tuple | None = None
+                                      ) -> tuple[float, int] | None:
+    """``_busiest_receiver_rank_by_rank`` to the bit, from the bits of the rank numbers,
+    where every digit of both meshes is a power of two and each group starts at a multiple of
+    its size (None otherwise): the moves between a group and the world, or between groups, of
+    a branched net on 2^k ranks.
+
+    Number a target rank ``u`` within the target's group (``gd`` bits). Two aligned blocks of
+    ranks are nested or apart, so the source's number of the same rank is ``u``'s low bits
+    (the source's group no larger) or ``u`` under a fixed prefix (larger); and whether it is
+    in the source's group at all is fixed, or asks that ``u``'s bits above the source's size
+    equal a constant. Every block index, and this membership, is then a field of ``u``'s bits.
+    The ranks' values are enumerated per group of axes that share bits (once per group alike,
+    wherever its bits sit), and the groups combine exactly as rank by rank: a rank outside the
+    source's group keeps nothing; one inside keeps the product of its axes' shares in the
+    order of the axes, a rounding that grows with each share, so that the least is that
+    product over the least tuples of shares each group has. The blocks met are integers, and
+    multiply. ``cut_keys``: ``_cut_axis_keys`` of the two layouts, if found."""
+    src_bits, dst_bits = _axis_bits(src), _axis_bits(dst)
+    if src_bits is None or dst_bits is None or src.first % src.size or dst.first % dst.size:
+        return None
+    cut_keys = _cut_axis_keys(src, dst) if cut_keys is None else cut_keys
+    gd = dst.size.bit_length() - 1
+    gs = src.size.bit_length() - 1
+    offset = (dst.first - src.first) % src.size  # the source's number of u = 0, when gs > gd
+    # each factor, membership first and then the axes in order: the bits of u it reads, and
+    # what _aligned_group_values needs of it
+    factors: list[tuple[set[int], tuple]] = []
+    if gs < gd and dst.first <= src.first < dst.first + dst.size:
+        above = tuple(range(gd - 1, gs - 1, -1))  # u's bits above the source's size
+        factors.append((set(above), ("member", above, (src.first - dst.first) >> gs)))
+    else:  # the target's ranks are all in the source's group, or none is
+        member = src.first <= dst.first < src.first + src.size
+        factors.append((set(), ("member", (), 0 if member else -1)))
+    for axis, key, _ in cut_keys:
+        if src.parts[axis] == 1 and dst.parts[axis] <= src.shape[axis] and key[4] is None:
+            continue  # every rank keeps all of its block (a share of 1.0), from one block
+        # a source bit at or above gd is the fixed prefix's: -1 for a 0, -2 for a 1
+        s_bits = tuple(b if b < gd else -1 - (offset >> b & 1) for b in src_bits[axis])
+        read = {b for b in s_bits if b >= 0} | set(dst_bits[axis])
+        factors.append((read, ("axis", key, s_bits, dst_bits[axis])))
+    groups: list[tuple[set[int], list[int]]] = []  # (bits, factors) of factors sharing bits
+    for k, (bits, _) in enumerate(factors):
+        bits, members = set(bits), [k]
+        for group in [g for g in groups if g[0] & bits]:
+            groups.remove(group)
+            bits |= group[0]
+            members = group[1] + members
+        groups.append((bits, sorted(members)))
+    found = []
+    for bits, members in groups:
+        place = {bit: i for i, bit in enumerate(sorted(bits))}  # the group's own numbering
+        found.append(_aligned_group_values(len(bits), tuple(
+            _renumbered(factors[k][1], place) for k in members)))
+    if not all(full for _, full, *_ in found):
+        return 0.0, 0  # every target block is empty
+    if any(outside for _, _, outside, *_ in found):
+        least = 0.0  # a rank outside the source's group keeps nothing of its block
+    else:
+        order = sorted((k, g, i) for g, (_, members) in enumerate(groups)
+                       for i, k in enumerate(k for k in members if k > 0))
+        if math.prod(len(tuples) for tuples, *_ in found) > 1 << 12:
+            return None  # too many tuples to combine: rank by rank
+        least = math.inf
+        for chosen in itertools.product(*(tuples for tuples, *_ in found)):
+            kept = 1.0  # as rank by rank: 1.0 for a rank in the source's group, times shares
+            for _, g, i in order:
+                kept *= chosen[g][i]
+            least = min(least, kept)
+    messages = 0 if any(empty for _, _, _, empty, *_ in found) else -1
+    every = [most for *_, most, _, _ in found]
+    if all(keeping >= 0 for *_, keeping, _ in found):  # keeps part of its block: one less
+        messages = max(messages, math.prod(keeping for *_, keeping, _ in found) - 1)
+    for g, (*_, dropping) in enumerate(found):  # keeps nothing, by group g
+        if dropping >= 0:
+            messages = max(messages, dropping * math.prod(every[:g] + every[g + 1:]))
+    return 1 - least, messages
+
+
+def _renumbered(factor: tuple, place: dict[int, int]) -> tuple:
+    """A factor of ``_busiest_receiver_of_aligned_bits`` with its bits of ``u`` in its
+    group's own numbering (the fixed bits, negative, as they are)."""
+    if factor[0] == "member":
+        return "member", tuple(place[b] for b in factor[1]), factor[2]
+    _, key, s_bits, d_bits = factor
+    return ("axis", key, tuple(place[b] if b >= 0 else b for b in s_bits),
+            tuple(place[b] for b in d_bits))
+
+
+def _bit_field(values: np.ndarray, bits: tuple[int, ...]) -> np.ndarray:
+    """The number whose binary digits are ``values``' ``bits``, most significant first; a bit
+    -1 is a fixed 0, -2 a fixed 1."""
+    found = np.zeros(len(values), dtype=np.int64)
+    start = 0
+    while start < len(bits):  # a run of descending bits, or of fixed ones, at once
+        stop = start + 1
+        if bits[start] >= 0:
+            while stop < len(bits) and bits[stop] == bits[stop - 1] - 1 >= 0:
+                stop += 1
+            run = stop - start
+            found = (found << run) | (values >> bits[stop - 1] & ((1 << run) - 1))
+        else:
+            fixed = -1 - bits[start]
+            while stop < len(bits) and bits[stop] < 0:
+                fixed = fixed << 1 | (-1 - bits[stop])
+                stop += 1
+            found = (found << (stop - start)) | fixed
+        start = stop
+    return found
+
+
+@lru_cache(maxsize=65536)
+def _aligned_group_values(width: int, factors: tuple) -> tuple:
+    """Over the values of ``width`` bits and the ``factors`` they decide (of
+    ``_busiest_receiver_of_aligned_bits``), where the target block is not empty: (the
+    least tuples of the axes' shares kept by a rank in the source's group, none dominated by
+    another; whether there is such a value at all; whether some of them are outside the
+    source's group; whether some target block is empty; the most source blocks met, then
+    where moreover the rank keeps part of its block, then where it keeps none, -1 where there
+    is none). Each share is computed as ``_busiest_receiver_rank_by_rank`` computes it."""
+    values = np.arange(1 << width, dtype=np.int64)
+    member = np.ones(len(values), dtype=bool)
+    shares = []
+    met = np.ones(len(values), dtype=np.int64)
+    empty = np.zeros(len(values), dtype=bool)
+    for factor in factors:
+        if factor[0] == "member":
+            _, bits, wanted = factor
+            member = _bit_field(values, bits) == wanted
+            continue
+        _, (n, s_parts, d_parts, s_ranges, d_ranges), s_bits, d_bits = factor
+        s0, s1 = _axis_bounds(n, s_parts, s_ranges, _bit_field(values, s_bits))
+        d0, d1 = _axis_bounds(n, d_parts, d_ranges, _bit_field(values, d_bits))
+        empty |= d1 <= d0
+        length = np.maximum(d1 - d0, 1)
+        shares.append(np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / length)
+        met *= _axis_parts_met(n, s_parts, s_ranges, d0, d1)
+    full = ~empty
+    if not full.any():
+        return (), False, False, True, -1, -1, -1
+    inside = full & member
+    keeping = inside.copy()
+    for share in shares:
+        keeping &= share > 0
+
+    def most(where: np.ndarray) -> int:
+        return int(met[where].max()) if where.any() else -1
+
+    table = np.stack(shares, axis=1)[inside] if shares else np.ones((int(inside.sum()), 0))
+    return (_least_tuples(table), True, bool((full & ~member).any()), bool(empty.any()),
+            most(full), most(keeping), most(full & ~keeping))
+
+
+def _least_tuples(table: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    """The distinct rows of ``table`` that no other row is at most in every column: where a
+    product grows with each entry, its least over the rows is among them (a row with a 0 is
+    alone enough). All the distinct rows where they are too many to compare pairwise."""
+    if len(table) == 0:
+        return ()
+    if table.shape[1] <= 1:
+        return (tuple(float(x) for x in table.min(axis=0)),)
+    zero = (table == 0).any(axis=1)
+    if zero.any():
+        return (tuple(float(x) for x in table[zero.argmax()]),)
+    codes = np.zeros(len(table), dtype=np.int64)  # one number per distinct row
+    for column in table.T:
+        found, inverse = np.unique(column, return_inverse=True)
+        codes = np.unique(codes * len(found) + inverse.reshape(-1), return_inverse=True)[1]
+    rows = table[np.unique(codes, return_index=True)[1]]
+    if len(rows) <= 1024:
+        below = rows[None, :, :] <= rows[:, None, :]  # [i, j]: row j at most row i
+        same = (rows[None, :, :] == rows[:, None, :]).all(axis=2)
+        rows = rows[~(below.all(axis=2) & ~same).any(axis=1)]
+    return tuple(tuple(float(x) for x in row) for row in rows)
 
 
 def _between_groups_time(src: Layout, dst: Layout, machine: Machine, itemsize: int) -> float:
