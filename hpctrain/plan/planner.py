@@ -981,7 +981,7 @@ def _worth_pricing(times: np.ndarray, own: np.ndarray, priced: np.ndarray, rows:
 
 
 PROBED_ROWS = 8
-"""The fastest rows whose moves :func:`_worth_pricing` prices first, to bound each column's
+"""The fastest rows whose moves a segment of a chain prices first, to bound each column's
 least: enough that some probe usually reaches the column by a cheap move."""
 
 
