@@ -705,19 +705,27 @@ def _busiest_receiver_of_bits(src: Layout, dst: Layout, cut_keys: tuple | None =
     return 1.0 - kept, messages
 
 
-def _group_summaries(keys: dict[int, tuple], axes: list[int],
-                     src_bits: list[tuple[int, ...]], dst_bits: list[tuple[int, ...]]
-                     ) -> list[tuple]:
-    """``_group_extremes`` of each group of ``axes`` that share bits of the rank (``keys``:
-    each axis's key, as ``_cut_axis_keys`` gives it)."""
-    groups: list[tuple[set[int], list[int]]] = []  # (bits, axes) of axes that share bits
-    for axis in axes:
-        bits, members = set(src_bits[axis]) | set(dst_bits[axis]), [axis]
+def _sharing_bits(items: list[tuple[int, set[int]]]) -> list[tuple[set[int], list[int]]]:
+    """The groups of ``items`` (name, the bits of the rank it reads) that share bits, directly
+    or through others: (their bits, their names in order), in the order the last of each
+    arrived. Groups apart vary independently, so each is enumerated on its own."""
+    groups: list[tuple[set[int], list[int]]] = []
+    for name, read in items:
+        bits, members = set(read), [name]
         for group in [g for g in groups if g[0] & bits]:
             groups.remove(group)
             bits |= group[0]
             members = group[1] + members
         groups.append((bits, sorted(members)))
+    return groups
+
+
+def _group_summaries(keys: dict[int, tuple], axes: list[int],
+                     src_bits: list[tuple[int, ...]], dst_bits: list[tuple[int, ...]]
+                     ) -> list[tuple]:
+    """``_group_extremes`` of each group of ``axes`` that share bits of the rank (``keys``:
+    each axis's key, as ``_cut_axis_keys`` gives it)."""
+    groups = _sharing_bits([(axis, set(src_bits[axis]) | set(dst_bits[axis])) for axis in axes])
     summaries = []
     for bits, members in sorted(groups, key=lambda g: g[1]):
         place = {bit: i for i, bit in enumerate(sorted(bits))}  # the group's own numbering
@@ -855,14 +863,7 @@ def _busiest_receiver_of_aligned_bits(src: Layout, dst: Layout, cut_keys: tuple 
         s_bits = tuple(b if b < gd else -1 - (offset >> b & 1) for b in src_bits[axis])
         read = {b for b in s_bits if b >= 0} | set(dst_bits[axis])
         factors.append((read, ("axis", key, s_bits, dst_bits[axis])))
-    groups: list[tuple[set[int], list[int]]] = []  # (bits, factors) of factors sharing bits
-    for k, (bits, _) in enumerate(factors):
-        bits, members = set(bits), [k]
-        for group in [g for g in groups if g[0] & bits]:
-            groups.remove(group)
-            bits |= group[0]
-            members = group[1] + members
-        groups.append((bits, sorted(members)))
+    groups = _sharing_bits([(k, bits) for k, (bits, _) in enumerate(factors)])
     found = []
     for bits, members in groups:
         place = {bit: i for i, bit in enumerate(sorted(bits))}  # the group's own numbering
