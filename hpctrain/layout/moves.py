@@ -747,22 +747,9 @@ def _group_extremes(width: int, axes: tuple) -> tuple:
     kept = np.ones(len(values))
     met = np.ones(len(values), dtype=np.int64)
     empty = np.zeros(len(values), dtype=bool)
-
-    def index(bits: tuple[int, ...]) -> np.ndarray:
-        found = np.zeros(len(values), dtype=np.int64)
-        start = 0
-        while start < len(bits):  # most significant first, a run of descending bits at once
-            stop = start + 1
-            while stop < len(bits) and bits[stop] == bits[stop - 1] - 1:
-                stop += 1
-            run = stop - start
-            found = (found << run) | (values >> bits[stop - 1] & ((1 << run) - 1))
-            start = stop
-        return found
-
     for n, s_parts, d_parts, s_ranges, d_ranges, s_bits, d_bits in axes:
-        s0, s1 = _axis_bounds(n, s_parts, s_ranges, index(s_bits))
-        d0, d1 = _axis_bounds(n, d_parts, d_ranges, index(d_bits))
+        s0, s1 = _axis_bounds(n, s_parts, s_ranges, _bit_field(values, s_bits))
+        d0, d1 = _axis_bounds(n, d_parts, d_ranges, _bit_field(values, d_bits))
         empty |= d1 <= d0
         kept *= np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / np.maximum(
             d1 - d0, 1)
