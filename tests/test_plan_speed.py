@@ -207,3 +207,94 @@ def test_the_busiest_receiver_between_aligned_groups_from_the_bits(p, shape):
                 slow = _busiest_receiver_rank_by_rank(a, b)
                 assert fast == slow and type(fast[0]) is float, (a, b, fast, slow)
     assert found > 30
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ranks_whose_even_axes_agree_or_not_stand_for_every_value_of_their_bits(seed):
+    """The values of a group with evenly cut axes, from the enumerated bits alone and two
+    kinds of rank per value, equal those found from every value of every bit, where an even
+    axis keeps its share exactly where its pairs of bits agree: on random groups of up to 9
+    bits with membership, uneven axes, pairs, fixed bits and pairs that can never agree."""
+    from hpctrain.layout.moves import _aligned_group_values
+
+    rng = random.Random(seed)
+    checked = 0
+    for _ in range(60):
+        width = rng.randint(1, 9)
+        bits = list(range(width))
+        factors = [("member", tuple(rng.sample(bits, rng.randint(0, min(2, width)))),
+                    rng.choice([0, 1, -1]))]
+        if factors[0][1] == ():
+            factors[0] = ("member", (), rng.choice([0, -1]))
+        for _ in range(rng.randint(1, 3)):
+            if rng.random() < 0.4:  # an uneven axis on a few bits
+                s_bits = tuple(rng.sample(bits, rng.randint(0, min(2, width))))
+                d_bits = tuple(rng.sample(bits, rng.randint(1, min(2, width))))
+                n = rng.randint(1, 9)
+                factors.append(("axis", (n, 1 << len(s_bits), 1 << len(d_bits), None, None),
+                                s_bits, d_bits))
+            else:  # an even one: pairs of bits, bits against fixed values
+                edges = tuple(tuple(rng.sample(bits, 2)) for _ in range(rng.randint(0, 3))
+                              if width >= 2)
+                pins = tuple((rng.choice(bits), rng.randint(0, 1))
+                             for _ in range(rng.randint(0, 2)))
+                s, d = 1 << rng.randint(0, 3), 1 << rng.randint(0, 3)
+                factors.append(("even", min(8 // s, 8 // d) / (8 // d), max(1, s // d),
+                                edges, pins, rng.random() < 0.05))
+        factors = tuple(factors)
+        found = _aligned_group_values(width, factors)
+        every = _aligned_group_values_every_bit(width, factors)
+        assert found[1:] == every[1:], factors
+        assert _product_least(found[0]) == _product_least(every[0]), factors
+        checked += 1
+    assert checked == 60
+
+
+def _product_least(tuples):
+    """The least product over a group's least tuples, as the combination reads them."""
+    return min((math.prod(t) for t in tuples), default=None)
+
+
+def _aligned_group_values_every_bit(width, factors):
+    """``_aligned_group_values``'s tuple computed from every value of every bit (the even
+    axes' shares and blocks met per value), by the plain code the even factors replace."""
+    from hpctrain.layout.moves import _axis_bounds, _axis_parts_met, _bit_field, _least_tuples
+
+    values = np.arange(1 << width, dtype=np.int64)
+    member = np.ones(len(values), dtype=bool)
+    shares, met = [], np.ones(len(values), dtype=np.int64)
+    empty = np.zeros(len(values), dtype=bool)
+    for factor in factors:
+        if factor[0] == "member":
+            member = _bit_field(values, factor[1]) == factor[2]
+        elif factor[0] == "even":
+            _, share, most, edges, pins, never = factor
+            agree = np.full(len(values), not never)
+            for a, b in edges:
+                agree &= (values >> a & 1) == (values >> b & 1)
+            for b, value in pins:
+                agree &= (values >> b & 1) == value
+            shares.append(np.where(agree, share, 0.0))
+            met *= most
+        else:
+            _, (n, s_parts, d_parts, s_ranges, d_ranges), s_bits, d_bits = factor
+            s0, s1 = _axis_bounds(n, s_parts, s_ranges, _bit_field(values, s_bits))
+            d0, d1 = _axis_bounds(n, d_parts, d_ranges, _bit_field(values, d_bits))
+            empty |= d1 <= d0
+            shares.append(np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None)
+                          / np.maximum(d1 - d0, 1))
+            met *= _axis_parts_met(n, s_parts, s_ranges, d0, d1)
+    full = ~empty
+    if not full.any():
+        return (), False, False, True, -1, -1, -1
+    inside = full & member
+    keeping = inside.copy()
+    for share in shares:
+        keeping &= share > 0
+
+    def most(where):
+        return int(met[where].max()) if where.any() else -1
+
+    table = np.stack(shares, axis=1)[inside] if shares else np.ones((int(inside.sum()), 0))
+    return (_least_tuples(table), True, bool((full & ~member).any()), bool(empty.any()),
+            most(full), most(keeping), most(full & ~keeping))

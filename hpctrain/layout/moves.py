@@ -843,13 +843,18 @@ def _busiest_receiver_of_aligned_bits(src: Layout, dst: Layout, cut_keys: tuple 
     else:  # the target's ranks are all in the source's group, or none is
         member = src.first <= dst.first < src.first + src.size
         factors.append((set(), ("member", (), 0 if member else -1)))
-    for axis, key, _ in cut_keys:
+    for axis, key, even in cut_keys:
         if src.parts[axis] == 1 and dst.parts[axis] <= src.shape[axis] and key[4] is None:
             continue  # every rank keeps all of its block (a share of 1.0), from one block
         # a source bit at or above gd is the fixed prefix's: -1 for a 0, -2 for a 1
         s_bits = tuple(b if b < gd else -1 - (offset >> b & 1) for b in src_bits[axis])
-        read = {b for b in s_bits if b >= 0} | set(dst_bits[axis])
-        factors.append((read, ("axis", key, s_bits, dst_bits[axis])))
+        if even:
+            factor = _even_factor(key, s_bits, dst_bits[axis])
+            read = {b for edge in factor[3] for b in edge} | {b for b, _ in factor[4]}
+        else:
+            factor = ("axis", key, s_bits, dst_bits[axis])
+            read = {b for b in s_bits if b >= 0} | set(dst_bits[axis])
+        factors.append((read, factor))
     groups = _sharing_bits([(k, bits) for k, (bits, _) in enumerate(factors)])
     found = []
     for bits, members in groups:
@@ -881,11 +886,44 @@ def _busiest_receiver_of_aligned_bits(src: Layout, dst: Layout, cut_keys: tuple 
     return 1 - least, messages
 
 
+def _even_factor(key: tuple, s_bits: tuple[int, ...], d_bits: tuple[int, ...]) -> tuple:
+    """An axis both layouts cut evenly, as a factor of ``_busiest_receiver_of_aligned_bits``
+    that asks no enumeration of its bits: ("even", the share a rank keeps where its blocks
+    agree, the source blocks every rank meets, the pairs of bits that must be equal, the bits
+    that must hold a value, whether they can never agree).
+
+    Cut into 2^a source and 2^b target blocks of one size each, a target block lies in one
+    source block (a ≤ b) or holds 2^(a-b) of them: every rank meets max(1, 2^(a-b)), and
+    keeps a share min(1, 2^(b-a)) of its target block where the coarser index equals the
+    leading bits of the finer one, bit for bit, and nothing elsewhere (the blocks are then
+    apart). Each bit of the coarser index and the bit it faces is a pair of u's bits, a bit
+    against a fixed one, or two fixed ones."""
+    n, s_parts, d_parts = key[:3]
+    coarse, fine = (s_bits, d_bits) if len(s_bits) <= len(d_bits) else (d_bits, s_bits)
+    edges, pins, never = [], [], False
+    for f, c in zip(fine, coarse):
+        if f == c:
+            continue  # the same bit, or the same fixed value: always equal
+        if f >= 0 and c >= 0:
+            edges.append((f, c))
+        elif f >= 0 or c >= 0:
+            pins.append((max(f, c), -1 - min(f, c)))
+        else:
+            never = True  # two fixed bits that differ
+    # the share as rank by rank forms it: the overlap over the target block's length
+    share = min(n // s_parts, n // d_parts) / (n // d_parts)
+    return "even", share, max(1, s_parts // d_parts), tuple(edges), tuple(pins), never
+
+
 def _renumbered(factor: tuple, place: dict[int, int]) -> tuple:
     """A factor of ``_busiest_receiver_of_aligned_bits`` with its bits of ``u`` in its
     group's own numbering (the fixed bits, negative, as they are)."""
     if factor[0] == "member":
         return "member", tuple(place[b] for b in factor[1]), factor[2]
+    if factor[0] == "even":
+        _, share, met, edges, pins, never = factor
+        return ("even", share, met, tuple((place[a], place[b]) for a, b in edges),
+                tuple((place[b], value) for b, value in pins), never)
     _, key, s_bits, d_bits = factor
     return ("axis", key, tuple(place[b] if b >= 0 else b for b in s_bits),
             tuple(place[b] for b in d_bits))
@@ -921,10 +959,19 @@ def _aligned_group_values(width: int, factors: tuple) -> tuple:
     another; whether there is such a value at all; whether some of them are outside the
     source's group; whether some target block is empty; the most source blocks met, then
     where moreover the rank keeps part of its block, then where it keeps none, -1 where there
-    is none). Each share is computed as ``_busiest_receiver_rank_by_rank`` computes it."""
-    values = np.arange(1 << width, dtype=np.int64)
+    is none). Each share is computed as ``_busiest_receiver_rank_by_rank`` computes it.
+
+    Only the bits the membership and the unevenly cut axes read are enumerated. An evenly cut
+    axis (:func:`_even_factor`) meets a fixed number of blocks and keeps a fixed share or
+    nothing, by whether its pairs of bits agree; so each value of the enumerated bits stands
+    for two kinds of rank at most, those whose other bits let every even axis agree and those
+    whose bits let one disagree (:func:`_agreement`), and a rank of either kind has the same
+    shares and blocks met as any other of its kind. At 65,536 ranks the batch axis alone
+    reads 16 bits, and the rest a few."""
+    enumerated = sorted({b for factor in factors for b in _enumerated_bits(factor)})
+    values = _spread(np.arange(1 << len(enumerated), dtype=np.int64), enumerated)
     member = np.ones(len(values), dtype=bool)
-    shares = []
+    columns: list[np.ndarray | float] = []  # per axis: its shares, or an even axis's share
     met = np.ones(len(values), dtype=np.int64)
     empty = np.zeros(len(values), dtype=bool)
     for factor in factors:
@@ -932,13 +979,24 @@ def _aligned_group_values(width: int, factors: tuple) -> tuple:
             _, bits, wanted = factor
             member = _bit_field(values, bits) == wanted
             continue
+        if factor[0] == "even":
+            columns.append(factor[1])
+            met *= factor[2]
+            continue
         _, (n, s_parts, d_parts, s_ranges, d_ranges), s_bits, d_bits = factor
         s0, s1 = _axis_bounds(n, s_parts, s_ranges, _bit_field(values, s_bits))
         d0, d1 = _axis_bounds(n, d_parts, d_ranges, _bit_field(values, d_bits))
         empty |= d1 <= d0
         length = np.maximum(d1 - d0, 1)
-        shares.append(np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / length)
+        columns.append(np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None) / length)
         met *= _axis_parts_met(n, s_parts, s_ranges, d0, d1)
+    agree, differ = _agreement(width, set(enumerated),
+                               [f for f in factors if f[0] == "even"], values)
+    rows = np.concatenate([np.flatnonzero(agree), np.flatnonzero(differ)])
+    agrees = np.arange(len(rows)) < np.count_nonzero(agree)
+    member, met, empty = member[rows], met[rows], empty[rows]
+    shares = [np.where(agrees, column, 0.0) if isinstance(column, float) else column[rows]
+              for column in columns]
     full = ~empty
     if not full.any():
         return (), False, False, True, -1, -1, -1
@@ -953,6 +1011,76 @@ def _aligned_group_values(width: int, factors: tuple) -> tuple:
     table = np.stack(shares, axis=1)[inside] if shares else np.ones((int(inside.sum()), 0))
     return (_least_tuples(table), True, bool((full & ~member).any()), bool(empty.any()),
             most(full), most(keeping), most(full & ~keeping))
+
+
+def _enumerated_bits(factor: tuple) -> tuple[int, ...]:
+    """The bits of u a factor of ``_aligned_group_values`` reads that are enumerated: all of
+    the membership's and an unevenly cut axis's, none of an even one's."""
+    if factor[0] == "member":
+        return factor[1]
+    if factor[0] == "even":
+        return ()
+    return tuple(b for b in factor[2] if b >= 0) + factor[3]
+
+
+def _spread(counts: np.ndarray, bits: list[int]) -> np.ndarray:
+    """Each of ``counts`` with its binary digit i moved to bit ``bits[i]`` (ascending)."""
+    if bits == list(range(len(bits))):
+        return counts
+    found = np.zeros(len(counts), dtype=np.int64)
+    for i, bit in enumerate(bits):
+        found |= (counts >> i & 1) << bit
+    return found
+
+
+def _agreement(width: int, enumerated: set[int], evens: list[tuple], values: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per value of the ``enumerated`` bits (``values``, the other bits 0): whether some
+    setting of the other bits of ``width`` lets every one of the ``evens``' pairs of bits be
+    equal and its fixed bits hold, and whether some setting makes one fail.
+
+    The pairs join bits into sets that must all be equal: they can where the enumerated bits
+    of each set are equal in the value and no two of its fixed values differ. A set with a
+    bit not enumerated can always fail (that bit set against a neighbour); one of enumerated
+    bits alone fails exactly where it cannot hold."""
+    if not evens:
+        return np.ones(len(values), dtype=bool), np.zeros(len(values), dtype=bool)
+    parent = list(range(width))
+
+    def root(b: int) -> int:
+        while parent[b] != b:
+            parent[b] = parent[parent[b]]
+            b = parent[b]
+        return b
+
+    for factor in evens:
+        for a, b in factor[3]:
+            parent[root(a)] = root(b)
+    touched = {b for f in evens for edge in f[3] for b in edge} | {
+        b for f in evens for b, _ in f[4]}
+    sets: dict[int, list[int]] = {}
+    for b in sorted(touched):
+        sets.setdefault(root(b), []).append(b)
+    pinned: dict[int, set[int]] = {}
+    for factor in evens:
+        for b, value in factor[4]:
+            pinned.setdefault(root(b), set()).add(value)
+    never = (any(f[5] for f in evens) or any(len(found) > 1 for found in pinned.values()))
+    agree = np.ones(len(values), dtype=bool)
+    can_fail = never
+    for top, members in sets.items():
+        known = [b for b in members if b in enumerated]
+        can_fail |= len(known) < len(members)
+        if not known:
+            continue
+        first = values >> known[0] & 1
+        for b in known[1:]:
+            agree &= (values >> b & 1) == first
+        for value in pinned.get(top, ()):
+            agree &= first == value
+    if never:
+        agree[:] = False
+    return agree, (np.ones(len(values), dtype=bool) if can_fail else ~agree)
 
 
 def _least_tuples(table: np.ndarray) -> tuple[tuple[float, ...], ...]:

@@ -687,8 +687,8 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
     of the joins plus the loss, all ≥ 0. Each segment's own cost is carried by one join it
     feeds, so the time is a sum of one term per join, t(x_a, x_b) = own(x_a) + move(x_a, x_b),
     plus the own costs no join carries. With x_b fixed, min over x_a of t is found exactly
-    (:func:`_least_into`: the sources in order of own cost, most never priced); with x_a fixed
-    it is at least own(x_a). A candidate's bound adds its own joins' terms so, every other
+    (:func:`_least_into`: the cheapest sources first, most moves never priced); with x_a
+    fixed it is at least own(x_a). A candidate's bound adds its own joins' terms so, every other
     join's least term over any choice, and every other uncarried own cost's least.
 
     In a chain the move is counted free (the bound is min own(x_a) for every x_b): its search
@@ -710,7 +710,8 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
     layouts = [[dict(zip(model.segments[k], model.runnable_layouts(k, c), strict=True))
                 for c in found] for k, found in enumerate(every)]
     carried: set[int] = set()
-    terms = []  # (source segment, target segment, carries, source layouts, target layouts)
+    terms = []  # (source segment, target segment, carries, source layouts, target layouts,
+    #          the layer fed)
     for k, e, p in model.joins:
         a, b = (0 if p < 0 else owner[p]), owner[k]
         carries = p >= 0 and a != b and a not in carried
@@ -719,12 +720,12 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
         sources = ([model.input_layout(c) for c in every[0]] if p < 0
                    else [where[p].output for where in layouts[a]])
         targets = [where[k].inputs[e] for where in layouts[b]]
-        terms.append((a, b, carries, sources, targets))
+        terms.append((a, b, carries, sources, targets, k))
     # the loss's move and cost, and producing the batch where it is needed, are ≥ 0: left out
     per_candidate = [[0.0] * len(found) for found in every]
     fixed = 0.0  # what every candidate's bound adds: the least of the terms and costs apart
     lows: list[tuple[int, int, list[float], list[float]]] = []
-    for a, b, carries, sources, targets in terms:
+    for a, b, carries, sources, targets, k in terms:
 
         def move(i: int, j: int, sources: list = sources, targets: list = targets) -> float:
             return sum(model.move_cost(sources[i], targets[j])[1:])
@@ -737,7 +738,7 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
         if chain:  # the move counted free (the docstring says why)
             into = [min(carry)] * len(targets)
         else:
-            into = _least_into(carry, sources, targets, model)
+            into = _least_into(carry, sources, targets, model, k)
         lows.append((a, b, carry, into))
     uncarried = [k for k in range(len(every)) if k not in carried]
     for a, b, out_of, into in lows:
@@ -757,25 +758,23 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
 
 
 def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout],
-                model: CostModel) -> list[float]:
+                model: CostModel, index: int) -> list[float]:
     """For each target, the least over every source i of carry[i] + the move from
-    ``sources[i]`` into it, exactly: sources in order of their carry, stopping at the first
-    whose carry alone is no less than the least found (a move costs ≥ 0). Each source layout
-    enters at its least carry; each target layout is priced once."""
-    cheapest: dict[Layout, float] = {}
-    for held, source in sorted(zip(carry, sources, strict=True), key=lambda item: item[0]):
-        cheapest.setdefault(source, held)
-    found: dict[Layout, float] = {}
-    for target in targets:
-        if target in found:
-            continue
-        least = math.inf
-        for source, held in cheapest.items():
-            if held >= least:
-                break
-            least = min(least, held + sum(model.move_cost(source, target)[1:]))
-        found[target] = least
-    return [found[target] for target in targets]
+    ``sources[i]`` into it (for layer ``index``), exactly. Each distinct source layout enters
+    at its least carry, and a move is priced only where it may decide a least: the moves
+    from the cheapest sources first, then from those whose carry alone does not exceed the
+    least they found (:func:`_worth_pricing`, a move costing ≥ 0)."""
+    src_of, srcs = _distinct_layouts(sources)
+    dst_of, dsts = _distinct_layouts(targets)
+    held = np.full(len(srcs), math.inf)
+    np.minimum.at(held, np.asarray(src_of), np.asarray(carry, dtype=float))
+    moves = np.full((len(srcs), len(dsts)), np.nan)
+    every = np.arange(len(srcs)), np.arange(len(dsts))
+    needed = _worth_pricing(held, np.zeros(len(dsts)), np.ones(moves.shape, dtype=bool),
+                            *every, moves, 0.0, math.inf,
+                            partial(_move_grid, model, srcs, dsts, index, False))
+    least = np.where(needed, held[:, None] + moves, math.inf).min(axis=0)
+    return [float(least[j]) for j in dst_of]
 
 
 def _searched(cost: SegmentCost, free: float) -> float:
