@@ -613,9 +613,19 @@ def _cut_axis_keys(src: Layout, dst: Layout) -> tuple[tuple[int, tuple, bool], .
     gives the same blocks in proportion where both cuts are even (what a rank keeps is a
     share, and the blocks it meets a count: both unchanged by scaling the axis), so that moves
     of tensors alike but for their size share one entry."""
+    return _cut_axis_keys_of(src.shape, src.parts, dst.parts, src.explicit_ranges,
+                             dst.explicit_ranges)
+
+
+@lru_cache(maxsize=65536)
+def _cut_axis_keys_of(shape: tuple[int, ...], s_parts: tuple[int, ...],
+                      d_parts: tuple[int, ...], s_explicit: tuple, d_explicit: tuple
+                      ) -> tuple[tuple[int, tuple, bool], ...]:
+    """``_cut_axis_keys`` from what it reads of the two layouts: many pairs of layouts (on
+    other meshes or ranks) cut a tensor alike."""
     found = []
     for axis, (n, s, d, s_ranges, d_ranges) in enumerate(zip(
-            src.shape, src.parts, dst.parts, src.explicit_ranges, dst.explicit_ranges)):
+            shape, s_parts, d_parts, s_explicit, d_explicit)):
         if s == 1 and d == 1:
             continue
         even = s_ranges is None and d_ranges is None and n % s == 0 and n % d == 0
