@@ -298,3 +298,31 @@ def _aligned_group_values_every_bit(width, factors):
     table = np.stack(shares, axis=1)[inside] if shares else np.ones((int(inside.sum()), 0))
     return (_least_tuples(table), True, bool((full & ~member).any()), bool(empty.any()),
             most(full), most(keeping), most(full & ~keeping))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_search_runs_with_no_walk_of_cycles_and_leaves_the_collector_as_it_found_it(enabled):
+    """No collection of reference cycles runs while ``plan_over`` searches (each would walk
+    every price the search has made), and the collector is on after it exactly where it was
+    on before."""
+    import gc
+
+    from hpctrain.plan.spaces import plan_over
+
+    model = model_of("resnet50", 128, 64)
+    walks = []
+
+    def count(phase, info):
+        if phase == "start":
+            walks.append(info["generation"])
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    gc.callbacks.append(count)
+    try:
+        plan_over(model)
+        assert gc.isenabled() == enabled
+    finally:
+        gc.callbacks.remove(count)
+        (gc.enable if was else gc.disable)()
+    assert walks == []

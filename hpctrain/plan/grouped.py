@@ -186,17 +186,33 @@ class RegionPrices:
 
     def _branch_tables(self, b: int) -> _Branch | None:
         """What branch ``b`` costs whatever the fork's layout: its segments' choices on its
-        group, their own tables and the tables of the moves between them (made once)."""
+        group whose communicators are faster than ``below``, their own tables and the tables
+        of the moves between them; sliced from those of every choice (:meth:`_every_choice`),
+        which each round of the last buckets would otherwise make again."""
         if b in self._branches:
             return self._branches[b]
+        every = self._every_choice(b)
+        found = None
+        if every is not None:
+            keep = [[i for i, c in enumerate(choices)
+                     if self._fast_enough(self.pre_join(s, c)[1])]
+                    for s, choices in zip(every.segments, every.choices, strict=True)]
+            if all(keep):
+                found = every.sliced(keep)
+        self._branches[b] = found
+        return found
+
+    def _every_choice(self, b: int) -> _Branch | None:
+        """:meth:`_branch_tables` over every choice that runs, made once per region."""
+        key = ("every choice", b)
+        if key in self._costs:
+            return self._costs[key]
         model, net, grouped = self.model, self.model.net, self.grouped
         segments = grouped.branches[b]
         choices = [[c for c in group_choices(model, s, grouped.groups[b])
-                    if self.pre_join(s, c) is not None
-                    and self._fast_enough(self.pre_join(s, c)[1])]
-                   for s in segments]
+                    if self.pre_join(s, c) is not None] for s in segments]
         if not all(choices):
-            self._branches[b] = None
+            self._costs[key] = None
             return None
         laid = [[self.pre_join(s, c)[0] for c in found] for s, found in zip(
             segments, choices, strict=True)]
@@ -219,8 +235,8 @@ class RegionPrices:
                 tables.append(Table((a, c), np.array([[f + w for _, f, w in row]
                                                       for row in moves])))
                 inner.append((a, c, moves))
-        self._branches[b] = _Branch(segments, choices, parts, tables, inner, into, out)
-        return self._branches[b]
+        self._costs[key] = _Branch(tuple(segments), choices, parts, tables, inner, into, out)
+        return self._costs[key]
 
     def branch(self, b: int, outside: Callable[[int], Layout], join_inputs: dict[int, Layout]
                ) -> tuple[float, float, float, dict[int, LayerPlan]] | None:
@@ -268,6 +284,21 @@ class _Branch:
     inner: list[tuple[int, int, list]]
     into: list[tuple[int, int, list[Layout]]]
     out: list[tuple[int, int, list[Layout]]]
+
+    def sliced(self, keep: list[list[int]]) -> _Branch:
+        """The branch with each segment's choices ``keep[i]`` (indices into its choices)
+        alone: the same numbers, as if made from those choices."""
+        def cut(rows: list, i: int) -> list:
+            return [rows[j] for j in keep[i]]
+
+        return _Branch(
+            self.segments, [cut(found, i) for i, found in enumerate(self.choices)],
+            [cut(found, i) for i, found in enumerate(self.parts)],
+            [Table(t.variables, t.values[np.ix_(*(keep[v] for v in t.variables))])
+             for t in self.tables],
+            [(a, c, [cut(moves[x], c) for x in keep[a]]) for a, c, moves in self.inner],
+            [(i, p, cut(targets, i)) for i, p, targets in self.into],
+            [(i, e, cut(sources, i)) for i, e, sources in self.out])
 
 
 def region_cost(prices: RegionPrices, outside: Callable[[int], Layout],
