@@ -326,3 +326,32 @@ def test_a_search_runs_with_no_walk_of_cycles_and_leaves_the_collector_as_it_fou
         gc.callbacks.remove(count)
         (gc.enable if was else gc.disable)()
     assert walks == []
+
+
+@pytest.mark.parametrize("weighed", [False, True])
+def test_tables_made_for_one_free_share_serve_another_as_if_made_for_it(weighed):
+    """A net with branches searched with the hideable share of its sums counted free reuses
+    the tables a search counting them made (the moves do not change, the segments' own costs
+    do): each table is the one a fresh model makes for that share, on a subset of the choices
+    too."""
+    from hpctrain.plan.planner import _plan_tables
+
+    profile = load_machine("dgx-h100")
+    net = load_net("inception_v3")
+
+    def fresh():
+        return CostModel(net, 32, 8, profile, FlopModel(profile.flops), overlap=True)
+
+    shared = fresh()
+    assert shared.hidden_share > 0
+    every = [shared.choices(k) for k in range(len(shared.segments))]
+    some = [found[::2] for found in every]
+    _plan_tables(shared, every, weighed, 0.0)
+    for candidates in (every, some):
+        again = _plan_tables(shared, candidates, weighed, shared.hidden_share)
+        alone = _plan_tables(fresh(), candidates, weighed, shared.hidden_share)
+        assert len(again) == len(alone)
+        for a, b in zip(again, alone, strict=True):
+            assert a.variables == b.variables
+            for field in ("values", "memory", "moment"):
+                assert np.array_equal(getattr(a, field), getattr(b, field))

@@ -1079,11 +1079,19 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
     bytes summed, the largest transient counted). With ``space``, over its values too (not
     weighed): a segment with no part in a move (inside a region on groups, which prices its
     moves itself) adds nothing to it, and the tables that keep the values consistent join."""
-    if space is None:  # the rounds of the last buckets search subsets of one set of choices
-        for known, tables in model.search_tables.get((weighed, free), []):
-            picked = _picked(known, candidates)
-            if picked is not None:
-                return [_sliced(table, picked) for table in tables]
+    if space is None:  # the rounds of the last buckets search subsets of one set of choices,
+        # and a search with another share of the sums counted free the same moves
+        made = sorted(model.search_tables.items(), key=lambda item: item[0][1] != free)
+        for (was_weighed, was_free), sets in made:
+            for known, tables in sets if was_weighed == weighed else ():
+                picked = _picked(known, candidates)
+                if picked is None:
+                    continue
+                found = [_sliced(table, picked) for table in tables]
+                if was_free != free:  # only the segments' own costs count it
+                    found[:len(candidates)] = [_own_table(model, s, choices, free, weighed)
+                                               for s, choices in enumerate(candidates)]
+                return found
     net, segments = model.net, model.segments
     owner = {k: s for s, members in enumerate(segments) for k in members}
     layouts = [[dict(zip(members, model.runnable_layouts(s, c), strict=True))
@@ -1105,10 +1113,12 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
         return Table(variables, field("total"), field("memory"), field("peak"))
 
     for s, found in enumerate(candidates):
+        if space is None:
+            tables.append(_own_table(model, s, found, free, weighed))
+            continue
         own = [_MoveCost(_searched(cost, free), cost.memory, cost.peak)
                for cost in (model.segment_cost(s, c) for c in found)]
-        if space is not None:
-            own += [_MoveCost(seconds, 0.0, 0.0) for seconds in space.own[s]]
+        own += [_MoveCost(seconds, 0.0, 0.0) for seconds in space.own[s]]
         tables.append(table((s,), own))
     sources = [model.input_layout(c) for c in candidates[0]]  # where the batch is produced
     tables.append(table((0,), [model.input_cost(src) for src in sources]))
@@ -1151,6 +1161,18 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
     index = [{choice: i for i, choice in enumerate(found)} for found in candidates]
     model.search_tables.setdefault((weighed, free), []).append((index, tables))
     return tables
+
+
+def _own_table(model: CostModel, segment: int, choices: list[LayerPlan], free: float,
+               weighed: bool) -> Table:
+    """The table of the segment's own cost under each of ``choices`` (``free`` of each gradient
+    sum counted free) and, ``weighed``, the bytes it keeps and holds for a moment."""
+    costs = [model.segment_cost(segment, c) for c in choices]
+    seconds = np.array([_searched(cost, free) for cost in costs], dtype=float)
+    if not weighed:
+        return Table((segment,), seconds)
+    return Table((segment,), seconds, np.array([c.memory for c in costs], dtype=float),
+                 np.array([c.peak for c in costs], dtype=float))
 
 
 def _picked(known: list[dict[LayerPlan, int]], candidates: list[list[LayerPlan]]
