@@ -1219,20 +1219,25 @@ def _move_grid(model: CostModel, srcs: list[Layout | None], dsts: list[Layout | 
     of the model's, one per shape moved (and per layer, ``weighed``: its memory depends on
     the layer), and looked up by rows and columns after."""
     cross = pairs is None
-    if cross:
-        pairs = [(i, j) for i in range(len(srcs)) for j in range(len(dsts))]
-    found = np.zeros((len(pairs), 3))
+    if cross:  # every pair, row by row
+        si = np.repeat(np.arange(len(srcs)), len(dsts))
+        di = np.tile(np.arange(len(dsts)), len(srcs))
+    else:
+        at = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        si, di = at[:, 0], at[:, 1]
+    found = np.zeros((len(si), 3))
     shape = next((src.shape for src in srcs if src is not None), None)
     if shape is not None and any(dst is not None for dst in dsts):
         key = (shape, index if weighed else None)
         grid = model.move_grids.get(key)
         if grid is None:
             grid = model.move_grids[key] = _MoveGrid()
-        rows, cols = grid.rows_of(srcs), grid.cols_of(dsts)
-        known = [p for p, (i, j) in enumerate(pairs) if rows[i] >= 0 and cols[j] >= 0]
-        if known:
-            found[known] = grid.prices(model, [pairs[p] for p in known], rows, cols, srcs,
-                                       dsts, index, weighed)
+        rows = np.array(grid.rows_of(srcs), dtype=np.int64)[si]
+        cols = np.array(grid.cols_of(dsts), dtype=np.int64)[di]
+        known = (rows >= 0) & (cols >= 0)
+        if known.any():
+            found[known] = grid.prices(model, si[known], di[known], rows[known], cols[known],
+                                       srcs, dsts, index, weighed)
     return found.reshape(len(srcs), len(dsts), 3) if cross else found
 
 
@@ -1255,24 +1260,21 @@ class _MoveGrid:
         return [-1 if dst is None else self.cols.setdefault(dst, len(self.cols))
                 for dst in dsts]
 
-    def prices(self, model: CostModel, pairs: list[tuple[int, int]], rows: list[int],
-               cols: list[int], srcs: list[Layout], dsts: list[Layout], index: int,
+    def prices(self, model: CostModel, si: np.ndarray, di: np.ndarray, rows: np.ndarray,
+               cols: np.ndarray, srcs: list[Layout], dsts: list[Layout], index: int,
                weighed: bool) -> np.ndarray:
-        """The (pairs, 3) prices of moving ``srcs[i]`` (row ``rows[i]``) into ``dsts[j]``
-        (column ``cols[j]``), each (i, j) of ``pairs``."""
+        """The (pairs, 3) prices of moving ``srcs[si[m]]`` (in row ``rows[m]``) into
+        ``dsts[di[m]]`` (in column ``cols[m]``), each pair m."""
         have = self.fields.shape
         if len(self.rows) > have[0] or len(self.cols) > have[1]:
             grown = np.full((max(len(self.rows), 2 * have[0]),
                              max(len(self.cols), 2 * have[1]), 3), np.nan)
             grown[:have[0], :have[1]] = self.fields
             self.fields = grown
-        at = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-        r, c = np.asarray(rows)[at[:, 0]], np.asarray(cols)[at[:, 1]]
-        found = self.fields[r, c]
+        found = self.fields[rows, cols]
         for m in np.flatnonzero(np.isnan(found[:, 0])):
-            i, j = pairs[m]
-            move = _move(model, srcs[i], dsts[j], index, weighed)
-            found[m] = self.fields[r[m], c[m]] = (move.total, move.memory, move.peak)
+            move = _move(model, srcs[si[m]], dsts[di[m]], index, weighed)
+            found[m] = self.fields[rows[m], cols[m]] = (move.total, move.memory, move.peak)
         return found
 
 
