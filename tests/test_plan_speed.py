@@ -257,8 +257,14 @@ def _product_least(tuples):
 
 def _aligned_group_values_every_bit(width, factors):
     """``_aligned_group_values``'s tuple computed from every value of every bit (the even
-    axes' shares and blocks met per value), by the plain code the even factors replace."""
-    from hpctrain.layout.moves import _axis_bounds, _axis_parts_met, _bit_field, _least_tuples
+    axes' shares and blocks met per value), by the plain code the even factors replace, and
+    summed up as it sums up its two kinds of rank per value."""
+    from hpctrain.layout.moves import (
+        _axis_bounds,
+        _axis_parts_met,
+        _bit_field,
+        _group_summary,
+    )
 
     values = np.arange(1 << width, dtype=np.int64)
     member = np.ones(len(values), dtype=bool)
@@ -284,20 +290,7 @@ def _aligned_group_values_every_bit(width, factors):
             shares.append(np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None)
                           / np.maximum(d1 - d0, 1))
             met *= _axis_parts_met(n, s_parts, s_ranges, d0, d1)
-    full = ~empty
-    if not full.any():
-        return (), False, False, True, -1, -1, -1
-    inside = full & member
-    keeping = inside.copy()
-    for share in shares:
-        keeping &= share > 0
-
-    def most(where):
-        return int(met[where].max()) if where.any() else -1
-
-    table = np.stack(shares, axis=1)[inside] if shares else np.ones((int(inside.sum()), 0))
-    return (_least_tuples(table), True, bool((full & ~member).any()), bool(empty.any()),
-            most(full), most(keeping), most(full & ~keeping))
+    return _group_summary(member, shares, met, empty)
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -1007,6 +1007,14 @@ def _aligned_group_values(width: int, factors: tuple) -> tuple:
     member, met, empty = member[rows], met[rows], empty[rows]
     shares = [np.where(agrees, column, 0.0) if isinstance(column, float) else column[rows]
               for column in columns]
+    return _group_summary(member, shares, met, empty)
+
+
+def _group_summary(member: np.ndarray, shares: list[np.ndarray], met: np.ndarray,
+                   empty: np.ndarray) -> tuple:
+    """``_aligned_group_values``'s tuple from its kinds of rank: each one's membership of the
+    source's group, share of its block kept per axis, source blocks met and whether its target
+    block is empty."""
     full = ~empty
     if not full.any():
         return (), False, False, True, -1, -1, -1
