@@ -302,7 +302,7 @@ def test_a_search_runs_with_no_walk_of_cycles_and_leaves_the_collector_as_it_fou
 
     from hpctrain.plan.spaces import plan_over
 
-    model = model_of("resnet50", 128, 64)
+    model = model_of("minibranch", 32, 8)
     walks = []
 
     def count(phase, info):
@@ -348,3 +348,24 @@ def test_tables_made_for_one_free_share_serve_another_as_if_made_for_it(weighed)
             assert a.variables == b.variables
             for field in ("values", "memory", "moment"):
                 assert np.array_equal(getattr(a, field), getattr(b, field))
+
+
+def test_a_planned_model_is_freed_by_its_last_reference_with_the_collector_paused():
+    """What a search keeps (the model's prices, tables and regions) holds no cycle back to
+    the model: with no collection of cycles at all, dropping the model and its plan frees it,
+    so a run that plans again and again (``--replan-after``) does not keep the old models."""
+    import gc
+    import weakref
+
+    from hpctrain.plan.spaces import plan_over
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        model = model_of("minibranch", 32, 8)
+        plan = plan_over(model)
+        gone = weakref.ref(model)
+        del model, plan
+        assert gone() is None
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -94,13 +94,15 @@ def plan_over(model: CostModel, mem_per_rank: float | None = None,
 
 @contextmanager
 def _no_cycle_collection() -> Iterator[None]:
-    """Python's collector of reference cycles paused while a search runs, and what the search
-    leaves alive (the model's prices and tables) set aside from its later walks. A search
-    makes tens of thousands of layouts, prices and tables, nearly all alive until it ends and
-    few of them in cycles: the collector walked them again and again, 10 to 17 % of a plan's
-    time at 4096 and 65,536 ranks, and one walk of them all when it resumed took 0.15 s more.
-    Without it a plan keeps the same memory (ResNet-50 at 65,536 ranks, Inception-v3 at
-    4096, DeepCAM: peak resident size within 1 %)."""
+    """Python's collector of reference cycles paused while a search runs, and every object
+    alive when it ends (the model's prices and tables among them) set aside from the
+    collector's later walks (``gc.freeze``): such an object is still freed when its last
+    reference goes, as the model and all it holds are; only a cycle among them would stay.
+    A search makes tens of thousands of layouts, prices and tables, nearly all alive until it
+    ends and none of them in cycles: the collector walked them again and again, 10 to 17 % of
+    a plan's time at 4096 and 65,536 ranks, and one walk of them all when it resumed took
+    0.15 s more. Without it a plan keeps the same memory (ResNet-50 at 65,536 ranks,
+    Inception-v3 at 4096, DeepCAM: peak resident size within 1 %)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
