@@ -266,9 +266,12 @@ def test_a_killed_job_keeps_a_readable_log_of_every_step_it_logged(tmp_path):
         assert whole.attrs["final"] == 0 and whole.attrs["first_step"] == 2
         assert last % 2 == 0 and 4 <= last <= n
         assert np.all(np.isfinite(whole["measured/forward_compute"][:]))
+    # --force: what this asks is that a killed run's log refits at all; whether the refit of
+    # one plan's timings, taken while other tests load the machine, predicts better than the
+    # profile is chance here (tests/test_stepfit.py holds the refusal of a worse refit)
     refit = subprocess.run([sys.executable, "-m", "hpctrain", "calibrate", "--from-log",
                             str(log), "--machine", "default", "--out",
-                            str(tmp_path / "fitted.toml")],
+                            str(tmp_path / "fitted.toml"), "--force"],
                            capture_output=True, text=True, timeout=120, env=env(tmp_path))
     assert refit.returncode == 0, refit.stderr
     assert "refitted default to 22 layer times of 1 plans (run.h5)" in refit.stdout
