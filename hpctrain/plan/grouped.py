@@ -139,9 +139,15 @@ class RegionPrices:
     # kept on the model: every search (with and without the sums that may hide, each
     # round of the last buckets) asks for them again
     @property
-    def _costs(self) -> dict:
-        """(segment, choice) → (layouts, costs) or None."""
+    def _pre_joins(self) -> dict:
+        """(segment, choice) → (layouts, costs) or None (:meth:`pre_join`)."""
         return self.model.region_layers.setdefault(self.grouped, {})
+
+    @property
+    def _every_choices(self) -> dict:
+        """branch → its _Branch over every choice that runs, or None (:meth:`_every_choice`),
+        whatever ``below``."""
+        return self.model.region_layers.setdefault(("every choice", self.grouped), {})
 
     @property
     def _branches(self) -> dict:
@@ -158,8 +164,8 @@ class RegionPrices:
         """The layouts and timed costs of the segment's layers inside the region under
         ``choice`` (each fed by the one before it in the segment); None when it cannot run."""
         key = (segment, choice)
-        if key in self._costs:
-            return self._costs[key]
+        if key in self._pre_joins:
+            return self._pre_joins[key]
         model, net = self.model, self.model.net
         inside = set(self.grouped.region.inside)
         layouts: dict[int, LayerLayouts] = {}
@@ -175,11 +181,11 @@ class RegionPrices:
                 costs.append(model.layer_cost(k, mode, layouts[k], layouts[first].output
                                               if first in layouts else None))
         except SplitError:
-            self._costs[key] = None
+            self._pre_joins[key] = None
             return None
         model.time_layers(costs)
-        self._costs[key] = (layouts, costs)
-        return self._costs[key]
+        self._pre_joins[key] = (layouts, costs)
+        return self._pre_joins[key]
 
     def _fast_enough(self, costs: list[LayerCost]) -> bool:
         return slowest_latency(costs) < self.below
@@ -204,15 +210,14 @@ class RegionPrices:
 
     def _every_choice(self, b: int) -> _Branch | None:
         """:meth:`_branch_tables` over every choice that runs, made once per region."""
-        key = ("every choice", b)
-        if key in self._costs:
-            return self._costs[key]
+        if b in self._every_choices:
+            return self._every_choices[b]
         model, net, grouped = self.model, self.model.net, self.grouped
         segments = grouped.branches[b]
         choices = [[c for c in group_choices(model, s, grouped.groups[b])
                     if self.pre_join(s, c) is not None] for s in segments]
         if not all(choices):
-            self._costs[key] = None
+            self._every_choices[b] = None
             return None
         laid = [[self.pre_join(s, c)[0] for c in found] for s, found in zip(
             segments, choices, strict=True)]
@@ -235,8 +240,8 @@ class RegionPrices:
                 tables.append(Table((a, c), np.array([[f + w for _, f, w in row]
                                                       for row in moves])))
                 inner.append((a, c, moves))
-        self._costs[key] = _Branch(tuple(segments), choices, parts, tables, inner, into, out)
-        return self._costs[key]
+        self._every_choices[b] = _Branch(tuple(segments), choices, parts, tables, inner, into, out)
+        return self._every_choices[b]
 
     def branch(self, b: int, outside: Callable[[int], Layout], join_inputs: dict[int, Layout]
                ) -> tuple[float, float, float, dict[int, LayerPlan]] | None:
