@@ -93,3 +93,24 @@ def test_absurd_sizes_are_arithmetic_only():
     plan = plan_memory(net, plan_from_spec("1x1", net, 1), 4, 1)
     assert plan.memory > 2 ** 40
     assert plan.biggest()[:2] == ("conv1", "im2col columns")
+
+
+def test_a_run_whose_process_held_more_before_says_so_instead_of_a_ratio(monkeypatch, capsys):
+    """A run inside a longer-lived process (a test suite's, a notebook's) may reach no new
+    high-water mark: the measured peak above the start is then 0, and the run ends with a line
+    that says none was measured, not a division by zero."""
+    import hpctrain.cost.memory
+    from hpctrain.cli import main
+
+    argv = ["--net", "smallcnn", "--image-size", "8", "--batch", "4", "--steps", "1",
+            "--compute", "flops"]
+    assert main(argv) == 0
+    measured = next(line for line in capsys.readouterr().out.splitlines()
+                    if line.startswith("peak memory per rank"))
+    assert " MiB measured, " in measured and "predicted (" in measured, measured
+    monkeypatch.setattr(hpctrain.cost.memory, "peak_resident_bytes", lambda: 0.0)
+    assert main(argv) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("peak memory per rank"))
+    assert " MiB predicted, none measured (" in line, line
+    assert "the process held more before this run" in line, line

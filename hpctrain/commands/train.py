@@ -523,6 +523,17 @@ def _stopped_before_training(stop, comm) -> bool:
     return signame is not None
 
 
+def _peak_line(peak: float, memory: float, measured: str, timed: str) -> str:
+    """The line that sets the measured peak memory per rank beside the predicted one. A
+    process's high-water mark cannot be lowered: one that held more before this run (a run
+    inside a longer-lived process) measures no growth, and says so instead of a ratio."""
+    if peak <= 0:
+        return (f"peak memory per rank: {memory / 2**20:.1f} MiB predicted, none measured "
+                f"({measured}: none; the process held more before this run{timed})")
+    return (f"peak memory per rank: {peak / 2**20:.1f} MiB measured, "
+            f"{memory / 2**20:.1f} MiB predicted ({memory / peak - 1:+.1%}; {measured}{timed})")
+
+
 def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int:
     from hpctrain.comm.agree import on_root
     from hpctrain.commands.replan import replan_after_step
@@ -608,9 +619,7 @@ def _train_command(args: argparse.Namespace, argv: list[str], comm, stop) -> int
         timed = (f"; includes {setup.kernels_timed} kernels timed while planning"
                  if setup.kernels_timed else "")
         memory = planned.memory if planned is not setup.planned else setup.memory
-        print(f"peak memory per rank: {peak / 2**20:.1f} MiB measured, "
-              f"{memory / 2**20:.1f} MiB predicted ({memory / peak - 1:+.1%}; "
-              f"{measured}{timed})", flush=True)
+        print(_peak_line(peak, memory, measured, timed), flush=True)
     if args.log:
         on_root(comm, lambda: _finish_log(log, result, planned))
     return 0
