@@ -369,3 +369,91 @@ def test_a_planned_model_is_freed_by_its_last_reference_with_the_collector_pause
         assert gone() is None
     finally:
         (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("p", [4, 8, 12, 64, 1024])
+@pytest.mark.parametrize("machine, itemsize", [("dgx-h100", 4), ("cori-knl", 2),
+                                               ("default", 4), ("perlmutter-cpu", 4)])
+def test_general_moves_in_closed_form_price_as_one_by_one(p, machine, itemsize):
+    """Many general moves priced at once (:func:`general_seconds_in_closed_form`) give each the
+    float :meth:`GeneralMove.seconds` gives it alone, to the bit: between random layouts on
+    meshes and 1.5D grids, on the world and on groups, cut by explicit ranges or not, on P
+    powers of two and not; a pair it leaves to one by one (NaN) is one outside its closed form."""
+    from hpctrain.layout.moves import (
+        GeneralMove,
+        _axis_bits,
+        general_seconds_in_closed_form,
+        move_between,
+    )
+    from hpctrain.model.kinds import KINDS
+    from tests.test_mesh_layouts import random_mesh_layout
+
+    profile = load_machine(machine)
+    rng = random.Random(p)
+    closed = 0
+    for _ in range(12):
+        shape = (p * rng.choice([1, 2]), rng.choice([4, 6, 8, 12]), rng.choice([5, 8, 16]),
+                 rng.choice([2, 3, 4]))
+        flat = (shape[0], math.prod(shape[1:]))
+        flattened = rng.random() < 0.3
+        laid = []
+        for _ in range(24):
+            size = rng.choice([p >> k for k in range(3) if (p >> k) and p % (p >> k) == 0])
+            layout = random_mesh_layout(rng, shape, size)
+            if rng.random() < 0.3:
+                layout = Layout(shape, (size // (size & -size), size & -size),
+                                rng.choice([None, CHANNEL_AXIS]))
+            if flattened:
+                one = layout.without(a for a in layout.cut_axes if a != CHANNEL_AXIS)
+                layout = (KINDS["flatten"].layouts(None, (layout,), flat, None)[1]
+                          if one.split_ranges is not None and rng.random() < 0.7
+                          else random_mesh_layout(rng, flat, size))
+            laid.append(layout.on_ranks(rng.randrange(0, p, size) if size < p else 0, p))
+        srcs, dsts = laid[:12], laid[12:]
+        pairs = [(i, j) for i in range(12) for j in range(12)
+                 if isinstance(move_between(srcs[i], dsts[j]), GeneralMove)]
+        si, di = (np.array([pair[k] for pair in pairs], dtype=np.int64) for k in (0, 1))
+        found = general_seconds_in_closed_form(srcs, dsts, si, di, profile, itemsize)
+        for (i, j), seconds in zip(pairs, found, strict=True):
+            src, dst = srcs[i], dsts[j]
+            cut = [a for a in range(len(src.shape)) if src.parts[a] > 1 or dst.parts[a] > 1]
+            fits = (src.first == dst.first and src.size == dst.size
+                    and not (src.is_grid and dst.is_grid)
+                    and _axis_bits(src) is not None and _axis_bits(dst) is not None
+                    and all(src.explicit_ranges[a] is None and dst.explicit_ranges[a] is None
+                            and src.shape[a] % src.parts[a] == 0
+                            and src.shape[a] % dst.parts[a] == 0 for a in cut))
+            assert np.isnan(seconds) != fits, (src, dst)
+            if fits:
+                closed += 1
+                alone = GeneralMove(src, dst).seconds(profile, itemsize)
+                assert alone == (seconds, seconds), (src, dst, alone, seconds)
+    assert closed > 30 if p & (p - 1) == 0 else closed == 0, closed  # 12: none
+
+
+@pytest.mark.parametrize("name, procs, machine, inference", [
+    ("vgg16", 64, "dgx-h100", False), ("inception_v3", 16, "dgx-h100", False),
+    ("resdigits", 8, "cori-knl", True)])
+def test_the_moves_of_a_join_priced_at_once_are_those_priced_one_by_one(name, procs, machine,
+                                                                       inference):
+    """Every move of every join of a net's balanced space, made by
+    :meth:`CostModel.price_moves` at once, is the move a fresh model makes alone: the same
+    method and the same seconds both ways, a forward alone included."""
+    profile = load_machine(machine)
+    together, alone = (CostModel(load_net(name), 2 * procs, procs, profile,
+                                 FlopModel(profile.flops), inference=inference)
+                       for _ in range(2))
+    moves = 0
+    for _, sources, targets in join_layouts(together):
+        srcs, dsts = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
+        si = np.repeat(np.arange(len(srcs)), len(dsts))
+        di = np.tile(np.arange(len(dsts)), len(srcs))
+        together.price_moves(srcs, dsts, si, di)
+        for src in srcs:
+            for dst in dsts:
+                move, forward, backward = together.move_cost(src, dst)
+                fresh, f, b = alone.move_cost(src, dst)
+                assert (type(move), move.src, move.dst, forward, backward) == (
+                    type(fresh), fresh.src, fresh.dst, f, b)
+                moves += 1
+    assert moves > 1000

@@ -38,6 +38,8 @@ from __future__ import annotations
 import math
 import weakref
 
+import numpy as np
+
 from hpctrain.cost.machine import COLLECTIVES, Fit, Machine
 from hpctrain.cost.nodes import Group, span
 
@@ -162,14 +164,37 @@ def exchange_time(machine: Machine, p: int, messages: int, n: float,
     """
     if p == 1 or messages == 0:
         return 0.0
-    route = _exchange_routes(machine).get((p, peers))
-    if route is None:
-        route = _exchange_routes(machine)[p, peers] = _exchange_route(machine, p, peers)
-    link, near, far, share = route
+    link, near, far, share = _route(machine, p, peers)
     if far is None:
         return link.seconds(messages, n)
     return (link.seconds(messages * near, n * near)
             + far.seconds(messages * (1 - near), n * (1 - near) * share))
+
+
+def exchange_times(machine: Machine, p: int, messages: np.ndarray, n: np.ndarray,
+                   peers: Group | None = None) -> np.ndarray:
+    """:func:`exchange_time` of many general moves on the same ``p`` ranks and ``peers`` at
+    once, from arrays of their ``messages`` and bytes ``n``: the same operations in the same
+    order, so the same floats, element by element."""
+    if p == 1:
+        return np.zeros(len(messages))
+    link, near, far, share = _route(machine, p, peers)
+    if far is None:
+        found = link.seconds_each(messages, n)
+    else:
+        found = (link.seconds_each(messages * near, n * near)
+                 + far.seconds_each(messages * (1 - near), n * (1 - near) * share))
+    return np.where(messages == 0, 0.0, found)
+
+
+def _route(machine: Machine, p: int, peers: Group | None
+           ) -> tuple[Fit, float, Fit | None, float]:
+    """:func:`_exchange_route`, found once per machine, ranks and peers."""
+    routes = _exchange_routes(machine)
+    route = routes.get((p, peers))
+    if route is None:
+        route = routes[p, peers] = _exchange_route(machine, p, peers)
+    return route
 
 
 def _exchange_route(machine: Machine, p: int, peers: Group | None

@@ -29,13 +29,19 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
 
-from hpctrain.cost.collectives import allgather_time, exchange_time, reduce_scatter_time
+from hpctrain.cost.collectives import (
+    allgather_time,
+    exchange_time,
+    exchange_times,
+    reduce_scatter_time,
+)
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.nodes import Group
 from hpctrain.layout.layout import (
@@ -713,6 +719,102 @@ def _busiest_receiver_of_bits(src: Layout, dst: Layout, cut_keys: tuple | None =
         if dropping >= 0:
             messages = max(messages, met * dropping * math.prod(every[:g] + every[g + 1:]))
     return 1.0 - kept, messages
+
+
+def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout],
+                                   si: np.ndarray, di: np.ndarray, machine: Machine,
+                                   itemsize: int) -> np.ndarray:
+    """:meth:`GeneralMove.seconds` (each direction's) of the general moves ``srcs[si[m]]`` →
+    ``dsts[di[m]]``, every pair m at once, where the busiest receiver has the closed form of
+    :func:`_busiest_receiver_of_bits` with nothing enumerated: both layouts on the same ranks,
+    not both 1.5D grids, every digit a power of two, and every axis either cuts, cut evenly
+    by both. NaN for any other pair (priced one by one). Every layout has the same shape.
+
+    The same operations in the same order as one by one, so the same floats: along the axes
+    in order, the share kept multiplies by min(1, d/s) and the blocks met by max(1, s/d), and
+    a rank keeps nothing where a bit of the coarser cut's index differs from the bit it faces
+    in the finer one's. Most distinct moves of a plan at thousands of ranks are such, and the
+    Python around each closed form was most of their price."""
+    found = np.full(len(si), np.nan)
+    if not len(si):
+        return found
+    shape = srcs[int(si[0])].shape
+    if any(layout.shape != shape for layout in (*srcs, *dsts)):
+        raise ValueError("moves of one shape at a time")
+    facts = [[_closed_form_facts(layout) for layout in layouts] for layouts in (srcs, dsts)]
+    most = max((len(bits) for side in facts for f in side if f is not None for bits in f[2]),
+               default=0)
+    src, dst = (_FactTable(side, len(shape), most) for side in facts)
+    n = np.array(shape, dtype=np.int64)
+    sp, dp = src.parts[si], dst.parts[di]
+    cut = (sp > 1) | (dp > 1)
+    even = ~src.explicit[si] & ~dst.explicit[di] & (n % sp == 0) & (n % dp == 0)
+    closed = np.flatnonzero(
+        src.powers[si] & dst.powers[di] & (src.first[si] == dst.first[di])
+        & (src.size[si] == dst.size[di]) & ~(src.grid[si] & dst.grid[di])
+        & np.all(~cut | even, axis=1))
+    if not len(closed):
+        return found
+    si, di, sp, dp, cut = si[closed], di[closed], sp[closed], dp[closed], cut[closed]
+    shorter = np.minimum(src.count[si], dst.count[di])  # the coarser cut's bits, per axis
+    faced = np.arange(most)[None, None, :] < shorter[:, :, None]
+    differ = (cut & ((src.bits[si] != dst.bits[di]) & faced).any(axis=2)).any(axis=1)
+    kept = np.ones(len(closed))
+    met = np.ones(len(closed), dtype=np.int64)
+    for axis in range(len(shape)):
+        on = cut[:, axis]
+        kept = np.where(on, kept * np.minimum(1.0, dp[:, axis] / sp[:, axis]), kept)
+        met = np.where(on, met * np.maximum(1, sp[:, axis] // dp[:, axis]), met)
+    share = np.where(differ, 1.0, 1.0 - kept)
+    messages = np.where(differ, met, met - 1)
+    moved = share * (dst.block[di] * itemsize)  # the larger target block's bytes, as received
+    ranks, peers = src.size[si], np.maximum(src.pr[si], dst.pr[di])
+    seconds = np.empty(len(closed))
+    for p, pr in set(zip(ranks.tolist(), peers.tolist())):
+        alike = (ranks == p) & (peers == pr)
+        seconds[alike] = exchange_times(machine, p, messages[alike], moved[alike],
+                                        Group(pr, 1, p))
+    found[closed] = seconds
+    return found
+
+
+@lru_cache(maxsize=65536)
+def _closed_form_facts(layout: Layout) -> tuple | None:
+    """What :func:`general_seconds_in_closed_form` reads of a layout: (blocks per axis, whether
+    explicit ranges cut each axis, each axis's bits of the rank, its first rank, its ranks,
+    Pr, whether it is a 1.5D grid, the entries of its largest block); None unless every digit
+    of its mesh is a power of two."""
+    bits = _axis_bits(layout)
+    if bits is None:
+        return None
+    return (layout.parts, tuple(r is not None for r in layout.explicit_ranges), bits,
+            layout.first, layout.size, layout.grid[0], layout.is_grid,
+            math.prod(layout.largest_block))
+
+
+class _FactTable:
+    """:func:`_closed_form_facts` of many layouts as arrays, a row per layout: ``bits`` padded
+    with -1 to ``most`` bits per axis (``count`` of them real); ``powers`` False where the facts
+    are None (the row's other entries then mean nothing)."""
+
+    def __init__(self, facts: list[tuple | None], ndim: int, most: int) -> None:
+        rows = len(facts)
+        self.powers = np.array([f is not None for f in facts], dtype=bool)
+        self.parts = np.ones((rows, ndim), dtype=np.int64)
+        self.explicit = np.zeros((rows, ndim), dtype=bool)
+        self.bits = np.full((rows, ndim, most), -1, dtype=np.int64)
+        self.count = np.zeros((rows, ndim), dtype=np.int64)
+        scalars = np.zeros((rows, 5), dtype=np.int64)
+        for row, f in enumerate(facts):
+            if f is None:
+                continue
+            parts, explicit, bits, *rest = f
+            self.parts[row], self.explicit[row], scalars[row] = parts, explicit, rest
+            for axis, found in enumerate(bits):
+                self.bits[row, axis, :len(found)] = found
+                self.count[row, axis] = len(found)
+        self.first, self.size, self.pr = scalars[:, 0], scalars[:, 1], scalars[:, 2]
+        self.grid, self.block = scalars[:, 3].astype(bool), scalars[:, 4]
 
 
 def _sharing_bits(items: list[tuple[int, set[int]]]) -> list[tuple[set[int], list[int]]]:

@@ -1272,7 +1272,9 @@ class _MoveGrid:
             grown[:have[0], :have[1]] = self.fields
             self.fields = grown
         found = self.fields[rows, cols]
-        for m in np.flatnonzero(np.isnan(found[:, 0])):
+        missing = np.flatnonzero(np.isnan(found[:, 0]))
+        model.price_moves(srcs, dsts, si[missing], di[missing])
+        for m in missing:
             move = _move(model, srcs[si[m]], dsts[di[m]], index, weighed)
             found[m] = self.fields[rows[m], cols[m]] = (move.total, move.memory, move.peak)
         return found

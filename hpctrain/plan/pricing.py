@@ -59,7 +59,13 @@ from hpctrain.cost.work import LocalWork
 from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import Layout, largest_block
-from hpctrain.layout.moves import IdentityMove, Move, move_between
+from hpctrain.layout.moves import (
+    GeneralMove,
+    IdentityMove,
+    Move,
+    general_seconds_in_closed_form,
+    move_between,
+)
 from hpctrain.model.kinds import KINDS, compute_factors_for, shape_class
 from hpctrain.model.net import NetSpec
 from hpctrain.model.operations import INPUT, PIXEL_LOSS, TIMED_MODULES, UPDATE
@@ -226,6 +232,33 @@ class CostModel(Segments):
             forward, backward = move.seconds(self.machine, self.itemsize)
             cost = self._moves[src, dst] = (move, forward, 0.0 if self.inference else backward)
         return cost
+
+    def price_moves(self, srcs: list[Layout], dsts: list[Layout], si: np.ndarray,
+                    di: np.ndarray) -> None:
+        """:meth:`move_cost` of every move ``srcs[si[m]]`` → ``dsts[di[m]]`` made at once (the
+        layouts all of one shape): the general moves whose busiest receiver has a closed form
+        priced together, as arrays
+        (:func:`~hpctrain.layout.moves.general_seconds_in_closed_form`: the same floats), the
+        others one by one. A search asks for thousands of moves of a segment at a time."""
+        fresh: dict[tuple[Layout, Layout], Move] = {}
+        for a, b in zip(si.tolist(), di.tolist(), strict=True):
+            pair = srcs[a], dsts[b]
+            if pair not in self._moves and pair not in fresh:
+                fresh[pair] = move_between(*pair)
+        general = [(pair, m) for pair, m in fresh.items() if isinstance(m, GeneralMove)]
+        if general:
+            rows = {src: i for i, src in enumerate(dict.fromkeys(p[0] for p, _ in general))}
+            cols = {dst: i for i, dst in enumerate(dict.fromkeys(p[1] for p, _ in general))}
+            seconds = general_seconds_in_closed_form(
+                list(rows), list(cols), np.array([rows[p[0]] for p, _ in general]),
+                np.array([cols[p[1]] for p, _ in general]), self.machine, self.itemsize)
+            for (pair, move), t in zip(general, seconds.tolist(), strict=True):
+                if t == t:  # not NaN: in closed form, the same both ways
+                    self._moves[pair] = (move, t, 0.0 if self.inference else t)
+        for pair, move in fresh.items():
+            if pair not in self._moves:
+                forward, backward = move.seconds(self.machine, self.itemsize)
+                self._moves[pair] = (move, forward, 0.0 if self.inference else backward)
 
     def _memory(self, index: int, layouts: LayerLayouts, work: LocalWork | None, params: int,
                 fresh_input: bool) -> tuple[dict[str, float], dict[str, float]]:
