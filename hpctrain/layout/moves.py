@@ -741,10 +741,7 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     shape = srcs[int(si[0])].shape
     if any(layout.shape != shape for layout in (*srcs, *dsts)):
         raise ValueError("moves of one shape at a time")
-    facts = [[_closed_form_facts(layout) for layout in layouts] for layouts in (srcs, dsts)]
-    most = max((len(bits) for side in facts for f in side if f is not None for bits in f[2]),
-               default=0)
-    src, dst = (_FactTable(side, len(shape), most) for side in facts)
+    src, dst = (_FactTable(layouts) for layouts in (srcs, dsts))
     n = np.array(shape, dtype=np.int64)
     sp, dp = src.parts[si], dst.parts[di]
     cut = (sp > 1) | (dp > 1)
@@ -756,9 +753,16 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     if not len(closed):
         return found
     si, di, sp, dp, cut = si[closed], di[closed], sp[closed], dp[closed], cut[closed]
-    shorter = np.minimum(src.count[si], dst.count[di])  # the coarser cut's bits, per axis
-    faced = np.arange(most)[None, None, :] < shorter[:, :, None]
-    differ = (cut & ((src.bits[si] != dst.bits[di]) & faced).any(axis=2)).any(axis=1)
+    # an axis's bits, most significant first, fall in value: the first k of them are its k
+    # highest. The coarser cut's bits lead the finer one's iff the finer one's bits at or
+    # above the coarser one's lowest are exactly the coarser one's.
+    coarser = src.count[si] <= dst.count[di]
+    coarse = np.where(coarser, src.mask[si], dst.mask[di])
+    fine = np.where(coarser, dst.mask[di], src.mask[si])
+    lowest = np.where(coarser, src.lowest[si], dst.lowest[di])
+    led = (np.minimum(src.count[si], dst.count[di]) == 0) | (
+        (fine & ~((np.int64(1) << lowest) - 1)) == coarse)
+    differ = (cut & ~led).any(axis=1)
     kept = np.ones(len(closed))
     met = np.ones(len(closed), dtype=np.int64)
     for axis in range(len(shape)):
@@ -779,42 +783,33 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
 
 
 @lru_cache(maxsize=65536)
-def _closed_form_facts(layout: Layout) -> tuple | None:
-    """What :func:`general_seconds_in_closed_form` reads of a layout: (blocks per axis, whether
-    explicit ranges cut each axis, each axis's bits of the rank, its first rank, its ranks,
-    Pr, whether it is a 1.5D grid, the entries of its largest block); None unless every digit
-    of its mesh is a power of two."""
+def _closed_form_facts(layout: Layout) -> tuple[int, ...]:
+    """What :func:`general_seconds_in_closed_form` reads of a layout, in one row: whether every
+    digit of its mesh is a power of two (1; else 0, and the rest means nothing), its first
+    rank, its ranks, Pr, whether it is a 1.5D grid, the entries of its largest block, and per
+    axis its blocks, whether explicit ranges cut it, its bits of the rank as a mask, their
+    number and the lowest of them (0 where none)."""
     bits = _axis_bits(layout)
-    if bits is None:
-        return None
-    return (layout.parts, tuple(r is not None for r in layout.explicit_ranges), bits,
-            layout.first, layout.size, layout.grid[0], layout.is_grid,
-            math.prod(layout.largest_block))
+    if bits is None:  # blocks of 1, that no remainder divides by zero
+        return (0,) * 6 + (1,) * len(layout.shape) + (0,) * (4 * len(layout.shape))
+    return (1, layout.first, layout.size, layout.grid[0], int(layout.is_grid),
+            math.prod(layout.largest_block), *layout.parts,
+            *(int(r is not None) for r in layout.explicit_ranges),
+            *(sum(1 << b for b in found) for found in bits), *(len(found) for found in bits),
+            *(min(found, default=0) for found in bits))
 
 
 class _FactTable:
-    """:func:`_closed_form_facts` of many layouts as arrays, a row per layout: ``bits`` padded
-    with -1 to ``most`` bits per axis (``count`` of them real); ``powers`` False where the facts
-    are None (the row's other entries then mean nothing)."""
+    """:func:`_closed_form_facts` of many layouts as arrays, a row per layout."""
 
-    def __init__(self, facts: list[tuple | None], ndim: int, most: int) -> None:
-        rows = len(facts)
-        self.powers = np.array([f is not None for f in facts], dtype=bool)
-        self.parts = np.ones((rows, ndim), dtype=np.int64)
-        self.explicit = np.zeros((rows, ndim), dtype=bool)
-        self.bits = np.full((rows, ndim, most), -1, dtype=np.int64)
-        self.count = np.zeros((rows, ndim), dtype=np.int64)
-        scalars = np.zeros((rows, 5), dtype=np.int64)
-        for row, f in enumerate(facts):
-            if f is None:
-                continue
-            parts, explicit, bits, *rest = f
-            self.parts[row], self.explicit[row], scalars[row] = parts, explicit, rest
-            for axis, found in enumerate(bits):
-                self.bits[row, axis, :len(found)] = found
-                self.count[row, axis] = len(found)
-        self.first, self.size, self.pr = scalars[:, 0], scalars[:, 1], scalars[:, 2]
-        self.grid, self.block = scalars[:, 3].astype(bool), scalars[:, 4]
+    def __init__(self, layouts: Sequence[Layout]) -> None:
+        rows = np.array([_closed_form_facts(layout) for layout in layouts], dtype=np.int64)
+        ndim = (rows.shape[1] - 6) // 5
+        self.powers, self.first, self.size, self.pr = rows[:, 0] == 1, *rows[:, 1:4].T
+        self.grid, self.block = rows[:, 4] == 1, rows[:, 5]
+        self.parts, self.explicit, self.mask, self.count, self.lowest = (
+            rows[:, 6 + k * ndim:6 + (k + 1) * ndim] for k in range(5))
+        self.explicit = self.explicit == 1
 
 
 def _sharing_bits(items: list[tuple[int, set[int]]]) -> list[tuple[set[int], list[int]]]:

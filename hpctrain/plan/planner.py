@@ -1273,10 +1273,12 @@ class _MoveGrid:
             self.fields = grown
         found = self.fields[rows, cols]
         missing = np.flatnonzero(np.isnan(found[:, 0]))
-        model.price_moves(srcs, dsts, si[missing], di[missing])
-        for m in missing:
-            move = _move(model, srcs[si[m]], dsts[di[m]], index, weighed)
-            found[m] = self.fields[rows[m], cols[m]] = (move.total, move.memory, move.peak)
+        if len(missing):
+            model.price_moves(srcs, dsts, si[missing], di[missing])
+            moves = [_move(model, srcs[a], dsts[b], index, weighed)
+                     for a, b in zip(si[missing].tolist(), di[missing].tolist(), strict=True)]
+            found[missing] = [(move.total, move.memory, move.peak) for move in moves]
+            self.fields[rows[missing], cols[missing]] = found[missing]
         return found
 
 
