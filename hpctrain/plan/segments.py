@@ -58,6 +58,7 @@ class Segments:
                            if e > 0 or (KINDS[spec.kind].weighted
                                         and (p < 0 or anchors[p] != anchors[k])))
         self._layout_cache: dict[tuple[int, LayerPlan], list[LayerLayouts] | None] = {}
+        self._input_layouts: dict[LayerPlan, Layout] = {}  # by the first segment's choice
         # each layer's inputs by their shapes alone, on 1×P (see fed)
         self._unplaced = [tuple(Layout((batch, *(net.input_shape if p < 0 else net.out_shapes[p])),
                                        (1, procs)) for p in net.producers(k))
@@ -189,8 +190,13 @@ class Segments:
 
     def input_layout(self, first: LayerPlan) -> Layout:
         """Where the input batch is produced when the first segment takes ``first``: the
-        network's rule (:func:`hpctrain.plan.placement.input_layout_for`)."""
-        return input_layout_for(self.net, first, self.batch, self.procs)
+        network's rule (:func:`hpctrain.plan.placement.input_layout_for`). Found once per
+        choice: every search asks again for each of the first segment's choices."""
+        found = self._input_layouts.get(first)
+        if found is None:
+            found = self._input_layouts[first] = input_layout_for(self.net, first, self.batch,
+                                                                  self.procs)
+        return found
 
 
 def whole_degrees(procs: int, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
