@@ -726,7 +726,7 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
                                    itemsize: int) -> np.ndarray:
     """:meth:`GeneralMove.seconds` (each direction's) of the general moves ``srcs[si[m]]`` →
     ``dsts[di[m]]``, every pair m at once, where the busiest receiver has the closed form of
-    :func:`_busiest_receiver_of_bits` with nothing enumerated: both layouts on the same ranks,
+    ``_busiest_receiver_of_bits`` with nothing enumerated: both layouts on the same ranks,
     not both 1.5D grids, every digit a power of two, and every axis either cuts, cut evenly
     by both. NaN for any other pair (priced one by one). Every layout has the same shape.
 
