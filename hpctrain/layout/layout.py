@@ -120,6 +120,16 @@ class Split:
             object.__setattr__(self, "scatter", False)
         if self.scatter and self.inputs_outer:
             raise ValueError("a reduce-scatter needs the input digit inside the channels'")
+        # hashed once, as a plan's entries that hold it are (and rebuilt, not unpickled)
+        object.__setattr__(self, "_hash", hash((self.degrees, self.replicas, self.inputs,
+                                                self.inputs_outer, self.scatter)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        return Split, (self.degrees, self.replicas, self.inputs, self.inputs_outer,
+                       self.scatter)
 
     @property
     def procs(self) -> int:

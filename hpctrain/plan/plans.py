@@ -92,6 +92,15 @@ class LayerPlan:
                 set_(self, "split", None)
         if self.mode in ("model", "domain", "replicated") and self.grid[0] == 1:
             set_(self, "mode", "batch")  # Pr = 1 splits nothing but the batch
+        # hashed once: a search looks its choices up in dictionaries millions of times
+        set_(self, "_hash", hash((self.mode, self.grid, self.split, self.ranks)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        """Rebuilt from its fields, so that another process hashes it as its own strings."""
+        return LayerPlan, (self.mode, self.grid, self.split, self.ranks)
 
     def split_of(self, ndim: int) -> Split | None:
         """The split of an output of ``ndim`` axes under this entry (None: ``follow``)."""
