@@ -2,6 +2,7 @@
 priced moves against each move priced on its own, and the plans of a search that reuses those
 prices against the plans of one made on a fresh model."""
 
+import collections
 import math
 import random
 
@@ -377,8 +378,9 @@ def test_a_planned_model_is_freed_by_its_last_reference_with_the_collector_pause
 def test_general_moves_in_closed_form_price_as_one_by_one(p, machine, itemsize):
     """Many general moves priced at once (:func:`general_seconds_in_closed_form`) give each the
     float :meth:`GeneralMove.seconds` gives it alone, to the bit: between random layouts on
-    meshes and 1.5D grids, on the world and on groups, cut by explicit ranges or not, on P
-    powers of two and not; a pair it leaves to one by one (NaN) is one outside its closed form."""
+    meshes and 1.5D grids, on the world and on groups (on the same ranks, nested or apart), cut
+    by explicit ranges or not, on P powers of two and not; a pair it leaves to one by one (NaN)
+    is one outside its closed form."""
     from hpctrain.layout.moves import (
         GeneralMove,
         _axis_bits,
@@ -391,6 +393,7 @@ def test_general_moves_in_closed_form_price_as_one_by_one(p, machine, itemsize):
     profile = load_machine(machine)
     rng = random.Random(p)
     closed = 0
+    kinds = collections.Counter()  # (same ranks, target's group starts in source's, and back)
     for _ in range(12):
         shape = (p * rng.choice([1, 2]), rng.choice([4, 6, 8, 12]), rng.choice([5, 8, 16]),
                  rng.choice([2, 3, 4]))
@@ -417,8 +420,9 @@ def test_general_moves_in_closed_form_price_as_one_by_one(p, machine, itemsize):
         for (i, j), seconds in zip(pairs, found, strict=True):
             src, dst = srcs[i], dsts[j]
             cut = [a for a in range(len(src.shape)) if src.parts[a] > 1 or dst.parts[a] > 1]
-            fits = (src.first == dst.first and src.size == dst.size
-                    and not (src.is_grid and dst.is_grid)
+            same = src.first == dst.first and src.size == dst.size
+            fits = ((not (src.is_grid and dst.is_grid) if same
+                     else src.first % src.size == 0 and dst.first % dst.size == 0)
                     and _axis_bits(src) is not None and _axis_bits(dst) is not None
                     and all(src.explicit_ranges[a] is None and dst.explicit_ranges[a] is None
                             and src.shape[a] % src.parts[a] == 0
@@ -426,9 +430,12 @@ def test_general_moves_in_closed_form_price_as_one_by_one(p, machine, itemsize):
             assert np.isnan(seconds) != fits, (src, dst)
             if fits:
                 closed += 1
+                kinds[same, src.first <= dst.first < src.first + src.size,
+                      dst.first <= src.first < dst.first + dst.size] += 1
                 alone = GeneralMove(src, dst).seconds(profile, itemsize)
                 assert alone == (seconds, seconds), (src, dst, alone, seconds)
     assert closed > 30 if p & (p - 1) == 0 else closed == 0, closed  # 12: none
+    assert len(kinds) == (5 if p & (p - 1) == 0 else 0), kinds  # nested either way, or apart
 
 
 @pytest.mark.parametrize("name, procs, machine, inference", [
@@ -446,9 +453,7 @@ def test_the_moves_of_a_join_priced_at_once_are_those_priced_one_by_one(name, pr
     moves = 0
     for _, sources, targets in join_layouts(together):
         srcs, dsts = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
-        si = np.repeat(np.arange(len(srcs)), len(dsts))
-        di = np.tile(np.arange(len(dsts)), len(srcs))
-        together.price_moves(srcs, dsts, si, di)
+        together.price_moves((src, dst) for src in srcs for dst in dsts)
         for src in srcs:
             for dst in dsts:
                 move, forward, backward = together.move_cost(src, dst)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -78,8 +79,21 @@ def _as_group(group: Group | int) -> Group:
 
 
 def collective_time(machine: Machine, collective: str, group: Group | int, n: float) -> float:
-    """Seconds of ``collective`` of ``n`` bytes on ``group`` (see the module's text)."""
-    group = _as_group(group)
+    """Seconds of ``collective`` of ``n`` bytes on ``group`` (see the module's text). Found
+    once per machine, collective, group and size: a plan prices the same sums over the same
+    groups for thousands of candidate layouts, and each bucket's latency many times more."""
+    known = _found_on(machine, "collectives")
+    key = (collective, group, n)
+    found = known.get(key)
+    if found is None:
+        if len(known) >= 1 << 16:  # a bound on memory, as the layouts' caches
+            known.clear()
+        found = known[key] = _collective_time(machine, collective, _as_group(group), n)
+    return found
+
+
+def _collective_time(machine: Machine, collective: str, group: Group, n: float) -> float:
+    """:func:`collective_time`, computed."""
     p = group.size
     if p == 1 or n == 0:
         return 0.0
@@ -142,6 +156,12 @@ def gradient_sum_seconds(machine: Machine, group: Group | int, n: float) -> floa
     return whole - bucket_latency(machine, group) * (1 - n / bucket)
 
 
+def gradient_sums_seconds(machine: Machine, sums: Iterable[tuple[Group | int, float]]) -> float:
+    """:func:`gradient_sum_seconds` of each of a layer's sums of gradients, (group, bytes),
+    added up."""
+    return sum(gradient_sum_seconds(machine, group, n) for group, n in sums)
+
+
 def halo_time(machine: Machine, n: float, crossing: int = 0) -> float:
     """One halo message of ``n`` bytes; ``crossing`` > 0: it goes to another node, while that
     many ranks of the node send across at once (:func:`~hpctrain.cost.nodes.halo_crossings`)."""
@@ -190,7 +210,7 @@ def exchange_times(machine: Machine, p: int, messages: np.ndarray, n: np.ndarray
 def _route(machine: Machine, p: int, peers: Group | None
            ) -> tuple[Fit, float, Fit | None, float]:
     """:func:`_exchange_route`, found once per machine, ranks and peers."""
-    routes = _exchange_routes(machine)
+    routes = _found_on(machine, "routes")
     route = routes.get((p, peers))
     if route is None:
         route = routes[p, peers] = _exchange_route(machine, p, peers)
@@ -216,16 +236,17 @@ def _exchange_route(machine: Machine, p: int, peers: Group | None
             net.link("alltoall", where.nodes), share)
 
 
-# the routes of exchange_time by machine, then by (ranks, peers): a plan prices tens of
-# thousands of moves on a few patterns of peers. Machines hold dicts and do not hash, so they
-# are told apart by identity, and their routes dropped with them.
-_ROUTES: dict[int, tuple[weakref.ref, dict]] = {}
+# what is found once per machine (the routes of exchange_time by (ranks, peers), the times
+# of collectives): a plan prices tens of thousands of moves on a few patterns of peers, and
+# the same sums over and over. Machines hold dicts and do not hash, so they are told apart by
+# identity, and what was found on one is dropped with it.
+_FOUND: dict[int, tuple[weakref.ref, dict[str, dict]]] = {}
 
 
-def _exchange_routes(machine: Machine) -> dict:
-    """The routes already found on ``machine`` (see :func:`exchange_time`)."""
-    entry = _ROUTES.get(id(machine))
+def _found_on(machine: Machine, what: str) -> dict:
+    """What is already found of kind ``what`` on ``machine``."""
+    entry = _FOUND.get(id(machine))
     if entry is None or entry[0]() is not machine:
         key = id(machine)
-        entry = _ROUTES[key] = (weakref.ref(machine, lambda _: _ROUTES.pop(key, None)), {})
-    return entry[1]
+        entry = _FOUND[key] = (weakref.ref(machine, lambda _: _FOUND.pop(key, None)), {})
+    return entry[1].setdefault(what, {})

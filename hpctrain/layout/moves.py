@@ -725,16 +725,23 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
                                    si: np.ndarray, di: np.ndarray, machine: Machine,
                                    itemsize: int) -> np.ndarray:
     """:meth:`GeneralMove.seconds` (each direction's) of the general moves ``srcs[si[m]]`` →
-    ``dsts[di[m]]``, every pair m at once, where the busiest receiver has the closed form of
-    ``_busiest_receiver_of_bits`` with nothing enumerated: both layouts on the same ranks,
-    not both 1.5D grids, every digit a power of two, and every axis either cuts, cut evenly
-    by both. NaN for any other pair (priced one by one). Every layout has the same shape.
+    ``dsts[di[m]]``, every pair m at once, where the busiest receiver (and, between groups, the
+    busiest sender) has a closed form with nothing enumerated: every digit a power of two,
+    every axis either layout cuts cut evenly by both, and either both layouts on the same
+    ranks and not both 1.5D grids (``_busiest_receiver_of_bits``), or each on a group that
+    starts at a multiple of its size (``_busiest_receiver_of_aligned_bits``, both ways, as
+    :func:`_between_groups_time` asks). NaN for any other pair (priced one by one). Every
+    layout has the same shape.
 
     The same operations in the same order as one by one, so the same floats: along the axes
     in order, the share kept multiplies by min(1, d/s) and the blocks met by max(1, s/d), and
     a rank keeps nothing where a bit of the coarser cut's index differs from the bit it faces
-    in the finer one's. Most distinct moves of a plan at thousands of ranks are such, and the
-    Python around each closed form was most of their price."""
+    in the finer one's. Between groups, a receiver keeps part of its block only where the
+    target's group lies inside the source's: the source's index of one of its ranks is then
+    the target's bits under a fixed prefix, and a bit of the prefix never faces its own, so
+    the same test holds. Anywhere else some receiver keeps nothing. The sender is the
+    receiver of the move back. Most distinct moves of a plan at thousands of ranks are such,
+    and the Python around each closed form was most of their price."""
     found = np.full(len(si), np.nan)
     if not len(si):
         return found
@@ -746,13 +753,15 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     sp, dp = src.parts[si], dst.parts[di]
     cut = (sp > 1) | (dp > 1)
     even = ~src.explicit[si] & ~dst.explicit[di] & (n % sp == 0) & (n % dp == 0)
+    same = (src.first[si] == dst.first[di]) & (src.size[si] == dst.size[di])
+    aligned = (src.first[si] % src.size[si] == 0) & (dst.first[di] % dst.size[di] == 0)
     closed = np.flatnonzero(
-        src.powers[si] & dst.powers[di] & (src.first[si] == dst.first[di])
-        & (src.size[si] == dst.size[di]) & ~(src.grid[si] & dst.grid[di])
-        & np.all(~cut | even, axis=1))
+        src.powers[si] & dst.powers[di] & np.all(~cut | even, axis=1)
+        & np.where(same, ~(src.grid[si] & dst.grid[di]), aligned))
     if not len(closed):
         return found
     si, di, sp, dp, cut = si[closed], di[closed], sp[closed], dp[closed], cut[closed]
+    same = same[closed]
     # an axis's bits, most significant first, fall in value: the first k of them are its k
     # highest. The coarser cut's bits lead the finer one's iff the finer one's bits at or
     # above the coarser one's lowest are exactly the coarser one's.
@@ -763,16 +772,25 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     led = (np.minimum(src.count[si], dst.count[di]) == 0) | (
         (fine & ~((np.int64(1) << lowest) - 1)) == coarse)
     differ = (cut & ~led).any(axis=1)
-    kept = np.ones(len(closed))
-    met = np.ones(len(closed), dtype=np.int64)
-    for axis in range(len(shape)):
-        on = cut[:, axis]
-        kept = np.where(on, kept * np.minimum(1.0, dp[:, axis] / sp[:, axis]), kept)
-        met = np.where(on, met * np.maximum(1, sp[:, axis] // dp[:, axis]), met)
-    share = np.where(differ, 1.0, 1.0 - kept)
-    messages = np.where(differ, met, met - 1)
+    kept, met = _kept_and_met(cut, sp, dp)
+    share, messages = np.where(differ, 1.0, 1.0 - kept), np.where(differ, met, met - 1)
     moved = share * (dst.block[di] * itemsize)  # the larger target block's bytes, as received
     ranks, peers = src.size[si], np.maximum(src.pr[si], dst.pr[di])
+    apart = np.flatnonzero(~same)
+    if len(apart):  # between groups: the busier of the busiest receiver and sender
+        fs, ns, fd, nd = src.first[si], src.size[si], dst.first[di], dst.size[di]
+        fs, ns, fd, nd = fs[apart], ns[apart], fd[apart], nd[apart]
+        inside = (fd >= fs) & (fd + nd <= fs + ns)  # the target's group in the source's
+        around = (fs >= fd) & (fs + ns <= fd + nd) & ~differ[apart]  # and the other way
+        kept_back, met_back = _kept_and_met(cut[apart], dp[apart], sp[apart])
+        received = np.where(inside, share[apart], 1.0) * (dst.block[di[apart]] * itemsize)
+        copies = -(-dst.replicas[di[apart]] // src.replicas[si[apart]])
+        sent = np.where(around, 1.0 - kept_back, 1.0) * (src.block[si[apart]] * itemsize)
+        messages[apart] = np.maximum(np.where(inside, messages[apart], met[apart]),
+                                     np.where(around, met_back - 1, met_back) * copies)
+        moved[apart] = np.maximum(received, sent * copies)
+        ranks[apart] = src.procs[si[apart]]
+        peers[apart] = np.maximum(fs + ns, fd + nd) - np.minimum(fs, fd)
     seconds = np.empty(len(closed))
     for p, pr in set(zip(ranks.tolist(), peers.tolist())):
         alike = (ranks == p) & (peers == pr)
@@ -782,18 +800,34 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     return found
 
 
+def _kept_and_met(cut: np.ndarray, sp: np.ndarray, dp: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Of each move of :func:`general_seconds_in_closed_form`, from the blocks ``sp`` and
+    ``dp`` of each axis and which axes are ``cut``: the share of its block a receiver keeps
+    where its indices agree with its source's, and the source blocks every receiver meets."""
+    kept = np.ones(len(sp))
+    met = np.ones(len(sp), dtype=np.int64)
+    for axis in range(sp.shape[1]):
+        on = cut[:, axis]
+        kept = np.where(on, kept * np.minimum(1.0, dp[:, axis] / sp[:, axis]), kept)
+        met = np.where(on, met * np.maximum(1, sp[:, axis] // dp[:, axis]), met)
+    return kept, met
+
+
 @lru_cache(maxsize=65536)
 def _closed_form_facts(layout: Layout) -> tuple[int, ...]:
     """What :func:`general_seconds_in_closed_form` reads of a layout, in one row: whether every
     digit of its mesh is a power of two (1; else 0, and the rest means nothing), its first
-    rank, its ranks, Pr, whether it is a 1.5D grid, the entries of its largest block, and per
-    axis its blocks, whether explicit ranges cut it, its bits of the rank as a mask, their
-    number and the lowest of them (0 where none)."""
+    rank, its ranks, Pr, whether it is a 1.5D grid, the entries of its largest block, the
+    ranks holding each block, the world's ranks, and per axis its blocks, whether explicit
+    ranges cut it, its bits of the rank as a mask, their number and the lowest of them (0
+    where none)."""
     bits = _axis_bits(layout)
-    if bits is None:  # blocks of 1, that no remainder divides by zero
-        return (0,) * 6 + (1,) * len(layout.shape) + (0,) * (4 * len(layout.shape))
+    if bits is None:  # blocks and groups of 1, that no remainder divides by zero
+        return (0, 0, 1, 0, 0, 0, 1, 1) + (1,) * len(layout.shape) + (0,) * (
+            4 * len(layout.shape))
     return (1, layout.first, layout.size, layout.grid[0], int(layout.is_grid),
-            math.prod(layout.largest_block), *layout.parts,
+            math.prod(layout.largest_block), layout.replicas, layout.procs, *layout.parts,
             *(int(r is not None) for r in layout.explicit_ranges),
             *(sum(1 << b for b in found) for found in bits), *(len(found) for found in bits),
             *(min(found, default=0) for found in bits))
@@ -804,11 +838,12 @@ class _FactTable:
 
     def __init__(self, layouts: Sequence[Layout]) -> None:
         rows = np.array([_closed_form_facts(layout) for layout in layouts], dtype=np.int64)
-        ndim = (rows.shape[1] - 6) // 5
+        ndim = (rows.shape[1] - 8) // 5
         self.powers, self.first, self.size, self.pr = rows[:, 0] == 1, *rows[:, 1:4].T
         self.grid, self.block = rows[:, 4] == 1, rows[:, 5]
+        self.replicas, self.procs = rows[:, 6], rows[:, 7]
         self.parts, self.explicit, self.mask, self.count, self.lowest = (
-            rows[:, 6 + k * ndim:6 + (k + 1) * ndim] for k in range(5))
+            rows[:, 8 + k * ndim:8 + (k + 1) * ndim] for k in range(5))
         self.explicit = self.explicit == 1
 
 

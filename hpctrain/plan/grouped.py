@@ -255,11 +255,11 @@ class RegionPrices:
             return None
         model = self.model
         tables = list(found.tables)
-        moved = []  # per move into or out of it: its seconds under each choice of its segment
-        for i, p, targets in found.into:
-            moved.append((i, [sum(model.move_cost(outside(p), dst)[1:]) for dst in targets]))
-        for i, e, sources in found.out:
-            moved.append((i, [sum(model.move_cost(src, join_inputs[e])[1:]) for src in sources]))
+        # per move into or out of it: its pair of layouts under each choice of its segment
+        pairs = [(i, [(outside(p), dst) for dst in targets]) for i, p, targets in found.into]
+        pairs += [(i, [(src, join_inputs[e]) for src in sources]) for i, e, sources in found.out]
+        model.price_moves(pair for _, row in pairs for pair in row)
+        moved = [(i, [sum(model.move_cost(*pair)[1:]) for pair in row]) for i, row in pairs]
         tables += [Table((i,), np.array(prices)) for i, prices in moved]
         _, chosen = minimise([len(c) for c in found.choices], tables)
         forward = sum(found.parts[i][chosen[i]][0] for i in range(len(chosen)))

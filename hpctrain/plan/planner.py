@@ -1274,9 +1274,10 @@ class _MoveGrid:
         found = self.fields[rows, cols]
         missing = np.flatnonzero(np.isnan(found[:, 0]))
         if len(missing):
-            model.price_moves(srcs, dsts, si[missing], di[missing])
-            moves = [_move(model, srcs[a], dsts[b], index, weighed)
+            pairs = [(srcs[a], dsts[b])
                      for a, b in zip(si[missing].tolist(), di[missing].tolist(), strict=True)]
+            model.price_moves(pairs)
+            moves = [_move(model, src, dst, index, weighed) for src, dst in pairs]
             found[missing] = [(move.total, move.memory, move.peak) for move in moves]
             self.fields[rows[missing], cols[missing]] = found[missing]
         return found

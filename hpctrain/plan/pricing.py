@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hpctrain.cost.collectives import bucket_latency
+from hpctrain.cost.collectives import bucket_latency, gradient_sums_seconds
 from hpctrain.cost.compute import (
     FlopModel,
     MeasuredCompute,
@@ -133,10 +133,12 @@ class LayerCost:
 @dataclass
 class SegmentCost:
     """The layers of a segment (in the order of its entry in ``segments`` of
-    :class:`~hpctrain.plan.segments.Segments`) and their layouts."""
+    :class:`~hpctrain.plan.segments.Segments`) and their layouts; ``timed``: whether their
+    compute is filled in."""
 
     layers: list[LayerCost]
     layouts: list[LayerLayouts]
+    timed: bool = False
 
     @property
     def in_layout(self) -> Layout:
@@ -196,7 +198,6 @@ class CostModel(Segments):
         # machine's, when the run puts them in flight (--overlap); none otherwise
         self.hidden_share = machine.overlap if overlap else 0.0
         self._segments: dict[tuple[int, LayerPlan], SegmentCost] = {}
-        self._timed: set[tuple[int, LayerPlan]] = set()  # segments whose compute is filled in
         self._moves: dict[tuple[Layout, Layout], tuple[Move, float, float]] = {}
         self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
         # the planner's prices of moves between the layouts of one shape, filled in as it asks
@@ -229,36 +230,42 @@ class CostModel(Segments):
         cost = self._moves.get((src, dst))
         if cost is None:
             move = move_between(src, dst)
-            forward, backward = move.seconds(self.machine, self.itemsize)
-            cost = self._moves[src, dst] = (move, forward, 0.0 if self.inference else backward)
+            cost = self._keep_move(move, *move.seconds(self.machine, self.itemsize))
         return cost
 
-    def price_moves(self, srcs: list[Layout], dsts: list[Layout], si: np.ndarray,
-                    di: np.ndarray) -> None:
-        """:meth:`move_cost` of every move ``srcs[si[m]]`` → ``dsts[di[m]]`` made at once (the
-        layouts all of one shape): the general moves whose busiest receiver has a closed form
-        priced together, as arrays
-        (:func:`~hpctrain.layout.moves.general_seconds_in_closed_form`: the same floats), the
-        others one by one. A search asks for thousands of moves of a segment at a time."""
+    def price_moves(self, pairs: Iterable[tuple[Layout, Layout]]) -> None:
+        """:meth:`move_cost` of every move (source, target) in ``pairs`` made at once: the
+        general moves whose busiest receiver has a closed form priced together, as arrays, a
+        shape at a time (:func:`~hpctrain.layout.moves.general_seconds_in_closed_form`: the
+        same floats), the others one by one. A search asks for thousands of moves of a segment
+        at a time, and a branch on a group for its moves in and out under every choice."""
         fresh: dict[tuple[Layout, Layout], Move] = {}
-        for a, b in zip(si.tolist(), di.tolist(), strict=True):
-            pair = srcs[a], dsts[b]
+        for pair in pairs:
             if pair not in self._moves and pair not in fresh:
                 fresh[pair] = move_between(*pair)
-        general = [(pair, m) for pair, m in fresh.items() if isinstance(m, GeneralMove)]
-        if general:
-            rows = {src: i for i, src in enumerate(dict.fromkeys(p[0] for p, _ in general))}
-            cols = {dst: i for i, dst in enumerate(dict.fromkeys(p[1] for p, _ in general))}
+        by_shape: dict[tuple[int, ...], list[tuple[Layout, Layout]]] = {}
+        for pair, move in fresh.items():
+            if isinstance(move, GeneralMove):
+                by_shape.setdefault(pair[0].shape, []).append(pair)
+        for general in by_shape.values():
+            rows = {src: i for i, src in enumerate(dict.fromkeys(src for src, _ in general))}
+            cols = {dst: i for i, dst in enumerate(dict.fromkeys(dst for _, dst in general))}
             seconds = general_seconds_in_closed_form(
-                list(rows), list(cols), np.array([rows[p[0]] for p, _ in general]),
-                np.array([cols[p[1]] for p, _ in general]), self.machine, self.itemsize)
-            for (pair, move), t in zip(general, seconds.tolist(), strict=True):
+                list(rows), list(cols), np.array([rows[src] for src, _ in general]),
+                np.array([cols[dst] for _, dst in general]), self.machine, self.itemsize)
+            for pair, t in zip(general, seconds.tolist(), strict=True):
                 if t == t:  # not NaN: in closed form, the same both ways
-                    self._moves[pair] = (move, t, 0.0 if self.inference else t)
+                    self._keep_move(fresh[pair], t, t)
         for pair, move in fresh.items():
             if pair not in self._moves:
-                forward, backward = move.seconds(self.machine, self.itemsize)
-                self._moves[pair] = (move, forward, 0.0 if self.inference else backward)
+                self._keep_move(move, *move.seconds(self.machine, self.itemsize))
+
+    def _keep_move(self, move: Move, forward: float, backward: float
+                   ) -> tuple[Move, float, float]:
+        """Keep ``move``'s price for :meth:`move_cost`: no backward in inference."""
+        cost = self._moves[move.src, move.dst] = (move, forward,
+                                                  0.0 if self.inference else backward)
+        return cost
 
     def _memory(self, index: int, layouts: LayerLayouts, work: LocalWork | None, params: int,
                 fresh_input: bool) -> tuple[dict[str, float], dict[str, float]]:
@@ -332,13 +339,13 @@ class CostModel(Segments):
         """Every layer of the segment under ``choice``, without the moves into the segment;
         ``timed`` False: its kernels need not be timed (compute may be left at zero), memory
         and moves only. Made once; timing fills the same object in."""
-        key = (segment, choice)
-        if key not in self._segments:
-            self._segments[key] = self._segment_untimed(segment, choice)
-        if timed and key not in self._timed:
-            self._fill_compute(self._segments[key].layers)
-            self._timed.add(key)
-        return self._segments[key]
+        found = self._segments.get((segment, choice))
+        if found is None:
+            found = self._segments[segment, choice] = self._segment_untimed(segment, choice)
+        if timed and not found.timed:
+            self._fill_compute(found.layers)
+            found.timed = True
+        return found
 
     def time_layers(self, costs: list[LayerCost]) -> None:
         """Fill in the compute of ``costs`` (layer costs made untimed, e.g. by
@@ -389,11 +396,10 @@ class CostModel(Segments):
         cost.work = kind.work(spec, layouts.inputs, layouts.output, self.net.reads_layers(index))
         cost.comm = kind.comm_time(spec, layouts.inputs, layouts.output, self.machine,
                                    self.itemsize)
-        cost.grad_sum = kind.gradient_sum_time(spec, layouts.inputs, layouts.output,
-                                               self.machine, self.itemsize)
-        cost.bucket_latency = max((bucket_latency(self.machine, group) for group, _ in
-                                   kind.gradient_sums(spec, layouts.inputs, layouts.output,
-                                                      self.itemsize)), default=0.0)
+        sums = kind.gradient_sums(spec, layouts.inputs, layouts.output, self.itemsize)
+        cost.grad_sum = gradient_sums_seconds(self.machine, sums)  # gradient_sum_time's
+        cost.bucket_latency = max((bucket_latency(self.machine, group) for group, _ in sums),
+                                  default=0.0)
         params = kind.local_parameters(spec, layouts.inputs, layouts.output)
         if self.inference:  # no backward: no gradient sums, no update
             forward = cost.comm[0] if kind.communicates_in_evaluation else 0.0
@@ -455,15 +461,14 @@ class CostModel(Segments):
     def prefetch(self, choices: list[list[LayerPlan]]) -> None:
         """Cost every candidate, timing all their kernels in one batch (one synchronised pass
         over the ranks instead of one per segment)."""
-        todo = [(k, c) for k, found in enumerate(choices) for c in found
-                if (k, c) not in self._timed]
-        costs = [self.segment_cost(k, c, timed=False) for k, c in todo]
+        costs = [cost for k, found in enumerate(choices) for c in found
+                 if not (cost := self.segment_cost(k, c, timed=False)).timed]
         works = [w for cost in costs for w in works_of(cost.layers)]
         works += [LocalWork(INPUT, largest_block(self.input_layout(c))) for c in choices[0]]
         times = self.compute.times(_distinct(works))
-        for key, cost in zip(todo, costs, strict=True):
+        for cost in costs:
             self._fill_compute(cost.layers, times)
-            self._timed.add(key)
+            cost.timed = True
 
 
 def works_of(costs: Iterable[LayerCost]) -> Iterator[LocalWork]:

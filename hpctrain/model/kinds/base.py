@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from hpctrain.cost.collectives import gradient_sum_seconds
+from hpctrain.cost.collectives import gradient_sums_seconds
 from hpctrain.cost.memory import Footprint
 from hpctrain.cost.nodes import Group
 from hpctrain.cost.work import LocalWork
@@ -181,8 +181,7 @@ class Kind:
                           machine: Machine, itemsize: int) -> float:
         """Seconds of the part of the backward's communication that sums parameter gradients
         (the network's, which ``--overlap`` puts in flight); part of :meth:`comm_time`."""
-        return sum(gradient_sum_seconds(machine, group, n)
-                   for group, n in self.gradient_sums(spec, inputs, output, itemsize))
+        return gradient_sums_seconds(machine, self.gradient_sums(spec, inputs, output, itemsize))
 
     def keeps_input(self, spec: LayerSpec) -> bool:
         """Whether the layer keeps its input array for the backward."""
