@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -72,7 +73,7 @@ class Precision:
     tensor_cores: bool = False  # products read their inputs at reduced precision
     loss_scaling: bool = False  # dynamic loss scaling (fp16)
 
-    @property
+    @cached_property  # a planner asks for it for every layer it prices
     def itemsize(self) -> int:
         """Bytes of one stored (and sent) value."""
         return np.dtype(self.storage).itemsize

@@ -745,11 +745,10 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     found = np.full(len(si), np.nan)
     if not len(si):
         return found
-    shape = srcs[int(si[0])].shape
-    if any(layout.shape != shape for layout in (*srcs, *dsts)):
-        raise ValueError("moves of one shape at a time")
     src, dst = (_FactTable(layouts) for layouts in (srcs, dsts))
-    n = np.array(shape, dtype=np.int64)
+    n = src.shape[int(si[0])]
+    if (src.shape != n).any() or (dst.shape != n).any():
+        raise ValueError("moves of one shape at a time")
     sp, dp = src.parts[si], dst.parts[di]
     cut = (sp > 1) | (dp > 1)
     even = ~src.explicit[si] & ~dst.explicit[di] & (n % sp == 0) & (n % dp == 0)
@@ -819,15 +818,16 @@ def _closed_form_facts(layout: Layout) -> tuple[int, ...]:
     """What :func:`general_seconds_in_closed_form` reads of a layout, in one row: whether every
     digit of its mesh is a power of two (1; else 0, and the rest means nothing), its first
     rank, its ranks, Pr, whether it is a 1.5D grid, the entries of its largest block, the
-    ranks holding each block, the world's ranks, and per axis its blocks, whether explicit
-    ranges cut it, its bits of the rank as a mask, their number and the lowest of them (0
-    where none)."""
+    ranks holding each block, the world's ranks, and per axis its length, its blocks, whether
+    explicit ranges cut it, its bits of the rank as a mask, their number and the lowest of
+    them (0 where none)."""
     bits = _axis_bits(layout)
     if bits is None:  # blocks and groups of 1, that no remainder divides by zero
-        return (0, 0, 1, 0, 0, 0, 1, 1) + (1,) * len(layout.shape) + (0,) * (
-            4 * len(layout.shape))
+        return ((0, 0, 1, 0, 0, 0, 1, 1) + layout.shape + (1,) * len(layout.shape)
+                + (0,) * (4 * len(layout.shape)))
     return (1, layout.first, layout.size, layout.grid[0], int(layout.is_grid),
-            math.prod(layout.largest_block), layout.replicas, layout.procs, *layout.parts,
+            math.prod(layout.largest_block), layout.replicas, layout.procs, *layout.shape,
+            *layout.parts,
             *(int(r is not None) for r in layout.explicit_ranges),
             *(sum(1 << b for b in found) for found in bits), *(len(found) for found in bits),
             *(min(found, default=0) for found in bits))
@@ -838,12 +838,12 @@ class _FactTable:
 
     def __init__(self, layouts: Sequence[Layout]) -> None:
         rows = np.array([_closed_form_facts(layout) for layout in layouts], dtype=np.int64)
-        ndim = (rows.shape[1] - 8) // 5
+        ndim = (rows.shape[1] - 8) // 6
         self.powers, self.first, self.size, self.pr = rows[:, 0] == 1, *rows[:, 1:4].T
         self.grid, self.block = rows[:, 4] == 1, rows[:, 5]
         self.replicas, self.procs = rows[:, 6], rows[:, 7]
-        self.parts, self.explicit, self.mask, self.count, self.lowest = (
-            rows[:, 8 + k * ndim:8 + (k + 1) * ndim] for k in range(5))
+        self.shape, self.parts, self.explicit, self.mask, self.count, self.lowest = (
+            rows[:, 8 + k * ndim:8 + (k + 1) * ndim] for k in range(6))
         self.explicit = self.explicit == 1
 
 
