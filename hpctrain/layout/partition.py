@@ -202,17 +202,19 @@ class TransposedWindow:
                 f"{dilated}")
 
 
-def windows_of(options: Any) -> list[Window] | list[Resampling] | list[TransposedWindow]:
+@lru_cache(maxsize=4096)  # options are frozen: a planner asks for each layer's many times
+def windows_of(options: Any) -> tuple[Window, ...] | tuple[Resampling, ...] | tuple[
+        TransposedWindow, ...]:
     """The window along every spatial axis of a window layer's resolved ``options`` (kernel,
     stride and pad one per axis; dilated where they have a ``dilation``, as a convolution's
     may), or what stands for one: the resampling of an upsampling layer, the transposed
     window of a transposed convolution (options that know their own windows)."""
     o = options
     if hasattr(o, "windows"):
-        return o.windows()
+        return tuple(o.windows())
     dilation = getattr(o, "dilation", None) or (1,) * len(o.kernel)
-    return [Window(k, s, *p, dilation=d)
-            for k, s, p, d in zip(o.kernel, o.stride, o.pad, dilation, strict=True)]
+    return tuple(Window(k, s, *p, dilation=d)
+                 for k, s, p, d in zip(o.kernel, o.stride, o.pad, dilation, strict=True))
 
 
 AnyWindow = Window | Resampling | TransposedWindow

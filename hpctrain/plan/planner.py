@@ -63,7 +63,7 @@ from hpctrain.plan.elimination import (
 from hpctrain.plan.grouped import GroupedSpace
 from hpctrain.plan.placement import LayerLayouts, input_layout, plan_layouts, schedule
 from hpctrain.plan.plans import LayerPlan, ranks_text
-from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost
+from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost, time_with_free
 from hpctrain.plan.side_by_side import critical_path
 
 
@@ -133,7 +133,7 @@ class PlannedNetwork:
     def time_with_free(self, free: float) -> float:
         """The iteration time with ``free`` of each gradient sum of the layers on every rank
         counted free (what a search with ``free`` weighs)."""
-        every = _time_with_free([*self._on_every_rank(), self.loss, self.data], free)
+        every = time_with_free([*self._on_every_rank(), self.loss, self.data], free)
         grouped = sum(c.total for k, c in enumerate(self.layers) if k in self.on_groups)
         return every + grouped + self.last_bucket - self.side_by_side
 
@@ -154,11 +154,6 @@ class PlannedNetwork:
         return {"compute": sum(sum(c.compute) for c in every),
                 "communication": sum(sum(c.comm) for c in every) + self.last_bucket,
                 "redistribution": sum(sum(c.redistribution) for c in every)}
-
-
-def _time_with_free(costs: list[LayerCost], free: float) -> float:
-    """The time of ``costs`` with ``free`` of each gradient sum counted free."""
-    return sum(c.total - free * c.grad_sum for c in costs)
 
 
 @dataclass
@@ -779,7 +774,7 @@ def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout]
 
 def _searched(cost: SegmentCost, free: float) -> float:
     """A segment's time as a search weighs it: ``free`` of each gradient sum counted free."""
-    return _time_with_free(cost.layers, free)
+    return cost.time_with_free(free)
 
 
 def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: float | None,

@@ -139,6 +139,19 @@ class SegmentCost:
     layers: list[LayerCost]
     layouts: list[LayerLayouts]
     timed: bool = False
+    # its time with each share of the gradient sums counted free, once timed (a search weighs
+    # every candidate again at each of its rounds)
+    _weighed: dict[float, float] = field(default_factory=dict, repr=False, compare=False)
+
+    def time_with_free(self, free: float) -> float:
+        """Its time with ``free`` of each gradient sum counted free (0: its time), as a search
+        weighs it."""
+        found = self._weighed.get(free)
+        if found is None:
+            found = time_with_free(self.layers, free)
+            if self.timed:  # compute filled in: what it is for good
+                self._weighed[free] = found
+        return found
 
     @property
     def in_layout(self) -> Layout:
@@ -469,6 +482,11 @@ class CostModel(Segments):
         for cost in costs:
             self._fill_compute(cost.layers, times)
             cost.timed = True
+
+
+def time_with_free(costs: Iterable[LayerCost], free: float) -> float:
+    """The time of ``costs`` with ``free`` of each gradient sum counted free."""
+    return sum(c.total - free * c.grad_sum for c in costs)
 
 
 def works_of(costs: Iterable[LayerCost]) -> Iterator[LocalWork]:
