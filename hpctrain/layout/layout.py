@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hpctrain.cost.nodes import Group
 from hpctrain.layout.partition import BlockRanges, block_range, block_ranges
@@ -305,10 +306,8 @@ class Layout:
         scatters) or holds replicas. ``split`` has a degree per axis of ``shape``."""
         if len(split.degrees) != len(shape):
             raise ValueError(f"split {split} has {len(split.degrees)} degrees for shape {shape}")
-        keep = set(range(len(shape)) if cut is None else cut) | {BATCH_AXIS}
-        sizes, axes = split.mesh()
-        return cls(shape, mesh=sizes, axes=tuple(
-            reduction if a == REDUCTION else a if a in keep else REPLICAS for a in axes))
+        keep = frozenset(range(len(shape)) if cut is None else cut) | {BATCH_AXIS}
+        return _layout_of_split(tuple(shape), split, keep, reduction)
 
     def on_ranks(self, first: int, procs: int) -> Layout:
         """This layout moved onto the ranks ``first …`` of a world of ``procs`` ranks (the
@@ -623,6 +622,16 @@ def shared_channel_digits(layout: Layout) -> tuple[int, ...]:
     """The digits of ``layout``'s mesh along which ranks hold the same channels: the ranks that
     share a layer's weight block, whose gradients are summed (every digit but the channels')."""
     return tuple(k for k, a in enumerate(layout.axes) if a != CHANNEL_AXIS)
+
+
+@lru_cache(maxsize=65536)
+def _layout_of_split(shape: tuple[int, ...], split: Split, keep: frozenset[int],
+                     reduction: int) -> Layout:
+    """:meth:`Layout.of_split`, made once: a planner lays out the same split of the same
+    tensor for many candidates, and a layout is immutable."""
+    sizes, axes = split.mesh()
+    return Layout(shape, mesh=sizes, axes=tuple(
+        reduction if a == REDUCTION else a if a in keep else REPLICAS for a in axes))
 
 
 def largest_block(layout: Layout) -> tuple[int, ...]:
