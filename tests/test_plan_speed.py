@@ -210,6 +210,38 @@ def test_the_busiest_receiver_between_aligned_groups_from_the_bits(p, shape):
     assert found > 30
 
 
+@pytest.mark.parametrize("p", [8, 16, 32])
+def test_a_receiver_outside_the_source_group_is_found_without_enumerating(p):
+    """Into a layout whose group holds the source's group and more, the busiest receiver is
+    one outside the source's group: it keeps nothing of a block that meets the most source
+    blocks along every axis, found without enumerating the bits of the ranks, where the
+    bits that say who is outside index no unevenly cut axis. Where they do, the outside ranks
+    hold only some of those blocks, and the bits are enumerated. Both, to the bit, as rank
+    by rank, on blocks even and uneven, empty ones included."""
+    from hpctrain.layout.moves import (
+        _axis_bits,
+        _busiest_receiver_of_aligned_bits,
+        _busiest_receiver_rank_by_rank,
+        _cut_axis_keys,
+    )
+    from tests.test_mesh_layouts import random_mesh_layout
+
+    rng = random.Random(p)
+    kinds = collections.Counter()  # whether the outside bits index an uneven axis
+    for _ in range(400):
+        shape = (rng.choice([p, 2 * p]), rng.choice([3, 5, 6, 12]), rng.choice([3, 5, 10, 17]),
+                 rng.choice([1, 3, 8]))
+        small = p >> rng.choice([1, 2, 3])
+        src = random_mesh_layout(rng, shape, small).on_ranks(rng.randrange(0, p, small), p)
+        dst = random_mesh_layout(rng, shape, p)
+        above = small.bit_length() - 1  # the bits of the ranks that say who is outside
+        kinds[any(b >= above for a, _, even in _cut_axis_keys(src, dst) if not even
+                  for b in _axis_bits(dst)[a])] += 1
+        found = _busiest_receiver_of_aligned_bits(src, dst)
+        assert found == _busiest_receiver_rank_by_rank(src, dst), (src, dst)
+    assert min(kinds[True], kinds[False]) > 50, kinds
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_ranks_whose_even_axes_agree_or_not_stand_for_every_value_of_their_bits(seed):
     """The values of a group with evenly cut axes, from the enumerated bits alone and two

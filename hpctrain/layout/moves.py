@@ -975,6 +975,13 @@ def _busiest_receiver_of_aligned_bits(src: Layout, dst: Layout, cut_keys: tuple 
     cut_keys = _cut_axis_keys(src, dst) if cut_keys is None else cut_keys
     gd = dst.size.bit_length() - 1
     gs = src.size.bit_length() - 1
+    around = gs < gd and dst.first <= src.first < dst.first + dst.size
+    if around and not any(b >= gs for a, _, even in cut_keys if not even for b in dst_bits[a]) \
+            or not (around or src.first <= dst.first < src.first + src.size):
+        # some ranks lie outside the source's group, and they have every block of the
+        # unevenly cut axes (the bits that say who is outside index none of them): one keeps
+        # nothing of a block that meets the most source blocks along every axis at once
+        return 1.0, math.prod(_most_blocks_met(key) for _, key, _ in cut_keys)
     offset = (dst.first - src.first) % src.size  # the source's number of u = 0, when gs > gd
     # each factor, membership first and then the axes in order: the bits of u it reads, and
     # what _aligned_group_values needs of it
@@ -1026,6 +1033,17 @@ def _busiest_receiver_of_aligned_bits(src: Layout, dst: Layout, cut_keys: tuple 
         if dropping >= 0:
             messages = max(messages, dropping * math.prod(every[:g] + every[g + 1:]))
     return 1 - least, messages
+
+
+@lru_cache(maxsize=4096)
+def _most_blocks_met(key: tuple) -> int:
+    """The most source blocks a non-empty target block of an axis meets (``key``: the axis's
+    (length, source parts, target parts, source ranges, target ranges), as
+    ``_cut_axis_keys``)."""
+    n, s_parts, d_parts, s_ranges, d_ranges = key
+    d0, d1 = _axis_bounds(n, d_parts, d_ranges, np.arange(d_parts, dtype=np.int64))
+    full = d1 > d0
+    return int(_axis_parts_met(n, s_parts, s_ranges, d0[full], d1[full]).max())
 
 
 def _even_factor(key: tuple, s_bits: tuple[int, ...], d_bits: tuple[int, ...]) -> tuple:
