@@ -243,7 +243,7 @@ class CostModel(Segments):
         cost = self._moves.get((src, dst))
         if cost is None:
             move = move_between(src, dst)
-            cost = self._keep_move(move, *move.seconds(self.machine, self.itemsize))
+            cost = self._keep_move((src, dst), move, *move.seconds(self.machine, self.itemsize))
         return cost
 
     def price_moves(self, pairs: Iterable[tuple[Layout, Layout]]) -> None:
@@ -256,28 +256,32 @@ class CostModel(Segments):
         for pair in pairs:
             if pair not in self._moves and pair not in fresh:
                 fresh[pair] = move_between(*pair)
-        by_shape: dict[tuple[int, ...], list[tuple[Layout, Layout]]] = {}
+        by_shape: dict[tuple[int, ...], list[tuple[tuple[Layout, Layout], Move]]] = {}
+        alone = []  # priced one by one
         for pair, move in fresh.items():
             if isinstance(move, GeneralMove):
-                by_shape.setdefault(pair[0].shape, []).append(pair)
+                by_shape.setdefault(pair[0].shape, []).append((pair, move))
+            else:
+                alone.append((pair, move))
         for general in by_shape.values():
-            rows = {src: i for i, src in enumerate(dict.fromkeys(src for src, _ in general))}
-            cols = {dst: i for i, dst in enumerate(dict.fromkeys(dst for _, dst in general))}
+            rows = {src: i for i, src in enumerate(dict.fromkeys(p[0] for p, _ in general))}
+            cols = {dst: i for i, dst in enumerate(dict.fromkeys(p[1] for p, _ in general))}
             seconds = general_seconds_in_closed_form(
-                list(rows), list(cols), np.array([rows[src] for src, _ in general]),
-                np.array([cols[dst] for _, dst in general]), self.machine, self.itemsize)
-            for pair, t in zip(general, seconds.tolist(), strict=True):
+                list(rows), list(cols), np.array([rows[p[0]] for p, _ in general]),
+                np.array([cols[p[1]] for p, _ in general]), self.machine, self.itemsize)
+            for (pair, move), t in zip(general, seconds.tolist(), strict=True):
                 if t == t:  # not NaN: in closed form, the same both ways
-                    self._keep_move(fresh[pair], t, t)
-        for pair, move in fresh.items():
-            if pair not in self._moves:
-                self._keep_move(move, *move.seconds(self.machine, self.itemsize))
+                    self._keep_move(pair, move, t, t)
+                else:
+                    alone.append((pair, move))
+        for pair, move in alone:
+            self._keep_move(pair, move, *move.seconds(self.machine, self.itemsize))
 
-    def _keep_move(self, move: Move, forward: float, backward: float
-                   ) -> tuple[Move, float, float]:
-        """Keep ``move``'s price for :meth:`move_cost`: no backward in inference."""
-        cost = self._moves[move.src, move.dst] = (move, forward,
-                                                  0.0 if self.inference else backward)
+    def _keep_move(self, pair: tuple[Layout, Layout], move: Move, forward: float,
+                   backward: float) -> tuple[Move, float, float]:
+        """Keep the price of ``move`` between the layouts ``pair`` for :meth:`move_cost`: no
+        backward in inference."""
+        cost = self._moves[pair] = (move, forward, 0.0 if self.inference else backward)
         return cost
 
     def _memory(self, index: int, layouts: LayerLayouts, work: LocalWork | None, params: int,
