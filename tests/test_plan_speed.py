@@ -13,7 +13,7 @@ from hpctrain.cost.compute import FlopModel
 from hpctrain.cost.machine import load_machine
 from hpctrain.layout.layout import CHANNEL_AXIS, Layout
 from hpctrain.model.net import load_net
-from hpctrain.plan.planner import _move, _move_grid, plan_network
+from hpctrain.plan.planner import _move_grid, plan_network
 from hpctrain.plan.pricing import CostModel
 
 
@@ -41,7 +41,7 @@ def join_layouts(model, space="balanced"):
 @pytest.mark.parametrize("weighed", [False, True])
 def test_the_grid_of_moves_prices_each_as_a_move_alone(name, procs, weighed):
     """Every pair of layouts at every join, asked for in random subsets and orders (rows and
-    columns met in any order, some asked twice), against :func:`_move` of each pair."""
+    columns met in any order, some asked twice), against each pair's move and memory alone."""
     model = model_of(name, 16, procs)
     rng = random.Random(procs)
     for k, sources, targets in join_layouts(model):
@@ -56,8 +56,11 @@ def test_the_grid_of_moves_prices_each_as_a_move_alone(name, procs, weighed):
                     if src is None or dst is None:
                         assert (grid[i, j] == 0.0).all()
                         continue
-                    alone = _move(model, src, dst, k, weighed)
-                    assert tuple(grid[i, j]) == (alone.total, alone.memory, alone.peak)
+                    alone = (sum(model.move_cost(src, dst)[1:]), 0.0, 0.0)
+                    if weighed:
+                        kept, held = model.move_memory(src, dst, k)
+                        alone = alone[0], sum(kept.values()), sum(held.values())
+                    assert tuple(grid[i, j]) == alone
             pairs = [(i, j) for i in range(len(srcs)) for j in range(len(dsts))
                      if rng.random() < 0.5]
             if pairs:

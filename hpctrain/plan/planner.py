@@ -1204,7 +1204,7 @@ def _move_grid(model: CostModel, srcs: list[Layout | None], dsts: list[Layout | 
                index: int, weighed: bool, pairs: list[tuple[int, int]] | None = None
                ) -> np.ndarray:
     """(seconds, bytes kept, bytes for a moment) of the move from each of ``srcs`` into each
-    of ``dsts`` for layer ``index``, as :func:`_move` prices it, in an array of shape
+    of ``dsts`` for layer ``index``, as :func:`_move_fields` prices it, in an array of shape
     (sources, targets, 3); nothing where an end is None (a segment with no part in it). Given
     ``pairs`` (source, target), only those, in an array of shape (pairs, 3).
 
@@ -1237,7 +1237,7 @@ def _move_grid(model: CostModel, srcs: list[Layout | None], dsts: list[Layout | 
 
 
 class _MoveGrid:
-    """The prices (:func:`_move`) of moves between layouts of one shape, a row per source
+    """The prices (:func:`_move_fields`) of moves between layouts of one shape, a row per source
     layout and a column per target layout met so far, each priced when first asked for."""
 
     def __init__(self) -> None:
@@ -1272,8 +1272,8 @@ class _MoveGrid:
             pairs = [(srcs[a], dsts[b])
                      for a, b in zip(si[missing].tolist(), di[missing].tolist(), strict=True)]
             model.price_moves(pairs)
-            moves = [_move(model, src, dst, index, weighed) for src, dst in pairs]
-            found[missing] = [(move.total, move.memory, move.peak) for move in moves]
+            found[missing] = [_move_fields(model, src, dst, index, weighed)
+                              for src, dst in pairs]
             self.fields[rows[missing], cols[missing]] = found[missing]
         return found
 
@@ -1285,14 +1285,15 @@ class _MoveCost:  # not a tuple: tables take arrays of these as objects (segment
     peak: float  # bytes held for a moment
 
 
-def _move(model: CostModel, src: Layout, dst: Layout, index: int, weighed: bool) -> _MoveCost:
-    """What moving ``src`` into ``dst`` for layer ``index`` adds to :func:`evaluate`'s totals
-    (its memory only when ``weighed``)."""
+def _move_fields(model: CostModel, src: Layout, dst: Layout, index: int, weighed: bool
+                 ) -> tuple[float, float, float]:
+    """What moving ``src`` into ``dst`` for layer ``index`` adds to :func:`evaluate`'s totals,
+    as :class:`_MoveCost`'s fields (its memory only when ``weighed``)."""
     time = sum(model.move_cost(src, dst)[1:])
     if not weighed:
-        return _MoveCost(time, 0.0, 0.0)
+        return time, 0.0, 0.0
     resident, transient = model.move_memory(src, dst, index)
-    return _MoveCost(time, sum(resident.values()), sum(transient.values()))
+    return time, sum(resident.values()), sum(transient.values())
 
 
 def _uniform_plan(model: CostModel, candidates: list[list[LayerPlan]],
