@@ -139,6 +139,18 @@ def nearest_fit(fits: dict[str, dict[int, Fit]], collective: str, size: int,
     return sizes[nearest]
 
 
+def _link_of(level: Machine | Network, collective: str, size: int) -> Fit:
+    """``level.link``: the fit of ``collective`` at ``size`` (:func:`nearest_fit`), else the
+    level's α and β. Found once per collective and size and kept on the level (frozen, its
+    fits read once made): a plan asks for the same few links hundreds of thousands of times."""
+    links = level.__dict__.setdefault("_links", {})
+    found = links.get((collective, size))
+    if found is None:
+        found = links[collective, size] = nearest_fit(level.fits, collective, size,
+                                                      Fit(level.alpha, level.beta))
+    return found
+
+
 @dataclass(frozen=True)
 class Network:
     """The link between nodes: α and β of one rank per node talking alone, the fits by number
@@ -154,7 +166,7 @@ class Network:
 
     def link(self, collective: str, nodes: int) -> Fit:
         """α and β for ``collective`` over ``nodes`` nodes, one rank on each."""
-        return nearest_fit(self.fits, collective, nodes, Fit(self.alpha, self.beta))
+        return _link_of(self, collective, nodes)
 
     def shape(self, collective: str, per_node: int, nodes: int) -> Fit | None:
         """The fit measured for ``collective`` on groups of ``per_node`` ranks on each of
@@ -203,7 +215,7 @@ class Machine:
     def link(self, collective: str, procs: int) -> Fit:
         """α and β for ``collective`` on a communicator of ``procs`` ranks (inside one node,
         when the profile has levels)."""
-        return nearest_fit(self.fits, collective, procs, Fit(self.alpha, self.beta))
+        return _link_of(self, collective, procs)
 
     @property
     def levelled(self) -> bool:
