@@ -681,18 +681,18 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
     A plan's time is the segments' own costs (the first's with the input batch) plus the moves
     of the joins plus the loss, all ≥ 0. Each segment's own cost is carried by one join it
     feeds, so the time is a sum of one term per join, t(x_a, x_b) = own(x_a) + move(x_a, x_b),
-    plus the own costs no join carries. With x_b fixed, min over x_a of t is found exactly
-    (:func:`_least_into`: the cheapest sources first, most moves never priced); with x_a
-    fixed it is at least own(x_a). A candidate's bound adds its own joins' terms so, every other
-    join's least term over any choice, and every other uncarried own cost's least.
+    plus the own costs no join carries. A join between two segments is bounded with its move
+    counted free: min over x_a of own(x_a) for every x_b, and at least own(x_a) with x_a
+    fixed; a join inside one segment, whose choice decides both ends, with its move. A
+    candidate's bound adds its own joins' terms so, every other join's least term over any
+    choice, and every other uncarried own cost's least.
 
-    In a chain the move is counted free (the bound is min own(x_a) for every x_b): its search
-    prices only the moves that may decide a plan, while a net with branches prices every pair
-    of distinct layouts at each join anyway. In the default plans of AlexNet and VGG-16 at
-    4096 ranks, bounds with the moves priced pruned 7 to 12 % more of the candidates, yet made
-    the plan price 1.4 to 2 times as many moves in all."""
+    The moves between segments are left to the searches, which price only those that may
+    decide a plan. Priced here too, they pruned few more candidates and cost more than they
+    saved: in the default plans at 4096 ranks, 7 to 12 % more of AlexNet's and VGG-16's
+    candidates at 1.4 to 2 times as many moves priced, and 5 of ResNet-50's 2,912 and 8 of
+    Inception-v3's 3,148 on dgx-h100, at 0.3 to 0.4 s more of a plan."""
     owner = {k: s for s, members in enumerate(model.segments) for k in members}
-    chain = model.net.is_chain()
     owns = []
     for k, found in enumerate(every):
         row = []
@@ -702,39 +702,26 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
                 time += model.input_cost(model.input_layout(choice)).total
             row.append(time)
         owns.append(row)
-    layouts = [[dict(zip(model.segments[k], model.runnable_layouts(k, c), strict=True))
-                for c in found] for k, found in enumerate(every)]
     carried: set[int] = set()
-    terms = []  # (source segment, target segment, carries, source layouts, target layouts,
-    #          the layer fed)
+    # the loss's move and cost, and producing the batch where it is needed, are ≥ 0: left out
+    per_candidate = [[0.0] * len(found) for found in every]
+    fixed = 0.0  # what every candidate's bound adds: the least of the terms and costs apart
+    lows: list[tuple[int, int, list[float], list[float]]] = []
     for k, e, p in model.joins:
         a, b = (0 if p < 0 else owner[p]), owner[k]
         carries = p >= 0 and a != b and a not in carried
         if carries:
             carried.add(a)
-        sources = ([model.input_layout(c) for c in every[0]] if p < 0
-                   else [where[p].output for where in layouts[a]])
-        targets = [where[k].inputs[e] for where in layouts[b]]
-        terms.append((a, b, carries, sources, targets, k))
-    # the loss's move and cost, and producing the batch where it is needed, are ≥ 0: left out
-    per_candidate = [[0.0] * len(found) for found in every]
-    fixed = 0.0  # what every candidate's bound adds: the least of the terms and costs apart
-    lows: list[tuple[int, int, list[float], list[float]]] = []
-    for a, b, carries, sources, targets, k in terms:
-
-        def move(i: int, j: int, sources: list = sources, targets: list = targets) -> float:
-            return sum(model.move_cost(sources[i], targets[j])[1:])
-
         carry = owns[a] if carries else [0.0] * len(every[a])
-        if a == b:  # one segment's choice decides both ends
-            into = [carry[i] + move(i, i) for i in range(len(every[b]))]
-            lows.append((b, b, into, into))
+        if a != b:
+            lows.append((a, b, carry, [min(carry)] * len(every[b])))  # the move counted free
             continue
-        if chain:  # the move counted free (the docstring says why)
-            into = [min(carry)] * len(targets)
-        else:
-            into = _least_into(carry, sources, targets, model, k)
-        lows.append((a, b, carry, into))
+        into = []  # one segment's choice decides both ends: its move with it
+        for i, choice in enumerate(every[b]):
+            where = dict(zip(model.segments[b], model.runnable_layouts(b, choice), strict=True))
+            source = model.input_layout(choice) if p < 0 else where[p].output
+            into.append(carry[i] + sum(model.move_cost(source, where[k].inputs[e])[1:]))
+        lows.append((b, b, into, into))
     uncarried = [k for k in range(len(every)) if k not in carried]
     for a, b, out_of, into in lows:
         least = min(into)
@@ -750,26 +737,6 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
         for i, value in enumerate(owns[k]):
             per_candidate[k][i] += value - least
     return [[fixed + extra for extra in row] for row in per_candidate]
-
-
-def _least_into(carry: list[float], sources: list[Layout], targets: list[Layout],
-                model: CostModel, index: int) -> list[float]:
-    """For each target, the least over every source i of carry[i] + the move from
-    ``sources[i]`` into it (for layer ``index``), exactly. Each distinct source layout enters
-    at its least carry, and a move is priced only where it may decide a least: the moves
-    from the cheapest sources first, then from those whose carry alone does not exceed the
-    least they found (:func:`_worth_pricing`, a move costing ≥ 0)."""
-    src_of, srcs = _distinct_layouts(sources)
-    dst_of, dsts = _distinct_layouts(targets)
-    held = np.full(len(srcs), math.inf)
-    np.minimum.at(held, np.asarray(src_of), np.asarray(carry, dtype=float))
-    moves = np.full((len(srcs), len(dsts)), np.nan)
-    every = np.arange(len(srcs)), np.arange(len(dsts))
-    needed = _worth_pricing(held, np.zeros(len(dsts)), np.ones(moves.shape, dtype=bool),
-                            *every, moves, 0.0, math.inf,
-                            partial(_move_grid, model, srcs, dsts, index, False))
-    least = np.where(needed, held[:, None] + moves, math.inf).min(axis=0)
-    return [float(least[j]) for j in dst_of]
 
 
 def _searched(cost: SegmentCost, free: float) -> float:
