@@ -730,7 +730,7 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     every axis either layout cuts cut evenly by both, and either both layouts on the same
     ranks and not both 1.5D grids (``_busiest_receiver_of_bits``), or each on a group that
     starts at a multiple of its size (``_busiest_receiver_of_aligned_bits``, both ways, as
-    :func:`_between_groups_time` asks). NaN for any other pair (priced one by one). Every
+    ``_between_groups_time`` asks). NaN for any other pair (priced one by one). Every
     layout has the same shape.
 
     The same operations in the same order as one by one, so the same floats: along the axes
