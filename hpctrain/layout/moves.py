@@ -780,13 +780,16 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
         fs, ns, fd, nd = src.first[si], src.size[si], dst.first[di], dst.size[di]
         fs, ns, fd, nd = fs[apart], ns[apart], fd[apart], nd[apart]
         inside = (fd >= fs) & (fd + nd <= fs + ns)  # the target's group in the source's
-        around = (fs >= fd) & (fs + ns <= fd + nd) & ~differ[apart]  # and the other way
+        around = (fs >= fd) & (fs + ns <= fd + nd)  # the source's group in the target's
+        # the move back: where the source's group lies inside the target's, its receivers keep
+        # their share where the bits agree, as on the same ranks; elsewhere one keeps nothing
+        keeps_back = around & ~differ[apart]
         kept_back, met_back = _kept_and_met(cut[apart], dp[apart], sp[apart])
         received = np.where(inside, share[apart], 1.0) * (dst.block[di[apart]] * itemsize)
         copies = -(-dst.replicas[di[apart]] // src.replicas[si[apart]])
-        sent = np.where(around, 1.0 - kept_back, 1.0) * (src.block[si[apart]] * itemsize)
+        sent = np.where(keeps_back, 1.0 - kept_back, 1.0) * (src.block[si[apart]] * itemsize)
         messages[apart] = np.maximum(np.where(inside, messages[apart], met[apart]),
-                                     np.where(around, met_back - 1, met_back) * copies)
+                                     np.where(keeps_back, met_back - 1, met_back) * copies)
         moved[apart] = np.maximum(received, sent * copies)
         ranks[apart] = src.procs[si[apart]]
         peers[apart] = np.maximum(fs + ns, fd + nd) - np.minimum(fs, fd)

@@ -691,7 +691,7 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
     decide a plan. Priced here too, they pruned few more candidates and cost more than they
     saved: in the default plans at 4096 ranks, 7 to 12 % more of AlexNet's and VGG-16's
     candidates at 1.4 to 2 times as many moves priced, and 5 of ResNet-50's 2,912 and 8 of
-    Inception-v3's 3,148 on dgx-h100, at 0.3 to 0.4 s more of a plan."""
+    Inception-v3's 3,148 on dgx-h100, at 0.3 to 0.5 s more of a plan."""
     owner = {k: s for s, members in enumerate(model.segments) for k in members}
     owns = []
     for k, found in enumerate(every):
