@@ -36,12 +36,11 @@ really runs there, node-aware or not.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Iterable
 
 import numpy as np
 
-from hpctrain.cost.machine import COLLECTIVES, Fit, Machine
+from hpctrain.cost.machine import COLLECTIVES, Fit, Machine, found_on
 from hpctrain.cost.nodes import Group, span
 
 
@@ -82,7 +81,7 @@ def collective_time(machine: Machine, collective: str, group: Group | int, n: fl
     """Seconds of ``collective`` of ``n`` bytes on ``group`` (see the module's text). Found
     once per machine, collective, group and size: a plan prices the same sums over the same
     groups for thousands of candidate layouts, and each bucket's latency many times more."""
-    known = _found_on(machine, "collectives")
+    known = found_on(machine, "collectives")
     key = (collective, group, n)
     found = known.get(key)
     if found is None:
@@ -210,7 +209,7 @@ def exchange_times(machine: Machine, p: int, messages: np.ndarray, n: np.ndarray
 def _route(machine: Machine, p: int, peers: Group | None
            ) -> tuple[Fit, float, Fit | None, float]:
     """:func:`_exchange_route`, found once per machine, ranks and peers."""
-    routes = _found_on(machine, "routes")
+    routes = found_on(machine, "routes")
     route = routes.get((p, peers))
     if route is None:
         route = routes[p, peers] = _exchange_route(machine, p, peers)
@@ -235,18 +234,3 @@ def _exchange_route(machine: Machine, p: int, peers: Group | None
     return (machine.link("alltoall", where.per_node), near,
             net.link("alltoall", where.nodes), share)
 
-
-# what is found once per machine (the routes of exchange_time by (ranks, peers), the times
-# of collectives): a plan prices tens of thousands of moves on a few patterns of peers, and
-# the same sums over and over. Machines hold dicts and do not hash, so they are told apart by
-# identity, and what was found on one is dropped with it.
-_FOUND: dict[int, tuple[weakref.ref, dict[str, dict]]] = {}
-
-
-def _found_on(machine: Machine, what: str) -> dict:
-    """What is already found of kind ``what`` on ``machine``."""
-    entry = _FOUND.get(id(machine))
-    if entry is None or entry[0]() is not machine:
-        key = id(machine)
-        entry = _FOUND[key] = (weakref.ref(machine, lambda _: _FOUND.pop(key, None)), {})
-    return entry[1].setdefault(what, {})

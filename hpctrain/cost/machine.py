@@ -56,6 +56,7 @@ import json
 import math
 import re
 import tomllib
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -139,11 +140,26 @@ def nearest_fit(fits: dict[str, dict[int, Fit]], collective: str, size: int,
     return sizes[nearest]
 
 
+# what is found once per level of a machine (its links, the routes of exchanges, the times of
+# collectives): a plan asks for the same few hundreds of thousands of times. Levels are frozen
+# but hold dicts and do not hash, so they are told apart by identity, and what was found on
+# one is dropped with it (and never travels with it, pickled to another process).
+_FOUND: dict[int, tuple[weakref.ref, dict[str, dict]]] = {}
+
+
+def found_on(level: Machine | Network, what: str) -> dict:
+    """What is already found of kind ``what`` on ``level`` (a machine, or its network)."""
+    entry = _FOUND.get(id(level))
+    if entry is None or entry[0]() is not level:
+        key = id(level)
+        entry = _FOUND[key] = (weakref.ref(level, lambda _: _FOUND.pop(key, None)), {})
+    return entry[1].setdefault(what, {})
+
+
 def _link_of(level: Machine | Network, collective: str, size: int) -> Fit:
     """``level.link``: the fit of ``collective`` at ``size`` (:func:`nearest_fit`), else the
-    level's α and β. Found once per collective and size and kept on the level (frozen, its
-    fits read once made): a plan asks for the same few links hundreds of thousands of times."""
-    links = level.__dict__.setdefault("_links", {})
+    level's α and β, found once per collective and size."""
+    links = found_on(level, "links")
     found = links.get((collective, size))
     if found is None:
         found = links[collective, size] = nearest_fit(level.fits, collective, size,

@@ -777,8 +777,8 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     ranks, peers = src.size[si], np.maximum(src.pr[si], dst.pr[di])
     apart = np.flatnonzero(~same)
     if len(apart):  # between groups: the busier of the busiest receiver and sender
-        fs, ns, fd, nd = src.first[si], src.size[si], dst.first[di], dst.size[di]
-        fs, ns, fd, nd = fs[apart], ns[apart], fd[apart], nd[apart]
+        fs, ns = src.first[si[apart]], src.size[si[apart]]
+        fd, nd = dst.first[di[apart]], dst.size[di[apart]]
         inside = (fd >= fs) & (fd + nd <= fs + ns)  # the target's group in the source's
         around = (fs >= fd) & (fs + ns <= fd + nd)  # the source's group in the target's
         # the move back: where the source's group lies inside the target's, its receivers keep

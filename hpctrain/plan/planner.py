@@ -63,7 +63,7 @@ from hpctrain.plan.elimination import (
 from hpctrain.plan.grouped import GroupedSpace
 from hpctrain.plan.placement import LayerLayouts, input_layout, plan_layouts, schedule
 from hpctrain.plan.plans import LayerPlan, ranks_text
-from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost, time_with_free
+from hpctrain.plan.pricing import CostModel, LayerCost, time_with_free
 from hpctrain.plan.side_by_side import critical_path
 
 
@@ -697,7 +697,7 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
     for k, found in enumerate(every):
         row = []
         for choice in found:
-            time = _searched(model.segment_cost(k, choice), free)
+            time = model.segment_cost(k, choice).time_with_free(free)
             if k == 0:  # the input batch, produced where the first segment reads it
                 time += model.input_cost(model.input_layout(choice)).total
             row.append(time)
@@ -737,11 +737,6 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
         for i, value in enumerate(owns[k]):
             per_candidate[k][i] += value - least
     return [[fixed + extra for extra in row] for row in per_candidate]
-
-
-def _searched(cost: SegmentCost, free: float) -> float:
-    """A segment's time as a search weighs it: ``free`` of each gradient sum counted free."""
-    return cost.time_with_free(free)
 
 
 def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: float | None,
@@ -807,7 +802,7 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
             cost = model.segment_cost(segment, choice)
             rest_memory = sum(c.memory for c in cost.layers[1:])
             rest_peak = max((c.peak for c in cost.layers[1:]), default=0.0)
-            own = _searched(cost, free)
+            own = cost.time_with_free(free)
             labels = []
             if segment == 0:  # everything up to its head is in it, fed where it reads
                 data = model.input_cost(model.input_layout(choice))
@@ -876,7 +871,7 @@ def _fastest_chain(model: CostModel, candidates: list[list[LayerPlan]], free: fl
     backs: list[np.ndarray] = []  # each choice's row in the segment before
     for segment, found in enumerate(candidates):
         costs = [model.segment_cost(segment, choice) for choice in found]
-        own = np.array([_searched(cost, free) for cost in costs])
+        own = np.array([cost.time_with_free(free) for cost in costs])
         if segment == 0:  # everything up to its head is in it, fed where it reads
             data = np.array([model.input_cost(model.input_layout(c)).total for c in found])
             reached = own + data
@@ -962,7 +957,7 @@ def _least_after(model: CostModel, candidates: list[list[LayerPlan]], free: floa
     """Per segment of a chain, the least time (``free`` of each gradient sum counted free) and
     the least memory kept that the segments after it add to any plan: each one's own least
     (the moves and the loss add more, never less)."""
-    times = [min(_searched(model.segment_cost(k, c), free) for c in found)
+    times = [min(model.segment_cost(k, c).time_with_free(free) for c in found)
              for k, found in enumerate(candidates)]
     kept = [min(model.segment_cost(k, c, timed=False).memory for c in found)
             for k, found in enumerate(candidates)]
@@ -1078,7 +1073,7 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
         if space is None:
             tables.append(_own_table(model, s, found, free, weighed))
             continue
-        own = [_MoveCost(_searched(cost, free), cost.memory, cost.peak)
+        own = [_MoveCost(cost.time_with_free(free), cost.memory, cost.peak)
                for cost in (model.segment_cost(s, c) for c in found)]
         own += [_MoveCost(seconds, 0.0, 0.0) for seconds in space.own[s]]
         tables.append(table((s,), own))
@@ -1130,7 +1125,7 @@ def _own_table(model: CostModel, segment: int, choices: list[LayerPlan], free: f
     """The table of the segment's own cost under each of ``choices`` (``free`` of each gradient
     sum counted free) and, ``weighed``, the bytes it keeps and holds for a moment."""
     costs = [model.segment_cost(segment, c) for c in choices]
-    seconds = np.array([_searched(cost, free) for cost in costs], dtype=float)
+    seconds = np.array([cost.time_with_free(free) for cost in costs], dtype=float)
     if not weighed:
         return Table((segment,), seconds)
     return Table((segment,), seconds, np.array([c.memory for c in costs], dtype=float),
