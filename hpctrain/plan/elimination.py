@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -47,11 +48,14 @@ class Table:
 
 def _aligned(table: Table, scope: tuple[int, ...]) -> np.ndarray:
     """``table.values`` with its axes ordered as ``scope`` and broadcastable over it."""
-    order = sorted(range(len(table.variables)), key=lambda a: scope.index(table.variables[a]))
-    values = np.transpose(table.values, order)
+    positions = [scope.index(v) for v in table.variables]
+    values = np.asarray(table.values)
+    if positions != sorted(positions):
+        values = np.transpose(values, sorted(range(len(positions)), key=positions.__getitem__))
+        positions.sort()
     shape = [1] * len(scope)
-    for axis, variable in enumerate(sorted(table.variables, key=scope.index)):
-        shape[scope.index(variable)] = values.shape[axis]
+    for axis, position in enumerate(positions):
+        shape[position] = values.shape[axis]
     return values.reshape(shape)
 
 
@@ -63,11 +67,19 @@ def elimination_order(sizes: list[int], scopes: list[tuple[int, ...]]
                       ) -> list[tuple[int, tuple[int, ...]]]:
     """The greedy min-degree order for tables over ``scopes``: (variable, the other variables
     of the table its elimination makes), in order. Symbolic: no table is touched."""
-    neighbours: list[set[int]] = [set() for _ in sizes]
+    return list(_order_of(len(sizes), tuple(scopes)))
+
+
+@lru_cache(maxsize=256)
+def _order_of(count: int, scopes: tuple[tuple[int, ...], ...]
+              ) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """:func:`elimination_order` of ``count`` variables, found once per set of scopes: a
+    search solves the same net's tables at every round of the last buckets."""
+    neighbours: list[set[int]] = [set() for _ in range(count)]
     for scope in scopes:
         for v in scope:
             neighbours[v] |= set(scope) - {v}
-    remaining = set(range(len(sizes)))
+    remaining = set(range(count))
     order = []
     while remaining:
         variable = min(remaining, key=lambda v: (len(neighbours[v]), v))
@@ -77,7 +89,7 @@ def elimination_order(sizes: list[int], scopes: list[tuple[int, ...]]
             neighbours[v] |= set(rest) - {v}
             neighbours[v].discard(variable)
         order.append((variable, rest))
-    return order
+    return tuple(order)
 
 
 def largest_table(sizes: list[int], scopes: list[tuple[int, ...]]) -> int:
@@ -112,23 +124,30 @@ def minimise(sizes: list[int], tables: list[Table], max_entries: float = MAX_ENT
     than ``max_entries`` entries (a densely connected graph: every segment reading every
     earlier one)."""
     order = _checked_order(sizes, tables, max_entries)
-    pending = list(tables)
+    # the tables not yet combined, by number in the order they came (the given ones, then
+    # each one an elimination makes), and the numbers of those that mention each variable
+    pending = dict(enumerate(tables))
+    mentioning: list[list[int]] = [[] for _ in sizes]
+    for number, table in pending.items():
+        for v in table.variables:
+            mentioning[v].append(number)
     steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (variable, rest, argmin)
     constant = 0.0
     for variable, rest in order:
-        touching = [t for t in pending if variable in t.variables]
-        pending = [t for t in pending if variable not in t.variables]
+        touching = [pending.pop(n) for n in mentioning[variable] if n in pending]
         scope = (*rest, variable)
-        total = np.zeros([sizes[v] for v in scope])
-        for table in touching:
-            total = total + _aligned(table, scope)
-        steps.append((variable, rest, np.argmin(total, axis=-1)))
-        best = np.min(total, axis=-1)
+        total = _summed(touching, scope, [sizes[v] for v in scope])
+        argmin = np.argmin(total, axis=-1)
+        steps.append((variable, rest, argmin))
+        best = _at(total, argmin)  # the minimum
         if rest:
-            pending.append(Table(rest, best))
+            number = len(tables) + len(steps)
+            pending[number] = Table(rest, best)
+            for v in rest:
+                mentioning[v].append(number)
         else:
             constant += float(best)
-    for table in pending:  # tables over no variable
+    for table in pending.values():  # tables over no variable
         constant += float(table.values)
     choice = [0] * len(sizes)
     for variable, rest, argmin in reversed(steps):
@@ -151,6 +170,33 @@ class _Front:
     moment: np.ndarray
     least: tuple[float, float]
     made: tuple[int, np.ndarray, list[tuple[_Front, np.ndarray]]] | None = None
+
+
+def _summed(tables: list[Table], scope: tuple[int, ...], shape: list[int]) -> np.ndarray:
+    """The sum of ``tables`` over ``scope`` (of ``shape``), added in their order as a sum
+    from zero would be (adding to 0.0 changes no value), into one array made once."""
+    if not tables:
+        return np.zeros(shape)
+    total = _aligned(tables[0], scope).astype(float, copy=False)
+    for table in tables[1:]:
+        values = _aligned(table, scope)
+        if total.base is None and all(a == b or b == 1 for a, b in zip(total.shape,
+                                                                      values.shape)):
+            total += values  # an array of this sum's own, as large: in place
+        else:
+            total = np.add(total, values, order="C")
+    if list(total.shape) != shape:
+        total = np.broadcast_to(total, shape)
+    return total
+
+
+def _at(total: np.ndarray, argmin: np.ndarray) -> np.ndarray:
+    """``total``'s entries at ``argmin`` along its last axis: its minimum there, read at
+    the argmin found (a second reduction costs several times as much)."""
+    if not total.flags.c_contiguous:
+        return np.take_along_axis(total, argmin[..., None], axis=-1)[..., 0]
+    rows = total.reshape(-1, total.shape[-1])
+    return rows[np.arange(len(rows)), np.ravel(argmin)].reshape(np.shape(argmin))
 
 
 def _front_of(table: Table, sizes: list[int]) -> _Front:

@@ -41,7 +41,7 @@ from hpctrain.model.kinds import KINDS
 from hpctrain.model.regions import Region, fork_join_regions
 from hpctrain.plan.buckets import slowest_latency
 from hpctrain.plan.elimination import Table, minimise
-from hpctrain.plan.placement import LayerLayouts, layer_layouts
+from hpctrain.plan.placement import LayerLayouts
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.pricing import CostModel, LayerCost
 
@@ -176,7 +176,7 @@ class RegionPrices:
                     break
                 first = net.producers(k)[0]
                 known = {p: where.output for p, where in layouts.items()}
-                layouts[k] = layer_layouts(net, k, model.fed(k, known), choice, model.batch)
+                layouts[k] = model.layer_layouts(k, model.fed(k, known), choice)
                 mode = choice.mode if k == model.heads[segment] else "follow"
                 costs.append(model.layer_cost(k, mode, layouts[k], layouts[first].output
                                               if first in layouts else None))
@@ -502,8 +502,7 @@ class GroupedSpace:
                 first = net.producers(k)[0]
                 known = {first: fork.with_shape((model.batch, *_shape(net, first)))
                          if k == join else laid[first].output}
-                laid[k] = layer_layouts(net, k, model.fed(k, known), LayerPlan("follow"),
-                                        model.batch)
+                laid[k] = model.layer_layouts(k, model.fed(k, known), LayerPlan("follow"))
                 costs.append(model.layer_cost(k, "follow", laid[k],
                                               None if k == join else laid[first].output))
         except SplitError:

@@ -752,9 +752,9 @@ def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: f
         if below == math.inf:
             return _additive_search(model, candidates, mem_per_rank, cap_source, free, groups,
                                     upper=upper)
-        allowed = [[c for c in found if slowest_latency(
-            model.segment_cost(k, c, timed=False).layers) < below]
-            for k, found in enumerate(candidates)]
+        allowed = [[c for c in found
+                    if model.segment_cost(k, c, timed=False).slowest_latency < below]
+                   for k, found in enumerate(candidates)]
         if not all(allowed):
             return None
         try:
@@ -946,8 +946,10 @@ def _price_into(moves: np.ndarray, rows: np.ndarray, cols: np.ndarray, pairs: np
     """Price the distinct layout pairs behind the True entries of ``pairs`` not yet in
     ``moves`` (NaN: not priced), with ``price``, into ``moves``."""
     width = moves.shape[1]
-    keys = np.unique((rows[:, None] * width + cols[None, :])[pairs])
-    keys = keys[np.isnan(moves.flat[keys])]
+    # marked, not np.unique: the distinct keys in order, without loading numpy.ma (13 ms)
+    wanted = np.zeros(moves.size, dtype=bool)
+    wanted[(rows[:, None] * width + cols[None, :])[pairs]] = True
+    keys = np.flatnonzero(wanted & np.isnan(moves.ravel()))
     if len(keys):
         moves.flat[keys] = price([(int(key) // width, int(key) % width) for key in keys])[:, 0]
 

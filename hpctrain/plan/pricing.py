@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,6 +70,7 @@ from hpctrain.layout.moves import (
 from hpctrain.model.kinds import KINDS, compute_factors_for, shape_class
 from hpctrain.model.net import NetSpec
 from hpctrain.model.operations import INPUT, PIXEL_LOSS, TIMED_MODULES, UPDATE
+from hpctrain.plan.buckets import slowest_latency
 from hpctrain.plan.placement import LayerLayouts, loss_layout
 from hpctrain.plan.plans import LayerPlan
 from hpctrain.plan.segments import Segments
@@ -152,6 +154,13 @@ class SegmentCost:
             if self.timed:  # compute filled in: what it is for good
                 self._weighed[free] = found
         return found
+
+    @cached_property
+    def slowest_latency(self) -> float:
+        """One all-reduce's latency on the slowest communicator its layers sum gradients
+        over (:func:`~hpctrain.plan.buckets.slowest_latency`): each round of the last buckets
+        asks it of every candidate."""
+        return slowest_latency(self.layers)
 
     @property
     def in_layout(self) -> Layout:
@@ -478,8 +487,10 @@ class CostModel(Segments):
     def prefetch(self, choices: list[list[LayerPlan]]) -> None:
         """Cost every candidate, timing all their kernels in one batch (one synchronised pass
         over the ranks instead of one per segment)."""
+        known = self._segments  # looked up here: a search prefetches every round
         costs = [cost for k, found in enumerate(choices) for c in found
-                 if not (cost := self.segment_cost(k, c, timed=False)).timed]
+                 if not (cost := known.get((k, c)) or self.segment_cost(k, c, timed=False)
+                         ).timed]
         works = [w for cost in costs for w in works_of(cost.layers)]
         works += [LocalWork(INPUT, largest_block(self.input_layout(c))) for c in choices[0]]
         times = self.compute.times(_distinct(works))

@@ -72,6 +72,7 @@ class Segments:
         firsts: dict[tuple, int] = {}
         self._first_alike = [firsts.setdefault(self._segment_facts(members), s)
                              for s, members in enumerate(self.segments)]
+        self._laid_out: dict[tuple, LayerLayouts] = {}  # see layer_layouts
 
     @property
     def segment_kinds(self) -> list[Kind]:
@@ -166,12 +167,23 @@ class Segments:
         return tuple(known[p] if e == 0 and p in known else unplaced[e]
                      for e, p in enumerate(self.net.producers(k)))
 
+    def layer_layouts(self, k: int, fed: tuple[Layout, ...], entry: LayerPlan) -> LayerLayouts:
+        """:func:`~hpctrain.plan.placement.layer_layouts` of layer ``k``, made once for all
+        layers alike fed alike: the segments of a repeated block, and each branch's layers on
+        every group of a net's regions, lay out the same layers again. A refusal is not kept:
+        it names its own layer."""
+        key = (self._alike_layer[k], self.net.out_shapes[k], fed, entry)
+        found = self._laid_out.get(key)
+        if found is None:
+            found = self._laid_out[key] = layer_layouts(self.net, k, fed, entry, self.batch)
+        return found
+
     def _segment_layouts(self, segment: int, choice: LayerPlan) -> list[LayerLayouts]:
         # the first segment's layers before its head read the input where it is produced
         known: dict[int, Layout] = {-1: self.input_layout(choice)} if segment == 0 else {}
         layouts = []
         for k in self.segments[segment]:
-            layouts.append(layer_layouts(self.net, k, self.fed(k, known), choice, self.batch))
+            layouts.append(self.layer_layouts(k, self.fed(k, known), choice))
             known[k] = layouts[-1].output
         return layouts
 

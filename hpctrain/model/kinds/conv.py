@@ -150,9 +150,9 @@ class ConvKind(SplitsInputs, WindowKind):
              need_dx: bool) -> LocalWork:
         """The window kernel (:meth:`~hpctrain.model.kinds.window.WindowKind.work`) over the
         busiest rank's input channels, giving the rows of the weight it holds."""
-        work = super().work(spec, inputs, output, need_dx)
-        return replace(work, out=self.output_rows(spec, inputs, output),
-                       groups=self.local_groups(spec, output), dilation=spec.options.dilation)
+        return self.window_work(spec, inputs[0], self.output_rows(spec, inputs, output),
+                                need_dx, groups=self.local_groups(spec, output),
+                                dilation=spec.options.dilation)
 
     def flops(self, work: LocalWork) -> tuple[float, float]:
         n, c = work.x[:2]

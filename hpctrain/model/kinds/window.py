@@ -243,14 +243,20 @@ class WindowKind(Kind):
              need_dx: bool) -> LocalWork:
         """The busiest rank's window kernel: under a split of the first spatial axis it reads
         its rows plus halos and pads only at the image's edges."""
-        o, x = spec.options, inputs[0]
+        return self.window_work(spec, inputs[0], self.local_channels(spec, output), need_dx)
+
+    def window_work(self, spec: LayerSpec, x: Layout, out: int, need_dx: bool,
+                    **more: Any) -> LocalWork:
+        """:meth:`work` on input ``x`` making ``out`` channels, with ``more`` of
+        :class:`~hpctrain.cost.work.LocalWork`'s fields (a convolution's groups)."""
+        o = spec.options
         block, pads = list(largest_block(x)), list(o.pad)
         for axis in x.spatial_cuts:
             p = busiest_halo(spec, x, axis)
             block[axis] = p.need[1] - p.need[0]
             pads[axis - 2] = (p.pad_top, p.pad_bottom)
-        return LocalWork(self, tuple(block), self.local_channels(spec, output), o.kernel,
-                         o.stride, tuple(pads), need_dx)
+        return LocalWork(self, tuple(block), out, o.kernel, o.stride, tuple(pads), need_dx,
+                         **more)
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
                   machine: Machine, itemsize: int) -> tuple[float, float]:
