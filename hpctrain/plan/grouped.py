@@ -30,7 +30,7 @@ the region run on every rank, exactly, over every segment's choices at once.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -255,9 +255,7 @@ class RegionPrices:
             return None
         model = self.model
         tables = list(found.tables)
-        # per move into or out of it: its pair of layouts under each choice of its segment
-        pairs = [(i, [(outside(p), dst) for dst in targets]) for i, p, targets in found.into]
-        pairs += [(i, [(src, join_inputs[e]) for src in sources]) for i, e, sources in found.out]
+        pairs = _moves_in_and_out(found, outside, join_inputs)
         model.price_moves(pair for _, row in pairs for pair in row)
         moved = [(i, [sum(model.move_cost(*pair)[1:]) for pair in row]) for i, row in pairs]
         tables += [Table((i,), np.array(prices)) for i, prices in moved]
@@ -271,6 +269,31 @@ class RegionPrices:
         plan = {model.heads[s]: found.choices[i][chosen[i]]
                 for i, s in enumerate(found.segments)}
         return forward, backward, seconds, plan
+
+
+    def moves(self, outside: Callable[[int], Layout], join_inputs: dict[int, Layout]
+              ) -> Iterator[tuple[Layout, Layout]]:
+        """The pair of layouts of every move :func:`region_cost` prices for the region under
+        ``outside`` and ``join_inputs`` (as it takes them): into and out of each branch under
+        each choice, and into the join from beside the branches."""
+        grouped, model = self.grouped, self.model
+        for e, p in _beside(model, grouped):
+            yield outside(p), join_inputs[e]
+        for b in range(len(grouped.groups)):
+            found = self._branch_tables(b)
+            if found is not None:
+                for _, row in _moves_in_and_out(found, outside, join_inputs):
+                    yield from row
+
+
+def _moves_in_and_out(found: _Branch, outside: Callable[[int], Layout],
+                      join_inputs: dict[int, Layout]
+                      ) -> list[tuple[int, list[tuple[Layout, Layout]]]]:
+    """Per move into or out of a branch (``found``): its segment, and its pair of layouts
+    under each choice of that segment."""
+    pairs = [(i, [(outside(p), dst) for dst in targets]) for i, p, targets in found.into]
+    pairs += [(i, [(src, join_inputs[e]) for src in sources]) for i, e, sources in found.out]
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -317,10 +340,8 @@ def region_cost(prices: RegionPrices, outside: Callable[[int], Layout],
     forward: dict[tuple[int, int], float] = {}
     backward: dict[tuple[int, int], float] = {}
     moves, plan = 0.0, {}
-    branched = {k for branch in grouped.region.branches for k in branch}
-    for e, p in enumerate(model.net.producers(grouped.join)):  # the join's inputs from beside
-        if p not in branched or not _in_weighted_branch(model, grouped, p):
-            moves += sum(model.move_cost(outside(p), join_inputs[e])[1:])
+    for e, p in _beside(model, grouped):  # the join's inputs from beside
+        moves += sum(model.move_cost(outside(p), join_inputs[e])[1:])
     for b, group in enumerate(grouped.groups):
         found = prices.branch(b, outside, join_inputs)
         if found is None:
@@ -331,6 +352,28 @@ def region_cost(prices: RegionPrices, outside: Callable[[int], Layout],
         moves += m
         plan.update(chosen)
     return moves + max(forward.values()) + max(backward.values()), plan
+
+
+def _outside_of(where: dict[int, LayerLayouts]) -> Callable[[int], Layout]:
+    """The layout of a layer outside a region that feeds it, the fork's segment laid out on
+    ``where``."""
+    return lambda p: where[p].output
+
+
+def _region_key(where: dict[int, LayerLayouts],
+                after_join: tuple[dict[int, LayerLayouts], list[LayerCost]], join: int
+                ) -> tuple:
+    """What a region's cost on groups depends on: the layouts of the fork's segment and
+    those the join reads in."""
+    return tuple(where[p].output for p in sorted(where)), tuple(after_join[0][join].inputs)
+
+
+def _beside(model: CostModel, grouped: GroupedRegion) -> list[tuple[int, int]]:
+    """(input, producer) of each of the join's inputs that no branch on groups gives: from a
+    branch without weights (an Inception module's pooling), or from the fork itself."""
+    branched = {k for branch in grouped.region.branches for k in branch}
+    return [(e, p) for e, p in enumerate(model.net.producers(grouped.join))
+            if p not in branched or not _in_weighted_branch(model, grouped, p)]
 
 
 def _in_weighted_branch(model: CostModel, grouped: GroupedRegion, k: int) -> bool:
@@ -452,6 +495,7 @@ class GroupedSpace:
         # one value per distinct layout of what the region reads from the fork's segment
         keys: dict[tuple, int] = {}
         key_of = []
+        distinct = []  # the layouts of the fork's segment giving each key, in order
         for i in range(forks):
             where = self.value_layouts(fork_segment, i)
             if grouped.region.fork not in where:
@@ -460,14 +504,24 @@ class GroupedSpace:
             key = tuple(where[p].output for p in feeding)
             if key not in keys:
                 keys[key] = len(keys)
-                found = self._on_groups(prices, where, where[grouped.region.fork].output,
-                                        after, free)
-                self.extra[carrier].append(OnGroups(r, keys[key]))
-                self.layouts[carrier].append(found[0] if found else {})
-                self.own[carrier].append(found[1] if found else inf)
-                if found:
-                    self._plans[r, keys[key]] = found[2]
+                distinct.append(where)
             key_of.append(keys[key])
+        after_join = [self._after_join(where[grouped.region.fork].output, after)
+                      for where in distinct]
+        # every move of the region under every key priced at once: a few calls of the
+        # closed form over thousands of moves, not one over each branch's few dozen
+        model.price_moves(pair for where, laid in zip(distinct, after_join, strict=True)
+                          if laid is not None and _region_key(where, laid, join)
+                          not in prices.on_groups
+                          for pair in prices.moves(_outside_of(where),
+                                                   dict(enumerate(laid[0][join].inputs))))
+        for j, (where, laid) in enumerate(zip(distinct, after_join, strict=True)):
+            found = None if laid is None else self._on_groups(prices, where, laid, free)
+            self.extra[carrier].append(OnGroups(r, j))
+            self.layouts[carrier].append(found[0] if found else {})
+            self.own[carrier].append(found[1] if found else inf)
+            if found:
+                self._plans[r, j] = found[2]
         # the carrier's value for a layout of the fork needs the fork's segment to give it
         agree = np.full((forks, self.size(carrier)), inf)
         agree[:, :start] = 0.0
@@ -487,14 +541,13 @@ class GroupedSpace:
             both[:off, on_groups] = inf
             self.tables.append(Table((s, carrier), both))
 
-    def _on_groups(self, prices: RegionPrices, where: dict[int, LayerLayouts], fork: Layout,
-                   after: list[int], free: float
-                   ) -> tuple[dict[int, LayerLayouts], float, dict[int, LayerPlan]] | None:
-        """For the fork on ``fork`` (its segment's layers on ``where``): the layouts of the
-        carrier's layers from the join on, the seconds of the region on groups and of those
-        layers, and the plan of the weighted layers inside; None when it cannot run."""
+    def _after_join(self, fork: Layout, after: list[int]
+                    ) -> tuple[dict[int, LayerLayouts], list[LayerCost]] | None:
+        """For the fork on ``fork``: the layouts and timed costs of the carrier's layers from
+        the join on (``after``), on the fork's layout; None when they cannot run, or sum over
+        a communicator no faster than ``below``."""
         model, net = self.model, self.model.net
-        join = prices.grouped.region.join
+        join = after[0] if after else None
         laid: dict[int, LayerLayouts] = {}
         costs = []
         try:
@@ -507,19 +560,26 @@ class GroupedSpace:
                                               None if k == join else laid[first].output))
         except SplitError:
             return None
-        if join not in laid or slowest_latency(costs) >= self.below:
+        if join is None or slowest_latency(costs) >= self.below:
             return None
         model.time_layers(costs)
+        return laid, costs
 
-        def outside(p: int) -> Layout:
-            return where[p].output
-
-        inputs = dict(enumerate(laid[join].inputs))
+    def _on_groups(self, prices: RegionPrices, where: dict[int, LayerLayouts],
+                   after_join: tuple[dict[int, LayerLayouts], list[LayerCost]], free: float
+                   ) -> tuple[dict[int, LayerLayouts], float, dict[int, LayerPlan]] | None:
+        """For the fork's segment on ``where`` and the carrier's layers from the join on
+        ``after_join`` (:meth:`_after_join`): those layers' layouts, the seconds of the region
+        on groups and of those layers, and the plan of the weighted layers inside; None when
+        some branch cannot run."""
+        laid, costs = after_join
+        join = prices.grouped.region.join
         # what the region reads from outside it decides its cost, whatever ``free`` is
-        key = (tuple(where[p].output for p in sorted(where)), tuple(laid[join].inputs))
+        key = _region_key(where, after_join, join)
         known = prices.on_groups
         if key not in known:
-            known[key] = region_cost(prices, outside, inputs)
+            known[key] = region_cost(prices, _outside_of(where), dict(enumerate(
+                laid[join].inputs)))
         found = known[key]
         if found is None:
             return None
