@@ -94,6 +94,10 @@ class PlannedNetwork:
     # under --space auto, which space was searched and why (hpctrain.plan.spaces)
     space_note: str = ""
 
+    def __post_init__(self) -> None:
+        for cost in (*self.layers, self.loss, self.data):
+            cost.memory_found()  # a plan outlives the cost model that finds its memory
+
     @property
     def iteration_time(self) -> float:
         """Every layer's time, less what groups of ranks running side by side save and the
@@ -191,7 +195,7 @@ def _fed(model: CostModel, index: int, cost: LayerCost, moves: list[tuple[Layout
          ) -> LayerCost:
     """A copy of layer ``index``'s cost (the cached one stays clean) with the moves feeding it
     from other segments, (source, target) each: their time and their memory."""
-    fed = replace(cost, resident=dict(cost.resident), transient=dict(cost.transient))
+    fed = cost.for_layer(cost.layer)
     for source, target in moves:
         move, *moved = model.move_cost(source, target)
         if move.moves_data or not fed.move.moves_data:  # the table shows a move that runs
@@ -791,7 +795,7 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
                 return grouped
         return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free)
     model.prefetch(candidates)
-    later_time, later_memory = _least_after(model, candidates, free)
+    later_time, later_memory = _least_after(model, candidates, free, mem_per_rank is not None)
     upper *= 1 + 1e-9  # sums in another order may differ in the last bits
     if mem_per_rank is None and _heads_fed_from_outside(model, candidates):
         return _fastest_chain(model, candidates, free, later_time, upper)
@@ -954,15 +958,15 @@ def _price_into(moves: np.ndarray, rows: np.ndarray, cols: np.ndarray, pairs: np
         moves.flat[keys] = price([(int(key) // width, int(key) % width) for key in keys])[:, 0]
 
 
-def _least_after(model: CostModel, candidates: list[list[LayerPlan]], free: float
-                 ) -> tuple[list[float], list[float]]:
+def _least_after(model: CostModel, candidates: list[list[LayerPlan]], free: float,
+                 weighed: bool) -> tuple[list[float], list[float]]:
     """Per segment of a chain, the least time (``free`` of each gradient sum counted free) and
-    the least memory kept that the segments after it add to any plan: each one's own least
-    (the moves and the loss add more, never less)."""
+    (``weighed``; else 0) the least memory kept that the segments after it add to any plan:
+    each one's own least (the moves and the loss add more, never less)."""
     times = [min(model.segment_cost(k, c).time_with_free(free) for c in found)
              for k, found in enumerate(candidates)]
-    kept = [min(model.segment_cost(k, c, timed=False).memory for c in found)
-            for k, found in enumerate(candidates)]
+    kept = ([min(model.segment_cost(k, c, timed=False).memory for c in found)
+             for k, found in enumerate(candidates)] if weighed else [0.0] * len(candidates))
     after_time, after_memory = [0.0] * len(candidates), [0.0] * len(candidates)
     for k in range(len(candidates) - 2, -1, -1):
         after_time[k] = after_time[k + 1] + times[k + 1]
@@ -1075,7 +1079,8 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
         if space is None:
             tables.append(_own_table(model, s, found, free, weighed))
             continue
-        own = [_MoveCost(cost.time_with_free(free), cost.memory, cost.peak)
+        own = [_MoveCost(cost.time_with_free(free), *((cost.memory, cost.peak) if weighed
+                                                      else (0.0, 0.0)))
                for cost in (model.segment_cost(s, c) for c in found)]
         own += [_MoveCost(seconds, 0.0, 0.0) for seconds in space.own[s]]
         tables.append(table((s,), own))

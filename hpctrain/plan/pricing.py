@@ -33,8 +33,9 @@ adjoint, half the bytes of the all-reduce the paper counts).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
     from hpctrain.device.threads import ThreadChoice
 
 
-@dataclass
+@dataclass(eq=False)
 class LayerCost:
     """Predicted seconds (forward, backward) of one layer, and its memory per rank in bytes.
 
@@ -91,6 +92,10 @@ class LayerCost:
     overlap, so a plan's peak is every resident byte plus its largest transient. (A tensor read
     by several layers outlives its producer: its output and its summed gradient are counted as
     resident, an upper bound on the time they are held.)
+
+    Both are found when first read (``memory_of``, a function giving them): a search with no
+    memory cap weighs thousands of candidates by their time alone, and reads the memory of the
+    plan it finds.
     """
 
     layer: str
@@ -100,8 +105,6 @@ class LayerCost:
     compute: tuple[float, float] = (0.0, 0.0)
     comm: tuple[float, float] = (0.0, 0.0)
     redistribution: tuple[float, float] = (0.0, 0.0)
-    resident: dict[str, float] = field(default_factory=dict)
-    transient: dict[str, float] = field(default_factory=dict)
     move: type[Move] = IdentityMove  # the method of the move feeding it (a table's "fed by")
     work: LocalWork | None = field(default=None, repr=False)
     update: LocalWork | None = field(default=None, repr=False)  # the optimizer, with backward
@@ -109,12 +112,56 @@ class LayerCost:
     # one all-reduce's latency on the slowest communicator those sums use: what the layer's
     # last bucket may cost the step (hpctrain.plan.buckets)
     bucket_latency: float = 0.0
+    # (resident, transient), or a function that gives them when first read
+    memory_of: tuple[dict[str, float], dict[str, float]] | Callable[
+        [], tuple[dict[str, float], dict[str, float]]] = field(
+        default_factory=lambda: ({}, {}), repr=False)
+
+    def memory_found(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(resident, transient), found now if they were not."""
+        if callable(self.memory_of):
+            self.memory_of = self.memory_of()
+        return self.memory_of
+
+    @property
+    def resident(self) -> dict[str, float]:
+        return self.memory_found()[0]
+
+    @resident.setter
+    def resident(self, value: dict[str, float]) -> None:
+        self.memory_of = (value, self.memory_found()[1])
+
+    @property
+    def transient(self) -> dict[str, float]:
+        return self.memory_found()[1]
+
+    @transient.setter
+    def transient(self, value: dict[str, float]) -> None:
+        self.memory_of = (self.memory_found()[0], value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LayerCost):
+            return NotImplemented
+        return self._compared() == other._compared()
+
+    def _compared(self) -> tuple:
+        return (*(getattr(self, f.name) for f in fields(self) if f.name != "memory_of"),
+                self.resident, self.transient)
+
+    def __getstate__(self) -> dict:
+        self.memory_found()  # a function is not pickled: its tables are
+        return self.__dict__
 
     def for_layer(self, layer: str) -> LayerCost:
-        """A copy for ``layer``, priced alike, with memory tables of its own to amend."""
+        """A copy for ``layer``, priced alike, with memory tables of its own to amend (or the
+        function that makes them anew)."""
         twin = object.__new__(LayerCost)  # a shallow copy: copy.copy takes three times longer
         twin.__dict__.update(self.__dict__)
-        twin.layer, twin.resident, twin.transient = layer, dict(self.resident), dict(self.transient)
+        twin.layer = layer
+        if callable(self.memory_of):  # found once, here, when the first twin asks
+            twin.memory_of = lambda: tuple(dict(table) for table in self.memory_found())
+        else:
+            twin.memory_of = (dict(self.resident), dict(self.transient))
         return twin
 
     @property
@@ -434,11 +481,20 @@ class CostModel(Segments):
                 cost.work = None
         elif params:
             cost.update = LocalWork(UPDATE, (params,))
-        cost.resident, cost.transient = self._memory(index, layouts, cost.work, params,
-                                                     cost.move.moves_data)
-        if cost.move.moves_data:
-            _, moving = self.move_memory(fed, layouts.input, index)
-            cost.transient = larger(cost.transient, moving)
+        work, fresh = cost.work, cost.move.moves_data
+        model = weakref.ref(self)  # the model itself: a cycle through its own prices
+
+        def memory() -> tuple[dict[str, float], dict[str, float]]:
+            found = model()
+            if found is None:
+                raise RuntimeError(f"the memory of layer {spec.name} was asked for after its "
+                                   f"cost model was freed")
+            resident, transient = found._memory(index, layouts, work, params, fresh)
+            if fresh:
+                transient = larger(transient, found.move_memory(fed, layouts.input, index)[1])
+            return resident, transient
+
+        cost.memory_of = memory
         return cost
 
     def _segment_untimed(self, segment: int, choice: LayerPlan) -> SegmentCost:
