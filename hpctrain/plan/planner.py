@@ -63,7 +63,7 @@ from hpctrain.plan.elimination import (
 from hpctrain.plan.grouped import GroupedSpace
 from hpctrain.plan.placement import LayerLayouts, input_layout, plan_layouts, schedule
 from hpctrain.plan.plans import LayerPlan, ranks_text
-from hpctrain.plan.pricing import CostModel, LayerCost, time_with_free
+from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost, time_with_free
 from hpctrain.plan.side_by_side import critical_path
 
 
@@ -873,17 +873,16 @@ def _fastest_chain(model: CostModel, candidates: list[list[LayerPlan]], free: fl
     already exceeds ``upper`` is never priced, and drops out as its labels do."""
     times: np.ndarray = np.empty(0)  # each choice's time before, inf: no label
     backs: list[np.ndarray] = []  # each choice's row in the segment before
+    costs: list[SegmentCost] = []
     for segment, found in enumerate(candidates):
-        costs = [model.segment_cost(segment, choice) for choice in found]
+        before_costs, costs = costs, [model.segment_cost(segment, choice) for choice in found]
         own = np.array([cost.time_with_free(free) for cost in costs])
         if segment == 0:  # everything up to its head is in it, fed where it reads
             data = np.array([model.input_cost(model.input_layout(c)).total for c in found])
             reached = own + data
             fastest = np.where(reached + later_time[0] <= upper, reached, math.inf)
         else:
-            before = [model.segment_cost(segment - 1, c).out_layout
-                      for c in candidates[segment - 1]]
-            src_of, srcs = _distinct_layouts(before)
+            src_of, srcs = _distinct_layouts([cost.out_layout for cost in before_costs])
             dst_of, dsts = _distinct_layouts([cost.in_layout for cost in costs])
             rows, cols = np.asarray(src_of), np.asarray(dst_of)
             # the pairs the labels would price: a finite row fast enough for the column
@@ -955,7 +954,8 @@ def _price_into(moves: np.ndarray, rows: np.ndarray, cols: np.ndarray, pairs: np
     wanted[(rows[:, None] * width + cols[None, :])[pairs]] = True
     keys = np.flatnonzero(wanted & np.isnan(moves.ravel()))
     if len(keys):
-        moves.flat[keys] = price([(int(key) // width, int(key) % width) for key in keys])[:, 0]
+        rows_at, cols_at = np.divmod(keys, width)
+        moves.flat[keys] = price(list(zip(rows_at.tolist(), cols_at.tolist())))[:, 0]
 
 
 def _least_after(model: CostModel, candidates: list[list[LayerPlan]], free: float,
