@@ -150,3 +150,35 @@ def test_the_undominated_labels_are_those_of_the_definition(seed):
     moment = rng.integers(0, int(rng.integers(1, 12)), n).astype(float)
     np.testing.assert_array_equal(_undominated(group, time, memory, moment),
                                   undominated_by_pairs(group, time, memory, moment))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_sum_made_in_one_array_is_the_sum_from_zero_and_leaves_the_tables(seed):
+    """Each step's sum of the tables that mention its variable, added into one array made
+    once (in place where the shapes allow) and its least read at the argmin, against the
+    plain sum from a zero array and a second reduction, to the bit; no table is written."""
+    from hpctrain.plan.elimination import _aligned, _at, _summed
+
+    rng = np.random.default_rng(seed)
+    sizes = [int(rng.integers(1, 5)) for _ in range(4)]
+    tables = []
+    for _ in range(int(rng.integers(1, 6))):
+        variables = tuple(rng.permutation(4)[:int(rng.integers(0, 4))].tolist())
+        shape = [sizes[v] for v in variables]
+        values = rng.random(shape) * 10.0 ** int(rng.integers(-6, 3))
+        if rng.random() < 0.3:  # whole numbers make ties; an integer table joins a float sum
+            values = np.floor(values * 4).astype(np.int64 if rng.random() < 0.5 else float)
+        tables.append(Table(variables, values))
+    scope = tuple(rng.permutation(4).tolist())
+    copies = [np.array(t.values, copy=True) for t in tables]
+    shape = [sizes[v] for v in scope]
+    plain = np.zeros(shape)
+    for table in tables:
+        plain = plain + _aligned(table, scope)
+    found = _summed(tables, scope, shape)
+    assert found.shape == plain.shape and found.tobytes() == plain.tobytes()
+    argmin = np.argmin(found, axis=-1)
+    assert np.array_equal(argmin, np.argmin(plain, axis=-1))
+    assert _at(found, argmin).tobytes() == np.min(plain, axis=-1).tobytes()
+    for table, before in zip(tables, copies, strict=True):
+        assert np.array_equal(table.values, before)

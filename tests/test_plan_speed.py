@@ -497,3 +497,53 @@ def test_the_moves_of_a_join_priced_at_once_are_those_priced_one_by_one(name, pr
                     type(fresh), fresh.src, fresh.dst, f, b)
                 moves += 1
     assert moves > 1000
+
+
+@pytest.mark.parametrize("name, procs", [("minibranch", 8), ("resdigits", 4)])
+def test_a_layers_memory_found_when_first_read_is_what_pricing_it_at_once_gives(name, procs):
+    """A layer's memory is found when first read: a plan's memory, layer by layer, with and
+    without a cap (which reads every candidate's), is what a model that reads each layer's as
+    soon as it prices it finds; a plan keeps its memory once its model is gone; copies of one
+    price have tables of their own; a cost pickles."""
+    import gc
+    import pickle
+    import weakref
+
+    from hpctrain.plan.spaces import plan_over
+
+    def tables(planned):
+        return [(c.layer, c.resident, c.transient)
+                for c in (*planned.layers, planned.loss, planned.data)]
+
+    eager = model_of(name, 32, procs)
+    price = eager._price_layer
+
+    def priced_with_memory(*args):
+        cost = price(*args)
+        cost.memory_found()
+        return cost
+
+    eager._price_layer = priced_with_memory
+    expected = [tables(plan_over(eager, cap)) for cap in (None, 4 * 2**30)]
+    planned, gone = [], []
+    for cap in (None, 4 * 2**30):  # a model each: a cap's search reads every price
+        lazy = model_of(name, 32, procs)
+        assert all(callable(c.memory_of)  # nothing read yet
+                   for c in lazy.segment_cost(1, lazy.choices(1)[0]).layers)
+        planned.append(plan_over(lazy, cap))
+        gone.append(weakref.ref(lazy))
+        del lazy
+    gc.collect()
+    assert all(ref() is None for ref in gone)
+    assert [tables(p) for p in planned] == expected  # read after the models are gone
+
+    fresh = model_of(name, 32, procs)
+    k, choice = fresh.heads[1], fresh.choices(1)[-1]
+    where = fresh.runnable_layouts(1, choice)[0]
+    one, two = (fresh.layer_cost(k, choice.mode, where, None) for _ in range(2))
+    assert callable(one.memory_of) and callable(two.memory_of)
+    one.resident["extra"] = 1.0
+    assert "extra" not in two.resident and "extra" not in fresh.layer_cost(
+        k, choice.mode, where, None).resident
+    again = pickle.loads(pickle.dumps(fresh.layer_cost(k, choice.mode, where, None)))
+    assert again.resident == two.resident and again.transient == two.transient
