@@ -270,7 +270,6 @@ class RegionPrices:
                 for i, s in enumerate(found.segments)}
         return forward, backward, seconds, plan
 
-
     def moves(self, outside: Callable[[int], Layout], join_inputs: dict[int, Layout]
               ) -> Iterator[tuple[Layout, Layout]]:
         """The pair of layouts of every move :func:`region_cost` prices for the region under
@@ -547,7 +546,7 @@ class GroupedSpace:
         the join on (``after``), on the fork's layout; None when they cannot run, or sum over
         a communicator no faster than ``below``."""
         model, net = self.model, self.model.net
-        join = after[0] if after else None
+        join = after[0] if after else None  # the join leads them
         laid: dict[int, LayerLayouts] = {}
         costs = []
         try:
