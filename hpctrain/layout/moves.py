@@ -989,7 +989,7 @@ def _busiest_receiver_of_aligned_bits(src: Layout, dst: Layout, cut_keys: tuple 
     # each factor, membership first and then the axes in order: the bits of u it reads, and
     # what _aligned_group_values needs of it
     factors: list[tuple[set[int], tuple]] = []
-    if gs < gd and dst.first <= src.first < dst.first + dst.size:
+    if around:
         above = tuple(range(gd - 1, gs - 1, -1))  # u's bits above the source's size
         factors.append((set(above), ("member", above, (src.first - dst.first) >> gs)))
     else:  # the target's ranks are all in the source's group, or none is

@@ -43,7 +43,7 @@ from hpctrain.plan.buckets import slowest_latency
 from hpctrain.plan.elimination import Table, minimise
 from hpctrain.plan.placement import LayerLayouts
 from hpctrain.plan.plans import LayerPlan
-from hpctrain.plan.pricing import CostModel, LayerCost
+from hpctrain.plan.pricing import CostModel, LayerCost, time_with_free
 
 
 def blocks(procs: int, count: int) -> list[tuple[int, int]]:
@@ -255,8 +255,8 @@ class RegionPrices:
             return None
         model = self.model
         tables = list(found.tables)
+        # priced with the region's other moves (GroupedSpace._add)
         pairs = _moves_in_and_out(found, outside, join_inputs)
-        model.price_moves(pair for _, row in pairs for pair in row)
         moved = [(i, [sum(model.move_cost(*pair)[1:]) for pair in row]) for i, row in pairs]
         tables += [Table((i,), np.array(prices)) for i, prices in moved]
         _, chosen = minimise([len(c) for c in found.choices], tables)
@@ -583,7 +583,7 @@ class GroupedSpace:
         if found is None:
             return None
         seconds, plan = found
-        return laid, seconds + sum(c.total - free * c.grad_sum for c in costs), plan
+        return laid, seconds + time_with_free(costs, free), plan
 
     def plan_of(self, chosen: list[int]) -> list[LayerPlan]:
         """The per-layer plan of one value per segment."""

@@ -307,7 +307,7 @@ class CostModel(Segments):
         general moves whose busiest receiver has a closed form priced together, as arrays, a
         shape at a time (:func:`~hpctrain.layout.moves.general_seconds_in_closed_form`: the
         same floats), the others one by one. A search asks for thousands of moves of a segment
-        at a time, and a branch on a group for its moves in and out under every choice."""
+        at a time, and a region on groups for the moves of all its branches."""
         fresh: dict[tuple[Layout, Layout], Move] = {}
         for pair in pairs:
             if pair not in self._moves and pair not in fresh:
@@ -543,10 +543,8 @@ class CostModel(Segments):
     def prefetch(self, choices: list[list[LayerPlan]]) -> None:
         """Cost every candidate, timing all their kernels in one batch (one synchronised pass
         over the ranks instead of one per segment)."""
-        known = self._segments  # looked up here: a search prefetches every round
         costs = [cost for k, found in enumerate(choices) for c in found
-                 if not (cost := known.get((k, c)) or self.segment_cost(k, c, timed=False)
-                         ).timed]
+                 if not (cost := self.segment_cost(k, c, timed=False)).timed]
         works = [w for cost in costs for w in works_of(cost.layers)]
         works += [LocalWork(INPUT, largest_block(self.input_layout(c))) for c in choices[0]]
         times = self.compute.times(_distinct(works))
