@@ -414,8 +414,9 @@ def test_general_moves_in_closed_form_price_as_one_by_one(p, machine, itemsize):
     """Many general moves priced at once (:func:`general_seconds_in_closed_form`) give each the
     float :meth:`GeneralMove.seconds` gives it alone, to the bit: between random layouts on
     meshes and 1.5D grids, on the world and on groups (on the same ranks, nested or apart), cut
-    by explicit ranges or not, on P powers of two and not; a pair it leaves to one by one (NaN)
-    is one outside its closed form."""
+    by explicit ranges or not, evenly or not, on P powers of two and not; a pair it leaves to
+    one by one (NaN) is one outside its closed form, or one between groups whose receivers'
+    index of an unevenly cut block is partly fixed by where the groups lie."""
     from hpctrain.layout.moves import (
         GeneralMove,
         _axis_bits,
@@ -427,7 +428,7 @@ def test_general_moves_in_closed_form_price_as_one_by_one(p, machine, itemsize):
 
     profile = load_machine(machine)
     rng = random.Random(p)
-    closed = 0
+    closed = uneven = 0
     kinds = collections.Counter()  # (same ranks, target's group starts in source's, and back)
     for _ in range(12):
         shape = (p * rng.choice([1, 2]), rng.choice([4, 6, 8, 12]), rng.choice([5, 8, 16]),
@@ -456,20 +457,30 @@ def test_general_moves_in_closed_form_price_as_one_by_one(p, machine, itemsize):
             src, dst = srcs[i], dsts[j]
             cut = [a for a in range(len(src.shape)) if src.parts[a] > 1 or dst.parts[a] > 1]
             same = src.first == dst.first and src.size == dst.size
-            fits = ((not (src.is_grid and dst.is_grid) if same
-                     else src.first % src.size == 0 and dst.first % dst.size == 0)
-                    and _axis_bits(src) is not None and _axis_bits(dst) is not None
-                    and all(src.explicit_ranges[a] is None and dst.explicit_ranges[a] is None
-                            and src.shape[a] % src.parts[a] == 0
-                            and src.shape[a] % dst.parts[a] == 0 for a in cut))
-            assert np.isnan(seconds) != fits, (src, dst)
-            if fits:
-                closed += 1
-                kinds[same, src.first <= dst.first < src.first + src.size,
-                      dst.first <= src.first < dst.first + dst.size] += 1
-                alone = GeneralMove(src, dst).seconds(profile, itemsize)
-                assert alone == (seconds, seconds), (src, dst, alone, seconds)
+            placed = same or src.first % src.size == 0 and dst.first % dst.size == 0
+            powers = _axis_bits(src) is not None and _axis_bits(dst) is not None
+            plain = all(src.explicit_ranges[a] is None and dst.explicit_ranges[a] is None
+                        for a in cut)
+            cuts = [(src.shape[a], src.parts[a], dst.parts[a]) for a in cut]
+            even = plain and all(n % s == 0 and n % d == 0 for n, s, d in cuts)
+            filled = plain and all(s <= n and d <= n for n, s, d in cuts) and sum(
+                n % s != 0 or n % d != 0 for n, s, d in cuts) <= 2
+            grids = src.is_grid and dst.is_grid
+            if not (placed and powers and (same and grids or filled)):
+                assert np.isnan(seconds), (src, dst)  # outside the closed form
+                continue
+            # evenly cut, or on the same ranks: every receiver's bits free
+            assert not np.isnan(seconds) or not (even or same), (src, dst)
+            if np.isnan(seconds):
+                continue  # a varying block's index partly fixed by where the groups lie
+            closed += 1
+            uneven += not even
+            kinds[same, src.first <= dst.first < src.first + src.size,
+                  dst.first <= src.first < dst.first + dst.size] += 1
+            alone = GeneralMove(src, dst).seconds(profile, itemsize)
+            assert alone == (seconds, seconds), (src, dst, alone, seconds)
     assert closed > 30 if p & (p - 1) == 0 else closed == 0, closed  # 12: none
+    assert uneven > 10 if p & (p - 1) == 0 else uneven == 0, uneven
     assert len(kinds) == (5 if p & (p - 1) == 0 else 0), kinds  # nested either way, or apart
 
 

@@ -726,12 +726,14 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
                                    itemsize: int) -> np.ndarray:
     """:meth:`GeneralMove.seconds` (each direction's) of the general moves ``srcs[si[m]]`` →
     ``dsts[di[m]]``, every pair m at once, where the busiest receiver (and, between groups, the
-    busiest sender) has a closed form with nothing enumerated: every digit a power of two,
-    every axis either layout cuts cut evenly by both, and either both layouts on the same
-    ranks and not both 1.5D grids (``_busiest_receiver_of_bits``), or each on a group that
-    starts at a multiple of its size (``_busiest_receiver_of_aligned_bits``, both ways, as
-    ``_between_groups_time`` asks). NaN for any other pair (priced one by one). Every
-    layout has the same shape.
+    busiest sender) has a closed form with nothing enumerated: every digit a power of two;
+    each layout cutting every axis into no more blocks than it has entries, at most two axes
+    unevenly (the block rule's); and either both layouts on the same ranks
+    (``_busiest_receiver_of_bits``), or each on a group that starts at a multiple of its size
+    (``_busiest_receiver_of_aligned_bits``, both ways, as ``_between_groups_time`` asks). A
+    pair of 1.5D grids on the same ranks takes the grids' own rule (:func:`_busiest_receiver`,
+    found once per pair of grids), as alone, whatever its cuts. NaN for any other pair (priced
+    one by one). Every layout has the same shape.
 
     The same operations in the same order as one by one, so the same floats: along the axes
     in order, the share kept multiplies by min(1, d/s) and the blocks met by max(1, s/d), and
@@ -741,7 +743,16 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     the target's bits under a fixed prefix, and a bit of the prefix never faces its own, so
     the same test holds. Anywhere else some receiver keeps nothing. The sender is the
     receiver of the move back. Most distinct moves of a plan at thousands of ranks are such,
-    and the Python around each closed form was most of their price."""
+    and the Python around each closed form was most of their price.
+
+    Cuts by the block rule into 2^a and 2^b blocks nest, evenly or not: a target block lies
+    in one source block (a ≤ b), keeping a share of 1 where the indices agree, or holds 2^(a-b)
+    of them, whose sizes may differ. That axis's share varies with the receiver's source
+    block: the least is the smallest ratio of a source block the receivers hold to the
+    target block around it (:func:`_least_shares`). Every other factor is a power of two or
+    1, and with at most two such shares the least product is theirs times the others, in any
+    order. Where some of the receivers' bits of that block's index are fixed by the prefix
+    and some not, the pair is priced one by one (NaN)."""
     found = np.full(len(si), np.nan)
     if not len(si):
         return found
@@ -751,16 +762,19 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
         raise ValueError("moves of one shape at a time")
     sp, dp = src.parts[si], dst.parts[di]
     cut = (sp > 1) | (dp > 1)
-    even = ~src.explicit[si] & ~dst.explicit[di] & (n % sp == 0) & (n % dp == 0)
+    plain = ~src.explicit[si] & ~dst.explicit[di]
+    even = plain & (n % sp == 0) & (n % dp == 0)
+    filled = plain & (sp <= n) & (dp <= n)  # no block empty: uneven cuts nest as even ones
     same = (src.first[si] == dst.first[di]) & (src.size[si] == dst.size[di])
     aligned = (src.first[si] % src.size[si] == 0) & (dst.first[di] % dst.size[di] == 0)
-    closed = np.flatnonzero(
-        src.powers[si] & dst.powers[di] & np.all(~cut | even, axis=1)
-        & np.where(same, ~(src.grid[si] & dst.grid[di]), aligned))
+    grids = src.grid[si] & dst.grid[di]
+    closed = np.flatnonzero(src.powers[si] & dst.powers[di] & np.where(
+        same, grids | np.all(~cut | filled, axis=1) & ((cut & ~even).sum(axis=1) <= 2),
+        aligned & np.all(~cut | filled, axis=1) & ((cut & ~even).sum(axis=1) <= 2)))
     if not len(closed):
         return found
     si, di, sp, dp, cut = si[closed], di[closed], sp[closed], dp[closed], cut[closed]
-    same = same[closed]
+    same, even = same[closed], even[closed]
     # an axis's bits, most significant first, fall in value: the first k of them are its k
     # highest. The coarser cut's bits lead the finer one's iff the finer one's bits at or
     # above the coarser one's lowest are exactly the coarser one's.
@@ -771,20 +785,29 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     led = (np.minimum(src.count[si], dst.count[di]) == 0) | (
         (fine & ~((np.int64(1) << lowest) - 1)) == coarse)
     differ = (cut & ~led).any(axis=1)
-    kept, met = _kept_and_met(cut, sp, dp)
+    fs, ns, fd, nd = src.first[si], src.size[si], dst.first[di], dst.size[di]
+    # the receivers, the target's group, in the source's numbering: from (fd - fs) mod ns on
+    ruled = same & grids[closed]  # the grids' own rule prices these
+    varies = cut & ~even & (dp < sp) & ~ruled[:, None]  # a share that follows the source block
+    kept, met = _kept_and_met(cut, sp, dp, varies, _least_shares(
+        n, sp, dp, src.mask[si], _bits_of(nd), (fd - fs) % ns, varies))
     share, messages = np.where(differ, 1.0, 1.0 - kept), np.where(differ, met, met - 1)
+    for m in np.flatnonzero(ruled).tolist():  # the grids' own rule, as one by one
+        a, b = srcs[si[m]], dsts[di[m]]
+        share[m], messages[m] = _busiest_receiver((a.grid, a.split_axis), (b.grid, b.split_axis))
     moved = share * (dst.block[di] * itemsize)  # the larger target block's bytes, as received
     ranks, peers = src.size[si], np.maximum(src.pr[si], dst.pr[di])
     apart = np.flatnonzero(~same)
     if len(apart):  # between groups: the busier of the busiest receiver and sender
-        fs, ns = src.first[si[apart]], src.size[si[apart]]
-        fd, nd = dst.first[di[apart]], dst.size[di[apart]]
+        fs, ns, fd, nd = fs[apart], ns[apart], fd[apart], nd[apart]
         inside = (fd >= fs) & (fd + nd <= fs + ns)  # the target's group in the source's
         around = (fs >= fd) & (fs + ns <= fd + nd)  # the source's group in the target's
         # the move back: where the source's group lies inside the target's, its receivers keep
         # their share where the bits agree, as on the same ranks; elsewhere one keeps nothing
         keeps_back = around & ~differ[apart]
-        kept_back, met_back = _kept_and_met(cut[apart], dp[apart], sp[apart])
+        back = cut[apart] & ~even[apart] & (sp[apart] < dp[apart])
+        kept_back, met_back = _kept_and_met(cut[apart], dp[apart], sp[apart], back, _least_shares(
+            n, dp[apart], sp[apart], dst.mask[di[apart]], _bits_of(ns), (fs - fd) % nd, back))
         received = np.where(inside, share[apart], 1.0) * (dst.block[di[apart]] * itemsize)
         copies = -(-dst.replicas[di[apart]] // src.replicas[si[apart]])
         sent = np.where(keeps_back, 1.0 - kept_back, 1.0) * (src.block[si[apart]] * itemsize)
@@ -802,18 +825,86 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     return found
 
 
-def _kept_and_met(cut: np.ndarray, sp: np.ndarray, dp: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def _kept_and_met(cut: np.ndarray, sp: np.ndarray, dp: np.ndarray, varies: np.ndarray,
+                  least: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Of each move of :func:`general_seconds_in_closed_form`, from the blocks ``sp`` and
     ``dp`` of each axis and which axes are ``cut``: the share of its block a receiver keeps
-    where its indices agree with its source's, and the source blocks every receiver meets."""
+    where its indices agree with its source's, and the source blocks every receiver meets.
+    Along an axis that ``varies`` the share is ``least`` there (:func:`_least_shares`)."""
     kept = np.ones(len(sp))
     met = np.ones(len(sp), dtype=np.int64)
     for axis in range(sp.shape[1]):
         on = cut[:, axis]
-        kept = np.where(on, kept * np.minimum(1.0, dp[:, axis] / sp[:, axis]), kept)
+        share = np.where(varies[:, axis], least[:, axis],
+                         np.minimum(1.0, dp[:, axis] / sp[:, axis]))
+        kept = np.where(on, kept * share, kept)
         met = np.where(on, met * np.maximum(1, sp[:, axis] // dp[:, axis]), met)
     return kept, met
+
+
+def _bits_of(size: np.ndarray) -> np.ndarray:
+    """log2 of each of ``size``, powers of two."""
+    return np.frexp(size.astype(float))[1].astype(np.int64) - 1
+
+
+def _least_shares(n: np.ndarray, parts: np.ndarray, coarser: np.ndarray, mask: np.ndarray,
+                  width: np.ndarray, offset: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Per move and axis (where ``wanted``): the least share of its target block a receiver
+    keeps where the source cuts the axis (``n`` entries) into ``parts`` blocks and the target
+    into ``coarser`` < ``parts``, by the block rule, none empty. The cuts nest (block i of the
+    source lies in block i >> log2(parts / coarser) of the target), so a receiver that keeps
+    anything keeps its source block: the least is the smallest ratio of a source block the
+    receivers hold to the target block around it.
+
+    The receivers are a group of 2^``width`` ranks from ``offset`` on in the source's
+    numbering, aligned: the source's bits of the axis (``mask``) below ``width`` take every
+    value among them, and those above are ``offset``'s. Where all are free the receivers hold
+    every block (:func:`_least_nested_share`); where all are fixed, one block, the one
+    ``offset``'s bits name; NaN where some of both (one by one)."""
+    found = np.full(mask.shape, np.nan)
+    if not wanted.any():
+        return found
+    low = (np.int64(1) << width[:, None]) - 1
+    free = wanted & ((mask & low) == mask)
+    fixed = wanted & ((mask & low) == 0)
+    lengths = np.broadcast_to(n, mask.shape)
+    if fixed.any():
+        length, cut, around = lengths[fixed], parts[fixed], coarser[fixed]
+        index = _gathered(np.broadcast_to(offset[:, None], mask.shape)[fixed], mask[fixed])
+        found[fixed] = _nested_shares(length, cut, around, index)
+    found[free] = [_least_nested_share(*key) for key in zip(
+        lengths[free].tolist(), parts[free].tolist(), coarser[free].tolist())]
+    return found
+
+
+def _nested_shares(n: np.ndarray, parts: np.ndarray, coarser: np.ndarray, index: np.ndarray
+                   ) -> np.ndarray:
+    """The ratio of block ``index`` of ``n`` entries cut ``parts`` ways to the block of the
+    ``coarser`` cut around it (the block rule's, nested), as a receiver's share is computed
+    rank by rank."""
+    within = index // (parts // coarser)
+    held = (index + 1) * n // parts - index * n // parts
+    return held / ((within + 1) * n // coarser - within * n // coarser)
+
+
+@lru_cache(maxsize=4096)
+def _least_nested_share(n: int, parts: int, coarser: int) -> float:
+    """The least ratio of a block of ``n`` entries cut ``parts`` ways to the block of the
+    ``coarser`` cut around it (the block rule's, nested), each computed as a receiver's share
+    rank by rank is."""
+    return float(_nested_shares(n, parts, coarser, np.arange(parts, dtype=np.int64)).min())
+
+
+def _gathered(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Each of ``values``' bits under ``mask``, packed in order into the low bits: the index
+    a layout's bits of an axis (most significant first) give a rank number."""
+    found = np.zeros(mask.shape, dtype=np.int64)
+    taken = np.zeros(mask.shape, dtype=np.int64)
+    for bit in range(int(mask.max()).bit_length()):
+        on = (mask >> bit) & 1 == 1
+        found |= np.where(on, ((values >> bit) & 1) << taken, 0)
+        taken += on
+    return found
 
 
 @lru_cache(maxsize=65536)

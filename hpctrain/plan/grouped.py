@@ -235,6 +235,8 @@ class RegionPrices:
                 into.append((owner[k], p, [where[k].inputs[e] for where in laid[owner[k]]]))
             else:
                 a, c = owner[p], owner[k]
+                model.price_moves((x[p].output, y[k].inputs[e]) for x in laid[a]
+                                  for y in laid[c])
                 moves = [[model.move_cost(x[p].output, y[k].inputs[e]) for y in laid[c]]
                          for x in laid[a]]
                 tables.append(Table((a, c), np.array([[f + w for _, f, w in row]
