@@ -190,20 +190,36 @@ def exchange_time(machine: Machine, p: int, messages: int, n: float,
             + far.seconds(messages * (1 - near), n * (1 - near) * share))
 
 
-def exchange_times(machine: Machine, p: int, messages: np.ndarray, n: np.ndarray,
-                   peers: Group | None = None) -> np.ndarray:
-    """:func:`exchange_time` of many general moves on the same ``p`` ranks and ``peers`` at
-    once, from arrays of their ``messages`` and bytes ``n``: the same operations in the same
-    order, so the same floats, element by element."""
-    if p == 1:
-        return np.zeros(len(messages))
-    link, near, far, share = _route(machine, p, peers)
-    if far is None:
-        found = link.seconds_each(messages, n)
-    else:
-        found = (link.seconds_each(messages * near, n * near)
-                 + far.seconds_each(messages * (1 - near), n * (1 - near) * share))
-    return np.where(messages == 0, 0.0, found)
+def exchange_times(machine: Machine, ranks: np.ndarray, peers: np.ndarray,
+                   messages: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """:func:`exchange_time` of many general moves at once, move m on ``ranks[m]`` ranks with
+    its peers in groups of ``peers[m]`` (``Group(peers[m], 1, ranks[m])``), from arrays of
+    their ``messages`` and bytes ``n``: the same operations in the same order, so the same
+    floats, element by element, each move's links and share of near peers looked up once
+    per ranks and peers."""
+    keys, index = np.unique(ranks.astype(np.int64) << 32 | peers, return_inverse=True)
+    index = index.reshape(-1)
+    found = [_route(machine, p, Group(q, 1, p)) if p > 1 else (Fit(0.0, 0.0), 1.0, None, 1.0)
+             for p, q in ((key >> 32, key & 0xFFFFFFFF) for key in keys.tolist())]
+    near = np.array([near for _, near, _, _ in found])[index]
+    far = np.array([link is not None for _, _, link, _ in found])[index]
+    local = _seconds_each([link for link, *_ in found], index, messages * near, n * near)
+    if far.any():
+        fits = [link or Fit(0.0, 0.0) for _, _, link, _ in found]
+        share = np.array([share for *_, share in found])[index]
+        local = np.where(far, local + _seconds_each(fits, index, messages * (1 - near),
+                                                    n * (1 - near) * share), local)
+    return np.where((messages == 0) | (ranks == 1), 0.0, local)
+
+
+def _seconds_each(fits: list[Fit], index: np.ndarray, messages: np.ndarray,
+                  byte_terms: np.ndarray) -> np.ndarray:
+    """:meth:`Fit.seconds` of arrays of terms, element m by its own fit ``fits[index[m]]``:
+    the same operations in the same order, so the same floats."""
+    alpha, beta, knee, far_beta = (np.array([getattr(fit, key) for fit in fits])[index]
+                                   for key in ("alpha", "beta", "knee", "far_beta"))
+    near = np.minimum(byte_terms, knee)
+    return alpha * messages + beta * near + far_beta * (byte_terms - near)
 
 
 def _route(machine: Machine, p: int, peers: Group | None

@@ -62,8 +62,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hpctrain.errors import UserError, one_line, shown, shown_path
 from hpctrain.io.files import replace_atomically
 from hpctrain.io.locations import config_dir, shipped_names
@@ -118,12 +116,6 @@ class Fit:
 
     def seconds(self, messages: float, byte_terms: float) -> float:
         near = min(byte_terms, self.knee)
-        return self.alpha * messages + self.beta * near + self.far_beta * (byte_terms - near)
-
-    def seconds_each(self, messages: np.ndarray, byte_terms: np.ndarray) -> np.ndarray:
-        """:meth:`seconds` of arrays of terms, element by element: the same operations in the
-        same order, so the same floats."""
-        near = np.minimum(byte_terms, self.knee)
         return self.alpha * messages + self.beta * near + self.far_beta * (byte_terms - near)
 
 

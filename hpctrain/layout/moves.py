@@ -731,7 +731,7 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     unevenly (the block rule's); and either both layouts on the same ranks
     (``_busiest_receiver_of_bits``), or each on a group that starts at a multiple of its size
     (``_busiest_receiver_of_aligned_bits``, both ways, as ``_between_groups_time`` asks). A
-    pair of 1.5D grids on the same ranks takes the grids' own rule (:func:`_busiest_receiver`,
+    pair of 1.5D grids on the same ranks takes the grids' own rule (``_busiest_receiver``,
     found once per pair of grids), as alone, whatever its cuts. NaN for any other pair (priced
     one by one). Every layout has the same shape.
 
@@ -749,7 +749,7 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     in one source block (a ≤ b), keeping a share of 1 where the indices agree, or holds 2^(a-b)
     of them, whose sizes may differ. That axis's share varies with the receiver's source
     block: the least is the smallest ratio of a source block the receivers hold to the
-    target block around it (:func:`_least_shares`). Every other factor is a power of two or
+    target block around it (``_least_shares``). Every other factor is a power of two or
     1, and with at most two such shares the least product is theirs times the others, in any
     order. Where some of the receivers' bits of that block's index are fixed by the prefix
     and some not, the pair is priced one by one (NaN)."""
@@ -768,9 +768,9 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     same = (src.first[si] == dst.first[di]) & (src.size[si] == dst.size[di])
     aligned = (src.first[si] % src.size[si] == 0) & (dst.first[di] % dst.size[di] == 0)
     grids = src.grid[si] & dst.grid[di]
-    closed = np.flatnonzero(src.powers[si] & dst.powers[di] & np.where(
-        same, grids | np.all(~cut | filled, axis=1) & ((cut & ~even).sum(axis=1) <= 2),
-        aligned & np.all(~cut | filled, axis=1) & ((cut & ~even).sum(axis=1) <= 2)))
+    cuts_fit = np.all(~cut | filled, axis=1) & ((cut & ~even).sum(axis=1) <= 2)
+    closed = np.flatnonzero(src.powers[si] & dst.powers[di]
+                            & np.where(same, grids | cuts_fit, aligned & cuts_fit))
     if not len(closed):
         return found
     si, di, sp, dp, cut = si[closed], di[closed], sp[closed], dp[closed], cut[closed]
@@ -790,11 +790,15 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     ruled = same & grids[closed]  # the grids' own rule prices these
     varies = cut & ~even & (dp < sp) & ~ruled[:, None]  # a share that follows the source block
     kept, met = _kept_and_met(cut, sp, dp, varies, _least_shares(
-        n, sp, dp, src.mask[si], _bits_of(nd), (fd - fs) % ns, varies))
+        n, sp, dp, src.mask[si], _bits_of(nd), (fd - fs) % ns, varies) if varies.any() else None)
     share, messages = np.where(differ, 1.0, 1.0 - kept), np.where(differ, met, met - 1)
-    for m in np.flatnonzero(ruled).tolist():  # the grids' own rule, as one by one
-        a, b = srcs[si[m]], dsts[di[m]]
-        share[m], messages[m] = _busiest_receiver((a.grid, a.split_axis), (b.grid, b.split_axis))
+    if ruled.any():  # the grids' own rule, as one by one
+        at = np.flatnonzero(ruled)
+        found_by_rule = [_busiest_receiver((srcs[i].grid, srcs[i].split_axis),
+                                           (dsts[j].grid, dsts[j].split_axis))
+                         for i, j in zip(si[at].tolist(), di[at].tolist(), strict=True)]
+        share[at] = [found[0] for found in found_by_rule]
+        messages[at] = [found[1] for found in found_by_rule]
     moved = share * (dst.block[di] * itemsize)  # the larger target block's bytes, as received
     ranks, peers = src.size[si], np.maximum(src.pr[si], dst.pr[di])
     apart = np.flatnonzero(~same)
@@ -807,7 +811,8 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
         keeps_back = around & ~differ[apart]
         back = cut[apart] & ~even[apart] & (sp[apart] < dp[apart])
         kept_back, met_back = _kept_and_met(cut[apart], dp[apart], sp[apart], back, _least_shares(
-            n, dp[apart], sp[apart], dst.mask[di[apart]], _bits_of(ns), (fs - fd) % nd, back))
+            n, dp[apart], sp[apart], dst.mask[di[apart]], _bits_of(ns), (fs - fd) % nd, back)
+            if back.any() else None)
         received = np.where(inside, share[apart], 1.0) * (dst.block[di[apart]] * itemsize)
         copies = -(-dst.replicas[di[apart]] // src.replicas[si[apart]])
         sent = np.where(keeps_back, 1.0 - kept_back, 1.0) * (src.block[si[apart]] * itemsize)
@@ -816,27 +821,24 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
         moved[apart] = np.maximum(received, sent * copies)
         ranks[apart] = src.procs[si[apart]]
         peers[apart] = np.maximum(fs + ns, fd + nd) - np.minimum(fs, fd)
-    seconds = np.empty(len(closed))
-    for p, pr in set(zip(ranks.tolist(), peers.tolist())):
-        alike = (ranks == p) & (peers == pr)
-        seconds[alike] = exchange_times(machine, p, messages[alike], moved[alike],
-                                        Group(pr, 1, p))
-    found[closed] = seconds
+    found[closed] = exchange_times(machine, ranks, peers, messages, moved)
     return found
 
 
 def _kept_and_met(cut: np.ndarray, sp: np.ndarray, dp: np.ndarray, varies: np.ndarray,
-                  least: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                  least: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Of each move of :func:`general_seconds_in_closed_form`, from the blocks ``sp`` and
     ``dp`` of each axis and which axes are ``cut``: the share of its block a receiver keeps
     where its indices agree with its source's, and the source blocks every receiver meets.
-    Along an axis that ``varies`` the share is ``least`` there (:func:`_least_shares`)."""
+    Along an axis that ``varies`` the share is ``least`` there (``_least_shares``; None
+    where none varies)."""
     kept = np.ones(len(sp))
     met = np.ones(len(sp), dtype=np.int64)
     for axis in range(sp.shape[1]):
         on = cut[:, axis]
-        share = np.where(varies[:, axis], least[:, axis],
-                         np.minimum(1.0, dp[:, axis] / sp[:, axis]))
+        share = np.minimum(1.0, dp[:, axis] / sp[:, axis])
+        if least is not None:
+            share = np.where(varies[:, axis], least[:, axis], share)
         kept = np.where(on, kept * share, kept)
         met = np.where(on, met * np.maximum(1, sp[:, axis] // dp[:, axis]), met)
     return kept, met
@@ -859,11 +861,9 @@ def _least_shares(n: np.ndarray, parts: np.ndarray, coarser: np.ndarray, mask: n
     The receivers are a group of 2^``width`` ranks from ``offset`` on in the source's
     numbering, aligned: the source's bits of the axis (``mask``) below ``width`` take every
     value among them, and those above are ``offset``'s. Where all are free the receivers hold
-    every block (:func:`_least_nested_share`); where all are fixed, one block, the one
+    every block (``_least_nested_share``); where all are fixed, one block, the one
     ``offset``'s bits name; NaN where some of both (one by one)."""
     found = np.full(mask.shape, np.nan)
-    if not wanted.any():
-        return found
     low = (np.int64(1) << width[:, None]) - 1
     free = wanted & ((mask & low) == mask)
     fixed = wanted & ((mask & low) == 0)
