@@ -786,9 +786,9 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
         (fine & ~((np.int64(1) << lowest) - 1)) == coarse)
     differ = (cut & ~led).any(axis=1)
     fs, ns, fd, nd = src.first[si], src.size[si], dst.first[di], dst.size[di]
-    # the receivers, the target's group, in the source's numbering: from (fd - fs) mod ns on
     ruled = same & grids[closed]  # the grids' own rule prices these
     varies = cut & ~even & (dp < sp) & ~ruled[:, None]  # a share that follows the source block
+    # the receivers, the target's group, are the source's ranks from (fd - fs) mod ns on
     kept, met = _kept_and_met(cut, sp, dp, varies, _least_shares(
         n, sp, dp, src.mask[si], _bits_of(nd), (fd - fs) % ns, varies) if varies.any() else None)
     share, messages = np.where(differ, 1.0, 1.0 - kept), np.where(differ, met, met - 1)
@@ -869,9 +869,8 @@ def _least_shares(n: np.ndarray, parts: np.ndarray, coarser: np.ndarray, mask: n
     fixed = wanted & ((mask & low) == 0)
     lengths = np.broadcast_to(n, mask.shape)
     if fixed.any():
-        length, cut, around = lengths[fixed], parts[fixed], coarser[fixed]
         index = _gathered(np.broadcast_to(offset[:, None], mask.shape)[fixed], mask[fixed])
-        found[fixed] = _nested_shares(length, cut, around, index)
+        found[fixed] = _nested_shares(lengths[fixed], parts[fixed], coarser[fixed], index)
     found[free] = [_least_nested_share(*key) for key in zip(
         lengths[free].tolist(), parts[free].tolist(), coarser[free].tolist())]
     return found
