@@ -790,7 +790,7 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
     varies = cut & ~even & (dp < sp) & ~ruled[:, None]  # a share that follows the source block
     # the receivers, the target's group, are the source's ranks from (fd - fs) mod ns on
     kept, met = _kept_and_met(cut, sp, dp, varies, _least_shares(
-        n, sp, dp, src.mask[si], _bits_of(nd), (fd - fs) % ns, varies) if varies.any() else None)
+        n, sp, dp, src.mask[si], _bits_of(nd), (fd - fs) % ns, varies))
     share, messages = np.where(differ, 1.0, 1.0 - kept), np.where(differ, met, met - 1)
     if ruled.any():  # the grids' own rule, as one by one
         at = np.flatnonzero(ruled)
@@ -811,8 +811,7 @@ def general_seconds_in_closed_form(srcs: Sequence[Layout], dsts: Sequence[Layout
         keeps_back = around & ~differ[apart]
         back = cut[apart] & ~even[apart] & (sp[apart] < dp[apart])
         kept_back, met_back = _kept_and_met(cut[apart], dp[apart], sp[apart], back, _least_shares(
-            n, dp[apart], sp[apart], dst.mask[di[apart]], _bits_of(ns), (fs - fd) % nd, back)
-            if back.any() else None)
+            n, dp[apart], sp[apart], dst.mask[di[apart]], _bits_of(ns), (fs - fd) % nd, back))
         received = np.where(inside, share[apart], 1.0) * (dst.block[di[apart]] * itemsize)
         copies = -(-dst.replicas[di[apart]] // src.replicas[si[apart]])
         sent = np.where(keeps_back, 1.0 - kept_back, 1.0) * (src.block[si[apart]] * itemsize)
@@ -850,7 +849,8 @@ def _bits_of(size: np.ndarray) -> np.ndarray:
 
 
 def _least_shares(n: np.ndarray, parts: np.ndarray, coarser: np.ndarray, mask: np.ndarray,
-                  width: np.ndarray, offset: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+                  width: np.ndarray, offset: np.ndarray, wanted: np.ndarray
+                  ) -> np.ndarray | None:
     """Per move and axis (where ``wanted``): the least share of its target block a receiver
     keeps where the source cuts the axis (``n`` entries) into ``parts`` blocks and the target
     into ``coarser`` < ``parts``, by the block rule, none empty. The cuts nest (block i of the
@@ -862,7 +862,9 @@ def _least_shares(n: np.ndarray, parts: np.ndarray, coarser: np.ndarray, mask: n
     numbering, aligned: the source's bits of the axis (``mask``) below ``width`` take every
     value among them, and those above are ``offset``'s. Where all are free the receivers hold
     every block (``_least_nested_share``); where all are fixed, one block, the one
-    ``offset``'s bits name; NaN where some of both (one by one)."""
+    ``offset``'s bits name; NaN where some of both (one by one). None where none is wanted."""
+    if not wanted.any():
+        return None
     found = np.full(mask.shape, np.nan)
     low = (np.int64(1) << width[:, None]) - 1
     free = wanted & ((mask & low) == mask)
@@ -881,9 +883,9 @@ def _nested_shares(n: np.ndarray, parts: np.ndarray, coarser: np.ndarray, index:
     """The ratio of block ``index`` of ``n`` entries cut ``parts`` ways to the block of the
     ``coarser`` cut around it (the block rule's, nested), as a receiver's share is computed
     rank by rank."""
-    within = index // (parts // coarser)
-    held = (index + 1) * n // parts - index * n // parts
-    return held / ((within + 1) * n // coarser - within * n // coarser)
+    lo, hi = _axis_bounds(n, parts, None, index)
+    around_lo, around_hi = _axis_bounds(n, coarser, None, index // (parts // coarser))
+    return (hi - lo) / (around_hi - around_lo)
 
 
 @lru_cache(maxsize=4096)
