@@ -136,3 +136,61 @@ def test_the_temporary_of_a_killed_run_is_removed_by_the_next_run_to_that_path(t
     assert sorted(p.name for p in tmp_path.iterdir()) == [".u.h5.mynotes1.tmp", "u.h5"]
     with h5py.File(tmp_path / "u.h5", "r") as h5:
         assert len(h5["train/images"]) == 6
+
+
+def run_script(code: str, *args: str) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter with ``args``: what it prints and its status."""
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+SIGTERM_AS_A_WORKER_IS_FORKED = """
+import os, signal
+import hpctrain.data.folder as folder
+from hpctrain.errors import on_sigterm
+signal.signal(signal.SIGTERM, on_sigterm)  # the command line's handler, which raises
+# as the parent's terminate() reaches a worker started a moment before the run failed
+os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))
+pool = folder._Workers(1)
+worker = pool.processes[0]
+worker.join(20)
+print(worker.exitcode)
+"""
+
+
+def test_a_sigterm_that_reaches_a_worker_as_it_is_forked_ends_it(tmp_path):
+    """The forked worker ran the parent's SIGTERM handler until it installed its own; raised
+    there, the Terminated left the worker running on as a copy of its parent (a test run's
+    decoding worker went on to report the test's result a second time, and the parent's close
+    waited for it for good)."""
+    done = run_script(SIGTERM_AS_A_WORKER_IS_FORKED)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(-signal.SIGTERM)], done.stdout + done.stderr
+    assert done.stderr == ""  # no handler ran in the worker: nothing raised, nothing ignored
+
+
+A_WORKER_THAT_NEVER_EXITS = """
+import signal, sys, time
+import hpctrain.data.folder as folder
+def stuck(pipe, parents):  # deaf to SIGTERM and to the pipe: a worker stuck in a read
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
+folder._work = stuck
+folder.CLOSE_SECONDS = 0.5
+pool = folder._Workers(2)
+time.sleep(0.5)  # the workers are past their set-up
+start = time.monotonic()
+pool.close(finished=sys.argv[1] == "finished")
+print(time.monotonic() - start, *(p.exitcode for p in pool.processes))
+"""
+
+
+def test_closing_the_workers_kills_one_that_does_not_exit():
+    """Closing joined each worker without a limit: one that neither read its pipe nor died of
+    SIGTERM kept the run waiting for good."""
+    for how in ("finished", "failed"):
+        done = run_script(A_WORKER_THAT_NEVER_EXITS, how)
+        assert done.returncode == 0, done.stderr
+        seconds, *codes = done.stdout.split()
+        assert float(seconds) < 5, (how, seconds)
+        assert codes == [str(-signal.SIGKILL)] * 2, (how, codes)

@@ -54,6 +54,7 @@ WRITE_BYTES = 64 << 20  # decoded pixels handed to the file at a time (one image
 DECODE_COPIES = 3  # S x S x 3 images a worker holds while making one (resized, array, (3, S, S))
 SHOWN_BAD = 5  # unreadable files named in the summary
 WAIT_SECONDS = 0.5  # how often a wait for a task looks for a signal or a lost worker
+CLOSE_SECONDS = 10.0  # how long closing waits for the workers before it kills them
 # Pillow modes of pixels wider than 8 bits with no range to scale by: 32-bit floats and
 # integers (TIFF, FITS, ...); uint8 storage would clip them to black or white
 UNSCALED_MODES = {"F": "32-bit floating-point", "I": "32-bit integer"}
@@ -251,9 +252,35 @@ STOPS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and a polite kill, stop a con
 def _ignore_interrupt() -> None:
     """Worker set-up: Ctrl-C reaches the parent, which stops the workers; SIGTERM, which the
     parent sends them then (``_Workers.close``), ends a worker at once (the parent's handler,
-    inherited by the fork, would raise in it instead)."""
+    inherited by the fork, would raise in it instead). Then the signals the parent held
+    across the fork (:func:`_stops_held`) are taken, under these handlers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+
+
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back from this thread while a worker is started; the worker
+    inherits the mask and takes them once its own handlers are in place
+    (:func:`_ignore_interrupt`).
+
+    A forked worker runs the parent's handlers until then, and the command line's SIGTERM
+    handler raises (:func:`~hpctrain.errors.on_sigterm`). A SIGTERM that reached a worker
+    as it was forked (``close`` ends a worker that was started a moment before the run
+    failed) raised in the copy of the parent's code, before ``multiprocessing`` guards the
+    child with an exit: the worker then ran on as a second copy of the caller. Held, the
+    signal waits for the worker's own handlers and ends it; the parent takes any it was sent
+    meanwhile as this ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # no fork where there is no signal mask
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager
@@ -523,7 +550,8 @@ class _Workers:
                 # workers'), so that each pipe reads as closed once the parent is gone
                 process = context.Process(target=_work, args=(theirs, [*self.pipes, ours]),
                                           daemon=True, name=f"hpctrain-decode-{k}")
-                process.start()
+                with _stops_held():
+                    process.start()
                 theirs.close()  # the worker's end is the worker's alone: closed when it dies
                 self.processes.append(process)
                 self.pipes.append(ours)
@@ -578,15 +606,21 @@ class _Workers:
 
     def close(self, finished: bool) -> None:
         """Tell the workers to exit when ``finished``; otherwise end them at once (SIGTERM)
-        rather than wait for the tasks they hold. Then wait for each."""
+        rather than wait for the tasks they hold. Then wait for each, :data:`CLOSE_SECONDS`
+        in all: one still running then (stopped, or stuck in a read) is killed, so that
+        closing never waits for good."""
         for pipe, process in zip(self.pipes, self.processes, strict=True):
             if finished:
                 with contextlib.suppress(OSError):
                     pipe.send(None)
             elif process.exitcode is None:
                 process.terminate()
+        deadline = time.monotonic() + CLOSE_SECONDS
         for pipe, process in zip(self.pipes, self.processes, strict=True):
-            process.join()
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.exitcode is None:
+                process.kill()
+                process.join(CLOSE_SECONDS)
             pipe.close()
 
 
