@@ -35,6 +35,16 @@ def quiet_kernel_timing(monkeypatch):
     monkeypatch.setattr(compute, "cpu_share", lambda seconds=0.0: 1.0)
 
 
+@pytest.fixture(autouse=True)
+def searches_in_this_process(monkeypatch):
+    """Every search runs in the test's own process, with or without pytest-xdist's threads
+    (which already rule the fork out), so that a test reading what its compute model was asked
+    sees it all. The tests of the search beside (tests/test_beside.py) let it fork."""
+    from hpctrain.plan import spaces
+
+    monkeypatch.setattr(spaces, "may_fork", lambda: False)
+
+
 def pytest_unconfigure(config):
     if CONFIG_DIR not in config.stash:
         return

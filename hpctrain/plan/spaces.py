@@ -21,7 +21,9 @@ cold compute cache (a whole-batch convolution of a large image can take seconds 
    otherwise keeps the grids plan, whose note says what ``--space balanced`` would cost.
 
 The plan is the faster of the two searches: the grids search may run a region's branches on
-groups of ranks, which the balanced search does not weigh. Every rank decides alike, since the
+groups of ranks, which the balanced search does not weigh. With compute from FLOPs balanced is
+always searched, and where a fork may run (:func:`~hpctrain.plan.beside.may_fork`) it is
+searched on a second core, beside the grids. Every rank decides alike, since the
 cache and the timings it reads are the same on every rank.
 
 **Choices that survive the noise.** Each kernel is timed once, and a timing is not repeatable:
@@ -37,10 +39,11 @@ so, and which plan the first timing had preferred where they differ.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from hpctrain.cost.compute import MedianCompute
+from hpctrain.plan.beside import Beside, may_fork
 from hpctrain.plan.planner import (
     SPACES,
     PlannedNetwork,
@@ -121,37 +124,70 @@ def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_sourc
     note that says which space and why; the plan of the other space searched, if any, is
     appended to ``others``."""
     others = [] if others is None else others
-    try:
-        grids = plan_network(model, mem_per_rank, cap_source, "grids", groups)
-    except PlannerError:  # no 1.5D plan at all: the splits are the only way to one
-        planned = plan_network(model, mem_per_rank, cap_source, "balanced")
-        planned.space_note = ("--space auto searched balanced: no plan of the 1.5D grids "
-                              "runs here")
-        return planned
-    cost = balanced_timing_seconds(model, mem_per_rank)
-    budget, budget_text = timing_budget(grids.iteration_time, steps)
-    if cost > budget:
-        grids.space_note = (f"--space auto searched the grids only: timing the kernels the "
-                            f"balanced space adds would take about {_seconds(cost)}, over "
-                            f"{budget_text}; give --space balanced to search it anyway")
+    with _balanced_search(model, mem_per_rank, cap_source) as balanced_plan:
+        try:
+            grids = plan_network(model, mem_per_rank, cap_source, "grids", groups)
+        except PlannerError:  # no 1.5D plan at all: the splits are the only way to one
+            planned = balanced_plan()
+            planned.space_note = ("--space auto searched balanced: no plan of the 1.5D grids "
+                                  "runs here")
+            return planned
+        cost = balanced_timing_seconds(model, mem_per_rank)
+        budget, budget_text = timing_budget(grids.iteration_time, steps)
+        if cost > budget:
+            grids.space_note = (f"--space auto searched the grids only: timing the kernels the "
+                                f"balanced space adds would take about {_seconds(cost)}, over "
+                                f"{budget_text}; give --space balanced to search it anyway")
+            return grids
+        try:
+            balanced = balanced_plan()
+        except PlannerError as err:  # too large a space for an exact search here
+            grids.space_note = f"--space auto searched the grids only: {err}"
+            return grids
+        why = ("compute from FLOPs, nothing to time" if cost == 0.0 and not _measured(model)
+               else "the kernels it adds are cached" if cost == 0.0
+               else f"timing the kernels it adds, estimated at {_seconds(cost)}, is within "
+                    f"{budget_text}")
+        if balanced.iteration_time < grids.iteration_time:
+            balanced.space_note = f"--space auto searched balanced ({why})"
+            others.append(grids)
+            return balanced
+        others.append(balanced)
+        grids.space_note = (f"--space auto searched balanced ({why}); no plan of it beats the "
+                            f"1.5D plan")
         return grids
+
+
+@contextmanager
+def _balanced_search(model: CostModel, mem_per_rank: float | None, cap_source: str
+                     ) -> Iterator[Callable[[], PlannedNetwork]]:
+    """The balanced space's plan, as a call. With compute from FLOPs (balanced is then searched
+    whatever the grids give) and where a fork is safe (:func:`~hpctrain.plan.beside.may_fork`),
+    the search starts at once in a child on a second core, and the call takes its plan; the
+    child is ended on leaving if the plan was never asked for."""
+    if _measured(model) or not may_fork():
+        yield lambda: plan_network(model, mem_per_rank, cap_source, "balanced")
+        return
+    beside = Beside(lambda: _sent(plan_network(model, mem_per_rank, cap_source, "balanced")))
     try:
-        balanced = plan_network(model, mem_per_rank, cap_source, "balanced")
-    except PlannerError as err:  # too large a space for an exact search here
-        grids.space_note = f"--space auto searched the grids only: {err}"
-        return grids
-    why = ("compute from FLOPs, nothing to time" if cost == 0.0 and not _measured(model)
-           else "the kernels it adds are cached" if cost == 0.0
-           else f"timing the kernels it adds, estimated at {_seconds(cost)}, is within "
-                f"{budget_text}")
-    if balanced.iteration_time < grids.iteration_time:
-        balanced.space_note = f"--space auto searched balanced ({why})"
-        others.append(grids)
-        return balanced
-    others.append(balanced)
-    grids.space_note = (f"--space auto searched balanced ({why}); no plan of it beats the "
-                        f"1.5D plan")
-    return grids
+        yield lambda: _received(model, beside.result())
+    finally:
+        beside.close()
+
+
+def _sent(planned: PlannedNetwork) -> tuple[list[LayerPlan], bool, float | None]:
+    """What a search run beside hands back of its plan: the plan of every layer, and what
+    its search alone knows (whether it is exact, its lower bound)."""
+    return planned.plans, planned.exact, planned.lower_bound
+
+
+def _received(model: CostModel, sent: tuple[list[LayerPlan], bool, float | None]
+              ) -> PlannedNetwork:
+    """The plan :func:`_sent` handed back, priced here as its search priced it."""
+    plans, exact, lower_bound = sent
+    planned = evaluate_plan(model, plans)
+    planned.exact, planned.lower_bound = exact, lower_bound
+    return planned
 
 
 CLOSE = 0.1

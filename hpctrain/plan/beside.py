@@ -1,0 +1,118 @@
+"""A search run on a second core: a forked child computes it while this process goes on with
+its own, and hands back what it found through a pipe.
+
+``plan --space auto`` searches the 1.5D grids (with groups of ranks) and the balanced space;
+with compute priced from FLOPs neither search waits for the other, and each takes about half
+of a plan's time (:mod:`hpctrain.plan.spaces`). A fork shares the cost model as it stands, so
+the child prices the same moves and layers to the same floats, and what it sends back is the
+plan alone, priced again here.
+
+Only where forking is safe and pays: the platform forks; this process runs one thread (a
+lock another thread held at the fork would stay held in the child), has not loaded MPI (a
+forked MPI process is undefined) or CuPy (nor is a forked CUDA context); and it may run on two
+CPUs or more. A child that is lost
+(killed, out of memory) costs nothing but time: the search then runs here. SIGINT and SIGTERM
+are held while the child is forked and given their default actions in it before it takes them,
+so that no handler of this process (the command line's raises) runs in the copy; the child
+leaves by ``os._exit``, running none of this process's exit handlers and flushing none of its
+buffers."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from hpctrain.device.threads import affinity
+
+T = TypeVar("T")
+
+HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+def may_fork() -> bool:
+    """Whether a search may run in a forked child here (the module's text)."""
+    return (hasattr(os, "fork") and hasattr(signal, "pthread_sigmask")
+            and threading.active_count() == 1
+            and not {"mpi4py.MPI", "cupy"} & sys.modules.keys() and len(affinity()) >= 2)
+
+
+class Beside(Generic[T]):
+    """``search()`` run in a forked child from the moment this is made; :meth:`result` its
+    value, or what it raised raised here, or ``search()`` run here if the child was lost.
+    :meth:`close` ends a child whose result is no longer wanted. What ``search`` returns, and
+    any exception it raises, must pickle."""
+
+    def __init__(self, search: Callable[[], T]) -> None:
+        self.search = search
+        self.pid: int | None = None
+        self.readable: int | None = None
+        readable, writable = os.pipe()
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _child(search, readable, writable)  # never returns
+            self.pid, self.readable = pid, readable
+        except OSError:  # no process to be had (memory, a limit): the search runs here
+            os.close(readable)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            os.close(writable)
+
+    def result(self) -> T:
+        """The child's value (once it has ended), or what it raised, raised here."""
+        if self.readable is None:  # not forked
+            return self.search()
+        chunks = []
+        readable, self.readable = self.readable, None  # the file below closes it
+        with os.fdopen(readable, "rb") as pipe:
+            while chunk := pipe.read(1 << 20):
+                chunks.append(chunk)
+        self._reap()
+        if not chunks:  # lost before it answered: search here instead
+            return self.search()
+        ok, value = pickle.loads(b"".join(chunks))
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        """End the child if it still runs, and release its pipe."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+            self._reap()
+        if self.readable is not None:
+            os.close(self.readable)
+            self.readable = None
+
+    def _reap(self) -> None:
+        if self.pid is not None:
+            os.waitpid(self.pid, 0)
+            self.pid = None
+
+
+def _child(search: Callable[[], object], readable: int, writable: int) -> None:
+    """The forked child: run ``search``, write (ok, value) pickled to ``writable``, and exit
+    without running anything of the parent's."""
+    try:
+        for sig in HELD:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+        os.close(readable)
+        try:
+            outcome = (True, search())
+        except Exception as err:  # noqa: BLE001 -- whatever it raised is raised in the parent
+            outcome = (False, err)
+        try:
+            data = pickle.dumps(outcome)
+        except Exception:  # noqa: BLE001 -- a value that does not pickle: the parent searches
+            data = b""
+        with os.fdopen(writable, "wb") as pipe:
+            pipe.write(data)
+    finally:
+        os._exit(0)

@@ -1,0 +1,106 @@
+"""A search run beside on a second core (hpctrain.plan.beside): its value, or what it raised,
+comes back; a lost child's search runs here; closing ends it; and ``--space auto`` finds the
+same plans, to the byte printed, with the balanced search in a child as without."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpctrain.cli import main
+from hpctrain.plan import spaces
+from hpctrain.plan.beside import Beside
+from hpctrain.plan.planner import PlannerError
+
+
+def test_the_childs_value_comes_back_from_another_process():
+    parent = os.getpid()
+    assert Beside(lambda: (os.getpid(), [1.5, "x"])).result()[1] == [1.5, "x"]
+    assert Beside(os.getpid).result() != parent
+
+
+def test_what_the_child_raised_is_raised_here():
+    def refuse():
+        raise PlannerError("--space balanced: too large")
+
+    with pytest.raises(PlannerError, match="--space balanced: too large"):
+        Beside(refuse).result()
+
+
+def test_a_lost_child_leaves_the_search_to_this_process():
+    parent = os.getpid()
+
+    def search():
+        if os.getpid() != parent:  # as the out-of-memory killer would
+            os.kill(os.getpid(), signal.SIGKILL)
+        return "searched here"
+
+    assert Beside(search).result() == "searched here"
+
+
+def test_closing_ends_a_child_still_searching():
+    beside = Beside(lambda: time.sleep(60))
+    pid, start = beside.pid, time.monotonic()
+    beside.close()
+    assert time.monotonic() - start < 5
+    with pytest.raises(ChildProcessError):  # reaped: no zombie left
+        os.waitpid(pid, os.WNOHANG)
+
+
+SIGTERM_AS_THE_CHILD_IS_FORKED = """
+import os, signal
+from hpctrain.errors import on_sigterm
+from hpctrain.plan.beside import Beside
+signal.signal(signal.SIGTERM, on_sigterm)  # the command line's handler, which raises
+os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))
+beside = Beside(lambda: "the child's")
+_, status = os.waitpid(beside.pid, 0)
+beside.pid = None
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_sigterm_that_reaches_the_child_as_it_is_forked_ends_it():
+    """Run in the child, the parent's handler would raise in a copy of the parent's code."""
+    done = subprocess.run([sys.executable, "-c", SIGTERM_AS_THE_CHILD_IS_FORKED],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(-signal.SIGTERM)], done.stdout + done.stderr
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize("net,procs,batch,machine", [
+    ("inception_v3", 256, 128, "dgx-h100"),  # the grids' plan, regions on groups of ranks
+    ("resnet50", 256, 128, "dgx-h100"),  # balanced's, with its bound (sums that may hide)
+    ("vgg16", 64, 32, "cori-knl"),  # a chain
+    ("smallcnn", 64, 2, "cori-knl"),  # no 1.5D plan: balanced's alone
+])
+def test_auto_plans_alike_with_the_balanced_search_beside(monkeypatch, capsys, net, procs,
+                                                          batch, machine):
+    forked = []
+    monkeypatch.setattr(spaces, "Beside", lambda search: forked.append(Beside(search))
+                        or forked[-1])
+
+    def plan(fork):
+        monkeypatch.setattr(spaces, "may_fork", lambda: fork)
+        assert main(["plan", "--net", net, "--procs", str(procs), "--batch", str(batch),
+                     "--machine", machine]) == 0
+        return capsys.readouterr().out
+
+    alone = plan(False)
+    assert not forked
+    assert plan(True) == alone
+    assert len(forked) == 1 and forked[0].pid is None  # searched in a child, reaped
+
+
+def test_a_fork_refused_leaves_the_search_to_this_process(monkeypatch):
+    def refused():
+        raise BlockingIOError("Resource temporarily unavailable")  # EAGAIN: a process limit
+
+    monkeypatch.setattr(os, "fork", refused)
+    beside = Beside(lambda: os.getpid())
+    assert beside.pid is None and beside.result() == os.getpid()
+    beside.close()
