@@ -7,15 +7,15 @@ of a plan's time (:mod:`hpctrain.plan.spaces`). A fork shares the cost model as 
 the child prices the same moves and layers to the same floats, and what it sends back is the
 plan alone, priced again here.
 
-Only where forking is safe and pays: the platform forks; this process runs one thread (a
-lock another thread held at the fork would stay held in the child), has not loaded MPI (a
-forked MPI process is undefined) or CuPy (nor is a forked CUDA context); and it may run on two
-CPUs or more. A child that is lost
-(killed, out of memory) costs nothing but time: the search then runs here. SIGINT and SIGTERM
-are held while the child is forked and given their default actions in it before it takes them,
-so that no handler of this process (the command line's raises) runs in the copy; the child
-leaves by ``os._exit``, running none of this process's exit handlers and flushing none of its
-buffers."""
+Only where forking is safe and pays: on Linux (macOS's system libraries are not safe to use
+in a forked child, which is why Python spawns there), in a process that runs one thread (a lock
+another thread held at the fork would stay held in the child), has loaded neither MPI (a forked
+MPI process is undefined) nor CuPy (nor is a forked CUDA context), and may run on two CPUs or
+more. A child that is lost (killed, out of memory) costs nothing but time: the search then runs
+here. SIGINT and SIGTERM are held while the child is forked and given their default actions in
+it before it takes them, so that no handler of this process (the command line's raises) runs
+in the copy; the child leaves by ``os._exit``, running none of this process's exit handlers
+and flushing none of its buffers."""
 
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ HELD = (signal.SIGINT, signal.SIGTERM)
 
 def may_fork() -> bool:
     """Whether a search may run in a forked child here (the module's text)."""
-    return (hasattr(os, "fork") and hasattr(signal, "pthread_sigmask")
-            and threading.active_count() == 1
+    return (sys.platform.startswith("linux") and threading.active_count() == 1
             and not {"mpi4py.MPI", "cupy"} & sys.modules.keys() and len(affinity()) >= 2)
 
 
