@@ -72,14 +72,13 @@ def test_a_sigterm_that_reaches_the_child_as_it_is_forked_ends_it():
     assert done.stderr == ""
 
 
-@pytest.mark.parametrize("net,procs,batch,machine", [
-    ("inception_v3", 256, 128, "dgx-h100"),  # the grids' plan, regions on groups of ranks
-    ("resnet50", 256, 128, "dgx-h100"),  # balanced's, with its bound (sums that may hide)
-    ("vgg16", 64, 32, "cori-knl"),  # a chain
-    ("smallcnn", 64, 2, "cori-knl"),  # no 1.5D plan: balanced's alone
+@pytest.mark.parametrize("net,procs,batch,machine,flags", [
+    ("inception_v3", 256, 128, "dgx-h100", []),  # the grids' plan, regions on groups of ranks
+    ("resnet50", 256, 128, "dgx-h100", []),  # balanced's, with its bound (sums that may hide)
+    ("resnet18", 256, 2, "cori-knl", ["--image-size", "16"]),  # no 1.5D plan: balanced's
 ])
 def test_auto_plans_alike_with_the_balanced_search_beside(monkeypatch, capsys, net, procs,
-                                                          batch, machine):
+                                                          batch, machine, flags):
     forked = []
     monkeypatch.setattr(spaces, "Beside", lambda search: forked.append(Beside(search))
                         or forked[-1])
@@ -87,13 +86,26 @@ def test_auto_plans_alike_with_the_balanced_search_beside(monkeypatch, capsys, n
     def plan(fork):
         monkeypatch.setattr(spaces, "may_fork", lambda: fork)
         assert main(["plan", "--net", net, "--procs", str(procs), "--batch", str(batch),
-                     "--machine", machine]) == 0
+                     "--machine", machine, *flags]) == 0
         return capsys.readouterr().out
 
     alone = plan(False)
     assert not forked
     assert plan(True) == alone
     assert len(forked) == 1 and forked[0].pid is None  # searched in a child, reaped
+
+
+@pytest.mark.parametrize("argv", [
+    ["--net", "vgg16", "--procs", "64", "--batch", "32"],  # a chain: no groups to weigh
+    ["--net", "resnet50", "--procs", "64", "--batch", "32", "--branches", "serial"],
+])
+def test_a_grids_search_without_groups_leaves_balanced_here(monkeypatch, capsys, argv):
+    """Without groups the grids take a fraction of balanced's time, and a child would price
+    again what balanced finds priced: no fork pays."""
+    monkeypatch.setattr(spaces, "may_fork", lambda: True)
+    monkeypatch.setattr(spaces, "Beside", lambda search: pytest.fail("forked"))
+    assert main(["plan", *argv, "--machine", "cori-knl"]) == 0
+    assert "--space auto searched balanced" in capsys.readouterr().out
 
 
 def test_a_fork_refused_leaves_the_search_to_this_process(monkeypatch):

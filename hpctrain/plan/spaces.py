@@ -22,8 +22,8 @@ cold compute cache (a whole-batch convolution of a large image can take seconds 
 
 The plan is the faster of the two searches: the grids search may run a region's branches on
 groups of ranks, which the balanced search does not weigh. With compute from FLOPs balanced is
-always searched, and where a fork may run (:func:`~hpctrain.plan.beside.may_fork`) it is
-searched on a second core, beside the grids. Every rank decides alike, since the
+always searched; where the grids search weighs groups too and a fork may run
+(:func:`~hpctrain.plan.beside.may_fork`), on a second core, beside the grids. Every rank decides alike, since the
 cache and the timings it reads are the same on every rank.
 
 **Choices that survive the noise.** Each kernel is timed once, and a timing is not repeatable:
@@ -44,6 +44,7 @@ from contextlib import contextmanager
 
 from hpctrain.cost.compute import MedianCompute
 from hpctrain.plan.beside import Beside, may_fork
+from hpctrain.plan.grouped import grouped_regions
 from hpctrain.plan.planner import (
     SPACES,
     PlannedNetwork,
@@ -124,7 +125,7 @@ def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_sourc
     note that says which space and why; the plan of the other space searched, if any, is
     appended to ``others``."""
     others = [] if others is None else others
-    with _balanced_search(model, mem_per_rank, cap_source) as balanced_plan:
+    with _balanced_search(model, mem_per_rank, cap_source, groups) as balanced_plan:
         try:
             grids = plan_network(model, mem_per_rank, cap_source, "grids", groups)
         except PlannerError:  # no 1.5D plan at all: the splits are the only way to one
@@ -159,13 +160,16 @@ def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_sourc
 
 
 @contextmanager
-def _balanced_search(model: CostModel, mem_per_rank: float | None, cap_source: str
-                     ) -> Iterator[Callable[[], PlannedNetwork]]:
+def _balanced_search(model: CostModel, mem_per_rank: float | None, cap_source: str,
+                     groups: bool) -> Iterator[Callable[[], PlannedNetwork]]:
     """The balanced space's plan, as a call. With compute from FLOPs (balanced is then searched
-    whatever the grids give) and where a fork is safe (:func:`~hpctrain.plan.beside.may_fork`),
-    the search starts at once in a child on a second core, and the call takes its plan; the
-    child is ended on leaving if the plan was never asked for."""
-    if _measured(model) or not may_fork():
+    whatever the grids give), where the grids search weighs regions on groups of ranks (and
+    takes about as long as balanced's: without them it takes a fraction, and a child would
+    price again the grids the balanced search finds priced here) and where a fork is safe
+    (:func:`~hpctrain.plan.beside.may_fork`), the search starts at once in a child on a second
+    core, and the call takes its plan; the child is ended on leaving if the plan was never
+    asked for."""
+    if _measured(model) or not (groups and grouped_regions(model)) or not may_fork():
         yield lambda: plan_network(model, mem_per_rank, cap_source, "balanced")
         return
     beside = Beside(lambda: _sent(plan_network(model, mem_per_rank, cap_source, "balanced")))
