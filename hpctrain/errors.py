@@ -18,9 +18,10 @@ between them.
 
 import argparse
 import contextlib
+import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import PurePath
 from types import FrameType, SimpleNamespace
 from typing import NoReturn, TextIO
@@ -157,6 +158,41 @@ def sigterm_at_safe_points() -> Iterator[None]:
     finally:
         _sigterm.deferring -= 1
     stop_if_terminated()
+
+
+FORK_HELD = (signal.SIGINT, signal.SIGTERM)
+Handler = Callable[[int, FrameType | None], object] | int  # or signal.SIG_DFL, signal.SIG_IGN
+
+
+@contextlib.contextmanager
+def stops_held_for_a_fork() -> Iterator[None]:
+    """SIGINT and SIGTERM held back from this thread while entered, to start a child by fork;
+    the child inherits the mask and takes them once its own handlers are in place
+    (:func:`take_held_stops`), this thread as it leaves.
+
+    A forked child runs this process's handlers until it installs its own, and the command
+    line's SIGTERM handler raises (:func:`on_sigterm`). A stop that reached a child as it was
+    forked (a worker ended a moment after it was started) raised in the child's copy of the
+    caller's code, before ``multiprocessing`` guards the child with an exit: the child then
+    ran on as a second copy of the caller. Held, the stop waits for the child's own handlers.
+    Where there is no signal mask (no fork either) this holds nothing."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORK_HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def take_held_stops(sigint_handler: Handler, sigterm_handler: Handler) -> None:
+    """In a child forked under :func:`stops_held_for_a_fork`: these handlers (or
+    ``signal.SIG_DFL``, ``signal.SIG_IGN``) for SIGINT and SIGTERM, then the stops held."""
+    signal.signal(signal.SIGINT, sigint_handler)
+    signal.signal(signal.SIGTERM, sigterm_handler)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORK_HELD)
 
 
 EXIT_FAILURE = 1  # a crash, or a Failure

@@ -42,7 +42,16 @@ import numpy as np
 from hpctrain.cost.memory import available_bytes
 from hpctrain.data.dataset_format import DatasetError
 from hpctrain.data.dataset_writer import write_batches
-from hpctrain.errors import Failure, Terminated, one_line, shown, shown_path, stop_if_terminated
+from hpctrain.errors import (
+    Failure,
+    Terminated,
+    one_line,
+    shown,
+    shown_path,
+    stop_if_terminated,
+    stops_held_for_a_fork,
+    take_held_stops,
+)
 from hpctrain.io.units import format_bytes
 
 PILLOW_HINT = "pip install hpctrain[images]"
@@ -252,35 +261,9 @@ STOPS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and a polite kill, stop a con
 def _ignore_interrupt() -> None:
     """Worker set-up: Ctrl-C reaches the parent, which stops the workers; SIGTERM, which the
     parent sends them then (``_Workers.close``), ends a worker at once (the parent's handler,
-    inherited by the fork, would raise in it instead). Then the signals the parent held
-    across the fork (:func:`_stops_held`) are taken, under these handlers."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
-
-
-@contextlib.contextmanager
-def _stops_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back from this thread while a worker is started; the worker
-    inherits the mask and takes them once its own handlers are in place
-    (:func:`_ignore_interrupt`).
-
-    A forked worker runs the parent's handlers until then, and the command line's SIGTERM
-    handler raises (:func:`~hpctrain.errors.on_sigterm`). A SIGTERM that reached a worker
-    as it was forked (``close`` ends a worker that was started a moment before the run
-    failed) raised in the copy of the parent's code, before ``multiprocessing`` guards the
-    child with an exit: the worker then ran on as a second copy of the caller. Held, the
-    signal waits for the worker's own handlers and ends it; the parent takes any it was sent
-    meanwhile as this ends."""
-    if not hasattr(signal, "pthread_sigmask"):  # no fork where there is no signal mask
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    inherited by the fork, would raise in it instead); then the stops held across the fork
+    (:func:`~hpctrain.errors.stops_held_for_a_fork`)."""
+    take_held_stops(signal.SIG_IGN, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -550,7 +533,7 @@ class _Workers:
                 # workers'), so that each pipe reads as closed once the parent is gone
                 process = context.Process(target=_work, args=(theirs, [*self.pipes, ours]),
                                           daemon=True, name=f"hpctrain-decode-{k}")
-                with _stops_held():
+                with stops_held_for_a_fork():
                     process.start()
                 theirs.close()  # the worker's end is the worker's alone: closed when it dies
                 self.processes.append(process)

@@ -1,21 +1,21 @@
 """A search run on a second core: a forked child computes it while this process goes on with
 its own, and hands back what it found through a pipe.
 
-``plan --space auto`` searches the 1.5D grids (with groups of ranks) and the balanced space;
-with compute priced from FLOPs neither search waits for the other, and each takes about half
-of a plan's time (:mod:`hpctrain.plan.spaces`). A fork shares the cost model as it stands, so
-the child prices the same moves and layers to the same floats, and what it sends back is the
-plan alone, priced again here.
+``plan --space auto`` searches the 1.5D grids (with groups of ranks) and the balanced space; with
+compute priced from FLOPs neither search waits for the other, and for a branched net each takes
+about half of a plan's time (:mod:`hpctrain.plan.spaces`). A fork shares the cost model as it
+stands, so the child prices the same moves and layers to the same floats, and what it sends back is
+the plan alone, priced again here.
 
-Only where forking is safe and pays: on Linux (macOS's system libraries are not safe to use
-in a forked child, which is why Python spawns there), in a process that runs one thread (a lock
-another thread held at the fork would stay held in the child), has loaded neither MPI (a forked
-MPI process is undefined) nor CuPy (nor is a forked CUDA context), and may run on two CPUs or
-more. A child that is lost (killed, out of memory) costs nothing but time: the search then runs
-here. SIGINT and SIGTERM are held while the child is forked and given their default actions in
-it before it takes them, so that no handler of this process (the command line's raises) runs
-in the copy; the child leaves by ``os._exit``, running none of this process's exit handlers
-and flushing none of its buffers."""
+Only where forking is safe and pays: on Linux (macOS's system libraries are not safe to use in a
+forked child, which is why Python spawns there), in a process that runs one thread (a lock another
+thread held at the fork would stay held in the child), has loaded neither MPI (a forked MPI process
+is undefined) nor CuPy (nor is a forked CUDA context), and may run on two CPUs or more. A child that
+is lost (killed, out of memory) costs nothing but time: the search then runs here. SIGINT and
+SIGTERM are held while the child is forked and given their default actions in it before it takes
+them (:func:`~hpctrain.errors.stops_held_for_a_fork`), so that no handler of this process (the
+command line's raises) runs in the copy; the child leaves by ``os._exit``, running none of this
+process's exit handlers and flushing none of its buffers."""
 
 from __future__ import annotations
 
@@ -28,11 +28,9 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from hpctrain.device.threads import affinity
+from hpctrain.errors import stops_held_for_a_fork, take_held_stops
 
 T = TypeVar("T")
-
-HELD = (signal.SIGINT, signal.SIGTERM)
-
 
 def may_fork() -> bool:
     """Whether a search may run in a forked child here (the module's text)."""
@@ -51,16 +49,15 @@ class Beside(Generic[T]):
         self.pid: int | None = None
         self.readable: int | None = None
         readable, writable = os.pipe()
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
         try:
-            pid = os.fork()
-            if pid == 0:
-                _child(search, readable, writable)  # never returns
+            with stops_held_for_a_fork():
+                pid = os.fork()
+                if pid == 0:
+                    _child(search, readable, writable)  # never returns
             self.pid, self.readable = pid, readable
         except OSError:  # no process to be had (memory, a limit): the search runs here
             os.close(readable)
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             os.close(writable)
 
     def result(self) -> T:
@@ -99,9 +96,7 @@ def _child(search: Callable[[], object], readable: int, writable: int) -> None:
     """The forked child: run ``search``, write (ok, value) pickled to ``writable``, and exit
     without running anything of the parent's."""
     try:
-        for sig in HELD:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+        take_held_stops(signal.SIG_DFL, signal.SIG_DFL)
         os.close(readable)
         try:
             outcome = (True, search())

@@ -23,8 +23,8 @@ cold compute cache (a whole-batch convolution of a large image can take seconds 
 The plan is the faster of the two searches: the grids search may run a region's branches on
 groups of ranks, which the balanced search does not weigh. With compute from FLOPs balanced is
 always searched; where the grids search weighs groups too and a fork may run
-(:func:`~hpctrain.plan.beside.may_fork`), on a second core, beside the grids. Every rank decides alike, since the
-cache and the timings it reads are the same on every rank.
+(:func:`~hpctrain.plan.beside.may_fork`), on a second core, beside the grids. Every rank
+decides alike, since the cache and the timings it reads are the same on every rank.
 
 **Choices that survive the noise.** Each kernel is timed once, and a timing is not repeatable:
 timed twice, the probe nets' kernels differed by a time-weighted mean ``|log|`` of the ratio of
