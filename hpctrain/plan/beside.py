@@ -25,12 +25,10 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
 
 from hpctrain.device.threads import affinity
 from hpctrain.errors import stops_held_for_a_fork, take_held_stops
 
-T = TypeVar("T")
 
 def may_fork() -> bool:
     """Whether a search may run in a forked child here (the module's text)."""
@@ -38,13 +36,13 @@ def may_fork() -> bool:
             and not {"mpi4py.MPI", "cupy"} & sys.modules.keys() and len(affinity()) >= 2)
 
 
-class Beside(Generic[T]):
-    """``search()`` run in a forked child from the moment this is made; :meth:`result` its
+class Beside:
+    """``search()`` run in a forked child from the moment this is made; ``result()`` its
     value, or what it raised raised here, or ``search()`` run here if the child was lost.
-    :meth:`close` ends a child whose result is no longer wanted. What ``search`` returns, and
+    ``close()`` ends a child whose result is no longer wanted. What ``search`` returns, and
     any exception it raises, must pickle."""
 
-    def __init__(self, search: Callable[[], T]) -> None:
+    def __init__(self, search: Callable[[], object]) -> None:
         self.search = search
         self.pid: int | None = None
         self.readable: int | None = None
@@ -60,7 +58,7 @@ class Beside(Generic[T]):
         finally:
             os.close(writable)
 
-    def result(self) -> T:
+    def result(self) -> object:
         """The child's value (once it has ended), or what it raised, raised here."""
         if self.readable is None:  # not forked
             return self.search()
