@@ -160,7 +160,7 @@ def sigterm_at_safe_points() -> Iterator[None]:
     stop_if_terminated()
 
 
-FORK_HELD = (signal.SIGINT, signal.SIGTERM)
+STOPS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C and a polite kill: what stops a command
 Handler = Callable[[int, FrameType | None], object] | int  # or signal.SIG_DFL, signal.SIG_IGN
 
 
@@ -179,7 +179,7 @@ def stops_held_for_a_fork() -> Iterator[None]:
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORK_HELD)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     try:
         yield
     finally:
@@ -192,7 +192,7 @@ def take_held_stops(sigint_handler: Handler, sigterm_handler: Handler) -> None:
     signal.signal(signal.SIGINT, sigint_handler)
     signal.signal(signal.SIGTERM, sigterm_handler)
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORK_HELD)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
 
 EXIT_FAILURE = 1  # a crash, or a Failure

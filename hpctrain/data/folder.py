@@ -43,6 +43,7 @@ from hpctrain.cost.memory import available_bytes
 from hpctrain.data.dataset_format import DatasetError
 from hpctrain.data.dataset_writer import write_batches
 from hpctrain.errors import (
+    STOPS,
     Failure,
     Terminated,
     one_line,
@@ -253,9 +254,6 @@ def decode(path: str, size: int) -> np.ndarray | str:
 
 def _decode_task(paths: Sequence[str], size: int) -> list[np.ndarray | str]:
     return [decode(path, size) for path in paths]
-
-
-STOPS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and a polite kill, stop a conversion alike
 
 
 def _ignore_interrupt() -> None:
