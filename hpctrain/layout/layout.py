@@ -593,9 +593,11 @@ class Layout:
         return f"{pr}x{pc} batch/{pc} " + " ".join(words)
 
 
+@lru_cache(maxsize=65536)
 def _canonical(mesh: tuple[int, ...], axes: tuple[int, ...]
                ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Digits of size 1 dropped, neighbours cutting the same axis (or both replicas) merged."""
+    """Digits of size 1 dropped, neighbours cutting the same axis (or both replicas) merged.
+    Made once per spelling: a split of 2ᵏ ranks is k digits, and a plan lays out thousands."""
     if len(mesh) != len(axes):
         raise ValueError(f"mesh {mesh} and axes {axes} differ in length")
     sizes: list[int] = []

@@ -308,23 +308,27 @@ class CostModel(Segments):
         shape at a time (:func:`~hpctrain.layout.moves.general_seconds_in_closed_form`: the
         same floats), the others one by one. A search asks for thousands of moves of a segment
         at a time, and a region on groups for the moves of all its branches."""
-        fresh: dict[tuple[Layout, Layout], Move] = {}
-        for pair in pairs:
-            if pair not in self._moves and pair not in fresh:
-                fresh[pair] = move_between(*pair)
+        # each pair hashed as few times as may be: hashing a layout runs Python code, and a
+        # search prices tens of thousands of moves
+        known = self._moves
         by_shape: dict[tuple[int, ...], list[tuple[tuple[Layout, Layout], Move]]] = {}
         alone = []  # priced one by one
-        for pair, move in fresh.items():
+        for pair in dict.fromkeys(pairs):
+            if pair in known:
+                continue
+            move = move_between(*pair)
             if isinstance(move, GeneralMove):
                 by_shape.setdefault(pair[0].shape, []).append((pair, move))
             else:
                 alone.append((pair, move))
         for general in by_shape.values():
-            rows = {src: i for i, src in enumerate(dict.fromkeys(p[0] for p, _ in general))}
-            cols = {dst: i for i, dst in enumerate(dict.fromkeys(p[1] for p, _ in general))}
+            rows: dict[Layout, int] = {}  # each distinct source and target, in first order
+            cols: dict[Layout, int] = {}
+            si = [rows.setdefault(src, len(rows)) for (src, _), _ in general]
+            di = [cols.setdefault(dst, len(cols)) for (_, dst), _ in general]
             seconds = general_seconds_in_closed_form(
-                list(rows), list(cols), np.array([rows[p[0]] for p, _ in general]),
-                np.array([cols[p[1]] for p, _ in general]), self.machine, self.itemsize)
+                list(rows), list(cols), np.array(si), np.array(di), self.machine,
+                self.itemsize)
             for (pair, move), t in zip(general, seconds.tolist(), strict=True):
                 if t == t:  # not NaN: in closed form, the same both ways
                     self._keep_move(pair, move, t, t)

@@ -15,6 +15,8 @@ planner searches over each segment's candidates (:meth:`Segments.choices`).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from hpctrain.layout.layout import Layout, Split
 from hpctrain.layout.partition import SplitError, factorisations, ordered_factorisations
 from hpctrain.model.kinds import KINDS
@@ -211,14 +213,16 @@ class Segments:
         return found
 
 
-def whole_degrees(procs: int, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+@lru_cache(maxsize=1024)  # the layers of a net's repeated blocks share their shapes
+def whole_degrees(procs: int, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     """Every (degree per axis of ``shape``, replicas) multiplying to ``procs`` that leaves no
     rank without a part of the tensor."""
-    return [degrees for degrees in ordered_factorisations(procs, len(shape) + 1)
-            if all(d <= n for d, n in zip(degrees, shape))]
+    return tuple(degrees for degrees in ordered_factorisations(procs, len(shape) + 1)
+                 if all(d <= n for d, n in zip(degrees, shape)))
 
 
-def balanced_degrees(procs: int, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+@lru_cache(maxsize=1024)
+def balanced_degrees(procs: int, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     """The splits of :func:`whole_degrees` that are *balanced*: every cut divides its axis
     (even blocks), the spatial degrees do not grow along the axes and the largest is at most
     twice the smallest (the block's surface, which the halos cross, near its least for the
@@ -237,7 +241,7 @@ def balanced_degrees(procs: int, shape: tuple[int, ...]) -> list[tuple[int, ...]
             if (list(cut) == sorted(cut, reverse=True) and cut[0] <= 2 * cut[-1]
                     and all(size % d == 0 for d, size in zip(cut, shape[2:]))):
                 found.append((n, c, *cut, 1))
-    return found
+    return tuple(found)
 
 
 def input_splits(procs: int, shape: tuple[int, ...], channels: int, space: str) -> list[Split]:
