@@ -752,13 +752,17 @@ def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: f
     found before (:func:`~hpctrain.plan.buckets.least_with_last_buckets`). ``upper``: the time
     of a plan among the candidates, which no plan worth finding exceeds (it prunes the search
     of a chain)."""
+    latencies: list[list[float]] = []  # each candidate's, read once for all the rounds
+
     def search(below: float, under: float) -> PlannedNetwork | None:
         if below == math.inf:
             return _additive_search(model, candidates, mem_per_rank, cap_source, free, groups,
                                     upper=upper)
-        allowed = [[c for c in found
-                    if model.segment_cost(k, c, timed=False).slowest_latency < below]
-                   for k, found in enumerate(candidates)]
+        if not latencies:
+            latencies.extend([model.segment_cost(k, c, timed=False).slowest_latency
+                              for c in found] for k, found in enumerate(candidates))
+        allowed = [[c for c, latency in zip(found, row, strict=True) if latency < below]
+                   for found, row in zip(candidates, latencies, strict=True)]
         if not all(allowed):
             return None
         try:
