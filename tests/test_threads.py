@@ -1,5 +1,7 @@
 """Threads per rank: the rules, in order, and that the limit reaches the BLAS (serial)."""
 
+import os
+
 import pytest
 
 from hpctrain.device.threads import NodeShare, choose_threads, configure_threads
@@ -48,3 +50,13 @@ def test_the_limit_reaches_every_blas_pool():
         pools = [p for p in threadpool_info() if p["user_api"] == "blas"]
         assert choice.threads == 1 and "1 thread per rank" in choice.describe()
         assert pools and all(p["num_threads"] == 1 for p in pools)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity")
+def test_affinity_is_the_mask_or_every_cpu(monkeypatch):
+    from hpctrain.device import cpus
+
+    assert cpus.affinity() == frozenset(os.sched_getaffinity(0))
+    monkeypatch.delattr(os, "sched_getaffinity")  # as on macOS
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert cpus.affinity() == frozenset({0, 1, 2})

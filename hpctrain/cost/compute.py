@@ -350,7 +350,7 @@ class MeasuredCompute:
         """The least share of what its cores allow that any rank gets now
         (:func:`~hpctrain.cost.conditions.cpu_share`; a rank allowed a whole core on a node of
         as many cores as ranks, else cores / ranks)."""
-        from hpctrain.device.threads import affinity  # only where kernels are timed
+        from hpctrain.device.cpus import affinity  # only where kernels are timed
 
         ranks = self.context.ranks_on_node if self.context is not None else 1
         share = cpu_share(SHARE_SECONDS) / share_allowed(len(affinity()), ranks)

@@ -57,7 +57,7 @@ def cores_allowed(node: Any) -> float:
     """:func:`share_allowed` for the ranks of ``node`` (the ranks on this node), over the
     CPUs any of them may run on. Collective over ``node``; its cost grows with the ranks of one
     node, never with the job."""
-    from hpctrain.device.threads import affinity
+    from hpctrain.device.cpus import affinity
 
     cpus = set().union(*node.allgather(affinity()))
     return share_allowed(len(cpus), node.Get_size())

@@ -294,7 +294,7 @@ def _stop(signum: int) -> KeyboardInterrupt:
 
 def available_cpus() -> int:
     """How many CPUs this process may run on."""
-    from hpctrain.device.threads import affinity
+    from hpctrain.device.cpus import affinity
 
     return len(affinity())
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.device.allocator import keep_freed_memory
+from hpctrain.device.cpus import affinity
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -87,15 +88,6 @@ def choose_threads(requested: int | None, environ: Mapping[str, str],
         return count, f"SLURM_CPUS_PER_TASK={count}"
     return (max(1, share.cpus // share.ranks_on_node),
             f"{share.cpus} CPUs / {share.ranks_on_node} rank(s) on the node")
-
-
-def affinity() -> frozenset[int]:
-    """The CPUs this process may run on (``os.sched_getaffinity``), or all of the machine's
-    where there is no affinity to read."""
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity API (macOS): every CPU
-        return frozenset(range(os.cpu_count() or 1))
 
 
 def node_share(comm: Any = None) -> NodeShare:

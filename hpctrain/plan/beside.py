@@ -26,6 +26,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from hpctrain.device.cpus import affinity
 from hpctrain.errors import stops_held_for_a_fork, take_held_stops
 
 
@@ -33,7 +34,7 @@ def may_fork() -> bool:
     """Whether a search may run in a forked child here (the module's text)."""
     return (sys.platform.startswith("linux") and threading.active_count() == 1
             and not {"mpi4py.MPI", "cupy"} & sys.modules.keys()
-            and len(os.sched_getaffinity(0)) >= 2)
+            and len(affinity()) >= 2)
 
 
 class Beside:
