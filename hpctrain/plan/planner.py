@@ -48,6 +48,7 @@ from hpctrain.cost.memory import larger
 from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import Layout
+from hpctrain.layout.moves import Move
 from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.net import NetSpec
 from hpctrain.plan.baselines import strategy_plan
@@ -791,16 +792,20 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
     with the least each later segment can add, exceeds ``upper`` (a known plan's time), or
     whose memory, with the least each later segment keeps, exceeds the cap, can lead to no plan
     worth finding and is dropped: under a tight cap a wide space would otherwise keep thousands
-    of labels per choice."""
+    of labels per choice. A graph's elimination finds its least sum before it lays out and
+    prices the plan: above ``upper`` there is no plan to evaluate (a round of the last buckets
+    that cannot win, :mod:`~hpctrain.plan.buckets`). Either way :class:`PlannerError` where no
+    plan is left."""
+    upper *= 1 + 1e-9  # sums in another order may differ in the last bits
+    if below == math.inf:  # a later round's candidates are among the first's, timed then
+        model.prefetch(candidates)
     if not model.net.is_chain():
         if groups:
-            grouped = _grouped_plan(model, candidates, free, below)
+            grouped = _grouped_plan(model, candidates, free, below, upper)
             if mem_per_rank is None or grouped.memory <= mem_per_rank:
                 return grouped
-        return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free)
-    model.prefetch(candidates)
+        return _exact_graph_plan(model, candidates, mem_per_rank, cap_source, free, upper)
     later_time, later_memory = _least_after(model, candidates, free, mem_per_rank is not None)
-    upper *= 1 + 1e-9  # sums in another order may differ in the last bits
     if mem_per_rank is None and _heads_fed_from_outside(model, candidates):
         return _fastest_chain(model, candidates, free, later_time, upper)
     fronts: list[dict[LayerPlan, list[_Label]]] = []
@@ -979,11 +984,12 @@ def _least_after(model: CostModel, candidates: list[list[LayerPlan]], free: floa
 
 
 def _exact_graph_plan(model: CostModel, candidates: list[list[LayerPlan]],
-                      cap: float | None = None, cap_source: str = "", free: float = 0.0
-                      ) -> PlannedNetwork:
+                      cap: float | None = None, cap_source: str = "", free: float = 0.0,
+                      upper: float = math.inf) -> PlannedNetwork:
     """The plan of least predicted time of a net with branches (under ``cap`` bytes per rank,
     if given), exactly, by variable elimination (:mod:`hpctrain.plan.elimination`) over one
-    variable per segment.
+    variable per segment; :class:`PlannerError` when even the least sum of the tables exceeds
+    ``upper`` (a known plan's time, slack included: :func:`_beyond`).
 
     The predicted time is a sum of tables: each segment's own cost, and each move between
     segments (into a weighted layer, or into an add's or concat's other inputs) under the
@@ -991,7 +997,6 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[LayerPlan]],
     segments they depend on. These are exactly the terms :func:`evaluate` adds up, and the
     same tables give the memory it counts: bytes kept (summed) and transients (the largest).
     """
-    model.prefetch(candidates)
     tables = _plan_tables(model, candidates, cap is not None, free)
     sizes = [len(found) for found in candidates]
 
@@ -999,7 +1004,7 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[LayerPlan]],
         return evaluate(model, [found[i] for found, i in zip(candidates, chosen, strict=True)])
 
     try:
-        fastest = planned(minimise(sizes, tables)[1])
+        fastest = planned(_beyond(minimise(sizes, tables), upper))
         if cap is None or fastest.memory <= cap:
             return fastest
         try:  # a plan that fits: what any label must beat
@@ -1018,25 +1023,37 @@ def _exact_graph_plan(model: CostModel, candidates: list[list[LayerPlan]],
 
 
 def _grouped_plan(model: CostModel, candidates: list[list[LayerPlan]], free: float,
-                  below: float = math.inf) -> PlannedNetwork:
+                  below: float = math.inf, upper: float = math.inf) -> PlannedNetwork:
     """The plan of least predicted time of a net with branches where regions may run on groups
     of ranks: one exact elimination over every segment's choices on every rank and the values
     :class:`~hpctrain.plan.grouped.GroupedSpace` adds (a region on groups or not, its inside
     planned on the groups, on communicators whose latency is below ``below``). Without a
-    region that qualifies, :func:`_exact_graph_plan`."""
-    model.prefetch(candidates)
+    region that qualifies, :func:`_exact_graph_plan`. :class:`PlannerError` as there, where
+    no plan is worth finding under ``upper``."""
     space = GroupedSpace(model, candidates, free, below)
     if not any(space.extra):
-        return _exact_graph_plan(model, candidates, None, "", free)
+        return _exact_graph_plan(model, candidates, None, "", free, upper)
     tables = _plan_tables(model, candidates, False, free, space)
     try:
-        _, chosen = minimise([space.size(s) for s in range(len(candidates))], tables)
+        chosen = _beyond(minimise([space.size(s) for s in range(len(candidates))], tables),
+                         upper)
     except TooLarge:
-        return _exact_graph_plan(model, candidates, None, "", free)
+        return _exact_graph_plan(model, candidates, None, "", free, upper)
     plan = space.plan_of(chosen)
     if any(entry.ranks is not None for entry in plan):
         return evaluate_placed(model, plan)
     return evaluate(model, [plan[head] for head in model.heads])
+
+
+def _beyond(least: tuple[float, list[int]], upper: float) -> list[int]:
+    """The choices of :func:`~hpctrain.plan.elimination.minimise`'s least sum ``least``, or
+    :class:`PlannerError` where that sum exceeds ``upper``: then no plan among the tables is
+    worth finding, nor worth evaluating. The tables add up :func:`evaluate`'s terms in another
+    order, so the two agree to the last few bits: ``upper`` carries a slack far wider."""
+    total, chosen = least
+    if total > upper:
+        raise PlannerError("no plan of these candidates is faster than the one known")
+    return chosen
 
 
 def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: bool,
@@ -1244,9 +1261,9 @@ class _MoveGrid:
         if len(missing):
             pairs = [(srcs[a], dsts[b])
                      for a, b in zip(si[missing].tolist(), di[missing].tolist(), strict=True)]
-            model.price_moves(pairs)
-            found[missing] = [_move_fields(model, src, dst, index, weighed)
-                              for src, dst in pairs]
+            costs = model.price_moves(pairs)  # distinct: each a cell of the grid
+            found[missing] = [_move_fields(model, src, dst, index, weighed, cost)
+                              for (src, dst), cost in zip(pairs, costs, strict=True)]
             self.fields[rows[missing], cols[missing]] = found[missing]
         return found
 
@@ -1258,11 +1275,12 @@ class _MoveCost:  # not a tuple: tables take arrays of these as objects (segment
     peak: float  # bytes held for a moment
 
 
-def _move_fields(model: CostModel, src: Layout, dst: Layout, index: int, weighed: bool
-                 ) -> tuple[float, float, float]:
-    """What moving ``src`` into ``dst`` for layer ``index`` adds to :func:`evaluate`'s totals,
-    as :class:`_MoveCost`'s fields (its memory only when ``weighed``)."""
-    time = sum(model.move_cost(src, dst)[1:])
+def _move_fields(model: CostModel, src: Layout, dst: Layout, index: int, weighed: bool,
+                 cost: tuple[Move, float, float]) -> tuple[float, float, float]:
+    """What moving ``src`` into ``dst`` for layer ``index`` (at ``cost``, its
+    :meth:`~hpctrain.plan.pricing.CostModel.move_cost`) adds to :func:`evaluate`'s totals, as
+    :class:`_MoveCost`'s fields (its memory only when ``weighed``)."""
+    time = cost[1] + cost[2]
     if not weighed:
         return time, 0.0, 0.0
     resident, transient = model.move_memory(src, dst, index)

@@ -302,40 +302,46 @@ class CostModel(Segments):
             cost = self._keep_move((src, dst), move, *move.seconds(self.machine, self.itemsize))
         return cost
 
-    def price_moves(self, pairs: Iterable[tuple[Layout, Layout]]) -> None:
+    def price_moves(self, pairs: Iterable[tuple[Layout, Layout]]
+                    ) -> list[tuple[Move, float, float]]:
         """:meth:`move_cost` of every move (source, target) in ``pairs`` made at once: the
         general moves whose busiest receiver has a closed form priced together, as arrays, a
         shape at a time (:func:`~hpctrain.layout.moves.general_seconds_in_closed_form`: the
         same floats), the others one by one. A search asks for thousands of moves of a segment
-        at a time, and a region on groups for the moves of all its branches."""
+        at a time, and a region on groups for the moves of all its branches. Returns the cost
+        of each distinct pair, in the order each first came: where ``pairs`` are distinct,
+        that of ``pairs``, with no second look-up."""
         # each pair hashed as few times as may be: hashing a layout runs Python code, and a
         # search prices tens of thousands of moves
         known = self._moves
-        by_shape: dict[tuple[int, ...], list[tuple[tuple[Layout, Layout], Move]]] = {}
+        costs: list = []  # each distinct pair's, filled in below where it is new
+        by_shape: dict[tuple[int, ...], list[tuple[int, tuple[Layout, Layout], Move]]] = {}
         alone = []  # priced one by one
         for pair in dict.fromkeys(pairs):
-            if pair in known:
-                continue
-            move = move_between(*pair)
-            if isinstance(move, GeneralMove):
-                by_shape.setdefault(pair[0].shape, []).append((pair, move))
-            else:
-                alone.append((pair, move))
+            cost = known.get(pair)
+            if cost is None:
+                move = move_between(*pair)
+                if isinstance(move, GeneralMove):
+                    by_shape.setdefault(pair[0].shape, []).append((len(costs), pair, move))
+                else:
+                    alone.append((len(costs), pair, move))
+            costs.append(cost)
         for general in by_shape.values():
             rows: dict[Layout, int] = {}  # each distinct source and target, in first order
             cols: dict[Layout, int] = {}
-            si = [rows.setdefault(src, len(rows)) for (src, _), _ in general]
-            di = [cols.setdefault(dst, len(cols)) for (_, dst), _ in general]
+            si = [rows.setdefault(src, len(rows)) for _, (src, _), _ in general]
+            di = [cols.setdefault(dst, len(cols)) for _, (_, dst), _ in general]
             seconds = general_seconds_in_closed_form(
                 list(rows), list(cols), np.array(si), np.array(di), self.machine,
                 self.itemsize)
-            for (pair, move), t in zip(general, seconds.tolist(), strict=True):
+            for (at, pair, move), t in zip(general, seconds.tolist(), strict=True):
                 if t == t:  # not NaN: in closed form, the same both ways
-                    self._keep_move(pair, move, t, t)
+                    costs[at] = self._keep_move(pair, move, t, t)
                 else:
-                    alone.append((pair, move))
-        for pair, move in alone:
-            self._keep_move(pair, move, *move.seconds(self.machine, self.itemsize))
+                    alone.append((at, pair, move))
+        for at, pair, move in alone:
+            costs[at] = self._keep_move(pair, move, *move.seconds(self.machine, self.itemsize))
+        return costs
 
     def _keep_move(self, pair: tuple[Layout, Layout], move: Move, forward: float,
                    backward: float) -> tuple[Move, float, float]:
@@ -471,10 +477,10 @@ class CostModel(Segments):
             move, *moved = self.move_cost(fed, layouts.input)
             cost.move, cost.redistribution = type(move), tuple(moved)
         cost.work = kind.work(spec, layouts.inputs, layouts.output, self.net.reads_layers(index))
-        cost.comm = kind.comm_time(spec, layouts.inputs, layouts.output, self.machine,
-                                   self.itemsize)
         sums = kind.gradient_sums(spec, layouts.inputs, layouts.output, self.itemsize)
         cost.grad_sum = gradient_sums_seconds(self.machine, sums)  # gradient_sum_time's
+        cost.comm = kind.comm_time(spec, layouts.inputs, layouts.output, self.machine,
+                                   self.itemsize, cost.grad_sum)
         cost.bucket_latency = max((bucket_latency(self.machine, group) for group, _ in sums),
                                   default=0.0)
         params = kind.local_parameters(spec, layouts.inputs, layouts.output)

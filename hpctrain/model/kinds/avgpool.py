@@ -115,10 +115,11 @@ class AvgPoolKind(PoolKind):
                 lambda _: lambda: xp.broadcast_to(dy, work.x).copy())
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                  machine: Machine, itemsize: int) -> tuple[float, float]:
+                  machine: Machine, itemsize: int, sums: float | None = None
+                  ) -> tuple[float, float]:
         x = inputs[0]
         if spec.options.kernel is not None:
-            return super().comm_time(spec, inputs, output, machine, itemsize)
+            return super().comm_time(spec, inputs, output, machine, itemsize, sums)
         spatial = x.spatial_cuts
         if not spatial:
             return 0.0, 0.0

@@ -165,10 +165,13 @@ class Kind:
         return output.world
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                  machine: Machine, itemsize: int) -> tuple[float, float]:
+                  machine: Machine, itemsize: int, sums: float | None = None
+                  ) -> tuple[float, float]:
         """Seconds of communication inside the layer (forward, backward), busiest rank: the
-        parameter gradients' all-reduce by default, plus what the kind adds."""
-        return 0.0, self.gradient_sum_time(spec, inputs, output, machine, itemsize)
+        parameter gradients' all-reduce by default, plus what the kind adds. ``sums``: the
+        :meth:`gradient_sum_time` of these layouts where the caller has it already (the cost
+        model prices it apart too), else found here."""
+        return 0.0, self.gradient_sum_time(spec, inputs, output, machine, itemsize, sums)
 
     def gradient_sums(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
                       itemsize: int) -> list[tuple[Group, float]]:
@@ -178,9 +181,13 @@ class Kind:
         return [(self.gradient_group(inputs, output), params * itemsize)] if params else []
 
     def gradient_sum_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                          machine: Machine, itemsize: int) -> float:
+                          machine: Machine, itemsize: int, known: float | None = None
+                          ) -> float:
         """Seconds of the part of the backward's communication that sums parameter gradients
-        (the network's, which ``--overlap`` puts in flight); part of :meth:`comm_time`."""
+        (the network's, which ``--overlap`` puts in flight); part of :meth:`comm_time`.
+        ``known``: these seconds, found before."""
+        if known is not None:
+            return known
         return gradient_sums_seconds(machine, self.gradient_sums(spec, inputs, output, itemsize))
 
     def keeps_input(self, spec: LayerSpec) -> bool:

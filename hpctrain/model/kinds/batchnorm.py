@@ -140,7 +140,8 @@ class BatchNormKind(Kind):
         return 2 * largest_block(inputs[0])[CHANNEL_AXIS]
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                  machine: Machine, itemsize: int) -> tuple[float, float]:
+                  machine: Machine, itemsize: int, sums: float | None = None
+                  ) -> tuple[float, float]:
         """One all-reduce each way over the ranks of a statistics group: forward the two sums
         of the mean and the variance, backward the two of the input gradient (2·C/c entries
         per group held); then Δγ and Δβ summed over the other groups and the replicas."""
@@ -150,7 +151,8 @@ class BatchNormKind(Kind):
         message = 2 * held * largest_block(x)[CHANNEL_AXIS] * max(itemsize, STATISTICS_BYTES)
         ranks = statistics_ranks(x, spec.options.groups)
         both = allreduce_time(machine, ranks, message)
-        return both, both + self.gradient_sum_time(spec, inputs, output, machine, itemsize)
+        return both, both + self.gradient_sum_time(spec, inputs, output, machine, itemsize,
+                                                   sums)
 
     def gradient_sums(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
                       itemsize: int) -> list[tuple[Group, float]]:

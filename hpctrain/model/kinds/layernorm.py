@@ -65,7 +65,8 @@ class LayerNormKind(Kind):
         return x.group(a for a in (*range(len(x.shape)), REPLICAS) if a != CHANNEL_AXIS)
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                  machine: Machine, itemsize: int) -> tuple[float, float]:
+                  machine: Machine, itemsize: int, sums: float | None = None
+                  ) -> tuple[float, float]:
         """Under a channel split, two all-reduces forward (the mean, then the squared
         deviations) and one of two sums backward, one value per position held; then Δγ and Δβ
         summed over the ranks of the channel block."""
@@ -81,7 +82,7 @@ class LayerNormKind(Kind):
                                  2 * positions * max(itemsize, STATISTICS_BYTES))
             forward, backward = 2 * one, two
         return forward, backward + self.gradient_sum_time(spec, inputs, output, machine,
-                                                          itemsize)
+                                                          itemsize, sums)
 
     def memory(self, spec: LayerSpec, fp: Footprint) -> tuple[dict[str, float],
                                                               dict[str, float]]:

@@ -62,9 +62,10 @@ class SplitsInputs(Kind):
         return split.gradient_sums(itemsize, spec.options.bias)
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                  machine: Machine, itemsize: int) -> tuple[float, float]:
+                  machine: Machine, itemsize: int, sums: float | None = None
+                  ) -> tuple[float, float]:
         """The kind's own communication, and the sum of an input split's parts."""
-        forward, backward = super().comm_time(spec, inputs, output, machine, itemsize)
+        forward, backward = super().comm_time(spec, inputs, output, machine, itemsize, sums)
         split = self.input_split(spec, inputs, output)
         if split is None:
             return forward, backward

@@ -259,9 +259,10 @@ class WindowKind(Kind):
                          **more)
 
     def comm_time(self, spec: LayerSpec, inputs: tuple[Layout, ...], output: Layout,
-                  machine: Machine, itemsize: int) -> tuple[float, float]:
+                  machine: Machine, itemsize: int, sums: float | None = None
+                  ) -> tuple[float, float]:
         """The parameters' all-reduce (if any) and the halo exchange."""
-        forward, backward = super().comm_time(spec, inputs, output, machine, itemsize)
+        forward, backward = super().comm_time(spec, inputs, output, machine, itemsize, sums)
         halo = halo_seconds(spec, inputs[0], machine, itemsize)
         return forward + halo[0], backward + halo[1]
 
