@@ -314,8 +314,8 @@ class Layout:
         module's text): the same cuts, held by the group's ranks in the same order."""
         if (first, procs) == (self.first, self.procs):
             return self
-        return Layout(self.shape, mesh=self.mesh, axes=self.axes,
-                      split_ranges=self._given_ranges(), first=first, procs=procs)
+        return shared_layout(self.shape, self.mesh, self.axes, self._given_ranges(), first,
+                             procs)
 
     def local(self) -> Layout:
         """This layout on its own group as the whole world (ranks numbered from 0)."""
@@ -335,9 +335,12 @@ class Layout:
         """Whether world rank ``rank`` holds a block (it is in the layout's group)."""
         return self.first <= rank < self.first + self.size
 
-    def _given_ranges(self) -> Sequence | None:
+    def _given_ranges(self) -> tuple[tuple[int, int], ...] | None:
+        """The explicit ranges of the one axis one digit cuts, as tuples; None where the block
+        rule gives them (or no such axis is)."""
         ranges = self.split_ranges
-        return None if ranges is None or isinstance(ranges, BlockRanges) else ranges
+        return (None if ranges is None or isinstance(ranges, BlockRanges)
+                else tuple(tuple(r) for r in ranges))
 
     # -- identity --------------------------------------------------------------------------
 
@@ -553,21 +556,20 @@ class Layout:
         drop = set(axes)
         if not drop & set(self.axes):
             return self
-        return Layout(self.shape, mesh=self.mesh,
-                      axes=tuple(REPLICAS if a in drop else a for a in self.axes),
-                      first=self.first, procs=self.procs)
+        return shared_layout(self.shape, self.mesh,
+                             tuple(REPLICAS if a in drop else a for a in self.axes), None,
+                             self.first, self.procs)
 
     def with_shape(self, shape: tuple[int, ...]) -> Layout:
         """A tensor of another ``shape`` (as many axes) cut the same way; explicit ranges kept
         while their axis keeps its length."""
         if shape == self.shape:
             return self
-        ranges = self.split_ranges
-        if ranges is not None and (isinstance(ranges, BlockRanges)
-                                   or shape[self.cut_axes[0]] != self.shape[self.cut_axes[0]]):
+        ranges = self._given_ranges()
+        if ranges is not None and shape[self.cut_axes[0]] != self.shape[self.cut_axes[0]]:
             ranges = None
-        return Layout(shape, mesh=self.mesh, axes=self.axes, split_ranges=ranges,
-                      first=self.first, procs=self.procs)
+        return shared_layout(tuple(shape), self.mesh, self.axes, ranges, self.first,
+                             self.procs)
 
     def describe(self) -> str:
         """``PrxPc batch/Pc`` and the cuts, and ``on ranks A-B`` for a group."""
@@ -617,6 +619,18 @@ def _canonical(mesh: tuple[int, ...], axes: tuple[int, ...]
 
 def _rebuild(shape: tuple, mesh: tuple, axes: tuple, ranges: tuple | None, first: int = 0,
              procs: int | None = None) -> Layout:
+    return Layout(shape, mesh=mesh, axes=axes, split_ranges=ranges, first=first, procs=procs)
+
+
+@lru_cache(maxsize=65536)
+def shared_layout(shape: tuple[int, ...], mesh: tuple[int, ...], axes: tuple[int, ...],
+                  ranges: tuple[tuple[int, int], ...] | None = None, first: int = 0,
+                  procs: int | None = None) -> Layout:
+    """``Layout(shape, mesh=mesh, axes=axes, split_ranges=ranges, first=first, procs=procs)``,
+    made once and shared (every argument a tuple or a number): a layout is immutable, and a
+    planner derives the same ones again and again from others (moved onto a group, reshaped,
+    with cuts made replicas, an input split's weight), thousands of times a plan. A shared
+    layout also compares equal at once, by identity, where it keys a table."""
     return Layout(shape, mesh=mesh, axes=axes, split_ranges=ranges, first=first, procs=procs)
 
 

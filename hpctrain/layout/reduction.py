@@ -41,7 +41,7 @@ from hpctrain.cost.collectives import (
 )
 from hpctrain.cost.machine import Machine
 from hpctrain.cost.nodes import Group
-from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS, Layout
+from hpctrain.layout.layout import CHANNEL_AXIS, REPLICAS, Layout, shared_layout
 
 
 def _strides(layout: Layout) -> list[int]:
@@ -174,7 +174,7 @@ def _input_split(x: Layout, y: Layout, weight_shape: tuple[int, ...]) -> InputSp
     partial_axes = tuple(CHANNEL_AXIS if row else REPLICAS if ax == CHANNEL_AXIS else ay
                          for row, ax, ay in zip(rows, in_x, in_y, strict=True))
     bias_axes = tuple(0 if axis == CHANNEL_AXIS else REPLICAS for axis in y.axes)
-    where = {"first": y.first, "procs": y.procs}  # on the layer's ranks (a group, or all)
-    return InputSplit(x, scatter, Layout(weight_shape, mesh=sizes, axes=weight_axes, **where),
-                      Layout(weight_shape[:1], mesh=y.mesh, axes=bias_axes, **where),
-                      Layout(y.shape, mesh=sizes, axes=partial_axes, **where))
+    where = (None, y.first, y.procs)  # on the layer's ranks (a group, or all)
+    return InputSplit(x, scatter, shared_layout(weight_shape, sizes, weight_axes, *where),
+                      shared_layout(weight_shape[:1], y.mesh, bias_axes, *where),
+                      shared_layout(y.shape, sizes, partial_axes, *where))
