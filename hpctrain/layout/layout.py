@@ -219,6 +219,16 @@ class Layout:
     (start, stop), or None where the block rule gives them (and for the batch, and an axis not
     cut): made once, as pricing a move asks for them per axis.
 
+    What the pricing of layers and moves reads of a layout hundreds of thousands of times a
+    plan is made once, as plain attributes (a property would run Python code at each read):
+    ``size``, the ranks of its group (the whole world's, unless it lies on a group); ``parts``,
+    how many blocks each axis is cut into, batch first; ``grid``, (Pr, Pc), Pr ranks sharing
+    each of Pc sample blocks; ``replicas``, how many ranks hold each block; ``cut_axes``, the
+    axes besides the batch that are cut, in order; ``spatial_cuts``, the spatial ones among
+    them (2 is the first), along which a window layer exchanges halos; ``is_grid``, whether
+    this is a 1.5D layout, the batch over the slow digit of a Pr×Pc grid and at most one other
+    axis cut, over all Pr ranks of the fast one.
+
     Layouts are immutable; equal when every rank holds the same block. The hash leaves the
     ranges out (they follow from the other fields but for a flattened split, and hashing them
     would cost O(parts)), and is made once: layouts key the cost model's tables, looked up many
@@ -226,7 +236,8 @@ class Layout:
     """
 
     __slots__ = ("shape", "mesh", "axes", "split_ranges", "first", "procs", "_hash", "_largest",
-                 "_parts", "_size", "_key", "explicit_ranges", "_grid", "_cut_axes", "_is_grid")
+                 "parts", "size", "_key", "explicit_ranges", "grid", "cut_axes", "is_grid",
+                 "replicas", "spatial_cuts")
 
     def __init__(self, shape: Sequence[int], grid: tuple[int, int] | None = None,
                  split_axis: int | None = None,
@@ -249,7 +260,7 @@ class Layout:
         for size, axis in zip(sizes, cut, strict=True):
             if axis != REPLICAS:
                 parts[axis] *= size
-        set_(self, "_parts", tuple(parts))
+        set_(self, "parts", tuple(parts))
         ranges = self._ranges(split_ranges)
         set_(self, "split_ranges", ranges)
         size = math.prod(sizes)
@@ -261,13 +272,17 @@ class Layout:
         set_(self, "procs", procs)
         set_(self, "_largest", None)
         # facts the pricing of moves asks for many times per layout, made once
-        set_(self, "_size", size)
+        set_(self, "size", size)
         set_(self, "_key", (shape, sizes, cut, first, procs, ranges))
         set_(self, "explicit_ranges", self._explicit_by_axis(ranges))
-        set_(self, "_grid", (size // parts[BATCH_AXIS], parts[BATCH_AXIS]))
-        set_(self, "_cut_axes", tuple(a for a in range(1, len(shape)) if parts[a] > 1))
+        set_(self, "grid", (size // parts[BATCH_AXIS], parts[BATCH_AXIS]))
+        cut_axes = tuple(a for a in range(1, len(shape)) if parts[a] > 1)
+        set_(self, "cut_axes", cut_axes)
+        set_(self, "spatial_cuts", tuple(a for a in cut_axes if a >= HEIGHT_AXIS))
+        set_(self, "replicas", math.prod(s for s, a in zip(sizes, cut, strict=True)
+                                         if a == REPLICAS))
         rest = cut[1:] if cut[:1] == (BATCH_AXIS,) else cut
-        set_(self, "_is_grid", len(rest) <= 1 and BATCH_AXIS not in rest)
+        set_(self, "is_grid", len(rest) <= 1 and BATCH_AXIS not in rest)
         # the world's layouts hash as they always have: a group is the exception
         set_(self, "_hash", hash((shape, sizes, cut)) if size == procs
              else hash((shape, sizes, cut, first, procs)))
@@ -280,7 +295,7 @@ class Layout:
                 raise ValueError("explicit ranges need a layout that cuts one axis besides "
                                  "the batch")
             return None
-        n, parts = self.shape[cut[0]], self._parts[cut[0]]
+        n, parts = self.shape[cut[0]], self.parts[cut[0]]
         if given is None:
             return block_ranges(n, parts)
         given = tuple(given)
@@ -295,7 +310,7 @@ class Layout:
             return (None,) * len(self.shape)
         explicit = tuple(tuple(r) for r in ranges)
         return tuple(explicit if axis != BATCH_AXIS and parts > 1 else None
-                     for axis, parts in enumerate(self._parts))
+                     for axis, parts in enumerate(self.parts))
 
     @classmethod
     def of_split(cls, shape: tuple[int, ...], split: Split, cut: Iterable[int] | None = None,
@@ -373,37 +388,6 @@ class Layout:
     # -- the mesh ----------------------------------------------------------------------------
 
     @property
-    def size(self) -> int:
-        """The ranks of its group (the whole world's, unless it lies on a group)."""
-        return self._size
-
-    @property
-    def parts(self) -> tuple[int, ...]:
-        """How many blocks each axis is cut into, batch first."""
-        return self._parts
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        """The grid (Pr, Pc), Pr ranks sharing each of Pc sample blocks."""
-        return self._grid
-
-    @property
-    def replicas(self) -> int:
-        """How many ranks hold each block."""
-        return math.prod(s for s, a in zip(self.mesh, self.axes, strict=True) if a == REPLICAS)
-
-    @property
-    def cut_axes(self) -> tuple[int, ...]:
-        """The axes besides the batch that are cut, in order."""
-        return self._cut_axes
-
-    @property
-    def spatial_cuts(self) -> tuple[int, ...]:
-        """The spatial axes that are cut, in order (2 is the first), along which a window layer
-        exchanges halos."""
-        return tuple(a for a in self.cut_axes if a >= HEIGHT_AXIS)
-
-    @property
     def split_axis(self) -> int | None:
         """The one axis besides the batch that is cut, or None where none is (for the code
         that knows only the 1.5D grids). A layout that cuts several raises."""
@@ -411,12 +395,6 @@ class Layout:
         if len(cut) > 1:
             raise ValueError(f"layout {self.describe()} cuts several axes; ask cut_axes")
         return cut[0] if cut else None
-
-    @property
-    def is_grid(self) -> bool:
-        """Whether this is a 1.5D layout, the batch over the slow digit of a Pr×Pc grid and at
-        most one other axis cut, over all Pr ranks of the fast one."""
-        return self._is_grid
 
     def coordinates(self, rank: int) -> tuple[int, ...]:
         """``rank``'s coordinate on each digit of the mesh (the last varies fastest). A world
@@ -450,7 +428,7 @@ class Layout:
             if cut != REPLICAS:
                 index[cut] = index[cut] * size + coordinate
         box = []
-        for axis, (n, parts) in enumerate(zip(self.shape, self._parts, strict=True)):
+        for axis, (n, parts) in enumerate(zip(self.shape, self.parts, strict=True)):
             if parts == 1:
                 box.append((0, n))
             elif self.split_ranges is not None and axis != BATCH_AXIS:
@@ -464,7 +442,7 @@ class Layout:
         """The largest local shape any rank holds (blocks differ by at most one along each
         cut). Made once: the cost model asks for it many times per layout."""
         if self._largest is None:
-            shape = [-(-n // parts) for n, parts in zip(self.shape, self._parts, strict=True)]
+            shape = [-(-n // parts) for n, parts in zip(self.shape, self.parts, strict=True)]
             ranges = self.split_ranges
             if ranges is not None and not isinstance(ranges, BlockRanges):
                 axis = self.cut_axes[0]
@@ -589,7 +567,7 @@ class Layout:
                          ) if axis == CHANNEL_AXIS else axis_name(self.shape, axis)
                 split += f"/{pr}"
             return f"{pr}x{pc} batch/{pc} {split}"
-        words = [f"{axis_name(self.shape, a)}/{self._parts[a]}" for a in self.cut_axes]
+        words = [f"{axis_name(self.shape, a)}/{self.parts[a]}" for a in self.cut_axes]
         if self.replicas > 1:
             words.append(f"replicated/{self.replicas}")
         return f"{pr}x{pc} batch/{pc} " + " ".join(words)
