@@ -227,7 +227,8 @@ class Layout:
     axes besides the batch that are cut, in order; ``spatial_cuts``, the spatial ones among
     them (2 is the first), along which a window layer exchanges halos; ``is_grid``, whether
     this is a 1.5D layout, the batch over the slow digit of a Pr×Pc grid and at most one other
-    axis cut, over all Pr ranks of the fast one.
+    axis cut, over all Pr ranks of the fast one; ``largest_block``, the largest local shape any
+    rank holds (blocks differ by at most one along each cut).
 
     Layouts are immutable; equal when every rank holds the same block. The hash leaves the
     ranges out (they follow from the other fields but for a flattened split, and hashing them
@@ -235,9 +236,9 @@ class Layout:
     thousand times per plan.
     """
 
-    __slots__ = ("shape", "mesh", "axes", "split_ranges", "first", "procs", "_hash", "_largest",
-                 "parts", "size", "_key", "explicit_ranges", "grid", "cut_axes", "is_grid",
-                 "replicas", "spatial_cuts")
+    __slots__ = ("shape", "mesh", "axes", "split_ranges", "first", "procs", "_hash", "_key",
+                 "explicit_ranges", "size", "parts", "grid", "replicas", "cut_axes",
+                 "spatial_cuts", "is_grid", "largest_block")
 
     def __init__(self, shape: Sequence[int], grid: tuple[int, int] | None = None,
                  split_axis: int | None = None,
@@ -270,7 +271,6 @@ class Layout:
                              f"{procs} ranks")
         set_(self, "first", first)
         set_(self, "procs", procs)
-        set_(self, "_largest", None)
         # facts the pricing of moves asks for many times per layout, made once
         set_(self, "size", size)
         set_(self, "_key", (shape, sizes, cut, first, procs, ranges))
@@ -281,6 +281,10 @@ class Layout:
         set_(self, "spatial_cuts", tuple(a for a in cut_axes if a >= HEIGHT_AXIS))
         set_(self, "replicas", math.prod(s for s, a in zip(sizes, cut, strict=True)
                                          if a == REPLICAS))
+        block = [-(-n // p) for n, p in zip(shape, parts, strict=True)]
+        if ranges is not None and not isinstance(ranges, BlockRanges):
+            block[cut_axes[0]] = max(hi - lo for lo, hi in ranges)
+        set_(self, "largest_block", tuple(block))
         rest = cut[1:] if cut[:1] == (BATCH_AXIS,) else cut
         set_(self, "is_grid", len(rest) <= 1 and BATCH_AXIS not in rest)
         # the world's layouts hash as they always have: a group is the exception
@@ -436,19 +440,6 @@ class Layout:
             else:
                 box.append(block_range(n, parts, index[axis]))
         return tuple(box)
-
-    @property
-    def largest_block(self) -> tuple[int, ...]:
-        """The largest local shape any rank holds (blocks differ by at most one along each
-        cut). Made once: the cost model asks for it many times per layout."""
-        if self._largest is None:
-            shape = [-(-n // parts) for n, parts in zip(self.shape, self.parts, strict=True)]
-            ranges = self.split_ranges
-            if ranges is not None and not isinstance(ranges, BlockRanges):
-                axis = self.cut_axes[0]
-                shape[axis] = max(hi - lo for lo, hi in ranges)
-            object.__setattr__(self, "_largest", tuple(shape))
-        return self._largest
 
     def local_shape(self, rank: int) -> tuple[int, ...]:
         return tuple(b - a for a, b in self.box(rank))
