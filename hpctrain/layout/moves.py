@@ -302,7 +302,8 @@ def move_between(src: Layout, dst: Layout) -> Move:
     unsplit. Examples, P = 4: 1×4 → 4×1 replicated is an all-gather (along the batch); 4×1
     replicated → 4×1 channel split is a slice; 4×1 channel split → 1×4 is general.
     """
-    _check_pair(src, dst)
+    if src.shape != dst.shape or src.procs != dst.procs:  # a planner asks tens of thousands
+        _check_pair(src, dst)  # of times: the refusal called only where it refuses
     if not same_ranks(src, dst):  # between groups (or a group and the world): point to point
         return GeneralMove(src, dst)
     for method in METHODS[:-1]:  # a loop, not a generator: it runs once per distinct move

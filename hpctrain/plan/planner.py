@@ -1126,11 +1126,12 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
             return
         grid = _move_grid(model, srcs, dsts, k, weighed)
         rows = np.asarray(src_of)[:1] if a is None else np.asarray(src_of)
-        chosen = [grid[np.ix_(rows, dst_of)][..., f] for f in range(3)]
+        picked = grid[np.ix_(rows, dst_of)]  # gathered once, every field at once
+        chosen = [picked[..., f] for f in range(3 if weighed else 1)]
         if a is None:
             chosen = [field[0] for field in chosen]
         variables = (b,) if a is None else (a, b)
-        tables.append(Table(variables, *(chosen if weighed else chosen[:1])))
+        tables.append(Table(variables, *chosen))
 
     for k, e, p in model.joins:
         if p < 0:
