@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -126,6 +126,9 @@ def group_choices(model: CostModel, segment: int, group: tuple[int, int]) -> lis
     return found
 
 
+_UNKNOWN = object()  # what a table holds for a key not yet looked into (None is a value)
+
+
 @dataclass
 class RegionPrices:
     """What running one region on groups costs for each layout of its fork: the seconds and the
@@ -137,35 +140,33 @@ class RegionPrices:
     below: float = math.inf  # no layer inside sums over a communicator this slow or slower
 
     # kept on the model: every search (with and without the sums that may hide, each
-    # round of the last buckets) asks for them again
-    @property
-    def _pre_joins(self) -> dict:
-        """(segment, choice) → (layouts, costs) or None (:meth:`pre_join`)."""
-        return self.model.region_layers.setdefault(self.grouped, {})
+    # round of the last buckets) asks for them again. Found once here: a region's key hashes
+    # all its layers, and a search looks in these tables tens of thousands of times
+    _pre_joins: dict = field(init=False, repr=False)
+    """(segment, choice) → (layouts, costs) or None (:meth:`pre_join`)."""
+    _every_choices: dict = field(init=False, repr=False)
+    """branch → its _Branch over every choice that runs, or None (:meth:`_every_choice`),
+    whatever ``below``."""
+    _branches: dict = field(init=False, repr=False)
+    """branch → its _Branch, or None (which depends on ``below``)."""
+    on_groups: dict = field(init=False, repr=False)
+    """What :func:`region_cost` found, by the layouts the region reads and the join's."""
 
-    @property
-    def _every_choices(self) -> dict:
-        """branch → its _Branch over every choice that runs, or None (:meth:`_every_choice`),
-        whatever ``below``."""
-        return self.model.region_layers.setdefault(("every choice", self.grouped), {})
-
-    @property
-    def _branches(self) -> dict:
-        """branch → its _Branch, or None (which depends on ``below``)."""
-        return self.model.region_layers.setdefault((self.grouped, self.below), {})
-
-    @property
-    def on_groups(self) -> dict:
-        """What :func:`region_cost` found, by the layouts the region reads and the join's."""
-        return self.model.region_layers.setdefault(("on groups", self.grouped, self.below), {})
+    def __post_init__(self) -> None:
+        found, grouped, below = self.model.region_layers, self.grouped, self.below
+        self._pre_joins = found.setdefault(grouped, {})
+        self._every_choices = found.setdefault(("every choice", grouped), {})
+        self._branches = found.setdefault((grouped, below), {})
+        self.on_groups = found.setdefault(("on groups", grouped, below), {})
 
     def pre_join(self, segment: int, choice: LayerPlan
                  ) -> tuple[dict[int, LayerLayouts], list[LayerCost]] | None:
         """The layouts and timed costs of the segment's layers inside the region under
         ``choice`` (each fed by the one before it in the segment); None when it cannot run."""
         key = (segment, choice)
-        if key in self._pre_joins:
-            return self._pre_joins[key]
+        found = self._pre_joins.get(key, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found
         model, net = self.model, self.model.net
         inside = set(self.grouped.region.inside)
         layouts: dict[int, LayerLayouts] = {}
@@ -184,8 +185,8 @@ class RegionPrices:
             self._pre_joins[key] = None
             return None
         model.time_layers(costs)
-        self._pre_joins[key] = (layouts, costs)
-        return self._pre_joins[key]
+        found = self._pre_joins[key] = (layouts, costs)
+        return found
 
     def _fast_enough(self, costs: list[LayerCost]) -> bool:
         return slowest_latency(costs) < self.below
