@@ -209,3 +209,27 @@ def test_under_a_memory_cap_only_input_splits_fit():
 def test_the_plan_entry_names_an_input_split():
     entry = LayerPlan("split", split=Split((1, 2), 1, 2))
     assert entry.mode == "split" and entry.describe() == "split n=1,c=2,i=2"
+
+
+@pytest.mark.parametrize("name", ["resnet18", "convnext_tiny"])
+def test_a_layers_communication_is_the_same_with_its_gradient_sums_given(name):
+    """The cost model prices a layer's gradient sums apart and hands them to its kind's
+    communication (``sums``): through every kind's override, the same seconds as the kind
+    finds them itself, for every layer of the net under every split of the balanced space."""
+    model = CostModel(load_net(name), 64, 16, SLOW_NET, FlopModel(SLOW_NET.flops))
+    checked = 0
+    for segment in range(len(model.segments)):
+        for choice in model.choices(segment) + model.split_choices(segment, "balanced"):
+            members = model.segments[segment]
+            for k, where in zip(members, model.runnable_layouts(segment, choice), strict=True):
+                spec = model.net.layers[k]
+                kind = KINDS[spec.kind]
+                args = (spec, where.inputs, where.output, SLOW_NET, 4)
+                sums = kind.gradient_sum_time(*args)
+                found = kind.comm_time(*args)
+                assert kind.comm_time(*args, sums) == found
+                if sums > 0:  # the seconds given are the ones counted
+                    more = kind.comm_time(*args, sums + 1.0)
+                    assert more[0] == found[0] and more[1] == pytest.approx(found[1] + 1.0)
+                    checked += 1
+    assert checked > 0

@@ -85,6 +85,23 @@ def test_the_search_over_the_slowest_latency_stops_where_nothing_left_can_win():
     assert searched == [(float("inf"), float("inf")), (5.0, 15.0), (3.0, 14.0), (1.0, 13.5)]
 
 
+@pytest.mark.parametrize("groups", [False, True])
+def test_a_graph_search_that_cannot_beat_the_best_lays_out_no_plan(monkeypatch, groups):
+    """Under an ``upper`` below its optimum, a net with branches is refused before its plan is
+    laid out and priced (a round of the last buckets that cannot win); at the optimum, with
+    or without regions on groups, the plan is the one found without a bound."""
+    model = model_of(load_net("minibranch"), 64, 16, load_machine("cori-knl"))
+    options = [model.choices(k) for k in range(len(model.segments))]
+    free = planner._additive_search(model, options, None, "", 0.0, groups)
+    least = free.time_with_free(0.0) - free.last_bucket
+    bound = planner._additive_search(model, options, None, "", 0.0, groups, upper=least)
+    assert bound.plans == free.plans
+    monkeypatch.setattr(planner, "evaluate", None)  # laying out a plan would raise
+    monkeypatch.setattr(planner, "evaluate_placed", None)
+    with pytest.raises(planner.PlannerError, match="faster than the one known"):
+        planner._additive_search(model, options, None, "", 0.0, groups, upper=least * 0.999)
+
+
 NETS = shipped_names("nets", ".net")
 MACHINES = shipped_names("machines", ".toml")
 

@@ -73,3 +73,24 @@ def test_a_pickled_layout_is_equal_and_hashes_alike():
     layout = Layout((8, 4, 6, 6), (2, 2), HEIGHT_AXIS)
     copy = pickle.loads(pickle.dumps(layout))
     assert copy == layout and hash(copy) == hash(layout) and copy.box(3) == layout.box(3)
+
+
+def test_a_derived_layout_is_made_once_and_equals_one_made_anew():
+    """A layout moved onto a group, reshaped or with cuts made replicas is shared between
+    askers, and is the layout made from its fields; a layout's facts cannot be set."""
+    layout = Layout((8, 4, 6, 6), mesh=(2, 2, 2), axes=(0, 1, 2))
+    moved = layout.on_ranks(8, 32)
+    assert moved is layout.on_ranks(8, 32)
+    assert moved == Layout((8, 4, 6, 6), mesh=(2, 2, 2), axes=(0, 1, 2), first=8, procs=32)
+    assert (moved.size, moved.parts, moved.replicas) == (8, (2, 2, 2, 1), 1)
+    replicated = layout.without((HEIGHT_AXIS,))
+    assert replicated is layout.without((HEIGHT_AXIS,))
+    assert (replicated.parts, replicated.replicas, replicated.spatial_cuts) == (
+        (2, 2, 1, 1), 2, ())
+    assert layout.spatial_cuts == (HEIGHT_AXIS,) and layout.cut_axes == (CHANNEL_AXIS, HEIGHT_AXIS)
+    reshaped = layout.with_shape((8, 4, 12, 6))
+    assert reshaped is layout.with_shape((8, 4, 12, 6))
+    assert reshaped == Layout((8, 4, 12, 6), mesh=(2, 2, 2), axes=(0, 1, 2))
+    assert reshaped.largest_block == (4, 2, 6, 6)
+    with pytest.raises(AttributeError):
+        layout.size = 4
