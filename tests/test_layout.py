@@ -94,3 +94,12 @@ def test_a_derived_layout_is_made_once_and_equals_one_made_anew():
     assert reshaped.largest_block == (4, 2, 6, 6)
     with pytest.raises(AttributeError):
         layout.size = 4
+
+
+def test_explicit_ranges_given_as_lists_key_as_tuples():
+    """Ranges given as lists are kept as tuples: the layout equals itself moved away and back,
+    and equals the layout given the same ranges as tuples."""
+    layout = Layout((4, 12), (2, 1), CHANNEL_AXIS, [[0, 5], [5, 12]])
+    assert layout == Layout((4, 12), (2, 1), CHANNEL_AXIS, ((0, 5), (5, 12)))
+    assert layout.on_ranks(0, 4).on_ranks(0, 2) == layout
+    assert layout.largest_block == (4, 7)

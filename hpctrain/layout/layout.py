@@ -302,7 +302,7 @@ class Layout:
         n, parts = self.shape[cut[0]], self.parts[cut[0]]
         if given is None:
             return block_ranges(n, parts)
-        given = tuple(given)
+        given = tuple(tuple(r) for r in given)  # tuples, as every layout keys and compares them
         if len(given) != parts:
             raise ValueError(f"{len(given)} ranges for an axis cut {parts} ways")
         return block_ranges(n, parts) if given == block_ranges(n, parts) else given
@@ -355,11 +355,10 @@ class Layout:
         return self.first <= rank < self.first + self.size
 
     def _given_ranges(self) -> tuple[tuple[int, int], ...] | None:
-        """The explicit ranges of the one axis one digit cuts, as tuples; None where the block
-        rule gives them (or no such axis is)."""
+        """The explicit ranges of the one axis one digit cuts; None where the block rule gives
+        them (or no such axis is)."""
         ranges = self.split_ranges
-        return (None if ranges is None or isinstance(ranges, BlockRanges)
-                else tuple(tuple(r) for r in ranges))
+        return None if ranges is None or isinstance(ranges, BlockRanges) else ranges
 
     # -- identity --------------------------------------------------------------------------
 

@@ -795,10 +795,11 @@ def _additive_search(model: CostModel, candidates: list[list[LayerPlan]],
     of labels per choice. A graph's elimination finds its least sum before it lays out and
     prices the plan: above ``upper`` there is no plan to evaluate (a round of the last buckets
     that cannot win, :mod:`~hpctrain.plan.buckets`). Either way :class:`PlannerError` where no
-    plan is left."""
+    plan is left. Every candidate is timed in the first round (``below`` infinite), which
+    :func:`_search` always runs before the others."""
     upper *= 1 + 1e-9  # sums in another order may differ in the last bits
-    if below == math.inf:  # a later round's candidates are among the first's, timed then
-        model.prefetch(candidates)
+    if below == math.inf:  # a later round's candidates (below < inf: rounds 2 on of
+        model.prefetch(candidates)  # _search) are among the first's, timed then
     if not model.net.is_chain():
         if groups:
             grouped = _grouped_plan(model, candidates, free, below, upper)
@@ -1203,7 +1204,8 @@ def _move_grid(model: CostModel, srcs: list[Layout | None], dsts: list[Layout | 
     the sums that may hide, per round of the last buckets, per space), and the joins of
     repeated blocks for the same layouts: each move is priced once into a :class:`_MoveGrid`
     of the model's, one per shape moved (and per layer, ``weighed``: its memory depends on
-    the layer), and looked up by rows and columns after."""
+    the layer), and looked up by rows and columns after. ``srcs`` and ``dsts`` are distinct
+    layouts (:func:`_distinct_layouts`), so each pair is a cell of its own."""
     cross = pairs is None
     if cross:  # every pair, row by row
         si = np.repeat(np.arange(len(srcs)), len(dsts))

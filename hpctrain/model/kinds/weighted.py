@@ -69,5 +69,5 @@ class SplitsInputs(Kind):
         split = self.input_split(spec, inputs, output)
         if split is None:
             return forward, backward
-        sums = split.sum_seconds(machine, itemsize)
-        return forward + sums[0], backward + sums[1]
+        summed = split.sum_seconds(machine, itemsize)
+        return forward + summed[0], backward + summed[1]
