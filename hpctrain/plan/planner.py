@@ -1204,8 +1204,7 @@ def _move_grid(model: CostModel, srcs: list[Layout | None], dsts: list[Layout | 
     the sums that may hide, per round of the last buckets, per space), and the joins of
     repeated blocks for the same layouts: each move is priced once into a :class:`_MoveGrid`
     of the model's, one per shape moved (and per layer, ``weighed``: its memory depends on
-    the layer), and looked up by rows and columns after. ``srcs`` and ``dsts`` are distinct
-    layouts (:func:`_distinct_layouts`), so each pair is a cell of its own."""
+    the layer), and looked up by rows and columns after."""
     cross = pairs is None
     if cross:  # every pair, row by row
         si = np.repeat(np.arange(len(srcs)), len(dsts))
@@ -1264,7 +1263,9 @@ class _MoveGrid:
         if len(missing):
             pairs = [(srcs[a], dsts[b])
                      for a, b in zip(si[missing].tolist(), di[missing].tolist(), strict=True)]
-            costs = model.price_moves(pairs)  # distinct: each a cell of the grid
+            costs = model.price_moves(pairs)  # each distinct pair's, in first order
+            if len(costs) != len(pairs):  # a layout given twice (the searches give each once)
+                costs = [model.move_cost(*pair) for pair in pairs]
             found[missing] = [_move_fields(model, src, dst, index, weighed, cost)
                               for (src, dst), cost in zip(pairs, costs, strict=True)]
             self.fields[rows[missing], cols[missing]] = found[missing]
