@@ -378,12 +378,8 @@ class Layout:
         return self._hash
 
     def __reduce__(self) -> tuple:
-        ranges = self.split_ranges
-        if ranges is not None and not isinstance(ranges, BlockRanges):
-            ranges = tuple(ranges)
-        else:
-            ranges = None
-        return _rebuild, (self.shape, self.mesh, self.axes, ranges, self.first, self.procs)
+        return shared_layout, (self.shape, self.mesh, self.axes, self._given_ranges(),
+                               self.first, self.procs)
 
     def __repr__(self) -> str:
         return f"Layout({self.shape}, {self.describe()})"
@@ -583,11 +579,6 @@ def _canonical(mesh: tuple[int, ...], axes: tuple[int, ...]
             sizes.append(size)
             cut.append(axis)
     return tuple(sizes), tuple(cut)
-
-
-def _rebuild(shape: tuple, mesh: tuple, axes: tuple, ranges: tuple | None, first: int = 0,
-             procs: int | None = None) -> Layout:
-    return Layout(shape, mesh=mesh, axes=axes, split_ranges=ranges, first=first, procs=procs)
 
 
 @lru_cache(maxsize=65536)
