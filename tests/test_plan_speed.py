@@ -42,7 +42,7 @@ def join_layouts(model, space="balanced"):
 def test_the_grid_of_moves_prices_each_as_a_move_alone(name, procs, weighed):
     """Every pair of layouts at every join, asked for in random subsets and orders (rows and
     columns met in any order, some asked twice), against each pair's move and memory alone."""
-    model = model_of(name, 16, procs)
+    model, fresh = model_of(name, 16, procs), model_of(name, 16, procs)
     rng = random.Random(procs)
     for k, sources, targets in join_layouts(model):
         for _ in range(3):
@@ -56,9 +56,13 @@ def test_the_grid_of_moves_prices_each_as_a_move_alone(name, procs, weighed):
                     if src is None or dst is None:
                         assert (grid[i, j] == 0.0).all()
                         continue
-                    alone = (sum(model.move_cost(src, dst)[1:]), 0.0, 0.0)
+                    move, *seconds = model.move_cost(src, dst)  # read back from the grid
+                    alone, *by_itself = fresh.move_cost(src, dst)
+                    assert (type(move), move.src, move.dst, seconds) == (
+                        type(alone), alone.src, alone.dst, by_itself)
+                    alone = (sum(by_itself), 0.0, 0.0)
                     if weighed:
-                        kept, held = model.move_memory(src, dst, k)
+                        kept, held = fresh.move_memory(src, dst, k)
                         alone = alone[0], sum(kept.values()), sum(held.values())
                     assert tuple(grid[i, j]) == alone
             pairs = [(i, j) for i in range(len(srcs)) for j in range(len(dsts))
@@ -482,6 +486,91 @@ def test_general_moves_in_closed_form_price_as_one_by_one(p, machine, itemsize):
     assert closed > 30 if p & (p - 1) == 0 else closed == 0, closed  # 12: none
     assert uneven > 10 if p & (p - 1) == 0 else uneven == 0, uneven
     assert len(kinds) == (5 if p & (p - 1) == 0 else 0), kinds  # nested either way, or apart
+
+
+def random_move_layouts(rng, p, count):
+    """``count`` layouts of one random shape on ``p`` ranks, alike enough that every method
+    of a move is among their pairs: 1.5D grids (every Pr, split or not), layouts on two meshes
+    (so that many pairs share one, a cut made replicas or the other way), sometimes flattened
+    with explicit ranges, on the world or on groups."""
+    from hpctrain.layout.layout import REPLICAS
+    from hpctrain.layout.partition import SplitError
+    from hpctrain.model.kinds import KINDS
+
+    shape = (p * rng.choice([1, 2]), rng.choice([4, 6, 8]), rng.choice([5, 8]),
+             rng.choice([2, 3]))
+    flat = (shape[0], math.prod(shape[1:]))
+    sizes = [p >> k for k in range(3) if (p >> k) and p % (p >> k) == 0]
+    meshes = {}
+    for size in sizes:
+        meshes[size] = []
+        for _ in range(2):
+            digits, left = [], size
+            while left > 1:
+                digits.append(2 if left % 2 == 0 and rng.random() < 0.7 else
+                              rng.choice([f for f in range(2, left + 1) if left % f == 0]))
+                left //= digits[-1]
+            meshes[size].append(digits)
+    flattened = rng.random() < 0.3
+    laid = []
+    while len(laid) < count:
+        size = rng.choice(sizes)
+        try:
+            if rng.random() < 0.4:
+                pr = rng.choice([d for d in range(1, size + 1) if size % d == 0])
+                made = [Layout(shape, (pr, size // pr), rng.choice([None, CHANNEL_AXIS, 2]))]
+            else:
+                digits = rng.choice(meshes[size])
+                axes = [rng.choice([REPLICAS, 0, 1, 2, 3]) for _ in digits]
+                made = [Layout(shape, mesh=digits, axes=axes)]
+                alone = [k for k, a in enumerate(axes) if a > 0 and axes.count(a) == 1]
+                if alone and rng.random() < 0.7:  # its sibling, one axis's cut made replicas
+                    axes[rng.choice(alone)] = REPLICAS
+                    made.append(Layout(shape, mesh=digits, axes=axes))
+            if flattened:
+                ones = [layout.without(a for a in layout.cut_axes if a != CHANNEL_AXIS)
+                        for layout in made]
+                made = [KINDS["flatten"].layouts(None, (one,), flat, None)[1]
+                        if one.split_ranges is not None and rng.random() < 0.7
+                        else Layout(flat, (1, size)) for one in ones]
+        except (SplitError, ValueError):
+            continue
+        first = rng.randrange(0, p, size) if size < p and rng.random() < 0.5 else 0
+        laid += [layout.on_ranks(first, p) for layout in made]
+    return laid[:count]
+
+
+@pytest.mark.parametrize("p", [4, 8, 12, 64])
+def test_many_moves_at_once_take_the_method_and_price_of_each_alone(p):
+    """:func:`methods_between` picks for every pair of random layouts the method
+    :func:`move_between` picks, and :meth:`CostModel.move_arrays` gives each pair the floats a
+    fresh model's :meth:`CostModel.move_cost` gives it alone, both ways and with a forward
+    alone; a None among the layouts, never indexed, is passed over."""
+    from hpctrain.layout.moves import METHODS, methods_between, move_between
+
+    rng = random.Random(p)
+    seen = collections.Counter()
+    for _ in range(10):
+        laid = random_move_layouts(rng, p, 16)
+        srcs, dsts = [*laid, None], [None, *laid]
+        pairs = [(i, j) for i in range(16) for j in range(1, 17)]
+        rng.shuffle(pairs)
+        si, di = (np.array([pair[k] for pair in pairs], dtype=np.int64) for k in (0, 1))
+        found = methods_between(srcs, dsts, si, di)
+        for inference in (False, True):
+            model, fresh = (model_of("resdigits", 16, p, "cori-knl") for _ in range(2))
+            model.inference = fresh.inference = inference
+            methods, forward, backward = model.move_arrays(srcs, dsts, si, di)
+            assert np.array_equal(methods, found)
+            for m, (i, j) in enumerate(pairs):
+                src, dst = srcs[i], dsts[j]
+                alone, f, b = fresh.move_cost(src, dst)
+                assert METHODS[found[m]] is type(alone), (src, dst)
+                assert (forward[m], backward[m]) == (f, b), (src, dst)
+                seen[type(alone).__name__, src.is_grid and dst.is_grid] += 1
+    for method in ("SliceMove", "AllGatherMove", "GeneralMove"):  # on grids and on meshes
+        assert seen[method, True] and seen[method, False], seen
+    assert seen["IdentityMove", True], seen
 
 
 @pytest.mark.parametrize("name, procs, machine, inference", [

@@ -312,6 +312,58 @@ def move_between(src: Layout, dst: Layout) -> Move:
     return GeneralMove(src, dst)  # the last method fits every pair
 
 
+def methods_between(srcs: Sequence[Layout | None], dsts: Sequence[Layout | None],
+                    si: np.ndarray, di: np.ndarray) -> np.ndarray:
+    """The method :func:`move_between` picks for each move ``srcs[si[m]]`` → ``dsts[di[m]]``,
+    as its place in :data:`METHODS`, every pair at once (a None layout is never indexed).
+
+    A planner asks for tens of thousands of distinct moves of one shape, and the Python of one
+    call per move was much of their price. The same rules, read from a row of facts per
+    layout: between groups, general; then the first rule that holds. Between two 1.5D grids
+    the slice's and the all-gather's rules read the grids and the split axes alone. Otherwise
+    both rules need one mesh for the two layouts: where the meshes differ the move is
+    general, and the few pairs on one mesh are given to :func:`move_between`."""
+    known = [layout for layout in (*srcs, *dsts) if layout is not None]
+    for layout in known:  # a planner asks tens of thousands of times: refused only where
+        if layout.shape != known[0].shape or layout.procs != known[0].procs:  # it refuses
+            _check_pair(known[0], layout)
+    ids: dict[Layout, int] = {}
+    meshes: dict[tuple[int, ...], int] = {}
+
+    def facts(layouts: Sequence[Layout | None], index: np.ndarray) -> np.ndarray:
+        rows = [(-1,) * 8 if layout is None else
+                (ids.setdefault(layout, len(ids)), meshes.setdefault(layout.mesh, len(meshes)),
+                 *_method_facts(layout)) for layout in layouts]
+        return np.array(rows, dtype=np.int64).reshape(-1, 8)[index]
+
+    src, dst = facts(srcs, si), facts(dsts, di)
+    # columns: the layout, its mesh, first rank, ranks, 1.5D grid, split axis (-1: none), Pr, Pc
+    same = (src[:, 2] == dst[:, 2]) & (src[:, 3] == dst[:, 3])
+    grids = (src[:, 4] == 1) & (dst[:, 4] == 1)
+    s_pr, d_pr, s_split, d_split = src[:, 6], dst[:, 6], src[:, 5], dst[:, 5]
+    slices = grids & (s_split == -1) & (s_pr % d_pr == 0)
+    gathers = grids & (d_split == -1) & (d_pr > 1) & (
+        ((s_pr == d_pr) & (src[:, 7] == dst[:, 7]) & (s_split != -1))
+        | ((s_pr == 1) & (src[:, 7] == src[:, 3])))
+    found = np.full(len(si), METHODS.index(GeneralMove), dtype=np.int64)
+    found[same & gathers] = METHODS.index(AllGatherMove)
+    found[same & slices] = METHODS.index(SliceMove)
+    equal = same & (src[:, 0] == dst[:, 0])
+    found[equal] = METHODS.index(IdentityMove)
+    for m in np.flatnonzero(same & ~grids & ~equal & (src[:, 1] == dst[:, 1])).tolist():
+        found[m] = METHODS.index(type(move_between(srcs[si[m]], dsts[di[m]])))
+    return found
+
+
+@lru_cache(maxsize=65536)
+def _method_facts(layout: Layout) -> tuple[int, ...]:
+    """What :func:`methods_between` reads of a layout besides itself and its mesh: its first
+    rank, its ranks, whether it is a 1.5D grid, its split axis there (-1: none, or not a
+    grid), and its grid's Pr and Pc."""
+    split = layout.cut_axes[0] if layout.is_grid and layout.cut_axes else -1
+    return (layout.first, layout.size, int(layout.is_grid), split, *layout.grid)
+
+
 def parts_overlapping(layout: Layout, axis: int, lo: int, hi: int) -> list[tuple[int, Range]]:
     """The parts of ``layout``'s cut of ``axis`` that meet ``[lo, hi)``, each with that meet.
 

@@ -64,7 +64,7 @@ from hpctrain.plan.elimination import (
 from hpctrain.plan.grouped import GroupedSpace
 from hpctrain.plan.placement import LayerLayouts, input_layout, plan_layouts, schedule
 from hpctrain.plan.plans import LayerPlan, ranks_text
-from hpctrain.plan.pricing import CostModel, LayerCost, SegmentCost, time_with_free
+from hpctrain.plan.pricing import CostModel, LayerCost, MovePrices, SegmentCost, time_with_free
 from hpctrain.plan.side_by_side import critical_path
 
 
@@ -1202,9 +1202,11 @@ def _move_grid(model: CostModel, srcs: list[Layout | None], dsts: list[Layout | 
 
     The searches ask for the same moves many times over (once per search: with and without
     the sums that may hide, per round of the last buckets, per space), and the joins of
-    repeated blocks for the same layouts: each move is priced once into a :class:`_MoveGrid`
-    of the model's, one per shape moved (and per layer, ``weighed``: its memory depends on
-    the layer), and looked up by rows and columns after."""
+    repeated blocks for the same layouts: each move is priced once, into the model's
+    :class:`~hpctrain.plan.pricing.MovePrices` of the shape moved (seconds alone, every new
+    move of a table at once) or, ``weighed``, into a :class:`_MoveGrid` of the model's per
+    shape and layer (its memory depends on the layer), and looked up by rows and columns
+    after."""
     cross = pairs is None
     if cross:  # every pair, row by row
         si = np.repeat(np.arange(len(srcs)), len(dsts))
@@ -1215,22 +1217,30 @@ def _move_grid(model: CostModel, srcs: list[Layout | None], dsts: list[Layout | 
     found = np.zeros((len(si), 3))
     shape = next((src.shape for src in srcs if src is not None), None)
     if shape is not None and any(dst is not None for dst in dsts):
-        key = (shape, index if weighed else None)
-        grid = model.move_grids.get(key)
-        if grid is None:
-            grid = model.move_grids[key] = _MoveGrid()
+        if weighed:
+            grid = model.move_grids.get((shape, index))
+            if grid is None:
+                grid = model.move_grids[shape, index] = _MoveGrid()
+        else:
+            grid = model.move_prices.get(shape)
+            if grid is None:
+                grid = model.move_prices[shape] = MovePrices()
         rows = np.array(grid.rows_of(srcs), dtype=np.int64)[si]
         cols = np.array(grid.cols_of(dsts), dtype=np.int64)[di]
         known = (rows >= 0) & (cols >= 0)
-        if known.any():
+        if known.any() and weighed:
             found[known] = grid.prices(model, si[known], di[known], rows[known], cols[known],
-                                       srcs, dsts, index, weighed)
+                                       srcs, dsts, index)
+        elif known.any():
+            found[known, 0] = grid.seconds(model, si[known], di[known], rows[known],
+                                           cols[known], srcs, dsts)
     return found.reshape(len(srcs), len(dsts), 3) if cross else found
 
 
 class _MoveGrid:
-    """The prices (:func:`_move_fields`) of moves between layouts of one shape, a row per source
-    layout and a column per target layout met so far, each priced when first asked for."""
+    """The prices (:func:`_move_fields`) of moves between layouts of one shape into one layer,
+    with their memory, a row per source layout and a column per target layout met so far,
+    each priced when first asked for."""
 
     def __init__(self) -> None:
         self.rows: dict[Layout, int] = {}
@@ -1248,10 +1258,10 @@ class _MoveGrid:
                 for dst in dsts]
 
     def prices(self, model: CostModel, si: np.ndarray, di: np.ndarray, rows: np.ndarray,
-               cols: np.ndarray, srcs: list[Layout], dsts: list[Layout], index: int,
-               weighed: bool) -> np.ndarray:
+               cols: np.ndarray, srcs: list[Layout], dsts: list[Layout], index: int
+               ) -> np.ndarray:
         """The (pairs, 3) prices of moving ``srcs[si[m]]`` (in row ``rows[m]``) into
-        ``dsts[di[m]]`` (in column ``cols[m]``), each pair m."""
+        ``dsts[di[m]]`` (in column ``cols[m]``) for layer ``index``, each pair m."""
         have = self.fields.shape
         if len(self.rows) > have[0] or len(self.cols) > have[1]:
             grown = np.full((max(len(self.rows), 2 * have[0]),
@@ -1266,7 +1276,7 @@ class _MoveGrid:
             costs = model.price_moves(pairs)  # each distinct pair's, in first order
             if len(costs) != len(pairs):  # a layout given twice (the searches give each once)
                 costs = [model.move_cost(*pair) for pair in pairs]
-            found[missing] = [_move_fields(model, src, dst, index, weighed, cost)
+            found[missing] = [_move_fields(model, src, dst, index, cost)
                               for (src, dst), cost in zip(pairs, costs, strict=True)]
             self.fields[rows[missing], cols[missing]] = found[missing]
         return found
@@ -1279,14 +1289,12 @@ class _MoveCost:  # not a tuple: tables take arrays of these as objects (segment
     peak: float  # bytes held for a moment
 
 
-def _move_fields(model: CostModel, src: Layout, dst: Layout, index: int, weighed: bool,
+def _move_fields(model: CostModel, src: Layout, dst: Layout, index: int,
                  cost: tuple[Move, float, float]) -> tuple[float, float, float]:
     """What moving ``src`` into ``dst`` for layer ``index`` (at ``cost``, its
     :meth:`~hpctrain.plan.pricing.CostModel.move_cost`) adds to :func:`evaluate`'s totals, as
-    :class:`_MoveCost`'s fields (its memory only when ``weighed``)."""
+    :class:`_MoveCost`'s fields: its seconds, and its memory."""
     time = cost[1] + cost[2]
-    if not weighed:
-        return time, 0.0, 0.0
     resident, transient = model.move_memory(src, dst, index)
     return time, sum(resident.values()), sum(transient.values())
 

@@ -62,10 +62,13 @@ from hpctrain.device.precision import PRECISIONS, Precision
 from hpctrain.errors import UserError
 from hpctrain.layout.layout import Layout, largest_block
 from hpctrain.layout.moves import (
+    METHODS,
+    AllGatherMove,
     GeneralMove,
     IdentityMove,
     Move,
     general_seconds_in_closed_form,
+    methods_between,
     move_between,
 )
 from hpctrain.model.kinds import KINDS, compute_factors_for, shape_class
@@ -270,7 +273,9 @@ class CostModel(Segments):
         self._moves: dict[tuple[Layout, Layout], tuple[Move, float, float]] = {}
         self._priced: dict[tuple, LayerCost] = {}  # by (number alike, mode, layouts, fed)
         # the planner's prices of moves between the layouts of one shape, filled in as it asks
-        # (:func:`hpctrain.plan.planner._move_grid`)
+        # (:func:`hpctrain.plan.planner._move_grid`): their seconds, by shape (read back by
+        # move_cost), and with the memory of each layer's, by shape and layer
+        self.move_prices: dict[tuple[int, ...], MovePrices] = {}
         self.move_grids: dict[tuple, object] = {}
         # per region on groups, what its layers and its branches cost under each choice
         # (:class:`hpctrain.plan.grouped.RegionPrices`), the same in every search
@@ -298,50 +303,74 @@ class CostModel(Segments):
         choices into each choice of the next) many times over."""
         cost = self._moves.get((src, dst))
         if cost is None:
-            move = move_between(src, dst)
-            cost = self._keep_move((src, dst), move, *move.seconds(self.machine, self.itemsize))
+            prices = self.move_prices.get(src.shape)
+            found = None if prices is None else prices.found(src, dst)
+            if found is not None:  # priced with its table's others: the same floats
+                method, forward, backward = found
+                cost = self._moves[src, dst] = (METHODS[method](src, dst), forward, backward)
+            else:
+                move = move_between(src, dst)
+                cost = self._keep_move((src, dst), move,
+                                       *move.seconds(self.machine, self.itemsize))
         return cost
 
     def price_moves(self, pairs: Iterable[tuple[Layout, Layout]]
                     ) -> list[tuple[Move, float, float]]:
-        """:meth:`move_cost` of every move (source, target) in ``pairs`` made at once: the
-        general moves whose busiest receiver has a closed form priced together, as arrays, a
-        shape at a time (:func:`~hpctrain.layout.moves.general_seconds_in_closed_form`: the
-        same floats), the others one by one. A search asks for thousands of moves of a segment
-        at a time, and a region on groups for the moves of all its branches. Returns the cost
-        of each distinct pair, in the order each first came: where ``pairs`` are distinct,
-        that of ``pairs``, with no second look-up."""
+        """:meth:`move_cost` of every move (source, target) in ``pairs`` made at once, a shape at
+        a time (:meth:`move_arrays`: the same floats). A search asks for thousands of moves of a
+        segment at a time, and a region on groups for the moves of all its branches. Returns
+        the cost of each distinct pair, in the order each first came: where ``pairs`` are
+        distinct, that of ``pairs``, with no second look-up."""
         # each pair hashed as few times as may be: hashing a layout runs Python code, and a
         # search prices tens of thousands of moves
         known = self._moves
         costs: list = []  # each distinct pair's, filled in below where it is new
-        by_shape: dict[tuple[int, ...], list[tuple[int, tuple[Layout, Layout], Move]]] = {}
-        alone = []  # priced one by one
+        new: dict[tuple[int, ...], list[tuple[int, tuple[Layout, Layout]]]] = {}  # by shape
         for pair in dict.fromkeys(pairs):
             cost = known.get(pair)
             if cost is None:
-                move = move_between(*pair)
-                if isinstance(move, GeneralMove):
-                    by_shape.setdefault(pair[0].shape, []).append((len(costs), pair, move))
-                else:
-                    alone.append((len(costs), pair, move))
+                new.setdefault(pair[0].shape, []).append((len(costs), pair))
             costs.append(cost)
-        for general in by_shape.values():
+        for moves in new.values():
             rows: dict[Layout, int] = {}  # each distinct source and target, in first order
             cols: dict[Layout, int] = {}
-            si = [rows.setdefault(src, len(rows)) for _, (src, _), _ in general]
-            di = [cols.setdefault(dst, len(cols)) for _, (_, dst), _ in general]
-            seconds = general_seconds_in_closed_form(
-                list(rows), list(cols), np.array(si), np.array(di), self.machine,
-                self.itemsize)
-            for (at, pair, move), t in zip(general, seconds.tolist(), strict=True):
-                if t == t:  # not NaN: in closed form, the same both ways
-                    costs[at] = self._keep_move(pair, move, t, t)
-                else:
-                    alone.append((at, pair, move))
-        for at, pair, move in alone:
-            costs[at] = self._keep_move(pair, move, *move.seconds(self.machine, self.itemsize))
+            si = np.array([rows.setdefault(src, len(rows)) for _, (src, _) in moves],
+                          dtype=np.int64)
+            di = np.array([cols.setdefault(dst, len(cols)) for _, (_, dst) in moves],
+                          dtype=np.int64)
+            methods, forward, backward = self.move_arrays(list(rows), list(cols), si, di)
+            for (at, pair), method, f, b in zip(moves, methods.tolist(), forward.tolist(),
+                                                backward.tolist(), strict=True):
+                costs[at] = known[pair] = (METHODS[method](*pair), f, b)
         return costs
+
+    def move_arrays(self, srcs: list[Layout | None], dsts: list[Layout | None],
+                    si: np.ndarray, di: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(method, forward s, backward s) of each move ``srcs[si[m]]`` → ``dsts[di[m]]``
+        (layouts of one shape; a None is never indexed), as :meth:`move_cost` prices it, every
+        pair at once and no :class:`~hpctrain.layout.moves.Move` made: its method's place in
+        :data:`~hpctrain.layout.moves.METHODS` (:func:`~hpctrain.layout.moves.methods_between`),
+        a general move's seconds in closed form where it has one
+        (:func:`~hpctrain.layout.moves.general_seconds_in_closed_form`: the same floats), the
+        others' one by one."""
+        methods = methods_between(srcs, dsts, si, di)
+        forward, backward = np.zeros(len(si)), np.zeros(len(si))
+        general = np.flatnonzero(methods == _GENERAL)
+        if len(general):
+            rows, at_rows = _compacted(si[general], len(srcs))
+            cols, at_cols = _compacted(di[general], len(dsts))
+            seconds = general_seconds_in_closed_form(
+                [srcs[i] for i in rows], [dsts[j] for j in cols], at_rows, at_cols,
+                self.machine, self.itemsize)
+            forward[general] = backward[general] = seconds  # the same both ways
+        alone = np.flatnonzero((methods == _ALLGATHER) | np.isnan(forward))
+        for m in alone.tolist():  # NaN: no closed form
+            move = METHODS[methods[m]](srcs[si[m]], dsts[di[m]])
+            forward[m], backward[m] = move.seconds(self.machine, self.itemsize)
+        if self.inference:  # no backward
+            backward[:] = 0.0
+        return methods, forward, backward
 
     def _keep_move(self, pair: tuple[Layout, Layout], move: Move, forward: float,
                    backward: float) -> tuple[Move, float, float]:
@@ -561,6 +590,80 @@ class CostModel(Segments):
         for cost in costs:
             self._fill_compute(cost.layers, times)
             cost.timed = True
+
+
+_GENERAL = METHODS.index(GeneralMove)
+_ALLGATHER = METHODS.index(AllGatherMove)
+
+
+def _compacted(index: np.ndarray, size: int) -> tuple[list[int], np.ndarray]:
+    """(the distinct entries of ``index``, ascending; each entry's place among them): the
+    entries of a list of ``size`` that ``index`` names, and ``index`` into those alone."""
+    used = np.zeros(size, dtype=bool)  # marked, not np.unique: that loads numpy.ma (13 ms)
+    used[index] = True
+    return np.flatnonzero(used).tolist(), (np.cumsum(used) - 1)[index]
+
+
+class MovePrices:
+    """The moves between layouts of one shape that the planner's tables asked for
+    (:func:`~hpctrain.plan.planner._move_grid`): a row per source layout and a column per
+    target layout met so far, and for each move its method's place in
+    :data:`~hpctrain.layout.moves.METHODS` (-1: not priced yet) and its forward and backward
+    seconds, priced when first asked for, a table's new moves at once
+    (:meth:`CostModel.move_arrays`). :meth:`CostModel.move_cost` reads a move here before it
+    prices one alone: a table prices tens of thousands, a plan's evaluation reads a few."""
+
+    def __init__(self) -> None:
+        self.rows: dict[Layout, int] = {}
+        self.cols: dict[Layout, int] = {}
+        self.method = np.full((0, 0), -1, dtype=np.int64)
+        self.forward = np.zeros((0, 0))
+        self.backward = np.zeros((0, 0))
+
+    def rows_of(self, srcs: list[Layout | None]) -> list[int]:
+        """The row of each source layout (-1 for None), new layouts given new rows."""
+        return [-1 if src is None else self.rows.setdefault(src, len(self.rows))
+                for src in srcs]
+
+    def cols_of(self, dsts: list[Layout | None]) -> list[int]:
+        """The column of each target layout (-1 for None), new layouts given new columns."""
+        return [-1 if dst is None else self.cols.setdefault(dst, len(self.cols))
+                for dst in dsts]
+
+    def seconds(self, model: CostModel, si: np.ndarray, di: np.ndarray, rows: np.ndarray,
+                cols: np.ndarray, srcs: list[Layout | None], dsts: list[Layout | None]
+                ) -> np.ndarray:
+        """The seconds, forward and backward, of moving ``srcs[si[m]]`` (in row ``rows[m]``)
+        into ``dsts[di[m]]`` (in column ``cols[m]``), each pair m; those not priced yet priced
+        here, at once."""
+        have = self.method.shape
+        if len(self.rows) > have[0] or len(self.cols) > have[1]:
+            size = (max(len(self.rows), 2 * have[0]), max(len(self.cols), 2 * have[1]))
+            self.method = _grown(self.method, size, -1)
+            self.forward = _grown(self.forward, size, 0.0)
+            self.backward = _grown(self.backward, size, 0.0)
+        missing = np.flatnonzero(self.method[rows, cols] < 0)
+        if len(missing):
+            at = rows[missing], cols[missing]
+            self.method[at], self.forward[at], self.backward[at] = model.move_arrays(
+                srcs, dsts, si[missing], di[missing])
+        return self.forward[rows, cols] + self.backward[rows, cols]
+
+    def found(self, src: Layout, dst: Layout) -> tuple[int, float, float] | None:
+        """(method, forward s, backward s) of the move ``src`` → ``dst`` if priced here."""
+        row, col = self.rows.get(src), self.cols.get(dst)
+        if row is None or col is None or row >= self.method.shape[0] or (
+                col >= self.method.shape[1]) or self.method[row, col] < 0:
+            return None
+        return (int(self.method[row, col]), float(self.forward[row, col]),
+                float(self.backward[row, col]))
+
+
+def _grown(values: np.ndarray, size: tuple[int, int], fill: float) -> np.ndarray:
+    """``values`` in the corner of an array of ``size`` filled with ``fill``."""
+    grown = np.full(size, fill, dtype=values.dtype)
+    grown[:values.shape[0], :values.shape[1]] = values
+    return grown
 
 
 def time_with_free(costs: Iterable[LayerCost], free: float) -> float:
