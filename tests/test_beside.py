@@ -116,3 +116,17 @@ def test_a_fork_refused_leaves_the_search_to_this_process(monkeypatch):
     beside = Beside(lambda: os.getpid())
     assert beside.pid is None and beside.result() == os.getpid()
     beside.close()
+
+
+def test_a_plan_from_beside_that_does_not_win_is_not_priced_here(monkeypatch, capsys):
+    """The child hands back its plan's time with it: where the grids' plan is faster, the
+    parent keeps it without pricing the balanced plan again."""
+    priced = []
+    real = spaces.evaluate_plan
+    monkeypatch.setattr(spaces, "evaluate_plan",
+                        lambda model, plan, *rest: priced.append(plan) or real(model, plan, *rest))
+    monkeypatch.setattr(spaces, "may_fork", lambda: True)
+    assert main(["plan", "--net", "inception_v3", "--procs", "256", "--batch", "128",
+                 "--machine", "dgx-h100"]) == 0
+    assert "no plan of it beats the 1.5D plan" in capsys.readouterr().out
+    assert not priced

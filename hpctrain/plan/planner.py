@@ -1073,9 +1073,11 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
                 if picked is None:
                     continue
                 found = [_sliced(table, picked) for table in tables]
-                if was_free != free:  # only the segments' own costs count it
+                if was_free != free:  # only the segments' own costs count it; kept for the
+                    # rounds after this one, which search subsets of these candidates
                     found[:len(candidates)] = [_own_table(model, s, choices, free, weighed)
                                                for s, choices in enumerate(candidates)]
+                    _keep_tables(model, candidates, weighed, free, found)
                 return found
     net, segments = model.net, model.segments
     owner = {k: s for s, members in enumerate(segments) for k in members}
@@ -1145,9 +1147,16 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
                                   for where in layouts[last]]))
     if space is not None:
         return tables + space.tables
+    _keep_tables(model, candidates, weighed, free, tables)
+    return tables
+
+
+def _keep_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: bool,
+                 free: float, tables: list[Table]) -> None:
+    """Keep ``tables``, made for ``candidates``, for the searches after this one
+    (:func:`_plan_tables`)."""
     index = [{choice: i for i, choice in enumerate(found)} for found in candidates]
     model.search_tables.setdefault((weighed, free), []).append((index, tables))
-    return tables
 
 
 def _own_table(model: CostModel, segment: int, choices: list[LayerPlan], free: float,

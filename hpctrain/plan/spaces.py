@@ -39,6 +39,7 @@ so, and which plan the first timing had preferred where they differ.
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -129,7 +130,7 @@ def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_sourc
         try:
             grids = plan_network(model, mem_per_rank, cap_source, "grids", groups)
         except PlannerError:  # no 1.5D plan at all: the splits are the only way to one
-            planned = balanced_plan()
+            planned = balanced_plan(math.inf)
             planned.space_note = ("--space auto searched balanced: no plan of the 1.5D grids "
                                   "runs here")
             return planned
@@ -141,7 +142,7 @@ def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_sourc
                                 f"{budget_text}; give --space balanced to search it anyway")
             return grids
         try:
-            balanced = balanced_plan()
+            balanced = balanced_plan(grids.iteration_time)
         except PlannerError as err:  # too large a space for an exact search here
             grids.space_note = f"--space auto searched the grids only: {err}"
             return grids
@@ -149,11 +150,12 @@ def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_sourc
                else "the kernels it adds are cached" if cost == 0.0
                else f"timing the kernels it adds, estimated at {_seconds(cost)}, is within "
                     f"{budget_text}")
-        if balanced.iteration_time < grids.iteration_time:
+        if balanced is not None and balanced.iteration_time < grids.iteration_time:
             balanced.space_note = f"--space auto searched balanced ({why})"
             others.append(grids)
             return balanced
-        others.append(balanced)
+        if balanced is not None:
+            others.append(balanced)
         grids.space_note = (f"--space auto searched balanced ({why}); no plan of it beats the "
                             f"1.5D plan")
         return grids
@@ -161,34 +163,39 @@ def plan_over_auto_space(model: CostModel, mem_per_rank: float | None, cap_sourc
 
 @contextmanager
 def _balanced_search(model: CostModel, mem_per_rank: float | None, cap_source: str,
-                     groups: bool) -> Iterator[Callable[[], PlannedNetwork]]:
-    """The balanced space's plan, as a call. With compute from FLOPs (balanced is then searched
-    whatever the grids give), where the grids search weighs regions on groups of ranks (and
-    takes about as long as balanced's: without them it takes a fraction, and a child would
-    price again the grids the balanced search finds priced here) and where a fork is safe
-    (:func:`~hpctrain.plan.beside.may_fork`), the search starts at once in a child on a second
-    core, and the call takes its plan; the child is ended on leaving if the plan was never
-    asked for."""
+                     groups: bool) -> Iterator[Callable[[float], PlannedNetwork | None]]:
+    """The balanced space's plan, as a call given the time it has to beat: the plan, or None
+    where it is known not to beat that time without being priced here. With compute from
+    FLOPs (balanced is then searched whatever the grids give), where the grids search weighs
+    regions on groups of ranks (and takes about as long as balanced's: without them it takes
+    a fraction, and a child would price again the grids the balanced search finds priced here)
+    and where a fork is safe (:func:`~hpctrain.plan.beside.may_fork`), the search starts at
+    once in a child on a second core, and the call takes its plan; the child is ended on
+    leaving if the plan was never asked for."""
     if _measured(model) or not (groups and grouped_regions(model)) or not may_fork():
-        yield lambda: plan_network(model, mem_per_rank, cap_source, "balanced")
+        yield lambda beat: plan_network(model, mem_per_rank, cap_source, "balanced")
         return
     beside = Beside(lambda: _sent(plan_network(model, mem_per_rank, cap_source, "balanced")))
     try:
-        yield lambda: _received(model, beside.result())
+        yield lambda beat: _received(model, beside.result(), beat)
     finally:
         beside.close()
 
 
-def _sent(planned: PlannedNetwork) -> tuple[list[LayerPlan], bool, float | None]:
-    """What a search run beside hands back of its plan: the plan of every layer, and what
-    its search alone knows (whether it is exact, its lower bound)."""
-    return planned.plans, planned.exact, planned.lower_bound
+def _sent(planned: PlannedNetwork) -> tuple[list[LayerPlan], bool, float | None, float]:
+    """What a search run beside hands back of its plan: the plan of every layer, what its
+    search alone knows (whether it is exact, its lower bound), and its predicted time."""
+    return planned.plans, planned.exact, planned.lower_bound, planned.iteration_time
 
 
-def _received(model: CostModel, sent: tuple[list[LayerPlan], bool, float | None]
-              ) -> PlannedNetwork:
-    """The plan :func:`_sent` handed back, priced here as its search priced it."""
-    plans, exact, lower_bound = sent
+def _received(model: CostModel, sent: tuple[list[LayerPlan], bool, float | None, float],
+              beat: float) -> PlannedNetwork | None:
+    """The plan :func:`_sent` handed back, priced here as its search priced it; None where
+    its time there (the same floats: the child prices from a copy of this model) does not
+    beat ``beat``, which leaves it unpriced here."""
+    plans, exact, lower_bound, time = sent
+    if time >= beat:
+        return None
     planned = evaluate_plan(model, plans)
     planned.exact, planned.lower_bound = exact, lower_bound
     return planned
