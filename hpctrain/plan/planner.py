@@ -552,23 +552,28 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
         if not found and not wider[k]:
             raise PlannerError(_no_choice(model, k, space))
 
-    def best(free: float) -> PlannedNetwork:
-        """The optimum over the space with ``free`` of each gradient sum counted free."""
-        try:
-            grids = candidates
-            if not all(grids):  # a layer no 1.5D mode splits: the splits alone may
-                raise PlannerError("a layer has no 1.5D plan")
-            if mem_per_rank is not None:
-                grids = _fits(model, candidates, mem_per_rank, cap_source)
-            found = _search(model, grids, mem_per_rank, cap_source, free,
-                            groups and space == "grids")
-        except PlannerError:
+    def best(free: float, known: tuple[PlannedNetwork, ...] = ()) -> PlannedNetwork:
+        """The optimum over the space with ``free`` of each gradient sum counted free;
+        ``known``: plans of the space found before (with another share counted free), whose
+        times with ``free`` counted free bound it as the 1.5D plans' optimum would (its
+        search is then left out where the space is wider and no cap applies)."""
+        found = None
+        if not (known and any(wider) and mem_per_rank is None):
+            try:
+                grids = candidates
+                if not all(grids):  # a layer no 1.5D mode splits: the splits alone may
+                    raise PlannerError("a layer has no 1.5D plan")
+                if mem_per_rank is not None:
+                    grids = _fits(model, candidates, mem_per_rank, cap_source)
+                found = _search(model, grids, mem_per_rank, cap_source, free,
+                                groups and space == "grids")
+            except PlannerError:
+                if not any(wider):
+                    raise
             if not any(wider):
-                raise
-            found = None
-        if not any(wider):
-            return found
-        bound = math.inf if found is None else found.time_with_free(free)
+                return found
+        bound = min((p.time_with_free(free) for p in (*known, found) if p is not None),
+                    default=math.inf)
         grids, more = candidates, wider
         if mem_per_rank is not None:  # time no kernel of a choice that cannot fit
             grids, more = fitting_apart(model, candidates, wider, mem_per_rank)
@@ -585,7 +590,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     counted = best(0.0)
     if not model.hidden_share:
         return counted
-    hopeful = best(model.hidden_share)
+    hopeful = best(model.hidden_share, (counted,))
     best = min(counted, hopeful, key=lambda p: p.iteration_time)
     if counted.exact and hopeful.exact:
         best.lower_bound = hopeful.time_with_sums_hidden()
