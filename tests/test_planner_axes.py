@@ -237,3 +237,31 @@ def test_plan_prices_a_given_grid_and_holds_it_to_the_cap(capsys):
     assert re.search(r"split +n2 c1 d2 h2 w1", out) and "predicted iteration" in out
     with pytest.raises(MemoryRefused, match="--mem-per-rank"):
         plan_command.run([*common, "--grid", "conv=n2d2h2,fc=8x1", "--mem-per-rank", "1M"])
+
+
+@pytest.mark.parametrize("space", ["balanced", "axes"])
+@pytest.mark.parametrize("text,batch,procs", [(NET, 4, 4), (WIDE, 2, 4), (BRANCHED, 2, 4),
+                                              (BRANCHED, 1, 8)])
+@pytest.mark.parametrize("alpha, beta", [(2e-5, 1 / 1e9), (2e-6, 1 / 6e9), (1e-4, 1 / 1e8)])
+def test_sums_that_may_hide_plan_a_wider_space_as_its_unbounded_searches_do(space, text, batch,
+                                                                           procs, alpha, beta):
+    """With sums in flight the wider spaces' second search (the hideable share counted free)
+    is bounded by the first's plan instead of the grids' own search: the same plan and lower
+    bound as both searches over the whole space unbounded, and no plan of the balanced space
+    (by enumeration) below that bound."""
+    from hpctrain.plan.planner import _search
+
+    machine = Machine("hiding", alpha=alpha, beta=beta, flops=1e11, overlap=0.8)
+    model = CostModel(parse_net(text, "t"), batch, procs, machine, FlopModel(machine.flops),
+                      overlap=True)
+    every = [model.choices(k) + model.split_choices(k, space)
+             for k in range(len(model.segments))]
+    counted = _search(model, every, None, "", 0.0)
+    hopeful = _search(model, every, None, "", model.hidden_share)
+    planned = plan_network(model, space=space)
+    best = min(counted, hopeful, key=lambda p: p.iteration_time)
+    assert (planned.plans, planned.iteration_time) == (best.plans, best.iteration_time)
+    assert planned.lower_bound == hopeful.time_with_sums_hidden() > 0
+    if space == "balanced":  # every axis: too many plans to enumerate in a test
+        assert planned.lower_bound <= min(
+            p.iteration_time for p in every_plan(model, space)) * (1 + 1e-12)
