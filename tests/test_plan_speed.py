@@ -546,7 +546,7 @@ def test_many_moves_at_once_take_the_method_and_price_of_each_alone(p):
     :func:`move_between` picks, and :meth:`CostModel.move_arrays` gives each pair the floats a
     fresh model's :meth:`CostModel.move_cost` gives it alone, both ways and with a forward
     alone; a None among the layouts, never indexed, is passed over."""
-    from hpctrain.layout.moves import METHODS, methods_between, move_between
+    from hpctrain.layout.moves import METHODS, methods_between
 
     rng = random.Random(p)
     seen = collections.Counter()
