@@ -41,28 +41,51 @@ class Beside:
     """``search()`` run in a forked child from the moment this is made; ``result()`` its
     value, or what it raised raised here, or ``search()`` run here if the child was lost.
     ``close()`` ends a child whose result is no longer wanted. What ``search`` returns, and
-    any exception it raises, must pickle."""
+    any exception it raises, must pickle.
 
-    def __init__(self, search: Callable[[], object]) -> None:
-        self.search = search
+    With ``told``, ``search`` takes one argument: a call that returns what this process hands
+    it with :meth:`tell`, waiting for it until then (a child may start before all it needs is
+    known here). It must be told before :meth:`result` is asked for."""
+
+    def __init__(self, search: Callable[..., object], told: bool = False) -> None:
+        self.search, self.told = search, told
         self.pid: int | None = None
         self.readable: int | None = None
+        self.telling: int | None = None  # where the child hears what it is told
+        self._message: tuple[object] | None = None  # what it was told, for a search run here
         readable, writable = os.pipe()
+        inbox = os.pipe() if told else None
         try:
             with stops_held_for_a_fork():
                 pid = os.fork()
                 if pid == 0:
-                    _child(search, readable, writable)  # never returns
+                    _child(search, readable, writable, inbox)  # never returns
             self.pid, self.readable = pid, readable
+            if inbox is not None:
+                os.close(inbox[0])
+                self.telling = inbox[1]
         except OSError:  # no process to be had (memory, a limit): the search runs here
             os.close(readable)
+            for end in inbox or ():
+                os.close(end)
         finally:
             os.close(writable)
+
+    def tell(self, message: object) -> None:
+        """Hand ``message`` to the search (``told``): once, and it must pickle."""
+        self._message = (message,)
+        if self.telling is not None:
+            telling, self.telling = self.telling, None  # the file below closes it
+            with os.fdopen(telling, "wb") as pipe:
+                try:
+                    pipe.write(pickle.dumps(message))
+                except BrokenPipeError:  # the child has ended: result() finds out why
+                    pass
 
     def result(self) -> object:
         """The child's value (once it has ended), or what it raised, raised here."""
         if self.readable is None:  # not forked
-            return self.search()
+            return self._search_here()
         chunks = []
         readable, self.readable = self.readable, None  # the file below closes it
         with os.fdopen(readable, "rb") as pipe:
@@ -70,20 +93,28 @@ class Beside:
                 chunks.append(chunk)
         self._reap()
         if not chunks:  # lost before it answered: search here instead
-            return self.search()
+            return self._search_here()
         ok, value = pickle.loads(b"".join(chunks))
         if not ok:
             raise value
         return value
 
+    def _search_here(self) -> object:
+        if not self.told:
+            return self.search()
+        if self._message is None:
+            raise RuntimeError("a search that is told something was not told it")
+        return self.search(lambda: self._message[0])
+
     def close(self) -> None:
-        """End the child if it still runs, and release its pipe."""
+        """End the child if it still runs, and release its pipes."""
         if self.pid is not None:
             os.kill(self.pid, signal.SIGKILL)
             self._reap()
-        if self.readable is not None:
-            os.close(self.readable)
-            self.readable = None
+        for name in ("readable", "telling"):
+            if getattr(self, name) is not None:
+                os.close(getattr(self, name))
+                setattr(self, name, None)
 
     def _reap(self) -> None:
         if self.pid is not None:
@@ -91,14 +122,22 @@ class Beside:
             self.pid = None
 
 
-def _child(search: Callable[[], object], readable: int, writable: int) -> None:
-    """The forked child: run ``search``, write (ok, value) pickled to ``writable``, and exit
+def _child(search: Callable[..., object], readable: int, writable: int,
+           inbox: tuple[int, int] | None) -> None:
+    """The forked child: run ``search`` (given, where it is ``told``, a call that reads what
+    the parent tells it from ``inbox``), write (ok, value) pickled to ``writable``, and exit
     without running anything of the parent's."""
     try:
         take_held_stops(signal.SIG_DFL, signal.SIG_DFL)
         os.close(readable)
         try:
-            outcome = (True, search())
+            if inbox is None:
+                outcome = (True, search())
+            else:
+                os.close(inbox[1])
+                heard: list[object] = []  # read once, however often asked
+                outcome = (True, search(lambda: heard[0] if heard else heard.append(
+                    _heard(inbox[0])) or heard[0]))
         except Exception as err:  # noqa: BLE001 -- whatever it raised is raised in the parent
             outcome = (False, err)
         try:
@@ -109,3 +148,10 @@ def _child(search: Callable[[], object], readable: int, writable: int) -> None:
             pipe.write(data)
     finally:
         os._exit(0)
+
+
+def _heard(readable: int) -> object:
+    """What the parent told the child through ``readable``: read to its end, once (a parent
+    that ended first leaves nothing, and unpickling nothing raises)."""
+    with os.fdopen(readable, "rb") as pipe:
+        return pickle.loads(pipe.read())

@@ -509,7 +509,8 @@ would take minutes to hours and the planner refuses it, naming ``balanced``."""
 
 def plan_network(model: CostModel, mem_per_rank: float | None = None,
                  cap_source: str = "--mem-per-rank", space: str = "grids",
-                 groups: bool = False) -> PlannedNetwork:
+                 groups: bool = False, grids_time: Callable[[], float] | None = None
+                 ) -> PlannedNetwork:
     """The plan of least predicted iteration time (under ``mem_per_rank`` bytes of peak memory
     per rank, if given; ``cap_source`` says where the cap came from, for the refusal), over the
     search ``space`` (:data:`SPACES`; ``--space auto`` chooses one:
@@ -537,6 +538,10 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     Under a memory cap the fastest plan with groups is kept when it fits the cap, which makes it
     the optimum under the cap too; when it does not, every branch runs on every rank (the
     memory labels know nothing of groups either).
+
+    ``grids_time``, over a wider space with no cap: a call that gives t* found elsewhere
+    (:func:`grids_optimum_time`, the same float), asked for once every candidate is priced;
+    the 1.5D search is then left out here.
     """
     if space not in SPACES:
         raise ValueError(f"search space {space!r}; choose one of {', '.join(SPACES)}")
@@ -555,10 +560,15 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     def best(free: float, known: tuple[PlannedNetwork, ...] = ()) -> PlannedNetwork:
         """The optimum over the space with ``free`` of each gradient sum counted free;
         ``known``: plans of the space found before (with another share counted free), whose
-        times with ``free`` counted free bound it as the 1.5D plans' optimum would (its
-        search is then left out where the space is wider and no cap applies)."""
+        times with ``free`` counted free bound it as the 1.5D plans' optimum would. Where
+        they, or ``grids_time``, give the bound of a wider space with no cap, the 1.5D
+        search is left out here."""
         found = None
-        if not (known and any(wider) and mem_per_rank is None):
+        handed = any(wider) and mem_per_rank is None and (known or grids_time is not None)
+        if handed and not known:  # what the bounds read, priced while t* is found elsewhere
+            model.prefetch(candidates)
+            model.prefetch(wider)
+        if not handed:
             try:
                 grids = candidates
                 if not all(grids):  # a layer no 1.5D mode splits: the splits alone may
@@ -572,8 +582,11 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
                     raise
             if not any(wider):
                 return found
-        bound = min((p.time_with_free(free) for p in (*known, found) if p is not None),
-                    default=math.inf)
+        if handed and not known:
+            bound = grids_time()
+        else:
+            bound = min((p.time_with_free(free) for p in (*known, found) if p is not None),
+                        default=math.inf)
         grids, more = candidates, wider
         if mem_per_rank is not None:  # time no kernel of a choice that cannot fit
             grids, more = fitting_apart(model, candidates, wider, mem_per_rank)
@@ -595,6 +608,19 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     if counted.exact and hopeful.exact:
         best.lower_bound = hopeful.time_with_sums_hidden()
     return best
+
+
+def grids_optimum_time(model: CostModel) -> float:
+    """t* of :func:`plan_network`: the time, every sum counted, of the 1.5D plans' optimum
+    without groups and without a cap (infinite where no 1.5D plan runs), as a wider space's
+    search finds it to bound the rest."""
+    candidates = [model.choices(k) for k in range(len(model.segments))]
+    if not all(candidates):
+        return math.inf
+    try:
+        return _search(model, candidates, None, "", 0.0).time_with_free(0.0)
+    except PlannerError:
+        return math.inf
 
 
 def _joined_segments(model: CostModel) -> list[tuple[int, int]]:

@@ -53,6 +53,7 @@ from hpctrain.plan.planner import (
     evaluate,
     evaluate_plan,
     fitting_apart,
+    grids_optimum_time,
     plan_network,
 )
 from hpctrain.plan.plans import LayerPlan
@@ -175,8 +176,15 @@ def _balanced_search(model: CostModel, mem_per_rank: float | None, cap_source: s
     if _measured(model) or not (groups and grouped_regions(model)) or not may_fork():
         yield lambda beat: plan_network(model, mem_per_rank, cap_source, "balanced")
         return
-    beside = Beside(lambda: _sent(plan_network(model, mem_per_rank, cap_source, "balanced")))
+    if mem_per_rank is not None:
+        beside = Beside(lambda: _sent(plan_network(model, mem_per_rank, cap_source,
+                                                   "balanced")))
+    else:  # the 1.5D plans' t*, which bounds the rest, found here while the child prices
+        beside = Beside(lambda grids_time: _sent(plan_network(
+            model, None, cap_source, "balanced", grids_time=grids_time)), told=True)
     try:
+        if beside.told:
+            beside.tell(grids_optimum_time(model))
         yield lambda beat: _received(model, beside.result(), beat)
     finally:
         beside.close()
