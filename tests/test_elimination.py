@@ -182,3 +182,17 @@ def test_the_sum_made_in_one_array_is_the_sum_from_zero_and_leaves_the_tables(se
     assert _at(found, argmin).tobytes() == np.min(plain, axis=-1).tobytes()
     for table, before in zip(tables, copies, strict=True):
         assert np.array_equal(table.values, before)
+
+
+def test_one_variable_is_the_sum_of_its_rows_first_least_as_the_elimination_finds_it():
+    """A problem of one variable (a branch of one segment) is solved without the elimination's
+    steps: the same least sum and the same first choice reaching it, ties and infinities
+    included, as the general steps give it with a second variable of one choice beside."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 9))
+        tables = [Table((0,), rng.choice([0.5, 1.0, 2.0, np.inf], size=n) * rng.integers(1, 3))
+                  for _ in range(int(rng.integers(1, 5)))]
+        alone = minimise([n], tables)
+        least, chosen = minimise([n, 1], [*tables, Table((1,), np.zeros(1))])
+        assert alone == (least, chosen[:1])
