@@ -80,8 +80,8 @@ def test_a_sigterm_that_reaches_the_child_as_it_is_forked_ends_it():
 def test_auto_plans_alike_with_the_balanced_search_beside(monkeypatch, capsys, net, procs,
                                                           batch, machine, flags):
     forked = []
-    monkeypatch.setattr(spaces, "Beside", lambda search: forked.append(Beside(search))
-                        or forked[-1])
+    monkeypatch.setattr(spaces, "Beside", lambda search, **told: forked.append(
+        Beside(search, **told)) or forked[-1])
 
     def plan(fork):
         monkeypatch.setattr(spaces, "may_fork", lambda: fork)
@@ -130,3 +130,38 @@ def test_a_plan_from_beside_that_does_not_win_is_not_priced_here(monkeypatch, ca
                  "--machine", "dgx-h100"]) == 0
     assert "no plan of it beats the 1.5D plan" in capsys.readouterr().out
     assert not priced
+
+
+def test_a_child_told_after_the_fork_waits_for_what_it_is_told():
+    """The child starts at once and waits for what this process finds after the fork; a
+    search run here, the fork refused, is told the same."""
+    parent = os.getpid()
+
+    def search(told):
+        return os.getpid() != parent, told() + told()  # asked twice, read once
+
+    beside = Beside(search, told=True)
+    time.sleep(0.2)  # the child is waiting by now
+    beside.tell(21)
+    assert beside.result() == (True, 42)
+    beside.close()
+
+
+def test_a_told_search_whose_fork_is_refused_is_told_here(monkeypatch):
+    def refused():
+        raise BlockingIOError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", refused)
+    beside = Beside(lambda told: (os.getpid(), told()), told=True)
+    beside.tell("t*")
+    assert beside.result() == (os.getpid(), "t*")
+    beside.close()
+
+
+def test_closing_ends_a_child_still_waiting_to_be_told():
+    beside = Beside(lambda told: told(), told=True)
+    pid, start = beside.pid, time.monotonic()
+    beside.close()
+    assert time.monotonic() - start < 5
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

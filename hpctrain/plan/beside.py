@@ -5,7 +5,8 @@ its own, and hands back what it found through a pipe.
 compute priced from FLOPs neither search waits for the other, and for a branched net each takes
 about half of a plan's time (:mod:`hpctrain.plan.spaces`). A fork shares the cost model as it
 stands, so the child prices the same moves and layers to the same floats, and what it sends back is
-the plan alone, priced again here.
+the plan alone, priced again here. A child may also be told something found here after the fork
+(:meth:`Beside.tell`): it waits for it only when it needs it, by then most often long sent.
 
 Only where forking is safe and pays: on Linux (macOS's system libraries are not safe to use in a
 forked child, which is why Python spawns there), in a process that runs one thread (a lock another

@@ -23,7 +23,10 @@ cold compute cache (a whole-batch convolution of a large image can take seconds 
 The plan is the faster of the two searches: the grids search may run a region's branches on
 groups of ranks, which the balanced search does not weigh. With compute from FLOPs balanced is
 always searched; where the grids search weighs groups too and a fork may run
-(:func:`~hpctrain.plan.beside.may_fork`), on a second core, beside the grids. Every rank
+(:func:`~hpctrain.plan.beside.may_fork`), on a second core, beside the grids. This process then
+first finds the 1.5D plans' optimum without groups, whose time bounds the balanced search, and
+tells the child (which prices its candidates meanwhile), and the child hands back its plan's
+time with it: a plan that does not beat the grids' is not priced again here. Every rank
 decides alike, since the cache and the timings it reads are the same on every rank.
 
 **Choices that survive the noise.** Each kernel is timed once, and a timing is not repeatable:
