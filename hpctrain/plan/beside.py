@@ -136,9 +136,7 @@ def _child(search: Callable[..., object], readable: int, writable: int,
                 outcome = (True, search())
             else:
                 os.close(inbox[1])
-                heard: list[object] = []  # read once, however often asked
-                outcome = (True, search(lambda: heard[0] if heard else heard.append(
-                    _heard(inbox[0])) or heard[0]))
+                outcome = (True, search(_Inbox(inbox[0])))
         except Exception as err:  # noqa: BLE001 -- whatever it raised is raised in the parent
             outcome = (False, err)
         try:
@@ -151,8 +149,17 @@ def _child(search: Callable[..., object], readable: int, writable: int,
         os._exit(0)
 
 
-def _heard(readable: int) -> object:
-    """What the parent told the child through ``readable``: read to its end, once (a parent
-    that ended first leaves nothing, and unpickling nothing raises)."""
-    with os.fdopen(readable, "rb") as pipe:
-        return pickle.loads(pipe.read())
+class _Inbox:
+    """What the parent tells the child through ``readable``, as a call: read to its end when
+    first asked for, waiting for it until then (a parent that ended first leaves nothing, and
+    unpickling nothing raises), and kept."""
+
+    def __init__(self, readable: int) -> None:
+        self.readable = readable
+        self.heard: tuple[object] | None = None
+
+    def __call__(self) -> object:
+        if self.heard is None:
+            with os.fdopen(self.readable, "rb") as pipe:
+                self.heard = (pickle.loads(pipe.read()),)
+        return self.heard[0]

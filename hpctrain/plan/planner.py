@@ -564,11 +564,14 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
         they, or ``grids_time``, give the bound of a wider space with no cap, the 1.5D
         search is left out here."""
         found = None
-        handed = any(wider) and mem_per_rank is None and (known or grids_time is not None)
-        if handed and not known:  # what the bounds read, priced while t* is found elsewhere
-            model.prefetch(candidates)
-            model.prefetch(wider)
-        if not handed:
+        if any(wider) and mem_per_rank is None and (known or grids_time is not None):
+            if known:
+                bound = min(p.time_with_free(free) for p in known)
+            else:  # what the bounds read, priced while t* is found elsewhere
+                model.prefetch(candidates)
+                model.prefetch(wider)
+                bound = grids_time()
+        else:
             try:
                 grids = candidates
                 if not all(grids):  # a layer no 1.5D mode splits: the splits alone may
@@ -582,11 +585,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
                     raise
             if not any(wider):
                 return found
-        if handed and not known:
-            bound = grids_time()
-        else:
-            bound = min((p.time_with_free(free) for p in (*known, found) if p is not None),
-                        default=math.inf)
+            bound = math.inf if found is None else found.time_with_free(free)
         grids, more = candidates, wider
         if mem_per_rank is not None:  # time no kernel of a choice that cannot fit
             grids, more = fitting_apart(model, candidates, wider, mem_per_rank)
