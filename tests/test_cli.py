@@ -115,14 +115,15 @@ def test_plan_prints_a_plan_for_4096_processes_without_mpi(tmp_path):
 
 
 def test_plan_loads_only_what_planning_runs():
-    """No MPI, no compute kernels, no thread set-up: planning from a FLOP rate needs none, and
-    loading them is a good part of a plan's time."""
+    """No MPI, no compute kernels, no thread set-up, no ONNX importer: planning a .net file
+    from a FLOP rate needs none, and loading them is a good part of a plan's time."""
     code = ("import sys; from hpctrain.cli import main; "
             "rc = main(['plan', '--net', 'resnet18', '--procs', '64', '--batch', '256', "
             "'--machine', 'cori-knl']); "
             "bad = [m for m in sys.modules if m.split('.')[0] == 'mpi4py' or m.startswith("
             "('hpctrain.kernels.conv', 'hpctrain.kernels.pool', 'hpctrain.commands.setup', "
-            "'hpctrain.device.threads', 'hpctrain.layers.conv'))]; "
+            "'hpctrain.device.threads', 'hpctrain.layers.conv', "
+            "'hpctrain.interchange.onnx_import'))]; "
             "assert not bad, bad; sys.exit(rc)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120, env=ENV)

@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import shown, shown_path
-from hpctrain.interchange.onnx_import import import_onnx
 from hpctrain.model.net import NetError, NetSpec, load_net
 
 if TYPE_CHECKING:
@@ -34,7 +33,9 @@ def load_network(name_or_path: str, image_size: int | None = None, loss: str = "
     (``LOSSES``)."""
     if loss not in LOSSES:
         raise NetError(f"--loss {shown(loss)} must be one of {', '.join(LOSSES)}")
-    if is_model(name_or_path):
+    if is_model(name_or_path):  # its importer only where it is read: planning a .net loads none
+        from hpctrain.interchange.onnx_import import import_onnx
+
         return import_onnx(name_or_path, image_size,
                            None if loss == "auto" else loss == "mse").net
     net = load_net(name_or_path, image_size)
