@@ -390,6 +390,36 @@ def test_tables_made_for_one_free_share_serve_another_as_if_made_for_it(weighed)
                 assert np.array_equal(getattr(a, field), getattr(b, field))
 
 
+@pytest.mark.parametrize("below", [math.inf, 1.5e-4])
+def test_tables_with_regions_on_groups_serve_another_free_share_as_if_made_for_it(below):
+    """The tables of a search that weighs regions on groups, made counting every sum, serve
+    the search with the hideable share counted free (and a round of the last buckets below
+    the same latency): each table the one a fresh model makes for that share."""
+    from hpctrain.plan.grouped import GroupedSpace
+    from hpctrain.plan.planner import _plan_tables
+
+    profile = load_machine("dgx-h100")
+    net = load_net("inception_v3")
+
+    def fresh():
+        return CostModel(net, 256, 64, profile, FlopModel(profile.flops), overlap=True)
+
+    shared = fresh()
+    every = [shared.choices(k) for k in range(len(shared.segments))]
+    made = _plan_tables(shared, every, False, 0.0, GroupedSpace(shared, every, 0.0, below))
+    share = shared.hidden_share
+    space = GroupedSpace(shared, every, share, below)
+    assert any(space.extra)
+    again = _plan_tables(shared, every, False, share, space)
+    assert len(shared.grouped_tables[below]) == 1  # made once, and served again
+    model = fresh()
+    alone = _plan_tables(model, every, False, share, GroupedSpace(model, every, share, below))
+    assert len(again) == len(alone) == len(made)
+    assert any(not np.array_equal(a.values, b.values) for a, b in zip(made, again))
+    for a, b in zip(again, alone, strict=True):
+        assert a.variables == b.variables and np.array_equal(a.values, b.values)
+
+
 def test_a_planned_model_is_freed_by_its_last_reference_with_the_collector_paused():
     """What a search keeps (the model's prices, tables and regions) holds no cycle back to
     the model: with no collection of cycles at all, dropping the model and its plan frees it,

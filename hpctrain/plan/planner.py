@@ -1109,6 +1109,11 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
                                                for s, choices in enumerate(candidates)]
                     _keep_tables(model, candidates, weighed, free, found)
                 return found
+    else:  # the rounds with another share counted free search the same values again
+        for known, extra, extra_layouts, tables in model.grouped_tables.get(space.below, ()):
+            if known == candidates and extra == space.extra and extra_layouts == space.layouts:
+                return [*_own_tables(model, candidates, free, space),
+                        *tables[len(candidates):], *space.tables]
     net, segments = model.net, model.segments
     owner = {k: s for s, members in enumerate(segments) for k in members}
     layouts = [[dict(zip(members, model.runnable_layouts(s, c), strict=True))
@@ -1129,15 +1134,11 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
             return Table(variables, field("total"))
         return Table(variables, field("total"), field("memory"), field("peak"))
 
-    for s, found in enumerate(candidates):
-        if space is None:
-            tables.append(_own_table(model, s, found, free, weighed))
-            continue
-        own = [_MoveCost(cost.time_with_free(free), *((cost.memory, cost.peak) if weighed
-                                                      else (0.0, 0.0)))
-               for cost in (model.segment_cost(s, c) for c in found)]
-        own += [_MoveCost(seconds, 0.0, 0.0) for seconds in space.own[s]]
-        tables.append(table((s,), own))
+    if space is None:
+        tables += [_own_table(model, s, found, free, weighed)
+                   for s, found in enumerate(candidates)]
+    else:
+        tables += _own_tables(model, candidates, free, space)
     sources = [model.input_layout(c) for c in candidates[0]]  # where the batch is produced
     tables.append(table((0,), [model.input_cost(src) for src in sources]))
 
@@ -1176,9 +1177,20 @@ def _plan_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: b
     tables.append(table((last,), [model.loss_cost(where[len(net.layers) - 1].output)
                                   for where in layouts[last]]))
     if space is not None:
+        model.grouped_tables.setdefault(space.below, []).append(
+            (candidates, space.extra, space.layouts, tables))
         return tables + space.tables
     _keep_tables(model, candidates, weighed, free, tables)
     return tables
+
+
+def _own_tables(model: CostModel, candidates: list[list[LayerPlan]], free: float,
+                space: GroupedSpace) -> list[Table]:
+    """Each segment's own seconds (``free`` of each gradient sum counted free) under each of
+    its candidates, then under each value ``space`` adds to it."""
+    return [Table((s,), np.array([*(model.segment_cost(s, c).time_with_free(free)
+                                    for c in found), *space.own[s]], dtype=float))
+            for s, found in enumerate(candidates)]
 
 
 def _keep_tables(model: CostModel, candidates: list[list[LayerPlan]], weighed: bool,
@@ -1321,18 +1333,11 @@ class _MoveGrid:
         return found
 
 
-@dataclass(frozen=True)
-class _MoveCost:  # not a tuple: tables take arrays of these as objects (segments' too)
-    total: float  # seconds, forward and backward
-    memory: float  # bytes kept
-    peak: float  # bytes held for a moment
-
-
 def _move_fields(model: CostModel, src: Layout, dst: Layout, index: int,
                  cost: tuple[Move, float, float]) -> tuple[float, float, float]:
     """What moving ``src`` into ``dst`` for layer ``index`` (at ``cost``, its
-    :meth:`~hpctrain.plan.pricing.CostModel.move_cost`) adds to :func:`evaluate`'s totals, as
-    :class:`_MoveCost`'s fields: its seconds, and its memory."""
+    :meth:`~hpctrain.plan.pricing.CostModel.move_cost`) adds to :func:`evaluate`'s totals: its
+    seconds, the bytes it keeps and the bytes it holds for a moment."""
     time = cost[1] + cost[2]
     resident, transient = model.move_memory(src, dst, index)
     return time, sum(resident.values()), sum(transient.values())

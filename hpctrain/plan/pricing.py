@@ -283,6 +283,10 @@ class CostModel(Segments):
         # the exact searches' tables of a net with branches, per (weighed, share counted
         # free): each set of choices they were made for (:func:`hpctrain.plan.planner._plan_tables`)
         self.search_tables: dict[tuple[bool, float], list] = {}
+        # and with regions on groups, per the latency every communicator stays below: each
+        # set of choices and of values on groups they were made for, with any share counted
+        # free (:func:`hpctrain.plan.planner._plan_tables`)
+        self.grouped_tables: dict[float, list] = {}
 
     def timed_by(self, compute) -> CostModel:
         """The same model (net, batch, ranks, profile, precision, overlap) with its compute
