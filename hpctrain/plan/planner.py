@@ -64,7 +64,14 @@ from hpctrain.plan.elimination import (
 from hpctrain.plan.grouped import GroupedSpace
 from hpctrain.plan.placement import LayerLayouts, input_layout, plan_layouts, schedule
 from hpctrain.plan.plans import LayerPlan, ranks_text
-from hpctrain.plan.pricing import CostModel, LayerCost, MovePrices, SegmentCost, time_with_free
+from hpctrain.plan.pricing import (
+    CostModel,
+    LayerCost,
+    LayoutGrid,
+    MovePrices,
+    SegmentCost,
+    time_with_free,
+)
 from hpctrain.plan.side_by_side import critical_path
 
 
@@ -1288,25 +1295,14 @@ def _move_grid(model: CostModel, srcs: list[Layout | None], dsts: list[Layout | 
     return found.reshape(len(srcs), len(dsts), 3) if cross else found
 
 
-class _MoveGrid:
+class _MoveGrid(LayoutGrid):
     """The prices (:func:`_move_fields`) of moves between layouts of one shape into one layer,
     with their memory, a row per source layout and a column per target layout met so far,
     each priced when first asked for."""
 
     def __init__(self) -> None:
-        self.rows: dict[Layout, int] = {}
-        self.cols: dict[Layout, int] = {}
+        super().__init__()
         self.fields = np.full((0, 0, 3), np.nan)  # NaN: not priced yet
-
-    def rows_of(self, srcs: list[Layout | None]) -> list[int]:
-        """The row of each source layout (-1 for None), new layouts given new rows."""
-        return [-1 if src is None else self.rows.setdefault(src, len(self.rows))
-                for src in srcs]
-
-    def cols_of(self, dsts: list[Layout | None]) -> list[int]:
-        """The column of each target layout (-1 for None), new layouts given new columns."""
-        return [-1 if dst is None else self.cols.setdefault(dst, len(self.cols))
-                for dst in dsts]
 
     def prices(self, model: CostModel, si: np.ndarray, di: np.ndarray, rows: np.ndarray,
                cols: np.ndarray, srcs: list[Layout], dsts: list[Layout], index: int

@@ -608,21 +608,13 @@ def _compacted(index: np.ndarray, size: int) -> tuple[list[int], np.ndarray]:
     return np.flatnonzero(used).tolist(), (np.cumsum(used) - 1)[index]
 
 
-class MovePrices:
-    """The moves between layouts of one shape that the planner's tables asked for
-    (:func:`~hpctrain.plan.planner._move_grid`): a row per source layout and a column per
-    target layout met so far, and for each move its method's place in
-    :data:`~hpctrain.layout.moves.METHODS` (-1: not priced yet) and its forward and backward
-    seconds, priced when first asked for, a table's new moves at once
-    (:meth:`CostModel.move_arrays`). :meth:`CostModel.move_cost` reads a move here before it
-    prices one alone: a table prices tens of thousands, a plan's evaluation reads a few."""
+class LayoutGrid:
+    """A row per source layout and a column per target layout, numbered as first met: what
+    the tables of moves between layouts of one shape are indexed by."""
 
     def __init__(self) -> None:
         self.rows: dict[Layout, int] = {}
         self.cols: dict[Layout, int] = {}
-        self.method = np.full((0, 0), -1, dtype=np.int64)
-        self.forward = np.zeros((0, 0))
-        self.backward = np.zeros((0, 0))
 
     def rows_of(self, srcs: list[Layout | None]) -> list[int]:
         """The row of each source layout (-1 for None), new layouts given new rows."""
@@ -633,6 +625,22 @@ class MovePrices:
         """The column of each target layout (-1 for None), new layouts given new columns."""
         return [-1 if dst is None else self.cols.setdefault(dst, len(self.cols))
                 for dst in dsts]
+
+
+class MovePrices(LayoutGrid):
+    """The moves between layouts of one shape that the planner's tables asked for
+    (:func:`~hpctrain.plan.planner._move_grid`): a row per source layout and a column per
+    target layout met so far, and for each move its method's place in
+    :data:`~hpctrain.layout.moves.METHODS` (-1: not priced yet) and its forward and backward
+    seconds, priced when first asked for, a table's new moves at once
+    (:meth:`CostModel.move_arrays`). :meth:`CostModel.move_cost` reads a move here before it
+    prices one alone: a table prices tens of thousands, a plan's evaluation reads a few."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.method = np.full((0, 0), -1, dtype=np.int64)
+        self.forward = np.zeros((0, 0))
+        self.backward = np.zeros((0, 0))
 
     def seconds(self, model: CostModel, si: np.ndarray, di: np.ndarray, rows: np.ndarray,
                 cols: np.ndarray, srcs: list[Layout | None], dsts: list[Layout | None]
