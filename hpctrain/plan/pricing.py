@@ -628,9 +628,9 @@ class LayoutGrid:
 
 
 class MovePrices(LayoutGrid):
-    """The moves between layouts of one shape that the planner's tables asked for
-    (:func:`~hpctrain.plan.planner._move_grid`): a row per source layout and a column per
-    target layout met so far, and for each move its method's place in
+    """The moves between layouts of one shape that the planner's tables asked for (its
+    ``_move_grid``): a row per source layout and a column per target layout met so far, and
+    for each move its method's place in
     :data:`~hpctrain.layout.moves.METHODS` (-1: not priced yet) and its forward and backward
     seconds, priced when first asked for, a table's new moves at once
     (:meth:`CostModel.move_arrays`). :meth:`CostModel.move_cost` reads a move here before it
