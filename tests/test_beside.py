@@ -165,3 +165,28 @@ def test_closing_ends_a_child_still_waiting_to_be_told():
     assert time.monotonic() - start < 5
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def test_a_child_that_ended_before_it_was_told_leaves_its_value():
+    """Told after the child has ended (it never read, or it raised first): nothing breaks
+    here, and its value or its error comes back as ever; a told search never told is
+    refused, not waited for."""
+    beside = Beside(lambda told: "done without it", told=True)
+    time.sleep(0.3)  # the child has ended by now
+    beside.tell(1.5)
+    assert beside.result() == "done without it"
+    beside.close()
+
+    def refuse(told):
+        raise PlannerError("--space balanced: too large")
+
+    beside = Beside(refuse, told=True)
+    time.sleep(0.3)
+    beside.tell(1.5)
+    with pytest.raises(PlannerError, match="too large"):
+        beside.result()
+    beside.close()
+    never = Beside(lambda told: told(), told=True)
+    with pytest.raises(RuntimeError, match="not told"):
+        never.result()
+    never.close()

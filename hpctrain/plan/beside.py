@@ -76,15 +76,20 @@ class Beside:
         """Hand ``message`` to the search (``told``): once, and it must pickle."""
         self._message = (message,)
         if self.telling is not None:
-            telling, self.telling = self.telling, None  # the file below closes it
-            with os.fdopen(telling, "wb") as pipe:
-                try:
-                    pipe.write(pickle.dumps(message))
-                except BrokenPipeError:  # the child has ended: result() finds out why
-                    pass
+            telling, self.telling = self.telling, None
+            try:
+                left = memoryview(pickle.dumps(message))
+                while left:
+                    left = left[os.write(telling, left):]
+            except BrokenPipeError:  # the child ended without reading it: result() says why
+                pass
+            finally:
+                os.close(telling)
 
     def result(self) -> object:
         """The child's value (once it has ended), or what it raised, raised here."""
+        if self.told and self._message is None:  # the child would wait for it for ever
+            raise RuntimeError("a search that is told something was not told it")
         if self.readable is None:  # not forked
             return self._search_here()
         chunks = []
@@ -151,15 +156,15 @@ def _child(search: Callable[..., object], readable: int, writable: int,
 
 class _Inbox:
     """What the parent tells the child through ``readable``, as a call: read to its end when
-    first asked for, waiting for it until then (a parent that ended first leaves nothing, and
-    unpickling nothing raises), and kept."""
+    first asked for, waiting for it until then, and kept (a parent that ended first leaves
+    nothing, and unpickling nothing raises, each time)."""
 
     def __init__(self, readable: int) -> None:
         self.readable = readable
-        self.heard: tuple[object] | None = None
+        self.heard: bytes | None = None
 
     def __call__(self) -> object:
         if self.heard is None:
             with os.fdopen(self.readable, "rb") as pipe:
-                self.heard = (pickle.loads(pipe.read()),)
-        return self.heard[0]
+                self.heard = pipe.read()
+        return pickle.loads(self.heard)

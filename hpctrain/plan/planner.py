@@ -527,9 +527,11 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     bounds the rest. A split c of segment s enters the search only if a lower bound on every
     plan through it (``_lower_bounds``) does not exceed t*. The search over what is left is
     exact as before, so the plan is the optimum over the space (a tie may keep the 1.5D plan).
-    Under a memory cap that no 1.5D plan fits, nothing bounds the rest and every split that
-    fits on its own enters. A space whose search would price too many pairs or build too large
-    a table is refused before anything is priced, naming a smaller one.
+    The second search, with sums that may hide (below), is bounded so by the first's plan, a
+    plan of the same space, instead. Under a memory cap that no 1.5D plan fits, nothing
+    bounds the rest and every split that fits on its own enters. A space whose search would
+    price too many pairs or build too large a table is refused before anything is priced,
+    naming a smaller one.
 
     Where gradient sums may hide behind the backward (``--overlap`` on a machine whose
     network moves data by itself), the time is no longer a sum over segments: how much of a
