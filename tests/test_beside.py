@@ -132,61 +132,76 @@ def test_a_plan_from_beside_that_does_not_win_is_not_priced_here(monkeypatch, ca
     assert not priced
 
 
-def test_a_child_told_after_the_fork_waits_for_what_it_is_told():
-    """The child starts at once and waits for what this process finds after the fork; a
-    search run here, the fork refused, is told the same."""
+def test_a_note_comes_back_while_the_child_still_searches():
+    """What the child notes reaches this process at once; its search goes on until closed."""
     parent = os.getpid()
 
-    def search(told):
-        return os.getpid() != parent, told() + told()  # asked twice, read once
+    def search(note):
+        note((os.getpid() != parent, 1.5))
+        note("a second note")
+        time.sleep(60)
 
-    beside = Beside(search, told=True)
-    time.sleep(0.2)  # the child is waiting by now
-    beside.tell(21)
-    assert beside.result() == (True, 42)
-    beside.close()
-
-
-def test_a_told_search_whose_fork_is_refused_is_told_here(monkeypatch):
-    def refused():
-        raise BlockingIOError("Resource temporarily unavailable")
-
-    monkeypatch.setattr(os, "fork", refused)
-    beside = Beside(lambda told: (os.getpid(), told()), told=True)
-    beside.tell("t*")
-    assert beside.result() == (os.getpid(), "t*")
-    beside.close()
-
-
-def test_closing_ends_a_child_still_waiting_to_be_told():
-    beside = Beside(lambda told: told(), told=True)
-    pid, start = beside.pid, time.monotonic()
+    beside = Beside(search, noting=True)
+    start = time.monotonic()
+    assert beside.noted() == (True, 1.5)
+    assert beside.noted() == (True, 1.5)  # the first, kept
+    pid = beside.pid
     beside.close()
     assert time.monotonic() - start < 5
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
 
 
-def test_a_child_that_ended_before_it_was_told_leaves_its_value():
-    """Told after the child has ended (it never read, or it raised first): nothing breaks
-    here, and its value or its error comes back as ever; a told search never told is
-    refused, not waited for."""
-    beside = Beside(lambda told: "done without it", told=True)
-    time.sleep(0.3)  # the child has ended by now
-    beside.tell(1.5)
-    assert beside.result() == "done without it"
-    beside.close()
+def test_a_child_that_notes_nothing_leaves_its_value_or_its_error():
+    beside = Beside(lambda note: "no note", noting=True)
+    assert beside.noted() is None
+    assert beside.result() == "no note"
 
-    def refuse(told):
+    def refuse(note):
+        note(2.5)
         raise PlannerError("--space balanced: too large")
 
-    beside = Beside(refuse, told=True)
-    time.sleep(0.3)
-    beside.tell(1.5)
+    beside = Beside(refuse, noting=True)
+    assert beside.noted() == 2.5
     with pytest.raises(PlannerError, match="too large"):
         beside.result()
-    beside.close()
-    never = Beside(lambda told: told(), told=True)
-    with pytest.raises(RuntimeError, match="not told"):
-        never.result()
-    never.close()
+
+
+def test_a_noting_search_lost_or_never_forked_runs_here(monkeypatch):
+    """A child lost after its note leaves the note and its search to this process; with the
+    fork refused, nothing is noted before the search runs here, and its notes are kept."""
+    parent = os.getpid()
+
+    def search(note):
+        note(os.getpid())
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return "searched here"
+
+    beside = Beside(search, noting=True)
+    assert beside.noted() not in (None, parent)
+    assert beside.result() == "searched here"
+
+    def refused():
+        raise BlockingIOError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", refused)
+    beside = Beside(search, noting=True)
+    assert beside.noted() is None
+    assert beside.result() == "searched here" and beside.noted() == parent
+
+
+def test_a_bound_that_cannot_win_spares_the_wait_for_the_balanced_plan(monkeypatch, capsys):
+    """With sums that may hide, the child notes the optimum of its search with their share
+    free, a lower bound on every balanced plan's time; where it does not beat the grids' plan
+    the parent goes on without the balanced plan, and prints what it would have."""
+    argv = ["plan", "--net", "inception_v3", "--procs", "256", "--batch", "128",
+            "--machine", "dgx-h100"]
+    monkeypatch.setattr(spaces, "may_fork", lambda: False)  # both searched here, in full
+    assert main(argv) == 0
+    alone = capsys.readouterr().out
+    assert "no plan of it beats the 1.5D plan" in alone
+    monkeypatch.setattr(spaces, "may_fork", lambda: True)
+    monkeypatch.setattr(Beside, "result", lambda self: pytest.fail("waited for the plan"))
+    assert main(argv) == 0
+    assert capsys.readouterr().out == alone

@@ -23,11 +23,13 @@ cold compute cache (a whole-batch convolution of a large image can take seconds 
 The plan is the faster of the two searches: the grids search may run a region's branches on
 groups of ranks, which the balanced search does not weigh. With compute from FLOPs balanced is
 always searched; where the grids search weighs groups too and a fork may run
-(:func:`~hpctrain.plan.beside.may_fork`), on a second core, beside the grids. This process then
-first finds the 1.5D plans' optimum without groups, whose time bounds the balanced search, and
-tells the child (which prices its candidates meanwhile), and the child hands back its plan's
-time with it: a plan that does not beat the grids' is not priced again here. Every rank
-decides alike, since the cache and the timings it reads are the same on every rank.
+(:func:`~hpctrain.plan.beside.may_fork`), on a second core, beside the grids. There only a
+balanced plan that beats the grids' is wanted. The child begins, with sums that may hide, with
+the search whose optimum bounds every plan's time from below, and hands that bound over at once
+(:func:`~hpctrain.plan.planner.plan_network`'s ``on_bound``): where it does not beat the grids'
+plan, this process goes on without waiting for the rest. Otherwise the child hands back its
+plan's time with the plan, and a plan that does not beat the grids' is not priced again here.
+Every rank decides alike, since the cache and the timings it reads are the same on every rank.
 
 **Choices that survive the noise.** Each kernel is timed once, and a timing is not repeatable:
 timed twice, the probe nets' kernels differed by a time-weighted mean ``|log|`` of the ratio of
@@ -56,7 +58,6 @@ from hpctrain.plan.planner import (
     evaluate,
     evaluate_plan,
     fitting_apart,
-    grids_optimum_time,
     plan_network,
 )
 from hpctrain.plan.plans import LayerPlan
@@ -175,20 +176,26 @@ def _balanced_search(model: CostModel, mem_per_rank: float | None, cap_source: s
     a fraction, and a child would price again the grids the balanced search finds priced here)
     and where a fork is safe (:func:`~hpctrain.plan.beside.may_fork`), the search starts at
     once in a child on a second core, and the call takes its plan; the child is ended on
-    leaving if the plan was never asked for."""
+    leaving if the plan was never asked for. With no cap, a lower bound on its plans' time
+    that the child notes early spares the wait where it does not beat the time given."""
     if _measured(model) or not (groups and grouped_regions(model)) or not may_fork():
         yield lambda beat: plan_network(model, mem_per_rank, cap_source, "balanced")
         return
     if mem_per_rank is not None:
         beside = Beside(lambda: _sent(plan_network(model, mem_per_rank, cap_source,
                                                    "balanced")))
-    else:  # the 1.5D plans' t*, which bounds the rest, found here while the child prices
-        beside = Beside(lambda grids_time: _sent(plan_network(
-            model, None, cap_source, "balanced", grids_time=grids_time)), told=True)
+    else:
+        beside = Beside(lambda note: _sent(plan_network(
+            model, None, cap_source, "balanced", on_bound=note)), noting=True)
+
+    def received(beat: float) -> PlannedNetwork | None:
+        bound = beside.noted() if beside.noting else None
+        if bound is not None and bound > beat * (1 + 1e-9):  # sums in another order: slack
+            return None  # no plan of the space beats it
+        return _received(model, beside.result(), beat)
+
     try:
-        if beside.told:
-            beside.tell(grids_optimum_time(model))
-        yield lambda beat: _received(model, beside.result(), beat)
+        yield received
     finally:
         beside.close()
 
