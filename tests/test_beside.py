@@ -144,7 +144,7 @@ def test_a_note_comes_back_while_the_child_still_searches():
     beside = Beside(search, noting=True)
     start = time.monotonic()
     assert beside.noted() == (True, 1.5)
-    assert beside.noted() == (True, 1.5)  # the first, kept
+    assert beside.noted() == "a second note"  # each in turn
     pid = beside.pid
     beside.close()
     assert time.monotonic() - start < 5
@@ -163,6 +163,7 @@ def test_a_child_that_notes_nothing_leaves_its_value_or_its_error():
 
     beside = Beside(refuse, noting=True)
     assert beside.noted() == 2.5
+    assert beside.noted() is None  # no more
     with pytest.raises(PlannerError, match="too large"):
         beside.result()
 
@@ -188,13 +189,14 @@ def test_a_noting_search_lost_or_never_forked_runs_here(monkeypatch):
     monkeypatch.setattr(os, "fork", refused)
     beside = Beside(search, noting=True)
     assert beside.noted() is None
-    assert beside.result() == "searched here" and beside.noted() == parent
+    assert beside.result() == "searched here" and beside.noted() == parent  # kept as it ran
 
 
 def test_a_bound_that_cannot_win_spares_the_wait_for_the_balanced_plan(monkeypatch, capsys):
-    """With sums that may hide, the child notes the optimum of its search with their share
-    free, a lower bound on every balanced plan's time; where it does not beat the grids' plan
-    the parent goes on without the balanced plan, and prints what it would have."""
+    """With sums that may hide, the child notes lower bounds on every balanced plan's time
+    (the first round of its search with their share free, then that search's optimum); where
+    one does not beat the grids' plan the parent goes on without the balanced plan, and prints
+    what it would have."""
     argv = ["plan", "--net", "inception_v3", "--procs", "256", "--batch", "128",
             "--machine", "dgx-h100"]
     monkeypatch.setattr(spaces, "may_fork", lambda: False)  # both searched here, in full

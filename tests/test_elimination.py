@@ -11,6 +11,7 @@ from hpctrain.plan.elimination import (
     _undominated,
     elimination_order,
     minimise,
+    minimise_each,
     minimise_under_cap,
 )
 
@@ -196,3 +197,23 @@ def test_one_variable_is_the_sum_of_its_rows_first_least_as_the_elimination_find
         alone = minimise([n], tables)
         least, chosen = minimise([n, 1], [*tables, Table((1,), np.zeros(1))])
         assert alone == (least, chosen[:1])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_many_sums_differing_in_some_tables_are_each_solved_as_alone(seed):
+    """Sums over the same scopes whose tables of one variable differ between them (a branch
+    under each layout of its fork) get, solved at once, each the choices :func:`minimise`
+    gives it alone: ties (values of few distinct sizes) and infinities included."""
+    sizes, shared = random_tables(seed)
+    rng = np.random.default_rng(1000 + seed)
+    count = int(rng.integers(1, 6))
+    levels = np.array([0.25, 0.5, 1.0, np.inf])
+    shared = [Table(t.variables, levels[rng.integers(0, 3, np.shape(t.values))])
+              if seed % 2 else t for t in shared]
+    differing = [(v, levels[rng.integers(0, 4, (count, sizes[v]))])
+                 for v in rng.integers(0, len(sizes), int(rng.integers(0, 4)))]
+    each = minimise_each(sizes, [*shared, *(Table((int(v),), values)
+                                            for v, values in differing)], count)
+    for i, chosen in enumerate(each):
+        alone = [*shared, *(Table((int(v),), values[i]) for v, values in differing)]
+        assert chosen == minimise(sizes, alone)[1]

@@ -249,22 +249,18 @@ class Layout:
         if mesh is None:
             pr, pc = grid
             mesh, axes = (pc, pr), (BATCH_AXIS, REPLICAS if split_axis is None else split_axis)
-        sizes, cut = _canonical(tuple(mesh), tuple(axes))
-        for axis in cut:
-            if axis != REPLICAS and not 0 <= axis < len(shape):
-                raise ValueError(f"a layout of shape {shape} has no axis {axis}")
+        try:
+            sizes, cut, parts, size, replicas, is_grid, cut_axes = _mesh_facts(
+                tuple(mesh), tuple(axes), len(shape))
+        except _NoSuchAxis as err:
+            raise ValueError(f"a layout of shape {shape} has no axis {err.args[0]}") from None
         set_ = object.__setattr__
         set_(self, "shape", shape)
         set_(self, "mesh", sizes)
         set_(self, "axes", cut)
-        parts = [1] * len(shape)
-        for size, axis in zip(sizes, cut, strict=True):
-            if axis != REPLICAS:
-                parts[axis] *= size
-        set_(self, "parts", tuple(parts))
+        set_(self, "parts", parts)
         ranges = self._ranges(split_ranges)
         set_(self, "split_ranges", ranges)
-        size = math.prod(sizes)
         procs = size if procs is None else procs
         if first < 0 or first + size > procs:
             raise ValueError(f"a group of {size} ranks from rank {first} does not fit in "
@@ -274,19 +270,18 @@ class Layout:
         # facts the pricing of moves asks for many times per layout, made once
         set_(self, "size", size)
         set_(self, "_key", (shape, sizes, cut, first, procs, ranges))
-        set_(self, "explicit_ranges", self._explicit_by_axis(ranges))
+        explicit = ranges is not None and not isinstance(ranges, BlockRanges)
+        set_(self, "explicit_ranges", self._explicit_by_axis(ranges) if explicit
+             else (None,) * len(shape))
         set_(self, "grid", (size // parts[BATCH_AXIS], parts[BATCH_AXIS]))
-        cut_axes = tuple(a for a in range(1, len(shape)) if parts[a] > 1)
         set_(self, "cut_axes", cut_axes)
         set_(self, "spatial_cuts", tuple(a for a in cut_axes if a >= HEIGHT_AXIS))
-        set_(self, "replicas", math.prod(s for s, a in zip(sizes, cut, strict=True)
-                                         if a == REPLICAS))
+        set_(self, "replicas", replicas)
         block = [-(-n // p) for n, p in zip(shape, parts, strict=True)]
-        if ranges is not None and not isinstance(ranges, BlockRanges):
+        if explicit:
             block[cut_axes[0]] = max(hi - lo for lo, hi in ranges)
         set_(self, "largest_block", tuple(block))
-        rest = cut[1:] if cut[:1] == (BATCH_AXIS,) else cut
-        set_(self, "is_grid", len(rest) <= 1 and BATCH_AXIS not in rest)
+        set_(self, "is_grid", is_grid)
         # the world's layouts hash as they always have: a group is the exception
         set_(self, "_hash", hash((shape, sizes, cut)) if size == procs
              else hash((shape, sizes, cut, first, procs)))
@@ -579,6 +574,31 @@ def _canonical(mesh: tuple[int, ...], axes: tuple[int, ...]
             sizes.append(size)
             cut.append(axis)
     return tuple(sizes), tuple(cut)
+
+
+class _NoSuchAxis(ValueError):
+    """A mesh digit cuts an axis the layout's shape does not have (the axis)."""
+
+
+@lru_cache(maxsize=65536)
+def _mesh_facts(mesh: tuple[int, ...], axes: tuple[int, ...], ndim: int) -> tuple:
+    """What a layout of ``ndim`` axes on ``mesh`` cutting ``axes`` derives from them alone:
+    (digit sizes, the axis each cuts, :func:`_canonical`; the parts of each axis; the ranks;
+    the replicas; whether it is a 1.5D grid; the axes besides the batch that are cut). Made
+    once per spelling: a planner makes thousands of layouts on a few meshes."""
+    sizes, cut = _canonical(mesh, axes)
+    for axis in cut:
+        if axis != REPLICAS and not 0 <= axis < ndim:
+            raise _NoSuchAxis(axis)
+    parts = [1] * ndim
+    for size, axis in zip(sizes, cut, strict=True):
+        if axis != REPLICAS:
+            parts[axis] *= size
+    rest = cut[1:] if cut[:1] == (BATCH_AXIS,) else cut
+    return (sizes, cut, tuple(parts), math.prod(sizes),
+            math.prod(s for s, a in zip(sizes, cut, strict=True) if a == REPLICAS),
+            len(rest) <= 1 and BATCH_AXIS not in rest,
+            tuple(a for a in range(1, ndim) if parts[a] > 1))
 
 
 @lru_cache(maxsize=65536)

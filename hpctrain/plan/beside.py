@@ -55,6 +55,7 @@ class Beside:
         self.pid: int | None = None
         self._pipe: BinaryIO | None = None  # the child's notes and outcome, read in turn
         self._notes: list[object] = []
+        self._heard = 0  # the notes noted() has handed out
         self._outcome: tuple | None = None  # (ok, value), once read
         readable, writable = os.pipe()
         try:
@@ -69,11 +70,14 @@ class Beside:
             os.close(writable)
 
     def noted(self) -> object | None:
-        """The first value the search noted, waiting for it; None where it ended, or was lost,
-        or never forked, without noting one."""
-        while not self._notes and self._read():
+        """The next value the search noted (the first, at the first call), waiting for it;
+        None once it has ended (or was lost, or never forked) noting no more."""
+        while len(self._notes) <= self._heard and self._read():
             pass
-        return self._notes[0] if self._notes else None
+        if len(self._notes) <= self._heard:
+            return None
+        self._heard += 1
+        return self._notes[self._heard - 1]
 
     def result(self) -> object:
         """The child's value (once it has ended), or what it raised, raised here."""

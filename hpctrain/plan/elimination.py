@@ -163,6 +163,63 @@ def minimise(sizes: list[int], tables: list[Table], max_entries: float = MAX_ENT
     return constant, choice
 
 
+def minimise_each(sizes: list[int], tables: list[Table], count: int) -> list[list[int]]:
+    """:func:`minimise`'s choice of each variable for each of ``count`` sums over the same
+    variables and scopes that differ in some tables: a table whose values have one axis more
+    than its variables (first, of ``count`` entries) gives each sum its own entry along it, the
+    others are shared. Each sum's entries are added in the order :func:`minimise` adds them,
+    and the first least taken as it takes it, so the choices are its choices, found for all
+    the sums at once: a region prices each branch under tens of layouts of its fork."""
+    own = [np.ndim(t.values) > len(t.variables) for t in tables]
+    # every table with the sums' axis first, 1 long where it is shared
+    batched = [Table(t.variables, np.asarray(t.values, dtype=float) if mine
+                     else np.asarray(t.values, dtype=float)[None])
+               for t, mine in zip(tables, own, strict=True)]
+    if len(sizes) == 1 and tables and all(t.variables == (0,) for t in tables):
+        total = batched[0].values  # minimise's one-variable sum, row by row
+        for table in batched[1:]:
+            total = total + table.values
+        at = np.argmin(np.broadcast_to(total, (count, sizes[0])), axis=-1)
+        return [[int(a)] for a in at]
+    order = _checked_order(sizes, tables, MAX_ENTRIES)
+    pending = dict(enumerate(batched))
+    mentioning: list[list[int]] = [[] for _ in sizes]
+    for number, table in pending.items():
+        for v in table.variables:
+            mentioning[v].append(number)
+    steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []
+    for variable, rest in order:
+        touching = [pending.pop(n) for n in mentioning[variable] if n in pending]
+        scope = (*rest, variable)
+        total = _summed_each(touching, scope, [count, *(sizes[v] for v in scope)])
+        argmin = np.argmin(total, axis=-1)
+        steps.append((variable, rest, argmin))
+        if rest:
+            number = len(tables) + len(steps)
+            pending[number] = Table(rest, np.take_along_axis(total, argmin[..., None],
+                                                             axis=-1)[..., 0])
+            for v in rest:
+                mentioning[v].append(number)
+    chosen = []
+    for each in range(count):
+        choice = [0] * len(sizes)
+        for variable, rest, argmin in reversed(steps):
+            choice[variable] = int(argmin[(each, *(choice[v] for v in rest))])
+        chosen.append(choice)
+    return chosen
+
+
+def _summed_each(tables: list[Table], scope: tuple[int, ...], shape: list[int]) -> np.ndarray:
+    """:func:`_summed` of tables whose values lead with the sums' axis (``shape[0]`` long, or
+    1 where shared), in their order."""
+    total = None
+    for table in tables:
+        values = table.values
+        aligned = _aligned(Table((-1, *table.variables), values), (-1, *scope))
+        total = aligned if total is None else total + aligned
+    return np.broadcast_to(np.zeros(shape) if total is None else total, shape)
+
+
 @dataclass
 class _Front:
     """A table whose every combination holds labels (time, kept, moment), flat: label i belongs

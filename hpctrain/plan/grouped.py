@@ -40,9 +40,9 @@ from hpctrain.layout.partition import SplitError, factorisations
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.regions import Region, fork_join_regions
 from hpctrain.plan.buckets import slowest_latency
-from hpctrain.plan.elimination import Table, minimise
+from hpctrain.plan.elimination import Table, minimise_each
 from hpctrain.plan.placement import LayerLayouts
-from hpctrain.plan.plans import LayerPlan
+from hpctrain.plan.plans import FOLLOW, LayerPlan
 from hpctrain.plan.pricing import CostModel, LayerCost, time_with_free
 
 
@@ -132,7 +132,7 @@ _UNKNOWN = object()  # what a table holds for a key not yet looked into (None is
 @dataclass
 class RegionPrices:
     """What running one region on groups costs for each layout of its fork: the seconds and the
-    plan of every weighted layer inside (see :func:`region_cost`). Made once per region and fork
+    plan of every weighted layer inside (see :func:`region_costs`). Made once per region and fork
     layout."""
 
     model: CostModel
@@ -150,43 +150,57 @@ class RegionPrices:
     _branches: dict = field(init=False, repr=False)
     """branch → its _Branch, or None (which depends on ``below``)."""
     on_groups: dict = field(init=False, repr=False)
-    """What :func:`region_cost` found, by the layouts the region reads and the join's."""
+    """What :func:`region_costs` found, by the layouts the region reads and the join's."""
+    _untimed: list = field(init=False, repr=False)
+    """The costs :meth:`pre_join` found and has not timed yet, timed in one batch."""
+    _inside: frozenset = field(init=False, repr=False)  # the region's layers
 
     def __post_init__(self) -> None:
         found, grouped, below = self.model.region_layers, self.grouped, self.below
+        self._inside = frozenset(grouped.region.inside)
+        self._untimed = found.setdefault(("untimed", grouped), [])
         self._pre_joins = found.setdefault(grouped, {})
         self._every_choices = found.setdefault(("every choice", grouped), {})
         self._branches = found.setdefault((grouped, below), {})
         self.on_groups = found.setdefault(("on groups", grouped, below), {})
 
-    def pre_join(self, segment: int, choice: LayerPlan
+    def pre_join(self, segment: int, choice: LayerPlan, timed: bool = True
                  ) -> tuple[dict[int, LayerLayouts], list[LayerCost]] | None:
         """The layouts and timed costs of the segment's layers inside the region under
-        ``choice`` (each fed by the one before it in the segment); None when it cannot run."""
+        ``choice`` (each fed by the one before it in the segment); None when it cannot run.
+        ``timed`` False: their compute may be left unfilled until a call that asks for it,
+        which times every cost left so at once (a branch's choices: one batch, not one each)."""
         key = (segment, choice)
         found = self._pre_joins.get(key, _UNKNOWN)
-        if found is not _UNKNOWN:
-            return found
+        if found is _UNKNOWN:
+            found = self._pre_joins[key] = self._laid_out(segment, choice)
+            if found is not None:
+                self._untimed.extend(found[1])
+        if timed and self._untimed:
+            self.model.time_layers(self._untimed)
+            self._untimed.clear()
+        return found
+
+    def _laid_out(self, segment: int, choice: LayerPlan
+                  ) -> tuple[dict[int, LayerLayouts], list[LayerCost]] | None:
+        """:meth:`pre_join`, made, untimed."""
         model, net = self.model, self.model.net
-        inside = set(self.grouped.region.inside)
         layouts: dict[int, LayerLayouts] = {}
+        known: dict[int, Layout] = {}  # each layer's output, as the next reads it
         costs: list[LayerCost] = []
         try:
             for k in model.segments[segment]:
-                if k not in inside:
+                if k not in self._inside:
                     break
                 first = net.producers(k)[0]
-                known = {p: where.output for p, where in layouts.items()}
                 layouts[k] = model.layer_layouts(k, model.fed(k, known), choice)
+                known[k] = layouts[k].output
                 mode = choice.mode if k == model.heads[segment] else "follow"
                 costs.append(model.layer_cost(k, mode, layouts[k], layouts[first].output
                                               if first in layouts else None))
         except SplitError:
-            self._pre_joins[key] = None
             return None
-        model.time_layers(costs)
-        found = self._pre_joins[key] = (layouts, costs)
-        return found
+        return layouts, costs
 
     def _fast_enough(self, costs: list[LayerCost]) -> bool:
         return slowest_latency(costs) < self.below
@@ -216,7 +230,7 @@ class RegionPrices:
         model, net, grouped = self.model, self.model.net, self.grouped
         segments = grouped.branches[b]
         choices = [[c for c in group_choices(model, s, grouped.groups[b])
-                    if self.pre_join(s, c) is not None] for s in segments]
+                    if self.pre_join(s, c, timed=False) is not None] for s in segments]
         if not all(choices):
             self._every_choices[b] = None
             return None
@@ -246,36 +260,42 @@ class RegionPrices:
         self._every_choices[b] = _Branch(tuple(segments), choices, parts, tables, inner, into, out)
         return self._every_choices[b]
 
-    def branch(self, b: int, outside: Callable[[int], Layout], join_inputs: dict[int, Layout]
-               ) -> tuple[float, float, float, dict[int, LayerPlan]] | None:
-        """Branch ``b`` on its group, its own time least: (forward seconds, backward seconds of
-        its layers and the moves between them, seconds of the moves into it and out of it, the
-        choice of each of its segments); None when no choice runs. ``outside(p)`` is the layout
-        of a layer p outside the branch that feeds it (the fork, a pooling beside it),
-        ``join_inputs[e]`` where the join reads its input e."""
+    def branch_each(self, b: int, reads: list[tuple[Callable[[int], Layout], dict[int, Layout]]]
+                    ) -> list[tuple[float, float, float, dict[int, LayerPlan]]] | None:
+        """Branch ``b`` on its group, its own time least, under each of ``reads`` (``outside``,
+        ``join_inputs``: ``outside(p)`` the layout of a layer p outside the branch that feeds
+        it, the fork or a pooling beside it, and ``join_inputs[e]`` where the join reads its
+        input e): (forward seconds, backward seconds of its layers and the moves between them,
+        seconds of the moves into it and out of it, the choice of each of its segments) for
+        each; None when no choice runs. Only the moves into it and out of it differ between
+        them, so one elimination solves them all (:func:`minimise_each`)."""
         found = self._branch_tables(b)
         if found is None:
             return None
         model = self.model
-        tables = list(found.tables)
         # priced with the region's other moves (GroupedSpace._add)
-        pairs = _moves_in_and_out(found, outside, join_inputs)
-        moved = [(i, [sum(model.move_cost(*pair)[1:]) for pair in row]) for i, row in pairs]
-        tables += [Table((i,), np.array(prices)) for i, prices in moved]
-        _, chosen = minimise([len(c) for c in found.choices], tables)
-        forward = sum(found.parts[i][chosen[i]][0] for i in range(len(chosen)))
-        backward = sum(found.parts[i][chosen[i]][1] for i in range(len(chosen)))
-        for a, c, moves in found.inner:
-            _, f, w = moves[chosen[a]][chosen[c]]
-            forward, backward = forward + f, backward + w
-        seconds = sum(prices[chosen[i]] for i, prices in moved)
-        plan = {model.heads[s]: found.choices[i][chosen[i]]
-                for i, s in enumerate(found.segments)}
-        return forward, backward, seconds, plan
+        moved_each = [[(i, [sum(model.move_cost(*pair)[1:]) for pair in row])
+                       for i, row in _moves_in_and_out(found, outside, join_inputs)]
+                      for outside, join_inputs in reads]
+        tables = [*found.tables, *(Table((i,), np.array([moved[m][1] for moved in moved_each]))
+                                   for m, (i, _) in enumerate(moved_each[0]))]
+        chosen_each = minimise_each([len(c) for c in found.choices], tables, len(reads))
+        branches = []
+        for moved, chosen in zip(moved_each, chosen_each, strict=True):
+            forward = sum(found.parts[i][chosen[i]][0] for i in range(len(chosen)))
+            backward = sum(found.parts[i][chosen[i]][1] for i in range(len(chosen)))
+            for a, c, moves in found.inner:
+                _, f, w = moves[chosen[a]][chosen[c]]
+                forward, backward = forward + f, backward + w
+            seconds = sum(prices[chosen[i]] for i, prices in moved)
+            plan = {model.heads[s]: found.choices[i][chosen[i]]
+                    for i, s in enumerate(found.segments)}
+            branches.append((forward, backward, seconds, plan))
+        return branches
 
     def moves(self, outside: Callable[[int], Layout], join_inputs: dict[int, Layout]
               ) -> Iterator[tuple[Layout, Layout]]:
-        """The pair of layouts of every move :func:`region_cost` prices for the region under
+        """The pair of layouts of every move :func:`region_costs` prices for the region under
         ``outside`` and ``join_inputs`` (as it takes them): into and out of each branch under
         each choice, and into the join from beside the branches."""
         grouped, model = self.grouped, self.model
@@ -331,29 +351,37 @@ class _Branch:
             [(i, e, cut(sources, i)) for i, e, sources in self.out])
 
 
-def region_cost(prices: RegionPrices, outside: Callable[[int], Layout],
-                join_inputs: dict[int, Layout]) -> tuple[float, dict[int, LayerPlan]] | None:
-    """The seconds a region on groups adds to the step beyond what its fork's and its carrier's
-    layers on the fork's layout cost, and the choice of every weighted layer inside; None when
-    some branch cannot run on its group. The moves into and out of the groups add up (every
-    rank takes part in each), the groups' branches run at once: the slowest group's forward
-    and the slowest group's backward count."""
+def region_costs(prices: RegionPrices,
+                 reads: list[tuple[Callable[[int], Layout], dict[int, Layout]]]
+                 ) -> list[tuple[float, dict[int, LayerPlan]] | None]:
+    """Under each of ``reads`` (the layouts outside the region that feed it, and where its join
+    reads: :meth:`RegionPrices.branch_each`), the seconds the region on groups adds to the step
+    beyond what its fork's and its carrier's layers on the fork's layout cost, and the choice of
+    every weighted layer inside; None when some branch cannot run on its group. The moves into
+    and out of the groups add up (every rank takes part in each), the groups' branches run at
+    once: the slowest group's forward and the slowest group's backward count."""
     grouped, model = prices.grouped, prices.model
-    forward: dict[tuple[int, int], float] = {}
-    backward: dict[tuple[int, int], float] = {}
-    moves, plan = 0.0, {}
-    for e, p in _beside(model, grouped):  # the join's inputs from beside
-        moves += sum(model.move_cost(outside(p), join_inputs[e])[1:])
-    for b, group in enumerate(grouped.groups):
-        found = prices.branch(b, outside, join_inputs)
+    branches = []
+    for b in range(len(grouped.groups)):
+        found = prices.branch_each(b, reads)
         if found is None:
-            return None
-        f, w, m, chosen = found
-        forward[group] = forward.get(group, 0.0) + f
-        backward[group] = backward.get(group, 0.0) + w
-        moves += m
-        plan.update(chosen)
-    return moves + max(forward.values()) + max(backward.values()), plan
+            return [None] * len(reads)
+        branches.append(found)
+    costs: list[tuple[float, dict[int, LayerPlan]] | None] = []
+    for r, (outside, join_inputs) in enumerate(reads):
+        forward: dict[tuple[int, int], float] = {}
+        backward: dict[tuple[int, int], float] = {}
+        moves, plan = 0.0, {}
+        for e, p in _beside(model, grouped):  # the join's inputs from beside
+            moves += sum(model.move_cost(outside(p), join_inputs[e])[1:])
+        for b, group in enumerate(grouped.groups):
+            f, w, m, chosen = branches[b][r]
+            forward[group] = forward.get(group, 0.0) + f
+            backward[group] = backward.get(group, 0.0) + w
+            moves += m
+            plan.update(chosen)
+        costs.append((moves + max(forward.values()) + max(backward.values()), plan))
+    return costs
 
 
 def _outside_of(where: dict[int, LayerLayouts]) -> Callable[[int], Layout]:
@@ -517,6 +545,14 @@ class GroupedSpace:
                           not in prices.on_groups
                           for pair in prices.moves(_outside_of(where),
                                                    dict(enumerate(laid[0][join].inputs))))
+        reads: dict[tuple, tuple] = {}  # by the region's key, those not yet priced
+        for where, laid in zip(distinct, after_join, strict=True):
+            key = None if laid is None else _region_key(where, laid, join)
+            if key is not None and key not in prices.on_groups:
+                reads[key] = (_outside_of(where), dict(enumerate(laid[0][join].inputs)))
+        if reads:  # every key at once: one elimination per branch
+            prices.on_groups.update(zip(reads, region_costs(prices, list(reads.values())),
+                                        strict=True))
         for j, (where, laid) in enumerate(zip(distinct, after_join, strict=True)):
             found = None if laid is None else self._on_groups(prices, where, laid, free)
             self.extra[carrier].append(OnGroups(r, j))
@@ -557,7 +593,7 @@ class GroupedSpace:
                 first = net.producers(k)[0]
                 known = {first: fork.with_shape((model.batch, *_shape(net, first)))
                          if k == join else laid[first].output}
-                laid[k] = model.layer_layouts(k, model.fed(k, known), LayerPlan("follow"))
+                laid[k] = model.layer_layouts(k, model.fed(k, known), FOLLOW)
                 costs.append(model.layer_cost(k, "follow", laid[k],
                                               None if k == join else laid[first].output))
         except SplitError:
@@ -580,8 +616,8 @@ class GroupedSpace:
         key = _region_key(where, after_join, join)
         known = prices.on_groups
         if key not in known:
-            known[key] = region_cost(prices, _outside_of(where), dict(enumerate(
-                laid[join].inputs)))
+            known[key] = region_costs(prices, [(_outside_of(where), dict(enumerate(
+                laid[join].inputs)))])[0]
         found = known[key]
         if found is None:
             return None
@@ -591,7 +627,7 @@ class GroupedSpace:
     def plan_of(self, chosen: list[int]) -> list[LayerPlan]:
         """The per-layer plan of one value per segment."""
         model = self.model
-        plan = [LayerPlan("follow") for _ in model.net.layers]
+        plan = [FOLLOW] * len(model.net.layers)
         for s, index in enumerate(chosen):
             value = self.value(s, index)
             if isinstance(value, LayerPlan):

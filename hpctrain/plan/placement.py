@@ -40,7 +40,7 @@ from hpctrain.layout.partition import check_split
 from hpctrain.model.kinds import KINDS
 from hpctrain.model.net import NetSpec
 from hpctrain.model.regions import fork_join_regions
-from hpctrain.plan.plans import LayerPlan, PlanError, ranks_text
+from hpctrain.plan.plans import FOLLOW, LayerPlan, PlanError, ranks_text
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def input_layout(net: NetSpec, plan: list[LayerPlan], batch: int, procs: int) ->
     """Where each rank's block of the input batch is produced under ``plan``
     (:func:`input_layout_for` its first weighted layer's entry)."""
     k = first_weighted(net)
-    return input_layout_for(net, plan[k] if k is not None else LayerPlan("follow"), batch,
+    return input_layout_for(net, plan[k] if k is not None else FOLLOW, batch,
                             procs)
 
 

@@ -63,7 +63,7 @@ from hpctrain.plan.elimination import (
 )
 from hpctrain.plan.grouped import GroupedSpace
 from hpctrain.plan.placement import LayerLayouts, input_layout, plan_layouts, schedule
-from hpctrain.plan.plans import LayerPlan, ranks_text
+from hpctrain.plan.plans import FOLLOW, LayerPlan, ranks_text
 from hpctrain.plan.pricing import (
     CostModel,
     LayerCost,
@@ -301,7 +301,7 @@ def _blocks(layout: Layout) -> tuple[tuple[int, int], ...]:
 
 def _layer_plans(model: CostModel, choices: list[LayerPlan]) -> list[LayerPlan]:
     by_layer = dict(zip(model.heads, choices, strict=True))
-    return [by_layer.get(k, LayerPlan("follow")) for k in range(len(model.net.layers))]
+    return [by_layer.get(k, FOLLOW) for k in range(len(model.net.layers))]
 
 
 def choices_of(model: CostModel, plans: list[LayerPlan]) -> list[LayerPlan]:
@@ -553,10 +553,10 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
     the 1.5D search is left out, every split enters the first search (at scale t* prunes few:
     at 4096 ranks 1 of Inception-v3's 3,149 candidates on dgx-h100, 142 of ResNet-50's 2,912
     on cori-knl), and the first search's plan bounds the second as ever. With sums that may
-    hide, the search counting their hideable share free goes first, and its optimum, a lower
-    bound on every plan's time, is handed to ``on_bound`` as soon as it is found (where it is
-    exact): the caller need not wait for the other search to know that no plan of the space
-    beats its own.
+    hide, the search counting their hideable share free goes first, and lower bounds on every
+    plan's time are handed to ``on_bound`` as soon as they are found (where exact): its first
+    round's least time without the last bucket, then its optimum. The caller need not wait for
+    the rest to know that no plan of the space beats its own.
     """
     if space not in SPACES:
         raise ValueError(f"search space {space!r}; choose one of {', '.join(SPACES)}")
@@ -572,7 +572,8 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
         if not found and not wider[k]:
             raise PlannerError(_no_choice(model, k, space))
 
-    def best(free: float, known: tuple[PlannedNetwork, ...] = ()) -> PlannedNetwork:
+    def best(free: float, known: tuple[PlannedNetwork, ...] = (),
+             on_first: Callable[[float], None] | None = None) -> PlannedNetwork:
         """The optimum over the space with ``free`` of each gradient sum counted free;
         ``known``: plans of the space found before (with another share counted free), whose
         times with ``free`` counted free bound it as the 1.5D plans' optimum would. Where
@@ -608,10 +609,11 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
             return found
         if mem_per_rank is not None:
             widened = _fits(model, widened, mem_per_rank, cap_source)
-        return _search(model, widened, mem_per_rank, cap_source, free, upper=bound)
+        return _search(model, widened, mem_per_rank, cap_source, free, upper=bound,
+                       on_first=on_first)
 
     if on_bound is not None and model.hidden_share:
-        hopeful = best(model.hidden_share)
+        hopeful = best(model.hidden_share, on_first=on_bound)
         if hopeful.exact:
             on_bound(hopeful.time_with_sums_hidden())
         counted = best(0.0, (hopeful,))
@@ -779,20 +781,24 @@ def _lower_bounds(model: CostModel, every: list[list[LayerPlan]], free: float
 
 
 def _search(model: CostModel, candidates: list[list[LayerPlan]], mem_per_rank: float | None,
-            cap_source: str, free: float, groups: bool = False, upper: float = math.inf
-            ) -> PlannedNetwork:
+            cap_source: str, free: float, groups: bool = False, upper: float = math.inf,
+            on_first: Callable[[float], None] | None = None) -> PlannedNetwork:
     """The plan least in time with ``free`` of every gradient sum counted free (0: the
     predicted time itself), exactly, the last bucket included: :func:`_additive_search`,
     repeated among the plans whose communicators are all faster than the slowest of the plan
     found before (:func:`~hpctrain.plan.buckets.least_with_last_buckets`). ``upper``: the time
     of a plan among the candidates, which no plan worth finding exceeds (it prunes the search
-    of a chain)."""
+    of a chain). ``on_first`` is handed the first round's least time without the last bucket,
+    where that round is exact: no plan of the candidates has less."""
     latencies: list[list[float]] = []  # each candidate's, read once for all the rounds
 
     def search(below: float, under: float) -> PlannedNetwork | None:
         if below == math.inf:
-            return _additive_search(model, candidates, mem_per_rank, cap_source, free, groups,
-                                    upper=upper)
+            first = _additive_search(model, candidates, mem_per_rank, cap_source, free, groups,
+                                     upper=upper)
+            if on_first is not None and first.exact:
+                on_first(first.time_with_free(free) - first.last_bucket)
+            return first
         if not latencies:
             latencies.extend([model.segment_cost(k, c, timed=False).slowest_latency
                               for c in found] for k, found in enumerate(candidates))

@@ -124,6 +124,11 @@ class LayerPlan:
         return LayerPlan(self.mode, self.grid, self.split, ranks)
 
 
+FOLLOW = LayerPlan("follow")
+"""The entry of a layer with no split of its own, shared: entries are immutable, and a
+search fills whole plans with it."""
+
+
 def ranks_text(ranks: tuple[int, int]) -> str:
     """``ranks A-B``: a plan file's words for the group (first, size)."""
     first, size = ranks

@@ -27,9 +27,12 @@ def critical_path(steps: Sequence[tuple[Ranks, float, float]], procs: int
     cuts = sorted({0, procs, *(edge for ranks, _, _ in steps for first, size in ranks
                                for edge in (first, first + size))})
     pieces = list(zip(cuts, cuts[1:], strict=False))
-    occupied = [tuple(i for i, (lo, hi) in enumerate(pieces)
-                      if any(first <= lo and hi <= first + size for first, size in ranks))
-                for ranks, _, _ in steps]
+    held_by: dict[Ranks, tuple[int, ...]] = {}  # a net's steps occupy a few sets of blocks
+    for ranks, _, _ in steps:
+        if ranks not in held_by:
+            held_by[ranks] = tuple(i for i, (lo, hi) in enumerate(pieces) if any(
+                first <= lo and hi <= first + size for first, size in ranks))
+    occupied = [held_by[ranks] for ranks, _, _ in steps]
     totals = []
     for order, which in ((range(len(steps)), 1), (reversed(range(len(steps))), 2)):
         clock = [0.0] * len(pieces)

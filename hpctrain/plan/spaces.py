@@ -176,8 +176,8 @@ def _balanced_search(model: CostModel, mem_per_rank: float | None, cap_source: s
     a fraction, and a child would price again the grids the balanced search finds priced here)
     and where a fork is safe (:func:`~hpctrain.plan.beside.may_fork`), the search starts at
     once in a child on a second core, and the call takes its plan; the child is ended on
-    leaving if the plan was never asked for. With no cap, a lower bound on its plans' time
-    that the child notes early spares the wait where it does not beat the time given."""
+    leaving if the plan was never asked for. With no cap, the lower bounds on its plans' time
+    that the child notes as it goes spare the wait where one does not beat the time given."""
     if _measured(model) or not (groups and grouped_regions(model)) or not may_fork():
         yield lambda beat: plan_network(model, mem_per_rank, cap_source, "balanced")
         return
@@ -189,9 +189,9 @@ def _balanced_search(model: CostModel, mem_per_rank: float | None, cap_source: s
             model, None, cap_source, "balanced", on_bound=note)), noting=True)
 
     def received(beat: float) -> PlannedNetwork | None:
-        bound = beside.noted() if beside.noting else None
-        if bound is not None and bound > beat * (1 + 1e-9):  # sums in another order: slack
-            return None  # no plan of the space beats it
+        while beside.noting and (bound := beside.noted()) is not None:
+            if bound > beat * (1 + 1e-9):  # the slack: sums in another order
+                return None  # no plan of the space beats it
         return _received(model, beside.result(), beat)
 
     try:
