@@ -268,7 +268,8 @@ class RegionPrices:
         input e): (forward seconds, backward seconds of its layers and the moves between them,
         seconds of the moves into it and out of it, the choice of each of its segments) for
         each; None when no choice runs. Only the moves into it and out of it differ between
-        them, so one elimination solves them all (:func:`minimise_each`)."""
+        them, so one elimination solves them all
+        (:func:`~hpctrain.plan.elimination.minimise_each`)."""
         found = self._branch_tables(b)
         if found is None:
             return None

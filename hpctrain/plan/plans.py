@@ -125,8 +125,8 @@ class LayerPlan:
 
 
 FOLLOW = LayerPlan("follow")
-"""The entry of a layer with no split of its own, shared: entries are immutable, and a
-search fills whole plans with it."""
+"""The entry of a layer with no split of its own, one for every plan (entries are immutable,
+and a search fills whole plans with it)."""
 
 
 def ranks_text(ranks: tuple[int, int]) -> str:
