@@ -132,13 +132,7 @@ def minimise(sizes: list[int], tables: list[Table], max_entries: float = MAX_ENT
         at = int(np.argmin(total))
         return 0.0 + float(total[at]), [at]
     order = _checked_order(sizes, tables, max_entries)
-    # the tables not yet combined, by number in the order they came (the given ones, then
-    # each one an elimination makes), and the numbers of those that mention each variable
-    pending = dict(enumerate(tables))
-    mentioning: list[list[int]] = [[] for _ in sizes]
-    for number, table in pending.items():
-        for v in table.variables:
-            mentioning[v].append(number)
+    pending, mentioning = _pending(tables, len(sizes))
     steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (variable, rest, argmin)
     constant = 0.0
     for variable, rest in order:
@@ -163,6 +157,17 @@ def minimise(sizes: list[int], tables: list[Table], max_entries: float = MAX_ENT
     return constant, choice
 
 
+def _pending(tables: list[Table], count: int) -> tuple[dict[int, Table], list[list[int]]]:
+    """The tables not yet combined, by number in the order they came (the given ones; the
+    elimination numbers each one it makes after them), and the numbers of those that mention
+    each of ``count`` variables."""
+    mentioning: list[list[int]] = [[] for _ in range(count)]
+    for number, table in enumerate(tables):
+        for v in table.variables:
+            mentioning[v].append(number)
+    return dict(enumerate(tables)), mentioning
+
+
 def minimise_each(sizes: list[int], tables: list[Table], count: int) -> list[list[int]]:
     """:func:`minimise`'s choice of each variable for each of ``count`` sums over the same
     variables and scopes that differ in some tables: a table whose values have one axis more
@@ -182,11 +187,7 @@ def minimise_each(sizes: list[int], tables: list[Table], count: int) -> list[lis
         at = np.argmin(np.broadcast_to(total, (count, sizes[0])), axis=-1)
         return [[int(a)] for a in at]
     order = _checked_order(sizes, tables, MAX_ENTRIES)
-    pending = dict(enumerate(batched))
-    mentioning: list[list[int]] = [[] for _ in sizes]
-    for number, table in pending.items():
-        for v in table.variables:
-            mentioning[v].append(number)
+    pending, mentioning = _pending(batched, len(sizes))
     steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []
     for variable, rest in order:
         touching = [pending.pop(n) for n in mentioning[variable] if n in pending]
