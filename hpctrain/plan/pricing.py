@@ -169,8 +169,8 @@ class LayerCost:
 
     @property
     def total(self) -> float:
-        # sum() of each pair, spelled out: the same floats (0.0 + x as sum's 0 + x), at half
-        # the cost of the number a search reads most
+        # sum() of each pair, spelled out: the same floats (0.0 + x as sum's 0 + x; of two
+        # terms, the compensated sum of Python 3.12 on is the plain one), at half the cost
         (f, b), (cf, cb), (rf, rb) = self.compute, self.comm, self.redistribution
         return (0.0 + f + b) + (0.0 + cf + cb) + (0.0 + rf + rb)
 
@@ -683,10 +683,8 @@ def _grown(values: np.ndarray, size: tuple[int, int], fill: float) -> np.ndarray
 
 def time_with_free(costs: Iterable[LayerCost], free: float) -> float:
     """The time of ``costs`` with ``free`` of each gradient sum counted free."""
-    time = 0  # as sum() adds, from 0, without a generator's cost per layer
-    for c in costs:
-        time += c.total - free * c.grad_sum
-    return time
+    # sum() itself: from Python 3.12 it adds floats with compensation, unlike a loop's +=
+    return sum([c.total - free * c.grad_sum for c in costs])
 
 
 def works_of(costs: Iterable[LayerCost]) -> Iterator[LocalWork]:
