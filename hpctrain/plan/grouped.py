@@ -368,12 +368,13 @@ def region_costs(prices: RegionPrices,
         if found is None:
             return [None] * len(reads)
         branches.append(found)
+    beside = _beside(model, grouped)  # the join's inputs from beside the branches
     costs: list[tuple[float, dict[int, LayerPlan]] | None] = []
     for r, (outside, join_inputs) in enumerate(reads):
         forward: dict[tuple[int, int], float] = {}
         backward: dict[tuple[int, int], float] = {}
         moves, plan = 0.0, {}
-        for e, p in _beside(model, grouped):  # the join's inputs from beside
+        for e, p in beside:
             moves += sum(model.move_cost(outside(p), join_inputs[e])[1:])
         for b, group in enumerate(grouped.groups):
             f, w, m, chosen = branches[b][r]
@@ -613,13 +614,8 @@ class GroupedSpace:
         some branch cannot run."""
         laid, costs = after_join
         join = prices.grouped.region.join
-        # what the region reads from outside it decides its cost, whatever ``free`` is
-        key = _region_key(where, after_join, join)
-        known = prices.on_groups
-        if key not in known:
-            known[key] = region_costs(prices, [(_outside_of(where), dict(enumerate(
-                laid[join].inputs)))])[0]
-        found = known[key]
+        # what the region reads decides its cost, whatever ``free`` is; priced in _add
+        found = prices.on_groups[_region_key(where, after_join, join)]
         if found is None:
             return None
         seconds, plan = found

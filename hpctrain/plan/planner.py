@@ -603,8 +603,7 @@ def plan_network(model: CostModel, mem_per_rank: float | None = None,
             if not all(a or b for a, b in zip(grids, more, strict=True)):
                 _refuse_cap(model, mem_per_rank, _leanest(model, [
                     a + b for a, b in zip(candidates, wider, strict=True)]), cap_source)
-        widened = (_bounded(model, grids, more, bound, free) if bound < math.inf
-                   else [a + b for a, b in zip(grids, more, strict=True)])
+        widened = _bounded(model, grids, more, bound, free)
         if widened == grids and found is not None:
             return found
         if mem_per_rank is not None:
@@ -704,7 +703,10 @@ def _bounded(model: CostModel, candidates: list[list[LayerPlan]],
              wider: list[list[LayerPlan]], bound: float, free: float
              ) -> list[list[LayerPlan]]:
     """``candidates`` and the splits of ``wider`` that may beat ``bound``: those whose lower
-    bound (:func:`_lower_bounds`) is at most ``bound``."""
+    bound (:func:`_lower_bounds`) is at most ``bound`` (every one, none priced here, where the
+    bound is infinite)."""
+    if bound == math.inf:
+        return [found + more for found, more in zip(candidates, wider, strict=True)]
     model.prefetch(wider)
     every = [found + more for found, more in zip(candidates, wider, strict=True)]
     lower = _lower_bounds(model, every, free)
